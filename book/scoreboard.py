@@ -269,12 +269,13 @@ def _masked_lm_head(data):
                         latency_floor_ms=None, latency_what="not measured for a step with a host copy",
                         short="step 13, whole step",
                         no_pct_why="its byte floor leaves out the copy from host memory, whose floor is not measured",
-                        floor_notes=("step 13, whole step: it copies the bitmask from host memory and launches three "
+                        floor_notes=("it copies the bitmask from host memory and launches three "
                                      "kernels; one empty kernel is no floor for that, and a floor for the copy is not "
                                      "measured, so no percentage is given",),
                         gaps=("a latency floor of the whole step from the bitmask: a floor for its copy from host "
                               "memory is not measured",)) | {"latency_missing_why": "not measured for a step with "
-                                                               "a host copy and three launches"})
+                                                               "a host copy and three launches",
+                                                          "tail_params": MASKED_HEAD_CASE})
     kernel = one(data, "step12", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
         out.append(_row("the masked head's kernel alone, allowed ids given (step 12)",
@@ -329,7 +330,7 @@ def _ngram(data):
     gpu_row = _row(label, "128 slots of 32,768 tokens, budget 128", ours["clock"], ours, ports[best], found[best],
                    byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
                    short=_entry_short(series, ours), rival_notes=others)
-    return [gpu_row, row | {"floors_as_above": True}]  # the same kernel and case: one floors row
+    return [gpu_row | {"tail_params": NGRAM_CASE}, row | {"floors_as_above": True}]  # one floors row for both
 
 
 #: Chapter 04's headline: T = 150 frames, an alphabet of 5,000, a batch of 8 utterances.
@@ -379,6 +380,8 @@ def _ctc(data):
                    byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
                    rival_notes=faster_rivals(data, ours, rival, case, skip=("torch-cuDNN",)), gaps=gaps,
                    short=_entry_short(used, ours) + ("" if case is CTC_CASE else "; A = 28, N = 1"))
+        if case is CTC_CASE:
+            row["tail_params"] = CTC_CASE
         if latency is None:
             row["latency_missing_why"] = what
             if case is CTC_SMALL_CASE:  # the floor that binds here is not measured: no percentage
@@ -387,7 +390,7 @@ def _ctc(data):
     return out or None
 
 
-#: Chapter 05's headline: one row of bf16 x times a 4096 x 14336 ternary matrix (a Llama 3 8B MLP projection).
+#: Chapter 05's bf16-x case: one row of bf16 x times a 4096 x 14336 ternary matrix (a Llama 3 8B MLP projection).
 TERNARY_CASE = {"shape": "4096x14336", "m": 1}
 #: The chapter's kernels that take bf16 x, the product GemLite computes (the W2A8 steps quantise x first).
 TERNARY_BF16_X = ("step14", "step17", "step21")
@@ -438,7 +441,7 @@ def _ternary_part_one(data):
                          ours_label=f"part 1's last kernel, on tensor cores in Triton ({_step_words(series)})")
     if row is None:
         return None
-    return row | {"ternary_case": "part1", "tail_row": False, "part_notebook": PART_ONE_NOTEBOOK}
+    return row | {"ternary_case": "part1", "tail_params": None, "part_notebook": PART_ONE_NOTEBOOK}
 
 
 #: Our W2A8 kernel set against BitNet's (x quantised inside the call): step 23 alone, the one-row kernel. BitNet's
@@ -497,16 +500,18 @@ def _ternary_bitnet(data):
     n, k = case["shape"].split("x")
     check = accuracy_check(run, BITNET, case)
     latency, what = _one_kernel(data)
-    return {"ternary_case": "bitnet", "tail_row": False, "run_words": run_words(run), "run_label": run_label(run),
+    # where BitNet's run is the chapter's own, its provenance needs no words; a run of its own is named
+    provenance = (run_words(run),) if run.get("quick") else ()
+    return {"ternary_case": "bitnet", "tail_params": case, "run_words": run_words(run), "run_label": run_label(run),
             "rival_check": (
         None if check is None else ("passes" if check["passed"] else "misses"))} | _row(
         f"the one-row W2A8 kernel ({_step_words(ours['series'])}; x quantised to int8 inside the call)",
-        "one row of x (M = 1); the weight shape N x K in the kernel column", ours["clock"], ours,
-        "BitNet's W2A8 kernel (x already int8)", rival,
+        "one row of x (M = 1), at BitNet's weight shape where our lead is smallest (N × K in the kernel column)",
+        ours["clock"], ours, "BitNet's W2A8 kernel (x already int8)", rival,
         byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")), compute_floor_ms=ours.get("floor_compute_ms"),
-        latency_floor_ms=latency, latency_what=what, short=f"{_step_words(ours['series'])}, W2A8; {n} x {k}",
-        rival_notes=(run_words(run), f"{n} x {k} is the shape of BitNet's ten where our lead is smallest; the "
-                     "results page gives all ten"))
+        latency_floor_ms=latency, latency_what=what, short=f"{_step_words(ours['series'])}, W2A8; {n} × {k}",
+        rival_notes=provenance + (f"{n} × {k} is the one of BitNet's ten shapes where our lead is smallest; the "
+                                  "results page gives all ten",))
 
 
 def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: str = ""):
@@ -530,15 +535,16 @@ def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: st
     notes = ()
     if read is not None:
         notes = (f"a kernel that only reads the packed weights takes {us(read['ms'])} µs in the same run",)
-    peer_notes = ["BitNet's W2A8 kernel is built for its own ten shapes, not this one: its rows are at those shapes"]
+    peer_notes = ["BitNet's W2A8 kernel runs only its own ten shapes, not this one"]
     gem_check = checks["gemlite_w2"]
     if gemlite is not None and series != "gemlite_w2":
         peer_notes.append(f"GemLite 2-bit takes {us(gemlite['ms'])} µs and " + _check_words(gem_check)
                           + ", so no ratio against it is given")
-    if cublas is not None and series != "cublas_bf16":  # its time and ratio are in the rival's cell
+    if cublas is not None and series != "cublas_bf16" and not (checks["cublas_bf16"] or {}).get("passed"):
+        # its time and ratio are in the notes (rival_also); a failed or missing check is said beside them
         peer_notes.append("cuBLAS bf16 on the same matrix stored densely " + _check_words(checks["cublas_bf16"]))
     check = checks.get(series)
-    extra = {"ternary_case": "llama", "tail_row": True, "rival_series": series,
+    extra = {"ternary_case": "llama", "tail_params": TERNARY_CASE, "rival_series": series,
              # named beside the ratio: the cards' rivals at this shape can differ (GemLite passes on one card only)
              "rival_name": {"gemlite_w2": "GemLite 2-bit", "cublas_bf16": "cuBLAS bf16"}[series],
              "rival_check": None if check is None else ("passes" if check["passed"] else "misses"),
@@ -548,17 +554,17 @@ def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: st
              "gemlite_ms": gemlite["ms"] if gemlite is not None else None,
              "dense_ratio": cublas["ms"] / spread(ours)[1] if cublas is not None else None,
              # GemLite and cuBLAS stand in the same cell on every card, whichever is the rival: one pair each card
-             "rival_also": (f"cuBLAS bf16 on the matrix stored densely: {us(cublas['ms'])}, ours "
+             "rival_also": (f"cuBLAS bf16 on the matrix stored densely takes {us(cublas['ms'])} µs; ours is "
                             f"{cublas['ms'] / spread(ours)[1]:.2f}× faster"
                             if series == "gemlite_w2" and cublas is not None else
                             f"GemLite 2-bit: {us(gemlite['ms'])}, faster than cuBLAS but it fails our float64 check "
                             "(no ratio)"
                             if series == "cublas_bf16" and gem_failed and gemlite is not None else None)}
     return extra | _row(ours_label or f"{TERNARY_WORDS.get(ours['series'], 'the ternary kernel')} ({_step_words(ours['series'])})",
-                "one row of x (M = 1); the weight shape N x K in the kernel column", ours["clock"], ours,
+                "one row of bf16 x (M = 1); the weight shape N × K in the kernel column", ours["clock"], ours,
                 label, rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
                 compute_floor_ms=ours.get("floor_compute_ms"), latency_floor_ms=latency, latency_what=what,
-                short=f"{_step_words(ours['series'])}, bf16 x; 4096 x 14336", floor_notes=notes,
+                short=f"{_step_words(ours['series'])}, bf16 x; 4096 × 14336", floor_notes=notes,
                 rival_notes=tuple(peer_notes) + faster_rivals(
                     # the int8 baselines compute another product (x quantised to int8), not a rival of bf16 x; a
                     # peer that fails the check is named above
@@ -585,15 +591,16 @@ def _multi_item(data):
                 "kernel column)", ours["clock"], ours,
                 label, rival, byte_floor_ms=ours.get("floor_ms"), compute_floor_ms=ours.get("compute_floor_ms"),
                 latency_floor_ms=latency, latency_what=what, short="step 5, 32 heads",
-                rival_notes=best + faster_rivals(data, ours, rival, MULTI_ITEM_CASE))]
+                rival_notes=best + faster_rivals(data, ours, rival, MULTI_ITEM_CASE)) | {"tail_params": MULTI_ITEM_CASE}]
     grouped = one(data, "step06", **MULTI_ITEM_GQA_CASE)
     if grouped is not None:  # the layout of the model the chapter cites, where the entry point runs step 6
         rival = one(data, "FlashInfer", **MULTI_ITEM_GQA_CASE)
         label = f"FlashInfer ({rival.get('backend', '?')}, page {rival.get('page_size', '?')})" if rival else "FlashInfer"
         # the layout of the model the chapter cites leads its card's rows (the page's sort); the 32-head row stays the
-        # row every card measures, and the tails run's
-        out.append({"grouped_query": True} | _row("the entry point on grouped heads (step 6)", "the same batch, 32 query heads sharing 8 key/value "
-                        "heads (Llama 3.1 8B)", grouped["clock"], grouped, label, rival,
+        # row every card measures
+        out.append({"grouped_query": True, "tail_params": MULTI_ITEM_GQA_CASE} | _row(
+                        "the entry point on grouped heads (step 6)", "8 prompts, mixed lengths, 32 query heads sharing "
+                        "8 key/value heads (Llama 3.1 8B)", grouped["clock"], grouped, label, rival,
                         byte_floor_ms=grouped.get("floor_ms"), compute_floor_ms=grouped.get("compute_floor_ms"),
                         latency_floor_ms=latency, latency_what=what, short="step 6, grouped-query (GQA)",
                         rival_notes=faster_rivals(data, grouped, rival, MULTI_ITEM_GQA_CASE)))
@@ -618,6 +625,13 @@ def _per_request(ratios: list[float], what: str) -> str:
         return ""
     return (f"the ratio of the two median times; each {what}'s own ratio runs from {min(ratios):.2f}× to "
             f"{max(ratios):.2f}×, median {statistics.median(ratios):.2f}×")
+
+
+#: Why a whole decode loop's row has no p99: the cell's short reason, and the note that says it in full.
+LOOP_NO_TAIL = ("– (a wall-clock loop)",
+                "p99 ÷ median: none for a decode loop. The p99 column replays one call many times in a CUDA graph; a "
+                "loop's step is timed request by request on the wall clock, host work included, so it has no such "
+                "replay (the slowest run beside the median gives its spread over repeated runs)")
 
 
 def _decode(data):
@@ -673,7 +687,7 @@ def _decode(data):
     if real:
         notes.append(f"on a real model, SmolLM2-135M, over its {len(real)} requests at batch 1, the same two loops: "
                      f"{unpadded['real_ratio']:.2f}× (the ratio of the two median times)")
-    return unpadded | _row("the loop with chapters 01 and 02 (step 3)",
+    return unpadded | {"no_tail_why": LOOP_NO_TAIL} | _row("the loop with chapters 01 and 02 (step 3)",
                            f"8B-shaped body with a cl100k head, batch 1, per output token, median of the {len(pairs)} "
                            "JSON schemas (one request each)",
                            ours[0]["clock"], summary, "the same loop, dense head and mask (step 1)", rival_row,
@@ -712,7 +726,7 @@ def _speculate(data):
         f"; its forecast time per token, step 4's forwards per output token each at this loop's one-token forward's "
         f"GPU time, is a "
         f"bound, not a floor: {us(latency)} µs" if latency is not None else ""))
-    return {"latency_missing_why": why, "loop_bound_ms": latency} | _row(
+    return {"latency_missing_why": why, "loop_bound_ms": latency, "no_tail_why": LOOP_NO_TAIL} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of the {len(pairs)} "
                 "requests that close their JSON", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
                 rival_row,
@@ -828,28 +842,37 @@ def missing(root: Path = BENCH_RESULTS) -> list[str]:
 
 #: The file of the tails run (``python -m studylog bench tails``) in a card's folder.
 TAILS = "tails"
-#: Each chapter's series in the tails run, at the case its headline row uses.
-TAIL_SERIES: dict[int, tuple[str, dict[str, Any]]] = {
-    2: ("MaskedHeadPlan", {"batch": 1, "kind": "random", "allowed": 1000}),
-    3: ("ngram_match", {"batch": 128, "seq_len": 32768, "threshold": 128}),
-    4: ("ctc_loss", {"T": 150, "A": 5000, "N": 8}),
-    5: ("ternary_matmul", {"shape": "4096x14336", "m": 1}),
-    6: ("multi_item_attention", {"shape": "8 prompts, mixed"}),
+#: Each chapter's cases in the tails run: (series, params) for each row the run times, the chapter's lead first. A
+#: scoreboard row names its case (``tail_params``); its p99 is the entry with the same params.
+TAIL_SERIES: dict[int, tuple[tuple[str, dict[str, Any]], ...]] = {
+    2: (("MaskedHeadPlan", MASKED_HEAD_CASE),),
+    3: (("ngram_match", NGRAM_CASE),),
+    4: (("ctc_loss", CTC_CASE),),
+    # step 23 at BitNet's shape where our lead is smallest (the row's case, found from the BitNet run), then bf16 x
+    5: (("step23_w2a8_fused", {"shape": "4800x3200", "m": 1}), ("ternary_matmul", TERNARY_CASE)),
+    6: (("multi_item_attention", MULTI_ITEM_GQA_CASE), ("multi_item_attention", MULTI_ITEM_CASE)),
 }
 #: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
-TAIL_NOTE = ("p99 ÷ median: the 99th percentile over {samples} replays, each a CUDA graph of at least {calls} "
-             "calls, over the median of the same replays, timed apart from the median column")
-#: The p99 column's header (the cards that have a tails run follow it in parentheses).
+TAIL_NOTE = ("p99 ÷ median: how far a re-measurement of the call lands above its median. The call is re-measured "
+             "{samples} times, each time as the mean call time of one CUDA graph of at least {calls} calls; the cell "
+             "is the 99th percentile of those re-measurements over their median, from a run of its own. It is not "
+             "how slow a single call can be")
+#: The p99 column's header.
 P99_HEADER = "p99 ÷ median"
 
 
-def tail(card: Path, number: int) -> dict[str, Any] | None:
-    """The tails run's row for chapter ``number`` on ``card`` (``ms`` its median, ``p99_ms``), or None."""
+def tail(card: Path, number: int, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The tails run's row for chapter ``number`` on ``card`` at ``params`` (a row's ``tail_params``; None: the
+    chapter's first case), with ``ms`` its median and ``p99_ms``; None where the run or the case is not there."""
     data = load(card, TAILS)
     if data is None or number not in TAIL_SERIES:
         return None
-    series, params = TAIL_SERIES[number]
-    found = rows(data, series, **params)
+    cases = TAIL_SERIES[number]
+    picked = [c for c in cases if params is None or c[1] == params][:1]
+    if not picked:
+        return None
+    series, case = picked[0]
+    found = rows(data, series, **case)
     return found[0] if len(found) == 1 else None
 
 
@@ -985,14 +1008,38 @@ def _sentence(text: str) -> str:
 LEAD_CARD = "H200"
 
 
-def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
-    """The scoreboard as Markdown tables: our time and the strongest rival's, first one row per chapter (its final
-    kernel at its headline shape on :data:`LEAD_CARD`), then every other row (the other card, the chapters' other
-    cases), with a line for a chapter or card that has no row, saying why; then the floors and how close our median
-    is to the binding one (a case whose binding floor its card does not time gets a line under the table, not a row
-    of "not measured"); then the definitions the columns need, once, and each chapter's notes folded under its
-    title (the kernels' full names among them). A caveat that holds for one card is written in its cell.
-    ``link(notebook)`` gives a chapter's link target (default: the notebook's path)."""
+def _kernel_label(r: dict[str, Any]) -> str:
+    """The row a note belongs to, as its kernel cell names it (part 1's row and an end-to-end row say so)."""
+    label = r["ours"].split("; ")[0] + (", end to end" if r.get("ours_end_to_end_ms") is not None else "")
+    return f"part 1's {label}" if r.get("part_notebook") else label
+
+
+def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
+    """A row's floor that binds (its time and kind) and how close our median is to it, as two cells."""
+    if r.get("floors_as_above"):  # an end-to-end time is not held against the GPU's floors
+        return "– (end to end; the GPU row's floors)", "–"
+    if r.get("loop_bound_ms") is not None:  # a launch-bound loop: its forecast is a bound, not a floor
+        return (f"{_floor(r['loop_bound_ms'])}, its forecast (a bound, not a floor)",
+                f"**{100 * r['loop_bound_ms'] / r['median_ms']:.0f}%** of the forecast")
+    if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
+        return "–", f"– ({r['no_pct_why']})"
+    if r["binding"]:
+        pct = r["pct_of_floor"]
+        return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}", f"**{pct:.0f}%** ({100 / pct:.1f}× floor)"
+    if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
+        return f"latency floor, {NOT_MEASURED} on this card", "–"
+    return NOT_MEASURED, NOT_MEASURED
+
+
+def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
+                        folds: str = "html") -> str:
+    """The scoreboard as Markdown tables: first one row per chapter (its final kernel at its headline shape on
+    :data:`LEAD_CARD`: our time, its p99, the strongest rival, the floor that binds and how close our median is to
+    it), then every other row (the other card, the chapters' other cases) with a line for a chapter or card that has
+    no row, saying why; then each row's three floors; then the definitions the columns need, once, and each chapter's
+    notes folded under its title, each note naming the row it belongs to. ``link(notebook)`` gives a chapter's link
+    target (default: the notebook's path); ``folds``: ``"html"`` (``<details>``, for the README) or ``"dropdown"``
+    (MyST dropdowns, the book's own folds)."""
     from html import escape
 
     link = link or (lambda nb: nb)
@@ -1000,62 +1047,44 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     apart = not_comparable(every)
     # a run set up differently from the other card's is not compared with it: it stays off the page
     board = [r for r in every if (r["number"], r["card"]) not in apart]
-    # chapter 05 leads with the shape its chapter leads with, 4096 x 14336; BitNet's row (at its own shapes) follows;
     first = {}
     for i, r in enumerate(board):
         first.setdefault((r["number"], r["card"]), i)
-    # chapter 06 leads with the grouped-query layout (Llama 3.1 8B's), where its card measured it
-    board.sort(key=lambda r: (first[(r["number"], r["card"])], r.get("ternary_case") == "bitnet",
-                              not r.get("grouped_query")))
+    # each card's rows of a chapter in the chapter's order (its headline first: chapter 05's BitNet row), except that
+    # chapter 06 leads with the grouped-query layout (Llama 3.1 8B's) where its card measured it
+    board.sort(key=lambda r: (first[(r["number"], r["card"])], not r.get("grouped_query")))
     measured_cards = {n: [b["card"] for b in board if b["number"] == n and b["lead"] and "missing" not in b]
                       for n in {b["number"] for b in board}}
-    notes: dict[int, dict[str, list[str]]] = {}
+    # chapter -> note -> the rows it belongs to: (kernel cell, card; None where it holds on every card)
+    notes: dict[int, dict[str, list[tuple[str, str | None]]]] = {}
 
     def note(r: dict[str, Any], text: str, every_card: bool = False) -> None:
-        """A note under chapter ``r``'s fold; it names the card unless every card of the chapter says it."""
-        text = text.rstrip(".") + "."
-        on = notes.setdefault(r["number"], {}).setdefault(text, [])
-        for card in (measured_cards[r["number"]] if every_card else [r["card"]]):
-            if card not in on:
-                on.append(card)
+        """A note under chapter ``r``'s fold, naming ``r``'s kernel and, unless it holds on every card, its card."""
+        on = notes.setdefault(r["number"], {}).setdefault(text.rstrip(".") + ".", [])
+        key = (_kernel_label(r), None if every_card else r["card"])
+        if key not in on:
+            on.append(key)
+
+    def chapter_link(r: dict[str, Any]) -> str:
+        return f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])})"
 
     folders = {card_name(c): c for c in cards(root)}
-    tails = {(r["number"], r["card"]): tail(folders[r["card"]], r["number"]) for r in board
-             if r.get("lead") and "missing" not in r}
-    have = sorted({_short_card(c) for (_, c), t in tails.items() if t})
-    p99 = f"{P99_HEADER} ({', '.join(have)}) | " if have else ""
-    header = [f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | {p99}"
-              "strongest rival (µs) | speedup (rival ÷ ours) |", "|" + "---|" * (8 if p99 else 7)]
-    # the lead table: one row per chapter, its final kernel at its headline shape on the lead card (every chapter is
-    # measured there) against its strongest rival; every other row (the other card, a chapter's other cases) below
     lead_card = next((card_name(c) for c in cards(root) if _short_card(card_name(c)) == LEAD_CARD), None)
-    leads: dict[int, dict[str, Any]] = {}
+    leads: dict[int, dict[str, Any]] = {}  # per chapter, its first measured row on the lead card (else on another)
     for r in board:
-        if "missing" not in r and (r["card"] == lead_card or r["number"] not in leads):
-            if r["number"] not in leads or leads[r["number"]]["card"] != lead_card:
-                leads[r["number"]] = r
-    chapter_shape = {}  # the chapter cell's shape: its first measured row's, the headline's
-    for r in board:
-        if "missing" not in r:
-            chapter_shape.setdefault(r["number"], r.get("shape"))
-    times_rows: list[tuple[dict[str, Any], str]] = []  # (row, its cells after the chapter's)
-    floors = ["**Floors, and how close the median is to them**", "",
-              "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | "
-              "the case's floor (the largest), its kind | % of the floor |", "|" + "---|" * 8]
-    shown: set[int] = set()
-    under: list[str] = []
-    under_lead: list[str] = []
-    under_floors: list[str] = []
-    empties: dict[str, list[float]] = {}
-    for r in board:
-        if r.get("latency_what") == ONE_KERNEL and r.get("latency_floor_ms") is not None:
-            empties.setdefault(_short_card(r["card"]), []).append(r["latency_floor_ms"] * 1e3)
-    for r in board:
-        chapter = "" if r["number"] in shown else f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])})"
-        named = chapter  # the floors table names the chapter alone; the times table adds the shape
-        if chapter and "shape" in r:
-            chapter += f": {r['shape']}"
+        if "missing" not in r and (r["number"] not in leads or
+                                   (leads[r["number"]]["card"] != lead_card and r["card"] == lead_card)):
+            leads[r["number"]] = r
+    lead_ids = {id(r) for r in leads.values()}
 
+    cells: list[tuple[dict[str, Any], dict[str, str]]] = []  # each row of the two times tables, its cells by column
+    floors: list[tuple[dict[str, Any], str]] = []  # each row of the floors table, its cells after the chapter's
+    tails_under: list[str] = []  # the p99 of a row in the second table, said under it
+    under_lead: list[str] = []
+    under: list[str] = []
+    shown: set[int] = set()
+    for r in board:
+        card = _short_card(r["card"])
         if "missing" in r:
             if r["missing"] == "not measured on this card":
                 continue  # a card with nothing measured for this chapter: no row of dashes
@@ -1063,41 +1092,37 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             one_reason = all(b.get("missing") == r["missing"] for b in same)
             if one_reason and r["number"] in shown:
                 continue
-            card = "all" if one_reason else _short_card(r["card"])
             shown.add(r["number"])
-            why = NOT_MEASURED if r["missing"] == "not measured on this card" else r["missing"]
             if one_reason:  # a chapter no card can time (no GPU kernel): a line under the table, not a row of dashes
-                head, _, rest = why.partition(": ")
-                under_lead.append(f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])}) has no row ({head})"
-                             + (f": {rest}." if rest else "."))
+                head, _, rest = r["missing"].partition(": ")
+                under_lead.append(f"{chapter_link(r)} has no row ({head})" + (f": {rest}." if rest else "."))
                 continue
-            times_rows.append((r, f" | {card} | {why} |" + " – |" * (5 if p99 else 4)))
+            cells.append((r, {"card": card, "kernel": r["missing"]}))
             if r["number"] != 1:  # chapter 01 has no GPU kernel, so no floor: its one line above says so
-                floors.append(f"| {named} | {card} |" + " – |" * 6)
+                floors.append((r, f" | {card} | – | – | – | – |"))
             continue
         shown.add(r["number"])
-        card = _short_card(r["card"])
         ours = r["ours"]
-        lead_shape = next((b.get("shape") for b in board if b["number"] == r["number"] and b["lead"]), None)
-        if r["ours_long"] != ours and not r.get("floors_as_above") and r.get("shape") != lead_shape:
-            note(r, f"{ours}: {r['ours_long']}, at {r['shape']}")  # a row off the lead shape says what it times
+        m = re.search(r"its entry point \(running (step \d+)\)", r["ours_long"])
+        if m and r.get("ours_end_to_end_ms") is None:  # the cell's step is the one the entry point picked
+            note(r, f"timed through the chapter's entry point, as a reader calls it; at this shape it runs {m.group(1)}")
         if r["clock"] != "gpu":  # the clock in a few words in the cell, the details in the chapter's notes
-            first = r["notes"][0] if r["notes"] else f"{r['clock']} clock"
-            ours += f", {first.split(':')[0]}"
-            if ":" in first:
-                note(r, first, every_card=True)
+            first_note = r["notes"][0] if r["notes"] else f"{r['clock']} clock"
+            ours += f", {first_note.split(':')[0]}"
+            if ":" in first_note:
+                note(r, first_note, every_card=True)
         if r.get("part_notebook"):  # a part of the chapter with a page of its own: the cell links it
             ours = f"[part 1]({link(r['part_notebook'])}): {ours}"
         rival = f"{r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
-        if r.get("rival_check"):  # the cell names one rival and its time; its check and the others go to the notes
-            note(r, f"{r['rival']} {r['rival_check']} our float64 check")
+        if r.get("rival_check") == "misses":  # the rival's check is said where it fails; passing is the rule
+            note(r, f"{r['rival']} misses our float64 check")
         also = r.get("rival_also")
         if also and not any(n.startswith(also.split(":")[0] + " ") for n in r["rival_notes"]):  # said there already
             note(r, also)
         if r["rival_clock"] not in (None, r["clock"]):
             rival += " (end to end, as our time in this row)"
-            note(r, f"against {r['rival']}: it is timed {r['ratio_note'] or 'on another clock'}; the ratio compares our call timed "
-                    "the same way, not our GPU time", every_card=True)
+            note(r, f"against {r['rival']}: it is timed {r['ratio_note'] or 'on another clock'}; the ratio compares "
+                    "our call timed the same way, not our GPU time", every_card=True)
         for extra in r["rival_notes"]:
             note(r, extra)
         for extra in r["notes"][2:]:
@@ -1107,125 +1132,158 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             vs += f" vs {r['rival_name']}"
         if r["ratio_note"] and r["rival_clock"] == r["clock"]:
             note(r, r["ratio_note"])
-        median, slowest = f"**{us(r['median_ms'])}**", us(r["slowest_ms"])
+        median, slowest = r["median_ms"], r["slowest_ms"]
         if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: one clock in the row
-            ours += f", end to end (its GPU time: the {card}'s {ours} row)"  # that row may be in the lead table
-            median = f"**{us(r['ours_end_to_end_ms'])}**"
-            slowest = us(r.get("ours_end_to_end_slowest_ms"), missing="–")
-        t = tails.get((r["number"], r["card"])) if r.get("tail_row", r["lead"]) else None
-        tail_cell = (f"{tail_ratio(t)} | " if t else "– | ") if p99 else ""
+            ours += f", end to end (its GPU time: the {card}'s {r['ours']} row)"
+            median, slowest = r["ours_end_to_end_ms"], r.get("ours_end_to_end_slowest_ms")
+        t = tail(folders[r["card"]], r["number"], r["tail_params"]) if r.get("tail_params") else None
+        p99 = "–"
         if t is not None:
-            differs = tail_differs(r, t, load(folders[r["card"]], TAILS))
+            p99 = tail_ratio(t)
+            differs = tail_differs(r, t)
             if differs:
                 note(r, differs)
             fewer = tail_copies(r, t)
             if fewer:  # said in the cell in a few words, in the chapter's notes in full
                 note(r, fewer)
-                tail_cell = f"{tail_ratio(t)} ({_copies(t['rotated_copies'])}) | "
-        times_rows.append((r, f" | {card} | {ours} | {median} | {slowest} | {tail_cell}{rival} | {vs} |"))
+                p99 += f" ({_copies(t['rotated_copies'])})"
+            if id(r) not in lead_ids:
+                tails_under.append(f"{_kernel_label(r)} on the {card}: {p99}")
+        elif r.get("no_tail_why"):
+            p99 = r["no_tail_why"][0]
+            note(r, r["no_tail_why"][1], every_card=True)
+        binding, pct = _floor_cells(r)
+        if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
+            alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
+                          and b is not r and b.get("pct_of_floor") is not None), None)
+            if alone is not None:
+                pct = pct[:-1] + f"; {alone['ours']}: {alone['pct_of_floor']:.0f}%)"
+        cells.append((r, {"card": card, "kernel": ours, "median": f"**{us(median)}** ({us(slowest)})", "p99": p99,
+                          "rival": rival, "vs": vs, "binding": binding, "pct": pct}))
         if r.get("floors_as_above"):
             continue
-        latency = _floor(r["latency_floor_ms"])
-        if r["no_pct_why"]:
-            latency = "–"
-        elif r["latency_floor_ms"] is None:
-            why = r.get("latency_missing_why") or "no run on this card timed an empty kernel"
-            latency = "not computed" if why.startswith("none is computed") else f"{NOT_MEASURED} on this card"
-            note(r, f"latency floor: {why}")
-        elif r["latency_what"] != ONE_KERNEL:
+        if r["latency_floor_ms"] is None and not r["no_pct_why"] and r.get("latency_missing_why"):
+            note(r, f"latency floor: {r['latency_missing_why']}")
+        elif r["latency_what"] != ONE_KERNEL and r["latency_floor_ms"] is not None:
             note(r, f"latency floor: {r['latency_what']}", every_card=True)
+        elif r["latency_floor_ms"] is None and not r["no_pct_why"]:
+            note(r, "latency floor: no run on this card timed an empty kernel")
         for extra in r["notes"][1:2]:
             note(r, extra, every_card=True)
         for extra in r["floor_notes"]:
             note(r, extra)
-        binding = f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}" if r["binding"] else NOT_MEASURED
-        pct = (f"**{r['pct_of_floor']:.0f}%** ({100 / r['pct_of_floor']:.1f}× floor)" if r["pct_of_floor"] is not None
-               else NOT_MEASURED)
-        byte = _floor(r["byte_floor_ms"])
-        if r.get("loop_bound_ms") is not None:  # a launch-bound loop: its forecast is a bound, not a floor
-            latency = byte = "–"
-            binding, pct = "– (no floor: a loop bound by its launches; its forecast time per token is in the notes)", "–"
-            note(r, f"the loop's forecast time per token ({_floor(r['loop_bound_ms'])} µs) is "
-                    f"{100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median")
-        if (r["binding"] is None and not r["no_pct_why"] and r.get("loop_bound_ms") is None
-                and r.get("latency_missing_why")):
-            # the floor that binds is not measured on this card: a row of "not measured" cells would say nothing,
-            # so a line under the floors table names what is missing (its time is in the tables above)
-            under_floors.append(f"{_short_card(r['card'])}, [{r['number']:02d}. {r['title']}]({link(r['notebook'])}) "
-                                f"at {r['shape']} ({r['ours']}): no floors row. Its floor is the latency floor, and "
-                                f"{r['latency_missing_why']}, so no percentage is given (its byte floor, "
-                                f"{_floor(r['byte_floor_ms'])} µs, is not the floor that binds).")
-            continue
-        if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
-            binding, pct = "–", f"– ({r['no_pct_why']})"
+        if r.get("loop_bound_ms") is not None:
+            continue  # no floor is computed for a launch-bound loop: its forecast stands in the times tables
+
+        def mark(kind: str, ms: float | None, missing: str) -> str:
+            text = _floor(ms, missing=missing)
+            return f"**{text}**" if r["binding"] == kind else text  # the floor that binds, in bold
+
+        latency = "–" if r["no_pct_why"] else mark("latency", r["latency_floor_ms"], f"{NOT_MEASURED} on this card")
         kernel = f"[part 1]({link(r['part_notebook'])}): {r['ours']}" if r.get("part_notebook") else r["ours"]
-        floors.append(f"| {named} | {card} | {kernel} | {byte} | "
-                      f"{_floor(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} |")
+        floors.append((r, f" | {card} | {kernel} | {mark('bytes', r['byte_floor_ms'], NOT_MEASURED)} | "
+                          f"{mark('compute', r['compute_floor_ms'], '–')} | {latency} |"))
     llama = [b for b in board if b.get("ternary_case") == "llama" and b.get("gemlite_check_error") is not None]
     if len({b["gemlite_fails_check"] for b in llama}) > 1:  # GemLite passes on one card and fails on the other
         errors = ", ".join(f"{b['gemlite_check_error']:.2%} on the {_short_card(b['card'])}" for b in llama)
-        note(llama[0], f"GemLite's error at 4096 x 14336 against float64 is {errors}, against a tolerance of "
+        note(llama[0], f"GemLite's error at 4096 × 14336 against float64 is {errors}, against a tolerance of "
                        f"{llama[0]['gemlite_check_tolerance']:.2%}, on the same inputs; GemLite's autotuner picks its "
                        "own launch on each card, the likely reason its rounding differs, so it passes our check on "
                        "one card and not on the other", every_card=True)
     small = _ctc_small_case_words(root)
     if small:
-        r4 = next((b for b in board if b["number"] == 4 and "missing" not in b), None)
+        r4 = next((b for b in board if b["number"] == 4 and "missing" not in b
+                   and b.get("shape", "").endswith("N = 1")), None)
         if r4 is not None:
             note(r4, small, every_card=True)
 
-    definitions = []
-    floor_by_card = {_short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
-    if empties and any(v is not None for v in floor_by_card.values()):
-        fastest = ", ".join(f"{ms * 1e3:.2f} µs on the {card}" for card, ms in floor_by_card.items() if ms is not None)
-        definitions.append(f"A one-kernel call's latency floor, the card's fastest empty kernel over all its runs: "
-                           f"{fastest}.")
-    samples = [t for t in tails.values() if t]
-    if samples:
-        definitions.append(TAIL_NOTE.format(samples=samples[0].get("samples", "its"),
-                                            calls=samples[0].get("min_calls_per_replay", "many"))
-                           .replace("p99 ÷ median: ", "The p99 ÷ median column: ", 1) + ".")
-    folds = []
-    for entry in ENTRIES:
-        said = notes.get(entry.number)
-        if not said:
-            continue
-        everyone = measured_cards[entry.number]
-        items = [_sentence(text) if sorted(on) == sorted(everyone)
-                 else f"{' and '.join(_short_card(c) for c in on)}: {text}" for text, on in said.items()]
-        folds.append(f"<details><summary>Chapter {entry.number:02d}, {escape(entry.title)}: notes ({len(items)})"
-                     "</summary><ul>" + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>")
-        folds.append("")
     for (number, card), why in sorted(apart.items()):  # said per chapter and card, not as a catch-all
         r = next(b for b in every if b["number"] == number)
         others = " and the ".join(_short_card(b["card"]) for b in board if b["number"] == number and b["lead"]
                                   and "missing" not in b)
         card_ = _short_card(card)
-        under.append(f"[{number:02d}. {r['title']}]({link(r['notebook'])}) has no {card_} row: the {card_}'s benchmark "
-                     f"does not time this case the way the {others or 'other card'}'s does (on the {card_} {why}).")
+        under.append(f"{chapter_link(r)} has no {card_} row: the {card_}'s benchmark does not time this case the way "
+                     f"the {others or 'other card'}'s does (on the {card_} {why}).")
     under += part_one_rival_words(board, link)
-    lead_rows = [id(r) for r in leads.values()]
+    if tails_under:
+        under.append(f"{P99_HEADER} of the rows above that the tails run measures: " + "; ".join(tails_under) + ".")
 
-    def table(title: str, picked: list[tuple[dict[str, Any], str]], lines_under: list[str]) -> list[str]:
+    def table(title: str, picked: list[tuple[dict[str, Any], dict[str, str]]], columns: list[tuple[str, str]],
+              lines_under: list[str]) -> list[str]:
+        """A times table: the chapter (its link and the shape of its first row here, once), then ``columns``."""
+        out = [title, "", "| chapter: shape | " + " | ".join(h for _, h in columns) + " |",
+               "|" + "---|" * (len(columns) + 1)]
         named: set[int] = set()
-        out = [title, ""] + header
-        for r, cells in picked:
-            chapter = "" if r["number"] in named else (
-                f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])})"
-                + (f": {chapter_shape[r['number']]}" if chapter_shape.get(r["number"]) else ""))
+        for r, c in picked:
+            chapter = "" if r["number"] in named else chapter_link(r) + (f": {r['shape']}" if r.get("shape") else "")
             named.add(r["number"])
-            out.append(f"| {chapter}{cells}")
+            row = [c.get(key, "–") for key, _ in columns]
+            out.append(f"| {chapter} | " + " | ".join(row) + " |")
         return out + ([""] + [u + "  " for u in lines_under] if lines_under else [])
 
-    first = [t for t in times_rows if id(t[0]) in lead_rows]
-    rest = [t for t in times_rows if id(t[0]) not in lead_rows]
-    lead_title = (f"**Each chapter's final kernel at its headline shape against its strongest rival, on the "
-                  f"{LEAD_CARD}**")
-    times = table(lead_title, first, under_lead)
+    first_rows = [rc for rc in cells if id(rc[0]) in lead_ids]
+    rest = [rc for rc in cells if id(rc[0]) not in lead_ids]
+    one_card = all(r["card"] == lead_card for r, _ in first_rows)
+    common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"), ("p99", P99_HEADER),
+              ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
+              ("binding", "floor that binds (µs), its kind"), ("pct", "% of the floor")]
+    lead_columns = common if one_card else [("card", "card")] + common
+    on = f", all measured on the {LEAD_CARD}" if one_card else ""
+    times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
+                  first_rows, lead_columns, under_lead)
     if rest:
-        times += [""] + table("**Every other row: the other card, and each chapter's other cases**", rest, under)
-    floors += [""] + [u + "  " for u in under_floors] if under_floors else []
-    return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
+        times += [""] + table("**Every other row: the other card, and each chapter's other cases**", rest,
+                              [("card", "card")] + [c for c in common if c[0] != "p99"], under)
+    floor_lines = ["**Floors of each row** (the one that binds, the largest, in bold)", "",
+                   "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",
+                   "|" + "---|" * 6]
+    named: set[int] = set()
+    for r, rest_cells in floors:
+        floor_lines.append(f"| {'' if r['number'] in named else chapter_link(r)}{rest_cells}")
+        named.add(r["number"])
+
+    definitions = []
+    floor_by_card = {_short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
+    if any(v is not None for v in floor_by_card.values()):
+        fastest = ", ".join(f"{ms * 1e3:.2f} µs on the {card}" for card, ms in floor_by_card.items() if ms is not None)
+        definitions.append(f"A one-kernel call's latency floor, the card's fastest empty kernel over all its runs: "
+                           f"{fastest}.")
+    samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"]) for r in board
+                           if "missing" not in r and r.get("tail_params")) if t]
+    if samples:
+        definitions.append(TAIL_NOTE.format(samples=samples[0].get("samples", "many"),
+                                            calls=samples[0].get("min_calls_per_replay", "many"))
+                           .replace("p99 ÷ median: ", "The p99 ÷ median column: ", 1) + ".")
+    out_folds = []
+    for entry in ENTRIES:
+        said = notes.get(entry.number)
+        if not said:
+            continue
+        everyone = measured_cards[entry.number]
+        items = []
+        for text, on_rows in said.items():
+            kernels = list(dict.fromkeys(k for k, _ in on_rows))
+            where = list(dict.fromkeys(c for _, c in on_rows))
+            every_card = None in where or sorted(where) == sorted(everyone) or len(everyone) < 2
+            label = " and ".join(kernels) + ("" if every_card else f" ({' and '.join(_short_card(c) for c in where)})")
+            items.append((label, _sentence(text)))
+        order = list(dict.fromkeys(label for label, _ in items))  # a row's notes together, in the table's order
+        items.sort(key=lambda item: order.index(item[0]))
+        title = f"Chapter {entry.number:02d}, {entry.title}: notes"
+        if len({label for label, _ in items}) == 1:  # every note is on one row: named once, in the title
+            title += f" on {items[0][0]}"
+            items = [("", text) for _, text in items]
+        if folds == "dropdown":
+            out_folds += ([f":::{{dropdown}} {title}"] + [f"- **{label}**: {text}" if label else f"- {text}"
+                                                         for label, text in items] + [":::", ""])
+        else:
+            out_folds.append(f"<details><summary>{escape(title, quote=False)}</summary><ul>"
+                             + "".join(f"<li><b>{escape(label, quote=False)}</b>: {escape(text, quote=False)}</li>"
+                                       if label else f"<li>{escape(text, quote=False)}</li>" for label, text in items)
+                             + "</ul></details>")
+            out_folds.append("")
+    return "\n".join(times + [""] + floor_lines + [""] + [d + "  " for d in definitions] + [""]
+                     + out_folds).rstrip() + "\n"
 
 
 __all__ = ["ENTRIES", "Entry", "LEAD_CARD", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
