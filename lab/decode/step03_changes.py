@@ -41,8 +41,7 @@ from studylog.decode import DecodeConfig
 from studylog.decode.generation import CONFIGS
 
 #: The extra configuration: step 3 without its last change (the masked head's row read whole by the argmax).
-MASKED_FULL_ARGMAX = DecodeConfig("masked_full_argmax", "token", "masked", "automaton",
-                                  "masked head, argmax over the whole (masked) row", sample="all")
+MASKED_FULL_ARGMAX = DecodeConfig("masked_full_argmax", "token", "masked", "automaton", sample="all")
 #: Step 1, then step 2 and step 3's changes added one at a time.
 VARIANTS = (CONFIGS["baseline"], CONFIGS["jump_forward"], CONFIGS["automaton_mask"], MASKED_FULL_ARGMAX,
             CONFIGS["masked_head"])

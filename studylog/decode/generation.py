@@ -30,7 +30,6 @@ class DecodeConfig:
     jump: str = "none"
     head: str = "dense"
     mask: str = "xgrammar"
-    title: str = ""
     sample: str = "allowed"
 
     def __post_init__(self):
@@ -45,17 +44,13 @@ class DecodeConfig:
         return self.jump != "none" or self.mask == "automaton"
 
 
+#: The chapter's three steps and its two comparisons (``studylog.decode.CHAPTER`` says what each is).
 CONFIGS: dict[str, DecodeConfig] = {
-    "baseline": DecodeConfig("baseline", "none", "dense", "xgrammar",
-                             "dense head, xgrammar bitmask, one forward per token"),
-    "jump_forward": DecodeConfig("jump_forward", "token", "dense", "xgrammar",
-                                 "+ forced-token jumps (chapter 1)"),
-    "masked_head": DecodeConfig("masked_head", "token", "masked", "automaton",
-                                "+ masked LM head on the automaton's allowed sets, sampled among them (chapter 2)"),
-    "automaton_mask": DecodeConfig("automaton_mask", "token", "dense", "automaton",
-                                   "jumps and the automaton's masks, dense head (separates the two gains)"),
-    "char_jump": DecodeConfig("char_jump", "char", "dense", "xgrammar",
-                              "forced-byte jumps with retokenization (output may differ)"),
+    "baseline": DecodeConfig("baseline", "none", "dense", "xgrammar"),
+    "jump_forward": DecodeConfig("jump_forward", "token", "dense", "xgrammar"),
+    "masked_head": DecodeConfig("masked_head", "token", "masked", "automaton"),
+    "automaton_mask": DecodeConfig("automaton_mask", "token", "dense", "automaton"),
+    "char_jump": DecodeConfig("char_jump", "char", "dense", "xgrammar"),
 }
 
 

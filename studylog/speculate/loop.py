@@ -22,7 +22,7 @@ from torch import Tensor
 
 from studylog.checks import check_int
 from studylog.decode import kernels, pieces
-from studylog.decode.generation import CONFIGS as DECODE_CONFIGS, DecodeConfig, Generation, hashed_uniform
+from studylog.decode.generation import DecodeConfig, Generation, hashed_uniform
 from studylog.decode.grammar import Grammar
 from studylog.decode.loop import Decoder, Marks, staged
 from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
@@ -45,16 +45,17 @@ class SpecConfig(DecodeConfig):
             raise ValueError("a speculative configuration builds on chapter 7's step 3: jump='token', head='masked'")
 
 
-def _config(name: str, title: str, **kw) -> SpecConfig:
-    return SpecConfig(name, "token", "masked", "automaton", title, **kw)
+def _config(name: str, **kw) -> SpecConfig:
+    return SpecConfig(name, "token", "masked", "automaton", **kw)
 
 
-#: The chapter's configurations, in the lesson's order (step 1 is chapter 7's step 3 run by this loop: no drafts).
+#: The chapter's configurations, in the lesson's order (step 1 is chapter 7's step 3 run by this loop: no drafts;
+#: ``studylog.speculate.CHAPTER`` says what each step adds).
 CONFIGS: dict[str, SpecConfig] = {
-    "masked_head": _config("masked_head", DECODE_CONFIGS["masked_head"].title, draft=False),
-    "ngram_draft": _config("ngram_draft", "+ n-gram drafts cut by the grammar, verified in one forward"),
-    "forced_draft": _config("forced_draft", "+ forced chains join the draft", extend=True),
-    "gated_draft": _config("gated_draft", "+ drafting off where it does not pay", extend=True, gate=True),
+    "masked_head": _config("masked_head", draft=False),
+    "ngram_draft": _config("ngram_draft"),
+    "forced_draft": _config("forced_draft", extend=True),
+    "gated_draft": _config("gated_draft", extend=True, gate=True),
 }
 
 #: Components of a speculative step (see the module docstring), in the order they run.
