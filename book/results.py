@@ -656,7 +656,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 landing[name] += " on the GPU"
             if entry.number == 8:
                 landing[name] += " per output token, on SmolLM2-135M"
-                brief[name] = f"{row['vs_rival']:.2f}× our own loop, chapter 07's, on SmolLM2-135M"
+                brief[name] = (f"{row['vs_rival']:.2f}× our own loop, chapter 07's (no serving engine measured), "
+                               "on SmolLM2-135M")
             if entry.number == 3 and wait is not None and (wait.get("rival_gpu_ms") or 0) > wait["host_ms"]:
                 eager[name] = f"ours waits on the host ({us(wait['host_ms'])} µs a call) and stays ahead"
             if entry.number == 6:  # the deployment-fair layout (Llama 3.1 8B's grouped-query heads) leads where a
@@ -752,7 +753,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 bound = decode_bound(card)
                 synthetic = synthetic_words(card)
                 landing[name] += f" on {synthetic}"
-                brief[name] = f"{row['vs_rival']:.2f}× our own loop with {entry.rival_short}, on {synthetic}"
+                brief[name] = (f"{row['vs_rival']:.2f}× our own loop with a dense head and xgrammar's mask (no "
+                               f"serving engine measured), on {synthetic}")
                 if bound is not None:
                     notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
                 if row.get("real_ratio") is not None:
@@ -1231,6 +1233,10 @@ EAGER_MARK = "†"
 SHORT_ROUTE = ("notebooks/00_how_to_read.ipynb", "notebooks/02_masked_lm_head.ipynb", "notebooks/04_ctc_loss.ipynb")
 
 
+#: A page whose reading time is this many minutes or more is named as one of the long chapters under the table.
+LONG_MINUTES = 40
+
+
 def page_titles(root: Path = BENCH_RESULTS) -> dict[str, str]:
     """Each lesson's name as the landing table and the chapter cards give it, by notebook: its number and the
     chapter's short title (``05. Ternary matmul (Triton)`` for a chapter in two parts)."""
@@ -1286,9 +1292,12 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         return f"{m // 60} h {m % 60} min" if m >= 60 else f"{m} min"
 
     route = [n for n in SHORT_ROUTE if n in minutes]
+    long = list(dict.fromkeys(titles[n].split(". ")[0] for n, m in minutes.items() if m >= LONG_MINUTES))
     lines += ["", f"Reading time: the prose and the code the page shows, {hours(sum(minutes.values()))} for the "
               "whole course; its tables, the listings folded under its steps, running the code and the exercises "
-              "come on top. A short route: " + ", then ".join(titles[n] for n in route)
+              "come on top." + (f" The long chapters, {LONG_MINUTES} minutes or more: " + ", ".join(long[:-1])
+                                + (" and " if len(long) > 1 else "") + long[-1] + "."
+                                if long else "") + " A short route: " + ", then ".join(titles[n] for n in route)
               + f" ({hours(sum(minutes[n] for n in route))}): how a chapter is measured, the simplest kernel, and "
               "the longest chain of dependent work."]
     return "\n".join(lines)

@@ -67,7 +67,7 @@ def _questions() -> dict[str, tuple[str, str]]:
             texts = {text for card, text in h["brief"].items() if h["ratios"].get(card) is not None}
             if len(texts) == 1:
                 text = texts.pop()
-                measured = [f"{text[0].upper()}{text[1:]}: a count over the chapter's suite, the same on any card"]
+                measured = [f"{text[0].upper()}{text[1:]} (counts over the chapter's suite, the same on any card)"]
         # one line per card (a hard line break between them), so that no card's clause runs into another's
         out[h["notebook"]] = (h["question"], "  \n".join(measured) if measured else "not measured yet")
     answers = {card: other_answers(card=card) for card in ("H200", "H100")}
@@ -111,6 +111,20 @@ FIGURE_ALT = {
 }
 
 
+#: What a card's reader should have read first (the landing page's reader's path, per chapter).
+READ_AFTER = {
+    "notebooks/01_fsm_compression.ipynb": "chapter 00",
+    "notebooks/02_masked_lm_head.ipynb": "chapters 00 and 01; Triton's first two tutorials",
+    "notebooks/03_ngram_matching.ipynb": "chapter 02",
+    "notebooks/04_ctc_loss.ipynb": "chapter 02",
+    "notebooks/05_ternary_1_triton.ipynb": "chapter 02",
+    "notebooks/05_ternary_2_cuda.ipynb": "part 1",
+    "notebooks/06_multi_item_attention.ipynb": "chapter 02",
+    "notebooks/07_constrained_decoding.ipynb": "chapters 01 and 02",
+    "notebooks/08_speculation_under_a_grammar.ipynb": "chapters 03 and 07",
+}
+
+
 class PostsDirective(SphinxDirective):
     """The landing page's list of posts."""
 
@@ -128,7 +142,8 @@ class PostsDirective(SphinxDirective):
             lines += [
                 f"### [{names.get(doc, post['title'])}]({doc})",
                 "",
-                f"*{post['title']}*  \n{tags}",
+                f"*{post['title']}*  \n{tags}"
+                + (f"  \nRead after: {READ_AFTER[doc]}." if doc in READ_AFTER else ""),
                 "",
             ]
             if doc in asks:  # the card leads with the chapter's question and its measured answer
