@@ -1206,7 +1206,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                      f"the {others or 'other card'}'s does (on the {card_} {why}).")
     under += part_one_rival_words(board, link)
     if tails_under:
-        under.append(f"{P99_HEADER} of the rows above that the tails run measures: " + "; ".join(tails_under) + ".")
+        under.append(f"{P99_HEADER}, where it is measured for a row above: " + "; ".join(tails_under) + ".")
 
     def table(title: str, picked: list[tuple[dict[str, Any], dict[str, str]]], columns: list[tuple[str, str]],
               lines_under: list[str]) -> list[str]:
