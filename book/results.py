@@ -482,8 +482,8 @@ def synthetic_words(card: Path) -> str:
 #: The landing table's rival column: whose code each answer is measured against, a library's, a published kernel or
 #: the course's own (where no library runs the same work), by chapter number ("5t": chapter 05's Triton part).
 RIVALS = {
-    2: "xgrammar's path, a library (it computes every logit, then masks); the kernel alone against torch's "
-       "index_select and a matmul",
+    2: "xgrammar's path, a library (every logit, then its mask); the kernel alone, torch's index_select and a "
+       "matmul",
     3: "our own port of FastDeploy's GPU kernel, fixed to match the CPU operator exactly (no library has one)",
     4: "cuDNN, through torch",
     "5t": "GemLite, a library",
@@ -953,8 +953,9 @@ def left_out_words(card: str, why: str, others: list[str]) -> str:
 LOOP_WORDS = {
     7: "These rows time whole decode loops on the wall clock, each a median over the JSON schemas of each schema's "
        "own median, so no spread of repeated runs stands beside it: the range of the schemas' own ratios is in the "
-       "notes under the first table. The 1b and 8b shapes are synthetic models (random weights, Llama's layer "
-       "shapes) with a head of the cl100k vocabulary, chapter 01's, not Llama's own.",
+       "notes under the first table. The 1b and 8b shapes are synthetic models (random weights in Llama's layer "
+       "shapes, one layer's weights read by every layer) with a head of the cl100k vocabulary, chapter 01's, not "
+       "Llama's own.",
     8: "These rows time whole decode loops on the wall clock, each a median over requests, so no spread of repeated "
        "runs stands beside it: the range of the requests' own ratios is in the notes under the first table. This "
        "run does not time the host's share apart, so that column is empty.",
