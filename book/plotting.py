@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -23,6 +24,49 @@ from studylog.plotting import Results, headline_rows, load_results, result_files
 #: from its committed benchmark results, except chapter 1 (fsm), which has no GPU benchmark: its figure is drawn from
 #: its schema suite, run here on the CPU.
 FIGURE_CHAPTERS = ("env", "fsm", "masked_lm_head", "ngram", "ctc", "ternary", "multi_item", "decode", "speculate")
+
+
+#: A step's function name (``step09_tma``) inside a description.
+_STEP_NAME = re.compile(r"\bstep(\d{2})_[a-z0-9_]+")
+
+
+#: How a word of a step's name is written in a figure, where not as it is (an acronym, a number run into a word).
+_WORDS = {"cpu": "CPU", "gpu": "GPU", "sdpa": "SDPA", "tma": "TMA", "mma": "MMA", "cuda": "CUDA", "phase2": "phase 2",
+          "2bit": "2-bit", "w2a8": "W2A8", "smem": "in shared memory", "reg": "register", "ngram": "n-gram"}
+
+
+def step_words(step) -> str:
+    """How a figure names a step (a :class:`studylog.chapter.Step`): its number and its name in words,
+    ``step 2: token jumps``; a reader never needs the function's name to read a legend."""
+    return f"step {step.number}: " + " ".join(_WORDS.get(w, w) for w in step.slug.split("_"))
+
+
+def plain_steps(text: str) -> str:
+    """``text`` with every step's function name (``step04_tile_skip``) written as its number (``step 4``)."""
+    return _STEP_NAME.sub(lambda m: f"step {int(m.group(1))}", text)
+
+
+def series_words(chapter, series: str) -> str:
+    """A benchmark series as a figure names it: a step's :func:`step_words`, or the chapter's description of a
+    baseline or peer (:attr:`studylog.chapter.Chapter.baselines`) with step names in words (:func:`plain_steps`)."""
+    step = next((s for s in chapter.steps if s.series == series), None)
+    return step_words(step) if step is not None else plain_steps(chapter.baselines.get(series, series))
+
+
+#: The width of the book's column of text (px): a figure wider than it is shown scaled down to it.
+PAGE_PX = 800
+
+
+def smallest_text_px(fig, page_px: int = PAGE_PX, dpi: float = 100) -> float:
+    """The height (px) of a figure's smallest text as the book shows it, drawn at ``dpi`` (a notebook's): a figure
+    wider than the page is scaled down to the page's width, so text of ``p`` points on a figure ``w`` inches wide
+    shows at ``p × page_px / (72 × w)`` px, whatever its resolution; a narrower one at ``p × dpi / 72``."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    width_in = fig.get_tightbbox(fig.canvas.get_renderer()).width
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes) * page_px / (72 * max(width_in, page_px / dpi))
 
 
 def table(results: Results, columns: Sequence[str], series: Sequence[str], where: dict[str, Any] | None = None,
@@ -295,6 +339,7 @@ def update_readme(readme: Path = REPO_ROOT / "README.md") -> bool:
     return new != text
 
 
-__all__ = ["CARD_TOLERANCE", "FIGURE_CHAPTERS", "README_END", "README_START", "card_differences", "chapter_figures",
-           "headline_markdown", "plot_speedup", "plot_times", "readme_results_block", "save_chapter_figures",
-           "save_figure", "table", "update_readme"]
+__all__ = ["CARD_TOLERANCE", "FIGURE_CHAPTERS", "PAGE_PX", "README_END", "README_START",
+           "card_differences", "chapter_figures", "headline_markdown", "plain_steps", "plot_speedup", "plot_times",
+           "readme_results_block", "save_chapter_figures", "save_figure", "series_words", "smallest_text_px",
+           "step_words", "table", "update_readme"]

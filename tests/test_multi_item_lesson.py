@@ -425,17 +425,19 @@ def test_the_page_quotes_5a_from_its_chain_and_names_each_batchs_layout():
 def test_times_figure_has_a_panel_per_shape_holding_only_the_approaches_run_there():
     import matplotlib.pyplot as plt
 
-    from book.multi_item.figures import _times_label, times_figure
+    from book.multi_item.figures import _times_label, shape_title, times_figure
 
     results = plotting.load_results("multi_item")
     fig = times_figure(results)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     shapes = [name for name, _, _ in report.bench_shapes()] + [lesson.GQA_SHAPE]
-    assert [ax.get_title() for ax in panels] == [s for s in shapes if results.select(shape=s)]
-    for ax in panels:
+    shapes = [s for s in shapes if results.select(shape=s)]
+    assert [ax.get_title() for ax in panels] == [shape_title(s) for s in shapes]
+    for ax, shape in zip(panels, shapes):
         labels = [t.get_text() for t in ax.get_yticklabels()]
-        run_here = {_times_label(r["series"]) for r in results.select(shape=ax.get_title())}
-        assert labels and set(labels) <= run_here, (ax.get_title(), set(labels) - run_here)
+        run_here = {_times_label(r["series"]) for r in results.select(shape=shape)}
+        assert labels and set(labels) <= run_here, (shape, set(labels) - run_here)
+        assert not any("_" in label for label in labels), labels  # steps in words, not function names
         assert not any("not run" in t.get_text() for t in ax.texts)
     plt.close(fig)
 

@@ -57,9 +57,10 @@ def test_the_steps_figure_draws_the_tables_floor():
                        if lesson.floor_us(results, c) is not None})
     assert drawn == expected
     # the figure draws the steps that make the chapter's argument, not all twelve (the table has them all)
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    shown = [n for n in range(1, ngram.CHAPTER.final.number + 1) if any(t.startswith(f"step{n:02d}_") for t in labels)]
+    labels = [t.get_text() for t in figs["latency"].legends[0].get_texts()]
+    shown = [n for n in range(1, ngram.CHAPTER.final.number + 1) if any(t.startswith(f"step {n}: ") for t in labels)]
     assert shown == list(figures.FIGURE_STEPS)
+    assert not any("_" in t.split(" (")[0] for t in labels), labels  # steps in words, not function names
     for fig in figs.values():
         plt.close(fig)
 

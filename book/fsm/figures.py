@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from book.plotting import step_words
+from studylog.fsm import CHAPTER
 from studylog.fsm.report import EntryResult
 
-__all__ = ["MASKBENCH_FORCED_SHARE", "MODE_LABELS", "SERIES_COLORS", "figures", "plot_savings"]
+__all__ = ["MASKBENCH_FORCED_SHARE", "MODE_LABELS", "MODE_STEPS", "SERIES_COLORS", "figures", "plot_savings"]
 
 #: Published reference point: share of tokens a grammar forces on JSON schemas, with JSON's whitespace and
 #: compact (MaskBench's table of fast-forward tokens, Llama 3 tokenizer, about ten thousand schemas:
@@ -23,8 +25,10 @@ SERIES_COLORS: dict[str, str] = {
     "step02_token_jumps[compact]": "#fdae6b", "step03_char_jumps[compact]": "#e6550d",
     "xgrammar": "#756bb1", "llguidance": "#31a354", "MaskBench": "#969696", "neutral": "#525252",
 }
-#: The step each decode mode runs, by its public name (figure labels).
-MODE_LABELS: dict[str, str] = {"token": "step02_token_jumps", "char": "step03_char_jumps"}
+#: The step each decode mode runs (its key in :data:`SERIES_COLORS`).
+MODE_STEPS: dict[str, str] = {"token": CHAPTER.step(2).name, "char": CHAPTER.step(3).name}
+#: The step each decode mode runs, as the legend names it ("step 2: token jumps").
+MODE_LABELS: dict[str, str] = {mode: step_words(CHAPTER.step(name)) for mode, name in MODE_STEPS.items()}
 
 
 def figures(results: Sequence[EntryResult]) -> dict[str, Any]:
@@ -52,7 +56,7 @@ def plot_savings(results: Sequence[EntryResult], ax=None, title: Optional[str] =
                 continue
             xs.append(i + (k - (len(series) - 1) / 2) * width)
             ys.append(100 * r.saved(mode))
-        key = MODE_LABELS[mode] + ("" if ws == "default" else f"[{ws}]")
+        key = MODE_STEPS[mode] + ("" if ws == "default" else f"[{ws}]")
         ax.bar(xs, ys, width, label=f"{MODE_LABELS[mode]}, {ws} whitespace", color=SERIES_COLORS[key])
     lo, hi = MASKBENCH_FORCED_SHARE
     ax.axhspan(100 * lo, 100 * hi, color=SERIES_COLORS["MaskBench"], alpha=0.3,

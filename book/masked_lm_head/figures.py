@@ -12,6 +12,7 @@ import textwrap
 from typing import Any
 
 from book.masked_lm_head.lesson import floor_ms
+from book.plotting import series_words
 from studylog.masked_lm_head import CHAPTER
 from studylog.masked_lm_head.report import PLAN, XGRAMMAR
 
@@ -38,8 +39,9 @@ SERIES_MARKERS: dict[str, str] = {
     "step07": "o", "step08": "P", "step09": "d", "step10": "o", "step11": "h", "step12": "*", "step13": "*",
     "dense_mask": "s", "cublas_fp32_mask": "D", "index_select": "X", "xgrammar_bitmask": "s",
 }
-#: Text sizes at the saved size (the book shows figures at about their saved width).
-FONT = 9
+#: Text sizes at the saved size; footnotes one point smaller. The book scales a figure wider than its page down to
+#: it, so these keep text of about 10 px or more on the page (``book.plotting.smallest_text_px``).
+FONT = 10
 
 
 def series_color(series: str) -> str:
@@ -47,9 +49,10 @@ def series_color(series: str) -> str:
     return SERIES_COLORS.get(series, "#333333")
 
 
-def _legend_label(series: str) -> str:
-    label = CHAPTER.label(series)
-    return label if len(label) <= 48 else label[:45] + "..."
+def _name(series: str) -> str:
+    """A series as the figures name it: :data:`PLAIN_NAMES` ("step 3: step 2 written for [V, D] rows"), or the
+    step's number and name in words (``book.plotting.series_words``)."""
+    return PLAIN_NAMES.get(series) or series_words(CHAPTER, series)
 
 
 def _errorbar(ax, xs, rows, value, **style):
@@ -96,14 +99,17 @@ def figures(results) -> dict[str, Any]:
     return figs
 
 
-#: The speedup figure's legend: each step by its number and its idea in plain words.
+#: The figures' legends: each step by its number and its idea in plain words, and the rivals as the prose names them.
 PLAIN_NAMES: dict[str, str] = {
     "step00": "step 0: the tutorial's matmul, then the mask", "step01": "step 1: skip blocks with nothing allowed",
     "step02": "step 2: skip disallowed columns too", "step03": "step 3: step 2 written for [V, D] rows",
     "step04": "step 4: only the allowed ids", "step05": "step 5: one wait per row",
     "step06": "step 6: the fill programs first", "step07": "step 7: an L2 evict-first hint",
-    "step08": "step 8: a few ids as launch arguments",
+    "step08": "step 8: a few ids as launch arguments", "step09": "step 9: the batch's union read once",
+    "step10": "step 10: the union on the tensor cores",
     "step11": "step 11: vocabulary reordered (real grammar masks)", "step12": "step 12: the dispatch (picks a path)",
+    "step13": "step 13: the whole step from the bitmask",
+    "dense_mask": "torch: dense logits, then masked_fill", "cublas_fp32_mask": "cuBLAS fp32 logits, then masked_fill",
     "index_select": "torch: index_select, then a matmul",
 }
 
@@ -169,7 +175,7 @@ def _layout_figure(results, caption: str):
                [(r[0]["spread_ms"][2] - r[0]["ms"]) * 1e3 if r and r[0].get("spread_ms") else 0 for r in rows]]
         ax.bar(xs, ys, width, yerr=err, capsize=2, color=series_color(series),
                hatch="//" if layout == "dv" else None, edgecolor="white",
-               label=f"{CHAPTER.label(series)}, {'[D, V]' if layout == 'dv' else '[V, D]'}")
+               label=f"{_name(series)}, {'[D, V]' if layout == 'dv' else '[V, D]'}")
     ax.set_xticks(np.arange(len(counts)), [f"{c:,} allowed" for c in counts], fontsize=FONT)
     ax.set_ylabel("time (µs)", fontsize=FONT)
     ax.tick_params(labelsize=FONT)
@@ -189,7 +195,8 @@ def _batched_figure(results, caption: str):
 
     batches = sorted({r["params"]["batch"] for r in results.select(_s(10), kind="random")})
     batches = [b for b in (8, 64, 256) if b in batches] or batches[-3:]
-    fig, axes = plt.subplots(1, len(batches), figsize=(3.4 * len(batches) + 0.6, 4.0), squeeze=False, sharey=True)
+    # narrow panels: a wider figure is shown smaller on the page, and its text with it
+    fig, axes = plt.subplots(1, len(batches), figsize=(2.8 * len(batches) + 0.6, 5.0), squeeze=False, sharey=True)
     series = ["dense_mask", "cublas_fp32_mask", "index_select", _s(3), _s(10), _s(12)]
     for ax, batch in zip(axes[0], batches):
         for x in series:
@@ -198,7 +205,7 @@ def _batched_figure(results, caption: str):
             if rows:
                 _errorbar(ax, [r["params"]["allowed"] for r in rows], rows, lambda ms: ms * 1e3,
                           color=series_color(x), marker=SERIES_MARKERS.get(x, "o"), ms=4,
-                          lw=2.2 if x == _s(12) else 1.0, label=_legend_label(x))
+                          lw=2.2 if x == _s(12) else 1.0, label=_name(x))
         floor = sorted((r["params"]["allowed"], floor_ms(results, batch, r["union"]) * 1e3)
                        for r in results.select(_s(12), batch=batch, kind="random") if "union" in r)
         if floor:
@@ -208,9 +215,9 @@ def _batched_figure(results, caption: str):
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle("A batch with its own mask per sequence: time against allowed tokens (random masks)",
                  fontsize=FONT + 1)
-    fig.tight_layout(rect=(0, 0.2, 1, 1))
-    fig.legend(handles, labels, fontsize=FONT, loc="upper left", bbox_to_anchor=(0.01, 0.2), ncol=2, frameon=False)
-    fig.text(0.01, -0.04, caption + "\n" + _spread_words(results), fontsize=FONT - 1, va="top")
+    fig.tight_layout(rect=(0, 0.25, 1, 1))
+    fig.legend(handles, labels, fontsize=FONT, loc="upper left", bbox_to_anchor=(0.01, 0.24), ncol=2, frameon=False)
+    fig.text(0.01, 0.03, caption + "\n" + _spread_words(results), fontsize=FONT - 1, va="top")
     return fig
 
 
@@ -251,8 +258,8 @@ def _practitioners_figure(results, caption: str):
     ax.axhline(1.0, color="k", lw=1, ls=":")
     _style(ax, "allowed tokens per sequence (log scale)", "speedup of the whole step (×)", logy=False)
     ax.set_ylim(bottom=0)
-    ax.set_title("From the packed bitmask, copy included: our plan against cuBLAS logits + xgrammar's "
-                 "apply_token_bitmask_inplace", fontsize=FONT)
+    ax.set_title("From the packed bitmask, copy included: step 13 against cuBLAS logits\n+ xgrammar's "
+                 "apply_token_bitmask_inplace", fontsize=FONT + 1)
     ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.text(0.01, -0.02, caption + "\n" + _spread_words(results) + "; the open diamonds (real grammar masks) are "
              "drawn a little right of their allowed count", fontsize=FONT - 1, va="top")
@@ -266,8 +273,7 @@ def _host_figure(results, caption: str):
     step 12's GPU time as lines."""
     import matplotlib.pyplot as plt
 
-    label = CHAPTER.label
-    short = {PLAN: f"{label(PLAN)} (MaskedHeadPlan, from the bitmask)", XGRAMMAR: "xgrammar's path (cuBLAS + bitmask)"}
+    short = {XGRAMMAR: "xgrammar's path (cuBLAS + bitmask)"}
     entries = [x for x in [_s(n) for n in (4, 7, 8, 12)] + [PLAN, XGRAMMAR]
                if any("host_ms" in r for r in results.select(x, batch=1, kind="random"))]
     fig, ax = plt.subplots(figsize=(8, 3.8))
@@ -277,7 +283,7 @@ def _host_figure(results, caption: str):
         median = values[len(values) // 2]
         ax.barh(i, median, 0.6, xerr=[[median - values[0]], [values[-1] - median]], capsize=3,
                 color=series_color(x), edgecolor="white")
-    ax.set_yticks(range(len(entries)), [short.get(x, label(x)) for x in entries], fontsize=FONT)
+    ax.set_yticks(range(len(entries)), [short.get(x, _name(x)) for x in entries], fontsize=FONT)
     ax.invert_yaxis()
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
     if empty:
@@ -285,7 +291,7 @@ def _host_figure(results, caption: str):
     gpu = sorted(r["ms"] * 1e3 for r in results.select(_s(12), batch=1, kind="random"))
     if gpu:
         ax.axvline(gpu[len(gpu) // 2], color=series_color(_s(12)), ls=":", lw=1.5,
-                   label=f"{label(_s(12))}: GPU time, median over the counts")
+                   label=f"{_name(_s(12))}: GPU time, median over the counts")
     ax.set_xlabel("host time per call (µs): median over the allowed counts, bars from fastest to slowest",
                   fontsize=FONT)
     ax.tick_params(axis="x", labelsize=FONT)

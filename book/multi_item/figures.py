@@ -6,22 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from book.common import param_values
+from book.plotting import series_words
 from studylog.multi_item import CHAPTER
 from studylog.multi_item.report import (BENCH_HEAD_DIM, BENCH_HEADS, FLASHINFER, FLEX, ONE_PASS_PER_ITEM, SDPA_CAUSAL,
                                         SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, STEP06)
 
-__all__ = ["COLOURS", "approaches", "colour", "figures", "series_label", "shape_names", "tiles_figure",
-           "times_figure"]
+__all__ = ["COLOURS", "FONT", "approaches", "colour", "figures", "series_label", "shape_names", "shape_title",
+           "tiles_figure", "times_figure"]
 
 
 def series_label(series: str) -> str:
-    """A series' legend label (``CHAPTER.label``): a step's name, or the baseline's description. Step 5 is the
-    shipped kernel in its default order, as the page's tables, the results and the landing pages call it; step 6
-    likewise."""
-    if series in (STEP05.series, STEP06.series):
-        step = STEP05 if series == STEP05.series else STEP06
-        return f"step {step.number} ({step.name})"
-    return CHAPTER.label(series)
+    """A series' legend label and table row: a step's number and name in words ("step 5: batched"), or the
+    baseline's description with its steps named by number (``book.plotting.series_words``)."""
+    return series_words(CHAPTER, series)
 
 
 def approaches() -> list[str]:
@@ -35,6 +32,15 @@ def shape_names(results) -> list[str]:
     """The benchmark's shapes, in the order the results hold them."""
     return param_values(results, "shape")
 
+
+def shape_title(shape: str) -> str:
+    """A shape as a figure writes it: ``prefix 2048, 32 items × 32`` (the results file's name, with a times sign)."""
+    return shape.replace(" x ", " × ")
+
+
+#: Text sizes of the figures (points at the saved size): a figure wider than the page is shown scaled down to it,
+#: and at these widths this keeps text of about 10 px or more there.
+FONT = 10
 
 #: One colour per series across the chapter: every figure draws a series in the same colour.
 COLOURS = {
@@ -58,36 +64,43 @@ def colour(series: str) -> str:
 
 
 def figures(results) -> dict[str, Any]:
-    """``times``: every approach's time per call on each shape, against the compute floor; ``tiles``: the
+    """``times``: every approach's time per call on each shape, against the compute floor; ``times_mixed``: the
+    same on the mixed batches alone (the headline's shapes, short enough for a chapter's card); ``tiles``: the
     fraction of key tiles never loaded."""
-    return {"times": times_figure(results), "tiles": tiles_figure(results)}
+    mixed = [shape for shape in shape_names(results) if "mixed" in shape]
+    out = {"times": times_figure(results)}
+    if mixed:
+        out["times_mixed"] = times_figure(results, shapes=mixed)
+    return out | {"tiles": tiles_figure(results)}
 
 
 def _times_label(series: str) -> str:
     """The times figure's name of a series: step 5 in its default order. The figure has one bar per numbered step,
     as the steps table has one row: 5a lives in step 5's chain table only (its own run, one value on the page)."""
-    return {STEP05.series: f"step 5 ({STEP05.name}, head groups, heaviest first)"}.get(series, series_label(series))
+    return {STEP05.series: f"{series_label(STEP05.series)} (head groups, heaviest first)",
+            STEP04_PER_PROMPT: f"{series_label(STEP04.series)}, a launch per prompt"}.get(series, series_label(series))
 
 
-def times_figure(results, columns: int = 2):
+def times_figure(results, columns: int = 1, shapes: list[str] | None = None):
     """One panel per benchmark shape, the grouped-query layout's included, on a grid of ``columns`` columns: a
     horizontal bar per approach the benchmark ran on that shape (step 6 included;
     median, with the repetitions' range where the file keeps it, the value printed), the compute floor dashed and
     named above the bars. An approach not run on a shape has no row in its panel (the steps that take one prompt,
     step 6 outside the grouped-query layout), so each panel holds only bars. The time axis is logarithmic: the
     slowest approaches take about ten times the fastest, and a linear axis would squash the gaps between the fast
-    ones. Colours from :data:`COLOURS`."""
+    ones. Colours from :data:`COLOURS`. One column by default: the panels stacked read at the page's width.
+    ``shapes``: the panels to draw (every shape of the file by default)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    shapes = shape_names(results)
+    shapes = shapes or shape_names(results)
     wanted = approaches()
     wanted.append(STEP06.series)
     ran = {shape: [s for s in wanted if results.select(s, shape=shape)] for shape in shapes}
     rows_of_panels = -(-len(shapes) // columns)
     most = max(len(v) for v in ran.values())
-    fig, axes = plt.subplots(rows_of_panels, columns, squeeze=False,
-                             figsize=(6.2 * columns, (0.27 * most + 1.1) * rows_of_panels + 0.7))
+    fig, axes = plt.subplots(rows_of_panels, columns, squeeze=False, layout="constrained",
+                             figsize=(8.2 * columns, (0.27 * most + 1.2) * rows_of_panels + 0.6))
     for ax in axes.flat[len(shapes):]:
         ax.set_visible(False)
     for ax, shape in zip(axes.flat, shapes):
@@ -107,10 +120,10 @@ def times_figure(results, columns: int = 2):
         ys = range(len(series))
         bars = ax.barh(ys, [w - left for w in widths], left=left, color=cols, xerr=spread,
                        error_kw={"lw": 0.8, "capsize": 2}, height=0.7)
-        ax.bar_label(bars, labels=[f"{w:,.0f}" for w in widths], fontsize=9, padding=3)
+        ax.bar_label(bars, labels=[f"{w:,.0f}" for w in widths], fontsize=FONT, padding=3)
         if floors:  # the line's name sits in the empty band above the first bar, clear of every bar
             ax.axvline(floors[0], color="k", ls="--", lw=1)
-            ax.text(floors[0], -0.95, " compute floor", fontsize=9, va="center")
+            ax.text(floors[0], -0.95, " compute floor", fontsize=FONT, va="center")
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
         # "1k", "2k": thousands in four digits would run into each other at this panel width
@@ -118,11 +131,11 @@ def times_figure(results, columns: int = 2):
         ax.xaxis.set_minor_formatter(NullFormatter())
         # room for the slowest bar's value: a fixed share of the log axis, so a narrow panel does not clip it
         ax.set_xlim(left, max(widths) * (max(widths) / left) ** 0.3)
-        ax.set_title(shape, fontsize=10)
-        ax.set_xlabel("µs per call (median, log scale)", fontsize=9)
+        ax.set_title(shape_title(shape), fontsize=FONT + 1)
+        ax.set_xlabel("µs per call (median, log scale)", fontsize=FONT)
         ax.grid(True, axis="x", which="both", alpha=0.3)
-        ax.tick_params(labelsize=9)
-        ax.set_yticks(ys, [_times_label(s) for s in series], fontsize=9)
+        ax.tick_params(labelsize=FONT)
+        ax.set_yticks(ys, [_times_label(s) for s in series], fontsize=FONT)
         ax.set_ylim(len(series) - 0.4, -1.5)
     clock = results.select(STEP05.series)[0].get("clock", "do_bench")
     clock = {"gpu": "GPU"}.get(clock, clock)
@@ -130,9 +143,10 @@ def times_figure(results, columns: int = 2):
     kv = sorted({r["params"]["kv_heads"] for r in results.select() if r["params"].get("kv_heads") not in
                  (None, BENCH_HEADS)})
     grouped = f" ({', '.join(map(str, kv))} KV heads where the panel says so)" if kv else ""
-    fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} query heads of {BENCH_HEAD_DIM}{grouped}, "
-                 f"on {results.gpu}\n({clock} clock; error bars: the repetitions' range where measured)", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / fig.get_figheight()))  # the title's two lines above the panels
+    fig.suptitle(f"Time per call of every approach on {results.gpu}, bf16, {BENCH_HEADS} query heads of "
+                 f"{BENCH_HEAD_DIM}\n{grouped.strip(' ()') + '; ' if grouped else ''}{clock} clock; error bars: the "
+                 "repetitions' range where measured", fontsize=FONT + 1)
+    fig.get_layout_engine().set(h_pad=0.2)  # room between a panel's axis label and the next one's title
     return fig
 
 
@@ -142,13 +156,13 @@ def tiles_figure(results):
     import matplotlib.pyplot as plt
 
     shapes = shape_names(results)
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(8.6, 4.8))
     kinds = [("causal attention", SDPA_CAUSAL, lambda r: 1 - r["tiles_causal"] / r["tiles_total"]),
-             (f"{STEP04.name}, {STEP05.name}", STEP05.series, lambda r: 1 - r["tiles_visited"] / r["tiles_total"]),
+             (f"steps {STEP04.number} and {STEP05.number}", STEP05.series, lambda r: 1 - r["tiles_visited"] / r["tiles_total"]),
              ("the least any kernel must load", None, lambda r: 1 - r["tiles_needed"] / r["tiles_total"])]
     flex = [r for r in results.select(FLEX) if "flex_block_density" in r]
     if flex:  # its block mask at the block size it ran (its default, 128 x 128, before the sweep)
-        kinds.append((f"{FLEX} (its {flex[0].get('block_size', '128 x 128')} blocks)", FLEX, None))
+        kinds.append((f"{FLEX} (its {shape_title(flex[0].get('block_size', '128 x 128'))} blocks)", FLEX, None))
     width = 0.8 / len(kinds)
     for j, (kind, series, skipped) in enumerate(kinds):
         xs, ys = [], []
@@ -165,14 +179,15 @@ def tiles_figure(results):
                 ys.append(value)
         style = {"color": colour(series)} if series else {"color": "white", "edgecolor": "k", "hatch": "//"}
         bars = ax.bar(xs, ys, width=width, label=kind, **style)
-        ax.bar_label(bars, labels=[f"{y:.0%}" for y in ys], fontsize=9)
-    ax.set_xticks(range(len(shapes)), [shape.replace(", ", ",\n", 1) for shape in shapes], fontsize=9)
+        ax.bar_label(bars, labels=[f"{y:.0%}" for y in ys], fontsize=FONT - 1)
+    ax.set_xticks(range(len(shapes)), [shape_title(shape).replace(", ", ",\n", 1) for shape in shapes], fontsize=FONT)
+    ax.tick_params(labelsize=FONT)
     ax.set_ylim(0, 1.0)
-    ax.set_ylabel("fraction of key tiles never loaded", fontsize=9)
+    ax.set_ylabel("fraction of key tiles never loaded", fontsize=FONT)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     block = results.select(STEP05.series)[0]
     ax.set_title(f"Key tiles skipped at {block.get('block_m')}-by-{block.get('block_n')} tiles "
-                 f"({CHAPTER.step(2).name} and {CHAPTER.step(3).name} skip none)", fontsize=10)
+                 f"(steps {CHAPTER.step(2).number} and {CHAPTER.step(3).number} skip none)", fontsize=FONT + 1)
     fig.tight_layout()
     return fig

@@ -4,6 +4,7 @@ lesson's tables' too (``book.ngram.lesson``)."""
 
 from __future__ import annotations
 
+from book.plotting import step_words
 from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
                                 row_bytes)
 from studylog.ngram import CHAPTER
@@ -15,7 +16,9 @@ STYLE = {1: ("#7f7f7f", "s"), 2: ("#bcbd22", "v"), 3: ("#1f77b4", "o"), 4: ("#2c
          10: ("#c5b0d5", "^"), 11: ("#9467bd", "*"), 12: ("#8c564b", "P")}
 #: Colours of the series that are not steps (the end-to-end series, the floor, the drafts).
 OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c94", "accepted": "#7b4173"}
-FONT = 9  # points, at the saved size: every label, tick and legend of the chapter's figures
+#: Points, at the saved size: every label, tick and legend of the chapter's figures. The book scales a figure wider
+#: than its page down to it; at this size and these widths text stays about 10 px or more on the page.
+FONT = 10
 #: The steps the figure of times per case draws (the table of steps has them all): the deployed CPU path, the
 #: pull request's kernel ported and corrected, the first one-pass kernel, and the kernels the entry point runs.
 FIGURE_STEPS = (1, 3, 4, 5, 6, 11, 12)
@@ -29,15 +32,15 @@ def series_color(series: str) -> str:
 
 
 def case_label(cfg: tuple[int, int, int]) -> str:
-    """A grid case as an axis label: ``32x512``, the budget on a second line when there is one."""
+    """A grid case as an axis label: ``32 × 512``, the budget on a second line when there is one."""
     b, s, t = cfg
-    return f"{b}x{s}" + (f"\nbudget {t}" if t != NO_BUDGET else "")
+    return f"{b} × {s}" + (f"\nbudget {t}" if t != NO_BUDGET else "")
 
 
 def shape_label(case) -> str:
-    """A real-text case's shape in words: ``32x4096, budget 128`` (or ``no budget``)."""
+    """A real-text case's shape in words: ``32 × 4096, budget 128`` (or ``no budget``)."""
     _, b, s, t = case
-    return f"{b}x{s}" + (f", budget {t}" if t != NO_BUDGET else ", no budget")
+    return f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else ", no budget")
 
 
 def clock_words(clock: str) -> str:
@@ -80,7 +83,8 @@ def figures(results) -> dict:
     xs = list(range(len(configs)))
     figs = {}
 
-    fig, ax = plt.subplots(figsize=(11, 5.2))
+    # the legend under the axes, not beside them: a narrower figure is shown larger on the page
+    fig, ax = plt.subplots(figsize=(9, 6.2))
     drawn = [CHAPTER.step(n) for n in FIGURE_STEPS
              if any(grid_select(results, CHAPTER.step(n).series, c) for c in configs)]
     synced = any(grid_select(results, SYNCED_SERIES, c) for c in configs)
@@ -93,13 +97,14 @@ def figures(results) -> dict:
         clock = clock_of(results, step.series)
         _errorbar(ax, [i + (k - (n_series - 1) / 2) * dodge for i, _ in pts], [r for _, r in pts], 1e3,
                   marker=marker, color=color, ms=7 if marker == "*" else 5,
-                  label=f"{CHAPTER.label(step.series)} ({clock_words(clock)})")
+                  label=f"{step_words(step)} ({clock_words(clock)})")
     if synced:
         pts = [(i, grid_select(results, SYNCED_SERIES, c)) for i, c in enumerate(configs)]
         pts = [(i, rows[0]) for i, rows in pts if rows]
         _errorbar(ax, [i + (n_series - 1) / 2 * dodge for i, _ in pts], [r for _, r in pts], 1e3, marker="*",
                   color=series_color(SYNCED_SERIES), ms=7, markeredgecolor="k", markeredgewidth=0.5,
-                  label=f"{CHAPTER.step(SYNCED_STEP).name}, call + sync ({clock_words(clock_of(results, SYNCED_SERIES))})")
+                  label=f"{step_words(CHAPTER.step(SYNCED_STEP))}, call + sync "
+                        f"({clock_words(clock_of(results, SYNCED_SERIES))})")
     floors = []
     for i, c in enumerate(configs):
         floor = floor_ms(results, c)
@@ -113,13 +118,14 @@ def figures(results) -> dict:
     ax.tick_params(labelsize=FONT)
     ax.set_yscale("log")
     ax.set_ylabel("µs per call (median; bars: min–max)", fontsize=FONT)
-    ax.set_xlabel("batch x prompt length (separate cases)", fontsize=FONT)
+    ax.set_xlabel("batch × prompt length (separate cases)", fontsize=FONT)
     ax.grid(True, which="major", axis="y", alpha=0.3)
-    # beside the axes, not under them: a legend of every step below the plot ran into the axis label
-    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title("N-gram matching: the kernels the entry point runs, their rivals, the floor", fontsize=FONT + 1)
+    fig.tight_layout(rect=(0, 0.26, 1, 1))
+    # under the axis label, in two columns: the rect above keeps the band clear of the tick labels
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, 0.255),
+               ncol=2, frameon=False)
     fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
     figs["latency"] = fig
 
     fig, ax = plt.subplots(figsize=(9, 4.6))
@@ -131,15 +137,15 @@ def figures(results) -> dict:
         pts = [(i + (k - (len(kernel_series) - 1) / 2) * dodge, rows[0]["ms"] / floor_of(results, rows[0]))
                for i, rows in pts if rows and floor_of(results, rows[0])]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="none", marker=marker, color=color,
-                ms=8 if marker == "*" else 6, label=CHAPTER.label(series))
+                ms=8 if marker == "*" else 6, label=step_words(CHAPTER.step(series)))
     ax.axhline(1.0, color="k", lw=1, label="the floor")
-    ax.axhline(1.5, color="k", lw=1, ls=":", label="1.5x the floor")
-    ax.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT)
+    ax.axhline(1.5, color="k", lw=1, ls=":", label="1.5× the floor")
+    ax.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT, rotation=30, ha="right")
     ax.tick_params(labelsize=FONT)
     ax.set_yscale("log")
     ax.set_ylabel("time / floor (bytes, or an empty kernel)", fontsize=FONT)
     ax.grid(True, which="major", axis="y", alpha=0.3)
-    ax.legend(fontsize=FONT, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.17), frameon=False)
+    ax.legend(fontsize=FONT, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.36), frameon=False)
     ax.set_title("How far each kernel is from reading every haystack once", fontsize=FONT + 1)
     fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -160,7 +166,7 @@ def figures(results) -> dict:
                 # one line per case: its points are one split varied over a numeric axis
                 ax.plot([r["params"]["chunk_len"] for r in rows], [r["ms"] / floor_of(results, r) for r in rows],
                         marker=marker, color=color, ls=dashes[j % len(dashes)],
-                        label=f"{step.__name__}, {case_label(cfg).replace(chr(10), ', ')}")
+                        label=f"{step_words(CHAPTER.step(number))}, {case_label(cfg).replace(chr(10), ', ')}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("haystack positions per block (chunk_len)", fontsize=FONT)
         ax.set_ylabel("time / floor (bytes, or an empty kernel)", fontsize=FONT)
@@ -188,10 +194,10 @@ def _real_text_figure(results, cases):
     order = {c: k for k, c in enumerate(CORPORA)}
     cases = sorted(cases, key=lambda c: (c[1:], order.get(c[0], 9)))
     xs = list(range(len(cases)))
-    fig, (ax_t, ax_d) = plt.subplots(2, 1, figsize=(10, 7.4), sharex=True)
-    shown = [(CHAPTER.steps[0].series, CHAPTER.steps[0].name, "s"),
-             (SYNCED_SERIES, f"{CHAPTER.step(SYNCED_STEP).name}, call + sync", "*"),
-             (CHAPTER.step(SYNCED_STEP).series, CHAPTER.step(SYNCED_STEP).name, "*")]
+    fig, (ax_t, ax_d) = plt.subplots(2, 1, figsize=(9, 7.4), sharex=True)
+    synced = step_words(CHAPTER.step(SYNCED_STEP))
+    shown = [(CHAPTER.steps[0].series, step_words(CHAPTER.steps[0]), "s"),
+             (SYNCED_SERIES, f"{synced}, call + sync", "*"), (CHAPTER.step(SYNCED_STEP).series, synced, "*")]
     for k, (series, name, marker) in enumerate(shown):
         rows = [(x + (k - 1) * 0.18, real_row(results, series, c)) for x, c in zip(xs, cases)]
         rows = [(x, r) for x, r in rows if r]
@@ -226,9 +232,9 @@ def _real_text_figure(results, cases):
                 ax.axvline(members[0] - 0.5, color="#999999", lw=0.8)
     # one legend under both panels, so the panels take the figure's whole width and the groups spread out
     handles, labels = (sum(pair, []) for pair in zip(*(ax.get_legend_handles_labels() for ax in (ax_t, ax_d))))
-    fig.legend(handles, labels, fontsize=FONT, loc="lower center", bbox_to_anchor=(0.5, 0.03), ncol=3, frameon=False)
+    fig.legend(handles, labels, fontsize=FONT, loc="lower center", bbox_to_anchor=(0.5, 0.03), ncol=2, frameon=False)
     fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     return fig
 
 

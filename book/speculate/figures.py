@@ -7,7 +7,9 @@ from typing import Any
 
 from studylog.speculate import report
 
-FONT = 9
+#: Text size (points at the saved size): the book scales a figure wider than the page down to it, and at this
+#: figure's width this keeps its smallest text at about 11 px there.
+FONT = 10
 MARKERS = {"extraction": ("o", "#1b9e77"), "low_copy": ("s", "#d95f02")}
 
 
@@ -17,7 +19,7 @@ def speedup_figure(results):
     whose output ran to the output cap."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), sharey=True)
     capped_labelled = False
     for ax, batch in zip(axes, (1, 8)):
         top = 1.0
@@ -38,7 +40,8 @@ def speedup_figure(results):
             ax.scatter(xs, ys, marker=marker, color=color, s=28, label=workload.replace("_", "-"), alpha=0.85)
             if cap_x:
                 ax.scatter(cap_x, cap_y, marker="o", s=90, facecolors="none", edgecolors="black", lw=0.9,
-                           label=f"ran to the {report.MAX_NEW}-token cap" if not capped_labelled else None)
+                           label=f"ran to the {report.MAX_NEW}-token cap\n(left out of the batch-1 result)"
+                           if not capped_labelled else None)
                 capped_labelled = True
             top = max([top, *xs, *ys])
         ax.plot([0.8, top * 1.05], [0.8, top * 1.05], color="#999999", lw=1, ls="--", label="forward ratio")
@@ -48,9 +51,9 @@ def speedup_figure(results):
         ax.tick_params(labelsize=FONT)
     axes[0].set_ylabel("speedup per output token", fontsize=FONT)
     axes[0].legend(fontsize=FONT, loc="upper left")
-    fig.suptitle("step04_gated_draft against chapter 07's step 3, per request", fontsize=FONT + 1)
-    fig.text(0.5, 0.005, results.caption(), ha="center", va="bottom", fontsize=FONT - 1, color="#555555", wrap=True)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.suptitle("The gated-draft loop (step 4) against chapter 07's step 3, per request", fontsize=FONT + 1)
+    fig.text(0.5, 0.005, results.caption(), ha="center", va="bottom", fontsize=FONT, color="#444444", wrap=True)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
 

@@ -30,8 +30,9 @@ SERIES_COLOURS = {
                 "#807dba", "#c49c94", "#f4a6c8"))),
     W2A8_PLACE_SERIES["every block"]: "#ff9896", W2A8_PLACE_SERIES["staged"]: "#fdd0a2",
 }
-#: Text sizes of the figures (points at the saved size).
-FONT, SMALL = 10, 9
+#: Text sizes of the figures (points at the saved size): the book scales a figure wider than the page down to it, and
+#: at these figures' widths (about 9 to 10 inches) this keeps their smallest text at about 10 px or more there.
+FONT, SMALL = 11, 10
 
 
 def series_colour(series: str) -> str:
@@ -94,7 +95,7 @@ def _bars(ax, shapes, series, value):
         ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * width, vals, width, yerr=spread, capsize=2,
                color=series_colour(s), hatch="//" if peer else None, edgecolor="k" if peer else None, linewidth=0.3,
                error_kw={"elinewidth": 0.8}, label=_short(s))
-    ax.set_xticks(range(len(shapes)), [s.replace("x", " x ") for s in shapes], rotation=25, ha="right",
+    ax.set_xticks(range(len(shapes)), [s.replace("x", " × ") for s in shapes], rotation=25, ha="right",
                   fontsize=SMALL)
     ax.tick_params(axis="y", labelsize=SMALL)
     ax.grid(True, axis="y", alpha=0.3)
@@ -119,29 +120,42 @@ def _mark_failed(ax, shapes, failed, m) -> None:
                 bar.set_linewidth(1.2)
                 ax.annotate("fails\ncheck", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                             xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", color=FAILED_EDGE,
-                            fontsize=SMALL - 2)
+                            fontsize=SMALL - 1)
                 marked = True
     if marked:
         ax.bar([0], [0], 0, color="white", edgecolor=FAILED_EDGE, hatch=FAILED_HATCH, linewidth=1.2,
                label=FAILED_LABEL)
 
 
-def _head(fig, text: str) -> None:
-    """The file's caption at the top of a figure, wrapped to its width."""
+def _wrap(fig, text: str) -> str:
     import textwrap
 
-    width = int(fig.get_size_inches()[0] * 15)
-    fig.text(0.5, 0.995, "\n".join(textwrap.fill(line, width) for line in text.split("\n")), ha="center", va="top",
-             fontsize=SMALL - 1)
+    width = int(fig.get_size_inches()[0] * 13)
+    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
-def _legend_below(fig, axes, ncol=3):
+def _head(fig, text: str) -> None:
+    """What a figure's marks mean, at its top, wrapped to its width."""
+    fig.text(0.5, 0.995, _wrap(fig, text), ha="center", va="top", fontsize=SMALL - 1)
+
+
+def _foot(fig, caption: str) -> None:
+    """The run's caption (``Measured on ...``) at the bottom of a figure, under its legend, as in the other
+    chapters' figures."""
+    fig.text(0.5, 0.005, _wrap(fig, caption), ha="center", va="bottom", fontsize=SMALL - 1, color="#444444")
+
+
+#: Where a legend below the panels sits (figure fraction of its bottom edge): above the caption (:func:`_foot`).
+LEGEND_Y = 0.05
+
+
+def _legend_below(fig, axes, ncol=3, y=LEGEND_Y):
     handles, labels = {}, {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=SMALL,
-               frameon=False, bbox_to_anchor=(0.5, 0.0))
+               frameon=False, bbox_to_anchor=(0.5, y))
 
 
 #: The W2A8 kernels a peer's bar divides by: step 23 at its default place to quantise x, and step 25 (the
@@ -180,7 +194,7 @@ def _steps_dots(view, shapes, series, failed, card: str, caption: str):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    fig, axes = plt.subplots(1, len(shapes), figsize=(3.2 * len(shapes) + 1.6, 5.4), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(2.6 * len(shapes) + 1.8, 6.0), sharey=True, squeeze=False)
     rows = list(range(len(series)))[::-1]  # cuBLAS on top, GemLite at the bottom
     marked = False
     for ax, shape in zip(axes[0], shapes):
@@ -216,12 +230,12 @@ def _steps_dots(view, shapes, series, failed, card: str, caption: str):
                               label="GemLite's output fails our float64 check there"))
     left = _ranges([n for n in range(1, 15) if n not in EVERY_SHAPE_STEPS])
     fig.suptitle(f"{card}, one row of x (M = 1): the Triton steps timed at every Llama shape"
-                 + (f" (step{'s' if ' ' in left else ''} {left}: only in the steps table)" if left else ""),
-                 fontsize=FONT + 1, y=0.93)
-    _head(fig, caption)
-    fig.tight_layout(rect=(0, 0.07, 1, 0.91))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=SMALL, frameon=False,
-               bbox_to_anchor=(0.5, 0.0))
+                 + (f"\n(step{'s' if ' ' in left else ''} {left}: only in the steps table)" if left else ""),
+                 fontsize=FONT + 1)
+    _foot(fig, caption)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=1, fontsize=SMALL, frameon=False,
+               bbox_to_anchor=(0.5, LEGEND_Y))
     return fig
 
 
@@ -258,22 +272,22 @@ def figures(results, bitnet=None) -> dict:
         ax.axhline(1.0, color="k", lw=1)
         ax.set_ylabel("speedup over cuBLAS bf16 (GPU clock)", fontsize=FONT)
         ax.set_title(f"{card}, one row of x (M = 1): each kernel's speedup over cuBLAS bf16", fontsize=FONT + 1)
-        _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.11, 1, 0.94))
-        _legend_below(fig, [ax], ncol=4)
+        _foot(fig, caption)
+        fig.tight_layout(rect=(0, 0.22, 1, 1))
+        _legend_below(fig, [ax], ncol=3)
         figs["speedup"] = fig
 
     batched = [m for m in ms_present if m > 1 and view.select(CUBLAS, m=m)][:3]
     if batched:
-        fig, axes = plt.subplots(1, len(batched), figsize=(max(9.0, 5 * len(batched) + 0.5), 5.2), squeeze=False)
+        fig, axes = plt.subplots(1, len(batched), figsize=(max(9.0, 4.3 * len(batched) + 0.5), 5.6), squeeze=False)
         for ax, m in zip(axes[0], batched):
             _bars(ax, shapes, panel_series(m), speedup(m))
             ax.axhline(1.0, color="k", lw=1)
             ax.set_ylabel("speedup over cuBLAS bf16 (GPU clock)", fontsize=FONT)
             ax.set_title(f"{card}, M = {m} rows of x", fontsize=FONT + 1)
-        _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.16, 1, 0.94))
-        _legend_below(fig, list(axes[0]), ncol=4)
+        _foot(fig, caption)
+        fig.tight_layout(rect=(0, 0.24, 1, 1))
+        _legend_below(fig, list(axes[0]), ncol=3)
         figs["speedup_batched"] = fig
 
     floor_series = [s for s in [SERIES[n] for n in (5, 7, 14, 17, 21, 23, 25)] + ["read_weights", GEMLITE, CUBLAS]
@@ -296,9 +310,9 @@ def figures(results, bitnet=None) -> dict:
         ax.set_ylabel("GPU time / 2-bit bandwidth floor", fontsize=FONT)
         ax.set_title(f"{card}, one row of x (M = 1): time over the 2-bit floor (bytes / copy bandwidth)",
                      fontsize=FONT + 1)
-        _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.11, 1, 0.94))
-        _legend_below(fig, [ax], ncol=4)
+        _foot(fig, caption)
+        fig.tight_layout(rect=(0, 0.22, 1, 1))
+        _legend_below(fig, [ax], ncol=3)
         figs["floor"] = fig
 
     llama = [s for s in shapes if view.select(CUBLAS, shape=s, family="llama", m=1)]
@@ -333,17 +347,18 @@ def figures(results, bitnet=None) -> dict:
             ax.set_ylabel("peer's time / our fastest's (GPU clock)", fontsize=FONT)
             ax.set_title(f"{card}, M = {m}", fontsize=FONT + 1)
         _head(fig, "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there;"
-              " whiskers: the rival's repetitions; red cross-hatch: the rival's output fails our float64 check)\n"
-              + caption)
-        fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - 0.8 / height))
-        _legend_below(fig, list(axes[:, 0]), ncol=3)
+              " whiskers: the rival's repetitions; red cross-hatch: the rival's output fails our float64 check)")
+        _foot(fig, caption)
+        fig.tight_layout(rect=(0, 1.2 / height, 1, 1 - 0.8 / height))
+        _legend_below(fig, list(axes[:, 0]), ncol=2, y=0.45 / height)
         figs["peers"] = fig
     if bit_view is not None:  # the chapter's headline alone: the landing page's figure
         fig, ax = plt.subplots(figsize=(9, 4.6))
         _bitnet_panel(ax, bit_view, card, bitnet.data.get("quick"))
         _head(fig, "BitNet's W2A8 kernel's time over step 23's (above 1: step 23 is faster; whiskers: BitNet's "
-              "repetitions)\n" + bitnet.caption())
-        fig.tight_layout(rect=(0, 0, 1, 0.86))
+              "repetitions)")
+        _foot(fig, bitnet.caption())
+        fig.tight_layout(rect=(0, 0.08, 1, 0.9))
         figs["bitnet"] = fig
     return figs
 
