@@ -719,7 +719,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     cells[name] = f"**{lo:.2f}–{hi:.2f}×** BitNet's W2A8 kernel, at its {shapes} shapes"
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's kernel (2-bit weights, 8-bit x) at its {shapes} "
                                    "decode shapes")
-                    landing[name] = f"{lo:.2f}–{hi:.2f}× at its {shapes} decode shapes"
+                    landing[name] = f"{lo:.2f}–{hi:.2f}× at the {shapes} decode shapes BitNet's kernel is built for"
                     eager[name] = bitnet_eager_words(card)
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
