@@ -1310,6 +1310,7 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
            "part_one_line", "left_out_words", "CTC_STEPS_WORDS", "ctc_cases", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
-       "reading_path_markdown", "EAGER_MARK", "page_titles", "SHORT_ROUTE", "RIVALS", "synthetic_words",
+       "reading_path_markdown", "EAGER_MARK", "page_titles", "SHORT_ROUTE", "RIVALS", "synthetic_words", "LOOP_WORDS",
+           "case_label", "ctc_case_words", "LONG_MINUTES",
            "fsm_peers", "fsm_peer_words", "fsm_peer_totals", "write_fsm_peers", "FSM_PEERS", "FSM_PEER", "summary_markdown", "other_answers", "other_eager", "eager_words",
            "bitnet_range", "bitnet_eager", "HOST_BOUND_TITLE", "GRID_HOST_CHAPTERS", "clauses"]

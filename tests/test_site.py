@@ -172,6 +172,22 @@ def test_landing_page_lists_every_chapter_in_course_order(visits):
 
     for h in headlines():  # each chapter's card leads with its question, not a plot
         assert h["question"] in v["text"], f"the landing page does not ask chapter {h['number']}'s question"
+    from book.results import page_titles
+
+    names = page_titles()  # each card is named as the table names its row: the name is on the page twice
+    assert all(v["text"].count(name) >= 2 for name in names.values()), names
+
+
+def test_every_card_says_what_to_read_first_and_points_back():
+    """Each chapter's card but chapter 00's names what to read first, and only pages that come before it."""
+    from book.site import READ_AFTER
+
+    posts = [p["notebook"] for p in load_posts(ROOT)]
+    assert set(READ_AFTER) == set(posts[1:])
+    for notebook, before in READ_AFTER.items():
+        number = int(Path(notebook).stem[:2])
+        earlier = [int(n) for n in re.findall(r"\b(\d\d)\b", before)]
+        assert all(n < number for n in earlier) and (earlier or before == "part 1"), (notebook, before)
 
 
 @pytest.mark.parametrize("path", [p for p in _pages() if p.startswith("notebooks/")])
