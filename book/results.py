@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from book.common import prose_words, us
-from book.scoreboard import (CTC_CASE, ENTRIES, MASKED_HEAD_CASE, NOT_MEASURED, card_name, cards, load, rows,
+from book.scoreboard import (CTC_CASE, ENTRIES, NOT_MEASURED, card_name, cards, load, rows,
                              scoreboard)
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
 
