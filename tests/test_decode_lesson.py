@@ -244,7 +244,8 @@ def test_figures_keep_to_the_rules(earlier):
     from matplotlib.text import Text
 
     figs = figures.figures(earlier, what=lesson.EARLIER_WHAT)
-    assert set(figs) == {"breakdown_1b", "breakdown_8b", "speedup"}
+    assert {"breakdown_1b", "breakdown_8b", "speedup"} <= set(figs) <= {"breakdown_1b", "breakdown_8b", "speedup",
+                                                                        "speedup_8b"}
     for name, fig in figs.items():
         axes = [ax for ax in fig.axes if ax.has_data()]
         assert 1 <= len(axes) <= 3, name

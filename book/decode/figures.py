@@ -106,16 +106,23 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     batches = [b for b in (1, 8) if breakdown(rows, model, b)]
     if not batches:
         return None
-    # stacked, one panel a batch size, so the figure reads at page width; the legend beside the first panel
-    fig, axes = plt.subplots(len(batches), 1, figsize=(8.5, 3.4 * len(batches) + 1.1), squeeze=False)
+    # stacked, one panel a batch size, so the figure reads at page width; one legend under the panels (beside
+    # the first, it left the second's side empty)
+    fig, axes = plt.subplots(len(batches), 1, figsize=(7.5, 3.4 * len(batches) + 1.9), squeeze=False)
     panels = [breakdown(rows, model, b) for b in batches]
-    for j, (ax, b, parts) in enumerate(zip(axes[:, 0], batches, panels)):
-        plot_breakdown(parts, ax=ax, title=f"batch {b}", legend=j == 0)
+    for ax, b, parts in zip(axes[:, 0], batches, panels):
+        plot_breakdown(parts, ax=ax, title=f"batch {b}", legend=False)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    order = [labels.index(TICK_LABEL)] + [j for j, label in enumerate(labels) if label != TICK_LABEL]
+    height = fig.get_figheight()
+    fig.legend([handles[j] for j in order], [labels[j] for j in order], fontsize=FONT, loc="lower center",
+               bbox_to_anchor=(0.5, 0.42 / height), ncol=2, frameon=False,
+               title="bar: instrumented run, parts stacked", title_fontsize=FONT)
     # one line of title; below the panels, what bar and tick differ by and where the numbers come from
     fig.suptitle(f"{what}{SHAPES.get(model, model + ' shape')}: time per output token by part "
                  "(median of the JSON schemas)", fontsize=FONT + 1)
     fig.text(0.01, 0.005, f"{instrumentation_caption(panels)}\n{caption}", fontsize=FONT, ha="left", va="bottom")
-    fig.tight_layout(rect=(0, 0.045, 1, 1))
+    fig.tight_layout(rect=(0, 1.6 / height, 1, 1))
     return fig
 
 
@@ -132,7 +139,7 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
                                                        whitespace="compact") if r["params"]["schema"] in json_names}
     if not base:
         return None
-    fig, ax = plt.subplots(figsize=(10, 4.4))
+    fig, ax = plt.subplots(figsize=(8.8, 4.6))
     names = list(base)
     width = 0.38
     for k, config in enumerate(("jump_forward", "masked_head")):
@@ -158,7 +165,7 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
     ax.set_title(f"{what}{SHAPES.get(model, model + ' shape')}, batch {batch}: each of the {len(names)} JSON schemas, steps 2 and 3 "
                  f"against step 1\n{caption}",
                  fontsize=FONT)
-    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.legend(fontsize=FONT, loc="upper right")  # inside: a legend beside the bars would make the figure wider
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -166,16 +173,18 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
 
 def figures(results, what: str = "") -> dict[str, Any]:
     """``breakdown_1b`` and ``breakdown_8b``: the stacked bars per configuration at batch 1 and 8 for each
-    shape measured; ``speedup``: steps 2 and 3 over step 1 per JSON schema, ~1B shape, batch 1. ``what`` starts
-    every title (the notebook names an earlier run there)."""
+    shape measured; ``speedup``: steps 2 and 3 over step 1 per JSON schema, ~1B shape, batch 1, and
+    ``speedup_8b`` the same at the 8B shape (the headline's) where the file has it. ``what`` starts every title
+    (the notebook names an earlier run there)."""
     out = {}
     for model in ("1b", "8b"):
         fig = breakdown_figure(results.rows, model, results.caption(), what)
         if fig is not None:
             out[f"breakdown_{model}"] = fig
-    fig = speedup_figure(results.rows, results.caption(), what=what)
-    if fig is not None:
-        out["speedup"] = fig
+    for model, name in (("1b", "speedup"), ("8b", "speedup_8b")):
+        fig = speedup_figure(results.rows, results.caption(), model=model, what=what)
+        if fig is not None:
+            out[name] = fig
     return out
 
 
