@@ -185,19 +185,25 @@ def _ranges(numbers) -> str:
     return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + (words[-1] if words else "")
 
 
-def _steps_dots(view, shapes, series, failed, card: str, caption: str):
+def _steps_dots(view, shapes, series, failed, card: str, caption: str, title: str | None = None, columns: int = 3):
     """Part 1's steps figure: one panel a shape, one row a kernel (cuBLAS, the Triton steps timed at every Llama
     shape, :data:`EVERY_SHAPE_STEPS`, labelled "step N: what it is", GemLite), its median GPU
     time as a dot on a linear axis that starts at zero (whiskers: the repetitions' range) and the value written
     beside it; cuBLAS's time a dashed line across the panel; a peer whose output fails our float64 check at that
-    shape and one row drawn as a red cross, with one legend entry."""
+    shape and one row drawn as a red cross, with one legend entry. ``title``: the figure's (the Llama shapes' by
+    default); ``columns``: panels a row."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    fig, axes = plt.subplots(1, len(shapes), figsize=(2.6 * len(shapes) + 1.8, 6.0), sharey=True, squeeze=False)
+    columns = min(columns, len(shapes))
+    grid = -(-len(shapes) // columns)
+    fig, axes = plt.subplots(grid, columns, figsize=(2.6 * columns + 1.8, 4.6 * grid + 1.4), sharey=True,
+                             squeeze=False)
+    for ax in axes.flat[len(shapes):]:
+        ax.set_visible(False)
     rows = list(range(len(series)))[::-1]  # cuBLAS on top, GemLite at the bottom
     marked = False
-    for ax, shape in zip(axes[0], shapes):
+    for ax, shape in zip(axes.flat, shapes):
         top = 0.0
         for y, s in zip(rows, series):
             got = view.select(s, shape=shape, m=1)
@@ -224,18 +230,21 @@ def _steps_dots(view, shapes, series, failed, card: str, caption: str):
         ax.grid(True, axis="x", alpha=0.3)
     axes[0, 0].set_yticks(rows, [_short(s) for s in series], fontsize=SMALL)
     axes[0, 0].set_ylim(-0.7, len(series) - 0.3)
+    for ax in axes[1:, 0]:
+        ax.tick_params(labelleft=True)
     handles = [Line2D([], [], color=series_colour(CUBLAS), lw=0.8, ls="--", label="cuBLAS bf16's time")]
     if marked:
         handles.append(Line2D([], [], marker=FAILED_MARKER, color=FAILED_EDGE, linestyle="none", ms=8,
                               label="GemLite's output fails our float64 check there"))
     left = _ranges([n for n in range(1, 15) if n not in EVERY_SHAPE_STEPS])
-    fig.suptitle(f"{card}, one row of x (M = 1): the Triton steps timed at every Llama shape"
+    fig.suptitle(title or f"{card}, one row of x (M = 1): the Triton steps timed at every Llama shape"
                  + (f"\n(step{'s' if ' ' in left else ''} {left}: only in the steps table)" if left else ""),
                  fontsize=FONT + 1)
     _foot(fig, caption)
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    height = fig.get_figheight()  # the caption's lines, then the legend, under the panels (in inches)
+    fig.tight_layout(rect=(0, 1.1 / height, 1, 1))
     fig.legend(handles=handles, loc="lower center", ncol=1, fontsize=SMALL, frameon=False,
-               bbox_to_anchor=(0.5, LEGEND_Y))
+               bbox_to_anchor=(0.5, 0.42 / height))
     return fig
 
 
@@ -319,6 +328,17 @@ def figures(results, bitnet=None) -> dict:
     steps = [s for s in [CUBLAS] + [SERIES[n] for n in EVERY_SHAPE_STEPS] + [GEMLITE] if view.select(s, m=1)]
     if llama and steps:
         figs["steps"] = _steps_dots(view, llama, steps, failed_peer_checks(results.data), card, caption)
+    # the same at BitNet b1.58's shapes where GemLite's output passes our check (three at most: a figure's panels)
+    failed = failed_peer_checks(results.data)
+    bit = [s for s in shapes if view.select(GEMLITE, shape=s, family="bitnet", m=1)
+           and (GEMLITE, s, 1) not in failed and (GEMLITE, s, None) not in failed][:3]
+    bit_steps = [s for s in steps if any(view.select(s, shape=b, m=1) for b in bit)]
+    if bit and bit_steps:
+        timed = [n for n in EVERY_SHAPE_STEPS if SERIES[n] in bit_steps]
+        figs["steps_bitnet"] = _steps_dots(
+            view, bit, bit_steps, failed, card, caption,
+            title=f"{card}, one row of x (M = 1): the Triton steps at BitNet b1.58's shapes where GemLite passes "
+                  f"our check\n(steps {_ranges(timed)}; the others only at the Llama shapes or in the steps table)")
 
     peer_ms = [m for m in ms_present if view.select(GEMLITE, m=m) or view.select(INT_MM, m=m)][:3]
     bitnet = bitnet if bitnet is not None else bitnet_results(results)
