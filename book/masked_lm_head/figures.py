@@ -151,8 +151,11 @@ def _speedup_figure(results, caption: str):
     ax.set_title(f"Each step's speedup over torch's dense logits + masked_fill, {results.gpu.replace('NVIDIA ', '')}",
                  fontsize=FONT + 1)
     ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    zero = sorted({r["params"]["allowed"] for r in results.select(_s(0), batch=1, kind="random")})
+    zero = (f"; step 0 computes every logit whatever the count, so it is timed at {' and '.join(f'{c:,}' for c in zero)}"
+            " allowed only" if zero else "")
     fig.text(0.01, -0.02, caption + "\n" + _spread_words(results) + "; random masks except step 11's (real grammar "
-             "masks); steps 9 and 10 run above batch 1", fontsize=FONT - 1, va="top")
+             "masks); steps 9 and 10 run above batch 1" + zero, fontsize=FONT - 1, va="top", wrap=True)
     fig.tight_layout()
     return fig
 
