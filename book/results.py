@@ -108,7 +108,7 @@ def fsm_peer_words(totals: dict[str, Any] | None) -> str:
     p = totals["policies"][FSM_PEER]
     split = ("also with the tokenizer's own tokens" if not p["noncanonical"]
              else f"with {p['noncanonical']} documents in another split than the tokenizer's")
-    return f"llguidance's fast-forward tokens save {1 - p['passes'] / totals['none']:.1%}, {split}"
+    return f"llguidance's fast-forward tokens save {1 - p['passes'] / totals['none']:.1%} ({split})"
 
 
 #: A ratio is flagged where either side's repetitions spread (slowest less fastest, over the median) by more than
@@ -610,7 +610,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if entry.number == 1:  # counted on the host, the same on every card: written out once
                 ratios[name], text, brief[name] = fsm_line(suite)
                 cells[name] = (text if ratios[name] is None else
-                               f"**{ratios[name]:.1%}** fewer forward passes, output unchanged (a count over the "
+                               f"**{ratios[name]:.1%}** fewer forward passes (output unchanged; a count over the "
                                "chapter's suite, the same on any card)")
                 if ratios[name] is not None:
                     landing[name] = brief[name]
@@ -696,8 +696,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     landing[name] += f" (the kernel alone: {alone['vs_rival']:.2f}×)"
                     brief[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× torch's index_select of the allowed "
                                     "rows and a matmul")
-                    cells[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× torch's index_select of the "
-                                     "allowed rows and a matmul")
+                    cells[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× (against torch's index_select of "
+                                    "the allowed rows and a matmul)")
                     notes[name].append(f"{name}: the kernel alone is given the allowed ids, as torch's gather is "
                                        "(which returns only the allowed logits; ours writes the whole row, masked)")
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for

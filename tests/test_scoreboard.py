@@ -826,7 +826,7 @@ def test_headline_cells_are_short_and_their_caveats_listed():
     assert shown.index("| step 6, grouped-query") < shown.index("| H200 | step 5, 32 heads") and len(board) == 2
     eight = next(h for h in summary.headlines() if h["number"] == 8)
     row = _board_row(sb.scoreboard(), 8, H200)
-    assert eight["brief"]["H200"] == f"{row['vs_rival']:.2f}× chapter 07's loop"
+    assert eight["brief"]["H200"].startswith(f"{row['vs_rival']:.2f}× our own loop, chapter 07's (no serving engine")
     assert "second" not in text and "first machine" not in text
 
 
