@@ -636,8 +636,8 @@ def _add_open_locally_note(app, doctree) -> None:
     para += nodes.literal(text="make lab")
     para += nodes.Text(" (it installs everything into .venv and opens JupyterLab), then open ")
     para += nodes.literal(text=notebook)
-    para += nodes.Text(". It runs top to bottom on a CPU (Triton's interpreter, small sizes) or on a GPU. "
-                       "The download button at the top of this page gives the .ipynb file.")
+    para += nodes.Text(". It runs top to bottom on a CPU (kernels at small sizes, Triton's through its interpreter) "
+                       "or on a GPU. The download button at the top of this page gives the .ipynb file.")
     note += para
     sections = list(doctree.findall(nodes.section))
     if sections:
