@@ -681,7 +681,7 @@ def test_the_peers_figure_marks_exactly_the_gemlite_bars_that_fail_their_check(r
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from book.ternary.figures import FAILED_EDGE, _short
+    from book.ternary.figures import FAILED_EDGE, FAILED_NOTE, _short
     from book.ternary.results import shapes_in
 
     failed = _failed_gemlite_cases(results.path)
@@ -691,8 +691,14 @@ def test_the_peers_figure_marks_exactly_the_gemlite_bars_that_fail_their_check(r
     red = matplotlib.colors.to_rgba(FAILED_EDGE)
     marked = {shape for shape, bar in zip(shapes_in(results), bars.patches) if bar.get_edgecolor() == red}
     assert marked == {shape for shape, m in failed if m in (1, None)}
-    notes = [t for t in ax.texts if t.get_text() == "fails\ncheck"]
+    # one note a failing shape, naming the peer, above its whole group of bars (clear of every bar's top)
+    notes = [t for t in ax.texts if t.get_text() == FAILED_NOTE.format(peer="GemLite")]
     assert len(notes) == len(marked)
+    bars_of = [bar for c in ax.containers if hasattr(c, "patches") for bar in c.patches]
+    for note in notes:
+        group = [bar.get_height() for bar in bars_of if abs(bar.get_x() + bar.get_width() / 2 - note.xy[0]) < 0.5]
+        assert note.xy[1] >= max(h for h in group if h == h) and note.get_va() == "bottom"
+    assert max(note.xy[1] for note in notes) < ax.get_ylim()[1]
     for fig in figs.values():
         plt.close(fig)
 

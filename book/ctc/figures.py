@@ -78,6 +78,11 @@ def grain_sweep(results) -> dict[int, dict]:
     return dict(sorted(out.items()))
 
 
+def _thousands(n) -> str:
+    """An integer with a thousands separator, as the pages write numbers (5,000); anything else as it is."""
+    return f"{n:,}" if isinstance(n, int) else str(n)
+
+
 def _spread(row: dict) -> tuple[float, float, float]:
     """(min, median, max) in ms: the repetitions' spread where the row has it, else the median three times."""
     lo, mid, hi = row.get("spread_ms") or (row["ms"], row["ms"], row["ms"])
@@ -106,7 +111,7 @@ def _times_panel(ax, results, A: int) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("N (utterances)", fontsize=FONT)
     ax.set_ylabel("µs per call (median)", fontsize=FONT)
-    ax.set_title(f"A = {A}", fontsize=FONT + 1)
+    ax.set_title(f"A = {A:,}", fontsize=FONT + 1)
     ax.grid(True, which="both", alpha=0.3)
     ax.tick_params(labelsize=FONT - 1)
 
@@ -114,7 +119,7 @@ def _times_panel(ax, results, A: int) -> None:
 def _n_axis(ax) -> None:
     """A log2 axis of batch sizes, labelled with the sizes themselves."""
     ax.set_xscale("log", base=2)
-    ax.set_xticks(list(BENCH_N), [str(n) for n in BENCH_N])
+    ax.set_xticks(list(BENCH_N), [f"{n:,}" for n in BENCH_N])
     ax.minorticks_off()
 
 
@@ -142,7 +147,7 @@ def _speedup_panel(ax, results, A: int) -> None:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("N (utterances)", fontsize=FONT)
     ax.set_ylabel("torch-best time / step time", fontsize=FONT)
-    ax.set_title(f"A = {A}", fontsize=FONT + 1)
+    ax.set_title(f"A = {A:,}", fontsize=FONT + 1)
     ax.grid(True, alpha=0.3)
     ax.tick_params(labelsize=FONT - 1)
 
@@ -160,8 +165,9 @@ def _shared_legend(fig, axes, ncol: int) -> None:
 def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
     """``times`` (torch's paths and four of our steps against the floor), ``speedup`` (steps of
     :data:`SPEEDUP_STEPS` over the faster torch call, linear axis, with the range of the repetitions) and ``grain`` (step 4's grain sweep),
-    two panels each (A = 28 and 5000); each series in its colour of :data:`COLOURS`."""
+    two panels each (A = 28 and 5,000); each series in its colour of :data:`COLOURS`."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import StrMethodFormatter
 
     figs = {}
     clock = clock_words(main_clock(results))
@@ -170,7 +176,7 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         _times_panel(ax, results, A)
     _shared_legend(fig, axes, ncol=1)
     bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
-    fig.suptitle(f"CTC loss + gradient, T = {BENCH_T}: torch against our steps ({clock}, {results.gpu}{bars})",
+    fig.suptitle(f"CTC loss + gradient, T = {BENCH_T:,}: torch against our steps ({clock}, {results.gpu}{bars})",
                  fontsize=FONT + 1)
     figs["times"] = fig
     if results.select("torch-best"):
@@ -197,11 +203,13 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
             if entry["rule"] in entry["rows"]:
                 ax.axvline(entry["rule"], color="k", ls=":", lw=1.2,
                            label=f"warp-ctc's rule, step 4's grain here (VT = {entry['rule']})")
-            ax.set_xticks(grains or [1], [f"{g}\n{r.get('threads', '?')}" for g, r in zip(grains, rows)] or ["1"])
+            ax.set_xticks(grains or [1], [f"{g:,}\n{_thousands(r.get('threads', '?'))}" for g, r in zip(grains, rows)]
+                          or ["1"])
             ax.set_ylim(bottom=0)
+            ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # 6,000 µs, as the pages write it
             ax.set_xlabel("grain VT (positions per thread) / threads per utterance", fontsize=FONT)
             ax.set_ylabel("µs per call (median)", fontsize=FONT)
-            ax.set_title(f"A = {A}, N = {entry['N']}", fontsize=FONT + 1)
+            ax.set_title(f"A = {A:,}, N = {_thousands(entry['N'])}", fontsize=FONT + 1)
             ax.grid(True, alpha=0.3)
             ax.tick_params(labelsize=FONT - 1)
         _shared_legend(fig, axes, ncol=2)

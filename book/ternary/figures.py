@@ -105,26 +105,59 @@ def _bars(ax, shapes, series, value):
 FAILED_EDGE, FAILED_HATCH, FAILED_LABEL = "#d62728", "xxx", "the peer's output fails our float64 check there"
 
 
+def _group_top(ax, index: int) -> float:
+    """The top of the ``index``-th group of grouped bars (:func:`_bars`): its tallest bar or whisker."""
+    import numpy as np
+    from matplotlib.container import BarContainer
+
+    top = 0.0
+    for container in ax.containers:
+        if not isinstance(container, BarContainer):
+            continue
+        for bar in container.patches:
+            if abs(bar.get_x() + bar.get_width() / 2 - index) < 0.5 and np.isfinite(bar.get_height()):
+                top = max(top, bar.get_height())
+        whiskers = getattr(container, "errorbar", None)
+        for segment in ([] if whiskers is None else whiskers.lines[2][0].get_segments()):
+            if abs(segment[0][0] - index) < 0.5 and np.isfinite(segment[1][1]):
+                top = max(top, segment[1][1])
+    return top
+
+
+#: The note above a group of bars in which a peer's output fails its float64 check (``{peer}``: its short name).
+FAILED_NOTE = "{peer}:\nfails check"
+
+
 def _mark_failed(ax, shapes, failed, m) -> None:
-    """Redraw the bars of a peer whose output failed its float64 check at (shape, ``m``): red edge, cross-hatch and
-    a "fails check" note above, and one legend entry for them."""
-    marked = False
+    """Redraw the bars of a peer whose output failed its float64 check at (shape, ``m``): red edge and
+    cross-hatch, a note naming the peer above the shape's whole group of bars (above the group, it meets neither
+    that bar nor its neighbours), and one legend entry for them. Raises the axis' top so the notes fit inside it."""
+    notes: dict[int, list[str]] = {}
     for container in ax.containers:
         series = next((s for s in (GEMLITE, INT_MM) if container.get_label() == _short(s)), None)
         if series is None:
             continue
-        for shape, bar in zip(shapes, container.patches):
+        for i, (shape, bar) in enumerate(zip(shapes, container.patches)):
             if (series, shape, m) in failed or (series, shape, None) in failed:
                 bar.set_edgecolor(FAILED_EDGE)
                 bar.set_hatch(FAILED_HATCH)
                 bar.set_linewidth(1.2)
-                ax.annotate("fails\ncheck", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                            xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", color=FAILED_EDGE,
-                            fontsize=SMALL - 1)
-                marked = True
-    if marked:
-        ax.bar([0], [0], 0, color="white", edgecolor=FAILED_EDGE, hatch=FAILED_HATCH, linewidth=1.2,
-               label=FAILED_LABEL)
+                notes.setdefault(i, []).append(_short(series).split(" ")[0])
+    if not notes:
+        return
+    highest = 0.0
+    for i, peers in notes.items():
+        top = _group_top(ax, i)
+        highest = max(highest, top)
+        ax.annotate(FAILED_NOTE.format(peer=" and ".join(peers)), (i, top), xytext=(0, 4),
+                    textcoords="offset points", ha="center", va="bottom", color=FAILED_EDGE, fontsize=SMALL - 1)
+    # room above the highest note: two lines of text and the offset, as a share of the panel's height (about
+    # 2 inches once laid out), so the top of the axis is at least (highest - share * bottom) / (1 - share)
+    share = (2.6 * (SMALL - 1) + 4) / (2.0 * 72)
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom, max(top, (highest - share * bottom) / (1 - share)))
+    ax.bar([0], [0], 0, color="white", edgecolor=FAILED_EDGE, hatch=FAILED_HATCH, linewidth=1.2,
+           label=FAILED_LABEL)
 
 
 def _wrap(fig, text: str) -> str:
