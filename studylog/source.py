@@ -122,7 +122,9 @@ class Code:
         lexer = CudaLexer() if self.language == "cuda" else PythonLexer()
         body = highlight(self.text, lexer, HtmlFormatter(noclasses=True, nobackground=True, style="default"))
         body = body.replace('<div class="highlight"', '<div class="studylog-code"')
-        body = body.replace("<pre", '<pre style="margin: 0 12px; background: transparent;"', 1)
+        # one style attribute on <pre> (Pygments writes its own): the box's font size, no wrapping (the box scrolls)
+        body = body.replace('<pre style="', '<pre style="margin: 0 12px; background: transparent; font-size: inherit; '
+                            'white-space: pre; ', 1)
         title = f'<div style="{_TITLE}">{html.escape(self.title)}</div>' if self.title else ""
         return f'<div style="{_BOX}">{title}{body}</div>'
 

@@ -227,7 +227,7 @@ def test_headline_and_targets_from_a_gpu_clock_file():
     import matplotlib.pyplot as plt
 
     figs = figures.figures(results)  # the figures draw from a file of the current benchmark too
-    assert set(figs) == {"times", "tiles"}
+    assert set(figs) == {"times", "times_mixed", "tiles"}
     plt.close("all")
 
 

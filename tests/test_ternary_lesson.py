@@ -217,7 +217,7 @@ def test_amdahl_times_every_layer_at_its_own_shape_where_the_lab_run_is_committe
 def test_the_result_table_can_keep_to_one_launch_of_step_23(results):
     table = L.result_table(results, cases=((L.MAIN, 1), (L.MAIN, 16)), w2a8=(T.SERIES[23], T.SERIES[25]))
     assert "quantised" not in table  # no other place to quantise x than step 23's default
-    row = next(line for line in table.splitlines() if line.startswith(f"| {L.MAIN}, 1 |"))
+    row = next(line for line in table.splitlines() if line.startswith(f"| {L.MAIN.replace('x', ' × ')}, 1 |"))
     assert f"{L.us(results, T.SERIES[23]):.1f} (" in row
 
 
@@ -568,7 +568,7 @@ def test_the_peers_table_gives_the_binding_floor(results):
     table = L.result_table(results, cases=((L.MAIN, 1), ("2560x2560", 1)))
     empty = latency_floor_ms(results) * 1e3
     for shape in (L.MAIN, "2560x2560"):
-        row = next(line for line in table.splitlines() if line.startswith(f"| {shape}, 1 |"))
+        row = next(line for line in table.splitlines() if line.startswith(f"| {shape.replace('x', ' × ')}, 1 |"))
         assert row.strip(" |").split(" | ")[-1] == f"{max(L.floor_us(results, shape), empty):.1f}"
 
 
@@ -709,7 +709,7 @@ def test_the_result_table_marks_a_peers_time_where_its_check_failed(results):
     table = L.result_table(results, cases=((L.MAIN, 1), ("2560x2560", 1)))
     failed = _failed_gemlite_cases(results.path)
     for shape in (L.MAIN, "2560x2560"):
-        row = next(line for line in table.splitlines() if line.startswith(f"| {shape}, 1 |"))
+        row = next(line for line in table.splitlines() if line.startswith(f"| {shape.replace('x', ' × ')}, 1 |"))
         gemlite, int_mm = row.strip(" |").split(" | ")[3], row.strip(" |").split(" | ")[5]
         assert gemlite.endswith(L.FAILS) == ((shape, 1) in failed)
         assert not int_mm.endswith(L.FAILS)
@@ -723,7 +723,7 @@ def test_the_result_table_marks_a_peers_time_where_its_check_failed(results):
     planted.data["measurements"] = [dict(r, role="peer") if r["series"] == T.results.INT_MM else r
                                     for r in planted.data["measurements"]]
     row = next(line for line in L.result_table(planted, cases=(("2560x2560", 1),)).splitlines()
-               if line.startswith("| 2560x2560, 1 |")).strip(" |").split(" | ")
+               if line.startswith("| 2560 × 2560, 1 |")).strip(" |").split(" | ")
     assert row[5].endswith(L.FAILS) and not row[3].endswith(L.FAILS)
 
 

@@ -328,7 +328,7 @@ def tried_table(options, results) -> str:
         odd_vs_even = [by_grain[g] / statistics.mean([by_grain[g - 1], by_grain[g + 1]])
                        for g in by_grain if g % 2 and g - 1 in by_grain and g + 1 in by_grain]
         if odd_vs_even:
-            effects.append(f"A = {A}: {_change(odd_vs_even)}")
+            effects.append(f"A = {A:,}: {_change(odd_vs_even)}")
     lines.append(f"| odd grain sizes in {CHAPTER.step(4).name} (against the mean of the two even neighbours) | "
                  f"{'; '.join(effects) or PENDING} | the grain figure (step 4) |")
     return "\n".join(lines)

@@ -443,11 +443,13 @@ def losses(results, batch: int = 1) -> list[dict[str, Any]]:
 
 
 def markdown_table(rows: list[dict[str, Any]], formats: dict[str, str]) -> str:
-    """A Markdown table of ``rows`` (dicts), one column per key of ``formats`` (a format spec; a missing value
-    prints a dash)."""
+    """A Markdown table of ``rows`` (dicts), one column per key of ``formats`` (a format spec, or one ending in
+    "×" for a ratio that prints its sign; a missing value prints a dash)."""
+    def cell(value, spec: str) -> str:
+        return "–" if value is None else format(value, spec.removesuffix("×")) + ("×" if spec.endswith("×") else "")
+
     head = "| " + " | ".join(formats) + " |\n|" + "---|" * len(formats)
-    lines = ["| " + " | ".join("–" if r.get(k) is None else format(r[k], f) for k, f in formats.items()) + " |"
-             for r in rows]
+    lines = ["| " + " | ".join(cell(r.get(k), f) for k, f in formats.items()) + " |" for r in rows]
     return "\n".join([head] + lines)
 
 

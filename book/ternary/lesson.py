@@ -350,10 +350,10 @@ def step_table(results, numbers, shapes=(MAIN, BIG), m: int = 1) -> str:
             floor = floor_us(results, shape, m, "base3" if number in (7, 8) else "2bit")
             base = us(results, CUBLAS, shape, m)
             if row is None:
-                lines.append(f"| `{step.name}` | {shape}, {m} | {PENDING} | {PENDING} | {PENDING} |")
+                lines.append(f"| `{step.name}` | {shape.replace('x', ' × ')}, {m} | {PENDING} | {PENDING} | {PENDING} |")
                 continue
             t = row["ms"] * 1e3
-            lines.append(f"| `{step.name}` | {shape}, {m} | {t:.1f}{_spread(row)} | {fmt(ratio(t, floor), '.2f')} | "
+            lines.append(f"| `{step.name}` | {shape.replace('x', ' × ')}, {m} | {t:.1f}{_spread(row)} | {fmt(ratio(t, floor), '.2f')} | "
                          f"{fmt(ratio(base, t), '.2f')} |")
     return "\n".join(lines)
 
@@ -380,9 +380,9 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
     for shape, m in cases:
         base = us(results, CUBLAS, shape, m)
         if base is None:
-            lines.append(f"| {shape}, {m} | " + " | ".join([PENDING] * 6) + " |")
+            lines.append(f"| {shape.replace('x', ' × ')}, {m} | " + " | ".join([PENDING] * 6) + " |")
             continue
-        cells = [f"{shape}, {m}", f"{base:.1f}"]
+        cells = [f"{shape.replace('x', ' × ')}, {m}", f"{base:.1f}"]
         for group, peer in ((FLOAT_X_SERIES, GEMLITE), (list(w2a8), INT_MM)):
             row, s = fastest(results, group, shape=shape, m=m)
             cells.append("–" if row is None else
@@ -511,7 +511,7 @@ def cards_table(cards_: dict, series=(CUBLAS, SERIES[21], SERIES[23], "read_weig
     head = ["N x K, M"] + [f"{series_label(s).split(' (')[0].split(':')[0]} on the {c}" for s in series for c in cards_]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape, m in cases:
-        cells = [f"{shape}, {m}"]
+        cells = [f"{shape.replace('x', ' × ')}, {m}"]
         for s in series:
             for res in cards_.values():
                 t = us(res, s, shape, m)
@@ -541,7 +541,7 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
             if row is None or "host_ms" not in row:
                 continue
             name = step_label(s) if s in SERIES.values() else series_label(s).split(' (')[0].split(':')[0]
-            lines.append(f"| {name} | {shape}, {m} | {row['ms'] * 1e3:.1f} | "
+            lines.append(f"| {name} | {shape.replace('x', ' × ')}, {m} | {row['ms'] * 1e3:.1f} | "
                          f"{row['host_ms'] * 1e3:.1f} | {row['host_ms'] / row['ms']:.1f} |")
     if empty is not None:
         lines.append(f"| an empty Triton kernel launched from Python (host time only, this run's) | – | – | "

@@ -189,7 +189,7 @@ def prefill(results, m: int = 128, series=None) -> dict:
         ["fastest of ours (µs, × cuBLAS)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape, base, times, name in rows:
-        cells = [shape, us(base)] + [("–" if times[s] is None else f"{us(times[s])} ({base / times[s]:.2f}×)")
+        cells = [shape.replace("x", " × "), us(base)] + [("–" if times[s] is None else f"{us(times[s])} ({base / times[s]:.2f}×)")
                                      for s in series]
         t = times["fastest"]
         cells.append("–" if t is None else f"{us(t)} ({base / t:.2f}×, {step_label(name)})")

@@ -121,7 +121,7 @@ class Walked:
 
 
 def walk_draft(automaton, state: int, draft: Sequence[int], room: int, *, extend: bool, eos: int = -1) -> Walked:
-    """Walk ``draft`` through ``automaton`` (chapter 7's :class:`~studylog.decode.pieces.Automaton`) from
+    """Walk ``draft`` through ``automaton`` (chapter 7's automaton of the grammar) from
     ``state``: keep tokens while the grammar allows them, at most ``room`` in all; with ``extend``, add the
     forced chain of every state the walk reaches (proposed tokens that disagree with a forced token are cut).
     The walk stops at a state where only EOS is allowed (nothing can follow it) and before a proposed ``eos``
