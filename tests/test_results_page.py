@@ -90,7 +90,10 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     from book.scoreboard import card_name, cards
 
     text = results.host_bound_markdown()
-    assert text.startswith(results.HOST_BOUND_TITLE) and results.HOST_BOUND_TITLE.startswith("These are the cases on")
+    title, blank, body = text.split("\n")[:3]
+    assert title.startswith(":::{dropdown} ") and not blank and text.endswith("\n:::")  # folded whole, title and all
+    assert body.startswith(results.HOST_BOUND_TITLE) and results.HOST_BOUND_TITLE.startswith("These are the cases on")
+    assert text.count(":::{dropdown}") == 1 and text.count("| case |") == 1  # the cases are given once
     found = results.host_bound()
     apart = {(n, results._short(c)) for n, c in results.not_comparable_runs()}
     numbers = {e.bench: e.number for e in results.ENTRIES if e.bench}
@@ -114,8 +117,14 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     rows = [ln for ln in text.splitlines() if ln.startswith("| chapter")]
     assert rows and all(re.match(r"\| chapter \d\d( part [12])? \(step \d+\) on the ", ln) for ln in rows), rows
     assert all(" part " in ln for ln in rows if ln.startswith("| chapter 05"))
-    losses = [ln for ln in text.split(":::")[0].splitlines() if ln.startswith("- ")]  # a loss a bullet, not a run-on
-    assert len(losses) == sum("would be faster" in ln for ln in rows)
+    assert not [ln for ln in text.splitlines() if ln.startswith("- ")]  # no list repeats the table's losses
+    losses = [ln for ln in rows if "would be faster" in ln]
+    ties = sum(" | a tie with " in ln for ln in rows)
+    assert f"({len(rows)}): called eagerly, ours stays ahead in {len(rows) - len(losses) - ties}" in title, title
+    assert f" and loses in {len(losses)}" in title and (f", ties in {ties}" in title) == bool(ties), title
+    lost = {ln.split(" | ")[0][len("| chapter "):][:2] for ln in losses}
+    if len(lost) == 1:
+        assert title.endswith(f"(all in chapter {lost.pop()})"), title
     # ternary step 21 at 4096 x 14336 on either card: its host time per call, from the folded rows, is above its GPU
     # time, whichever rival it leads against there
     for row in headline_rows():
