@@ -752,7 +752,8 @@ ENTRIES: tuple[Entry, ...] = (
                    "tokens allowed",
           rival_short="xgrammar's path"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
-          "How much faster than the GPU kernel of FastDeploy can the n-gram drafter of speculative decoding run?",
+          "How much faster than our corrected port of the FastDeploy GPU kernel can the n-gram drafter of speculative "
+          "decoding run?",
           "ngram", _ngram,
           headline="the GPU drafter against our corrected port of FastDeploy's GPU kernel, 128 slots of 32,768 "
                    "tokens",

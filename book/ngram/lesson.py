@@ -468,14 +468,11 @@ def core_diff(step: int):
 
 
 def step2_excerpt():
-    """Step 2 in a few lines, read from the sources: the launch (one block of one thread), the window search and
-    the kernel's walk over slots (``walk_budget``) and n-gram sizes, the rest elided with ``// ...``."""
-    import inspect
-
-    from studylog.ngram import kernels
+    """Step 2 in a few lines of CUDA, read from the kernel's source: the window search and the kernel's walk over
+    slots (``walk_budget``) and n-gram sizes, the rest elided with ``// ...``. The Python launch stays out: the prose
+    gives its shape, ``<<<1, 1>>>``."""
     from studylog.source import Code
 
-    launch = next(ln.strip() for ln in inspect.getsource(kernels.step02_serial).splitlines() if "((1,), (1,)" in ln)
     lines = CHAPTER.step(2).source.read_text().splitlines()
     start = next(i for i, ln in enumerate(lines) if "__device__ i64 serial_leftmost" in ln)
     search = lines[start:lines.index("}", start) + 1]
@@ -484,10 +481,9 @@ def step2_excerpt():
     indent = lines[loop][:len(lines[loop]) - len(lines[loop].lstrip())]
     body = [ln[len(indent) - 8:] for ln in lines[loop:lines.index(indent + "}", loop) + 1]]
     walk = lines[kernel + 2] + "  // each slot in order"
-    out = [f"// the launch, from Python: one block of one thread: {launch}", "", *search, "",
-           *lines[kernel:kernel + 2], walk, "        // ...", *body, "        // ... the slot's drafts, within the room",
-           "    });", "}"]
-    return Code("\n".join(out), "cuda", "step 2, excerpt: the launch and the search loop")
+    out = [*search, "", *lines[kernel:kernel + 2], walk, "        // ...", *body,
+           "        // ... the slot's drafts, within the room", "    });", "}"]
+    return Code("\n".join(out), "cuda", "step 2, excerpt: the search loop")
 
 
 def entry_row(results, where: dict) -> dict | None:
