@@ -271,6 +271,8 @@ def test_sass_counts_show_what_each_step_removes():
         pytest.skip("no cuobjdump to read SASS with")
     c17, c20, c21, c23 = (L.sass_counts(s) for s in (17, 20, 21, 23))
     assert c17["magic moves"] > 0 and c20["magic moves"] > 0 and c21["magic moves"] == 0  # step 21: in a register
+    literal = L.magic_literal_counts()  # the page: the inline LOP3 removes most moves, the shared-memory read the rest
+    assert 0 < literal["magic moves"] < c20["magic moves"] / 2
     assert c23["IMMA"] == 8 and c23["HMMA"] == 0 and c23["HFMA2"] == 0  # steps 22 and 23: no float decode
 
 

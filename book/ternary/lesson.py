@@ -480,6 +480,17 @@ def sass_counts(step: int) -> Optional[dict[str, int]]:
     return None if text is None else count_sass(text)
 
 
+def magic_literal_counts() -> Optional[dict[str, int]]:
+    """:func:`sass_counts` of step 21 with its decode's constant written as a literal instead of read from shared
+    memory (exercise 12's answer): what the read alone saves."""
+    from book.ternary.solutions import magic_literal
+    from studylog import cuda
+
+    name, instance = SASS_INSTANCES[21]
+    text = sass(magic_literal(cuda.read_source(name)), instance)
+    return None if text is None else count_sass(text)
+
+
 def count_sass(text: str) -> dict[str, int]:
     """:func:`sass_counts` of a disassembly (``cuobjdump -sass``'s text)."""
     lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]

@@ -57,9 +57,10 @@ __device__ __forceinline__ u32 decode_pair(u32 src, int p) {
 }
 
 // Step 21's decode of pair p (< 4) of both halves of a word: the same value, with the magic bits ORed
-// in by the same LOP3 that keeps the codes, (src & mask) | magic. Written that way in steps 15 to 20, ptxas
-// rematerializes the 32-bit constant into a fresh register (an IMAD.MOV) for every LOP3; here
-// `magic` comes from shared memory, so its value is unknown to ptxas and stays in one register.
+// in by the same LOP3 that keeps the codes, (src & mask) | magic. Steps 15 to 20 write the C++ AND
+// src & (mask | magic), and ptxas rebuilds the 32-bit constant in a fresh register (an IMAD.MOV) before each
+// LOP3; this inline LOP3 takes the constant as a register operand, so ptxas builds it once, not per LOP3.
+// `magic` is also read from shared memory, so ptxas cannot build it at all (exercise 12 writes it as a literal).
 template <bool BF16>
 __device__ __forceinline__ u32 decode_pair_reg(u32 src, int p, u32 magic) {
     u32 v;
