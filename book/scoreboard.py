@@ -510,8 +510,7 @@ def _ternary_bitnet(data):
         ours["clock"], ours, "BitNet's W2A8 kernel (x already int8)", rival,
         byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")), compute_floor_ms=ours.get("floor_compute_ms"),
         latency_floor_ms=latency, latency_what=what, short=f"{_step_words(ours['series'])}, W2A8; {n} × {k}",
-        rival_notes=provenance + (f"{n} × {k} is the one of BitNet's ten shapes where our lead is smallest; the "
-                                  "results page gives all ten",))
+        rival_notes=provenance)  # the shape cell says why this shape; the results page gives all ten
 
 
 def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: str = ""):
@@ -627,11 +626,10 @@ def _per_request(ratios: list[float], what: str) -> str:
             f"{max(ratios):.2f}×, median {statistics.median(ratios):.2f}×")
 
 
-#: Why a whole decode loop's row has no p99: the cell's short reason, and the note that says it in full.
+#: Why a whole decode loop's row has no p99: the cell's short reason, and the sentence under the tables saying it in full.
 LOOP_NO_TAIL = ("– (a wall-clock loop)",
-                "p99 ÷ median: none for a decode loop. The p99 column replays one call many times in a CUDA graph; a "
-                "loop's step is timed request by request on the wall clock, host work included, so it has no such "
-                "replay (the slowest run beside the median gives its spread over repeated runs)")
+                "A decode loop has none: its step is timed request by request on the wall clock, host work included, "
+                "with no such replay (the slowest run beside its median gives its spread over repeated runs)")
 
 
 def _decode(data):
@@ -1150,9 +1148,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                 p99 += f" ({_copies(t['rotated_copies'])})"
             if id(r) not in lead_ids:
                 tails_under.append(f"{_kernel_label(r)} on the {card}: {p99}")
-        elif r.get("no_tail_why"):
+        elif r.get("no_tail_why"):  # why, once under the tables (the p99 definition), not under each loop's row
             p99 = r["no_tail_why"][0]
-            note(r, r["no_tail_why"][1], every_card=True)
         binding, pct = _floor_cells(r)
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
             alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
@@ -1254,7 +1251,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     if samples:
         definitions.append(TAIL_NOTE.format(samples=samples[0].get("samples", "many"),
                                             calls=samples[0].get("min_calls_per_replay", "many"))
-                           .replace("p99 ÷ median: ", "The p99 ÷ median column: ", 1) + ".")
+                           .replace("p99 ÷ median: ", "The p99 ÷ median column: ", 1) + "."
+                           + "".join(dict.fromkeys(f" {b['no_tail_why'][1]}." for b in board if b.get("no_tail_why"))))
     out_folds = []
     for entry in ENTRIES:
         said = notes.get(entry.number)
@@ -1268,12 +1266,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             every_card = None in where or sorted(where) == sorted(everyone) or len(everyone) < 2
             label = " and ".join(kernels) + ("" if every_card else f" ({' and '.join(_short_card(c) for c in where)})")
             items.append((label, _sentence(text)))
-        order = list(dict.fromkeys(label for label, _ in items))  # a row's notes together, in the table's order
-        items.sort(key=lambda item: order.index(item[0]))
         title = f"Chapter {entry.number:02d}, {entry.title}: notes"
         if len({label for label, _ in items}) == 1:  # every note is on one row: named once, in the title
             title += f" on {items[0][0]}"
             items = [("", text) for _, text in items]
+        else:  # a row's notes in one item under its name, in the table's order
+            merged: dict[str, list[str]] = {}
+            for label, text in items:
+                merged.setdefault(label, []).append(text)
+            items = [(label, " ".join(texts)) for label, texts in merged.items()]
         if folds == "dropdown":
             out_folds += ([f":::{{dropdown}} {title}"] + [f"- **{label}**: {text}" if label else f"- {text}"
                                                          for label, text in items] + [":::", ""])
@@ -1287,7 +1288,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                      + out_folds).rstrip() + "\n"
 
 
-__all__ = ["ENTRIES", "Entry", "LEAD_CARD", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+__all__ = ["ENTRIES", "Entry", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable",
            "part_one_rival_words", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",

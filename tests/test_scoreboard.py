@@ -386,9 +386,10 @@ def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
     for ln in lead_rows:
         cell = ln.split(" | ")[3]
         assert re.fullmatch(r"\d\.\d\d×( \(\d+ cop(y|ies)\))?", cell) or cell == "– (a wall-clock loop)", ln
-    assert table.count("a loop's step is timed request by request on the wall clock") == 2  # chapters 07 and 08
-    # how it is measured: one line under the tables
-    assert table.count("The p99 ÷ median column: how far a re-measurement of the call lands above its median") == 1
+    # how it is measured, and why a decode loop (chapters 07 and 08) has none: one line under the tables
+    assert sum(ln.split(" | ")[3] == "– (a wall-clock loop)" for ln in lead_rows) == 2
+    (line,) = [ln for ln in table.splitlines() if ln.startswith("The p99 ÷ median column: how far a re-measurement")]
+    assert table.count("its step is timed request by request on the wall clock") == 1 and "timed request by" in line
     assert "It is not how slow a single call can be" in table
 
 
@@ -588,6 +589,11 @@ def test_notes_are_folded_per_chapter_with_no_markers_in_the_cells():
         assert " notes on " in fold[0] or all(i.startswith("<b>") for i in items), fold
         texts = [re.sub(r"^<b>.*?</b>: ", "", i) for i in items]
         assert len(texts) == len(set(texts)) or all(i.startswith("<b>") for i in items), fold[0]
+        labels = [re.match(r"<b>(.*?)</b>", i).group(1) for i in items if i.startswith("<b>")]
+        assert len(labels) == len(set(labels)), fold[0]  # a row's notes under its name once, not one item each
+    # why a decode loop has no p99 is said once, under the tables, not again under each loop's row
+    loop_why = sb.LOOP_NO_TAIL[1]
+    assert table.count(loop_why) == 1 and "</details>" not in table.split(loop_why)[0].split("**Floors")[1]
     dropdowns = sb.scoreboard_markdown(folds="dropdown")
     assert "<details>" not in dropdowns and dropdowns.count(":::{dropdown} Chapter ") == len(folds)
 
