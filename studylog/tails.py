@@ -168,20 +168,15 @@ def _ctc_chain(frames: int, states: int, *, device="cuda"):
     return calls
 
 
-def _ternary(run, rep: int):
-    from studylog.ternary import ternary_matmul
-
-    x, w, scale = ternary_inputs(4096, 14336, 1, seed=rep)
-    return [lambda wi=wi: ternary_matmul(x, wi, scale) for wi in run.rotated(w)], {}
-
-
-def _ternary_w2a8(n: int, k: int):
-    """Chapter 5's one-row W2A8 kernel (step 23, x quantised to int8 inside the call) at one of BitNet's shapes."""
+def _ternary(entry: str, n: int, k: int):
+    """Chapter 5 at one row of x through ``entry``: ``ternary_matmul`` (bf16 x; step 21 on Hopper) or
+    ``step23_w2a8_fused`` (W2A8: x quantised to int8 inside the call)."""
     def calls(run, rep: int):
-        from studylog.ternary import step23_w2a8_fused
+        from studylog import ternary
 
+        call = getattr(ternary, entry)
         x, w, scale = ternary_inputs(n, k, 1, seed=rep)
-        return [lambda wi=wi: step23_w2a8_fused(x, wi, scale) for wi in run.rotated(w)], {}
+        return [lambda wi=wi: call(x, wi, scale) for wi in run.rotated(w)], {}
     return calls
 
 
@@ -239,9 +234,9 @@ def cases() -> list[Case]:
         *(Case("ctc", CTC_FLOOR_SERIES, CTC_FLOOR_CASE | {"frames": frames, "states": states},
                _ctc_chain(frames, states), role="baseline") for frames in (2 * T, T)),
         Case("ternary", "ternary_matmul", {"shape": "4096x14336", "family": "llama", "n": 4096, "k": 14336, "m": 1},
-             _ternary),
+             _ternary("ternary_matmul", 4096, 14336)),
         Case("ternary", "step23_w2a8_fused", {"shape": "4800x3200", "family": "bitnet", "n": 4800, "k": 3200, "m": 1},
-             _ternary_w2a8(4800, 3200)),
+             _ternary("step23_w2a8_fused", 4800, 3200)),
         Case("multi_item", "multi_item_attention", {"shape": name, "prompts": len(prefixes), "tokens": tokens},
              _multi_item()),
         Case("multi_item", "multi_item_attention", {"shape": gqa_shapes()[0][0], "prompts": len(prefixes),
