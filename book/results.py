@@ -58,18 +58,14 @@ FSM_PEERS = DATA / "fsm_peers.json"
 
 
 def fsm_peer_totals(peer_rows: list[Any]) -> dict[str, Any]:
-    """Chapter 01's peer table's last row (:func:`book.fsm.lesson.peers_table`) as numbers: the passes without jumps
-    (``none``), the documents, and per ``library/policy`` the passes and the documents written in another split than
-    the tokenizer's (``noncanonical``)."""
-    from book.fsm.lesson import FORCED_COLUMNS
+    """Chapter 01's peer totals (:func:`book.fsm.lesson.policy_totals`, the peer table's last row) as the file keeps
+    them: the passes without jumps (``none``) and per ``library/policy`` the passes and the documents written in
+    another split than the tokenizer's (``noncanonical``)."""
+    from book.fsm.lesson import policy_totals
 
-    ours = [r for r in peer_rows if r.library == "ours"]
-    out: dict[str, Any] = {"none": sum(r.passes["none"] for r in ours), "policies": {}}
-    for lib, policy, _ in FORCED_COLUMNS:
-        mine = [r for r in peer_rows if r.library == lib]
-        out["policies"][f"{lib}/{policy}"] = {"passes": sum(r.passes[policy] for r in mine),
-                                              "noncanonical": sum(r.noncanonical[policy] for r in mine)}
-    return out
+    return {"none": sum(r.passes["none"] for r in peer_rows if r.library == "ours"),
+            "policies": {f"{lib}/{policy}": {"passes": t["passes"], "noncanonical": t["noncanonical"]}
+                         for (lib, policy), t in policy_totals(peer_rows).items()}}
 
 
 def write_fsm_peers(path: Path = FSM_PEERS, n_samples: int = 8) -> dict[str, Any]:
