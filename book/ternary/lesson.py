@@ -1095,7 +1095,7 @@ def place_waves(results, shapes) -> dict[str, dict]:
         for place in ("staged", "every block"):
             cfg = W.w2a8_config(1, n, k, sms, quantize=place)
             smem = W.w2a8_smem_bytes(cfg, 1, groups, staged=place == "staged")
-            per_sm = min(W.w2a8_blocks_per_sm(cfg, 1, groups), W.SM_SMEM_BYTES // (smem + 1024))
+            per_sm = W.w2a8_blocks_per_sm(cfg, 1, groups, staged=place == "staged")
             blocks = triton.cdiv(triton.cdiv(n, 16), cfg.row_tiles)
             row[place] = {"row_tiles": cfg.row_tiles, "warps": cfg.warps, "smem": smem, "x_bytes": k * (2 if place == "staged" else 1),
                           "stage_bytes": cfg.stages * cfg.stage_bytes, "per_sm": per_sm, "blocks": blocks,

@@ -163,10 +163,11 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
     return W2A8Config(row_tiles=4, warps=warps, stages=4, chunk=1, slices=1)
 
 
-def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> int:
-    """Blocks of steps 22 and 23 one SM holds at once, by shared memory (1 KiB more a block) and by registers (96 a
-    thread below four row tiles, where the launch bounds ask for two blocks an SM, else 136; a test checks it)."""
-    smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice) + 1024)
+def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int, staged: bool = False) -> int:
+    """Blocks of steps 22 and 23 one SM holds at once, by shared memory (1 KiB more a block; ``staged``: x kept as
+    16-bit values, :func:`w2a8_smem_bytes`) and by registers (96 a thread below four row tiles, where the launch
+    bounds ask for two blocks an SM, else 136; a test checks it)."""
+    smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice, staged=staged) + 1024)
     registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
     return min(smem, registers)
 
