@@ -103,3 +103,12 @@ def cuda_graph(fn, *, warmups: int = 2, pool=None):
     with torch.cuda.graph(graph, pool=pool):
         out = fn()
     return graph, out
+
+
+def staged(*shape: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zeroed host buffer and its device twin: on a GPU the host one is pinned, so that copies between the two
+    run asynchronously on the stream; on a CPU one tensor is both."""
+    if device.type != "cuda":
+        both = torch.zeros(shape, dtype=dtype, device=device)
+        return both, both
+    return torch.zeros(shape, dtype=dtype, pin_memory=True), torch.zeros(shape, dtype=dtype, device=device)

@@ -21,16 +21,7 @@ from studylog.decode import kernels, pieces
 from studylog.decode.generation import CONFIGS, STEER, DecodeConfig, Generation, check_model, gumbel_noise
 from studylog.decode.grammar import Grammar, Writer, continues_utf8
 from studylog.decode.model import LlamaModel, dense_logits
-from studylog.runtime import cuda_graph
-
-
-def staged(*shape: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-    """A zeroed host buffer and its device twin: on a GPU the host one is pinned, so that copies between the two
-    run asynchronously on the stream; on a CPU one tensor is both."""
-    if device.type != "cuda":
-        both = torch.zeros(shape, dtype=dtype, device=device)
-        return both, both
-    return torch.zeros(shape, dtype=dtype, pin_memory=True), torch.zeros(shape, dtype=dtype, device=device)
+from studylog.runtime import cuda_graph, staged
 
 
 class _Row:

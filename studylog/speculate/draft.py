@@ -9,8 +9,7 @@ import numpy as np
 import torch
 
 from studylog.checks import check_int
-from studylog.decode.loop import staged
-from studylog.runtime import cuda_graph
+from studylog.runtime import cuda_graph, staged
 from studylog.ngram import NgramConfig, NgramInputs, NgramMatcher
 from studylog.ngram import kernels as ngram_kernels
 

@@ -24,10 +24,10 @@ from studylog.checks import check_int
 from studylog.decode import kernels, pieces
 from studylog.decode.generation import DecodeConfig, Generation, hashed_uniform
 from studylog.decode.grammar import Grammar
-from studylog.decode.loop import Decoder, Marks, staged
+from studylog.decode.loop import Decoder, Marks
 from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
 from studylog.speculate.draft import DraftGate, NgramDrafter, walk_draft
-from studylog.runtime import cuda_graph
+from studylog.runtime import cuda_graph, staged
 
 
 @dataclass(frozen=True)
