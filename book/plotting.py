@@ -277,13 +277,12 @@ def readme_headlines(root: Path = DEFAULT_OUT) -> str:
     out)."""
     import re
 
-    from book.scoreboard import ENTRIES, card_name, cards
     from book.results import not_comparable_runs
+    from book.scoreboard import ENTRIES, card_name, cards, short_card as short
 
     moved = not_comparable_runs(root)
     numbers = {e.bench: e.number for e in ENTRIES if e.bench}
     names = [card_name(c) for c in cards(root)]
-    short = lambda name: name.replace("NVIDIA ", "").replace(" 80GB HBM3", "")  # noqa: E731
     out, skipping, number = [], False, None
     for line in headline_markdown(root).splitlines():
         m = re.match(r"^\*\*(\w+)\*\* — (.+?), \d{4}-", line)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from book.common import prose_words, us
-from book.scoreboard import (CTC_CASE, ENTRIES, NOT_MEASURED, card_name, cards, load, rows,
+from book.scoreboard import (CTC_CASE, ENTRIES, NOT_MEASURED, card_name, cards, load, rows, short_card,
                              scoreboard)
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
 
@@ -195,7 +195,7 @@ def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             host = mine[0].get("host_ms") if len(mine) == 1 else None
         if host is None or host <= b["median_ms"]:
             continue
-        found = {"number": b["number"], "card": _short(b["card"]), "host_ms": host, "gpu_ms": b["median_ms"],
+        found = {"number": b["number"], "card": short_card(b["card"]), "host_ms": host, "gpu_ms": b["median_ms"],
                  "step": _step_of(b["ours"]),
                  "at": "4096 × 14336" if llama else "its kernel alone" if alone else "",
                  "rival_gpu_ms": b.get("rival_ms")}
@@ -227,16 +227,16 @@ def _grid_host_bound(listed: list[dict[str, Any]], root: Path = BENCH_RESULTS) -
     from book.scoreboard import not_comparable
 
     numbers = {e.bench: e.number for e in ENTRIES if e.bench}
-    apart = {(n, _short(c)) for n, c in not_comparable(scoreboard(root))}
+    apart = {(n, short_card(c)) for n, c in not_comparable(scoreboard(root))}
     part_one = {}
     for folder in cards(root):
         answer = part_one_answer(folder)
-        part_one[_short(card_name(folder))] = [e["ms"] for e in ((answer or {}).get("eager") or {}).values()]
+        part_one[short_card(card_name(folder))] = [e["ms"] for e in ((answer or {}).get("eager") or {}).values()]
     out: list[dict[str, Any]] = []
     found = [h for h in _committed_headlines() if h["chapter"] in numbers and h.get("clock") == "gpu"
              and h.get("host_ms") is not None and h.get("kernel_ms") is not None and h["host_ms"] > h["kernel_ms"]]
     for h in sorted(found, key=lambda h: h.get("baseline_ms") or math.inf):  # the fastest rival first
-        number, card = numbers[h["chapter"]], _short(h["gpu"])
+        number, card = numbers[h["chapter"]], short_card(h["gpu"])
         if (number, card) in apart:
             continue
         if number == 5 and h["baseline"].startswith("GemLite") and any(
@@ -317,8 +317,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
                                                           f"at {n} of its {of} shapes")
                     + f" (its host time {us(eager['bitnet'][0])}–{us(eager['bitnet'][1])} µs: ours quantises x in "
                     "the call, its x comes quantised)")
-        lines.append(((5, 2, _short(card_name(folder))),
-                      f"| {case_label(5, _step_of(pairs[0][0].replace('step', 'step ')), 2)} on the {_short(card_name(folder))} at "
+        lines.append(((5, 2, short_card(card_name(folder))),
+                      f"| {case_label(5, _step_of(pairs[0][0].replace('step', 'step ')), 2)} on the {short_card(card_name(folder))} at "
                       f"BitNet's {len(pairs)} shapes | "
                       f"{span([o['host_ms'] for _, _, o, _ in pairs])} | {span([o['ms'] for _, _, o, _ in pairs])} | "
                       f"{said} |"))
@@ -327,8 +327,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         eager = (part_one or {}).get("eager") or {}
         if not eager or len(eager) != len(part_one["ratios"]) or all(e["host_ms"] <= e["ms"] for e in eager.values()):
             continue
-        lines.append(((5, 1, _short(card_name(folder))),  # part 1 before part 2, as the book reads
-                      f"| {case_label(5, f'step {PART_ONE_STEP}', 1)} on the {_short(card_name(folder))} at "
+        lines.append(((5, 1, short_card(card_name(folder))),  # part 1 before part 2, as the book reads
+                      f"| {case_label(5, f'step {PART_ONE_STEP}', 1)} on the {short_card(card_name(folder))} at "
                       f"GemLite's {len(eager)} shapes | {span([e['host_ms'] for e in eager.values()])} | "
                       f"{span([e['ms'] for e in eager.values()])} | "
                       f"{eager_words(eager, len(eager))} |"))
@@ -520,11 +520,7 @@ def one_copy_words(number: int, name: str, rotated: list[str], row: dict[str, An
 def _card(root: Path, short: str) -> Path:
     """The card folder whose short name is ``short`` (the last card where none is)."""
     found = cards(root)
-    return next((c for c in found if _short(card_name(c)) == short), found[-1])
-
-
-def _short(card: str) -> str:
-    return card.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
+    return next((c for c in found if short_card(card_name(c)) == short), found[-1])
 
 
 def _step_of(label: str) -> str:
@@ -603,7 +599,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         eager: dict[str, str] = {}  # per card, what a call made eagerly, one at a time, does (landing's column)
         leads = {}
         for card in cards(root):
-            name = _short(card_name(card))
+            name = short_card(card_name(card))
             notes[name], comparable[name] = [], True
             if entry.number == 1:  # counted on the host, the same on every card: written out once
                 ratios[name], text, brief[name] = fsm_line(suite)
@@ -620,7 +616,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 elif suite is not None:
                     notes[name].append(text.replace(f"**{ratios[name]:.1%}**", f"{ratios[name]:.1%}"))
                 continue
-            row = next((b for b in board if b["number"] == entry.number and _short(b["card"]) == name
+            row = next((b for b in board if b["number"] == entry.number and short_card(b["card"]) == name
                         and b["lead"]), None)
             if row is None or "missing" in row or row["vs_rival"] is None:
                 ratios[name], cells[name], brief[name] = None, VOID, NOT_MEASURED
@@ -643,7 +639,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             wait = waits.get((entry.number, name))
             landing[name] = f"{row['vs_rival']:.2f}×"
             if entry.number == 3:  # the chapter's question is the CPU loop: its end-to-end ratio leads the landing
-                cpu = next((b for b in board if b["number"] == 3 and _short(b["card"]) == name and not b["lead"]
+                cpu = next((b for b in board if b["number"] == 3 and short_card(b["card"]) == name and not b["lead"]
                             and b.get("ours_end_to_end_ms") is not None and b.get("vs_rival") is not None), None)
                 if cpu is not None:
                     notes[name].append(f"{name}: end to end, against the CPU loop it replaces, "
@@ -660,7 +656,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 eager[name] = f"ours waits on the host ({us(wait['host_ms'])} µs a call) and stays ahead"
             if entry.number == 6:  # the deployment-fair layout (Llama 3.1 8B's grouped-query heads) leads where a
                 # card measured it; 32 heads, the layout every card measures, second (its ratio compares the cards)
-                grouped = next((b for b in board if b["number"] == 6 and _short(b["card"]) == name and not b["lead"]
+                grouped = next((b for b in board if b["number"] == 6 and short_card(b["card"]) == name and not b["lead"]
                                 and "missing" not in b and b.get("vs_rival") is not None), None)
                 if grouped is not None:
                     cells[name] = (f"**{grouped['vs_rival']:.2f}×** ({us(grouped['median_ms'])} against "
@@ -688,7 +684,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        "per sequence: " + ", ".join(
                                            f"a tie at batch {b} ({x:.2f}×)" if abs(x - 1) < 0.01
                                            else f"{x:.2f}× at batch {b}" for b, x in wider.items()))
-                alone = next((b for b in board if b["number"] == 2 and _short(b["card"]) == name and not b["lead"]
+                alone = next((b for b in board if b["number"] == 2 and short_card(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
                 if alone is not None:  # the kernel against a rival that reads only the allowed rows too
                     landing[name] += f" (the kernel alone: {alone['vs_rival']:.2f}×)"
@@ -700,7 +696,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        "(which returns only the allowed logits; ours writes the whole row, masked)")
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
                 beaten = bitnet_range(card)
-                llama = next((b for b in board if b["number"] == 5 and _short(b["card"]) == name
+                llama = next((b for b in board if b["number"] == 5 and short_card(b["card"]) == name
                               and b.get("ternary_case") == "llama"), None)
                 at = ""
                 if llama is not None and llama.get("gemlite_fails_check"):
@@ -767,9 +763,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                "it, which slows the dense baseline"]
                 brief[name] = "not compared on this card"
         if entry.bench is not None:  # runs that replayed one copy beside runs that rotated: said once, in a note
-            one_copy = {_short(card_name(c)): (c, replayed_one_copy(c, entry.bench)) for c in cards(root)}
+            one_copy = {short_card(card_name(c)): (c, replayed_one_copy(c, entry.bench)) for c in cards(root)}
             rotated = [n for n, (_, once) in one_copy.items() if once is False]
-            lead = next((b for b in board if b["number"] == entry.number and _short(b["card"]) in rotated
+            lead = next((b for b in board if b["number"] == entry.number and short_card(b["card"]) in rotated
                          and b["lead"] and "missing" not in b), None)
             once = next((n for n, (_, v) in one_copy.items() if v and ratios.get(n) is not None), None)
             if rotated and lead is not None and once is not None:
@@ -822,7 +818,7 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
     notes: dict[str, list[str]] = {}
     passed: dict[str, frozenset] = {}
     for card in cards(root):
-        name = _short(card_name(card))
+        name = short_card(card_name(card))
         answer = part_one_answer(card)
         notes[name] = []
         if answer is not None:
@@ -942,7 +938,7 @@ def not_comparable_runs(root: Path = BENCH_RESULTS) -> dict[tuple[int, str], str
 def left_out_words(card: str, why: str, others: list[str]) -> str:
     """The sentence that stands where a chapter's run on ``card`` (full name) is left out of the results page's
     tables because it is set up differently from the other cards' (``why``: :func:`not_comparable_runs`'s clause)."""
-    short, rest = _short(card), " and the ".join(_short(o) for o in others) or "other card"
+    short, rest = short_card(card), " and the ".join(short_card(o) for o in others) or "other card"
     return (f"The {short}'s run of this chapter is not shown: on the {short} {why}, so its times and ratios would not "
             f"stand beside the {rest}'s. The tables here are the {rest}'s alone.")
 
@@ -984,7 +980,7 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
                 if number == chapter:
                     out += [left_out_words(name, why, [f for f in folders if (number, f) not in moved]), ""]
             bench = next((e.bench for e in ENTRIES if e.number == chapter), None)
-            unrun = [_short(f) for f, c in folders.items() if bench and load(c, bench) is None]
+            unrun = [short_card(f) for f, c in folders.items() if bench and load(c, bench) is None]
             if unrun:  # a card with no run of the chapter at all
                 out += [f"The {' and the '.join(unrun)} {'has' if len(unrun) == 1 else 'have'} no run of this "
                         "chapter.", ""]
@@ -1187,7 +1183,7 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
     answer (:func:`part_one_answer`): its fastest Triton step against GemLite where GemLite passes our check, a
     loss shown as a loss (cuBLAS bf16, a weaker baseline, stays in the chapter), with its eager-call clause
     (:func:`eager_words`) unless ``eager`` is false (:func:`other_eager` gives it alone)."""
-    folder = next((c for c in cards(root) if _short(card_name(c)) == card), None)
+    folder = next((c for c in cards(root) if short_card(card_name(c)) == card), None)
     out: dict[str, str] = {}
     env = load(folder, "env") if folder else None
     c = env.get("ceilings", {}) if env else {}
@@ -1208,7 +1204,7 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
 
 def other_eager(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, str]:
     """The eager-call clause of the pages :func:`other_answers` covers, where one has it (part 1 of chapter 05)."""
-    folder = next((c for c in cards(root) if _short(card_name(c)) == card), None)
+    folder = next((c for c in cards(root) if short_card(card_name(c)) == card), None)
     part_one = part_one_answer(folder) if folder else None
     clause = eager_words(part_one["eager"], len(part_one["ratios"])) if part_one else ""
     return {"notebooks/05_ternary_1_triton.ipynb": clause} if clause else {}

@@ -222,7 +222,7 @@ def latency_floor_words(root: Path = BENCH_RESULTS) -> str:
         lo, hi = min(t for t, _ in runs) * 1e3, max(t for t, _ in runs) * 1e3
         widest = max(widest, hi / lo)
         least = [_run_words(name) for t, name in runs if f"{t * 1e3:.2f}" == f"{lo:.2f}"]  # where the floor comes from
-        said.append(f"{lo:.2f} µs on the {_short_card(card_name(card))}"
+        said.append(f"{lo:.2f} µs on the {short_card(card_name(card))}"
                     + (f" (from {' and '.join(least)} run{'s' if len(least) > 1 else ''}; its runs recorded "
                        f"{lo:.2f} to {hi:.2f} µs)" if f"{lo:.2f}" != f"{hi:.2f}" else ""))
     if not said:
@@ -826,8 +826,8 @@ def missing(root: Path = BENCH_RESULTS) -> list[str]:
                 said.append(f"the rival ({r['rival']}) at this shape")
         for text in said:
             cards_of = gaps.setdefault((r["number"], text), [])
-            if _short_card(r["card"]) not in cards_of:
-                cards_of.append(_short_card(r["card"]))
+            if short_card(r["card"]) not in cards_of:
+                cards_of.append(short_card(r["card"]))
     out = []
     for (number, text), on in gaps.items():
         title = next(e.title for e in ENTRIES if e.number == number)
@@ -884,7 +884,8 @@ def _floor(ms: float | None, missing: str = NOT_MEASURED) -> str:
     return us(ms, digits=2 if ms is not None and ms < 1e-3 else 1, missing=missing)
 
 
-def _short_card(name: str) -> str:
+def short_card(name: str) -> str:
+    """A card's name as the tables write it: ``NVIDIA H100 80GB HBM3`` -> ``H100``."""
     return name.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
 
@@ -938,7 +939,7 @@ def _ctc_small_case_words(root: Path) -> str | None:
             c = min(grid, key=lambda c: c["ratio"])
             which = ("the entry point" if c["series"] == "ctc_loss"
                      else f"step {int(c['series'][4:])}, the step the entry point picks there")
-            at.append(f"N = {c['ours']['params']['N']} on the {_short_card(card_name(card))} ({c['ratio']:.2f}×, "
+            at.append(f"N = {c['ours']['params']['N']} on the {short_card(card_name(card))} ({c['ratio']:.2f}×, "
                       f"{which})")
     if not at:
         return None
@@ -974,7 +975,7 @@ def part_one_rival_words(board: list[dict[str, Any]], link: Callable[[str], str]
         if b.get("rival_series") == "gemlite_w2":
             continue
         shape = b["ours"].split("; ")[-1]
-        out.append(f"On the {_short_card(b['card'])}, the rival of [05. {b['title']}, part 1]"
+        out.append(f"On the {short_card(b['card'])}, the rival of [05. {b['title']}, part 1]"
                    f"({link(b.get('part_notebook', PART_ONE_NOTEBOOK))}) is {b.get('rival_name') or b['rival']}, not "
                    f"GemLite: GemLite fails our float64 check at {shape} on that card.")
     return out
@@ -1068,7 +1069,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         return f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])})"
 
     folders = {card_name(c): c for c in cards(root)}
-    lead_card = next((card_name(c) for c in cards(root) if _short_card(card_name(c)) == LEAD_CARD), None)
+    lead_card = next((card_name(c) for c in cards(root) if short_card(card_name(c)) == LEAD_CARD), None)
     leads: dict[int, dict[str, Any]] = {}  # per chapter, its first measured row on the lead card (else on another)
     for r in board:
         if "missing" not in r and (r["number"] not in leads or
@@ -1083,7 +1084,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     under: list[str] = []
     shown: set[int] = set()
     for r in board:
-        card = _short_card(r["card"])
+        card = short_card(r["card"])
         if "missing" in r:
             if r["missing"] == "not measured on this card":
                 continue  # a card with nothing measured for this chapter: no row of dashes
@@ -1183,7 +1184,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                           f"{mark('compute', r['compute_floor_ms'], '–')} | {latency} |"))
     llama = [b for b in board if b.get("ternary_case") == "llama" and b.get("gemlite_check_error") is not None]
     if len({b["gemlite_fails_check"] for b in llama}) > 1:  # GemLite passes on one card and fails on the other
-        errors = ", ".join(f"{b['gemlite_check_error']:.2%} on the {_short_card(b['card'])}" for b in llama)
+        errors = ", ".join(f"{b['gemlite_check_error']:.2%} on the {short_card(b['card'])}" for b in llama)
         note(llama[0], f"GemLite's error at 4096 × 14336 against float64 is {errors}, against a tolerance of "
                        f"{llama[0]['gemlite_check_tolerance']:.2%}, on the same inputs; GemLite's autotuner picks its "
                        "own launch on each card, the likely reason its rounding differs, so it passes our check on "
@@ -1197,9 +1198,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
 
     for (number, card), why in sorted(apart.items()):  # said per chapter and card, not as a catch-all
         r = next(b for b in every if b["number"] == number)
-        others = " and the ".join(_short_card(b["card"]) for b in board if b["number"] == number and b["lead"]
+        others = " and the ".join(short_card(b["card"]) for b in board if b["number"] == number and b["lead"]
                                   and "missing" not in b)
-        card_ = _short_card(card)
+        card_ = short_card(card)
         under.append(f"{chapter_link(r)} has no {card_} row: the {card_}'s benchmark does not time this case the way "
                      f"the {others or 'other card'}'s does (on the {card_} {why}).")
     under += part_one_rival_words(board, link)
@@ -1241,7 +1242,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         named.add(r["number"])
 
     definitions = []
-    floor_by_card = {_short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
+    floor_by_card = {short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
     if any(v is not None for v in floor_by_card.values()):
         fastest = ", ".join(f"{ms * 1e3:.2f} µs on the {card}" for card, ms in floor_by_card.items() if ms is not None)
         definitions.append(f"A one-kernel call's latency floor, the card's fastest empty kernel over all its runs: "
@@ -1264,7 +1265,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             kernels = list(dict.fromkeys(k for k, _ in on_rows))
             where = list(dict.fromkeys(c for _, c in on_rows))
             every_card = None in where or sorted(where) == sorted(everyone) or len(everyone) < 2
-            label = " and ".join(kernels) + ("" if every_card else f" ({' and '.join(_short_card(c) for c in where)})")
+            label = " and ".join(kernels) + ("" if every_card else f" ({' and '.join(short_card(c) for c in where)})")
             items.append((label, _sentence(text)))
         title = f"Chapter {entry.number:02d}, {entry.title}: notes"
         if len({label for label, _ in items}) == 1:  # every note is on one row: named once, in the title

@@ -229,6 +229,8 @@ def difference_cells(item: str) -> tuple[str, str, str, dict[str, str]] | None:
     """One "where the cards differ" line (``ours (step 21, CUDA C++) against rival (its setting) (case): 4.51× on the
     NVIDIA H100 80GB HBM3, 3.36× on the NVIDIA H200.``) as table cells: our step, the rival without its setting, the
     case, and each card's short name -> its ratio; None where the line does not read so."""
+    from book.scoreboard import short_card
+
     head, sep, tail = item.rstrip(".").rpartition("): ")
     if not sep or " against " not in head:
         return None
@@ -246,7 +248,7 @@ def difference_cells(item: str) -> tuple[str, str, str, dict[str, str]] | None:
         ratio, _, card = part.partition(" on the ")
         if not card:
             return None
-        ratios[card.replace("NVIDIA ", "").replace(" 80GB HBM3", "")] = ratio
+        ratios[short_card(card)] = ratio
     return (step.group(1) if step else ours), rival.split(" (")[0], case, ratios
 
 

@@ -8,6 +8,7 @@ import re
 
 from book import results
 from book.site import flag_rows, headlines_page_markdown
+from book.scoreboard import short_card
 from studylog.paths import BENCH_RESULTS
 
 
@@ -95,14 +96,14 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     assert body.startswith(results.HOST_BOUND_TITLE) and results.HOST_BOUND_TITLE.startswith("These are the cases on")
     assert text.count(":::{dropdown}") == 1 and text.count("| case |") == 1  # the cases are given once
     found = results.host_bound()
-    apart = {(n, results._short(c)) for n, c in results.not_comparable_runs()}
+    apart = {(n, short_card(c)) for n, c in results.not_comparable_runs()}
     numbers = {e.bench: e.number for e in results.ENTRIES if e.bench}
-    spans = {results._short(card_name(c)): [e["ms"] for e in ((results.part_one_answer(c) or {}).get("eager")
+    spans = {short_card(card_name(c)): [e["ms"] for e in ((results.part_one_answer(c) or {}).get("eager")
                                                                or {}).values()] for c in cards()}
     for row in headline_rows():
         if row["clock"] != "gpu" or row.get("host_ms") is None or row["host_ms"] <= row["kernel_ms"]:
             continue
-        number, card = numbers[row["chapter"]], results._short(row["gpu"])
+        number, card = numbers[row["chapter"]], short_card(row["gpu"])
         if (number, card) in apart:
             continue
         listed = any(r["number"] == number and r["card"] == card and abs(r["gpu_ms"] - row["kernel_ms"]) < 1e-9
@@ -305,7 +306,7 @@ def test_part_one_answer_on_every_card_that_has_one():
     answer = _questions()["notebooks/05_ternary_1_triton.ipynb"][1]
     passed = {}
     for folder in cards(BENCH_RESULTS):
-        short = results._short(card_name(folder))
+        short = short_card(card_name(folder))
         part_one = results.part_one_answer(folder)
         if part_one is not None:
             passed[short] = frozenset(part_one["ratios"])

@@ -79,7 +79,7 @@ def test_the_page_table_lists_every_chapter_and_card():
     for entry in sb.ENTRIES:
         assert f"[{entry.number:02d}. {entry.title}]({entry.notebook})" in table
     for card in sb.cards():
-        short = sb._short_card(sb.card_name(card))
+        short = sb.short_card(sb.card_name(card))
         assert f"| {short} |" in table, f"no row for the {short}"
     times, floors = table.split("**Floors")
     floors = floors.split("\n\n")[1]
@@ -97,7 +97,7 @@ def test_the_page_table_lists_every_chapter_and_card():
     assert len(rows_) >= len(shown), "each measured row with a floor is in the floors table"
     # a run whose setup differs from the other card's is out of both tables, with no fold of its numbers
     for number, card in apart:
-        short = sb._short_card(card)
+        short = sb.short_card(card)
         assert not any(f"| {short} |" in ln for ln in body + rows_
                        if ln.startswith(f"| [{number:02d}.")), (number, short)
     assert "An earlier" not in table
@@ -139,7 +139,7 @@ def test_a_row_whose_binding_floor_is_not_measured_says_so_and_gives_no_percenta
     for r in sb.scoreboard():
         if ("missing" not in r and r["binding"] is None and not r["no_pct_why"] and r.get("loop_bound_ms") is None
                 and r.get("latency_missing_why")):
-            (line,) = [ln for ln in times.splitlines() if f"| {sb._short_card(r['card'])} | {r['ours']} |" in ln]
+            (line,) = [ln for ln in times.splitlines() if f"| {sb.short_card(r['card'])} | {r['ours']} |" in ln]
             assert line.endswith("| latency floor, not measured on this card | – |"), line
             assert r["latency_missing_why"] in table
             seen += 1
@@ -379,7 +379,7 @@ def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
         if mine:  # a lead row: in its cell
             assert f"| {ratio}" in mine[0], (r["ours"], mine[0])
         else:  # another row: in the line under the second table
-            assert f"{r['ours'].split('; ')[0]} on the {sb._short_card(r['card'])}: {ratio}" in rest
+            assert f"{r['ours'].split('; ')[0]} on the {sb.short_card(r['card'])}: {ratio}" in rest
         filled += 1
     assert filled >= 7  # chapters 02 to 06, two rows each for 05 and 06
     # every lead row of a GPU kernel (chapters 02 to 06) has its p99; a decode loop says in the cell why it has none
@@ -777,7 +777,7 @@ def test_the_results_line_says_once_where_one_card_replayed_one_copy(bench_copy)
 
     said = "replayed one copy of the head"
     folders = [c for c in sb.cards(bench_copy) if (c / "masked_lm_head.json").is_file()]
-    flags = {sb._short_card(sb.card_name(c)): one_copy(c) for c in folders}
+    flags = {sb.short_card(sb.card_name(c)): one_copy(c) for c in folders}
     got = cells(bench_copy)
     for name, once in flags.items():
         assert (said in got[name]) == (once and not all(flags.values()) and any(flags.values())), (name, got[name])
@@ -931,7 +931,7 @@ def test_a_chapter_measured_differently_on_one_card_is_said_for_a_reader():
         entry = next(e for e in sb.ENTRIES if e.number == number)
         (line,) = [ln for ln in times.splitlines() if ln.startswith(f"[{number:02d}. {entry.title}](")
                    and "has no row" not in ln]
-        short = sb._short_card(card)
+        short = sb.short_card(card)
         # one neutral line: what that card's benchmark does, in the present tense, not what happened in a run
         assert f"has no {short} row: the {short}'s benchmark does not time this case the way the " in line, line
         assert line.rstrip().endswith(f"'s does (on the {short} {why}).")
@@ -952,7 +952,7 @@ def test_part_one_rival_other_than_gemlite_is_said_under_the_table():
         shape = {"shape": "4096x14336", "m": 1}
         (check,) = [c for c in data["checks"] if c["name"].startswith("gemlite_w2 within")
                     and all(c["params"].get(k) == v for k, v in shape.items())]
-        short = sb._short_card(data["device"]["name"])
+        short = sb.short_card(data["device"]["name"])
         said = [ln for ln in times.splitlines() if ln.startswith(f"On the {short}, the rival of [05. Ternary matmul, "
                                                                  f"part 1]({sb.PART_ONE_NOTEBOOK})")]
         if check["passed"]:
@@ -984,7 +984,7 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
         assert row["vs_rival"] == pytest.approx(ratio) and row["median_ms"] == ours["ms"]
         answer = part_one_answer(card)
         assert ratio == pytest.approx(answer["ratios"]["4096x14336"] if check["passed"] else answer["cublas"])
-        short = sb._short_card(data["device"]["name"])
+        short = sb.short_card(data["device"]["name"])
         prefix = f"|  | {short} | [part 1]({sb.PART_ONE_NOTEBOOK}): step {PART_ONE_STEP}, bf16 x; 4096 × 14336 |"
         (line,) = [ln for ln in times.splitlines() if ln.startswith(prefix)]
         cells = [c.strip() for c in line.split(" | ")]
@@ -1010,7 +1010,7 @@ def test_chapter_five_speedup_cells_name_their_rival():
         ours = min((r for s in sb.TERNARY_BF16_X for r in data["measurements"] if r["series"] == s
                     and all(r["params"].get(k) == v for k, v in shape.items()) and r["clock"] == "gpu"),
                    key=lambda r: r["ms"])
-        short = sb._short_card(data["device"]["name"])
+        short = sb.short_card(data["device"]["name"])
         (line,) = [ln for ln in table.splitlines() if f"| {short} | step {int(ours['series'][4:])}, bf16 x; " in ln]
         assert f"| {rival['ms'] / ours['ms']:.2f}× vs {name} |" in line, line
 
