@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from book.common import gpu_us, guarded, report
+from book.ternary.lesson import SASS_INSTANCES
 from studylog import runtime
 from studylog.ternary.formats import (FP32_TOLERANCE, PackedTernary, error_ratio, pack_2bit, pack_2bit_mma, pack_base3,
                                       quantize_absmean, quantize_activations)
@@ -334,12 +335,9 @@ def check_ring_waits(fn: Callable[[int, int], tuple[int, int, Optional[int]]]) -
 # 12. Change a kernel: step 21's constant as a literal
 # --------------------------------------------------------------------------------------
 
-#: Step 21's kernel file (a file stem in ``studylog/ternary/csrc``; steps 18 to 20 are other instances of it).
-STEP21_FILE = "ternary_bulk"
-#: The instances the page's SASS counts read (``book.ternary.lesson.SASS_INSTANCES``): one tile of 16 weight rows,
-#: bf16 x, 4 stages of one group; the last template flag is step 21's (the constant in a register).
-STEP21_INSTANCE = "tma_kernel<true, 1, 1, 4, 1, false, true>"
-STEP20_INSTANCE = "tma_kernel<true, 1, 1, 4, 1, false, false>"
+#: Step 21's kernel file and the instance the page's SASS counts read: one tile of 16 weight rows, bf16 x, 4 stages
+#: of one group; its last template flag is step 21's (the constant in a register), false in step 20's.
+STEP21_FILE, STEP21_INSTANCE = SASS_INSTANCES[21]
 
 
 def step21_source() -> str:
@@ -376,12 +374,6 @@ def step21_with(source: str) -> Callable[[Tensor, PackedTernary], Tensor]:
     return run
 
 
-def _counts(text: str, instance: str) -> dict[str, int]:
-    from book.ternary.lesson import count_sass, sass
-
-    return count_sass(sass(text, instance))
-
-
 @guarded
 def check_magic_literal(fn: Callable[[str], str]) -> bool:
     """Exercise 12. ``fn(source)`` -> step 21's kernel file (:func:`step21_source`) with the decode's constant no
@@ -391,7 +383,7 @@ def check_magic_literal(fn: Callable[[str], str]) -> bool:
     beside steps 20 and 21 (all instructions, LOP3s, and the moves that build ``0x43004300`` in a register). Yours
     must have more of those moves than step 21. On a Hopper GPU your kernel then runs at 4096 x 14336 against step
     21, bit for bit; without one that part is skipped (it says so)."""
-    from book.ternary.lesson import cuobjdump
+    from book.ternary.lesson import cuobjdump, sass_counts
     from studylog import cuda
 
     original = step21_source()
@@ -403,11 +395,10 @@ def check_magic_literal(fn: Callable[[str], str]) -> bool:
         return report("check_magic_literal", False, "no cuobjdump here to read the SASS (Triton's wheel carries one)",
                       1)
     try:
-        mine = _counts(text, STEP21_INSTANCE)
+        mine = sass_counts(21, text)
     except cuda.CudaCompileError as exc:  # the compile log says where
         return report("check_magic_literal", False, f"your source does not compile to {STEP21_INSTANCE}: {exc}", 1)
-    rows = {"step 20": _counts(original, STEP20_INSTANCE), "step 21": _counts(original, STEP21_INSTANCE),
-            "yours": mine}
+    rows = {"step 20": sass_counts(20), "step 21": sass_counts(21), "yours": mine}
     print(f"SASS for sm_90 of {STEP21_INSTANCE} (step 20's: its last flag false):")
     for key in ("instructions", "LOP3", "magic moves"):
         print(f"  {key:>12}: " + ", ".join(f"{who} {c[key]}" for who, c in rows.items()))

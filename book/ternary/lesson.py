@@ -472,11 +472,13 @@ SASS_INSTANCES = {17: ("ternary_mma", "cuda_mma_kernel<true, 1, 1, 2, true>"),
                   23: ("ternary_w2a8", "w2a8_kernel<0, true, 1, 1, 4, 1>")}
 
 
-def sass_counts(step: int) -> Optional[dict[str, int]]:
+def sass_counts(step: int, source: Optional[str] = None) -> Optional[dict[str, int]]:
     """Counts of the instructions that carry a group's arithmetic in a step's SASS: the MMAs (HMMA bf16, IMMA
     int8), the LOP3s, the packed FMAs of the float decode, and the moves that rebuild the decode's magic
-    constant in a register (``IMAD.MOV ... 0x43004300``)."""
-    text = sass(*SASS_INSTANCES[step])
+    constant in a register (``IMAD.MOV ... 0x43004300``). ``source``: the step's kernel file changed (its text),
+    compiled to the same instance."""
+    name, instance = SASS_INSTANCES[step]
+    text = sass(name if source is None else source, instance)
     return None if text is None else count_sass(text)
 
 
@@ -486,9 +488,7 @@ def magic_literal_counts() -> Optional[dict[str, int]]:
     from book.ternary.solutions import magic_literal
     from studylog import cuda
 
-    name, instance = SASS_INSTANCES[21]
-    text = sass(magic_literal(cuda.read_source(name)), instance)
-    return None if text is None else count_sass(text)
+    return sass_counts(21, magic_literal(cuda.read_source(SASS_INSTANCES[21][0])))
 
 
 def count_sass(text: str) -> dict[str, int]:
