@@ -126,6 +126,42 @@ def prose_words(path: str | Path) -> int:
     return sum(len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", _prose(p))) for p in pieces)
 
 
+def rendered_words(html: str) -> int:
+    """Words of prose a reader reads on a built page (its HTML): the article's text, every paragraph a cell printed
+    included, without code, listings and diffs, tables, math and folded blocks. The budget's measure: what the page
+    shows, not only what its Markdown cells hold."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    article = soup.find("article") or soup.find("main") or soup
+    drop = article.find_all(["pre", "table", "script", "style", "details"])
+    drop += article.select("div.highlight, div.cell_input, a.headerlink, span.math, div.math, mjx-container")
+    drop += article.find_all(style=re.compile("monospace"))  # the diffs and listings a cell draws
+    for tag in drop:
+        if not tag.decomposed:
+            tag.decompose()
+    return len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", article.get_text(" ")))
+
+
+def page_words(page: str | Path) -> int:
+    """:func:`rendered_words` of one page of the book: an ``.html`` file as it is, or a notebook or Markdown page
+    built alone (Jupyter Book's single-page build, its cells executed) into a temporary folder."""
+    import subprocess
+    import tempfile
+
+    page = Path(page)
+    if page.suffix == ".html":
+        return rendered_words(page.read_text())
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as out:
+        run = subprocess.run(["jupyter-book", "build", str(page.resolve()), "--path-output", out,
+                              "--config", str(root / "_config.yml")], capture_output=True, text=True)
+        built = Path(out, "_build", "_page", page.stem, "html", page.stem + ".html")
+        if run.returncode or not built.is_file():
+            raise RuntimeError(f"building {page} alone failed: {(run.stdout + run.stderr)[-2000:]}")
+        return rendered_words(built.read_text())
+
+
 def without_docstrings(text: str) -> str:
     """Python source without its docstrings (a step's diff shows what the code does differently)."""
     try:
@@ -279,7 +315,8 @@ def changed_lines(diff) -> int:
 PROSE_BUDGET = 2500
 
 __all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "gpu_us", "guarded",
-           "listing_parts", "prose_words", "quiet_native_stderr", "report", "say", "step_diff", "us"]
+           "listing_parts", "page_words", "prose_words", "quiet_native_stderr", "rendered_words", "report", "say",
+           "step_diff", "us"]
 
 
 # Chain tables: a bundled step timed one change at a time

@@ -112,6 +112,19 @@ def test_the_word_counter_counts_prose_only(tmp_path):
     assert prose_words(joined) == 6
 
 
+def test_the_page_counter_counts_what_a_page_shows_outside_code_tables_and_folds():
+    from book.common import rendered_words
+
+    html = """<html><nav>Site navigation words</nav><article><h1>A title<a class="headerlink">#</a></h1>
+    <p>Two words and <code>code</code>.</p><div class="cell_output"><p>A printed sentence.</p></div>
+    <div class="highlight"><pre>not = prose</pre></div><table><tr><td>not prose</td></tr></table>
+    <details><summary>folded</summary><p>not read unless opened</p></details>
+    <div style="font-family: monospace"><div>- a diff line</div></div><span class="math">x + y</span></article></html>"""
+    # "A title" (2) + "Two words and code." (4) + "A printed sentence." (3); no navigation, code block, table, fold,
+    # diff or math
+    assert rendered_words(html) == 9
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS + [ROOT / "how_we_measure.md"], ids=lambda p: p.name)
 def test_prose_fits_the_budget(path):
     """A page holds at most about 2,500 words of prose (Markdown cells and ``say`` paragraphs)."""

@@ -268,6 +268,17 @@ def test_no_markup_reaches_the_reader_raw(visits, path):
     assert not bold, f"{path}: CUDA keywords rendered bold (write them in backticks): {bold}"
 
 
+@pytest.mark.parametrize("path", _pages())
+def test_prose_a_page_shows_fits_the_budget(path):
+    """At most about 2,500 words of prose as the page shows it: Markdown cells and every paragraph a cell prints,
+    without code, diffs, tables and folded blocks (the notebook-side count, ``prose_words``, sees only the first)."""
+    from book.common import PROSE_BUDGET, rendered_words
+
+    _require((SITE / path).is_file(), f"no built page {path} at {SITE}: run `make book` first")
+    words = rendered_words((SITE / path).read_text())
+    assert words <= PROSE_BUDGET, f"{path}: {words:,} words of prose shown, over the budget of {PROSE_BUDGET:,}"
+
+
 @pytest.mark.parametrize("path", [p for p in _pages() if p.startswith("notebooks/")])
 def test_pages_fit_a_height_budget(visits, path):
     assert visits[path]["height"] <= HEIGHT_BUDGET_PX, \
