@@ -604,12 +604,12 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if entry.number == 1:  # counted on the host, the same on every card: written out once
                 ratios[name], text, brief[name] = fsm_line(suite)
                 cells[name] = (text if ratios[name] is None else
-                               f"**{ratios[name]:.1%}** fewer forward passes (output unchanged; a count over the "
-                               "chapter's suite, the same on any card)")
+                               f"{'' if peer else '**'}{ratios[name]:.1%}{'' if peer else '**'} fewer forward "
+                               "passes (output unchanged; a count over the chapter's suite, the same on any card)")
                 if ratios[name] is not None:
                     landing[name] = brief[name]
-                if peer and ratios[name] is not None:  # the strongest peer beside ours, in the line itself
-                    cells[name] += f"; {peer}"
+                if peer and ratios[name] is not None:  # the strongest peer beside ours, in the line itself: ours
+                    cells[name] += "; **behind** " + peer.replace(" save ", ": ", 1)  # is not bolded as a win where the peer saves more
                     brief[name] += f"; {peer}"
                 if len(cells) > 1 and suite is not None:
                     cells[name] = "the same (a count, not a GPU time)"
@@ -740,7 +740,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     slow, of = ctc_host_bound(card)
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
                                    f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']})")
-                    landing[name] = f"{lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases of alphabet and batch"
+                    landing[name] = (f"{row['vs_rival']:.2f}× at alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']} "
+                                     f"({lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases of alphabet and batch)")
                     if slow:
                         eager[name] = f"about {slow} of the {of} cases wait on the host (host times are noisy)"
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
@@ -830,18 +831,25 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
         r = answer["ratios"]
         lost = sorted(k for k, v in r.items() if v < 1)
         cells[name] = f"**{min(r.values()):.2f}–{max(r.values()):.2f}×** GemLite, at {len(r)} shapes"
-        # every shape where GemLite is faster is said in the cell with both times, the ones where it fails our
-        # check too: a range over the passing shapes alone would hide a loss the chapter's table shows
+        # every shape where GemLite is faster is named in the cell, the ones where it fails our check too (a range
+        # over the passing shapes alone would hide a loss the chapter's table shows), each in a clause of its own so
+        # that "fails our check" cannot be read as said of a passing shape; both times are in the line's notes
         t = answer["times"]
-        # each shape in a clause of its own, so that "fails our check" cannot be read as said of a passing shape
-        losses = [f"{k.replace('x', ' × ')} ({us(t[k]['ms'])} against {us(t[k]['rival_ms'])} µs)" for k in lost]
-        if losses:
-            cells[name] += "; slower than GemLite at " + " and at ".join(losses) + ", where GemLite passes"
-        cells[name] += "".join(
-            f"; at {k.replace('x', ' × ')} GemLite is faster ({us(t[k]['rival_ms'])} against {us(t[k]['ms'])} µs) "
-            "but fails our check" + (f" ({t[k]['error']:.2%} error, tolerance {t[k]['tolerance']:.2%})"
-                                     if t[k]["error"] is not None and t[k]["tolerance"] is not None else "")
-            for k in answer["failed_faster"] if k in t)
+        words = {k: k.replace("x", " × ") for k in t}
+        failing = [k for k in answer["failed_faster"] if k in t]
+        qualifiers = ([f"slower at {' and '.join(words[k] for k in lost)}, where GemLite passes"] if lost else []) \
+            + ([f"at {' and '.join(words[k] for k in failing)} GemLite is faster but fails our check"] if failing
+               else [])
+        if qualifiers:
+            cells[name] += " (" + "; ".join(qualifiers) + ")"
+        for k in lost:
+            notes[name].append(f"{name}: at {words[k]}, where GemLite passes our check, step {PART_ONE_STEP} takes "
+                               f"{us(t[k]['ms'])} µs against GemLite's {us(t[k]['rival_ms'])} µs")
+        for k in failing:
+            notes[name].append(f"{name}: at {words[k]} GemLite is faster ({us(t[k]['rival_ms'])} against "
+                               f"{us(t[k]['ms'])} µs) but fails our check" + (
+                                   f" ({t[k]['error']:.2%} error, tolerance {t[k]['tolerance']:.2%})"
+                                   if t[k]["error"] is not None and t[k]["tolerance"] is not None else ""))
         notes[name].append(f"{name}: the range is step {PART_ONE_STEP} against GemLite at the {len(r)} shapes where "
                            "GemLite passes our float64 check")
         if answer["failed"]:
@@ -1281,7 +1289,9 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     if eager_notes:
         lines += ["", f"{EAGER_MARK} The answers are for calls replayed in a CUDA graph. Called eagerly, one call at "
                   "a time from Python, a call takes the longer of its GPU time and its *host time* (the time the CPU "
-                  "spends issuing it, measured apart):", "", *eager_notes]
+                  "spends issuing it), and some of these answers change: see below, or the "
+                  "[headline results](results.md).", "",
+                  ":::{dropdown} Called eagerly, page by page", "", *eager_notes, "", ":::"]
 
     def hours(m: int) -> str:
         return f"{m // 60} h {m % 60} min" if m >= 60 else f"{m} min"

@@ -51,33 +51,6 @@ def notebook_title(path: Path) -> str:
     raise ValueError(f"{path} has no '# Title' heading")
 
 
-def _questions() -> dict[str, tuple[str, str]]:
-    """Per lesson notebook: its question and its headline on each card that measured it (from the committed JSON,
-    through :func:`book.results.headlines`); a lesson that is no chapter's headline page but asks a question of
-    its own (chapter 05's first part) gets its question with no number."""
-    from book.results import OTHER_PAGES, headlines, other_answers
-
-    out = {}
-    for h in headlines():
-        # a card whose run is not comparable with the other's (one copy of the input, an unpadded head) is left out
-        # the landing's table card (the H200) first, as on chapter 05 part 1's card below
-        measured = [f"{card}: {text}" for card, text in sorted(h["brief"].items(), key=lambda kv: kv[0] != "H200")
-                    if h["ratios"].get(card) is not None and h["comparable"].get(card, True)]
-        if h["number"] == 1 and measured:  # the count of forward passes does not depend on the card
-            texts = {text for card, text in h["brief"].items() if h["ratios"].get(card) is not None}
-            if len(texts) == 1:
-                text = texts.pop()
-                measured = [f"{text[0].upper()}{text[1:]} (counts over the chapter's suite, the same on any card)"]
-        # one line per card (a hard line break between them), so that no card's clause runs into another's
-        out[h["notebook"]] = (h["question"], "  \n".join(measured) if measured else "not measured yet")
-    answers = {card: other_answers(card=card) for card in ("H200", "H100")}
-    for notebook, question in OTHER_PAGES.items():
-        if notebook not in out and "?" in question:
-            lines = [f"{card}: {found[notebook]}" for card, found in answers.items() if found.get(notebook)]
-            out[notebook] = (question, "  \n".join(lines))
-    return out
-
-
 #: What each teaser figure shows, for its alt text (a reader who cannot see the figure gets what it says).
 FIGURE_ALT = {
     "assets/figures/env_ceilings.png": "The card's copy bandwidth against the size of the copy, rising to its "
@@ -131,7 +104,6 @@ class PostsDirective(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         posts = load_posts(Path(self.env.srcdir))
         self.env.note_dependency(str(Path(self.env.srcdir) / POSTS_FILE))
-        asks = _questions()
         from book.results import page_titles
 
         names = page_titles()  # the landing table's names, so a card and its row are named alike
@@ -146,9 +118,6 @@ class PostsDirective(SphinxDirective):
                 + (f"  \nRead after: {READ_AFTER[doc]}." if doc in READ_AFTER else ""),
                 "",
             ]
-            if doc in asks:  # the card leads with the chapter's question and its measured answer
-                question, answer = asks[doc]
-                lines += [f"**{question}**" + (f"  \n{answer}" if answer else ""), ""]
             lines += [post["summary"].strip(), ""]
             if post.get("teaser") and (Path(self.env.srcdir) / post["teaser"]).is_file():
                 alt = post.get("alt") or FIGURE_ALT.get(post["teaser"]) or f"The main figure of {post['title']}"
