@@ -245,7 +245,8 @@ def test_lesson_on_the_committed_file():
     for v in view.values():
         assert 0 < v["step05_share"] < v["dense_share"] < 1 and v["pass_gain"] > 1 and v["packing_gain"] > 1
     assert "pending" not in lesson.amdahl_table(view)
-    assert lesson.bounds_table(results, lays).count("\n") == 1 + len(lays)
+    pairs, bounds = lesson.bounds_table(results, lays).split("\n\n")  # two narrow tables, a row a shape each
+    assert pairs.count("\n") == bounds.count("\n") == 1 + len(lays) and " x " not in pairs + bounds
     assert "pending" not in lesson.tried_table(results)
     flight = lesson.in_flight(lays[report.MIXED_SHAPE])
     assert flight["first_run"] > results.data["device"]["l2_cache_bytes"] > flight["head_groups"]

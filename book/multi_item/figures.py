@@ -52,7 +52,7 @@ COLOURS = {
     CHAPTER.step(2).series: "#c6dbef",
     CHAPTER.step(3).series: "#9ecae1",
     STEP04.series: "#4292c6",
-    STEP04_PER_PROMPT: "#bcbd22",
+    STEP04_PER_PROMPT: "#4292c6",  # step 4's kernel, launched once per prompt: step 4's colour
     STEP05.series: "#08306b",
     STEP06.series: "#2ca02c",
 }
@@ -82,15 +82,17 @@ def _times_label(series: str) -> str:
 
 
 def times_figure(results, columns: int = 1, shapes: list[str] | None = None):
-    """One panel per benchmark shape, the grouped-query layout's included, on a grid of ``columns`` columns: a
-    horizontal bar per approach the benchmark ran on that shape (step 6 included;
-    median, with the repetitions' range where the file keeps it, the value printed), the compute floor dashed and
-    named above the bars. An approach not run on a shape has no row in its panel (the steps that take one prompt,
-    step 6 outside the grouped-query layout), so each panel holds only bars. The time axis is logarithmic: the
-    slowest approaches take about ten times the fastest, and a linear axis would squash the gaps between the fast
-    ones. Colours from :data:`COLOURS`. One column by default: the panels stacked read at the page's width.
-    ``shapes``: the panels to draw (every shape of the file by default)."""
+    """One panel per benchmark shape, the grouped-query layout's included, on a grid of ``columns`` columns: a dot
+    per approach the benchmark ran on that shape (step 6 included; the median, with the repetitions' range where the
+    file keeps it, the value printed beside it), and the compute floor as a dashed line named in the panel's legend.
+    Dots, not bars: the time axis is logarithmic (the slowest approaches take about ten times the fastest, and a
+    linear axis would squash the gaps between the fast ones), where a bar's length means nothing. An approach not run
+    on a shape has no row in its panel (the steps that take one prompt, step 6 outside the grouped-query layout).
+    Colours from :data:`COLOURS`: step 4 launched once per prompt is step 4's kernel, in step 4's colour. One column
+    by default: the panels stacked read at the page's width. ``shapes``: the panels to draw (every shape of the
+    file by default)."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     shapes = shapes or shape_names(results)
@@ -100,43 +102,47 @@ def times_figure(results, columns: int = 1, shapes: list[str] | None = None):
     rows_of_panels = -(-len(shapes) // columns)
     most = max(len(v) for v in ran.values())
     fig, axes = plt.subplots(rows_of_panels, columns, squeeze=False, layout="constrained",
-                             figsize=(8.2 * columns, (0.27 * most + 1.2) * rows_of_panels + 0.6))
+                             figsize=(8.2 * columns, (0.27 * most + 1.0) * rows_of_panels + 0.6))
     for ax in axes.flat[len(shapes):]:
         ax.set_visible(False)
     for ax, shape in zip(axes.flat, shapes):
         series = ran[shape]
-        widths, errs, cols = [], [[], []], []
+        mids, errs, cols = [], [[], []], []
         for s in series:
             row = results.select(s, shape=shape)[0]
             mid = row["ms"] * 1e3
             lo, _, hi = (x * 1e3 for x in row.get("spread_ms", [row["ms"]] * 3))
-            widths.append(mid)
+            mids.append(mid)
             errs[0].append(mid - lo)
             errs[1].append(hi - mid)
             cols.append(colour(s))
         floors = [r["compute_floor_ms"] * 1e3 for r in results.select(shape=shape) if "compute_floor_ms" in r]
-        left = min(widths + floors[:1]) / 2  # bars start here: a log axis has no zero
-        spread = errs if any(map(any, errs)) else None  # no error bars where the file keeps no spread
-        ys = range(len(series))
-        bars = ax.barh(ys, [w - left for w in widths], left=left, color=cols, xerr=spread,
-                       error_kw={"lw": 0.8, "capsize": 2}, height=0.7)
-        ax.bar_label(bars, labels=[f"{w:,.0f}" for w in widths], fontsize=FONT, padding=3)
-        if floors:  # the line's name sits in the empty band above the first bar, clear of every bar
+        left = min(mids + floors[:1]) / 2  # a log axis has no zero: start at half the fastest
+        ys = list(range(len(series)))
+        if any(map(any, errs)):  # no error bars where the file keeps no spread
+            ax.errorbar(mids, ys, xerr=errs, fmt="none", ecolor="k", elinewidth=0.8, capsize=2, zorder=2)
+        ax.scatter(mids, ys, c=cols, s=55, edgecolors="k", linewidths=0.6, zorder=3)
+        for mid, y in zip(mids, ys):
+            ax.annotate(f"{mid:,.0f}", (mid, y), xytext=(7, 0), textcoords="offset points", va="center",
+                        fontsize=FONT)
+        if floors:
             ax.axvline(floors[0], color="k", ls="--", lw=1)
-            ax.text(floors[0], -0.95, " compute floor", fontsize=FONT, va="center")
+            ax.legend(handles=[Line2D([], [], color="k", ls="--", lw=1, label="compute floor")], fontsize=FONT,
+                      loc="lower right")
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
         # "1k", "2k": thousands in four digits would run into each other at this panel width
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if v >= 1000 else f"{v:,.0f}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
-        # room for the slowest bar's value: a fixed share of the log axis, so a narrow panel does not clip it
-        ax.set_xlim(left, max(widths) * (max(widths) / left) ** 0.3)
+        # room for the slowest dot's value: a fixed share of the log axis, so a narrow panel does not clip it
+        ax.set_xlim(left, max(mids) * (max(mids) / left) ** 0.3)
         ax.set_title(shape_title(shape), fontsize=FONT + 1)
         ax.set_xlabel("µs per call (median, log scale)", fontsize=FONT)
         ax.grid(True, axis="x", which="both", alpha=0.3)
+        ax.grid(True, axis="y", ls=":", alpha=0.5)  # a guide from each name to its dot
         ax.tick_params(labelsize=FONT)
         ax.set_yticks(ys, [_times_label(s) for s in series], fontsize=FONT)
-        ax.set_ylim(len(series) - 0.4, -1.5)
+        ax.set_ylim(len(series) - 0.4, -0.6)
     clock = results.select(STEP05.series)[0].get("clock", "do_bench")
     clock = {"gpu": "GPU"}.get(clock, clock)
     # the heads as every panel has them: a key/value head per query head, but where a panel names its KV heads

@@ -6,7 +6,7 @@ Nothing here times anything.
 
 * :func:`caption`: which GPU, when, with what, on which clock (no commit: the file itself keeps it).
 * :func:`layouts`: the benchmark's batches and their tile accounting at step 5's tiling.
-* :func:`bounds_table`: the pairs each approach computes and the floors of each shape.
+* :func:`bounds_table`: the pairs each approach computes, and the floors of each shape (two tables).
 * :func:`amdahl`: attention's share of a whole scoring pass of a model, before and after.
 * :func:`steps_table`: the lesson's one table of steps, one row a numbered step: the one change, µs, × the previous
   step, × the compute floor, on the long-prefix prompt and the grouped-query batch (or every shape, folded).
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from book.common import PENDING, ChainRow, fmt, lab_or_none, us
-from book.multi_item.figures import approaches, series_label, shape_names
+from book.multi_item.figures import approaches, series_label, shape_names, shape_title
 from studylog.multi_item import report
 from studylog.multi_item.formats import DEFAULT_RULE, MultiItemBatch
 from studylog.multi_item.tiles import (DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, planned_key_tiles, tile_stats,
@@ -135,18 +135,21 @@ def card_matmul_rate(results, n: int = report.CEILING_MATMUL_N) -> float | None:
 
 
 def bounds_table(results, lays: dict[str, Layout]) -> str:
-    """Pairs per shape (dense, causal, visible), the bytes of q, k, v and the output, and both floors."""
-    lines = ["| shape | tokens | dense pairs | causal pairs | visible pairs | visible / causal | q, k, v, out | "
-             "memory floor (µs) | compute floor (µs) |", "|---|---|---|---|---|---|---|---|---|"]
+    """Markdown, two narrow tables: the pairs per shape (dense, causal, visible), then the bytes of q, k, v and the
+    output and both floors."""
+    pairs = ["| shape | tokens | dense pairs | causal pairs | visible pairs | visible / causal |",
+             "|---|---|---|---|---|---|"]
+    bounds = ["| shape | q, k, v, out | memory floor (µs) | compute floor (µs) |", "|---|---|---|---|"]
     for name, lay in lays.items():
         dense = sum(s * s for s in lay.batch.seq_lens)
         nbytes = 4 * report.BENCH_HEADS * lay.batch.total_tokens * report.BENCH_HEAD_DIM * 2
         memory, compute = floors(results, name)
         stats = lay.stats
-        lines.append(f"| {name} | {lay.batch.total_tokens:,} | {dense / 1e6:.1f} M | {stats.causal_pairs / 1e6:.1f} M "
-                     f"| {stats.visible_pairs / 1e6:.1f} M | {stats.visible_pairs / stats.causal_pairs:.0%} | "
-                     f"{nbytes / 2**20:.0f} MiB | {_whole_us(memory)} | {_whole_us(compute)} |")
-    return "\n".join(lines)
+        pairs.append(f"| {shape_title(name)} | {lay.batch.total_tokens:,} | {dense / 1e6:.1f} M | "
+                     f"{stats.causal_pairs / 1e6:.1f} M | {stats.visible_pairs / 1e6:.1f} M | "
+                     f"{stats.visible_pairs / stats.causal_pairs:.0%} |")
+        bounds.append(f"| {shape_title(name)} | {nbytes / 2**20:.0f} MiB | {_whole_us(memory)} | {_whole_us(compute)} |")
+    return "\n".join(pairs) + "\n\n" + "\n".join(bounds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,8 +463,8 @@ def peer_settings(peer: str = report.FLASHINFER, root=None) -> str:
     lines = [f"{peer} was timed at {len(tried)} settings on each shape (" + ", ".join(f"`{t}`" for t in tried)
              + "); the results above take the fastest on each shape, which is:", "",
              "| shape | " + " | ".join(cards) + " |", "|---|" + "---|" * len(cards)]
-    lines += [f"| {shape} | " + " | ".join(f"`{best[shape, c]}`" if (shape, c) in best else "–" for c in cards) + " |"
-              for shape in shapes]
+    lines += [f"| {shape_title(shape)} | " + " | ".join(f"`{best[shape, c]}`" if (shape, c) in best else "–"
+                                                      for c in cards) + " |" for shape in shapes]
     return "\n".join(lines)
 
 
