@@ -283,8 +283,8 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     apart = further_run(results, LAYER_RUN) if layers is not None else ""
     if apart:  # only the shapes the benchmark lacks are read from the layer run
         gpu = Path(results.path).parent.name
-        lines.append(f"\nk and v (640 × 2560) were timed outside the benchmark, which lacks that shape, on the same "
-                     f"{gpu.split('-')[1].upper() if '-' in gpu else gpu} with {RUN_WORDS[LAYER_RUN]}.")
+        lines.append(f"\nk and v (640 × 2560) were timed in a second run on the same "
+                     f"{gpu.split('-')[1].upper() if '-' in gpu else gpu}.")
     return "\n".join(lines)
 
 
@@ -400,8 +400,7 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
 
 #: After a peer's time where its output fails our float64 check at that case, and the note under such a table.
 FAILS = "✗"
-FAILS_NOTE = (f"\n\n{FAILS}: the peer's output fails our float64 check at this case; its time is shown as measured, "
-              "with no ratio.")
+FAILS_NOTE = f"\n\n{FAILS}: the peer's output fails our float64 check here; its time as measured, no ratio."
 
 
 def _launch(series: str) -> str:
@@ -938,6 +937,9 @@ def first_attempt_excerpt() -> str:
                 continue
             line, skip = line[4:], False
         mark = next((m for piece, m in FIRST_ATTEMPT_BUGS if piece in line), None)
+        if mark and len(f"{line}  # <- {mark}") > 100:  # a comment line above, so no line runs past 100 characters
+            out.append(f"{line[:len(line) - len(line.lstrip())]}# {mark}:")
+            mark = None
         out.append(f"{line}  # <- {mark}" if mark else line)
     out.append("# launched with BLOCK_SIZE_M = BLOCK_SIZE_N = 2  # <- BUG: 2 x 2 blocks, almost every lane idle")
     return "\n".join(out).replace(", X_ALONG_N: tl.constexpr", "")
