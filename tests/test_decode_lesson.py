@@ -431,19 +431,47 @@ def test_the_result_table_and_the_peer_read_the_committed_run():
         assert peer["hf_ms"] > peer["step1_ms"] > 0 and peer["requests"] > 0
 
 
-def test_the_loop_listings_are_the_library_code_and_short():
-    from studylog.decode import loop
+def test_each_steps_code_is_a_short_diff_of_the_librarys_loop():
+    """Steps 2 and 3 show their code as diffs of the library's loop, each configuration's tests resolved: step 2 adds
+    the jump after a token, step 3 swaps the bitmask and the dense head for the allowed sets and the masked head,
+    and lists the sampler's allowed-only argmax; at most 40 changed lines a step, no line past 100 characters."""
+    from studylog.source import Code, Diff
 
-    text = open(loop.__file__).read()
     for step in (2, 3):
-        code = lesson.loop_code(step)
-        lines = [ln for ln in code.text.splitlines() if ln.strip() and not ln.startswith("#") and ln.strip() != "..."]
-        assert len(code.text.splitlines()) <= 40
-        assert all(ln.strip() in text for ln in lines), step
-    assert 'cfg.jump == "token"' in lesson.loop_code(2).text
-    assert "masked_head_kernel" in lesson.loop_code(3).text and "allowed_argmax" in lesson.loop_code(3).text
+        parts = lesson.step_code(step)
+        diffs = [p for p in parts if isinstance(p, Diff)]
+        assert diffs and sum(len(d.added) + len(d.removed) for d in diffs) <= 40, step
+        assert all(len(line) <= 101 for d in diffs for line in d.lines[2:]), step
+    (two,) = lesson.step_code(2)
+    assert any("auto.token_jump(state)" in line for line in two.added) and two.removed == ["    return"]
+    mask, run, sample = lesson.step_code(3)
+    assert any("grammar.allowed(" in line for line in mask.added) and any("fill_next_token_bitmask" in line
+                                                                          for line in mask.removed)
+    assert any("masked_head_kernel" in line for line in run.added)
+    assert any("apply_token_bitmask_inplace" in line for line in run.removed)
+    assert isinstance(sample, Code) and "allowed_argmax" in sample.text
     with pytest.raises(ValueError):
-        lesson.loop_code(1)
+        lesson.step_code(1)
+
+
+def test_a_configuration_resolves_its_tests():
+    """The resolution the diffs rest on, on a hand-made function: an ``if`` on ``cfg`` keeps the branch it takes, a
+    conditional expression its value, an ``and`` drops the operands it decides, and what follows a return goes."""
+    from book.decode import resolve
+    from studylog.decode.generation import CONFIGS
+
+    def loop(cfg, x, y):
+        if cfg.jump == "none":
+            return x
+        z = x if cfg.head == "dense" else -x
+        w = cfg.head == "masked" and y > 0
+        return z + w
+
+    assert resolve.resolved(loop, CONFIGS["baseline"]) == "return x"
+    assert resolve.resolved(loop, CONFIGS["jump_forward"]) == "z = x\nw = False\nreturn z + w"
+    assert resolve.resolved(loop, CONFIGS["masked_head"]) == "z = -x\nw = y > 0\nreturn z + w"
+    long = "    f(" + ", ".join(f"argument_{i}" for i in range(12)) + ")"
+    assert [len(line) <= 100 for line in resolve.wrapped_line(long)] == [True, True]
 
 
 def test_the_appendix_holds_the_tables_the_page_moved_out():
@@ -677,24 +705,23 @@ def test_the_breakdown_bars_put_3a_before_step_3():
     ax = decode_figures.plot_breakdown(parts)
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels == ["step 1: the baseline loop", "step 2: jump forward", "3a: the automaton's masks",
-                      "step 3: the masked head", "character-level jumps"]
+                      "step 3: the masked head", "not a step: character-level jumps"]
     plt.close(ax.figure)
 
 
-def test_the_page_names_its_result_files_once_at_the_end():
-    """The prose and table notes say where a number comes from in words; the files themselves are listed once, in
-    "Where the numbers come from": the chapter's benchmark and the lab run of step 3's changes."""
+def test_the_page_names_no_result_files():
+    """The prose says where a number comes from in words: no Markdown cell shows a results file's path, and one
+    sentence says every number is computed from the benchmark runs when the page is built."""
     import json
 
     from studylog import paths
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "07_constrained_decoding.ipynb").read_text())["cells"]
+    prose = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
     text = ["".join(c["source"]) for c in cells]
-    at = next(i for i, t in enumerate(text) if t.startswith("## Where the numbers come from"))
-    assert text[at + 1].startswith("## Further reading")
-    assert not [i for i, t in enumerate(text) if i != at and ("lab/decode/results" in t or ".json`" in t)]
-    for name in ("assets/bench/nvidia-h200/decode.json", "lab/decode/results/nvidia-h200/step03_changes.json"):
-        assert name in text[at], name
+    assert not [t for t in prose if "lab/decode" in t or ".json" in t or "assets/bench" in t]
+    assert not any(t.startswith("## Where the numbers come from") for t in text)
+    assert sum("computed when the page is built" in t for t in text) == 1
 
 
 def test_the_headline_says_at_first_mention_that_its_output_is_steered():

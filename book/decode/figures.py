@@ -26,7 +26,12 @@ CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head"
 BAR_ORDER = ("baseline", "jump_forward", "automaton_mask", "masked_head", "char_jump")
 #: Each bar's label: a step's as the steps table gives it ("step N: short name"), step 3's first change as its chain
 #: table labels it, and chapter 01's character-level jumps, which are not a step.
-BAR_LABELS = {**STEP_LABELS, "automaton_mask": "3a: the automaton's masks", "char_jump": "character-level jumps"}
+BAR_LABELS = {**STEP_LABELS, "automaton_mask": "3a: the automaton's masks",
+              "char_jump": "not a step: character-level jumps"}
+#: Configurations drawn greyed out (faded bars): chapter 01's character-level jumps change what a model writes, so
+#: they are shown for scale, not as a step.
+NOT_A_STEP = ("char_jump",)
+NOT_A_STEP_ALPHA = 0.3
 #: How figure titles name the cost models' shapes (each a body of a public model's shape and a head of chapter 01's
 #: ``cl100k_base`` vocabulary).
 SHAPES = {"1b": "1B-shaped body, cl100k head", "8b": "8B-shaped body, cl100k head"}
@@ -57,7 +62,8 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
         bottom = 0.0
         for k in COMPONENTS:
             v = max(parts[config][k], 0.0) * scale
-            ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.62)
+            ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.62,
+                   alpha=NOT_A_STEP_ALPHA if config in NOT_A_STEP else 1.0)
             bottom += v
         wall = parts[config]["wall"] * scale
         ax.hlines(wall, i - 0.4, i + 0.4, color="black", lw=2.0, label=TICK_LABEL if i == 0 else None)

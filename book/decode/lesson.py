@@ -1,5 +1,5 @@
 """What notebook 07 reads from the results, in one place: the numbers its prose quotes (in hidden ``say``
-paragraphs), the steps table, the result against the peers, the loop code each step turns on, and the tables the
+paragraphs), the steps table, the result against the peers, each step's change to the loop as a diff, and the tables the
 page no longer shows (the Amdahl view, the body against its floor, every configuration, the components alone, the
 targets per card and what did not help), which ``python -m book.decode.lesson`` prints for ``lab/decode/README.md``.
 
@@ -14,6 +14,7 @@ instead of failing.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -732,6 +733,23 @@ def step03_past_head_bound(results, model: str = "1b", batch: int = 1) -> dict |
             "host_step2_us": parts["jump_forward"]["host"] * 1e3, "host_step3_us": parts["masked_head"]["host"] * 1e3}
 
 
+def host_table(results, models=("1b", "8b"), batch: int = 1) -> str:
+    """The host's part of a step for steps 1 to 3 (Markdown), µs per output token, medians over the JSON schemas
+    (:func:`~book.decode.results.breakdown`): its own work (the loop's ``host`` component, the time no device part
+    covers) and the time the LM head's call holds it (``head_host``: the head launches eagerly every step), per
+    shape."""
+    parts = {m: breakdown(results.rows, m, batch, kind="json") for m in models}
+    head = " | ".join(f"{STEPS_TABLE_SHAPES.get(m, m)}: {what}" for m in models
+                      for what in ("host's own work", "the head's call"))
+    lines = [f"| step | {head} |", "|---|" + "---|" * (2 * len(models))]
+    for config in STEP_CONFIGS:
+        if not all(config in parts[m] for m in models):
+            continue
+        cells = [f"{parts[m][config][k] * 1e3:,.0f}" for m in models for k in ("host", "head_host")]
+        lines.append(f"| {STEP_LABELS[config]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
+
+
 #: The cases of the result table: (label, model, batch).
 CASES = (("SmolLM2-135M, real requests", REAL, 1), ("SmolLM2-135M, real requests", REAL, 8),
          ("1B-shaped body, cl100k head, JSON schemas", "1b", 1), ("1B-shaped body, cl100k head, JSON schemas", "1b", 8),
@@ -907,7 +925,6 @@ def chain_anchor_gap(changes, results, cases=CHAIN_CASES) -> dict:
 def _function_body(fn) -> list[str]:
     """A function's source lines without its docstring."""
     import inspect
-    import textwrap
 
     from book.common import without_docstrings
 
@@ -921,30 +938,29 @@ def _between(lines: list[str], first: str, last: str) -> list[str]:
     return lines[i:j + 1]
 
 
-def loop_code(step: int):
-    """The code of ``studylog/decode/loop.py`` that a step turns on (a ``studylog.source.Code``): step 2, the
-    jumps taken after each token (``Decoder._settle`` up to its character-level branch); step 3, the allowed set
-    from the automaton, the masked head's launch and the argmax among the allowed ids. Cut from the library's
-    source when the page runs, so it is the code the benchmark ran."""
-    import textwrap
-
+def step_code(step: int) -> list:
+    """What a step changes in the loop, read from the library's ``studylog/decode/loop.py`` when the page runs: each
+    function the step's configuration runs differently, as a diff from the step before
+    (:func:`book.decode.resolve.config_diff`: both configurations' tests resolved), titled in words. Step 2: what
+    happens after each token. Step 3: where the allowed set comes from and the head's launch (3a, 3b), then, as a
+    listing, the sampler's branch that step 3's allowed set turns on (3c: the argmax among the allowed ids)."""
+    from studylog.decode.generation import CONFIGS
     from studylog.decode.loop import Decoder
     from studylog.source import Code
 
+    from book.decode.resolve import config_diff
+
     if step == 2:
-        lines = _between(_function_body(Decoder._settle), "def _settle", "continue")
-        return Code("\n".join(lines), "python", "Step 2's branch of the loop: forced tokens appended without a forward")
+        return [config_diff(Decoder._settle, CONFIGS["baseline"], CONFIGS["jump_forward"],
+                            ("step 1, after each token", "step 2"))]
     if step == 3:
-        mask = _between(_function_body(Decoder._host_mask), "def _host_mask", "self.device)")
-        run = _function_body(Decoder._run)
-        head = _between(run, "dense_logits(", "masked_head_torch(")
-        head = textwrap.dedent("\n".join([run[run.index(head[0]) - 1]] + head)).splitlines()
-        sample = textwrap.dedent("\n".join(_between(_function_body(Decoder._sample), "if temperature == 0 and",
-                                                    "return"))).splitlines()
-        text = "\n".join(mask + ["    ...", "", "# every step, after the body:"] + head
-                         + ["", "# where the token is picked:"] + sample)
-        return Code(text, "python", "Step 3 in the loop: the allowed set, the masked head, the argmax over allowed ids")
-    raise ValueError(f"step 2 or 3 turn code on; step {step} is the loop itself")
+        old, new = CONFIGS["jump_forward"], CONFIGS["masked_head"]
+        sample = _between(_function_body(Decoder._sample), "if temperature == 0 and", "return")
+        return [config_diff(Decoder._host_mask, old, new, ("step 2, the next position's mask", "step 3")),
+                config_diff(Decoder._run, old, new, ("step 2, each step after the body", "step 3")),
+                Code(textwrap.dedent("\n".join(sample)), "python",
+                     "the sampler, given an allowed set (3c): the greedy token among its ids")]
+    raise ValueError(f"steps 2 and 3 change the loop; step {step} is the loop itself")
 
 
 def appendix() -> str:

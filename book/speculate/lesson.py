@@ -560,3 +560,46 @@ __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
            "step02_chain", "step02_chain_rows", "CHAIN_CASE", "closed_median_ms", "closed_rows", "kept_results", "kept_requests",
            "wrapped"]
+
+
+def listing(obj, title: str | None = None):
+    """A function's or class's source as the page lists it (a ``studylog.source.Code``): without its docstrings,
+    which the prose around the listing replaces (and whose cross-reference roles would show raw)."""
+    import inspect
+    import textwrap
+
+    from book.common import without_docstrings
+    from studylog.source import Code
+
+    return Code(without_docstrings(textwrap.dedent(inspect.getsource(obj))), "python", title)
+
+
+def token_axis_diff():
+    """Step 2b's change to chapter 07's product kernel (``studylog.decode.kernels.gemv_kernel``), read from the
+    library: the three lines that give the grid a second axis, one program row per token (``m``), each moving the
+    input and output pointers to its token. With one token (``m = 0``) they do nothing, so the kernel without them
+    is the one-token launch; a ``studylog.source.Diff`` from that to the library's kernel, docstring left out."""
+    import inspect
+
+    from book.common import without_docstrings
+    from studylog.decode import kernels
+    from studylog.source import Diff
+
+    new = without_docstrings(inspect.getsource(kernels.gemv_kernel.fn)).splitlines()
+    axis = [ln for ln in new if "program_id(1)" in ln or ln.strip().startswith(("x_ptr += m", "out_ptr += m"))]
+    old = [ln for ln in new if ln not in axis]
+    return Diff("\n".join(old), "\n".join(new), "one token a launch", "a token per row of the grid", 1)
+
+
+def step_diff(step: int):
+    """What step ``step`` (2, 3 or 4) changes in the loop (``SpeculativeDecoder._run``), as a diff from the step before,
+    both configurations' tests resolved (:func:`book.decode.resolve.config_diff`): step 2 asks for drafts, step 3
+    lets the walk extend them with forced chains, step 4 builds the gate."""
+    from book.decode.resolve import config_diff
+    from studylog.speculate.loop import CONFIGS, SpeculativeDecoder
+
+    names = list(CONFIGS)  # the steps' configurations, in order: step 1 first
+    if step not in (2, 3, 4):
+        raise ValueError(f"steps 2 to 4 change the loop; step {step} is not one of them")
+    return config_diff(SpeculativeDecoder._run, CONFIGS[names[step - 2]], CONFIGS[names[step - 1]],
+                       (f"step {step - 1}", f"step {step}"), context=1)
