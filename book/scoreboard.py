@@ -13,8 +13,8 @@ shape, its time over the run's repetitions, the strongest rival measured at the 
 
 The case's **floor** is the largest of these, a yardstick from a simple model (a kernel passes it only by moving
 fewer bytes than counted or by being served from L2); "% of the floor" is that floor over our median (100% would
-be at the floor). Each row names its floor's kind. Chapter 08's loop has a forecast time per token, not a
-floor. Where a file lacks a number the scoreboard needs, the cell says "not measured" and
+be at the floor). Each row names its floor's kind. Chapter 08's loop has a byte floor but no measured latency
+floor, the one that binds it, so no percentage. Where a file lacks a number the scoreboard needs, the cell says "not measured" and
 :func:`missing` says why; nothing is filled in by hand.
 
 The module reads the JSON files directly (no chapter code is imported), so the page and its test do not depend on
@@ -716,23 +716,32 @@ def _speculate(data):
                "spread_ms": [med([spread(r)[i] for r, _ in pairs]) for i in range(3)]}
     rival = [b for _, b in pairs if b is not None]
     rival_row = {"ms": med([b["ms"] for b in rival]), "clock": rival[0]["clock"]} if rival else None
-    latency = med([one_token[0]["ms"] * r["forwards"] / r["tokens"] for r, _ in pairs]) if one_token else None
-    # the loop's forecast (its forwards at its measured one-token forward) is a bound, not a floor: it stays in the
-    # notes; no floor is computed for this loop (its weights' bytes, a few µs a token, are far below its launches'
-    # chain, which is not counted), so no byte floor is shown either
-    why = ("none is computed for this loop" + (
-        f"; its forecast time per token, step 4's forwards per output token each at this loop's one-token forward's "
-        f"GPU time, is a "
-        f"bound, not a floor: {us(latency)} µs" if latency is not None else ""))
-    return {"latency_missing_why": why, "loop_bound_ms": latency, "no_tail_why": LOOP_NO_TAIL} | _row(
+    forecast = med([one_token[0]["ms"] * r["forwards"] / r["tokens"] for r, _ in pairs]) if one_token else None
+    # the byte floor: SmolLM2's body read once per forward, at the forwards each output token takes; its bytes are
+    # those chapter 07's run on the same card priced (its body row at one token), priced again at this run's copy
+    # bandwidth. The latency floor, the chain of the forward's kernels, binds a loop this small, and no run counted
+    # those kernels: so no percentage (the small alphabet of chapter 04 on a card without its chain is the same case)
+    decode = data.get("decode_run")
+    body = one(decode, "body", model="smollm2", batch=1, chunk=1) if decode else None
+    byte = None
+    if body is not None and body.get("floor_ms"):
+        nbytes = body["floor_ms"] * decode["ceilings"]["copy_bandwidth_gbs"] * 1e6
+        byte = med([nbytes / (data["ceilings"]["copy_bandwidth_gbs"] * 1e6) * r["forwards"] / r["tokens"]
+                    for r, _ in pairs])
+    why = ("not measured: no run counted the kernels of SmolLM2's forward" + (
+        f"; the loop's forecast time per token (step 4's forwards per output token, each at this loop's one-token "
+        f"forward's GPU time), {us(forecast)} µs, is a bound, not a floor" if forecast is not None else ""))
+    return {"latency_missing_why": why, "no_tail_why": LOOP_NO_TAIL} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of the {len(pairs)} "
                 "requests that close their JSON", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
                 rival_row,
-                byte_floor_ms=None, latency_floor_ms=None, latency_what=why, short="step 4, whole loop",
+                byte_floor_ms=byte, latency_floor_ms=None, latency_what=why, short="step 4, whole loop",
                 ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request")
                 .replace("each request's own", f"each of these {len(pairs)} requests' own"),
-                notes=("wall clock: the whole step, host included, per output token",)) | {
-        # the byte floor does not bind a launch-bound loop: no percentage of a hardware floor is given
+                notes=("wall clock: the whole step, host included, per output token",
+                       "byte floor: SmolLM2-135M's body read once per forward (chapter 07's run prices its bytes), "
+                       "per output token")) | {
+        # the floor that binds (the launches' chain) is not measured: no percentage of a smaller one is given
         "binding": None, "binding_floor_ms": None, "pct_of_floor": None}
 
 
@@ -796,7 +805,9 @@ def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             data = load(card, entry.bench) if entry.bench else None
             if data is not None:  # the card's tails run beside it: some floors are timed there
                 data = data | {"tails_run": load(card, TAILS), "card_empty_kernel_ms": card_empty_kernel_ms(card),
-                               "card_folder": Path(card).name}
+                               "card_folder": Path(card).name,
+                               # chapter 08's byte floor prices SmolLM2's body as chapter 07's run on the card did
+                               "decode_run": load(card, "decode") if entry.bench == "speculate" else None}
             measured = entry.measure(data) if data is not None and entry.measure else None
             if measured is None:
                 why = entry.absent or ("not measured on this card" if data is None
@@ -1018,9 +1029,6 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
     """A row's floor that binds (its time and kind) and how close our median is to it, as two cells."""
     if r.get("floors_as_above"):  # an end-to-end time is not held against the GPU's floors
         return "– (end to end; the GPU row's floors)", "–"
-    if r.get("loop_bound_ms") is not None:  # a launch-bound loop: its forecast is a bound, not a floor
-        return (f"{_floor(r['loop_bound_ms'])}, its forecast (a bound, not a floor)",
-                f"**{100 * r['loop_bound_ms'] / r['median_ms']:.0f}%** of the forecast")
     if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
         return "–", f"– ({r['no_pct_why']})"
     if r["binding"]:
@@ -1079,7 +1087,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
 
     cells: list[tuple[dict[str, Any], dict[str, str]]] = []  # each row of the two times tables, its cells by column
     floors: list[tuple[dict[str, Any], str]] = []  # each row of the floors table, its cells after the chapter's
-    tails_under: list[str] = []  # the p99 of a row in the second table, said under it
     under_lead: list[str] = []
     under: list[str] = []
     shown: set[int] = set()
@@ -1137,7 +1144,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             ours += f", end to end (its GPU time: the {card}'s {r['ours']} row)"
             median, slowest = r["ours_end_to_end_ms"], r.get("ours_end_to_end_slowest_ms")
         t = tail(folders[r["card"]], r["number"], r["tail_params"]) if r.get("tail_params") else None
-        p99 = "–"
+        # the second table's rows say where no run measured their tail; an end-to-end row has the GPU row's
+        p99 = "–" if id(r) in lead_ids or r.get("ours_end_to_end_ms") is not None else NOT_MEASURED
         if t is not None:
             p99 = tail_ratio(t)
             differs = tail_differs(r, t)
@@ -1147,8 +1155,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if fewer:  # said in the cell in a few words, in the chapter's notes in full
                 note(r, fewer)
                 p99 += f" ({_copies(t['rotated_copies'])})"
-            if id(r) not in lead_ids:
-                tails_under.append(f"{_kernel_label(r)} on the {card}: {p99}")
         elif r.get("no_tail_why"):  # why, once under the tables (the p99 definition), not under each loop's row
             p99 = r["no_tail_why"][0]
         binding, pct = _floor_cells(r)
@@ -1171,8 +1177,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, extra, every_card=True)
         for extra in r["floor_notes"]:
             note(r, extra)
-        if r.get("loop_bound_ms") is not None:
-            continue  # no floor is computed for a launch-bound loop: its forecast stands in the times tables
 
         def mark(kind: str, ms: float | None, missing: str) -> str:
             text = _floor(ms, missing=missing)
@@ -1204,8 +1208,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         under.append(f"{chapter_link(r)} has no {card_} row: the {card_}'s benchmark does not time this case the way "
                      f"the {others or 'other card'}'s does (on the {card_} {why}).")
     under += part_one_rival_words(board, link)
-    if tails_under:
-        under.append(f"{P99_HEADER}, where it is measured for a row above: " + "; ".join(tails_under) + ".")
 
     def table(title: str, picked: list[tuple[dict[str, Any], dict[str, str]]], columns: list[tuple[str, str]],
               lines_under: list[str]) -> list[str]:
@@ -1232,7 +1234,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                   first_rows, lead_columns, under_lead)
     if rest:
         times += [""] + table("**Every other row: the other card, and each chapter's other cases**", rest,
-                              [("card", "card")] + [c for c in common if c[0] != "p99"], under)
+                              [("card", "card")] + common, under)
     floor_lines = ["**Floors of each row** (the one that binds, the largest, in bold)", "",
                    "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",
                    "|" + "---|" * 6]
