@@ -781,7 +781,37 @@ def test_one_progression_gives_every_step_timed_at_the_common_case_in_order():
     for cell, (_, rows) in zip(cells, want):
         assert cell.startswith(f"{rows[0]['ms'] * 1e3:,.1f}")
     source = "".join("".join(c["source"]) for c in _notebook_cells())
-    assert source.index("lesson.boehm_table(results)") < source.index("lesson.progression_table(results)")
+    assert source.index("lesson.boehm_tables(results)") < source.index("lesson.progression_table(results)")
+
+
+def test_the_two_steps_tables_hold_every_row_of_the_one_once_with_its_cells():
+    """The page shows the table of steps in two narrower tables: the rows at the headline's case (its case and its
+    floor said once, in the caption), then those at a case of their own (each with its case, its floor beside its
+    time over it). Together they hold every row of :func:`lesson.boehm_table` exactly once, in its order, with the
+    same step, change, time, base, ratio and time over the floor; and the page shows the two, not the one."""
+    results = plotting.load_results("masked_lm_head")
+    one = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
+    first, second = lesson.boehm_tables(results)
+    here = lesson._case(lesson.PROGRESSION_CASE)
+    floors = {r[6] for r in one if r[2] == here}
+    assert len(floors) == 1 and first.splitlines()[0].startswith(f"**At the headline's case, {here} allowed**")
+    assert f"floor {floors.pop().split()[0]} µs" in first.splitlines()[0]
+
+    def rows(table):
+        lines = table.split("\n\n", 1)[1].splitlines()
+        return [c.strip() for c in lines[0].split("|")[1:-1]], [[c.strip() for c in r.split("|")[1:-1]]
+                                                                  for r in lines[2:]]
+
+    head1, rows1 = rows(first)
+    head2, rows2 = rows(second)
+    assert head1 == ["step", "the one change", "µs", "against", "×", "× floor"]
+    assert head2 == ["step", "the one change", "measured at", "µs", "against", "×", "× floor (floor µs)"]
+    want1 = [[r[0], r[1], r[3], r[4], r[5], r[7]] for r in one if r[2] == here]
+    want2 = [r[:6] + [f"{r[7]} ({r[6].replace(' (', ', ').rstrip(')')})"] for r in one if r[2] != here]
+    assert rows1 == want1 and rows2 == want2 and len(rows1) + len(rows2) == len(one)
+    assert rows1 and rows2 and all(r[2] != here for r in rows2)
+    source = "".join("".join(c["source"]) for c in _notebook_cells())
+    assert "lesson.boehm_tables(results)" in source and "lesson.boehm_table(results)" not in source
 
 
 def test_where_we_lose_in_short_names_both_rivals_that_beat_us():

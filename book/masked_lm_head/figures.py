@@ -116,47 +116,53 @@ PLAIN_NAMES: dict[str, str] = {
 
 def _speedup_figure(results, caption: str):
     """Batch 1, [V, D]: every step's speedup over dense + mask against the allowed count on a log axis, random
-    masks (step 11 on the real grammar masks it is measured on, against dense + mask on the same masks), and
-    ``index_select``'s; step 12 drawn wide and pale under the step it picks. Steps 9 and 10 run above batch 1
-    (step 10 is in the batched figure)."""
+    masks (step 11 on the real grammar masks it is measured on, against dense + mask on the same masks), in two
+    panels with one y axis so that the lines do not pile up: the steps that skip blocks or columns of the dense
+    kernel (0 to 3, and 11), then those that walk the allowed ids (4 to 8, and 12), each with ``index_select``'s
+    line; step 12 drawn wide and pale under the step it picks. Steps 9 and 10 run above batch 1 (step 10 is in the
+    batched figure)."""
     import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8.6, 4.8))
-    for series in [_s(n) for n in (0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 12)] + ["index_select"]:
-        kind = "real" if series == _s(11) else "random"
-        base = {r["params"]["allowed"]: r for r in results.select("dense_mask", batch=1, kind=kind)}
-        rows = sorted((r for r in results.select(series, batch=1, kind=kind)
-                       if r["params"].get("layout", "vd") == "vd" and r["params"]["allowed"] in base),
-                      key=lambda r: r["params"]["allowed"])
-        if not rows:
-            continue
-        xs = [r["params"]["allowed"] for r in rows]
-        ys = [base[x]["ms"] / r["ms"] for x, r in zip(xs, rows)]
-        lo = [y - base[x]["ms"] / r["spread_ms"][2] if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
-        hi = [base[x]["ms"] / r["spread_ms"][0] - y if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
-        # step 12 wide and pale under the step it picks; step 2 thick with open markers under step 3, which
-        # nearly equals it on [V, D]; steps 5 and 6 thin under step 7, which they nearly equal
-        under = {_s(12): dict(ms=11, lw=5, alpha=0.35, zorder=1), _s(2): dict(ms=10, lw=3.5, alpha=0.8, zorder=2,
-                                                                              mfc="none", mew=1.5),
-                 _s(5): dict(ms=7, lw=2.5, alpha=0.6, zorder=2), _s(6): dict(ms=7, lw=2.5, alpha=0.6, zorder=2)}
-        style = under.get(series, dict(ms=5, lw=1.3, zorder=3))
-        ax.errorbar(xs, ys, yerr=[lo, hi], capsize=2, elinewidth=1, color=series_color(series),
-                    marker=SERIES_MARKERS.get(series, "o"), ls="--" if series in (_s(11), "index_select") else "-",
-                    label=PLAIN_NAMES.get(series, series), **style)
-    ax.axhline(1.0, color="k", lw=1, ls=":")
-    _style(ax, "allowed tokens (batch 1, log scale)", "speedup over dense + mask (×, log scale)", logy=True)
     from matplotlib.ticker import FormatStrFormatter
 
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.set_title(f"Each step's speedup over torch's dense logits + masked_fill, {results.gpu.replace('NVIDIA ', '')}",
-                 fontsize=FONT + 1)
-    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 6.0), sharey=True)
+    panels = (("Skipping inside the dense kernel", [_s(n) for n in (0, 1, 2, 3, 11)]),
+              ("Walking the allowed ids", [_s(n) for n in (4, 5, 6, 7, 8, 12)]))
+    for ax, (title, steps) in zip(axes, panels):
+        for series in steps + ["index_select"]:
+            kind = "real" if series == _s(11) else "random"
+            base = {r["params"]["allowed"]: r for r in results.select("dense_mask", batch=1, kind=kind)}
+            rows = sorted((r for r in results.select(series, batch=1, kind=kind)
+                           if r["params"].get("layout", "vd") == "vd" and r["params"]["allowed"] in base),
+                          key=lambda r: r["params"]["allowed"])
+            if not rows:
+                continue
+            xs = [r["params"]["allowed"] for r in rows]
+            ys = [base[x]["ms"] / r["ms"] for x, r in zip(xs, rows)]
+            lo = [y - base[x]["ms"] / r["spread_ms"][2] if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
+            hi = [base[x]["ms"] / r["spread_ms"][0] - y if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
+            # step 12 wide and pale under the step it picks; step 2 thick with open markers under step 3, which
+            # nearly equals it on [V, D]; steps 5 and 6 thin under step 7, which they nearly equal
+            under = {_s(12): dict(ms=11, lw=5, alpha=0.35, zorder=1),
+                     _s(2): dict(ms=10, lw=3.5, alpha=0.8, zorder=2, mfc="none", mew=1.5),
+                     _s(5): dict(ms=7, lw=2.5, alpha=0.6, zorder=2), _s(6): dict(ms=7, lw=2.5, alpha=0.6, zorder=2)}
+            style = under.get(series, dict(ms=5, lw=1.3, zorder=3))
+            ax.errorbar(xs, ys, yerr=[lo, hi], capsize=2, elinewidth=1, color=series_color(series),
+                        marker=SERIES_MARKERS.get(series, "o"), ls="--" if series in (_s(11), "index_select") else "-",
+                        label=PLAIN_NAMES.get(series, series), **style)
+        ax.axhline(1.0, color="k", lw=1, ls=":")
+        _style(ax, "allowed tokens (batch 1, log scale)",
+               "speedup over dense + mask (×, log scale)" if ax is axes[0] else "", logy=True)
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.set_title(title, fontsize=FONT + 1)
+        ax.legend(fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    fig.suptitle(f"Each step's speedup over torch's dense logits + masked_fill, {results.gpu.replace('NVIDIA ', '')}",
+                 fontsize=FONT + 2)
     zero = sorted({r["params"]["allowed"] for r in results.select(_s(0), batch=1, kind="random")})
     zero = (f"; step 0 computes every logit whatever the count, so it is timed at {' and '.join(f'{c:,}' for c in zero)}"
             " allowed only" if zero else "")
-    fig.text(0.01, -0.02, caption + "\n" + _spread_words(results) + "; random masks except step 11's (real grammar "
-             "masks); steps 9 and 10 run above batch 1" + zero, fontsize=FONT - 1, va="top", wrap=True)
     fig.tight_layout()
+    fig.text(0.01, -0.01, caption + "\n" + _spread_words(results) + "; random masks except step 11's (real grammar "
+             "masks); steps 9 and 10 run above batch 1" + zero, fontsize=FONT - 1, va="top", wrap=True)
     return fig
 
 

@@ -27,7 +27,7 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
-           "RIVAL_ROWS", "boehm_table", "PROGRESSION_CASE", "progression_table", "step_factor", "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
+           "RIVAL_ROWS", "boehm_table", "boehm_tables", "PROGRESSION_CASE", "progression_table", "step_factor", "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "TIMELINE_PARTS",
            "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties",
@@ -405,8 +405,8 @@ def capped_key(rot: dict[str, Any] | None) -> str | None:
         return None
     n = rot["capped_union"]
     union = "A union of one row" if n == 1 else f"A union of at most {n:,} rows"
-    return (f"{CAPPED} {union}: too few rows to flush L2 even across the {rot['max_copies']} copies of the head that "
-            "fit in memory, so some reads may come from L2.")
+    return (f"{CAPPED} {union}: even the {rot['max_copies']} copies of the head that fit in memory do not flush L2, so "
+            "some reads may come from L2.")
 
 
 #: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
@@ -665,7 +665,8 @@ BOEHM_CHANGES = {0: "the Triton tutorial's matmul, all logits, then `masked_fill
                  10: "the union's rows against every sequence at once (`tl.dot`)",
                  11: "the vocabulary reordered so that allowed tokens cluster",
                  12: "a dispatch by shape: the fastest measured path",
-                 13: "the whole step from the packed bitmask, in CUDA graphs (the headline)"}
+                 13: "the whole step from the packed bitmask in CUDA graphs: step 12's kernel plus the bitmask's copy "
+                     "and the union (the headline)"}
 #: Steps that stay numbered though they did not pay (see :data:`BOEHM_CHANGES`): their cell starts with
 #: :func:`paid_words`.
 NOT_PAID = (3, 6, 9)
@@ -777,6 +778,40 @@ def boehm_table(results) -> str:
 
 #: The one case every batch-1 step of the steps table can run at: the progression reads down it.
 PROGRESSION_CASE = {"batch": 1, "kind": "random", "allowed": 1000}
+
+
+def boehm_tables(results) -> tuple[str, str]:
+    """:func:`boehm_table` as two narrower tables, each row of it in exactly one, its cells unchanged: first the rows
+    measured at :data:`PROGRESSION_CASE` (the headline's case, read down as one progression), whose case and floor
+    are the same for every row and so are said once in the caption above the table; then the rows measured at a case
+    of their own (a count, an id, a batch or real masks), where each row keeps its case and its floor, the floor in
+    one cell with the time over it. Each table is Markdown under its bold caption."""
+    lines = boehm_table(results).splitlines()
+    head = [c.strip() for c in lines[0].split("|")[1:-1]]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
+    at, floor, over = head.index("measured at"), head.index("floor (µs)"), head.index("× floor")
+    here = _case(PROGRESSION_CASE)
+    common = [r for r in rows if r[at] == here]
+    own = [r for r in rows if r[at] != here]
+    floors = {r[floor] for r in common}
+    if len(floors) != 1:
+        raise ValueError(f"rows at {here} with different floors: {sorted(floors)}")
+
+    def markdown(names, cells):
+        return "\n".join(["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+                          + ["| " + " | ".join(c) + " |" for c in cells])
+
+    first = [h for k, h in enumerate(head) if k not in (at, floor)]
+    first_rows = [[c for k, c in enumerate(r) if k not in (at, floor)] for r in common]
+    value, binds = floors.pop().split(" ", 1)
+    second = [h for k, h in enumerate(head) if k not in (floor, over)] + ["× floor (floor µs)"]
+    second_rows = [[c for k, c in enumerate(r) if k not in (floor, over)]
+                   + [f"{r[over]} ({r[floor].replace(' (', ', ').rstrip(')')})"] for r in own]
+    bound = "its bytes" if binds == "(bytes)" else "the empty kernel"
+    return (f"**At the headline's case, {here} allowed** (µs; floor {value} µs, {bound})\n\n"
+            + markdown(first, first_rows),
+            "**At the case each step is about**\n\n" + markdown(second, second_rows))
+
 
 
 def progression_table(results) -> str:
