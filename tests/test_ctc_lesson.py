@@ -487,3 +487,27 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
     for name in ("nvidia-h200/ctc.json", "tails.json", "env.json", "nvidia-h100-80gb-hbm3/ctc.json"):
         assert name in where
     assert "lab/ctc" not in where
+
+
+def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
+    """The table of steps and the result table are each read as two tables (the readers found 11 and 9 columns
+    cramped): every cell of the wide table is in one of them, each row keeps its label (step, or A and N), and the
+    floor row of the second table of steps is labelled."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    wide = [_cells(line) for line in lesson.boehm_table(results).split("\n\n")[0].splitlines()]
+    first, second = ([_cells(line) for line in t.split("\n\n")[0].splitlines()] for t in lesson.steps_tables(results))
+    assert len(first) == len(second) == len(wide) and len(first[0]) == 5 and len(second[0]) == 7
+    for row, a, b in zip(wide, first, second):
+        if set(row[0]) <= {"-"}:
+            continue  # the separator
+        assert a == row[:5] and b[1:] == row[5:] and b[0] == (row[0] or "floor")
+    assert "timed as its own series" in lesson.steps_tables(results)[1]
+    wide = [_cells(line) for line in lesson.results_table(results).split("\n\n")[0].splitlines()]
+    times, ratios = lesson.results_tables(results)
+    times = [_cells(line) for line in times.split("\n\n")[0].splitlines()]
+    ratios = [_cells(line) for line in ratios.splitlines()]
+    for row, a, b in zip(wide, times, ratios):
+        assert a == row[:6] and b == row[:2] + row[6:]
+    assert lesson.host_words() in lesson.results_tables(results)[0]
+    assert lesson.torch_best_words(results) in lesson.results_clocks(results)
+    assert "Host per call" not in lesson.results_clocks(results)

@@ -18,7 +18,7 @@ from book.ctc.figures import clock_words, grain_sweep
 from studylog import paths
 from studylog.ctc import CHAPTER
 from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
-from studylog.ctc.reference import FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE
+from studylog.ctc.reference import FAR_GRAD, FAR_LOSS
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T, LESSON_N
 from studylog.ctc.results import clock_of, entry_series
 from studylog.plotting import Results, load_lab
@@ -164,7 +164,7 @@ def results_table(results) -> str:
     if not results.select(final, T=BENCH_T):
         return f"{name}: {PENDING}."
     lines = [f"| A | N | torch-cuDNN (µs) | torch-native (µs) | {name} (µs) | host per call (µs) | "
-             "speedup over torch-best | floor (µs): the larger of the bytes and the chain of T frames | "
+             "speedup over torch-best | floor (µs) | "
              "time / floor |",
              "|---|---|---|---|---|---|---|---|---|"]
     for A, N in _all_points():
@@ -187,8 +187,57 @@ def results_table(results) -> str:
                      f"{host} | {speedup} | {floor:,.1f} ({FLOOR_KIND[kind]}) | {row['ms'] * 1e3 / floor:,.1f}× |")
     clocks = {s: clock_words(clock_of(results, s)) for s in ("torch-cuDNN", "torch-native", final)}
     return ("\n".join(lines) + "\n\nClocks: " + ", ".join(f"{s}: {c}" for s, c in clocks.items()) + ". "
-            + torch_best_words(results) + f" Host per call: {name}'s time on the host for one call made eagerly, "
-            "without a CUDA graph; in bold where it is above the GPU time, so that such a call waits on the host.")
+            + torch_best_words(results) + " " + host_words(name))
+
+
+def host_words(name: str = "`ctc_loss`") -> str:
+    """What the result table's host column is, in one sentence (the table's reader needs it beside the table)."""
+    return f"Host per call: the host time of one eager call of {name} (no CUDA graph), bold where above the GPU time."
+
+
+def split_table(table: str, *groups: Iterable[int], label: str = "") -> list[str]:
+    """A Markdown table (its header, separator and rows; any text after a blank line dropped) cut into narrower
+    tables, one per group of column indices (0-based): a wide table read as two. A row whose first cell is empty gets
+    ``label`` there (the floor row of the table of steps)."""
+    lines = table.split("\n\n")[0].splitlines()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    out = []
+    for group in groups:
+        group = list(group)
+        body = []
+        for i, cells in enumerate(rows):
+            picked = [cells[k] for k in group]
+            if i > 1 and not picked[0] and label:
+                picked[0] = label
+            body.append("| " + " | ".join(picked) + " |" if i != 1 else "|" + "---|" * len(group))
+        out.append("\n".join(body))
+    return out
+
+
+def steps_tables(results) -> list[str]:
+    """:func:`boehm_table` as two narrower tables: each step's change and its time at one utterance of the small
+    alphabet (where the chain of frames binds), then its times at the two batches of the large one (where the bytes
+    bind); the note under the second."""
+    table = boehm_table(results)
+    first, = split_table(table, range(5))
+    second, = split_table(table, [0, *range(5, 11)], label="floor")
+    return [first, second + "\n\n" + table.split("\n\n", 1)[1]]
+
+
+def results_tables(results) -> list[str]:
+    """:func:`results_table` as two narrower tables: the times (torch's two calls, ours, our host time per call),
+    then the speedup and the floor; the host column's sentence under the first."""
+    table = results_table(results)
+    times, ratios = split_table(table, range(6), [0, 1, 6, 7, 8])
+    name = "`ctc_loss`" if results.select("ctc_loss", T=BENCH_T) else CHAPTER.final.name
+    return [times + "\n\n" + host_words(name), ratios]
+
+
+def results_clocks(results) -> str:
+    """The result table's clocks and what ``torch-best`` is (:func:`results_table`'s note without the host
+    sentence): for the fold under the tables."""
+    note = results_table(results).split("\n\n", 1)[1]
+    return note.rsplit(" Host per call:", 1)[0]
 
 
 def torch_best_words(results) -> str:
@@ -388,7 +437,7 @@ def cudnn_cases(results) -> list[dict]:
 #: How the page names the stress comparison's series where the benchmark's name would read like another's: the
 #: autograd call that takes cuDNN's path (series ``torch-cuDNN F.ctc_loss``) beside cuDNN called directly
 #: (``torch-cuDNN``).
-SERIES_LABELS = {"torch-cuDNN F.ctc_loss": "F.ctc_loss on its cuDNN path"}
+SERIES_LABELS = {"torch-cuDNN F.ctc_loss": "`F.ctc_loss` (cuDNN path)"}
 
 
 def series_label(series: str) -> str:
@@ -430,20 +479,12 @@ def cudnn_verdict(results) -> dict | None:
                            "probability space.")
     else:
         verdict["supports"] = False
-        inexact = {k: v["finite_wrong"] for k, v in cudnn.items() if v["finite_wrong"]}
-        named = [f"{series_label(name)} on {count}" for name, count in inexact.items()]
-        close = ("" if not named else
-                 f" They are not exact, though: they miss the chapter's tight tolerances ({LOSS_TOLERANCE:g} on the "
-                 f"loss, {GRAD_TOLERANCE:g} on the gradient), " + ", ".join(named) + f" of the {n} utterances, each "
-                 "by less than the bounds above: float32 rounding, not lost alignments.")
-        verdict["text"] = (f"Float32 probability space, rescaled every frame, loses {lost(prob)} of these {n} "
-                           f"utterances ({prob['infinite']} infinite losses, {prob['nan']} NaN"
-                           + (f", {prob['far']} finite but far from float64" if prob["far"] else "")
-                           + f"). Neither cuDNN call loses one: no infinite or NaN answer, and no loss off by more "
-                           f"than {FAR_LOSS:g} (relative) nor gradient off by more than {FAR_GRAD:g} (norm-relative)."
-                           + close + " So cuDNN does not work in plain float32 probability space; its speed has to "
-                           "come from elsewhere. (It may still rescale in another way, in double, or in log space: "
-                           "the run only rules out the plain form.)")
+        inexact = any(v["finite_wrong"] for v in cudnn.values())
+        close = "" if not inexact else " (their misses of the tight tolerances are rounding)"
+        verdict["text"] = (f"Float32 probability space loses {lost(prob)} of these {n} utterances; neither cuDNN call "
+                           f"loses one, nor misses by more than {FAR_LOSS:g} on the loss or {FAR_GRAD:g} on the "
+                           f"gradient{close}. So cuDNN does not work in plain float32 probability space: its speed "
+                           "comes from elsewhere.")
     return verdict
 
 
@@ -751,10 +792,8 @@ def boehm_table(results) -> str:
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         lines.append("| " + " | ".join(cells) + " |")
-    note = ("\"× prev.\": the time of the step this one builds on over this step's (above 1.00×, the step pays); "
-            "for the entry point, timed as its own series, the time of the step it ran over its own: what choosing "
-            "costs (about 1.00×). The floor is the larger of the bytes (the activations read and the gradient "
-            "written once) and the chain of T dependent frames.")
+    note = ("\"× prev.\": the time of the step this one builds on over this step's (above 1.00×, it pays); for the "
+            "entry point, timed as its own series, the step it ran over itself.")
     return "\n".join(lines) + "\n\n" + note
 
 
