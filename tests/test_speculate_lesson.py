@@ -5,6 +5,7 @@ runs are, and the totals table's median request, each checked against a referenc
 from __future__ import annotations
 
 import json
+import textwrap
 import random
 import statistics
 
@@ -427,3 +428,5 @@ def test_each_steps_code_is_a_diff_of_the_librarys_loop_and_listings_show_no_doc
     for obj in (speculate.walk_draft, speculate.DraftGate, speculate.SpeculativeDecoder.verify_call):
         text = lesson.listing(obj).text
         assert '"""' not in text and ":class:" not in text and ":attr:" not in text
+        assert all(len(line) <= lesson.CODE_WIDTH for line in text.splitlines())  # shown whole
+        compile(textwrap.dedent(text), "listing", "exec")  # the cut lines are still Python

@@ -564,14 +564,26 @@ __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN
 
 def listing(obj, title: str | None = None):
     """A function's or class's source as the page lists it (a ``studylog.source.Code``): without its docstrings,
-    which the prose around the listing replaces (and whose cross-reference roles would show raw)."""
+    which the prose around the listing replaces (and whose cross-reference roles would show raw), and with lines
+    past :data:`CODE_WIDTH` cut inside their brackets (:func:`book.decode.resolve.wrapped_line`), a long line's
+    comment moved above it, so that none runs off the page's column."""
     import inspect
     import textwrap
 
     from book.common import without_docstrings
+    from book.decode.resolve import wrapped_line
     from studylog.source import Code
 
-    return Code(without_docstrings(textwrap.dedent(inspect.getsource(obj))), "python", title)
+    def fitted(line: str) -> list[str]:  # a long line's trailing comment goes above it, wrapped
+        code, sep, comment = line.partition("  # ")
+        if len(line) <= CODE_WIDTH or not sep or '"' in code or "'" in code:
+            return wrapped_line(line, CODE_WIDTH)
+        indent = " " * (len(code) - len(code.lstrip()))
+        return (textwrap.wrap(comment, CODE_WIDTH, initial_indent=indent + "# ", subsequent_indent=indent + "# ")
+                + wrapped_line(code.rstrip(), CODE_WIDTH))
+
+    text = without_docstrings(textwrap.dedent(inspect.getsource(obj)))
+    return Code("\n".join(piece for line in text.splitlines() for piece in fitted(line)), "python", title)
 
 
 def token_axis_diff():
