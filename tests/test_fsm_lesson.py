@@ -206,9 +206,10 @@ def test_the_real_schemas_paragraph_says_why_llguidance_compiles_few():
     assert prose_words(page) <= 2500
 
 
-def test_the_retokenization_counts_compare_like_with_like_and_the_page_names_its_files():
+def test_the_retokenization_counts_compare_like_with_like_and_the_page_says_where_its_numbers_come_from():
     """Compact JSON covers the JSON schemas only, so the retokenization sentence counts both whitespaces over those
-    (tokens written, not passes); the page lists the committed files it reads."""
+    (tokens written, not passes); the page says in words where its numbers come from, with no repository paths
+    shown, while its cells read the committed files themselves."""
     import json
     from pathlib import Path
 
@@ -218,8 +219,9 @@ def test_the_retokenization_counts_compare_like_with_like_and_the_page_names_its
     assert "json_tokens['default']" in sentence and "json_tokens['compact']" in sentence
     assert 'if r.kind == "json"' in text and "written['compact']" not in text
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
-    for name in ("env.json", "decode.json", "realworld_cl100k_base.json", "fsm_suite.json"):
-        assert name in where
+    assert "how_we_measure" in where and not any(part in where for part in ("assets/", "lab/", ".json", "`"))
+    for read in ('load_results("env"', 'load_results("decode"', '"realworld_cl100k_base.json"', "fsm_suite()"):
+        assert read in text, read
 
 
 def test_the_exercises_come_in_an_order_each_can_be_done_in():

@@ -294,7 +294,7 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
     g = automaton_graph(fsm, level, compressed)
     pos = _layout(g, fsm.initial, by_bytes=not compressed)
     if compressed:
-        pos = {n: (2.0 * x, y) for n, (x, y) in pos.items()}  # room for the longer labels
+        pos = {n: (1.5 * x, y) for n, (x, y) in pos.items()}  # room for longer labels, still legible at page width
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     # the limits: the states with room for the start arrow, and for the arcs' labels above and below

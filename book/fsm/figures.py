@@ -1,5 +1,6 @@
 """Chapter 1's figure: the forward passes steps 2 and 3 save on the schema suite (:func:`studylog.fsm.run_suite`,
-run on the CPU: the chapter has no GPU benchmark), beside MaskBench's published share of forced tokens;
+run on the CPU: the chapter has no GPU benchmark), beside llguidance's fast-forward tokens (the strongest peer,
+where it is installed) and MaskBench's published share of forced tokens;
 ``python -m book plot fsm`` saves it as ``assets/figures/fsm_savings.png`` (the chapter's teaser on the blog's
 landing page). The colours are the chapter's other drawings' too (``book.fsm.lesson``)."""
 
@@ -32,32 +33,56 @@ MODE_LABELS: dict[str, str] = {mode: step_words(CHAPTER.step(name)) for mode, na
 
 
 def figures(results: Sequence[EntryResult]) -> dict[str, Any]:
-    """``savings`` (:func:`plot_savings`), from the suite's results (:func:`studylog.fsm.run_suite`)."""
-    return {"savings": plot_savings(results).figure}
+    """``savings`` (:func:`plot_savings`), from the suite's results (:func:`studylog.fsm.run_suite`), with
+    llguidance's bars where xgrammar and llguidance are installed (the peers' comparison run on the same suite)."""
+    from book.fsm import peers
+
+    peer_rows = None
+    if all(v is not None for v in peers.peer_versions().values()):
+        peer_rows = peers.compare_peers(n_samples=8, seed=0)
+    return {"savings": plot_savings(results, peer_rows).figure}
 
 
-def plot_savings(results: Sequence[EntryResult], ax=None, title: Optional[str] = None):
-    """Share of forward passes saved per suite entry by steps 2 and 3, under both whitespace patterns, with
-    MaskBench's published share of forced tokens as a band. Bars, one colour per series
+def plot_savings(results: Sequence[EntryResult], peer_rows: Optional[Sequence] = None, ax=None,
+                 title: Optional[str] = None):
+    """Share of forward passes saved per suite entry by steps 2 and 3, under both whitespace patterns, and by
+    llguidance's fast-forward tokens (default whitespace) where ``peer_rows`` (:func:`book.fsm.peers.compare_peers`)
+    are given, with MaskBench's published share of forced tokens as a band. Bars, one colour per series
     (:data:`SERIES_COLORS`); the legend sits above the axes."""
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(r.name for r in results))
     rows = {(r.name, r.whitespace): r for r in results}
     wss = list(dict.fromkeys(r.whitespace for r in results))
-    series = [(ws, mode) for ws in wss for mode in ("token", "char")]
-    ax = ax or plt.subplots(figsize=(9, 4.6))[1]
-    width = 0.8 / len(series)
+    series: list = [(ws, mode) for ws in wss for mode in ("token", "char")]
+    llg = {}  # entry -> share llguidance's fast-forward tokens save (default whitespace, the peers' comparison)
+    for r in peer_rows or ():
+        if r.library == "llguidance":
+            ours = next(o for o in peer_rows if o.entry == r.entry and o.library == "ours")
+            llg[r.entry] = r.saved("tokens", ours)
+    if llg:
+        after = max((k + 1 for k, (ws, _) in enumerate(series) if ws == "default"), default=0)
+        series.insert(after, ("default", "llguidance"))  # beside the default-whitespace steps it is compared with
+    ax = ax or plt.subplots(figsize=(10, 4.6))[1]
+    width = 0.84 / len(series)
     for k, (ws, mode) in enumerate(series):
         xs, ys = [], []
         for i, n in enumerate(names):
-            r = rows.get((n, ws))
-            if r is None:  # regex entries have no whitespace variants
+            if mode == "llguidance":
+                y = llg.get(n)
+            else:
+                r = rows.get((n, ws))
+                y = None if r is None else r.saved(mode)  # regex entries have no whitespace variants
+            if y is None:
                 continue
             xs.append(i + (k - (len(series) - 1) / 2) * width)
-            ys.append(100 * r.saved(mode))
-        key = MODE_STEPS[mode] + ("" if ws == "default" else f"[{ws}]")
-        ax.bar(xs, ys, width, label=f"{MODE_LABELS[mode]}, {ws} whitespace", color=SERIES_COLORS[key])
+            ys.append(100 * y)
+        if mode == "llguidance":
+            label, color = "llguidance: fast-forward tokens, default whitespace", SERIES_COLORS["llguidance"]
+        else:
+            key = MODE_STEPS[mode] + ("" if ws == "default" else f"[{ws}]")
+            label, color = f"{MODE_LABELS[mode]}, {ws} whitespace", SERIES_COLORS[key]
+        ax.bar(xs, ys, width, label=label, color=color)
     lo, hi = MASKBENCH_FORCED_SHARE
     ax.axhspan(100 * lo, 100 * hi, color=SERIES_COLORS["MaskBench"], alpha=0.3,
                label="MaskBench: share of tokens forced (Llama 3 tokenizer)")
@@ -66,7 +91,10 @@ def plot_savings(results: Sequence[EntryResult], ax=None, title: Optional[str] =
     ax.set_ylabel("forward passes saved (%)", fontsize=10)
     ax.set_ylim(0, 100)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.01), ncol=2, frameon=False)
+    handles, labels = ax.get_legend_handles_labels()  # the band last: the bars first, in their order
+    order = sorted(range(len(labels)), key=lambda i: labels[i].startswith("MaskBench"))
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=9, loc="lower center",
+              bbox_to_anchor=(0.5, 1.01), ncol=2, frameon=False)
     ax.set_title(title or "Forward passes saved on the suite (cl100k_base, greedy writer model)", fontsize=11,
                  pad=62)
     return ax
