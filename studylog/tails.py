@@ -80,13 +80,13 @@ def ctc_inputs(T: int, N: int, A: int, *, seed: int, device="cuda"):
     return x, targets
 
 
-def ternary_inputs(n: int, k: int, m: int, *, seed: int, device="cuda"):
-    """Chapter 5: bf16 x (m, k), the absmean-quantised randn(n, k) packed as ``2bit_tiles``, and its scale."""
+def ternary_inputs(n: int, k: int, m: int, *, seed: int, fmt: str = "2bit_tiles", device="cuda"):
+    """Chapter 5: bf16 x (m, k), the absmean-quantised randn(n, k) packed as ``fmt``, and its scale."""
     from studylog.ternary import PackedTernary, quantize_absmean
 
     torch.manual_seed(seed)
     w, scale = quantize_absmean(torch.randn(n, k, device=device))
-    return torch.randn(m, k, device=device, dtype=torch.bfloat16), PackedTernary.pack(w, "2bit_tiles"), float(scale)
+    return torch.randn(m, k, device=device, dtype=torch.bfloat16), PackedTernary.pack(w, fmt), float(scale)
 
 
 # -- the calls of one repetition: (graph-safe calls over rotated copies, what the row adds) ---------------
@@ -128,18 +128,68 @@ def _ngram(run, rep: int):
                           check_values=False) for c in copies], {"step": series_of(step)})
 
 
-def _ctc(run, rep: int):
-    from studylog.ctc import ctc_loss
-    from studylog.ctc.fused import final_step
-    from studylog.ctc.report import copies
+def _ctc(T: int, N: int, A: int):
+    """Chapter 4's entry point at (T, N, A), over as many copies of the activations as its benchmark rotates."""
+    def calls(run, rep: int):
+        from studylog.ctc import ctc_loss
+        from studylog.ctc.fused import final_step
+        from studylog.ctc.report import copies
 
-    x, targets = ctc_inputs(150, 8, 5000, seed=rep)
+        x, targets = ctc_inputs(T, N, A, seed=rep)
 
-    def call(xi):
-        loss, grad = torch.empty(xi.shape[1], device=xi.device), torch.empty_like(xi)
-        return lambda: ctc_loss(xi, targets, out_loss=loss, out_grad=grad)
-    n = copies(run.device.get("l2_cache_bytes") or 64 * 2**20, x.numel() * 4)
-    return [call(torch.randn_like(x)) for _ in range(n)], {"step": f"step{final_step(*x.shape):02d}"}
+        def call(xi):
+            loss, grad = torch.empty(xi.shape[1], device=xi.device), torch.empty_like(xi)
+            return lambda: ctc_loss(xi, targets, out_loss=loss, out_grad=grad)
+        n = copies(run.device.get("l2_cache_bytes") or 64 * 2**20, x.numel() * 4)
+        return [call(torch.randn_like(x)) for _ in range(n)], {"step": f"step{final_step(*x.shape):02d}"}
+    return calls
+
+
+#: Chapter 2's whole step starts with the packed bitmask's copy from pinned host memory: that copy alone, replayed
+#: in a graph, is the first link of the step's latency floor (the kernels that follow it cannot start earlier).
+BITMASK_COPY_SERIES = "bitmask copy from host (latency floor)"
+
+
+def _bitmask_copy(run, rep: int):
+    from studylog.masked_lm_head import HIDDEN, VOCAB
+
+    _, _, _, bitmask = masked_head_inputs(VOCAB, HIDDEN, 1000, seed=rep)
+    host, device = bitmask.pin_memory(), torch.empty_like(bitmask, device="cuda")
+    return [lambda: device.copy_(host, non_blocking=True)], {"floor": "latency", "bytes": host.numel() * 4}
+
+
+#: SmolLM2-135M's shape, as chapter 07's benchmark reads it from the checkpoint (its file's "model smollm2" note):
+#: the kernels of one forward are counted on a model of this shape with random weights (the count depends only on
+#: the shape and the code path, not on the weights).
+SMOLLM2_SHAPE = {"vocab_size": 49152, "hidden": 576, "layers": 30, "heads": 9, "kv_heads": 3, "intermediate": 1536,
+                 "rope_theta": 100000.0, "tie_embeddings": True}
+FORWARD_SERIES = "smollm2 forward, one token (kernels counted)"
+
+
+def _smollm2_decoder(device="cuda"):
+    from studylog.decode.loop import Decoder
+    from studylog.decode.model import LlamaModel, ModelConfig
+
+    model = LlamaModel(ModelConfig("smollm2", **SMOLLM2_SHAPE), device=device, dtype=torch.bfloat16, seed=0)
+    return Decoder(model, batch=1, max_seq=64)
+
+
+def _smollm2_forward(run, rep: int):
+    """Chapter 08's verifying forward at one token (the six-launch layer), timed; its kernels are counted after
+    every timing (:func:`count_forward_kernels`: a process that has profiled stays slower)."""
+    return [_smollm2_decoder().body_call(1)], {"floor": "latency"}
+
+
+def count_forward_kernels(run) -> None:
+    """Adds ``kernels_per_forward`` to the SmolLM2 forward's row: the kernels one call launches (torch's profiler)."""
+    from studylog.decode.report import count_kernels
+
+    if not any(row["series"] == FORWARD_SERIES for row in run.rows):
+        return
+    n = sum(count_kernels(_smollm2_decoder().body_call(1)).values())
+    for row in run.rows:
+        if row["series"] == FORWARD_SERIES:
+            row.update(kernels_per_forward=n, kernels_per_layer=n / SMOLLM2_SHAPE["layers"])
 
 
 #: Chapter 4's latency-bound case (the small alphabet, one utterance): the grid's first point, so its target is the
@@ -168,14 +218,15 @@ def _ctc_chain(frames: int, states: int, *, device="cuda"):
     return calls
 
 
-def _ternary(entry: str, n: int, k: int):
-    """Chapter 5 at one row of x through ``entry``: ``ternary_matmul`` (bf16 x; step 21 on Hopper) or
-    ``step23_w2a8_fused`` (W2A8: x quantised to int8 inside the call)."""
+def _ternary(entry: str, n: int, k: int, fmt: str = "2bit_tiles"):
+    """Chapter 5 at one row of x through ``entry``: ``ternary_matmul`` (bf16 x; step 21 on Hopper),
+    ``step23_w2a8_fused`` (W2A8: x quantised to int8 inside the call) or part 1's last step, ``step14_workspace``
+    (``2bit_mma`` weights)."""
     def calls(run, rep: int):
         from studylog import ternary
 
         call = getattr(ternary, entry)
-        x, w, scale = ternary_inputs(n, k, 1, seed=rep)
+        x, w, scale = ternary_inputs(n, k, 1, seed=rep, fmt=fmt)
         return [lambda wi=wi: call(x, wi, scale) for wi in run.rotated(w)], {}
     return calls
 
@@ -229,18 +280,25 @@ def cases() -> list[Case]:
     return [
         Case("masked_lm_head", "MaskedHeadPlan", {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"},
              _masked_head),
+        Case("masked_lm_head", BITMASK_COPY_SERIES, {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"},
+             _bitmask_copy, role="baseline"),
         Case("ngram", "ngram_match", {"batch": 128, "seq_len": 32768, "threshold": 128}, _ngram),
-        Case("ctc", "ctc_loss", {"T": 150, "N": 8, "A": 5000}, _ctc),
+        Case("ctc", "ctc_loss", {"T": 150, "N": 8, "A": 5000}, _ctc(150, 8, 5000)),
         *(Case("ctc", CTC_FLOOR_SERIES, CTC_FLOOR_CASE | {"frames": frames, "states": states},
                _ctc_chain(frames, states), role="baseline") for frames in (2 * T, T)),
+        Case("ctc", "ctc_loss", dict(CTC_FLOOR_CASE), _ctc(**CTC_FLOOR_CASE)),
         Case("ternary", "ternary_matmul", {"shape": "4096x14336", "family": "llama", "n": 4096, "k": 14336, "m": 1},
              _ternary("ternary_matmul", 4096, 14336)),
         Case("ternary", "step23_w2a8_fused", {"shape": "4800x3200", "family": "bitnet", "n": 4800, "k": 3200, "m": 1},
              _ternary("step23_w2a8_fused", 4800, 3200)),
+        Case("ternary", "step14_workspace", {"shape": "4096x14336", "family": "llama", "n": 4096, "k": 14336, "m": 1},
+             _ternary("step14_workspace", 4096, 14336, "2bit_mma")),
         Case("multi_item", "multi_item_attention", {"shape": name, "prompts": len(prefixes), "tokens": tokens},
              _multi_item()),
         Case("multi_item", "multi_item_attention", {"shape": gqa_shapes()[0][0], "prompts": len(prefixes),
              "tokens": tokens, "heads": BENCH_HEADS, "kv_heads": gqa_shapes()[0][3]}, _multi_item(gqa_shapes()[0][3])),
+        Case("speculate", FORWARD_SERIES, {"model": "smollm2", "batch": 1, "chunk": 1}, _smollm2_forward,
+             role="baseline"),
     ]
 
 
@@ -261,4 +319,5 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
                    p50_ms=p50, p99_ms=percentile(samples, 99), max_ms=max(samples), samples=len(samples),
                    replays_per_repetition=REPLAYS, repetitions=REPETITIONS, min_calls_per_replay=MIN_CALLS,
                    repetition_medians_ms=medians, **extra)
+    count_forward_kernels(run)
     run.note(NOTE.replace("REPETITIONS x REPLAYS", f"{REPETITIONS} x {REPLAYS}"))

@@ -29,8 +29,10 @@ HEADLINES = [
     ("masked_lm_head", scoreboard.MASKED_HEAD_CASE, "step13"),
     ("ngram", scoreboard.NGRAM_CASE, "ngram_match"),
     ("ctc", scoreboard.CTC_CASE, "ctc_loss"),
+    ("ctc", scoreboard.CTC_SMALL_CASE, "ctc_loss"),  # the small alphabet, where the chain of frames binds
     ("ternary", scoreboard.TERNARY_CASE, "step21"),  # what ternary_matmul runs at M = 1 on the H200
     ("ternary", {"shape": "4800x3200", "m": 1}, "step23"),
+    ("ternary", scoreboard.TERNARY_CASE, "step14"),  # part 1's last step
     ("multi_item", scoreboard.MULTI_ITEM_CASE, "step05"),
     ("multi_item", {"shape": "8 prompts, mixed, 8 KV heads"}, "step06"),  # what the entry point runs under GQA
 ]
@@ -337,3 +339,29 @@ def test_masked_head_case_rotates_one_plan_over_each_head_copy(monkeypatch):
         finite = torch.isfinite(want)
         torch.testing.assert_close(out.double()[finite], want[finite], rtol=1e-3, atol=1e-3)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+# -- floors measured beside the entry points ----------------------------------------------------------
+
+def test_smollm2_shape_is_the_one_chapter_seven_read_from_the_checkpoint():
+    """The shape whose forward's kernels are counted is SmolLM2-135M's as chapter 07's run recorded it from the
+    checkpoint: the same layers, widths and heads, so the same parameters."""
+    import ast
+
+    from studylog.decode.model import ModelConfig
+
+    data = json.loads((H200 / "decode.json").read_text())
+    (note,) = [n for n in data["notes"] if n.startswith("model smollm2: ")]
+    recorded = ast.literal_eval(note.removeprefix("model smollm2: "))
+    for key, value in tails.SMOLLM2_SHAPE.items():
+        assert recorded[key] == value, key
+    config = ModelConfig("smollm2", **tails.SMOLLM2_SHAPE)
+    assert config.head_dim == recorded["head_dim"]
+    assert config.parameter_counts()["body"] == recorded["params_body"]
+
+
+def test_the_floor_cases_are_baselines_beside_their_chapters():
+    cases = {c.series: c for c in tails.cases()}
+    for series, chapter_ in ((tails.BITMASK_COPY_SERIES, "masked_lm_head"), (tails.FORWARD_SERIES, "speculate")):
+        assert cases[series].role == "baseline" and cases[series].chapter == chapter_
+    assert cases[tails.BITMASK_COPY_SERIES].params == scoreboard.MASKED_HEAD_CASE | {"layout": "vd"}
