@@ -97,20 +97,20 @@ def test_every_multi_part_diff_is_folded_under_a_line_naming_its_idea():
         assert "folded" in "".join(above["source"]).strip().strip('")').splitlines()[-1], i
 
 
-def test_the_cores_of_steps_4_and_8_show_open_and_step_11_says_where_the_entry_point_runs_step_12():
-    """Steps 4 and 8 show their diff's core unfolded (at most about 40 lines, each side from its step's kernel), the
+def test_the_cores_of_steps_4_6_and_8_show_open_and_step_11_says_where_the_entry_point_runs_step_12():
+    """Steps 4, 6 and 8 show their diff's core unfolded (at most about 40 lines, each side from its step's kernel), the
     whole diff folded; step 11 says once that `ngram_match` runs another step at the small case, computed."""
     import json
 
     from studylog import paths
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
-    for step in (4, 8):
+    for step in (4, 6, 8):
         at = [i for i, c in enumerate(cells) if "".join(c["source"]).strip() == f"lesson.core_diff({step})"]
         assert len(at) == 1 and "hide-output" not in cells[at[0]]["metadata"].get("tags", []), step
         assert "".join(cells[at[0] + 1]["source"]).startswith(f"parts({step - 1}, {step})"), step
         d = lesson.core_diff(step)
-        assert len(d.lines) <= 45 and d.added and d.removed, step
+        assert len(d.lines) <= 45 and len(d.added) + len(d.removed) <= 40 and d.added and d.removed, step
     text = " ".join("".join("".join(c["source"]) for c in cells).split())
     assert text.count('`ngram_match` runs step {ngram.CHAPTER.step(six_small["step"]).number} instead') == 1
     results = load_results("ngram")
@@ -169,24 +169,35 @@ def test_the_floor_is_the_scoreboards_on_every_card():
 
 
 def test_the_result_table_times_the_entry_point_as_the_headline_does():
-    """The page's GPU-clock column is the series the chapter's headline (and the results page) quotes: the entry
-    point, with the step its rule ran; its ratio to step 3 is the headline's."""
+    """The result is two narrow tables, one clock each: end to end on the host (the CPU loop and step 11, a call and
+    a sync, in every row), then the GPU clock, whose column is the series the chapter's headline (and the results
+    page) quotes: the entry point, with the step its rule ran; its ratio to step 3 is the headline's."""
     from book.ngram import results as book_results
     from studylog.ngram.report import gpu_headline
 
     results = load_results("ngram")
     table = lesson.result_table(results, book_results.headline(results))
-    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]
-            if r.startswith("|")}
+    host_part, gpu_part = table.split("**On the GPU clock**")
+    assert host_part.startswith("**End to end on the host**")
+
+    def rows(part):
+        return {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in part.splitlines()[2:]
+                if r.startswith("|") and not r.startswith("|---")}
+
+    host_head = next(r for r in host_part.splitlines() if r.startswith("| case"))
+    gpu_head = next(r for r in gpu_part.splitlines() if r.startswith("| case"))
+    assert f"step {ngram.report.SYNCED_STEP} (µs)" in host_head and "ngram_match" not in host_head
+    assert "CPU loop" not in gpu_head  # no column of the GPU table is on the host clock
+    host_rows, gpu_rows = rows(host_part), rows(gpu_part)
     for head in gpu_headline(results):
-        cells = rows[lesson.case_words(head["case"])]
+        cells = gpu_rows[lesson.case_words(head["case"])]
         assert head["kernel"].startswith("n-gram matching, ngram_match (step")  # the headline times the entry point
         step = int(head["kernel"].split("(step")[1][:2])
-        assert cells[4] == f"{head['kernel_ms'] * 1e3:,.1f} (runs step {step})", cells
-        assert cells[6] == f"{head['speedup']:,.2f}×", (cells, head["speedup"])
-        # the end-to-end column times step 11 in every row, which the note under the table says
-        assert cells[2][0].isdigit() and "runs step" not in cells[2], cells
-    assert f"step {ngram.report.SYNCED_STEP} (in every row, whichever step `ngram_match` runs)" in table
+        assert cells[1] == f"{head['kernel_ms'] * 1e3:,.1f} (runs step {step})", cells
+        assert cells[3] == f"{head['speedup']:,.2f}×", (cells, head["speedup"])
+        # the end-to-end column times step 11 in every row, whichever step the entry point runs
+        host = host_rows[lesson.case_words(head["case"])]
+        assert host[2][0].isdigit() and "runs step" not in host[2], host
 
 
 def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_match():
@@ -350,18 +361,51 @@ def test_the_page_names_its_result_files_once_at_the_end():
         assert name in text[at], name
 
 
-def test_the_page_tells_no_run_history_and_shows_no_chain_table():
-    """No run history in the prose (a separate, further or second run, a date), and no table timing a step's changes
-    one at a time: the table of steps is the chain."""
+def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():
+    """No run history in the prose (a separate, further or second run, a date), and no lettered row names. The one
+    table timing a step's changes one at a time is step 6's (the stop, then the split), in its section, read from the
+    lab run; every other step is one change, and the table of steps is the chain."""
     import json
     import re
 
     from studylog import paths
 
-    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
-    page = "\n".join("".join(c["source"]) for c in cells)
+    cells = ["".join(c["source"]) for c in
+             json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
+    page = "\n".join(cells)
     assert not re.search(r"(separate|further|second|another) run|20\d\d-\d\d-\d\d|percent or two", page)
-    assert "chain_table" not in page and "one change at a time" not in page and not re.search(r"\b\d[a-d]\b", page)
+    assert "one change at a time" not in page and not re.search(r"\b\d[a-d]\b", page)
+    chains = [i for i, t in enumerate(cells) if "chain_table(" in t]
+    assert len(chains) == 1 and "lesson.step6_chain()" in cells[chains[0]]
+    step6 = next(i for i, t in enumerate(cells) if t.startswith("## Step 6:"))
+    step7 = next(i for i, t in enumerate(cells) if t.startswith("## Step 7:"))
+    assert step6 < chains[0] < step7
+
+
+def test_step_6s_chain_is_the_lab_runs_own_rows():
+    """Step 6's chain: step 5, the stop added to it (the variant with the early exit, not kept alone), then step 6
+    (the split, the stop kept), each row's times the lab run's own at the table of steps' cases; its anchors re-time
+    the library's steps 5 and 6 within 3% of the chapter's benchmark."""
+    import json
+
+    from studylog import paths
+
+    results = load_results("ngram")
+    gpu = results.path.parent.name
+    path = paths.lab_results("ngram", gpu) / "step05_changes.json"
+    if not path.is_file():
+        pytest.skip("step05_changes was not run on this card")
+    rows = lesson.step6_chain(gpu)
+    assert [r.label for r in rows] == ["step 5", "+ stop", "step 6"]
+    measured = json.loads(path.read_text())["measurements"]
+    for row, (_, _, variant, _) in zip(rows, lesson.STEP6_CHAIN):
+        for cfg in lesson.BOEHM_CASES:
+            at = [r for r in measured if r["params"].get("variant") == variant
+                  and (r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) == cfg]
+            assert len(at) == 1 and row.us[cfg] == pytest.approx(at[0]["ms"] * 1e3), (variant, cfg)
+    knobs = {r["params"]["variant"]: r["params"] for r in measured if "variant" in r["params"]}
+    assert knobs["5"]["early_exit"] is False and knobs["5b"]["early_exit"] is True and "chunk_len" in knobs["6"]
+    assert lesson.chain_gap(results, rows) < 0.03
 
 
 def test_where_we_lose_names_the_dispatch_guess_and_the_real_text_acceptance():
@@ -427,7 +471,7 @@ def test_every_diff_on_the_page_shows_one_line_of_context():
                                                          (10, 11))]
     shown += [show_diff("ngram_two_phase.cu", "ngram_one_pass.cu", old_function="ngram_search_per_n",
                         new_function="ngram_search_one_pass", context=lesson.DIFF_CONTEXT)]
-    shown += [lesson.core_diff(4), lesson.core_diff(8)]
+    shown += [lesson.core_diff(4), lesson.core_diff(6), lesson.core_diff(8)]
     for d in shown + [p for d in shown for p in diff_parts(d)]:
         assert max(_context_runs(d), default=0) <= 2 * lesson.DIFF_CONTEXT, d.new_name
     # three lines of context (the default) would show runs of up to six unchanged lines

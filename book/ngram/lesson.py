@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from book.common import us
+from book.common import ChainRow, us
 from book.ngram.figures import case_label, clock_words, shape_label
 from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
                                 same_clock_pair)
@@ -21,7 +21,7 @@ from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "pays_at", "step_factors", "host_us", "launches", "eager_host", "step_notes", "boehm_table",
+           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "pays_at", "step_factors", "host_us", "launches", "eager_host", "step_notes", "boehm_table",
            "DIFF_CONTEXT", "step_diff", "core_diff",
            "RULE_SPREAD", "rule_misses", "early_exit_share", "entry_row", "floor_us", "grid_row", "result_table", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
@@ -247,6 +247,44 @@ def exit_factor(run, name: str, cfg: tuple[int, int, int], clock: str = "ms") ->
     return a[clock] / b[clock]
 
 
+#: Step 6's two changes one at a time, from the lab run that timed them beside step 5 (``step05_changes``): step 5
+#: (the anchor), the stop added to it (the exit behind two barriers a tile), then the split with the stop kept (step
+#: 6): (row, its one change, the run's variant, the main benchmark's step it re-times or None).
+STEP6_CHAIN = (("step 5", "one pass for every n", "5", 5),
+               ("+ stop", "a block stops once no later window can win", "5b", None),
+               ("step 6", "+ the split over a column of blocks", "6", 6))
+#: The cases step 6's chain is shown at: the headline and where the bytes bind (the lab run has all three).
+CHAIN_CASES = BOEHM_CASES[1:]
+
+
+def case_name(cfg: tuple[int, int, int]) -> str:
+    """A case of :data:`BOEHM_CASES` as a column names it: ``32 × 512``."""
+    return f"{cfg[0]} × {cfg[1]}"
+
+
+def step6_chain(gpu: str = "nvidia-h200", cases=BOEHM_CASES) -> list[ChainRow] | None:
+    """Step 6's changes one at a time (:data:`STEP6_CHAIN`), µs per case of ``cases`` on the GPU clock, as rows of
+    the book's chain table (:func:`book.common.chain_table`); None where the lab run is not committed for ``gpu``
+    or lacks a row."""
+    run = lab_run("step05_changes", gpu)
+    rows = []
+    for label, change, variant, _ in STEP6_CHAIN:
+        found = {cfg: variant_row(run, "step05_changes", variant, cfg) for cfg in cases}
+        if any(r is None for r in found.values()):
+            return None
+        rows.append(ChainRow(label, change, {cfg: r["ms"] * 1e3 for cfg, r in found.items()}))
+    return rows
+
+
+def chain_gap(results, rows: list[ChainRow]) -> float:
+    """The largest relative gap between a chain's anchors (the rows of :data:`STEP6_CHAIN` that re-time a step of
+    the library) and the same steps in ``results``, over the chain's cases: how far its run sits from the table of
+    steps."""
+    steps = {label: number for label, _, _, number in STEP6_CHAIN if number is not None}
+    return max(abs(row.us[cfg] / (grid_row(results, CHAPTER.step(steps[row.label]).series, cfg)["ms"] * 1e3) - 1)
+               for row in rows if row.label in steps for cfg in row.us)
+
+
 def pays_at(factors: list[float], cases=BOEHM_CASES) -> str:
     """Where a change pays, in words, from its factors at ``cases`` (as the tables round them: above 1.00× it pays,
     below it does not): "pays at every case", "does not pay at any case", or the cases of each kind."""
@@ -443,6 +481,8 @@ def step_diff(old: int, new: int):
 #: The core of a step's diff, shown open under its section (the whole diff stays folded): per step, the lines of the
 #: step before's kernel and of its own between two markers each (first line containing, last line containing).
 CORE_DIFFS = {
+    6: (("    if (search) {", "if (mine != NONE_KEY) atomicMin(&s_best, mine);"),
+        ("const i64 first_end =", "s_stop = next > last_end"), "the search"),
     4: (("walk_budget(NGRAM_KERNEL_ARGS", "return drafted;"),
         ("const int active = p.kind == SLOT_ACTIVE;", "else if (b == first)"), "phase 2"),
     8: (("for (i64 tile = first_end;; tile += tile_len)", "s_stop = next > last_end"),
@@ -529,21 +569,24 @@ def case_words(case: str) -> str:
 
 
 def result_table(results, headline_rows) -> str:
-    """The result table: per headline case (:func:`case_words`), the CPU path and the last step end to end on the
-    host (the call, then a sync; the last step is the series the benchmark times that way, in every row) and their
-    ratio; then, on the GPU clock, the entry point ``ngram_match`` (:func:`entry_row`, as the chapter's headline
-    times it, with the step it ran; the last step on a file without it), step 3 (our port of the pull request's
-    first, two-phase kernel) and both rivals' ratios: step 3's and step 4's (our corrected port of the pull request's
-    revision: its block-scan phase 2, made exact; its time is the table of steps'). A note under the table says
-    which clock each column is on."""
+    """The result, as two narrow tables, one clock each, per headline case (:func:`case_words`): end to end on the
+    host (a call, then a sync), the CPU path and the last step (the series the benchmark times that way, in every
+    row) and their ratio; then on the GPU clock the entry point ``ngram_match`` (:func:`entry_row`, as the chapter's
+    headline times it, with the step it ran; the last step on a file without it), step 3 (our port of the pull
+    request's first, two-phase kernel) and both rivals' ratios: step 3's and step 4's (our corrected port of the pull
+    request's revision: its block-scan phase 2, made exact; its time is the table of steps')."""
     final = f"step {SYNCED_STEP}"
     ours_name = "`ngram_match`" if results.select("ngram_match") else final
-    lines = [f"| case | CPU loop (µs) | {final} (µs) | CPU loop ÷ {final} | {ours_name} (µs) | step 3 (µs) "
-             f"| step 3 ÷ {ours_name} | step 4 ÷ {ours_name} |", "|" + "---|" * 8]
+    host = ["**End to end on the host** (a call, then a sync)", "",
+            f"| case | CPU loop (µs) | {final} (µs) | CPU loop ÷ {final} |", "|" + "---|" * 4]
+    gpu = ["**On the GPU clock**", "",
+           f"| case | {ours_name} (µs) | step 3 (µs) | step 3 ÷ {ours_name} | step 4 ÷ {ours_name} |", "|" + "---|" * 5]
     for hd in headline_rows:
         where = hd.get("where")
         ours = entry_row(results, where) if where else None
-        cells = [case_words(hd["case"]), us(hd["baseline_ms"]), us(hd["kernel_ms"]), f"{hd['speedup']:,.2f}×"]
+        host.append("| " + " | ".join([case_words(hd["case"]), us(hd["baseline_ms"]), us(hd["kernel_ms"]),
+                                       f"{hd['speedup']:,.2f}×"]) + " |")
+        cells = [case_words(hd["case"])]
         if ours is None:
             cells.append("–")
         elif ours["series"] == "ngram_match" and "step" in ours:
@@ -556,7 +599,5 @@ def result_table(results, headline_rows) -> str:
             rival_ms = rival[0]["ms"] if rival else None
             cells += ([us(rival_ms)] if number == 3 else []) + [f"{rival_ms / ours['ms']:,.2f}×" if ours and rival_ms
                                                                 else "–"]
-        lines.append("| " + " | ".join(cells) + " |")
-    note = (f"The CPU loop and {final} (in every row, whichever step `ngram_match` runs) are timed on the host, a call "
-            f"and a sync; `ngram_match` and the steps on the GPU clock.")
-    return "\n".join(lines) + "\n\n" + note
+        gpu.append("| " + " | ".join(cells) + " |")
+    return "\n".join(host) + "\n\n" + "\n".join(gpu)
