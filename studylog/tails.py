@@ -168,9 +168,12 @@ FORWARD_SERIES = "smollm2 forward, one token (kernels counted)"
 
 def _smollm2_decoder(device="cuda"):
     from studylog.decode.loop import Decoder
-    from studylog.decode.model import LlamaModel, ModelConfig
+    from studylog.decode.model import CL100K_PADDED, LlamaModel, ModelConfig
 
-    model = LlamaModel(ModelConfig("smollm2", **SMOLLM2_SHAPE), device=device, dtype=torch.bfloat16, seed=0)
+    # the decoder pairs a model with the cl100k vocabulary, so the head gets its rows: the body, all that is timed
+    # and counted here, does not read the head
+    shape = SMOLLM2_SHAPE | {"vocab_size": CL100K_PADDED}
+    model = LlamaModel(ModelConfig("smollm2", **shape), device=device, dtype=torch.bfloat16, seed=0)
     return Decoder(model, batch=1, max_seq=64)
 
 
