@@ -823,3 +823,20 @@ def test_where_we_lose_in_short_names_both_rivals_that_beat_us():
     cell = next("".join(c["source"]) for c in _notebook_cells() if "**Where we lose, in short.**" in "".join(c["source"]))
     words = " ".join(cell.split())
     assert "`index_select` + matmul where the union is small" in words and "dense + mask where it nears" in words
+
+
+def test_paths_and_buckets_are_said_as_the_step_whose_kernel_runs():
+    """The practitioners' and losses tables name what runs in words (the step whose kernel a path or bucket runs, or
+    cuBLAS), not by the code's path names; every path and bucket of the committed run has its words."""
+    assert lesson.path_words("stream") == "step 7's kernel"
+    assert lesson.path_words("batched 65536") == "step 10's kernel, up to 65,536 rows"
+    assert lesson.path_words("dense 128256") == "cuBLAS, then the bitmask" and lesson.path_words("cublas") == "cuBLAS"
+    results = plotting.load_results("masked_lm_head")
+    names = {r["path"] for r in results.rows if r.get("path")} | {r["bucket"].split()[0] for r in results.rows
+                                                                  if r.get("bucket")}
+    assert names and names <= set(lesson.PATH_STEPS) | set(lesson.PATH_WORDS)
+    said = {lesson.path_words(r["bucket"]) for r in results.rows if r.get("bucket")}
+    runs = [[c.strip() for c in line.split("|")[1:-1]][4] for line in lesson.practitioners_table(results).splitlines()[2:]]
+    assert runs and set(runs) <= said
+    ours = [[c.strip() for c in line.split("|")[1:-1]][4] for line in lesson.losses_table(results).splitlines()[2:]]
+    assert ours and all(o.split(" (", 1)[1].split(")")[0] in {lesson.path_words(n) for n in names} for o in ours), ours

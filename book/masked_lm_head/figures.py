@@ -174,7 +174,7 @@ def _layout_figure(results, caption: str):
 
     counts = sorted({r["params"]["allowed"] for r in results.select(_s(2), batch=1, kind="random", layout="dv")})
     bars = [(_s(1), "dv"), (_s(2), "dv"), (_s(1), "vd"), (_s(2), "vd")]
-    fig, ax = plt.subplots(figsize=(7, 4.0))
+    fig, ax = plt.subplots(figsize=(8.6, 5.2))
     width = 0.8 / len(bars)
     for k, (series, layout) in enumerate(bars):
         rows = [results.select(series, batch=1, kind="random", allowed=c, layout=layout) for c in counts]
@@ -191,9 +191,9 @@ def _layout_figure(results, caption: str):
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_title("Steps 1 and 2 on the post's [D, V] layout and on [V, D] (batch 1, random masks)",
                  fontsize=FONT + 1)
-    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.text(0.01, -0.02, caption + "\n" + _spread_words(results), fontsize=FONT - 1, va="top")
+    ax.legend(fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     fig.tight_layout()
+    fig.text(0.01, -0.01, caption + "\n" + _spread_words(results), fontsize=FONT - 1, va="top")
     return fig
 
 

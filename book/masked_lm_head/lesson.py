@@ -31,7 +31,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "TIMELINE_PARTS",
            "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties",
-           "ties_words", "dispatch_step", "plan_step", "PATH_STEPS"]
+           "ties_words", "dispatch_step", "plan_step", "PATH_STEPS", "PATH_WORDS", "path_words"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with the streaming kernel's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "candidates_do_bench", "nvidia-h200"
@@ -423,7 +423,7 @@ def practitioners_table(results, points=None) -> str:
     if not results.select(XGRAMMAR):
         return (f"{PENDING}: the practitioners' path is not in this results file ({results.gpu}, {results.date}); "
                 "the benchmark measures it when xgrammar is installed.")
-    head = ["batch", "masks", "allowed per sequence", "union", "ours: path and capacity", "ours (µs)",
+    head = ["batch", "masks", "allowed per sequence", "union", "ours runs", "ours (µs)",
             "xgrammar's path (µs)", "speedup (range)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     wanted = None if points is None else set(points)
@@ -432,7 +432,8 @@ def practitioners_table(results, points=None) -> str:
         mine = _row(results, PLAN, **p)
         if mine is None or (wanted is not None and (p["batch"], p["kind"], p["allowed"]) not in wanted):
             continue
-        lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {mine['union']:,} | {mine.get('bucket', '–')} | "
+        runs = path_words(mine["bucket"]) if mine.get("bucket") else "–"
+        lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {mine['union']:,} | {runs} | "
                      f"{mine['ms'] * 1e3:,.1f}{capped(mine)} | {theirs['ms'] * 1e3:,.1f}{capped(theirs)} | "
                      f"{theirs['ms'] / mine['ms']:.2f}×{_spread_ratio(theirs, mine)} |")
     return "\n".join(lines)
@@ -536,7 +537,7 @@ def losses_table(results) -> str:
         p, mine, rival = q["params"], q["mine"], q["rival"]
         union = mine.get("union")
         share = "–" if union is None else f"{call_bytes(p['batch'], 0) / call_bytes(p['batch'], union):.0%}"
-        ours = label(mine["series"]) + (f" ({mine['path']} path)" if mine.get("path") else "")
+        ours = label(mine["series"]) + (f" ({path_words(mine['path'])})" if mine.get("path") else "")
         lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {'–' if union is None else f'{union:,}'} | "
                      f"{ours}: {mine['ms'] * 1e3:,.1f} µs{capped(mine)} | "
                      f"{label(rival['series'])}: {rival['ms'] * 1e3:,.1f} µs{capped(rival)} | "
@@ -1099,3 +1100,16 @@ def plan_step(results, **params) -> str | None:
 
 def _path_step(path: str) -> str:
     return f"step {PATH_STEPS[path]}" if path in PATH_STEPS else path
+
+
+#: A path of step 12 or a bucket of the plan that runs no step's kernel, in the page's words.
+PATH_WORDS = {"cublas": "cuBLAS", "dense": "cuBLAS, then the bitmask"}
+
+
+def path_words(path: str) -> str:
+    """A path (``stream``) or a plan's bucket (``stream 1024``: the path, then the capacity) in the page's words:
+    the step whose kernel it runs (``step 7's kernel``, ``step 7's kernel, up to 1,024 rows``) or what runs
+    (:data:`PATH_WORDS`), never the code's name for it."""
+    name, _, capacity = path.partition(" ")
+    words = f"step {PATH_STEPS[name]}'s kernel" if name in PATH_STEPS else PATH_WORDS.get(name, name)
+    return words if not capacity or name not in PATH_STEPS else f"{words}, up to {int(capacity):,} rows"
