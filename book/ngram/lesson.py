@@ -1,6 +1,7 @@
 """What notebook 03 reads from a results file besides the figures: a grid case's row (the prose's numbers), the
 table of steps (each against the step it builds on and the floor), the summary of every step, the real-text table,
-and the targets' verdicts; the lab runs step 5's section cites; and the model of the published BlockScan budget that
+and the targets' verdicts; the lab runs the page reads (step 6's changes one at a time, the splits of steps 7
+and 8); and the model of the published BlockScan budget that
 the notebook shows departing from the sequential rule (:func:`published_blockscan_counts`). Every results function
 takes a :class:`studylog.plotting.Results` and reads it through the lookups the figures use
 (:mod:`book.ngram.results`); a file older than a series gives ``–`` (or leaves the line out) where it lacks one.
@@ -211,9 +212,9 @@ BOEHM_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
 #: The case the chapter's headline is quoted at (a column of the table of steps).
 HEADLINE = (128, 32768, 128)
 
-#: The lab runs the page cites in step 5's section (``lab/ngram/step05_11_changes.py``): an early exit added to step 5
-#: (``5b`` over ``5``, a frozen copy of step 5) and step 11 without the early exit it inherits (``11 no exit`` over
-#: ``11``, a frozen copy of step 11): file -> (series, variant without the exit, variant with it).
+#: The lab runs of ``lab/ngram/step05_11_changes.py``: an early exit added to step 5 (``5b`` over ``5``, a frozen copy
+#: of step 5; the page's step 6 chain starts with it) and step 11 without the early exit it inherits (``11 no exit``
+#: over ``11``, a frozen copy of step 11): file -> (series, variant without the exit, variant with it).
 EXIT_RUNS = {"step05_changes": ("step05_changes", "5", "5b"), "step11_changes": ("step11_changes", "11 no exit", "11")}
 
 
