@@ -497,7 +497,7 @@ def _chain_rows(table: str) -> list[list[str]]:
 
 
 #: The lab runs each page reads beside the benchmark (by page: part 1, part 2), each listed once at the page's end.
-PAGE_RUNS = ((L.LAYER_RUN,), (L.LAYER_RUN, "step22_parts", "w2a8_tiles_ncu_m16.txt"))
+PAGE_RUNS = ((L.LAYER_RUN, "bundled_steps"), (L.LAYER_RUN, "step22_parts", "w2a8_tiles_ncu_m16.txt"))
 CLOSING = "## Where the numbers come from"
 #: A path or file name of a committed result, which the prose and the notes under tables leave to the closing list.
 RESULT_PATH = re.compile(r"lab/|assets/bench|results/nvidia|\.json\b|\.txt\b|\.csv\b")
