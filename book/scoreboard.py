@@ -261,21 +261,28 @@ def _masked_lm_head(data):
     out = []
     plan = one(data, "step13", **MASKED_HEAD_CASE)
     latency, what = _one_kernel(data)
+    copy = one(data.get("tails_run") or {"measurements": []}, BITMASK_COPY, **MASKED_HEAD_CASE)
+    empty = _floor_empty_ms(data)
     if plan is not None:
+        if copy is not None and empty is not None:
+            # the step's chain: the bitmask's copy from pinned host memory, then the plan's two kernels, each
+            # needing the one before (the ids, then the rows they name)
+            chain = {"latency_floor_ms": copy["ms"] + 2 * empty,
+                     "latency_what": f"the packed bitmask's copy from pinned host memory ({copy['bytes']:,} bytes), "
+                                     "timed alone in the card's tails run, then two dependent kernels at an empty "
+                                     "kernel's time each"}
+            missing: dict[str, Any] = {}
+        else:
+            chain = {"latency_floor_ms": None, "latency_what": "not measured for a step with a host copy"}
+            missing = {"no_pct_why": "its byte floor leaves out the copy from host memory, whose floor is not "
+                                     "measured on this card",
+                       "gaps": ("a latency floor of the whole step from the bitmask: its copy from host memory is "
+                                "not timed on this card",)}
         out.append(_row("the whole masked step from the packed bitmask (step 13)",
                         "batch 1, 1,000 of 128,256 tokens allowed", plan["clock"], plan,
                         "xgrammar (cuBLAS logits, then its mask kernel)",
                         one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=_masked_head_bytes(data, plan),
-                        latency_floor_ms=None, latency_what="not measured for a step with a host copy",
-                        short="step 13, whole step",
-                        no_pct_why="its byte floor leaves out the copy from host memory, whose floor is not measured",
-                        floor_notes=("it copies the bitmask from host memory and launches three "
-                                     "kernels; one empty kernel is no floor for that, and a floor for the copy is not "
-                                     "measured, so no percentage is given",),
-                        gaps=("a latency floor of the whole step from the bitmask: a floor for its copy from host "
-                              "memory is not measured",)) | {"latency_missing_why": "not measured for a step with "
-                                                               "a host copy and three launches",
-                                                          "tail_params": MASKED_HEAD_CASE})
+                        short="step 13, whole step", **chain, **missing) | {"tail_params": MASKED_HEAD_CASE})
     kernel = one(data, "step12", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
         out.append(_row("the masked head's kernel alone, allowed ids given (step 12)",
@@ -341,6 +348,10 @@ CTC_SMALL_CASE = {"T": 150, "A": 28, "N": 1}
 
 #: The tails run's kernel that does only the recursion's chain of frames (``studylog.ctc.floor.chain_floor``).
 CTC_CHAIN = "ctc recursion chain (latency floor)"
+#: The tails run's floors for chapters 02 and 08 (studylog.tails names them): the bitmask's copy from host memory,
+#: and SmolLM2's one-token forward with its kernels counted.
+BITMASK_COPY = "bitmask copy from host (latency floor)"
+FORWARD = "smollm2 forward, one token (kernels counted)"
 
 
 def _ctc(data):
@@ -380,8 +391,7 @@ def _ctc(data):
                    byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
                    rival_notes=faster_rivals(data, ours, rival, case, skip=("torch-cuDNN",)), gaps=gaps,
                    short=_entry_short(used, ours) + ("" if case is CTC_CASE else "; A = 28, N = 1"))
-        if case is CTC_CASE:
-            row["tail_params"] = CTC_CASE
+        row["tail_params"] = case
         if latency is None:
             row["latency_missing_why"] = what
             if case is CTC_SMALL_CASE:  # the floor that binds here is not measured: no percentage
@@ -441,7 +451,8 @@ def _ternary_part_one(data):
                          ours_label=f"part 1's last kernel, on tensor cores in Triton ({_step_words(series)})")
     if row is None:
         return None
-    return row | {"ternary_case": "part1", "tail_params": None, "part_notebook": PART_ONE_NOTEBOOK}
+    return row | {"ternary_case": "part1", "tail_params": TERNARY_CASE, "tail_series": "step14_workspace",
+                  "part_notebook": PART_ONE_NOTEBOOK}
 
 
 #: Our W2A8 kernel set against BitNet's (x quantised inside the call): step 23 alone, the one-row kernel. BitNet's
@@ -728,21 +739,30 @@ def _speculate(data):
         nbytes = body["floor_ms"] * decode["ceilings"]["copy_bandwidth_gbs"] * 1e6
         byte = med([nbytes / (data["ceilings"]["copy_bandwidth_gbs"] * 1e6) * r["forwards"] / r["tokens"]
                     for r, _ in pairs])
-    why = ("not measured: no run counted the kernels of SmolLM2's forward" + (
-        f"; the loop's forecast time per token (step 4's forwards per output token, each at this loop's one-token "
-        f"forward's GPU time), {us(forecast)} µs, is a bound, not a floor" if forecast is not None else ""))
-    return {"latency_missing_why": why, "no_tail_why": LOOP_NO_TAIL} | _row(
+    bound = (f"the loop's forecast time per token (step 4's forwards per output token, each at this loop's one-token "
+             f"forward's GPU time), {us(forecast)} µs, is a bound, not a floor" if forecast is not None else "")
+    forward = one(data.get("tails_run") or {"measurements": []}, FORWARD, model="smollm2", batch=1, chunk=1)
+    empty = _floor_empty_ms(data)
+    latency = None
+    if forward is not None and forward.get("kernels_per_forward") and empty is not None:
+        kernels = forward["kernels_per_forward"]
+        latency = med([kernels * empty * r["forwards"] / r["tokens"] for r, _ in pairs])
+        why = (f"{kernels} dependent kernels a forward (counted in the card's tails run), each at least an empty "
+               f"kernel, at step 4's forwards per output token" + (f"; {bound}" if bound else ""))
+    else:
+        why = "not measured: no run counted the kernels of SmolLM2's forward" + (f"; {bound}" if bound else "")
+    return ({"latency_missing_why": why} if latency is None else {}) | {"no_tail_why": LOOP_NO_TAIL} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of the {len(pairs)} "
                 "requests that close their JSON", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
                 rival_row,
-                byte_floor_ms=byte, latency_floor_ms=None, latency_what=why, short="step 4, whole loop",
+                byte_floor_ms=byte, latency_floor_ms=latency, latency_what=why, short="step 4, whole loop",
                 ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request")
                 .replace("each request's own", f"each of these {len(pairs)} requests' own"),
                 notes=("wall clock: the whole step, host included, per output token",
                        "byte floor: SmolLM2-135M's body read once per forward (chapter 07's run prices its bytes), "
-                       "per output token")) | {
-        # the floor that binds (the launches' chain) is not measured: no percentage of a smaller one is given
-        "binding": None, "binding_floor_ms": None, "pct_of_floor": None}
+                       "per output token")) | (
+        # without the launches' chain, the floor that binds, no percentage of a smaller one is given
+        {"binding": None, "binding_floor_ms": None, "pct_of_floor": None} if latency is None else {})
 
 
 #: The chapters on the scoreboard, in the course's order; a new chapter appends its entry.
@@ -857,9 +877,11 @@ TAILS = "tails"
 TAIL_SERIES: dict[int, tuple[tuple[str, dict[str, Any]], ...]] = {
     2: (("MaskedHeadPlan", MASKED_HEAD_CASE),),
     3: (("ngram_match", NGRAM_CASE),),
-    4: (("ctc_loss", CTC_CASE),),
-    # step 23 at BitNet's shape where our lead is smallest (the row's case, found from the BitNet run), then bf16 x
-    5: (("step23_w2a8_fused", {"shape": "4800x3200", "m": 1}), ("ternary_matmul", TERNARY_CASE)),
+    4: (("ctc_loss", CTC_CASE), ("ctc_loss", CTC_SMALL_CASE)),
+    # step 23 at BitNet's shape where our lead is smallest (the row's case, found from the BitNet run), then bf16 x,
+    # then part 1's last step at the same shape (a row names its series: ``tail_series``)
+    5: (("step23_w2a8_fused", {"shape": "4800x3200", "m": 1}), ("ternary_matmul", TERNARY_CASE),
+        ("step14_workspace", TERNARY_CASE)),
     6: (("multi_item_attention", MULTI_ITEM_GQA_CASE), ("multi_item_attention", MULTI_ITEM_CASE)),
 }
 #: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
@@ -871,14 +893,16 @@ TAIL_NOTE = ("p99 ÷ median: how far a re-measurement of the call lands above it
 P99_HEADER = "p99 ÷ median"
 
 
-def tail(card: Path, number: int, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def tail(card: Path, number: int, params: dict[str, Any] | None = None,
+         series: str | None = None) -> dict[str, Any] | None:
     """The tails run's row for chapter ``number`` on ``card`` at ``params`` (a row's ``tail_params``; None: the
-    chapter's first case), with ``ms`` its median and ``p99_ms``; None where the run or the case is not there."""
+    chapter's first case) and, where given, ``series`` (a row's ``tail_series``), with ``ms`` its median and
+    ``p99_ms``; None where the run or the case is not there."""
     data = load(card, TAILS)
     if data is None or number not in TAIL_SERIES:
         return None
     cases = TAIL_SERIES[number]
-    picked = [c for c in cases if params is None or c[1] == params][:1]
+    picked = [c for c in cases if (params is None or c[1] == params) and (series is None or c[0] == series)][:1]
     if not picked:
         return None
     series, case = picked[0]
@@ -1143,7 +1167,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: one clock in the row
             ours += f", end to end (its GPU time: the {card}'s {r['ours']} row)"
             median, slowest = r["ours_end_to_end_ms"], r.get("ours_end_to_end_slowest_ms")
-        t = tail(folders[r["card"]], r["number"], r["tail_params"]) if r.get("tail_params") else None
+        t = tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series")) \
+            if r.get("tail_params") else None
         # the second table's rows say where no run measured their tail; an end-to-end row has the GPU row's
         p99 = "–" if id(r) in lead_ids or r.get("ours_end_to_end_ms") is not None else NOT_MEASURED
         if t is not None:
@@ -1249,7 +1274,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         fastest = ", ".join(f"{ms * 1e3:.2f} µs on the {card}" for card, ms in floor_by_card.items() if ms is not None)
         definitions.append(f"A one-kernel call's latency floor, the card's fastest empty kernel over all its runs: "
                            f"{fastest}.")
-    samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"]) for r in board
+    samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series")) for r in board
                            if "missing" not in r and r.get("tail_params")) if t]
     if samples:
         definitions.append(TAIL_NOTE.format(samples=samples[0].get("samples", "many"),
