@@ -13,8 +13,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
-from studylog.masked_lm_head.formats import (FEW_IDS_MAX, AllowedTokens, Tiles, check_inputs, default_tiles,
-                                             dot_dtype, few_tiles, need_batch1, need_layout, output, stream_tiles)
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, AllowedTokens, Tiles, check_inputs,
+                                             default_tiles, dot_dtype, need_batch1, need_layout, output, stream_tiles)
 
 # Steps 4-7 share their fill programs, and steps 5-7 their row programs: two jit helpers, inlined where called.
 # Each takes the program id and the first id of its kind and subtracts them itself: a difference computed before
@@ -270,19 +270,15 @@ def batched_union_kernel(
         fill_disallowed_batch(out_ptr, allowed_ptr, pid, n_compute, B, V, stride_ob, stride_allowed_b, FILL_BLOCK)
 
 
-
-#: The L2 policy of the weight-row loads of steps 7 and 8: the rows are read once.
-EVICTION = "evict_first"
-#: Step 8's unused id slots: -1, which no output position equals.
-NO_IDS = (-1,) * FEW_IDS_MAX
+EVICTION = "evict_first"  # the L2 policy of steps 7 and 8's row loads: each row is read once
+NO_IDS = (-1,) * FEW_IDS_MAX  # step 8's unused id slots: no output position equals -1
 
 
 def _rows_and_fill(kernel, name: str, h, weight, allowed: AllowedTokens, layout: str, out, tiles: Tiles | None, *,
                    chunked: bool = False, fill_first: bool = False, **constexprs) -> Tensor:
-    """Steps 4-7 (batch 1; their kernels take the same arguments): one grid of row programs, ``block_v`` allowed
-    ids each, and fill programs, the row programs first (``fill_first``: after the fill programs, step 6). The
-    kernel gets the count of the programs that come first. ``chunked``: step 4's rows, read ``BLOCK_D`` at a time;
-    otherwise a row is one tile of ``D_POW2``."""
+    """Steps 4-7 (batch 1, one kernel signature): row programs of ``block_v`` allowed ids, then fill programs
+    (``fill_first``: the other way round, step 6); the kernel gets the count of the first kind. ``chunked``: step
+    4's rows, ``BLOCK_D`` at a time; otherwise a row is one tile of ``D_POW2``."""
     need_layout(name, layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     need_batch1(name, batch)
@@ -302,24 +298,22 @@ def _rows_and_fill(kernel, name: str, h, weight, allowed: AllowedTokens, layout:
 def step04_compact(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                    layout: str = "vd", out: Float[Tensor, "1 v"] | None = None,
                    tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
-    """Step 4 (batch 1): programs run only over the allowed ids, reading whole rows; the rest of
-    the grid writes ``-inf`` over the disallowed outputs, in the same launch."""
+    """Step 4 (batch 1): programs over the allowed ids only, reading whole rows; the rest of the grid writes
+    the ``-inf``."""
     return _rows_and_fill(compact_rows_kernel, "step04_compact", h, weight, allowed, layout, out, tiles, chunked=True)
 
 
 def step05_one_wait(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                     layout: str = "vd", out: Float[Tensor, "1 v"] | None = None,
                     tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
-    """Step 5 (batch 1): step 4 with each row loaded as one tile and reduced once, so a program waits for
-    memory once per row."""
+    """Step 5 (batch 1): step 4, each row loaded as one tile and reduced once (one wait for memory a row)."""
     return _rows_and_fill(one_wait_kernel, "step05_one_wait", h, weight, allowed, layout, out, tiles)
 
 
 def step06_fill_first(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                       layout: str = "vd", out: Float[Tensor, "1 v"] | None = None,
                       tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
-    """Step 6 (batch 1): step 5 with the fill programs first in the grid (it did not pay: steps 7 and 8 build on
-    step 5)."""
+    """Step 6 (batch 1): step 5, the fill programs first (it did not pay: steps 7 and 8 build on step 5)."""
     return _rows_and_fill(fill_first_kernel, "step06_fill_first", h, weight, allowed, layout, out, tiles,
                           fill_first=True)
 
@@ -327,16 +321,15 @@ def step06_fill_first(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], all
 def step07_stream(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                   layout: str = "vd", out: Float[Tensor, "1 v"] | None = None,
                   tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
-    """Step 7 (batch 1): step 5 with the weight rows read under an L2 evict-first policy (:data:`EVICTION`: each
-    row is read once)."""
+    """Step 7 (batch 1): step 5, the rows read once under an L2 evict-first policy (:data:`EVICTION`)."""
     return _rows_and_fill(compact_stream_kernel, "step07_stream", h, weight, allowed, layout, out, tiles,
                           EVICTION=EVICTION)
 
 
 def step08_few_ids(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                    out: Float[Tensor, "1 v"] | None = None, tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
-    """Step 8 (batch 1, at most :data:`FEW_IDS_MAX` allowed ids): the ids are launch arguments, so no program
-    loads an id or the mask (and a CUDA graph of a call replays the same ids)."""
+    """Step 8 (batch 1, at most :data:`FEW_IDS_MAX` ids): the ids are launch arguments, so no program loads an
+    id or the mask (a CUDA graph of a call replays the same ids)."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
     need_batch1("step08_few_ids", batch)
     ids = allowed.few_ids
@@ -344,7 +337,7 @@ def step08_few_ids(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowe
         raise ValueError(f"step08_few_ids takes at most {FEW_IDS_MAX} allowed ids, got {allowed.union_count} "
                          "(use step07_stream or masked_logits)")
     out = output(out, batch, vocab, h.device)
-    t = tiles or few_tiles()
+    t = tiles or FEW_TILES
     n = len(ids)  # row programs first, then the fill programs
     few_ids_kernel[(n + triton.cdiv(vocab, t.fill_block),)](
         h, weight, out, n, *ids, *NO_IDS[n:], vocab, weight.stride(0),
@@ -355,9 +348,8 @@ def step08_few_ids(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowe
 
 def _union_and_fill(kernel, name: str, step: int, h, weight, allowed: AllowedTokens, layout: str, out,
                     tiles: Tiles | None, *, dot: bool = False) -> Tensor:
-    """Steps 9 and 10 (their kernels take the same arguments; ``dot``: step 10's, which takes ``DOT_DTYPE`` too): row
-    programs over blocks of the union and of the batch, then fill programs over the flat ``[B, V]`` output, in one
-    grid."""
+    """Steps 9 and 10 (``dot``: step 10's kernel, which takes ``DOT_DTYPE`` too): row programs over blocks of the
+    union and the batch, then fill programs over the flat ``[B, V]`` output, in one grid."""
     need_layout(name, layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     out = output(out, batch, vocab, h.device)
@@ -375,14 +367,12 @@ def _union_and_fill(kernel, name: str, step: int, h, weight, allowed: AllowedTok
 def step09_union(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                  layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
                  tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
-    """Step 9: any batch, each sequence its own allowed set; every row of the union is read once, and reduced
-    against each sequence in turn."""
+    """Step 9: any batch, each sequence its own set; each union row read once, reduced against each sequence."""
     return _union_and_fill(union_sums_kernel, "step09_union", 9, h, weight, allowed, layout, out, tiles)
 
 
 def step10_batched(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                    layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
                    tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
-    """Step 10: step 9 with each block of union rows multiplied with the batch's hidden states on the tensor cores
-    (``tl.dot``)."""
+    """Step 10: step 9, each block of union rows multiplied with the hidden states on the tensor cores."""
     return _union_and_fill(batched_union_kernel, "step10_batched", 10, h, weight, allowed, layout, out, tiles, dot=True)

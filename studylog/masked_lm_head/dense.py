@@ -187,7 +187,6 @@ def row_skip_kernel(
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
-
 def step00_dense(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
                  allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
                  tiles: Tiles | None = None) -> Float[Tensor, "b v"]:

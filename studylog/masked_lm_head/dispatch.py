@@ -17,21 +17,19 @@ from torch import Tensor
 from studylog.masked_lm_head.compact import (EVICTION, NO_IDS, batched_union_kernel, compact_stream_kernel,
                                              few_ids_kernel)
 from studylog.masked_lm_head.dense import row_skip_kernel
-from studylog.masked_lm_head.formats import (FEW_IDS_MAX, VOCAB, AllowedTokens, Tiles, check_inputs, default_tiles,
-                                             dot_dtype, few_tiles, output, stream_tiles)
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, VOCAB, AllowedTokens, Tiles, check_inputs,
+                                             default_tiles, dot_dtype, output, stream_tiles)
 from studylog.masked_lm_head.launch import FastKernel
 
-#: The dense paths: ``"row_skip"`` (step 3, our Triton kernel, fused masking) or ``"cublas"`` (torch matmul
-#: with fp32 output, then ``masked_fill``).
+#: The dense paths: step 3's kernel, or torch's matmul with fp32 output then ``masked_fill``.
 DENSE_PATHS = ("row_skip", "cublas")
 
 
 @dataclass(frozen=True)
 class DispatchRule:
-    """The thresholds of :func:`choose_path`. ``compact_max_fraction``: batch size -> the largest fraction of the
-    vocabulary (the union's rows) that takes a compacted kernel; ``dense_path``: batch size -> the dense path above
-    it. A batch above 1 never takes batch 1's entries (measured on other kernels): with keys {1, 4},
-    batch 2 takes key 4's. ``few_max``: batch-1 sets of at most this many ids take step 8.
+    """The thresholds of :func:`choose_path`, per batch size: ``compact_max_fraction``, the largest union (a
+    fraction of V) that takes a compacted kernel; ``dense_path``, the path above it. A batch above 1 never takes
+    batch 1's entries (with keys {1, 4}, batch 2 takes key 4's). ``few_max``: batch-1 sets this small take step 8.
     """
 
     compact_max_fraction: Mapping[int, float]
@@ -53,13 +51,13 @@ class DispatchRule:
         """(the largest union count that takes a compacted kernel, the dense path), kept per (batch, vocab)."""
         got = self._limits.get((batch, vocab))
         if got is None:
-            got = (int(_for_batch(self.compact_max_fraction, batch) * vocab), _for_batch(self.dense_path, batch))
-            self._limits[(batch, vocab)] = got
+            got = self._limits[(batch, vocab)] = (int(_for_batch(self.compact_max_fraction, batch) * vocab),
+                                                  _for_batch(self.dense_path, batch))
         return got
 
 
-#: The rule without committed results: at batch 1 a compacted kernel never reads more than a dense path; above
-#: it, step 10's gathered tiles lose as the union nears the whole vocabulary, so the switch is put at half of it.
+#: Without committed results: at batch 1 a compacted kernel never reads more than a dense path; above it, step
+#: 10's gathered tiles lose as the union nears V, so the switch is at half of it.
 FALLBACK_RULE = DispatchRule({1: 1.0, 2: 0.5}, {1: "row_skip", 2: "row_skip"}, FEW_IDS_MAX,
                              "fallback rule (no committed benchmark results)")
 
@@ -82,9 +80,8 @@ def rows_by_case(rows: list[dict[str, Any]]) -> dict[tuple[int, str, int], dict[
 
 
 def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
-    """(batch, mask kind) -> one point per measured allowed count, sorted by union: ``compact`` (the fastest
-    compacted step), ``dense`` (the faster dense path), and each of ``row_skip``, ``cublas``, ``few`` and ``stream``
-    (None where not measured), in ms, on ``[V, D]``."""
+    """(batch, mask kind) -> a point per measured allowed count, by union, in ms on ``[V, D]``: ``compact`` (the
+    fastest compacted step), ``dense`` (the faster dense path), ``row_skip``, ``cublas``, ``few``, ``stream``."""
     compact_b1, few, batched, row = (step_series(n) for n in (7, 8, 10, 3))
     out: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for (batch, kind, _), series in rows_by_case([r for r in rows if "union" in r]).items():
@@ -108,11 +105,9 @@ def win_range(points: list[tuple[int, bool]]) -> tuple[int | None, int | None]:
 
 
 def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
-    """The dispatch thresholds measured in one benchmark run, per batch size over all its mask kinds: a compacted
-    kernel up to the largest union where it was no slower than the best dense path with no slower point below; the
-    dense path with the smaller total time where both were measured; step 8 up to the largest batch-1 count where
-    it was no slower than step 7 with no slower count below (all its slots if it never lost).
-    """
+    """The thresholds of one benchmark run, per batch size over its mask kinds: a compacted kernel up to the
+    largest union where it was no slower than the best dense path with no loss below; the dense path of smaller
+    total time; step 8 likewise against step 7 (all its slots if it never lost)."""
     points = crossover_points(results.rows)
     if not points:
         raise ValueError(f"{results.path} holds no points where both a compacted and a dense path were measured")
@@ -137,8 +132,8 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
 
 @functools.lru_cache(maxsize=None)
 def dispatch_rule() -> DispatchRule:
-    """The rule :func:`masked_logits` uses: from this GPU's committed results (else the newest run of any GPU),
-    else :data:`FALLBACK_RULE`. Read once."""
+    """:func:`masked_logits`'s rule: this GPU's committed results, else any GPU's newest, else
+    :data:`FALLBACK_RULE`. Read once."""
     from studylog import plotting
 
     try:
@@ -189,10 +184,7 @@ def cublas_masked(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed
 def dense_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], out: Float[Tensor, "b v"]) -> None:
     """``out = h @ weight.T`` in fp32, never rounded to bf16 (on the CPU the operands are widened first)."""
     global _MM_OUT_DTYPE
-    if not h.is_cuda:
-        torch.mm(h.float(), weight.float().t(), out=out)
-        return
-    if _MM_OUT_DTYPE is not False:
+    if h.is_cuda and _MM_OUT_DTYPE is not False:
         try:
             torch.mm(h, weight.t(), out_dtype=torch.float32, out=out)
             _MM_OUT_DTYPE = True
@@ -201,23 +193,18 @@ def dense_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], out: Flo
             if _MM_OUT_DTYPE:  # it worked before: this is a real error
                 raise
             _MM_OUT_DTYPE = False
-    # No fp32-output mm in this torch: widen the operands (exact, slower) rather than round logits to bf16.
+    # the CPU, or no fp32-output mm in this torch: widen the operands (exact, slower), never round to bf16
     torch.mm(h.float(), weight.float().t(), out=out)
 
 
-#: Whether this torch's CUDA ``torch.mm`` takes ``out_dtype`` (found on first use).
-_MM_OUT_DTYPE: bool | None = None
-
-
-# Step 12's host time is its lesson: it launches the kernels of steps 3, 7, 8 and 10 through their compiled
-# launchers (:mod:`.launch`), with the grids and arguments those steps show.
+_MM_OUT_DTYPE: bool | None = None  # whether CUDA torch.mm takes out_dtype (found on first use)
+# Step 12's host time is its lesson: steps 3, 7, 8 and 10's kernels through their compiled launchers (.launch).
 _ROW_SKIP, _STREAM, _FEW, _BATCHED = (FastKernel(k) for k in (row_skip_kernel, compact_stream_kernel, few_ids_kernel,
                                                                batched_union_kernel))
 
 
 def launch_constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> dict:
-    """The constexprs and launch options of ``path``'s kernel as its step passes them, one dict per
-    configuration, kept (looked up by the tiles' identity)."""
+    """``path``'s kernel's constexprs and launch options as its step passes them, one dict kept per config."""
     key = (path, id(t), hidden, dtype)
     hit = _LAUNCH_CONSTEXPRS.get(key)
     if hit is None or hit[0] is not t:
@@ -239,16 +226,14 @@ _LAUNCH_CONSTEXPRS: dict[tuple, tuple] = {}
 
 def step12_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                     out: Float[Tensor, "b v"] | None = None, rule: DispatchRule | None = None) -> Float[Tensor, "b v"]:
-    """Step 12: the fastest path for this batch size and allowed count, by :func:`choose_path`.
-
-    A CUDA graph of a call replays only the *same* ``allowed``: the path, the grid and (step 8) the ids are
-    launch arguments fixed at capture; :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan` captures once."""
+    """Step 12: the fastest path for this batch size and allowed count (:func:`choose_path`). A CUDA graph of a
+    call replays only the *same* ``allowed`` (path, grid and ids are fixed at capture): see ``MaskedHeadPlan``."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
     n = allowed.union_count
     path = choose_path(batch, vocab, n, rule)
     out = output(out, batch, vocab, h.device)
     if path == "few_ids":  # step 8
-        t, ids = few_tiles(), allowed.few_ids
+        t, ids = FEW_TILES, allowed.few_ids
         _FEW(len(ids) + -(-vocab // t.fill_block), (h, weight, out, len(ids), *ids, *NO_IDS[len(ids):], vocab,
                                                     weight.stride(0)), launch_constexprs(path, t, hidden, h.dtype))
     elif path == "stream":  # step 7
@@ -276,8 +261,6 @@ def step12_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
 
 def masked_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                   out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
-    """Masked LM head: fp32 logits where ``allowed``, ``-inf`` elsewhere, by step 12; ``weight`` is PyTorch's
-    ``lm_head.weight``, ``[V, D]``, bf16 or fp16. In a CUDA graph, see
-    :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`.
-    """
+    """Masked LM head by step 12: fp32 logits where ``allowed``, ``-inf`` elsewhere; ``weight`` is
+    ``lm_head.weight``, ``[V, D]``, bf16 or fp16. In a CUDA graph, see ``MaskedHeadPlan``."""
     return step12_dispatch(h, weight, allowed, out=out)

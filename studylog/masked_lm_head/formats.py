@@ -17,8 +17,7 @@ from torch import Tensor
 from studylog import runtime
 from studylog.checks import check_out, check_tensor
 
-#: Whether the kernels run on the GPU (else in Triton's interpreter, on CPU tensors).
-_ON_GPU = runtime.mode() == "gpu"
+_ON_GPU = runtime.mode() == "gpu"  # else Triton's interpreter, on CPU tensors
 
 if TYPE_CHECKING:
     from studylog.masked_lm_head.reorder import VocabOrder
@@ -78,10 +77,6 @@ class AllowedTokens:
     def disallowed(self) -> Bool[Tensor, "b v"]:
         """``~mask``, kept for torch's ``masked_fill`` (the baselines and the cuBLAS path)."""
         return ~self.mask
-
-    def ids(self, b: int = 0) -> Int[Tensor, " n"]:
-        """Sorted allowed ids of sequence ``b`` (int64)."""
-        return self.mask[b].nonzero().flatten()
 
     @classmethod
     def from_ids(cls, ids_per_sequence: Sequence[Any], vocab_size: int,
@@ -202,8 +197,7 @@ def batch_tile(batch: int) -> int:
 
 
 def default_tiles(step: int, batch: int, allowed_rows: int = 0) -> Tiles:
-    """The tile sizes step ``step`` uses unless told otherwise (chosen for an H100/H200 by the sweeps in
-    ``lab/masked_lm_head/README.md``), made once per step, batch tile and class of ``allowed_rows``."""
+    """Step ``step``'s tiles unless told otherwise (H100/H200 sweeps: ``lab/masked_lm_head/README.md``)."""
     return _tiles_for(step, batch_tile(batch), 0 if allowed_rows <= 2048 else 1 if allowed_rows <= 16384 else 2)
 
 
@@ -215,7 +209,7 @@ def _tiles_for(step: int, block_b: int, rows_class: int) -> Tiles:
     if step in (5, 6, 7):
         return _STREAM_TILES[rows_class == 2]
     if step == 8:
-        return _FEW_TILES
+        return FEW_TILES
     if step in (9, 10):
         if rows_class == 0:  # few rows: many small programs with wide chunks, so no program walks D in tiny steps
             return Tiles(block_b=block_b, block_v=16, block_d=256, fill_block=4096, num_warps=4, num_stages=3)
@@ -231,14 +225,9 @@ def stream_tiles(allowed_rows: int) -> Tiles:
     return _STREAM_TILES[allowed_rows > 16384]
 
 
-def few_tiles() -> Tiles:
-    """Step 8's launch: one row per program, fill programs of 1,024 outputs (smaller than step 7's)."""
-    return _FEW_TILES
-
-
 _STREAM_TILES = (Tiles(block_b=1, block_v=1, fill_block=4096, num_warps=4, num_stages=1),
                  Tiles(block_b=1, block_v=2, fill_block=4096, num_warps=4, num_stages=1))
-_FEW_TILES = Tiles(block_b=1, block_v=1, fill_block=1024, num_warps=4, num_stages=1)
+FEW_TILES = Tiles(block_b=1, block_v=1, fill_block=1024, num_warps=4, num_stages=1)  # step 8: smaller fills
 
 
 def dot_dtype(dtype: torch.dtype):
@@ -318,7 +307,7 @@ def _check_inputs_detailed(h: Any, weight: Any, allowed: Any, layout: str, out: 
 
 
 def output(out: Tensor | None, batch: int, vocab: int, device) -> Tensor:
-    """``out``, or a new fp32 ``[batch, vocab]`` output (an allocation per call: pass ``out`` in a decode loop)."""
+    """``out``, or a new fp32 ``[batch, vocab]`` (pass ``out`` in a decode loop)."""
     return torch.empty(batch, vocab, dtype=torch.float32, device=device) if out is None else out
 
 
@@ -341,12 +330,10 @@ def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: 
     return logits.masked_fill(~allowed.mask.to(logits.device), float("-inf"))
 
 
-#: The unit roundoff of fp32 (round to nearest): every fp32 addition is exact to within this relative error.
+#: The unit roundoff of fp32 (round to nearest).
 FP32_UNIT_ROUNDOFF = 2.0**-24
-
-
-#: How a path adds the products of a logit: ``"dot"`` through ``tl.dot`` or cuBLAS, ``"row"`` as one program's
-#: reduction of rows per logit (steps 4-9, and the plan's batch-1 kernel).
+#: How a path adds a logit's products: ``"dot"`` (``tl.dot``, cuBLAS) or ``"row"`` (one program reduces a row:
+#: steps 4-9 and the plan's batch-1 kernel).
 SUMMATIONS = ("dot", "row")
 
 
@@ -376,10 +363,9 @@ def fp32_gamma(hidden: int, summation: str = "dot") -> float:
 
 def error_bound(h: Tensor, weight: Tensor, allowed: AllowedTokens | None = None, layout: str = "vd", *,
                 summation: str = "dot") -> Tensor:
-    """A bound on the fp32-accumulation error of every logit: ``gamma_k * sum_i |h_i w_i|`` with
-    ``k`` = :func:`accumulation_depth` (Higham, *Accuracy and Stability of Numerical Algorithms*, §4.2).
-    Products of bf16/fp16 values are exact in fp32, so only the additions count; a tiny absolute slack keeps
-    exact zeros comparable. ``allowed`` is not used."""
+    """``gamma_k * sum_i |h_i w_i|`` bounds every logit's fp32-accumulation error (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, §4.2): bf16/fp16 products are exact in fp32, so only the additions
+    count; a tiny slack keeps exact zeros comparable. ``allowed`` is not used."""
     w = weight.double() if layout == "vd" else weight.double().t()
     scale = h.double().abs() @ w.abs().t()
     return fp32_gamma(h.shape[1], summation) * scale + 1e-30
@@ -393,7 +379,7 @@ def check_logits(out: Tensor, h: Tensor, weight: Tensor, allowed: AllowedTokens,
 
 
 def compare_logits(out: Tensor, ref: Tensor, bound: Tensor, mask: Tensor) -> dict:
-    """:func:`check_logits`'s verdict from a reference and bound already computed (the benchmark keeps them)."""
+    """:func:`check_logits`'s verdict from a precomputed reference and bound."""
     got = out.double()
     err = (got - ref).abs()[mask]
     res = {"nan": int(torch.isnan(got).sum()), "not_minus_inf": int((got[~mask] != float("-inf")).sum()),

@@ -15,16 +15,13 @@ import torch
 from studylog import runtime
 
 _I32 = 2**31
-
-
+_GPU = runtime.mode() == "gpu"  # else Triton's interpreter runs every call
 try:
     from triton import knobs as _triton_knobs
 
     _HOOKS = _triton_knobs.runtime
 except ImportError:  # older Triton: no launch hooks to respect
     _HOOKS = None
-#: Whether Triton compiles for the GPU in this process (else its interpreter runs every call).
-_GPU = runtime.mode() == "gpu"
 
 
 def _installed(hook) -> bool:

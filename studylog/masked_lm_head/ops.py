@@ -1,9 +1,7 @@
-"""Chapter 2's entry point as a PyTorch operator: ``torch.ops.studylog.masked_logits``.
-
-It takes the packed int32 bitmask and a bound on the union's count (no ``AllowedTokens``, which ``torch.compile``
-cannot put in a graph) and runs :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`'s kernels, reading nothing
-back. On the GPU a ``triton_op``; in the interpreter an opaque ``custom_op`` (Dynamo stops at its ``uint64``
-pointers); ``STUDYLOG_OPAQUE_OPS=1`` makes the GPU operator opaque too.
+"""Chapter 2's entry point as a PyTorch operator, ``torch.ops.studylog.masked_logits``: from the packed int32
+bitmask and a bound on the union's count (``torch.compile`` cannot graph an ``AllowedTokens``), the plan's kernels,
+reading nothing back. On the GPU a ``triton_op``; in the interpreter an opaque ``custom_op`` (Dynamo stops at its
+``uint64`` pointers); ``STUDYLOG_OPAQUE_OPS=1`` makes the GPU operator opaque too.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from studylog.masked_lm_head.dispatch import dispatch_rule
 from studylog.masked_lm_head.formats import WEIGHT_DTYPES, bitmask_words
 from studylog.masked_lm_head.plan import bucket_for, bucket_launches
 
-#: Whether the operator is a ``triton_op`` (Inductor sees its kernels) rather than an opaque ``custom_op``.
+#: whether the operator is a ``triton_op`` (Inductor sees its kernels), not an opaque ``custom_op``
 TRITON_OP = runtime.mode() == "gpu" and os.environ.get("STUDYLOG_OPAQUE_OPS") != "1"
 
 if TRITON_OP:

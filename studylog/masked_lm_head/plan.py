@@ -1,10 +1,9 @@
-"""Step 13: the masked LM head in a decode loop that a CUDA graph captures once, :class:`MaskedHeadPlan`, and one
-decode step of it from the grammar's packed bitmask, :func:`step13_plan`.
+"""Step 13: the masked LM head in a decode loop a CUDA graph captures once (:class:`MaskedHeadPlan`), and one
+decode step of it from the grammar's packed bitmask (:func:`step13_plan`).
 
-A graph keeps the launch arguments it was captured with, so nothing that changes from step to step may be one
-(the ids, their count, the path). The plan keeps them in device buffers: the packed int32 bitmask the caller
-copies in, the union's ids and count built from it on the device, and step 7's and 10's kernels with the count
-loaded rather than passed, their grid sized for a capacity (programs past the count store nothing). It keeps one
+A graph keeps its launch arguments, so what changes each step (the ids, their count, the path) lives in device
+buffers: the bitmask the caller copies in, the union's ids and count built from it on the device, and step 7's
+and 10's kernels loading the count, their grid sized for a capacity (programs past the count store nothing). One
 graph per **bucket**: the path for the count, the capacity rounded up to a power of two (at least 16).
 """
 
@@ -160,14 +159,9 @@ def unpack_bitmask_kernel(bitmask_ptr, mask_ptr, V, stride_bm, stride_mask, FILL
     tl.store(mask_ptr + seq * stride_mask + tok, ((word >> (tok % 32)) & 1).to(tl.uint8), mask=inside)
 
 
-#: Words of the bitmask per program of :func:`union_ids_kernel` (1,024 tokens), and sequences per load.
-UNION_BLOCK_W = 32
-UNION_BLOCK_B = 16
-#: Outputs per program of :func:`apply_bitmask_kernel` (and tokens of :func:`unpack_bitmask_kernel`), and its warps.
-APPLY_BLOCK = 4096
-APPLY_WARPS = 32
-#: The smallest capacity of a compacted bucket.
-MIN_CAPACITY = 16
+UNION_BLOCK_W, UNION_BLOCK_B = 32, 16  # union_ids_kernel: bitmask words a program (1,024 tokens), sequences a load
+APPLY_BLOCK, APPLY_WARPS = 4096, 32  # apply_bitmask_kernel's outputs a program (unpack_bitmask_kernel's too), warps
+MIN_CAPACITY = 16  # the smallest capacity of a compacted bucket
 
 
 def bucket_for(batch: int, vocab: int, count: int, rule: DispatchRule) -> tuple[str, int]:
@@ -183,11 +177,10 @@ def bucket_for(batch: int, vocab: int, count: int, rule: DispatchRule) -> tuple[
 def bucket_launches(bucket: tuple[str, int], h: Tensor, weight: Tensor, out: Tensor, bitmask: Tensor,
                     ids: Tensor | None = None, count: Tensor | None = None,
                     mask: Tensor | None = None) -> list[tuple]:
-    """A bucket's kernel launches, the plan's and the operator's: (kernel, grid, arguments, constexprs). The dense
-    path applies the bitmask to the logits already in ``out``; the row-skip path unpacks it into ``mask`` for step
-    3's kernel; a compacted path builds the union's ``ids`` and ``count`` on the device for step 7's or step 10's
-    kernel. Every tensor is contiguous, so a row stride is the row's length (plain ints: a traced SymInt is
-    specialised)."""
+    """A bucket's launches, the plan's and the operator's: (kernel, grid, arguments, constexprs). Dense: the
+    bitmask applied to the logits in ``out``; row skip: unpacked into ``mask`` for step 3's kernel; compacted: the
+    union's ``ids`` and ``count`` built on the device for step 7's or 10's kernel. Every tensor is contiguous: a
+    row stride is the row's length (plain ints: a traced SymInt is specialised)."""
     path, capacity = bucket
     batch, vocab, hidden, words = (int(n) for n in (*out.shape, weight.shape[1], bitmask.shape[1]))
     if path == "dense":
@@ -215,7 +208,6 @@ def bucket_launches(bucket: tuple[str, int], h: Tensor, weight: Tensor, out: Ten
                     launch_constexprs("batched", t, hidden, weight.dtype))]
 
 
-#: The plan's launchers of the kernels :func:`bucket_launches` names (:mod:`.launch`: little host time).
 _FAST = {k: FastKernel(k) for k in (union_ids_kernel, row_skip_kernel, unpack_bitmask_kernel, stream_count_kernel,
                                     batched_count_kernel, apply_bitmask_kernel)}
 
@@ -242,16 +234,15 @@ def xgrammar_peer():
 
 
 class MaskedHeadPlan:
-    """A masked LM head for a decode loop captured in a CUDA graph. ``weight`` is ``[V, D]``, bf16 or fp16; ``h``
-    an existing ``[batch, D]`` buffer the model writes into (else a new one). Each step::
+    """A masked LM head for a decode loop in a CUDA graph. ``weight``: ``[V, D]``, bf16 or fp16; ``h``: the
+    ``[batch, D]`` buffer the model writes into (else a new one). Each step::
 
         plan.h.copy_(hidden)                                   # or the model wrote it there
         plan.bitmask.copy_(host_bitmask, non_blocking=True)    # from pinned memory
         logits = plan.step(count)                              # replays the graph of count's bucket
 
-    ``count`` is the union's token count, or a bound above it. The dense bucket applies the bitmask with
-    xgrammar's GPU kernel when it is installed (``use_xgrammar``), else with :func:`apply_bitmask_kernel`.
-    """
+    ``count``: the union's token count, or a bound above it. The dense bucket applies the bitmask with xgrammar's
+    GPU kernel where installed (``use_xgrammar``), else :func:`apply_bitmask_kernel`."""
 
     def __init__(self, weight: Float[Tensor, "v d"], batch: int, *, h: Float[Tensor, "b d"] | None = None,
                  rule: DispatchRule | None = None, use_xgrammar: bool = True):
@@ -274,10 +265,8 @@ class MaskedHeadPlan:
         if h.device != dev:
             raise ValueError(f"h must be on the weight's device {dev}, got {h.device}")
         self.h = h
-        #: The allowed sets, packed (:func:`~studylog.masked_lm_head.formats.pack_bitmask`); the caller fills it.
-        self.bitmask = torch.zeros(batch, bitmask_words(self.vocab), dtype=torch.int32, device=dev)
-        #: The logits of the last step.
-        self.out = torch.empty(batch, self.vocab, dtype=torch.float32, device=dev)
+        self.bitmask = torch.zeros(batch, bitmask_words(self.vocab), dtype=torch.int32, device=dev)  # caller fills
+        self.out = torch.empty(batch, self.vocab, dtype=torch.float32, device=dev)  # the last step's logits
         # the union's ids (room for every token, and a block of slack past it) and their count
         self.ids = torch.zeros(self.vocab + 64, dtype=torch.int32, device=dev)
         self.count = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -291,19 +280,15 @@ class MaskedHeadPlan:
     def bucket(self, count: int) -> tuple[str, int]:
         """:func:`bucket_for` this plan's batch, vocabulary and rule (kept per count)."""
         got = self._buckets.get(count)
-        if got is not None:
-            return got
-        got = bucket_for(self.batch, self.vocab, count, self.rule or dispatch_rule())
-        if len(self._buckets) < 4096:
-            self._buckets[count] = got
+        if got is None:
+            got = bucket_for(self.batch, self.vocab, count, self.rule or dispatch_rule())
+            if len(self._buckets) < 4096:
+                self._buckets[count] = got
         return got
 
     def buckets(self) -> list[tuple[str, int]]:
         """Every bucket a count can fall in, smallest first (the rule's largest compacted count included)."""
-        counts, c = [], MIN_CAPACITY
-        while c < self.vocab:
-            counts.append(c)
-            c *= 2
+        counts = [c for c in (MIN_CAPACITY << i for i in range(self.vocab.bit_length())) if c < self.vocab]
         counts += [self.vocab, (self.rule or dispatch_rule()).limits(self.batch, self.vocab)[0]]
         seen = {self.bucket(count): None for count in sorted(counts)}
         return sorted(seen, key=lambda b: (b[0] in ("dense", "row_skip"), b[1]))
@@ -394,9 +379,8 @@ class MaskedHeadPlan:
 
 
 def step13_plan(plan: MaskedHeadPlan, bitmask: Int[Tensor, "b w"], count: int) -> Float[Tensor, "b v"]:
-    """Step 13: one decode step from the grammar's packed bitmask. The bitmask (``[B, ceil(V / 32)]`` int32, best in
-    pinned host memory) is copied into ``plan.bitmask`` without waiting, then the graph of ``count``'s bucket replays:
-    the union's ids and count built on the device, then step 7's or step 10's kernel reading the count (or a dense
-    path). ``count`` is the union's token count, or a bound above it. Returns ``plan.out``."""
+    """Step 13: one decode step from the grammar's packed bitmask (``[B, ceil(V / 32)]`` int32, best pinned),
+    copied into ``plan.bitmask`` without waiting; then ``count``'s bucket's graph replays (the union built on the
+    device, then step 7's or 10's kernel reading the count, or a dense path). Returns ``plan.out``."""
     plan.bitmask.copy_(bitmask, non_blocking=True)
     return plan.step(count)

@@ -59,10 +59,6 @@ class VocabOrder:
     def vocab_size(self) -> int:
         return self.perm.numel()
 
-    @classmethod
-    def identity(cls, vocab_size: int) -> "VocabOrder":
-        return cls(torch.arange(vocab_size, dtype=torch.int32))
-
     @cached_property
     def position(self) -> np.ndarray:
         """``position[token]``: where an original token sits in the reordered vocabulary."""
@@ -79,7 +75,7 @@ def cluster_order(train_sets: Sequence[np.ndarray], vocab_size: int) -> VocabOrd
     sets = [np.unique(np.asarray(s, dtype=np.int64)) for s in train_sets]
     sets = [s for s in sets if s.size]
     if not sets:
-        return VocabOrder.identity(vocab_size)
+        return VocabOrder(torch.arange(vocab_size, dtype=torch.int32))
     for s in sets:
         if s[0] < 0 or s[-1] >= vocab_size:
             raise ValueError(f"a training set holds ids outside [0, vocab_size={vocab_size})")
