@@ -279,7 +279,3 @@ def draft_acceptance(inputs: NgramInputs, before: Tensor, draft_tokens: Tensor, 
         with_accepted += accepted > 0
     return {"active_slots": active, "slots_with_drafts": with_drafts, "drafted_tokens": drafted_total,
             "accepted_tokens": accepted_total, "slots_with_accepted": with_accepted}
-
-
-__all__ = ["SLOT_KINDS", "BENCH_MIX", "make_batch", "corpus_batch", "haystack_bytes", "early_exit_bytes",
-           "search_keys", "branch_stats", "draft_acceptance"]

@@ -179,8 +179,3 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{k} {tuple(corpus.tokens[k].shape)} from a stream of {corpus.meta['stream_tokens'][k]:,} tokens"
                       for k in KINDS))
     return 0
-
-
-__all__ = ["CORPUS_FILES", "KINDS", "WINDOW", "WINDOWS", "TOKENIZER", "CORPUS_PATH", "stdlib_folder", "docstrings",
-           "corpus_documents", "window_starts", "build_corpus", "write_corpus", "Corpus", "load_corpus",
-           "stdlib_differences", "main"]

@@ -117,6 +117,3 @@ class CpuPathCall:
         _run_c_loop(host, host_draft, host_this_time, self.config)
         draft.copy_(host_draft)
         this_time.copy_(host_this_time)
-
-
-__all__ = ["CPU_SOURCE", "cpu_library", "cpu_path_inplace", "CpuPathCall"]

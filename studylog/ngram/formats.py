@@ -155,7 +155,3 @@ def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tens
 def same_state(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> bool:
     """Whether two (draft_tokens, seq_lens_this_time) pairs are bit-identical (on any devices)."""
     return bool(torch.equal(a[0].cpu(), b[0].cpu()) and torch.equal(a[1].cpu(), b[1].cpu()))
-
-
-__all__ = ["NGRAM_MAX", "NONE_KEY", "DEFAULT_THRESHOLD", "HYBRID_DEFAULT_THRESHOLD", "NgramInputs", "NgramConfig",
-           "validate", "same_state"]

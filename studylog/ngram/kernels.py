@@ -5,6 +5,7 @@ buffers) and :func:`ngram_match` (step 11 or 12, by the batch's shapes and budge
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from dataclasses import fields
 from typing import Callable
@@ -207,143 +208,108 @@ SeqLens = Int32[Tensor, " batch"]
 Drafts = tuple[DraftTokens, SeqLens]
 
 
-def step01_cpu_path(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                    config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
+def _step(launches: Callable[[NgramMatcher], None]) -> Callable:
+    """A step function from ``launches``, its kernel launches on an :class:`NgramMatcher` ``m``. Every step is called
+    ``step(inputs, draft_tokens, seq_lens_this_time, *, config=NgramConfig(), bound=None, **options)`` and drafts in
+    place; ``bound``: a matcher of this step already bound to these buffers (no checks, no allocation);
+    ``options``: the step's own, as :class:`NgramMatcher` takes them."""
+    def step(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+             config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None, **options) -> Drafts:
+        m = bound or NgramMatcher(step, inputs, draft_tokens, seq_lens_this_time, config=config, **options)
+        if m.batch:
+            launches(m)
+        return draft_tokens, seq_lens_this_time
+
+    signature = inspect.signature(step)
+    functools.update_wrapper(step, launches)
+    step.__signature__ = signature  # the call's, not the launches'
+    return step
+
+
+@_step
+def step01_cpu_path(m: NgramMatcher) -> None:
     """Step 1, the deployed path: copy to the host, run the serial C loop (``csrc/ngram_cpu_path.c``), copy the
-    drafts back (on CPU tensors: only the loop), in place; not capturable in a CUDA graph. ``bound``, in every
-    step: an :class:`NgramMatcher` of this step already bound to these buffers (no checks, no allocation)."""
-    m = bound or NgramMatcher(step01_cpu_path, inputs, draft_tokens, seq_lens_this_time, config=config)
-    if m.batch:
-        m._call()
-    return draft_tokens, seq_lens_this_time
+    drafts back (on CPU tensors: only the loop); not capturable in a CUDA graph."""
+    m._call()
 
 
-def step02_serial(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                  config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
-    """Step 2: the CPU loop as a one-thread GPU kernel (``ngram_serial``), in place."""
-    m = bound or NgramMatcher(step02_serial, inputs, draft_tokens, seq_lens_this_time, config=config)
-    if m.batch:
-        _kernel("ngram_serial", "ngram_serial", m.device)((1,), (1,), *m.args)
-    return draft_tokens, seq_lens_this_time
+@_step
+def step02_serial(m: NgramMatcher) -> None:
+    """Step 2: the CPU loop as a one-thread GPU kernel (``ngram_serial``)."""
+    _kernel("ngram_serial", "ngram_serial", m.device)((1,), (1,), *m.args)
 
 
-def step03_two_phase(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                     config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
+@_step
+def step03_two_phase(m: NgramMatcher) -> None:
     """Step 3: a parallel search per slot and ``n`` (``ngram_search_per_n``, a block per slot), then the budget on
-    one thread (``ngram_budget_serial``), in place."""
-    m = bound or NgramMatcher(step03_two_phase, inputs, draft_tokens, seq_lens_this_time, config=config)
-    if m.batch:
-        _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
-        _kernel("ngram_two_phase", "ngram_budget_serial", m.device)((1,), (1,), *m.args)
-    return draft_tokens, seq_lens_this_time
+    one thread (``ngram_budget_serial``)."""
+    _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
+    _kernel("ngram_two_phase", "ngram_budget_serial", m.device)((1,), (1,), *m.args)
 
 
-def step04_two_phase_scan(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                          config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
+@_step
+def step04_two_phase_scan(m: NgramMatcher) -> None:
     """Step 4: step 3's search, then the exact budget from block-wide prefix sums (``ngram_budget_scan``, one
-    block), in place."""
-    m = bound or NgramMatcher(step04_two_phase_scan, inputs, draft_tokens, seq_lens_this_time, config=config)
-    if m.batch:
-        _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
-        _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
-    return draft_tokens, seq_lens_this_time
+    block)."""
+    _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
+    _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
 
 
-def step05_one_pass(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                    config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
+@_step
+def step05_one_pass(m: NgramMatcher) -> None:
     """Step 5: one pass over each haystack for every ``n`` (``ngram_search_one_pass``, a block per slot, no barrier
-    in its loop), then step 4's budget scan, in place."""
-    m = bound or NgramMatcher(step05_one_pass, inputs, draft_tokens, seq_lens_this_time, config=config)
-    if m.batch:
-        _kernel("ngram_one_pass", "ngram_search_one_pass", m.device)((m.batch,), (THREADS,), *m.args)
-        _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
-    return draft_tokens, seq_lens_this_time
+    in its loop), then step 4's budget scan."""
+    _kernel("ngram_one_pass", "ngram_search_one_pass", m.device)((m.batch,), (THREADS,), *m.args)
+    _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
 
 
-def step06_one_pass_split(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                          config: NgramConfig = NgramConfig(), chunk_tiles: int | None = None,
-                          bound: NgramMatcher | None = None) -> Drafts:
-    """Step 6: step 5 split over many blocks per slot (``ngram_one_pass_split``, ``chunk_tiles`` tiles each,
+@_step
+def step06_one_pass_split(m: NgramMatcher) -> None:
+    """Step 6: step 5 split over many blocks per slot (``ngram_one_pass_split``, option ``chunk_tiles`` tiles each,
     :func:`fused_chunk_len` by default), then step 4's budget scan as a second launch that also resets the keys for
-    the next call (``ngram_budget_scan_reset``), in place."""
-    m = bound or NgramMatcher(step06_one_pass_split, inputs, draft_tokens, seq_lens_this_time, config=config,
-                              chunk_tiles=chunk_tiles)
-    if m.batch:
-        _kernel("ngram_one_pass", "ngram_one_pass_split", m.device)(m.grid, (THREADS,), *m.args)
-        _kernel("ngram_one_pass", "ngram_budget_scan_reset", m.device)((1,), (SCAN_THREADS,), *m.args)
-    return draft_tokens, seq_lens_this_time
+    the next call (``ngram_budget_scan_reset``)."""
+    _kernel("ngram_one_pass", "ngram_one_pass_split", m.device)(m.grid, (THREADS,), *m.args)
+    _kernel("ngram_one_pass", "ngram_budget_scan_reset", m.device)((1,), (SCAN_THREADS,), *m.args)
 
 
-def step07_one_pass_fused(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                          config: NgramConfig = NgramConfig(), chunk_tiles: int | None = None,
-                          bound: NgramMatcher | None = None) -> Drafts:
-    """Step 7: step 6 with phase 2 in the last block to finish: one launch (``ngram_one_pass_fused``), in place."""
-    m = bound or NgramMatcher(step07_one_pass_fused, inputs, draft_tokens, seq_lens_this_time, config=config,
-                              chunk_tiles=chunk_tiles)
-    if m.batch:
-        _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)(m.grid, (THREADS,), *m.args)
-    return draft_tokens, seq_lens_this_time
+@_step
+def step07_one_pass_fused(m: NgramMatcher) -> None:
+    """Step 7: step 6 with phase 2 in the last block to finish: one launch (``ngram_one_pass_fused``)."""
+    _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)(m.grid, (THREADS,), *m.args)
 
 
-def step08_stream(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                  config: NgramConfig = NgramConfig(), chunk_len: int | None = None,
-                  bound: NgramMatcher | None = None) -> Drafts:
+@_step
+def step08_stream(m: NgramMatcher) -> None:
     """Step 8: step 7 without barriers in its loop, every warp streaming its own tiles of 8-byte loads
-    (``ngram_stream``), in place. ``chunk_len``: haystack positions per block (:func:`stream_chunk_len` by
-    default)."""
-    m = bound or NgramMatcher(step08_stream, inputs, draft_tokens, seq_lens_this_time, config=config,
-                              chunk_len=chunk_len)
-    if m.batch:
-        _kernel("ngram_stream", "ngram_stream<4, 1, false, false>", m.device)(m.grid, (THREADS,), *m.args)
-    return draft_tokens, seq_lens_this_time
+    (``ngram_stream``); option ``chunk_len``: haystack positions per block (:func:`stream_chunk_len` by default)."""
+    _kernel("ngram_stream", "ngram_stream<4, 1, false, false>", m.device)(m.grid, (THREADS,), *m.args)
 
 
-def step09_wide_loads(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                      config: NgramConfig = NgramConfig(), chunk_len: int | None = None, vec: int | None = None,
-                      bound: NgramMatcher | None = None) -> Drafts:
-    """Step 9: step 8 with 16-byte loads (``vec`` = 2 tokens a load) where the rows allow, in place."""
-    m = bound or NgramMatcher(step09_wide_loads, inputs, draft_tokens, seq_lens_this_time, config=config,
-                              chunk_len=chunk_len, vec=vec)
-    if m.batch:
-        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, false, false>", m.device)(m.grid, (THREADS,), *m.args)
-    return draft_tokens, seq_lens_this_time
+@_step
+def step09_wide_loads(m: NgramMatcher) -> None:
+    """Step 9: step 8 with 16-byte loads (option ``vec`` = 2 tokens a load) where the rows allow."""
+    _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, false, false>", m.device)(m.grid, (THREADS,), *m.args)
 
 
-def step10_evict_first(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                       config: NgramConfig = NgramConfig(), chunk_len: int | None = None, vec: int | None = None,
-                       bound: NgramMatcher | None = None) -> Drafts:
-    """Step 10: step 9 with an L2 evict-first hint on the haystack loads, in place."""
-    m = bound or NgramMatcher(step10_evict_first, inputs, draft_tokens, seq_lens_this_time, config=config,
-                              chunk_len=chunk_len, vec=vec)
-    if m.batch:
-        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, false>", m.device)(m.grid, (THREADS,), *m.args)
-    return draft_tokens, seq_lens_this_time
+@_step
+def step10_evict_first(m: NgramMatcher) -> None:
+    """Step 10: step 9 with an L2 evict-first hint on the haystack loads."""
+    _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, false>", m.device)(m.grid, (THREADS,), *m.args)
 
 
-def step11_skip_refused(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                        config: NgramConfig = NgramConfig(), chunk_len: int | None = None, vec: int | None = None,
-                        bound: NgramMatcher | None = None) -> Drafts:
-    """Step 11: step 10 where the slots the batch budget refuses whatever the searches find skip their search, in
-    place."""
-    m = bound or NgramMatcher(step11_skip_refused, inputs, draft_tokens, seq_lens_this_time, config=config,
-                              chunk_len=chunk_len, vec=vec)
-    if m.batch:
-        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, true>", m.device)(m.grid, (THREADS,), *m.args)
-    return draft_tokens, seq_lens_this_time
+@_step
+def step11_skip_refused(m: NgramMatcher) -> None:
+    """Step 11: step 10 where the slots the batch budget refuses whatever the searches find skip their search."""
+    _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, true>", m.device)(m.grid, (THREADS,), *m.args)
 
 
-def step12_early_phase2(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                        config: NgramConfig = NgramConfig(), chunk_tiles: int | None = None,
-                        bound: NgramMatcher | None = None) -> Drafts:
+@_step
+def step12_early_phase2(m: NgramMatcher) -> None:
     """Step 12: step 6 with its phase 2 launched early (``ngram_budget_scan_early``, a programmatic dependent
     launch): its block is scheduled once every search block (``ngram_one_pass_split_early``) has started and waits
-    for the search to finish, so the gap between the two launches goes; in place."""
-    m = bound or NgramMatcher(step12_early_phase2, inputs, draft_tokens, seq_lens_this_time, config=config,
-                              chunk_tiles=chunk_tiles)
-    if m.batch:
-        _kernel("ngram_one_pass", "ngram_one_pass_split_early", m.device)(m.grid, (THREADS,), *m.args)
-        _kernel("ngram_one_pass", "ngram_budget_scan_early", m.device)((1,), (SCAN_THREADS,), *m.args, early=True)
-    return draft_tokens, seq_lens_this_time
+    for the search to finish, so the gap between the two launches goes."""
+    _kernel("ngram_one_pass", "ngram_one_pass_split_early", m.device)(m.grid, (THREADS,), *m.args)
+    _kernel("ngram_one_pass", "ngram_budget_scan_early", m.device)((1,), (SCAN_THREADS,), *m.args, early=True)
 
 
 #: The step functions and the keyword options each takes (what :class:`NgramMatcher` accepts).
@@ -393,11 +359,3 @@ def ngram_match(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_ti
     ``(draft_tokens, seq_lens_this_time)``. It checks values (a sync) and allocates scratch, so a decoding loop
     captures an :class:`NgramMatcher` of ``final_step(inputs, config)`` instead (:meth:`NgramMatcher.capture`)."""
     return final_step(inputs, config)(inputs, draft_tokens, seq_lens_this_time, config=config)
-
-
-__all__ = ["THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "STREAM_STEPS",
-           "fused_chunk_len", "stream_vec", "stream_chunk_len", "stream_source", "one_pass_source", "NgramMatcher",
-           "step01_cpu_path", "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass",
-           "step06_one_pass_split", "step07_one_pass_fused", "step08_stream", "step09_wide_loads", "step10_evict_first",
-           "step11_skip_refused", "step12_early_phase2", "STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "budget_can_refuse",
-           "step_for_shape", "final_step", "ngram_match"]

@@ -84,7 +84,3 @@ def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this
         left -= kind == "active"
         refused.append(kind == "active" and smallest_total + left >= config.threshold - 1)
     return refused
-
-
-__all__ = ["SCAN_THREADS", "match_key", "decode_key", "slot_plan", "slot_plans", "model_one_pass_keys",
-           "model_budget_refused"]

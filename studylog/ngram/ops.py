@@ -55,6 +55,3 @@ def arguments(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Ten
     return (inputs.prompt_ids, inputs.prompt_lens, inputs.generated_ids, inputs.step_idx, inputs.draft_token_num,
             inputs.max_dec_len, inputs.seq_lens_encoder, inputs.seq_lens_decoder, draft_tokens, seq_lens_this_time,
             config.max_ngram_size, config.min_ngram_size, config.threshold, config.hybrid, config.max_draft_tokens)
-
-
-__all__ = ["ngram_match", "arguments"]

@@ -101,6 +101,3 @@ def reference_ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batc
                 break
     return torch.tensor(draft, dtype=torch.int64).reshape(draft_tokens.shape), \
         torch.tensor(this_time, dtype=torch.int32)
-
-
-__all__ = ["reference_ngram_match"]
