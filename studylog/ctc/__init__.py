@@ -20,9 +20,9 @@ from studylog.chapter import Chapter, Step
 from studylog.paths import chapter_csrc
 from studylog.ctc import report, results
 from studylog.ctc.compiled import compile_step
-from studylog.ctc.fused import (DEFAULT_RECURSION, ctc_loss, recursion_name, step07_gradient_pass, step08_fused_softmax,
-                                step09_one_warp, step10_side_by_side, step11_branch_free, step12_flush_to_zero,
-                                step13_two_passes, step14_warps_per_direction, warp_grain)
+from studylog.ctc.fused import (ctc_loss, recursion_name, step07_gradient_pass, step08_fused_softmax, step09_one_warp,
+                                step10_side_by_side, step11_branch_free, step12_flush_to_zero, step13_two_passes,
+                                step14_warps_per_direction, warp_grain)
 from studylog.ctc.peers import padded, takes_cudnn_path
 from studylog.ctc.plan import CTCPlan
 from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, errors, probability_space_ctc,

@@ -26,6 +26,3 @@ def compile_step(step: int, *, grains: Sequence[int] = (), layouts: Sequence[boo
         return cuda.compile_source(source, arch=arch,
                                    name_expressions=[n for n in dict.fromkeys(names) if fused.source_of(n) == source])
     raise ValueError(f"step must be one of 1 to 14, got {step!r}")
-
-
-__all__ = ["compile_step"]

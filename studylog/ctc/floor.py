@@ -14,9 +14,8 @@ from studylog.ctc.launch import kernels
 
 #: States (positions of the extended target) per thread, as steps 12 and 14 hold them at S <= 128.
 CHAIN_GRAIN = 4
-#: Warps of the one block (1024 threads): at most CHAIN_GRAIN x 1024 states.
-MAX_CHAIN_WARPS = 32
-MAX_CHAIN_STATES = CHAIN_GRAIN * 32 * MAX_CHAIN_WARPS
+#: The one block's 1024 threads hold at most CHAIN_GRAIN x 1024 states.
+MAX_CHAIN_STATES = CHAIN_GRAIN * 1024
 #: The ``.cu`` file (in ``studylog/ctc/csrc``), its kernel and the kernel's arguments (out, frames, states).
 SOURCE, KERNEL, SIGNATURE = "ctc_chain_floor", "ctc_chain_floor", ("ptr", "i32", "i32")
 
@@ -62,6 +61,3 @@ def chain_floor(frames: int, states: int, *, device="cuda", out: Tensor | None =
     (kernel,) = kernels(SOURCE, [(KERNEL, SIGNATURE)])
     kernel((1,), (chain_threads(states),), out, frames, states)
     return out
-
-
-__all__ = ["CHAIN_GRAIN", "MAX_CHAIN_STATES", "chain_constant", "chain_floor", "chain_reference", "chain_threads"]

@@ -98,6 +98,3 @@ def _backward(ctx, grad_loss: Tensor, _grad_of_grad: Tensor):
 
 
 ctc_loss.register_autograd(_backward, setup_context=_setup_context)
-
-
-__all__ = ["ctc_loss", "target_tensors", "STEP"]

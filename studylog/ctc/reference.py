@@ -20,51 +20,42 @@ GRAD_TOLERANCE = 1e-4
 #: Step 6's answer for an utterance cannot be trusted when its underflow estimate (of the relative error of P)
 #: exceeds this.
 UNDERFLOW_TOLERANCE = min(LOSS_TOLERANCE, GRAD_TOLERANCE)
-#: The largest error of a float32 value stored below the normal range: two roundings to a multiple of 2^-149.
+#: The largest error of a float32 value stored below the normal range (FLT_MIN): two roundings to a multiple of 2^-149.
 UNDERFLOW_ULP = 2.0 ** -148
-FLT_MIN = torch.finfo(torch.float32).tiny
 
 
-def _extended(lists: Sequence[np.ndarray], device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Blank-interleaved labels ``(N, S)``, S per utterance, and the alpha/beta skip masks."""
-    batch = len(lists)
+def _extended(activations: Tensor, targets, input_lengths, target_lengths):
+    """What both models start from: the input lengths (numpy), the blank-interleaved labels ``(N, S)``, S per
+    utterance, the alpha/beta skip masks, the positions ``(S,)`` and which of them each utterance has ``(N, S)``."""
+    if not isinstance(activations, Tensor) or activations.ndim != 3:
+        raise ValueError("activations must be a (T, N, A) tensor")
+    T, N, A = activations.shape
+    inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)
+    lists = label_lists(targets, lengths, A)
     smax = 2 * max([len(l) for l in lists] + [0]) + 1
-    ext = np.zeros((batch, smax), np.int64)
-    skip_in = np.zeros((batch, smax), bool)  # alpha: s may be reached from s - 2
+    ext = np.zeros((N, smax), np.int64)
+    skip_in = np.zeros((N, smax), bool)  # alpha: s may be reached from s - 2
     for i, labels in enumerate(lists):
         ext[i, 1:2 * len(labels):2] = labels
         if len(labels) > 1:
             skip_in[i, 3:2 * len(labels):2] = labels[1:] != labels[:-1]
     skip_out = np.zeros_like(skip_in)  # beta: s may go on to s + 2
     skip_out[:, :-2] = skip_in[:, 2:]
-    sizes = torch.tensor([2 * len(l) + 1 for l in lists], device=device)
-    return (torch.from_numpy(ext).to(device), sizes, torch.from_numpy(skip_in).to(device),
-            torch.from_numpy(skip_out).to(device))
+    dev = activations.device
+    sizes = torch.tensor([2 * len(l) + 1 for l in lists], device=dev)
+    pos = torch.arange(smax, device=dev)
+    return (inputs, torch.from_numpy(ext).to(dev), sizes, torch.from_numpy(skip_in).to(dev),
+            torch.from_numpy(skip_out).to(dev), pos, pos[None, :] < sizes[:, None])
 
 
-def reference_ctc(
-    activations: Float[Tensor, "t n a"],
-    targets: Int[Tensor, "..."],
-    input_lengths,
-    target_lengths,
-    *,
-    zero_infinity: bool = False,
-) -> tuple[Float64[Tensor, " n"], Float64[Tensor, "t n a"]]:
+def reference_ctc(activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."], input_lengths, target_lengths, *,
+                  zero_infinity: bool = False) -> tuple[Float64[Tensor, " n"], Float64[Tensor, "t n a"]]:
     """Loss per utterance and d(sum of losses)/d(activations) in float64, by plain log-space recursions. An
     infeasible target gives an infinite loss and a NaN gradient over its frames (as torch does), or 0 and 0 with
     ``zero_infinity``; frames past an utterance's input length get a zero gradient."""
-    if not isinstance(activations, Tensor) or activations.ndim != 3:
-        raise ValueError("activations must be a (T, N, A) tensor")
-    T, N, A = activations.shape
-    inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)
-    lists = label_lists(targets, lengths, A)
-    dev = activations.device
-    x = activations.detach().to(torch.float64)
-    log_probs = x.log_softmax(2)
-    ext, sizes, skip_in, skip_out = _extended(lists, dev)
-    S = ext.shape[1]
-    pos = torch.arange(S, device=dev)
-    valid = pos[None, :] < sizes[:, None]  # (N, S)
+    inputs, ext, sizes, skip_in, skip_out, pos, valid = _extended(activations, targets, input_lengths, target_lengths)
+    (T, N, _), S, dev = activations.shape, ext.shape[1], activations.device
+    log_probs = activations.detach().to(torch.float64).log_softmax(2)
     neg = torch.tensor(-math.inf, dtype=torch.float64, device=dev)
     em = log_probs.gather(2, ext[None].expand(T, N, S))  # (T, N, S) log-probability of each position
     em = torch.where(valid[None], em, neg)
@@ -132,17 +123,11 @@ def probability_space_ctc(
     alpha / y`` for such a beta entry and ``UNDERFLOW_ULP / y`` for such a posterior; ``inf`` where a frame's
     total is 0, an emission is below ``FLT_MIN`` or the loss is infinite.
     """
-    T, N, A = activations.shape
-    inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)
-    lists = label_lists(targets, lengths, A)
-    dev, f32 = activations.device, dtype
+    inputs, ext, sizes, skip_in, skip_out, pos, valid = _extended(activations, targets, input_lengths, target_lengths)
+    (T, N, _), S, dev, f32 = activations.shape, ext.shape[1], activations.device, dtype
     tiny = torch.finfo(dtype).tiny
     ulp = UNDERFLOW_ULP if dtype == torch.float32 else 2.0 * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
     probs = activations.detach().to(f32).softmax(2)
-    ext, sizes, skip_in, skip_out = _extended(lists, dev)
-    S = ext.shape[1]
-    pos = torch.arange(S, device=dev)
-    valid = pos[None] < sizes[:, None]
     y = probs.gather(2, ext[None].expand(T, N, S)) * valid[None]
     il = torch.as_tensor(inputs, device=dev)
     zero = torch.zeros((), dtype=f32, device=dev)
