@@ -37,11 +37,8 @@ WINDOW = 4096
 WINDOWS = 16
 TOKENIZER = "cl100k_base"
 CORPUS_PATH = DATA / "ngram_corpus.npz"
-
-
-def stdlib_folder() -> Path:
-    """The folder of this Python's standard library."""
-    return Path(sysconfig.get_paths()["stdlib"])
+#: The folder of this Python's standard library.
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
 def docstrings(source: str) -> str:
@@ -55,11 +52,10 @@ def docstrings(source: str) -> str:
 
 def corpus_documents() -> tuple[dict[str, list[str]], dict[str, str]]:
     """The documents of each kind (one per file of :data:`CORPUS_FILES`, in order) and each file's SHA-256."""
-    folder = stdlib_folder()
     docs: dict[str, list[str]] = {kind: [] for kind in KINDS}
     digests = {}
     for name in CORPUS_FILES:
-        path = folder / name
+        path = STDLIB / name
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: the corpus reads {name} of the Python standard library")
         raw = path.read_bytes()
@@ -107,15 +103,6 @@ def build_corpus() -> dict:
     return out
 
 
-def write_corpus(path: Path = CORPUS_PATH) -> Path:
-    """Build the corpus and write it as a compressed ``.npz`` (ids as int32, the metadata as JSON)."""
-    corpus = build_corpus()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, **{k: corpus[k] for k in KINDS}, meta=np.array(json.dumps(corpus["meta"], indent=1)))
-    return path
-
-
 @dataclass(frozen=True)
 class Corpus:
     """The committed windows: ``tokens[kind]`` is an int64 tensor [windows, window] of cl100k ids."""
@@ -147,10 +134,9 @@ def load_corpus(path: Path = CORPUS_PATH) -> Corpus:
 def stdlib_differences(meta: dict) -> list[str]:
     """The corpus files that differ from (or are missing in) this Python's standard library: a rebuild reproduces
     the committed ids only when there are none."""
-    folder = stdlib_folder()
     differ = []
     for name, digest in meta["sha256"].items():
-        path = folder / name
+        path = STDLIB / name
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
             differ.append(name)
     return differ
@@ -173,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         same = all(np.array_equal(fresh[k], committed.tokens[k].numpy()) for k in KINDS)
         print("the committed corpus matches a fresh build" if same else "the committed corpus DIFFERS from a fresh build")
         return 0 if same else 1
-    path = write_corpus(args.out)
+    path, built = args.out, build_corpus()
+    path.parent.mkdir(parents=True, exist_ok=True)  # ids as int32, the metadata as JSON
+    np.savez_compressed(path, **{k: built[k] for k in KINDS}, meta=np.array(json.dumps(built["meta"], indent=1)))
     corpus = load_corpus(path)
     print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): "
           + ", ".join(f"{k} {tuple(corpus.tokens[k].shape)} from a stream of {corpus.meta['stream_tokens'][k]:,} tokens"

@@ -59,9 +59,6 @@ def cpu_path_inplace(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_ti
                      config: NgramConfig) -> int:
     """Run the C loop on CPU tensors, in place; returns the windows it compared. The arguments are validated
     first, values included: the loop trusts every length and dtype it is given."""
-    tensors = [getattr(inputs, name, None) for name in ("prompt_ids", "generated_ids")] + [draft_tokens]
-    if any(isinstance(t, Tensor) and t.device.type != "cpu" for t in tensors):
-        raise ValueError("cpu_path_inplace takes CPU tensors; step01_cpu_path does the copies")
     validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=True)
     return _run_c_loop(inputs, draft_tokens, seq_lens_this_time, config)
 

@@ -113,11 +113,10 @@ def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tens
     batch = inputs.prompt_ids.shape[0]
     named = [(n, getattr(inputs, n)) for n in _ID_FIELDS + _LEN_FIELDS]
     named += [("draft_tokens", draft_tokens), ("seq_lens_this_time", seq_lens_this_time)]
+    device = inputs.prompt_ids.device
     for name, t in named:
         if t.shape[0] != batch:
             raise ValueError(f"{name} has batch size {t.shape[0]} but prompt_ids has {batch}")
-    device = inputs.prompt_ids.device
-    for name, t in named:
         if t.device != device:
             raise ValueError(f"{name} is on {t.device} but prompt_ids is on {device}")
     prompt_width, gen_width = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
