@@ -111,9 +111,9 @@ def _wanted(names) -> list[tuple[str, list[str]]]:
     return [(n, SIGNATURES[n.split("<")[0]]) for n in names]
 
 
-def preload_fused(step: int, grains, recursions=(None,)) -> None:
-    """Compile ``grains`` of steps 7 to 14 (with the ``recursions`` of steps 12 and 13), one NVRTC call per source."""
-    names = list(dict.fromkeys(n for v in grains for option in recursions for n in fused_kernel_names(step, v, option)))
+def preload_fused(step: int, grains) -> None:
+    """Compile ``grains`` of steps 7 to 14 (default recursions), one NVRTC call per source."""
+    names = list(dict.fromkeys(n for v in grains for n in fused_kernel_names(step, v)))
     for source in dict.fromkeys(source_of(n) for n in names):
         kernels(source, _wanted(n for n in names if source_of(n) == source))
 

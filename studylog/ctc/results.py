@@ -10,11 +10,8 @@ from studylog.ctc.report import BENCH_A, BENCH_T
 def entry_series(*, T: int, N: int, A: int, entry_timed: bool) -> str:
     """The series of a results file that times what :func:`~studylog.ctc.ctc_loss` runs on activations of shape
     ``(T, N, A)``: ``"ctc_loss"`` where the file times the entry point itself (``entry_timed``), else ``"stepNN"``,
-    the step the entry point dispatches to there (:func:`~studylog.ctc.fused.final_step`), timed directly.
-
-    Every reader of a chapter 4 results file (the headline, the results pages, the scoreboard, the chapter's page)
-    asks this, so that each card's numbers time the same kernel at the same case.
-    """
+    the step the entry point dispatches to there (:func:`~studylog.ctc.fused.final_step`). Every reader of a results
+    file asks this, so that each card times the same kernel at the same case."""
     for name, value in (("T", T), ("N", N), ("A", A)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -117,31 +117,17 @@ class CTCTargets:
         return self.labels.device
 
 
-def prepare_targets(
-    targets: Int[Tensor, "..."],
-    input_lengths,
-    target_lengths,
-    *,
-    num_classes: int,
-    max_time: int,
-    device: torch.device | str | None = None,
-    batch_size: int | None = None,
-) -> CTCTargets:
+def prepare_targets(targets: Int[Tensor, "..."], input_lengths, target_lengths, *, num_classes: int, max_time: int,
+                    device: torch.device | str | None = None, batch_size: int | None = None) -> CTCTargets:
     """Validate targets and lengths and pack them (one host-to-device copy) for the kernels. ``targets``:
     concatenated (1-D) or padded ``(N, S)``, int32 or int64, on any device; labels in ``[1, A)``. Targets too long
     for their input are allowed (an infinite loss). ``batch_size`` (N) is taken from the lengths when not given."""
-    if not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"num_classes (A) must be an int >= 2, got {num_classes!r}")
-    if not isinstance(max_time, int) or max_time < 1:
-        raise ValueError(f"max_time (T) must be an int >= 1, got {max_time!r}")
-    batch = batch_size
-    for value in (input_lengths, target_lengths) if batch is None else ():
-        if isinstance(value, (Tensor, np.ndarray)) and value.ndim == 1:
-            batch = value.shape[0]
-            break
-        if isinstance(value, (list, tuple)):
-            batch = len(value)
-            break
+    for name, value, low in (("num_classes (A)", num_classes, 2), ("max_time (T)", max_time, 1)):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    sizes = [len(v) for v in (input_lengths, target_lengths)  # N from the first length vector, unless given
+             if isinstance(v, (list, tuple)) or (isinstance(v, (Tensor, np.ndarray)) and v.ndim == 1)]
+    batch = batch_size if batch_size is not None else next(iter(sizes), None)
     if batch is None:
         raise TypeError("input_lengths and target_lengths must be 1-D integer tensors or sequences of ints")
     inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=batch, max_time=max_time)
