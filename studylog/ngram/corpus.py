@@ -143,8 +143,9 @@ def stdlib_differences(meta: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studylog.ngram corpus",
+    parser = argparse.ArgumentParser(prog="python -m studylog.ngram",
                                      description="Build chapter 3's corpus of real token windows (needs bpe-openai).")
+    parser.add_argument("command", choices=["corpus"])
     parser.add_argument("--out", type=Path, default=CORPUS_PATH, help="where to write the .npz")
     parser.add_argument("--check", action="store_true", help="compare a fresh build with the file instead of writing")
     args = parser.parse_args(argv)
