@@ -412,35 +412,9 @@ def suite_sample(name: str, seed: int = 0, whitespace: str = "default") -> str:
     return pieces.suite_entry(name).sample(random.Random(f"decode/{name}/{seed}"), whitespace)
 
 
-class Writer:
-    """Steers a model toward writing ``text`` (random weights write gibberish, which inside a JSON string never
-    ends): each step it names the tokenizer's next token of ``text``, whose logit the loop biases."""
-
-    def __init__(self, vocab: pieces.TokenVocabulary, text: str):
-        self.vocab = vocab
-        self.target = text.encode()
-        self.canon = vocab.encode(text)
-        self._starts: dict[int, int] = {}
-        pos = 0
-        for i, t in enumerate(self.canon):
-            self._starts[pos] = i
-            pos += len(vocab.token_bytes[t])
-        self._bounds = sorted(self._starts) + [len(self.target)]
-
-    def next_token(self, written: bytes) -> int | None:
-        """The token to favour after ``written``; EOS when the text is complete; None off the text."""
-        n = len(written)
-        if not self.target.startswith(written):
-            return None
-        if n == len(self.target):
-            return self.vocab.eos_id
-        if n in self._starts:
-            return self.canon[self._starts[n]]
-        nxt = next(b for b in self._bounds if b > n)
-        try:
-            return self.vocab.encode(self.target[n:nxt].decode("utf-8"))[0]
-        except UnicodeDecodeError:
-            return self.vocab.token_bytes.index(self.target[n:n + 1])
+#: Steers a model toward writing a text (random weights write gibberish, which inside a JSON string never ends):
+#: each step it names the tokenizer's next token of the text, whose logit the loop biases.
+Writer = pieces.Writer
 
 
 __all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "Writer", "ascii_regex", "byte_tokens", "packed_bits",

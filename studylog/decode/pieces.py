@@ -26,6 +26,7 @@ WHITESPACE: dict[str, Any] = _suite.WHITESPACE
 #: outputs ``sample(rng, ws)``), and one entry of it by name.
 suite = _suite.suite
 suite_entry = _suite.entry
+Writer = _ch1.decoding.Writer
 
 
 class Automaton:
@@ -110,6 +111,6 @@ def masked_head_torch(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Te
     return out
 
 
-__all__ = ["AllowedTokens", "ConstrainedFSM", "FEW_IDS_MAX", "TokenVocabulary", "WHITESPACE", "allowed_batch",
+__all__ = ["AllowedTokens", "ConstrainedFSM", "FEW_IDS_MAX", "TokenVocabulary", "WHITESPACE", "Writer", "allowed_batch",
            "allowed_from_ids", "Automaton", "Jump", "compile_fsm", "load_vocabulary", "masked_head_kernel",
            "masked_head_torch", "regex_from_schema", "suite", "suite_entry"]

@@ -29,15 +29,6 @@ CHAPTER = Chapter(
     headline=None,
 )
 
-__all__ = [
-    "CHAPTER",
-    # the steps and the general entry point
-    "step01_uncompressed", "step02_token_jumps", "step03_char_jumps", "decode", "MODES", "DecodeResult",
-    "writer_model",
-    # vocabularies
-    "TokenVocabulary", "load_vocabulary", "make_vocabulary",
-    # regexes and automata
-    "regex_from_schema", "compile_fsm", "ConstrainedFSM", "Jump",
-    # the suite's measurement
-    "EntryResult", "run_suite", "savings_table",
-]
+__all__ = ["CHAPTER", "step01_uncompressed", "step02_token_jumps", "step03_char_jumps", "decode", "MODES",
+           "DecodeResult", "writer_model", "TokenVocabulary", "load_vocabulary", "make_vocabulary",
+           "regex_from_schema", "compile_fsm", "ConstrainedFSM", "Jump", "EntryResult", "run_suite", "savings_table"]

@@ -207,34 +207,44 @@ def decode(next_logits: NextLogits, fsm: ConstrainedFSM, mode: Mode = "none", *,
     return STEP_OF_MODE[mode](next_logits, fsm, max_tokens=max_tokens, record_events=record_events)
 
 
+class Writer:
+    """The tokenizer's next token of ``text`` after the bytes written so far: the canonical split; left between
+    canonical boundaries by a retokenization, the canonical split of the rest of the current canonical token."""
+
+    def __init__(self, vocab: TokenVocabulary, text: str):
+        self.vocab, self.target, self.canon = vocab, text.encode(), vocab.encode(text)
+        self._starts: dict[int, int] = {}
+        pos = 0
+        for i, t in enumerate(self.canon):
+            self._starts[pos] = i
+            pos += len(vocab.token_bytes[t])
+        self._bounds = sorted(self._starts) + [len(self.target)]
+
+    def next_token(self, written: bytes) -> int | None:
+        """The token after ``written``; EOS when the text is complete; None off the text."""
+        n = len(written)
+        if not self.target.startswith(written):
+            return None
+        if n == len(self.target):
+            return self.vocab.eos_id
+        if n in self._starts:
+            return self.canon[self._starts[n]]
+        nxt = next(b for b in self._bounds if b > n)
+        try:
+            return self.vocab.encode(self.target[n:nxt].decode("utf-8"))[0]
+        except UnicodeDecodeError:
+            return self.vocab.token_id(self.target[n:n + 1])
+
+
 def writer_model(vocab: TokenVocabulary, text: str) -> NextLogits:
-    """A deterministic model that writes ``text`` as the tokenizer splits it (all its mass on the next canonical
-    token); left between canonical boundaries by a retokenization, it writes the canonical split of the rest of
-    the current canonical token, then goes on canonically."""
-    target = text.encode()
-    canon = vocab.encode(text)
-    starts: dict[int, int] = {}
-    pos = 0
-    for i, t in enumerate(canon):
-        starts[pos] = i
-        pos += len(vocab.token_bytes[t])
-    bounds = sorted(starts) + [len(target)]
+    """A deterministic model that writes ``text``: all its mass on :class:`Writer`'s next token."""
+    writer = Writer(vocab, text)
 
     def next_logits(ids: list[int]) -> Float[Tensor, " vocab"]:
         done = vocab.decode(ids)
-        if not target.startswith(done):
-            raise RuntimeError(f"the output {done!r} left the target text {target!r}")
-        n = len(done)
-        if n == len(target):
-            pick = vocab.eos_id
-        elif n in starts:
-            pick = canon[starts[n]]
-        else:
-            nxt = next(b for b in bounds if b > n)
-            try:
-                pick = vocab.encode(target[n:nxt].decode("utf-8"))[0]
-            except UnicodeDecodeError:
-                pick = vocab.token_id(target[n:n + 1])
+        pick = writer.next_token(done)
+        if pick is None:
+            raise RuntimeError(f"the output {done!r} left the target text {writer.target!r}")
         logits = np.zeros(vocab.vocab_size, dtype=np.float32)
         logits[pick] = 1.0
         return torch.from_numpy(logits)
