@@ -8,48 +8,18 @@ layouts), ``ops`` (the torch operator), ``report``, ``bench_peers`` and ``peers`
 
 from studylog.chapter import Chapter
 from studylog.multi_item import report
-from studylog.multi_item.formats import (
-    DEFAULT_RULE,
-    RULES,
-    SUPPORTED_DTYPES,
-    SUPPORTED_HEAD_DIMS,
-    MultiItemBatch,
-    dense_mask,
-    reference_attention,
-    score_items,
-)
+from studylog.multi_item.formats import (DEFAULT_RULE, RULES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, MultiItemBatch,
+                                         dense_mask, reference_attention, score_items)
 from studylog.multi_item.plan import MultiItemPlan
-from studylog.multi_item.steps import (
-    STEPS,
-    multi_item_attention,
-    step01_dense_sdpa,
-    step02_dense_mask,
-    step03_mask_on_the_fly,
-    step04_tile_skip,
-    step05_batched,
-    step06_packed_heads,
-)
-from studylog.multi_item.tiles import (
-    DEFAULT_ORDER,
-    SCHEDULE_ORDERS,
-    TileStats,
-    head_groups,
-    planned_key_tiles,
-    tile_map,
-    tile_stats,
-)
+from studylog.multi_item.steps import (STEPS, multi_item_attention, step01_dense_sdpa, step02_dense_mask,
+                                       step03_mask_on_the_fly, step04_tile_skip, step05_batched, step06_packed_heads)
+from studylog.multi_item.tiles import (DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, head_groups, planned_key_tiles,
+                                       tile_map, tile_stats)
 from studylog.multi_item import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
-CHAPTER = Chapter(
-    name="multi_item",
-    number=6,
-    title="Multi-item scoring attention: one prefill scores many items",
-    notebooks=("06_multi_item_attention",),
-    steps=STEPS,
-    bench=report.bench,
-    headline=report.headline,
-    baselines=report.BASELINES,
-)
+CHAPTER = Chapter(name="multi_item", number=6, title="Multi-item scoring attention: one prefill scores many items",
+                  notebooks=("06_multi_item_attention",), steps=STEPS, bench=report.bench, headline=report.headline,
+                  baselines=report.BASELINES)
 
 __all__ = [
     "CHAPTER", "ops",

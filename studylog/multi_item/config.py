@@ -1,5 +1,5 @@
-"""Tile shapes of the Triton steps: the autotuner's configs on the GPU, small blocks in the interpreter, and
-what a launch reports back (:class:`LaunchInfo`)."""
+"""The Triton steps' tiles: the autotuner's configs on the GPU, small blocks in the interpreter, and what a launch
+reports back (:class:`LaunchInfo`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import triton
 from torch import Tensor
 
 from studylog import runtime
+from studylog.checks import check_choice
 
-#: Blocks used in the interpreter: small, so that tiny test sequences still span several tiles.
-INTERPRETER_BLOCKS = (16, 16)
-
-#: The tile shapes (``BLOCK_M`` query rows x ``BLOCK_N`` keys), warps and pipeline stages steps 4 and 5 are
-#: tuned over on the GPU.
+INTERPRETER_BLOCKS = (16, 16)  # small, so that tiny test sequences span several tiles
+#: The tiles (``BLOCK_M`` query rows x ``BLOCK_N`` keys), warps and stages steps 4 and 5 are tuned over on the GPU.
 GPU_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
@@ -28,13 +26,10 @@ GPU_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
 ]
-#: steps 2 and 3 are way stations: tune them over fewer configs (each config is a compile)
-FEW_GPU_CONFIGS = [GPU_CONFIGS[0], GPU_CONFIGS[3]]
+FEW_GPU_CONFIGS = [GPU_CONFIGS[0], GPU_CONFIGS[3]]  # steps 2 and 3 are way stations (each config is a compile)
 #: fits in any dtype at head_dim 128 (float32: 32 KiB of q + 2 stages x 32 KiB of k and v)
 SMALL_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
-
-#: shared memory we let a config plan for (an H100/H200 SM has 227 KiB); keeps the tuner off configs that
-#: cannot fit, e.g. the big ones in float32
+#: the shared memory a config may plan for (an H100/H200 SM has 227 KiB): the big configs in float32 cannot fit
 SMEM_BUDGET = 200 * 1024
 
 
@@ -65,6 +60,7 @@ def tuned(configs, key=("HEAD_DIM",)):
 def size_bucket(tokens: int) -> int:
     """Steps 4 and 5's autotuning key besides the head dim: sizes within a factor of two share one tuning."""
     return max(int(tokens), 1).bit_length()
+
 
 @dataclass(frozen=True)
 class LaunchInfo:
@@ -103,10 +99,8 @@ def find_config(name: Any, blocks: Any = None) -> "triton.Config | None":
         return None
     if blocks is not None:
         raise ValueError("pass blocks or config, not both (a config fixes the blocks, warps and stages)")
-    for cfg, cfg_name in zip(GPU_CONFIGS, config_names()):
-        if name == cfg_name:
-            return cfg
-    raise ValueError(f"config must be one of {config_names()}, got {name!r}")
+    names = config_names()
+    return GPU_CONFIGS[names.index(check_choice("config", name, names))]
 
 
 def strides(*tensors: Tensor) -> list[int]:

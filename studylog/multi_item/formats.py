@@ -26,25 +26,19 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from studylog import runtime
-from studylog.checks import check_out, check_tensor
+from studylog.checks import check_choice, check_out, check_tensor
 
-#: the head dims the Triton steps compile for (``tl.arange`` over the head dim needs a power of two)
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
-#: the dtypes of q, k, v the steps take
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)  # powers of two: tl.arange spans the head dim
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: the mask rules (see the module's docstring); the first is the default everywhere
-RULES = ("flashinfer", "delimiter_visible")
+RULES = ("flashinfer", "delimiter_visible")  # see the module's docstring; the first is the default everywhere
 DEFAULT_RULE = RULES[0]
-#: per rule, where an item row's own keys start, counted from the delimiter that opens its item: after it
-#: under FlashInfer's rule, at it when the delimiter is visible (the kernels take it as ``SKIP_DELIMITER``)
+#: per rule, where an item row's own keys start from the delimiter opening its item: after it under FlashInfer's
+#: rule, at it when the delimiter is visible (the kernels' ``SKIP_DELIMITER``)
 ITEM_KEYS_FROM = {"flashinfer": 1, "delimiter_visible": 0}
 
 
 def check_rule(rule: Any) -> str:
-    """``rule`` is one of :data:`RULES`."""
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    return rule
+    return check_choice("rule", rule, RULES)
 
 
 # The batch layout: where the prefix, the delimiters and the items lie, checked once per batch
@@ -68,10 +62,8 @@ def _as_int_list(x: Any, name: str) -> list[int]:
 
 @dataclass(frozen=True, eq=False)
 class MultiItemBatch:
-    """The layout of a batch of multi-item prompts, packed one after the other: prompt ``b`` occupies tokens
-    ``cu_seqlens[b] : cu_seqlens[b + 1]``. Both constructors check everything once, on the host, so the attention
-    calls (one per layer) need no device sync.
-    """
+    """A batch of multi-item prompts packed one after the other (prompt ``b``: tokens ``cu_seqlens[b] :
+    cu_seqlens[b + 1]``), checked once on the host, so the attention calls (one per layer) need no device sync."""
 
     prefix_lens: tuple[int, ...]
     item_lens: tuple[tuple[int, ...], ...]
@@ -111,9 +103,9 @@ class MultiItemBatch:
     def from_token_positions(cls, prefix_lens: Any, token_pos_in_items: Any, max_item_lens: Any, *,
                              token_pos_in_items_len: int | None = None, seq_lens: Any = None,
                              device: torch.device | str | None = None) -> "MultiItemBatch":
-        """FlashInfer's inputs: per prompt, its prefix length, the position of every token after the prefix inside
-        its item (``[0, 1, 2, 3, 0, 1, 2, 0]`` for items of 3 and 2 tokens) zero-padded to
-        ``token_pos_in_items_len`` and concatenated (or ``[B, L]``), and its longest item."""
+        """FlashInfer's inputs: per prompt, its prefix length, each later token's position in its item (``[0, 1,
+        2, 3, 0, 1, 2, 0]`` for items of 3 and 2) zero-padded to ``token_pos_in_items_len`` and concatenated (or
+        ``[B, L]``), and its longest item."""
         prefix = _as_int_list(prefix_lens, "prefix_lens")
         max_items = _as_int_list(max_item_lens, "max_item_lens")
         batch = len(prefix)
@@ -216,8 +208,7 @@ class MultiItemBatch:
 
     @cached_property
     def host_item_starts(self) -> tuple[tuple[int, ...], ...]:
-        """Per prompt, for every token after the prefix, the delimiter that opens its item (``row - pos[row]``),
-        from the item lengths (no device sync)."""
+        """Per prompt, for every token after the prefix, the delimiter opening its item (``row - pos[row]``)."""
         out = []
         for p, lens in zip(self.prefix_lens, self.item_lens):
             starts, delim = [p], p
@@ -292,8 +283,8 @@ def dense_mask(batch: MultiItemBatch, prompt: int = 0, rule: str = DEFAULT_RULE)
 def reference_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v: Float[Tensor, "h t d"],
                         batch: MultiItemBatch, sm_scale: float | None = None,
                         rule: str = DEFAULT_RULE) -> Float[Tensor, "h t d"]:
-    """Float64 attention with the dense mask of ``rule``, written out: what every step is checked against. A row
-    that sees no key is 0, as FlashInfer and our kernels write it."""
+    """Float64 attention with ``rule``'s dense mask, what every step is checked against; a row that sees no key
+    is 0, as FlashInfer and our kernels write it."""
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     group = q.shape[0] // k.shape[0]  # grouped-query attention: query head h reads key/value head h // group
@@ -309,8 +300,8 @@ def reference_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v:
 
 
 def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
-    """What every attention step takes: ``q``, ``k``, ``v`` (and ``out``) of one dtype, ``[heads, tokens,
-    head_dim]``, unit stride on ``head_dim``, on the batch's device; ``q``'s heads a multiple of ``k``'s."""
+    """``q``, ``k``, ``v`` (and ``out``): one dtype, ``[heads, tokens, head_dim]``, unit stride on ``head_dim``, on
+    the batch's device; ``q``'s heads a multiple of ``k``'s."""
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -331,8 +322,8 @@ def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
 
 
 def check_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """``q``, ``k``, ``v`` of one dtype and shape but for the heads (``q``'s a multiple of ``k``'s and ``v``'s),
-    at a head dim the kernels compile for."""
+    """``q``, ``k``, ``v`` of one dtype and shape but for the heads (``q``'s a multiple of ``k``'s), at a
+    supported head dim."""
     if k.shape != v.shape or k.shape[1:] != q.shape[1:]:
         raise ValueError(f"q, k and v must have one shape (k and v may have fewer heads), got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -347,8 +338,8 @@ def check_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 def score_items(hidden: Float[Tensor, "t d_model"], lm_head: Float[Tensor, "vocab d_model"],
                 label_ids: Int[Tensor, " k"] | Sequence[int], batch: MultiItemBatch) -> list[Float[Tensor, "n k"]]:
-    """Log-probabilities of the label tokens at the last token of every item: one ``[N_b, K]`` matrix per prompt.
-    Only the scored rows of ``hidden`` go through the LM head; the log-softmax is taken in float32."""
+    """Log-probabilities of the labels at every item's last token, one ``[N_b, K]`` matrix per prompt; only the
+    scored rows go through the LM head, the log-softmax in float32."""
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
     for name, x in (("hidden", hidden), ("lm_head", lm_head)):

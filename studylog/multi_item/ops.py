@@ -1,8 +1,6 @@
-"""Chapter 6's entry point as a PyTorch operator: ``torch.ops.studylog.multi_item_attention``.
-
-It takes what step 5's kernel reads of a batch (program table, positions, programs per tile height, from
-:func:`layout`) and never synchronises, so a call can be captured. It is an opaque ``custom_op``: as a
-``triton_op``, Inductor types the float ``qk_scale`` fp64, which ``tl.dot`` then refuses.
+"""Chapter 6's entry point as a PyTorch operator, ``torch.ops.studylog.multi_item_attention``: it takes what step
+5's kernel reads of a batch (:func:`layout`) and never synchronises, so a call can be captured. An opaque
+``custom_op``: as a ``triton_op``, Inductor types the float ``qk_scale`` fp64, which ``tl.dot`` refuses.
 """
 
 from __future__ import annotations
@@ -21,14 +19,13 @@ from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED
 from studylog.multi_item.steps import LOG2E, attn_fwd_batched, launch, tile_heights
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, schedule_table
 
-#: The tile heights the operator's launch may take: every height the autotuner may pick, or the interpreter's.
+#: the tile heights the operator's launch may take: the autotuner's, or the interpreter's
 HEIGHTS = tile_heights(None, None)
 
 
 def layout(batch: MultiItemBatch, q: Tensor, rule: str = DEFAULT_RULE,
            kv_heads: Optional[int] = None) -> tuple[Tensor, Tensor, list[int]]:
-    """The operator's layout arguments: (program table, token positions, programs); ``kv_heads`` sizes the head
-    groups as step 5 does."""
+    """The operator's layout arguments (program table, positions, programs); ``kv_heads`` sizes head groups."""
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
     group = q.shape[0] // (kv_heads or q.shape[0])

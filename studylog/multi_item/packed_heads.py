@@ -9,15 +9,8 @@ import triton.language as tl
 
 from studylog.multi_item.config import GPU_CONFIGS, LaunchInfo, tuned
 from studylog.multi_item.formats import DEFAULT_RULE, MultiItemBatch
-from studylog.multi_item.steps import (
-    QKV,
-    attend_visible_tiles,
-    item_row_start,
-    launch_scheduled,
-    scheduled_tile,
-    softmax_start,
-    store_rows,
-)
+from studylog.multi_item.steps import (QKV, attend_visible_tiles, item_row_start, launch_scheduled, scheduled_tile,
+                                       softmax_start, store_rows)
 from studylog.multi_item.tiles import DEFAULT_ORDER
 
 
@@ -66,10 +59,8 @@ def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sca
                         out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                         rule: str = DEFAULT_RULE, count_tiles: bool = False, order: str = DEFAULT_ORDER,
                         return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
-    """Step 6: step 5 with one program per (prompt, token tile, key/value head), its ``BLOCK_M`` rows the (token,
-    query head) pairs of ``BLOCK_M // KV_GROUP`` tokens, so each key/value tile is loaded once for the group.
-
-    Takes what step 5 takes; ``BLOCK_M`` must be at least ``KV_GROUP``. ``count_tiles`` counts per token tile
-    (``LaunchInfo.block_m`` stays the kernel's ``BLOCK_M``, in rows)."""
+    """Step 6: step 5 with a program per (prompt, token tile, key/value head), its ``BLOCK_M`` rows the (token,
+    query head) pairs of ``BLOCK_M // KV_GROUP`` tokens: each key/value tile loaded once for the group. Takes what
+    step 5 takes (``BLOCK_M >= KV_GROUP``); ``count_tiles`` counts per token tile (``LaunchInfo.block_m`` in rows)."""
     return launch_scheduled(6, attn_fwd_packed_heads, q, k, v, batch, sm_scale, out, blocks, config, rule,
                             count_tiles, order, return_info, pack_heads=True)

@@ -1,6 +1,5 @@
-"""The peers, on the same inputs and mask rule, imported lazily: FlexAttention (the rule as a ``mask_mod`` over
-the packed sequence) and FlashInfer's multi-item prefill (keys and values in its paged cache).
-"""
+"""The peers on the same inputs and rule, imported lazily: FlexAttention (the rule as a ``mask_mod`` over the packed
+sequence) and FlashInfer's multi-item prefill (keys and values in its paged cache)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemB
 
 # FlexAttention
 
-#: FlexAttention's block sizes to try: ``(name, (Q block, KV block), kernel_options)``; a block mask's block must
-#: be a multiple of the kernel's tile, so each smaller block fixes the kernel's tile to it
+#: FlexAttention's block sizes to try, ``(name, (Q block, KV block), kernel_options)``: a block mask's block must be
+#: a multiple of the kernel's tile, so a smaller block fixes the tile to it
 FLEX_VARIANTS = (
     ("128 x 128 (default)", (128, 128), {}),
     ("128 x 64", (128, 64), {"BLOCK_M": 128, "BLOCK_N": 64}),
@@ -24,8 +23,7 @@ FLEX_VARIANTS = (
 
 
 def flex_mask_mod(batch: MultiItemBatch, rule: str = DEFAULT_RULE):
-    """The rule as FlexAttention's ``mask_mod`` over the packed sequence of ``batch`` (a query sees keys of its
-    own prompt only)."""
+    """The rule as FlexAttention's ``mask_mod`` over ``batch``'s packed sequence (a query sees its prompt's keys)."""
     check_rule(rule)
     dev, total = batch.device, batch.total_tokens
     prompt_of = torch.repeat_interleave(torch.arange(batch.batch_size, dtype=torch.int32, device=dev),

@@ -14,38 +14,27 @@ import triton
 from torch import Tensor
 
 from studylog import runtime
-from studylog.checks import check_out
+from studylog.checks import check_choice, check_out
 from studylog.multi_item.config import INTERPRETER_BLOCKS, find_config, strides
-from studylog.multi_item.formats import (
-    DEFAULT_RULE,
-    ITEM_KEYS_FROM,
-    SUPPORTED_DTYPES,
-    SUPPORTED_HEAD_DIMS,
-    MultiItemBatch,
-    check_rule,
-)
+from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS,
+                                         MultiItemBatch, check_rule)
 from studylog.multi_item.steps import LOG2E, attn_fwd_batched, launch, no_counts, step05_batched
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, SCHEDULE_ORDERS, schedule_table
 
 
 class MultiItemPlan:
-    """Step 5's launch with its layout in device buffers: capture :meth:`run` once, replay it after
-    :meth:`set_layout` or after writing new values into ``q``, ``k``, ``v``.
-
-    ``max_tokens``, ``max_prompts`` and ``max_width`` (positions after one prompt's prefix) bound the layouts.
-    ``config`` (a name of :func:`~studylog.multi_item.config.config_names`) fixes the tile config; ``None``
-    picks it on the first :meth:`run` (an autotuned eager call on the GPU, not capturable).
-    """
+    """Step 5's launch, its layout in device buffers: capture :meth:`run` once, replay it after :meth:`set_layout`
+    or new values in ``q``, ``k``, ``v``. ``max_tokens``, ``max_prompts`` and ``max_width`` (positions after a
+    prefix) bound the layouts. ``config`` (of :func:`~studylog.multi_item.config.config_names`) fixes the tiles;
+    ``None`` picks them on the first :meth:`run` (an autotuned eager call on the GPU, not capturable)."""
 
     def __init__(self, *, heads: int, head_dim: int, dtype: torch.dtype, max_tokens: int, max_prompts: int,
                  max_width: int | None = None, config: str | None = None, rule: str = DEFAULT_RULE,
                  order: str = DEFAULT_ORDER, sm_scale: float | None = None,
                  device: torch.device | str | None = None, kv_heads: int | None = None):
         check_rule(rule)
-        if order not in SCHEDULE_ORDERS:
-            raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
-        if head_dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+        check_choice("order", order, SCHEDULE_ORDERS)
+        check_choice("head_dim", head_dim, SUPPORTED_HEAD_DIMS)
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
         self.kv_heads = heads if kv_heads is None else kv_heads

@@ -22,24 +22,17 @@ from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats,
 
 
 STEP04, STEP05, STEP06 = STEPS[3:6]
-#: the baselines: PyTorch over the same rule, and the approach the chapter replaces
-SDPA_DENSE = "SDPA, dense mask"
-SDPA_CAUSAL = "causal SDPA (superset)"
+#: the baselines (PyTorch over the same rule, and the approach the chapter replaces), and the peers (FlexAttention
+#: at the best block size of a sweep, FlashInfer's multi-item prefill at its best backend and page size)
+SDPA_DENSE, SDPA_CAUSAL = "SDPA, dense mask", "causal SDPA (superset)"
 ONE_PASS_PER_ITEM = "one pass per item (SDPA, batched)"
-#: the peers: FlexAttention at the best block size of a sweep, FlashInfer's multi-item prefill at its best
-#: backend and page size
-FLEX = "FlexAttention"
-FLASHINFER = "FlashInfer"
-#: step 4 launched once per prompt of a batch (what step 5's one launch saves)
-STEP04_PER_PROMPT = f"{STEP04.series}, a launch per prompt"
-#: step 5 through :class:`MultiItemPlan` (fixed grid, layout in device buffers)
-PLAN = f"{STEP05.series}, MultiItemPlan"
-#: the other mask rule, same kernel
+FLEX, FLASHINFER = "FlexAttention", "FlashInfer"
+STEP04_PER_PROMPT = f"{STEP04.series}, a launch per prompt"  # what step 5's one launch saves
+PLAN = f"{STEP05.series}, MultiItemPlan"  # step 5 with a fixed grid, the layout in device buffers
 OTHER_RULE = RULES[1]
-STEP05_OTHER_RULE = f"{STEP05.series} ({OTHER_RULE} rule)"
-#: steps 4 and 5 also timed by do_bench, beside the GPU clock: the swing's evidence
+STEP05_OTHER_RULE = f"{STEP05.series} ({OTHER_RULE} rule)"  # the other mask rule, same kernel
+#: steps 4 and 5 also timed by do_bench, beside the GPU clock (the swing's evidence), and its flush, in the same run
 DO_BENCH = {4: f"{STEP04.series} (do_bench)", 5: f"{STEP05.series} (do_bench)"}
-#: the 256 MB memset do_bench runs before each repetition, timed in the same run
 FLUSH = "do_bench's L2 flush (256 MB memset)"
 
 
@@ -78,19 +71,18 @@ def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[in
 
 
 BENCH_HEADS, BENCH_HEAD_DIM, BENCH_DTYPE = 32, 128, torch.bfloat16
-#: the layout of the model the chapter cites (Llama 3.1 8B: 32 query heads, 8 key/value heads): query heads a
-#: key/value head serves
-GQA_GROUP = 4
+GQA_GROUP = 4  # query heads a key/value head serves in the model the chapter cites (Llama 3.1 8B: 32 over 8)
 
 
 def gqa_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]], int]]:
-    """The mixed batch with one key/value head per :data:`GQA_GROUP` query heads: ``(name, prefixes, items,
-    kv heads)`` (in a quick run too: it is a target's case)."""
+    """The mixed batch with a key/value head per :data:`GQA_GROUP` query heads, ``(name, prefixes, items, kv
+    heads)`` (in a quick run too: a target's case)."""
     name, prefixes, items = bench_shapes()[-1]
     kv_heads = max(1, BENCH_HEADS // GQA_GROUP)
     return [(f"{name}, {kv_heads} KV heads", prefixes, items, kv_heads)]
-#: the matmul whose rate is the compute ceiling of the run
-CEILING_MATMUL_N = 8192
+
+
+CEILING_MATMUL_N = 8192  # the matmul whose rate is the run's compute ceiling
 
 
 def flex_variants(quick: bool):
@@ -115,8 +107,8 @@ def pinned_configs(results) -> dict[tuple[str, str], str]:
 
 
 def _naive_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, rule: str = DEFAULT_RULE):
-    """For the one-pass-per-item baseline: per prompt, right-padded ``[N, H, length, D]`` copies of each item's
-    sequence (``prefix item_i``, or ``prefix <d> item_i``), and per item the packed indices of its rows."""
+    """The one-pass-per-item baseline's inputs: per prompt, right-padded ``[N, H, length, D]`` copies of each
+    item's sequence (``prefix item_i``, or ``prefix <d> item_i``), and per item its rows' packed indices."""
     first = 1 if rule == "flashinfer" else 0  # the delimiter is not part of the item's pass
     inputs, rows = [], []
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
@@ -411,8 +403,7 @@ def _choose_config(step, shape: str, pins: dict, q, k, v, batch, sm_scale) -> tu
     return info.config, "autotuned", timings
 
 
-#: the shape of mixed item lengths (the others have items of one length)
-MIXED_SHAPE = "8 prompts, mixed"
+MIXED_SHAPE = "8 prompts, mixed"  # the shape of mixed item lengths (the others have items of one length)
 #: the headline rows: (baseline, shape)
 HEADLINES = ((FLEX, MIXED_SHAPE), (FLASHINFER, MIXED_SHAPE), (FLASHINFER, "prefix 2048, 32 items x 32"),
              (SDPA_DENSE, "prefix 512, 128 items x 16"), (SDPA_CAUSAL, "prefix 512, 128 items x 16"))

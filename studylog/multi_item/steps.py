@@ -21,31 +21,13 @@ from torch import Tensor
 
 from studylog import runtime
 from studylog.chapter import Step
-from studylog.multi_item.config import (
-    FEW_GPU_CONFIGS,
-    GPU_CONFIGS,
-    INTERPRETER_BLOCKS,
-    LaunchInfo,
-    check_blocks,
-    config_name,
-    find_config,
-    size_bucket,
-    strides,
-    tuned,
-)
-from studylog.multi_item.formats import (
-    DEFAULT_RULE,
-    ITEM_KEYS_FROM,
-    MultiItemBatch,
-    check_qkv,
-    check_rule,
-    dense_mask,
-)
+from studylog.multi_item.config import (FEW_GPU_CONFIGS, GPU_CONFIGS, INTERPRETER_BLOCKS, LaunchInfo, check_blocks,
+                                        config_name, find_config, size_bucket, strides, tuned)
+from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_qkv, check_rule,
+                                         dense_mask)
 from studylog.multi_item.tiles import DEFAULT_ORDER, schedule_table
 
-#: multiply scores by log2(e) once, so the softmax can use exp2 (one instruction on the GPU)
-LOG2E = 1.4426950408889634
-
+LOG2E = 1.4426950408889634  # scores times log2(e) once, so the softmax uses exp2 (one GPU instruction)
 QKV = Float[Tensor, "h t d"]
 #: every tile height the GPU's autotuner may pick (step 5 plans a program table for each)
 GPU_BLOCK_MS = tuple(sorted({cfg.kwargs["BLOCK_M"] for cfg in GPU_CONFIGS}))
@@ -84,8 +66,8 @@ def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
 
 def prepare_launch(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
              rule: Any, *, one_prompt: bool) -> tuple[float, Tensor, dict[str, Any]]:
-    """Check a Triton step's inputs; returns ``qk_scale`` (``sm_scale * log2(e)``), the output and the
-    constexprs every kernel takes."""
+    """Check a Triton step's inputs; returns ``qk_scale`` (``sm_scale * log2(e)``), the output, the common
+    constexprs."""
     check_qkv(q, k, v, batch, out)
     check_blocks(blocks)
     check_rule(rule)
@@ -120,8 +102,8 @@ def tile_count_buffer(batch: MultiItemBatch, tile_tokens: int, count_tiles: bool
 def step_result(number: int, out: Tensor, launched: tuple[int, int, str], return_info: bool, batch: MultiItemBatch,
                 counts: Tensor | None = None, max_tiles: int = 0,
                 rows_per_token: int = 1) -> QKV | tuple[QKV, LaunchInfo]:
-    """``out``, or ``(out, LaunchInfo)``; with ``counts`` (``max_tiles`` entries a prompt), per prompt the key
-    tiles each query tile of ``BLOCK_M // rows_per_token`` tokens visited."""
+    """``out``, or ``(out, LaunchInfo)`` with ``counts`` (``max_tiles`` a prompt) as the key tiles each query
+    tile of ``BLOCK_M // rows_per_token`` tokens visited."""
     if not return_info:
         return out
     block_m, block_n, name = launched
@@ -485,8 +467,8 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
 def launch_scheduled(number: int, kernel, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any,
                      blocks: Any, config: str | None, rule: Any, count_tiles: bool, order: str, return_info: bool, *,
                      pack_heads: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
-    """Steps 5 and 6: plan the program table (cached on the batch) and launch ``kernel`` over it, a program per
-    (prompt, query tile, head); with ``pack_heads`` (step 6) a program per (prompt, token tile, key/value head)."""
+    """Steps 5 and 6: plan the program table (cached on the batch), launch ``kernel`` a program per (prompt, query
+    tile, head), with ``pack_heads`` (step 6) per (prompt, token tile, key/value head)."""
     qk_scale, out, common = prepare_launch(f"step{number:02d}", q, k, v, batch, sm_scale, out, blocks, rule,
                                            one_prompt=False)
     cfg = find_config(config, blocks)
@@ -499,7 +481,6 @@ def launch_scheduled(number: int, kernel, q: Any, k: Any, v: Any, batch: Any, sm
     # the keys and values one program reads, per token: step 5's programs of a group of query heads share them
     kv_bytes = 2 * q.shape[-1] * q.element_size() // (1 if pack_heads else group)
     heads = k.shape[0] if pack_heads else q.shape[0]
-    # (the table's planning checks the order)
     table, programs = schedule_table(batch, heads, order, heights, kv_bytes, rule, rows_per_token=rows_per_token)
     counts, max_tiles = tile_count_buffer(batch, min(heights) // rows_per_token, count_tiles, q.device)
     grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
@@ -515,13 +496,11 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
                          out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                          rule: str = DEFAULT_RULE) -> QKV:
     """Multi-item scoring attention over a packed batch: :func:`step05_batched`, or under grouped-query attention
-    (groups of up to 16 query heads) :func:`~studylog.multi_item.packed_heads.step06_packed_heads`.
-
-    ``config`` is a name of :func:`~studylog.multi_item.config.config_names`; by default the GPU autotunes and the
-    interpreter uses 16 x 16 tiles. In a CUDA graph: after a first eager call on this ``batch`` (it autotunes and
-    builds the program table), a call synchronises nothing and allocates nothing but ``out``; the layout,
-    ``sm_scale`` and tile config are baked in (:class:`~studylog.multi_item.plan.MultiItemPlan` takes new layouts).
-    """
+    (groups of up to 16 query heads) ``step06_packed_heads``. ``config``: a name of
+    :func:`~studylog.multi_item.config.config_names` (default: the GPU autotunes, the interpreter uses 16 x 16).
+    After a first eager call on ``batch`` (autotuning, the program table) a call syncs nothing and allocates only
+    ``out``, so a CUDA graph can hold it, layout, ``sm_scale`` and config baked in (``MultiItemPlan`` takes new
+    layouts)."""
     heads, kv_heads = (x.shape[0] if isinstance(x, Tensor) and x.dim() == 3 else 0 for x in (q, k))
     # a group fits the smallest tile (16 rows) whole; anything else, bad input included, goes to step 5's checks
     grouped = kv_heads > 0 and heads % kv_heads == 0 and 1 < heads // kv_heads <= 16

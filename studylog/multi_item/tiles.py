@@ -10,9 +10,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from studylog.checks import check_choice
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_rule, dense_mask
-
-# Step 5's schedule: which program computes what, in which order
 
 #: step 5's program orders (the first is the default): ``"head_groups"``, groups of heads whose keys and values fit
 #: :data:`GROUP_KV_BYTES` (so they stay in L2), heaviest tiles first within a group; ``"heads_outer"``, groups of
@@ -20,15 +19,13 @@ from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemB
 #: tiles from each prompt's end, every (prompt, head) side by side.
 SCHEDULE_ORDERS = ("head_groups", "heads_outer", "prompts_outer", "first_run")
 DEFAULT_ORDER = SCHEDULE_ORDERS[0]
-#: the tile heights a schedule table has a row for (the kernel picks its row from BLOCK_M)
-SCHEDULE_BLOCK_MS = (16, 32, 64, 128)
-#: keys and values one head group may span: well under an H200's 60 MB of L2 (an H100 has 50 MB)
-GROUP_KV_BYTES = 24 * 2**20
+SCHEDULE_BLOCK_MS = (16, 32, 64, 128)  # a schedule table's rows: the kernel picks one by BLOCK_M
+GROUP_KV_BYTES = 24 * 2**20  # keys and values a head group may span: well under an H200's 60 MB of L2 (H100: 50)
 
 
 def head_groups(batch: MultiItemBatch, heads: int, kv_bytes_per_token: int) -> list[range]:
-    """The heads split into as few groups of near-equal size as keep each group's keys and values (every
-    token of the batch, ``kv_bytes_per_token`` per head) within :data:`GROUP_KV_BYTES`; one head at least."""
+    """The heads in as few near-equal groups as keep each group's keys and values (``kv_bytes_per_token`` a
+    head, every token) within :data:`GROUP_KV_BYTES`; one head at least."""
     size = max(1, min(heads, GROUP_KV_BYTES // max(batch.total_tokens * kv_bytes_per_token, 1)))
     n = -(-heads // size)
     bounds = [round(i * heads / n) for i in range(n + 1)]
@@ -52,10 +49,9 @@ def query_tile_costs(batch: MultiItemBatch, block_m: int, rule: str = DEFAULT_RU
 
 def work_order(batch: MultiItemBatch, heads: int, block_m: int, order: str = DEFAULT_ORDER,
                kv_bytes_per_token: int = 2 * 128 * 2, rule: str = DEFAULT_RULE) -> Int[Tensor, "n 3"]:
-    """Step 5's programs in launch order: rows of ``(prompt, query tile, head)``. ``kv_bytes_per_token`` (a key and
-    a value of one head) sizes the head groups of ``"head_groups"``."""
-    if order not in SCHEDULE_ORDERS:
-        raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
+    """Step 5's programs in launch order, rows of ``(prompt, query tile, head)``; ``kv_bytes_per_token`` (one
+    head's key and value) sizes ``"head_groups"``."""
+    check_choice("order", order, SCHEDULE_ORDERS)
     tiles = query_tile_costs(batch, block_m, rule)
     if order in ("head_groups", "heads_outer"):
         ranked = torch.tensor([(b, t) for b, t, _ in sorted(tiles, key=lambda w: (-w[2], w[0], w[1]))])
@@ -80,13 +76,10 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
                    block_ms: Sequence[int] = SCHEDULE_BLOCK_MS,
                    kv_bytes_per_token: int = 2 * 128 * 2,
                    rule: str = DEFAULT_RULE, rows_per_token: int = 1) -> tuple[Int[Tensor, "4 n 8"], dict[int, int]]:
-    """Step 5's program table on the batch's device, and how many programs each tile height launches.
-
+    """Step 5's program table on the batch's device (cached on the batch), and each tile height's program count.
     Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]``; entry ``i`` is program ``i``'s ``(prompt, query tile,
-    head, seq_begin, seq_len, prefix_len, 0, 0)``. Cached on the batch, for every layer's call.
-    ``rows_per_token``: tile rows per token (step 6's group of query heads); row ``BLOCK_M`` then holds tiles of
-    ``BLOCK_M // rows_per_token`` tokens.
-    """
+    head, seq_begin, seq_len, prefix_len, 0, 0)``. ``rows_per_token`` (step 6's group of query heads): row
+    ``BLOCK_M`` holds tiles of ``BLOCK_M // rows_per_token`` tokens."""
     key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token, check_rule(rule))
     if rows_per_token != 1:  # step 5's keys stay as they were
         key += (rows_per_token,)
@@ -116,8 +109,7 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
 
 # Tile accounting: what each kernel visits, what causal attention visits, what is really needed
 
-#: codes of :func:`tile_map`
-TILE_SKIPPED, TILE_WHOLE, TILE_MASKED = 0, 1, 2
+TILE_SKIPPED, TILE_WHOLE, TILE_MASKED = 0, 1, 2  # tile_map's codes
 
 
 def tile_map(batch: MultiItemBatch, block_m: int, block_n: int, prompt: int = 0,
