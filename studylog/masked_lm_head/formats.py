@@ -36,12 +36,9 @@ LAYOUTS = ("vd", "dv")
 
 @dataclass(frozen=True, eq=False)
 class AllowedTokens:
-    """Which tokens each sequence of a batch may produce next, in the forms the kernels read.
-
-    ``union_ids``: sorted int32 ids at least one sequence allows; ``few_ids``: the same as host integers when
-    there are at most :data:`FEW_IDS_MAX`. Build it once per FSM state: the constructors check every id, so the
-    kernels' wrappers need no device round trip.
-    """
+    """Which tokens each sequence of a batch may produce next, in the forms the kernels read: ``union_ids``, the
+    sorted int32 ids some sequence allows; ``few_ids``, the same as host ints when at most :data:`FEW_IDS_MAX`.
+    Build it once per FSM state: the constructors check every id, so the steps need no device round trip."""
 
     vocab_size: int
     mask: Bool[Tensor, "b v"]
@@ -171,10 +168,8 @@ def unpack_bitmask(bitmask: Int[Tensor, "b w"], vocab_size: int) -> Bool[Tensor,
 
 @dataclass(frozen=True)
 class Tiles:
-    """Block sizes (powers of two) and launch options of one kernel call: ``block_b`` sequences (at least 16
-    wherever ``tl.dot`` is used), ``block_v`` tokens and ``block_d`` hidden features per program step;
-    ``fill_block``: outputs a fill program sets to ``-inf`` (steps 4 to 10).
-    """
+    """Block sizes (powers of two) and launch options of a kernel call: ``block_b`` sequences (16 or more for
+    ``tl.dot``), ``block_v`` tokens, ``block_d`` hidden features; ``fill_block``: a fill program's outputs."""
 
     block_b: int = 16
     block_v: int = 64

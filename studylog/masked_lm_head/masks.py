@@ -60,8 +60,8 @@ class StructuredSets:
 
 
 def real_sets(vocab: int = VOCAB) -> StructuredSets | None:
-    """The FSM chapter's real grammar masks (``assets/data/fsm_masks.npz``), or None if missing.
-    A schema and its ``[compact]`` variant count as one grammar."""
+    """The FSM chapter's grammar masks (``assets/data/fsm_masks.npz``), or None if missing; a schema and its
+    ``[compact]`` variant count as one grammar."""
     from studylog import data
 
     try:
@@ -86,8 +86,8 @@ def structured_sets(vocab: int = VOCAB, seed: int = 0) -> StructuredSets:
 
 
 def cross_fit_orders(data: StructuredSets, vocab: int) -> tuple[list[VocabOrder], list[int]]:
-    """Two-fold cross-fitting by grammar: the order used for a set is fitted on the *other* fold's sets.
-    Returns the two orders and each set's fold."""
+    """Two-fold cross-fitting by grammar: the orders (``orders[k]``, fitted outside fold ``k``, serves fold ``k``)
+    and each set's fold."""
     names = sorted(set(data.groups))
     fold_of_group = {name: i % 2 for i, name in enumerate(names)}
     fold = [fold_of_group[g] for g in data.groups]

@@ -68,10 +68,8 @@ class VocabOrder:
 
 
 def cluster_order(train_sets: Sequence[np.ndarray], vocab_size: int) -> VocabOrder:
-    """Reorder the vocabulary so that tokens allowed by the same sets are neighbours: sorting tokens by which
-    training sets allow them, smallest sets as the leading keys, makes each small set one contiguous run (stable:
-    ties keep their id order; tokens no set allows go last).
-    """
+    """Tokens allowed by the same sets made neighbours: sorted by which training sets allow them, smallest sets
+    leading, each small set is one contiguous run (stable: ties keep id order; tokens no set allows go last)."""
     sets = [np.unique(np.asarray(s, dtype=np.int64)) for s in train_sets]
     sets = [s for s in sets if s.size]
     if not sets:

@@ -23,27 +23,18 @@ from studylog.masked_lm_head.plan import MaskedHeadPlan, step13_plan, xgrammar_p
 from studylog.masked_lm_head.reorder import ReorderedHead, VocabOrder, active_blocks, cluster_order, \
     step11_reordered
 
-#: Step 11 measured with a vocabulary order fitted on every mask, the measured one included (the best case).
-IN_SAMPLE = "reordered_in_sample"
-#: Step 13's series (``CHAPTER.step(13).series``): the whole decode step from the packed bitmask, copy in, union
-#: built on the device, the bucket's kernels (:func:`~studylog.masked_lm_head.plan.step13_plan`).
-PLAN = "step13"
-#: The practitioners' path: the bitmask copied in, cuBLAS fp32 logits, xgrammar's apply_token_bitmask_inplace.
-XGRAMMAR = "xgrammar_bitmask"
-#: The same with bf16 logits (the cheapest form of that path; not our output contract).
-XGRAMMAR_BF16 = "xgrammar_bitmask_bf16"
-#: Batch sizes of the full run: 4 is in the dispatch's branch for batches 2-7.
-BATCHES = (1, 4, 8, 64, 256)
-#: Steps whose logit is one program's reduction of a row (``"row"`` summation of :func:`error_bound`).
-ROW_STEPS = (4, 5, 6, 7, 8, 9)
-#: Where step 9 is measured above batch 1 (random masks): up to this batch, and up to this many allowed tokens in all
-#: (batch x allowed per sequence). It reduces each union row once per sequence: at batch 64 with 1,000 allowed each,
-#: a call takes milliseconds.
+IN_SAMPLE = "reordered_in_sample"  # step 11 with an order fitted on every mask, the measured one too (best case)
+PLAN = "step13"  # step 13's series: the whole step from the packed bitmask (copy in, union on the device, kernels)
+#: The practitioners' path: the bitmask copied in, cuBLAS fp32 logits, xgrammar's apply_token_bitmask_inplace; the
+#: same with bf16 logits (its cheapest form; not our output contract).
+XGRAMMAR, XGRAMMAR_BF16 = "xgrammar_bitmask", "xgrammar_bitmask_bf16"
+BATCHES = (1, 4, 8, 64, 256)  # the full run's batches: 4 is in the dispatch's branch for batches 2-7
+ROW_STEPS = (4, 5, 6, 7, 8, 9)  # a logit is one program's reduction of a row (error_bound's "row" summation)
+#: Step 9 above batch 1 (random masks) up to this batch and this many allowed tokens in all: it reduces each union
+#: row once per sequence (batch 64 with 1,000 allowed each: milliseconds a call).
 UNION_MAX_BATCH, UNION_MAX_ALLOWED = 64, 64_000
-#: The most bytes of copies of a head (itself counted) one measurement rotates among: room is left on an 80 GB card.
-COPY_BUDGET = 48 * 2**30
-#: Step 12's paths that compute every logit (they read the whole head).
-DENSE_PATHS = ("cublas", "dense")
+COPY_BUDGET = 48 * 2**30  # the most bytes of a head's copies (itself counted) to rotate among: room on an 80 GB card
+DENSE_PATHS = ("cublas", "dense")  # step 12's paths that compute every logit (they read the whole head)
 
 
 def head_bytes(head: Tensor | ReorderedHead) -> int:
@@ -53,9 +44,9 @@ def head_bytes(head: Tensor | ReorderedHead) -> int:
 
 
 class HeadCopies:
-    """Copies of a head for the GPU clock's rotation, so that the rows a call reads come from DRAM, not from the L2
-    the previous call left them in: enough that their read bytes exceed four times L2, at most ``budget`` bytes.
-    The clones of one head are kept until another head is asked for or :meth:`release`."""
+    """Copies of a head for the GPU clock's rotation, so a call's rows come from DRAM, not the previous call's L2:
+    enough that their read bytes exceed four times L2, at most ``budget`` bytes; kept until another head or
+    :meth:`release`."""
 
     def __init__(self, run, budget: int = COPY_BUDGET):
         self.run, self.budget = run, budget
@@ -90,8 +81,8 @@ def _chapter():
 
 
 def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = BATCHES) -> list[tuple[int, str, int]]:
-    """(batch, mask kind, allowed per sequence) of one run: batch 1 sweeps random masks from 1 to V and a few
-    counts of the other kinds; batches above 1 take counts around the batched targets."""
+    """(batch, mask kind, allowed per sequence) of a run: batch 1 sweeps random masks from 1 to V and a few counts
+    of the other kinds; larger batches take counts around the batched targets."""
     def cap(counts):
         return sorted({min(c, vocab) for c in counts})
 
@@ -137,7 +128,7 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
 def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[int],
               structured: StructuredSets | None = None, only: Sequence[tuple[int, str, int]] | None = None,
               peer: Callable | None = None, copy_budget: int = COPY_BUDGET) -> None:
-    """The benchmark body, sizes as arguments (a CPU test runs it at toy sizes); ``only`` replaces :func:`cases`,
+    """The benchmark, sizes as arguments (a CPU test runs it at toy sizes); ``only`` replaces :func:`cases`,
     ``peer`` xgrammar's ``apply_token_bitmask_inplace``."""
     S = {n: step_series(n) for n in range(14)}
     dtype = torch.bfloat16
@@ -214,8 +205,8 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
     def measure(series: str, fn: Callable[[Any], Any], head, nbytes: int, params: dict, *, floor: float | None = None,
                 long: bool = False, prepare: Callable[[list], list] | None = None, **kw):
-        """GPU time of ``fn(copy)`` rotated over the head's copies (``prepare`` turns them into what ``fn`` takes;
-        ``long``: a call of 100 µs or more), and the host time of ``host`` when given."""
+        """GPU time of ``fn(copy)`` over the head's copies (``prepare`` maps them to ``fn``'s argument; ``long``: a
+        call of 100 µs or more), and ``host``'s host time when given."""
         n, capped = copies.count(head, nbytes)
 
         def make_calls():
@@ -373,8 +364,8 @@ def losses(rows: list[dict]) -> list[str]:
 
 
 def headline(results) -> list[dict]:
-    """The book's headline rows: step 13 (the whole step from the bitmask) against xgrammar's path, step 12 (the
-    kernel alone, allowed ids given) against torch (the rows the file holds)."""
+    """The book's headline rows the file holds: step 13 (the whole step) against xgrammar's path, step 12 (the
+    kernel, allowed ids given) against torch."""
     from studylog.plotting import headline_row
 
     label = _chapter().label
