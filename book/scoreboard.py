@@ -269,7 +269,7 @@ def _masked_lm_head(data):
             # needing the one before (the ids, then the rows they name)
             chain = {"latency_floor_ms": copy["ms"] + 2 * empty,
                      "latency_what": f"the packed bitmask's copy from pinned host memory ({copy['bytes']:,} bytes), "
-                                     "timed alone in the card's tails run, then two dependent kernels at an empty "
+                                     "timed alone in a separate run, then two dependent kernels at an empty "
                                      "kernel's time each"}
             missing: dict[str, Any] = {}
         else:
@@ -282,7 +282,9 @@ def _masked_lm_head(data):
                         "batch 1, 1,000 of 128,256 tokens allowed", plan["clock"], plan,
                         "xgrammar (cuBLAS logits, then its mask kernel)",
                         one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=_masked_head_bytes(data, plan),
-                        short="step 13, whole step", **chain, **missing) | {"tail_params": MASKED_HEAD_CASE})
+                        short="step 13, whole step", **chain, **missing) | {"tail_params": MASKED_HEAD_CASE} | (
+                            {"floor_words": f"the bitmask's copy, {us(copy['ms'])} µs, then 2 kernels"}
+                            if chain["latency_floor_ms"] is not None else {}))
     kernel = one(data, "step12", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
         out.append(_row("the masked head's kernel alone, allowed ids given (step 12)",
@@ -746,12 +748,15 @@ def _speculate(data):
     latency = None
     if forward is not None and forward.get("kernels_per_forward") and empty is not None:
         kernels = forward["kernels_per_forward"]
+        share = med([r["forwards"] / r["tokens"] for r, _ in pairs])
         latency = med([kernels * empty * r["forwards"] / r["tokens"] for r, _ in pairs])
-        why = (f"{kernels} dependent kernels a forward (counted in the card's tails run), each at least an empty "
+        why = (f"{kernels} dependent kernels a forward (counted in a separate run), each at least an empty "
                f"kernel, at step 4's forwards per output token" + (f"; {bound}" if bound else ""))
     else:
         why = "not measured: no run counted the kernels of SmolLM2's forward" + (f"; {bound}" if bound else "")
-    return ({"latency_missing_why": why} if latency is None else {}) | {"no_tail_why": LOOP_NO_TAIL} | _row(
+    words = ({"floor_words": f"{share:.2f} forwards a token × {kernels} kernels × {empty * 1e3:.2f} µs"}
+             if latency is not None else {})
+    return ({"latency_missing_why": why} if latency is None else words) | {"no_tail_why": LOOP_NO_TAIL} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of the {len(pairs)} "
                 "requests that close their JSON", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
                 rival_row,
@@ -779,8 +784,7 @@ ENTRIES: tuple[Entry, ...] = (
                    "tokens allowed",
           rival_short="xgrammar's path"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
-          "How much faster than our corrected port of the FastDeploy GPU kernel can the n-gram drafter of speculative "
-          "decoding run?",
+          "How fast can the n-gram drafter of speculative decoding run on the GPU?",
           "ngram", _ngram,
           headline="the GPU drafter against our corrected port of FastDeploy's GPU kernel, 128 slots of 32,768 "
                    "tokens",
@@ -1023,6 +1027,8 @@ def floor_kind(r: dict[str, Any]) -> str:
     if r.get("binding") == "compute":
         return "compute floor"
     what = r.get("latency_what") or ""
+    if r.get("floor_words"):  # a chain the row names in a few words
+        return f"latency floor ({r['floor_words']})"
     if what == ONE_KERNEL:
         return "latency floor (one empty kernel)"
     m = re.match(r"the recursion's (\d+) dependent frames", what)
@@ -1280,7 +1286,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         definitions.append(TAIL_NOTE.format(samples=samples[0].get("samples", "many"),
                                             calls=samples[0].get("min_calls_per_replay", "many"))
                            .replace("p99 ÷ median: ", "The p99 ÷ median column: ", 1) + "."
-                           + "".join(dict.fromkeys(f" {b['no_tail_why'][1]}." for b in board if b.get("no_tail_why"))))
+                           + "".join(dict.fromkeys(f" {b['no_tail_why'][1]}." for b in board if b.get("no_tail_why")))
+                           + (" A card with no such run (" + " and ".join(without) + ") has none, and a case the run does "
+                              "not time says \"not measured\"." if (without := [
+                                  f"the {short_card(card_name(c))}" for c in cards(root) if load(c, TAILS) is None])
+                              else " A case the run does not time says \"not measured\"."))
     out_folds = []
     for entry in ENTRIES:
         said = notes.get(entry.number)
