@@ -69,6 +69,9 @@ FIGURE_ALT = {
                                       "torch's CTC calls, against the number of utterances, for two alphabet sizes",
     "assets/figures/ternary_steps.png": "GPU time of the Triton steps of the ternary matmul timed at every Llama "
                                         "weight shape, one row of activations, beside cuBLAS and GemLite",
+    "assets/figures/ternary_steps_bitnet.png": "On the H200, one row of activations: the Triton steps' GPU time "
+                                                "beside cuBLAS and GemLite at the BitNet shapes where GemLite passes "
+                                                "our check",
     "assets/figures/ternary_speedup.png": "On the H200, one row of activations: each ternary kernel's speedup "
                                           "over cuBLAS in bf16 at each weight shape it times, beside GemLite's "
                                           "and torch._int_mm's",
