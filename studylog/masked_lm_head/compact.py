@@ -74,10 +74,9 @@ def compact_rows_kernel(
         fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
 
-# Step 5: one wait per row. The whole row is one tile ([BLOCK_V, D rounded up to a power of two], the
-# padding masked off, so it costs registers, not bytes): all of a row's loads are issued back to back and
-# reduced once. In step 4 each chunk's tl.sum ends in a barrier, and the next chunk's loads come after it,
-# so a program waited for memory once per chunk.
+# Step 5: one wait per row. The row is one [BLOCK_V, D_POW2] tile (the padding masked off: registers, not bytes),
+# its loads issued back to back and reduced once; in step 4 each chunk's tl.sum ends in a barrier before the next
+# chunk's loads, so a program waited for memory once per chunk.
 
 @triton.jit
 def one_wait_kernel(
@@ -91,9 +90,8 @@ def one_wait_kernel(
         fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
 
-# Step 6: the fill programs first in the grid. Dispatched last, their mask-load -> store chain could be the
-# tail of the launch; dispatched first, they delay the row programs, which wait on memory. It did not pay
-# (the page measures it): steps 7 and 8 keep step 5's order, row programs first.
+# Step 6: the fill programs first, so their mask-load -> store chain is not the launch's tail; they delay the row
+# programs instead. It did not pay (the page measures it): steps 7 and 8 keep step 5's order.
 
 @triton.jit
 def fill_first_kernel(
@@ -123,11 +121,9 @@ def compact_stream_kernel(
         fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
 
-# Step 8: a handful of ids (a grammar state that forces one token, or allows a few) travel as
-# launch arguments. A row program knows its row without loading an id, and a fill program knows
-# which outputs to leave alone without loading the mask: the row read is the only memory access
-# any program waits for. Unused slots hold -1, which no output position equals. The ids must not
-# be specialised on (Triton would compile a variant for every id equal to 1 or divisible by 16).
+# Step 8: a handful of ids (a state that forces one token, or allows a few) are launch arguments: no program loads
+# an id or the mask, so the row read is the only access any waits for. Unused slots hold -1, which no output
+# position equals. Not specialised on: Triton would compile a variant for every id equal to 1 or divisible by 16.
 
 @triton.jit(do_not_specialize=["n_ids", "id0", "id1", "id2", "id3", "id4", "id5", "id6", "id7"])
 def few_ids_kernel(
@@ -150,10 +146,9 @@ def few_ids_kernel(
                 | (offs == id6) | (offs == id7))
         tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=(offs < V) & ~keep)
 
-# Step 9: batched, each sequence its own mask. Programs take BLOCK_V ids of the union of the
-# allowed sets and read each chunk of those rows once for BLOCK_B sequences, reducing it against
-# each sequence in turn (one tl.sum per sequence, as steps 4 to 8 compute a logit); a logit is
-# stored only where that sequence allows that token. Fill programs write the -inf.
+# Step 9: batched, each sequence its own mask. A program reads each chunk of BLOCK_V union rows once for BLOCK_B
+# sequences, reduced against each in turn (a tl.sum each, as steps 4 to 8 compute a logit), and stores a logit
+# only where its sequence allows it. Fill programs write the -inf.
 
 @triton.jit
 def gathered_sums(h_ptr, w_ptr, rows, live, first_b, B, stride_hb, stride_wv, D: tl.constexpr,

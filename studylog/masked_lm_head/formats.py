@@ -356,11 +356,10 @@ def fp32_gamma(hidden: int, summation: str = "dot") -> float:
     return ku / (1 - ku)
 
 
-def error_bound(h: Tensor, weight: Tensor, allowed: AllowedTokens | None = None, layout: str = "vd", *,
-                summation: str = "dot") -> Tensor:
+def error_bound(h: Tensor, weight: Tensor, layout: str = "vd", *, summation: str = "dot") -> Tensor:
     """``gamma_k * sum_i |h_i w_i|`` bounds every logit's fp32-accumulation error (Higham, *Accuracy and
     Stability of Numerical Algorithms*, §4.2): bf16/fp16 products are exact in fp32, so only the additions
-    count; a tiny slack keeps exact zeros comparable. ``allowed`` is not used."""
+    count; a tiny slack keeps exact zeros comparable."""
     w = weight.double() if layout == "vd" else weight.double().t()
     scale = h.double().abs() @ w.abs().t()
     return fp32_gamma(h.shape[1], summation) * scale + 1e-30
@@ -370,7 +369,7 @@ def check_logits(out: Tensor, h: Tensor, weight: Tensor, allowed: AllowedTokens,
                  summation: str = "dot") -> dict:
     """Against the float64 reference: allowed entries within :func:`error_bound`, others exactly ``-inf``, no NaN."""
     return compare_logits(out, reference_logits(h, weight, allowed, layout),
-                          error_bound(h, weight, allowed, layout, summation=summation), allowed.mask.to(out.device))
+                          error_bound(h, weight, layout, summation=summation), allowed.mask.to(out.device))
 
 
 def compare_logits(out: Tensor, ref: Tensor, bound: Tensor, mask: Tensor) -> dict:

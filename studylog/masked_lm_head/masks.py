@@ -75,12 +75,12 @@ def real_sets(vocab: int = VOCAB) -> StructuredSets | None:
     return StructuredSets(sets, groups, f"real FSM masks ({masks.tokenizer}, {len(sets)} states)")
 
 
-def structured_sets(vocab: int = VOCAB, seed: int = 0) -> StructuredSets:
+def structured_sets(vocab: int = VOCAB) -> StructuredSets:
     """The real masks when the file exists, else synthetic token-class masks (said in ``source``)."""
     real = real_sets(vocab)
     if real is not None:
         return real
-    sets = grammar_like_sets(600, vocab, np.random.default_rng(seed))
+    sets = grammar_like_sets(600, vocab, np.random.default_rng(0))
     return StructuredSets(sets, [f"synthetic-{i % 20}" for i in range(len(sets))],
                           "SYNTHETIC token-class masks (the real mask file is missing)")
 
