@@ -5,6 +5,7 @@ keep to three panels, one colour per series and readable text."""
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -318,7 +319,7 @@ def test_every_step_is_compared_with_the_step_it_builds_on_at_its_own_point():
     table = lesson.boehm_table(results)
     assert _base_problems(results, table) == [] and "not run here" not in table
     rows = {r.split("|")[1].strip(): r for r in table.splitlines()[2:]}
-    assert "| step 7 (what it runs here) |" in rows["12"] and "| step 3 (its diff's base) |" in rows["11"]
+    assert "| step 7 at this case (what it runs here) |" in rows["12"] and "| step 3 (its diff's base) |" in rows["11"]
     assert "| step 3 (steps 4 to 8 take one sequence)" in rows["9"] and "| step 9 |" in rows["10"]
     assert "| step 5 (6 did not pay) |" in rows["7"] and "| xgrammar's path (same contract" in rows["13"]
     assert [s.number for s in mlh.CHAPTER.steps if lesson.STEP_CASES[s.number][0]["batch"] > 1] == [9, 10]
@@ -780,56 +781,55 @@ def test_dense_mask_two_speeds_are_set_beside_cublas_fp32_and_not_explained_away
         assert two["fast_ms"] < two["slow_ms"]
 
 
-def test_one_progression_gives_every_step_timed_at_the_common_case_in_order():
-    """Under the steps table, one row reads every step at batch 1 with 1,000 random allowed, in step order, each time
-    the file's own; the steps that run only elsewhere (a few ids, a batch, real masks) are left out, not blank."""
-    results = plotting.load_results("masked_lm_head")
-    head, _, times = lesson.progression_table(results).splitlines()
-    steps = [int(c) for c in head.split("|")[2:-1]]
-    cells = [c.strip() for c in times.split("|")[2:-1]]
-    want = [(s.number, r) for s in mlh.CHAPTER.steps
-            if (r := results.select(s.series, layout="vd", **lesson.PROGRESSION_CASE))]
-    assert steps == [n for n, _ in want] and steps == sorted(steps) and 0 in steps and 13 in steps
-    assert not {9, 10} & set(steps)  # batch-only steps
-    for cell, (_, rows) in zip(cells, want):
-        assert cell.startswith(f"{rows[0]['ms'] * 1e3:,.1f}")
-    source = "".join("".join(c["source"]) for c in _notebook_cells())
-    assert source.index("lesson.boehm_tables(results)") < source.index("lesson.progression_table(results)")
-
-
-def test_the_two_steps_tables_hold_every_row_of_the_one_once_with_its_cells():
-    """The page shows the table of steps in two narrower tables: the rows at the headline's case (its case and its
-    floor said once, in the caption), then those at a case of their own (each with its case, its floor beside its
-    time over it). Together they hold every row of :func:`lesson.boehm_table` exactly once, in its order, with the
-    same step, change, time, base, ratio and time over the floor; and the page shows the two, not the one."""
+def test_the_page_shows_one_steps_table_holding_every_row_in_order_with_its_cells():
+    """The page shows the table of steps as one table: every row of :func:`lesson.boehm_table` once, in its order
+    (the steps, then the rivals), with its case ("measured at"), its step, change, time, base and ratio unchanged,
+    and its floor beside its time over it; no second table and no progression row."""
     results = plotting.load_results("masked_lm_head")
     one = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
-    first, second = lesson.boehm_tables(results)
-    here = lesson._case(lesson.PROGRESSION_CASE)
-    from collections import Counter
-
-    floors = Counter(r[6] for r in one if r[2] == here)  # most rows share one; a call from host memory has its own
-    assert len(floors) <= 2 and first.splitlines()[0].startswith(f"**At the headline's case, {here} allowed**")
-    shared = floors.most_common(1)[0][0]
-    assert f"floor {shared.split()[0]} µs" in first.splitlines()[0]
-
-    def rows(table):
-        lines = table.split("\n\n", 1)[1].splitlines()
-        return [c.strip() for c in lines[0].split("|")[1:-1]], [[c.strip() for c in r.split("|")[1:-1]]
-                                                                  for r in lines[2:]]
-
-    head1, rows1 = rows(first)
-    head2, rows2 = rows(second)
-    assert head1 == ["step", "the one change", "µs", "against", "×", "× floor"]
-    assert head2 == ["step", "the one change", "measured at", "µs", "against", "×", "× floor (floor µs)"]
-    # a row with a floor of its own (a call from host memory) says it beside its time over it
-    want1 = [[r[0], r[1], r[3], r[4], r[5], r[7] if r[6] == shared else
-              f"{r[7]} (its floor {r[6].replace(' (', ', ').rstrip(')')})"] for r in one if r[2] == here]
-    want2 = [r[:6] + [f"{r[7]} ({r[6].replace(' (', ', ').rstrip(')')})"] for r in one if r[2] != here]
-    assert rows1 == want1 and rows2 == want2 and len(rows1) + len(rows2) == len(one)
-    assert rows1 and rows2 and all(r[2] != here for r in rows2)
+    caption, table = lesson.one_steps_table(results).split("\n\n", 1)
+    lines = table.splitlines()
+    head = [c.strip() for c in lines[0].split("|")[1:-1]]
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lines[2:]]
+    assert caption.startswith("**") and head == ["step", "the one change", "measured at", "µs", "against", "×",
+                                                 "× floor (floor µs)"]
+    assert rows == [r[:6] + [f"{r[7]} ({r[6].replace(' (', ', ').rstrip(')')})"] for r in one]
+    steps = [int(r[0]) for r in rows if r[0].isdigit()]
+    assert steps == sorted(steps) and steps[0] == 0 and 13 in steps
+    assert all(r[0] == "rival" for r in rows[len(steps):])
     source = "".join("".join(c["source"]) for c in _notebook_cells())
-    assert "lesson.boehm_tables(results)" in source and "lesson.boehm_table(results)" not in source
+    assert "lesson.one_steps_table(results)" in source
+    assert "lesson.boehm_tables(results)" not in source and "lesson.progression_table(results)" not in source
+
+
+def test_no_whole_listing_or_diff_is_folded_and_folds_render_code_as_html():
+    """A step's code is shown open (its core), never folded whole: no code cell that shows a diff or a listing is
+    tagged ``hide-output`` or ``hide-input``; the HTML folds (the ties, every point) write inline code as ``<code>``
+    and apostrophes curly, never raw backticks."""
+    for c in _notebook_cells():
+        text = "".join(c["source"])
+        tags = set(c.get("metadata", {}).get("tags", []))
+        if c["cell_type"] == "code" and re.search(r"show_source|step_diff|function_diff|listing\(", text):
+            assert not tags & {"hide-output", "hide-input"}, text
+    assert lesson.inline_html("`index_select` + matmul's") == "<code>index_select</code> + matmul’s"
+    results = plotting.load_results("masked_lm_head")
+    html = lesson.folded("every point", lesson.practitioners_table(results))
+    assert "`" not in html and "'" not in html.replace("<", "").replace(">", "")
+    cell = next("".join(c["source"]) for c in _notebook_cells() if "lesson.ties_words(results)" in "".join(c["source"]))
+    assert "lesson.inline_html(lesson.ties_words(results))" in cell
+
+
+def test_where_the_numbers_come_from_names_its_runs_in_words_and_reads_them():
+    """The sources are named in words (no repository path on the page), and the cells still read those runs: the
+    benchmark, the bitmask's copy (step 13's floor) and the traced call."""
+    cells = _notebook_cells()
+    i = next(k for k, c in enumerate(cells) if "## Where the numbers come from" in "".join(c["source"]))
+    said = "".join(cells[i + 1]["source"])
+    assert "benchmark" in said and "traced" in said and "bitmask's copy" in said
+    assert not re.search(r"[\w-]+/[\w./-]+\.(json|md|txt)|lab_results|\.path", said)
+    source = "".join("".join(c["source"]) for c in cells)
+    assert 'load_results("masked_lm_head")' in source and "lesson.plan_timeline()" in source
+    assert "lesson.host_floor_ms(results)" in said
 
 
 def test_where_we_lose_in_short_names_both_rivals_that_beat_us():

@@ -308,7 +308,15 @@ def test_the_steps_table_on_the_committed_file_has_one_row_a_step():
     assert set(rows["6"][2:]) == {"–"}
     g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
     assert rows["6"][1].endswith(f"8 KV heads {g6:,.1f} µs, {g5 / g6:.2f}× step 5's {g5:,.1f} µs there")
-    assert "in step 5's section above" in rows["5"][1] and "below" not in table
+    chain = lesson.step5_chain()
+    if chain is not None and "step 4" in chain.times:  # each change's factor, from the chain's one run
+        t = chain.times
+        assert rows["5"][1].endswith(f"in one launch {t['step 4'] / t['5a']:.2f}×, the heads in groups "
+                                     f"{t['5a'] / t['5b']:.2f}×, the heaviest query tiles first "
+                                     f"{t['5b'] / t['step 5']:.2f}×") and "step 5's section" in rows["5"][1]
+    else:
+        assert "in step 5's section above" in rows["5"][1]
+    assert "below" not in table
     assert rows["5"][2] == f"{lesson.ms(results, STEP5, long_) * 1e3:,.1f}"
 
 
@@ -443,9 +451,10 @@ def test_times_figure_has_a_panel_per_shape_holding_only_the_approaches_run_ther
     plt.close(fig)
 
 
-def test_the_page_names_orders_not_their_history_and_folds_step_2s_helpers():
+def test_the_page_names_orders_not_their_history_and_folds_no_code():
     """Step 5a's order is named by what it does (tail first), never as a first version; step 2 shows its kernel and
-    folds the five helpers the later kernels reuse; the prose stays within the book's length."""
+    its online-softmax update, and no step's code (a listing or a diff) is folded: each shows its core open; the
+    prose stays within the book's length."""
     import json
 
     from book.common import prose_words
@@ -461,8 +470,11 @@ def test_the_page_names_orders_not_their_history_and_folds_step_2s_helpers():
     assert "tail-first order" in text and "tail-first" in _table(lesson.step5_chain())
     for words in ("separate run", "step 5b", "a further run"):  # no run history, no 5b for step 5
         assert words not in text.lower(), words
-    helpers = [c for c in cells if "shared.items()" in "".join(c["source"])]
-    assert len(helpers) == 1 and "hide-output" in helpers[0]["metadata"]["tags"]
+    for c in cells:
+        code = "".join(c["source"])
+        if c["cell_type"] == "code" and re.search(r"show_source|show_diff|function_diff|without_docstring", code):
+            assert not set(c["metadata"].get("tags", [])) & {"hide-output", "hide-input"}, code
+    assert "softmax_update" in "".join(next(c for c in cells if "show_source(2)" in "".join(c["source"]))["source"])
     assert "listing(mi.CHAPTER.show_source(2))" in "".join(
         next(c for c in cells if "show_source(2)" in "".join(c["source"]))["source"])
     assert prose_words(page) <= 2500

@@ -14,8 +14,6 @@ are not read here: the lesson computes its floor from the bytes, so the page and
 
 from __future__ import annotations
 
-import collections
-
 import json
 from typing import Any
 
@@ -29,7 +27,8 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
-           "RIVAL_ROWS", "boehm_table", "boehm_tables", "PROGRESSION_CASE", "progression_table", "step_factor", "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
+           "RIVAL_ROWS", "boehm_table", "one_steps_table", "inline_html", "function_diff", "listing", "step_factor",
+           "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "TIMELINE_PARTS",
            "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties",
@@ -441,22 +440,29 @@ def practitioners_table(results, points=None) -> str:
     return "\n".join(lines)
 
 
-def html_table(markdown: str) -> str:
-    """A Markdown pipe table (a header row, a rule, rows; no pipes inside cells) as an HTML table, for a fold
-    (``<details>``), where a Markdown table would not be parsed."""
+def inline_html(text: str) -> str:
+    """Prose with Markdown's inline code (`` `x` ``) as HTML, for a fold (``<details>``), where Markdown is not
+    parsed: escaped, code spans as ``<code>``, apostrophes curly as on the rest of the page."""
+    import re
     from html import escape
 
+    parts = re.split(r"`([^`]*)`", text)  # odd parts are code
+    return "".join(f"<code>{escape(p, quote=False)}</code>" if i % 2 else escape(p, quote=False).replace("'", "’")
+                   for i, p in enumerate(parts))
+
+
+def html_table(markdown: str) -> str:
+    """A Markdown pipe table (a header row, a rule, rows; no pipes inside cells) as an HTML table, for a fold
+    (``<details>``), where a Markdown table would not be parsed (cells through :func:`inline_html`)."""
     header, _, *rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in markdown.splitlines()]
-    cells = lambda row, tag: "".join(f"<{tag}>{escape(c)}</{tag}>" for c in row)  # noqa: E731
+    cells = lambda row, tag: "".join(f"<{tag}>{inline_html(c)}</{tag}>" for c in row)  # noqa: E731
     return ("<table><thead><tr>" + cells(header, "th") + "</tr></thead><tbody>"
             + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows) + "</tbody></table>")
 
 
 def folded(summary: str, markdown: str) -> str:
     """HTML: a Markdown table folded under ``summary`` (open it to read)."""
-    from html import escape
-
-    return f"<details><summary>{escape(summary)}</summary>{html_table(markdown)}</details>"
+    return f"<details><summary>{inline_html(summary)}</summary>{html_table(markdown)}</details>"
 
 
 def _losses(results) -> list[dict]:
@@ -635,7 +641,7 @@ STEP_CASES = {
 }
 #: The "compared with" cell of a step whose base (:data:`STEP_CASES`) is not the step numbered before it.
 BASE_WORDS = {7: "step 5 (6 did not pay)", 9: "step 3 (steps 4 to 8 take one sequence)",
-              11: "step 3 (its diff's base)", 12: "step 7 (what it runs here)",
+              11: "step 3 (its diff's base)", 12: "step 7 at this case (what it runs here)",
               13: "xgrammar's path (same contract: copy and union included; not step 12)"}
 #: The rivals, in rows of their own under the steps, with their own times and floors: the series, the step that faces
 #: it at that step's point, and its words. Only xgrammar's path is also a step's base (step 13's, :data:`STEP_CASES`).
@@ -794,60 +800,20 @@ def boehm_table(results) -> str:
     return "\n".join(lines)
 
 
-#: The one case every batch-1 step of the steps table can run at: the progression reads down it.
-PROGRESSION_CASE = {"batch": 1, "kind": "random", "allowed": 1000}
-
-
-def boehm_tables(results) -> tuple[str, str]:
-    """:func:`boehm_table` as two narrower tables, each row of it in exactly one, its cells unchanged: first the rows
-    measured at :data:`PROGRESSION_CASE` (the headline's case, read down as one progression), whose case and floor
-    are the same for every row and so are said once in the caption above the table; then the rows measured at a case
-    of their own (a count, an id, a batch or real masks), where each row keeps its case and its floor, the floor in
-    one cell with the time over it. Each table is Markdown under its bold caption."""
+def one_steps_table(results) -> str:
+    """:func:`boehm_table` as the page shows it: one table, every step in order and then the rivals, each row with
+    the case it is measured at (the case its idea is about) and its floor beside its time over it, in one cell
+    (``× floor (floor µs)``); every other cell unchanged. Markdown under its bold caption."""
     lines = boehm_table(results).splitlines()
     head = [c.strip() for c in lines[0].split("|")[1:-1]]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
-    at, floor, over = head.index("measured at"), head.index("floor (µs)"), head.index("× floor")
-    here = _case(PROGRESSION_CASE)
-    common = [r for r in rows if r[at] == here]
-    own = [r for r in rows if r[at] != here]
-    # the caption says the floor most rows share; a call that starts from host memory (:data:`FROM_HOST`, and the
-    # rival facing it) has a floor of its own, said beside its time over it
-    floors = collections.Counter(r[floor] for r in common)
-    if len(floors) > 2:
-        raise ValueError(f"rows at {here} with more than two floors: {sorted(floors)}")
-    shared = floors.most_common(1)[0][0]
-    for r in common:
-        if r[floor] != shared:
-            r[over] = f"{r[over]} (its floor {r[floor].replace(' (', ', ').rstrip(')')})"
-
-    def markdown(names, cells):
-        return "\n".join(["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-                          + ["| " + " | ".join(c) + " |" for c in cells])
-
-    first = [h for k, h in enumerate(head) if k not in (at, floor)]
-    first_rows = [[c for k, c in enumerate(r) if k not in (at, floor)] for r in common]
-    value, binds = shared.split(" ", 1)
-    second = [h for k, h in enumerate(head) if k not in (floor, over)] + ["× floor (floor µs)"]
-    second_rows = [[c for k, c in enumerate(r) if k not in (floor, over)]
-                   + [f"{r[over]} ({r[floor].replace(' (', ', ').rstrip(')')})"] for r in own]
-    bound = "its bytes" if binds == "(bytes)" else "the empty kernel"
-    return (f"**At the headline's case, {here} allowed** (µs; floor {value} µs, {bound})\n\n"
-            + markdown(first, first_rows),
-            "**At the case each step is about**\n\n" + markdown(second, second_rows))
-
-
-
-def progression_table(results) -> str:
-    """Markdown, one row: every step's time at :data:`PROGRESSION_CASE` (GPU clock, µs), steps as columns, for the
-    steps the file times there (steps for one id, for a batch or for real masks only are left out), so that the
-    steps table's hops between cases read against one progression."""
-    cells = [(step.number, row) for step in CHAPTER.steps
-             if (row := _row(results, step.series, **PROGRESSION_CASE)) is not None]
-    head = "| step | " + " | ".join(str(n) for n, _ in cells) + " |"
-    line = "|" + "---|" * (len(cells) + 1)
-    times = "| µs | " + " | ".join(f"{us(row['ms'])}{capped(row)}" for _, row in cells) + " |"
-    return "\n".join([head, line, times])
+    floor, over = head.index("floor (µs)"), head.index("× floor")
+    names = [h for k, h in enumerate(head) if k not in (floor, over)] + ["× floor (floor µs)"]
+    cells = [[c for k, c in enumerate(r) if k not in (floor, over)]
+             + [f"{r[over]} ({r[floor].replace(' (', ', ').rstrip(')')})"] for r in rows]
+    return ("**Each step at the case its idea is about** (µs, GPU clock)\n\n"
+            + "\n".join(["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+                        + ["| " + " | ".join(c) + " |" for c in cells]))
 
 
 def dense_clusters(results, batch: int = 1, gap: float = 0.05) -> dict[str, Any] | None:
@@ -1136,3 +1102,24 @@ def path_words(path: str) -> str:
     name, _, capacity = path.partition(" ")
     words = f"step {PATH_STEPS[name]}'s kernel" if name in PATH_STEPS else PATH_WORDS.get(name, name)
     return words if not capacity or name not in PATH_STEPS else f"{words}, up to {int(capacity):,} rows"
+
+
+def _text(function) -> str:
+    from studylog import source
+
+    return common.without_docstrings(source.source_of(function)[0])
+
+
+def function_diff(old, new, old_name: str, new_name: str):
+    """The diff from one helper function to another, without their docstrings (a ``studylog.source.Diff``): a
+    step's core, where its kernel's own diff would show only the call."""
+    from studylog import source
+
+    return source.show_diff(_text(old), _text(new), names=(old_name, new_name))
+
+
+def listing(function, title: str):
+    """One function's source without its docstring, titled (a ``studylog.source.Code``)."""
+    from studylog import source
+
+    return source.Code(_text(function), "python", title)

@@ -253,7 +253,8 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
         ("3", "the mask computed from the metadata", STEP[3].series),
         ("4", "key tiles no row sees never loaded (a batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5", "one launch, keys kept in L2 (three changes: in step 5's section above)", STEP[5].series),
+        ("5", "one launch, keys kept in L2 (three changes: in step 5's section above)", STEP[5].series),  # and
+        # its chain's factors, where committed (:func:`step5_words`)
         ("6", "a key/value head's query heads in one tile (shared key/value heads only)", STEP[6].series),
     ]
 
@@ -290,7 +291,7 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
     previous: dict[str, float | None] = {s: None for s in shapes}
     before_gqa = None  # the previous row's time on the grouped-query batch, for a row that runs only there
     for label, change, series in step_rows():
-        cells = [label, change]
+        cells = [label, step5_words() if label == "5" else change]
         for s in shapes:
             name = series if isinstance(series, str) else series.get(s, series[""])
             t, floor = ms(results, name, s), floors(results, s)[1]
@@ -394,6 +395,19 @@ def step5_chain(gpu: str = "nvidia-h200") -> Chain | None:
                       {shape: _row(data, "step_changes", shape, order="head groups only")}),
              ChainRow("step 5", "+ the heaviest query tiles first", {shape: _row(data, STEP[5].series, shape)})]
     return Chain(shape, rows, anchors, MIXED_LABEL)
+
+
+def step5_words(gpu: str = "nvidia-h200") -> str:
+    """Step 5's cell in the steps table: its three changes, each with its factor over the row before it in
+    :func:`step5_chain` (one run, the mixed batch with 32 heads), so that the table says which change pays; the
+    pointer to step 5's section where that run is not committed or starts at the one launch."""
+    chain = step5_chain(gpu)
+    if chain is None or "step 4" not in chain.times:
+        return "one launch, keys kept in L2 (three changes: in step 5's section above)"
+    t = chain.times
+    return ("one launch, keys kept in L2: three changes, timed one at a time on the mixed batch, 32 heads "
+            f"(step 5's section): every prompt in one launch {t['step 4'] / t['5a']:.2f}×, the heads in groups "
+            f"{t['5a'] / t['5b']:.2f}×, the heaviest query tiles first {t['5b'] / t['step 5']:.2f}×")
 
 
 def entry_series(results, shape: str) -> str:
@@ -694,3 +708,29 @@ def gqa_ratio(results) -> float | None:
     from studylog.multi_item import CHAPTER
 
     return ratio(ms(results, report.FLASHINFER, GQA_SHAPE), ms(results, CHAPTER.step(6).series, GQA_SHAPE))
+
+
+# ---------------------------------------------------------------------------------------------
+# A step's core: a helper's source, or the diff between two, without docstrings
+# ---------------------------------------------------------------------------------------------
+
+def _text(function) -> str:
+    from book.common import without_docstrings
+    from studylog import source
+
+    return without_docstrings(source.source_of(function)[0])
+
+
+def without_docstring(function, title: str):
+    """One function's source without its docstring, titled (a ``studylog.source.Code``): a step's new helper
+    shown open as its core."""
+    from studylog import source
+
+    return source.Code(_text(function), "python", title)
+
+
+def function_diff(old, new, names: tuple[str, str]):
+    """The diff from one function to another, without their docstrings (a ``studylog.source.Diff``)."""
+    from studylog import source
+
+    return source.show_diff(_text(old), _text(new), names=names)
