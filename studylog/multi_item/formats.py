@@ -218,11 +218,10 @@ class MultiItemBatch:
             out.append(tuple(starts))
         return tuple(out)
 
-    def score_positions(self, prompt: int | None = None) -> list[int]:
-        """Packed indices of every item's last token, where its score is read; all prompts, or one."""
+    def score_positions(self) -> list[int]:
+        """Packed indices of every item's last token, where its score is read."""
         out = []
-        prompts = range(self.batch_size) if prompt is None else [prompt]
-        for b in prompts:
+        for b in range(self.batch_size):
             cursor = self.seq_starts[b] + self.prefix_lens[b]  # the first delimiter
             for n in self.item_lens[b]:
                 out.append(cursor + n)
