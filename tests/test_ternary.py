@@ -548,16 +548,6 @@ def test_a_wrong_out_says_what_it_was(rng):
     assert_matches(T.step06_dot(x, packed, out=torch.empty(10, device=DEV)).view(2, 5), x, w)  # any shape of 10
 
 
-def test_int_mm_plan_refuses_weights_of_another_shape():
-    """IntMMPlan's matmul takes another copy of its weights (to rotate them out of the L2): one of another N
-    would be multiplied and divided by the plan's scale, the answer for another matrix."""
-    from studylog.ternary.peers import IntMMPlan
-
-    plan = IntMMPlan(torch.ones(16, 32, dtype=torch.int8), 2.0, 1)
-    with pytest.raises(ValueError, match=r"shape \(16, 32\); got shape \(8, 32\)"):
-        plan.matmul(torch.ones(8, 32, dtype=torch.int8))
-
-
 def test_a_timeline_refuses_a_launch_its_trace_cannot_hold():
     """Step 23's timeline gives each block 64 slots below quantize_x's at 120000: a launch of more blocks (an LM
     head's N) would write over those, then past the trace."""

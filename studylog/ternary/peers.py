@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from studylog.checks import check_tensor
 from studylog.ternary.formats import as_ternary, quantize_activations
 
 #: GemLite's packing: 2-bit codes, 16 a 32-bit word (its default packing width).
@@ -33,23 +34,21 @@ def import_gemlite():
     return gemlite
 
 
-def gemlite_ternary(w: Tensor, scale: float, *, dtype: torch.dtype = torch.bfloat16,
-                    device: Optional[torch.device] = None) -> Any:
-    """A GemLite layer computing ``x @ w.T / scale`` (M, N) in ``dtype`` for ternary ``w`` (N, K), as its BitNet
-    processor (``gemlite.helper.A16W158_INT``) builds it: codes ``w + 1``, zero 1, a float32 scale a row."""
+def gemlite_ternary(w: Tensor, scale: float) -> Any:
+    """A GemLite layer computing bf16 ``x @ w.T / scale`` (M, N) for ternary ``w`` (N, K), on w's device, as its
+    BitNet processor (``gemlite.helper.A16W158_INT``) builds it: codes ``w + 1``, zero 1, a float32 scale a row."""
     if isinstance(scale, (bool, Tensor)) or not math.isfinite(float(scale)) or float(scale) == 0:
         raise ValueError(f"scale must be a finite nonzero number (one per tensor), got {scale!r}")
     ternary = as_ternary(w)
     import_gemlite()
     from gemlite.core import TORCH_TO_DTYPE, GemLiteLinearTriton
 
-    device = torch.device(device) if device is not None else w.device
     n, k = ternary.shape
-    layer = GemLiteLinearTriton(GEMLITE_BITS, group_size=k, in_features=k, out_features=n,
-                                input_dtype=TORCH_TO_DTYPE[dtype], output_dtype=TORCH_TO_DTYPE[dtype],
-                                scaled_activations=False)
-    codes = (ternary + 1).to(device, torch.uint8)
-    scales = torch.full((n, 1), 1.0 / float(scale), dtype=torch.float32, device=device)
+    bf16 = TORCH_TO_DTYPE[torch.bfloat16]
+    layer = GemLiteLinearTriton(GEMLITE_BITS, group_size=k, in_features=k, out_features=n, input_dtype=bf16,
+                                output_dtype=bf16, scaled_activations=False)
+    codes = (ternary + 1).to(torch.uint8)
+    scales = torch.full((n, 1), 1.0 / float(scale), dtype=torch.float32, device=w.device)
     layer.pack(codes, scales=scales, zeros=1, bias=None)
     layer.W_group_mode = 1  # (code - zero), then the scale after the sum:
     layer.channel_scale_mode = 1  # one scale per output row, weights only
@@ -122,8 +121,7 @@ class IntMMPlan:
     m: int
 
     def __post_init__(self):
-        if not isinstance(self.w, Tensor) or self.w.dtype != torch.int8 or self.w.ndim != 2:
-            raise TypeError(f"w must be a 2-D int8 tensor, got {getattr(self.w, 'dtype', type(self.w).__name__)}")
+        check_tensor("w", self.w, dtype=torch.int8, ndim=2)
         n, k = self.w.shape
         if n % INT_MM_MULTIPLE or k % INT_MM_MULTIPLE:
             raise ValueError(f"torch._int_mm takes K and N multiples of {INT_MM_MULTIPLE}, got N={n}, K={k}")
@@ -138,19 +136,14 @@ class IntMMPlan:
         self.xq[: self.m].copy_(xq)
         return x_scale
 
-    def matmul(self, w: Optional[Tensor] = None) -> Tensor:
-        """The int8 GEMM alone on the buffer as it is: int32 (rows, N); ``w``: another copy of the weights."""
-        if w is None:
-            w = self.w
-        elif w.shape != self.w.shape:
-            raise ValueError(f"w must be another copy of the plan's weights, of shape {tuple(self.w.shape)}; got "
-                             f"shape {tuple(w.shape)}")
-        return torch._int_mm(self.xq, w.T)
+    def matmul(self) -> Tensor:
+        """The int8 GEMM alone on the buffer as it is: int32 (rows, N)."""
+        return torch._int_mm(self.xq, self.w.T)
 
-    def __call__(self, x: Tensor, w: Optional[Tensor] = None) -> Tensor:
+    def __call__(self, x: Tensor) -> Tensor:
         """The whole W2A8 product of x: float32 (m, N)."""
         x_scale = self.quantize(x)
-        acc = self.matmul(w)[: self.m]
+        acc = self.matmul()[: self.m]
         return acc.float() / (x_scale[:, None] * self.scale)
 
 
