@@ -9,19 +9,9 @@ from typing import Any
 
 from studylog.chapter import Chapter
 from studylog.ternary import ops, peers  # ops: the entry point as a torch.library operator (torch.ops.studylog)
-from studylog.ternary.cuda_steps import (step15_cuda_mma, step16_split_k, step17_x_smem, step18_tma_ring,
-                                         step19_shared_k, step20_tile_copies, step21_magic_reg)
-from studylog.ternary.formats import (FP32_TOLERANCE, PackedTernary, error_ratio, quantize_absmean,
-                                      quantize_activations, reference)
 from studylog.ternary.report import bench
 from studylog.ternary.results import BASELINES, headline
 from studylog.ternary.steps import STEPS, ternary_matmul
-from studylog.ternary.triton_mma import (step09_w2a8_dot, step10_dot_configs, step11_pair_decode, step12_unmasked,
-                                         step13_mma_layout, step14_workspace)
-from studylog.ternary.triton_steps import (step01_sign, step02_int8, step03_2bit, step04_and_decode, step05_gemv,
-                                           step06_dot, step07_base3_gemv, step08_base3_dot)
-from studylog.ternary.w2a8 import (step22_w2a8, step23_w2a8_fused, step24_w2a8_tiles, step25_x_tma, w2a8_choose,
-                                   w2a8_grid)
 
 CHAPTER = Chapter(
     name="ternary",
@@ -34,7 +24,7 @@ CHAPTER = Chapter(
     baselines=BASELINES,
 )
 
-#: The modules whose public names are also the package's (``T.pack_2bit``, ``T.w2a8_config``, ``T.SERIES``).
+#: The modules whose public names are also the package's (``T.step05_gemv``, ``T.pack_2bit``, ``T.SERIES``).
 MODULES = ("formats", "steps", "triton_steps", "triton_mma", "cuda_steps", "w2a8", "results", "report")
 
 

@@ -10,23 +10,15 @@ from jaxtyping import Float
 from torch import Tensor
 
 from studylog.chapter import Step
+from studylog.ternary import triton_mma as TM
+from studylog.ternary import triton_steps as TS
+from studylog.ternary import w2a8 as W
 from studylog.ternary.cuda_steps import (step15_cuda_mma, step16_split_k, step17_x_smem, step18_tma_ring,
                                          step19_shared_k, step20_tile_copies, step21_magic_reg)
 from studylog.ternary.formats import PackedTernary, Scale
 from studylog.ternary.sources import cuda_step_source, triton_step_source
-from studylog.ternary.triton_mma import (DOT_MMA_CONFIGS_FEW, DOT_MMA_CONFIGS_MANY, MMA_CONFIGS_FEW, MMA_CONFIGS_MANY,
-                                         W2A8_DOT_CONFIGS, pair_dot_kernel, pair_step, step09_w2a8_dot,
-                                         step09_w2a8_dot_kernel, step10_dot_configs, step11_pair_decode,
-                                         step12_unmasked, step13_mma_layout, step14_workspace,
-                                         step14_workspace_kernel)
-from studylog.ternary.triton_steps import (BASE3_DOT_CONFIGS_FEW, BASE3_DOT_CONFIGS_MANY, BASE3_GEMV_CONFIGS,
-                                           DENSE_CONFIGS, DOT_CONFIGS_FEW, DOT_CONFIGS_MANY, GEMV_CONFIGS,
-                                           TWO_BIT_CONFIGS, step01_sign, step01_sign_kernel, step02_int8,
-                                           step02_int8_kernel, step03_2bit, step03_2bit_kernel, step04_and_decode,
-                                           step04_and_decode_kernel, step05_gemv, step05_gemv_kernel, step06_dot,
-                                           step06_dot_kernel, step07_base3_gemv, step07_base3_gemv_kernel,
-                                           step08_base3_dot, step08_base3_dot_kernel)
-from studylog.ternary.w2a8 import step22_w2a8, step23_w2a8_fused, step24_w2a8_tiles, step25_x_tma
+from studylog.ternary.triton_mma import step14_workspace
+from studylog.ternary.triton_steps import step05_gemv, step06_dot, step07_base3_gemv, step08_base3_dot
 
 
 def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
@@ -53,7 +45,7 @@ _MMA_CU, _BULK_CU, _W2A8_CU = "ternary_mma.cu", "ternary_bulk.cu", "ternary_w2a8
 
 def _pair(knobs: dict, launch) -> str:
     """Steps 11 to 13: pair_dot_kernel and its tile at the step's knobs, then its launch."""
-    return triton_step_source((pair_dot_kernel, pair_step), knobs, launch)
+    return triton_step_source((TM.pair_dot_kernel, TM.pair_step), knobs, launch)
 
 
 def _mma(x_smem: bool, launch) -> str:
@@ -69,29 +61,29 @@ def _ring(warp_copies: bool, magic_reg: bool, launch) -> str:
 
 
 STEPS = (
-    Step(1, "sign", "dense weights, sign selection instead of a multiply", "triton", step01_sign,
-         step01_sign_kernel),
-    Step(2, "int8", "int8 weights", "triton", step02_int8, step02_int8_kernel),
-    Step(3, "2bit", "2-bit packing, decoded with shifts and masks", "triton", step03_2bit, step03_2bit_kernel),
-    Step(4, "and_decode", "the decode in one AND: a field under a float exponent", "triton", step04_and_decode,
-         step04_and_decode_kernel),
-    Step(5, "gemv", "M = 1: 8 rows a program, one load of x for the 8", "triton", step05_gemv, step05_gemv_kernel),
-    Step(6, "dot", "batched x (M > 1): decoded weights into tl.dot", "triton", step06_dot, step06_dot_kernel),
+    Step(1, "sign", "dense weights, sign selection instead of a multiply", "triton", TS.step01_sign,
+         TS.step01_sign_kernel),
+    Step(2, "int8", "int8 weights", "triton", TS.step02_int8, TS.step02_int8_kernel),
+    Step(3, "2bit", "2-bit packing, decoded with shifts and masks", "triton", TS.step03_2bit, TS.step03_2bit_kernel),
+    Step(4, "and_decode", "the decode in one AND: a field under a float exponent", "triton", TS.step04_and_decode,
+         TS.step04_and_decode_kernel),
+    Step(5, "gemv", "M = 1: 8 rows a program, one load of x for the 8", "triton", step05_gemv, TS.step05_gemv_kernel),
+    Step(6, "dot", "batched x (M > 1): decoded weights into tl.dot", "triton", step06_dot, TS.step06_dot_kernel),
     Step(7, "base3_gemv", "1.6-bit packing (base 3, a table), the M = 1 kernel", "triton", step07_base3_gemv,
-         step07_base3_gemv_kernel),
-    Step(8, "base3_dot", "1.6-bit packing, tl.dot", "triton", step08_base3_dot, step08_base3_dot_kernel),
+         TS.step07_base3_gemv_kernel),
+    Step(8, "base3_dot", "1.6-bit packing, tl.dot", "triton", step08_base3_dot, TS.step08_base3_dot_kernel),
     Step(9, "w2a8_dot", "int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores", "triton",
-         step09_w2a8_dot, step09_w2a8_dot_kernel),
-    Step(10, "dot_configs", "step 6's tl.dot at configs made for the tensor cores", "triton", step10_dot_configs,
-         triton_step_source((step06_dot_kernel,), {}, step10_dot_configs)),
+         TM.step09_w2a8_dot, TM.step09_w2a8_dot_kernel),
+    Step(10, "dot_configs", "step 6's tl.dot at configs made for the tensor cores", "triton", TM.step10_dot_configs,
+         triton_step_source((TS.step06_dot_kernel,), {}, TM.step10_dot_configs)),
     Step(11, "pair_decode", "two weights an AND and a packed FMA, on the 2bit layout", "triton",
-         step11_pair_decode, _pair({"NO_MASK": False, "MMA_LAYOUT": False}, step11_pair_decode)),
-    Step(12, "unmasked", "no masks in the loop: rows clamped, x unmasked below K", "triton", step12_unmasked,
-         _pair({"NO_MASK": True, "MMA_LAYOUT": False}, step12_unmasked)),
-    Step(13, "mma_layout", "the 2bit_mma layout: a word's two halves are K-neighbours", "triton", step13_mma_layout,
-         _pair({"NO_MASK": True, "MMA_LAYOUT": True}, step13_mma_layout)),
+         TM.step11_pair_decode, _pair({"NO_MASK": False, "MMA_LAYOUT": False}, TM.step11_pair_decode)),
+    Step(12, "unmasked", "no masks in the loop: rows clamped, x unmasked below K", "triton", TM.step12_unmasked,
+         _pair({"NO_MASK": True, "MMA_LAYOUT": False}, TM.step12_unmasked)),
+    Step(13, "mma_layout", "the 2bit_mma layout: a word's two halves are K-neighbours", "triton", TM.step13_mma_layout,
+         _pair({"NO_MASK": True, "MMA_LAYOUT": True}, TM.step13_mma_layout)),
     Step(14, "workspace", "split K through a zeroed workspace, no memset", "triton", step14_workspace,
-         triton_step_source((step14_workspace_kernel, pair_step), {"MMA_LAYOUT": True}, step14_workspace)),
+         triton_step_source((TM.step14_workspace_kernel, TM.pair_step), {"MMA_LAYOUT": True}, step14_workspace)),
     Step(15, "cuda_mma", "the loop by hand in CUDA C++ on mma.sync, loads two groups ahead", "cuda",
          step15_cuda_mma, _mma(False, step15_cuda_mma)),
     Step(16, "split_k", "K split across blocks, the slices summed in a fixed order", "cuda", step16_split_k,
@@ -105,14 +97,14 @@ STEPS = (
          _ring(False, False, step20_tile_copies)),
     Step(21, "magic_reg", "the decode's constant kept in a register", "cuda", step21_magic_reg,
          _ring(False, True, step21_magic_reg)),
-    Step(22, "w2a8", "W2A8 on the int8 tensor cores, x quantised by a kernel of its own", "cuda", step22_w2a8,
-         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, step22_w2a8)),
-    Step(23, "w2a8_fused", "x quantised inside the matmul", "cuda", step23_w2a8_fused,
-         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, step23_w2a8_fused)),
+    Step(22, "w2a8", "W2A8 on the int8 tensor cores, x quantised by a kernel of its own", "cuda", W.step22_w2a8,
+         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, W.step22_w2a8)),
+    Step(23, "w2a8_fused", "x quantised inside the matmul", "cuda", W.step23_w2a8_fused,
+         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, W.step23_w2a8_fused)),
     Step(24, "w2a8_tiles", "several rows of x: one tile of weights a warp, a slice of K a block", "cuda",
-         step24_w2a8_tiles, cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": False}, step24_w2a8_tiles)),
-    Step(25, "x_tma", "x brought by the copy engine (TMA)", "cuda", step25_x_tma,
-         cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": True}, step25_x_tma)),
+         W.step24_w2a8_tiles, cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": False}, W.step24_w2a8_tiles)),
+    Step(25, "x_tma", "x brought by the copy engine (TMA)", "cuda", W.step25_x_tma,
+         cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": True}, W.step25_x_tma)),
 )
 
 #: Where the series live: step number -> its benchmark series.
@@ -120,8 +112,8 @@ SERIES = {s.number: s.series for s in STEPS}
 
 #: The configs of each Triton step (their ``config=`` argument: ``config_dict(one of them)``; the tests and the
 #: notebook run every one).
-STEP_CONFIGS = {1: DENSE_CONFIGS, 2: DENSE_CONFIGS, 3: TWO_BIT_CONFIGS, 4: TWO_BIT_CONFIGS, 5: GEMV_CONFIGS,
-                6: DOT_CONFIGS_FEW + DOT_CONFIGS_MANY, 7: BASE3_GEMV_CONFIGS,
-                8: BASE3_DOT_CONFIGS_FEW + BASE3_DOT_CONFIGS_MANY, 9: W2A8_DOT_CONFIGS,
-                **{n: DOT_MMA_CONFIGS_FEW + DOT_MMA_CONFIGS_MANY for n in (10, 11, 12, 13)},
-                14: MMA_CONFIGS_FEW + MMA_CONFIGS_MANY}
+STEP_CONFIGS = {1: TS.DENSE_CONFIGS, 2: TS.DENSE_CONFIGS, 3: TS.TWO_BIT_CONFIGS, 4: TS.TWO_BIT_CONFIGS,
+                5: TS.GEMV_CONFIGS, 6: TS.DOT_CONFIGS_FEW + TS.DOT_CONFIGS_MANY, 7: TS.BASE3_GEMV_CONFIGS,
+                8: TS.BASE3_DOT_CONFIGS_FEW + TS.BASE3_DOT_CONFIGS_MANY, 9: TM.W2A8_DOT_CONFIGS,
+                **{n: TM.DOT_MMA_CONFIGS_FEW + TM.DOT_MMA_CONFIGS_MANY for n in (10, 11, 12, 13)},
+                14: TM.MMA_CONFIGS_FEW + TM.MMA_CONFIGS_MANY}
