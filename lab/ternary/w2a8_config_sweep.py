@@ -61,7 +61,7 @@ for n, k in shapes:
         res.append(row)
         ref = T.step23_w2a8_fused(x, pw, 0.7, quantize="separate")
         plans = []
-        for shape, warps in itertools.product(T.W2A8Config.compiled_shapes(), warp_counts):
+        for shape, warps in itertools.product(T.W2A8Config.SHAPES, warp_counts):
             cfg = T.W2A8Config(shape[0], warps=warps, stages=shape[1], chunk=shape[2])
             if m == 1 and "every block" in places:
                 plans.append(("every block", cfg))

@@ -15,7 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from studylog import cuda, runtime
-from studylog.checks import check_choice
+from studylog.checks import check_choice, check_int
 from studylog.ternary.formats import (GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace,
                                       check_packed_call)
 
@@ -35,9 +35,8 @@ class CudaMmaConfig:
         if self.row_tiles not in (1, 2) or self.stages != 2:
             raise ValueError(f"row_tiles must be 1 or 2 and stages 2 (the compiled instances), "
                              f"got {self.row_tiles}, {self.stages}")
-        if self.warps not in (1, 2, 4, 8) or isinstance(self.slices, bool) or not isinstance(self.slices, int) \
-                or self.slices < 1:
-            raise ValueError(f"warps must be 1, 2, 4 or 8 and slices a positive int, got {self.warps}, {self.slices}")
+        check_choice("warps", self.warps, (1, 2, 4, 8))
+        check_int("slices", self.slices, low=1)
 
     @property
     def rows(self) -> int:
@@ -174,25 +173,29 @@ def step17_x_smem(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0
 class RingConfig:
     """What the launches of steps 18 to 25 share: ``warps`` consumer warps a block (plus a producer), tiles of 16
     weight rows (the field named ``TILES``), ``stages`` stages of ``chunk`` groups (1 KiB each) per warp and tile
-    in flight, ``slices`` of K. Checked against the compiled instances (``compiled_shapes()``, ``WARPS``)."""
+    in flight, ``slices`` of K. Checked against the compiled instances (``SHAPES``, ``WARPS``)."""
 
     TILES, WARPS = "row_tiles", (1, 2, 4, 8, 16)
 
     def __post_init__(self):
         shape = (getattr(self, self.TILES), self.stages, self.chunk)
-        if shape not in self.compiled_shapes():
-            raise ValueError(f"({self.TILES}, stages, chunk) must be one of the compiled {self.compiled_shapes()}, "
+        if shape not in self.SHAPES:
+            raise ValueError(f"({self.TILES}, stages, chunk) must be one of the compiled {self.SHAPES}, "
                              f"got {shape}")
         if self.warps not in self.WARPS:
             raise ValueError(f"warps must be {' or '.join(map(str, self.WARPS))} (the compiled instances), got "
                              f"{self.warps!r}")
-        if isinstance(self.slices, bool) or not isinstance(self.slices, int) or self.slices < 1:
-            raise ValueError(f"slices must be a positive int, got {self.slices!r}")
+        check_int("slices", self.slices, low=1)
 
     @property
     def stage_bytes(self) -> int:
         """Bytes of weights one stage holds."""
         return 1024 * self.warps * getattr(self, self.TILES) * self.chunk
+
+
+#: (row_tiles, stages, chunk) of the compiled step-21 instances. CHUNK = 4 or 8, or RT = 2 with CHUNK = 4,
+#: would make ptxas spill.
+TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
 
 
 @dataclass(frozen=True)
@@ -204,10 +207,7 @@ class TmaConfig(RingConfig):
     stages: int = 4
     chunk: int = 1
     slices: int = 1
-
-    @staticmethod
-    def compiled_shapes() -> tuple:
-        return TMA_SHAPES
+    SHAPES = TMA_SHAPES
 
     @property
     def rows(self) -> int:
@@ -215,9 +215,6 @@ class TmaConfig(RingConfig):
         return 16 * self.row_tiles
 
 
-#: (row_tiles, stages, chunk) of the compiled step-21 instances. CHUNK = 4 or 8, or RT = 2 with CHUNK = 4,
-#: would make ptxas spill.
-TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
 #: Steps 18 to 20, the ring before its last change: the shapes :func:`tma_config` picks, 8 rows of x a block
 #: (more run in more blocks).
 TMA_RING_SHAPES = ((1, 4, 1), (2, 4, 1))

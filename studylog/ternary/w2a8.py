@@ -24,20 +24,18 @@ from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTer
 
 # Steps 22 and 23: x quantised to int8, then step 21's plumbing with the int8 MMA, one AND per 4 weights
 
-@dataclass(frozen=True)
-class W2A8Config(TmaConfig):
-    """A launch of steps 22 and 23: a :class:`~studylog.ternary.cuda_steps.TmaConfig` of their compiled shapes."""
-
-    @staticmethod
-    def compiled_shapes() -> tuple:
-        return W2A8_SHAPES + tuple(s for s in W2A8_STAGED_SHAPES if s not in W2A8_SHAPES)
-
-
 #: (row_tiles, stages, chunk) of the compiled instances of steps 22 and 23.
 W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
 #: (row_tiles, stages, chunk) of the compiled "staged" instances: deeper rings where shared memory allows (x
 #: is copied ahead of the weights, so a deep ring no longer delays it).
 W2A8_STAGED_SHAPES = ((1, 4, 1), (1, 8, 1), (2, 3, 1), (2, 4, 1), (4, 4, 1), (2, 8, 1), (4, 5, 1))
+
+
+@dataclass(frozen=True)
+class W2A8Config(TmaConfig):
+    """A launch of steps 22 and 23: a :class:`~studylog.ternary.cuda_steps.TmaConfig` of their compiled shapes."""
+
+    SHAPES = W2A8_SHAPES + tuple(s for s in W2A8_STAGED_SHAPES if s not in W2A8_SHAPES)
 
 
 class Quant(IntEnum):
@@ -73,8 +71,7 @@ W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
 W2A8_MAX_K = 1 << 17
 
 
-def w2a8_smem_bytes(cfg: RingConfig, x_rows: int, groups_per_slice: int,
-                    staged: bool = False) -> int:
+def w2a8_smem_bytes(cfg: RingConfig, x_rows: int, groups_per_slice: int, staged: bool = False) -> int:
     """Dynamic shared memory of a block of steps 22 to 25: mbarriers, stages and its int8 x (``staged``: its
     16-bit x, 512 bytes a group, which the int8 bytes then overwrite)."""
     x_bytes = x_rows * groups_per_slice * 512 if staged else x_rows * (groups_per_slice * 256 + 64)
@@ -260,8 +257,7 @@ def check_w2a8_k(k: int, step: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def w2a8_grid(m: int, n: int, k: int, cfg: RingConfig,
-              fused: bool = False) -> tuple[int, tuple[int, int, int]]:
+def w2a8_grid(m: int, n: int, k: int, cfg: RingConfig, fused: bool = False) -> tuple[int, tuple[int, int, int]]:
     """(groups of K a block, grid) of a launch of steps 22 to 25: K cut into ``cfg.slices`` (more where x would
     not fit beside the stages; never when ``fused``: every block holds all of K); 8 rows of x a block (16 above
     8). Cached: on the host triton.cdiv costs more than a launch."""
@@ -356,6 +352,10 @@ def w2a8_choose(m: int, n: int, k: int, config: Optional[W2A8Config] = None, qua
 
 # Steps 24 and 25: W2A8 for several rows of x, one tile of 16 weight rows a warp over a slice of K
 
+#: (tiles a warp, stages, chunk) of the compiled instances of steps 24 and 25, the preferred first.
+W2A8_TILES_SHAPES = ((1, 4, 2), (1, 2, 8), (1, 4, 4), (2, 4, 2))  # (2 tiles of 16 rows of x in 4 KiB stages spill)
+
+
 @dataclass(frozen=True)
 class W2A8TilesConfig(RingConfig):
     """A launch of steps 24 and 25: each warp owns ``tiles`` tiles of 16 weight rows."""
@@ -365,20 +365,12 @@ class W2A8TilesConfig(RingConfig):
     stages: int = 4
     chunk: int = 2
     slices: int = 1
-    TILES, WARPS = "tiles", (4, 8)
+    TILES, WARPS, SHAPES = "tiles", (4, 8), W2A8_TILES_SHAPES
 
     @property
     def rows(self) -> int:
         """Weight rows a block covers."""
         return 16 * self.warps * self.tiles
-
-    @staticmethod
-    def compiled_shapes() -> tuple:
-        return W2A8_TILES_SHAPES
-
-
-#: (tiles a warp, stages, chunk) of the compiled instances of steps 24 and 25, the preferred first.
-W2A8_TILES_SHAPES = ((1, 4, 2), (1, 2, 8), (1, 4, 4), (2, 4, 2))  # (2 tiles of 16 rows of x in 4 KiB stages spill)
 
 
 def _w2a8_tiles_instance(col_tiles: int, warps: int, tiles: int, stages: int, chunk: int, x_tma: bool = True) -> str:
