@@ -30,7 +30,7 @@ from jaxtyping import Float, Int8, Int32, Shaped, UInt8
 from torch import Tensor
 
 from studylog import runtime
-from studylog.checks import check_choice, check_out
+from studylog.checks import check_choice, check_int, check_out, check_tensor
 
 GROUP_WORDS = 16  #: int32 words in a 2-bit group
 GROUP_WEIGHTS_2BIT = 256  #: weights in a 2-bit group (16 words x 16 fields)
@@ -176,6 +176,11 @@ def unpack_base3(packed: UInt8[Tensor, "n kb"], k: int) -> Int8[Tensor, "n k"]:
     return (digits.reshape(n, -1)[:, :k] - 1).to(torch.int8)
 
 
+#: Each format's (pack, unpack).
+CODECS = {"2bit": (pack_2bit, unpack_2bit), "base3": (pack_base3, unpack_base3),
+          "2bit_mma": (pack_2bit_mma, unpack_2bit_mma), "2bit_tiles": (pack_2bit_tiles, unpack_2bit_tiles)}
+
+
 def base3_table_values() -> list[int]:
     """The kernels' decode table: entry ``v`` holds the 5 base-3 digits of ``v`` as 2-bit fields (digit d in
     bits 2d, 2d+1) under the float exponent bits of the 2-bit decode; entries 243..255 decode to zeros."""
@@ -193,15 +198,14 @@ def check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] =
     """``data`` (named ``name`` in the errors) as the packed tensor of K = ``k`` weights a row in ``fmt``: dtype,
     (N or tiles, packed columns) shape, contiguous. Its codes are not read (that would wait for the GPU)."""
     check_choice("fmt", fmt, FORMATS)
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    if n is not None:
+        check_int("n", n, low=1)
     if not isinstance(data, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(data).__name__}")
     want = torch.int32 if fmt in INT32_FORMATS else torch.uint8
     if data.dtype != want:
         raise TypeError(f"{name} must be {want} for the {fmt} format, got {data.dtype}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    check_int("k", k, low=1)
     if data.ndim != 2:
         raise ValueError(f"{name} must be 2-D (N, packed columns), got shape {tuple(data.shape)}")
     cols = packed_cols(k, fmt)
@@ -236,14 +240,10 @@ class PackedTernary:
 
     @classmethod
     def pack(cls, w: Shaped[Tensor, "n k"], fmt: str = "2bit") -> "PackedTernary":
-        check_choice("fmt", fmt, FORMATS)
-        pack = {"2bit": pack_2bit, "base3": pack_base3, "2bit_mma": pack_2bit_mma, "2bit_tiles": pack_2bit_tiles}[fmt]
-        return cls(pack(w), int(w.shape[0]), int(w.shape[1]), fmt)
+        return cls(CODECS[check_choice("fmt", fmt, FORMATS)][0](w), int(w.shape[0]), int(w.shape[1]), fmt)
 
     def unpack(self) -> Int8[Tensor, "n k"]:
-        unpack = {"2bit": unpack_2bit, "base3": unpack_base3, "2bit_mma": unpack_2bit_mma,
-                  "2bit_tiles": unpack_2bit_tiles}[self.fmt]
-        return unpack(self.data, self.k)[: self.n]
+        return CODECS[self.fmt][1](self.data, self.k)[: self.n]
 
     @property
     def nbytes(self) -> int:
@@ -259,8 +259,7 @@ def quantize_absmean(w: Float[Tensor, "n k"], *, per_channel: bool = False, eps:
     (checked on the host)."""
     if not isinstance(w, Tensor) or not w.is_floating_point():
         raise TypeError(f"w must be a floating-point torch.Tensor, got {getattr(w, 'dtype', type(w).__name__)}")
-    if w.ndim != 2:
-        raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
+    check_tensor("w", w, ndim=2)
     w32 = w.float()
     finite = torch.isfinite(w32)
     if not bool(finite.all()):  # a NaN or an infinity would make every code 0 and the scale NaN
@@ -279,8 +278,7 @@ def quantize_activations(x: Float[Tensor, "m k"], eps: float = 1e-5) -> tuple[In
     ``x_q = clamp(round(x * scale), -128, 127)``, so that ``x ~= x_q / scale``."""
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.ndim != 2:
-        raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    check_tensor("x", x, ndim=2)
     x32 = x.float()
     scale = 127.0 / x32.abs().amax(dim=1).clamp(min=eps)
     xq = (x32 * scale[:, None]).round().clamp(-128, 127).to(torch.int8)
@@ -339,10 +337,9 @@ def check_device(t: Tensor, name: str, like: Optional[Tensor] = None) -> None:
 
 def check_x(x: Any, k: Optional[int], dtypes: tuple = X_DTYPES, name: str = "x") -> tuple[Tensor, bool]:
     """``x`` as a 2-D (M, K) tensor, and whether it came as a vector."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in dtypes:
-        raise TypeError(f"{name} must be one of {[str(d) for d in dtypes]}, got {x.dtype}")
+    if not isinstance(x, Tensor) or x.dtype not in dtypes:
+        got = getattr(x, "dtype", type(x).__name__)
+        raise TypeError(f"{name} must be one of {[str(d) for d in dtypes]}, got {got}")
     if x.ndim not in (1, 2):
         raise ValueError(f"{name} must be 1-D (K,) or 2-D (M, K), got shape {tuple(x.shape)}")
     vector = x.ndim == 1
@@ -391,12 +388,9 @@ def prepare_out(out: Optional[Tensor], m: int, n: int, like: Tensor) -> Tensor:
 
 def check_dense(w: Any, dtypes: tuple, k: int, like: Tensor) -> Tensor:
     """Dense weights (steps 1 and 2): a 2-D (N, K) tensor of one of ``dtypes``, contiguous along K, beside x."""
-    if not isinstance(w, Tensor):
-        raise TypeError(f"w must be a torch.Tensor, got {type(w).__name__}")
-    if w.dtype not in dtypes:
-        raise TypeError(f"w must be one of {[str(d) for d in dtypes]}, got {w.dtype}")
-    if w.ndim != 2:
-        raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
+    if not isinstance(w, Tensor) or w.dtype not in dtypes:
+        raise TypeError(f"w must be one of {[str(d) for d in dtypes]}, got {getattr(w, 'dtype', type(w).__name__)}")
+    check_tensor("w", w, ndim=2)
     if w.shape[1] != k:
         raise ValueError(f"x has K={k} but w has K={w.shape[1]}")
     if w.stride(1) != 1:
@@ -419,8 +413,7 @@ def check_packed(w: Any, fmt: str, k: int, like: Tensor) -> PackedTernary:
 
 def check_packed_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], fmt: str, dtypes: tuple = X_DTYPES,
                       x_name: str = "x") -> tuple[Tensor, bool, PackedTernary, Tensor, int, Tensor]:
-    """The checks of a step on packed weights (x, w, scale, out): ``(x2, vector, w, scale tensor, its stride,
-    z)``."""
+    """The checks of a step on packed weights: ``(x2, vector, w, scale tensor, its stride, z)``."""
     x2, vector = check_x(x, weights_k(w), dtypes=dtypes, name=x_name)
     w = check_packed(w, fmt, x2.shape[1], x2)
     s, s_stride = check_scale(scale, w.n, x2)

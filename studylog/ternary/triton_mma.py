@@ -13,14 +13,14 @@ from jaxtyping import Float, Int8
 from torch import Tensor
 
 from studylog import runtime
+from studylog.checks import check_tensor
 from studylog.ternary.formats import MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace, check_device, check_packed_call
 from studylog.ternary.triton_steps import (DOT_CONFIGS_MANY, TL_DTYPES, autotune, dot_program, dot_step, k_slice,
                                            launch_dot, step06_dot_kernel, store_tile, triton_config)
 
 #: Step 9's tiles: int8 MMA steps over 32 k, so BLOCK_KW >= 32 (many rows of x: step 6's tiles).
 W2A8_DOT_CONFIGS_FEW = [triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=split, num_stages=2) for split in (1, 4)]
-W2A8_DOT_CONFIGS_MANY = DOT_CONFIGS_MANY
-W2A8_DOT_CONFIGS = W2A8_DOT_CONFIGS_FEW + W2A8_DOT_CONFIGS_MANY
+W2A8_DOT_CONFIGS = W2A8_DOT_CONFIGS_FEW + DOT_CONFIGS_MANY
 
 
 # Steps 10 to 14. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma. Each dot waits for its wgmma before
@@ -84,7 +84,7 @@ def step09_w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K,
 
 
 step09_w2a8_dot_tuned_few = autotune(W2A8_DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step09_w2a8_dot_kernel)
-step09_w2a8_dot_tuned_many = autotune(W2A8_DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step09_w2a8_dot_kernel)
+step09_w2a8_dot_tuned_many = autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step09_w2a8_dot_kernel)
 
 
 # Steps 11 to 14: two weights a 32-bit op, decoded straight into the MMA's A operand.
@@ -280,12 +280,7 @@ def step09_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: P
     """Step 9: ``z = (xq @ W.T) / (x_scale[:, None] * scale)`` with int8 activations (from
     :func:`quantize_activations`), 2-bit weights and exact int32 sums on the tensor cores."""
     m = xq.shape[0] if isinstance(xq, Tensor) and xq.ndim == 2 else 1
-    if not isinstance(x_scale, Tensor) or x_scale.dtype != torch.float32:
-        got = getattr(x_scale, "dtype", type(x_scale).__name__)
-        raise TypeError(f"x_scale must be a float32 torch.Tensor, got {got}")
-    if x_scale.shape != (m,) or not x_scale.is_contiguous():
-        raise ValueError(f"x_scale must be a contiguous ({m},) tensor, one scale per row of xq; "
-                         f"got shape {tuple(x_scale.shape)}")
+    check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m,), contiguous=True)  # one scale a row of xq
     check_device(x_scale, "x_scale")
     x2, vector, w, s, s_stride, z = check_packed_call(xq, w, scale, out, "2bit", dtypes=(torch.int8,), x_name="xq")
     launch_dot((step09_w2a8_dot_tuned_few, step09_w2a8_dot_tuned_many), x2, w, s, s_stride, z, config, {}, (x_scale,))

@@ -420,10 +420,8 @@ def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config
     z = prepare_out(out, m, n, x2)
     table = (base3_table(str(x2.device)),) if fmt == "base3" else ()
     args = (x2, data, z, s, *table, n, k, *extra, x2.stride(0), data.stride(0), z.stride(0), s_stride)
-    if split:
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], m)  # noqa: E731
-    else:
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), m)  # noqa: E731
+    grid = (lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], m)) if split else \
+        (lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), m))
     launch_tuned(kernel, grid, args, config, {})
     return z[0] if vector else z
 
