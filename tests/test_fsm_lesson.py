@@ -104,22 +104,27 @@ def test_exercise_4_accepts_the_answer_and_rejects_wrong_loops(capsys):
     capsys.readouterr()
 
 
-def test_step_3s_core_listing_is_the_loops_own_code():
-    """The page shows step 3's core as a listing beside the folded diff: every line of it is a line of
-    ``step03_char_jumps`` (comments aside), so the listing cannot drift from the loop."""
+def test_step_3s_core_diff_is_the_loops_own_code():
+    """The page shows step 3's core as a diff, open, read from the library (the whole diff is not on the page): every
+    line of it is a line of ``step02_token_jumps`` or ``step03_char_jumps`` (comments aside), so it cannot drift from
+    the loop; it keeps the retokenization and drops the bookkeeping, in at most 40 changed lines."""
     import inspect
     import json
     from pathlib import Path
 
+    from book.fsm import lesson
+
     nb = json.loads((Path(__file__).parents[1] / "notebooks" / "01_fsm_compression.ipynb").read_text())
-    md = next("".join(c["source"]) for c in nb["cells"]
-              if c["cell_type"] == "markdown" and "## Step 3:" in "".join(c["source"]))
-    listing = md.split("```python\n", 1)[1].split("```", 1)[0]
-    source = {line.strip() for line in inspect.getsource(fsm.step03_char_jumps).splitlines()}
-    core = [line.split("  #", 1)[0].strip() for line in listing.splitlines() if line.strip()]
-    assert len(core) >= 8
-    missing = [line for line in core if line not in source]
-    assert not missing, missing
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "lesson.step3_core()" in code and "step_diff(fsm.CHAPTER, 2, 3)" not in code
+    core = lesson.step3_core()
+    assert len(core.added) + len(core.removed) <= 40
+    sources = {s: {line.split("  #", 1)[0].strip() for line in inspect.getsource(f).splitlines()}
+               for s, f in (("old", fsm.step02_token_jumps), ("new", fsm.step03_char_jumps))}
+    assert not [ln for ln in core.added if ln.strip() not in sources["new"]]
+    assert not [ln for ln in core.removed if ln.strip() not in sources["old"]]
+    added = "\n".join(core.added)
+    assert "vocab.encode(" in added and "res.retokenized" in added and "record_events" not in added
 
 
 def test_the_folded_events_table_continues_the_first(classifier):

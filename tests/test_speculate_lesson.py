@@ -345,11 +345,15 @@ def test_each_statistic_names_its_basis_and_the_files_are_listed_once():
     headline = next(t for t in text if "the loop the headline ships" in t)
     assert 'closed_median_ms(results, "step04") / lesson.closed_median_ms(results, "step03")' in headline
     assert "gate_cost_all" in headline
-    # the prose names no results file: one sentence says where every number comes from
+    # the prose names no results file: one short section names the runs in words, while the cells read them
     prose = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
     assert not [t for t in prose if "lab/speculate" in t or ".json" in t or "assets/bench" in t]
-    assert not any(t.startswith("## Where the numbers come from") for t in text)
+    where = [t for t in text if t.startswith("## Where the numbers come from")]
+    assert len(where) == 1 and "how_we_measure" in where[0] and "H200" in where[0]
     assert sum("computed when the page is built" in t for t in text) == 1
+    code = "\n".join(t for c, t in zip(cells, text) if c["cell_type"] == "code")
+    for read in ("lesson.committed()", "lesson.step02_chain(", "lesson.prefill_probe()", "decode_lesson.committed()"):
+        assert read in code, read
 
 
 def test_the_four_token_layers_in_prose_are_the_tables_numbers():

@@ -94,14 +94,15 @@ def instrumentation_cost(panels: Sequence[dict[str, dict[str, float]]]) -> tuple
 
 
 def instrumentation_caption(panels: Sequence[dict[str, dict[str, float]]]) -> str:
-    """One line for a breakdown figure: the bar's top less the tick is the instrumentation's own cost, as the
-    range :func:`instrumentation_cost` gives over the figure's bars (µs per output token)."""
+    """One line for a breakdown figure: the bar's top less the tick, how far the instrumented parts' sum differs
+    from the uninstrumented total (the timing's cost, up to noise), as the range :func:`instrumentation_cost`
+    gives over the figure's bars (µs per output token)."""
     lo, hi = (v * 1e3 for v in instrumentation_cost(panels))
     def signed(v: float) -> str:
         return f"{v:+.0f}".replace("-", "−")
 
-    return (f"Bar top − tick = what the instrumentation itself costs: {signed(lo)} to {signed(hi)} µs per token "
-            f"across these {sum(len(p) for p in panels)} bars.")
+    return (f"Bar top − tick: the parts' sum less the timed total, {signed(lo)} to {signed(hi)} µs per token over "
+            f"these {sum(len(p) for p in panels)} bars (the timing's cost, and noise).")
 
 
 def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str = ""):

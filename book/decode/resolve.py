@@ -68,15 +68,63 @@ class _Resolve(ast.NodeTransformer):
         return node if value is None else (node.body if value else node.orelse)
 
 
-def resolved(fn, cfg, body_only: bool = True) -> str:
+def _roots_at(node, names: tuple[str, ...]) -> bool:
+    """Whether ``node`` is one of the names, or a subscript or attribute of one (``stats["cut"][b]``)."""
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in names
+
+
+class _Quiet(ast.NodeTransformer):
+    """Leave out a loop's bookkeeping, which is not its lesson: imports inside the function, the timing (clock
+    reads, ``marks()``, appends to ``*_ms`` lists, the ``Marks`` object) and the counters of a ``stats`` dict. A
+    body left empty becomes ``pass``."""
+
+    CLOCKS = ("perf_counter",)
+    COUNTERS = ("stats", "marks")
+
+    def _bookkeeping(self, node) -> bool:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            if isinstance(f, ast.Name) and f.id == "marks":
+                return True
+            if (isinstance(f, ast.Attribute) and f.attr == "append" and isinstance(f.value, ast.Name)
+                    and f.value.id.endswith(("_ms", "_steps"))):
+                return True
+        if isinstance(node, ast.AugAssign) and _roots_at(node.target, self.COUNTERS):
+            return True
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            if _roots_at(target, self.COUNTERS):
+                return True
+            if (isinstance(target, ast.Name) and isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+                    and value.func.attr in self.CLOCKS):
+                return True
+        return False
+
+    def generic_visit(self, node):
+        super().generic_visit(node)
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                kept = [s for s in stmts if not self._bookkeeping(s)]
+                setattr(node, field, kept or ([ast.Pass()] if field == "body" else []))
+        return node
+
+
+def resolved(fn, cfg, body_only: bool = True, quiet: bool = False) -> str:
     """``fn``'s source as configuration ``cfg`` runs it (its docstring left out): every test on ``cfg`` resolved
     (:class:`_Resolve`), the statements after a ``return``, ``continue`` or ``break`` dropped, and long lines cut
-    (:func:`wrapped_line`); with ``body_only``, the body without its ``def`` line. Printed from the syntax tree, so
-    comments are left out too."""
+    (:func:`wrapped_line`); with ``body_only``, the body without its ``def`` line; with ``quiet``, the bookkeeping
+    left out (:class:`_Quiet`). Printed from the syntax tree, so comments are left out too."""
     from book.common import without_docstrings
 
     tree = ast.parse(without_docstrings(textwrap.dedent(inspect.getsource(fn))))
     tree = _Resolve(cfg).visit(tree)
+    if quiet:
+        tree = _Quiet().visit(tree)
     for node in ast.walk(tree):
         for field in ("body", "orelse"):
             stmts = getattr(node, field, None)
@@ -132,10 +180,10 @@ def wrapped_line(line: str, width: int = 100) -> list[str]:
 
 def config_diff(fn, old_cfg, new_cfg, names: tuple[str, str], context: int = 2):
     """The diff (a ``studylog.source.Diff``) from ``fn`` as ``old_cfg`` runs it to ``fn`` as ``new_cfg`` runs it
-    (:func:`resolved`, bodies only)."""
+    (:func:`resolved`, bodies only, the timing and counters left out)."""
     from studylog.source import Diff
 
-    return Diff(resolved(fn, old_cfg), resolved(fn, new_cfg), *names, context)
+    return Diff(resolved(fn, old_cfg, quiet=True), resolved(fn, new_cfg, quiet=True), *names, context)
 
 
 __all__ = ["config_diff", "resolved", "wrapped_line"]

@@ -368,7 +368,7 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
         placed.append((lx, ly, *_label_box(text, inches)))
         ax.text(lx, ly, text, fontsize=7.5, ha="center", va="center", color=color,
                 family="monospace", zorder=2.5,  # under the states: a label never hides a state's name
-                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec=color, lw=0.5, alpha=0.92))
+                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec=color, lw=0.5))  # opaque: no curve shows through
     x0, y0 = pos[fsm.initial]
     ax.annotate("", xy=(x0 * sx - r, y0), xytext=(x0 * sx - r - 0.45, y0),
                 arrowprops=dict(arrowstyle="-|>", lw=1.2, color="#33414f"))

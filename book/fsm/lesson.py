@@ -13,7 +13,7 @@ from book.fsm.figures import SERIES_COLORS
 from book.fsm.peers import LIBRARIES, PeerRow
 
 __all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes",
-           "saved_share", "steps_table", "step_helpers",
+           "saved_share", "steps_table", "step_helpers", "step3_core",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "policy_totals", "agreement_table", "timing_table", "plot_peers",
            "ENGINE_NAMES", "cpu_name"]
 
@@ -321,3 +321,45 @@ def plot_peers(rows: Sequence[PeerRow], ax=None, title: Optional[str] = None):
     ax.set_title(title or "Forward passes saved, same regex, same vocabulary (cl100k_base, greedy writer model)",
                  fontsize=10)
     return ax
+
+
+#: Lines of a step's jump branch that are bookkeeping, not the jump: the recorded events, the counters a page reports
+#: (all but ``retokenized``, the cost the page is about), the cut at ``max_tokens``, the UTF-8 guard and the check
+#: that the retokenized text ends where the jump does.
+_NOT_THE_JUMP = ("if record_events", "res.events.append", "dropped=", "res.jumped_", "res.skipped_jumps", "try:",
+                 "except UnicodeDecodeError", "else:", "cut = ", "new_ids = new_ids[:", "appended = ",
+                 "if not cut", "raise RuntimeError")
+
+
+def _jump_branch(step) -> list[str]:
+    """The jump branch of a decode step's loop, from ``jump = ...`` to its ``continue``, bookkeeping left out
+    (:data:`_NOT_THE_JUMP`) and the lines of a ``try``'s ``else`` moved back to the branch's indent."""
+    import inspect
+
+    from book.common import without_docstrings
+
+    lines = without_docstrings(inspect.getsource(step)).splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("jump = "))
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "continue")
+    branch = lines[start:end + 1]
+    indent = len(branch[1]) - len(branch[1].lstrip()) + 4  # the branch's body, under ``if jump is not None:``
+    in_try = any(ln.strip() == "try:" for ln in branch)
+    out = []
+    for ln in branch:
+        if ln.strip().startswith(_NOT_THE_JUMP):
+            continue
+        depth = len(ln) - len(ln.lstrip())
+        if depth > indent and in_try:  # inside the try's else: one level back
+            ln = ln[4:]
+        out.append(ln.split("  # ")[0].rstrip())
+    return out
+
+
+def step3_core():
+    """Step 3's change to step 2's loop, its core only: the jump branch of each (:func:`_jump_branch`), as a
+    ``studylog.source.Diff`` of at most about twenty changed lines."""
+    from studylog.fsm import decoding
+    from studylog.source import Diff
+
+    old, new = (_jump_branch(s) for s in (decoding.step02_token_jumps, decoding.step03_char_jumps))
+    return Diff("\n".join(old), "\n".join(new), "step 2, the jump", "step 3, its core", 1)
