@@ -19,7 +19,6 @@ __all__ = ["integer_range_regex", "integer_bounds", "bound_integers", "replace_s
 #: The first sentinel: sixteen digits (below 2**53, so every JSON library keeps it exact) unlikely elsewhere.
 SENTINEL_BASE = 7_361_000_000_000_000
 
-_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # outlines-core's dispatch (parsing.rs, ``to_regex``): the first key present decides how a node is written.
 _BEFORE_TYPE = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref")
 
