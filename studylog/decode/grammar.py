@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from studylog.checks import check_choice
 from studylog.decode import pieces
 
 if TYPE_CHECKING:  # fallback imports this module
@@ -85,8 +86,7 @@ def _xgrammar_compiler(vocab: pieces.TokenVocabulary):
 def schema_regex(schema: Any, whitespace: str = "default") -> str:
     """The regex of a JSON schema (a dict, JSON text or a pydantic model class), with its integers' bounds written
     in (outlines-core ignores them)."""
-    if whitespace not in pieces.WHITESPACE:
-        raise ValueError(f"whitespace must be one of {sorted(pieces.WHITESPACE)}, got {whitespace!r}")
+    check_choice("whitespace", whitespace, sorted(pieces.WHITESPACE))
     try:
         return pieces.regex_from_schema(schema, whitespace_pattern=pieces.WHITESPACE[whitespace], integer_bounds=True)
     except (ValueError, TypeError) as exc:
@@ -187,7 +187,7 @@ class Grammar:
                    check: bool = True, engine: str = "outlines-core") -> "Grammar":
         """Compile ``regex`` with xgrammar, and the automaton of steps 2 and 3 with ``engine`` (:data:`ENGINES`).
         ``check`` refuses a grammar where the two engines allow different tokens (:meth:`check_agreement`)."""
-        _check_engine(engine)
+        check_choice("engine", engine, ENGINES)
         if not isinstance(regex, str) or not regex:
             raise ValueError(f"regex must be a non-empty str, got {regex!r}")
         vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
@@ -222,9 +222,8 @@ class Grammar:
                     whitespace: str = "default", check: bool = True, engine: str = "outlines-core") -> "Grammar":
         """A JSON schema, as :meth:`from_regex` compiles outlines' regex of it; where outlines writes none,
         ``engine`` ``"auto"`` or ``"xgrammar"`` compiles the schema with xgrammar directly."""
-        _check_engine(engine)
-        if whitespace not in pieces.WHITESPACE:
-            raise ValueError(f"whitespace must be one of {sorted(pieces.WHITESPACE)}, got {whitespace!r}")
+        check_choice("engine", engine, ENGINES)
+        check_choice("whitespace", whitespace, sorted(pieces.WHITESPACE))
         label = name or (schema.get("title") if isinstance(schema, dict) else None) or "schema"
         try:
             regex = schema_regex(schema, whitespace)
@@ -253,7 +252,7 @@ class Grammar:
     def from_suite(cls, name: str, vocab: pieces.TokenVocabulary | None = None,
                    whitespace: str = "default", engine: str = "outlines-core") -> "Grammar":
         """A grammar of chapter 1's suite, by name (compiled once per process and engine)."""
-        _check_engine(engine)
+        check_choice("engine", engine, ENGINES)
         return _suite_grammar(name, vocab if vocab is not None else pieces.load_vocabulary("cl100k_base"), whitespace,
                               engine)
 
@@ -393,11 +392,6 @@ def _suite_grammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str, en
     # a JSON entry's regex with its integers' bounds (schema_regex), so that every finished output is valid
     regex = schema_regex(entry.schema, whitespace) if entry.kind == "json" else entry.regex(whitespace)
     return Grammar.from_regex(regex, vocab, name, engine=engine)
-
-
-def _check_engine(engine: Any) -> None:
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
 
 
 def suite_names(kind: str | None = None) -> list[str]:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from studylog.checks import check_choice
 from studylog.decode import kernels, pieces
 from studylog.decode.generation import CONFIGS, STEER, DecodeConfig, Generation, check_model, gumbel_noise
 from studylog.decode.grammar import Grammar, Writer, continues_utf8
@@ -113,8 +114,7 @@ class Decoder:
         if self.graphs and not cuda:
             raise ValueError("graphs=True needs the model on a CUDA device")
         self.head_impl = head_impl or ("kernel" if cuda else "torch")
-        if self.head_impl not in ("kernel", "torch"):
-            raise ValueError(f"head_impl must be 'kernel' or 'torch', got {self.head_impl!r}")
+        check_choice("head_impl", self.head_impl, ("kernel", "torch"))
         if self.head_impl == "kernel" and self.model.dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"head_impl='kernel' runs chapter 2's kernels, which read bf16 or fp16 weights; the "
                              f"model is {self.model.dtype}: convert it (model.to(torch.bfloat16)) or use "

@@ -173,11 +173,7 @@ class SpeculativeDecoder(Decoder):
     def generate(self, grammar: Grammar, prompts: Sequence, config: SpecConfig | str = "gated_draft", *,
                  trace: bool = False, **options) -> SpecGeneration:
         """Decode one request as ``config`` with :meth:`Decoder.generate`'s options but ``targets``."""
-        if isinstance(config, str):
-            if config not in CONFIGS:
-                raise ValueError(f"config must be one of {sorted(CONFIGS)} (chapter 7's configurations run on "
-                                 f"studylog.decode.Decoder), got {config!r}")
-            config = CONFIGS[config]
+        config = CONFIGS.get(config, config) if isinstance(config, str) else config
         if not isinstance(config, SpecConfig):
             raise ValueError(f"config must be a SpecConfig or one of {sorted(CONFIGS)}; chapter 7's configurations "
                              f"run on studylog.decode.Decoder, got {config!r}")

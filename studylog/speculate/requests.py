@@ -11,6 +11,7 @@ import functools
 import json
 from typing import Any
 
+from studylog.checks import check_choice
 from studylog.decode.requests import valid_json
 from studylog.paths import DATA
 
@@ -31,8 +32,8 @@ def document_names(kind: str | None = None) -> list[str]:
     """The documents' names (``invoice_1`` ...), of one ``kind`` or all."""
     docs = workload()["documents"]
     kinds = sorted({d["kind"] for d in docs})
-    if kind is not None and kind not in kinds:
-        raise ValueError(f"kind must be one of {kinds}, got {kind!r}")
+    if kind is not None:
+        check_choice("kind", kind, kinds)
     return [d["name"] for d in docs if kind is None or d["kind"] == kind]
 
 
