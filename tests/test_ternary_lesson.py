@@ -236,8 +236,10 @@ def test_each_cuda_steps_excerpt_is_short_real_code_and_carries_its_idea(step, n
     from studylog import cuda
 
     source = Path(cuda.source_path(L.EXCERPTS[step][0])).read_text()
-    stripped = {line.strip() for line in source.splitlines()}
-    assert all(line.strip() in stripped for line in text.splitlines() if line.strip() not in ("}", "// ..."))
+    lines = source.splitlines()  # each shown line is a source line, or a piece of one broken to fit the frame
+    assert all(any(line.strip().lstrip("/ ") in s for s in lines)
+               for line in text.splitlines() if line.strip() not in ("}", "// ..."))
+    assert max(len(line) for line in text.splitlines()) <= 105
 
 
 def test_step_table_says_pending_where_the_file_has_no_gpu_clock(results):
@@ -462,24 +464,56 @@ def test_part_2s_result_opens_with_bitnet_and_the_eager_caveat_and_it_ends_with_
     assert "**Which kernel to use.**" in text[exercises - 1]
 
 
+#: What a code cell calls to show a diff or a listing.
+SHOWS = re.compile(r"^(show|core)\(|show_diff\(|show_source\(|core_diff\(|device_diff\(|excerpt\(|_listing\(|"
+                   r"group_diff\(", flags=re.M)
+
+
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
-def test_a_page_folds_its_long_listings(path):
-    """The main flow keeps short listings: a shown cell displays at most one diff or listing, and the group's
-    whole MMA listing, long diffs and the Little's-law arithmetic are behind labelled folds."""
+def test_a_page_shows_each_steps_core_open_and_folds_no_listing(path):
+    """A page shows its lesson: each diff or listing open and short (at most 40 changed lines, or 40 lines), the
+    core of a long change rather than all of it; no fold holds a whole diff or a long listing. The Little's-law
+    arithmetic stays behind its fold."""
+    from book.ternary.lesson import group_mma_listing, triton_core, w2a8_group_diff
+
     for c in json.loads(path.read_text())["cells"]:
         src = "".join(c["source"])
         folded = "hide-output" in c["metadata"].get("tags", [])
-        if c["cell_type"] != "code" or folded:
-            assert not folded or c["metadata"].get("mystnb", {}).get("code_prompt_show", "").startswith("Show ")
+        if c["cell_type"] != "code":
             continue
-        assert '"group_mma")' not in src and "Little's law" not in src and "core_diff(11)" not in src, src[:80]
+        if folded:
+            assert c["metadata"].get("mystnb", {}).get("code_prompt_show", "").startswith("Show ")
+            # a fold holds no diff and no listing but the first attempt's, which is short
+            assert not SHOWS.search(src.replace("first_attempt_excerpt(", "")), src[:80]
+            assert len(L.first_attempt_excerpt().splitlines()) <= 30 or "first_attempt_excerpt(" not in src
+            continue
+        assert "Little's law" not in src and "config_dict(c).items()" not in src, src[:80]
         assert "show_diff(" not in src or "def show(" in src, src[:80]  # part 1's one diff helper
-        for old, new in re.findall(r"^show\((\d+), (\d+)\)", src, flags=re.M):  # a diff shown whole, unfolded
-            diff = T.CHAPTER.show_diff(int(old), int(new))
-            assert sum(line[:1] in "+-" for line in diff.lines[2:]) <= 50, (old, new)
-        for step, core in re.findall(r"^show\((\d+)(, region=lesson.DEVICE_CORE\[\d+\])?\)$", src, flags=re.M):
-            diff = L.device_diff(int(step), region=L.DEVICE_CORE[int(step)] if core else None)  # part 2's
-            assert len(diff.added) + len(diff.removed) <= 40, step
+        diffs = [T.CHAPTER.show_diff(int(old), int(new)) for old, new in re.findall(r"^show\((\d+), (\d+)\)", src, flags=re.M)]
+        diffs += [triton_core(int(step)) for step in re.findall(r"^core\((\d+)\)", src, flags=re.M)]
+        diffs += [L.device_diff(int(step), region=L.DEVICE_CORE[int(step)] if core else None)  # part 2's
+                  for step, core in re.findall(r"^show\((\d+)(, region=lesson.DEVICE_CORE\[\d+\])?\)$", src, flags=re.M)]
+        diffs += [L.core_diff(int(step)) for step in re.findall(r"lesson\.core_diff\((\d+)\)", src)]
+        diffs += [w2a8_group_diff()] if "w2a8_group_diff()" in src else []
+        for diff in diffs:
+            assert len(diff.added) + len(diff.removed) <= 40, diff.new_name
+        if "group_mma_listing()" in src:
+            assert len(group_mma_listing().text.splitlines()) <= 40
+
+
+def test_the_shown_cuda_listings_fit_their_frame():
+    """The CUDA listings built for the page break their long lines (after a comma, inside a call's or signature's
+    parentheses), so that they read without scrolling; the code is the same but for its line breaks."""
+    from studylog import cuda, source
+
+    listing = L.group_mma_listing()
+    assert "steps 15 to 21" in listing.title
+    assert max(len(line) for line in listing.text.splitlines()) <= 105
+    original = source.source_of(cuda.source_path("ternary_common.cuh"), "group_mma")[0]
+    code = lambda text: re.sub(r"\s+", "", re.sub(r"//.*", "", text))  # noqa: E731
+    notes = lambda text: sorted(m.strip() for m in re.findall(r"//(.*)", text))  # noqa: E731
+    assert code(listing.text) == code(original) and notes(listing.text) == notes(original)
+    assert max(len(line) for line in L.w2a8_group_diff().lines[2:]) <= 106
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
@@ -496,45 +530,39 @@ def _chain_rows(table: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[1:]]
 
 
-#: The lab runs each page reads beside the benchmark (by page: part 1, part 2), each listed once at the page's end.
-PAGE_RUNS = ((L.LAYER_RUN, "bundled_steps"), (L.LAYER_RUN, "step22_parts", "w2a8_tiles_ncu_m16.txt"))
+#: The lab runs each page reads beside the benchmark (by page: part 1, part 2), and what in a page's code reads each
+#: (a call of the page's own, or a lesson function that reads it).
+PAGE_RUNS = ({L.LAYER_RUN: "lesson.amdahl_layers_table(", "bundled_steps": 'load_lab("ternary", "bundled_steps")'},
+             {L.LAYER_RUN: "lesson.amdahl_layers_table(", "step22_parts": 'load_lab("ternary", "step22_parts")',
+              "w2a8_tiles_ncu_m16.txt": 'lesson.ncu_metrics("w2a8_tiles_ncu_m16.txt")'})
 CLOSING = "## Where the numbers come from"
-#: A path or file name of a committed result, which the prose and the notes under tables leave to the closing list.
+#: A path or file name of a committed result: the page names its runs in words (the card, what was run).
 RESULT_PATH = re.compile(r"lab/|assets/bench|results/nvidia|\.json\b|\.txt\b|\.csv\b")
 
 
-def _closing_list(cells) -> dict[str, str]:
-    """The page's closing list, before its Further reading: path -> what the file holds, one line a file."""
-    at = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and "".join(c["source"]).startswith(CLOSING)]
-    reading = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Further reading"))
-    assert len(at) == 1 and at[0] < reading
-    lines = [line for line in "".join(cells[at[0]]["source"]).splitlines()[1:] if line.startswith("* ")]
-    assert lines
-    items = [re.fullmatch(r"\* `([^`]+)`: (.+)\.", line) for line in lines]
-    assert all(items), lines
-    return {m[1]: m[2] for m in items}
-
-
 @pytest.mark.parametrize("part", [1, 2])
-def test_each_page_lists_the_files_its_numbers_come_from_once_at_its_end(results, part):
-    """Every number traces to a committed file: the page ends (before Further reading) with one line a file, the
-    chapter's benchmark file of each card it reads and each lab run it reads; the files exist and are named there only
-    (the prose, the notes under tables and the tables of changes say where a number comes from in plain words)."""
+def test_each_page_names_its_runs_in_words_and_reads_them(results, part):
+    """Every number traces to a committed run: the page's cells read the chapter's benchmark of each card and each
+    lab run (the files exist); the page ends (before Further reading) with those runs named in words, in one fold
+    with the card, date and versions; no path or file name of a result appears anywhere on the page."""
     gpu = results.path.parent.name
     cells = json.loads(LESSONS[part - 1].read_text())["cells"]
-    listed = _closing_list(cells)
-    want = {L.bench_file(results)} | {L.lab_file(name, gpu) for name in PAGE_RUNS[part - 1]
-                                      if L.lab_or_none("ternary", name, gpu) is not None}
-    # part 2's two cards' table, and part 1's GemLite check on the H100, read every card's benchmark file
-    want |= {L.bench_file(r) for r in L.cards().values()}
-    assert set(listed) == want
-    assert all((paths.REPO_ROOT / f).is_file() for f in listed)
-    assert all(len(what.split()) <= 10 for what in listed.values())  # terse: one line a file
-    assert L.bench_file(results).startswith("assets/bench/") and "benchmark" in listed[L.bench_file(results)]
-    for i, c in enumerate(cells):  # named nowhere else on the page
+    code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    for name, reader in PAGE_RUNS[part - 1].items():
+        assert (paths.REPO_ROOT / L.lab_file(name, gpu)).is_file(), name
+        assert reader in code, (name, reader)
+    assert "lesson.load()" in code and "lesson.cards()" in code  # the benchmark, on every card
+    assert all(Path(r.path).is_file() for r in L.cards().values())
+    text = ["".join(c["source"]) for c in cells]
+    at = [i for i, t in enumerate(text) if t.startswith(CLOSING)]
+    reading = next(i for i, t in enumerate(text) if t.startswith("## Further reading"))
+    assert len(at) == 1 and at[0] < reading
+    runs = cells[at[0] + 1]
+    assert "hide-output" in runs["metadata"]["tags"] and "lesson.caption(results)" in text[at[0] + 1]
+    listed = [p for p in _literal_text(text[at[0] + 1]) if p.startswith("* ") or "\n* " in p]
+    assert listed and "benchmark on the H100" in "".join(_literal_text(text[at[0] + 1]))
+    for i, c in enumerate(cells):
         source = "".join(c["source"])
-        if source.startswith(CLOSING):
-            continue
         prose = [source] if c["cell_type"] == "markdown" else _literal_text(source)
         assert not any(RESULT_PATH.search(p.replace("config.json", "")) for p in prose), (i, prose)
         assert "lab_file(" not in source and "bench_file(" not in source, i
@@ -901,13 +929,6 @@ def test_every_cuda_diff_on_part_2_is_device_code():
         assert "// def " not in str(L.device_diff(step, helpers=step != 22))
 
 
-def test_fold_labels_name_the_steps_as_numbered_now():
-    """group_mma serves steps 15 to 21: its fold says so (the chapter was renumbered; it once said step 10)."""
-    for path in LESSONS:
-        for c in json.loads(path.read_text())["cells"]:
-            for k, v in c["metadata"].get("mystnb", {}).items():
-                if "group_mma" in v:
-                    assert "steps 15 to 21" in v and "step 10" not in v, v
 
 
 def test_step_11_and_13_say_one_thing_about_step_11():

@@ -93,7 +93,8 @@ def _bars(ax, shapes, series, value):
         peer = s in (GEMLITE, INT_MM, BITNET)
         spread = errs if any(e > 0 for e in errs[0] + errs[1]) else None
         ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * width, vals, width, yerr=spread, capsize=2,
-               color=series_colour(s), hatch="//" if peer else None, edgecolor="k" if peer else None, linewidth=0.3,
+               color=series_colour(s), edgecolor="k" if peer else None, linewidth=0.3,  # solid: only a failed
+               # check is hatched (_mark_failed)
                error_kw={"elinewidth": 0.8}, label=_short(s))
     ax.set_xticks(range(len(shapes)), [s.replace("x", " × ") for s in shapes], rotation=25, ha="right",
                   fontsize=SMALL)
@@ -399,7 +400,10 @@ def figures(results, bitnet=None) -> dict:
             ax.axhline(1.0, color="k", lw=1)
             ax.set_ylabel("peer's time / our fastest's (GPU clock)", fontsize=FONT)
             ax.set_title(f"{card}, M = {m}", fontsize=FONT + 1)
-        _head(fig, "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there;"
+        _head(fig, "The rival's time over ours: step 23's against BitNet's kernel, else our fastest kernel's (below 1:"
+              " the rival is faster; no bar: not run there; whiskers: the rival's repetitions; red cross-hatch: the"
+              " rival's output fails our float64 check)" if bit_view is not None else
+              "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there;"
               " whiskers: the rival's repetitions; red cross-hatch: the rival's output fails our float64 check)")
         _foot(fig, caption)
         fig.tight_layout(rect=(0, 1.2 / height, 1, 1 - 0.8 / height))

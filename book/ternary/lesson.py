@@ -304,7 +304,7 @@ def amdahl_table(view: dict) -> str:
 
 def bounds_table(bandwidth_gbs: float, shapes) -> str:
     """Bytes a format moves at M = 1 and the time they take at ``bandwidth_gbs`` (GB/s), per shape."""
-    rows = ["| N x K | weights | bf16 MB | 2-bit MB | 1.6-bit MB | bf16 floor µs | int8 floor µs | 2-bit floor µs | "
+    rows = ["| N × K | weights | bf16 MB | 2-bit MB | 1.6-bit MB | bf16 floor µs | int8 floor µs | 2-bit floor µs | "
             "1.6-bit floor µs |", "|---|---|---|---|---|---|---|---|---|"]
     per_us = lambda b: b / (bandwidth_gbs * 1e9) * 1e6  # noqa: E731
     for family, n, k in shapes:
@@ -342,7 +342,7 @@ def step_table(results, numbers, shapes=(MAIN, BIG), m: int = 1) -> str:
     """Markdown: each step's GPU-clock time (min–max of the repetitions where the file has them), its multiple
     of the 2-bit floor (1.6-bit for steps 7 and 8) and its speedup over cuBLAS bf16, per shape; "pending"
     where the file has no GPU-clock time for it."""
-    lines = ["| step | N x K, M | GPU clock (µs) | × its floor | × faster than cuBLAS bf16 |", "|---|---|---|---|---|"]
+    lines = ["| step | N × K, M | GPU clock (µs) | × its floor | × faster than cuBLAS bf16 |", "|---|---|---|---|---|"]
     for number in numbers:
         step = STEPS[number - 1]
         for shape in shapes:
@@ -372,7 +372,7 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
     row, where cuBLAS bf16 and the bf16-x columns compute ``x @ W.T`` itself."""
     if results is None:
         return PENDING
-    lines = ["| N x K, M | cuBLAS bf16 (x @ W.T) | ours, bf16 x | GemLite (bf16 x) | ours, W2A8: different numerics "
+    lines = ["| N × K, M | cuBLAS bf16 (x @ W.T) | ours, bf16 x | GemLite (bf16 x) | ours, W2A8: different numerics "
              "(x rounded to int8) | torch._int_mm (W8A8): different numerics (x rounded to int8) | floor |",
              "|---|---|---|---|---|---|---|"]
     failed, marked = failed_peer_checks(results.data), False
@@ -518,7 +518,7 @@ def cards_table(cards_: dict, series=(CUBLAS, SERIES[21], SERIES[23], "read_weig
                 cases=((MAIN, 1), (BIG, 1), (MAIN, 16))) -> str:
     """Markdown, GPU clock, µs: the same series on each card; and how close cuBLAS runs to each card's copy
     bandwidth."""
-    head = ["N x K, M"] + [f"{series_label(s).split(' (')[0].split(':')[0]} on the {c}" for s in series for c in cards_]
+    head = ["N × K, M"] + [f"{series_label(s).split(' (')[0].split(':')[0]} on the {c}" for s in series for c in cards_]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape, m in cases:
         cells = [f"{shape.replace('x', ' × ')}, {m}"]
@@ -544,7 +544,7 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
     if results is None:
         return PENDING
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
-    lines = [f"| kernel ({card(results)}) | N x K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
+    lines = [f"| kernel ({card(results)}) | N × K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
     for shape, m in cases:
         for s in [CUBLAS] + [SERIES[n] for n in (5, 14, 17, 21, 23, 25)] + [GEMLITE, INT_MM]:
             row = gpu_row(results, s, shape, m)
@@ -641,7 +641,7 @@ def probe_table(results, step: int, shapes=(MAIN, BIG)) -> tuple[str, str]:
 
     if results is None:
         return PENDING, PENDING
-    head = ["N x K (M = 1)", f"`{STEPS[step - 1].name}`"] + [PROBES[p] for p in PROBES] + ["only reading the weights"]
+    head = ["N × K (M = 1)", f"`{STEPS[step - 1].name}`"] + [PROBES[p] for p in PROBES] + ["only reading the weights"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape in shapes:
         rows = [gpu_row(results, s, shape) for s in _probe_series(step)]
@@ -842,7 +842,7 @@ def without_instrumentation(text: str) -> str:
 #: new one): the lines that carry the step's idea, the rest of its diff folded on the page.
 CORE_REGIONS = {
     18: (17, ("float acc[2][RT][MT][4]", "group_mma<BF16, MT, RT>(acc, a, xv);"),
-         ("if (warp == warps) {", "group_mma<BF16, MT, RT, false>(acc, a[cg], xv, magic);")),
+         ("consumer_barrier(warps);", "group_mma<BF16, MT, RT, false>(acc, a[cg], xv, magic);")),
     24: (23, ("int acc[4][RT][MT][4]", "});"), ("int acc[4][TILES][MT][4]", "w2a8_z(sum, __ldcg(&row_sum[m])")),
 }
 
@@ -860,6 +860,109 @@ def core_diff(step: int):
     return source.show_diff(textwrap.dedent(_region(text(old), a0, a1)), textwrap.dedent(_region(text(step), b0, b1)),
                             names=(f"step {old}: {_STEPS[old - 1].title} (its main loop)",
                                    f"step {step}: {_STEPS[step - 1].title} (the core of the change)"))
+
+
+def wrapped(text: str, width: int = 105) -> str:
+    """CUDA C++ ``text`` with each line longer than ``width`` broken after its outermost comma that fits (inside a
+    call's or signature's parentheses: the rest aligned under the parenthesis; between declarators: indented), a
+    trailing comment moved to its own line above, so that no line runs past a listing's frame. The same code,
+    only its line breaks moved."""
+    out = []
+    for line in text.splitlines():
+        code, sep, note = line.partition("  // ")
+        if len(line) > width and sep and code.strip():  # a trailing comment goes on its own line, above
+            out.append(" " * (len(line) - len(line.lstrip())) + "// " + note)
+            line = code.rstrip()
+        if len(line) > width and line.lstrip().startswith("// "):  # a long comment: its words on two lines
+            lead = line[:len(line) - len(line.lstrip())] + "// "
+            out += [lead + piece for piece in textwrap.wrap(line.lstrip()[3:], min(width, 100) - len(lead))]
+            continue
+        body = re.fullmatch(r"(\s*)(.*\)) \{ (return .*;) \}", line)
+        if len(line) > width and body:  # a function on one line: its body on a line of its own
+            out += [f"{body[1]}{body[2]} {{", f"{body[1]}    {body[3]}"]
+            line = body[1] + "}"
+        while len(line) > width and "//" not in line[:width]:
+            closes, stack = {}, []  # the index of each bracket's match
+            for i, ch in enumerate(line):
+                if ch in "([":
+                    stack.append(i)
+                elif ch in ")]" and stack:
+                    closes[stack.pop()] = i
+            end = len(re.sub(r"(\s+const)?\s*[{;]?\s*$", "", line)) - 1  # the statement's or signature's end
+            opened, cuts = [], []
+            for i, ch in enumerate(line[:width]):
+                if ch in "([":
+                    opened.append(i)
+                elif ch in ")]" and opened:
+                    opened.pop()
+                elif ch == "," and line[i + 1:i + 2] == " " and len(line) - i > 16:
+                    # only where the bracket it sits in closes the line (a call's or signature's arguments)
+                    declaration = re.match(r"\s*(const\s+)?(u32|u64|int|float|uint4|size_t|auto)\b", line)
+                    if (declaration if not opened else closes.get(opened[-1], len(line)) >= end):
+                        indent = opened[-1] + 1 if opened else len(line) - len(line.lstrip()) + 4
+                        cuts.append((len(opened), -i, indent))
+            ask, other = line.find(" ? "), line.rfind(" : ", 0, width)
+            if not cuts and 0 < ask < other:  # a conditional expression: its second branch under the "?"
+                cuts.append((0, -other, ask + 1))
+            if not cuts:
+                break
+            depth, i, indent = min(cuts)
+            out.append(line[:1 - i].rstrip())
+            line = " " * indent + line[1 - i:].lstrip()
+        out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def _function_body(file: str, function: str) -> str:
+    """A device function of ``file`` without the comment lines above it, long lines :func:`wrapped`."""
+    from studylog import cuda
+    from studylog.source import source_of
+
+    lines = source_of(cuda.source_path(file), function)[0].splitlines()
+    while lines and lines[0].lstrip().startswith("//"):
+        lines.pop(0)
+    return wrapped("\n".join(lines))
+
+
+def group_mma_listing():
+    """Step 15's core: ``group_mma``, one group of 256 weights a row on ``mma.sync`` (steps 15 to 21 call it)."""
+    from studylog import cuda, source
+
+    text = wrapped(source.source_of(cuda.source_path("ternary_common.cuh"), "group_mma")[0])
+    return source.Code(text, "cuda", "group_mma: one group of 256 weights a row on mma.sync (steps 15 to 21)")
+
+
+def w2a8_group_diff():
+    """Step 22's core: ``group_mma`` (steps 15 to 21) against ``group_w2a8``, the int8 MMA with its one-AND
+    decode, without the comments above them."""
+    from studylog import source
+
+    return source.show_diff(_function_body("ternary_common.cuh", "group_mma"),
+                            _function_body("ternary_w2a8.cu", "group_w2a8"),
+                            names=("step 21: group_mma", "step 22: group_w2a8 (the core of the change)"))
+
+
+#: Each Triton step whose whole diff runs past 40 changed lines: (start, stop) markers in the step before's source
+#: and in its own, the lines that carry the step's idea (:func:`triton_core`).
+TRITON_CORE = {
+    5: (("word = tl.arange(0, 16)", "acc_hi += "), ("kw_start, kw_end = k_slice", "acc += _field_to_float(high, f)")),
+    11: (("kw_start, kw_end = k_slice", "store_tile("), ("kw_start, kw_end = k_slice", "return acc")),
+    14: (("scale = tl.load", "store_tile("), ("scale = tl.load", "tl.atomic_xchg(count_ptr")),
+}
+
+
+def triton_core(step: int, old: Optional[int] = None):
+    """The diff of a Triton step's core (:data:`TRITON_CORE`) from the step before (or ``old``): the page's one
+    diff for a step whose whole diff is long."""
+    from studylog import source
+
+    old = old or step - 1
+    regions = TRITON_CORE[step]
+    texts = []
+    for number, (start, stop) in zip((old, step), regions):
+        s = STEPS[number - 1]
+        texts.append(_region(source.source_of(s.source, s.source_function)[0], start, stop))
+    return source.show_diff(*texts, names=(STEPS[old - 1].name, f"{STEPS[step - 1].name} (the core)"))
 
 
 #: The lines of a CUDA C++ step that the page shows as a listing beside its diffs, as (file, (start, stop) markers,
@@ -901,7 +1004,7 @@ def excerpt(step: int):
         parts.append("\n".join(line if line.startswith("#") else line[cut:] for line in lines))
     titles = {18: "step 18: the ring's fill (the producer) and take (a consumer warp), from ternary_ring.cuh",
               22: "step 22: the four accumulators' sum, from ternary_w2a8.cu"}
-    return source.Code("\n// ...\n".join(parts), "cuda", titles[step])
+    return source.Code(wrapped("\n// ...\n".join(parts)), "cuda", titles[step])
 
 
 #: The first attempt's bugs, each marked on the line that carries it: (a piece of that line, the mark).
