@@ -4,6 +4,7 @@ notebook's tables and glued numbers read the committed results and the new bench
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -462,9 +463,10 @@ SECTION_NUMBERS = {7: "N['gradient_pass']", 8: "N['no_softmax']", 9: "N['one_war
 
 def test_each_step_has_one_section_with_its_code_and_its_number():
     """Steps 7 to 14: one heading "## Step N: ..." each, in order, naming one idea (no "plus", no lettered
-    sub-steps); under it a folded cell with the step's code or diff, and a sentence glued from the JSON with the
-    step's measured number. Steps 2 to 5 share one section, each step one change; the page cites no chain of a lab
-    run and names the committed files it reads."""
+    sub-steps); under it, open, the core of the step's code or diff, and a sentence glued from the JSON with the
+    step's measured number. No folded cell holds a whole diff or listing. Steps 2 to 5 share one section, each step
+    one change; the page cites no chain of a lab run, names the runs it reads in words (no repository path), and its
+    cells read them."""
     cells = _page_cells()
     text = "".join("".join(c["source"]) for c in cells)
     heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step")]
@@ -476,17 +478,43 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
         title = "".join(cells[i]["source"]).splitlines()[0]
         assert not any(w in title for w in (" plus ", "changes", "tuning")), title
         section = cells[i + 1:(heads + [len(cells)])[heads.index(i) + 1]]
-        folded = [c for c in section if "hide-output" in c["metadata"].get("tags", [])]
-        assert folded and all(c["metadata"]["mystnb"]["code_prompt_show"].startswith("Show step") for c in folded[:1])
+        shown = [c for c in section if c["cell_type"] == "code" and "hide-output" not in c["metadata"].get("tags", [])]
+        assert any(re.search(r"show_diff|show_source|_core\(", "".join(c["source"])) for c in shown), number
         said = "".join("".join(c["source"]) for c in section if c["cell_type"] == "code")
         assert SECTION_NUMBERS[number] in said, number
     assert not any(w in text for w in ("7a", "7b", "7c", "8a", "chain_table(", "chain_note(", "step07_chain",
                                        "step08_changes", "taken back"))
     assert text.count("no block version of them was built") == 1
+    for cell in cells:
+        if cell["cell_type"] == "code" and "hide-output" in cell["metadata"].get("tags", []):
+            assert not re.search(r"show_diff|show_source|parts\(", "".join(cell["source"])), cell["source"]
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
-    for name in ("nvidia-h200/ctc.json", "tails.json", "env.json", "nvidia-h100-80gb-hbm3/ctc.json"):
-        assert name in where
-    assert "lab/ctc" not in where
+    assert not re.search(r"\.json|assets/|lab/|results/", where)
+    for words in ("benchmark on the H200", "without the profiler", "matmul rate", "benchmark on the H100"):
+        assert words in where, words
+    code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    for reads in ('load_results("ctc")', 'load_results("tails", gpu=results.path.parent.name)',
+                  'load_results("env", gpu=results.path.parent.name)', "lesson.host_at_headline("):
+        assert reads in code, reads
+    assert "nvidia-h100-80gb-hbm3" in lesson.host_at_headline(5000, 8)  # the H100's run, read through the lesson
+
+
+def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
+    """Each diff core the page shows open changes at most 40 lines and each side is its step's code: step 14's is
+    one frame, forward, against one frame of the one-warp recursion; step 9's frame update is its forward half."""
+    from studylog.source import show_diff
+
+    cores = [lesson.diff_core(show_diff("ctc_baseline.cuh", "ctc_step04_05_blocked.cu", old_function="alpha_baseline",
+                                        new_function="ctc_alpha_step4"), 0, "x"),
+             lesson.diff_core(ctc.CHAPTER.show_diff(5, 6), 0, "x"), lesson.step14_core()]
+    for d in cores:
+        assert d.added and len(d.added) + len(d.removed) <= 40, d.new_name
+    fourteen = lesson.step14_core()
+    assert any("__syncthreads()" in ln for ln in fourteen.added)
+    assert any("exchange[b ^ 1][1][warp] = r[V - 1]" in ln for ln in fourteen.added)
+    assert any("Update::template frame" in ln for ln in fourteen.removed)
+    nine = lesson.step9_core().text
+    assert "__shfl_up_sync" in nine and "__shfl_down_sync(FULL_MASK" not in nine and len(nine.splitlines()) <= 40
 
 
 def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():

@@ -82,24 +82,29 @@ def test_the_real_text_axis_is_readable():
         plt.close(fig)
 
 
-def test_every_multi_part_diff_is_folded_under_a_line_naming_its_idea():
-    """A step's diff shown in parts sits in one folded output, and the prose just above it names the change."""
+def test_no_whole_diff_or_long_listing_is_folded():
+    """The page shows each step's lesson, not its files: no folded output holds a step's whole diff (in parts or
+    not), a whole kernel or loop, or the specification; the one folded listing left (step 2's slot loop) is short."""
     import json
 
     from studylog import paths
+    from studylog.source import show_source
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
-    shown = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and "".join(c["source"]).startswith("parts(")]
-    assert len(shown) >= 3
-    for i in shown:
-        assert "hide-output" in cells[i]["metadata"].get("tags", []), i
-        above = next(c for c in reversed(cells[:i]) if c["cell_type"] == "markdown" or "say(" in "".join(c["source"]))
-        assert "folded" in "".join(above["source"]).strip().strip('")').splitlines()[-1], i
+    text = ["".join(c["source"]) for c in cells]
+    assert not any(t.startswith("parts(") for t in text)
+    folded = [t for c, t in zip(cells, text) if c["cell_type"] == "code"
+              and "hide-output" in c["metadata"].get("tags", [])]
+    for t in folded:
+        assert not any(w in t for w in ("parts(", "diff", "CHAPTER.show_source(", "reference_ngram_match")), t
+    assert folded == ['show_source("ngram_common.cuh", "walk_budget")  # the batch loop, shared with step 3\'s phase 2']
+    assert len(show_source("ngram_common.cuh", "walk_budget").text.splitlines()) <= 25
+    assert not any("folded" in t for c, t in zip(cells, text) if c["cell_type"] == "markdown")
 
 
 def test_the_cores_of_steps_4_6_and_8_show_open_and_step_11_says_where_the_entry_point_runs_step_12():
-    """Steps 4, 6 and 8 show their diff's core unfolded (at most about 40 lines, each side from its step's kernel), the
-    whole diff folded; step 11 says once that `ngram_match` runs another step at the small case, computed."""
+    """Steps 4, 6 and 8 show their diff's core unfolded (at most about 40 lines, each side from its step's kernel),
+    and not the whole diff; step 11 says once that `ngram_match` runs another step at the small case, computed."""
     import json
 
     from studylog import paths
@@ -108,7 +113,8 @@ def test_the_cores_of_steps_4_6_and_8_show_open_and_step_11_says_where_the_entry
     for step in (4, 6, 8):
         at = [i for i, c in enumerate(cells) if "".join(c["source"]).strip() == f"lesson.core_diff({step})"]
         assert len(at) == 1 and "hide-output" not in cells[at[0]]["metadata"].get("tags", []), step
-        assert "".join(cells[at[0] + 1]["source"]).startswith(f"parts({step - 1}, {step})"), step
+        after = "".join(cells[at[0] + 1]["source"])  # the step's number, not the whole diff
+        assert "say(f" in after and not any(w in after for w in ("parts(", "_diff(")), step
         d = lesson.core_diff(step)
         assert len(d.lines) <= 45 and len(d.added) + len(d.removed) <= 40 and d.added and d.removed, step
     text = " ".join("".join("".join(c["source"]) for c in cells).split())
@@ -345,10 +351,12 @@ def test_the_notes_of_the_table_of_steps_say_what_a_losing_step_buys():
         assert lesson.step_notes(results, cases)[7] in rows["7"]
 
 
-def test_the_page_names_its_result_files_once_at_the_end():
-    """The prose and table notes say where a number comes from in words; the files themselves are listed once, in
-    "Where the numbers come from": the chapter's benchmark and every lab run the page reads."""
+def test_the_page_names_its_runs_in_words_and_its_cells_read_them():
+    """"Where the numbers come from" names the runs in words (no repository path or file name anywhere in the
+    page's text); the cells read the chapter's benchmark and the two lab runs it names (step 6's changes one at a
+    time, the streaming kernel's settings), which are committed."""
     import json
+    import re
 
     from studylog import paths
 
@@ -356,9 +364,17 @@ def test_the_page_names_its_result_files_once_at_the_end():
     text = ["".join(c["source"]) for c in cells]
     at = next(i for i, t in enumerate(text) if t.startswith("## Where the numbers come from"))
     assert text[at + 1].startswith("## Further reading")
-    assert not [i for i, t in enumerate(text) if i != at and ("lab/ngram/results" in t or ".json`" in t)]
-    for name in ("assets/bench/nvidia-h200/ngram.json", "step05_changes.json", "step11_changes.json"):
-        assert name in text[at], name
+    for i, t in enumerate(text):
+        if cells[i]["cell_type"] == "markdown":
+            assert not re.search(r"\w\.json`|assets/bench|lab/ngram|/results/", t), i
+    assert all(w in text[at] for w in ("benchmark", "empty kernel", "step 6's two changes one at a time",
+                                       "step 8's split"))
+    code = "\n".join(t for c, t in zip(cells, text) if c["cell_type"] == "code")
+    assert 'load_results("ngram")' in code and "lesson.step6_chain()" in code
+    assert '(7, "step05_changes"), (8, "step11_changes")' in code  # the splits of steps 7 and 8
+    for name in ("step05_changes", "step11_changes"):
+        assert lesson.lab_run(name) is not None, name
+    assert (paths.REPO_ROOT / "assets" / "bench" / "nvidia-h200" / "ngram.json").is_file()
 
 
 def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():

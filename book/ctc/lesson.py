@@ -943,3 +943,64 @@ def host_at_headline(A: int, N: int, gpus: Iterable[str] = ("nvidia-h200", "nvid
                     "torch_gpu_us": torch_row["ms"] * 1e3, "torch_host_us": torch_row["host_ms"] * 1e3,
                     "card": CARD_NAMES.get(gpu, gpu)}
     return out
+
+
+def diff_core(diff, part: int, what: str):
+    """Part ``part`` (0-based) of ``diff`` as :func:`book.common.diff_parts` cuts it, titled by what it shows
+    instead of "part i of n": the core of a step's change the page shows open, the rest of the diff left out."""
+    from book.common import diff_parts
+
+    core = diff_parts(diff)[part]
+    core.new_name = f"{diff.new_name}: {what}"
+    return core
+
+
+def _indent(line: str) -> str:
+    return line[:len(line) - len(line.lstrip())]
+
+
+def _block_end(lines: list[str], start: int) -> int:
+    """The index of the line that closes the block opened on ``lines[start]`` (a line at its indent starting "}")."""
+    return next(j for j in range(start + 1, len(lines)) if lines[j].startswith(_indent(lines[start]) + "}"))
+
+
+def step9_core():
+    """Step 9's frame update (``FrameUpdate``), its forward direction: the lane's ``V`` positions, the neighbour's
+    by ``__shfl_up_sync``; the backward direction, its mirror image, is one comment."""
+    from studylog.source import Code, show_source
+
+    lines = show_source("ctc_step07_10_three_passes.cu", function="FrameUpdate").text.rstrip("\n").splitlines()
+    other = next(i for i, ln in enumerate(lines) if ln.strip() == "} else {")
+    end = _block_end(lines, other)
+    body = _indent(lines[other]) + "    "
+    out = lines[:other + 1] + [body + "// backward: the mirror image, neighbours by __shfl_down_sync"] + lines[end:]
+    return Code("\n".join(out), "cuda", "step 9's frame update, forward (the backward direction elided)")
+
+
+def step14_core():
+    """Step 14's change to a frame of the recursion, forward: the warp's boundary value read from and written to
+    shared memory (``exchange``, by frame parity), the block's maximum from every warp's, one ``__syncthreads``;
+    against one frame of steps 10 to 13's one-warp recursion. The lane's update loop (as before, with the boundary
+    from the warp to the left) and the backward direction are one comment each."""
+    from studylog.source import show_diff, source_of
+
+    old = source_of("ctc_warp_recursion.cuh", "warp_recursion_direction")[0].splitlines()
+    new = source_of("ctc_step14_warps.cu", "ctc_warps_direction")[0].splitlines()
+    a = next(i for i, ln in enumerate(old) if "the old row's maximum is reduced" in ln)
+    b = next(i for i, ln in enumerate(old) if "Update::template frame" in ln)
+    old_cut = old[a:b + 1]
+    a = next(i for i, ln in enumerate(new) if "const float chunk_max" in ln)
+    b = next(i for i, ln in enumerate(new) if ln.strip() == "offset = prev_max;")
+    cut = new[a:b + 1]
+    loop = next(i for i, ln in enumerate(cut) if ln.strip().startswith("for (int i = V - 1;"))
+    cut[loop - 1:_block_end(cut, loop) + 1] = [_indent(cut[loop]) + "// ... the lane's V positions updated as in "
+                                                "step 13, position s0 - 1 read as up1"]
+    other = next(i for i, ln in enumerate(cut) if ln.strip() == "} else {")
+    cut[other + 1:_block_end(cut, other)] = [_indent(cut[other]) + "    // backward: the mirror image, the "
+                                             "boundary values of warp + 1"]
+    shift = len(_indent(cut[0])) - 4  # both sides at the frame loop's indent: dedented to one level
+
+    def side(lines: list[str]) -> str:
+        return "\n".join(ln[shift:] if ln.startswith(" " * shift) else ln for ln in lines) + "\n"
+
+    return show_diff(side(old_cut), side(cut), names=("steps 10 to 13: a frame, one warp", "step 14: a frame, W warps"))

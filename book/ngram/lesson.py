@@ -479,7 +479,7 @@ def step_diff(old: int, new: int):
     return CHAPTER.show_diff(old, new, context=DIFF_CONTEXT)
 
 
-#: The core of a step's diff, shown open under its section (the whole diff stays folded): per step, the lines of the
+#: The core of a step's diff, shown open under its section instead of the whole diff: per step, the lines of the
 #: step before's kernel and of its own between two markers each (first line containing, last line containing).
 CORE_DIFFS = {
     6: (("    if (search) {", "if (mine != NONE_KEY) atomicMin(&s_best, mine);"),
