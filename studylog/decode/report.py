@@ -154,19 +154,17 @@ def hf_peer(run, hf, grammar: Grammar, prompt: list[int], step01: Generation, *,
                tokens=len(timing.ids), same_tokens_as_step01=timing.ids == step01.ids[0])
 
 
-def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_tokens: int, params: dict) -> dict:
+def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_tokens: int, params: dict) -> None:
     """Steps 2 and 3 against step 1, unsteered: the same tokens, or a divergence inside the rounding bound."""
     from studylog.decode import agreement
 
     outs = {c: decoder.generate(grammar, prompts, c, max_new_tokens=max_new_tokens, instrument=False, record=True)
             for c in ("baseline", "jump_forward", "masked_head")}
-    report = {}
     for c in ("jump_forward", "masked_head"):
-        report[c] = agreement.compare(outs["baseline"], outs[c], decoder.model.lm_head)
-        run.check("same tokens as step01_baseline, or a near-tie inside the bound", report[c]["all_inside"],
-                  params={**params, "config": c, "steered": False}, identical=report[c]["identical"],
-                  sequences=report[c]["sequences"], divergences=report[c]["divergences"])
-    return report
+        r = agreement.compare(outs["baseline"], outs[c], decoder.model.lm_head)
+        run.check("same tokens as step01_baseline, or a near-tie inside the bound", r["all_inside"],
+                  params={**params, "config": c, "steered": False}, identical=r["identical"],
+                  sequences=r["sequences"], divergences=r["divergences"])
 
 
 #: Allowed counts per sequence at which the masked head is timed alone (a forced token; a key; a number or a string).
