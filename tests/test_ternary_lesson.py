@@ -904,7 +904,7 @@ DEVICE_CHANGES = {
     20: (("bulk_copy(stages + s * stage_pieces", "ring.fill(c, policy);"), ("fill_per_warp(",)),
     21: (("lop3.b32", "decode_pair_reg<BF16>(word, p, magic)"), ("with_magic<BF16>(part(a[r][h], i))",)),
     23: (("mbarrier_wait(x_full, 0);", "quantize(StagedRow{"), ("load_xq_slice(",)),
-    25: (("} else if (lane == 1) {", "bulk_copy(xs + r * xs_stride, xq"), ("load_xq_slice(",)),
+    25: (("} else if (lane == 1) {", "bulk_copy(xs + r * xs_stride,"), ("load_xq_slice(",)),  # its line broken to fit
 }
 
 

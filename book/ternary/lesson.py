@@ -857,7 +857,8 @@ def core_diff(step: int):
         source.source_of(_STEPS[number - 1].source, _STEPS[number - 1].source_function)[0])
     import textwrap
 
-    return source.show_diff(textwrap.dedent(_region(text(old), a0, a1)), textwrap.dedent(_region(text(step), b0, b1)),
+    return source.show_diff(wrapped(textwrap.dedent(_region(text(old), a0, a1)), 110),
+                            wrapped(textwrap.dedent(_region(text(step), b0, b1)), 110),
                             names=(f"step {old}: {_STEPS[old - 1].title} (its main loop)",
                                    f"step {step}: {_STEPS[step - 1].title} (the core of the change)"))
 
@@ -1440,6 +1441,7 @@ def device_diff(step: int, helpers: bool = True, region: Optional[tuple[str, str
     texts = [device_source(n, helpers) for n in (step - 1, step)]
     if region is not None:
         texts = [textwrap.dedent(_region(t, *region)) for t in texts]
+    texts = [wrapped(t, 110) for t in texts]  # no line past a listing's frame
     what = lambda n: f"step {n}: {_STEPS[n - 1].title}" + ("" if region is None else " (the core)")  # noqa: E731
     return source.show_diff(*texts, names=(what(step - 1), what(step)))
 
