@@ -124,7 +124,7 @@ def _speedup_figure(results, caption: str):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FormatStrFormatter
 
-    fig, axes = plt.subplots(1, 2, figsize=(11.5, 6.0), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 6.4), sharey=True)
     panels = (("Skipping inside the dense kernel", [_s(n) for n in (0, 1, 2, 3, 11)]),
               ("Walking the allowed ids", [_s(n) for n in (4, 5, 6, 7, 8, 12)]))
     for ax, (title, steps) in zip(axes, panels):
