@@ -946,12 +946,16 @@ def host_at_headline(A: int, N: int, gpus: Iterable[str] = ("nvidia-h200", "nvid
 
 
 def diff_core(diff, part: int, what: str):
-    """Part ``part`` (0-based) of ``diff`` as :func:`book.common.diff_parts` cuts it, titled by what it shows
-    instead of "part i of n": the core of a step's change the page shows open, the rest of the diff left out."""
-    from book.common import diff_parts
+    """Part ``part`` (0-based) of ``diff`` as :func:`book.common.diff_parts` cuts it, titled by what it shows: the
+    core of a step's change the page shows open. Where the rest of the diff is left out, the title says so (which
+    part, and how many changed lines the whole diff has), so a cut is never read as the whole change."""
+    from book.common import changed_lines, diff_parts
 
-    core = diff_parts(diff)[part]
-    core.new_name = f"{diff.new_name}: {what}"
+    parts = diff_parts(diff)
+    core = parts[part]
+    rest = "" if len(parts) == 1 else (f" (part {part + 1} of {len(parts)}; the whole change is "
+                                       f"{changed_lines(diff)} changed lines)")
+    core.new_name = f"{diff.new_name}: {what}{rest}"
     return core
 
 
