@@ -894,7 +894,7 @@ TAIL_NOTE = ("p99 ÷ median: how far a re-measurement of the call lands above it
              "is the 99th percentile of those re-measurements over their median, from a run of its own. It is not "
              "how slow a single call can be")
 #: The p99 column's header.
-P99_HEADER = "p99 ÷ median"
+P99_HEADER = "p99 ÷ median (p99, µs)"
 
 
 def tail(card: Path, number: int, params: dict[str, Any] | None = None,
@@ -941,9 +941,13 @@ def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, An
 
 
 def tail_ratio(t: dict[str, Any]) -> str:
-    """The p99 cell: the p99 over the median of its own run (a tail factor, not a time to set beside another run's
-    median)."""
-    return f"{t['p99_ms'] / t['ms']:.2f}×"
+    """The p99 cell: the p99 over the median of its own run (a tail factor: the row's median comes from another
+    run), then the p99 itself in µs."""
+    return f"{t['p99_ms'] / t['ms']:.2f}× ({us(t['p99_ms'])} µs)"
+
+
+#: A p99 this many times its median is said in the row's notes: its re-measurements spread, not only its tail.
+WIDE_TAIL = 1.5
 
 
 def _copies(n: int) -> str:
@@ -1179,6 +1183,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         p99 = "–" if id(r) in lead_ids or r.get("ours_end_to_end_ms") is not None else NOT_MEASURED
         if t is not None:
             p99 = tail_ratio(t)
+            if t["p99_ms"] > WIDE_TAIL * t["ms"]:  # a spread this wide is worth a line: the median alone misleads
+                note(r, f"its re-measurements spread widely: p99 {us(t['p99_ms'])} µs against a median of "
+                        f"{us(t['ms'])} µs in the same run (the slowest {us(t['max_ms'])} µs); why is not measured")
             differs = tail_differs(r, t)
             if differs:
                 note(r, differs)
@@ -1285,7 +1292,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     if samples:
         definitions.append(TAIL_NOTE.format(samples=samples[0].get("samples", "many"),
                                             calls=samples[0].get("min_calls_per_replay", "many"))
-                           .replace("p99 ÷ median: ", "The p99 ÷ median column: ", 1) + "."
+                           .replace("p99 ÷ median: ", f"The {P99_HEADER} column: ", 1) + "."
                            + "".join(dict.fromkeys(f" {b['no_tail_why'][1]}." for b in board if b.get("no_tail_why")))
                            + (" A card with no such run (" + " and ".join(without) + ") has none, and a case the run does "
                               "not time says \"not measured\"." if (without := [

@@ -121,7 +121,7 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     assert len(lead_rows) + len(others) == len(measured)
     # a chapter reads in one line: its time, p99, rival, speedup, the floor that binds (with its kind) and the %
     header = next(ln for ln in lead.splitlines() if ln.startswith("| chapter"))
-    for column in ("p99 ÷ median", "strongest rival", "floor that binds (µs), its kind", "% of the floor"):
+    for column in ("p99 ÷ median (p99, µs)", "strongest rival", "floor that binds (µs), its kind", "% of the floor"):
         assert f"| {column}" in header, column
     for ln in lead_rows:
         assert re.search(r"(byte|compute|latency) floor|forecast|leaves out", ln), ln
@@ -357,7 +357,7 @@ def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
     assert page.count("over a few independent runs") == 1
     # the short list says in one bullet what the p99 cell means: a re-measurement's spread, not a call's tail
     quick = page.split("```")[0]
-    assert quick.count("- **p99 ÷ median**: ") == 1
+    assert quick.count(f"- **{sb.P99_HEADER}**: ") == 1
     assert "re-measurement" in quick and "not how slow a single call can be" in quick
     assert "99 in 100 replays of the call" not in page
     tails = [c for c in sb.cards() if (c / f"{sb.TAILS}.json").is_file()]
@@ -365,7 +365,8 @@ def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
         assert "p99" not in table
         return
     lead, rest = table.split("**Floors")[0].split("**Every other row")
-    assert "| p99 ÷ median |" in lead and "| p99 ÷ median |" in rest  # both tables: measured, or "not measured"
+    header = f"| {sb.P99_HEADER} |"
+    assert header in lead and header in rest  # both tables: measured, or "not measured"
     folders = {sb.card_name(c): c for c in tails}
     board = [r for r in sb.scoreboard() if "missing" not in r]
     lead_rows = [ln for ln in lead.splitlines() if ln.startswith("| [")]
@@ -379,7 +380,7 @@ def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
                           and c[0] == r.get("tail_series", c[0])][0]
         raw = _find(_raw(folders[r["card"]], sb.TAILS), series, **params)  # the raw file, read here
         assert raw["p99_ms"] >= raw["ms"]
-        ratio = f"{raw['p99_ms'] / raw['ms']:.2f}×"
+        ratio = f"{raw['p99_ms'] / raw['ms']:.2f}× ({raw['p99_ms'] * 1e3:,.1f} µs)"
         mine = [ln for ln in lead_rows if f"| {r['ours']} |" in ln and ln.startswith(f"| [{r['number']:02d}.")]
         if mine:  # a lead row: in its cell
             assert f"| {ratio}" in mine[0], (r["ours"], mine[0])
@@ -392,10 +393,11 @@ def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
     # every lead row of a GPU kernel (chapters 02 to 06) has its p99; a decode loop says in the cell why it has none
     for ln in lead_rows:
         cell = ln.split(" | ")[3]
-        assert re.fullmatch(r"\d\.\d\d×( \(\d+ cop(y|ies)\))?", cell) or cell == "– (a wall-clock loop)", ln
+        assert re.fullmatch(r"\d\.\d\d× \([\d,]+\.\d µs\)( \(\d+ cop(y|ies)\))?", cell) \
+            or cell == "– (a wall-clock loop)", ln
     # how it is measured, and why a decode loop (chapters 07 and 08) has none: one line under the tables
     assert sum(ln.split(" | ")[3] == "– (a wall-clock loop)" for ln in lead_rows) == 2
-    (line,) = [ln for ln in table.splitlines() if ln.startswith("The p99 ÷ median column: how far a re-measurement")]
+    (line,) = [ln for ln in table.splitlines() if ln.startswith(f"The {sb.P99_HEADER} column: how far a re-measurement")]
     assert table.count("its step is timed request by request on the wall clock") == 1 and "timed request by" in line
     assert "It is not how slow a single call can be" in table
 
