@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from book.common import prose_words, us
-from book.scoreboard import (CTC_CASE, ENTRIES, NOT_MEASURED, card_name, cards, load, rows, short_card,
+from book.scoreboard import (CTC_CASE, ENTRIES, NGRAM_CASE, NOT_MEASURED, card_name, cards, load, rows, short_card,
                              scoreboard)
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
 
@@ -646,8 +646,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"{cpu['vs_rival']:.2f}×")
                     brief[name] = (f"{row['vs_rival']:.2f}× {entry.rival_short} on the GPU; "
                                    f"{cpu['vs_rival']:.2f}× the CPU loop it replaces, end to end")
-            if entry.number == 3:
-                landing[name] += " on the GPU"
+            if entry.number == 3:  # the case in a few words: the answer is one shape's
+                landing[name] += f" on the GPU, {NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens"
             if entry.number == 8:
                 landing[name] += " per output token, on SmolLM2-135M"
                 brief[name] = (f"{row['vs_rival']:.2f}× our own loop, chapter 07's (no serving engine measured), "
@@ -851,8 +851,10 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
                                    f" ({t[k]['error']:.2%} error, tolerance {t[k]['tolerance']:.2%})"
                                    if t[k]["error"] is not None and t[k]["tolerance"] is not None else ""))
         if answer["failed"]:  # the range leaves out the shapes where GemLite fails: named once
+            every = [v["rival_ms"] / v["ms"] for v in t.values()]  # GemLite's time over ours, failures included
             notes[name].append(f"{name}: the range leaves out the {len(answer['failed'])} shapes where GemLite fails "
-                               "our float64 check (" + ", ".join(k.replace("x", " × ") for k in answer["failed"]) + ")")
+                               "our float64 check (" + ", ".join(k.replace("x", " × ") for k in answer["failed"])
+                               + f"); at all {len(every)} shapes, those included, {min(every):.2f}–{max(every):.2f}×")
         notes[name].append(f"{name}: {answer['cublas']:.2f}× cuBLAS bf16 on the dense matrix at 4096 × 14336, a "
                            "weaker baseline")
     if all(c == VOID for c in cells.values()):
