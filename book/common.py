@@ -204,6 +204,22 @@ def lab_or_none(chapter: str, name: str, gpu: str = "nvidia-h200"):
         return None
 
 
+def function_listing(function, title: str):
+    """One function's source without its docstring, titled (a ``studylog.source.Code``): a step's core, shown open."""
+    from studylog import source
+
+    return source.Code(without_docstrings(source.source_of(function)[0]), "python", title)
+
+
+def function_diff(old, new, names: tuple[str, str]):
+    """The diff from one function to another, without their docstrings (a ``studylog.source.Diff``): a step's core,
+    where its kernel's own diff would show only the call."""
+    from studylog import source
+
+    text = [without_docstrings(source.source_of(f)[0]) for f in (old, new)]
+    return source.show_diff(*text, names=names)
+
+
 def step_diff(chapter, old, new, *, docstrings: bool = False, context: int = 3):
     """The diff from one step of ``chapter`` to the next, without the functions' docstrings unless asked (a
     ``studylog.source.Diff``: HTML in the book and JupyterLab, text in a terminal)."""
@@ -314,7 +330,7 @@ def changed_lines(diff) -> int:
 #: The most prose a chapter page may hold, in words (:func:`prose_words`).
 PROSE_BUDGET = 2500
 
-__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "gpu_us", "guarded",
+__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "function_diff", "function_listing", "gpu_us", "guarded",
            "listing_parts", "page_words", "prose_words", "quiet_native_stderr", "rendered_words", "report", "say",
            "step_diff", "us"]
 

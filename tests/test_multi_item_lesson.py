@@ -472,7 +472,7 @@ def test_the_page_names_orders_not_their_history_and_folds_no_code():
         assert words not in text.lower(), words
     for c in cells:
         code = "".join(c["source"])
-        if c["cell_type"] == "code" and re.search(r"show_source|show_diff|function_diff|without_docstring", code):
+        if c["cell_type"] == "code" and re.search(r"show_source|show_diff|function_diff|function_listing|without_docstring", code):
             assert not set(c["metadata"].get("tags", [])) & {"hide-output", "hide-input"}, code
     assert "softmax_update" in "".join(next(c for c in cells if "show_source(2)" in "".join(c["source"]))["source"])
     assert "listing(mi.CHAPTER.show_source(2))" in "".join(

@@ -27,7 +27,7 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
-           "RIVAL_ROWS", "boehm_table", "one_steps_table", "inline_html", "function_diff", "listing", "step_factor",
+           "RIVAL_ROWS", "boehm_table", "one_steps_table", "inline_html", "step_factor",
            "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "TIMELINE_PARTS",
@@ -1104,22 +1104,3 @@ def path_words(path: str) -> str:
     return words if not capacity or name not in PATH_STEPS else f"{words}, up to {int(capacity):,} rows"
 
 
-def _text(function) -> str:
-    from studylog import source
-
-    return common.without_docstrings(source.source_of(function)[0])
-
-
-def function_diff(old, new, old_name: str, new_name: str):
-    """The diff from one helper function to another, without their docstrings (a ``studylog.source.Diff``): a
-    step's core, where its kernel's own diff would show only the call."""
-    from studylog import source
-
-    return source.show_diff(_text(old), _text(new), names=(old_name, new_name))
-
-
-def listing(function, title: str):
-    """One function's source without its docstring, titled (a ``studylog.source.Code``)."""
-    from studylog import source
-
-    return source.Code(_text(function), "python", title)

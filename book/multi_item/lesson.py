@@ -710,27 +710,3 @@ def gqa_ratio(results) -> float | None:
     return ratio(ms(results, report.FLASHINFER, GQA_SHAPE), ms(results, CHAPTER.step(6).series, GQA_SHAPE))
 
 
-# ---------------------------------------------------------------------------------------------
-# A step's core: a helper's source, or the diff between two, without docstrings
-# ---------------------------------------------------------------------------------------------
-
-def _text(function) -> str:
-    from book.common import without_docstrings
-    from studylog import source
-
-    return without_docstrings(source.source_of(function)[0])
-
-
-def without_docstring(function, title: str):
-    """One function's source without its docstring, titled (a ``studylog.source.Code``): a step's new helper
-    shown open as its core."""
-    from studylog import source
-
-    return source.Code(_text(function), "python", title)
-
-
-def function_diff(old, new, names: tuple[str, str]):
-    """The diff from one function to another, without their docstrings (a ``studylog.source.Diff``)."""
-    from studylog import source
-
-    return source.show_diff(_text(old), _text(new), names=names)
