@@ -262,15 +262,13 @@ def _masked_lm_head(data):
     plan = one(data, "step13", **MASKED_HEAD_CASE)
     latency, what = _one_kernel(data)
     copy = one(data.get("tails_run") or {"measurements": []}, BITMASK_COPY, **MASKED_HEAD_CASE)
-    empty = _floor_empty_ms(data)
+    floor = bitmask_chain_ms(data.get("tails_run"), _floor_empty_ms(data))
     if plan is not None:
-        if copy is not None and empty is not None:
-            # the step's chain: the bitmask's copy from pinned host memory, then the plan's two kernels, each
-            # needing the one before (the ids, then the rows they name)
-            chain = {"latency_floor_ms": copy["ms"] + 2 * empty,
+        if floor is not None:
+            chain = {"latency_floor_ms": floor,
                      "latency_what": f"the packed bitmask's copy from pinned host memory ({copy['bytes']:,} bytes), "
-                                     "timed alone in a separate run, then two dependent kernels at an empty "
-                                     "kernel's time each"}
+                                     f"timed alone in a separate run, then {BITMASK_CHAIN_KERNELS} dependent kernels "
+                                     "at an empty kernel's time each"}
             missing: dict[str, Any] = {}
         else:
             chain = {"latency_floor_ms": None, "latency_what": "not measured for a step with a host copy"}
@@ -283,7 +281,8 @@ def _masked_lm_head(data):
                         "xgrammar (cuBLAS logits, then its mask kernel)",
                         one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=_masked_head_bytes(data, plan),
                         short="step 13, whole step", **chain, **missing) | {"tail_params": MASKED_HEAD_CASE} | (
-                            {"floor_words": f"the bitmask's copy, {us(copy['ms'])} µs, then 2 kernels"}
+                            {"floor_words": f"the bitmask's copy, {us(copy['ms'])} µs, "
+                                            f"then {BITMASK_CHAIN_KERNELS} kernels"}
                             if chain["latency_floor_ms"] is not None else {}))
     kernel = one(data, "step12", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
@@ -296,6 +295,19 @@ def _masked_lm_head(data):
                                      "output, masked",)))
     once = replayed_one_copy(data)
     return [r | {"one_copy": once} for r in out] or None
+
+
+#: The kernels chapter 02's whole step launches after the bitmask's copy, each needing the one before (the union's
+#: ids, then the rows they name).
+BITMASK_CHAIN_KERNELS = 2
+
+
+def bitmask_chain_ms(tails: dict[str, Any] | None, empty_ms: float | None) -> float | None:
+    """The latency floor of chapter 02's whole step at batch 1, in ms: the packed bitmask's copy from pinned host
+    memory, timed alone in the card's tails run ``tails``, then :data:`BITMASK_CHAIN_KERNELS` dependent kernels at
+    the card's empty kernel ``empty_ms``; None where either is not measured."""
+    copy = one(tails, BITMASK_COPY, **MASKED_HEAD_CASE) if tails else None
+    return None if copy is None or empty_ms is None else copy["ms"] + BITMASK_CHAIN_KERNELS * empty_ms
 
 
 def replayed_one_copy(data: dict[str, Any]) -> bool:
@@ -1333,7 +1345,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                      + out_folds).rstrip() + "\n"
 
 
-__all__ = ["ENTRIES", "Entry", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+__all__ = ["BITMASK_CHAIN_KERNELS", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable",
            "part_one_rival_words", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",

@@ -722,13 +722,12 @@ FROM_HOST = (13,)
 
 def host_floor_ms(results) -> float | None:
     """The latency floor of a batch-1 call that starts from the packed bitmask in host memory, in ms: the bitmask's
-    copy, timed alone in the card's tails run, then two dependent kernels at the card's empty kernel (the
-    scoreboard's floor for step 13); None where the card has no such run."""
-    from book.scoreboard import BITMASK_COPY, MASKED_HEAD_CASE, TAILS, load, one
+    copy, then its dependent kernels: the scoreboard's floor for step 13 (:func:`book.scoreboard.bitmask_chain_ms`),
+    from the card's runs; None where the card has no such run."""
+    from book.scoreboard import TAILS, bitmask_chain_ms, load
 
     tails = load(results.path.parent, TAILS) if getattr(results, "path", None) else None
-    copy = one(tails, BITMASK_COPY, **MASKED_HEAD_CASE) if tails else None
-    return None if copy is None else copy["ms"] + 2 * common.latency_floor_ms(results)
+    return bitmask_chain_ms(tails, common.latency_floor_ms(results))
 
 
 def _floor_cells(results, row: dict, params: dict, *, from_host: bool = False) -> str:
