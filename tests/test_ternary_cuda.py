@@ -449,7 +449,7 @@ def test_steps_22_and_23_launch_heuristic_fits_shared_memory(m, n, k):
     smem = T.w2a8_smem_bytes(planned, min(m, 8 if m <= 8 else 16), planned_slice, staged=quant == T.Quant.STAGED)
     assert T.w2a8_refusal(m, k, quant, planned) is None and smem <= T.SMEM_LIMIT
     assert quant == T.W2A8_QUANTIZE[T.w2a8_default_quantize(m, n, k, 132)]
-    if m == 1 and k <= 32768:  # one row of x: staged, wherever K fits the consumers' registers
+    if m == 1 and k <= 32768:  # one row of x: staged, wherever K fits the consumers' registers (no wave lost here)
         assert quant == T.Quant.STAGED and smem == T.w2a8_smem_bytes(planned, 1, -(-k // 256), staged=True)
     assert grid[0] * planned.rows >= n and grid[2] * (8 if m <= 8 else 16) >= m
     groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
@@ -528,6 +528,22 @@ def test_step23_staged_launch(m, n, k):
     if (m, n, k) == (1, 8192, 28672):  # 128 blocks of 4 tiles
         assert (cfg.row_tiles, cfg.warps, cfg.stages, blocks) == (4, 8, 4, 128)
     assert T.w2a8_default_quantize(m, n, k, 132) == ("staged" if m == 1 else "every block")
+
+
+@pytest.mark.parametrize("n, k", [(5120, 27648), (4096, 14336), (13824, 2560), (20480, 3200), (8192, 28672)])
+def test_step23_stages_x_only_where_it_costs_no_wave(n, k):
+    """One row of x: staged x (K in 16 bits) leaves fewer blocks an SM; where its grid then needs more waves than
+    every block's, the default quantises in every block (BitNet's 5120 x 27648 on 132 SMs: 160 blocks, one an
+    SM staged, two unstaged)."""
+    waves = {where: T.w2a8_waves(1, n, k, where, 132) for where in ("staged", "every block")}
+    for where, cfg in ((w, T.w2a8_config(1, n, k, 132, quantize=w)) for w in waves):
+        blocks = T.w2a8_grid(1, n, k, cfg, fused=True)[1][0]
+        per_sm = T.w2a8_blocks_per_sm(cfg, 1, -(-k // 256), staged=where == "staged")
+        assert (waves[where] - 1) * 132 * per_sm < blocks <= waves[where] * 132 * per_sm
+    expect = "staged" if waves["staged"] <= waves["every block"] else "every block"
+    assert T.w2a8_default_quantize(1, n, k, 132) == expect
+    assert (n, k) != (5120, 27648) or expect == "every block"
+    assert (n, k) != (4096, 14336) or expect == "staged"
 
 
 def test_step23_staged_refuses_what_it_cannot_hold():

@@ -323,11 +323,24 @@ def w2a8_takes(m: int, n: int, k: int, quantize: str, config: Optional[W2A8Confi
 
 
 def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
-    """Where step 23 quantises x by default: "staged" for one row of x where it fits (unless ``staged=False``),
-    else "every block" where it fits, else "separate"."""
-    if staged and m == 1 and w2a8_takes(m, n, k, "staged", sms=sms):
+    """Where step 23 quantises x by default: "staged" for one row of x where it fits (unless ``staged=False``)
+    and its launch needs no more waves than "every block"'s, else "every block" where it fits, else "separate".
+    Staged x holds K in 16 bits: where that leaves fewer blocks an SM than the grid needs, the second wave costs
+    more than the early copy of x saves."""
+    every = w2a8_takes(m, n, k, "every block", sms=sms)
+    if staged and m == 1 and w2a8_takes(m, n, k, "staged", sms=sms) and \
+            (not every or w2a8_waves(m, n, k, "staged", sms) <= w2a8_waves(m, n, k, "every block", sms)):
         return "staged"
-    return "every block" if w2a8_takes(m, n, k, "every block", sms=sms) else "separate"
+    return "every block" if every else "separate"
+
+
+def w2a8_waves(m: int, n: int, k: int, quantize: str, sms: Optional[int] = None) -> int:
+    """Waves of step 23's fused launch (x quantised in the matmul) over the SMs, by the blocks an SM holds."""
+    sms = sms or runtime.sm_count()
+    cfg = w2a8_config(m, n, k, sms, quantize=quantize)
+    grid = w2a8_grid(m, n, k, cfg, fused=True)[1]
+    per_sm = w2a8_blocks_per_sm(cfg, min(m, 8), triton.cdiv(k, GROUP_WEIGHTS_2BIT), staged=quantize == "staged")
+    return triton.cdiv(grid[0] * grid[1] * grid[2], sms * max(1, per_sm))
 
 
 @functools.lru_cache(maxsize=256)
