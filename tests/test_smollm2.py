@@ -9,7 +9,6 @@ errors that name them. The tests that need the 98 MB file skip, saying why, only
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import random
 import sys
@@ -296,7 +295,7 @@ def test_special_tokens_only_where_asked(tok):
     assert tok.decode([1, *tok.encode("user"), 2]) == "<|im_start|>user<|im_end|>"
 
 
-def test_chat_prompt_is_chatml(tok):
+def test_chat_prompt_is_chatml(tok, ckpt):
     assert tok.chat_prompt(QUESTION) == QUESTION_PROMPT
     ids = tok.encode_chat(QUESTION)
     assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 2 and tok.decode(ids) == QUESTION_PROMPT
@@ -305,10 +304,11 @@ def test_chat_prompt_is_chatml(tok):
     want = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
             "<|im_start|>assistant\nHello!<|im_end|>\n")
     assert tok.chat_prompt(convo, add_generation_prompt=False) == want
-    fallback = copy.copy(tok)  # no template in the file: the same ChatML by hand
-    fallback.chat_template = None
-    assert fallback.chat_prompt(QUESTION) == QUESTION_PROMPT
-    assert fallback.chat_prompt(convo, add_generation_prompt=False) == want
+    jinja2 = pytest.importorskip("jinja2.sandbox")  # the ChatML written by hand is what the file's template renders
+    template = jinja2.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+        ckpt.chat_template)
+    for messages, gen in ((QUESTION, True), (convo, False), ([], True)):
+        assert template.render(messages=messages, add_generation_prompt=gen) == tok.chat_prompt(messages, gen)
     with pytest.raises(TypeError, match="messages"):
         tok.chat_prompt("What is the capital of France?")
 
