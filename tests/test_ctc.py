@@ -2,6 +2,7 @@
 compiled code (PTX loads, registers). GPU: every step against the reference."""
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -454,6 +455,100 @@ def test_steps_7_to_10_compile_without_spills():
     assert "%ctaid.y" in side_by_side and "%ctaid.y" not in in_turn  # blockIdx.y picks alpha or beta
 
 
+def _code(ptx: str) -> str:
+    """One kernel's PTX without what names it: mangled names (the entry, its parameters, its shared arrays) and
+    branch labels made uniform; module-level declarations, comments and debug lines left out."""
+    lines = [line for line in ptx.splitlines()
+             if not re.match(r"\.(shared|global|const)\b|\s*//|\s*\.(loc|file)\b", line)]
+    return re.sub(r"\$L__BB\d+_", "$L__BB_", re.sub(r"_Z\w+", "_Z", "\n".join(lines)))
+
+
+@pytest.fixture(scope="module")
+def step07_parts():
+    """Step 7's recursion and its parts 7a and 7b (the knobs of ctc_block_recursion_knobs) at the smallest, the
+    benchmark's and the largest grain, and step 7's and 8's kernels spelled out with the knobs at their values."""
+    grains = (1, 3, 8)
+    names = [n for v in grains for part in (None, *ctc.fused.STEP07_PARTS)
+             for n in ctc.fused.fused_kernel_names(7, v, part) if "<" in n]
+    names += ["ctc_block_recursion<3, false>"]
+    knobbed = {f"ctc_block_recursion<3, {flag}>": f"ctc_block_recursion_knobs<3, {flag}, 3, "
+               f"{ctc.fused.PREFETCH_FRAMES}>" for flag in ("true", "false")}
+    names = list(dict.fromkeys(names + list(knobbed.values())))
+    return cuda.compile_source("ctc_step07_10_three_passes", arch="sm_90", name_expressions=names), names, knobbed
+
+
+def test_step07_parts_are_step_7s_kernel_with_knobs(step07_parts):
+    """7a and 7b launch instances of the one kernel template in step 7's source (no copy of the kernel): with the
+    knobs at step 7's values (alpha then beta in one kernel, PREFETCH frames ahead) it compiles to step 7's and step
+    8's recursion, instruction for instruction. Every part compiles without spills, as step 7 does; 7a's two launches
+    hold between them the barriers of 7b's one kernel, and 7b unrolls fewer frames than step 7 (no prefetch)."""
+    compiled, names, knobbed = step07_parts
+    assert {ctc.fused.source_of(n) for n in names} == {"ctc_step07_10_three_passes"}
+    source = cuda.read_source("ctc_step07_10_three_passes")
+    assert f"#define PREFETCH {ctc.fused.PREFETCH_FRAMES}\n" in source
+    assert source.count("void block_direction_rows(") == 1 and source.count("__global__ void ctc_block_recursion") == 2
+    for shipped, spelled in knobbed.items():
+        assert _code(compiled.ptx_function(shipped)) == _code(compiled.ptx_function(spelled)), shipped
+    report = compiled.ptxas_report()
+    assert {compiled.lowered_names[n] for n in names} <= set(report)
+    assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack_bytes"] == 0 for r in report.values())
+    for v in (1, 3, 8):
+        seven, a, b = (ctc.fused.fused_kernel_names(7, v, part)[1:-1] for part in (None, "7a", "7b"))
+        assert len(seven) == len(b) == 1 and len(a) == 2
+        bars = {k: sum(compiled.ptx_function(n).count("bar.sync") for n in names)
+                for k, names in (("7", seven), ("7a", a), ("7b", b))}
+        assert bars["7a"] == bars["7b"] < bars["7"], (v, bars)
+        assert all("%ctaid.y" not in compiled.ptx_function(n) for n in seven + a + b)
+
+
+def test_step07_parts_launch_alpha_then_beta():
+    """7a launches ctc_block_recursion_knobs twice, alpha's then beta's, between step 7's two passes; 7b once;
+    each with step 7's grid (N, 1), block and arguments."""
+    T, N, A = 5, 3, 7
+    batch = ctc.prepare_targets(torch.tensor([[1, 2], [3, 0], [2, 2]]), [5, 4, 5], [2, 1, 2], num_classes=A,
+                                max_time=T, device="cpu")
+    calls = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, grid, block, *args):
+            calls.append((self.name, grid, block, args))
+
+    saved = dict(ctc.fused._LAUNCH)
+    v, threads = ctc.fused.launch_shape(7, batch.max_positions)
+    out = {}
+    try:
+        for part in (None, *ctc.fused.STEP07_PARTS):
+            ctc.fused._LAUNCH[(7, v, part)] = [Fake(n) for n in ctc.fused.fused_kernel_names(7, v, part)]
+            calls.clear()
+            ctc.fused.launch(torch.randn(T, N, A), batch, torch.empty(N), torch.empty(T, N, A), False, 7, part)
+            out[part] = list(calls)
+    finally:
+        ctc.fused._LAUNCH.clear()
+        ctc.fused._LAUNCH.update(saved)
+    assert [c[0] for c in out["7a"]] == ["ctc_log_softmax_frames", f"ctc_block_recursion_knobs<{v}, true, 1, 0>",
+                                         f"ctc_block_recursion_knobs<{v}, true, 2, 0>", "ctc_grad_from_log_softmax"]
+    assert [c[0] for c in out["7b"]] == ["ctc_log_softmax_frames", f"ctc_block_recursion_knobs<{v}, true, 3, 0>",
+                                         "ctc_grad_from_log_softmax"]
+    recursion = out[None][1]
+    for name, grid, block, args in out["7a"][1:-1] + out["7b"][1:-1]:
+        assert grid == recursion[1] == (N, 1) and block == recursion[2] == (threads,)
+        assert len(args) == len(ctc.fused.SIGNATURES["ctc_block_recursion_knobs"]) == len(recursion[3])
+    for part in ctc.fused.STEP07_PARTS:  # the passes around the recursion are step 7's
+        assert [c[:3] for c in (out[part][0], out[part][-1])] == [c[:3] for c in (out[None][0], out[None][-1])]
+    with pytest.raises(ValueError, match="steps 12 and 13"):
+        ctc.fused.fused_kernel_names(8, 3, "7a")  # the parts are step 7's
+    assert set(ctc.fused.STEP07_FUNCTIONS) == set(ctc.fused.STEP07_PARTS)
+    x = torch.randn(4, 2, 5)
+    for function in ctc.fused.STEP07_FUNCTIONS.values():  # step 7's checks, before any launch
+        with pytest.raises(ValueError, match="must be a positive int|input_lengths"):
+            function(x, torch.tensor([[1], [2]]), [4, 9], [1, 1])
+        with pytest.raises(TypeError):
+            function(x, torch.tensor([[1], [2]]), [4, 4], [1, 1], recursion="7b")
+
+
 @pytest.fixture(scope="module")
 def recursions_at_v10():
     """Step 10's recursion and steps 11 and 12's (every option) for 32 x 10 positions, the benchmark's usual size."""
@@ -513,13 +608,18 @@ RECURSION_PREFETCH_SCALE = {o: ctc.fused.RECURSION_OPTIONS[o][0] // 4 for o in c
 # --------------------------------------------------------------------------------------
 
 def _run_on_gpu(x, targets, il, tl, step, zero_infinity=False, **kw):
+    if step == 6:
+        kw = {"warn": False, **kw}  # step 6's flag has tests of its own
+    return _run_function_on_gpu(ctc.CHAPTER.step(step).function, x, targets, il, tl, zero_infinity, **kw)
+
+
+def _run_function_on_gpu(function, x, targets, il, tl, zero_infinity=False, **kw):
+    """``function`` (a step's arguments) into poisoned outputs: it must write every entry of them."""
     T, N, A = x.shape
     out_loss = torch.full((N,), SENTINEL, device="cuda")
     out_grad = torch.full((T, N, A), SENTINEL, device="cuda")
-    if step == 6:
-        kw = {"warn": False, **kw}  # step 6's flag has tests of its own
-    loss, grad = ctc.CHAPTER.step(step).function(x.cuda(), targets.cuda(), il, tl, zero_infinity=zero_infinity,
-                                                 out_loss=out_loss, out_grad=out_grad, **kw)
+    loss, grad = function(x.cuda(), targets.cuda(), il, tl, zero_infinity=zero_infinity, out_loss=out_loss,
+                          out_grad=out_grad, **kw)
     torch.cuda.synchronize()
     assert loss.data_ptr() == out_loss.data_ptr() and grad.data_ptr() == out_grad.data_ptr()
     assert not (loss == SENTINEL).any() and not (grad == SENTINEL).any(), "outputs left unwritten"
@@ -641,6 +741,33 @@ def test_steps_7_to_11_give_the_same_bits_on_gpu(rng):
         out = {k: _run_on_gpu(xd, targets, il, tl, k, zero_infinity) for k in range(7, 12)}
         for k in (7, 8, 9, 11):
             assert _same_bits(out[k][0], out[10][0]) and _same_bits(out[k][1], out[10][1]), (k, tuple(x.shape))
+
+
+@pytest.mark.gpu
+def test_step07_parts_match_the_reference_and_step_7_on_gpu(rng):
+    """7a and 7b (step 7 taken apart) on fresh inputs at awkward sizes, empty targets and targets that cannot align
+    (with and without zero_infinity), rows not 16-byte aligned and benchmark-sized inputs, outputs poisoned first:
+    each agrees with the float64 reference and gives step 7's bits (two launches and no prefetch change where and
+    when the recursion runs, not its arithmetic)."""
+    cases = [random_case(rng, T, N, A, max_target=min(T, 40), repeats=A < 10) + (False, 0)
+             for T, N, A in [(1, 1, 2), (33, 7, 5), (61, 9, 37), (45, 5, 1001), (97, 3, 4999)]]
+    edge = (torch.randn(8, 5, 6, generator=rng), torch.tensor([[1, 1, 2, 0, 0, 0], [3, 3, 3, 3, 3, 0], [0] * 6,
+                                                              [1, 2, 3, 4, 5, 1], [2, 2, 2, 0, 0, 0]]),
+            [8, 8, 5, 4, 3], [3, 5, 0, 6, 3])  # repeats; 5 repeats in 8 frames; empty; too long; repeats too long
+    cases += [edge + (zero_infinity, 0) for zero_infinity in (False, True)]
+    cases.append(random_case(rng, 20, 3, 5000, max_target=10) + (False, 1))  # rows not 16-byte aligned
+    gen = torch.Generator().manual_seed(rng.seed_value)
+    cases += [_benchmark_sized(gen, A) + (False, 0) for A in ctc.BENCH_A]
+    for x, targets, il, tl, zero_infinity, offset in cases:
+        storage = torch.empty(x.numel() + offset, device="cuda")
+        xd = storage[offset:].view(x.shape)
+        xd.copy_(x)
+        seven = _run_on_gpu(xd, targets, il, tl, 7, zero_infinity)
+        ref_loss, ref_grad = ctc.reference_ctc(xd, targets, il, tl, zero_infinity=zero_infinity)
+        for part, function in ctc.fused.STEP07_FUNCTIONS.items():
+            loss, grad = _run_function_on_gpu(function, xd, targets, il, tl, zero_infinity)
+            assert_same(loss, grad, ref_loss, ref_grad, loss_tol=ctc.LOSS_TOLERANCE, grad_tol=ctc.GRAD_TOLERANCE)
+            assert _same_bits(loss, seven[0]) and _same_bits(grad, seven[1]), (part, tuple(x.shape), zero_infinity)
 
 
 @pytest.mark.gpu

@@ -37,10 +37,17 @@ DEFAULT_BLOCK_GRAIN = 4
 MAX_RECURSION_WARPS = 16
 #: Steps whose recursion runs alpha, then beta, on one block (7, 8) or one warp (9) per utterance: grid (N, 1).
 IN_TURN = (7, 8, 9)
+#: Frames of emissions step 7's recursion loads ahead of the one it computes (the kernels' ``PREFETCH``).
+PREFETCH_FRAMES = 4
+#: Step 7 taken apart, to time its three changes one at a time (``lab/ctc/step07_changes.py``): the recursion of each
+#: sub-step as (``ctc_block_recursion_knobs``'s launches, each a ``DIRECTIONS`` mask: 1 alpha, 2 beta, 3 both;
+#: frames of emissions prefetched, 0: loaded when needed). 7a: the gradient pass alone (alpha and beta two launches
+#: of one direction each, as step 5's); 7b: both in one kernel; step 7 adds the prefetch.
+STEP07_PARTS: dict[str, tuple[tuple[int, ...], int]] = {"7a": ((1, 2), 0), "7b": ((3,), 0)}
 #: The ``.cu`` file (in ``studylog/ctc/csrc``) of each kernel of steps 7 to 14.
 SOURCES = {**dict.fromkeys(("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_block_recursion",
-                            "ctc_warp_recursion_in_turn", "ctc_fused_recursion", "ctc_grad_from_log_softmax",
-                            "ctc_fused_grad"), "ctc_step07_10_three_passes"),
+                            "ctc_block_recursion_knobs", "ctc_warp_recursion_in_turn", "ctc_fused_recursion",
+                            "ctc_grad_from_log_softmax", "ctc_fused_grad"), "ctc_step07_10_three_passes"),
            "ctc_branchless_recursion": "ctc_step11_12_branch_free",
            "ctc_stats_softmax": "ctc_step13_two_passes", "ctc_target_grad": "ctc_step13_two_passes",
            "ctc_warps_recursion": "ctc_step14_warps"}
@@ -48,7 +55,8 @@ SOURCES = {**dict.fromkeys(("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_bl
 _SIG_RECURSION = ["ptr"] * 6 + ["i32"] * 3
 #: Signature of each kernel, by name without template arguments.
 SIGNATURES = {"ctc_log_softmax_frames": ["ptr"] * 3 + ["i32"] * 3, "ctc_fused_stats": ["ptr"] * 6 + ["i32"] * 5,
-              "ctc_block_recursion": _SIG_RECURSION + ["i32"], "ctc_warp_recursion_in_turn": _SIG_RECURSION,
+              "ctc_block_recursion": _SIG_RECURSION + ["i32"], "ctc_block_recursion_knobs": _SIG_RECURSION + ["i32"],
+              "ctc_warp_recursion_in_turn": _SIG_RECURSION,
               "ctc_fused_recursion": _SIG_RECURSION, "ctc_branchless_recursion": _SIG_RECURSION,
               "ctc_grad_from_log_softmax": ["ptr"] * 12 + ["i32"] * 8, "ctc_fused_grad": ["ptr"] * 13 + ["i32"] * 8,
               "ctc_stats_softmax": ["ptr"] * 7 + ["i32"] * 5, "ctc_target_grad": ["ptr"] * 13 + ["i32"] * 7,
@@ -80,13 +88,19 @@ def recursion_name(v: int, option: str | None = None) -> str:
     return f"ctc_branchless_recursion<{v}, {prefetch}, {str(ftz).lower()}, {str(redux).lower()}>"
 
 
-def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple[str, str, str]:
+def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple[str, ...]:
     """(first pass, recursion, last pass) of steps 7 to 14 with ``v`` positions per thread (steps 7, 8 and 14) or
-    lane; ``recursion``: the recursion option of steps 12 and 13."""
-    if recursion is not None and step not in (12, 13):
+    lane; ``recursion``: the recursion option of steps 12 and 13, or a key of ``STEP07_PARTS`` for step 7 (7a: two
+    recursion kernels, alpha's then beta's)."""
+    part = step == 7 and recursion in STEP07_PARTS
+    if recursion is not None and step not in (12, 13) and not part:
         raise ValueError(f"step {step} has one recursion; recursion options apply to steps 12 and 13")
     if step in (7, 8):  # step 5's block, ``v`` positions per thread; step 7 gathers from the log-softmax
         checks.check_choice("positions per thread", v, THREAD_GRAINS)
+        if part:
+            launches, depth = STEP07_PARTS[recursion]
+            knobs = (f"ctc_block_recursion_knobs<{v}, true, {d}, {depth}>" for d in launches)
+            return "ctc_log_softmax_frames", *knobs, "ctc_grad_from_log_softmax"
         if step == 7:
             return "ctc_log_softmax_frames", f"ctc_block_recursion<{v}, true>", "ctc_grad_from_log_softmax"
         return "ctc_fused_stats", f"ctc_block_recursion<{v}, false>", "ctc_fused_grad"
@@ -111,9 +125,10 @@ def _wanted(names) -> list[tuple[str, list[str]]]:
     return [(n, SIGNATURES[n.split("<")[0]]) for n in names]
 
 
-def preload_fused(step: int, grains) -> None:
-    """Compile ``grains`` of steps 7 to 14 (default recursions), one NVRTC call per source."""
-    names = list(dict.fromkeys(n for v in grains for n in fused_kernel_names(step, v)))
+def preload_fused(step: int, grains, recursions=(None,)) -> None:
+    """Compile ``grains`` of steps 7 to 14 (``recursions``: None for the default, or ``fused_kernel_names``'s
+    options), one NVRTC call per source."""
+    names = list(dict.fromkeys(n for v in grains for r in recursions for n in fused_kernel_names(step, v, r)))
     for source in dict.fromkeys(source_of(n) for n in names):
         kernels(source, _wanted(n for n in names if source_of(n) == source))
 
@@ -164,7 +179,7 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     key = (step, v, recursion)
     if key not in _LAUNCH:
         _LAUNCH[key] = [kernels(source_of(n), _wanted([n]))[0] for n in fused_kernel_names(step, v, recursion)]
-    first, recursion_kernel, last = _LAUNCH[key]
+    first, *recursion_kernels, last = _LAUNCH[key]  # step 7a: two recursion kernels, alpha's then beta's
     vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
     threads = 64 if A <= 512 else 256  # a frame of A activations per block
     buffer, addresses = workspace_addresses(x.device, scratch_sizes(step, T, N, A, lmax, row_stride), scratch)
@@ -182,8 +197,9 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
               T, N, A, lmax, vectorised)
         last_reads = (x, row_lse, emissions, rows, row_shift, input_lengths, target_lengths)
     block_recursion = (A,) if step in (7, 8) else ()  # their block recursion: step 7's gathers from the log-softmax
-    recursion_kernel(grid, (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows, row_shift,
-                     T, N, lmax, *block_recursion)
+    for recursion_kernel in recursion_kernels:  # in order on the stream
+        recursion_kernel(grid, (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows,
+                         row_shift, T, N, lmax, *block_recursion)
     if step >= 13:  # the last pass corrects the target's classes in the softmax the first wrote
         last((T * N,), (64 if smax <= 256 else 128,), *last_reads, *slots, grad, loss, T, N, A, lmax, umax, row_stride,
              int(zero_infinity))
@@ -209,6 +225,32 @@ def step07_gradient_pass(
     on a block per utterance (step 5's grain and block size) and write every row. The first pass writes the
     log-softmax, as steps 1 to 6 do. Arguments as :func:`step01_baseline`."""
     return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+
+
+def step07a_gradient_pass_two_launches(
+    activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
+    target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
+    out_grad: Float[Tensor, "t n a"] | None = None,
+) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
+    """Step 7's first change alone (not a step of the chapter: ``lab/ctc/step07_changes.py`` times it): step 5 with
+    the gradient a pass of its own, as step 7's; alpha and beta stay two launches of one direction each, a frame's
+    emissions loaded when its update needs them. Arguments as :func:`step07_gradient_pass`."""
+    return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad, "7a")
+
+
+def step07b_one_kernel(
+    activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
+    target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
+    out_grad: Float[Tensor, "t n a"] | None = None,
+) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
+    """Step 7a with alpha, then beta, in one kernel: step 7 without its emissions prefetched ``PREFETCH_FRAMES``
+    frames ahead (not a step of the chapter: ``lab/ctc/step07_changes.py`` times it). Arguments as
+    :func:`step07_gradient_pass`."""
+    return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad, "7b")
+
+
+#: Step 5 to step 7 one change at a time: the functions of 7a and 7b, by the key of ``STEP07_PARTS``.
+STEP07_FUNCTIONS = {"7a": step07a_gradient_pass_two_launches, "7b": step07b_one_kernel}
 
 
 def step08_fused_softmax(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
@@ -297,5 +339,7 @@ def ctc_loss(
 
 cuda.declare_instances(SOURCES["ctc_block_recursion"], [n for step in (7, 8, 9, 10) for n in fused_kernel_names(step, 2)
                                                         if "<" in n])
+cuda.declare_instances(SOURCES["ctc_block_recursion"], [n for part in STEP07_PARTS
+                                                        for n in fused_kernel_names(7, 2, part) if "<" in n])
 cuda.declare_instances(SOURCES["ctc_branchless_recursion"], [recursion_name(10, o) for o in RECURSION_OPTIONS])
 cuda.declare_instances(SOURCES["ctc_warps_recursion"], [f"ctc_warps_recursion<{v}>" for v in BLOCK_GRAINS])

@@ -85,10 +85,11 @@ __device__ __forceinline__ float position_emission(const float* __restrict__ emi
     }
 }
 
-template <int G, bool BACKWARD, bool LOG_SOFTMAX>
-__device__ __forceinline__ void block_direction(RECURSION_PARAMS, int A) {
-    __shared__ float row[2][MAX_SHARED_POSITIONS];  // row[k & 1]: the row of the k-th frame computed
-    __shared__ float warp_maxima[2][32];             // [k & 1][w]: warp w's maximum of that row
+// row[k & 1]: the row of the k-th frame computed; warp_maxima[k & 1][w]: warp w's maximum of that row. DEPTH: frames
+// of emissions loaded ahead (PREFETCH in steps 7 and 8), or 0: a frame's emissions loaded by its own update.
+template <int G, bool BACKWARD, bool LOG_SOFTMAX, int DEPTH>
+__device__ __forceinline__ void block_direction_rows(float (&row)[2][MAX_SHARED_POSITIONS], float (&warp_maxima)[2][32],
+                                                     RECURSION_PARAMS, int A) {
     const int n = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
     const int Tn = __ldg(input_lengths + n);
     const int L = __ldg(target_lengths + n);
@@ -119,26 +120,36 @@ __device__ __forceinline__ void block_direction(RECURSION_PARAMS, int A) {
     float* out_rows = rows + ((size_t)(BACKWARD ? N + n : n) * T) * stride;
     double* out_shift = row_shift + (size_t)(BACKWARD ? N + n : n) * T;
 
-    float e[PREFETCH][G];  // each position's emission of the frame in each prefetch slot
+    constexpr int SLOTS = DEPTH > 0 ? DEPTH : 1;
+    float e[SLOTS][G];  // each position's emission of the frame in each prefetch slot
+    if constexpr (DEPTH > 0) {
 #pragma unroll
-    for (int p = 0; p < PREFETCH; ++p) {
-        const int t = BACKWARD ? Tn - 1 - p : p;
+        for (int p = 0; p < DEPTH; ++p) {
+            const int t = BACKWARD ? Tn - 1 - p : p;
 #pragma unroll
-        for (int i = 0; i < G; ++i) {
-            e[p][i] = position_emission<LOG_SOFTMAX>(emissions, lab, t, n, T, N, A, Lmax, tid + i * blockDim.x,
-                                                     p < Tn && ((valid >> i) & 1));
+            for (int i = 0; i < G; ++i) {
+                e[p][i] = position_emission<LOG_SOFTMAX>(emissions, lab, t, n, T, N, A, Lmax, tid + i * blockDim.x,
+                                                         p < Tn && ((valid >> i) & 1));
+            }
         }
     }
     __syncthreads();
 
     double shift = 0.0;
-    for (int k0 = 0; k0 < Tn; k0 += PREFETCH) {
+    for (int k0 = 0; k0 < Tn; k0 += SLOTS) {
 #pragma unroll
-        for (int p = 0; p < PREFETCH; ++p) {
+        for (int p = 0; p < SLOTS; ++p) {
             const int k = k0 + p;
             if (k < Tn) {  // the same for the whole block
                 const int t = BACKWARD ? Tn - 1 - k : k;
                 const int b = k & 1;
+                if constexpr (DEPTH == 0) {  // the frame's emissions, loaded when its update needs them
+#pragma unroll
+                    for (int i = 0; i < G; ++i) {
+                        e[p][i] = position_emission<LOG_SOFTMAX>(emissions, lab, t, n, T, N, A, Lmax,
+                                                                 tid + i * blockDim.x, (valid >> i) & 1);
+                    }
+                }
                 const float* prev = row[b ^ 1];
                 const float prev_max = row_max(warp_maxima[b ^ 1], nwarps);  // 0 when the row is all -inf
                 float local = NEG_INF;
@@ -165,8 +176,8 @@ __device__ __forceinline__ void block_direction(RECURSION_PARAMS, int A) {
                 if (tid == 0) out_shift[t] = shift;
                 local = warp_max(local);
                 if (lane == 0) warp_maxima[b][warp] = local;
-                const int kn = k + PREFETCH;  // refill this slot with the frame PREFETCH steps ahead
-                if (kn < Tn) {
+                const int kn = k + DEPTH;  // refill this slot with the frame DEPTH steps ahead
+                if (DEPTH > 0 && kn < Tn) {
                     const int tn = BACKWARD ? Tn - 1 - kn : kn;
 #pragma unroll
                     for (int i = 0; i < G; ++i) {
@@ -180,6 +191,21 @@ __device__ __forceinline__ void block_direction(RECURSION_PARAMS, int A) {
     }
 }
 
+// One direction with shared rows of its own, emissions prefetched PREFETCH frames ahead (block_direction) or DEPTH.
+template <int G, bool BACKWARD, bool LOG_SOFTMAX>
+__device__ __forceinline__ void block_direction(RECURSION_PARAMS, int A) {
+    __shared__ float row[2][MAX_SHARED_POSITIONS];
+    __shared__ float warp_maxima[2][32];
+    block_direction_rows<G, BACKWARD, LOG_SOFTMAX, PREFETCH>(row, warp_maxima, RECURSION_ARGS, A);
+}
+
+template <int G, bool BACKWARD, bool LOG_SOFTMAX, int DEPTH>
+__device__ __forceinline__ void block_direction_at(RECURSION_PARAMS, int A) {
+    __shared__ float row[2][MAX_SHARED_POSITIONS];
+    __shared__ float warp_maxima[2][32];
+    block_direction_rows<G, BACKWARD, LOG_SOFTMAX, DEPTH>(row, warp_maxima, RECURSION_ARGS, A);
+}
+
 // Steps 7 and 8: grid (N, 1), block 32 W threads (enough for S at G positions each): alpha, then beta. The two
 // directions are two instantiations of block_direction, each with shared rows of its own, so beta's first
 // writes cannot meet alpha's last reads. emissions: the log-softmax for step 7 (LOG_SOFTMAX), else the emissions.
@@ -187,6 +213,15 @@ template <int G, bool LOG_SOFTMAX>
 __global__ void ctc_block_recursion(RECURSION_PARAMS, int A) {
     block_direction<G, false, LOG_SOFTMAX>(RECURSION_ARGS, A);
     block_direction<G, true, LOG_SOFTMAX>(RECURSION_ARGS, A);
+}
+
+// Step 7's recursion with two of its changes as knobs, to time them one at a time (studylog.ctc.fused: steps 7a
+// and 7b). DIRECTIONS: 1 alpha, 2 beta, 3 alpha then beta in one kernel (ctc_block_recursion); DEPTH: frames of
+// emissions prefetched (0: loaded when needed). <G, LOG_SOFTMAX, 3, PREFETCH> is ctc_block_recursion<G, LOG_SOFTMAX>.
+template <int G, bool LOG_SOFTMAX, int DIRECTIONS, int DEPTH>
+__global__ void ctc_block_recursion_knobs(RECURSION_PARAMS, int A) {
+    if constexpr ((DIRECTIONS & 1) != 0) block_direction_at<G, false, LOG_SOFTMAX, DEPTH>(RECURSION_ARGS, A);
+    if constexpr ((DIRECTIONS & 2) != 0) block_direction_at<G, true, LOG_SOFTMAX, DEPTH>(RECURSION_ARGS, A);
 }
 
 // The update of a frame: the lane's V positions from the old row r (prev_max: its maximum, subtracted), the
