@@ -30,7 +30,6 @@ from typing import Any, Callable, Iterable
 import torch
 
 from studylog import runtime
-
 from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
 from studylog.paths import REPO_ROOT
 
@@ -44,8 +43,7 @@ CPU_REFUSAL = (
 @contextlib.contextmanager
 def collector_paused():
     """Python's cyclic garbage collector off inside the block (after one collection), as ``timeit`` runs: a full
-    collection over chapter 1's grammars takes tens of milliseconds and would land in whichever timed repetition it
-    fell in. Host clocks are taken inside this block; GPU clocks never see the host."""
+    collection over chapter 1's grammars takes tens of milliseconds and would land in a timed repetition."""
     was_on = gc.isenabled()
     gc.collect()
     gc.disable()
@@ -66,8 +64,8 @@ def gpu_slug(name: str) -> str:
 
 
 def write_lab_output(folder: Path, gpu_name: str, name: str, data: Any) -> Path:
-    """Write an experiment's output as JSON to ``folder/<gpu slug>/<name>.json`` (the layout
-    :func:`studylog.plotting.load_lab` reads under ``lab/<chapter>/results/``) and return its path."""
+    """Write ``data`` as JSON to ``folder/<gpu slug>/<name>.json`` (the layout :func:`studylog.plotting.load_lab`
+    reads) and return its path."""
     path = Path(folder) / gpu_slug(gpu_name) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -75,8 +73,8 @@ def write_lab_output(folder: Path, gpu_name: str, name: str, data: Any) -> Path:
 
 
 def git_commit() -> str:
-    """The commit being measured: ``$STUDYLOG_COMMIT`` when set (a working tree copied to another GPU
-    machine may carry no ``.git``, or a stale one), else git, else ``"unknown"``."""
+    """The commit being measured: ``$STUDYLOG_COMMIT`` when set (a copied working tree may carry no ``.git``),
+    else git, else ``"unknown"``."""
     if os.environ.get("STUDYLOG_COMMIT"):
         return os.environ["STUDYLOG_COMMIT"]
 
@@ -162,15 +160,10 @@ class Timing:
         """[min, median, max]."""
         return [min(self.samples), self.median, max(self.samples)]
 
-    @property
-    def relative_spread(self) -> float:
-        """(max - min) / median."""
-        return (max(self.samples) - min(self.samples)) / self.median
-
 
 def failed_checks(data: dict[str, Any], *, peers: bool = False) -> list[dict[str, Any]]:
-    """The failed checks of a results file (its ``measurements`` and ``checks``): of our own kernels, or with
-    ``peers`` those of a peer's output: flagged ``peer``, or named after a series whose role is ``"peer"``."""
+    """The failed checks of a results file: of our own kernels, or with ``peers`` of a peer's output (flagged
+    ``peer``, or named after a series whose role is ``"peer"``)."""
     peer_series = {r["series"] for r in data.get("measurements", []) if r.get("role") == "peer"}
 
     def of_peer(c: dict[str, Any]) -> bool:
@@ -199,11 +192,9 @@ class BenchRun:
         launch = empty_launch()
         self.empty_launch_ms = self.time(launch)
         self.empty_launch_host = self.host_time(launch)
-        #: An empty kernel's GPU time (graph-replayed): the least any kernel costs on the GPU clock, the floor
-        #: under a kernel that moves few bytes.
+        #: An empty kernel's GPU time: the least any kernel costs on the GPU clock.
         self.empty_launch_gpu = self.gpu_time(lambda: [launch])
 
-    # -- timing --------------------------------------------------------------------------
     def time(self, fn: Callable[[], Any], *, warmup: int = 25, rep: int = 100) -> float:
         """Median time of ``fn()`` in milliseconds (``triton.testing.do_bench``, whose ``warmup`` and ``rep`` are
         milliseconds too)."""
@@ -249,8 +240,8 @@ class BenchRun:
         return float(statistics.median(spans))
 
     def rotation(self, nbytes: int) -> int:
-        """How many copies of an input of ``nbytes`` to rotate among so that each call finds its copy
-        out of L2: together at least four times the L2 cache (at least one)."""
+        """How many copies of an input of ``nbytes`` to rotate among so that each call finds its copy out of L2:
+        together at least four times the L2 cache."""
         l2 = self.device.get("l2_cache_bytes") or 64 * 2**20
         return max(1, -(-4 * l2 // max(int(nbytes), 1)))
 
@@ -263,13 +254,10 @@ class BenchRun:
 
     def graph_time(self, calls: list[Callable[[], Any]], *, min_calls: int = 60, reps: int = 15,
                    samples: bool = False) -> float | list[float]:
-        """Median GPU time per call, in milliseconds, of ``calls`` replayed in a CUDA graph, as a serving engine runs
-        decode steps: no host in the loop; the launches the GPU makes between kernels are in it.
-
-        ``calls`` are one call on different copies of its large input (:meth:`rotation`), so each reads its copy from
-        DRAM; small inputs stay in L2. The graph holds them in turn, at least ``min_calls`` in all; each replay
-        follows a 256 MB memset, so the host's launch overlaps the GPU's work. Calls must be graph-safe (no host
-        synchronisation). With ``samples``: every replay's time per call instead of their median."""
+        """Median GPU time per call, in milliseconds, of ``calls`` replayed in a CUDA graph (no host in the loop), as a
+        serving engine runs decode steps. ``calls`` are one graph-safe call on copies of its large input
+        (:meth:`rotation`), held in turn, at least ``min_calls`` in all; each replay follows a 256 MB memset, so the
+        host's launch overlaps the GPU's work. With ``samples``: every replay's time per call."""
         if not calls:
             raise ValueError("graph_time needs at least one call")
         sequence = calls * -(-min_calls // len(calls))
@@ -294,18 +282,14 @@ class BenchRun:
 
     def gpu_time(self, make_calls: Callable[[], list[Callable[[], Any]]], *, repeats: int = 3,
                  min_calls: int = 60, reps: int = 15) -> "Timing":
-        """The headline clock: :meth:`graph_time` in ``repeats`` independent repetitions, each with the
-        calls ``make_calls()`` returns (build fresh inputs, and their rotated copies, in it) and a graph
-        of its own. Returns the minimum, median and maximum of the repetitions' medians."""
-        # one repetition's calls (and their inputs) are freed before the next one's are made
+        """The headline clock: :meth:`graph_time` in ``repeats`` independent repetitions, each with fresh calls
+        (and inputs) from ``make_calls()``, freed before the next one's are made, and a graph of its own."""
         return Timing.of([self.graph_time(make_calls(), min_calls=min_calls, reps=reps) for _ in range(repeats)],
                          clock="gpu")
 
     def host_time(self, fn: Callable[[], Any], *, calls: int = 200, repeats: int = 3) -> "Timing":
-        """Host time per call, in milliseconds: ``calls`` back-to-back Python calls of ``fn`` with no
-        synchronisation, divided by ``calls``; ``repeats`` repetitions (min, median, max), with Python's
-        garbage collector paused (:func:`collector_paused`). The GPU works behind the host meanwhile; a host
-        time above the GPU time means the host bounds the step."""
+        """Host time per call, in milliseconds: ``calls`` back-to-back calls of ``fn`` with no synchronisation, in
+        ``repeats`` repetitions, the garbage collector paused. A host time above the GPU time: the host bounds it."""
         fn()
         torch.cuda.synchronize()
         samples = []
@@ -323,7 +307,6 @@ class BenchRun:
         """Time to move ``nbytes`` through device memory at the copy bandwidth measured in this run."""
         return nbytes / (self.copy_bandwidth_gbs * 1e9) * 1e3
 
-    # -- recording -----------------------------------------------------------------------
     def record(self, series: str, ms: "float | Timing", *, params: dict[str, Any], role: str = "kernel",
                floor_ms: float | None = None, clock: str | None = None, host: "Timing | None" = None,
                **extra: Any) -> dict[str, Any]:
@@ -354,17 +337,15 @@ class BenchRun:
                 role: str = "kernel", host: Callable[[], Any] | None = None, floor_ms: float | None = None,
                 repeats: int = 3, min_calls: int = 60, reps: int = 15, host_calls: int = 200,
                 **extra: Any) -> dict[str, Any]:
-        """Time a series by the policy: its GPU time (:meth:`gpu_time` of ``make_calls``; ``min_calls`` calls a
-        graph, ``reps`` replays a repetition) and, when ``host`` is given (the public call a user makes,
-        eager), its host time per call (``host_calls`` back-to-back calls); record both."""
+        """Time a series by the policy and record it: its GPU time (:meth:`gpu_time` of ``make_calls``) and, when
+        ``host`` is given (the public call a user makes, eager), its host time per call."""
         timing = self.gpu_time(make_calls, repeats=repeats, min_calls=min_calls, reps=reps)
         host_timing = self.host_time(host, calls=host_calls) if host is not None else None
         return self.record(series, timing, params=params, role=role, floor_ms=floor_ms, host=host_timing, **extra)
 
     def check(self, name: str, passed: bool, *, params: dict[str, Any] | None = None, **detail: Any) -> bool:
-        """Record a correctness check made on a benchmark input. A failure fails the run, unless the check is of a
-        peer's output (``peer=True``, or a name that starts with a peer series): that is a finding about the peer,
-        kept in the JSON and printed (see :func:`failed_checks`)."""
+        """Record a correctness check made on a benchmark input. A failure fails the run, unless it is of a peer's
+        output (see :func:`failed_checks`): a finding about the peer, kept in the JSON and printed."""
         self.checks.append({"name": name, "passed": bool(passed), "params": params or {}, **detail})
         return bool(passed)
 
@@ -377,7 +358,6 @@ class BenchRun:
 
         return tqdm(iterable, desc=f"{self.chapter}: {desc}", total=total, leave=False, file=sys.stderr)
 
-    # -- output --------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
             "chapter": self.chapter, "device": self.device, "versions": versions(),
@@ -395,8 +375,7 @@ class BenchRun:
 
 
 def empty_launch() -> Callable[[], None]:
-    """A launch of a Triton kernel that does nothing (one program), compiled: the least a Python call of a
-    Triton kernel can cost the host."""
+    """A compiled launch of a Triton kernel that does nothing: the least a call of a Triton kernel costs the host."""
     import triton
     import triton.language as tl
 
@@ -412,10 +391,9 @@ def empty_launch() -> Callable[[], None]:
 
 
 def read_only(t: torch.Tensor, sink: torch.Tensor | None = None) -> Callable[[], None]:
-    """A launch of ``read_only`` (csrc/read_only.cu) over ``t``'s bytes: the time a kernel that only
-    reads them takes, the floor under any kernel that must read them once (setup and the first bytes'
-    latency included, which the bandwidth floor leaves out). The kernel writes ``sink[0]`` (an int32)
-    only where a thread's XOR of its 16-byte pieces is 0x9E3779B9 (a test plants one)."""
+    """A launch of ``read_only`` (csrc/read_only.cu) over ``t``'s bytes: the floor under any kernel that must read
+    them once, setup and first bytes' latency included. It writes ``sink[0]`` (int32) only where a thread's XOR of
+    its 16-byte pieces is 0x9E3779B9 (a test plants one)."""
     from studylog import cuda
 
     if not t.is_cuda or not t.is_contiguous() or t.numel() * t.element_size() % 16 or t.data_ptr() % 16:

@@ -86,11 +86,8 @@ class CompiledSource:
     lowered_names: dict[str, str] = field(default_factory=dict)
 
     def ptxas_report(self) -> dict[str, dict[str, int]]:
-        """Registers, stack frame and spills per kernel, parsed from ptxas' ``-v`` report.
-
-        Keys are (mangled) kernel names; values hold ``registers``, ``stack_bytes``,
-        ``spill_stores`` and ``spill_loads``. Empty for PTX-only (``compute_XX``) targets.
-        """
+        """Per (mangled) kernel name, ``registers``, ``stack_bytes``, ``spill_stores`` and ``spill_loads`` from
+        ptxas' ``-v`` report; empty for PTX-only (``compute_XX``) targets."""
         report: dict[str, dict[str, int]] = {}
         current = None
         for line in self.log.splitlines():
@@ -154,13 +151,9 @@ def _include_dirs() -> list[str]:
 
 def compile_source(source: str | Path, *, arch: str = DEFAULT_ARCH, options: Sequence[str] = (),
                    name_expressions: Sequence[str] = (), name: str | None = None) -> CompiledSource:
-    """Compile CUDA C++ with NVRTC.
-
-    ``source`` is source text, or a path / name of a file in ``studylog/csrc``.
-    ``arch`` is ``sm_XX`` (PTX + cubin + ptxas report) or ``compute_XX`` (PTX only).
-    ``name_expressions`` are C++ names (such as template instances ``"kernel<float, 3>"``)
-    whose mangled names should be recorded in :attr:`CompiledSource.lowered_names`.
-    """
+    """Compile CUDA C++ with NVRTC: ``source`` is text, or a path or name of a file in a ``csrc`` folder; ``arch``
+    is ``sm_XX`` (PTX, cubin and ptxas report) or ``compute_XX`` (PTX only); ``name_expressions`` are C++ names
+    (template instances such as ``"kernel<float, 3>"``) whose mangled names go to ``lowered_names``."""
     text, default_name = _resolve(source)
     name = name or default_name
     if not re.fullmatch(r"(sm|compute)_\d+a?", arch):
@@ -188,15 +181,15 @@ def compile_source(source: str | Path, *, arch: str = DEFAULT_ARCH, options: Seq
 
 
 def compile_cache_dir() -> Path | None:
-    """Where compiled sources are kept between processes (the tests, the notebooks and the book compile
-    the same sources): ``$STUDYLOG_NVRTC_CACHE``, else ``~/.cache/studylog/nvrtc``; ``off`` keeps none."""
+    """Where compiled sources are kept between processes: ``$STUDYLOG_NVRTC_CACHE``, else
+    ``~/.cache/studylog/nvrtc``; ``off`` keeps none."""
     folder = os.environ.get("STUDYLOG_NVRTC_CACHE", str(Path.home() / ".cache" / "studylog" / "nvrtc"))
     return None if folder == "off" else Path(folder)
 
 
 def _cache_file(text: str, name: str, arch: str, options: Sequence[str], name_expressions: Sequence[str]):
-    """The cache entry of one compile: keyed by everything NVRTC sees (the source, every header of
-    ``csrc``, the options and include folders, NVRTC's version), so an edit anywhere compiles anew."""
+    """The cache entry of one compile, keyed by everything NVRTC sees (source, every ``.cuh``, options, include
+    folders, NVRTC's version), so an edit anywhere compiles anew."""
     folder = compile_cache_dir()
     if folder is None:
         return None
@@ -223,29 +216,25 @@ def _compile(text: str, name: str, arch: str, options: Sequence[str],
         opts += list(options)
         encoded = [o.encode() for o in opts]
         (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
-        # NVRTC writes into the buffers it is given: they must be mutable and our own (b" " * 1 is Python's
-        # shared b" ", which NVRTC would overwrite for the whole process)
-        size = _check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        log = bytearray(size)
-        _check_nvrtc((nvrtc.nvrtcGetProgramLog(prog, log)[0], None), "log")
-        log_text = log.decode(errors="replace").rstrip("\x00").strip()
+
+        def output(get_size, get, what: str) -> bytes:
+            # NVRTC writes into the buffer it is given: it must be mutable and our own (b" " * 1 is Python's
+            # shared b" ", which NVRTC would overwrite for the whole process)
+            buffer = bytearray(_check_nvrtc(get_size(prog), f"{what} size"))
+            _check_nvrtc((get(prog, buffer)[0], None), what)
+            return bytes(buffer)
+
+        log_text = output(nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, "log").decode(
+            errors="replace").rstrip("\x00").strip()
         if compile_err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CudaCompileError(f"NVRTC could not compile {name} for {arch}:\n{log_text}")
-        size = _check_nvrtc(nvrtc.nvrtcGetPTXSize(prog), "PTX size")
-        ptx = bytearray(size)
-        _check_nvrtc((nvrtc.nvrtcGetPTX(prog, ptx)[0], None), "PTX")
-        cubin = None
-        if arch.startswith("sm_"):
-            size = _check_nvrtc(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-            cubin = bytearray(size)
-            _check_nvrtc((nvrtc.nvrtcGetCUBIN(prog, cubin)[0], None), "cubin")
-            cubin = bytes(cubin)
-        lowered = {}
-        for expr in name_expressions:
-            lowered[expr] = _check_nvrtc(nvrtc.nvrtcGetLoweredName(prog, expr.encode()), "lowered name").decode()
+        ptx = output(nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "PTX").decode().rstrip("\x00")
+        cubin = output(nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, "cubin") if arch.startswith("sm_") else None
+        lowered = {expr: _check_nvrtc(nvrtc.nvrtcGetLoweredName(prog, expr.encode()), "lowered name").decode()
+                   for expr in name_expressions}
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return CompiledSource(name, arch, ptx.decode().rstrip("\x00"), cubin, log_text, lowered)
+    return CompiledSource(name, arch, ptx, cubin, log_text, lowered)
 
 
 # Loading and launching on the GPU
@@ -285,15 +274,14 @@ def _ensure_context(device_index: int) -> None:
 
 
 def _current_stream_handle() -> int:
-    """Torch's current stream as a raw handle; the private call Triton also uses is a few microseconds
-    cheaper per launch than building a ``torch.cuda.Stream`` object."""
+    """Torch's current stream as a raw handle (the private call Triton uses: microseconds cheaper per launch)."""
     return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
 
 
 class CudaKernel:
     """One ``__global__`` function, launched on torch tensors on torch's current stream. The argument block is built
-    once per kernel and a launch only packs values into it (a launch's host cost matters for kernels of a few
-    microseconds); the driver copies the arguments during ``cuLaunchKernel``, so reusing the block is safe."""
+    once and a launch only packs values into it (the driver copies them during ``cuLaunchKernel``): a launch's host
+    cost matters for kernels of a few microseconds."""
 
     def __init__(self, module: "CudaModule", name: str, function, signature: Sequence[str]):
         unknown = [s for s in signature if s not in ARG_TYPES]
@@ -313,10 +301,9 @@ class CudaKernel:
     def __call__(self, grid, block, *args, shared_mem: int = 0, stream: torch.cuda.Stream | None = None,
                  early: bool = False, cluster: int | None = None) -> None:
         """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (Hopper): the kernel may start
-        once the previous kernel in the stream has run ``griddepcontrol.launch_dependents`` in every block, and must
-        run ``griddepcontrol.wait`` before it reads what that kernel writes. ``cluster``: blocks ``cluster`` at a
-        time along x form a thread block cluster (at most 8, dividing grid x). A kernel that uses cluster barriers
-        needs a cluster launch, a cluster of 1 included: without one it can deadlock."""
+        once the previous one has run ``griddepcontrol.launch_dependents`` in every block, and must run
+        ``griddepcontrol.wait`` before reading what it writes. ``cluster``: blocks ``cluster`` at a time along x form a
+        thread block cluster; a kernel that uses cluster barriers needs one (of 1 too), or it can deadlock."""
         if len(args) != len(self.signature):
             raise TypeError(f"{self.name} takes {len(self.signature)} arguments ({self.signature}), got {len(args)}")
         grid = tuple(grid) + (1,) * (3 - len(grid))
@@ -355,8 +342,8 @@ class CudaKernel:
             _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
 
     def _launch_config(self, grid, block, shared_mem: int, cu_stream, early: bool, cluster: int | None):
-        """The configuration of an early or clustered launch, built once per shape and stream (building
-        it costs more than the launch)."""
+        """The configuration of an early or clustered launch, built once per shape and stream (it costs more than
+        the launch)."""
         key = (grid, block, shared_mem, int(cu_stream), early, cluster)
         cache = self._launch_configs
         if key not in cache:

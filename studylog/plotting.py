@@ -1,8 +1,7 @@
 """Read the committed benchmark JSON: a chapter's results, an experiment's output, and the chapters' headline rows.
 
-Notebooks never time anything on the CPU: they load the results a GPU run wrote under
-``assets/bench/<gpu-name>/<chapter>.json`` and say on which GPU and date they were measured. The figures and the
-tables drawn from them are the book's (``book.plotting``, ``book/<chapter>/figures.py``).
+Notebooks never time anything on the CPU: they load what a GPU run wrote under ``assets/bench/<gpu>/<chapter>.json``
+and say on which GPU and date it was measured. The figures drawn from them are the book's (``book.plotting``).
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ class Results:
         return self.data["date"][:10]
 
     def caption(self) -> str:
-        """``Measured on <GPU> on <date> (torch ..., triton ...; copy bandwidth ...)``: the commit and the
-        command stay in the file."""
+        """``Measured on <GPU> on <date> (torch ..., triton ...; copy bandwidth ...)``."""
         v = self.data["versions"]
         return (f"Measured on {self.gpu} on {self.date} (torch {v['torch']}, triton {v['triton']}; "
                 f"copy bandwidth {self.data['ceilings']['copy_bandwidth_gbs']:,.0f} GB/s).")
@@ -65,8 +63,7 @@ def result_files(chapter: str, root: Path = DEFAULT_OUT) -> list[Path]:
 
 
 def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT) -> Results:
-    """The chapter's results on ``gpu`` (a folder name such as ``nvidia-h100-80gb-hbm3``), or the
-    newest results of any GPU when ``gpu`` is None."""
+    """The chapter's results on ``gpu`` (a folder name: ``nvidia-h100-80gb-hbm3``), or the newest of any GPU."""
     files = result_files(chapter, root)
     if gpu is not None:
         files = [f for f in files if f.parent.name == gpu]
@@ -78,9 +75,9 @@ def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT)
 
 
 def load_lab(chapter: str, name: str, gpu: str = "nvidia-h200", root: Path | None = None) -> Any:
-    """The output of one of a chapter's experiments, kept under ``lab/<chapter>/results/<gpu>/``: ``name``
-    is a file name (``.json`` is read as JSON, anything else as text) or a JSON file's stem. Its provenance
-    (command, commit, what it answers) is in ``lab/<chapter>/README.md``."""
+    """The output of one of a chapter's experiments, under ``lab/<chapter>/results/<gpu>/``: ``name`` is a file
+    name (``.json`` read as JSON, anything else as text) or a JSON file's stem. ``lab/<chapter>/README.md`` says
+    where it comes from."""
     folder = Path(root) / chapter / "results" / gpu if root is not None else paths.lab_results(chapter, gpu)
     path = folder / (name if Path(name).suffix else f"{name}.json")
     if not path.is_file():
@@ -89,8 +86,7 @@ def load_lab(chapter: str, name: str, gpu: str = "nvidia-h200", root: Path | Non
 
 
 def headline_rows(root: Path = DEFAULT_OUT) -> list[dict[str, Any]]:
-    """One row per headline of every chapter with committed results that declares a ``headline``
-    (a list of dicts with ``kernel``, ``baseline``, ``case`` and ``speedup``)."""
+    """One row per headline (``kernel``, ``baseline``, ``case``, ``speedup``...) of every chapter and GPU."""
     from studylog import chapter as registry
 
     rows = []
@@ -104,15 +100,14 @@ def headline_rows(root: Path = DEFAULT_OUT) -> list[dict[str, Any]]:
 
 def headline_row(results: Results, kernel: str, baseline: str, case: str, *, kernel_label: str | None = None,
                  baseline_label: str | None = None, **params: Any) -> dict[str, Any]:
-    """One headline of a chapter: ``kernel``'s and ``baseline``'s rows at ``params`` (one row each), the
-    speedup (baseline median over kernel median), and what the headline page shows beside it: the clock,
-    both times with their spread, both sides' host time per call and the empty launch's of the same run.
-    Both rows must be on the same clock."""
+    """One headline of a chapter: ``kernel``'s and ``baseline``'s rows at ``params`` (one each, on one clock), the
+    speedup (baseline median over kernel median), and what the headline page shows beside it: both times with their
+    spread, both sides' host time per call and the run's empty launch's."""
     k, b = results.select(kernel, **params), results.select(baseline, **params)
     if len(k) != 1 or len(b) != 1:
         raise KeyError(f"headline {kernel} vs {baseline} at {params}: {len(k)} and {len(b)} rows match")
     k, b = k[0], b[0]
-    clock_k, clock_b = k.get("clock", "do_bench"), b.get("clock", "do_bench")
+    clock_k, clock_b = k["clock"], b["clock"]
     if clock_k != clock_b:
         raise ValueError(f"headline {kernel} ({clock_k}) vs {baseline} ({clock_b}): not the same clock")
     row = {"kernel": kernel_label or kernel, "baseline": baseline_label or baseline, "case": case,

@@ -1,14 +1,9 @@
 """The tail of each chapter's final kernel at its headline shape: ``python -m studylog bench tails [--out DIR]``.
 
 Each case times the call the chapter's headline row times, built as its benchmark builds it, on the clock of
-:meth:`BenchRun.graph_time` (a graph of at least :data:`MIN_CALLS` calls over rotated copies). :data:`REPETITIONS`
-repetitions, each with fresh inputs and its own graph, replay it :data:`REPLAYS` times; a replay's time per call is one
-sample. So ``p99_ms`` is the tail of *repeated measurements* (a replay's mean over >= 60 calls), not of single calls:
-how far a re-measurement can land above the median. Percentiles interpolate linearly (numpy's default).
-
-Chapter 4's latency floor comes after its row: :func:`studylog.ctc.floor.chain_floor`, only the recursion's chain of
-dependent frames at T = 150, A = 28, N = 1, over 2T frames (alpha then beta, steps 1 to 9) and T (side by side, steps
-10 to 14).
+:meth:`BenchRun.graph_time`; :data:`NOTE` says what a sample is, so ``p99_ms`` is how far a re-measurement can land
+above the median, not the tail of single calls. Chapter 4's latency floor (:func:`studylog.ctc.floor.chain_floor`)
+is timed over 2T frames (alpha then beta, steps 1 to 9) and T (side by side, steps 10 to 14).
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ NOTE = ("Each row: the chapter's final entry point at its headline case; REPETIT
 
 def percentile(samples: list[float], q: float) -> float:
     """The ``q``-th percentile (0 to 100) of ``samples``, linear between the order statistics around rank
-    ``q / 100 * (n - 1)`` (counting from 0)."""
+    ``q / 100 * (n - 1)``."""
     if not samples or not 0 <= q <= 100:
         raise ValueError(f"percentile needs samples and 0 <= q <= 100, got {len(samples)} samples, q = {q}")
     xs = sorted(samples)
@@ -106,7 +101,7 @@ def _masked_head(run, rep: int):
     n, capped = heads.count(weight, nbytes)
     plans = [plan] + [MaskedHeadPlan(w, 1, h=plan.h, rule=plan.rule) for w in heads.of(weight, n)[1:]]
 
-    def step(p):  # the chapter's step 13 (step13_plan): the bitmask copied in, then the plan's kernels, on one head copy
+    def step(p):  # the chapter's step 13 (step13_plan): the bitmask copied in, then the plan's kernels
         p.bitmask.copy_(bitmask, non_blocking=True)
         return p.launch(count)
     return ([lambda p=p: step(p) for p in plans],
@@ -158,9 +153,8 @@ def _bitmask_copy(run, rep: int):
     return [lambda: device.copy_(host, non_blocking=True)], {"floor": "latency", "bytes": host.numel() * 4}
 
 
-#: SmolLM2-135M's shape, as chapter 07's benchmark reads it from the checkpoint (its file's "model smollm2" note):
-#: the kernels of one forward are counted on a model of this shape with random weights (the count depends only on
-#: the shape and the code path, not on the weights).
+#: SmolLM2-135M's shape (chapter 07's "model smollm2" note): the kernels of one forward are counted on a model of
+#: this shape with random weights, since the count depends only on the shape and the code path.
 SMOLLM2_SHAPE = {"vocab_size": 49152, "hidden": 576, "layers": 30, "heads": 9, "kv_heads": 3, "intermediate": 1536,
                  "rope_theta": 100000.0, "tie_embeddings": True}
 FORWARD_SERIES = "smollm2 forward, one token (kernels counted)"
@@ -170,8 +164,7 @@ def _smollm2_decoder(device="cuda"):
     from studylog.decode.loop import Decoder
     from studylog.decode.model import CL100K_PADDED, LlamaModel, ModelConfig
 
-    # the decoder pairs a model with the cl100k vocabulary, so the head gets its rows: the body, all that is timed
-    # and counted here, does not read the head
+    # the decoder pairs a model with the cl100k vocabulary; the body, all that is timed here, does not read the head
     shape = SMOLLM2_SHAPE | {"vocab_size": CL100K_PADDED}
     model = LlamaModel(ModelConfig("smollm2", **shape), device=device, dtype=torch.bfloat16, seed=0)
     return Decoder(model, batch=1, max_seq=64)
@@ -195,15 +188,15 @@ def count_forward_kernels(run) -> None:
             row.update(kernels_per_forward=n, kernels_per_layer=n / SMOLLM2_SHAPE["layers"])
 
 
-#: Chapter 4's latency-bound case (the small alphabet, one utterance): the grid's first point, so its target is the
-#: first draw of the generator the benchmark seeds with ``studylog.ctc.report.BENCH_SEED``.
+#: Chapter 4's latency-bound case (small alphabet, one utterance): the grid's first point, its target the first
+#: draw of the benchmark's generator (seeded ``studylog.ctc.report.BENCH_SEED``).
 CTC_FLOOR_CASE = {"T": 150, "N": 1, "A": 28}
 CTC_FLOOR_SERIES = "ctc recursion chain (latency floor)"
 
 
 def ctc_floor_states(T: int = 150, A: int = 28, *, seed: int | None = None) -> int:
-    """S = 2L + 1 states of the utterance chapter 4's benchmark draws first (N = 1): its generator seeded ``seed``
-    (default the benchmark's), ``random_targets(T, 1, A, generator)`` (127 at T = 150, A = 28: L = 63)."""
+    """S = 2L + 1 states of the utterance chapter 4's benchmark draws first (N = 1), its generator seeded ``seed``
+    (default the benchmark's): 127 at T = 150, A = 28."""
     from studylog.ctc.report import BENCH_SEED, random_targets
 
     (labels,) = random_targets(T, 1, A, torch.Generator().manual_seed(BENCH_SEED if seed is None else seed))
@@ -222,9 +215,8 @@ def _ctc_chain(frames: int, states: int, *, device="cuda"):
 
 
 def _ternary(entry: str, n: int, k: int, fmt: str = "2bit_tiles"):
-    """Chapter 5 at one row of x through ``entry``: ``ternary_matmul`` (bf16 x; step 21 on Hopper),
-    ``step23_w2a8_fused`` (W2A8: x quantised to int8 inside the call) or part 1's last step, ``step14_workspace``
-    (``2bit_mma`` weights)."""
+    """Chapter 5 at one row of x through ``entry`` (``ternary_matmul``, ``step23_w2a8_fused`` or part 1's last
+    step, ``step14_workspace``, on ``2bit_mma`` weights)."""
     def calls(run, rep: int):
         from studylog import ternary
 
@@ -235,8 +227,8 @@ def _ternary(entry: str, n: int, k: int, fmt: str = "2bit_tiles"):
 
 
 def _multi_item(kv_heads: int | None = None, *, device="cuda"):
-    """Chapter 6's mixed batch through its entry point: 32 query heads, each with its own key/value head (step 5),
-    or ``kv_heads`` of them shared by groups of query heads (grouped-query attention: step 6)."""
+    """Chapter 6's mixed batch through its entry point: a key/value head per query head (step 5), or ``kv_heads``
+    shared by groups of query heads (grouped-query attention: step 6)."""
     def calls(run, rep: int):
         from studylog.bench import gpu_slug
         from studylog.multi_item import MultiItemBatch, multi_item_attention
@@ -280,26 +272,27 @@ def cases() -> list[Case]:
     name, prefixes, items = bench_shapes()[-1]
     tokens = MultiItemBatch.from_item_lens(prefixes, items, device="cpu").total_tokens
     T, states = CTC_FLOOR_CASE["T"], ctc_floor_states(CTC_FLOOR_CASE["T"], CTC_FLOOR_CASE["A"])
+    head = {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"}
+
+    def ternary(entry, family, n, k, *fmt):
+        return Case("ternary", entry, {"shape": f"{n}x{k}", "family": family, "n": n, "k": k, "m": 1},
+                    _ternary(entry, n, k, *fmt))
+    gqa_name, _, _, gqa_kv = gqa_shapes()[0]
     return [
-        Case("masked_lm_head", "MaskedHeadPlan", {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"},
-             _masked_head),
-        Case("masked_lm_head", BITMASK_COPY_SERIES, {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"},
-             _bitmask_copy, role="baseline"),
+        Case("masked_lm_head", "MaskedHeadPlan", dict(head), _masked_head),
+        Case("masked_lm_head", BITMASK_COPY_SERIES, dict(head), _bitmask_copy, role="baseline"),
         Case("ngram", "ngram_match", {"batch": 128, "seq_len": 32768, "threshold": 128}, _ngram),
         Case("ctc", "ctc_loss", {"T": 150, "N": 8, "A": 5000}, _ctc(150, 8, 5000)),
         *(Case("ctc", CTC_FLOOR_SERIES, CTC_FLOOR_CASE | {"frames": frames, "states": states},
                _ctc_chain(frames, states), role="baseline") for frames in (2 * T, T)),
         Case("ctc", "ctc_loss", dict(CTC_FLOOR_CASE), _ctc(**CTC_FLOOR_CASE)),
-        Case("ternary", "ternary_matmul", {"shape": "4096x14336", "family": "llama", "n": 4096, "k": 14336, "m": 1},
-             _ternary("ternary_matmul", 4096, 14336)),
-        Case("ternary", "step23_w2a8_fused", {"shape": "4800x3200", "family": "bitnet", "n": 4800, "k": 3200, "m": 1},
-             _ternary("step23_w2a8_fused", 4800, 3200)),
-        Case("ternary", "step14_workspace", {"shape": "4096x14336", "family": "llama", "n": 4096, "k": 14336, "m": 1},
-             _ternary("step14_workspace", 4096, 14336, "2bit_mma")),
+        ternary("ternary_matmul", "llama", 4096, 14336),
+        ternary("step23_w2a8_fused", "bitnet", 4800, 3200),
+        ternary("step14_workspace", "llama", 4096, 14336, "2bit_mma"),
         Case("multi_item", "multi_item_attention", {"shape": name, "prompts": len(prefixes), "tokens": tokens},
              _multi_item()),
-        Case("multi_item", "multi_item_attention", {"shape": gqa_shapes()[0][0], "prompts": len(prefixes),
-             "tokens": tokens, "heads": BENCH_HEADS, "kv_heads": gqa_shapes()[0][3]}, _multi_item(gqa_shapes()[0][3])),
+        Case("multi_item", "multi_item_attention", {"shape": gqa_name, "prompts": len(prefixes), "tokens": tokens,
+                                                    "heads": BENCH_HEADS, "kv_heads": gqa_kv}, _multi_item(gqa_kv)),
         Case("speculate", FORWARD_SERIES, {"model": "smollm2", "batch": 1, "chunk": 1}, _smollm2_forward,
              role="baseline"),
     ]

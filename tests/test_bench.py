@@ -193,7 +193,6 @@ def test_gpu_read_only_reads_every_16_bytes(nbytes):
 def test_timing_keeps_the_spread():
     t = bench.Timing.of([0.012, 0.010, 0.011], clock="gpu")
     assert t.median == pytest.approx(0.011) and t.spread == pytest.approx([0.010, 0.011, 0.012])
-    assert t.relative_spread == pytest.approx(0.002 / 0.011)
     with pytest.raises(ValueError, match="at least one sample"):
         bench.Timing.of([], clock="gpu")
 
