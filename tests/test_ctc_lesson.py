@@ -539,3 +539,79 @@ def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
     assert lesson.host_words() in lesson.results_tables(results)[0]
     assert lesson.torch_best_words(results) in lesson.results_clocks(results)
     assert "Host per call" not in lesson.results_clocks(results)
+
+
+# --------------------------------------------------------------------------------------
+# Step 7's three changes one at a time (lab/ctc/step07_changes.py)
+# --------------------------------------------------------------------------------------
+
+def _step07_changes_file(root: Path, times: dict, *, failed: bool = False) -> None:
+    """A file as lab/ctc/step07_changes.py writes it, with ``times`` {(series, A, N): ms} (every number made up)."""
+    rows = [{"series": series, "role": "kernel", "params": {"T": ctc.BENCH_T, "A": A, "N": N}, "ms": ms,
+             "clock": "gpu", "spread_ms": [ms * 0.99, ms, ms * 1.02]} for (series, A, N), ms in times.items()]
+    checks = [{"name": f"{s} matches the float64 reference", "passed": not (failed and s == "step07b"), "params": {}}
+              for s in ("step05", "step07a", "step07b", "step07")]
+    data = {"device": {"name": "Some GPU"}, "date": "2030-01-02T03:04:05+00:00", "measurements": rows,
+            "checks": checks, "meta": {"commit": "abc"}}
+    folder = root / "ctc" / "results" / "some-gpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "step07_changes.json").write_text(json.dumps(data))
+
+
+def test_step07_changes_table_reads_the_lab_run_one_change_a_row(tmp_path):
+    """Step 5 -> 7a -> 7b -> step 7, one change a row, µs and × the row above at every case of the file; None where no
+    run is committed (the page then says the changes are not yet measured one at a time)."""
+    assert lesson.step07_changes("some-gpu", root=tmp_path) is None
+    times = {("step05", 28, 1): 0.4, ("step07a", 28, 1): 0.2, ("step07b", 28, 1): 0.16, ("step07", 28, 1): 0.17,
+             ("step05", 5000, 256): 4.0, ("step07a", 5000, 256): 2.0, ("step07b", 5000, 256): 1.9,
+             ("step07", 5000, 256): 1.8}
+    _step07_changes_file(tmp_path, times)
+    changes = lesson.step07_changes("some-gpu", root=tmp_path)
+    rows = [_cells(line) for line in lesson.step07_changes_table(changes).splitlines()]
+    assert rows[0] == ["", "A = 28, N = 1", "A = 5,000, N = 256"]
+    assert [r[0].split(":")[0] for r in rows[2:]] == ["step 5", "7a", "7b", "step 7"]
+    assert rows[2][1:] == ["400.0 µs", "4,000.0 µs"]
+    assert rows[3][1:] == ["200.0 µs (2.00×)", "2,000.0 µs (2.00×)"]
+    assert rows[4][1:] == ["160.0 µs (1.25×)", "1,900.0 µs (1.05×)"]
+    assert rows[5][1:] == ["170.0 µs (0.94×)", "1,800.0 µs (1.06×)"]
+    assert f"{ctc.fused.PREFETCH_FRAMES} frames ahead" in rows[5][0] and "one kernel" in rows[4][0]
+    words = lesson.step07_changes_words(changes)
+    assert "Some GPU on 2030-01-02" in words and "all 4 of its checks passed" in words
+    _step07_changes_file(tmp_path, times, failed=True)
+    assert "1 of its 4 checks failed" in lesson.step07_changes_words(lesson.step07_changes("some-gpu", root=tmp_path))
+
+
+def test_step07_cell_reads_the_lab_run_or_says_it_is_not_measured():
+    """Notebook 04's step 7 reads the lab run of this card (no number typed), and says plainly when there is none."""
+    cells = _page_cells()
+    text = "".join("".join(c["source"]) for c in cells)
+    assert "timed together" not in text
+    cell = next("".join(c["source"]) for c in cells if "lesson.step07_changes(" in "".join(c["source"]))
+    assert "lesson.step07_changes(results.path.parent.name)" in cell and "if changes is None" in cell
+    assert "not yet measured one at a time on this card" in cell
+    assert "lesson.step07_changes_table(changes)" in cell and "N['gradient_pass']" in cell
+
+
+def test_step07_changes_script_dry_run_replays_the_benchmarks_targets(capsys):
+    """lab/ctc/step07_changes.py --dry-run (CPU): its cases are points of the benchmark's grid, its inputs the
+    benchmark's (the committed run's launch shapes), and its variants the library's."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "lab" / "ctc" / "step07_changes.py"
+    spec = importlib.util.spec_from_file_location("step07_changes", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.parse_cases("5000x256,28x1,5000x256") == [(5000, 256), (28, 1)]
+    with pytest.raises(SystemExit):
+        script.parse_cases("5000x3")
+    assert (5000, 256) in script.CASES and (5000, 1) in script.CASES
+    assert script.FUNCTIONS["7a"] is ctc.fused.STEP07_FUNCTIONS["7a"] and script.FUNCTIONS["step 7"] is \
+        ctc.step07_gradient_pass
+    assert script.main(["--dry-run", "--cases", "28x1,5000x1"]) == 0
+    out = capsys.readouterr().out
+    results = plotting.load_results("ctc", "nvidia-h200")
+    for A, N in ((28, 1), (5000, 1)):
+        row = results.select("step07", T=ctc.BENCH_T, A=A, N=N)[0]
+        assert f"A = {A}, N = {N}: longest target {(row['max_positions'] - 1) // 2} ({row['max_positions']} " \
+               f"positions); step 5 and step 7's recursion: {row['positions_per_lane']} positions a thread, " \
+               f"{row['threads']} threads" in out

@@ -307,6 +307,59 @@ def kernel_table(results) -> str:
 
 
 # --------------------------------------------------------------------------------------
+# Step 7's three changes one at a time (lab/ctc/step07_changes.py)
+# --------------------------------------------------------------------------------------
+
+#: The experiment of ``lab/ctc`` that times step 5, 7a, 7b and step 7 in one run.
+STEP07_CHANGES_FILE = "step07_changes"
+#: Its rows in order, one change each: (series, row, the change it adds to the row above).
+STEP07_CHAIN = (("step05", "step 5", ""), ("step07a", "7a", "the gradient a pass of its own"),
+                ("step07b", "7b", "alpha and beta in one kernel"),
+                ("step07", "step 7", "emissions loaded {prefetch} frames ahead"))
+
+
+def step07_changes(gpu: str = "nvidia-h200", root=None) -> Results | None:
+    """The run of ``lab/ctc/step07_changes.py`` on ``gpu`` (a folder name), or None where none is committed."""
+    try:
+        data = load_lab("ctc", STEP07_CHANGES_FILE, gpu, root=root)
+    except FileNotFoundError:
+        return None
+    folder = paths.lab_results("ctc", gpu) if root is None else root / "ctc" / "results" / gpu
+    return Results(folder / f"{STEP07_CHANGES_FILE}.json", data)
+
+
+def step07_changes_table(changes: Results) -> str:
+    """Step 5 -> 7a -> 7b -> step 7, one change a row: at each case measured, the median time in µs and how many
+    times faster than the row above (its time over this row's)."""
+    from studylog.ctc.fused import PREFETCH_FRAMES
+
+    cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select("step07", T=BENCH_T)})
+    head = "| | " + " | ".join(f"A = {A:,}, N = {N}" for A, N in cases) + " |"
+    lines = [head, "|---|" + "---|" * len(cases)]
+    before = None
+    for series, label, change in STEP07_CHAIN:
+        cells = []
+        for A, N in cases:
+            now, prev = (_ms(changes, s, T=BENCH_T, A=A, N=N) if s else None for s in (series, before))
+            cells.append(us(now) + (f" µs ({_x(prev / now)})" if now and prev else " µs" if now else ""))
+        row = f"{label}: + {change.format(prefetch=PREFETCH_FRAMES)}" if change else label
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        before = series
+    return "\n".join(lines)
+
+
+def step07_changes_words(changes: Results) -> str:
+    """What the table is: the run, its clock, and its checks."""
+    checks = changes.data.get("checks", [])
+    failed = sum(not c["passed"] for c in checks)
+    verdict = (f"all {len(checks)} of its checks passed" if checks and not failed else
+               f"{failed} of its {len(checks)} checks failed" if failed else "it has no checks")
+    return (f"One change a row, in one run on {changes.gpu} on {changes.date}: GPU time per call (median of the "
+            f"repetitions) and, in brackets, how many times faster than the row above. Each output was first checked "
+            f"against the float64 reference, and 7a's and 7b's against step 7's bits: {verdict}.")
+
+
+# --------------------------------------------------------------------------------------
 # What did not help (lab/ctc)
 # --------------------------------------------------------------------------------------
 

@@ -16,9 +16,9 @@ beta run in one kernel instead of two launches; and the recursion loads its emis
 directions a launch runs, ``DEPTH``: frames prefetched), between step 7's own first and last passes; with the knobs
 at step 7's values that kernel compiles to step 7's recursion (``tests/test_ctc.py`` holds it). No kernel is copied.
 
-The cases are the chapter's (T = 150): the batch sizes where steps 1 to 6 are timed (``report.LESSON_N``) at both
-alphabets, the points step 7's number in the chapter spans, among them its headline case (A = 5,000, N = 256) and
-the case its text names (A = 5,000, N = 1). The inputs are the benchmark's: its generator (``report.BENCH_SEED``)
+The cases are the chapter's (T = 150): both alphabets at one utterance and at the full batch, the ends of the
+lesson points step 7's number in the chapter spans (``report.LESSON_N``), among them its headline case (A = 5,000,
+N = 256) and the case its text names (A = 5,000, N = 1); ``--cases`` takes any point of the grid. The inputs are the benchmark's: its generator (``report.BENCH_SEED``)
 replayed over its grid in its order, so each case has the targets, and the launch shape, of the committed run.
 Each output is checked against the float64 reference first (``report._check_step``: the benchmark's tolerances),
 and 7a's and 7b's against step 7's bits; then each is timed as the benchmark times a step (``report._timed``: CUDA
@@ -51,8 +51,8 @@ from studylog import ctc
 from studylog.ctc import fused, report
 
 NAME = "step07_changes"
-#: (A, N) at T = BENCH_T: the chapter's lesson points, both alphabets at LESSON_N.
-CASES = tuple((A, N) for A in report.BENCH_A for N in report.LESSON_N)
+#: (A, N) at T = BENCH_T: both alphabets at the first and last of the lesson points' batch sizes.
+CASES = tuple((A, N) for A in report.BENCH_A for N in (report.LESSON_N[0], report.LESSON_N[-1]))
 #: label -> (series, the change the row adds to the one before it)
 VARIANTS = {
     "step 5": ("step05", "the chapter's step 5"),
