@@ -32,42 +32,40 @@ SIGNATURE = ["ptr", "ptr", "i64", "ptr", "ptr", "i64", "ptr", "ptr", "ptr", "ptr
 #: Loads in flight per thread per tile in steps 8 to 11 (``LOADS`` of ``ngram_stream``).
 STREAM_LOADS = 4
 #: The instances of ``ngram_stream<LOADS, VEC, EVICT_FIRST, SKIP_REFUSED>`` that steps 8 to 11 launch (``VEC``
-#: tokens per load, :func:`stream_vec`; step 8 loads one token, and so does each later step where a row is not
-#: 16-byte aligned).
+#: tokens per load, :func:`stream_vec`: 1 in step 8 and wherever a row is not 16-byte aligned).
 STREAM_INSTANCES = tuple(f"ngram_stream<{STREAM_LOADS}, {vec}, {evict_first}, {skip}>"
                          for evict_first, skip in (("false", "false"), ("true", "false"), ("true", "true"))
                          for vec in (2, 1))
 cuda.declare_instances("ngram_stream", STREAM_INSTANCES)
 
 
-def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tiles: int | None = None) -> int:
-    """Haystack positions per block of steps 6, 7 and 12: about eight blocks per SM, at most 8 tiles of TILE
-    positions per block (``chunk_tiles`` overrides)."""
-    if chunk_tiles is None:
-        tiles = batch * (-(-prompt_width // TILE) + -(-gen_width // TILE))
-        chunk_tiles = max(1, min(8, tiles // (8 * runtime.sm_count())))
-    chunk_len = chunk_tiles * TILE
-    while -(-prompt_width // chunk_len) + -(-gen_width // chunk_len) > 65535:  # gridDim.y limit
+def _chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, min_tiles: int, blocks_per_sm: int,
+               chunk_len: int | None) -> int:
+    """Whole tiles per block: about ``blocks_per_sm`` blocks per SM, ``min_tiles`` to 8 tiles each (``chunk_len``
+    overrides, rounded up to whole tiles), doubled while the chunks exceed gridDim.y's limit."""
+    if chunk_len is None:
+        tiles = batch * (-(-prompt_width // tile) + -(-gen_width // tile))
+        chunk_len = max(min_tiles, min(8, tiles // (blocks_per_sm * runtime.sm_count()))) * tile
+    chunk_len = -(-chunk_len // tile) * tile
+    while -(-prompt_width // chunk_len) + -(-gen_width // chunk_len) > 65535:
         chunk_len *= 2
     return chunk_len
+
+
+def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tiles: int | None = None) -> int:
+    """Haystack positions per block of steps 6, 7 and 12: about eight blocks per SM, 1 to 8 tiles of TILE."""
+    return _chunk_len(batch, prompt_width, gen_width, TILE, 1, 8, None if chunk_tiles is None else chunk_tiles * TILE)
+
+
+def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *,
+                     chunk_len: int | None = None) -> int:
+    """Haystack positions per block of steps 8 to 11: about four blocks per SM, 2 to 8 tiles of ``tile``."""
+    return _chunk_len(batch, prompt_width, gen_width, tile, 2, 4, chunk_len)
 
 
 def stream_vec(*haystacks: Tensor) -> int:
     """2 (16-byte loads) when every row of every haystack starts 16 bytes aligned, else 1."""
     return 2 if all(t.data_ptr() % 16 == 0 and t.shape[1] % 2 == 0 for t in haystacks) else 1
-
-
-def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *,
-                     chunk_len: int | None = None) -> int:
-    """Haystack positions per block of steps 8 to 11: whole tiles of ``tile`` positions, about four blocks per SM,
-    2 to 8 tiles per block (the benchmark's chunk sweep; ``chunk_len`` overrides, rounded up to whole tiles)."""
-    if chunk_len is None:
-        tiles = batch * (-(-prompt_width // tile) + -(-gen_width // tile))
-        chunk_len = max(2, min(8, tiles // (4 * runtime.sm_count()))) * tile
-    chunk_len = -(-chunk_len // tile) * tile
-    while -(-prompt_width // chunk_len) + -(-gen_width // chunk_len) > 65535:  # gridDim.y limit
-        chunk_len *= 2
-    return chunk_len
 
 
 #: The functions of ``ngram_stream.cu`` that :func:`stream_source` shows, in the file's order, and the knob an
@@ -77,9 +75,8 @@ _STREAM_SHOWN = (("evict_first_policy", "EVICT_FIRST"), ("load_tokens", None), (
 
 
 def stream_source(*, vec: int | None, evict_first: bool, skip_refused: bool) -> str:
-    """What an instance of ``ngram_stream`` (steps 8 to 11) compiles, as text: the functions it calls, each
-    ``if constexpr`` on a knob replaced by the branch the knob takes (``vec=None``: both load widths, as a step that
-    picks its width by the rows keeps them). The page diffs one step's text against the next."""
+    """What an instance of ``ngram_stream`` (steps 8 to 11) compiles: the functions it calls, each ``if constexpr``
+    on a knob replaced by the branch it takes (``vec=None``: both load widths, as a step that picks by the rows)."""
     from studylog.source import resolve_constexpr, source_of
 
     knobs = {"VEC": vec, "EVICT_FIRST": evict_first, "SKIP_REFUSED": skip_refused}
@@ -89,24 +86,21 @@ def stream_source(*, vec: int | None, evict_first: bool, skip_refused: bool) -> 
 
 
 def one_pass_source(*functions: str) -> str:
-    """What a step of ``ngram_one_pass.cu`` compiles, as text: ``functions`` of the file in the order given (steps 6,
-    7 and 12 share the search of one chunk, ``search_chunk``, and differ in the kernels around it)."""
+    """What a step of ``ngram_one_pass.cu`` compiles: ``functions`` of the file, in the order given."""
     from studylog.source import source_of
 
     return "\n".join(source_of("ngram_one_pass.cu", name)[0].rstrip("\n") + "\n" for name in functions)
 
 
 def _drop_unused(lines: list[str], knobs: dict) -> list[str]:
-    """``lines`` without the declarations that only a knob's branch uses (a line commented ``// KNOB: ...``) where
-    that knob is off: the instance declares them but never touches them."""
+    """``lines`` without the declarations only an off knob's branch uses (a line commented ``// KNOB: ...``)."""
     off = {name for name, value in knobs.items() if value is False}
     return [line for line in lines if not any(re.search(rf"//\s*{name}:", line) for name in off)]
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(source: str, name: str, device_index: int) -> cuda.CudaKernel:
-    """Kernel ``name`` of ``csrc/<source>.cu``, loaded once per device (matchers share it: the driver copies each
-    launch's arguments before the next launch can)."""
+    """Kernel ``name`` of ``csrc/<source>.cu``, loaded once per device and shared by the matchers."""
     module = cuda.load(source, name_expressions=STREAM_INSTANCES) if "<" in name else cuda.load(source)
     return module.kernel(name, SIGNATURE)
 
@@ -116,18 +110,15 @@ _BOUND_FIELDS = tuple(f.name for f in fields(NgramInputs))
 
 class NgramMatcher:
     """One step bound to its buffers: ``NgramMatcher(step11_skip_refused, inputs, draft_tokens, seq_lens_this_time)``
-    validates once, then each call runs the step in place with nothing checked (the benchmark times only the work).
-    The scratch buffers are the matcher's; the GPU steps leave them ready for the next call.
+    validates once (values too, with ``check_values``), then each call runs the step in place with nothing checked.
 
-    **In a CUDA graph.** A GPU step's call (:attr:`graph_safe`) neither syncs nor allocates, and the kernels read
-    every value that changes between decoding steps from the bound tensors: capture once (:meth:`capture`), then
-    before each replay write the new values into those same tensors (``copy_``; never rebind the attributes of
-    ``inputs``). Shapes and ``config`` are fixed per matcher (an engine pads with empty slots,
-    ``seq_lens_decoder == 0``). Values are checked only when built (``check_values``) and by :meth:`check`: out of
-    the ranges :func:`~studylog.ngram.formats.validate` states, the kernels read out of bounds.
+    A GPU step's call (:attr:`graph_safe`) neither syncs nor allocates and reads every changing value from the bound
+    tensors: capture it once (:meth:`capture`), then write new values into those tensors (``copy_``, never rebind)
+    before each replay. Shapes and ``config`` are fixed (pad with empty slots, ``seq_lens_decoder == 0``); values
+    outside :func:`~studylog.ngram.formats.validate`'s ranges make the kernels read out of bounds (:meth:`check`).
 
-    Options: ``chunk_tiles`` (steps 6, 7 and 12) and ``chunk_len`` (steps 8 to 11), the haystack positions a block
-    scans; ``vec`` (steps 9 to 11) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
+    Options: ``chunk_tiles`` (steps 6, 7, 12) and ``chunk_len`` (steps 8 to 11), the haystack positions a block
+    scans; ``vec`` (steps 9 to 11), tokens per load, 1 or 2 (the default where the rows allow 16-byte loads).
     """
 
     def __init__(self, step: Callable, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, *,
@@ -145,11 +136,9 @@ class NgramMatcher:
                 check_int(option, value, low=1)
         validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=check_values)
         self.step, self.inputs, self.config = step, inputs, config
-        #: The tensors the launches read (their pointers are in ``args``): ``check`` refuses rebound ones.
         self._bound = {name: getattr(inputs, name) for name in _BOUND_FIELDS}
         self.draft_tokens, self.seq_lens_this_time = draft_tokens, seq_lens_this_time
         self.batch = inputs.batch
-        #: Whether a call may be captured in a CUDA graph (every GPU step; not the CPU path).
         self.graph_safe = step is not step01_cpu_path
         if step is step01_cpu_path:
             self._call = CpuPathCall(inputs, draft_tokens, seq_lens_this_time, config)
@@ -185,8 +174,7 @@ class NgramMatcher:
         self.step(self.inputs, self.draft_tokens, self.seq_lens_this_time, bound=self)
 
     def check(self) -> None:
-        """Check the bound tensors' current values, as ``check_values`` does (a device sync). A field of ``inputs``
-        rebound to another tensor is an error: the kernels would go on reading the old one."""
+        """Check the bound tensors' current values (a device sync), and that no field of ``inputs`` was rebound."""
         if self.graph_safe:
             rebound = [name for name in _BOUND_FIELDS if getattr(self.inputs, name) is not self._bound[name]]
             if rebound:
@@ -209,10 +197,9 @@ Drafts = tuple[DraftTokens, SeqLens]
 
 
 def _step(launches: Callable[[NgramMatcher], None]) -> Callable:
-    """A step function from ``launches``, its kernel launches on an :class:`NgramMatcher` ``m``. Every step is called
-    ``step(inputs, draft_tokens, seq_lens_this_time, *, config=NgramConfig(), bound=None, **options)`` and drafts in
-    place; ``bound``: a matcher of this step already bound to these buffers (no checks, no allocation);
-    ``options``: the step's own, as :class:`NgramMatcher` takes them."""
+    """A step function from its kernel launches on an :class:`NgramMatcher` ``m``: ``step(inputs, draft_tokens,
+    seq_lens_this_time, *, config, bound=None, **options)`` drafts in place (``bound``: a matcher of this step on
+    these buffers, nothing checked or allocated; ``options``: as :class:`NgramMatcher` takes them)."""
     def step(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
              config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None, **options) -> Drafts:
         m = bound or NgramMatcher(step, inputs, draft_tokens, seq_lens_this_time, config=config, **options)
@@ -241,47 +228,42 @@ def step02_serial(m: NgramMatcher) -> None:
 
 @_step
 def step03_two_phase(m: NgramMatcher) -> None:
-    """Step 3: a parallel search per slot and ``n`` (``ngram_search_per_n``, a block per slot), then the budget on
-    one thread (``ngram_budget_serial``)."""
+    """Step 3: a parallel search per slot and ``n`` (a block per slot), then the budget on one thread."""
     _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
     _kernel("ngram_two_phase", "ngram_budget_serial", m.device)((1,), (1,), *m.args)
 
 
 @_step
 def step04_two_phase_scan(m: NgramMatcher) -> None:
-    """Step 4: step 3's search, then the exact budget from block-wide prefix sums (``ngram_budget_scan``, one
-    block)."""
+    """Step 4: step 3's search, then the exact budget from block-wide prefix sums (one block)."""
     _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
     _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
 
 
 @_step
 def step05_one_pass(m: NgramMatcher) -> None:
-    """Step 5: one pass over each haystack for every ``n`` (``ngram_search_one_pass``, a block per slot, no barrier
-    in its loop), then step 4's budget scan."""
+    """Step 5: one pass over each haystack for every ``n`` (a block per slot), then step 4's budget scan."""
     _kernel("ngram_one_pass", "ngram_search_one_pass", m.device)((m.batch,), (THREADS,), *m.args)
     _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
 
 
 @_step
 def step06_one_pass_split(m: NgramMatcher) -> None:
-    """Step 6: step 5 split over many blocks per slot (``ngram_one_pass_split``, option ``chunk_tiles`` tiles each,
-    :func:`fused_chunk_len` by default), then step 4's budget scan as a second launch that also resets the keys for
-    the next call (``ngram_budget_scan_reset``)."""
+    """Step 6: step 5 split over many blocks per slot (:func:`fused_chunk_len`), then step 4's budget scan as a
+    second launch that also resets the keys for the next call."""
     _kernel("ngram_one_pass", "ngram_one_pass_split", m.device)(m.grid, (THREADS,), *m.args)
     _kernel("ngram_one_pass", "ngram_budget_scan_reset", m.device)((1,), (SCAN_THREADS,), *m.args)
 
 
 @_step
 def step07_one_pass_fused(m: NgramMatcher) -> None:
-    """Step 7: step 6 with phase 2 in the last block to finish: one launch (``ngram_one_pass_fused``)."""
+    """Step 7: step 6 with phase 2 in the last block to finish: one launch."""
     _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)(m.grid, (THREADS,), *m.args)
 
 
 @_step
 def step08_stream(m: NgramMatcher) -> None:
-    """Step 8: step 7 without barriers in its loop, every warp streaming its own tiles of 8-byte loads
-    (``ngram_stream``); option ``chunk_len``: haystack positions per block (:func:`stream_chunk_len` by default)."""
+    """Step 8: step 7 without barriers in its loop, every warp streaming its own tiles (:func:`stream_chunk_len`)."""
     _kernel("ngram_stream", "ngram_stream<4, 1, false, false>", m.device)(m.grid, (THREADS,), *m.args)
 
 
@@ -305,9 +287,8 @@ def step11_skip_refused(m: NgramMatcher) -> None:
 
 @_step
 def step12_early_phase2(m: NgramMatcher) -> None:
-    """Step 12: step 6 with its phase 2 launched early (``ngram_budget_scan_early``, a programmatic dependent
-    launch): its block is scheduled once every search block (``ngram_one_pass_split_early``) has started and waits
-    for the search to finish, so the gap between the two launches goes."""
+    """Step 12: step 6 with phase 2 launched early (a programmatic dependent launch): its block starts once every
+    search block has, and waits for the search to finish, so the gap between the two launches goes."""
     _kernel("ngram_one_pass", "ngram_one_pass_split_early", m.device)(m.grid, (THREADS,), *m.args)
     _kernel("ngram_one_pass", "ngram_budget_scan_early", m.device)((1,), (SCAN_THREADS,), *m.args, early=True)
 
@@ -322,40 +303,32 @@ _OPTIONS = {step01_cpu_path: (), step02_serial: (), step03_two_phase: (), step04
 STREAM_STEPS = (step08_stream, step09_wide_loads, step10_evict_first, step11_skip_refused)
 
 
-#: The rule of :func:`final_step`, on the GPU clock (a decoding loop captures the call): a call that scans at least
-#: STREAM_MIN_TOKENS prompt positions (slots × prompt width) in rows at least STREAM_MIN_WIDTH wide, under a budget
-#: that can refuse slots, runs step 11, whose fewer, larger blocks with no barriers pay once there is that much to
-#: stream and whose refused slots skip their search; every other call runs step 12, step 6's split search with
-#: phase 2 launched early (step 7's fused phase 2 costs its search kernel registers and runs on THREADS threads
-#: instead of SCAN_THREADS). The thresholds must keep the entry point within the spread of the fastest of steps 6
-#: to 12 at every case of the committed benchmark, synthetic and real text.
+#: The rule of :func:`final_step` (GPU clock: a decoding loop captures the call): at least STREAM_MIN_TOKENS prompt
+#: positions (slots × width) in rows at least STREAM_MIN_WIDTH wide, under a budget that can refuse slots, run step
+#: 11 (fewer, larger barrier-free blocks pay once there is that much to stream, and refused slots skip their
+#: search); all else runs step 12 (step 7's fused phase 2 costs the search kernel registers and runs on THREADS
+#: threads, not SCAN_THREADS). The thresholds must keep the entry point within the spread of the fastest of steps
+#: 6 to 12 at every case of the committed benchmark.
 STREAM_MIN_WIDTH = 32_768
 STREAM_MIN_TOKENS = 1 << 22
 
 
-def budget_can_refuse(batch: int, config: NgramConfig) -> bool:
-    """Whether the batch budget (``config.threshold``) can refuse a slot: no slot counts more than
-    ``max_draft_tokens + 1`` tokens, so a budget of at least that many per slot never binds."""
-    return config.threshold < batch * (config.max_draft_tokens + 1)
-
-
 def step_for_shape(batch: int, prompt_width: int, config: NgramConfig = NgramConfig()) -> Callable:
-    """The step the rule above picks for ``batch`` prompts of ``prompt_width`` tokens under ``config``'s budget."""
+    """The step the rule above picks for ``batch`` prompts of ``prompt_width`` tokens under ``config``'s budget (it
+    can refuse a slot only below ``max_draft_tokens + 1`` tokens a slot, the most a slot counts)."""
     if (prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS
-            and budget_can_refuse(batch, config)):
+            and config.threshold < batch * (config.max_draft_tokens + 1)):
         return step11_skip_refused
     return step12_early_phase2
 
 
 def final_step(inputs: NgramInputs, config: NgramConfig = NgramConfig()) -> Callable:
-    """The step the entry point runs on ``inputs`` under ``config``, by its shapes and budget only (no value read,
-    no sync): a serving loop picks once per batch shape and builds an :class:`NgramMatcher` over it."""
+    """The step the entry point runs on ``inputs`` under ``config``, by shapes and budget only (no sync)."""
     return step_for_shape(*inputs.prompt_ids.shape, config)
 
 
 def ngram_match(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
                 config: NgramConfig = NgramConfig()) -> Drafts:
-    """The chapter's operator: drafts proposed in place by the step :func:`final_step` picks; returns
-    ``(draft_tokens, seq_lens_this_time)``. It checks values (a sync) and allocates scratch, so a decoding loop
-    captures an :class:`NgramMatcher` of ``final_step(inputs, config)`` instead (:meth:`NgramMatcher.capture`)."""
+    """The chapter's operator: drafts in place by the step :func:`final_step` picks. It checks values (a sync) and
+    allocates scratch: a decoding loop captures an :class:`NgramMatcher` of ``final_step`` instead."""
     return final_step(inputs, config)(inputs, draft_tokens, seq_lens_this_time, config=config)
