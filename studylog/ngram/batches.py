@@ -10,8 +10,8 @@ from torch import Tensor
 from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, match_key, model_budget_refused, slot_plans
 
-#: How a slot's match is placed: early / late in the prompt, only in the generated tokens, only
-#: a short (1-gram) match, none at all, or not a decoding slot.
+#: Where a slot's match is planted: early / late in the prompt, in the generated tokens, a 1-gram only, none, or
+#: not a decoding slot.
 SLOT_KINDS = ("early", "late", "generated", "short", "never", "prefill", "inactive")
 #: The benchmark's mix (20 slots, cycled): most slots decode; matches land early, late or never.
 BENCH_MIX = ("early",) * 6 + ("late",) * 4 + ("generated",) * 3 + ("short",) * 3 + ("never",) * 2 + \
@@ -79,14 +79,10 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
     put(prompt, in_prompt)
     put(gen, in_gen)
 
-    dtn, max_dec, encoder, decoder, this_time = _slot_state(kinds, prompt_lens, step_idx, draft_width,
-                                                            capped_fraction, hybrid, rand, rng)
-    return _assemble(prompt, gen, prompt_lens, step_idx, dtn, max_dec, encoder, decoder, this_time, draft_width,
-                     device)
+    return _assemble(kinds, prompt, gen, prompt_lens, step_idx, draft_width, capped_fraction, hybrid, rand, rng)
 
 
-def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, draft_width: int = 11,
-                 capped_fraction: float = 0.1, seed: int = 0, corpus=None,
+def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, draft_width: int = 11, seed: int = 0,
                  device: torch.device | str = "cpu") -> tuple[NgramInputs, Tensor, Tensor]:
     """A batch of real token streams (``kind``: ``"text"`` or ``"code"``) with the benchmark's slot mix: slot ``b``'s
     prompt is a corpus stream's first ``prompt_lens[b]`` tokens, its generated tokens the ones after. The
@@ -96,7 +92,7 @@ def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, dr
 
     if gen_width < draft_width + 1 or prompt_width < 1 or draft_width < 2:
         raise ValueError("corpus_batch needs prompt_width >= 1, draft_width >= 2 and gen_width > draft_width")
-    corpus = load_corpus() if corpus is None else corpus
+    corpus = load_corpus()
     if kind not in corpus.tokens:
         raise ValueError(f"kind must be one of {sorted(corpus.tokens)}, got {kind!r}")
     rng = torch.Generator().manual_seed(seed)
@@ -117,15 +113,12 @@ def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, dr
         gen[b] = stream[plen:plen + gen_width]
         prompt_lens.append(plen)
         step_idx.append(rand(max(0, gen_width // 2 - 1), gen_width - draft_width))
-    dtn, max_dec, encoder, decoder, this_time = _slot_state(kinds, prompt_lens, step_idx, draft_width,
-                                                            capped_fraction, False, rand, rng)
-    device = torch.device(device)
-    return _assemble(prompt.to(device), gen.to(device), prompt_lens, step_idx, dtn, max_dec, encoder, decoder,
-                     this_time, draft_width, device)
+    return _assemble(kinds, prompt.to(device), gen.to(device), prompt_lens, step_idx, draft_width, 0.1, False, rand,
+                     rng)
 
 
-def _slot_state(kinds, prompt_lens, step_idx, draft_width, capped_fraction, hybrid, rand, rng):
-    """(draft_token_num, max_dec_len, seq_lens_encoder, seq_lens_decoder, seq_lens_this_time) by slot kind."""
+def _assemble(kinds, prompt, gen, prompt_lens, step_idx, draft_width, capped_fraction, hybrid, rand, rng):
+    """The batch's inputs and initial state, each slot's lengths drawn by its kind."""
     encoder, decoder, this_time, dtn, max_dec = [], [], [], [], []
     for b, kind in enumerate(kinds):
         step = step_idx[b]
@@ -140,16 +133,13 @@ def _slot_state(kinds, prompt_lens, step_idx, draft_width, capped_fraction, hybr
         dtn.append(draft_width - 1 if rand(0, 3) else rand(0, draft_width - 1))
         capped = float(torch.rand((), generator=rng)) < capped_fraction
         max_dec.append(step + 1 + (rand(0, 3) if capped else rand(16, 4096)))
-    return dtn, max_dec, encoder, decoder, this_time
 
-
-def _assemble(prompt, gen, prompt_lens, step_idx, dtn, max_dec, encoder, decoder, this_time, draft_width, device):
     def i32(values: list[int]) -> Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=device)
+        return torch.tensor(values, dtype=torch.int32, device=prompt.device)
 
     inputs = NgramInputs(prompt, i32(prompt_lens), gen, i32(step_idx), i32(dtn), i32(max_dec), i32(encoder),
                          i32(decoder))
-    draft = torch.full((prompt.shape[0], draft_width), -1, dtype=torch.int64, device=device)  # poison: never a token
+    draft = torch.full((prompt.shape[0], draft_width), -1, dtype=torch.int64, device=prompt.device)  # never a token
     return inputs, draft, i32(this_time)
 
 
@@ -182,8 +172,7 @@ def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ng
     for b, step, top, haystacks in _pattern_slots(inputs, seq_lens_this_time, config):
         pattern = inputs.generated_ids[b, step + 1 - top: step + 1]
         for hay, hay_len in haystacks:
-            windows = hay[: max(hay_len - 1, 0)].unfold(0, top, 1) if hay_len - 1 >= top else None
-            hits = (windows == pattern).all(1).nonzero() if windows is not None else torch.empty(0)
+            hits = (hay[:hay_len - 1].unfold(0, top, 1) == pattern).all(1).nonzero() if hay_len - 1 >= top else []
             if len(hits):
                 total += (int(hits[0, 0]) + top) * 8
                 break
@@ -191,28 +180,23 @@ def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ng
     return total
 
 
-def _suffix_lengths(hay: Tensor, ends: int, gen_row: Tensor, step: int, top: int) -> Tensor:
-    """For every end e < ``ends`` of ``hay``: the length of the common suffix of ``hay[:e+1]`` and
-    ``gen_row[:step+1]``, up to ``top`` (the one-pass search's candidate length at e)."""
-    run = hay[:ends] == gen_row[step]
-    length = run.to(torch.int32)
-    for k in range(1, min(top, ends)):  # an end e < k has no token k before it
-        same = torch.zeros_like(run)
-        same[k:] = hay[:ends - k] == gen_row[step - k]
-        run = run & same
-        length += run
-    return length
-
-
 def search_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[int]:
     """Each slot's match key, as :func:`~studylog.ngram.models.model_one_pass_keys` gives it, from whole-haystack
     tensor operations (fast enough for benchmark-sized batches)."""
     keys = [NONE_KEY] * inputs.batch
     for b, step, top, haystacks in _pattern_slots(inputs, seq_lens_this_time, config):
+        gen_row = inputs.generated_ids[b]
         for source, (hay, hay_len) in enumerate(haystacks):
-            if hay_len < 2:
+            ends = hay_len - 1  # an end keeps a token after it
+            if ends < 1:
                 continue
-            length = _suffix_lengths(hay, hay_len - 1, inputs.generated_ids[b], step, top)  # ends keep a token after
+            run = hay[:ends] == gen_row[step]  # length[e]: common suffix of hay[:e+1] and the pattern, up to top
+            length = run.to(torch.int32)
+            for k in range(1, min(top, ends)):  # an end e < k has no token k before it
+                same = torch.zeros_like(run)
+                same[k:] = hay[:ends - k] == gen_row[step - k]
+                run = run & same
+                length += run
             n = int(length.max())
             if n < config.min_ngram_size:
                 continue
@@ -222,11 +206,10 @@ def search_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Te
 
 
 def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> dict:
-    """Which branches of the search a batch takes (budget ignored but for the skip rule): ``searching_slots``
-    (active, with room and a long enough pattern), ``refused_slots`` (of those, the ones step 11 skips),
-    ``top_n_matches`` / ``shorter_matches`` / ``no_match`` (only a top-n match lets a scan stop early),
-    ``newest_token_hits_per_1k`` (where the inner comparison loop runs), ``early_exit_fraction`` (what a perfect
-    early exit reads over the floor's bytes)."""
+    """Which branches of the search a batch takes (budget ignored but for the skip rule): ``searching_slots``,
+    ``refused_slots`` (those step 11 skips), ``top_n_matches`` / ``shorter_matches`` / ``no_match`` (only a top-n
+    match lets a scan stop early), ``newest_token_hits_per_1k`` (where the inner comparison loop runs),
+    ``early_exit_fraction`` (what a perfect early exit reads over the floor's bytes)."""
     keys = search_keys(inputs, config, seq_lens_this_time)
     refused = model_budget_refused(inputs, config, seq_lens_this_time)
     searching = top = shorter = none = refused_n = 0
