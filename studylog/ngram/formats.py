@@ -54,15 +54,10 @@ class NgramInputs:
 
 @dataclass(frozen=True)
 class NgramConfig:
-    """The operator's parameters.
-
-    ``hybrid=False`` is the n-gram proposer: active slots restart at one token, drafts go to
-    ``draft_tokens[b, 1:]``, the cap is ``draft_token_num[b]``. ``hybrid=True`` is the variant run
-    after MTP drafting: a slot keeps its ``seq_lens_this_time`` tokens and drafts go after them,
-    capped by ``max_draft_tokens - seq_lens_this_time + 1``; ``seq_lens_encoder`` is ignored.
-    Both are the same kernels with a flag. The parameters are checked when the config is made, and by
-    :func:`validate`.
-    """
+    """The operator's parameters, checked when made. ``hybrid=False`` is the n-gram proposer: active slots restart
+    at one token, drafts go to ``draft_tokens[b, 1:]``, capped by ``draft_token_num[b]``. ``hybrid=True`` runs after
+    MTP drafting: a slot keeps its ``seq_lens_this_time`` tokens and drafts go after them, capped by
+    ``max_draft_tokens - seq_lens_this_time + 1``; ``seq_lens_encoder`` is ignored. Same kernels, one flag."""
 
     max_ngram_size: int = 3
     min_ngram_size: int = 1
@@ -78,8 +73,6 @@ class NgramConfig:
                        threshold: int = HYBRID_DEFAULT_THRESHOLD, max_draft_tokens: int = 10) -> "NgramConfig":
         return cls(max_ngram_size, min_ngram_size, threshold, True, max_draft_tokens)
 
-
-# Validation (in every step, before any launch)
 
 _ID_FIELDS = ("prompt_ids", "generated_ids")
 _LEN_FIELDS = ("prompt_lens", "step_idx", "draft_token_num", "max_dec_len", "seq_lens_encoder", "seq_lens_decoder")
@@ -104,17 +97,13 @@ def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tens
     if not isinstance(inputs, NgramInputs):
         raise TypeError(f"inputs must be an NgramInputs, got {type(inputs).__name__}")
     _check_config(config)
-    for name in _ID_FIELDS:
-        check_tensor(name, getattr(inputs, name), dtype=torch.int64, ndim=2, contiguous=True)
-    for name in _LEN_FIELDS:
-        check_tensor(name, getattr(inputs, name), dtype=torch.int32, ndim=1, contiguous=True)
-    check_tensor("draft_tokens", draft_tokens, dtype=torch.int64, ndim=2, contiguous=True)
-    check_tensor("seq_lens_this_time", seq_lens_this_time, dtype=torch.int32, ndim=1, contiguous=True)
-    batch = inputs.prompt_ids.shape[0]
-    named = [(n, getattr(inputs, n)) for n in _ID_FIELDS + _LEN_FIELDS]
-    named += [("draft_tokens", draft_tokens), ("seq_lens_this_time", seq_lens_this_time)]
-    device = inputs.prompt_ids.device
-    for name, t in named:
+    named = {n: getattr(inputs, n) for n in _ID_FIELDS + _LEN_FIELDS}
+    named |= {"draft_tokens": draft_tokens, "seq_lens_this_time": seq_lens_this_time}
+    for name, t in named.items():  # token ids int64 [batch, width], lengths int32 [batch]
+        ids = name in _ID_FIELDS or name == "draft_tokens"
+        check_tensor(name, t, dtype=torch.int64 if ids else torch.int32, ndim=2 if ids else 1, contiguous=True)
+    batch, device = inputs.prompt_ids.shape[0], inputs.prompt_ids.device
+    for name, t in named.items():
         if t.shape[0] != batch:
             raise ValueError(f"{name} has batch size {t.shape[0]} but prompt_ids has {batch}")
         if t.device != device:
