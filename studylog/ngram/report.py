@@ -103,8 +103,8 @@ def _sweeps_of(cfg) -> list:
 
 
 def _make_calls(step, inputs, state0, config, copies, **options):
-    """(make_calls, made) for the GPU clock: each repetition makes matchers of ``step`` over ``copies`` copies of the
-    batch, each with its own state; ``made`` holds the last repetition's (to check their drafts)."""
+    """(make_calls, made): matchers of ``step`` over ``copies`` copies of the batch and state for each repetition of
+    the GPU clock; ``made`` holds the last repetition's, to check their drafts."""
     made = []
 
     def make_calls() -> list:
@@ -131,8 +131,7 @@ def _first_call_ms(fn) -> float:
 
 
 def _record_synced(run, series, calls, first_ms, **kw):
-    """End to end on the host (clock ``host_e2e``): each call (cycling over ``calls``) followed by
-    torch.cuda.synchronize(), wall time per call, three repetitions."""
+    """Clock ``host_e2e``: each call (cycling over ``calls``), then torch.cuda.synchronize(); three repetitions."""
     cycle = itertools.cycle(calls)
 
     def call():
@@ -148,8 +147,7 @@ def _same(matchers, expected) -> bool:
 
 
 def _measure_step(run, step, inputs, state0, config, expected, *, params, role, floor, extra, series=None):
-    """Check one GPU step on the case, then time it (GPU clock over rotated copies, host time of the eager call).
-    Returns the row, the matchers of the last repetition and the first call's time."""
+    """One GPU step checked, then timed on the case: (row, the last repetition's matchers, first call ms)."""
     state = (state0[0].clone(), state0[1].clone())
     matcher = NgramMatcher(step, inputs, *state, config=config, check_values=False)
     matcher()  # untimed: a step's first call compiles and loads its kernels
@@ -172,8 +170,8 @@ def _measure_step(run, step, inputs, state0, config, expected, *, params, role, 
 
 
 def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference_check=False, real=False):
-    """One case: every step of ``steps`` checked and timed, :data:`SYNCED_STEP` also end to end, then the entry point.
-    ``speed`` carries the one-thread kernel's slowest time per window so far (to skip it where too slow)."""
+    """Every step of ``steps`` checked and timed on one case, :data:`SYNCED_STEP` also end to end, then the entry
+    point. ``speed`` carries the one-thread kernel's slowest time per window so far (to skip it where too slow)."""
     validate(inputs, draft0, this0, config)
     nbytes = haystack_bytes(inputs, this0, config)
     floor = run.floor_ms(nbytes)
@@ -222,8 +220,8 @@ def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference
 
 
 def bench(run) -> None:
-    """Every step on the synthetic grid, then :data:`REAL_STEPS` on real text, code and synthetic batches of the
-    same shapes; each result checked bit-identical to the CPU path before timing and after the graph replays."""
+    """Every step on the synthetic grid, then :data:`REAL_STEPS` on :data:`CORPORA`; each result checked
+    bit-identical to the CPU path before timing and after the graph replays."""
     speed = {"serial_ms_per_window": 0.0}
     chapter = _chapter()
     for batch, seq_len, threshold in run.progress(QUICK_GRID if run.quick else BENCH_GRID, "grid"):
