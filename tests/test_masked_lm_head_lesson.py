@@ -665,17 +665,18 @@ def test_plan_parts_give_each_part_its_own_time():
 
 
 def test_step_13s_section_names_its_one_idea_and_times_each_part():
-    """Step 13's section opens on what it does (the whole step captured from the bitmask) and says that its three
-    changes are timed together, and there, not in a later section, gives the step's own time (the benchmark's) and
-    chains its parts' traced times (the copy, the count zeroed, the union kernel, the row kernel, the idle rest of the
-    period between calls) in the traced call's table."""
+    """Step 13's section opens on its one idea (the whole step from the bitmask, in one CUDA graph: not a speed-up of
+    step 12 but its rival's contract) and names its three parts, each timed in the trace, and there, not in a later
+    section, gives the step's own time (the benchmark's) and its parts' traced times (the copy, the count zeroed, the
+    union kernel, the row kernel, the idle rest of the period between calls) in the traced call's table and in words."""
     cells = _notebook_cells()
     start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 13"))
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
     section = ["".join(c["source"]) for c in cells[start:end]]
     opening = section[0].split("\n\n")[1]
-    assert opening.startswith("Step 13 captures the whole step, from the grammar's packed bitmask")
-    assert "in a CUDA graph" in opening.split(". ")[0] and "three changes, timed together" in opening
+    assert opening.startswith("Step 13 is the whole step from the grammar's packed bitmask")
+    assert "in one CUDA graph" in opening.split(". ")[0] and "not a speed-up of step\n12" in opening
+    assert "three parts, each timed in the" in opening
     code = "\n".join(section[1:])
     assert "lesson.plan_parts(trace)" in code
     for key in [k for k, _ in lesson.TIMELINE_PARTS] + ["idle", "period"]:

@@ -16,7 +16,9 @@ to compare.
    is used.
 5. :func:`check_rows_first` (the page's exercise 6): step 6's kernel with its row programs first in the grid again
    (a change of the kernel's text, :func:`step06_source`), checked on the interpreter against step 6 bit for bit;
-   :func:`step06_matcher` launches it as step 6 is launched, for timing on a GPU.
+   :func:`step06_matcher` launches it as step 6 is launched, for timing on a GPU (:func:`time_rows_first`).
+
+The page's exercise 4 runs step 7 with another tile through :func:`try_rows_per_program`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from book.common import guarded, report
 from studylog.masked_lm_head.formats import AllowedTokens, check_logits, pack_bitmask
 
 __all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold",
-           "step06_source", "step06_matcher", "check_rows_first"]
+           "step06_source", "step06_matcher", "check_rows_first", "try_rows_per_program", "time_rows_first"]
 
 
 def _solutions():
@@ -290,3 +292,58 @@ def check_rows_first(fn: Callable[[str], str], cases: int = 8) -> bool:
             return report("check_rows_first", False, f"V={vocab}, D={hidden}, {kind} set ({len(ids)} ids): {differ} "
                           "of the outputs differ from step 6's", i + 1)
     return report("check_rows_first", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# The exercises that time a kernel on a GPU (4 and 6): the inputs and the stopwatch, so the page's cells show only
+# the change a reader makes
+# --------------------------------------------------------------------------------------
+
+def _head(allowed_count: int, seed: int = 0):
+    """``(h, weight, allowed)`` at batch 1 with ``allowed_count`` random allowed ids: the chapter's head on a GPU, a
+    small one (1,000 × 256, a tenth of it allowed at most) on a CPU, where Triton's interpreter is slow."""
+    from studylog import masked_lm_head as mlh
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    vocab, hidden = (mlh.VOCAB, mlh.HIDDEN) if device == "cuda" else (1000, 256)
+    weight = torch.randn(vocab, hidden, device=device).to(torch.bfloat16)
+    h = torch.randn(1, hidden, device=device).to(torch.bfloat16)
+    ids = np.sort(np.random.default_rng(seed).choice(vocab, size=min(allowed_count, vocab // 10), replace=False))
+    return h, weight, AllowedTokens.from_ids([ids], vocab, device=device)
+
+
+def try_rows_per_program(rows: int, allowed_count: int = 1000) -> str:
+    """Exercise 4: step 7 with ``rows`` rows per program (its tiles' ``block_v``) at ``allowed_count`` allowed ids,
+    checked against the contract and, on a GPU, timed (one head replayed, so its rows may come from L2): one line."""
+    import dataclasses
+
+    from book.common import gpu_us
+    from studylog import masked_lm_head as mlh
+
+    h, weight, allowed = _head(allowed_count)
+    tiles = dataclasses.replace(mlh.formats.default_tiles(7, 1), block_v=rows)
+
+    def run():
+        return mlh.step07_stream(h, weight, allowed, tiles=tiles)
+
+    ok = check_logits(run(), h, weight, allowed)["passed"]
+    timed = f"{gpu_us(run):.1f} µs" if torch.cuda.is_available() else "(time it on a GPU)"
+    return f"{rows} rows per program: output {'ok' if ok else 'WRONG'}, {timed}"
+
+
+def time_rows_first(fn: Callable[[str], str]) -> None:
+    """Exercise 6, on a GPU: steps 5 and 6 and the reader's kernel (``fn`` applied to step 6's text, launched as step
+    6 is, :func:`step06_matcher`) at 1 and 1,000 allowed ids, one line each; on a CPU it says timing needs a GPU."""
+    from book.common import gpu_us
+    from studylog import masked_lm_head as mlh
+
+    if not torch.cuda.is_available():
+        print("timing needs a GPU: here the kernel ran in Triton's interpreter, which checks correctness only")
+        return
+    for n in (1, 1000):
+        h, weight, allowed = _head(n)
+        out = torch.empty(1, weight.shape[0], device="cuda")
+        mine = step06_matcher(fn(step06_source()), h, weight, allowed)
+        five, six = (gpu_us(lambda f=f: f(h, weight, allowed, out=out))
+                     for f in (mlh.step05_one_wait, mlh.step06_fill_first))
+        print(f"{n:,} allowed: step 5 {five:.2f} µs, step 6 {six:.2f} µs, yours {gpu_us(mine):.2f} µs")
