@@ -57,8 +57,7 @@ def _epilog() -> str:
 
     width = max(len(f"python -m {m} {a}") for m, (a, _) in CHAPTER_TOOLS.items())
     tools = "\n".join(f"  {f'python -m {m} {a}':<{width}}  {what}" for m, (a, what) in CHAPTER_TOOLS.items())
-    return (f"chapters, in the course's order:\n  {', '.join(CHAPTERS)}\n\n"
-            f"each chapter's own tools:\n{tools}")
+    return f"chapters, in the course's order:\n  {', '.join(CHAPTERS)}\n\neach chapter's own tools:\n{tools}"
 
 
 def _parser() -> _Parser:
@@ -91,8 +90,7 @@ def _parser() -> _Parser:
 
 
 def _check_chapters(names: list[str]) -> None:
-    """The chapter names of a bench command line, checked: each a chapter with a benchmark, or a benchmark
-    that is not a chapter, or 'all' alone."""
+    """Each name of a bench command line: a chapter with a benchmark, another benchmark, or 'all' alone."""
     from studylog import chapter as registry
 
     if "all" in names:
@@ -191,12 +189,10 @@ def _bench(args, argv: list[str] | None) -> int:
 
     _check_chapters(args.chapters)
     if args.out is None and not paths.CHECKOUT:
-        raise UsageError("studylog is installed from a wheel here, with no assets/bench to write to: "
-                         "pass --out DIR")
+        raise UsageError("studylog is installed from a wheel here, with no assets/bench to write to: pass --out DIR")
     command = "python -m studylog " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     try:
-        harness.run_chapters(args.chapters, out_dir=args.out or harness.DEFAULT_OUT, command=command,
-                             quick=args.quick)
+        harness.run_chapters(args.chapters, out_dir=args.out or harness.DEFAULT_OUT, command=command, quick=args.quick)
     except harness.NoGPUError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

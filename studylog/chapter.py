@@ -135,10 +135,8 @@ CHAPTERS: dict[str, str] = {
 }
 
 
-#: Benchmarks that are not chapters: name -> the module that defines ``bench(run)``. They are kept out of
-#: :data:`CHAPTERS` because a chapter has steps and notebooks that the book and the tests read for every entry of
-#: it (:func:`chapters`); ``python -m studylog bench NAME`` runs one by its name (``all`` does not: it runs the
-#: chapters), and writes ``OUT/<gpu>/NAME.json`` as a chapter's benchmark does.
+#: Benchmarks that are not chapters (no steps or notebooks): name -> the module that defines ``bench(run)``.
+#: ``python -m studylog bench NAME`` runs one (``all`` runs only the chapters) into ``OUT/<gpu>/NAME.json``.
 BENCHMARKS: dict[str, str] = {
     "tails": "studylog.tails",  # p50 and p99 of each chapter's final kernel at its headline shape
 }
@@ -169,9 +167,9 @@ def chapters() -> list[Chapter]:
 
 
 def select(names: list[str] | tuple[str, ...], *, need: str | None = None) -> list[Chapter]:
-    """Chapters named on a command line (``["all"]`` for every one); with ``need`` (``"bench"`` or
-    ``"headline"``), ``"all"`` keeps those that declare it and a named chapter
-    without it is an error. A name of :data:`BENCHMARKS` gives a :class:`Benchmark`."""
+    """Chapters named on a command line (``["all"]`` for every one); with ``need`` (``"bench"`` or ``"headline"``),
+    ``"all"`` keeps those that declare it and a named chapter without it is an error. A name of :data:`BENCHMARKS`
+    gives a :class:`Benchmark`."""
     if list(names) == ["all"]:
         return [c for c in chapters() if need is None or getattr(c, need) is not None]
     out = []

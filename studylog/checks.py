@@ -1,10 +1,6 @@
-"""One way to check a public function's arguments: a clear error that names the argument.
-
-Every chapter's entry points check what they are given before a kernel sees it, so that bad input
-is a ``TypeError`` (wrong kind of thing, wrong dtype) or a ``ValueError`` (wrong shape, device,
-layout or value) whose message starts with the argument's name, never a crash inside a kernel or a
-silently wrong answer. Checks look only at metadata (no device synchronisation) unless a function
-says otherwise.
+"""One way to check a public function's arguments before a kernel sees them: bad input is a ``TypeError`` (wrong
+kind of thing, wrong dtype) or a ``ValueError`` (wrong shape, device, layout or value) whose message starts with the
+argument's name, never a crash inside a kernel or a silently wrong answer. Checks read only metadata (no sync).
 """
 
 from __future__ import annotations
@@ -24,13 +20,9 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype | Sequence[torch.dtype
                  ndim: int | Sequence[int] | None = None, shape: Sequence[int | None] | None = None,
                  device: str | torch.device | None = None, like: Tensor | None = None, contiguous: bool = False,
                  last_dim_contiguous: bool = False) -> Tensor:
-    """Check ``t`` and return it.
-
-    ``dtype`` and ``ndim`` take one value or several; ``shape`` gives each dimension's size, ``None``
-    for any; ``device`` is a device type (``"cuda"``/``"cpu"``) or a device; ``like`` is a tensor that
-    ``t`` must share a device with; ``contiguous`` asks for a contiguous tensor, ``last_dim_contiguous``
-    only for stride 1 along the last dimension.
-    """
+    """Check ``t`` and return it. ``dtype`` and ``ndim`` take one value or several; ``shape`` each dimension's size
+    (``None``: any); ``device`` a device or its type; ``like`` a tensor that ``t`` must share a device with;
+    ``last_dim_contiguous`` asks only for stride 1 along the last dimension."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtype is not None:
@@ -61,8 +53,8 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype | Sequence[torch.dtype
 
 
 def describe(t: Any) -> str:
-    """What was passed, for an error message: ``a float16 tensor of shape (1, 10) on cpu`` (with
-    ``, not contiguous`` where it is not), or the type of anything that is not a tensor."""
+    """What was passed, for an error message: ``a float16 tensor of shape (1, 10) on cpu`` (``, not contiguous``
+    where it is not), or the type of anything that is not a tensor."""
     if not isinstance(t, Tensor):
         return f"a {type(t).__name__}"
     text = f"a {_dtype_name(t.dtype)} tensor of shape {tuple(t.shape)} on {t.device}"
@@ -71,10 +63,9 @@ def describe(t: Any) -> str:
 
 def check_out(name: str, out: Any, *, shape: Sequence[int], dtype: torch.dtype, device: str | torch.device,
               contiguous: bool = True, any_shape: bool = False) -> Tensor:
-    """Check a caller's output buffer and return it: a ``dtype`` tensor of ``shape`` on ``device``, contiguous
-    (or, with ``contiguous=False``, with a unit stride on its last dimension); with ``any_shape``, any shape of
-    as many elements. The error says what is expected and what was passed: a ``TypeError`` for something that
-    is not a tensor or has another dtype, a ``ValueError`` for a wrong shape, device or layout."""
+    """Check a caller's output buffer and return it: a ``dtype`` tensor of ``shape`` (with ``any_shape``, of as many
+    elements) on ``device``, contiguous (with ``contiguous=False``, a unit stride on its last dimension). The error
+    says what is expected and what was passed."""
     if isinstance(out, Tensor) and out.dtype == dtype:
         fits = out.numel() == math.prod(shape) if any_shape else out.shape == tuple(shape)
         want = torch.device(device)

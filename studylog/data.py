@@ -1,7 +1,5 @@
-"""Small data files shared between chapters (under ``assets/data``).
-
-The FSM chapter exports real grammar masks; the masked-LM-head chapter benchmarks with them.
-Format of ``assets/data/fsm_masks.npz``:
+"""Small data files shared between chapters: the FSM chapter exports real grammar masks, the masked-LM-head
+chapter benchmarks with them. Format of ``assets/data/fsm_masks.npz``:
 
 * ``vocab_size``: int, the vocabulary the ids index (EOS included);
 * ``offsets``: int64 ``[n_masks + 1]``; mask ``i`` holds ``ids[offsets[i]:offsets[i+1]]``;

@@ -30,8 +30,7 @@ def bench(run: "BenchRun") -> None:
         src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
         dst = torch.empty_like(src)
         ms = run.time(lambda: dst.copy_(src))
-        run.record("copy", ms, params={"bytes": nbytes}, role="baseline",
-                   gbs=2 * nbytes / (ms * 1e-3) / 1e9)
+        run.record("copy", ms, params={"bytes": nbytes}, role="baseline", gbs=2 * nbytes / (ms * 1e-3) / 1e9)
         del src, dst
     for dtype, n in run.progress([(torch.bfloat16, 4096), (torch.bfloat16, 8192), (torch.float32, 8192)], "matmul"):
         a = torch.randn(n, n, dtype=dtype, device="cuda")

@@ -1,8 +1,7 @@
 """Where kernels run: on the GPU when torch sees one, else through Triton's interpreter.
 
-Triton reads ``TRITON_INTERPRET`` when a kernel is *defined* (at ``@triton.jit``), so this
-module must be imported before any kernel module. ``studylog/__init__.py`` imports it first,
-which means ``import studylog.<chapter>`` is always enough: no manual environment variable.
+Triton reads ``TRITON_INTERPRET`` when a kernel is *defined*, so this module must be imported before any kernel
+module: ``studylog/__init__.py`` imports it first, so ``import studylog.<chapter>`` is always enough.
 """
 
 from __future__ import annotations
@@ -47,8 +46,8 @@ def _device_sm_count(index: int) -> int:
 
 
 def sm_count() -> int:
-    """Streaming multiprocessors of the current GPU, for launch heuristics (132, an H100/H200 SXM's,
-    when none is visible, so that the heuristics give on a CPU what they give on the benchmark GPU)."""
+    """Streaming multiprocessors of the current GPU, for launch heuristics; 132 (an H100/H200 SXM's) when none is
+    visible, so that the heuristics give on a CPU what they give on the benchmark GPU."""
     return _device_sm_count(torch.cuda.current_device()) if _HAS_GPU else 132
 
 
@@ -91,8 +90,8 @@ def require_gpu(what: str) -> None:
 
 
 def cuda_graph(fn, *, warmups: int = 2, pool=None):
-    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream (so that allocations and lazy
-    initialisation happen outside the capture): the graph, and what the captured call returned."""
+    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream (allocations and lazy initialisation
+    stay outside the capture): the graph, and what the captured call returned."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -106,8 +105,7 @@ def cuda_graph(fn, *, warmups: int = 2, pool=None):
 
 
 def staged(*shape: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A zeroed host buffer and its device twin: on a GPU the host one is pinned, so that copies between the two
-    run asynchronously on the stream; on a CPU one tensor is both."""
+    """A zeroed host buffer (pinned, so copies run asynchronously) and its device twin; on a CPU one tensor is both."""
     if device.type != "cuda":
         both = torch.zeros(shape, dtype=dtype, device=device)
         return both, both

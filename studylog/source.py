@@ -1,8 +1,5 @@
-"""Show a kernel's source, and the diff between two steps of a kernel.
-
-Both render as self-contained HTML (inline styles, no CSS file), so they look the same in
-JupyterLab and in the built book, and as plain text in a terminal.
-"""
+"""Show a kernel's source, and the diff between two steps of a kernel: self-contained HTML (inline styles), the
+same in JupyterLab and the built book, and plain text in a terminal."""
 
 from __future__ import annotations
 
@@ -51,8 +48,8 @@ def _cuda_function(text: str, name: str) -> str:
 
 
 def source_of(obj: Any, function: str | None = None) -> tuple[str, str]:
-    """(source text, language) of a Python/Triton function, a ``.cu`` file (a path, or a name in the package)
-    (optionally one ``function`` of it), or a plain string of code."""
+    """(source text, language) of a Python/Triton function, a ``.cu`` file (a path or a name in the package; or
+    one ``function`` of it), or a plain string of code."""
     if isinstance(obj, (str, Path)) and str(obj).endswith((".cu", ".cuh", ".c")):
         path = Path(obj) if Path(obj).is_file() else cuda.source_path(str(obj))
         text = path.read_text()
@@ -63,12 +60,10 @@ def source_of(obj: Any, function: str | None = None) -> tuple[str, str]:
 
 
 def resolve_constexpr(lines: list[str], knobs: dict[str, Any], *, read_values: bool = False) -> list[str]:
-    """CUDA C++ ``lines`` as one instance of a template compiles them: every ``if constexpr (cond) { ... } [else
-    { ... }]`` whose condition names only knobs with a value replaced by the branch it takes, dedented one level
-    (blocks written with braces, closed at their indent). A knob whose value is None is undecided: its blocks stay,
-    their insides resolved. With ``read_values``, a knob's other uses in code (a template argument, a condition)
-    read as its value, the template's parameter line and comments aside. A step that is one instance of a shared
-    kernel shows this text, so the diff between two steps is the one change."""
+    """CUDA C++ ``lines`` as one instance of a template compiles them, so that the diff between two steps that are
+    instances of one kernel is the one change: each ``if constexpr (cond) {...} [else {...}]`` (braces closed at
+    their indent) whose knobs all have a value becomes the branch it takes, dedented; a knob set to None keeps its
+    blocks. With ``read_values``, a bool knob's other uses in code (not comments or the template line) read as it."""
     out, i = [], 0
     while i < len(lines):
         m = re.fullmatch(r"(\s*)if constexpr \((.+)\) \{\s*(?://.*)?", lines[i])
@@ -174,11 +169,8 @@ class Diff:
 
 def show_diff(old: Any, new: Any, *, old_function: str | None = None, new_function: str | None = None,
               context: int = 3, names: tuple[str, str] | None = None) -> Diff:
-    """The diff from one step of a kernel to the next (functions, ``.cu`` files, or strings).
-
-    For two functions with different names, the name in the ``def``/``__global__`` line is part
-    of the diff; that is on purpose, since the reader sees which step is which.
-    """
+    """The diff from one step of a kernel to the next (functions, ``.cu`` files, or strings). The names in the
+    ``def``/``__global__`` lines are part of it: the reader sees which step is which."""
     names = names or (_label(old, old_function), _label(new, new_function))
     return Diff(source_of(old, old_function)[0], source_of(new, new_function)[0], *names, context)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -123,21 +124,19 @@ def _ngram(run, rep: int):
                           check_values=False) for c in copies], {"step": series_of(step)})
 
 
-def _ctc(T: int, N: int, A: int):
+def _ctc(run, rep: int, *, T: int, N: int, A: int):
     """Chapter 4's entry point at (T, N, A), over as many copies of the activations as its benchmark rotates."""
-    def calls(run, rep: int):
-        from studylog.ctc import ctc_loss
-        from studylog.ctc.fused import final_step
-        from studylog.ctc.report import copies
+    from studylog.ctc import ctc_loss
+    from studylog.ctc.fused import final_step
+    from studylog.ctc.report import copies
 
-        x, targets = ctc_inputs(T, N, A, seed=rep)
+    x, targets = ctc_inputs(T, N, A, seed=rep)
 
-        def call(xi):
-            loss, grad = torch.empty(xi.shape[1], device=xi.device), torch.empty_like(xi)
-            return lambda: ctc_loss(xi, targets, out_loss=loss, out_grad=grad)
-        n = copies(run.device.get("l2_cache_bytes") or 64 * 2**20, x.numel() * 4)
-        return [call(torch.randn_like(x)) for _ in range(n)], {"step": f"step{final_step(*x.shape):02d}"}
-    return calls
+    def call(xi):
+        loss, grad = torch.empty(xi.shape[1], device=xi.device), torch.empty_like(xi)
+        return lambda: ctc_loss(xi, targets, out_loss=loss, out_grad=grad)
+    n = copies(run.device.get("l2_cache_bytes") or 64 * 2**20, x.numel() * 4)
+    return [call(torch.randn_like(x)) for _ in range(n)], {"step": f"step{final_step(*x.shape):02d}"}
 
 
 #: Chapter 2's whole step starts with the packed bitmask's copy from pinned host memory: that copy alone, replayed
@@ -203,57 +202,51 @@ def ctc_floor_states(T: int = 150, A: int = 28, *, seed: int | None = None) -> i
     return 2 * len(labels) + 1
 
 
-def _ctc_chain(frames: int, states: int, *, device="cuda"):
+def _ctc_chain(run, rep: int, *, frames: int, states: int, device="cuda"):
     """The calls of the latency floor: ``chain_floor(frames, states)`` into one output (no input to rotate)."""
-    def calls(run, rep: int):
-        from studylog.ctc.floor import chain_floor, chain_threads
+    from studylog.ctc.floor import chain_floor, chain_threads
 
-        out = torch.empty((states,), dtype=torch.float32, device=device)
-        return ([lambda: chain_floor(frames, states, device=device, out=out)],
-                {"floor": "latency", "threads": chain_threads(states)})
-    return calls
+    out = torch.empty((states,), dtype=torch.float32, device=device)
+    return ([lambda: chain_floor(frames, states, device=device, out=out)],
+            {"floor": "latency", "threads": chain_threads(states)})
 
 
-def _ternary(entry: str, n: int, k: int, fmt: str = "2bit_tiles"):
+def _ternary(run, rep: int, *, entry: str, n: int, k: int, fmt: str = "2bit_tiles"):
     """Chapter 5 at one row of x through ``entry`` (``ternary_matmul``, ``step23_w2a8_fused`` or part 1's last
     step, ``step14_workspace``, on ``2bit_mma`` weights)."""
-    def calls(run, rep: int):
-        from studylog import ternary
+    from studylog import ternary
 
-        call = getattr(ternary, entry)
-        x, w, scale = ternary_inputs(n, k, 1, seed=rep, fmt=fmt)
-        return [lambda wi=wi: call(x, wi, scale) for wi in run.rotated(w)], {}
-    return calls
+    call = getattr(ternary, entry)
+    x, w, scale = ternary_inputs(n, k, 1, seed=rep, fmt=fmt)
+    return [lambda wi=wi: call(x, wi, scale) for wi in run.rotated(w)], {}
 
 
-def _multi_item(kv_heads: int | None = None, *, device="cuda"):
+def _multi_item(run, rep: int, kv_heads: int | None = None, *, device="cuda"):
     """Chapter 6's mixed batch through its entry point: a key/value head per query head (step 5), or ``kv_heads``
     shared by groups of query heads (grouped-query attention: step 6)."""
-    def calls(run, rep: int):
-        from studylog.bench import gpu_slug
-        from studylog.multi_item import MultiItemBatch, multi_item_attention
-        from studylog.multi_item.report import BENCH_HEAD_DIM, BENCH_HEADS, bench_shapes, gqa_shapes, pinned_configs
-        from studylog.plotting import load_results
+    from studylog.bench import gpu_slug
+    from studylog.multi_item import MultiItemBatch, multi_item_attention
+    from studylog.multi_item.report import BENCH_HEAD_DIM, BENCH_HEADS, bench_shapes, gqa_shapes, pinned_configs
+    from studylog.plotting import load_results
 
-        name, prefixes, items = bench_shapes()[-1]
-        kv, series = (BENCH_HEADS, "step05") if kv_heads is None else (kv_heads, "step06")
-        if kv_heads is not None:
-            name = gqa_shapes()[0][0]
-        batch = MultiItemBatch.from_item_lens(prefixes, items, device=device)
-        sizes = [h * batch.total_tokens * BENCH_HEAD_DIM for h in (BENCH_HEADS, kv, kv)]
-        flat = torch.randn(sum(sizes), dtype=torch.bfloat16, device=device)
-        try:  # the tile config the chapter's row ran at: pinned from this GPU's committed results
-            config = pinned_configs(load_results("multi_item", gpu=gpu_slug(run.device["name"]))).get((series, name))
-        except FileNotFoundError:
-            config = None  # autotuned by the first call, before the capture
-        scale = 1.0 / math.sqrt(BENCH_HEAD_DIM)
+    name, prefixes, items = bench_shapes()[-1]
+    kv, series = (BENCH_HEADS, "step05") if kv_heads is None else (kv_heads, "step06")
+    if kv_heads is not None:
+        name = gqa_shapes()[0][0]
+    batch = MultiItemBatch.from_item_lens(prefixes, items, device=device)
+    sizes = [h * batch.total_tokens * BENCH_HEAD_DIM for h in (BENCH_HEADS, kv, kv)]
+    flat = torch.randn(sum(sizes), dtype=torch.bfloat16, device=device)
+    try:  # the tile config the chapter's row ran at: pinned from this GPU's committed results
+        config = pinned_configs(load_results("multi_item", gpu=gpu_slug(run.device["name"]))).get((series, name))
+    except FileNotFoundError:
+        config = None  # autotuned by the first call, before the capture
+    scale = 1.0 / math.sqrt(BENCH_HEAD_DIM)
 
-        def call(c):
-            q, k, v = (part.view(-1, batch.total_tokens, BENCH_HEAD_DIM) for part in c.split(sizes))
-            out = torch.empty_like(q)
-            return lambda: multi_item_attention(q, k, v, batch, sm_scale=scale, out=out, config=config)
-        return [call(c) for c in run.rotated(flat)], {"config": config}
-    return calls
+    def call(c):
+        q, k, v = (part.view(-1, batch.total_tokens, BENCH_HEAD_DIM) for part in c.split(sizes))
+        out = torch.empty_like(q)
+        return lambda: multi_item_attention(q, k, v, batch, sm_scale=scale, out=out, config=config)
+    return [call(c) for c in run.rotated(flat)], {"config": config}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,25 +267,25 @@ def cases() -> list[Case]:
     T, states = CTC_FLOOR_CASE["T"], ctc_floor_states(CTC_FLOOR_CASE["T"], CTC_FLOOR_CASE["A"])
     head = {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"}
 
-    def ternary(entry, family, n, k, *fmt):
+    def ternary(entry, family, n, k, **fmt):
         return Case("ternary", entry, {"shape": f"{n}x{k}", "family": family, "n": n, "k": k, "m": 1},
-                    _ternary(entry, n, k, *fmt))
+                    partial(_ternary, entry=entry, n=n, k=k, **fmt))
     gqa_name, _, _, gqa_kv = gqa_shapes()[0]
     return [
         Case("masked_lm_head", "MaskedHeadPlan", dict(head), _masked_head),
         Case("masked_lm_head", BITMASK_COPY_SERIES, dict(head), _bitmask_copy, role="baseline"),
         Case("ngram", "ngram_match", {"batch": 128, "seq_len": 32768, "threshold": 128}, _ngram),
-        Case("ctc", "ctc_loss", {"T": 150, "N": 8, "A": 5000}, _ctc(150, 8, 5000)),
+        Case("ctc", "ctc_loss", {"T": 150, "N": 8, "A": 5000}, partial(_ctc, T=150, N=8, A=5000)),
         *(Case("ctc", CTC_FLOOR_SERIES, CTC_FLOOR_CASE | {"frames": frames, "states": states},
-               _ctc_chain(frames, states), role="baseline") for frames in (2 * T, T)),
-        Case("ctc", "ctc_loss", dict(CTC_FLOOR_CASE), _ctc(**CTC_FLOOR_CASE)),
+               partial(_ctc_chain, frames=frames, states=states), role="baseline") for frames in (2 * T, T)),
+        Case("ctc", "ctc_loss", dict(CTC_FLOOR_CASE), partial(_ctc, **CTC_FLOOR_CASE)),
         ternary("ternary_matmul", "llama", 4096, 14336),
         ternary("step23_w2a8_fused", "bitnet", 4800, 3200),
-        ternary("step14_workspace", "llama", 4096, 14336, "2bit_mma"),
+        ternary("step14_workspace", "llama", 4096, 14336, fmt="2bit_mma"),
         Case("multi_item", "multi_item_attention", {"shape": name, "prompts": len(prefixes), "tokens": tokens},
-             _multi_item()),
+             _multi_item),
         Case("multi_item", "multi_item_attention", {"shape": gqa_name, "prompts": len(prefixes), "tokens": tokens,
-                                                    "heads": BENCH_HEADS, "kv_heads": gqa_kv}, _multi_item(gqa_kv)),
+             "heads": BENCH_HEADS, "kv_heads": gqa_kv}, partial(_multi_item, kv_heads=gqa_kv)),
         Case("speculate", FORWARD_SERIES, {"model": "smollm2", "batch": 1, "chunk": 1}, _smollm2_forward,
              role="baseline"),
     ]

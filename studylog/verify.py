@@ -20,13 +20,9 @@ def _row_key(row: dict[str, Any]) -> tuple:
 
 
 def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: float = 0.15) -> dict[str, Any]:
-    """Compare every results file under ``fresh_root/<gpu>/<chapter>.json`` with the committed file of the
-    same GPU and chapter (or, where that GPU has none, the newest committed file of any GPU, said so).
-
-    Returns ``{"files": [...]}``, one entry per fresh file: the series rows whose time moved by more than
-    ``tolerance`` (a row is the same series, role, clock and parameters in both), the rows found in only one
-    of the two, and every headline (``CHAPTER.headline``) with its committed and fresh speedup and whether
-    it holds (the fresh speedup within ``tolerance`` of the committed one)."""
+    """Compare every ``fresh_root/<gpu>/<chapter>.json`` with the committed file of that GPU (else the newest of any
+    GPU, said so). One entry per fresh file: the rows whose time moved by more than ``tolerance``, the rows found in
+    only one of the two, and every headline with its committed and fresh speedup and whether it holds."""
     from studylog import chapter as registry
     from studylog.plotting import load_results, result_files
 

@@ -4,6 +4,7 @@ The timing itself needs a GPU."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -226,8 +227,8 @@ def test_bench_records_the_ctc_floor_as_a_baseline_row(monkeypatch):
     monkeypatch.setattr(floor, "chain_floor", lambda frames, states, *, device, out: made.append(
         (frames, states, device, tuple(out.shape), out.dtype)))
     params = tails.CTC_FLOOR_CASE | {"frames": 300, "states": 127}
-    case = tails.Case("ctc", tails.CTC_FLOOR_SERIES, params, tails._ctc_chain(300, 127, device="cpu"),
-                      role="baseline")
+    calls = functools.partial(tails._ctc_chain, frames=300, states=127, device="cpu")
+    case = tails.Case("ctc", tails.CTC_FLOOR_SERIES, params, calls, role="baseline")
     monkeypatch.setattr(tails, "cases", lambda: [case])
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     run = CallingRun()
@@ -297,7 +298,7 @@ def test_multi_item_case_splits_q_k_v_by_heads(monkeypatch, kv_heads):
     monkeypatch.setattr(report, "gqa_shapes", lambda: [("tiny, mixed, 8 KV heads", [4, 3], [[2, 1], [3]], 8)])
     monkeypatch.setattr(multi_item, "multi_item_attention", lambda q, k, v, batch, **kw: seen.append(
         (q.shape, k.shape, v.shape, batch.total_tokens, kw["out"].shape)))
-    calls, extra = tails._multi_item(kv_heads, device="cpu")(RotatedRun(), 0)
+    calls, extra = tails._multi_item(RotatedRun(), 0, kv_heads, device="cpu")
     for call in calls:
         call()
     tokens = (4 + 2 + 1 + 3) + (3 + 3 + 2)  # prefix, items, and a delimiter before each item and after the last
