@@ -154,8 +154,9 @@ def info_lines() -> list[str]:
         if major < 8:
             lines.append("  below compute capability 8.0: bf16 kernels and several CUDA C++ steps do not run here")
         elif major < 9:
-            lines.append(f"  below compute capability 9.0: {runtime.SM90_ONLY} refuse to run here; every other "
-                         "kernel runs (the committed results are H100/H200)")
+            lines.append("  below compute capability 9.0: ternary steps 11 to 13 (CUDA C++: cp.async.bulk copies, and "
+                         "programmatic dependent launch in 12 and 13) refuse to run here; every other kernel runs "
+                         "(the committed results are H100/H200)")
     else:
         lines.append("GPU: no GPU")
     lines += [f"mode: {runtime.describe()}", f"  because {runtime.reason()}"]

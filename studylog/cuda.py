@@ -298,8 +298,7 @@ class CudaKernel:
         self._streams: dict[int, object] = {}
         self._launch_configs: dict[tuple, object] = {}
 
-    def __call__(self, grid, block, *args, shared_mem: int = 0, stream: torch.cuda.Stream | None = None,
-                 early: bool = False, cluster: int | None = None) -> None:
+    def __call__(self, grid, block, *args, shared_mem: int = 0, early: bool = False, cluster: int | None = None):
         """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (Hopper): the kernel may start
         once the previous one has run ``griddepcontrol.launch_dependents`` in every block, and must run
         ``griddepcontrol.wait`` before reading what it writes. ``cluster``: blocks ``cluster`` at a time along x form a
@@ -328,7 +327,7 @@ class CudaKernel:
         except struct.error as exc:
             raise TypeError(f"{self.name}: arguments {args!r} do not fit {self.signature}: {exc}") from None
         ctypes.memmove(self._block, packed, len(packed))
-        handle = stream.cuda_stream if stream is not None else _current_stream_handle()
+        handle = _current_stream_handle()
         cu_stream = self._streams.get(handle)
         driver = _driver()
         if cu_stream is None:

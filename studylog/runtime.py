@@ -78,11 +78,6 @@ def reason() -> str:
             f"(no device, or no working driver{hidden})")
 
 
-#: Where each kind of kernel needs more than the GPUs in general (the code targets sm_90, H100 and H200).
-SM90_ONLY = ("ternary steps 11 to 13 (CUDA C++: cp.async.bulk copies, and programmatic dependent launch in "
-             "12 and 13)")
-
-
 def require_gpu(what: str) -> None:
     """Raise a clear error when ``what`` needs a GPU and none is visible."""
     if not _HAS_GPU:
