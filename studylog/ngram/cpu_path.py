@@ -20,16 +20,15 @@ from studylog.paths import chapter_csrc
 
 CPU_SOURCE = chapter_csrc("ngram") / "ngram_cpu_path.c"
 
+
 def _cache_dir() -> Path:
-    for root in (os.environ.get("XDG_CACHE_HOME"), str(Path.home() / ".cache"), tempfile.gettempdir()):
-        if not root:
-            continue
+    for root in filter(None, (os.environ.get("XDG_CACHE_HOME"), str(Path.home() / ".cache"), tempfile.gettempdir())):
         folder = Path(root) / "studylog"
         try:
             folder.mkdir(parents=True, exist_ok=True)
             return folder
         except OSError:
-            continue
+            pass
     raise RuntimeError("no writable cache folder for the compiled CPU path")
 
 
@@ -57,14 +56,14 @@ def cpu_library() -> ctypes.CDLL:
 
 def cpu_path_inplace(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor,
                      config: NgramConfig) -> int:
-    """Run the C loop on CPU tensors, in place; returns the windows it compared. The arguments are validated
-    first, values included: the loop trusts every length and dtype it is given."""
+    """Run the C loop on CPU tensors, in place; returns the windows it compared. Validated first, values included:
+    the loop trusts every length and dtype it is given."""
     validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=True)
     return _run_c_loop(inputs, draft_tokens, seq_lens_this_time, config)
 
 
 def _run_c_loop(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
-    """The C loop over checked CPU tensors (nothing is checked here: the matcher checked them when built)."""
+    """The C loop over CPU tensors checked already (the matcher checked them when built)."""
     ts = [inputs.prompt_ids, inputs.prompt_lens, inputs.generated_ids, inputs.step_idx, inputs.draft_token_num,
           inputs.max_dec_len, inputs.seq_lens_encoder, inputs.seq_lens_decoder, seq_lens_this_time, draft_tokens]
     if any(t.device.type != "cpu" for t in ts):
@@ -77,35 +76,29 @@ def _run_c_loop(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: T
 
 
 class CpuPathCall:
-    """The CPU path bound to one batch, as deployed: the prompt is copied to the host once; each call copies the
-    generated tokens, lengths and draft buffers there, runs the C loop, and copies the drafts back (on CPU tensors:
-    only the loop). The prompt is copied again when its tensors are rebound or their version changes; after a
-    write torch does not see, call :meth:`refresh`."""
+    """The CPU path bound to one batch, as deployed: the prompt is copied to the host once (again when its tensors
+    are rebound or written; :meth:`refresh` after a write torch does not see); each call copies the generated tokens,
+    lengths and draft buffers there, runs the C loop and copies the drafts back (on CPU tensors: only the loop)."""
 
     def __init__(self, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig):
         self.inputs, self.draft_tokens, self.seq_lens_this_time, self.config = (
             inputs, draft_tokens, seq_lens_this_time, config)
         self.refresh()
 
-    def _prompt_changed(self) -> bool:
-        p, lens = self.inputs.prompt_ids, self.inputs.prompt_lens
-        old_p, p_version, old_lens, lens_version = self._copied  # the tensors themselves: ids may be reused
-        return p is not old_p or p._version != p_version or lens is not old_lens or lens._version != lens_version
-
     def refresh(self) -> None:
-        """Copy the prompt (ids and lengths) to the host again: a new request's admission."""
+        """Copy the prompt (ids and lengths) to the host: a new request's admission."""
         p, lens = self.inputs.prompt_ids, self.inputs.prompt_lens
-        self._copied = (p, p._version, lens, lens._version)
-        self.host_prompt = self.inputs.prompt_ids.cpu()
-        self.host_prompt_lens = self.inputs.prompt_lens.cpu()
+        self._copied = (p, lens, (p._version, lens._version))  # the tensors themselves: ids may be reused
+        self.host_prompt, self.host_prompt_lens = p.cpu(), lens.cpu()
 
     def __call__(self) -> None:
         i, draft, this_time = self.inputs, self.draft_tokens, self.seq_lens_this_time
         if i.prompt_ids.device.type == "cpu":
             _run_c_loop(i, draft, this_time, self.config)
             return
-        if self._prompt_changed():  # new prompts were admitted into the buffers
-            self.refresh()
+        p, lens, versions = self._copied
+        if i.prompt_ids is not p or i.prompt_lens is not lens or (p._version, lens._version) != versions:
+            self.refresh()  # new prompts were admitted into the buffers
         # Each .cpu() waits for the GPU: the copies are where the deployed path lost its time.
         host = NgramInputs(self.host_prompt, self.host_prompt_lens, i.generated_ids.cpu(), i.step_idx.cpu(),
                            i.draft_token_num.cpu(), i.max_dec_len.cpu(), i.seq_lens_encoder.cpu(),
