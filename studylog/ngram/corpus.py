@@ -1,10 +1,8 @@
-"""Real token sequences for chapter 3: Python's standard library, as prose and as code, in cl100k tokens.
-
-Random ids say little about which branches run on real prompts (text and code repeat tokens in a Zipfian way).
-The committed corpus (:data:`CORPUS_PATH`; no tokenizer needed to read it) holds :data:`WINDOWS` windows of
-:data:`WINDOW` tokens per kind, evenly spaced over one stream per kind: **code**, the source of
-:data:`CORPUS_FILES`; **text**, their docstrings. ``python -m studylog.ngram corpus`` rebuilds it (``--check``
-compares instead; needs ``bpe-openai``).
+"""Real token sequences for chapter 3 (random ids say little about which branches run on real prompts): Python's
+standard library in cl100k tokens. The committed corpus (:data:`CORPUS_PATH`, read without a tokenizer) holds
+:data:`WINDOWS` windows of :data:`WINDOW` tokens per kind, evenly spaced over one stream per kind: **code**, the
+source of :data:`CORPUS_FILES`; **text**, their docstrings. ``python -m studylog.ngram corpus [--check]`` rebuilds
+(or checks) it; needs ``bpe-openai``.
 """
 
 from __future__ import annotations
@@ -30,14 +28,11 @@ CORPUS_FILES = (
     "functools.py", "inspect.py", "logging/__init__.py", "pickle.py", "pydoc.py", "shutil.py", "statistics.py",
     "subprocess.py", "tarfile.py", "textwrap.py", "threading.py", "typing.py", "unittest/case.py",
 )
-#: The two kinds of document: documentation prose, and Python source.
 KINDS = ("text", "code")
-#: Tokens per window, and windows per kind.
-WINDOW = 4096
-WINDOWS = 16
+WINDOW = 4096  # tokens per window
+WINDOWS = 16  # windows per kind
 TOKENIZER = "cl100k_base"
 CORPUS_PATH = DATA / "ngram_corpus.npz"
-#: The folder of this Python's standard library.
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
@@ -50,25 +45,8 @@ def docstrings(source: str) -> str:
     return "\n\n".join(d for d in (ast.get_docstring(n, clean=True) for n in nodes) if d)
 
 
-def corpus_documents() -> tuple[dict[str, list[str]], dict[str, str]]:
-    """The documents of each kind (one per file of :data:`CORPUS_FILES`, in order) and each file's SHA-256."""
-    docs: dict[str, list[str]] = {kind: [] for kind in KINDS}
-    digests = {}
-    for name in CORPUS_FILES:
-        path = STDLIB / name
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: the corpus reads {name} of the Python standard library")
-        raw = path.read_bytes()
-        digests[name] = hashlib.sha256(raw).hexdigest()
-        source = raw.decode("utf-8")
-        docs["code"].append(source)
-        docs["text"].append(docstrings(source))
-    return docs, digests
-
-
 def window_starts(stream_len: int, windows: int = WINDOWS, window: int = WINDOW) -> list[int]:
-    """Evenly spaced starts of ``windows`` windows of ``window`` tokens in a stream, the first at 0, the last at
-    the end."""
+    """Evenly spaced starts of ``windows`` windows of ``window`` tokens in a stream, from 0 to its end."""
     if stream_len < window:
         raise ValueError(f"a stream of {stream_len} tokens holds no window of {window}")
     if windows == 1:
@@ -85,7 +63,16 @@ def build_corpus() -> dict:
         raise ImportError("building the n-gram corpus needs the tokenizer package bpe-openai "
                           "(pip install bpe-openai); loading the committed corpus does not") from exc
     encoding = bpe_openai.get_encoding(TOKENIZER)
-    docs, digests = corpus_documents()
+    docs: dict[str, list[str]] = {kind: [] for kind in KINDS}  # one document per file of CORPUS_FILES, in order
+    digests = {}
+    for name in CORPUS_FILES:
+        path = STDLIB / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the corpus reads {name} of the Python standard library")
+        raw = path.read_bytes()
+        digests[name] = hashlib.sha256(raw).hexdigest()
+        docs["code"].append(raw.decode("utf-8"))
+        docs["text"].append(docstrings(docs["code"][-1]))
     out: dict = {}
     meta = {"python": ".".join(map(str, sys.version_info[:3])), "tokenizer": TOKENIZER,
             "bpe_openai": getattr(bpe_openai, "__version__", "unknown"), "files": list(CORPUS_FILES),
@@ -134,12 +121,8 @@ def load_corpus(path: Path = CORPUS_PATH) -> Corpus:
 def stdlib_differences(meta: dict) -> list[str]:
     """The corpus files that differ from (or are missing in) this Python's standard library: a rebuild reproduces
     the committed ids only when there are none."""
-    differ = []
-    for name, digest in meta["sha256"].items():
-        path = STDLIB / name
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-            differ.append(name)
-    return differ
+    return [name for name, digest in meta["sha256"].items()
+            if not (STDLIB / name).is_file() or hashlib.sha256((STDLIB / name).read_bytes()).hexdigest() != digest]
 
 
 def main(argv: list[str] | None = None) -> int:
