@@ -1,6 +1,5 @@
-"""The GPU algorithms in plain Python, so that the tests and the notebook check each against the reference on any
-machine: step 5's one-pass search (:func:`model_one_pass_keys`) and step 11's skip rule (:func:`model_budget_refused`).
-"""
+"""The GPU algorithms in plain Python, to check against the reference on any machine: step 5's one-pass search
+(:func:`model_one_pass_keys`) and step 11's skip rule (:func:`model_budget_refused`)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,8 @@ SCAN_THREADS = 1024
 
 
 def match_key(n: int, source: int, start: int) -> int:
-    """The 64-bit key of a match (``make_key`` in ``ngram_common.cuh``): larger n first, then the
-    prompt (source 0) before the generated tokens (1), then the leftmost start."""
+    """The 64-bit key of a match (``make_key`` in ``ngram_common.cuh``): larger n first, then the prompt (source 0)
+    before the generated tokens (1), then the leftmost start."""
     return ((2 * (NGRAM_MAX - n) + source) << 32) | start
 
 
@@ -72,9 +71,8 @@ def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig,
 
 
 def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[bool]:
-    """Step 11's skip rule (``budget_bound_part`` in ``ngram_stream.cu``): an active slot is refused whatever the
-    searches find when the smallest running total (every slot so far at its base) plus ``left`` reaches
-    ``threshold - 1``."""
+    """Step 11's skip rule (``budget_bound_part``, ``ngram_stream.cu``): an active slot is refused whatever the
+    searches find when the smallest running total (each slot so far at its base) plus ``left`` reaches threshold - 1."""
     plans = slot_plans(inputs, config, seq_lens_this_time)
     left = sum(p[1] for p in plans)
     smallest_total = 0

@@ -1,9 +1,6 @@
-"""The specification of n-gram matching: the deployed operator's rules, line by line.
-
-Each active slot looks up its last ``n`` generated tokens (``n`` from ``max_ngram_size`` down to
-``min_ngram_size``) in its prompt, then in its earlier generated tokens, and proposes the tokens that followed the
-**leftmost** earlier occurrence as drafts, under a batch-wide budget (``threshold``). The rules are the serial CPU
-operator's that serving engines ran; every step must reproduce :func:`reference_ngram_match` bit for bit.
+"""The specification of n-gram matching: the rules of the serial CPU operator serving engines ran, line by line
+(``n`` from ``max_ngram_size`` down to ``min_ngram_size``; the **leftmost** earlier occurrence; the batch budget
+``threshold``). Every step must reproduce :func:`reference_ngram_match` bit for bit.
 """
 
 from __future__ import annotations
@@ -14,32 +11,29 @@ from torch import Tensor
 
 from studylog.ngram.formats import NgramConfig, NgramInputs, validate
 
+
 def _leftmost_continuation(hay: list[int], hay_len: int, pattern: list[int], cap: int):
     """(start, drafts) of the leftmost window ``hay[i:i+n] == pattern`` followed by at least one token, or None
     (a window at the very end is skipped, as deployed; ``cap <= 0`` never yields drafts)."""
     n = len(pattern)
     for i in range(hay_len - n + 1):
-        if hay[i:i + n] == pattern:
-            start = i + n
-            end = min(start + cap, hay_len)
-            if start >= end:
-                continue
-            return i, hay[start:end]
+        end = min(i + n + cap, hay_len)
+        if hay[i:i + n] == pattern and i + n < end:
+            return i, hay[i + n:end]
     return None
 
 
 def reference_ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                           seq_lens_this_time: Int32[Tensor, " batch"], config: NgramConfig = NgramConfig(),
                           *, trace: list | None = None) -> tuple[Tensor, Tensor]:
-    """The specification: returns new (draft_tokens, seq_lens_this_time) on the CPU; the inputs are
-    not modified. Pass a list as ``trace`` to get one dict per slot saying what happened and why."""
+    """The specification: new (draft_tokens, seq_lens_this_time) on the CPU, the inputs unchanged. A list passed as
+    ``trace`` gets one dict per slot saying what happened and why."""
     validate(inputs, draft_tokens, seq_lens_this_time, config)
     prompt, gen = inputs.prompt_ids.tolist(), inputs.generated_ids.tolist()
     prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
     draft_token_num, max_dec_len = inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist()
     encoder, decoder = inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist()
-    draft = draft_tokens.tolist()
-    this_time = seq_lens_this_time.tolist()
+    draft, this_time = draft_tokens.tolist(), seq_lens_this_time.tolist()
     batch, threshold = len(this_time), config.threshold
 
     # Slots that still need at least one token this step. The budget reserves one token for each
