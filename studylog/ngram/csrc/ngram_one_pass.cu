@@ -1,22 +1,15 @@
-// Steps 5 to 7 and 12: one pass over each haystack for every n at once.
-// A window of size n that ends at position e matches the last n generated tokens exactly when
-// hay[.. e] and the generated tokens share a common suffix of length >= n. So a thread looks at
-// an end position e, measures that suffix (one comparison in almost every position: the newest
-// token rarely matches), and the largest n it allows is that end's best candidate. Keys
-// (ngram_common.cuh) rank candidates, so the block keeps the best with one atomicMin.
-//
-//   step 5, ngram_search_one_pass <<<batch, 256>>>: one block per slot, every tile of both haystacks,
-//       no barrier in the loop; phase 2 is still ngram_budget_scan (a second launch). (Stopping once
-//       nothing left can beat the best key costs two barriers a tile here, more than the bytes it
-//       saves; steps 8 to 11 stop with one load a tile instead.)
-//   step 6, ngram_one_pass_split <<<(batch, chunks), 256>>>: each slot's haystacks are split into
-//       chunks, one block each, so a few long slots still fill the GPU; blocks publish their best
-//       key with a global atomicMin and skip what can no longer win. Phase 2 is a second launch,
-//       ngram_budget_scan_reset <<<1, 1024>>>, which also leaves the keys ready for the next call.
-//   step 7, ngram_one_pass_fused <<<(batch, chunks), 256>>>: step 6's kernel, whose last block to
-//       finish runs phase 2, so the whole step is one launch.
-//   step 12, ngram_one_pass_split_early, then ngram_budget_scan_early launched early: step 6, with phase 2
-//       scheduled before the search ends (steps 8 to 11 are in ngram_stream.cu).
+// Steps 5 to 7 and 12: one pass over each haystack for every n at once. A window of size n ending at e
+// matches the last n generated tokens exactly when hay[.. e] and the generated tokens share a suffix of
+// length >= n, so a thread measures that suffix at its end positions (one comparison almost everywhere: the
+// newest token rarely matches), and the largest n it allows is that end's candidate. Keys
+// (ngram_common.cuh) rank candidates, so one atomicMin keeps the best.
+//   step 5, ngram_search_one_pass <<<batch, 256>>>: a block per slot, no barrier in the loop, then
+//       ngram_budget_scan. (Stopping once nothing left can beat the best key costs two barriers a tile
+//       here, more than the bytes it saves; steps 8 to 11 stop with one load a tile instead.)
+//   step 6, ngram_one_pass_split <<<(batch, chunks), 256>>>: a block per chunk of each slot's haystacks,
+//       so a few long slots still fill the GPU; phase 2 is a second launch, ngram_budget_scan_reset.
+//   step 7, ngram_one_pass_fused: step 6's kernel, whose last block to finish runs phase 2: one launch.
+//   step 12, ngram_one_pass_split_early, then ngram_budget_scan_early: step 6 with phase 2 launched early.
 #include "ngram_common.cuh"
 
 #define ITEMS 4  // end positions per thread per tile: independent loads in flight

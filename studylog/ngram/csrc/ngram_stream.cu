@@ -1,18 +1,12 @@
-// Steps 8 to 11: the fused one-pass kernel, streamed (ngram_stream <<<(batch, chunks), 256>>>).
-// Step 7 reads each haystack at most once in one launch, but its loop is not a streaming read.
-// One template, ngram_stream<LOADS, VEC, EVICT_FIRST, SKIP_REFUSED>; each step is an instance that
-// turns one more knob on:
-//   step 8, <4, 1, false, false>: no barrier in the loop. In step 7 every tile ends with two
-//     __syncthreads (a shared best key, then a shared stop flag), so each warp waits for the block's
-//     slowest load before its next loads go out, and the memory pipe drains once per tile. Here every
-//     thread runs on its own: it publishes a candidate itself (a global atomicMin, rare: only where
-//     the newest token matches) and reads the slot's global key with each tile to know when to stop.
-//     LOADS loads of one token per thread per tile, and no shared pattern: the only token the loop
-//     compares with is in a register.
-//   step 9, <4, VEC, false, false>: VEC = 2 tokens a load (16 bytes) where every row is 16-byte
-//     aligned.
-//   step 10, <4, VEC, true, false>: haystack lines are loaded evict-first, so a scan that reads each
-//     byte once does not push out of L2 what other work still needs.
+// Steps 8 to 11: step 7's fused one-pass search as a streaming read (ngram_stream <<<(batch, chunks), 256>>>).
+// One template, ngram_stream<LOADS, VEC, EVICT_FIRST, SKIP_REFUSED>; each step turns one more knob on:
+//   step 8, <4, 1, false, false>: no barrier in the loop. In step 7 every tile ends with two __syncthreads
+//     (a shared best key, then a shared stop flag), so each warp waits for the block's slowest load and the
+//     memory pipe drains once per tile. Here each thread publishes its own candidate (a global atomicMin,
+//     rare: only where the newest token matches) and reads the slot's key with each tile to know when to
+//     stop. LOADS loads of one token per thread per tile; the one token compared with is in a register.
+//   step 9, <4, VEC, false, false>: VEC = 2 tokens a load (16 bytes) where every row is 16-byte aligned.
+//   step 10, <4, VEC, true, false>: haystack lines are loaded evict-first (load_tokens).
 //   step 11, <4, VEC, true, true>: a slot the batch budget refuses whatever the searches find is not
 //     searched (the serial loop never searched it either). The bound needs only per-slot facts.
 #include "ngram_common.cuh"
