@@ -26,8 +26,7 @@ from studylog.masked_lm_head.reorder import ReorderedHead, cluster_order, reorde
 from studylog.masked_lm_head.report import bench, headline
 from studylog.masked_lm_head import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
-#: Each step's function: what its page shows (its kernel; step 12: its rule) and what it changes. Its number and
-#: slug are the function's name (``stepNN_<slug>``).
+#: Each step's function (``stepNN_<slug>``): what its page shows (its kernel; step 12: its rule) and what it changes.
 _STEPS = {
     step00_dense: (dense_matmul_kernel, "the Triton matmul tutorial's structure, all logits, then masked_fill"),
     step01_block_skip: (block_skip_kernel, "a program whose block of tokens has nothing allowed returns at once"),
@@ -74,13 +73,7 @@ CHAPTER = Chapter(
 )
 
 __all__ = [
-    "CHAPTER", "ops",
-    # the steps, the general entry point (step 12's dispatch) and its capturable form for a decode loop (step 13)
-    "step00_dense", "step01_block_skip", "step02_column_skip", "step03_row_skip", "step04_compact",
-    "step05_one_wait", "step06_fill_first", "step07_stream", "step08_few_ids", "step09_union", "step10_batched",
-    "step11_reordered", "step12_dispatch", "step13_plan", "masked_logits", "MaskedHeadPlan",
-    # formats and the reference
+    "CHAPTER", "ops", *(function.__name__ for function in _STEPS), "masked_logits", "MaskedHeadPlan",
     "VOCAB", "HIDDEN", "FEW_IDS_MAX", "AllowedTokens", "pack_bitmask", "reference_logits", "check_logits",
-    # step 11's reordered vocabulary, step 12's rule, and the dense peer (torch: cuBLAS, then masked_fill)
     "ReorderedHead", "cluster_order", "DispatchRule", "FALLBACK_RULE", "dispatch_rule", "choose_path", "cublas_masked",
 ]

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from jaxtyping import Float
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
-from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, AllowedTokens, Tiles, check_inputs,
-                                             default_tiles, dot_dtype, need_batch1, need_layout, output, stream_tiles)
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, AllowedTokens, Hidden, Logits, Tiles, Weight,
+                                             check_inputs, default_tiles, dot_dtype, need_batch1, need_layout, output,
+                                             stream_tiles)
 
 # Steps 4-7 share their fill programs, and steps 5-7 their row programs: two jit helpers, inlined where called.
 # Each takes the program id and the first id of its kind and subtracts them itself: a difference computed before
@@ -272,8 +272,7 @@ NO_IDS = (-1,) * FEW_IDS_MAX  # step 8's unused id slots: no output position equ
 def _rows_and_fill(kernel, name: str, h, weight, allowed: AllowedTokens, layout: str, out, tiles: Tiles | None, *,
                    chunked: bool = False, fill_first: bool = False, **constexprs) -> Tensor:
     """Steps 4-7 (batch 1, one kernel signature): row programs of ``block_v`` allowed ids, then fill programs
-    (``fill_first``: the other way round, step 6); the kernel gets the count of the first kind. ``chunked``: step
-    4's rows, ``BLOCK_D`` at a time; otherwise a row is one tile of ``D_POW2``."""
+    (``fill_first``: the other way round, step 6). ``chunked``: step 4's rows, ``BLOCK_D`` at a time."""
     need_layout(name, layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     need_batch1(name, batch)
@@ -290,39 +289,34 @@ def _rows_and_fill(kernel, name: str, h, weight, allowed: AllowedTokens, layout:
     return out
 
 
-def step04_compact(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                   layout: str = "vd", out: Float[Tensor, "1 v"] | None = None,
-                   tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
-    """Step 4 (batch 1): programs over the allowed ids only, reading whole rows; the rest of the grid writes
-    the ``-inf``."""
+def step04_compact(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
+                   tiles: Tiles | None = None) -> Logits:
+    """Step 4 (batch 1): programs over the allowed ids only, reading whole rows; the rest of the grid writes -inf."""
     return _rows_and_fill(compact_rows_kernel, "step04_compact", h, weight, allowed, layout, out, tiles, chunked=True)
 
 
-def step05_one_wait(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                    layout: str = "vd", out: Float[Tensor, "1 v"] | None = None,
-                    tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
+def step05_one_wait(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
+                    tiles: Tiles | None = None) -> Logits:
     """Step 5 (batch 1): step 4, each row loaded as one tile and reduced once (one wait for memory a row)."""
     return _rows_and_fill(one_wait_kernel, "step05_one_wait", h, weight, allowed, layout, out, tiles)
 
 
-def step06_fill_first(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                      layout: str = "vd", out: Float[Tensor, "1 v"] | None = None,
-                      tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
+def step06_fill_first(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd",
+                      out: Logits | None = None, tiles: Tiles | None = None) -> Logits:
     """Step 6 (batch 1): step 5, the fill programs first (it did not pay: steps 7 and 8 build on step 5)."""
     return _rows_and_fill(fill_first_kernel, "step06_fill_first", h, weight, allowed, layout, out, tiles,
                           fill_first=True)
 
 
-def step07_stream(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                  layout: str = "vd", out: Float[Tensor, "1 v"] | None = None,
-                  tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
+def step07_stream(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
+                  tiles: Tiles | None = None) -> Logits:
     """Step 7 (batch 1): step 5, the rows read once under an L2 evict-first policy (:data:`EVICTION`)."""
     return _rows_and_fill(compact_stream_kernel, "step07_stream", h, weight, allowed, layout, out, tiles,
                           EVICTION=EVICTION)
 
 
-def step08_few_ids(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                   out: Float[Tensor, "1 v"] | None = None, tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
+def step08_few_ids(h: Hidden, weight: Weight, allowed: AllowedTokens, *, out: Logits | None = None,
+                   tiles: Tiles | None = None) -> Logits:
     """Step 8 (batch 1, at most :data:`FEW_IDS_MAX` ids): the ids are launch arguments, so no program loads an
     id or the mask (a CUDA graph of a call replays the same ids)."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
@@ -359,15 +353,13 @@ def _union_and_fill(kernel, name: str, step: int, h, weight, allowed: AllowedTok
     return out
 
 
-def step09_union(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                 layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
-                 tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+def step09_union(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
+                 tiles: Tiles | None = None) -> Logits:
     """Step 9: any batch, each sequence its own set; each union row read once, reduced against each sequence."""
     return _union_and_fill(union_sums_kernel, "step09_union", 9, h, weight, allowed, layout, out, tiles)
 
 
-def step10_batched(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                   layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
-                   tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+def step10_batched(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
+                   tiles: Tiles | None = None) -> Logits:
     """Step 10: step 9, each block of union rows multiplied with the hidden states on the tensor cores."""
     return _union_and_fill(batched_union_kernel, "step10_batched", 10, h, weight, allowed, layout, out, tiles, dot=True)

@@ -11,8 +11,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
-from studylog.masked_lm_head.formats import (AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype,
-                                             need_layout, output)
+from studylog.masked_lm_head.formats import (AllowedTokens, Hidden, Logits, Tiles, Weight, check_inputs, default_tiles,
+                                             dot_dtype, need_layout, output)
+
+WDV = Float[Tensor, "d v"]  # the post's layout of the weight
 
 # Step 0: dense, the Triton matmul tutorial's structure (C[M, N] = A[M, K] @ B[K, N])
 # Here A = h [B, D] and "B" is the head seen as [D, V]: its strides say which layout it has.
@@ -187,14 +189,6 @@ def row_skip_kernel(
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
-def step00_dense(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
-                 allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
-                 tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
-    """Step 0: every logit (tutorial matmul), then torch's ``masked_fill`` writes the ``-inf``."""
-    out = _tiled_matmul(dense_matmul_kernel, h, weight, allowed, layout, out, tiles, 0)
-    return out.masked_fill_(allowed.disallowed, float("-inf"))
-
-
 def _tiled_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
     """Steps 0 to 2: one program per output tile, grouped; steps 1 and 2's kernels also read the mask."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
@@ -211,23 +205,27 @@ def _tiled_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
     return out
 
 
-def step01_block_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
-                      allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
-                      tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+def step00_dense(h: Hidden, weight: Weight | WDV, allowed: AllowedTokens, *, layout: str = "vd",
+                 out: Logits | None = None, tiles: Tiles | None = None) -> Logits:
+    """Step 0: every logit (tutorial matmul), then torch's ``masked_fill`` writes the ``-inf``."""
+    out = _tiled_matmul(dense_matmul_kernel, h, weight, allowed, layout, out, tiles, 0)
+    return out.masked_fill_(allowed.disallowed, float("-inf"))
+
+
+def step01_block_skip(h: Hidden, weight: Weight | WDV, allowed: AllowedTokens, *, layout: str = "vd",
+                      out: Logits | None = None, tiles: Tiles | None = None) -> Logits:
     """Step 1: blocks without an allowed token are skipped; active blocks mask their output."""
     return _tiled_matmul(block_skip_kernel, h, weight, allowed, layout, out, tiles, 1)
 
 
-def step02_column_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
-                       allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
-                       tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+def step02_column_skip(h: Hidden, weight: Weight | WDV, allowed: AllowedTokens, *, layout: str = "vd",
+                       out: Logits | None = None, tiles: Tiles | None = None) -> Logits:
     """Step 2: step 1, and inside an active block the disallowed columns are not loaded."""
     return _tiled_matmul(column_skip_kernel, h, weight, allowed, layout, out, tiles, 2)
 
 
-def step03_row_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                    layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
-                    tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+def step03_row_skip(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
+                    tiles: Tiles | None = None) -> Logits:
     """Step 3: block skip + row skip on the ``[V, D]`` layout (a disallowed token = a row not read)."""
     need_layout("step03_row_skip", layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)

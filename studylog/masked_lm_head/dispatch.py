@@ -11,14 +11,12 @@ from typing import Any, Mapping
 
 import torch
 import triton
-from jaxtyping import Float
-from torch import Tensor
 
 from studylog.masked_lm_head.compact import (EVICTION, NO_IDS, batched_union_kernel, compact_stream_kernel,
                                              few_ids_kernel)
 from studylog.masked_lm_head.dense import row_skip_kernel
-from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, VOCAB, AllowedTokens, Tiles, check_inputs,
-                                             default_tiles, dot_dtype, output, stream_tiles)
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, VOCAB, AllowedTokens, Hidden, Logits, Tiles,
+                                             Weight, check_inputs, default_tiles, dot_dtype, output, stream_tiles)
 from studylog.masked_lm_head.launch import FastKernel
 
 #: The dense paths: step 3's kernel, or torch's matmul with fp32 output then ``masked_fill``.
@@ -28,9 +26,8 @@ DENSE_PATHS = ("row_skip", "cublas")
 @dataclass(frozen=True)
 class DispatchRule:
     """The thresholds of :func:`choose_path`, per batch size: ``compact_max_fraction``, the largest union (a
-    fraction of V) that takes a compacted kernel; ``dense_path``, the path above it. A batch above 1 never takes
-    batch 1's entries (with keys {1, 4}, batch 2 takes key 4's). ``few_max``: batch-1 sets this small take step 8.
-    """
+    fraction of V) that takes a compacted kernel; ``dense_path``, the path above it (a batch above 1 never takes
+    batch 1's entries: with keys {1, 4}, batch 2 takes key 4's). ``few_max``: batch-1 sets this small take step 8."""
 
     compact_max_fraction: Mapping[int, float]
     dense_path: Mapping[int, str]
@@ -118,10 +115,8 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
         last_win, first_loss = win_range([(q["union"], q["compact"] <= q["dense"]) for q in pts])
         fraction[batch] = min(1.0, (last_win or 0) / vocab)  # never past what was measured to win
         both = [q for q in pts if q["row_skip"] is not None and q["cublas"] is not None]
-        if both:
-            faster_row = sum(q["row_skip"] for q in both) <= sum(q["cublas"] for q in both)
-        else:
-            faster_row = any(q["row_skip"] is not None for q in pts)
+        faster_row = (sum(q["row_skip"] for q in both) <= sum(q["cublas"] for q in both) if both
+                      else any(q["row_skip"] is not None for q in pts))
         dense[batch] = "row_skip" if faster_row else "cublas"
     few = [(q["union"], q["few"] <= q["stream"]) for (b, _), qs in points.items() if b == 1 for q in qs
            if q["few"] is not None and q["stream"] is not None]
@@ -132,8 +127,7 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
 
 @functools.lru_cache(maxsize=None)
 def dispatch_rule() -> DispatchRule:
-    """:func:`masked_logits`'s rule: this GPU's committed results, else any GPU's newest, else
-    :data:`FALLBACK_RULE`. Read once."""
+    """:func:`masked_logits`'s rule: this GPU's committed results, else any GPU's newest, else :data:`FALLBACK_RULE`."""
     from studylog import plotting
 
     try:
@@ -165,15 +159,12 @@ def choose_path(batch: int, vocab: int, union_count: int, rule: DispatchRule | N
     (step 10), ``"row_skip"`` (step 3) or ``"cublas"``."""
     rule = rule or dispatch_rule()
     max_union, dense = rule.limits(batch, vocab)
-    if union_count <= max_union:
-        if batch > 1:
-            return "batched"
-        return "few_ids" if union_count <= rule.few_max else "stream"
-    return dense
+    if union_count > max_union:
+        return dense
+    return "batched" if batch > 1 else "few_ids" if union_count <= rule.few_max else "stream"
 
 
-def cublas_masked(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                  out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
+def cublas_masked(h: Hidden, weight: Weight, allowed: AllowedTokens, *, out: Logits | None = None) -> Logits:
     """The dense path through torch: ``h @ W.T`` with fp32 output (cuBLAS on the GPU), then ``masked_fill``."""
     batch, vocab, _ = check_inputs(h, weight, allowed, "vd", out)
     out = output(out, batch, vocab, h.device)
@@ -181,7 +172,7 @@ def cublas_masked(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed
     return out.masked_fill_(allowed.disallowed, float("-inf"))
 
 
-def dense_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], out: Float[Tensor, "b v"]) -> None:
+def dense_logits(h: Hidden, weight: Weight, out: Logits) -> None:
     """``out = h @ weight.T`` in fp32, never rounded to bf16 (on the CPU the operands are widened first)."""
     global _MM_OUT_DTYPE
     if h.is_cuda and _MM_OUT_DTYPE is not False:
@@ -224,8 +215,8 @@ def launch_constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> d
 _LAUNCH_CONSTEXPRS: dict[tuple, tuple] = {}
 
 
-def step12_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                    out: Float[Tensor, "b v"] | None = None, rule: DispatchRule | None = None) -> Float[Tensor, "b v"]:
+def step12_dispatch(h: Hidden, weight: Weight, allowed: AllowedTokens, *, out: Logits | None = None,
+                    rule: DispatchRule | None = None) -> Logits:
     """Step 12: the fastest path for this batch size and allowed count (:func:`choose_path`). A CUDA graph of a
     call replays only the *same* ``allowed`` (path, grid and ids are fixed at capture): see ``MaskedHeadPlan``."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
@@ -259,8 +250,7 @@ def step12_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
     return out
 
 
-def masked_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
-                  out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
+def masked_logits(h: Hidden, weight: Weight, allowed: AllowedTokens, *, out: Logits | None = None) -> Logits:
     """Masked LM head by step 12: fp32 logits where ``allowed``, ``-inf`` elsewhere; ``weight`` is
     ``lm_head.weight``, ``[V, D]``, bf16 or fp16. In a CUDA graph, see ``MaskedHeadPlan``."""
     return step12_dispatch(h, weight, allowed, out=out)

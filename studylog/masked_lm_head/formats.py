@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-from jaxtyping import Bool, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from studylog import runtime
@@ -23,22 +23,20 @@ if TYPE_CHECKING:
     from studylog.masked_lm_head.reorder import VocabOrder
 
 #: The post's head: a 3072-wide hidden state and a 128k vocabulary (Llama 3's 128256 tokens).
-VOCAB = 128_256
-HIDDEN = 3072
+VOCAB, HIDDEN = 128_256, 3072
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 #: Allowed sets up to this size also keep their ids on the host, for step 8's launch-argument slots.
 FEW_IDS_MAX = 8
 #: The weight layouts: ``"vd"`` is ``[V, D]`` (PyTorch's ``lm_head.weight``), ``"dv"`` the post's ``[D, V]``.
 LAYOUTS = ("vd", "dv")
+Hidden, Weight, Logits = Float[Tensor, "b d"], Float[Tensor, "v d"], Float[Tensor, "b v"]  # a step's h, weight, output
 
-
-# Allowed-token sets
 
 @dataclass(frozen=True, eq=False)
 class AllowedTokens:
-    """Which tokens each sequence of a batch may produce next, in the forms the kernels read: ``union_ids``, the
-    sorted int32 ids some sequence allows; ``few_ids``, the same as host ints when at most :data:`FEW_IDS_MAX`.
-    Build it once per FSM state: the constructors check every id, so the steps need no device round trip."""
+    """Which tokens each sequence of a batch may produce next: ``union_ids``, the sorted int32 ids some sequence
+    allows; ``few_ids``, the same as host ints when at most :data:`FEW_IDS_MAX`. Build it once per FSM state: the
+    constructors check every id, so the steps need no device round trip."""
 
     vocab_size: int
     mask: Bool[Tensor, "b v"]
@@ -66,9 +64,7 @@ class AllowedTokens:
     @cached_property
     def kernel_ids(self) -> Int[Tensor, " u"]:
         """``union_ids``, never empty (some Triton launchers refuse a null pointer); read up to ``union_count``."""
-        if self.union_count:
-            return self.union_ids
-        return torch.zeros(1, dtype=torch.int32, device=self.device)
+        return self.union_ids if self.union_count else torch.zeros(1, dtype=torch.int32, device=self.device)
 
     @cached_property
     def disallowed(self) -> Bool[Tensor, "b v"]:
@@ -164,8 +160,6 @@ def unpack_bitmask(bitmask: Int[Tensor, "b w"], vocab_size: int) -> Bool[Tensor,
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-# Tile sizes
-
 @dataclass(frozen=True)
 class Tiles:
     """Block sizes (powers of two) and launch options of a kernel call: ``block_b`` sequences (16 or more for
@@ -199,8 +193,7 @@ def default_tiles(step: int, batch: int, allowed_rows: int = 0) -> Tiles:
 @functools.lru_cache(maxsize=None)
 def _tiles_for(step: int, block_b: int, rows_class: int) -> Tiles:
     if step == 4:  # one to four whole rows per program: few rows keep every SM busy when little is allowed
-        return Tiles(block_b=1, block_v=(1, 2, 4)[rows_class], block_d=1024, fill_block=4096, num_warps=4,
-                     num_stages=1)
+        return Tiles(block_b=1, block_v=(1, 2, 4)[rows_class], block_d=1024, fill_block=4096, num_warps=4, num_stages=1)
     if step in (5, 6, 7):
         return _STREAM_TILES[rows_class == 2]
     if step == 8:
@@ -235,17 +228,14 @@ def dot_dtype(dtype: torch.dtype):
 
 # Input checks (no device synchronisation: ids were checked when AllowedTokens was built)
 
-_DTYPES = frozenset(WEIGHT_DTYPES)
-
-
 def check_inputs(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tuple[int, int, int]:
-    """Validate a step's arguments and return (B, V, D): the common case in one expression over host metadata,
-    anything else through the checks one by one, so the error names the argument."""
+    """(B, V, D) of valid arguments: the common case in one expression over host metadata, anything else through the
+    checks one by one, so the error names the argument."""
     try:
         hs, ws = h.shape, weight.shape
         dev = h.get_device()
         if (type(allowed) is AllowedTokens and len(hs) == 2 and len(ws) == 2 and h.dtype is weight.dtype
-                and h.dtype in _DTYPES and h.is_contiguous() and weight.is_contiguous()
+                and h.dtype in WEIGHT_DTYPES and h.is_contiguous() and weight.is_contiguous()
                 and dev == weight.get_device() == allowed.mask.get_device() and (dev >= 0) == _ON_GPU
                 and (dev >= 0 or (h.is_cpu and weight.is_cpu and allowed.mask.is_cpu))):
             batch, hidden = hs
@@ -302,7 +292,7 @@ def _check_inputs_detailed(h: Any, weight: Any, allowed: Any, layout: str, out: 
 
 
 def output(out: Tensor | None, batch: int, vocab: int, device) -> Tensor:
-    """``out``, or a new fp32 ``[batch, vocab]`` (pass ``out`` in a decode loop)."""
+    """``out``, or a new fp32 ``[batch, vocab]``."""
     return torch.empty(batch, vocab, dtype=torch.float32, device=device) if out is None else out
 
 
@@ -316,8 +306,6 @@ def need_batch1(step: str, batch: int) -> None:
         raise ValueError(f"{step} handles one sequence; h has batch {batch} (use step10_batched or masked_logits)")
 
 
-# The float64 reference
-
 def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: str = "vd") -> Tensor:
     """float64 logits, ``-inf`` where not allowed."""
     w = weight.double() if layout == "vd" else weight.double().t()
@@ -325,8 +313,7 @@ def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: 
     return logits.masked_fill(~allowed.mask.to(logits.device), float("-inf"))
 
 
-#: The unit roundoff of fp32 (round to nearest).
-FP32_UNIT_ROUNDOFF = 2.0**-24
+FP32_UNIT_ROUNDOFF = 2.0**-24  # round to nearest
 #: How a path adds a logit's products: ``"dot"`` (``tl.dot``, cuBLAS) or ``"row"`` (one program reduces a row:
 #: steps 4-9 and the plan's batch-1 kernel).
 SUMMATIONS = ("dot", "row")
@@ -334,14 +321,10 @@ SUMMATIONS = ("dot", "row")
 
 def accumulation_depth(hidden: int, summation: str = "dot") -> int:
     """The depth ``k`` of :func:`error_bound`: how many fp32 additions, at most, one product ``h_i w_i`` goes
-    through on its way into a logit.
-
-    ``"dot"``: ``tl.dot`` (and cuBLAS) adds 16 products at a time into one fp32 accumulator: ``ceil(D / 16)``
-    accumulations in a chain, at most 4 levels inside one instruction, and tensor cores may truncate when they
-    align the addends (``2u`` instead of ``u``): ``k = 2 (ceil(D / 16) + 4)``. ``"row"``: 128 threads reduce at
-    most two whole rows padded to ``D' = next_power_of_2(D)``, each thread a chain of at most ``2 D' / 128``
-    values, then a tree of 7 levels, rounding to nearest: ``k = 2 D' / 128 + 7`` (step 4's and step 9's chunks
-    of the row add fewer at the chapter's tiles).
+    through into a logit. ``"dot"``: ``tl.dot`` (and cuBLAS) adds 16 products at a time into one accumulator,
+    ``ceil(D / 16)`` in a chain plus at most 4 levels inside an instruction, and tensor cores may truncate when they
+    align the addends (``2u``): ``k = 2 (ceil(D / 16) + 4)``. ``"row"``: 128 threads reduce at most two rows padded
+    to ``D' = next_power_of_2(D)``, a chain of ``2 D' / 128`` each, then a tree of 7 levels: ``k = 2 D' / 128 + 7``.
     """
     if summation == "row":
         return 2 * -(-triton.next_power_of_2(int(hidden)) // 128) + 7

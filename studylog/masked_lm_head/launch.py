@@ -26,10 +26,8 @@ except ImportError:  # older Triton: no launch hooks to respect
 
 def _installed(hook) -> bool:
     """Whether a launch hook is installed: a callable, or a chain of hooks (Triton 3.4+) holding one."""
-    if hook is None:
-        return False
     calls = getattr(hook, "calls", None)
-    return bool(calls) if calls is not None else True
+    return hook is not None and (calls is None or bool(calls))
 
 
 def specialization(args: tuple, skip: frozenset[int] = frozenset()) -> tuple[tuple, list]:
@@ -64,17 +62,13 @@ class FastKernel:
             self._skip, self._trailing, self._n_runtime, self._n_constexpr = frozenset(), False, -1, 0
 
     def __call__(self, grid: int, args: tuple, constexprs: dict[str, Any]) -> None:
-        if not _GPU or not self._trailing:
-            self.kernel[(grid,)](*args, **constexprs)
-            return
-        hooks = _HOOKS
-        if hooks is not None and (_installed(hooks.launch_enter_hook) or _installed(hooks.launch_exit_hook)):
+        if not _GPU or not self._trailing or (_HOOKS is not None and (_installed(_HOOKS.launch_enter_hook)
+                                                                     or _installed(_HOOKS.launch_exit_hook))):
             self.kernel[(grid,)](*args, **constexprs)
             return
         values = [a if type(a) is int else a.data_ptr() for a in args]
         device = args[0].get_device()
-        # The same pointers and ints with the same constexpr dict (the callers keep one dict per tile shape
-        # and dtype) specialise the same way: a hit skips working the specialisation out.
+        # the same pointers and ints with the same constexpr dict specialise the same way: a hit skips that work
         memo_key = (id(constexprs), device, *values)
         hit = self._memo.get(memo_key)
         if hit is not None and hit[0] is constexprs:
@@ -102,7 +96,6 @@ class FastKernel:
             if len(const_values) == self._n_constexpr:
                 self._compiled[key] = (compiled, const_values)
 
-    def cached(self) -> int:
-        """How many specialisations have a kept compiled kernel."""
+    def cached(self) -> int:  # how many specialisations have a kept compiled kernel
         return len(self._compiled)
 

@@ -1,12 +1,10 @@
 """Chapter 2's entry point as a PyTorch operator, ``torch.ops.studylog.masked_logits``: from the packed int32
 bitmask and a bound on the union's count (``torch.compile`` cannot graph an ``AllowedTokens``), the plan's kernels,
 reading nothing back. On the GPU a ``triton_op``; in the interpreter an opaque ``custom_op`` (Dynamo stops at its
-``uint64`` pointers); ``STUDYLOG_OPAQUE_OPS=1`` makes the GPU operator opaque too.
+``uint64`` pointers).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import Tensor
@@ -18,7 +16,7 @@ from studylog.masked_lm_head.formats import WEIGHT_DTYPES, bitmask_words
 from studylog.masked_lm_head.plan import bucket_for, bucket_launches
 
 #: whether the operator is a ``triton_op`` (Inductor sees its kernels), not an opaque ``custom_op``
-TRITON_OP = runtime.mode() == "gpu" and os.environ.get("STUDYLOG_OPAQUE_OPS") != "1"
+TRITON_OP = runtime.mode() == "gpu"
 
 if TRITON_OP:
     from torch.library import wrap_triton
@@ -68,19 +66,16 @@ def _masked_logits(h: Tensor, weight: Tensor, bitmask: Tensor, max_allowed: int 
         out = torch.mm(h.float(), weight.float().t())
     # the buffers the path writes: the row-skip path's mask, the compacted paths' union ids and count
     mask = torch.empty(batch, vocab, dtype=torch.uint8, device=h.device) if bucket[0] == "row_skip" else None
-    ids = count = None
-    if bucket[0] in ("stream", "batched"):
-        ids = torch.zeros(vocab + 64, dtype=torch.int32, device=h.device)
-        count = torch.zeros(1, dtype=torch.int32, device=h.device)
+    compacted = bucket[0] in ("stream", "batched")
+    ids = torch.zeros(vocab + 64, dtype=torch.int32, device=h.device) if compacted else None
+    count = torch.zeros(1, dtype=torch.int32, device=h.device) if compacted else None
     for kernel, grid, args, constexprs in bucket_launches(bucket, h, weight, out, bitmask, ids, count, mask):
         wrap_triton(kernel)[(grid,)](*args, **constexprs)
     return out
 
 
-if TRITON_OP:
-    masked_logits = torch.library.triton_op("studylog::masked_logits", _masked_logits, mutates_args=())
-else:
-    masked_logits = torch.library.custom_op("studylog::masked_logits", _masked_logits, mutates_args=())
+masked_logits = (torch.library.triton_op if TRITON_OP else torch.library.custom_op)(
+    "studylog::masked_logits", _masked_logits, mutates_args=())
 masked_logits.__doc__ = _masked_logits.__doc__
 
 

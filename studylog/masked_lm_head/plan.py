@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 
 from studylog import runtime
@@ -24,7 +24,8 @@ from studylog.masked_lm_head.compact import gathered_dot
 from studylog.masked_lm_head.dense import row_skip_kernel
 from studylog.masked_lm_head.dispatch import (DispatchRule, choose_path, dense_logits, dispatch_rule,
                                               launch_constexprs)
-from studylog.masked_lm_head.formats import WEIGHT_DTYPES, bitmask_words, default_tiles, pack_bitmask, stream_tiles
+from studylog.masked_lm_head.formats import (WEIGHT_DTYPES, AllowedTokens, Hidden, Logits, Weight, bitmask_words,
+                                             default_tiles, pack_bitmask, stream_tiles)
 from studylog.masked_lm_head.launch import FastKernel
 
 # The union's ids and count from the packed bitmask: each program ORs its words over the batch and takes its
@@ -242,10 +243,9 @@ class MaskedHeadPlan:
         logits = plan.step(count)                              # replays the graph of count's bucket
 
     ``count``: the union's token count, or a bound above it. The dense bucket applies the bitmask with xgrammar's
-    GPU kernel where installed (``use_xgrammar``), else :func:`apply_bitmask_kernel`."""
+    GPU kernel where installed, else :func:`apply_bitmask_kernel`."""
 
-    def __init__(self, weight: Float[Tensor, "v d"], batch: int, *, h: Float[Tensor, "b d"] | None = None,
-                 rule: DispatchRule | None = None, use_xgrammar: bool = True):
+    def __init__(self, weight: Weight, batch: int, *, h: Hidden | None = None, rule: DispatchRule | None = None):
         check_tensor("weight", weight, dtype=WEIGHT_DTYPES, ndim=2, contiguous=True)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
@@ -253,14 +253,10 @@ class MaskedHeadPlan:
             raise ValueError("the Triton kernels run on the GPU here: move the weight to cuda")
         if runtime.mode() == "interpreter" and weight.is_cuda:
             raise ValueError("Triton runs in its CPU interpreter in this process: keep the weight on the CPU")
-        self.weight = weight
-        self.batch = batch
+        self.weight, self.batch, self.rule = weight, batch, rule
         self.vocab, self.hidden = weight.shape
-        self.rule = rule
-        self.use_xgrammar = use_xgrammar
         dev = weight.device
-        if h is None:
-            h = torch.zeros(batch, self.hidden, dtype=weight.dtype, device=dev)
+        h = torch.zeros(batch, self.hidden, dtype=weight.dtype, device=dev) if h is None else h
         check_tensor("h", h, dtype=weight.dtype, shape=(batch, self.hidden), contiguous=True)
         if h.device != dev:
             raise ValueError(f"h must be on the weight's device {dev}, got {h.device}")
@@ -276,7 +272,6 @@ class MaskedHeadPlan:
         self._buckets: dict[int, tuple[str, int]] = {}
         self._set_count: int | None = None  # the union count of the last set_allowed, which step checks
 
-    # -- which work a count needs ----------------------------------------------------------
     def bucket(self, count: int) -> tuple[str, int]:
         """:func:`bucket_for` this plan's batch, vocabulary and rule (kept per count)."""
         got = self._buckets.get(count)
@@ -293,8 +288,7 @@ class MaskedHeadPlan:
         seen = {self.bucket(count): None for count in sorted(counts)}
         return sorted(seen, key=lambda b: (b[0] in ("dense", "row_skip"), b[1]))
 
-    # -- the work, eager -------------------------------------------------------------------
-    def launch(self, count: int) -> Float[Tensor, "b v"]:
+    def launch(self, count: int) -> Logits:
         """Enqueue one step without a graph: what a graph of its bucket holds. Returns :attr:`out`."""
         self._check_count(count)
         self._enqueue(self.bucket(count))
@@ -313,7 +307,7 @@ class MaskedHeadPlan:
 
     def _plan_launches(self, bucket: tuple[str, int]) -> list[tuple]:
         """The kernel launches of a bucket, worked out once: (launcher, grid, arguments, constexprs)."""
-        if bucket[0] == "dense" and self.use_xgrammar and self.weight.is_cuda:
+        if bucket[0] == "dense" and self.weight.is_cuda:
             # xgrammar's GPU kernel (its CPU one writes past the row's end for 0 bits past V): the same work as the
             # practitioners' path, by their own kernel; else ours does it
             peer = xgrammar_peer()[0]
@@ -324,10 +318,9 @@ class MaskedHeadPlan:
         return [(_FAST[kernel], grid, args, constexprs) for kernel, grid, args, constexprs in
                 bucket_launches(bucket, self.h, self.weight, self.out, self.bitmask, self.ids, self.count, self._mask)]
 
-    # -- the work, in CUDA graphs ----------------------------------------------------------
-    def capture(self, buckets: Sequence[tuple[str, int]] | None = None) -> None:
-        """Capture the graphs of ``buckets`` (default: every bucket) now rather than on first use."""
-        for bucket in buckets if buckets is not None else self.buckets():
+    def capture(self) -> None:
+        """Capture the graphs of every bucket now rather than on first use."""
+        for bucket in self.buckets():
             self._graph(bucket)
 
     def _graph(self, bucket: tuple[str, int]) -> torch.cuda.CUDAGraph:
@@ -356,7 +349,7 @@ class MaskedHeadPlan:
                              "wrote: the logits of the others would be left unwritten. Pass the count set_allowed "
                              "returned, or a bound above it")
 
-    def step(self, count: int) -> Float[Tensor, "b v"]:
+    def step(self, count: int) -> Logits:
         """One decode step for a union of at most ``count`` tokens: replay its bucket's graph (captured on first
         use); in Triton's interpreter, :meth:`launch`. Returns :attr:`out`."""
         self._check_count(count)
@@ -368,8 +361,6 @@ class MaskedHeadPlan:
     def set_allowed(self, ids_per_sequence: Sequence, *, non_blocking: bool = False) -> int:
         """Fill :attr:`bitmask` from one list of allowed ids per sequence; returns the union's count, for
         :meth:`step` (an engine copies the bitmask its grammar library filled instead)."""
-        from studylog.masked_lm_head.formats import AllowedTokens
-
         allowed = AllowedTokens.from_ids(ids_per_sequence, self.vocab, device="cpu")
         if allowed.batch != self.batch:
             raise ValueError(f"{allowed.batch} sets given for a plan of batch {self.batch}")
@@ -378,7 +369,7 @@ class MaskedHeadPlan:
         return allowed.union_count
 
 
-def step13_plan(plan: MaskedHeadPlan, bitmask: Int[Tensor, "b w"], count: int) -> Float[Tensor, "b v"]:
+def step13_plan(plan: MaskedHeadPlan, bitmask: Int[Tensor, "b w"], count: int) -> Logits:
     """Step 13: one decode step from the grammar's packed bitmask (``[B, ceil(V / 32)]`` int32, best pinned),
     copied into ``plan.bitmask`` without waiting; then ``count``'s bucket's graph replays (the union built on the
     device, then step 7's or 10's kernel reading the count, or a dense path). Returns ``plan.out``."""

@@ -1,6 +1,5 @@
-"""Step 11: step 3 on a vocabulary reordered so that tokens allowed together sit together (fewer active
-blocks), writing the logits back in the original order; and the reordering itself (built once, offline).
-"""
+"""Step 11: step 3 on a vocabulary reordered so that tokens allowed together sit together (fewer active blocks),
+and the reordering itself (built once, offline)."""
 
 from __future__ import annotations
 
@@ -12,15 +11,15 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
 from studylog.masked_lm_head.dense import dot_rows, grouped_tile, store_allowed, tile_offsets
-from studylog.masked_lm_head.formats import AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype, output
+from studylog.masked_lm_head.formats import (AllowedTokens, Hidden, Logits, Tiles, Weight, check_inputs, default_tiles,
+                                             dot_dtype, output)
 
-# Step 11: step 3 on a reordered vocabulary. Row j of the weight is token perm[j]; the masks are
-# in the same order; the logits go back to their tokens' original positions.
+# Row j of the weight is token perm[j]; the masks are in the same order; the logits go back to their tokens' places.
 
 @triton.jit
 def reordered_rows_kernel(
@@ -46,8 +45,6 @@ def reordered_rows_kernel(
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + tokens[None, :]
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
-
-# The vocabulary order
 
 @dataclass(frozen=True, eq=False)
 class VocabOrder:
@@ -97,19 +94,19 @@ def active_blocks(ids: np.ndarray, block: int, order: VocabOrder | None = None) 
 class ReorderedHead:
     """A head whose rows are stored in a :class:`VocabOrder` (built once, offline)."""
 
-    weight: Float[Tensor, "v d"]
+    weight: Weight
     order: VocabOrder
 
     @classmethod
-    def build(cls, weight: Float[Tensor, "v d"], order: VocabOrder) -> "ReorderedHead":
+    def build(cls, weight: Weight, order: VocabOrder) -> "ReorderedHead":
         if weight.ndim != 2 or weight.shape[0] != order.vocab_size:
             raise ValueError(f"weight must be [V, D] with V = {order.vocab_size}, got {tuple(weight.shape)}")
         perm = order.perm.to(weight.device)
         return cls(weight.index_select(0, perm).contiguous(), VocabOrder(perm.to(torch.int32)))
 
 
-def step11_reordered(h: Float[Tensor, "b d"], head: ReorderedHead, allowed_reordered: AllowedTokens, *,
-                      out: Float[Tensor, "b v"] | None = None, tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+def step11_reordered(h: Hidden, head: ReorderedHead, allowed_reordered: AllowedTokens, *, out: Logits | None = None,
+                      tiles: Tiles | None = None) -> Logits:
     """Step 11: step 3 on a reordered vocabulary (``allowed_reordered = allowed.permuted(head.order)``, once per
     FSM state); logits come out in the original token order."""
     if not isinstance(head, ReorderedHead):

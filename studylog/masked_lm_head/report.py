@@ -17,11 +17,9 @@ from studylog.masked_lm_head.dispatch import (choose_path, crossover_points, cub
                                               rows_by_case, step_series, win_range)
 from studylog.masked_lm_head.formats import (HIDDEN, VOCAB, AllowedTokens, compare_logits, default_tiles, fp32_gamma,
                                              pack_bitmask)
-from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, \
-    structured_sets
+from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, structured_sets
 from studylog.masked_lm_head.plan import MaskedHeadPlan, step13_plan, xgrammar_peer
-from studylog.masked_lm_head.reorder import ReorderedHead, VocabOrder, active_blocks, cluster_order, \
-    step11_reordered
+from studylog.masked_lm_head.reorder import ReorderedHead, VocabOrder, active_blocks, cluster_order, step11_reordered
 
 IN_SAMPLE = "reordered_in_sample"  # step 11 with an order fitted on every mask, the measured one too (best case)
 PLAN = "step13"  # step 13's series: the whole step from the packed bitmask (copy in, union on the device, kernels)
@@ -38,15 +36,13 @@ DENSE_PATHS = ("cublas", "dense")  # step 12's paths that compute every logit (t
 
 
 def head_bytes(head: Tensor | ReorderedHead) -> int:
-    """The bytes of a head's weight (a tensor, or a :class:`ReorderedHead`)."""
     weight = head.weight if isinstance(head, ReorderedHead) else head
     return weight.numel() * weight.element_size()
 
 
 class HeadCopies:
     """Copies of a head for the GPU clock's rotation, so a call's rows come from DRAM, not the previous call's L2:
-    enough that their read bytes exceed four times L2, at most ``budget`` bytes; kept until another head or
-    :meth:`release`."""
+    enough that their read bytes exceed four times L2, at most ``budget`` bytes; kept until another head."""
 
     def __init__(self, run, budget: int = COPY_BUDGET):
         self.run, self.budget = run, budget
@@ -70,21 +66,13 @@ class HeadCopies:
         return [head] + self.clones[:copies - 1]
 
     def release(self) -> None:
-        """Free the clones (the head itself belongs to the caller)."""
         self.head, self.clones = None, []
-
-
-def _chapter():
-    from studylog.masked_lm_head import CHAPTER
-
-    return CHAPTER
 
 
 def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = BATCHES) -> list[tuple[int, str, int]]:
     """(batch, mask kind, allowed per sequence) of a run: batch 1 sweeps random masks from 1 to V and a few counts
     of the other kinds; larger batches take counts around the batched targets."""
-    def cap(counts):
-        return sorted({min(c, vocab) for c in counts})
+    cap = lambda counts: sorted({min(c, vocab) for c in counts})  # noqa: E731
 
     if quick:
         out = [(1, "random", c) for c in cap([1, 1000, 10_000])]
@@ -130,6 +118,8 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
               peer: Callable | None = None, copy_budget: int = COPY_BUDGET) -> None:
     """The benchmark, sizes as arguments (a CPU test runs it at toy sizes); ``only`` replaces :func:`cases`,
     ``peer`` xgrammar's ``apply_token_bitmask_inplace``."""
+    from studylog.masked_lm_head import CHAPTER
+
     S = {n: step_series(n) for n in range(14)}
     dtype = torch.bfloat16
     dev = torch.device(device)
@@ -196,7 +186,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
     reference: dict[int, tuple[Tensor, Tensor]] = {}  # batch -> (float64 logits, sum |h_i w_i|) of the current h
 
     def check(series: str, out: Tensor, h: Tensor, allowed: AllowedTokens, params: dict, summation: str) -> None:
-        """Against float64, within the fp32 bound of the path's summation (:func:`error_bound`)."""
+        """Against float64, within the fp32 bound of the path's summation."""
         if dev.type == "cuda":
             torch.cuda.synchronize()
         ref, scale = reference[h.shape[0]]
@@ -274,7 +264,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
             # the steps (step 0 has no floor: it computes every logit)
             for n in steps_at(batch, kind, count, third_kind, allowed.few_ids is not None):
-                step = _chapter().step(n).function
+                step = CHAPTER.step(n).function
                 kw = {"floor": floor} if n else {}
                 nbytes = union_bytes if n else whole
                 if n == 12:
@@ -287,7 +277,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                      long=n <= 3 or n == 9, **kw, **extra)
             if batch == 1 and first and count in (1000, 10_000):  # the post's [D, V] layout
                 for n in (1, 2):
-                    step = _chapter().step(n).function
+                    step = CHAPTER.step(n).function
                     ours(S[n], lambda w, out, step=step: step(h, w, allowed, layout="dv", out=out), weight_dv,
                          union_bytes, h, allowed, params | {"layout": "dv"}, floor=floor, long=True, **extra)
             if kind == third_kind and batch == 1:  # step 11: the same set on a reordered vocabulary, built here
@@ -346,8 +336,8 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
 def _same_masked(a: Tensor, b: Tensor) -> bool:
     """Both outputs ``-inf`` at the same places and finite elsewhere."""
-    return bool(torch.equal(torch.isneginf(a), torch.isneginf(b)) and torch.isfinite(a[~torch.isneginf(a)]).all()
-                and torch.isfinite(b[~torch.isneginf(b)]).all())
+    inf = torch.isneginf(a)
+    return bool(torch.equal(inf, torch.isneginf(b)) and torch.isfinite(a[~inf]).all() and torch.isfinite(b[~inf]).all())
 
 
 def losses(rows: list[dict]) -> list[str]:
@@ -366,9 +356,10 @@ def losses(rows: list[dict]) -> list[str]:
 def headline(results) -> list[dict]:
     """The book's headline rows the file holds: step 13 (the whole step) against xgrammar's path, step 12 (the
     kernel, allowed ids given) against torch."""
+    from studylog.masked_lm_head import CHAPTER
     from studylog.plotting import headline_row
 
-    label = _chapter().label
+    label = CHAPTER.label
     plan_label = "MaskedHeadPlan (step 13: the whole step from the packed bitmask)"
     peer_label = "xgrammar: cuBLAS logits + apply_token_bitmask_inplace"
     s12 = step_series(12)
