@@ -14,18 +14,9 @@ from studylog.checks import check_choice
 
 INTERPRETER_BLOCKS = (16, 16)  # small, so that tiny test sequences span several tiles
 #: The tiles (``BLOCK_M`` query rows x ``BLOCK_N`` keys), warps and stages steps 4 and 5 are tuned over on the GPU.
-GPU_CONFIGS = [
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=2),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=4),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
-]
+GPU_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in (
+    (128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (64, 32, 4, 2), (64, 128, 4, 2),
+    (128, 64, 8, 4), (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 3))]
 FEW_GPU_CONFIGS = [GPU_CONFIGS[0], GPU_CONFIGS[3]]  # steps 2 and 3 are way stations (each config is a compile)
 #: fits in any dtype at head_dim 128 (float32: 32 KiB of q + 2 stages x 32 KiB of k and v)
 SMALL_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
@@ -37,14 +28,12 @@ def prune_configs(configs, named_args, **kwargs):
     """The configs whose shared memory (q, and the k, v and mask tiles in flight) fits :data:`SMEM_BUDGET`."""
     elem = named_args["Q"].element_size()
     head_dim = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
-    kept = []
-    for cfg in configs:
+
+    def smem(cfg):  # q, then the tiles of k and v (and of step 2's mask) in flight: num_stages - 1 each
         bm, bn, stages = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_stages
-        # q, then the tiles of k and v (and of step 2's mask) the pipeliner keeps in flight: num_stages - 1 each
-        smem = (bm * head_dim + (stages - 1) * 2 * bn * head_dim) * elem + (stages - 1) * bm * bn
-        if smem <= SMEM_BUDGET:
-            kept.append(cfg)
-    return kept or [SMALL_CONFIG]
+        return (bm * head_dim + (stages - 1) * 2 * bn * head_dim) * elem + (stages - 1) * bm * bn
+
+    return [cfg for cfg in configs if smem(cfg) <= SMEM_BUDGET] or [SMALL_CONFIG]
 
 
 def tuned(configs, key=("HEAD_DIM",)):
@@ -81,10 +70,8 @@ def config_name(block_m: int, block_n: int, num_warps: int | None = None, num_st
 
 def check_blocks(blocks: Any) -> None:
     """``blocks`` is ``None`` (autotune) or ``(BLOCK_M, BLOCK_N)``, powers of two from 16 to 128."""
-    if blocks is None:
-        return
-    if (not isinstance(blocks, (tuple, list)) or len(blocks) != 2
-            or not all(isinstance(b, int) and 16 <= b <= 128 and not b & (b - 1) for b in blocks)):
+    if blocks is not None and (not isinstance(blocks, (tuple, list)) or len(blocks) != 2
+                               or not all(isinstance(b, int) and 16 <= b <= 128 and not b & (b - 1) for b in blocks)):
         raise ValueError(f"blocks must be (BLOCK_M, BLOCK_N), powers of two from 16 to 128, got {blocks!r}")
 
 

@@ -111,7 +111,7 @@ class MultiItemBatch:
         batch = len(prefix)
         if len(max_items) != batch:
             raise ValueError(f"mismatched batch metadata: {batch} prefix_lens but {len(max_items)} max_item_lens")
-        pos = torch.as_tensor(token_pos_in_items) if not isinstance(token_pos_in_items, Tensor) else token_pos_in_items
+        pos = torch.as_tensor(token_pos_in_items)
         if pos.dtype.is_floating_point or pos.dtype == torch.bool:
             raise TypeError(f"token_pos_in_items must hold integers, got {pos.dtype}")
         pos = pos.detach().cpu().to(torch.int64)
@@ -131,11 +131,9 @@ class MultiItemBatch:
                                  f"{batch} prompts")
         else:
             raise ValueError(f"token_pos_in_items must be 1-D or 2-D, got shape {tuple(pos.shape)}")
-        seqs = None
-        if seq_lens is not None:
-            seqs = _as_int_list(seq_lens, "seq_lens")
-            if len(seqs) != batch:
-                raise ValueError(f"mismatched batch metadata: {batch} prefix_lens but {len(seqs)} seq_lens")
+        seqs = None if seq_lens is None else _as_int_list(seq_lens, "seq_lens")
+        if seqs is not None and len(seqs) != batch:
+            raise ValueError(f"mismatched batch metadata: {batch} prefix_lens but {len(seqs)} seq_lens")
         items: list[list[int]] = []
         for b in range(batch):
             if prefix[b] < 0:
@@ -167,17 +165,12 @@ class MultiItemBatch:
                 cursor += n + 1  # the item, then the delimiter that closes it
         if max_items is None:
             max_items = [max(its, default=0) for its in items]
-        cu = [0, *accumulate(seq_lens)]
-        return cls(
-            prefix_lens=tuple(prefix),
-            item_lens=tuple(tuple(it) for it in items),
-            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
-            prefix_lens_t=torch.tensor(prefix, dtype=torch.int32, device=device),
-            token_pos=pos.to(device),
-            max_item_lens_t=torch.tensor(max_items, dtype=torch.int32, device=device),
-        )
+        ints = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+        return cls(prefix_lens=tuple(prefix), item_lens=tuple(tuple(it) for it in items),
+                   cu_seqlens=ints([0, *accumulate(seq_lens)]), prefix_lens_t=ints(prefix), token_pos=pos.to(device),
+                   max_item_lens_t=ints(max_items))
 
-    # -- derived facts (cached: the attention wrappers ask for them on every call) -----------------
+    # derived facts, cached: the attention wrappers ask for them on every call
     @property
     def device(self) -> torch.device:
         return self.cu_seqlens.device

@@ -59,12 +59,9 @@ class MultiItemPlan:
         self.batch: MultiItemBatch | None = None
         self._pos = torch.zeros(max_prompts, self.max_width, dtype=torch.int32, device=self.device)
         self._table: Tensor | None = None
-        if config is not None:
+        if config is not None or runtime.mode() != "gpu":  # else the first run picks it
             self._pin(config)
-        elif runtime.mode() != "gpu":
-            self._pin(None)
 
-    # -- the config, and the buffers it sizes ------------------------------------------------------
     def _pin(self, config: str | None) -> None:
         self._cfg = find_config(config)
         self.config = config
@@ -83,8 +80,7 @@ class MultiItemPlan:
         if batch.device != self.device:
             raise ValueError(f"the batch layout is on {batch.device}, the plan on {self.device}")
         width = batch.token_pos.shape[1]
-        if (batch.total_tokens > self.max_tokens or batch.batch_size > self.max_prompts
-                or width > self.max_width):
+        if batch.total_tokens > self.max_tokens or batch.batch_size > self.max_prompts or width > self.max_width:
             raise ValueError(f"the batch ({batch.describe()}, {width} positions after a prefix) does not fit the "
                              f"plan: at most {self.max_tokens} tokens, {self.max_prompts} prompts, "
                              f"{self.max_width} positions")
@@ -95,13 +91,11 @@ class MultiItemPlan:
         kv_bytes = 2 * self.head_dim * torch.empty(0, dtype=self.dtype).element_size() * self.kv_heads // self.heads
         table, programs = schedule_table(batch, self.heads, self.order, (self.block_m,), kv_bytes, self.rule)
         n = programs[self.block_m]
-        row = table[SCHEDULE_BLOCK_MS.index(self.block_m), :n]
-        self._table[:n].copy_(row)
+        self._table[:n].copy_(table[SCHEDULE_BLOCK_MS.index(self.block_m), :n])
         self._table[n:].zero_()
         self._pos.zero_()
         self._pos[: batch.batch_size, :width].copy_(batch.token_pos)
 
-    # -- the launch ------------------------------------------------------------------------------
     def run(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> Tensor:
         """Attention over the layout last set, into ``out`` (``[heads or kv_heads, max_tokens, head_dim]``).
         Capturable once the config is pinned (after the first run, or a ``config`` given)."""

@@ -67,7 +67,7 @@ def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[in
     counts = [24, 96, 16, 48, 128, 32, 64, 40]
     items = [torch.randint(8, 41, (n,), generator=gen).tolist() for n in counts]
     shapes.append(("8 prompts, mixed", prefixes, items))
-    return [shapes[0], shapes[-1]] if quick else shapes  # quick: a one-prompt shape and the target's mixed batch
+    return [shapes[0], shapes[-1]] if quick else shapes  # quick: a one-prompt shape and the mixed batch
 
 
 BENCH_HEADS, BENCH_HEAD_DIM, BENCH_DTYPE = 32, 128, torch.bfloat16
@@ -282,20 +282,17 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
         del out
     cfg5 = configs[5]
     if not quick and not gqa:  # step 5's variants (orders, rule, MultiItemPlan): timed with a KV head per query head
-        # step 5's other program orders: same kernel, same tiles, only the order the GPU starts programs in
-        for order in SCHEDULE_ORDERS[1:]:
-            check(BASELINES[order_series(order)], STEP05.function(q, k, v, batch, sm_scale=sm_scale, order=order,
-                                                               config=cfg5))
-            measure(order_series(order), ours(STEP05.function, order=order, config=cfg5), "kernel", order=order,
-                    config=cfg5)
-        # the other mask rule: the same kernel with the delimiter keys (checked against its own reference)
+        # step 5's other program orders (same kernel and tiles, only the order the GPU starts programs in), and the
+        # other mask rule (the same kernel with the delimiter keys, checked against its own reference)
         other = torch.empty_like(ref)
         step01_dense_sdpa(q.float(), k.float(), v.float(), batch, sm_scale=sm_scale, out=other, rule=OTHER_RULE)
-        check(f"{STEP05.name} under the {OTHER_RULE} rule (against its reference)",
-              STEP05.function(q, k, v, batch, sm_scale=sm_scale, rule=OTHER_RULE, config=cfg5), want=other)
-        del other
-        measure(STEP05_OTHER_RULE, ours(STEP05.function, rule=OTHER_RULE, config=cfg5), "kernel", rule=OTHER_RULE,
-                config=cfg5)
+        variants = [(order_series(o), BASELINES[order_series(o)], {"order": o}, ref) for o in SCHEDULE_ORDERS[1:]]
+        variants.append((STEP05_OTHER_RULE, f"{STEP05.name} under the {OTHER_RULE} rule (against its reference)",
+                         {"rule": OTHER_RULE}, other))
+        for series, label, kw, want in variants:
+            check(label, STEP05.function(q, k, v, batch, sm_scale=sm_scale, **kw, config=cfg5), want=want)
+            measure(series, ours(STEP05.function, **kw, config=cfg5), "kernel", **kw, config=cfg5)
+        del other, variants
         # MultiItemPlan: a fixed grid for a capacity, the layout in device buffers
         plan = MultiItemPlan(heads=heads, head_dim=head_dim, dtype=dtype, max_tokens=T,
                              max_prompts=batch.batch_size, max_width=batch.token_pos.shape[1], config=cfg5,

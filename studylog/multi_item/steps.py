@@ -35,7 +35,10 @@ GPU_BLOCK_MS = tuple(sorted({cfg.kwargs["BLOCK_M"] for cfg in GPU_CONFIGS}))
 
 # Step 1: the dense reference
 
-def _check_scale(sm_scale: Any) -> float:
+def _scale(sm_scale: Any, q: Tensor) -> float:
+    """``sm_scale``, checked, or ``1 / sqrt(head_dim)``."""
+    if sm_scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
             or sm_scale <= 0:
         raise ValueError(f"sm_scale must be a finite positive number, got {sm_scale!r}")
@@ -48,7 +51,7 @@ def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
     Rows that see no key (``rule="flashinfer"`` with an empty prefix: the delimiters) are written 0."""
     check_qkv(q, k, v, batch, out)
     check_rule(rule)
-    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else _check_scale(sm_scale)
+    sm_scale = _scale(sm_scale, q)
     out = torch.empty_like(q) if out is None else out
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
         rows = slice(start, start + s)
@@ -65,9 +68,8 @@ def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
 # Steps 2 to 5: Triton kernels, each launched by the step function below it
 
 def prepare_launch(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
-             rule: Any, *, one_prompt: bool) -> tuple[float, Tensor, dict[str, Any]]:
-    """Check a Triton step's inputs; returns ``qk_scale`` (``sm_scale * log2(e)``), the output, the common
-    constexprs."""
+                   rule: Any, *, one_prompt: bool) -> tuple[float, Tensor, dict[str, Any]]:
+    """Check a Triton step's inputs; returns ``qk_scale`` (``sm_scale * log2(e)``), the output, the constexprs."""
     check_qkv(q, k, v, batch, out)
     check_blocks(blocks)
     check_rule(rule)
@@ -77,7 +79,7 @@ def prepare_launch(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: floa
     if runtime.mode() == "interpreter" and q.dtype == torch.bfloat16:
         raise TypeError("bfloat16 is not supported in interpreter mode: Triton's interpreter multiplies bfloat16 "
                         "tiles as raw integers in tl.dot; use float16 or float32 on the CPU")
-    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else _check_scale(sm_scale)
+    sm_scale = _scale(sm_scale, q)
     out = torch.empty_like(q) if out is None else out
     common = {"HEAD_DIM": q.shape[-1], "KV_GROUP": q.shape[0] // k.shape[0],
               "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
@@ -92,7 +94,7 @@ def no_counts(device: torch.device) -> Tensor:
 
 def tile_count_buffer(batch: MultiItemBatch, tile_tokens: int, count_tiles: bool,
                       device: torch.device) -> tuple[Tensor, int]:
-    """A batched launch's tile counts (-1 until written) and their stride, ``max_tiles`` entries a prompt."""
+    """A launch's tile counts (-1 until written) and their stride, ``max_tiles`` entries a prompt."""
     max_tiles = triton.cdiv(batch.max_seq_len, tile_tokens)
     if not count_tiles:
         return no_counts(device), max_tiles
@@ -146,10 +148,8 @@ def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] |
 
 def tile_heights(cfg: "triton.Config | None", blocks: tuple[int, int] | None) -> tuple[int, ...]:
     """The tile heights (``BLOCK_M``) a batched launch may run at, for its schedule table."""
-    if cfg is not None:
-        return (cfg.kwargs["BLOCK_M"],)
-    if blocks is not None:
-        return (blocks[0],)
+    if cfg is not None or blocks is not None:
+        return (cfg.kwargs["BLOCK_M"] if cfg is not None else blocks[0],)
     return GPU_BLOCK_MS if runtime.mode() == "gpu" else (INTERPRETER_BLOCKS[0],)
 
 
@@ -252,7 +252,7 @@ def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
                       rule: str = DEFAULT_RULE, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Step 2: our own flash-attention forward, reading the dense ``[S, S]`` mask of ``rule`` (one prompt)."""
     qk_scale, out, common = prepare_launch("step02_dense_mask", q, k, v, batch, sm_scale, out, blocks, rule,
-                                     one_prompt=True)
+                                           one_prompt=True)
     mask = dense_mask(batch, 0, rule).view(torch.uint8)  # same bytes as bool, a type Triton loads everywhere
     args = [q, k, v, out, mask, *strides(q, k, v, out), batch.seq_lens[0], qk_scale]
     return _one_prompt(2, attn_fwd_dense_mask, q, out, batch, args, common, blocks, config, None, return_info)
@@ -288,10 +288,9 @@ def attn_fwd_mask_on_the_fly(
 def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
                            out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                            rule: str = DEFAULT_RULE, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
-    """Step 3: the mask computed in the kernel from the prefix length and where each row's own keys start
-    (one prompt)."""
+    """Step 3: the mask computed in the kernel from the prefix length and where each row's own keys start."""
     qk_scale, out, common = prepare_launch("step03_mask_on_the_fly", q, k, v, batch, sm_scale, out, blocks, rule,
-                                     one_prompt=True)
+                                           one_prompt=True)
     common["SKIP_DELIMITER"] = ITEM_KEYS_FROM[rule]
     args = [q, k, v, out, batch.token_pos[0], *strides(q, k, v, out), batch.seq_lens[0], batch.prefix_lens[0],
             qk_scale]
@@ -401,7 +400,7 @@ def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale:
     """Step 4: key tiles no row of a query tile sees are never loaded, whole prefix tiles skip the mask
     (one prompt). ``count_tiles``: the key tiles each query tile visits, in the :class:`LaunchInfo`."""
     qk_scale, out, common = prepare_launch("step04_tile_skip", q, k, v, batch, sm_scale, out, blocks, rule,
-                                     one_prompt=True)
+                                           one_prompt=True)
     seq_len = batch.seq_lens[0]
     counts, _ = tile_count_buffer(batch, 16, count_tiles, q.device)
     args = [q, k, v, out, batch.token_pos[0], counts, *strides(q, k, v, out), seq_len, batch.prefix_lens[0],
@@ -498,9 +497,8 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
     """Multi-item scoring attention over a packed batch: :func:`step05_batched`, or under grouped-query attention
     (groups of up to 16 query heads) ``step06_packed_heads``. ``config``: a name of
     :func:`~studylog.multi_item.config.config_names` (default: the GPU autotunes, the interpreter uses 16 x 16).
-    After a first eager call on ``batch`` (autotuning, the program table) a call syncs nothing and allocates only
-    ``out``, so a CUDA graph can hold it, layout, ``sm_scale`` and config baked in (``MultiItemPlan`` takes new
-    layouts)."""
+    After a first eager call on ``batch`` a call syncs nothing and allocates only ``out``, so a CUDA graph can hold
+    it, layout baked in (``MultiItemPlan`` takes new layouts)."""
     heads, kv_heads = (x.shape[0] if isinstance(x, Tensor) and x.dim() == 3 else 0 for x in (q, k))
     # a group fits the smallest tile (16 rows) whole; anything else, bad input included, goes to step 5's checks
     grouped = kv_heads > 0 and heads % kv_heads == 0 and 1 < heads // kv_heads <= 16
@@ -509,12 +507,11 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
 
 
 # Step 6, imported below the helpers it takes from this module, so STEPS lists it
-
 from studylog.multi_item.packed_heads import attn_fwd_packed_heads, step06_packed_heads  # noqa: E402
 
 
-#: The chapter's steps: (function, source shown by show_source, what it adds); for step 4 the source is the
-#: function its kernel (and step 5's) calls per program. The slug is the function's name after ``stepNN_``.
+#: The chapter's steps: (function, source shown by show_source, what it adds); step 4's source is the function its
+#: kernel (and step 5's) calls per program.
 _STEPS = (
     (step01_dense_sdpa, step01_dense_sdpa, "the dense boolean mask handed to PyTorch's SDPA"),
     (step02_dense_mask, attn_fwd_dense_mask, "a Triton flash-attention forward reading the dense mask"),
