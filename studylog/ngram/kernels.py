@@ -1,6 +1,5 @@
 """Chapter 3's steps (each launches its own kernels, in place), :class:`NgramMatcher` (a step bound to one batch's
-buffers) and :func:`ngram_match` (step 11 or 12, by the batch's shapes and budget: :func:`final_step`).
-"""
+buffers) and :func:`ngram_match` (step 11 or 12, by the batch's shapes and budget: :func:`final_step`)."""
 
 from __future__ import annotations
 
@@ -76,13 +75,15 @@ _STREAM_SHOWN = (("evict_first_policy", "EVICT_FIRST"), ("load_tokens", None), (
 
 def stream_source(*, vec: int | None, evict_first: bool, skip_refused: bool) -> str:
     """What an instance of ``ngram_stream`` (steps 8 to 11) compiles: the functions it calls, each ``if constexpr``
-    on a knob replaced by the branch it takes (``vec=None``: both load widths, as a step that picks by the rows)."""
+    on a knob replaced by the branch it takes (``vec=None``: both load widths, as a step that picks by the rows),
+    without the declarations only an off knob's branch uses."""
     from studylog.source import resolve_constexpr, source_of
 
     knobs = {"VEC": vec, "EVICT_FIRST": evict_first, "SKIP_REFUSED": skip_refused}
+    off = [name for name, value in knobs.items() if value is False]  # their own declarations: `// KNOB: ...`
     texts = [source_of("ngram_stream.cu", name)[0] for name, needs in _STREAM_SHOWN if needs is None or knobs[needs]]
-    return "\n".join("\n".join(_drop_unused(resolve_constexpr(text.splitlines(), knobs), knobs)) + "\n"
-                     for text in texts)
+    return "\n".join("\n".join(line for line in resolve_constexpr(text.splitlines(), knobs)
+                               if not any(re.search(rf"//\s*{name}:", line) for name in off)) + "\n" for text in texts)
 
 
 def one_pass_source(*functions: str) -> str:
@@ -90,12 +91,6 @@ def one_pass_source(*functions: str) -> str:
     from studylog.source import source_of
 
     return "\n".join(source_of("ngram_one_pass.cu", name)[0].rstrip("\n") + "\n" for name in functions)
-
-
-def _drop_unused(lines: list[str], knobs: dict) -> list[str]:
-    """``lines`` without the declarations only an off knob's branch uses (a line commented ``// KNOB: ...``)."""
-    off = {name for name, value in knobs.items() if value is False}
-    return [line for line in lines if not any(re.search(rf"//\s*{name}:", line) for name in off)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,58 +191,65 @@ SeqLens = Int32[Tensor, " batch"]
 Drafts = tuple[DraftTokens, SeqLens]
 
 
-def _step(launches: Callable[[NgramMatcher], None]) -> Callable:
+#: The step functions, in order, and the keyword options each takes (what :class:`NgramMatcher` accepts).
+_OPTIONS: dict[Callable, tuple[str, ...]] = {}
+
+
+def _step(*options: str) -> Callable:
     """A step function from its kernel launches on an :class:`NgramMatcher` ``m``: ``step(inputs, draft_tokens,
     seq_lens_this_time, *, config, bound=None, **options)`` drafts in place (``bound``: a matcher of this step on
-    these buffers, nothing checked or allocated; ``options``: as :class:`NgramMatcher` takes them)."""
-    def step(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-             config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None, **options) -> Drafts:
-        m = bound or NgramMatcher(step, inputs, draft_tokens, seq_lens_this_time, config=config, **options)
-        if m.batch:
-            launches(m)
-        return draft_tokens, seq_lens_this_time
+    these buffers, nothing checked or allocated; ``options``: among those named here, as the matcher takes them)."""
+    def wrap(launches: Callable[[NgramMatcher], None]) -> Callable:
+        def step(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                 config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None, **options) -> Drafts:
+            m = bound or NgramMatcher(step, inputs, draft_tokens, seq_lens_this_time, config=config, **options)
+            if m.batch:
+                launches(m)
+            return draft_tokens, seq_lens_this_time
 
-    signature = inspect.signature(step)
-    functools.update_wrapper(step, launches)
-    step.__signature__ = signature  # the call's, not the launches'
-    return step
+        signature = inspect.signature(step)
+        functools.update_wrapper(step, launches)
+        step.__signature__ = signature  # the call's, not the launches'
+        _OPTIONS[step] = options
+        return step
+    return wrap
 
 
-@_step
+@_step()
 def step01_cpu_path(m: NgramMatcher) -> None:
     """Step 1, the deployed path: copy to the host, run the serial C loop (``csrc/ngram_cpu_path.c``), copy the
     drafts back (on CPU tensors: only the loop); not capturable in a CUDA graph."""
     m._call()
 
 
-@_step
+@_step()
 def step02_serial(m: NgramMatcher) -> None:
     """Step 2: the CPU loop as a one-thread GPU kernel (``ngram_serial``)."""
     _kernel("ngram_serial", "ngram_serial", m.device)((1,), (1,), *m.args)
 
 
-@_step
+@_step()
 def step03_two_phase(m: NgramMatcher) -> None:
     """Step 3: a parallel search per slot and ``n`` (a block per slot), then the budget on one thread."""
     _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
     _kernel("ngram_two_phase", "ngram_budget_serial", m.device)((1,), (1,), *m.args)
 
 
-@_step
+@_step()
 def step04_two_phase_scan(m: NgramMatcher) -> None:
     """Step 4: step 3's search, then the exact budget from block-wide prefix sums (one block)."""
     _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
     _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
 
 
-@_step
+@_step()
 def step05_one_pass(m: NgramMatcher) -> None:
     """Step 5: one pass over each haystack for every ``n`` (a block per slot), then step 4's budget scan."""
     _kernel("ngram_one_pass", "ngram_search_one_pass", m.device)((m.batch,), (THREADS,), *m.args)
     _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
 
 
-@_step
+@_step("chunk_tiles")
 def step06_one_pass_split(m: NgramMatcher) -> None:
     """Step 6: step 5 split over many blocks per slot (:func:`fused_chunk_len`), then step 4's budget scan as a
     second launch that also resets the keys for the next call."""
@@ -255,37 +257,37 @@ def step06_one_pass_split(m: NgramMatcher) -> None:
     _kernel("ngram_one_pass", "ngram_budget_scan_reset", m.device)((1,), (SCAN_THREADS,), *m.args)
 
 
-@_step
+@_step("chunk_tiles")
 def step07_one_pass_fused(m: NgramMatcher) -> None:
     """Step 7: step 6 with phase 2 in the last block to finish: one launch."""
     _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)(m.grid, (THREADS,), *m.args)
 
 
-@_step
+@_step("chunk_len")
 def step08_stream(m: NgramMatcher) -> None:
     """Step 8: step 7 without barriers in its loop, every warp streaming its own tiles (:func:`stream_chunk_len`)."""
     _kernel("ngram_stream", "ngram_stream<4, 1, false, false>", m.device)(m.grid, (THREADS,), *m.args)
 
 
-@_step
+@_step("chunk_len", "vec")
 def step09_wide_loads(m: NgramMatcher) -> None:
     """Step 9: step 8 with 16-byte loads (option ``vec`` = 2 tokens a load) where the rows allow."""
     _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, false, false>", m.device)(m.grid, (THREADS,), *m.args)
 
 
-@_step
+@_step("chunk_len", "vec")
 def step10_evict_first(m: NgramMatcher) -> None:
     """Step 10: step 9 with an L2 evict-first hint on the haystack loads."""
     _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, false>", m.device)(m.grid, (THREADS,), *m.args)
 
 
-@_step
+@_step("chunk_len", "vec")
 def step11_skip_refused(m: NgramMatcher) -> None:
     """Step 11: step 10 where the slots the batch budget refuses whatever the searches find skip their search."""
     _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, true>", m.device)(m.grid, (THREADS,), *m.args)
 
 
-@_step
+@_step("chunk_tiles")
 def step12_early_phase2(m: NgramMatcher) -> None:
     """Step 12: step 6 with phase 2 launched early (a programmatic dependent launch): its block starts once every
     search block has, and waits for the search to finish, so the gap between the two launches goes."""
@@ -293,12 +295,6 @@ def step12_early_phase2(m: NgramMatcher) -> None:
     _kernel("ngram_one_pass", "ngram_budget_scan_early", m.device)((1,), (SCAN_THREADS,), *m.args, early=True)
 
 
-#: The step functions and the keyword options each takes (what :class:`NgramMatcher` accepts).
-_OPTIONS = {step01_cpu_path: (), step02_serial: (), step03_two_phase: (), step04_two_phase_scan: (),
-            step05_one_pass: (), step06_one_pass_split: ("chunk_tiles",), step07_one_pass_fused: ("chunk_tiles",),
-            step08_stream: ("chunk_len",), step09_wide_loads: ("chunk_len", "vec"),
-            step10_evict_first: ("chunk_len", "vec"), step11_skip_refused: ("chunk_len", "vec"),
-            step12_early_phase2: ("chunk_tiles",)}
 #: The steps that launch ``ngram_stream`` (split by :func:`stream_chunk_len`).
 STREAM_STEPS = (step08_stream, step09_wide_loads, step10_evict_first, step11_skip_refused)
 
