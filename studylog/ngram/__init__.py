@@ -4,8 +4,7 @@ Every decoding step, each active slot of a batch looks up its last ``n`` generat
 its earlier generated tokens, and proposes the tokens that followed the leftmost earlier occurrence as drafts,
 under a batch-wide token budget. :func:`reference_ngram_match` is the specification, which every step reproduces
 bit for bit: step 1 is the deployed CPU path (C), steps 2 to 12 CUDA C++ kernels in ``csrc/``. :func:`ngram_match`
-is the chapter's result under the operator's name; :class:`NgramMatcher` binds a step to one batch's buffers.
-"""
+is the chapter's result under the operator's name; :class:`NgramMatcher` binds a step to one batch's buffers."""
 
 from __future__ import annotations
 

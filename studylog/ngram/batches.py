@@ -1,6 +1,5 @@
 """Batches (:func:`make_batch`: planted repeats; :func:`corpus_batch`: real documents), and what the benchmark
-records of them: bytes read, branches taken, drafts accepted.
-"""
+records of them: bytes read, branches taken, drafts accepted."""
 
 from __future__ import annotations
 

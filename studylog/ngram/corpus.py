@@ -2,8 +2,7 @@
 standard library in cl100k tokens. The committed corpus (:data:`CORPUS_PATH`, read without a tokenizer) holds
 :data:`WINDOWS` windows of :data:`WINDOW` tokens per kind, evenly spaced over one stream per kind: **code**, the
 source of :data:`CORPUS_FILES`; **text**, their docstrings. ``python -m studylog.ngram corpus [--check]`` rebuilds
-(or checks) it; needs ``bpe-openai``.
-"""
+(or checks) it; needs ``bpe-openai``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Step 1, the CPU path: the serving engine's serial loop as C (``csrc/ngram_cpu_path.c``), compiled at first use
-and called through ``ctypes``; :class:`CpuPathCall` adds the deployed path's device<->host copies.
-"""
+and called through ``ctypes``; :class:`CpuPathCall` adds the deployed path's device<->host copies."""
 
 from __future__ import annotations
 

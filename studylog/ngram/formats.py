@@ -1,6 +1,5 @@
 """What the n-gram matcher reads and writes, its parameters, and the checks every step runs first. Token ids are
-int64, every per-slot length int32.
-"""
+int64, every per-slot length int32."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Chapter 3's entry point as a PyTorch operator, ``torch.ops.studylog.ngram_match``, updating ``draft_tokens`` and
 ``seq_lens_this_time`` in place: on CUDA the step :func:`~studylog.ngram.kernels.final_step` picks (no value read
-back: capturable in a CUDA graph), on the CPU step 1's C loop.
-"""
+back: capturable in a CUDA graph), on the CPU step 1's C loop."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The specification of n-gram matching: the rules of the serial CPU operator serving engines ran, line by line
 (``n`` from ``max_ngram_size`` down to ``min_ngram_size``; the **leftmost** earlier occurrence; the batch budget
-``threshold``). Every step must reproduce :func:`reference_ngram_match` bit for bit.
-"""
+``threshold``). Every step must reproduce :func:`reference_ngram_match` bit for bit."""
 
 from __future__ import annotations
 

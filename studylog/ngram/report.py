@@ -1,6 +1,5 @@
 """Chapter 3's benchmark (GPU only) and its headline. Step N is series ``stepNN``; besides the synthetic grid
-(:data:`BENCH_GRID`), :data:`REAL_STEPS` run on real documents (rows with a ``corpus`` parameter).
-"""
+(:data:`BENCH_GRID`), :data:`REAL_STEPS` run on real documents (rows with a ``corpus`` parameter)."""
 
 from __future__ import annotations
 
