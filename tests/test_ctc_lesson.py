@@ -576,9 +576,10 @@ def test_step07_changes_table_reads_the_lab_run_one_change_a_row(tmp_path):
     assert rows[5][1:] == ["170.0 µs (0.94×)", "1,800.0 µs (1.06×)"]
     assert f"{ctc.fused.PREFETCH_FRAMES} frames ahead" in rows[5][0] and "one kernel" in rows[4][0]
     words = lesson.step07_changes_words(changes)
-    assert "Some GPU on 2030-01-02" in words and "all 4 of its checks passed" in words
+    assert "Some GPU, 2030-01-02" in words and "every output matched float64 first" in words
     _step07_changes_file(tmp_path, times, failed=True)
-    assert "1 of its 4 checks failed" in lesson.step07_changes_words(lesson.step07_changes("some-gpu", root=tmp_path))
+    words = lesson.step07_changes_words(lesson.step07_changes("some-gpu", root=tmp_path))
+    assert "1 of its 4 correctness checks failed" in words and "matched" not in words
 
 
 def test_step07_cell_reads_the_lab_run_or_says_it_is_not_measured():
@@ -588,7 +589,7 @@ def test_step07_cell_reads_the_lab_run_or_says_it_is_not_measured():
     assert "timed together" not in text
     cell = next("".join(c["source"]) for c in cells if "lesson.step07_changes(" in "".join(c["source"]))
     assert "lesson.step07_changes(results.path.parent.name)" in cell and "if changes is None" in cell
-    assert "not yet measured one at a time on this card" in cell
+    assert "not yet measured one at a time on this card" in cell and "four frames ahead" in text
     assert "lesson.step07_changes_table(changes)" in cell and "N['gradient_pass']" in cell
 
 

@@ -349,14 +349,12 @@ def step07_changes_table(changes: Results) -> str:
 
 
 def step07_changes_words(changes: Results) -> str:
-    """What the table is: the run, its clock, and its checks."""
+    """What the table is: the run, its clock, and its checks (the reference; 7a's and 7b's bits against step 7's)."""
     checks = changes.data.get("checks", [])
     failed = sum(not c["passed"] for c in checks)
-    verdict = (f"all {len(checks)} of its checks passed" if checks and not failed else
-               f"{failed} of its {len(checks)} checks failed" if failed else "it has no checks")
-    return (f"One change a row, in one run on {changes.gpu} on {changes.date}: GPU time per call (median of the "
-            f"repetitions) and, in brackets, how many times faster than the row above. Each output was first checked "
-            f"against the float64 reference, and 7a's and 7b's against step 7's bits: {verdict}.")
+    verdict = ("every output matched float64 first" if checks and not failed else
+               f"{failed} of its {len(checks)} correctness checks failed" if failed else "no output was checked")
+    return f"One run on {changes.gpu}, {changes.date}: GPU time per call (× faster than the row above); {verdict}."
 
 
 # --------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ beta run in one kernel instead of two launches; and the recursion loads its emis
 
 | row | gradient | alpha and beta | emissions | function |
 |---|---|---|---|---|
-| step 5 | in beta's loop | two kernels | loaded when needed | ``ctc.step05_shared_rows`` |
-| 7a | a pass of its own | two launches of one direction each | loaded when needed | ``fused.step07a_gradient_pass_two_launches`` |
-| 7b | a pass of its own | one kernel, alpha then beta | loaded when needed | ``fused.step07b_one_kernel`` |
+| step 5 | in beta's loop | two kernels | when needed | ``ctc.step05_shared_rows`` |
+| 7a | a pass of its own | two launches, a direction each | when needed | ``fused.step07a_gradient_pass_two_launches`` |
+| 7b | a pass of its own | one kernel, alpha then beta | when needed | ``fused.step07b_one_kernel`` |
 | step 7 | a pass of its own | one kernel, alpha then beta | four frames ahead | ``ctc.step07_gradient_pass`` |
 
 7a and 7b are the library's: instances of ``ctc_block_recursion_knobs`` in step 7's source (``DIRECTIONS``: the
@@ -18,8 +18,9 @@ at step 7's values that kernel compiles to step 7's recursion (``tests/test_ctc.
 
 The cases are the chapter's (T = 150): both alphabets at one utterance and at the full batch, the ends of the
 lesson points step 7's number in the chapter spans (``report.LESSON_N``), among them its headline case (A = 5,000,
-N = 256) and the case its text names (A = 5,000, N = 1); ``--cases`` takes any point of the grid. The inputs are the benchmark's: its generator (``report.BENCH_SEED``)
-replayed over its grid in its order, so each case has the targets, and the launch shape, of the committed run.
+N = 256) and the case its text names (A = 5,000, N = 1); ``--cases`` takes any point of the grid. The inputs are
+the benchmark's: its generator (``report.BENCH_SEED``) replayed over its grid in its order, so each case has the
+targets, and the launch shape, of the committed run.
 Each output is checked against the float64 reference first (``report._check_step``: the benchmark's tolerances),
 and 7a's and 7b's against step 7's bits; then each is timed as the benchmark times a step (``report._timed``: CUDA
 graph replay over rotated copies of the activations, repetitions with their spread kept, host time per call
