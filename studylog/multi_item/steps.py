@@ -288,7 +288,8 @@ def attn_fwd_mask_on_the_fly(
 def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
                            out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                            rule: str = DEFAULT_RULE, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
-    """Step 3: the mask computed in the kernel from the prefix length and where each row's own keys start."""
+    """Step 3: the mask computed in the kernel from the prefix length and where each row's own keys start
+    (one prompt)."""
     qk_scale, out, common = prepare_launch("step03_mask_on_the_fly", q, k, v, batch, sm_scale, out, blocks, rule,
                                            one_prompt=True)
     common["SKIP_DELIMITER"] = ITEM_KEYS_FROM[rule]
