@@ -102,15 +102,16 @@ def test_no_whole_diff_or_long_listing_is_folded():
     assert not any("folded" in t for c, t in zip(cells, text) if c["cell_type"] == "markdown")
 
 
-def test_the_cores_of_steps_4_6_and_8_show_open_and_step_11_says_where_the_entry_point_runs_step_12():
-    """Steps 4, 6 and 8 show their diff's core unfolded (at most about 40 lines, each side from its step's kernel),
-    and not the whole diff; step 11 says once that `ngram_match` runs another step at the small case, computed."""
+def test_the_cores_of_steps_4_5_6_and_8_show_open_and_step_11_says_where_the_entry_point_runs_step_12():
+    """Steps 4, 5, 6 and 8 show their diff's core unfolded (at most 40 changed lines, each side from its step's
+    kernel), and not the whole diff; step 11 says once that `ngram_match` runs another step at the small case,
+    computed."""
     import json
 
     from studylog import paths
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
-    for step in (4, 6, 8):
+    for step in (4, 5, 6, 8):
         at = [i for i, c in enumerate(cells) if "".join(c["source"]).strip() == f"lesson.core_diff({step})"]
         assert len(at) == 1 and "hide-output" not in cells[at[0]]["metadata"].get("tags", []), step
         after = "".join(cells[at[0] + 1]["source"])  # the step's number, not the whole diff
@@ -487,7 +488,7 @@ def test_every_diff_on_the_page_shows_one_line_of_context():
                                                          (10, 11))]
     shown += [show_diff("ngram_two_phase.cu", "ngram_one_pass.cu", old_function="ngram_search_per_n",
                         new_function="ngram_search_one_pass", context=lesson.DIFF_CONTEXT)]
-    shown += [lesson.core_diff(4), lesson.core_diff(6), lesson.core_diff(8)]
+    shown += [lesson.core_diff(4), lesson.core_diff(5), lesson.core_diff(6), lesson.core_diff(8)]
     for d in shown + [p for d in shown for p in diff_parts(d)]:
         assert max(_context_runs(d), default=0) <= 2 * lesson.DIFF_CONTEXT, d.new_name
     # three lines of context (the default) would show runs of up to six unchanged lines

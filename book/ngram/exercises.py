@@ -380,4 +380,23 @@ def check_warp_min(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0)
 
 
 __all__ = ["step6_source", "step6_matcher", "check_warp_min", "sequential_budget", "budget_facts", "best_window", "check_match_key", "check_one_pass", "check_budget_scan",
-           "check_refused_bound"]
+           "check_refused_bound", "time_my_step6"]
+
+
+def time_my_step6(fn: Callable[[str], str]) -> None:
+    """Exercise 6, on a GPU: step 6 and the reader's kernel file (``fn`` applied to :func:`step6_source`, launched as
+    step 6 is, :func:`step6_matcher`) at 16 slots of 131,072 tokens, on uniform ids and on a two-token vocabulary, one
+    line each; on a CPU it says timing needs a GPU."""
+    import torch
+
+    from book.common import gpu_us
+    from studylog import ngram
+
+    if not torch.cuda.is_available():
+        print("timing needs a GPU: the check ran the kernel's text, not its speed")
+        return
+    width = ngram.gen_width_for(131072)
+    for vocab in (50_000, 2):
+        batch = ngram.make_batch(16, 131072, width, vocab=vocab, seed=1, device="cuda")
+        theirs, mine = (step6_matcher(text, *batch) for text in (step6_source(), fn(step6_source())))
+        print(f"16 × 131072, vocabulary {vocab:,}: step 6 {gpu_us(theirs):,.1f} µs, yours {gpu_us(mine):,.1f} µs")

@@ -24,7 +24,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "pays_at", "step_factors", "host_us", "launches", "eager_host", "step_notes", "boehm_table",
            "DIFF_CONTEXT", "step_diff", "core_diff",
-           "RULE_SPREAD", "rule_misses", "early_exit_share", "entry_row", "floor_us", "grid_row", "result_table", "case_words", "step_table",
+           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "entry_row", "floor_us", "grid_row", "result_table", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
 
@@ -366,14 +366,13 @@ def floor_us(results, cfg: tuple[int, int, int]) -> float | None:
     return None if row is None else floor_of(results, row) * 1e3
 
 
-def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
-    """The share of the floor's bytes that a perfect early exit reads at grid case ``cfg``
-    (:func:`studylog.ngram.batches.early_exit_bytes`: each haystack up to the end of its first top-n window, else all of it),
-    on the benchmark's batch rebuilt on the CPU. The slots' plan and planted repeats come from a CPU generator, so the
-    rebuilt batch has the benchmark's lengths and matches (a chance 3-gram among uniform ids is vanishingly rare); the
-    haystack bytes must equal the committed row's, or the rebuild is not the benchmark's batch."""
+def _bench_batch(results, cfg: tuple[int, int, int]):
+    """The benchmark's batch at grid case ``cfg``, rebuilt on the CPU: ``(inputs, seq_lens_this_time, config)``. The
+    slots' plan and planted repeats come from a CPU generator, so the rebuilt batch has the benchmark's lengths and
+    matches (a chance 3-gram among uniform ids is vanishingly rare); the haystack bytes must equal the committed
+    row's, or the rebuild is not the benchmark's batch."""
     from studylog.ngram import gen_width_for, make_batch
-    from studylog.ngram.batches import early_exit_bytes, haystack_bytes
+    from studylog.ngram.batches import haystack_bytes
 
     batch, seq_len, threshold = cfg
     inputs, draft, this_time = make_batch(batch, seq_len, gen_width_for(seq_len),
@@ -384,7 +383,27 @@ def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
     row = grid_row(results, CHAPTER.step(1).series, cfg)
     if row is None or row.get("haystack_bytes") != nbytes:
         raise ValueError(f"the batch rebuilt at {cfg} is not the committed run's ({nbytes:,} haystack bytes)")
-    return early_exit_bytes(inputs, this_time, config) / nbytes
+    return inputs, this_time, config
+
+
+def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
+    """The share of the floor's bytes that a perfect early exit reads at grid case ``cfg``
+    (:func:`studylog.ngram.batches.early_exit_bytes`: each haystack up to the end of its first top-n window, else all
+    of it), on the benchmark's batch rebuilt on the CPU (:func:`_bench_batch`)."""
+    from studylog.ngram.batches import early_exit_bytes, haystack_bytes
+
+    inputs, this_time, config = _bench_batch(results, cfg)
+    return early_exit_bytes(inputs, this_time, config) / haystack_bytes(inputs, this_time, config)
+
+
+def active_slots(results, cfg: tuple[int, int, int]) -> int:
+    """How many slots of the benchmark's batch at ``cfg`` are active with a draft cap of at least one from their
+    request, the budget aside: the slots whose haystacks the floor counts (the row's ``haystack_bytes``); the others
+    are in prefill or empty."""
+    from studylog.ngram.models import slot_plans
+
+    inputs, this_time, config = _bench_batch(results, cfg)
+    return sum(kind == "active" and cap >= 1 for kind, _, _, cap in slot_plans(inputs, config, this_time))
 
 
 def step_notes(results, cases=BOEHM_CASES) -> dict[int, str]:
@@ -488,17 +507,27 @@ CORE_DIFFS = {
         ("const int active = p.kind == SLOT_ACTIVE;", "else if (b == first)"), "phase 2"),
     8: (("for (i64 tile = first_end;; tile += tile_len)", "s_stop = next > last_end"),
         ("for (;;) {", "load_tile<LOADS, VEC, EVICT_FIRST>(hay, tile, last_end, token);"), "the tile loop"),
+    5: (("if (p.kind == SLOT_ACTIVE && p.cap >= 1) {", "if (best != NONE_KEY) key = make_key"),
+        ("const int top = min(max_ngram, step);", "__syncthreads();  // every atomicMin"), "the search"),
 }
+#: Steps whose core is read from other kernels than the two steps' own (their ``source_function``): step 5's search
+#: replaces step 3's, which step 4 keeps (step 4's own function is phase 2): step -> ((file, kernel) before, after).
+CORE_KERNELS = {5: (("ngram_two_phase.cu", "ngram_search_per_n"), ("ngram_one_pass.cu", "ngram_search_one_pass"))}
 
 
 def core_diff(step: int):
     """The core of step ``step``'s diff (:data:`CORE_DIFFS`): the lines of the step before's kernel and of the step's
-    between their markers, diffed, each side named by its step; short enough to read unfolded (about 40 lines)."""
+    (or of :data:`CORE_KERNELS`' two kernels) between their markers, diffed, each side named by its step; short
+    enough to read unfolded (at most 40 changed lines)."""
+    from book.common import cu_kernel
     from studylog.source import show_diff, source_of
 
     def cut(number: int, first: str, last: str) -> str:
         st = CHAPTER.step(number)
-        lines = source_of(st.source, st.source_function)[0].splitlines()
+        if step in CORE_KERNELS:  # the search kernels, not the steps' own functions
+            lines = cu_kernel(*CORE_KERNELS[step][number == step]).splitlines()
+        else:
+            lines = source_of(st.source, st.source_function)[0].splitlines()
         i = next(k for k, ln in enumerate(lines) if first in ln)
         j = next(k for k in range(i, len(lines)) if last in lines[k])
         return "\n".join(lines[i:j + 1]) + "\n"
@@ -602,3 +631,15 @@ def result_table(results, headline_rows) -> str:
                                                                 else "–"]
         gpu.append("| " + " | ".join(cells) + " |")
     return "\n".join(host) + "\n\n" + "\n".join(gpu)
+
+
+def step12_launches():
+    """Step 12's two launch lines, read from its step function (no decorator, docstring or signature): the search,
+    then phase 2 with ``early=True``, the launch attribute of a programmatic dependent launch."""
+    import inspect
+
+    from studylog.ngram import kernels
+    from studylog.source import Code
+
+    lines = [ln.strip() for ln in inspect.getsource(kernels.step12_early_phase2).splitlines() if "_kernel(" in ln]
+    return Code("\n".join(lines), "python", "step 12's two launches (early=True: a programmatic dependent launch)")
