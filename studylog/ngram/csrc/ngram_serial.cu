@@ -1,6 +1,5 @@
-// Step 2: the CPU loop moved to the GPU as it is, on one thread (<<<1, 1>>>).
-// No device<->host copies and no synchronisation any more, but one thread walks every slot,
-// every n and every window in turn.
+// Step 2: the CPU loop moved to the GPU as it is, on one thread (<<<1, 1>>>): no copies and no synchronisation
+// any more, but one thread walks every slot, every n and every window in turn.
 #include "ngram_common.cuh"
 
 // Leftmost window hay[i .. i+n) equal to pattern[0 .. n) with a token after it, or -1.

@@ -1,10 +1,8 @@
-// Steps 3 and 4: two phases.
-//   phase 1, ngram_search_per_n <<<batch, threads>>>: one block per slot searches its
-//     haystacks in parallel, one n and one haystack at a time, and keeps the leftmost match
-//     with a 64-bit atomicMin in shared memory. It writes one key per slot (ngram_common.cuh).
-//   phase 2 turns keys into drafts under the batch budget:
-//     step 3, ngram_budget_serial <<<1, 1>>>: the budget loop of step 2 without its search;
-//     step 4, ngram_budget_scan <<<1, 1024>>>: the same result from block-wide prefix sums.
+// Steps 3 and 4: two phases. Phase 1, ngram_search_per_n <<<batch, threads>>>: a block per slot searches its
+// haystacks in parallel, one n and one haystack at a time, keeps the leftmost match with a 64-bit atomicMin in
+// shared memory and writes one key per slot (ngram_common.cuh). Phase 2 turns keys into drafts under the batch
+// budget: step 3's ngram_budget_serial <<<1, 1>>> walks it as step 2 does, step 4's ngram_budget_scan <<<1, 1024>>>
+// gets the same result from block-wide prefix sums.
 #include "ngram_common.cuh"
 
 extern "C" __global__ void ngram_search_per_n(NGRAM_KERNEL_PARAMS) {
