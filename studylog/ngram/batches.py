@@ -241,7 +241,6 @@ def draft_acceptance(inputs: NgramInputs, before: Tensor, draft_tokens: Tensor, 
     continuation on a :func:`corpus_batch`, random on a :func:`make_batch`); past the buffer's end, rejected."""
     step_idx, after = inputs.step_idx.tolist(), seq_lens_this_time.tolist()
     drafts, gen = draft_tokens.cpu(), inputs.generated_ids
-    gen_width = gen.shape[1]
     active = with_drafts = drafted_total = accepted_total = with_accepted = 0
     for b, (kind, _, base, _) in enumerate(slot_plans(inputs, config, before)):
         if kind != "active":
@@ -252,8 +251,7 @@ def draft_acceptance(inputs: NgramInputs, before: Tensor, draft_tokens: Tensor, 
             continue
         with_drafts += 1
         drafted_total += drafted
-        step = step_idx[b]
-        truth = gen[b, step + 1: min(step + 1 + drafted, gen_width)].cpu()
+        truth = gen[b, step_idx[b] + 1: step_idx[b] + 1 + drafted].cpu()
         proposed = drafts[b, base: base + len(truth)]
         wrong = (proposed != truth).nonzero()
         accepted = int(wrong[0, 0]) if len(wrong) else len(truth)
