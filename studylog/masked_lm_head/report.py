@@ -32,7 +32,6 @@ ROW_STEPS = (4, 5, 6, 7, 8, 9)  # a logit is one program's reduction of a row (e
 #: row once per sequence (batch 64 with 1,000 allowed each: milliseconds a call).
 UNION_MAX_BATCH, UNION_MAX_ALLOWED = 64, 64_000
 COPY_BUDGET = 48 * 2**30  # the most bytes of a head's copies (itself counted) to rotate among: room on an 80 GB card
-DENSE_PATHS = ("cublas", "dense")  # step 12's paths that compute every logit (they read the whole head)
 
 
 def head_bytes(head: Tensor | ReorderedHead) -> int:
@@ -270,7 +269,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                 if n == 12:
                     path = choose_path(batch, vocab, n_union, rule)
                     kw |= {"summation": "row" if path in ("few_ids", "stream") else "dot", "path": path}
-                    nbytes = whole if path in DENSE_PATHS else union_bytes
+                    nbytes = whole if path == "cublas" else union_bytes  # cuBLAS computes every logit
                 elif n in ROW_STEPS:
                     kw["summation"] = "row"
                 ours(S[n], lambda w, out, step=step: step(h, w, allowed, out=out), weight, nbytes, h, allowed, vd,
