@@ -673,7 +673,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "PART1_ROWS", "PART2_ROWS", "verdict", "every_block_gains", "gemlite_table", "shape_words", "and_list", "part2_rows", "step25_wins", "further_run", "run_source", "lab_file",
+           "PART1_ROWS", "PART2_ROWS", "verdict", "place_times", "gemlite_table", "shape_words", "and_list", "part2_rows", "step25_wins", "further_run", "run_source", "lab_file",
            "bench_file", "provenance", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
@@ -1171,42 +1171,47 @@ def gemlite_table(results, step: int = 14) -> Optional[str]:
     return "\n".join(lines)
 
 
-def every_block_gains(results, shapes) -> dict[str, float]:
-    """Step 23 at one row of x with x quantised in every block (``quantize="every block"``) against its default at
-    each of ``shapes``: shape -> the default's time over every block's (above 1, every block is the faster). Shapes
-    without both times are left out."""
+def place_times(results, shapes) -> dict[str, dict]:
+    """Step 23 at one row of x at each of ``shapes`` (N x K), with x staged and quantised in every block: the
+    default place (:func:`studylog.ternary.w2a8.w2a8_default_quantize` on the card's SMs, whose time is step 23's
+    series) and the other (its own series), in µs, with ``gain``: staged's time over every block's (above 1, every
+    block is the faster). Shapes without both times are left out."""
+    from studylog.ternary import w2a8 as W
+
+    sms = device(results).get("sm_count", 132)
     out = {}
     for s in shapes:
-        default, every = us(results, SERIES[23], s, 1), us(results, W2A8_PLACE_SERIES["every block"], s, 1)
-        if default and every:
-            out[s] = default / every
+        n, k = map(int, s.split("x"))
+        default = W.w2a8_default_quantize(1, n, k, sms)
+        if default not in ("staged", "every block"):
+            continue
+        other = "every block" if default == "staged" else "staged"
+        times = {default: us(results, SERIES[23], s, 1), other: us(results, W2A8_PLACE_SERIES[other], s, 1)}
+        if all(times.values()):
+            out[s] = {"default": default, **times, "gain": times["staged"] / times["every block"]}
     return out
 
 
 def place_waves(results, shapes) -> dict[str, dict]:
-    """Step 23 at one row of x, staged (its default there) against quantised in every block, at each of ``shapes``
-    (N x K): both times (µs) and, for each place's launch (:func:`studylog.ternary.w2a8.w2a8_config`), its blocks,
+    """:func:`place_times` with, for each place's launch (:func:`studylog.ternary.w2a8.w2a8_config`), its blocks,
     the blocks one SM holds (the shared memory of the place's x beside the ring's stages, and registers) and the
-    waves they run in on the card's SMs. Shapes without both times are left out."""
+    waves they run in on the card's SMs."""
     import triton
 
     from studylog.ternary import w2a8 as W
 
     sms = device(results).get("sm_count", 132)
     out = {}
-    for s, gain in every_block_gains(results, shapes).items():
+    for s, row in place_times(results, shapes).items():
         n, k = map(int, s.split("x"))
         groups = triton.cdiv(k, 256)
-        row = {"staged_us": us(results, SERIES[23], s, 1), "gain": gain}
         for place in ("staged", "every block"):
             cfg = W.w2a8_config(1, n, k, sms, quantize=place)
-            smem = W.w2a8_smem_bytes(cfg, 1, groups, staged=place == "staged")
             per_sm = W.w2a8_blocks_per_sm(cfg, 1, groups, staged=place == "staged")
             blocks = triton.cdiv(triton.cdiv(n, 16), cfg.row_tiles)
-            row[place] = {"row_tiles": cfg.row_tiles, "warps": cfg.warps, "smem": smem, "x_bytes": k * (2 if place == "staged" else 1),
-                          "stage_bytes": cfg.stages * cfg.stage_bytes, "per_sm": per_sm, "blocks": blocks,
-                          "waves": triton.cdiv(blocks, sms * per_sm)}
-        row["every_us"] = row["staged_us"] / gain
+            row[place + " launch"] = {"row_tiles": cfg.row_tiles, "warps": cfg.warps, "x_bytes": k * (2 if place == "staged" else 1),
+                                      "stage_bytes": cfg.stages * cfg.stage_bytes, "per_sm": per_sm, "blocks": blocks,
+                                      "waves": W.w2a8_waves(1, n, k, place, sms)}
         out[s] = row
     return out
 
