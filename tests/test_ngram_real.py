@@ -140,20 +140,8 @@ def test_cpu_path_and_models_match_the_reference_on_real_text(rng):
         ngram.cpu_path.cpu_path_inplace(inputs, d, t, config)
         assert torch.equal(d, expected[0]) and torch.equal(t, expected[1]), seed
         keys = ngram.model_one_pass_keys(inputs, config, this_time)
-        assert ngram.batches.search_keys(inputs, config, this_time) == keys, seed
         modelled = model_budget_scan(inputs, keys, draft, this_time, config)
         assert torch.equal(modelled[0], expected[0]) and torch.equal(modelled[1], expected[1]), seed
-
-
-def test_search_keys_match_the_one_pass_model_on_random_batches(rng):
-    for seed in range(rng.seed_value, rng.seed_value + 40):
-        r = random.Random(seed)
-        inputs, _, this_time = ngram.make_batch(r.randint(1, 16), r.randint(1, 90), r.randint(1, 40),
-                                                vocab=r.randint(2, 6), seed=seed, hybrid=r.random() < 0.3)
-        max_n = r.randint(1, 5)
-        config = NgramConfig(max_n, r.randint(1, max_n), hybrid=bool(r.random() < 0.3))
-        keys = ngram.batches.search_keys(inputs, config, this_time)
-        assert keys == ngram.model_one_pass_keys(inputs, config, this_time)
 
 
 def _hand_batch():

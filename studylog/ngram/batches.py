@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
-from studylog.ngram.models import decode_key, match_key, model_budget_refused, slot_plans
+from studylog.ngram.models import decode_key, model_budget_refused, model_one_pass_keys, slot_plans
 
 #: Where a slot's match is planted: early / late in the prompt, in the generated tokens, a 1-gram only, none, or
 #: not a decoding slot.
@@ -179,37 +179,12 @@ def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ng
     return total
 
 
-def search_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[int]:
-    """Each slot's match key, as :func:`~studylog.ngram.models.model_one_pass_keys` gives it, from whole-haystack
-    tensor operations (fast enough for benchmark-sized batches)."""
-    keys = [NONE_KEY] * inputs.batch
-    for b, step, top, haystacks in _pattern_slots(inputs, seq_lens_this_time, config):
-        gen_row = inputs.generated_ids[b]
-        for source, (hay, hay_len) in enumerate(haystacks):
-            ends = hay_len - 1  # an end keeps a token after it
-            if ends < 1:
-                continue
-            run = hay[:ends] == gen_row[step]  # length[e]: common suffix of hay[:e+1] and the pattern, up to top
-            length = run.to(torch.int32)
-            for k in range(1, min(top, ends)):  # an end e < k has no token k before it
-                same = torch.zeros_like(run)
-                same[k:] = hay[:ends - k] == gen_row[step - k]
-                run = run & same
-                length += run
-            n = int(length.max())
-            if n < config.min_ngram_size:
-                continue
-            end = int((length == n).nonzero()[0, 0])
-            keys[b] = min(keys[b], match_key(n, source, end - n + 1))
-    return keys
-
-
 def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> dict:
     """Which branches of the search a batch takes (budget ignored but for the skip rule): ``searching_slots``,
     ``refused_slots`` (those step 11 skips), ``top_n_matches`` / ``shorter_matches`` / ``no_match`` (only a top-n
     match lets a scan stop early), ``newest_token_hits_per_1k`` (where the inner comparison loop runs),
     ``early_exit_fraction`` (what a perfect early exit reads over the floor's bytes)."""
-    keys = search_keys(inputs, config, seq_lens_this_time)
+    keys = model_one_pass_keys(inputs, config, seq_lens_this_time)  # a fraction of a second at the benchmark's sizes
     refused = model_budget_refused(inputs, config, seq_lens_this_time)
     searching = top = shorter = none = refused_n = 0
     hits = positions = 0
