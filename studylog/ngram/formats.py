@@ -121,21 +121,18 @@ def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tens
     if not check_values or batch == 0:
         return
 
-    def first_bad(name: str, values: Tensor, bad: Tensor, what: str) -> None:
+    def first_bad(name: str, bad: Tensor, what: str) -> None:
         if bool(bad.any()):
             slot = int(bad.nonzero()[0, 0])
-            raise ValueError(f"{name} {what} (slot {slot} has {int(values[slot])})")
+            raise ValueError(f"{name} {what} (slot {slot} has {int(named[name][slot])})")
 
-    for name in _LEN_FIELDS:
-        values = getattr(inputs, name)
-        first_bad(name, values, values < 0, "has negative values")
-    first_bad("seq_lens_this_time", seq_lens_this_time, seq_lens_this_time < 0, "has negative values")
-    first_bad("prompt_lens", inputs.prompt_lens, inputs.prompt_lens > prompt_width,
-              f"exceeds prompt_ids' width {prompt_width}")
-    first_bad("step_idx", inputs.step_idx, inputs.step_idx >= gen_width,
+    for name in _LEN_FIELDS + ("seq_lens_this_time",):
+        first_bad(name, named[name] < 0, "has negative values")
+    first_bad("prompt_lens", inputs.prompt_lens > prompt_width, f"exceeds prompt_ids' width {prompt_width}")
+    first_bad("step_idx", inputs.step_idx >= gen_width,
               f"must index generated_ids' columns (< {gen_width}): the newest token is generated_ids[b, step_idx]")
     if not config.hybrid:
-        first_bad("draft_token_num", inputs.draft_token_num, inputs.draft_token_num >= draft_width,
+        first_bad("draft_token_num", inputs.draft_token_num >= draft_width,
                   f"must be < draft_tokens' width {draft_width} (drafts go to columns 1..draft_token_num)")
 
 
