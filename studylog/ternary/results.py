@@ -76,7 +76,10 @@ def headline(results) -> list[dict]:
         where = next((f", quantize={q!r}" for q, s in W2A8_PLACE_SERIES.items() if s == series), "")
         return f"{step.name}{where} ({'CUDA C++' if step.language == 'cuda' else 'Triton'})"
 
-    def add(series, baseline, baseline_label, shape, m, what="bf16 x"):
+    def add(candidates, baseline, baseline_label, shape, m, what="bf16 x"):  # the fastest candidate, where both ran
+        row, series = fastest(view, candidates, shape=shape, m=m)
+        if row is None or not view.select(baseline, shape=shape, m=m):
+            return
         n, k = shape.split("x")
         rows.append(headline_row(view, series, baseline, f"M = {m}, N x K = {n} x {k}, {what}",
                                  kernel_label=label(series), baseline_label=baseline_label, shape=shape, m=m))
@@ -86,21 +89,15 @@ def headline(results) -> list[dict]:
                    and c["params"].get("m", 1) == 1 for c in results.data.get("checks", []))
 
     for shape, m in (("4096x14336", 1), ("4096x14336", 16), ("8192x28672", 1)):
-        row, series = fastest(view, FLOAT_X_SERIES, shape=shape, m=m)
-        if row is not None and view.select(CUBLAS, shape=shape, m=m):
-            add(series, CUBLAS, "cuBLAS bf16 (torch x @ W.T, both in a CUDA graph)", shape, m)
+        add(FLOAT_X_SERIES, CUBLAS, "cuBLAS bf16 (torch x @ W.T, both in a CUDA graph)", shape, m)
     shape = "4096x14336"  # the peers, at the shape of their targets
-    row, series = fastest(view, FLOAT_X_SERIES, shape=shape, m=1)
-    if row is not None and view.select(GEMLITE, shape=shape, m=1) and not gemlite_failed(shape):
-        add(series, GEMLITE, "GemLite 2-bit (bf16 x, its autotune)", shape, 1)
-    row, series = fastest(view, W2A8_SERIES, shape=shape, m=1)
-    if row is not None and view.select(INT_MM, shape=shape, m=1):
-        add(series, INT_MM, "torch._int_mm W8A8 (int8 weights, rows padded to 17)", shape, 1,
-            "x quantised to int8 in the call")
+    if not gemlite_failed(shape):
+        add(FLOAT_X_SERIES, GEMLITE, "GemLite 2-bit (bf16 x, its autotune)", shape, 1)
+    add(W2A8_SERIES, INT_MM, "torch._int_mm W8A8 (int8 weights, rows padded to 17)", shape, 1,
+        "x quantised to int8 in the call")
     # part 1's answer: its last Triton step against GemLite, the Triton peer, at every shape where GemLite's output
     # passed our check
     for peer in view.select(GEMLITE, m=1):
-        shape = peer["params"]["shape"]
-        if not gemlite_failed(shape) and view.select(SERIES[14], shape=shape, m=1):
-            add(SERIES[14], GEMLITE, "GemLite 2-bit (bf16 x, its autotune)", shape, 1)
+        if not gemlite_failed(peer["params"]["shape"]):
+            add([SERIES[14]], GEMLITE, "GemLite 2-bit (bf16 x, its autotune)", peer["params"]["shape"], 1)
     return rows
