@@ -39,17 +39,10 @@ def __getattr__(name: str) -> Any:
 #: What a reader imports after the two lessons. The configs, launches, benchmark and results stay reachable as
 #: attributes of the package or by their module.
 __all__ = [
-    "CHAPTER", "ternary_matmul", "ops",
-    # the steps
-    "step01_sign", "step02_int8", "step03_2bit", "step04_and_decode", "step05_gemv", "step06_dot",
-    "step07_base3_gemv", "step08_base3_dot", "step09_w2a8_dot", "step10_dot_configs", "step11_pair_decode",
-    "step12_unmasked", "step13_mma_layout", "step14_workspace", "step15_cuda_mma", "step16_split_k",
-    "step17_x_smem", "step18_tma_ring", "step19_shared_k", "step20_tile_copies", "step21_magic_reg",
-    "step22_w2a8", "step23_w2a8_fused", "step24_w2a8_tiles", "step25_x_tma",
+    "CHAPTER", "ternary_matmul", "ops", *(step.name for step in STEPS),
     # the weights' formats, BitNet's quantisation, the reference
     "PackedTernary", "quantize_absmean", "quantize_activations", "reference", "error_ratio", "FP32_TOLERANCE",
     # the launches of the W2A8 steps (where x is quantised and the config a call takes; its grid)
     "w2a8_choose", "w2a8_grid",
-    # the peers (GemLite, torch._int_mm), imported lazily
-    "peers",
+    "peers",  # GemLite, torch._int_mm (imported lazily)
 ]

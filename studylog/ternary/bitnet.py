@@ -33,8 +33,7 @@ KERNEL_FILE = Path("gpu") / "bitnet_kernels" / "bitnet_kernels.cu"
 
 
 def bitnet_checkout(path: Optional[str] = None) -> Optional[Path]:
-    """The checkout that holds :data:`KERNEL_FILE`, from ``path`` or :data:`BITNET_ENV`; None where none is
-    given."""
+    """The checkout that holds :data:`KERNEL_FILE`, from ``path`` or :data:`BITNET_ENV`; None where none is given."""
     path = path if path is not None else os.environ.get(BITNET_ENV)
     if not path:
         return None
@@ -87,7 +86,7 @@ def bitnet_pack(w: Int8[Tensor, "n k"]) -> Int8[Tensor, "n k4"]:
     if n % 16 or k % 32:
         raise ValueError(f"w must have N a multiple of 16 and K of 32 for BitNet's layout, got {n} x {k}")
     check_ternary_values("w", w)
-    codes = (w.to(torch.int32) + 2)
+    codes = w.to(torch.int32) + 2
     mapping = torch.from_numpy(_shared_load_layout()).to(w.device)
     tiles = codes.view(n // 16, 16, k // 32, 32).permute(0, 2, 1, 3)  # [N/16, K/32, 16, 32]
     flat = tiles.reshape(n // 16, k // 32, 16 * 32)
@@ -107,10 +106,8 @@ def bitnet_scales(x_scale: Tensor, scale: float, device) -> tuple[Tensor, Tensor
     return s, ws
 
 
-def bitnet_linear(library: ctypes.CDLL, xq: Tensor, packed: Tensor, s: Tensor, ws: Tensor,
-                  out: Tensor) -> Tensor:
-    """One call of BitNet's ``bitlinear_int8xint2`` on the current stream: bf16 ``out`` (1, N) from int8 ``xq``
-    (1, K)."""
+def bitnet_linear(library: ctypes.CDLL, xq: Tensor, packed: Tensor, s: Tensor, ws: Tensor, out: Tensor) -> Tensor:
+    """One call of BitNet's ``bitlinear_int8xint2`` on the current stream: bf16 ``out`` (1, N) from int8 ``xq``."""
     n, k = packed.shape[0], packed.shape[1] * 4
     if xq.shape != (1, k) or (n, k) not in BITNET_SHAPES:
         raise ValueError(f"BitNet's kernel takes one row of x at (N, K) in {BITNET_SHAPES}; got x {tuple(xq.shape)} "

@@ -1,7 +1,6 @@
 """Chapter 5, steps 15 to 21: step 14's words and decode in CUDA C++ on ``mma.sync`` (``ternary_mma.cu``, steps 15
-to 17, one template), then the weights brought by the TMA (``ternary_bulk.cu``, steps 18 to 21, one template).
-All read ``2bit_tiles`` weights and bf16 or fp16 x, on a GPU only (on the CPU the wrappers check their inputs,
-then say so)."""
+to 17), then the weights brought by the TMA (``ternary_bulk.cu``, steps 18 to 21), each file one template. All read
+``2bit_tiles`` weights and bf16 or fp16 x, on a GPU only (on the CPU the wrappers check their inputs, then say so)."""
 
 from __future__ import annotations
 
@@ -39,14 +38,12 @@ class CudaMmaConfig:
         check_int("slices", self.slices, low=1)
 
     @property
-    def rows(self) -> int:
-        """Weight rows a block covers."""
+    def rows(self) -> int:  # weight rows a block covers
         return 16 * self.row_tiles * self.warps
 
 
 def _cuda_mma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int, x_smem: bool) -> str:
-    b = lambda v: "true" if v else "false"  # noqa: E731
-    return f"cuda_mma_kernel<{b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {b(x_smem)}>"
+    return f"cuda_mma_kernel<{str(bf16).lower()}, {col_tiles}, {row_tiles}, {stages}, {str(x_smem).lower()}>"
 
 
 #: The instances steps 15 to 17 launch: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp,
@@ -65,9 +62,8 @@ def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.Cu
 
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
-    """The launch of steps 16 and 17 for an (M, N, K) problem (step 15's keeps K whole). Up to 8 rows of x: 8 warps
-    x 2 row tiles a block, K cut until there are about two blocks an SM. More: one row tile a warp, K cut only as far
-    as x needs."""
+    """The launch of steps 16 and 17 (step 15's keeps K whole). Up to 8 rows of x: 8 warps x 2 row tiles a block, K
+    cut until there are about two blocks an SM. More: one row tile a warp, K cut only as far as x needs."""
     sms = sms or runtime.sm_count()
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if m <= 8:
@@ -94,8 +90,7 @@ def cuda_mma_max_groups_per_slice(x_rows: int, room: int = CUDA_MMA_SMEM_LIMIT) 
 CUDA_WORKSPACE = SplitWorkspace()  # not step 14's: its sums must stay zeros, these need not
 
 
-def cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type,
-                   what: str) -> tuple:
+def cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type, what: str):
     """Checks shared by steps 15 to 25 (on the CPU too), then x in rows that start on 16-byte boundaries:
     (x2, vector, w, scale tensor, its stride, z)."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_tiles", dtypes=MMA_X_DTYPES)
@@ -180,16 +175,14 @@ class RingConfig:
     def __post_init__(self):
         shape = (getattr(self, self.TILES), self.stages, self.chunk)
         if shape not in self.SHAPES:
-            raise ValueError(f"({self.TILES}, stages, chunk) must be one of the compiled {self.SHAPES}, "
-                             f"got {shape}")
+            raise ValueError(f"({self.TILES}, stages, chunk) must be one of the compiled {self.SHAPES}, got {shape}")
         if self.warps not in self.WARPS:
             raise ValueError(f"warps must be {' or '.join(map(str, self.WARPS))} (the compiled instances), got "
                              f"{self.warps!r}")
         check_int("slices", self.slices, low=1)
 
     @property
-    def stage_bytes(self) -> int:
-        """Bytes of weights one stage holds."""
+    def stage_bytes(self) -> int:  # bytes of weights one stage holds
         return 1024 * self.warps * getattr(self, self.TILES) * self.chunk
 
 
@@ -210,8 +203,7 @@ class TmaConfig(RingConfig):
     SHAPES = TMA_SHAPES
 
     @property
-    def rows(self) -> int:
-        """Weight rows a block covers."""
+    def rows(self) -> int:  # weight rows a block covers
         return 16 * self.row_tiles
 
 
@@ -223,9 +215,8 @@ TMA_KNOBS = {18: (True, False), 19: (True, False), 20: (False, False), 21: (Fals
 
 
 def _tma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int, step: int = 21) -> str:
-    b = lambda v: "true" if v else "false"  # noqa: E731
-    copies, magic = TMA_KNOBS[step]
-    return f"tma_kernel<{b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}, {b(copies)}, {b(magic)}>"
+    knobs = ", ".join(str(knob).lower() for knob in TMA_KNOBS[step])  # WARP_COPIES, MAGIC_REG
+    return f"tma_kernel<{str(bf16).lower()}, {col_tiles}, {row_tiles}, {stages}, {chunk}, {knobs}>"
 
 
 TMA_INSTANCES = tuple(_tma_instance(b, mt, *shape) for b in (True, False) for mt in (1, 2) for shape in TMA_SHAPES)
@@ -258,10 +249,9 @@ def _tma_kernel(name: str, device_index: int, instances: tuple, options: tuple =
 
 
 def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
-    """The launch of steps 19 to 21 for an (M, N, K) problem (step 18's splits K as step 17 does), 4 stages of 1
-    group a warp and tile: one tile a block, 8 warps for K > 8192 (else 4); two tiles and 4 warps where there are
-    more than two tiles an SM and K is long (each block copies x once for two tiles); above 8 rows of x, two tiles and
-    8 warps."""
+    """The launch of steps 19 to 21 (step 18's splits K as step 17 does), 4 stages of 1 group a warp and tile: one
+    tile a block, 8 warps for K > 8192 (else 4); two tiles and 4 warps where there are more than two tiles an SM and
+    K is long (each block copies x once for two tiles); above 8 rows of x, two tiles and 8 warps."""
     sms = sms or runtime.sm_count()
     tiles = triton.cdiv(n, 16)
     if m > 8:
@@ -272,8 +262,8 @@ def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
 
 
 def _tma_step(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optional[TmaConfig], step: int) -> Tensor:
-    """Steps 18 to 21: checks, then ``tma_kernel`` at the step's knobs (:data:`TMA_KNOBS`) on ``config`` (None:
-    :func:`tma_config`, with step 17's slices of K at step 18)."""
+    """Steps 18 to 21: ``tma_kernel`` at the step's knobs on ``config`` (None: :func:`tma_config`, step 18 with step
+    17's slices of K)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, TmaConfig,
                                                    f"step {step} (CUDA C++ tma_kernel)")
     m, k = x2.shape
@@ -334,8 +324,7 @@ PROBES = {1: "copies only", 2: "arithmetic only", 3: "launch only"}
 
 def step21_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
                  config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
-    """A step-21 launch with parts left out (a number of :data:`PROBES`), as a function to time (its output
-    means nothing)."""
+    """A step-21 launch with parts left out (a number of :data:`PROBES`), to time (its output means nothing)."""
     check_choice("probe", probe, PROBES)
     x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-21 probe")
     cfg = config or tma_config(x2.shape[0], w.n, x2.shape[1])
@@ -343,10 +332,9 @@ def step21_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe
     return lambda: _launch_tma(x2, w, s, s_stride, z, cfg, probe=probe)
 
 
-def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor, cfg: TmaConfig,
-                probe: int, step: int = 21) -> Tensor:
-    """Launch step ``step`` (18 to 21) on checked arguments; a ``probe`` other than 0 launches that BULK_PROBE build
-    of step 21."""
+def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor, cfg: TmaConfig, probe: int,
+                step: int = 21) -> Tensor:
+    """Step ``step`` (18 to 21) on checked arguments; a ``probe`` other than 0: that BULK_PROBE build of step 21."""
     m, k = x2.shape
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 or step < 21 else 2
@@ -365,8 +353,7 @@ def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tenso
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     name = _tma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk, step)
     options = (f"-DBULK_PROBE={int(probe)}",) if probe else ()
-    kernel = _tma_kernel(name, x2.device.index or 0, (name,) if probe else TMA_INSTANCES + TMA_RING_INSTANCES,
-                         options)
+    kernel = _tma_kernel(name, x2.device.index or 0, (name,) if probe else TMA_INSTANCES + TMA_RING_INSTANCES, options)
     kernel(grid, (32 * (cfg.warps + 1),), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0),
            s_stride, per_slice, shared_mem=tma_smem_bytes(cfg, x_rows, per_slice))
     return z

@@ -55,8 +55,7 @@ def packed_cols(k: int, fmt: str) -> int:
 
 
 def check_ternary_values(name: str, w: Tensor) -> None:
-    """Raise a ValueError naming ``name`` unless every value of ``w`` is -1, 0 or +1 (a pass that waits for the
-    GPU)."""
+    """Raise a ValueError naming ``name`` unless every value of ``w`` is -1, 0 or +1 (waits for the GPU)."""
     bad = (w != 0) & (w.abs() != 1)  # NaN compares unequal to everything: bad too
     if bool(bad.any()):
         idx = tuple(int(i) for i in bad.nonzero()[0])
@@ -116,8 +115,7 @@ def _mma_shifts(device) -> Tensor:
 
 
 def pack_2bit_mma(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
-    """Pack ternary ``w`` (N, K) into int32 words in MMA order: in each group of 256 weights, word t
-    holds weight ``32 p + 2 t + h`` in bits ``16 h + 2 p`` (p = 0..7, h = 0, 1), as the code w + 1."""
+    """Pack ternary ``w`` (N, K) into int32 words in MMA order (layout in the module doc)."""
     padded, groups = _padded_codes(w, GROUP_WEIGHTS_2BIT)
     n = padded.shape[0]
     fields = padded.view(n, groups, 8, 16, 2)  # [row, group, pair p, word t, half h]: weight 32 p + 2 t + h
@@ -176,7 +174,6 @@ def unpack_base3(packed: UInt8[Tensor, "n kb"], k: int) -> Int8[Tensor, "n k"]:
     return (digits.reshape(n, -1)[:, :k] - 1).to(torch.int8)
 
 
-#: Each format's (pack, unpack).
 CODECS = {"2bit": (pack_2bit, unpack_2bit), "base3": (pack_base3, unpack_base3),
           "2bit_mma": (pack_2bit_mma, unpack_2bit_mma), "2bit_tiles": (pack_2bit_tiles, unpack_2bit_tiles)}
 
@@ -220,7 +217,7 @@ def check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] =
 @dataclass(frozen=True)
 class PackedTernary:
     """A packed ternary matrix of logical shape (n, k), checked once when built: dtype, shape, and every code
-    (2-bit code 3 and bytes above 242 would decode to a wrong weight without an error)."""
+    (2-bit code 3 and bytes above 242 would decode to a wrong weight silently)."""
 
     data: Tensor
     n: int
@@ -321,8 +318,7 @@ def error_ratio_from(z: Tensor, ref: Tensor, magnitude: Tensor) -> float:
 
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Scale = Union[float, Tensor]
-
-#: The activations' types of the tensor-core steps (9 to 13): the 16-bit floats they multiply exactly.
+#: x's types from step 11 on (steps 11 to 21 decode the weights into x's type for the MMA).
 MMA_X_DTYPES = (torch.bfloat16, torch.float16)
 
 

@@ -23,8 +23,8 @@ INT_MM_MULTIPLE = 8
 
 
 def import_gemlite():
-    """``gemlite``, or an ImportError saying why not (GemLite queries the GPU when it loads: without one its
-    import fails with another error)."""
+    """``gemlite``, or an ImportError saying why not (GemLite queries the GPU when it loads: without one, its import
+    fails with another error)."""
     try:
         import gemlite
     except ImportError:
@@ -56,8 +56,8 @@ def gemlite_ternary(w: Tensor, scale: float) -> Any:
 
 
 def gemlite_weights(layer: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """A GemLite layer's (ternary int8 weights (N, K), scales (N,), zero points), decoded from its words: codes
-    along K, code j in bits ``GEMLITE_BITS * j``, the words transposed, (K / 16, N)."""
+    """A GemLite layer's (ternary int8 weights (N, K), scales (N,), zero points), decoded from its words (K / 16, N):
+    codes along K, code j in bits ``GEMLITE_BITS * j``."""
     per_word = GEMLITE_PACKING_BITS // GEMLITE_BITS
     if (layer.W_nbits, layer.elements_per_sample) != (GEMLITE_BITS, per_word):
         raise ValueError(f"not a {GEMLITE_BITS}-bit layer packed {per_word} a word: W_nbits={layer.W_nbits}, "

@@ -143,8 +143,7 @@ def call_ms(fn: Callable[[], Any], calls: int = 3) -> float:
 @dataclass
 class Series:
     """One series at one case: ``make(x, w)`` returns the call (graph-safe) on x and one copy of ``weights``;
-    ``host(x, w)`` the public call, where it differs; ``check`` what its output is checked against (a case of
-    :func:`_check`, or None)."""
+    ``host(x, w)`` the public call, where it differs; ``check`` what :func:`_check` checks its output against."""
 
     weights: Any
     make: Callable[[Tensor, Any], Callable[[], Any]]
@@ -438,8 +437,8 @@ def _check(run, name: str, spec: Series, z: Tensor, params: dict, refs: dict, m:
 
 def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: dict, peak: dict, m: int,
                   flops: int, x_bytes: int, z_bytes: int) -> None:
-    """One series at one case: checked on its first call (which compiles and autotunes), then timed and
-    recorded with its floor, bytes and config."""
+    """One series at one case: checked on its first call (which compiles and autotunes), then timed and recorded
+    with its floor, bytes and config."""
     fn = spec.make(x, spec.weights)
     z = fn()
     _sync()

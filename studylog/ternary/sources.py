@@ -38,17 +38,13 @@ def _resolve_python(lines: list[str], knobs: dict[str, bool]) -> list[str]:
     return out
 
 
-def _launch(fn: Callable) -> str:
-    return textwrap.dedent(inspect.getsource(fn))
-
-
 def cuda_step_source(file: str, kernel: str, knobs: dict[str, bool], launch: Callable,
                      helpers: tuple[str, ...] = ()) -> str:
     """The text of a CUDA C++ step: ``helpers`` (device functions of ``file`` that only some knob settings call,
     shown where the step calls them), the ``kernel`` of ``file`` at ``knobs``, then its launch as comments."""
     parts = [source_of(file, name)[0] for name in helpers] + [source_of(file, kernel)[0]]
     body = "\n\n".join("\n".join(resolve_constexpr(part.splitlines(), knobs, read_values=True)) for part in parts)
-    launch_lines = "\n".join(f"// {line}".rstrip() for line in _launch(launch).splitlines())
+    launch_lines = "\n".join(f"// {line}".rstrip() for line in textwrap.dedent(inspect.getsource(launch)).splitlines())
     return body + "\n\n// its launch (Python):\n" + launch_lines
 
 
@@ -56,4 +52,4 @@ def triton_step_source(kernels: tuple[Any, ...], knobs: dict[str, bool], launch:
     """The text of a Triton step: ``kernels`` (the kernel and the helpers its knobs reach) at ``knobs``, then its
     launch."""
     parts = ["\n".join(_resolve_python(source_of(k)[0].splitlines(), knobs)) for k in kernels]
-    return "\n\n".join(parts + ["# its launch:\n" + _launch(launch)])
+    return "\n\n".join(parts + ["# its launch:\n" + textwrap.dedent(inspect.getsource(launch))])

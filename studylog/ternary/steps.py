@@ -43,19 +43,16 @@ def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.
 _MMA_CU, _BULK_CU, _W2A8_CU = "ternary_mma.cu", "ternary_bulk.cu", "ternary_w2a8.cu"
 
 
-def _pair(knobs: dict, launch) -> str:
-    """Steps 11 to 13: pair_dot_kernel and its tile at the step's knobs, then its launch."""
+def _pair(knobs: dict, launch) -> str:  # steps 11 to 13
     return triton_step_source((TM.pair_dot_kernel, TM.pair_step), knobs, launch)
 
 
-def _mma(x_smem: bool, launch) -> str:
-    """Steps 15 to 17: cuda_mma_kernel at X_SMEM, then its launch."""
+def _mma(x_smem: bool, launch) -> str:  # steps 15 to 17
     return cuda_step_source(_MMA_CU, "cuda_mma_kernel", {"X_SMEM": x_smem}, launch,
                             helpers=() if x_smem else ("load_x_group_global",))
 
 
-def _ring(warp_copies: bool, magic_reg: bool, launch) -> str:
-    """Steps 18 to 21: tma_kernel at WARP_COPIES and MAGIC_REG, then its launch."""
+def _ring(warp_copies: bool, magic_reg: bool, launch) -> str:  # steps 18 to 21
     return cuda_step_source(_BULK_CU, "tma_kernel", {"WARP_COPIES": warp_copies, "MAGIC_REG": magic_reg}, launch,
                             helpers=("fill_per_warp",) if warp_copies else ())
 
@@ -110,8 +107,7 @@ STEPS = (
 #: Where the series live: step number -> its benchmark series.
 SERIES = {s.number: s.series for s in STEPS}
 
-#: The configs of each Triton step (their ``config=`` argument: ``config_dict(one of them)``; the tests and the
-#: notebook run every one).
+#: The configs of each Triton step (``config=config_dict(one of them)``; the tests and the notebook run every one).
 STEP_CONFIGS = {1: TS.DENSE_CONFIGS, 2: TS.DENSE_CONFIGS, 3: TS.TWO_BIT_CONFIGS, 4: TS.TWO_BIT_CONFIGS,
                 5: TS.GEMV_CONFIGS, 6: TS.DOT_CONFIGS_FEW + TS.DOT_CONFIGS_MANY, 7: TS.BASE3_GEMV_CONFIGS,
                 8: TS.BASE3_DOT_CONFIGS_FEW + TS.BASE3_DOT_CONFIGS_MANY, 9: TM.W2A8_DOT_CONFIGS,

@@ -24,8 +24,8 @@ W2A8_DOT_CONFIGS = W2A8_DOT_CONFIGS_FEW + DOT_CONFIGS_MANY
 
 
 # Steps 10 to 14. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma. Each dot waits for its wgmma before
-# the next decode, so the SM hides that wait with other programs: small tiles let several share an SM, and K
-# is split so that N = 4096 still makes 256-512 programs (a split costs a few atomics, not a launch).
+# the next decode, so the SM hides that wait with other programs: small tiles let several share an SM, and K is
+# split so that N = 4096 still makes 256-512 programs (a split costs a few atomics, not a launch).
 MMA_TILES_FEW = [
     dict(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=2, num_stages=3),
     dict(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=3),
@@ -35,16 +35,15 @@ MMA_TILES_FEW = [
     dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=8, num_stages=3),
     dict(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=8, num_stages=3, num_warps=8),
 ]
-# Many rows: the rows of x a program covers are tuned too (a 64-row block decodes the weights twice
-# for M = 128, but takes half the shared memory of a 128-row one).
+# Many rows: the rows of x a program covers are tuned too (a 64-row block decodes the weights twice for M = 128,
+# but takes half the shared memory of a 128-row one).
 MMA_TILES_MANY = [
     dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=128, num_stages=2),
     dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3),
     dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=4, BLOCK_M=64, num_stages=3),
     dict(BLOCK_N=128, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3, num_warps=8),
 ]
-#: Steps 10 to 13 split K by atomics into z, which each config's pre_hook zeroes first; step 14 reduces its slices
-#: itself, so z needs no zeroing.
+#: Steps 10 to 13 split K by atomics into z, zeroed by each config's pre_hook; step 14 reduces its slices itself.
 DOT_MMA_CONFIGS_FEW = [triton_config(**tile) for tile in MMA_TILES_FEW]
 DOT_MMA_CONFIGS_MANY = [triton_config(**tile) for tile in MMA_TILES_MANY]
 MMA_CONFIGS_FEW = [triton_config(zero_output=False, **tile) for tile in MMA_TILES_FEW]
@@ -205,8 +204,7 @@ def pair_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stri
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
 
 
-pair_dot_tuned_few = autotune(DOT_MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M", "NO_MASK", "MMA_LAYOUT"])(
-    pair_dot_kernel)
+pair_dot_tuned_few = autotune(DOT_MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M", "NO_MASK", "MMA_LAYOUT"])(pair_dot_kernel)
 pair_dot_tuned_many = autotune(DOT_MMA_CONFIGS_MANY, key=["N", "K", "M", "NO_MASK", "MMA_LAYOUT"])(pair_dot_kernel)
 
 
@@ -269,7 +267,6 @@ def step14_workspace_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M
 
 
 step14_workspace_tuned_few = autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step14_workspace_kernel)
-# (many rows of x: BLOCK_M is tuned too)
 step14_workspace_tuned_many = autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(step14_workspace_kernel)
 
 
@@ -319,8 +316,7 @@ def _pair_dot(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optiona
 def step11_pair_decode(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                        out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 11: step 10 with two weights decoded by one AND and one packed multiply-add into the MMA's 16-bit
-    operand, on the ``"2bit"`` layout (a word's two halves are weights 128 apart along K, so x is gathered).
-    x is bf16 or fp16."""
+    operand, on the ``"2bit"`` layout (a word's halves are weights 128 apart along K: x is gathered); bf16/fp16 x."""
     return _pair_dot(x, w, scale, out, config, "2bit", no_mask=False, mma_layout=False)
 
 

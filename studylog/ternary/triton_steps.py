@@ -17,8 +17,6 @@ from studylog.ternary.formats import (X_DTYPES, PackedTernary, Scale, base3_tabl
                                       check_packed_call, check_scale, check_ternary_values, check_x, prepare_out,
                                       weights_k)
 
-# Autotuning: few configs on the GPU; the interpreter cannot time, so it keeps the first (the tests run each).
-
 def _zero_output(nargs):
     """pre_hook of split-K configs: their programs add partial sums into z with atomics."""
     nargs["z_ptr"].zero_()
@@ -32,7 +30,8 @@ def triton_config(num_warps: int = 4, num_stages: int = 3, zero_output: bool = T
 
 
 def autotune(configs: list, key: list[str]):
-    """triton.autotune over ``configs`` on the GPU; the first config only in the interpreter (it cannot time)."""
+    """triton.autotune over ``configs`` on the GPU; the first config only in the interpreter (it cannot time; the
+    tests run each)."""
     chosen = configs if runtime.mode() == "gpu" else configs[:1]
     return triton.autotune(configs=chosen, key=key)
 
@@ -387,8 +386,7 @@ step08_base3_dot_tuned_many = autotune(BASE3_DOT_CONFIGS_MANY, key=["N", "K", "B
 
 # The wrappers: check, allocate, launch (nothing waits for the GPU but steps 1 and 2's check of their weights)
 
-def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict,
-                 zero_output: bool = True) -> None:
+def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict, zero_output: bool = True):
     """Launch an autotuned kernel on ``grid`` with ``args`` and the constexprs ``meta``, or one explicit
     ``config`` (from :func:`config_dict`)."""
     if config is None:
@@ -402,10 +400,9 @@ def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], me
 
 
 def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
-             dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False,
-             check_values: bool = False):
+             dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False, check_values=False):
     """Launch a kernel with one program column per row of x (steps 1-4 and the M=1 kernels); ``check_values``:
-    dense weights checked to be -1, 0 or +1 (a pass that waits for the GPU)."""
+    dense weights checked to be -1, 0 or +1 (waits for the GPU)."""
     x2, vector = check_x(x, weights_k(w))
     m, k = x2.shape
     if dense_dtypes is not None:
@@ -487,9 +484,9 @@ def dot_meta(x_dtype: torch.dtype) -> dict:
 
 def launch_dot(kernels: tuple, x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor,
                config: Optional[dict], meta: dict, extra: tuple = (), zero_output: bool = True) -> None:
-    """Launch a tl.dot kernel (steps 6 and 8 to 14) on checked arguments, by ``kernels``: its autotuners for few
-    rows of x (up to 32) and for more. BLOCK_M is ``block_m_for(M)`` unless the config (the one given, or the
-    autotuner's) tunes it. ``extra``: the arguments between the scale and M (step 8's table, step 14's workspace)."""
+    """Launch a tl.dot kernel (steps 6 and 8 to 14) by ``kernels``, its autotuners for up to 32 rows of x and for
+    more; BLOCK_M is ``block_m_for(M)`` unless the config tunes it. ``extra``: the arguments between the scale
+    and M (step 8's table, step 14's workspace)."""
     m, k = x2.shape
     kernel = kernels[0] if block_m_for(m) <= 32 else kernels[1]
     if "BLOCK_M" not in (kernel.configs[0].kwargs if config is None else config):

@@ -52,8 +52,7 @@ _PLACE_NAMES = {quant: name for name, quant in W2A8_QUANTIZE.items()}
 
 
 def _w2a8_instance(quant: Quant, bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
-    b = lambda v: "true" if v else "false"  # noqa: E731
-    return f"w2a8_kernel<{int(quant)}, {b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
+    return f"w2a8_kernel<{int(quant)}, {str(bf16).lower()}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
 
 
 W2A8_QUANTIZE_INSTANCES = ("quantize_x<true>", "quantize_x<false>")
@@ -72,8 +71,8 @@ W2A8_MAX_K = 1 << 17
 
 
 def w2a8_smem_bytes(cfg: RingConfig, x_rows: int, groups_per_slice: int, staged: bool = False) -> int:
-    """Dynamic shared memory of a block of steps 22 to 25: mbarriers, stages and its int8 x (``staged``: its
-    16-bit x, 512 bytes a group, which the int8 bytes then overwrite)."""
+    """Dynamic shared memory of a block of steps 22 to 25: mbarriers, stages and its int8 x (``staged``: 16-bit x,
+    512 bytes a group, which the int8 bytes then overwrite)."""
     x_bytes = x_rows * groups_per_slice * 512 if staged else x_rows * (groups_per_slice * 256 + 64)
     return RING_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_bytes
 
@@ -91,8 +90,8 @@ def w2a8_max_groups_per_slice(cfg: RingConfig, x_rows: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
-    """(quantize_x by bf16, {instance: kernel}) of ternary_w2a8.cu built with ``options`` (the timeline's
-    kernels take one more pointer, the trace)."""
+    """(quantize_x by bf16, {instance: kernel}) of ternary_w2a8.cu built with ``options`` (the timeline's take one
+    more pointer, the trace)."""
     module = cuda.load("ternary_w2a8", name_expressions=W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES + W2A8_TILES_INSTANCES,
                        device=device_index, options=options)
     traced = ["ptr"] if TIMELINE_OPTION in options else []
@@ -106,17 +105,16 @@ def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
     return quantize, kernels
 
 
-#: The build of ternary_w2a8.cu that stamps times into a trace (step23_timeline).
+#: The build of ternary_w2a8.cu that stamps times into a trace (step23_timeline): TIMELINE_SLOTS slots, 64 a block
+#: for TIMELINE_BLOCKS blocks, then quantize_x's two at 120000.
 TIMELINE_OPTION = "-DW2A8_TIMELINE=1"
-#: Slots of a step-23 timeline's trace (64 a block, then quantize_x's two at 120000).
 TIMELINE_SLOTS = 1 << 17
-#: Blocks a trace has slots for: 64 each, below quantize_x's at 120000 (ternary_w2a8.cu).
 TIMELINE_BLOCKS = 120000 // 64
 
 
 def check_timeline_grid(grid: tuple) -> None:
-    """Refuse a timeline launch with more than :data:`TIMELINE_BLOCKS` blocks: block ``b`` stamps slots ``64 b``
-    to ``64 b + 63``, and those past it would write over quantize_x's stamps, then past the trace."""
+    """Refuse a timeline launch of more than :data:`TIMELINE_BLOCKS` blocks (the others would stamp over
+    quantize_x's slots, then past the trace)."""
     blocks = math.prod(grid)
     if blocks > TIMELINE_BLOCKS:
         raise ValueError(f"the timeline's trace holds {TIMELINE_BLOCKS} blocks of 64 slots, and this launch has "
@@ -171,7 +169,7 @@ def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int, stag
 
 def w2a8_quantize(x: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
     """Step 22's quantize_x on (M, K) or (K,) bf16/fp16 x: (xq, x_scale, row_sum), xq int8 (M, K padded to 256)
-    in ternary_w2a8.cu's order, bit for bit what ``quantize_activations`` gives; row_sum = sum_k xq[m, k]."""
+    in ternary_w2a8.cu's order, bit for bit ``quantize_activations``'s; row_sum = sum_k xq[m, k]."""
     x2, _ = check_x(x, None, dtypes=MMA_X_DTYPES)
     runtime.require_gpu("step 22's quantisation (CUDA C++ quantize_x)")
     return _quantize_x(aligned_rows(x2))
@@ -193,10 +191,9 @@ def _quantize_x(x2: Tensor, options: tuple = (), trace: Optional[Tensor] = None)
 def step22_w2a8(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
                 early: bool = True) -> Float[Tensor, "*m n"]:
-    """Step 22 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
-    ``x_q, x_scale = quantize_activations(x)`` computed on the GPU by a kernel of its own (quantize_x), then step
-    21's ring with exact int32 sums of ``2bit_tiles`` weights and int8 x on the tensor cores, the matmul launched
-    early (``early=False``: once quantize_x has ended, the step's last change undone)."""
+    """Step 22 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)``, ``x_q, x_scale =
+    quantize_activations(x)`` by a kernel of its own (quantize_x), then step 21's ring with exact int32 sums of
+    ``2bit_tiles`` weights and int8 x on the tensor cores, launched early (``early=False``: after quantize_x)."""
     return _w2a8_call(x, w, scale, out, config, "separate", step=22, early=early)()
 
 
@@ -215,7 +212,7 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, q
                build: tuple = (), trace: Optional[Tensor] = None, step: int = 23,
                early: bool = True) -> Callable[[], Tensor]:
     """The checks and launch of steps 22 and 23, as a function to call; ``build``: the .cu's options of a probe
-    or the timeline (then ``trace`` is the timeline's); ``early``: quantize_x's matmul launched early."""
+    or the timeline (then ``trace`` is its trace)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8Config,
                                                    f"step {step} (CUDA C++ w2a8_kernel)")
     m, k = x2.shape
@@ -251,7 +248,6 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, q
 
 
 def check_w2a8_k(k: int, step: int) -> None:
-    """Steps 22 to 25 take K <= W2A8_MAX_K: their int32 sums stay exact below it."""
     if k > W2A8_MAX_K:
         raise ValueError(f"step {step} takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
 
@@ -286,8 +282,8 @@ def step23_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, tr
 # Where step 23 quantises x and its config: the defaults, and what a launch can take
 
 def w2a8_refusal(m: int, k: int, quant: Quant, cfg: W2A8Config) -> Optional[str]:
-    """Why steps 22 and 23 cannot launch ``cfg`` on M rows of x and K with x quantised at ``quant``, or None where it
-    can: shared memory, the launch bounds, a row of x in the consumers' registers (staged), the instances."""
+    """Why steps 22 and 23 cannot launch ``cfg`` on M rows of x and K with x quantised at ``quant`` (None where they
+    can): shared memory, the launch bounds, a row of x in the consumers' registers (staged), the instances."""
     where = _PLACE_NAMES[quant]
     if quant != Quant.SEPARATE and m > 8:
         return f"quantize={where!r} quantises x in the matmul, at most 8 rows of x; M = {m}: use 'separate'"
@@ -381,8 +377,7 @@ class W2A8TilesConfig(RingConfig):
     TILES, WARPS, SHAPES = "tiles", (4, 8), W2A8_TILES_SHAPES
 
     @property
-    def rows(self) -> int:
-        """Weight rows a block covers."""
+    def rows(self) -> int:  # weight rows a block covers
         return 16 * self.warps * self.tiles
 
 
@@ -400,8 +395,8 @@ W2A8_TILES_SIGNATURE = ["ptr"] * 8 + ["i32"] * 5
 
 @functools.lru_cache(maxsize=256)
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
-    """The launch of steps 24 and 25 for an (M, N, K) problem: 4 warps, the first compiled shape that needs the fewest
-    waves, with the slices of K that fill the GPU once (more where x would not fit beside the stages)."""
+    """The launch of steps 24 and 25: 4 warps, the first compiled shape that needs the fewest waves, with the slices
+    of K that fill the GPU once (more where x would not fit beside the stages)."""
     sms = sms or runtime.sm_count()
     groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
     best = None
@@ -421,9 +416,9 @@ def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8
 
 def step24_w2a8_tiles(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                       out: Optional[Tensor] = None, config: Optional[W2A8TilesConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 24 (W2A8, Hopper GPUs and later): step 22's product for 2 to 16 rows of x (more run in blocks of
-    16): quantize_x, then the matmul launched early, each warp a tile of 16 weight rows over a slice of K, the
-    block's slice of x loaded by its warps."""
+    """Step 24 (W2A8, Hopper GPUs and later): step 22's product for 2 to 16 rows of x (more in blocks of 16):
+    quantize_x, then the matmul launched early, each warp a tile of 16 weight rows over a slice of K, the block's
+    slice of x loaded by its warps."""
     return _w2a8_tiles_call(x, w, scale, out, config, 24, x_tma=False)
 
 
