@@ -18,8 +18,8 @@ from studylog.ngram.kernels import (NgramMatcher, ngram_match, step01_cpu_path, 
                                     step11_skip_refused, step12_early_phase2, one_pass_source, stream_source)
 from studylog.ngram.models import SCAN_THREADS, match_key, model_budget_refused, model_one_pass_keys
 from studylog.ngram.reference import reference_ngram_match
-from studylog.ngram.report import (NO_BUDGET, SYNCED_DESCRIPTION, SYNCED_SERIES, bench, gen_width_for, gpu_headline,
-                                   sweep_series)
+from studylog.ngram.report import (CHUNK_SWEEPS, NO_BUDGET, SYNCED_DESCRIPTION, SYNCED_SERIES, bench, gen_width_for,
+                                   gpu_headline, sweep_series)
 from studylog.paths import chapter_csrc
 from studylog.ngram import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
@@ -58,11 +58,8 @@ CHAPTER = Chapter(
     ),
     bench=bench,
     headline=gpu_headline,
-    baselines={
-        sweep_series(step07_one_pass_fused): "step07_one_pass_fused over a range of haystack positions per block",
-        sweep_series(step11_skip_refused): "step11_skip_refused over a range of haystack positions per block",
-        SYNCED_SERIES: SYNCED_DESCRIPTION,
-    },
+    baselines={**{sweep_series(s): f"{s.__name__} over a range of haystack positions per block" for s in CHUNK_SWEEPS},
+               SYNCED_SERIES: SYNCED_DESCRIPTION},
 )
 
 __all__ = [

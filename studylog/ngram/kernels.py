@@ -21,8 +21,7 @@ from studylog.ngram.formats import NgramConfig, NgramInputs, validate
 from studylog.ngram.models import SCAN_THREADS
 
 THREADS = 256          # threads per search block
-ITEMS = 4              # end positions per thread per tile (ITEMS in ngram_one_pass.cu)
-TILE = THREADS * ITEMS
+TILE = THREADS * 4     # end positions per search tile: ITEMS = 4 per thread in ngram_one_pass.cu
 
 #: Argument kinds of NGRAM_KERNEL_PARAMS (ngram_common.cuh), in order: every kernel takes them all.
 SIGNATURE = ["ptr", "ptr", "i64", "ptr", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64",
