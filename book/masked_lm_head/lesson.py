@@ -538,7 +538,7 @@ def losses_table(results) -> str:
         step = next((st for st in CHAPTER.steps if st.series == series), None)
         return f"step {step.number}" if step else RIVAL_WORDS.get(series, CHAPTER.label(series))
 
-    head = ["batch", "masks", "allowed per sequence", "union", "ours", "rival", "ours / rival",
+    head = ["batch", "masks", "allowed per sequence", "union", "ours", "rival", "ours is slower by",
             "fp32 output's share of the call's bytes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for q in sorted(lost, key=lambda q: (q["params"]["batch"], q["params"]["kind"], q["params"]["allowed"])):
