@@ -443,17 +443,15 @@ def step_notes(results, cases=BOEHM_CASES) -> dict[int, str]:
 def boehm_table(results, cases=BOEHM_CASES) -> str:
     """Markdown, one row per numbered step and one for the entry point: the step's one change (its title, then its
     :func:`step_notes`), then per case of ``cases`` (of :data:`BOEHM_CASES`) the time in µs, × the previous step (the
-    one it builds on) and × the floor (:func:`floor_us`). Step 1 is timed end to end on the host (its cells say so),
+    one it builds on) and × the floor (:func:`floor_us`, given in that column's head, not in a row of its own). Step 1 is timed end to end on the host (its cells say so),
     the kernels on the GPU clock: a row is compared with the previous one only when both are on the same clock, and
     with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
-    head = ["step", "the one change"]
-    for b, s, t in cases:
-        name = f"{b} × {s}" + (", budget" if t != NO_BUDGET else "") + (" (headline)" if (b, s, t) == HEADLINE else "")
-        head += [f"{name}: µs", "× previous", "× floor"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     floors = [floor_us(results, cfg) for cfg in cases]
-    floor_cells = [cell for f in floors for cell in ((f"{f:,.2f}" if f else "–"), "", "")]
-    lines.append("| | the floor | " + " | ".join(floor_cells) + " |")
+    head = ["step", "the one change"]
+    for (b, s, t), f in zip(cases, floors):
+        name = f"{b} × {s}" + (", budget" if t != NO_BUDGET else "") + (" (headline)" if (b, s, t) == HEADLINE else "")
+        head += [f"{name}: µs", "× previous", f"× floor ({f:,.2f} µs)" if f else "× floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     previous = [None] * len(cases)  # (µs, clock) of the previous step measured at each case
     notes = step_notes(results, cases)
     entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
