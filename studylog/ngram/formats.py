@@ -31,8 +31,7 @@ class NgramInputs:
       (the deployed convention), so the pattern of size ``n`` is ``generated_ids[b, step+1-n : step+1]``.
     * ``draft_token_num[b]``: drafts wanted (ngram variant); ``max_dec_len[b]``: the request's length
       limit, which caps the drafts at ``max_dec_len - step_idx - 1``.
-    * ``seq_lens_encoder[b] > 0``: the slot is in prefill; ``seq_lens_decoder[b] == 0``: empty slot.
-    """
+    * ``seq_lens_encoder[b] > 0``: the slot is in prefill; ``seq_lens_decoder[b] == 0``: empty slot."""
 
     prompt_ids: Int64[Tensor, "batch prompt_width"]
     prompt_lens: Int32[Tensor, " batch"]

@@ -112,8 +112,7 @@ class NgramMatcher:
     outside :func:`~studylog.ngram.formats.validate`'s ranges make the kernels read out of bounds (:meth:`check`).
 
     Options: ``chunk_tiles`` (steps 6, 7, 12) and ``chunk_len`` (steps 8 to 11), the haystack positions a block
-    scans; ``vec`` (steps 9 to 11), tokens per load, 1 or 2 (the default where the rows allow 16-byte loads).
-    """
+    scans; ``vec`` (steps 9 to 11), tokens per load, 1 or 2 (the default where the rows allow 16-byte loads)."""
 
     def __init__(self, step: Callable, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, *,
                  config: NgramConfig = NgramConfig(), check_values: bool = True, chunk_tiles: int | None = None,
