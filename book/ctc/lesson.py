@@ -354,7 +354,20 @@ def step07_changes_words(changes: Results) -> str:
     failed = sum(not c["passed"] for c in checks)
     verdict = ("every output matched float64 first" if checks and not failed else
                f"{failed} of its {len(checks)} correctness checks failed" if failed else "no output was checked")
-    return f"One run on {changes.gpu}, {changes.date}: GPU time per call (× faster than the row above); {verdict}."
+    caption = f"One run on {changes.gpu}, {changes.date}: GPU time per call (× faster than the row above); {verdict}."
+    cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select("step07", T=BENCH_T)})
+    gains = {}  # each change: its factor over the row above at every case measured
+    for (before, *_), (series, label, _) in zip(STEP07_CHAIN, STEP07_CHAIN[1:]):
+        pairs = [(_ms(changes, before, T=BENCH_T, A=A, N=N), _ms(changes, series, T=BENCH_T, A=A, N=N)) for A, N in cases]
+        gains[label] = [p / n for p, n in pairs if p and n]
+    if not all(gains.values()):
+        return caption
+    span = lambda g: f"{min(g):.2f}× to {max(g):.2f}×"  # noqa: E731
+    one = gains["7b"]
+    return (caption + f" The gradient's own pass is the change that pays ({span(gains['7a'])}). One kernel for both "
+            + (f"directions saves a launch but pays at only {sum(g >= 1.005 for g in one)} of the {len(one)} cases "
+               f"({span(one)}); " if any(g < 0.995 for g in one) else f"directions pays {span(one)}; ")
+            + f"the prefetch, {span(gains['step 7'])}.")
 
 
 # --------------------------------------------------------------------------------------
