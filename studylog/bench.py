@@ -1,12 +1,9 @@
-"""Benchmark harness: ``python -m studylog bench <chapter|all> [--out DIR]`` (``bench verify DIR``:
-:mod:`studylog.verify`).
+"""Benchmark harness: ``python -m studylog bench <chapter|all>``, into ``assets/bench/<gpu>/<chapter>.json``.
 
-It refuses to run without a GPU (interpreter timings say nothing about GPU speed), measures the device's ceilings in
-the same run (copy bandwidth, an empty kernel), so floors and ratios never mix runs, and times by one policy (the
-book's "How we measure" page): the headline clock is the **GPU time** (:meth:`BenchRun.gpu_time`: the call replayed
-in a CUDA graph, large inputs rotated among copies larger than L2 together), with the **host time per call**
-(:meth:`BenchRun.host_time`) beside it; each in independent repetitions, whose minimum, median and maximum the JSON
-keeps. Each chapter's run is written to ``assets/bench/<gpu-name>/<chapter>.json``.
+It refuses to run without a GPU, measures the device's ceilings in the same run (copy bandwidth, an empty kernel) so
+floors and ratios never mix runs, and times by one policy (the book's "How we measure" page): the headline clock is
+the **GPU time** (:meth:`BenchRun.gpu_time`), with the **host time per call** (:meth:`BenchRun.host_time`) beside it,
+each in independent repetitions whose minimum, median and maximum the JSON keeps.
 """
 
 from __future__ import annotations

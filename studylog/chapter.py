@@ -1,10 +1,9 @@
 """The chapter protocol and the one registry that finds chapters.
 
 A chapter is a package ``studylog/<name>/`` whose ``__init__`` defines ``CHAPTER``, a :class:`Chapter`: its steps in
-the lesson's order (number, name, what changed, the function that runs it, its language, the source ``show_diff``
-compares), its benchmark (``bench(run)``) and headline (``headline(results)``). The harness, the book and the tests
-go through :func:`get` and :func:`chapters`. A step has one name everywhere: ``step.name`` (``"step09_tma"``) is its
-function and legend label, ``step.series`` (``"step09"``) its series in the benchmark JSON.
+the lesson's order, its benchmark (``bench(run)``) and headline (``headline(results)``). A step has one name
+everywhere: ``step.name`` (``"step09_tma"``) is its function and legend label, ``step.series`` (``"step09"``) its
+series in the benchmark JSON.
 """
 
 from __future__ import annotations

