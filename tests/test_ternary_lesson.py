@@ -342,6 +342,26 @@ def test_the_boehm_table_has_one_row_a_step(results):
     assert row23.rstrip(" |").endswith(f"{L.us(results, T.SERIES[23]) / reader:.1f}")
 
 
+def test_part_2s_steps_table_gives_each_pair_beside_its_second_half(results):
+    """A step that exists to make the next one possible (it may lose alone) is the first half of a pair: its row
+    says so, and the second half's row gives the pair's speedup over the step before it, beside its own."""
+    table = L.boehm_table(results, L.PART2_ROWS)
+    lines = [line for line in table.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert len(lines) == len(L.PART2_ROWS)
+    for (number, m, _, _), line in zip(L.PART2_ROWS, lines):
+        assert line.startswith(f"| {number} |")
+        if number in L.PAIRS.values():
+            second = next(s for s, f in L.PAIRS.items() if f == number)
+            assert f"first half of pair {number} + {second}" in line, line
+        half = next((r for r in L.PART2_ROWS if r[0] == L.PAIRS.get(number) and r[1] == m), None)
+        if half is not None:
+            want = L.us(results, T.SERIES[half[2]], L.MAIN, m) / L.us(results, T.SERIES[number], L.MAIN, m)
+            assert f"pair {half[0]} + {number}: **{want:.2f}** (vs {half[2]})" in line, line
+        else:
+            assert "pair" not in line.split(" | ")[3], line
+    assert "did not pay alone" not in table
+
+
 def test_the_chapter_lists_both_lessons():
     assert T.CHAPTER.notebooks == ("05_ternary_1_triton", "05_ternary_2_cuda")
     assert all(p.is_file() for p in LESSONS)
@@ -408,14 +428,23 @@ def _openings(path) -> dict[int, str]:
 
 
 def test_part_1s_steps_run_1_to_14_down_the_page_and_in_its_table(results):
-    """Steps 7 to 9 (tried, did not pay) sit in their numeric place, before step 10, each heading saying so; step
-    10's section names step 6 as the step steps 10 to 14 build on; each steps table's rows run upward."""
+    """Steps 7 to 9 (tried, did not pay) share one section in their numeric place, between steps 6 and 10, with a
+    table of their times and one short diff; step 10's section names step 6 as the step steps 10 to 14 build on;
+    each steps table's rows run upward."""
     cells = json.loads(LESSONS[0].read_text())["cells"]
     heads = [("".join(c["source"]).splitlines() or [""])[0] for c in cells if c["cell_type"] == "markdown"]
     numbered = [(h, int(re.match(r"## Step (\d+):", h)[1])) for h in heads if re.match(r"## Step \d+:", h)]
-    assert [n for _, n in numbered] == list(range(1, 15))
-    assert all(("did not pay" in h) == (n in (7, 8, 9)) for h, n in numbered)
-    assert not any(h.startswith("## Tried") for h in heads)
+    assert [n for _, n in numbered] == [1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14]
+    assert not any("did not pay" in h for h, _ in numbered)
+    tried = [h for h in heads if h.startswith("## Tried")]
+    assert tried == ["## Tried, did not pay: steps 7 to 9"]
+    assert heads.index("## Step 6: several rows of x with `tl.dot`") < heads.index(tried[0]) < heads.index(
+        next(h for h, n in numbered if n == 10))
+    text = ["".join(c["source"]) for c in cells]
+    at = text.index(next(t for t in text if t.startswith("## Tried")))
+    section = text[at:next(i for i in range(at + 1, len(text)) if text[i].startswith("## "))]
+    code = "\n".join(section[1:])
+    assert code.count("core(") + code.count("show(") == 1 and "for n, b, why in tried" in code
     assert "build on step 6" in _sections(LESSONS[0])[10]
     for m in (1, 16):
         steps = [n for n, rows_of_x, _, _ in L.PART1_ROWS if rows_of_x == m]
@@ -491,7 +520,7 @@ def test_a_page_shows_each_steps_core_open_and_folds_no_listing(path):
             continue
         assert "Little's law" not in src and "config_dict(c).items()" not in src, src[:80]
         assert "show_diff(" not in src or "def show(" in src, src[:80]  # part 1's one diff helper
-        diffs = [T.CHAPTER.show_diff(int(old), int(new)) for old, new in re.findall(r"^show\((\d+), (\d+)\)", src, flags=re.M)]
+        diffs = [L.kernel_diff(int(old), int(new)) for old, new in re.findall(r"^show\((\d+), (\d+)\)", src, flags=re.M)]
         diffs += [triton_core(int(step)) for step in re.findall(r"^core\((\d+)\)", src, flags=re.M)]
         diffs += [L.device_diff(int(step), region=L.DEVICE_CORE[int(step)] if core else None)  # part 2's
                   for step, core in re.findall(r"^show\((\d+)(, region=lesson.DEVICE_CORE\[\d+\])?\)$", src, flags=re.M)]

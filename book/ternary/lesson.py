@@ -710,25 +710,29 @@ PART1_ROWS = (
     (14, 16, 13, "split K through a zeroed workspace, no memset"),
 )
 
-#: Part 2's rows, as :data:`PART1_ROWS`. A prerequisite (a change that exists to make the next one possible) says
-#: so: it may lose on its own.
+#: Part 2's steps that are the second half of a pair -> the first half: a prerequisite that exists to make the next
+#: step possible and may lose on its own. The steps table gives the pair's speedup beside the second half's.
+PAIRS = {16: 15, 19: 18, 23: 22, 25: 24}
+
+#: Part 2's rows, as :data:`PART1_ROWS`. The first half of a pair (:data:`PAIRS`) says so.
 PART2_ROWS = (
     (14, 1, None, "part 1's last Triton step"),
     (15, 1, 14, "the loop by hand on `mma.sync`, loads two groups ahead; K in one slice "
-                "(did not pay alone; step 16 builds on it)"),
+                "(first half of pair 15 + 16: alone it loses)"),
     (16, 1, 15, "K split across blocks, the slices summed in a fixed order"),
     (17, 1, 16, "x copied once into shared memory"),
-    (18, 1, 17, "the weights by the TMA into a ring, K still split (did not pay alone; step 19 builds on it)"),
+    (18, 1, 17, "the weights by the TMA into a ring, K still split (first half of pair 18 + 19: alone it loses)"),
     (19, 1, 18, "the warps of a block share its K, sums in shared memory"),
     (20, 1, 19, "one copy a stage and tile, not one a warp"),
     (21, 1, 20, "the decode's constant kept in a register"),
     (22, 1, 21, "int8 x on the int8 tensor cores, x quantised by a kernel of its own "
-                "(did not pay alone; step 23 builds on it)"),
+                "(first half of pair 22 + 23: alone it loses)"),
     (23, 1, 22, "x quantised inside the matmul"),
-    (24, 1, 23, "one tile of weights a warp, a slice of K a block (built for 16 rows; at one row it loses)"),
+    (24, 1, 23, "one tile of weights a warp, a slice of K a block (first half of pair 24 + 25, built for 16 rows: "
+                "at one row the pair loses)"),
     (25, 1, 24, "x brought by the TMA; loses to step 23 here, wins at the largest BitNet shapes"),
     (23, 16, 14, "step 23 at 16 rows of x (there x is quantised by a kernel of its own), against part 1's step 14"),
-    (24, 16, 23, "one tile of weights a warp, a slice of K a block, x loaded by the warps"),
+    (24, 16, 23, "one tile of weights a warp, a slice of K a block, x loaded by the warps (first half of pair 24 + 25)"),
     (25, 16, 24, "x brought by the TMA; beats step 23, loses to part 1's step 14"),
 )
 
@@ -784,6 +788,10 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
                if number in (7, 8) else "")
         before = None if previous is None else us(results, SERIES[previous], shape, m)
         speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
+        half = next((r for r in rows if r[0] == PAIRS.get(number) and r[1] == m and r[2] is not None), None)
+        if half is not None:  # the second half of a pair: the pair's speedup over the step before it, too
+            speed += (f"; pair {half[0]} + {number}: "
+                      f"**{fmt(ratio(us(results, SERIES[half[2]], shape, m), t), '.2f')}** (vs {half[2]})")
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
         lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')}{own} |{extra}")
     return "\n".join(lines)
@@ -947,9 +955,24 @@ def w2a8_group_diff():
 #: and in its own, the lines that carry the step's idea (:func:`triton_core`).
 TRITON_CORE = {
     5: (("word = tl.arange(0, 16)", "acc_hi += "), ("kw_start, kw_end = k_slice", "acc += _field_to_float(high, f)")),
+    7: (("for kw0 in range", "acc += _field_to_float(high, f)"), ("for kb0 in range", "acc += _field_to_float(fields, d)")),
     11: (("kw_start, kw_end = k_slice", "store_tile("), ("kw_start, kw_end = k_slice", "return acc")),
     14: (("scale = tl.load", "store_tile("), ("scale = tl.load", "tl.atomic_xchg(count_ptr")),
 }
+
+
+#: The step a Triton step builds on where it is not the step before (step 7 is step 5's program with other bytes).
+TRITON_BASE = {7: 5}
+
+
+def kernel_diff(old: int, new: int):
+    """The diff from one Triton step's kernel to another's, without their Python launch (which only names the step
+    and passes its knobs): the change the step makes, as the page shows it."""
+    from studylog import source
+
+    texts = [source.source_of(s.source, s.source_function)[0].split("\n# its launch:")[0]
+             for s in (STEPS[old - 1], STEPS[new - 1])]
+    return source.show_diff(*texts, names=(STEPS[old - 1].name, STEPS[new - 1].name))
 
 
 def triton_core(step: int, old: Optional[int] = None):
@@ -957,7 +980,7 @@ def triton_core(step: int, old: Optional[int] = None):
     diff for a step whose whole diff is long."""
     from studylog import source
 
-    old = old or step - 1
+    old = old or TRITON_BASE.get(step, step - 1)
     regions = TRITON_CORE[step]
     texts = []
     for number, (start, stop) in zip((old, step), regions):
