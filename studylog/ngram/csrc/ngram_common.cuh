@@ -1,6 +1,5 @@
-// Shared pieces of the n-gram matching kernels (chapter 3). Every kernel takes the same
-// parameter list (NGRAM_KERNEL_PARAMS), so one Python launcher serves all steps; each step
-// ignores the parameters it does not need.
+// Shared pieces of the n-gram matching kernels (chapter 3). Every kernel takes the same parameter list
+// (NGRAM_KERNEL_PARAMS), so one Python launcher serves all steps; each step ignores the parameters it does not need.
 #pragma once
 
 typedef long long i64;
@@ -102,10 +101,9 @@ __device__ __forceinline__ i64 tentative_drafted(u64 key, const SlotPlan &p, int
     return min64(p.cap, hay_len - key_start(key) - key_n(key));
 }
 
-// Copies `drafted` tokens following the match into draft_tokens[b, base ...]. __restrict__ tells
-// the compiler the buffers never overlap, so it may unroll and read ahead of the writes
-// (ld.global.nc); without it, each load issues only after the previous store, which waits
-// for its own load: one memory latency per token.
+// Copies `drafted` tokens following the match into draft_tokens[b, base ...]. __restrict__ tells the compiler the
+// buffers never overlap, so it may unroll and read ahead of the writes (ld.global.nc); without it, each load issues
+// only after the previous store, which waits for its own load: one memory latency per token.
 __device__ __forceinline__ void write_draft(u64 key, i64 drafted, i64 base, const i64 *__restrict__ prompt_row,
                                             const i64 *__restrict__ gen_row, i64 *__restrict__ draft_row) {
     const i64 *__restrict__ src = (key_src(key) ? gen_row : prompt_row) + key_start(key) + key_n(key);
@@ -158,11 +156,10 @@ __device__ __forceinline__ i64 block_inclusive_scan(i64 v, i64 *s_warp, i64 *tot
     return result;
 }
 
-// Phase 2, exact and parallel (steps 4 to 11). Until the first slot where the budget bites,
-// every slot keeps its tentative count, so an exclusive prefix sum of tentative counts is the
-// true running sum; that first slot gets what room is left; every active slot after it gets
-// no drafts (the notebook proves both). One block walks the batch blockDim.x slots at a time,
-// carrying the running sums between chunks. With reset_keys, it also leaves match_keys as
+// Phase 2, exact and parallel (steps 4 to 11). Until the first slot where the budget bites, every slot keeps its
+// tentative count, so an exclusive prefix sum of tentative counts is the true running sum; that first slot gets what
+// room is left; every active slot after it gets no drafts (the notebook proves both). One block walks the batch
+// blockDim.x slots at a time, carrying the running sums between chunks. With reset_keys, it also leaves match_keys as
 // NONE_KEY for the next call (the split search's scratch, steps 6 to 12).
 __device__ void budget_scan_block(NGRAM_KERNEL_PARAMS, int reset_keys) {
     __shared__ i64 s_warp[32];

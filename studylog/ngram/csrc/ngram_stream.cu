@@ -51,12 +51,11 @@ __device__ __forceinline__ void load_tile(const i64 *__restrict__ hay, i64 tile,
     }
 }
 
-// Slot b (active) gets no drafts whatever the searches find when the bound below reaches
-// threshold - 1. The reference refuses it when sum + left >= threshold - 1, with sum the tokens of
-// slots 0..b. Searches only add drafts, so sum is at least the sum of the slots' bases; if even
-// that leaves no room, the slot is refused. The sum over all slots s of
-// counted[s] + (s <= b ? base[s] - active[s] : 0) is that smallest sum plus `left`; every term is
-// >= 0. This returns the warp's part (the threads' slots are s = threadIdx.x + k * blockDim.x).
+// Slot b (active) gets no drafts whatever the searches find when the bound below reaches threshold - 1. The reference
+// refuses it when sum + left >= threshold - 1, with sum the tokens of slots 0..b. Searches only add drafts, so sum is
+// at least the sum of the slots' bases; if even that leaves no room, the slot is refused. The sum over all slots s of
+// counted[s] + (s <= b ? base[s] - active[s] : 0) is that smallest sum plus `left`; every term is >= 0. This returns
+// the warp's part (the threads' slots are s = threadIdx.x + k * blockDim.x).
 __device__ __forceinline__ i64 budget_bound_part(int b, NGRAM_KERNEL_PARAMS) {
     i64 v = 0;
     for (int s = threadIdx.x; s < batch; s += blockDim.x) {
@@ -69,11 +68,10 @@ __device__ __forceinline__ i64 budget_bound_part(int b, NGRAM_KERNEL_PARAMS) {
 }
 
 #define LAZY_COUNT_SHIFT 40
-// The warps search at once; the last warp to add its part of the bound raises a flag if the slot is
-// refused, and every warp stops at the end of its tile. One 64-bit shared word holds the sum of the
-// warps' parts (low LAZY_COUNT_SHIFT = 40 bits; each part is clamped below 2^32, which keeps every
-// decision since threshold < 2^31) and, above them, how many warps have added theirs. The warp that
-// completes the count decides; no barrier.
+// The warps search at once; the last warp to add its part of the bound raises a flag if the slot is refused, and
+// every warp stops at the end of its tile. One 64-bit shared word holds the sum of the warps' parts (low
+// LAZY_COUNT_SHIFT = 40 bits; each part is clamped below 2^32, which keeps every decision since threshold < 2^31)
+// and, above them, how many warps have added theirs. The warp that completes the count decides; no barrier.
 __device__ __forceinline__ void add_bound_part(int b, unsigned long long *s_lazy, volatile int *s_refused,
                                                NGRAM_KERNEL_PARAMS) {
     const i64 part = min64(budget_bound_part(b, NGRAM_KERNEL_ARGS), 0xffffffffll);
