@@ -22,10 +22,8 @@ CHAPTER = Chapter(name="multi_item", number=6, title="Multi-item scoring attenti
                   baselines=report.BASELINES)
 
 __all__ = [
-    "CHAPTER", "ops",
-    # the steps, and the chapter's entry point (step 5)
-    "step01_dense_sdpa", "step02_dense_mask", "step03_mask_on_the_fly", "step04_tile_skip", "step05_batched",
-    "step06_packed_heads", "multi_item_attention", "MultiItemPlan",
+    # the steps, and the chapter's entry point (step 5) with its form for CUDA graphs over changing layouts
+    "CHAPTER", "ops", *(step.function.__name__ for step in STEPS), "multi_item_attention", "MultiItemPlan",
     # the format, the mask rules, the reference, the scores
     "MultiItemBatch", "RULES", "DEFAULT_RULE", "dense_mask", "reference_attention", "score_items",
     "SUPPORTED_DTYPES", "SUPPORTED_HEAD_DIMS",
