@@ -243,9 +243,10 @@ class MaskedHeadPlan:
         logits = plan.step(count)                              # replays the graph of count's bucket
 
     ``count``: the union's token count, or a bound above it. The dense bucket applies the bitmask with xgrammar's
-    GPU kernel where installed, else :func:`apply_bitmask_kernel`."""
+    GPU kernel where installed (``use_xgrammar``), else :func:`apply_bitmask_kernel`."""
 
-    def __init__(self, weight: Weight, batch: int, *, h: Hidden | None = None, rule: DispatchRule | None = None):
+    def __init__(self, weight: Weight, batch: int, *, h: Hidden | None = None, rule: DispatchRule | None = None,
+                 use_xgrammar: bool = True):
         check_tensor("weight", weight, dtype=WEIGHT_DTYPES, ndim=2, contiguous=True)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
@@ -253,7 +254,7 @@ class MaskedHeadPlan:
             raise ValueError("the Triton kernels run on the GPU here: move the weight to cuda")
         if runtime.mode() == "interpreter" and weight.is_cuda:
             raise ValueError("Triton runs in its CPU interpreter in this process: keep the weight on the CPU")
-        self.weight, self.batch, self.rule = weight, batch, rule
+        self.weight, self.batch, self.rule, self.use_xgrammar = weight, batch, rule, use_xgrammar
         self.vocab, self.hidden = weight.shape
         dev = weight.device
         h = torch.zeros(batch, self.hidden, dtype=weight.dtype, device=dev) if h is None else h
@@ -307,7 +308,7 @@ class MaskedHeadPlan:
 
     def _plan_launches(self, bucket: tuple[str, int]) -> list[tuple]:
         """The kernel launches of a bucket, worked out once: (launcher, grid, arguments, constexprs)."""
-        if bucket[0] == "dense" and self.weight.is_cuda:
+        if bucket[0] == "dense" and self.use_xgrammar and self.weight.is_cuda:
             # xgrammar's GPU kernel (its CPU one writes past the row's end for 0 bits past V): the same work as the
             # practitioners' path, by their own kernel; else ours does it
             peer = xgrammar_peer()[0]
