@@ -1,6 +1,5 @@
 """The automaton of constrained decoding and its two jump tables (:class:`ConstrainedFSM`), and the regex of a JSON
-schema (:func:`regex_from_schema`).
-"""
+schema (:func:`regex_from_schema`)."""
 
 from __future__ import annotations
 
@@ -172,9 +171,7 @@ def forced_chains(step: dict[int, tuple[tuple[int, ...], bytes, int]]) -> dict[i
 class ConstrainedFSM:
     """An outlines-core index over a vocabulary, plus the chapter's two jump tables: ``token_jumps`` (step 2: chains
     of states that allow one token; a final state also allows EOS, so it is never forced) and ``char_jumps`` (step
-    3: chains of forced bytes). ``build_seconds`` times the index, ``precompute_seconds`` what the compressions add.
-    The token and byte indexes number their states alike (the ids of the same regex DFA).
-    """
+    3: chains of forced bytes). ``build_seconds`` times the index, ``precompute_seconds`` what the compressions add."""
 
     def __init__(self, regex: str, vocab: TokenVocabulary, name: str = ""):
         if not isinstance(regex, str):
@@ -198,7 +195,7 @@ class ConstrainedFSM:
         self.initial: int = self.index.get_initial_state()
         self.finals: frozenset[int] = frozenset(self.index.get_final_states())
         byte_index = _build_index(self.regex, byte_vocabulary(), "bytes")
-        if byte_index.get_initial_state() != self.initial:
+        if byte_index.get_initial_state() != self.initial:  # both number their states as the regex's DFA does
             raise RuntimeError("the byte-level and token-level indexes do not share state ids; "
                                "this outlines-core version numbers states differently")
         #: character-level automaton: state -> {byte: next state}
@@ -247,10 +244,9 @@ class ConstrainedFSM:
 
     def n_allowed(self, state: int) -> int:
         """How many tokens a state allows (EOS counts in final states)."""
-        n = self._count.get(state)
-        if n is None:
-            n = self._count[state] = len(self._allowed_ids(state))
-        return n
+        if state not in self._count:
+            self._count[state] = len(self._allowed_ids(state))
+        return self._count[state]
 
     def _allowed_ids(self, state: int):
         ids = self.index.get_allowed_tokens(state)
@@ -264,8 +260,7 @@ class ConstrainedFSM:
 
     def next_state(self, state: int, token_id: int) -> Optional[int]:
         """The state after ``token_id``, None when the token is not allowed (EOS ends decoding: None)."""
-        token_id = self.vocab.check_id(token_id)
-        return self.index.get_next_state(state, token_id)
+        return self.index.get_next_state(state, self.vocab.check_id(token_id))
 
     def is_allowed(self, state: int, token_id: int) -> bool:
         if token_id == self.vocab.eos_id:
@@ -285,9 +280,8 @@ class ConstrainedFSM:
 
     def char_walk(self, text: str | bytes, state: Optional[int] = None) -> Optional[int]:
         """The character-level state after ``text``, None when the automaton rejects it on the way."""
-        data = text.encode() if isinstance(text, str) else text
         s = self.initial if state is None else state
-        for b in data:
+        for b in text.encode() if isinstance(text, str) else text:
             s = self.char_out.get(s, {}).get(b)
             if s is None:
                 return None

@@ -1,6 +1,5 @@
 """The decode loop, one step of the lesson at a time (each a complete greedy loop over a ``next_logits(token_ids)``
-callable, one forward pass), :func:`decode` (the step a ``mode`` names) and a deterministic stand-in for a model.
-"""
+callable, one forward pass), :func:`decode` (the step a ``mode`` names) and a deterministic stand-in for a model."""
 
 from __future__ import annotations
 
@@ -25,9 +24,8 @@ NextLogits = Callable[[list[int]], Float[Tensor, " vocab"]]
 
 @dataclass
 class Event:
-    """One event of a decode: a forward pass that picked ``tokens[0]``, a token jump, a character jump
-    (``dropped`` tokens already emitted were replaced by retokenization), EOS, or the end (a state where
-    only EOS is allowed, reached without a pass)."""
+    """One event of a decode: a pass that picked ``tokens[0]``, a token jump, a character jump (``dropped``: emitted
+    tokens that retokenization replaced), EOS, or the end (a state allowing only EOS, reached without a pass)."""
 
     kind: Literal["pass", "token-jump", "char-jump", "eos", "end"]
     tokens: tuple[int, ...] = ()

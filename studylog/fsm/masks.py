@@ -1,6 +1,5 @@
 """Real grammar masks for chapter 2 (``assets/data/fsm_masks.npz``): states the suite visits, sampled across the
-distribution of allowed-token counts (``python -m studylog.fsm export-masks``).
-"""
+distribution of allowed-token counts (``python -m studylog.fsm export-masks``)."""
 
 from __future__ import annotations
 
@@ -27,10 +26,7 @@ def select_masks(counts: Sequence[tuple[str, int, int]], per_bin: int = 24, max_
     bins: dict[int, list] = {}
     for item in sorted(set(counts)):
         bins.setdefault(int(np.log2(item[2])), []).append(item)
-    chosen = []
-    for b in sorted(bins):
-        pool = bins[b]
-        chosen += rng.sample(pool, min(per_bin, len(pool)))
+    chosen = [x for b in sorted(bins) for x in rng.sample(bins[b], min(per_bin, len(bins[b])))]
     chosen.sort(key=lambda x: x[2])
     total, picked = 0, []
     for item in chosen:  # smallest first: the dense end is thinned when the budget runs out
@@ -43,8 +39,7 @@ def select_masks(counts: Sequence[tuple[str, int, int]], per_bin: int = 24, max_
 
 def export_masks(path: Optional[Path] = None, n_samples: int = 8,
                  ascii_digits: bool = COMMITTED_MASKS_ASCII_DIGITS) -> Path:
-    """Write the masks of the states the suite visits (cl100k_base) in ``studylog.data``'s format,
-    deterministically."""
+    """Write the masks of the states the suite visits (cl100k_base) in ``studylog.data``'s format, deterministically."""
     from studylog import data
 
     path = Path(path) if path is not None else data.MASKS_FILE

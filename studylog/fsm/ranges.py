@@ -1,8 +1,7 @@
 """Integer bounds in JSON-schema regexes, which outlines-core ignores (for ``{"maximum": 9}`` a model may write
 ``10``). :func:`regex_with_bounds` puts them back: :func:`bound_integers` replaces every bounded integer subschema
 by ``{"const": S}`` (``S`` a unique sentinel), outlines-core builds the regex, and :func:`replace_sentinels` swaps
-each sentinel's digits for :func:`integer_range_regex` of its range.
-"""
+each sentinel's digits for :func:`integer_range_regex` of its range."""
 
 from __future__ import annotations
 
@@ -69,9 +68,8 @@ def _same_length(x: str, y: str) -> list[str]:
 
 
 def _natural_alternatives(a: int, b: Optional[int]) -> list[tuple[float, str]]:
-    """``(longest match, regex)`` alternatives for the integers in ``[a, b]``, ``0 <= a``, ``b`` None for no
-    upper bound, written without leading zeros. Lengths whose every number is in range are merged into one
-    ``[1-9][0-9]{m,n}`` (open: ``{m,}``)."""
+    """``(longest match, regex)`` alternatives for the integers in ``[a, b]`` (``0 <= a``; ``b`` None: no upper bound)
+    without leading zeros; lengths whose every number is in range merge into ``[1-9][0-9]{m,n}`` (open: ``{m,}``)."""
     la = len(str(a))
     lb = len(str(b)) if b is not None else la
     groups: list[tuple[int, object]] = []  # (length, "full" or [alternatives])

@@ -1,6 +1,5 @@
 """The chapter's measurement (no GPU benchmark): the suite decoded by the writer model in the three modes, forward
-passes counted (``python -m studylog.fsm report`` prints :func:`savings_table`).
-"""
+passes counted (``python -m studylog.fsm report`` prints :func:`savings_table`)."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ class EntryResult:
 def measure_entry(entry, vocab: TokenVocabulary, whitespace: str = "default", n_samples: int = 8, seed: int = 0,
                   fsm: Optional[ConstrainedFSM] = None, *, ascii_digits: bool = True
                   ) -> tuple[EntryResult, ConstrainedFSM]:
-    """Decode ``n_samples`` valid outputs of a suite entry with the writer model in the three modes, each checked
-    to write the sample exactly, and count passes."""
+    """Decode ``n_samples`` outputs of an entry by the writer model in each mode (each checked), and count passes."""
     regex = entry.regex(whitespace, ascii_digits=ascii_digits)
     fsm = fsm or ConstrainedFSM(regex, vocab, name=entry.name)
     rng = random.Random(f"{seed}/{entry.name}/{whitespace}")
@@ -107,8 +105,7 @@ def suite_summary(results: Sequence[EntryResult]) -> dict[str, dict]:
 
 
 def savings_table(results: Sequence[EntryResult]) -> str:
-    """A Markdown table of the suite: per entry and whitespace pattern, the passes of the three steps and the share
-    steps 2 and 3 save; totals last."""
+    """A Markdown table: per entry and whitespace, the passes of steps 1/2/3 and the share 2 and 3 save; totals last."""
     wss = list(dict.fromkeys(r.whitespace for r in results))
     head = "| entry | " + " | ".join(f"{ws} whitespace: passes, step 1 / 2 / 3 | saved by step 2 / 3" for ws in wss)
     lines = [head + " |", "|---|" + "---|---|" * len(wss)]
@@ -123,9 +120,7 @@ def savings_table(results: Sequence[EntryResult]) -> str:
     for name in dict.fromkeys(r.name for r in results):  # an entry measured once per whitespace pattern
         out = [name] + [c for ws in wss for c in cells([r for r in results if (r.name, r.whitespace) == (name, ws)])]
         lines.append("| " + " | ".join(out) + " |")
-    total = ["**all**"]
-    for ws in wss:
-        total += [f"**{c}**" for c in cells([r for r in results if r.whitespace == ws])]
+    total = ["**all**"] + [f"**{c}**" for ws in wss for c in cells([r for r in results if r.whitespace == ws])]
     lines.append("| " + " | ".join(total) + " |")
     return "\n".join(lines)
 

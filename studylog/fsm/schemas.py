@@ -1,6 +1,5 @@
 """The schema suite of chapter 1: realistic JSON schemas (pydantic models, whose string fields carry the
-``examples`` the sampler draws from) and regexes (``outlines.types``), each with a sampler of valid outputs.
-"""
+``examples`` the sampler draws from) and regexes (``outlines.types``), each with a sampler of valid outputs."""
 
 from __future__ import annotations
 
@@ -124,8 +123,7 @@ class ArticleSummary(BaseModel):
 
 @dataclass
 class SuiteEntry:
-    """One schema (``schema``) or regex (``pattern``) of the suite; ``sampler(rng, whitespace)``, where given,
-    returns one valid output as text."""
+    """A suite schema (``schema``) or regex (``pattern``); ``sampler(rng, ws)``, if given, returns a valid output."""
 
     name: str
     kind: Literal["json", "regex"]

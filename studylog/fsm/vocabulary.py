@@ -1,6 +1,5 @@
 """A tokenizer's vocabulary as the automaton sees it: a real one (:func:`load_vocabulary`), a small one
-(:func:`make_vocabulary`), and the 256 single bytes (:func:`byte_vocabulary`).
-"""
+(:func:`make_vocabulary`), and the 256 single bytes (:func:`byte_vocabulary`)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from torch import Tensor
 
 class TokenVocabulary:
     """The bytes of every token id (None for ids that are not text, the EOS id among them), an EOS id, and the
-    tokenizer's canonical ``encoder`` (text -> ids; only the character-level compression, which retokenizes, needs
-    it)."""
+    tokenizer's canonical ``encoder`` (text -> ids; only the character level, which retokenizes, needs it)."""
 
     def __init__(self, name: str, token_bytes: Sequence[Optional[bytes]], eos_id: Optional[int],
                  encoder: Optional[Callable[[str], list[int]]] = None):
@@ -101,10 +99,17 @@ class TokenVocabulary:
             text = text.decode("utf-8")
         return list(self.encoder(text))
 
+    @functools.lru_cache(maxsize=8)
     def padded(self, size: int) -> "TokenVocabulary":
         """This vocabulary over ``size`` ids, for a model whose LM head is padded to ``size`` rows (a multiple of the
         GEMM's tile): the extra ids carry no text, so no grammar allows them. Built once per size."""
-        return _padded(self, size)
+        if isinstance(size, bool) or not isinstance(size, int) or size < self.vocab_size:
+            raise ValueError(f"size must be an int of at least the vocabulary's {self.vocab_size} ids, got {size!r}")
+        if size == self.vocab_size:
+            return self
+        extra = size - self.vocab_size
+        return TokenVocabulary(f"{self.name}+{extra}", list(self.token_bytes) + [None] * extra, self.eos_id,
+                               self.encoder)
 
     def outlines_vocabulary(self):
         """The same vocabulary as an ``outlines_core.Vocabulary`` (built once)."""
@@ -117,17 +122,6 @@ class TokenVocabulary:
                     mapping.setdefault(b, []).append(i)
             self._outlines = Vocabulary(self.eos_id, mapping)
         return self._outlines
-
-
-@functools.lru_cache(maxsize=8)
-def _padded(vocab: TokenVocabulary, size: int) -> TokenVocabulary:
-    if isinstance(size, bool) or not isinstance(size, int) or size < vocab.vocab_size:
-        raise ValueError(f"size must be an int of at least the vocabulary's {vocab.vocab_size} ids, got {size!r}")
-    if size == vocab.vocab_size:
-        return vocab
-    extra = size - vocab.vocab_size
-    return TokenVocabulary(f"{vocab.name}+{extra}", list(vocab.token_bytes) + [None] * extra, vocab.eos_id,
-                           vocab.encoder)
 
 
 @functools.lru_cache(maxsize=4)
@@ -155,8 +149,7 @@ def load_vocabulary(name: str = "cl100k_base") -> TokenVocabulary:
 
 def make_vocabulary(tokens: Mapping[str | bytes, int], eos_id: Optional[int], name: str = "custom",
                     encoder: Optional[Callable[[str], list[int]]] = None) -> TokenVocabulary:
-    """A small vocabulary from ``{token text or bytes: id}`` (tests and toy examples). Ids not listed and
-    ``eos_id`` carry no text."""
+    """A small vocabulary from ``{token text or bytes: id}`` (tests, toys); unlisted ids and ``eos_id`` hold no text."""
     if eos_id is None:
         raise ValueError(f"vocabulary {name!r} has no EOS token; pass eos_id")
     size = max([*tokens.values(), eos_id]) + 1
@@ -172,8 +165,7 @@ def make_vocabulary(tokens: Mapping[str | bytes, int], eos_id: Optional[int], na
 
 @functools.lru_cache(maxsize=1)
 def byte_vocabulary():
-    """The 256 single bytes and an EOS (256), as an ``outlines_core.Vocabulary``: a regex's index over it is the
-    regex's byte-level automaton."""
+    """The 256 bytes and an EOS (256), an ``outlines_core.Vocabulary``: an index over it is a regex's byte automaton."""
     from outlines_core import Vocabulary
 
     return Vocabulary(256, {bytes([b]): [b] for b in range(256)})
