@@ -197,7 +197,7 @@ def test_masked_head_kernel_matches_its_torch_path(rng):
         h = torch.randn(batch, D, generator=rng).bfloat16()
         sets = [np.sort(np.random.default_rng(int(rng.seed_value) + n).choice(V, n, replace=False)) for n in sizes]
         if batch == 1:
-            allowed = pieces.allowed_from_ids(sets[0], V, "cpu")
+            allowed = pieces.AllowedTokens.from_ids([sets[0]], V, device="cpu")
         else:
             mask = torch.zeros(batch, V, dtype=torch.bool)
             for b, s in enumerate(sets):
@@ -608,8 +608,7 @@ def test_the_sweep_records_what_the_figures_read(tiny):
     # a regex and the shortest JSON object whose whitespace can differ (19 tokens compact, 25 default)
     run = LocalRun()
     report.sweep(run, device="cpu", shapes=("tiny",), batches=(1,), schemas=["us_phone", "ticket_triage"], repeats=1,
-                 dtype=torch.float32, max_new_tokens=64, max_seq=160, whitespaces=("compact",),
-                 both_whitespaces_at=("tiny", 1))
+                 dtype=torch.float32, max_new_tokens=64, max_seq=160, both_whitespaces_at=("tiny", 1))
     assert run.checks and all(c["passed"] for c in run.checks)
     assert {r["series"] for r in run.rows} == {"step01", "step02", "step03", "automaton_mask", "char_jump"}
     assert {r["params"]["whitespace"] for r in run.rows

@@ -3,8 +3,7 @@
 A Llama-style model (:mod:`~studylog.decode.model`) decodes a request constrained by a JSON schema or a regex
 (:mod:`~studylog.decode.grammar`) in one loop that runs every configuration alike (:mod:`~studylog.decode.loop`).
 The steps write the same tokens wherever the two tokens in question are further apart than the rounding of the
-two computations (:mod:`~studylog.decode.agreement`).
-"""
+two computations (:mod:`~studylog.decode.agreement`)."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ CHAPTER = Chapter(
     headline=report.headline,
 )
 
-__all__ = [
-    "CHAPTER", "COMPONENTS", "CONFIGS", "DecodeConfig", "Decoder", "Generation", "Grammar", "LlamaModel",
-    "MODEL_CONFIGS", "ModelConfig", "Writer", "ascii_regex", "check_model", "describe", "from_module",
-    "load_smollm2", "model_config", "schema_regex", "step01_baseline", "step02_jump_forward", "step03_masked_head",
-    "suite_names", "suite_sample"]
+__all__ = ["CHAPTER", "COMPONENTS", "CONFIGS", "DecodeConfig", "Decoder", "Generation", "Grammar", "LlamaModel",
+           "MODEL_CONFIGS", "ModelConfig", "Writer", "ascii_regex", "check_model", "describe", "from_module",
+           "load_smollm2", "model_config", "schema_regex", "step01_baseline", "step02_jump_forward",
+           "step03_masked_head", "suite_names", "suite_sample"]

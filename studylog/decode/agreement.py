@@ -10,8 +10,7 @@ fp32 in any order is within ``gamma_k sum_i |h_i w_i|`` of its exact value, ``ga
 states of two configurations may differ by ``dh``, which moves the logit of ``t`` by at most ``|dh| . |w_t|``. If
 A picked ``a`` and B picked ``b``, with ``gap`` the exact difference of their logits from A's hidden state, B can
 only have picked ``b`` if ``gap <= e_A(a) + e_A(b) + e_B(a) + e_B(b) + |dh| . (|w_a| + |w_b|)``. Steering and
-seeded noise enter the gap, not the bound; a temperature divides both.
-"""
+seeded noise enter the gap, not the bound; a temperature divides both."""
 
 from __future__ import annotations
 
@@ -41,9 +40,8 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare(reference: Generation, other: Generation, weight: Tensor) -> dict[str, Any]:
-    """Compare two generations of the same request (both run with ``record=True``; ``weight``: the LM head):
-    ``sequences``, ``identical``, ``divergences`` (each sequence's first difference, with its gap, bound and
-    ``inside``) and ``all_inside``."""
+    """Compare two generations of one request (both run with ``record=True``; ``weight``: the LM head): ``sequences``,
+    ``identical``, ``divergences`` (each sequence's first difference: gap, bound, ``inside``) and ``all_inside``."""
     for name, g in (("reference", reference), ("other", other)):
         if not isinstance(g, Generation):
             raise TypeError(f"{name} must be a Generation, got {type(g).__name__}")

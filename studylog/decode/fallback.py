@@ -1,8 +1,7 @@
 """Chapter 1's automaton where outlines-core cannot build it (it refuses or runs for minutes on many real JSON
 schemas): the same interface, read from xgrammar's matcher, states discovered as decoding reaches them. A state is
 a token path from the start (0: the empty path): xgrammar does not say where its grammar is, so two paths to the
-same place are two states.
-"""
+same place are two states."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ def _after(vocab: pieces.TokenVocabulary, pending: bytes) -> tuple[np.ndarray, n
 def _witness(vocab: pieces.TokenVocabulary, pending: bytes) -> int:
     """A one-byte token that keeps ``pending`` valid UTF-8 (-1 where the vocabulary has none)."""
     singles = byte_tokens(vocab)
-    return next((singles[c] for c in range(0x80, 0xC0) if c in singles and continues_utf8(pending + bytes([c]), 1)),
-                -1)
+    return next((singles[c] for c in range(0x80, 0xC0) if c in singles and continues_utf8(pending + bytes([c]), 1)), -1)
 
 
 class MatcherAutomaton:

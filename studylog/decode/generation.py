@@ -56,9 +56,8 @@ CONFIGS: dict[str, DecodeConfig] = {
 
 @dataclass
 class Generation:
-    """What one request produced and cost: per sequence its output ``ids`` (EOS excluded), the forwards it was
-    active in (``passes``), tokens ``jumped`` and ``retokenized``; the batch's ``forwards`` (the first is the
-    prefill) and ``ms`` per component, summed over the steps."""
+    """What one request produced and cost: per sequence its output ``ids`` (EOS excluded), the forwards it was active in
+    (``passes``), tokens ``jumped`` and ``retokenized``; the batch's ``forwards`` (prefill first), ``ms`` by part."""
 
     config: str
     ids: list[list[int]]
@@ -104,6 +103,13 @@ def check_model(model: Any) -> LlamaModel:
                     + "; convert a Hugging Face Llama with studylog.decode.from_module")
 
 
+def positive_int(name: str, v: Any) -> int:
+    """``v`` if it is an int of at least 1 (a bool is not)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return v
+
+
 def hashed_uniform(seed: int, seq: Tensor, position: Tensor, ids: Tensor, salt: int = 0) -> Tensor:
     """Uniform numbers in (0, 1), ``[R, K]``: a 32-bit hash of (``seed``, ``seq[r]``, ``position[r]``, ``ids[k]``,
     ``salt``), without a generator's state, so a configuration that skips forwards draws the same numbers."""
@@ -125,4 +131,4 @@ def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
 
 
 __all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "SAMPLES", "STEER", "check_model",
-           "gumbel_noise", "hashed_uniform"]
+           "gumbel_noise", "hashed_uniform", "positive_int"]

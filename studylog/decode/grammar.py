@@ -3,14 +3,14 @@
 Both compile the **same regex** (:func:`ascii_regex` writes out what the two read differently), so both allow the
 same tokens in every state, which :meth:`Grammar.check_agreement` checks state by state. Where chapter 1's
 automaton cannot be built, ``engine="auto"`` reads the sets from xgrammar's matcher
-(:class:`~studylog.decode.fallback.MatcherAutomaton`).
-"""
+(:class:`~studylog.decode.fallback.MatcherAutomaton`)."""
 
 from __future__ import annotations
 
 import codecs
 import functools
 import json
+import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -84,8 +84,7 @@ def _xgrammar_compiler(vocab: pieces.TokenVocabulary):
 
 
 def schema_regex(schema: Any, whitespace: str = "default") -> str:
-    """The regex of a JSON schema (a dict, JSON text or a pydantic model class), with its integers' bounds written
-    in (outlines-core ignores them)."""
+    """A JSON schema's regex (a dict, JSON text or a pydantic model), integer bounds kept (outlines-core drops them)."""
     check_choice("whitespace", whitespace, sorted(pieces.WHITESPACE))
     try:
         return pieces.regex_from_schema(schema, whitespace_pattern=pieces.WHITESPACE[whitespace], integer_bounds=True)
@@ -163,9 +162,8 @@ def continues_utf8(text: bytes | bytearray, new: int) -> bool:
 
 @dataclass
 class Grammar:
-    """One constraint, compiled for the decode loop: ``xgrammar``'s compiled grammar (a :meth:`matcher` per
-    sequence) and an ``automaton``, chapter 1's or (``engine == "xgrammar"``) one read from xgrammar's matcher
-    (``regex`` is ``""`` where xgrammar compiled a schema directly)."""
+    """One constraint, compiled for the decode loop: ``xgrammar``'s compiled grammar (a :meth:`matcher` per sequence)
+    and an ``automaton``: chapter 1's, or read from xgrammar's matcher (``regex`` ``""``: a schema it compiled)."""
 
     name: str
     regex: str
@@ -273,7 +271,7 @@ class Grammar:
             raise ValueError(f"grammar {self.name!r} has no automaton of chapter 1 (engine {self.engine!r}): its "
                              "steps all read xgrammar, and there is no second engine to compare")
         auto, vocab = self.automaton, self.vocab
-        matcher = xgr.GrammarMatcher(self.xgrammar, max_rollback_tokens=-1)
+        matcher = self.matcher()
         bitmask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
         byte_ids = byte_tokens(vocab)
         # tokens holding a byte that is no token by itself: the only ones a walk over single bytes cannot follow
@@ -346,9 +344,9 @@ class Grammar:
 
     def allowed(self, states: Sequence[int], device) -> Any:
         """Chapter 2's ``AllowedTokens`` of a batch in ``states``, from the sets and packed bits kept per state."""
-        if len(states) == 1 and states[0] is not None:
-            return self._state_allowed(states[0], device)
         sets = [self._state_allowed(s, device) for s in states]
+        if len(states) == 1 and states[0] is not None:
+            return sets[0]
         mask = torch.cat([a.mask for a in sets])
         bits = np.bitwise_or.reduce(np.stack([self.state_words(s) for s in states]), axis=0)
         union = np.flatnonzero(np.unpackbits(bits, bitorder="little"))
@@ -366,7 +364,7 @@ class Grammar:
         a = self._allowed.get(state)
         if a is None or a.device != torch.device(device):
             ids = self.automaton.allowed_ids(state) if state is not None else np.zeros(0, dtype=np.int64)
-            a = self._allowed[state] = pieces.allowed_from_ids(ids, self.vocab.vocab_size, device)
+            a = self._allowed[state] = pieces.AllowedTokens.from_ids([ids], self.vocab.vocab_size, device=device)
             self._forget(self._allowed)
         return a
 
@@ -401,8 +399,6 @@ def suite_names(kind: str | None = None) -> list[str]:
 
 def suite_sample(name: str, seed: int = 0, whitespace: str = "default") -> str:
     """A valid output of a suite entry, drawn with ``seed``."""
-    import random
-
     return pieces.suite_entry(name).sample(random.Random(f"decode/{name}/{seed}"), whitespace)
 
 

@@ -5,8 +5,7 @@ forward of the body on that chunk (a CUDA graph per chunk length on a GPU); (3) 
 position's allowed tokens while the body runs; (4) the LM head, dense or chapter 2's masked head (eager: its launch
 depends on the step's allowed set, which a replayed graph cannot change); (5) the bitmask applied (dense head
 only); (6) sampling, then the one wait per step, for the tokens the grammar needs; (7) the grammar advances and
-forced tokens join the next step's chunk.
-"""
+forced tokens join the next step's chunk."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from torch import Tensor
 
 from studylog.checks import check_choice
 from studylog.decode import kernels, pieces
-from studylog.decode.generation import CONFIGS, STEER, DecodeConfig, Generation, check_model, gumbel_noise
+from studylog.decode.generation import CONFIGS, STEER, DecodeConfig, Generation, check_model, gumbel_noise, positive_int
 from studylog.decode.grammar import Grammar, Writer, continues_utf8
 from studylog.decode.model import LlamaModel, dense_logits
 from studylog.runtime import cuda_graph, staged
@@ -52,18 +51,14 @@ class Marks:
     """Timestamps on the device's stream (CUDA events) or, on a CPU, the host's clock."""
 
     def __init__(self, device: torch.device, on: bool):
-        self.cuda = device.type == "cuda"
-        self.on = on
-        self.marks: list[Any] = []
+        self.cuda, self.on, self.marks = device.type == "cuda", on, []
 
     def __call__(self) -> None:
-        if not self.on:
-            return
-        if self.cuda:
+        if self.on and self.cuda:
             e = torch.cuda.Event(enable_timing=True)
             e.record()
             self.marks.append(e)
-        else:
+        elif self.on:
             self.marks.append(time.perf_counter())
 
     def ms(self) -> list[float]:
@@ -94,17 +89,15 @@ class Decoder:
             vocab = pieces.load_vocabulary("cl100k_base")
             vocab = vocab.padded(V) if V > vocab.vocab_size else vocab
         self.vocab = vocab
-        if self.vocab.vocab_size != V:
-            raise ValueError(f"the vocabulary {self.vocab.name!r} has {self.vocab.vocab_size} ids but the model's "
-                             f"LM head has {V} rows: they must match" + (
-                                 f" (pass vocab.padded({V}) for a head padded past the vocabulary)"
-                                 if V > self.vocab.vocab_size else ""))
+        if vocab.vocab_size != V:
+            hint = f" (pass vocab.padded({V}) for a head padded past the vocabulary)" if V > vocab.vocab_size else ""
+            raise ValueError(f"the vocabulary {vocab.name!r} has {vocab.vocab_size} ids but the model's LM head has "
+                             f"{V} rows: they must match{hint}")
         if tuple(self.model.lm_head.shape) != (V, self.model.config.hidden):
             raise ValueError(f"the model's lm_head has shape {tuple(self.model.lm_head.shape)}, its config says "
                              f"({V}, {self.model.config.hidden})")
-        for name, v in (("batch", batch), ("max_seq", max_seq)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        positive_int("batch", batch)
+        positive_int("max_seq", max_seq)
         self.chunk_sizes = tuple(sorted(set(int(c) for c in chunk_sizes)))
         if not self.chunk_sizes or self.chunk_sizes[0] != 1:
             raise ValueError(f"chunk_sizes must include 1 (a plain decode step), got {chunk_sizes!r}")
@@ -130,8 +123,7 @@ class Decoder:
         self._tok_host, self._tok = staged(batch, dtype=torch.int64, device=self.device)
         self._vocab_ids = torch.arange(V, device=self.device, dtype=torch.int64)
         self._graphs: dict[int, tuple[Any, Tensor]] = {}
-        self._pool = None
-        self._batch_matcher = None
+        self._pool = self._batch_matcher = None
         self._prepared: dict[int, Grammar] = {}
 
     #: Whether the body returns every chunk position's hidden state (a verifier of drafts) or the last one's.
@@ -231,8 +223,7 @@ class Decoder:
         prompts = [self._prompt_ids(b, p) for b, p in enumerate(prompts)]
         if len(prompts) != self.batch:
             raise ValueError(f"prompts holds {len(prompts)} sequences; this decoder has batch {self.batch}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        positive_int("max_new_tokens", max_new_tokens)
         for b, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"prompt {b} is empty")
@@ -360,8 +351,7 @@ class Decoder:
     def _host_mask(self, rows: list[_Row], active: list[int], grammar: Grammar, cfg: DecodeConfig):
         """The next position's allowed tokens: the bitmask (dense head) or chapter 2's allowed sets (masked head)."""
         if cfg.head == "masked":
-            return grammar.allowed([rows[b].states[-1] if b in active else None for b in range(len(rows))],
-                                   self.device)
+            return grammar.allowed([rows[b].states[-1] if b in active else None for b in range(len(rows))], self.device)
         bits = self._bits_host
         if cfg.mask == "automaton":
             for b in active:
@@ -377,8 +367,7 @@ class Decoder:
         return None
 
     def _sample(self, temperature: float, seed: int, allowed: pieces.AllowedTokens | None = None) -> None:
-        """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok``; with ``allowed``, only
-        the union's logits are read (the same token)."""
+        """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok`` (``allowed``: its union)."""
         C = self.max_chunk
         steer = self._inp[:, C + 2]
         logits = self._logits
@@ -428,8 +417,7 @@ class Decoder:
                 return
 
     def _char_jump(self, r: _Row, jump, grammar: Grammar, max_new: int) -> bool:
-        """Append the forced bytes and retokenize; the cache and the matcher go back to the first changed token.
-        False where the jump is not taken."""
+        """Append the forced bytes and retokenize (cache, matcher back to the first changed token); False: not taken."""
         new_text = bytes(r.text) + jump.data
         try:
             new_ids = self.vocab.encode(new_text.decode("utf-8"))

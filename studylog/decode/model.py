@@ -7,8 +7,7 @@ Random weights, a Hugging Face ``LlamaForCausalLM``'s (:func:`from_module`) or S
 ``(B, T)``, so a forward per chunk length can be captured in a CUDA graph; padded tokens write keys past the
 sequence's end, which a real token overwrites before any query sees them, so the cache holds
 ``max_seq + max_chunk`` positions. The body runs torch's operations or the fused kernels of
-:mod:`~studylog.decode.kernels`; both agree up to the order of sums.
-"""
+:mod:`~studylog.decode.kernels`; both agree up to the order of sums."""
 
 from __future__ import annotations
 
@@ -95,7 +94,8 @@ def model_config(name: str, **changes: Any) -> ModelConfig:
     if name not in CONFIGS:
         raise ValueError(f"unknown model config {name!r}; choose from {sorted(CONFIGS)}")
     base = CONFIGS[name]
-    if {"hidden", "heads"} & changes.keys() and "head_dim" not in changes and base.head_dim == base.hidden // base.heads:
+    derived = base.head_dim == base.hidden // base.heads
+    if derived and {"hidden", "heads"} & changes.keys() and "head_dim" not in changes:
         changes["head_dim"] = 0
     return replace(base, **changes)
 
@@ -109,8 +109,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 def _attention(q: Tensor, kc: Tensor, vc: Tensor, visible: Tensor, scale: float) -> Tensor:
     """Grouped-query attention of ``q [B, T, H, d]`` over the cache ``[B, Hkv, S, d]``, keys masked by
-    ``visible [B, T, S]``, softmax in fp32; ``[B, T, H * d]``. (On a CPU, torch's fused attention with a mask is
-    far slower than two matmuls.)"""
+    ``visible [B, T, S]``, softmax in fp32: ``[B, T, H * d]`` (on a CPU, faster than torch's masked fused attention)."""
     B, T, H, d = q.shape
     Hkv, S = kc.shape[1], kc.shape[2]
     G = H // Hkv
@@ -218,9 +217,7 @@ class LlamaModel(nn.Module):
         return self._rope[key]
 
     def uses_fused(self, device: torch.device | None = None) -> bool:
-        if self.fused is not None:
-            return self.fused
-        return torch.device(device or self.device).type == "cuda"
+        return self.fused if self.fused is not None else torch.device(device or self.device).type == "cuda"
 
     def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache, *,
                 fused: bool | None = None, gemv: bool | None = None, every: bool = False) -> Tensor:
@@ -404,12 +401,10 @@ def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str
     optional = {"lm_head.weight"} if model.config.tie_embeddings else set()
     missing = sorted(set(want) - set(tensors))
     unexpected = sorted(set(tensors) - set(want) - optional - {k for k in tensors if k.endswith("rotary_emb.inv_freq")})
-    if missing:
-        raise ValueError(f"{where} lacks {len(missing)} tensor(s) a Llama model needs: {missing[:6]}"
-                         + (" ..." if len(missing) > 6 else ""))
-    if unexpected:
-        raise ValueError(f"{where} holds {len(unexpected)} tensor(s) a Llama model does not have: {unexpected[:6]}"
-                         + (" ..." if len(unexpected) > 6 else ""))
+    for names, what in ((missing, "lacks {} tensor(s) a Llama model needs"),
+                        (unexpected, "holds {} tensor(s) a Llama model does not have")):
+        if names:
+            raise ValueError(f"{where} {what.format(len(names))}: {names[:6]}" + (" ..." if len(names) > 6 else ""))
     for k, shape in want.items():
         if tuple(tensors[k].shape) != shape:
             raise ValueError(f"{where}: tensor {k} has shape {tuple(tensors[k].shape)}, the config says {shape}")
@@ -444,8 +439,7 @@ def load_smollm2(*, device=None, dtype: torch.dtype | None = None, path: str | P
 
     ckpt = smollm2.read(path)
     device = torch.device(device) if device is not None else runtime.device()
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = dtype if dtype is not None else torch.bfloat16 if device.type == "cuda" else torch.float32
     cfg = ModelConfig(name="smollm2-135m", vocab_size=ckpt.vocab_size, hidden=ckpt.hidden, layers=ckpt.layers,
                       heads=ckpt.heads, kv_heads=ckpt.kv_heads, intermediate=ckpt.intermediate,
                       head_dim=ckpt.head_dim, rope_theta=ckpt.rope_theta, norm_eps=ckpt.norm_eps,

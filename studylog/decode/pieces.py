@@ -81,14 +81,8 @@ AllowedTokens = _ch2.AllowedTokens
 FEW_IDS_MAX: int = _ch2.FEW_IDS_MAX
 
 
-def allowed_from_ids(ids: np.ndarray, vocab_size: int, device) -> AllowedTokens:
-    """Chapter 2's allowed set of one sequence, built and checked once (per automaton state)."""
-    return AllowedTokens.from_ids([ids], vocab_size, device=device)
-
-
 def allowed_batch(mask: Tensor, union: np.ndarray, counts: tuple[int, ...]) -> AllowedTokens:
-    """Chapter 2's allowed sets of a batch from checked parts (the ``[B, V]`` mask, the sorted union on the host,
-    the counts), without a device round trip."""
+    """Chapter 2's allowed sets of a batch from checked parts (mask, host-sorted union, counts): no round trip."""
     union_ids = torch.from_numpy(np.ascontiguousarray(union, dtype=np.int32)).to(mask.device, non_blocking=True)
     few = tuple(int(i) for i in union) if len(union) <= FEW_IDS_MAX else None
     return AllowedTokens(vocab_size=mask.shape[1], mask=mask, union_ids=union_ids, counts=counts, few_ids=few)
@@ -112,5 +106,5 @@ def masked_head_torch(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Te
 
 
 __all__ = ["AllowedTokens", "ConstrainedFSM", "FEW_IDS_MAX", "TokenVocabulary", "WHITESPACE", "Writer", "allowed_batch",
-           "allowed_from_ids", "Automaton", "Jump", "compile_fsm", "load_vocabulary", "masked_head_kernel",
-           "masked_head_torch", "regex_from_schema", "suite", "suite_entry"]
+           "Automaton", "Jump", "compile_fsm", "load_vocabulary", "masked_head_kernel", "masked_head_torch",
+           "regex_from_schema", "suite", "suite_entry"]

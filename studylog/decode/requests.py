@@ -1,6 +1,5 @@
 """Real requests for the real model (an instruction, then the schema or the format in words, in the chat template),
-and the check that a finished output is what the format asks for.
-"""
+and the check that a finished output is what the format asks for."""
 
 from __future__ import annotations
 
