@@ -8,8 +8,7 @@ six: :func:`gemv` four times (RMSNorm or SwiGLU in front, the residual add behin
 
 Each kernel rounds where torch's eager composition rounds, so the two paths differ only in the order of sums.
 Every wrapper is graph-safe (no host synchronisation, positions read from the device); ``T`` is not specialised
-on, so the graphs of all chunk lengths reuse the same compiled kernels.
-"""
+on, so the graphs of all chunk lengths reuse the same compiled kernels."""
 
 from __future__ import annotations
 
@@ -247,20 +246,14 @@ def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = 
                  last: Tensor | None = None) -> Tensor:
     """``out = weight * rms_norm(x (+ add))`` row by row over ``x [..., D]`` (``x += add`` in place); with
     ``last [B]``, only row ``last[b]`` of each sequence, into ``out [B, D]``, ``x`` left as it is."""
-    D = x.shape[-1]
-    rows = x.numel() // D
-    if last is not None:
-        B = last.shape[0]
-        out = x.new_empty(B, D)
-        grid, T = (B,), rows // B
-    else:
-        out = torch.empty_like(x)
-        grid, T = (rows,), 1
+    D, gather = x.shape[-1], last is not None
+    out = x.new_empty(last.shape[0], D) if gather else torch.empty_like(x)  # a program per row of out
+    T = x.numel() // D // last.shape[0] if gather else 1
     block = triton.next_power_of_2(D)
-    add_rms_norm_kernel[grid](x, add if add is not None else x, weight, out, last if last is not None else x,
-                              T, D, eps, last.stride(0) if last is not None else 0, HAS_ADD=add is not None,
-                              GATHER=last is not None, BLOCK_D=block,
-                              num_warps=max(1, min(16, block // 256)))
+    add_rms_norm_kernel[(out.numel() // D,)](
+        x, add if add is not None else x, weight, out, last if gather else x, T, D, eps,
+        last.stride(0) if gather else 0, HAS_ADD=add is not None, GATHER=gather, BLOCK_D=block,
+        num_warps=max(1, min(16, block // 256)))
     return out
 
 
@@ -271,11 +264,9 @@ def rope_cache(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, cos: Tensor, sin: 
     B, T = qkv.shape[0], qkv.shape[1]
     hd = k_cache.shape[-1]
     rope_cache_kernel[(B * T,)](
-        qkv, k_cache, v_cache, cos, sin, start, T, min(k_cache.shape[2], cos.shape[0]), start.stride(0),
-        qkv.stride(1),
+        qkv, k_cache, v_cache, cos, sin, start, T, min(k_cache.shape[2], cos.shape[0]), start.stride(0), qkv.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), cos.stride(0), H=heads, HKV=kv_heads, HD=hd,
-        HEADS_POW2=triton.next_power_of_2(heads + 2 * kv_heads), HALF_POW2=triton.next_power_of_2(hd // 2),
-        num_warps=4)
+        HEADS_POW2=triton.next_power_of_2(heads + 2 * kv_heads), HALF_POW2=triton.next_power_of_2(hd // 2), num_warps=4)
 
 
 def attention(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: Tensor, heads: int, scale: float,

@@ -4,8 +4,7 @@
 :func:`hf_generate` runs a constrained greedy request through ``hf.generate`` with
 ``xgrammar.contrib.hf.LogitsProcessor``, xgrammar's documented integration; :func:`time_hf` times it per output
 token as the loop's rows are timed. The processor masks only the grammar's vocabulary width, so a grammar whose
-vocabulary is not exactly the head's rows is refused.
-"""
+vocabulary is not exactly the head's rows is refused."""
 
 from __future__ import annotations
 
@@ -17,16 +16,8 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from studylog.decode.grammar import Grammar
-from studylog.decode.generation import check_model
+from studylog.decode.generation import check_model, positive_int
 from studylog.decode.model import LlamaModel, hf_config, state_dict_hf
-
-
-def _transformers():
-    try:
-        import transformers
-    except ImportError as exc:  # pragma: no cover - the venv has it
-        raise ImportError("studylog.decode.peers needs Hugging Face transformers (pip install transformers)") from exc
-    return transformers
 
 
 def _rope_theta(config: Any) -> float | None:
@@ -40,8 +31,9 @@ def _rope_theta(config: Any) -> float | None:
 def hf_model(model: LlamaModel):
     """A ``transformers.LlamaForCausalLM`` with a copy of ``model``'s weights and config, on its device and dtype,
     in eval mode, built as ``from_pretrained`` builds one and loaded strictly."""
+    import transformers  # the peers extra
+
     model = check_model(model)
-    transformers = _transformers()
     cfg = model.config
     config = transformers.LlamaConfig(**hf_config(cfg, model.dtype))  # ValueError for a shared-layers config
     # the generation defaults of a bare LlamaConfig (bos 1, eos 2) mean nothing for this vocabulary
@@ -78,7 +70,8 @@ def hf_model(model: LlamaModel):
 
 def _request(hf: Any, grammar: Any, prompt_ids: Any, max_new_tokens: Any, eos_id: Any) -> tuple[list[int], int]:
     """The checked prompt ids and EOS id of one request of ``hf`` under ``grammar``."""
-    transformers = _transformers()
+    import transformers
+
     if not isinstance(hf, transformers.PreTrainedModel) or not hasattr(hf, "generate"):
         raise TypeError(f"hf must be a transformers causal LM (hf_model(model) builds one), got {type(hf).__name__}"
                         + ("; convert a studylog LlamaModel with hf_model(model)" if isinstance(hf, LlamaModel)
@@ -107,17 +100,11 @@ def _request(hf: Any, grammar: Any, prompt_ids: Any, max_new_tokens: Any, eos_id
             raise TypeError(f"prompt_ids holds {t!r} ({type(t).__name__}) at position {i}; token ids are ints")
         if not 0 <= t < rows:
             raise ValueError(f"prompt_ids holds token id {t} at position {i}, outside the vocabulary [0, {rows})")
-    _positive("max_new_tokens", max_new_tokens)
+    positive_int("max_new_tokens", max_new_tokens)
     eos_id = grammar.vocab.eos_id if eos_id is None else eos_id
     if isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < rows:
         raise ValueError(f"eos_id must be a token id in [0, {rows}), got {eos_id!r}")
     return list(prompt_ids), eos_id
-
-
-def _positive(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return v
 
 
 def hf_generate(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int,
@@ -165,7 +152,7 @@ def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: 
     from studylog.bench import collector_paused
 
     ids, eos_id = _request(hf, grammar, prompt_ids, max_new_tokens, eos_id)
-    _positive("repeats", repeats)
+    positive_int("repeats", repeats)
     cuda = next(hf.parameters()).device.type == "cuda"
     hf_generate(hf, grammar, ids, max_new_tokens=max_new_tokens, eos_id=eos_id)  # a warm-up
     per_repeat, outputs = [], []
@@ -182,8 +169,7 @@ def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: 
             per_repeat.append(ms / max(len(out), 1))
             outputs.append(out)
     # on a GPU greedy generate need not repeat itself (bf16 logits): each repeat is timed over its own tokens
-    return HFTiming(statistics.median(per_repeat), per_repeat, outputs[0],
-                    all(o == outputs[0] for o in outputs))
+    return HFTiming(statistics.median(per_repeat), per_repeat, outputs[0], all(o == outputs[0] for o in outputs))
 
 
 __all__ = ["HFTiming", "hf_generate", "hf_model", "time_hf"]

@@ -2,8 +2,7 @@
 
 ``bench(run)``: the ~1B shape, the ~8B cost model and the real model (SmolLM2-135M-Instruct), batch 1 and 8, every
 schema of chapter 1's suite in every configuration (:data:`ORDER`), the random-weight shapes steered to a valid
-sample of the schema; beside them each component alone on the GPU clock (:func:`components`).
-"""
+sample of the schema; beside them each component alone on the GPU clock (:func:`components`)."""
 
 from __future__ import annotations
 
@@ -13,11 +12,11 @@ from typing import Any, Sequence
 import torch
 
 from studylog.decode.grammar import Grammar, suite_names, suite_sample
-from studylog.decode import kernels
+from studylog.decode import kernels, peers
 from studylog.decode.generation import STEER, Generation
 from studylog.decode.loop import COMPONENTS, Decoder
 from studylog.decode import requests as real_requests
-from studylog.decode.model import CL100K_SIZE, LlamaModel, dense_logits, describe, model_config
+from studylog.decode.model import CL100K_SIZE, LlamaModel, dense_logits, describe, load_smollm2, model_config
 
 #: The configurations measured, in the lesson's order: the three steps, then the two comparisons.
 ORDER = ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")
@@ -25,11 +24,11 @@ STEP_OF = {"baseline": 1, "jump_forward": 2, "masked_head": 3}
 PROMPT = "Reply with one JSON value or string that follows the format you are given. Request number {i}."
 
 
-def series_of(config: str) -> str:
-    """A configuration's benchmark series: its step's (``step01``) or its own name."""
+def series_of(config: str, attr: str = "series") -> str:
+    """A configuration's benchmark series (``step01``; ``attr="name"``: ``step01_baseline``), or its own name."""
     from studylog.decode import CHAPTER
 
-    return CHAPTER.step(STEP_OF[config]).series if config in STEP_OF else config
+    return getattr(CHAPTER.step(STEP_OF[config]), attr) if config in STEP_OF else config
 
 
 def requests(name: str, batch: int, decoder: Decoder, whitespace: str = "compact") -> tuple[list[list[int]], list[str]]:
@@ -52,11 +51,11 @@ def measure(decoder: Decoder, grammar: Grammar, config: str, prompts, targets, *
         return [go(False) for _ in range(repeats)], go(True)
 
 
-def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Sequence[int],
-          schemas: Sequence[str], repeats: int = 3, max_new_tokens: int = 160, max_seq: int = 512,
-          dtype: torch.dtype = torch.bfloat16, whitespaces: Sequence[str] = ("compact",), both_whitespaces_at: tuple[str, int] | None = None) -> None:
-    """Decode every schema in every configuration and record it with ``run`` (any recorder with ``record``,
-    ``check`` and ``note``); ``both_whitespaces_at`` = ``(shape, batch)`` adds the other whitespace there."""
+def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Sequence[int], schemas: Sequence[str],
+          repeats: int = 3, max_new_tokens: int = 160, max_seq: int = 512, dtype: torch.dtype = torch.bfloat16,
+          both_whitespaces_at: tuple[str, int] | None = None) -> None:
+    """Decode every schema in every configuration (compact whitespace; ``both_whitespaces_at`` = ``(shape,
+    batch)`` adds the default one there) and record it with ``run`` (``record``, ``check`` and ``note``)."""
     from studylog.bench import Timing
 
     for shape in shapes:
@@ -64,10 +63,9 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
         hf = None
         if real:  # the real model answers real requests on its own: no steering
             from studylog import smollm2
-            from studylog.decode import peers
-            from studylog.decode.model import load_smollm2
 
-            model, vocab, tokenizer = load_smollm2(device=device, dtype=dtype), smollm2.vocabulary(), smollm2.tokenizer()
+            model = load_smollm2(device=device, dtype=dtype)
+            vocab, tokenizer = smollm2.vocabulary(), smollm2.tokenizer()
             cfg = model.config
             try:
                 hf = peers.hf_model(model)  # the Hugging Face copy hf_peer runs
@@ -82,9 +80,7 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
             decoder.capture()
             if torch.device(device).type == "cuda":
                 components(run, decoder, shape)
-            wss = list(whitespaces)
-            if both_whitespaces_at == (shape, batch):
-                wss += [w for w in ("compact", "default") if w not in wss]
+            wss = ["compact", "default"] if both_whitespaces_at == (shape, batch) else ["compact"]
             jobs = [(n, w) for w in wss for n in schemas if w == wss[0] or n in suite_names("json")]
             progress = getattr(run, "progress", None)
             for name, ws in progress(jobs, f"{shape} batch {batch}") if progress else jobs:
@@ -147,7 +143,6 @@ def hf_peer(run, hf, grammar: Grammar, prompt: list[int], step01: Generation, *,
             repeats: int, params: dict) -> None:
     """Hugging Face ``generate`` with xgrammar's processor on the same request, and whether it wrote step 1's tokens."""
     from studylog.bench import Timing
-    from studylog.decode import peers
 
     timing = peers.time_hf(hf, grammar, prompt, max_new_tokens=max_new_tokens, repeats=repeats)
     run.record("hf_generate", Timing.of(timing.per_repeat, clock="wall"), params=params, role="peer",
@@ -231,7 +226,7 @@ def components(run, decoder: Decoder, shape: str) -> None:
     dense = lambda: dense_logits(hidden, model.lm_head, out=logits)  # noqa: E731
     run.measure("dense_head", lambda: [dense], params=base, role="baseline", host=dense, host_calls=100)
     if decoder.vocab.name.startswith("cl100k_base") and V > CL100K_SIZE:
-        # the same head unpadded (cl100k's 100,277 rows, as the baseline ran before): what the padding buys
+        # the same head unpadded (cl100k's 100,277 rows): what the padding buys
         rows = model.lm_head[:CL100K_SIZE]
         narrow = torch.empty(B, CL100K_SIZE, device=decoder.device, dtype=torch.float32)
         odd = lambda: dense_logits(hidden, rows, out=narrow)  # noqa: E731
@@ -291,19 +286,17 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
              "eagerly (its launch depends on the allowed set); its host time per call is in masked_logits' host_ms "
              "and, per step, in the breakdown's head_host.")
     for kwargs in plan(quick):
-        sweep(run, device="cuda", whitespaces=("compact",), **kwargs)
+        sweep(run, device="cuda", **kwargs)
     body_kernels(run, [shape for kwargs in plan(quick) for shape in kwargs["shapes"] if shape != REAL_MODEL])
-
-
-def rows_of(results_rows: Sequence[dict], **params: Any) -> list[dict]:
-    return [r for r in results_rows if all(r["params"].get(k) == v for k, v in params.items())]
 
 
 def series_label(config: str) -> str:
     """A configuration's label: its step's name (``step01_baseline``) or its own."""
-    from studylog.decode import CHAPTER
+    return series_of(config, "name")
 
-    return CHAPTER.step(STEP_OF[config]).name if config in STEP_OF else config
+
+def rows_of(results_rows: Sequence[dict], **params: Any) -> list[dict]:
+    return [r for r in results_rows if all(r["params"].get(k) == v for k, v in params.items())]
 
 
 def _head_rows(results, model: str) -> int | None:
@@ -341,15 +334,13 @@ def headline(results) -> list[dict]:
                         host.append(parts["host"])
             if mine:
                 rows = _head_rows(results, model)
-                what = (f"SmolLM2-135M-Instruct, real requests, batch {batch}, end to end per output token, median "
-                        f"of {len(mine)} requests" if real else
-                        f"{model} shape{f' (head of {rows:,} rows)' if rows else ''}, batch {batch}, end to end per "
-                        f"output token, median "
-                        f"of {len(mine)} JSON schemas (compact whitespace)")
-                out.append({"kernel": series_label(config), "baseline": series_label("baseline"), "clock": "wall",
-                            "case": what, "speedup": statistics.median(theirs) / statistics.median(mine),
-                            "kernel_ms": statistics.median(mine),
-                            "baseline_ms": statistics.median(theirs),
+                who = "SmolLM2-135M-Instruct, real requests" if real else \
+                    f"{model} shape" + (f" (head of {rows:,} rows)" if rows else "")
+                what = (f"{who}, batch {batch}, end to end per output token, median of {len(mine)} "
+                        + ("requests" if real else "JSON schemas (compact whitespace)"))
+                k, b = statistics.median(mine), statistics.median(theirs)
+                out.append({"kernel": series_label(config), "baseline": series_label("baseline"),
+                            "clock": "wall", "case": what, "speedup": b / k, "kernel_ms": k, "baseline_ms": b,
                             **({"host_ms": statistics.median(host)} if host else {})})
     return out
 
