@@ -3,8 +3,7 @@
 Extracting fields from a document into JSON copies text. Prompt lookup (chapter 3's n-gram matcher) proposes it;
 chapter 1's automaton cuts each proposal at the first forbidden token and extends it with forced tokens; one
 forward (:class:`SpeculativeDecoder`) verifies the whole draft with chapter 2's masked head per position; the
-longest prefix the model agrees with is kept. The outputs are chapter 7's except at near ties.
-"""
+longest prefix the model agrees with is kept. The outputs are chapter 7's except at near ties."""
 
 from __future__ import annotations
 

@@ -32,8 +32,7 @@ class NgramDrafter:
         self._out_np, self._lens_np = self._out_host.numpy(), self._lens_host.numpy()
         self._prompt = torch.zeros(batch, prompt_width, dtype=torch.int64, device=self.device)
         prompt_lens, step_idx, draft_num, max_dec, encoder, decoder = self._lens
-        self.inputs = NgramInputs(self._prompt, prompt_lens, self._out, step_idx, draft_num, max_dec, encoder,
-                                  decoder)
+        self.inputs = NgramInputs(self._prompt, prompt_lens, self._out, step_idx, draft_num, max_dec, encoder, decoder)
         self._draft_host, self.draft_tokens = staged(batch, draft_len + 1, dtype=torch.int64, device=self.device)
         self._this_time_host, self.seq_lens_this_time = staged(batch, dtype=torch.int32, device=self.device)
         step = (ngram_kernels.final_step(self.inputs, DRAFT_NGRAM) if self.device.type == "cuda"
@@ -54,9 +53,8 @@ class NgramDrafter:
 
     def capture(self) -> None:
         """Capture the round trip in a CUDA graph: one replay instead of five launches and copies."""
-        if self.device.type != "cuda" or self._graph is not None:
-            return
-        self._graph, _ = cuda_graph(self._round_trip)
+        if self.device.type == "cuda" and self._graph is None:
+            self._graph, _ = cuda_graph(self._round_trip)
 
     def admit(self, prompts: Sequence[Sequence[int]]) -> None:
         """A new request's prompts (the haystacks)."""

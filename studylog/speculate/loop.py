@@ -8,8 +8,7 @@ model is kept, then the model's own token.
 
 Greedy, every accepted token is the allowed argmax at its position, so the outputs are chapter 7's wherever the
 logits' rounding allows. Sampled, a drafted ``x`` is accepted with probability ``p(x)`` and otherwise the token is
-drawn from ``p`` without ``x``: every output keeps the model's probability.
-"""
+drawn from ``p`` without ``x``: every output keeps the model's probability."""
 
 from __future__ import annotations
 
@@ -194,8 +193,7 @@ class SpeculativeDecoder(Decoder):
         gate = DraftGate(B, min_accepted=self.gate_threshold) if cfg.gate else None
         stats = {k: [0] * B for k in ("proposed", "cut", "forced_drafted", "verified", "accepted", "drafts")}
         trace: list | None = [] if self._trace else None
-        times = {k: 0.0 for k in SPEC_COMPONENTS}
-        times["wall"] = 0.0
+        times = dict.fromkeys((*SPEC_COMPONENTS, "wall"), 0.0)
         chunk_lengths, forwards, draft_calls, first_step = [], 0, 0, 0.0
         C = self.max_chunk
         while not all(r.finished for r in rows):
@@ -207,7 +205,7 @@ class SpeculativeDecoder(Decoder):
             room = [0 if r.finished else min(max_new - len(r.ids) - 1, C - pending[b],
                                              self.max_seq - r.kv_len - pending[b] - 1)
                     for b, r in enumerate(rows)]
-            asks = [r.ids if cfg.draft and room[b] > 0 and len(r.ids) > 0 and (gate is None or gate.allows(b, pending[b]))
+            asks = [r.ids if cfg.draft and room[b] > 0 and r.ids and (gate is None or gate.allows(b, pending[b]))
                     else None for b, r in enumerate(rows)]
             proposals = [[] for _ in rows]
             if any(a is not None for a in asks):
@@ -249,10 +247,8 @@ class SpeculativeDecoder(Decoder):
             # 4. the masked head, one allowed set per verified position
             allowed = grammar.allowed(verify_states, self.device)
             logits = self._vlogits[:R]
-            if self.head_impl == "kernel":
-                pieces.masked_head_kernel(h, self.model.lm_head, allowed, logits)
-            else:
-                pieces.masked_head_torch(h, self.model.lm_head, allowed, logits)
+            head = pieces.masked_head_kernel if self.head_impl == "kernel" else pieces.masked_head_torch
+            head(h, self.model.lm_head, allowed, logits)
             marks()
             # 5. sampling
             drafted = [t for b in range(B) if not rows[b].finished for t in walked[b].tokens + [-1]]

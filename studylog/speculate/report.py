@@ -2,8 +2,7 @@
 
 ``bench(run)``: SmolLM2-135M-Instruct (bf16), batch 1 and 8, on :data:`WORKLOADS`: every request in every step's
 configuration and in chapter 7's steps 3 and 1 on its own decoder; beside them, on the GPU clock, the body at every
-chunk length (``verify``) and one drafting call (``draft_call``), from which :func:`bound` forecasts.
-"""
+chunk length (``verify``) and one drafting call (``draft_call``), from which :func:`bound` forecasts."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from typing import Any, Sequence
 
 import torch
 
+from studylog.checks import check_choice
 from studylog.decode import requests as decode_requests
 from studylog.decode.grammar import Grammar
 from studylog.decode.loop import Decoder
@@ -29,22 +29,17 @@ MAX_SEQ = 1024
 
 
 def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], list[list[int]]]]:
-    """The requests of ``workload`` as batches of ``batch``: (names, prompts), one grammar per batch."""
-    out = []
-    if workload == "extraction":
-        kinds = sorted({requests.document(n)["kind"] for n in requests.document_names()})
-        for kind in kinds:
-            names = requests.document_names(kind)
-            groups = [names[i:i + batch] for i in range(0, len(names), batch)] if batch == 1 else [
-                (names * batch)[:batch]]
-            for g in groups:
-                out.append((g, [requests.chat_ids(n, tokenizer) for n in g]))
-        return out
+    """The requests of ``workload`` as batches of ``batch``: (names, prompts), one grammar per batch (extraction:
+    each document alone at batch 1, else one batch of each kind's documents in turn)."""
+    check_choice("workload", workload, WORKLOADS)
     if workload == "low_copy":
-        for name in requests.LOW_COPY:
-            out.append(([name] * batch, decode_requests.batch_ids(name, tokenizer, batch)))
-        return out
-    raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
+        return [([name] * batch, decode_requests.batch_ids(name, tokenizer, batch)) for name in requests.LOW_COPY]
+    out = []
+    for kind in sorted({requests.document(n)["kind"] for n in requests.document_names()}):
+        names = requests.document_names(kind)
+        for g in [[n] for n in names] if batch == 1 else [(names * batch)[:batch]]:
+            out.append((g, [requests.chat_ids(n, tokenizer) for n in g]))
+    return out
 
 
 def grammar_for(workload: str, name: str, vocab, cache: dict) -> Grammar:
@@ -61,8 +56,7 @@ def valid(workload: str, name: str, text: bytes) -> tuple[bool, str]:
 
 def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[str] = WORKLOADS, repeats: int = 3,
           model=None, vocab=None, tokenizer=None, limit: int | None = None, max_new: int = MAX_NEW) -> None:
-    """Run every request of ``workloads`` (the first ``limit``) in every configuration at each batch size and
-    record it with ``run``."""
+    """Run every request of ``workloads`` (the first ``limit``) in every configuration and batch; record to ``run``."""
     from studylog.bench import Timing
 
     if model is None:
@@ -147,8 +141,7 @@ def _draft_fields(g: SpecGeneration) -> dict[str, Any]:
 
 
 def costs(run, decoder: SpeculativeDecoder, batch: int) -> None:
-    """The body at every chunk length and one drafting call (also its host time: the loop waits for it), each
-    alone on the GPU clock."""
+    """On the GPU clock: the body at every chunk length, and one drafting call (with its host time: the loop waits)."""
     base = {"model": "smollm2", "batch": batch}
     for T in decoder.chunk_sizes:  # the layer the loop runs at each chunk length, and the other where it has one
         for gemv in sorted({T in decoder.gemv_chunks, False} if batch * T <= GEMV_MAX_TOKENS else {False}):
@@ -221,13 +214,11 @@ def speedups(rows: Sequence[dict], batch: int, workload: str, series: str = "ste
     """Per request: ``over``'s time per output token over ``series``'s."""
     ref = rows_of(rows, batch=batch, workload=workload)
     by = {r["params"]["request"]: r["ms"] for r in ref if r["series"] == over}
-    return [by[r["params"]["request"]] / r["ms"] for r in ref if r["series"] == series
-            and r["params"]["request"] in by]
+    return [by[r["params"]["request"]] / r["ms"] for r in ref if r["series"] == series and r["params"]["request"] in by]
 
 
 def summary(rows: Sequence[dict]) -> list[dict]:
-    """Per batch and workload: step 4's median and slowest speedup over chapter 7's step 3, the accepted tokens
-    per draft, and :func:`bound`'s ratios."""
+    """Per batch and workload: step 4's median and slowest speedup over ch7_step03, accepted per draft, bound()."""
     out = []
     for batch in (1, 8):
         for workload in WORKLOADS:
@@ -259,9 +250,8 @@ def headline(results) -> list[dict]:
     for s in summary(rows):
         if s["workload"] != "extraction":
             continue
-        batch, kept = s["batch"], None
-        if s["batch"] == 1:
-            kept = closed_requests(rows, "extraction")
+        batch = s["batch"]
+        kept = closed_requests(rows, "extraction") if batch == 1 else None
         ms = {series: statistics.median(r["ms"] for r in rows_of(rows, batch=batch, workload="extraction")
                                         if r["series"] == series and (kept is None or r["params"]["request"] in kept))
               for series in ("step04", "ch7_step03")}
@@ -270,8 +260,7 @@ def headline(results) -> list[dict]:
         out.append({"kernel": "step04_gated_draft", "baseline": "chapter 7's step 3 (ch7_step03)",
                     "case": f"SmolLM2-135M, extraction, batch {batch}, per output token, {which}",
                     "speedup": ms["ch7_step03"] / ms["step04"], "clock": "wall", "kernel_ms": ms["step04"],
-                    "baseline_ms": ms["ch7_step03"], "mean_accepted": s["mean_accepted"],
-                    "forecast": s["forecast"]})
+                    "baseline_ms": ms["ch7_step03"], "mean_accepted": s["mean_accepted"], "forecast": s["forecast"]})
     return out
 
 

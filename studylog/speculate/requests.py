@@ -2,8 +2,7 @@
 
 ``assets/data/extraction_documents.json`` holds 25 documents of five kinds and one JSON schema per kind. A request
 puts the document first and the instruction and schema after it: prompt lookup matches the leftmost occurrence of
-an n-gram, and the values are in the document.
-"""
+an n-gram, and the values are in the document."""
 
 from __future__ import annotations
 
