@@ -225,6 +225,14 @@ def check_gemv_kernel(kernel, time_it: bool = True) -> bool:
     return True
 
 
+def step14_configs(count: int = 3) -> list[dict]:
+    """The first ``count`` configs of step 14's autotuner as dicts (rows and words of its tile, slices of K, warps,
+    stages): exercise 5 times the reader's tile beside them."""
+    from studylog import ternary as T
+
+    return [T.config_dict(c) for c in T.STEP_CONFIGS[14][:count]]
+
+
 # --------------------------------------------------------------------------------------
 # 7. Where a weight sits in the MMA order
 # --------------------------------------------------------------------------------------
