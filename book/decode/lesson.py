@@ -579,7 +579,7 @@ STEP_LABELS = {"baseline": "step 1: the baseline loop", "jump_forward": "step 2:
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 01)",
                 "masked_head": "chapter 02's masked head and what it needs: three changes, 3a to 3c, timed one "
-                                "at a time in step 3's section"}
+                                "at a time in step 3's section (3a alone is slower at the 8B shape)"}
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -938,6 +938,35 @@ def _between(lines: list[str], first: str, last: str) -> list[str]:
     return lines[i:j + 1]
 
 
+#: The loop's test for chapter 02's kernels (the GPU path; on a CPU the same contract runs in torch).
+_ON_GPU = 'self.head_impl == "kernel"'
+
+
+def _on_gpu(text: str) -> str:
+    """A resolved loop body (:func:`book.decode.resolve.resolved`) as it runs on a GPU: every ``if`` on
+    :data:`_ON_GPU` keeps its first branch, so the diff shows chapter 02's kernels and not the torch fallback."""
+    import ast
+
+    from book.decode.resolve import wrapped_line
+
+    class OnGpu(ast.NodeTransformer):
+        def visit_If(self, node):
+            self.generic_visit(node)
+            return node.body if ast.unparse(node.test).replace("'", '"') == _ON_GPU else node
+
+    tree = ast.fix_missing_locations(OnGpu().visit(ast.parse(text)))
+    return "\n".join(piece for stmt in tree.body for line in ast.unparse(stmt).splitlines()
+                     for piece in wrapped_line(line))
+
+
+def _gpu_diff(fn, old_cfg, new_cfg, names: tuple[str, str]):
+    """:func:`book.decode.resolve.config_diff` of the loop as it runs on a GPU (:func:`_on_gpu`)."""
+    from book.decode.resolve import resolved
+    from studylog.source import Diff
+
+    return Diff(_on_gpu(resolved(fn, old_cfg, quiet=True)), _on_gpu(resolved(fn, new_cfg, quiet=True)), *names, 2)
+
+
 def step_code(step: int) -> list:
     """What a step changes in the loop, read from the library's ``studylog/decode/loop.py`` when the page runs: each
     function the step's configuration runs differently, as a diff from the step before
@@ -956,8 +985,9 @@ def step_code(step: int) -> list:
     if step == 3:
         old, new = CONFIGS["jump_forward"], CONFIGS["masked_head"]
         sample = _between(_function_body(Decoder._sample), "if temperature == 0 and", "return")
-        return [config_diff(Decoder._host_mask, old, new, ("step 2, the next position's mask", "step 3")),
-                config_diff(Decoder._run, old, new, ("step 2, each step after the body", "step 3")),
+        sample = [line.replace(f" and {_ON_GPU}", "") for line in sample]
+        return [_gpu_diff(Decoder._host_mask, old, new, ("step 2, the next position's mask", "step 3")),
+                _gpu_diff(Decoder._run, old, new, ("step 2, each step after the body", "step 3")),
                 Code(textwrap.dedent("\n".join(sample)), "python",
                      "the sampler, given an allowed set (3c): the greedy token among its ids")]
     raise ValueError(f"steps 2 and 3 change the loop; step {step} is the loop itself")

@@ -474,7 +474,7 @@ def sample_outputs(results, batch: int = 1, width: int | None = None) -> list[st
 
 
 #: The widest line the page's code blocks show whole (characters): a sample longer than this is cut with an ellipsis.
-CODE_WIDTH = 110
+CODE_WIDTH = 100
 
 
 def _cut(text: str, width: int | None) -> str:
@@ -559,14 +559,83 @@ __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN
            "low_copy_counts", "markdown_table", "request_words", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
            "step02_chain", "step02_chain_rows", "CHAIN_CASE", "closed_median_ms", "closed_rows", "kept_results", "kept_requests",
-           "wrapped"]
+           "walk_code", "walk_diff", "wrapped"]
+
+
+def _without_checks(text: str) -> str:
+    """Python source without its argument checks, which are not the lesson: an ``if`` whose whole body is a
+    ``raise`` and a call of a ``check_*`` function, each dropped with its lines, and a trailing comment that speaks
+    of the checks (``# ... checked ...``)."""
+    import ast
+
+    drop: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        guard = (isinstance(node, ast.If) and not node.orelse and len(node.body) == 1
+                 and isinstance(node.body[0], ast.Raise))
+        check = (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                 and getattr(node.value.func, "id", "").startswith("check_"))
+        if guard or check:
+            drop.update(range(node.lineno, node.end_lineno + 1))
+    lines = text.splitlines()
+    left = "\n".join("" if i in drop else line for i, line in enumerate(lines, 1))
+    loaded = {n.id for n in ast.walk(ast.parse(left)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for node in ast.walk(ast.parse(left)):  # a name only the checks read: its assignment goes too
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id not in loaded):
+            drop.update(range(node.lineno, node.end_lineno + 1))
+    kept = []
+    for i, line in enumerate(lines, 1):
+        if i in drop:
+            continue
+        code, sep, comment = line.partition("  # ")
+        kept.append(code.rstrip() if sep and "checked" in comment else line)
+    return "\n".join(kept)
+
+
+def _without_branch(text: str, name: str) -> str:
+    """Python source without the branch on ``name`` (``if name is not None:`` and its body) and the assignment of
+    ``name``: a function as it runs when that branch is never taken."""
+    import ast
+
+    drop: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        assigns = (isinstance(node, ast.Assign) and len(node.targets) == 1
+                   and getattr(node.targets[0], "id", None) == name)
+        branch = (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                  and getattr(node.test.left, "id", None) == name)
+        if assigns or branch:
+            drop.update(range(node.lineno, node.end_lineno + 1))
+    lines = text.splitlines()
+    for i in sorted(drop):  # a comment line just above a dropped line speaks of it
+        if i > 1 and lines[i - 2].lstrip().startswith("#"):
+            drop.add(i - 1)
+    return "\n".join(line for i, line in enumerate(lines, 1) if i not in drop)
+
+
+def walk_code(extend: bool):
+    """Step 2a's walk (``studylog.speculate.walk_draft``) as a ``studylog.source.Code``, its argument checks left
+    out: with ``extend`` off (step 2), without the branch that adds forced chains; with it on, the whole walk."""
+    from studylog import speculate
+    from studylog.source import Code
+
+    text = listing(speculate.walk_draft).text
+    return Code(text if extend else _without_branch(text, "jump"), "python", None)
+
+
+def walk_diff():
+    """Step 3's change to the walk: the branch that adds the forced chain of every state the walk reaches, as a
+    ``studylog.source.Diff`` from :func:`walk_code` without it to the walk with it."""
+    from studylog.source import Diff
+
+    return Diff(walk_code(False).text, walk_code(True).text, "the walk, step 2", "step 3", 1)
 
 
 def listing(obj, title: str | None = None):
     """A function's or class's source as the page lists it (a ``studylog.source.Code``): without its docstrings,
-    which the prose around the listing replaces (and whose cross-reference roles would show raw), and with lines
-    past :data:`CODE_WIDTH` cut inside their brackets (:func:`book.decode.resolve.wrapped_line`), a long line's
-    comment moved above it, so that none runs off the page's column."""
+    which the prose around the listing replaces (and whose cross-reference roles would show raw), without its
+    argument checks (:func:`_without_checks`), and with lines past :data:`CODE_WIDTH` cut inside their brackets
+    (:func:`book.decode.resolve.wrapped_line`), a long line's comment moved above it, so that none runs off the
+    page's column."""
     import inspect
     import textwrap
 
@@ -582,7 +651,7 @@ def listing(obj, title: str | None = None):
         return (textwrap.wrap(comment, CODE_WIDTH, initial_indent=indent + "# ", subsequent_indent=indent + "# ")
                 + wrapped_line(code.rstrip(), CODE_WIDTH))
 
-    text = without_docstrings(textwrap.dedent(inspect.getsource(obj)))
+    text = _without_checks(without_docstrings(textwrap.dedent(inspect.getsource(obj))))
     return Code("\n".join(piece for line in text.splitlines() for piece in fitted(line)), "python", title)
 
 
