@@ -61,8 +61,7 @@ def gpu_slug(name: str) -> str:
 
 
 def write_lab_output(folder: Path, gpu_name: str, name: str, data: Any) -> Path:
-    """Write ``data`` as JSON to ``folder/<gpu slug>/<name>.json`` (the layout :func:`studylog.plotting.load_lab`
-    reads) and return its path."""
+    """Write ``data`` as JSON to ``folder/<gpu slug>/<name>.json`` (what ``plotting.load_lab`` reads); its path."""
     path = Path(folder) / gpu_slug(gpu_name) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -113,7 +112,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-#: The layout of a results file: 2 since every row names its clock and steps name their series.
+#: The layout of a results file.
 SCHEMA = 2
 ROLES = ("kernel", "baseline", "peer")
 #: The clocks a row can be timed on, and what each one is.
@@ -193,8 +192,7 @@ class BenchRun:
         self.empty_launch_gpu = self.gpu_time(lambda: [launch])
 
     def time(self, fn: Callable[[], Any], *, warmup: int = 25, rep: int = 100) -> float:
-        """Median time of ``fn()`` in milliseconds (``triton.testing.do_bench``, whose ``warmup`` and ``rep`` are
-        milliseconds too)."""
+        """Median time of ``fn()`` in ms by ``triton.testing.do_bench`` (``warmup`` and ``rep`` in ms too)."""
         import triton.testing
 
         return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
@@ -237,8 +235,7 @@ class BenchRun:
         return float(statistics.median(spans))
 
     def rotation(self, nbytes: int) -> int:
-        """How many copies of an input of ``nbytes`` to rotate among so that each call finds its copy out of L2:
-        together at least four times the L2 cache."""
+        """How many copies of an input of ``nbytes`` to rotate among, together four times L2, so each misses L2."""
         l2 = self.device.get("l2_cache_bytes") or 64 * 2**20
         return max(1, -(-4 * l2 // max(int(nbytes), 1)))
 
@@ -251,10 +248,9 @@ class BenchRun:
 
     def graph_time(self, calls: list[Callable[[], Any]], *, min_calls: int = 60, reps: int = 15,
                    samples: bool = False) -> float | list[float]:
-        """Median GPU time per call, in milliseconds, of ``calls`` replayed in a CUDA graph (no host in the loop), as a
-        serving engine runs decode steps. ``calls`` are one graph-safe call on copies of its large input
-        (:meth:`rotation`), held in turn, at least ``min_calls`` in all; each replay follows a 256 MB memset, so the
-        host's launch overlaps the GPU's work. With ``samples``: every replay's time per call."""
+        """Median GPU time per call (ms) of ``calls`` replayed in a CUDA graph, as a serving engine runs decode steps:
+        ``calls`` are one graph-safe call on copies of its large input (:meth:`rotation`), at least ``min_calls`` in
+        all, each replay after a 256 MB memset that hides the host's launch. ``samples``: each replay's time a call."""
         if not calls:
             raise ValueError("graph_time needs at least one call")
         sequence = calls * -(-min_calls // len(calls))
@@ -279,8 +275,7 @@ class BenchRun:
 
     def gpu_time(self, make_calls: Callable[[], list[Callable[[], Any]]], *, repeats: int = 3,
                  min_calls: int = 60, reps: int = 15) -> "Timing":
-        """The headline clock: :meth:`graph_time` in ``repeats`` independent repetitions, each with fresh calls
-        (and inputs) from ``make_calls()``, freed before the next one's are made, and a graph of its own."""
+        """The headline clock: :meth:`graph_time` in ``repeats`` repetitions, each with fresh ``make_calls()``."""
         return Timing.of([self.graph_time(make_calls(), min_calls=min_calls, reps=reps) for _ in range(repeats)],
                          clock="gpu")
 
@@ -334,8 +329,7 @@ class BenchRun:
                 role: str = "kernel", host: Callable[[], Any] | None = None, floor_ms: float | None = None,
                 repeats: int = 3, min_calls: int = 60, reps: int = 15, host_calls: int = 200,
                 **extra: Any) -> dict[str, Any]:
-        """Time a series by the policy and record it: its GPU time (:meth:`gpu_time` of ``make_calls``) and, when
-        ``host`` is given (the public call a user makes, eager), its host time per call."""
+        """Record a series' GPU time (:meth:`gpu_time`) and, given ``host`` (the user's eager call), its host time."""
         timing = self.gpu_time(make_calls, repeats=repeats, min_calls=min_calls, reps=reps)
         host_timing = self.host_time(host, calls=host_calls) if host is not None else None
         return self.record(series, timing, params=params, role=role, floor_ms=floor_ms, host=host_timing, **extra)
@@ -349,11 +343,11 @@ class BenchRun:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def progress(self, iterable: Iterable, desc: str, total: int | None = None):
+    def progress(self, iterable: Iterable, desc: str):
         """A progress bar over a sweep (tqdm, on stderr)."""
         from tqdm.auto import tqdm
 
-        return tqdm(iterable, desc=f"{self.chapter}: {desc}", total=total, leave=False, file=sys.stderr)
+        return tqdm(iterable, desc=f"{self.chapter}: {desc}", leave=False, file=sys.stderr)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -166,9 +166,8 @@ def chapters() -> list[Chapter]:
 
 
 def select(names: list[str] | tuple[str, ...], *, need: str | None = None) -> list[Chapter]:
-    """Chapters named on a command line (``["all"]`` for every one); with ``need`` (``"bench"`` or ``"headline"``),
-    ``"all"`` keeps those that declare it and a named chapter without it is an error. A name of :data:`BENCHMARKS`
-    gives a :class:`Benchmark`."""
+    """Chapters named on a command line (``["all"]``: every one, or with ``need``, every one that declares it; a
+    named chapter without it is an error). A name of :data:`BENCHMARKS` gives a :class:`Benchmark`."""
     if list(names) == ["all"]:
         return [c for c in chapters() if need is None or getattr(c, need) is not None]
     out = []

@@ -46,8 +46,7 @@ def declare_instances(source: str, name_expressions: Sequence[str]) -> None:
 
 
 def source_path(name: str) -> Path:
-    """Path of a kernel source in the package's ``csrc`` folders (``name`` with or without ``.cu``; file
-    names are unique across chapters, each prefixed by its chapter)."""
+    """Path of a kernel source in the package's ``csrc`` folders (``name`` with or without ``.cu``)."""
     file = name if name.endswith((".cu", ".cuh", ".c")) else f"{name}.cu"
     for folder in csrc_folders():
         if (folder / file).is_file():
@@ -134,8 +133,7 @@ def _check_nvrtc(result, what: str):
 
 
 def _include_dirs() -> list[str]:
-    """Folders holding the package's headers (every ``csrc``) and the CUDA runtime headers NVRTC may need
-    (``cuda_fp16.h`` and friends)."""
+    """Folders of the package's headers (every ``csrc``) and of the CUDA runtime's (``cuda_fp16.h``...)."""
     dirs = [str(folder) for folder in csrc_folders()]
     try:
         import nvidia.cuda_runtime as rt  # pip's nvidia-cuda-runtime
@@ -180,8 +178,7 @@ def compile_source(source: str | Path, *, arch: str = DEFAULT_ARCH, options: Seq
 
 
 def compile_cache_dir() -> Path | None:
-    """Where compiled sources are kept between processes: ``$STUDYLOG_NVRTC_CACHE``, else
-    ``~/.cache/studylog/nvrtc``; ``off`` keeps none."""
+    """Where compiles are kept: ``$STUDYLOG_NVRTC_CACHE`` (``off``: nowhere), else ``~/.cache/studylog/nvrtc``."""
     folder = os.environ.get("STUDYLOG_NVRTC_CACHE", str(Path.home() / ".cache" / "studylog" / "nvrtc"))
     return None if folder == "off" else Path(folder)
 
@@ -339,8 +336,7 @@ class CudaKernel:
             _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
 
     def _launch_config(self, grid, block, shared_mem: int, cu_stream, early: bool, cluster: int | None):
-        """The configuration of an early or clustered launch, built once per shape and stream (it costs more than
-        the launch)."""
+        """An early or clustered launch's configuration, built once per shape and stream (costlier than a launch)."""
         key = (grid, block, shared_mem, int(cu_stream), early, cluster)
         cache = self._launch_configs
         if key not in cache:

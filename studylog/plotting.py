@@ -75,9 +75,8 @@ def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT)
 
 
 def load_lab(chapter: str, name: str, gpu: str = "nvidia-h200", root: Path | None = None) -> Any:
-    """The output of one of a chapter's experiments, under ``lab/<chapter>/results/<gpu>/``: ``name`` is a file
-    name (``.json`` read as JSON, anything else as text) or a JSON file's stem. ``lab/<chapter>/README.md`` says
-    where it comes from."""
+    """An experiment's output under ``lab/<chapter>/results/<gpu>/`` (its README says where it comes from): ``name``
+    is a file name (``.json`` read as JSON, else text) or a JSON file's stem."""
     folder = Path(root) / chapter / "results" / gpu if root is not None else paths.lab_results(chapter, gpu)
     path = folder / (name if Path(name).suffix else f"{name}.json")
     if not path.is_file():

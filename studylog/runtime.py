@@ -85,8 +85,8 @@ def require_gpu(what: str) -> None:
 
 
 def cuda_graph(fn, *, warmups: int = 2, pool=None):
-    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream (allocations and lazy initialisation
-    stay outside the capture): the graph, and what the captured call returned."""
+    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream (allocations stay out of it): the
+    graph, and what the captured call returned."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -302,9 +302,8 @@ class Tokenizer:
         return len(self.tokens)
 
     def encode(self, text: str) -> list[int]:
-        """The ids of ``text``, all of it text (no special tokens, no BOS: SmolLM2 adds none). The vocabulary
-        lacks 21 of the 256 bytes (six control characters such as ``\\x04``, the lead bytes of U+40000..U+BFFFF,
-        and bytes no UTF-8 text holds); text that needs one is a ValueError naming the characters."""
+        """The ids of ``text``, all of it text (no special tokens, no BOS). The vocabulary lacks 21 of the 256 bytes
+        (such as ``\\x04``); text that needs one is a ValueError naming the characters."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         ids = self._tok.encode(text, add_special_tokens=False).ids

@@ -48,8 +48,7 @@ def _cuda_function(text: str, name: str) -> str:
 
 
 def source_of(obj: Any, function: str | None = None) -> tuple[str, str]:
-    """(source text, language) of a Python/Triton function, a ``.cu`` file (a path or a name in the package; or
-    one ``function`` of it), or a plain string of code."""
+    """(source text, language) of a Python/Triton function, a ``.cu`` file (or one ``function`` of it), or code."""
     if isinstance(obj, (str, Path)) and str(obj).endswith((".cu", ".cuh", ".c")):
         path = Path(obj) if Path(obj).is_file() else cuda.source_path(str(obj))
         text = path.read_text()

@@ -27,8 +27,7 @@ NOTE = ("Each row: the chapter's final entry point at its headline case; REPETIT
 
 
 def percentile(samples: list[float], q: float) -> float:
-    """The ``q``-th percentile (0 to 100) of ``samples``, linear between the order statistics around rank
-    ``q / 100 * (n - 1)``."""
+    """The ``q``-th percentile (0 to 100) of ``samples``, linear between the order statistics (numpy's default)."""
     if not samples or not 0 <= q <= 100:
         raise ValueError(f"percentile needs samples and 0 <= q <= 100, got {len(samples)} samples, q = {q}")
     xs = sorted(samples)
@@ -54,8 +53,7 @@ def masked_head_inputs(vocab: int, hidden: int, allowed: int, *, seed: int, devi
 
 
 def ngram_inputs(batch: int, seq_len: int, *, device="cuda"):
-    """Chapter 3: the grid's synthetic batch at this shape, with the chapter's seed: (inputs, drafts, lengths); each
-    repetition rebuilds the same batch, as the chapter's repetitions clone it."""
+    """Chapter 3: the grid's synthetic batch at this shape and the chapter's seed: (inputs, drafts, lengths)."""
     from studylog.ngram import make_batch
     from studylog.ngram.report import gen_width_for
 
@@ -170,8 +168,8 @@ def _smollm2_decoder(device="cuda"):
 
 
 def _smollm2_forward(run, rep: int):
-    """Chapter 08's verifying forward at one token (the six-launch layer), timed; its kernels are counted after
-    every timing (:func:`count_forward_kernels`: a process that has profiled stays slower)."""
+    """Chapter 08's verifying forward at one token, timed (its kernels are counted after every timing: a process
+    that has profiled stays slower)."""
     return [_smollm2_decoder().body_call(1)], {"floor": "latency"}
 
 
@@ -212,8 +210,7 @@ def _ctc_chain(run, rep: int, *, frames: int, states: int, device="cuda"):
 
 
 def _ternary(run, rep: int, *, entry: str, n: int, k: int, fmt: str = "2bit_tiles"):
-    """Chapter 5 at one row of x through ``entry`` (``ternary_matmul``, ``step23_w2a8_fused`` or part 1's last
-    step, ``step14_workspace``, on ``2bit_mma`` weights)."""
+    """Chapter 5 at one row of x through ``entry``, on weights packed as ``fmt``."""
     from studylog import ternary
 
     call = getattr(ternary, entry)
@@ -222,8 +219,7 @@ def _ternary(run, rep: int, *, entry: str, n: int, k: int, fmt: str = "2bit_tile
 
 
 def _multi_item(run, rep: int, kv_heads: int | None = None, *, device="cuda"):
-    """Chapter 6's mixed batch through its entry point: a key/value head per query head (step 5), or ``kv_heads``
-    shared by groups of query heads (grouped-query attention: step 6)."""
+    """Chapter 6's mixed batch: a key/value head per query head (step 5), or ``kv_heads`` shared (GQA: step 6)."""
     from studylog.bench import gpu_slug
     from studylog.multi_item import MultiItemBatch, multi_item_attention
     from studylog.multi_item.report import BENCH_HEAD_DIM, BENCH_HEADS, bench_shapes, gqa_shapes, pinned_configs

@@ -1,8 +1,7 @@
 """The smallest example of how every chapter is built: a kernel, a next step, a check.
 
-``scale_step0`` and ``scale_step1`` compute ``y = alpha * x``. Step 0 assumes the length is a
-multiple of the block size; step 1 adds the mask that makes any length correct. Notebook 00
-shows their diff, the way later chapters show each optimisation.
+``scale_step0`` and ``scale_step1`` compute ``y = alpha * x``: step 0 assumes the length is a multiple of the block
+size, step 1 adds the mask that makes any length correct. Notebook 00 shows their diff.
 """
 
 from __future__ import annotations

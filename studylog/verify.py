@@ -1,8 +1,5 @@
-"""``python -m studylog bench verify DIR``: does a fresh run repeat the committed one?
-
-Series by series (same series, role, clock and parameters) and headline by headline (each chapter's
-``CHAPTER.headline``), the fresh files under ``DIR/<gpu>/<chapter>.json`` against the committed ones; a headline
-holds when its fresh speedup is within the tolerance of the committed one.
+"""``python -m studylog bench verify DIR``: does a fresh run repeat the committed one, row by row (same series,
+role, clock and parameters) and headline by headline (a headline holds when its fresh speedup is within tolerance)?
 """
 
 from __future__ import annotations
