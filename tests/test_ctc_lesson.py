@@ -501,15 +501,36 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
 
 def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
     """Each diff core the page shows open changes at most 40 lines and each side is its step's code: step 14's is
-    one frame, forward, against one frame of the one-warp recursion; step 9's frame update is its forward half."""
+    one frame, forward, against one frame of the one-warp recursion; step 9's frame update is its forward half. A
+    core cut from a longer diff (steps 4, 6, 7, 11, 13) names every run it leaves out in a grey line with its count
+    of changed lines, the counts add up to the whole diff's, and every hunk header gives the lines shown under it."""
     from studylog.source import show_diff
 
-    cores = [lesson.diff_core(show_diff("ctc_baseline.cuh", "ctc_step04_05_blocked.cu", old_function="alpha_baseline",
-                                        new_function="ctc_alpha_step4"), 0, "x"),
-             lesson.diff_core(ctc.CHAPTER.show_diff(5, 6), 0, "x"), lesson.step14_core()]
-    for d in cores:
-        assert d.added and len(d.added) + len(d.removed) <= 40, d.new_name
+    for number in lesson.CORES:
+        core = lesson.step_core(number)
+        shown = len(core.added) + len(core.removed)
+        assert core.added and shown <= 40, (number, shown)
+        left = [int(m.group(1)) for ln in core.lines if (m := re.match(r"@@ ⋯ .*: (\d+) changed lines not shown @@", ln))]
+        assert left, number
+        sources, _, _ = lesson.CORES[number]
+        whole = (ctc.CHAPTER.show_diff(sources - 1, sources) if isinstance(sources, int) else
+                 show_diff(sources[0], sources[1], old_function=sources[2], new_function=sources[3],
+                           context=2 if number == 7 else 3))
+        assert shown + sum(left) == len(whole.added) + len(whole.removed), number
+        hunks, counts = [], None
+        for ln in core.lines[2:]:
+            if (m := re.match(r"@@ -\d+,(\d+) \+\d+,(\d+) @@$", ln)):
+                counts = [int(m.group(1)), int(m.group(2)), 0, 0]
+                hunks.append(counts)
+            elif ln.startswith("@@ ⋯"):
+                counts = None
+            else:
+                assert counts is not None, (number, ln)
+                counts[2] += ln[:1] in " -"
+                counts[3] += ln[:1] in " +"
+        assert hunks and all(h[:2] == h[2:] for h in hunks), (number, hunks)
     fourteen = lesson.step14_core()
+    assert len(fourteen.added) + len(fourteen.removed) <= 40
     assert any("__syncthreads()" in ln for ln in fourteen.added)
     assert any("exchange[b ^ 1][1][warp] = r[V - 1]" in ln for ln in fourteen.added)
     assert any("Update::template frame" in ln for ln in fourteen.removed)
@@ -576,7 +597,7 @@ def test_step07_changes_table_reads_the_lab_run_one_change_a_row(tmp_path):
     assert rows[5][1:] == ["170.0 µs (0.94×)", "1,800.0 µs (1.06×)"]
     assert f"{ctc.fused.PREFETCH_FRAMES} frames ahead" in rows[5][0] and "one kernel" in rows[4][0]
     words = lesson.step07_changes_words(changes)
-    assert "Some GPU, 2030-01-02" in words and "every output matched float64 first" in words
+    assert "On the Some GPU:" in words and "every output matched float64 first" in words
     _step07_changes_file(tmp_path, times, failed=True)
     words = lesson.step07_changes_words(lesson.step07_changes("some-gpu", root=tmp_path))
     assert "1 of its 4 correctness checks failed" in words and "matched" not in words

@@ -88,12 +88,17 @@ def sass_counts(compiled: cuda.CompiledSource, kernels: Sequence[str]) -> list[d
     return rows
 
 
+#: Column headers a reader reads for the rows' keys (PTX opcodes and SASS opcodes are shown as code).
+HEADERS = {"ld.global": "`ld.global`", "ld.global.nc": "`ld.global.nc`", "stack_bytes": "stack (bytes)",
+           "spill_stores": "spill stores", "spill_loads": "spill loads"}
+
+
 def markdown(rows: Sequence[dict[str, object]]) -> str:
-    """A list of same-keyed dicts as a Markdown table."""
+    """A list of same-keyed dicts as a Markdown table, its headers in words (:data:`HEADERS`)."""
     if not rows:
         return ""
     keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines = ["| " + " | ".join(HEADERS.get(k, k) for k in keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(f"`{r[k]}`" if k == "kernel" else str(r[k]) for k in keys) + " |" for r in rows]
     return "\n".join(lines)
 

@@ -31,7 +31,7 @@ from studylog.ctc.targets import BLANK, min_frames
 from studylog.ctc.warpctc import GRAIN_SIZES
 
 __all__ = ["check_min_frames", "check_forward", "check_gradient", "check_bank_ways", "check_dispatcher",
-           "check_unrolled", "step12_source", "step12_with", "extended", "logsumexp"]
+           "check_unrolled", "step12_source", "step12_with", "extended", "logsumexp", "random_batch", "time_step"]
 
 #: Inputs per check; small shapes, so that a reader's plain-Python loop is quick.
 CASES = 40
@@ -197,6 +197,29 @@ def check_dispatcher(fn: Callable[[int, int, int], int], results=None, tolerance
     return True
 
 
+def random_batch(T: int, N: int, A: int, seed: int = 0):
+    """``(x, batch)`` on the GPU: ``(T, N, A)`` random activations and N random targets as the benchmark draws them
+    (:func:`studylog.ctc.random_targets`), packed for the kernels: what exercises 5 and 6 time a step on."""
+    from studylog.ctc import padded, prepare_targets, random_targets
+
+    gen = torch.Generator().manual_seed(seed)
+    lists = random_targets(T, N, A, gen)
+    x = torch.randn(T, N, A, generator=gen).cuda()
+    batch = prepare_targets(padded(lists), [T] * N, [len(t) for t in lists], num_classes=A, max_time=T,
+                            device="cuda")
+    return x, batch
+
+
+def time_step(step, x, batch) -> float | None:
+    """GPU time in µs (:func:`book.common.gpu_us`) of one call of a step of the chapter (its number) or of a
+    function ``fn(x, batch)`` (yours, from :func:`step12_with`) on ``(x, batch)`` from :func:`random_batch`."""
+    from book.common import gpu_us
+    from studylog.ctc import CHAPTER
+
+    fn = CHAPTER.step(step).function if isinstance(step, int) else step
+    return gpu_us(lambda: fn(x, batch))
+
+
 # --------------------------------------------------------------------------------------
 # 6. Change a kernel: what full unrolling buys a register array
 # --------------------------------------------------------------------------------------
@@ -274,10 +297,11 @@ def check_unrolled(fn: Callable[[str], str]) -> bool:
     except Exception as exc:  # the compile log says where
         return report("check_unrolled", False, f"your source does not compile to {name}: {exc}", 1)
     theirs = _compiled_facts(original, name)
-    keys = ("registers", "stack_bytes", "spill_stores", "spill_loads", "local accesses")
+    keys = {"registers": "registers", "stack_bytes": "stack (bytes)", "spill_stores": "spill stores",
+            "spill_loads": "spill loads", "local accesses": "local accesses"}
     print(f"{name}, compiled with NVRTC for sm_90:")
-    for key in keys:
-        print(f"  {key:>15}: step 12 {theirs.get(key, '?')}, yours {mine.get(key, '?')}")
+    for key, words in keys.items():
+        print(f"  {words:>15}: step 12 {theirs.get(key, '?')}, yours {mine.get(key, '?')}")
     if mine["local accesses"] <= theirs["local accesses"] and mine.get("stack_bytes", 0) <= theirs.get("stack_bytes", 0):
         return report("check_unrolled", False, "your kernel uses no more local memory than step 12's: the frame "
                       "update's loop still unrolls (or the change is elsewhere)", 1)

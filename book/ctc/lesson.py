@@ -354,7 +354,7 @@ def step07_changes_words(changes: Results) -> str:
     failed = sum(not c["passed"] for c in checks)
     verdict = ("every output matched float64 first" if checks and not failed else
                f"{failed} of its {len(checks)} correctness checks failed" if failed else "no output was checked")
-    caption = f"One run on {changes.gpu}, {changes.date}: GPU time per call (× faster than the row above); {verdict}."
+    caption = f"On the {changes.gpu}: GPU time per call (× faster than the row above); {verdict}."
     cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select("step07", T=BENCH_T)})
     gains = {}  # each change: its factor over the row above at every case measured
     for (before, *_), (series, label, _) in zip(STEP07_CHAIN, STEP07_CHAIN[1:]):
@@ -364,9 +364,9 @@ def step07_changes_words(changes: Results) -> str:
         return caption
     span = lambda g: f"{min(g):.2f}× to {max(g):.2f}×"  # noqa: E731
     one = gains["7b"]
-    return (caption + f" The gradient's own pass is the change that pays ({span(gains['7a'])}). One kernel for both "
-            + (f"directions saves a launch but pays at only {sum(g >= 1.005 for g in one)} of the {len(one)} cases "
-               f"({span(one)}); " if any(g < 0.995 for g in one) else f"directions pays {span(one)}; ")
+    return (caption + f" The gradient's own pass pays ({span(gains['7a'])}); one kernel for both directions "
+            + (f"pays at only {sum(g >= 1.005 for g in one)} of the {len(one)} cases ({span(one)}); "
+               if any(g < 0.995 for g in one) else f"pays {span(one)}; ")
             + f"the prefetch, {span(gains['step 7'])}.")
 
 
@@ -823,7 +823,11 @@ def boehm_table(results) -> str:
         slower = losing(results, number, TABLE_CASES) if number in PREREQUISITES else []
         return f" ({PREREQUISITES[number]}; slower at {where(slower, TABLE_CASES, complement=False)})" if slower else ""
 
-    entries = [(str(s.number), code(s.title) + kept(s.number), s.series) for s in CHAPTER.steps]
+    def chosen(number: int) -> str:  # the last step pays only where the target needs several warps
+        return (" (where the target needs several warps: `ctc_loss` runs it by shape)"
+                if number == DISPATCH_STEPS[-1] else "")
+
+    entries = [(str(s.number), code(s.title) + kept(s.number) + chosen(s.number), s.series) for s in CHAPTER.steps]
     entries.append(("entry point", "`ctc_loss`: step 12 or 14 by shape (the step it ran in brackets)", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
@@ -856,8 +860,8 @@ def boehm_table(results) -> str:
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         lines.append("| " + " | ".join(cells) + " |")
-    note = ("\"× prev.\": the time of the step this one builds on over this step's (above 1.00×, it pays); for the "
-            "entry point, timed as its own series, the step it ran over itself.")
+    note = ("\"× prev.\": the time of the step this one builds on over its own (above 1.00×, it pays); the entry point "
+            "is timed as its own series.")
     return "\n".join(lines) + "\n\n" + note
 
 
@@ -1009,18 +1013,98 @@ def host_at_headline(A: int, N: int, gpus: Iterable[str] = ("nvidia-h200", "nvid
     return out
 
 
-def diff_core(diff, part: int, what: str):
-    """Part ``part`` (0-based) of ``diff`` as :func:`book.common.diff_parts` cuts it, titled by what it shows: the
-    core of a step's change the page shows open. Where the rest of the diff is left out, the title says so (which
-    part, and how many changed lines the whole diff has), so a cut is never read as the whole change."""
-    from book.common import changed_lines, diff_parts
+def diff_excerpt(diff, what: str, *elide: tuple[str, str | None, str]):
+    """The core of a step's change the page shows open: ``diff`` with the runs of lines ``elide`` names left out,
+    each replaced by one grey line that says what it holds and how many changed lines. A run is ``(first, last,
+    words)``: from the first line (after the file names) that contains ``first`` to the next that contains
+    ``last`` (None: to the end), both included. The shown lines keep their hunks, each under a header with its true
+    line numbers and counts, so nothing left out reads as the whole change; titled ``new name: what``."""
+    import re
 
-    parts = diff_parts(diff)
-    core = parts[part]
-    rest = "" if len(parts) == 1 else (f" (part {part + 1} of {len(parts)}; the whole change is "
-                                       f"{changed_lines(diff)} changed lines)")
-    core.new_name = f"{diff.new_name}: {what}{rest}"
+    from studylog.source import Diff
+
+    numbered, old_no, new_no = [], 0, 0  # (line, its old and new line numbers) of every line but the headers
+    for line in diff.lines[2:]:
+        if line.startswith("@@"):
+            old_no, new_no = (int(n) for n in re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", line).groups())
+            numbered.append((None, old_no, new_no))  # a hunk's start: its lines do not follow the one before
+            continue
+        numbered.append((line, old_no, new_no))
+        old_no += line[:1] in " -"
+        new_no += line[:1] in " +"
+    gaps: dict[int, tuple[int, str]] = {}  # first index of a run left out -> (its end, the grey line)
+    for first, last, words in elide:
+        a = next(i for i, (ln, _, _) in enumerate(numbered) if ln is not None and first in ln)
+        b = len(numbered) - 1 if last is None else next(i for i in range(a, len(numbered))
+                                                         if numbered[i][0] is not None and last in numbered[i][0])
+        changed = sum(ln is not None and ln[:1] in "+-" for ln, _, _ in numbered[a:b + 1])
+        gaps[a] = (b, f"@@ ⋯ {words}: {changed} changed lines not shown @@")
+    out, run, i = [], [], 0
+
+    def close():  # the run of shown lines, under a header with its true numbers
+        if run:
+            olds, news = [o for ln, o, _ in run if ln[:1] in " -"], [n for ln, _, n in run if ln[:1] in " +"]
+            start_old, start_new = run[0][1], run[0][2]
+            start_old -= not olds  # an empty side is numbered by the line before it, as diff does
+            start_new -= not news
+            out.append(f"@@ -{start_old},{len(olds)} +{start_new},{len(news)} @@")
+            out.extend(ln for ln, _, _ in run)
+            run.clear()
+
+    while i < len(numbered):
+        if i in gaps:
+            close()
+            end, grey = gaps[i]
+            out.append(grey)
+            i = end + 1
+            continue
+        if numbered[i][0] is None:
+            close()
+        else:
+            run.append(numbered[i])
+        i += 1
+    close()
+    core = Diff.__new__(Diff)
+    core.old_name, core.new_name = diff.old_name, f"{diff.new_name}: {what}"
+    core.lines = diff.lines[:2] + out
     return core
+
+
+#: The core of steps 4, 6, 7, 11 and 13 the page shows open: (the diff's old and new sources, as
+#: :func:`studylog.source.show_diff` takes them, or a step number for ``CHAPTER.show_diff(step - 1, step)``), what it
+#: shows, and the runs left out, as :func:`diff_excerpt` takes them.
+CORES = {
+    4: (("ctc_baseline.cuh", "ctc_step04_05_blocked.cu", "alpha_baseline", "ctc_alpha_step4"),
+        "the labels and skip flags in registers",
+        [("        const float* lp = log_probs", None, "the frame loop, reading label[i] and skip[i]")]),
+    6: (6, "the alpha kernel in probability space",
+        [("if (lane == 0) warp_sums", None, "the row's sum published; the loss from the last row")]),
+    7: (("ctc_warpctc.cuh", "ctc_step07_10_three_passes.cu", "frame_gradient", "ctc_grad_from_log_softmax"),
+        "the frame and its posterior",
+        [("const int U = __ldg(num_slots", None, "the target's classes corrected by their posteriors, as before")]),
+    11: (("ctc_step07_10_three_passes.cu", "ctc_step11_12_branch_free.cu", "FrameUpdate", "FrameUpdate"),
+         "forward", [("float dn1 = __shfl_down_sync", None, "backward: the mirror image")]),
+    13: (("ctc_step07_10_three_passes.cu", "ctc_step13_two_passes.cu", "ctc_fused_stats", "ctc_stats_softmax"),
+         "the frame's softmax written as the gradient",
+         [("float top = NEG_INF;", "if (threadIdx.x == 0) row_lse[row] = lse;",
+           "the frame's log-sum-exp from the registers (block maximum, then block sum)"),
+          ("// larger or unaligned frames", None, "frames too large for the registers: reduced, then read again")]),
+}
+
+
+def step_core(number: int):
+    """The core of step ``number``'s change (:data:`CORES`), shown open on the page: at most 40 changed lines, each
+    run left out named by a grey line with its count of changed lines (:func:`diff_excerpt`)."""
+    from studylog.source import show_diff
+
+    sources, what, elide = CORES[number]
+    if isinstance(sources, int):
+        diff = CHAPTER.show_diff(sources - 1, sources)
+    else:
+        old, new, old_function, new_function = sources
+        diff = show_diff(old, new, old_function=old_function, new_function=new_function,
+                         context=2 if number == 7 else 3)
+    return diff_excerpt(diff, what, *elide)
 
 
 def _indent(line: str) -> str:
