@@ -115,7 +115,7 @@ def _pct(fraction: float) -> str:
     return f"{100 * fraction:.0f}%" if fraction >= 0.01 else f"{100 * fraction:.1f}%"
 
 
-def _b1(results, series: str, allowed: int, layout: str = "vd", kind: str = "random") -> float | None:
+def batch1_ms(results, series: str, allowed: int, layout: str = "vd", kind: str = "random") -> float | None:
     return _ms(results, series, layout, batch=1, kind=kind, allowed=allowed)
 
 
@@ -173,42 +173,42 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_empty"] = _us(latency_floor_ms(results) or None, 2)
     n["mlh_floor_b1_1000"] = _us(floor_ms(results, 1, 1000), 2)
     n["mlh_floor_b1_1"] = _us(floor_ms(results, 1, 1), 2)
-    dense = {c: _b1(results, "dense_mask", c) for c in STEP_COUNTS}
+    dense = {c: batch1_ms(results, "dense_mask", c) for c in STEP_COUNTS}
     n["mlh_dense_1000"] = _us(dense[1000])
 
     # step 0: the tutorial's matmul reads the whole weight, like cuBLAS
-    n["mlh_step00_1000"] = _us(_b1(results, s[0], 1000))
-    n["mlh_step00_vs_read"] = _x(_ratio(_b1(results, s[0], 1000), byte_floor_ms(results, 1, VOCAB)))
+    n["mlh_step00_1000"] = _us(batch1_ms(results, s[0], 1000))
+    n["mlh_step00_vs_read"] = _x(_ratio(batch1_ms(results, s[0], 1000), byte_floor_ms(results, 1, VOCAB)))
     n["mlh_dense_floor_b1"] = _us(byte_floor_ms(results, 1, VOCAB))  # a dense head's floor: every row read
-    n["mlh_step00_vs_floor"] = _x(_ratio(_b1(results, s[0], 1000), _floor(results, 1, "random", 1000)), 0)
+    n["mlh_step00_vs_floor"] = _x(_ratio(batch1_ms(results, s[0], 1000), _floor(results, 1, "random", 1000)), 0)
     # step 1: block skipping keeps the active blocks' share of the time
     for c in (1000, 10_000):
-        n[f"mlh_step01_share_{c}"] = f"{_ratio(_b1(results, s[1], c), _b1(results, s[0], c)):.2f}" \
-            if _b1(results, s[1], c) and _b1(results, s[0], c) else PENDING
-    n["mlh_step01_1"] = _us(_b1(results, s[1], 1))
+        n[f"mlh_step01_share_{c}"] = f"{_ratio(batch1_ms(results, s[1], c), batch1_ms(results, s[0], c)):.2f}" \
+            if batch1_ms(results, s[1], c) and batch1_ms(results, s[0], c) else PENDING
+    n["mlh_step01_1"] = _us(batch1_ms(results, s[1], 1))
     # step 2: column masking, on both layouts
-    n["mlh_step02_dv"] = _change(_b1(results, s[1], 1000, "dv"), _b1(results, s[2], 1000, "dv"))
-    n["mlh_step02_dv_10000"] = _change(_b1(results, s[1], 10_000, "dv"), _b1(results, s[2], 10_000, "dv"))
-    n["mlh_step02_vd"] = _change(_b1(results, s[1], 1000), _b1(results, s[2], 1000))
+    n["mlh_step02_dv"] = _change(batch1_ms(results, s[1], 1000, "dv"), batch1_ms(results, s[2], 1000, "dv"))
+    n["mlh_step02_dv_10000"] = _change(batch1_ms(results, s[1], 10_000, "dv"), batch1_ms(results, s[2], 10_000, "dv"))
+    n["mlh_step02_vd"] = _change(batch1_ms(results, s[1], 1000), batch1_ms(results, s[2], 1000))
     # step 3: step 2 written for [V, D]
-    n["mlh_step03_vs_step02"] = _change(_b1(results, s[2], 1000), _b1(results, s[3], 1000))
-    n["mlh_step03_1"] = _us(_b1(results, s[3], 1))
-    n["mlh_step03_1000"] = _us(_b1(results, s[3], 1000))
+    n["mlh_step03_vs_step02"] = _change(batch1_ms(results, s[2], 1000), batch1_ms(results, s[3], 1000))
+    n["mlh_step03_1"] = _us(batch1_ms(results, s[3], 1))
+    n["mlh_step03_1000"] = _us(batch1_ms(results, s[3], 1000))
     # step 4: compacted ids
-    n["mlh_step04_vs_step03"] = _change(_b1(results, s[3], 1000), _b1(results, s[4], 1000))
-    n["mlh_step04_1000"] = _us(_b1(results, s[4], 1000))
+    n["mlh_step04_vs_step03"] = _change(batch1_ms(results, s[3], 1000), batch1_ms(results, s[4], 1000))
+    n["mlh_step04_1000"] = _us(batch1_ms(results, s[4], 1000))
     # steps 5 to 7, each against the step it builds on (step 7 on step 5: step 6 did not pay), at every batch-1 count
     # the table of steps' point is one of
     for step, base in ((5, 4), (6, 5), (7, 5)):
         for c in STEP_COUNTS:
-            n[f"mlh_step{step:02d}_vs_step{base:02d}_{c}"] = _change(_b1(results, s[base], c), _b1(results, s[step], c))
-        n[f"mlh_step{step:02d}_{STEP_CASES[step][0]['allowed']}"] = _us(_b1(results, s[step],
+            n[f"mlh_step{step:02d}_vs_step{base:02d}_{c}"] = _change(batch1_ms(results, s[base], c), batch1_ms(results, s[step], c))
+        n[f"mlh_step{step:02d}_{STEP_CASES[step][0]['allowed']}"] = _us(batch1_ms(results, s[step],
                                                                           STEP_CASES[step][0]["allowed"]))
     n["mlh_floor_10000"] = _us(_floor(results, 1, "random", 10_000))
     # step 8: ids as launch arguments
-    n["mlh_step08_1"] = _us(_b1(results, s[8], 1))  # one decimal, as the table of steps
-    n["mlh_step08_vs_step07_1"] = _change(_b1(results, s[7], 1), _b1(results, s[8], 1))
-    n["mlh_step08_vs_step07_8"] = _change(_b1(results, s[7], 8), _b1(results, s[8], 8))
+    n["mlh_step08_1"] = _us(batch1_ms(results, s[8], 1))  # one decimal, as the table of steps
+    n["mlh_step08_vs_step07_1"] = _change(batch1_ms(results, s[7], 1), batch1_ms(results, s[8], 1))
+    n["mlh_step08_vs_step07_8"] = _change(batch1_ms(results, s[7], 8), batch1_ms(results, s[8], 8))
     # steps 9 and 10: the union of a batch, read once, at the table of steps' point (batch 64)
     b64 = STEP_CASES[10][0]
     row10 = _row(results, s[10], **b64)
@@ -258,10 +258,10 @@ def prose_numbers(results) -> dict[str, Any]:
         n["mlh_dispatch_min_fastest_at"] = f"{p['allowed']:,} allowed on {p['kind']} masks"
     else:
         n["mlh_dispatch_min_vs_dense_fastest"] = n["mlh_dispatch_min_fastest_at"] = PENDING
-    n["mlh_dispatch_vs_index_10000"] = _x(_ratio(_b1(results, "index_select", 10_000), _b1(results, s[12], 10_000)))
+    n["mlh_dispatch_vs_index_10000"] = _x(_ratio(batch1_ms(results, "index_select", 10_000), batch1_ms(results, s[12], 10_000)))
     # the kernel alone against the fastest same-shape rival, at the headline's point (the scoreboard's second row)
-    n["mlh_index_1000"] = _us(_b1(results, "index_select", 1000))
-    n["mlh_dispatch_vs_index_1000"] = _x(_ratio(_b1(results, "index_select", 1000), _b1(results, s[12], 1000)))
+    n["mlh_index_1000"] = _us(batch1_ms(results, "index_select", 1000))
+    n["mlh_dispatch_vs_index_1000"] = _x(_ratio(batch1_ms(results, "index_select", 1000), batch1_ms(results, s[12], 1000)))
     worst = max(((r["ms"] / d["ms"], r["params"]) for r in results.select(s[12])
                  for d in [_row(results, "dense_mask", batch=r["params"]["batch"], kind=r["params"]["kind"],
                                 allowed=r["params"]["allowed"])] if d is not None), default=None, key=lambda q: q[0])
@@ -283,9 +283,9 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_host_dispatch"] = _us(hosts[len(hosts) // 2]) if hosts else PENDING
     n["mlh_host_empty"] = _us(empty) if empty else PENDING
     n["mlh_host_ratio"] = _x(hosts[len(hosts) // 2] / empty, 1) if hosts and empty else PENDING
-    plan_1000 = _b1(results, PLAN, 1000)
+    plan_1000 = batch1_ms(results, PLAN, 1000)
     n["mlh_plan_1000"] = _us(plan_1000)
-    n["mlh_dispatch_1000"] = _us(_b1(results, s[12], 1000))
+    n["mlh_dispatch_1000"] = _us(batch1_ms(results, s[12], 1000))
     # against the practitioners' path
     for key, batch, allowed in (("b1", 1, 1000), ("b64", 64, 1000)):
         mine = _ms(results, PLAN, batch=batch, kind="random", allowed=allowed)
@@ -560,7 +560,7 @@ def tried_table(results, candidates: dict | None) -> str:
     rows = []
 
     def b1(series, allowed, layout="vd", kind="random"):
-        return _b1(results, series, allowed, layout, kind)
+        return batch1_ms(results, series, allowed, layout, kind)
 
     rows.append(("block skipping with random masks (step 1)",
                  f"{_change(b1(s[0], 10_000), b1(s[1], 10_000))} than step 0 at 10,000 allowed: nearly every "
