@@ -860,7 +860,7 @@ def boehm_table(results) -> str:
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         lines.append("| " + " | ".join(cells) + " |")
-    note = ("\"× prev.\": the time of the step this one builds on over its own (above 1.00×, it pays); the entry point "
+    note = ("“× prev.”: the time of the step this one builds on over its own (above 1.00×, it pays); the entry point "
             "is timed as its own series.")
     return "\n".join(lines) + "\n\n" + note
 
