@@ -387,7 +387,8 @@ def ctc_grid(card: Path) -> tuple[tuple[float, str], tuple[float, str]] | None:
 
 def ctc_case_words(card: Path) -> str:
     """Why chapter 04's headline case, in a clause: where our lead over the large alphabet's batches is smallest (or,
-    where it is not, that it is one case of the grid), and the whole grid's range, on ``card``; empty without it."""
+    where it is not, that it is one case of the grid), on ``card``; the grid's range stands in the line's answer; empty
+    without it."""
     cases = ctc_cases(card)
     grid = ctc_grid(card)
     if not cases or grid is None:
@@ -396,8 +397,7 @@ def ctc_case_words(card: Path) -> str:
     head = next((c for c in big if c["case"] == f"alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']}"), None)
     why = ("the large alphabet at the batch where our lead is smallest" if head and head is min(big, key=lambda c: c["ratio"])
            else "one case of the grid")
-    (lo, _), (hi, _) = grid
-    return f" ({why}; over all {len(cases)} cases of the grid, {lo:.2f}–{hi:.2f}×)"
+    return f" ({why}; the grid's range is in the answer)"
 
 
 def ctc_which(card: Path) -> str:
@@ -605,7 +605,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 ratios[name], text, brief[name] = fsm_line(suite)
                 cells[name] = (text if ratios[name] is None else
                                f"{'' if peer else '**'}{ratios[name]:.1%}{'' if peer else '**'} fewer forward "
-                               "passes (output unchanged; a count over the chapter's suite, the same on any card)")
+                               "passes (a count, not a time)")
                 if ratios[name] is not None:
                     landing[name] = brief[name]
                 if peer and ratios[name] is not None:  # the strongest peer beside ours, in the line itself: ours
@@ -632,7 +632,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                                                  if e2e else "")
             elif row["ratio_note"].startswith("the ratio of the two median"):  # several requests: their medians
                 cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs, medians)"
-                notes[name].append(f"{name}: {row['ratio_note']}")
+                rest = clauses(row["ratio_note"])[1:]  # its first clause is what the cell's "medians" says
+                if rest:
+                    notes[name].append(f"{name}: " + "; ".join(rest))
             else:
                 cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
             cells[name] += row_caveat(row)
@@ -676,6 +678,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 brief[name] += " at batch 1"
                 landing[name] += " at batch 1, the whole step"
                 wider = masked_head_batches(card)
+                if wider and abs(wider[max(wider)] - 1) < 0.01:  # where the lead ends, beside where it is largest
+                    landing[name] += f", a tie at batch {max(wider)}"
                 if wider:  # a tie within 1%, chapter 02's rule
                     brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < 0.01 else f"{x:.2f}× at {b}"
                                                      for b, x in wider.items()) + ")")
@@ -715,6 +719,10 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                    "decode shapes")
                     landing[name] = f"{lo:.2f}–{hi:.2f}× at the {shapes} decode shapes BitNet's kernel is built for"
                     eager[name] = bitnet_eager_words(card)
+                    flips = bitnet_eager(card)
+                    if eager[name] and flips:  # the answer flips when called eagerly: said in the cell too
+                        cells[name] += (f" (in a CUDA graph; called eagerly, BitNet's is faster at "
+                                        f"{flips['slower_eager']} of {len(flips['rows'])})")
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
                 else:
@@ -740,6 +748,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     slow, of = ctc_host_bound(card)
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
                                    f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']})")
+                    cells[name] += f"; {lo:.2f}–{hi:.2f}× over the grid's {len(ctc_cases(card))} cases"
                     landing[name] = (f"{row['vs_rival']:.2f}× at alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']} "
                                      f"({lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases of alphabet and batch)")
                     if slow:
@@ -754,8 +763,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
                 if row.get("real_ratio") is not None:
                     notes[name].append(f"{name}: on a real model, SmolLM2-135M, over its {row['real_requests']} "
-                                       f"requests at batch 1, {row['real_ratio']:.2f}× (the ratio of the two median "
-                                       "times)")
+                                       f"requests at batch 1, {row['real_ratio']:.2f}× (medians)")
                     brief[name] += f"; {row['real_ratio']:.2f}× on SmolLM2-135M, a real model"
             if row.get("unpadded_head"):  # a run whose dense baseline is slowed: its ratio is not compared
                 ratios[name], comparable[name] = None, False
@@ -852,9 +860,9 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
                                    if t[k]["error"] is not None and t[k]["tolerance"] is not None else ""))
         if answer["failed"]:  # the range leaves out the shapes where GemLite fails: named once
             every = [v["rival_ms"] / v["ms"] for v in t.values()]  # GemLite's time over ours, failures included
-            notes[name].append(f"{name}: the range leaves out the {len(answer['failed'])} shapes where GemLite fails "
-                               "our float64 check (" + ", ".join(k.replace("x", " × ") for k in answer["failed"])
-                               + f"); at all {len(every)} shapes, those included, {min(every):.2f}–{max(every):.2f}×")
+            notes[name].append(f"{name}: at all {len(every)} shapes, {all_shapes_range(answer)} (the "
+                               f"{len(answer['failed'])} where GemLite fails our float64 check included: "
+                               + " and ".join(k.replace("x", " × ") for k in answer["failed"]) + ")")
         notes[name].append(f"{name}: {answer['cublas']:.2f}× cuBLAS bf16 on the dense matrix at 4096 × 14336, a "
                            "weaker baseline")
     if all(c == VOID for c in cells.values()):
@@ -946,7 +954,7 @@ def left_out_words(card: str, why: str, others: list[str]) -> str:
     """The sentence that stands where a chapter's run on ``card`` (full name) is left out of the results page's
     tables because it is set up differently from the other cards' (``why``: :func:`not_comparable_runs`'s clause)."""
     short, rest = short_card(card), " and the ".join(short_card(o) for o in others) or "other card"
-    return (f"The {short}'s run of this chapter is not shown: on the {short} {why}, so its times and ratios would not "
+    return (f"The {short}'s run of this chapter is not shown: on the {short} {why}; its times and ratios would not "
             f"stand beside the {rest}'s. The tables here are the {rest}'s alone.")
 
 
@@ -959,7 +967,7 @@ LOOP_WORDS = {
        "Llama's own.",
     8: "These rows time whole decode loops on the wall clock, each a median over requests, so no spread of repeated "
        "runs stands beside it: the range of the requests' own ratios is in the notes under the first table. This "
-       "run does not time the host's share apart, so that column is empty.",
+       "run does not time the host's share apart.",
 }
 
 #: Under a chapter 04 table of a card whose file times the steps directly (no row of the entry point itself).
@@ -1011,7 +1019,61 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
             out += ["", CTC_STEPS_WORDS]
     text = re.sub(r"(?:(?<=[\dNK])|(?<=slots)|(?<=items)|(?<=heads)) x (?=[\dNK])", " × ",
                   "\n".join(out))  # shapes read 4096 × 14336
-    return "\n".join(re.sub(r"\n{3,}", "\n\n", text).splitlines())
+    return "\n".join(re.sub(r"\n{3,}", "\n\n", tidy_tables(text)).splitlines())
+
+
+#: The host column of a decode loop's table, named for what it holds there (the host's own work per output token).
+LOOP_HOST_COLUMN = "host's own work per token (µs)"
+
+
+def tidy_tables(markdown: str) -> str:
+    """Each folded table read on its own: a column empty in every row ("–") is dropped; an "ours" or "against" column
+    that is the same in every row of the table moves into one line above it; in one that is not, a cell that repeats
+    the row above reads "as above"; a decode loop's host column (chapter 07's) is named for what it holds."""
+    lines, out, i = markdown.splitlines(), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if not (line.startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---")):
+            out.append(line)
+            i += 1
+            continue
+        head = [c.strip() for c in line.strip().strip("|").split("|")]
+        body = []
+        i += 2
+        while i < len(lines) and lines[i].startswith("| "):
+            body.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+            i += 1
+        keep = [k for k in range(len(head)) if not body or any(c[k] != "–" for c in body)]
+        said = []
+        for k in list(keep):
+            if head[k] in ("ours", "against") and len(body) > 1 and len({c[k] for c in body}) == 1:
+                said.append(f"{head[k]}: {body[0][k]}")
+                keep.remove(k)
+        for k in keep:
+            if head[k] in ("ours", "against"):
+                for above, c in zip(body[::-1][1:], body[::-1]):
+                    if c[k] == above[k]:
+                        c[k] = "as above"
+        if said:
+            words = "; ".join(said)
+            while out and not out[-1].strip():
+                out.pop()
+            if out and out[-1].startswith(("Ours:", "Against:", "Every case:")):  # the line a table already has
+                out[-1] = out[-1].rstrip(".") + "; " + words + "."
+            else:
+                out += ["", words[0].upper() + words[1:] + "."]
+            out.append("")
+        if "host per call (µs)" in head and out and "the host's own time per output token" in "\n".join(out[-3:]):
+            head[head.index("host per call (µs)")] = LOOP_HOST_COLUMN
+            for j in range(max(0, len(out) - 3), len(out)):
+                out[j] = out[j].replace("host per call: here the host's own time per output token, the part of the "
+                                        "step outside every timed GPU part",
+                                        "the host's own work per token is the part of the step outside every timed "
+                                        "GPU part")
+        out.append("| " + " | ".join(head[k] for k in keep) + " |")
+        out.append("|" + "---|" * len(keep))
+        out += ["| " + " | ".join(c[k] for k in keep) + " |" for c in body]
+    return "\n".join(out)
 
 
 #: Lines of code a reader gets through in a minute: the code cells a page shows and the listings and diffs they print.
@@ -1205,8 +1267,16 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
         # page's notes
         out["notebooks/05_ternary_1_triton.ipynb"] = (
             f"{min(r.values()):.2f}–{max(r.values()):.2f}× GemLite at the {len(r)} shapes where GemLite passes our "
-            f"check (of {len(r) + len(part_one['failed'])})" + (f"; called eagerly, {clause}" if clause else ""))
+            f"check ({all_shapes_range(part_one)} at all {len(r) + len(part_one['failed'])})"
+            + (f"; called eagerly, {clause}" if clause else ""))
     return out
+
+
+def all_shapes_range(answer: dict[str, Any]) -> str:
+    """Part 1's range against GemLite at every shape of :func:`part_one_answer`'s ``answer``, those where GemLite
+    fails our check included ("0.98–1.64×")."""
+    every = [v["rival_ms"] / v["ms"] for v in answer["times"].values()]
+    return f"{min(every):.2f}–{max(every):.2f}×"
 
 
 def other_eager(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, str]:

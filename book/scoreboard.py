@@ -213,7 +213,7 @@ def latency_floor_words(root: Path = BENCH_RESULTS) -> str:
     """One sentence, said once on the scoreboard and on How we measure: the one-launch latency floor of each card
     (:func:`card_empty_kernel_ms`, the smallest of its runs), the range its runs recorded, and why the smallest is
     used: the empty kernel drifts from run to run with the card's state, and a floor is the least a call can take."""
-    said, widest = [], 1.0
+    said, drift, widest = [], [], 1.0
     for card in cards(root):
         runs = [(t, p.stem) for p in sorted(Path(card).glob("*.json"))
                 if (t := empty_kernel_ms(json.loads(p.read_text()))) is not None]
@@ -222,16 +222,18 @@ def latency_floor_words(root: Path = BENCH_RESULTS) -> str:
         lo, hi = min(t for t, _ in runs) * 1e3, max(t for t, _ in runs) * 1e3
         widest = max(widest, hi / lo)
         least = [_run_words(name) for t, name in runs if f"{t * 1e3:.2f}" == f"{lo:.2f}"]  # where the floor comes from
-        said.append(f"{lo:.2f} µs on the {short_card(card_name(card))}"
-                    + (f" (from {' and '.join(least)} run{'s' if len(least) > 1 else ''}; its runs recorded "
-                       f"{lo:.2f} to {hi:.2f} µs)" if f"{lo:.2f}" != f"{hi:.2f}" else ""))
+        name = short_card(card_name(card))
+        said.append(f"{lo:.2f} µs on the {name}" + (f" ({' and '.join(least)} run{'s' if len(least) > 1 else ''})"
+                                                     if f"{lo:.2f}" != f"{hi:.2f}" else ""))
+        if f"{lo:.2f}" != f"{hi:.2f}":
+            drift.append(f"the {name}'s runs recorded {lo:.2f} to {hi:.2f} µs")
     if not said:
         return ""
-    return ("The latency floor of a one-launch kernel is the card's fastest empty kernel (graph-replayed) over all "
-            "the card's runs, " + " and ".join(said) + ": the same empty kernel drifts by a few tenths of a "
-            "microsecond from run to run with the card's state, and a floor is the least a call can take, so the "
-            "smallest is used. A latency-bound row's \"× floor\" is therefore the far end: against the slowest run's "
-            f"empty kernel it would read up to {widest:.1f}× lower.")
+    return ("The latency floor of a one-launch kernel is the card's fastest empty kernel, graph-replayed, over all "
+            "the card's runs: " + " and ".join(said) + "." + (
+                " The same empty kernel drifts with the card's state: " + ", ".join(drift) + "." if drift else "")
+            + " A floor is the least a call can take, so the smallest is used; against the slowest run's empty kernel, "
+            f"a latency-bound row's \"× floor\" would read up to {widest:.1f}× lower.")
 
 
 def _floor_empty_ms(data: dict[str, Any]) -> float | None:
@@ -350,7 +352,14 @@ def _ngram(data):
     others = tuple(f"against {ports[n]}: {found[n]['ms'] / ours['ms']:.2f}×" for n in found if n != best)
     gpu_row = _row(label, "128 slots of 32,768 tokens, budget 128", ours["clock"], ours, ports[best], found[best],
                    byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
-                   short=_entry_short(series, ours), rival_notes=others)
+                   short=_entry_short(series, ours), rival_notes=others,
+                   floor_notes=(f"byte floor: the haystacks of the slots that search at this step (those with room "
+                                f"for a draft; the others are in prefill or empty), "
+                                f"{ours['haystack_bytes'] / 1e6:.1f} MB of the "
+                                f"{NGRAM_CASE['batch'] * NGRAM_CASE['seq_len'] * 8 / 1e6:.1f} MB the batch has room "
+                                f"for ({NGRAM_CASE['batch']} slots × {NGRAM_CASE['seq_len']:,} tokens × 8 bytes), read "
+                                "once at the card's copy bandwidth",)
+                   if ours.get("haystack_bytes") else ())
     return [gpu_row | {"tail_params": NGRAM_CASE}, row | {"floors_as_above": True}]  # one floors row for both
 
 
@@ -531,7 +540,7 @@ def _ternary_bitnet(data):
             "rival_check": (
         None if check is None else ("passes" if check["passed"] else "misses"))} | _row(
         f"the one-row W2A8 kernel ({_step_words(ours['series'])}; x quantised to int8 inside the call)",
-        "one row of x (M = 1), at BitNet's weight shape where our lead is smallest (N × K in the kernel column)",
+        f"one row of x (M = 1), N × K = {n} × {k}: of BitNet's shapes, the one where our lead is smallest",
         ours["clock"], ours, "BitNet's W2A8 kernel (x already int8)", rival,
         byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")), compute_floor_ms=ours.get("floor_compute_ms"),
         latency_floor_ms=latency, latency_what=what, short=f"{_step_words(ours['series'])}, W2A8; {n} × {k}",
@@ -709,7 +718,7 @@ def _decode(data):
                  "real_requests": len(real)}
     if real:
         notes.append(f"on a real model, SmolLM2-135M, over its {len(real)} requests at batch 1, the same two loops: "
-                     f"{unpadded['real_ratio']:.2f}× (the ratio of the two median times)")
+                     f"{unpadded['real_ratio']:.2f}× (the ratio of the two medians)")
     return unpadded | {"no_tail_why": LOOP_NO_TAIL} | _row("the loop with chapters 01 and 02 (step 3)",
                            f"8B-shaped body with a cl100k head, batch 1, per output token, median of the {len(pairs)} "
                            "JSON schemas (one request each)",
@@ -754,7 +763,8 @@ def _speculate(data):
         byte = med([nbytes / (data["ceilings"]["copy_bandwidth_gbs"] * 1e6) * r["forwards"] / r["tokens"]
                     for r, _ in pairs])
     bound = (f"the loop's forecast time per token (step 4's forwards per output token, each at this loop's one-token "
-             f"forward's GPU time), {us(forecast)} µs, is a bound, not a floor" if forecast is not None else "")
+             f"forward's GPU time), {us(forecast)} µs, is a bound, not a floor; neither counts "
+             "the drafting or the host's work in a step, which the wall clock includes" if forecast is not None else "")
     forward = one(data.get("tails_run") or {"measurements": []}, FORWARD, model="smollm2", batch=1, chunk=1)
     empty = _floor_empty_ms(data)
     latency = None
@@ -901,10 +911,9 @@ TAIL_SERIES: dict[int, tuple[tuple[str, dict[str, Any]], ...]] = {
     6: (("multi_item_attention", MULTI_ITEM_GQA_CASE), ("multi_item_attention", MULTI_ITEM_CASE)),
 }
 #: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
-TAIL_NOTE = ("p99 ÷ median: how far a re-measurement of the call lands above its median. The call is re-measured "
-             "{samples} times, each time as the mean call time of one CUDA graph of at least {calls} calls; the cell "
-             "is the 99th percentile of those re-measurements over their median, from a run of its own. It is not "
-             "how slow a single call can be")
+TAIL_NOTE = ("p99 ÷ median: the 99th percentile of {samples} re-measurements of the call, each the mean call time of "
+             "one CUDA graph of at least {calls} calls, over their median, from a run of its own (How we measure "
+             "gives the details)")
 #: The p99 column's header.
 P99_HEADER = "p99 ÷ median (p99, µs)"
 
@@ -1013,9 +1022,11 @@ def not_comparable(board: list[dict[str, Any]]) -> dict[tuple[int, str], str]:
     out = {}
     for b in board:
         if b.get("one_copy") and b["number"] in rotated:
-            out[(b["number"], b["card"])] = "every call reads one copy of the head, whose rows it reads can stay in L2"
+            out[(b["number"], b["card"])] = ("calls can reread the head's rows from L2, not cold from memory as "
+                                             "in decoding")
         elif b.get("unpadded_head"):
-            out[(b["number"], b["card"])] = "the head is not padded as real models ship it, which slows the dense rival"
+            out[(b["number"], b["card"])] = ("its head is not padded to 128-row multiples as real models' are, "
+                                             "slowing the dense rival")
     return out
 
 
@@ -1158,7 +1169,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         ours = r["ours"]
         m = re.search(r"its entry point \(running (step \d+)\)", r["ours_long"])
         if m and r.get("ours_end_to_end_ms") is None:  # the cell's step is the one the entry point picked
-            note(r, f"timed through the chapter's entry point, as a reader calls it; at this shape it runs {m.group(1)}")
+            note(r, f"timed through the chapter's entry point, which runs {m.group(1)} at this shape")
         if r["clock"] != "gpu":  # the clock in a few words in the cell, the details in the chapter's notes
             first_note = r["notes"][0] if r["notes"] else f"{r['clock']} clock"
             ours += f", {first_note.split(':')[0]}"
@@ -1183,8 +1194,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
         if r.get("rival_name") and r["vs_rival"] is not None:  # the rival in the ratio's own cell
             vs += f" vs {r['rival_name']}"
-        if r["ratio_note"] and r["rival_clock"] == r["clock"]:
-            note(r, r["ratio_note"])
+        if r["ratio_note"] and r["rival_clock"] == r["clock"]:  # less what the speedup cell's words already say
+            said = r["ratio_note"].removeprefix("the ratio of the two median times; ")
+            note(r, said[0].upper() + said[1:])
         median, slowest = r["median_ms"], r["slowest_ms"]
         if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: one clock in the row
             ours += f", end to end (its GPU time: the {card}'s {r['ours']} row)"
@@ -1259,14 +1271,20 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                      f"the {others or 'other card'}'s does (on the {card_} {why}).")
     under += part_one_rival_words(board, link)
 
+    def again(r: dict[str, Any]) -> str:
+        """A chapter's later rows in a table: its title in italics, no link, so that a row read alone keeps it."""
+        return "*" + re.sub(r"\[(.+?)\]\(.*?\)", r"\1", chapter_link(r)) + "*"
+
     def table(title: str, picked: list[tuple[dict[str, Any], dict[str, str]]], columns: list[tuple[str, str]],
               lines_under: list[str]) -> list[str]:
-        """A times table: the chapter (its link and the shape of its first row here, once), then ``columns``."""
+        """A times table: the chapter (its link and the shape of its first row here, once; its title alone, in
+        italics, on the rows after it), then ``columns``."""
         out = [title, "", "| chapter: shape | " + " | ".join(h for _, h in columns) + " |",
                "|" + "---|" * (len(columns) + 1)]
         named: set[int] = set()
         for r, c in picked:
-            chapter = "" if r["number"] in named else chapter_link(r) + (f": {r['shape']}" if r.get("shape") else "")
+            chapter = (again(r) if r["number"] in named
+                       else chapter_link(r) + (f": {r['shape']}" if r.get("shape") else ""))
             named.add(r["number"])
             row = [c.get(key, "–") for key, _ in columns]
             out.append(f"| {chapter} | " + " | ".join(row) + " |")
@@ -1290,7 +1308,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                    "|" + "---|" * 6]
     named: set[int] = set()
     for r, rest_cells in floors:
-        floor_lines.append(f"| {'' if r['number'] in named else chapter_link(r)}{rest_cells}")
+        floor_lines.append(f"| {again(r) if r['number'] in named else chapter_link(r)}{rest_cells}")
         named.add(r["number"])
 
     definitions = []
