@@ -1,6 +1,7 @@
 """Chapter 4: CTC loss. CPU: the float64 reference against torch, edge cases, validation, the
 compiled code (PTX loads, registers). GPU: every step against the reference."""
 
+import functools
 import math
 import re
 import warnings
@@ -334,23 +335,33 @@ def test_each_step_from_7_on_changes_one_kernel_of_the_step_it_builds_on():
     assert ctc.fused.IN_TURN == (7, 8, 9)
 
 
+def _small_batch():
+    """(T, N, A, targets) of three utterances, small enough to read every launch's arguments."""
+    T, N, A = 5, 3, 7
+    batch = ctc.prepare_targets(torch.tensor([[1, 2], [3, 0], [2, 2]]), [5, 4, 5], [2, 1, 2], num_classes=A,
+                                max_time=T, device="cpu")
+    return T, N, A, batch
+
+
+class _RecordingKernel:
+    """Stands in for a compiled kernel: each launch is appended to ``calls`` as (name, grid, block, args)."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def __call__(self, grid, block, *args):
+        self.calls.append((self.name, grid, block, args))
+
+
 def test_every_launch_passes_what_each_kernel_declares():
     """Each step's three launches (steps 7 to 14) with fake kernels: as many arguments as the kernel's signature,
     grid (N, 1) where alpha and beta run in turn (7 to 9) and (N, 2) where they run side by side; and each signature
     is the kernel's parameter list in the PTX NVRTC makes of its source (64-bit pointers, 32-bit ints)."""
     import re
 
-    T, N, A = 5, 3, 7
-    batch = ctc.prepare_targets(torch.tensor([[1, 2], [3, 0], [2, 2]]), [5, 4, 5], [2, 1, 2], num_classes=A,
-                                max_time=T, device="cpu")
+    T, N, A, batch = _small_batch()
     calls = []
-
-    class Fake:
-        def __init__(self, name):
-            self.name = name
-
-        def __call__(self, grid, block, *args):
-            calls.append((self.name, grid, block, args))
+    Fake = functools.partial(_RecordingKernel, calls=calls)
 
     saved = dict(ctc.fused._LAUNCH)
     ctc.fused._LAUNCH.clear()
@@ -504,17 +515,9 @@ def test_step07_parts_are_step_7s_kernel_with_knobs(step07_parts):
 def test_step07_parts_launch_alpha_then_beta():
     """7a launches ctc_block_recursion_knobs twice, alpha's then beta's, between step 7's two passes; 7b once;
     each with step 7's grid (N, 1), block and arguments."""
-    T, N, A = 5, 3, 7
-    batch = ctc.prepare_targets(torch.tensor([[1, 2], [3, 0], [2, 2]]), [5, 4, 5], [2, 1, 2], num_classes=A,
-                                max_time=T, device="cpu")
+    T, N, A, batch = _small_batch()
     calls = []
-
-    class Fake:
-        def __init__(self, name):
-            self.name = name
-
-        def __call__(self, grid, block, *args):
-            calls.append((self.name, grid, block, args))
+    Fake = functools.partial(_RecordingKernel, calls=calls)
 
     saved = dict(ctc.fused._LAUNCH)
     v, threads = ctc.fused.launch_shape(7, batch.max_positions)
