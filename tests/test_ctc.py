@@ -721,15 +721,12 @@ def _same_bits(a, b) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
 
 
-@pytest.mark.gpu
-def test_steps_7_to_11_give_the_same_bits_on_gpu(rng):
-    """Steps 7 to 11 change where the numbers live and how the work is laid out, not the arithmetic: the emissions
-    are the same floats (step 7 scales its log-softmax entry as step 8's first pass does), each position's
-    log-sum-exp takes the same terms in the same order, and step 11's three-term sum with a -inf third term is the
-    two-term sum. So each gives step 10's loss and gradient bit for bit, on awkward sizes, the edge cases with and
-    without zero_infinity, the scalar path and benchmark-sized inputs. Step 12 (flush-to-zero) may round otherwise."""
+def _awkward_cases_on_gpu(rng, large_a: int):
+    """(x, x on the GPU, targets, input lengths, target lengths, zero_infinity): awkward sizes (the last with
+    alphabet ``large_a``), the edge cases (repeats; 5 repeats in 8 frames; an empty target; targets too long) with and
+    without zero_infinity, rows not 16-byte aligned, and benchmark-sized inputs."""
     cases = [random_case(rng, T, N, A, max_target=min(T, 40), repeats=A < 10) + (False, 0)
-             for T, N, A in [(1, 1, 2), (33, 7, 5), (61, 9, 37), (45, 5, 1001), (97, 3, 5000)]]
+             for T, N, A in [(1, 1, 2), (33, 7, 5), (61, 9, 37), (45, 5, 1001), (97, 3, large_a)]]
     edge = (torch.randn(8, 5, 6, generator=rng), torch.tensor([[1, 1, 2, 0, 0, 0], [3, 3, 3, 3, 3, 0], [0] * 6,
                                                               [1, 2, 3, 4, 5, 1], [2, 2, 2, 0, 0, 0]]),
             [8, 8, 5, 4, 3], [3, 5, 0, 6, 3])
@@ -741,6 +738,17 @@ def test_steps_7_to_11_give_the_same_bits_on_gpu(rng):
         storage = torch.empty(x.numel() + offset, device="cuda")
         xd = storage[offset:].view(x.shape)
         xd.copy_(x)
+        yield x, xd, targets, il, tl, zero_infinity
+
+
+@pytest.mark.gpu
+def test_steps_7_to_11_give_the_same_bits_on_gpu(rng):
+    """Steps 7 to 11 change where the numbers live and how the work is laid out, not the arithmetic: the emissions
+    are the same floats (step 7 scales its log-softmax entry as step 8's first pass does), each position's
+    log-sum-exp takes the same terms in the same order, and step 11's three-term sum with a -inf third term is the
+    two-term sum. So each gives step 10's loss and gradient bit for bit, on awkward sizes, the edge cases with and
+    without zero_infinity, the scalar path and benchmark-sized inputs. Step 12 (flush-to-zero) may round otherwise."""
+    for x, xd, targets, il, tl, zero_infinity in _awkward_cases_on_gpu(rng, 5000):
         out = {k: _run_on_gpu(xd, targets, il, tl, k, zero_infinity) for k in range(7, 12)}
         for k in (7, 8, 9, 11):
             assert _same_bits(out[k][0], out[10][0]) and _same_bits(out[k][1], out[10][1]), (k, tuple(x.shape))
@@ -752,19 +760,7 @@ def test_step07_parts_match_the_reference_and_step_7_on_gpu(rng):
     (with and without zero_infinity), rows not 16-byte aligned and benchmark-sized inputs, outputs poisoned first:
     each agrees with the float64 reference and gives step 7's bits (two launches and no prefetch change where and
     when the recursion runs, not its arithmetic)."""
-    cases = [random_case(rng, T, N, A, max_target=min(T, 40), repeats=A < 10) + (False, 0)
-             for T, N, A in [(1, 1, 2), (33, 7, 5), (61, 9, 37), (45, 5, 1001), (97, 3, 4999)]]
-    edge = (torch.randn(8, 5, 6, generator=rng), torch.tensor([[1, 1, 2, 0, 0, 0], [3, 3, 3, 3, 3, 0], [0] * 6,
-                                                              [1, 2, 3, 4, 5, 1], [2, 2, 2, 0, 0, 0]]),
-            [8, 8, 5, 4, 3], [3, 5, 0, 6, 3])  # repeats; 5 repeats in 8 frames; empty; too long; repeats too long
-    cases += [edge + (zero_infinity, 0) for zero_infinity in (False, True)]
-    cases.append(random_case(rng, 20, 3, 5000, max_target=10) + (False, 1))  # rows not 16-byte aligned
-    gen = torch.Generator().manual_seed(rng.seed_value)
-    cases += [_benchmark_sized(gen, A) + (False, 0) for A in ctc.BENCH_A]
-    for x, targets, il, tl, zero_infinity, offset in cases:
-        storage = torch.empty(x.numel() + offset, device="cuda")
-        xd = storage[offset:].view(x.shape)
-        xd.copy_(x)
+    for x, xd, targets, il, tl, zero_infinity in _awkward_cases_on_gpu(rng, 4999):
         seven = _run_on_gpu(xd, targets, il, tl, 7, zero_infinity)
         ref_loss, ref_grad = ctc.reference_ctc(xd, targets, il, tl, zero_infinity=zero_infinity)
         for part, function in ctc.fused.STEP07_FUNCTIONS.items():
