@@ -1019,7 +1019,65 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
             out += ["", CTC_STEPS_WORDS]
     text = re.sub(r"(?:(?<=[\dNK])|(?<=slots)|(?<=items)|(?<=heads)) x (?=[\dNK])", " × ",
                   "\n".join(out))  # shapes read 4096 × 14336
-    return "\n".join(re.sub(r"\n{3,}", "\n\n", tidy_tables(text)).splitlines())
+    return "\n".join(re.sub(r"\n{3,}", "\n\n", tidy_tables(split_ternary(text))).splitlines())
+
+
+def _differences(line: str, keep: Callable[[str], bool]) -> str:
+    """The "Where the cards differ" fold ``line`` (HTML) with only the rows ``keep`` takes; empty without any."""
+    m = re.match(r"(<details><summary>Where the cards differ by more than [^(]*)\(\d+ rows?\)(</summary><table>"
+                 r"<thead>.*?</thead><tbody>)(.*)(</tbody></table></details>)$", line)
+    if not m:
+        return line
+    kept = [r for r in re.findall(r"<tr>.*?</tr>", m.group(3)) if keep(r)]
+    if not kept:
+        return ""
+    return f"{m.group(1)}({len(kept)} row{'' if len(kept) == 1 else 's'}){m.group(2)}{''.join(kept)}{m.group(4)}"
+
+
+def split_ternary(markdown: str) -> str:
+    """Chapter 05's fold as two, one per part, as the table above lists them: part 1's rows (its Triton kernel)
+    under each card's title in a fold of their own, part 2's (CUDA C++, BitNet's shapes) in the other."""
+    lines = markdown.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(":::{dropdown} 05. ")), None)
+    if start is None:
+        return markdown
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] == ":::")
+    title = lines[start].split(" ", 1)[1]
+    one: list[str] = []
+    two: list[str] = []
+    card, header, carded = "", [], False
+    block = lines[start + 1:end]
+    i = 0
+    while i < len(block):
+        line = block[i]
+        if line.startswith("**NVIDIA"):
+            card, carded = line, False
+            two.append(line)
+        elif line.startswith("| ours |") and i + 1 < len(block):
+            header = [line, block[i + 1]]
+            two += header
+            i += 1
+        elif line.startswith("| ") and header and "Triton" in line.split(" | ")[0]:
+            if not carded:
+                one += ["", card, "", *header]
+                carded = True
+            one.append(line)
+        elif line.startswith("<details><summary>Where the cards differ"):
+            mine, theirs = (_differences(line, lambda r: "Triton" in r.split("</td>")[0]),
+                            _differences(line, lambda r: "Triton" not in r.split("</td>")[0]))
+            one += ["", mine] if mine else []
+            two += [theirs] if theirs else []
+        else:
+            if not line.startswith("| "):
+                header = header if line.strip() == "" and i + 1 < len(block) and block[i + 1].startswith("| ") \
+                    else []
+            two.append(line)
+        i += 1
+    if not one:
+        return markdown
+    folds = ([f":::{{dropdown}} {title}, part 1 (Triton)", *one, "", ":::", "",
+              f":::{{dropdown}} {title}, part 2 (CUDA C++)", *two, ":::"])
+    return "\n".join(lines[:start] + folds + lines[end + 1:])
 
 
 #: The host column of a decode loop's table, named for what it holds there (the host's own work per output token).
