@@ -1075,7 +1075,9 @@ def split_ternary(markdown: str) -> str:
         i += 1
     if not one:
         return markdown
-    folds = ([f":::{{dropdown}} {title}, part 1 (Triton)", *one, "", ":::", "",
+    why = ("Why a ratio can move between the two cards: [Two cards, one kernel](how_we_measure.md#two-cards-one-kernel) "
+           "(a speedup carries over to another card only where both kernels are bound by the same thing).")
+    folds = ([f":::{{dropdown}} {title}, part 1 (Triton)", "", why, *one, "", ":::", "",
               f":::{{dropdown}} {title}, part 2 (CUDA C++)", *two, ":::"])
     return "\n".join(lines[:start] + folds + lines[end + 1:])
 
