@@ -702,13 +702,15 @@ window.addEventListener("load", function () {
 #: Tables of results are wider than the theme's text column: the column may use the width the window has (up
 #: to 64em) and cells wrap, a size smaller, so the last columns stay on the page, not behind a scroll bar.
 #: Printed output, source listings and code cells wrap their long lines instead of being cut at the column's edge
-#: (!important: a listing's <pre> carries an inline white-space of its own).
+#: (!important: a listing's <pre> carries an inline white-space of its own), each line hanging under its own
+#: indentation (``studylog.source``). A link set in code reads as code, not bold.
 TABLE_STYLE = """
 document.head.insertAdjacentHTML("beforeend",
   "<style>main table th, main table td { white-space: normal; overflow-wrap: break-word; }" +
   " main table { font-size: 0.85em; }" +
   " main .cell_output pre, main .cell_input pre { white-space: pre-wrap !important; overflow-wrap: anywhere; }" +
   " main .cell_output div[style*='white-space: pre'] { white-space: pre-wrap !important; }" +
+  " main a > code.literal, main a > code.literal span { font-weight: inherit; }" +
   " .bd-main .bd-content .bd-article-container { max-width: 64em; }</style>");
 """
 

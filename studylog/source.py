@@ -97,6 +97,13 @@ def resolve_constexpr(lines: list[str], knobs: dict[str, Any], *, read_values: b
     return out
 
 
+def _hanging(line: str, margin: str = "12px") -> str:
+    """Inline style that wraps a long line under its own indentation plus 4 columns (the first line unmoved, at
+    ``margin``)."""
+    indent = len(line) - len(line.lstrip(" ")) + 4
+    return f"padding-left: calc({margin} + {indent}ch); text-indent: -{indent}ch; "
+
+
 class Code:
     """Highlighted source that renders in notebooks and the book."""
 
@@ -119,6 +126,17 @@ class Code:
         # one style attribute on <pre> (Pygments writes its own): the box's font size, no wrapping (the box scrolls)
         body = body.replace('<pre style="', '<pre style="margin: 0 12px; background: transparent; font-size: inherit; '
                             'white-space: pre; ', 1)
+        # each line its own block, so that where a page wraps long lines they hang under the line's indentation
+        # (Pygments closes its spans at every newline)
+        head, _, rest = body.partition("<pre")
+        tag, _, code = rest.partition(">")
+        code, _, tail = code.rpartition("</pre>")
+        lines = code.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        code = "".join(f'<span style="display: block; {_hanging(html.unescape(re.sub("<[^>]*>", "", line)), "0px")}">'
+                       f'{line or "&#8203;"}</span>' for line in lines)
+        body = f"{head}<pre{tag}>{code}</pre>{tail}"
         title = f'<div style="{_TITLE}">{html.escape(self.title)}</div>' if self.title else ""
         return f'<div style="{_BOX}">{title}{body}</div>'
 
@@ -160,8 +178,8 @@ class Diff:
         styles = {"@": "color: #6a737d; background: #eef1f4;", "+": "background: #d7f5dd;",
                   "-": "background: #fbdada;"}
         for line in self.lines[2:]:  # a hunk header (@@), an added line, a removed one, or context
-            out.append(f'<div style="white-space: pre; padding: 0 12px; {styles.get(line[:1], "")}">'
-                       f'{html.escape(line) or "&nbsp;"}</div>')
+            out.append(f'<div style="white-space: pre; padding: 0 12px; {_hanging(line[1:])}'
+                       f'{styles.get(line[:1], "")}">{html.escape(line) or "&nbsp;"}</div>')
         out.append("</div>")
         return "\n".join(out)
 
