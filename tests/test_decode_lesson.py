@@ -854,3 +854,15 @@ def test_the_steps_table_sets_the_headline_shape_beside_the_explained_one():
     assert head.count("µs per token") == 2 and "8B shape (the headline)" in head
     for row, want in zip(_table_rows(table), lesson.steps_rows(results, "8b", 1)):
         assert row[5] == f"{want['us']:,.0f}"
+
+
+def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
+    """The figures' greyed bar (chapter 01's character-level jumps) is faster than step 3: 'Where we lose' gives its
+    time and ratios from :func:`lesson.char_jump_numbers` (the figures' timed totals) and its cost, the real model's
+    requests that wrote step 1's tokens."""
+    shown = lesson.committed() or lesson.earlier_run()
+    cj = lesson.char_jump_numbers(shown)
+    assert cj is not None and cj["8b"]["x_step3"] > 1 and cj["8b"]["x_step1"] > cj["8b"]["x_step3"]
+    assert cj["smollm2"]["requests"] == 9 and 0 <= cj["smollm2"]["same"] <= 9
+    lose = next(t for t in _page_cells() if "lesson.char_jump_numbers(shown)" in t)
+    assert "cj['8b']['x_step3']" in lose and "cj['smollm2']['same']" in lose

@@ -578,8 +578,8 @@ STEP_LABELS = {"baseline": "step 1: the baseline loop", "jump_forward": "step 2:
                "masked_head": "step 3: the masked head"}
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 01)",
-                "masked_head": "chapter 02's masked head and what it needs: three changes, 3a to 3c, timed one "
-                                "at a time in step 3's section (3a alone is slower at the 8B shape)"}
+                "masked_head": "chapter 02's masked head, in three changes, 3a to 3c (step 3's section; "
+                                "3a alone is slower at the 8B shape)"}
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -797,6 +797,30 @@ def peer_numbers(results) -> dict[str, float] | None:
     return {"hf_ms": _median(h for h, _, _ in rows), "step1_ms": _median(a for _, a, _ in rows),
             "step3_ms": _median(c for _, _, c in rows), "hf_over_step1": _median(h / a for h, a, _ in rows),
             "hf_over_step3": _median(h / c for h, _, c in rows), "requests": len(rows)}
+
+
+def char_jump_numbers(results) -> dict | None:
+    """Chapter 01's character-level jumps (``char_jump``: forced bytes appended, then retokenized), which are not a
+    step: at each cost model's shape, batch 1, the figures' timed totals (µs per output token, JSON schemas) of step
+    1, step 3 and the jumps, and how many of the JSON schemas' steered outputs were step 1's tokens; on the real
+    model's JSON requests at batch 1, how many wrote step 1's tokens and how many finished valid. None where the
+    file holds no ``char_jump`` rows."""
+    out = {}
+    for model in ("1b", "8b"):
+        wall = {c: p["wall"] * 1e3 for c, p in breakdown(results.rows, model, 1).items()}
+        rows = _json_rows(results, "char_jump", model, 1)
+        if not rows or "char_jump" not in wall:
+            return None
+        out[model] = {"step1_us": wall["baseline"], "step3_us": wall["masked_head"], "char_us": wall["char_jump"],
+                      "x_step1": wall["baseline"] / wall["char_jump"],
+                      "x_step3": wall["masked_head"] / wall["char_jump"],
+                      "same": sum(bool(r.get("same_tokens_as_step01")) for r in rows), "requests": len(rows)}
+    real = _json_rows(results, "char_jump", REAL, 1)
+    if not real:
+        return None
+    out[REAL] = {"same": sum(bool(r.get("same_tokens_as_step01")) for r in real),
+                 "valid": sum(int(r.get("valid") or 0) for r in real), "requests": len(real)}
+    return out
 
 
 #: Step 3's changes added one at a time (``lab/decode/step03_changes.py``, series ``step03_changes``): each
