@@ -517,6 +517,8 @@ def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
                  show_diff(sources[0], sources[1], old_function=sources[2], new_function=sources[3],
                            context=2 if number == 7 else 3))
         assert shown + sum(left) == len(whole.added) + len(whole.removed), number
+        title = f"lines shown of +{len(whole.added)} / −{len(whole.removed)})"  # the title counts the whole change
+        assert title in core._repr_html_() and ".cu" not in core._repr_html_().split("</div>", 1)[0], number
         hunks, counts = [], None
         for ln in core.lines[2:]:
             if (m := re.match(r"@@ -\d+,(\d+) \+\d+,(\d+) @@$", ln)):

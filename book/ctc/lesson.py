@@ -365,7 +365,8 @@ def step07_changes_words(changes: Results) -> str:
     span = lambda g: f"{min(g):.2f}× to {max(g):.2f}×"  # noqa: E731
     one = gains["7b"]
     return (caption + f" The gradient's own pass pays ({span(gains['7a'])}); one kernel for both directions "
-            + (f"pays at only {sum(g >= 1.005 for g in one)} of the {len(one)} cases ({span(one)}); "
+            + (f"pays at only {sum(g >= 1.005 for g in one)} of the {len(one)} cases ({span(one)}) but stays: step 10 "
+               "runs both directions side by side in one kernel; "
                if any(g < 0.995 for g in one) else f"pays {span(one)}; ")
             + f"the prefetch, {span(gains['step 7'])}.")
 
@@ -1021,8 +1022,6 @@ def diff_excerpt(diff, what: str, *elide: tuple[str, str | None, str]):
     line numbers and counts, so nothing left out reads as the whole change; titled ``new name: what``."""
     import re
 
-    from studylog.source import Diff
-
     numbered, old_no, new_no = [], 0, 0  # (line, its old and new line numbers) of every line but the headers
     for line in diff.lines[2:]:
         if line.startswith("@@"):
@@ -1064,10 +1063,29 @@ def diff_excerpt(diff, what: str, *elide: tuple[str, str | None, str]):
             run.append(numbered[i])
         i += 1
     close()
-    core = Diff.__new__(Diff)
+    core = _Core.__new__(_Core)
     core.old_name, core.new_name = diff.old_name, f"{diff.new_name}: {what}"
     core.lines = diff.lines[:2] + out
+    core.whole = (len(diff.added), len(diff.removed))
     return core
+
+
+def _core_class():
+    from studylog.source import Diff
+
+    class Core(Diff):
+        """A diff core whose title counts the whole change beside the lines shown: "(+13 / −8 lines shown of
+        +30 / −27)"."""
+
+        def _repr_html_(self) -> str:
+            shown = f"(+{len(self.added)} / −{len(self.removed)} lines)"
+            whole = f"(+{len(self.added)} / −{len(self.removed)} lines shown of +{self.whole[0]} / −{self.whole[1]})"
+            return super()._repr_html_().replace(shown, whole, 1)
+
+    return Core
+
+
+_Core = _core_class()
 
 
 #: The core of steps 4, 6, 7, 11 and 13 the page shows open: (the diff's old and new sources, as
@@ -1077,7 +1095,7 @@ CORES = {
     4: (("ctc_baseline.cuh", "ctc_step04_05_blocked.cu", "alpha_baseline", "ctc_alpha_step4"),
         "the labels and skip flags in registers",
         [("        const float* lp = log_probs", None, "the frame loop, reading label[i] and skip[i]")]),
-    6: (6, "the alpha kernel in probability space",
+    6: (6, "in probability space",
         [("if (lane == 0) warp_sums", None, "the row's sum published; the loss from the last row")]),
     7: (("ctc_warpctc.cuh", "ctc_step07_10_three_passes.cu", "frame_gradient", "ctc_grad_from_log_softmax"),
         "the frame and its posterior",
@@ -1092,6 +1110,12 @@ CORES = {
 }
 
 
+#: The titles of the two sides of each core: the steps, not the files.
+CORE_NAMES = {4: ("step 1's alpha", "step 4's alpha"), 6: ("step 5's alpha", "step 6's alpha"),
+              7: ("step 5's frame gradient", "step 7's"), 11: ("step 10's frame update", "step 11's"),
+              13: ("steps 8 to 12's first pass", "step 13's")}
+
+
 def step_core(number: int):
     """The core of step ``number``'s change (:data:`CORES`), shown open on the page: at most 40 changed lines, each
     run left out named by a grey line with its count of changed lines (:func:`diff_excerpt`)."""
@@ -1100,10 +1124,11 @@ def step_core(number: int):
     sources, what, elide = CORES[number]
     if isinstance(sources, int):
         diff = CHAPTER.show_diff(sources - 1, sources)
+        diff.old_name, diff.new_name = CORE_NAMES[number]
     else:
         old, new, old_function, new_function = sources
         diff = show_diff(old, new, old_function=old_function, new_function=new_function,
-                         context=2 if number == 7 else 3)
+                         context=2 if number == 7 else 3, names=CORE_NAMES[number])
     return diff_excerpt(diff, what, *elide)
 
 
