@@ -102,7 +102,7 @@ def fsm_peer_words(totals: dict[str, Any] | None) -> str:
     if not totals or FSM_PEER not in totals["policies"]:
         return ""
     p = totals["policies"][FSM_PEER]
-    split = ("also with the tokenizer's own tokens" if not p["noncanonical"]
+    split = ("its output too in the tokenizer's own tokens" if not p["noncanonical"]
              else f"with {p['noncanonical']} documents in another split than the tokenizer's")
     return f"llguidance's fast-forward tokens save {1 - p['passes'] / totals['none']:.1%} ({split})"
 
@@ -1352,7 +1352,7 @@ def reading_order(root: Path = REPO_ROOT) -> list[str]:
     import yaml
 
     toc = yaml.safe_load((Path(root) / "_toc.yml").read_text())
-    files = [c["file"] for c in toc.get("chapters", [])]
+    files = [c["file"] for part in toc.get("parts", [toc]) for c in part.get("chapters", [])]
     return [f"{f}.ipynb" for f in files if f.startswith("notebooks/")]
 
 
@@ -1408,7 +1408,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         question = OTHER_PAGES.get(notebook) or (h["question"] if h else "–")
         rival = RIVALS.get("5t" if stem.startswith("05_") and "triton" in stem else int(stem[:2]), "–")
         if stem.startswith("01_"):  # the strongest peer saves more than ours: its number stands beside ours
-            rival = peer.replace(" save ", " (a library) save ", 1) if peer else "decoding every token"
+            rival = peer.replace(" save ", " (a library) save more: ", 1) if peer else "decoding every token"
         title = titles[notebook]
         if eager:
             number += f" {EAGER_MARK}"

@@ -703,7 +703,8 @@ window.addEventListener("load", function () {
 #: to 64em) and cells wrap, a size smaller, so the last columns stay on the page, not behind a scroll bar.
 #: Printed output, source listings and code cells wrap their long lines instead of being cut at the column's edge
 #: (!important: a listing's <pre> carries an inline white-space of its own), each line hanging under its own
-#: indentation (``studylog.source``). A link set in code reads as code, not bold.
+#: indentation (``studylog.source``). A link set in code reads as code, not bold. Tables written as HTML (a fold's
+#: table) get the same rules and padding as the theme's.
 TABLE_STYLE = """
 document.head.insertAdjacentHTML("beforeend",
   "<style>main table th, main table td { white-space: normal; overflow-wrap: break-word; }" +
@@ -711,6 +712,8 @@ document.head.insertAdjacentHTML("beforeend",
   " main .cell_output pre, main .cell_input pre { white-space: pre-wrap !important; overflow-wrap: anywhere; }" +
   " main .cell_output div[style*='white-space: pre'] { white-space: pre-wrap !important; }" +
   " main a > code.literal, main a > code.literal span { font-weight: inherit; }" +
+  " main table:not([class]) th, main table:not([class]) td { padding: 0.2em 0.6em; border-bottom: 1px solid #d0d7de;" +
+  " text-align: left; vertical-align: top; }" +
   " .bd-main .bd-content .bd-article-container { max-width: 64em; }</style>");
 """
 
