@@ -95,16 +95,18 @@ def figures(results) -> dict:
         pts = [(i, grid_select(results, step.series, c)) for i, c in enumerate(configs)]
         pts = [(i, rows[0]) for i, rows in pts if rows]
         clock = clock_of(results, step.series)
+        host = {} if clock == "gpu" else dict(mfc="none", mew=1.2)  # a host-clock point is drawn open
         _errorbar(ax, [i + (k - (n_series - 1) / 2) * dodge for i, _ in pts], [r for _, r in pts], 1e3,
                   marker=marker, color=color, ms=7 if marker == "*" else 5,
-                  label=f"{step_words(step)} ({clock_words(clock)})")
+                  label=f"{step_words(step)} ({clock_words(clock)}{'' if clock == 'gpu' else ', open marker'})",
+                  **host)
     if synced:
         pts = [(i, grid_select(results, SYNCED_SERIES, c)) for i, c in enumerate(configs)]
         pts = [(i, rows[0]) for i, rows in pts if rows]
         _errorbar(ax, [i + (n_series - 1) / 2 * dodge for i, _ in pts], [r for _, r in pts], 1e3, marker="*",
-                  color=series_color(SYNCED_SERIES), ms=7, markeredgecolor="k", markeredgewidth=0.5,
+                  color=series_color(SYNCED_SERIES), ms=8, mfc="none", markeredgewidth=1.2,
                   label=f"{step_words(CHAPTER.step(SYNCED_STEP))}, call + sync "
-                        f"({clock_words(clock_of(results, SYNCED_SERIES))})")
+                        f"({clock_words(clock_of(results, SYNCED_SERIES))}, open marker)")
     floors = []
     for i, c in enumerate(configs):
         floor = floor_ms(results, c)
@@ -154,10 +156,10 @@ def figures(results) -> dict:
     sweeps = [(step, results.select(sweep_series(step))) for step in CHUNK_SWEEPS]
     if any(rows for _, rows in sweeps):
         fig, ax = plt.subplots(figsize=(9, 4.4))
-        dashes = ["-", "--", ":", "-."]
+        dashes, case_markers = ["-", "--", ":", "-."], ["o", "s", "^", "D"]  # a case: its dashes and marker
         for step, sweep in sweeps:
             number = int(step.__name__[4:6])
-            color, marker = STYLE[number]
+            color = STYLE[number][0]
             cfgs = sorted({(r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) for r in sweep})
             for j, cfg in enumerate(cfgs):
                 rows = sorted((r for r in sweep if (r["params"]["batch"], r["params"]["seq_len"],
@@ -165,7 +167,7 @@ def figures(results) -> dict:
                               key=lambda r: r["params"]["chunk_len"])
                 # one line per case: its points are one split varied over a numeric axis
                 ax.plot([r["params"]["chunk_len"] for r in rows], [r["ms"] / floor_of(results, r) for r in rows],
-                        marker=marker, color=color, ls=dashes[j % len(dashes)],
+                        marker=case_markers[j % len(case_markers)], color=color, ls=dashes[j % len(dashes)],
                         label=f"{step_words(CHAPTER.step(number))}, {case_label(cfg).replace(chr(10), ', ')}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("haystack positions per block (chunk_len)", fontsize=FONT)
@@ -173,7 +175,7 @@ def figures(results) -> dict:
         ax.set_ylim(bottom=0)
         ax.tick_params(labelsize=FONT)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, handlelength=4)
         ax.set_title("Fused kernels: how finely to split each slot", fontsize=FONT + 1)
         fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
         fig.tight_layout(rect=(0, 0.04, 1, 1))

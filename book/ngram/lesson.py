@@ -445,7 +445,8 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     :func:`step_notes`), then per case of ``cases`` (of :data:`BOEHM_CASES`) the time in µs, × the previous step (the
     one it builds on) and × the floor (:func:`floor_us`, given in that column's head, not in a row of its own). Step 1 is timed end to end on the host (its cells say so),
     the kernels on the GPU clock: a row is compared with the previous one only when both are on the same clock, and
-    with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
+    with the floor only on the GPU clock, the floor's own (``–`` otherwise). The entry point builds on no step (it
+    runs one), so its "× previous" is ``–``."""
     floors = [floor_us(results, cfg) for cfg in cases]
     head = ["step", "the one change"]
     for (b, s, t), f in zip(cases, floors):
@@ -456,7 +457,6 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     notes = step_notes(results, cases)
     entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
                 + (f"; {notes[st.number]}" if st.number in notes else ""), st.series) for st in CHAPTER.steps]
-    final = CHAPTER.final
     rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step11_skip_refused, step12_early_phase2))
     entries.append(("entry point", f"`ngram_match`: step {rule}, by a rule on the batch's shapes and budget", "ngram_match"))
     for number, title, series in entries:
@@ -467,9 +467,8 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
                 cells += ["skipped (too slow)" if series == CHAPTER.step(2).series else "–", "–", "–"]
                 continue
             t = row["ms"] * 1e3
-            if series == "ngram_match":  # the entry point against the last step, which it runs or beats
-                last = grid_row(results, final.series, cfg)
-                prev = (last["ms"] * 1e3, last.get("clock")) if last else None
+            if series == "ngram_match":  # the entry point runs one of the steps: it builds on none ("–")
+                prev = None
             elif number.isdigit() and int(number) in BUILDS_ON:  # it builds on another step than the row above
                 base = grid_row(results, CHAPTER.step(builds_on(int(number))).series, cfg)
                 prev = (base["ms"] * 1e3, base.get("clock")) if base else None
@@ -632,12 +631,18 @@ def result_table(results, headline_rows) -> str:
 
 
 def step12_launches():
-    """Step 12's two launch lines, read from its step function (no decorator, docstring or signature): the search,
-    then phase 2 with ``early=True``, the launch attribute of a programmatic dependent launch."""
+    """Step 12's two launches as CUDA launch lines: the kernels' names read from its step function (the search, then
+    phase 2, launched with ``early=True``), their block sizes from :mod:`studylog.ngram.kernels`; phase 2 carries
+    the launch attribute of a programmatic dependent launch, as ``cuLaunchKernelEx`` sets it."""
     import inspect
+    import re
 
     from studylog.ngram import kernels
     from studylog.source import Code
 
-    lines = [ln.strip() for ln in inspect.getsource(kernels.step12_early_phase2).splitlines() if "_kernel(" in ln]
-    return Code("\n".join(lines), "python", "step 12's two launches (early=True: a programmatic dependent launch)")
+    search, phase2 = re.findall(r'_kernel\("[^"]+", "([^"]+)"', inspect.getsource(kernels.step12_early_phase2))
+    lines = [f"{search}<<<grid, {kernels.THREADS}>>>(args...);  // the search",
+             "// phase 2: one block, launched with the attribute",
+             "// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1",
+             f"{phase2}<<<1, {kernels.SCAN_THREADS}>>>(args...);"]
+    return Code("\n".join(lines), "cuda", "step 12's two launches")
