@@ -78,7 +78,8 @@ def _times_label(series: str) -> str:
     """The times figure's name of a series: step 5 in its default order. The figure has one bar per numbered step,
     as the steps table has one row: 5a lives in step 5's chain table only (its own run, one value on the page)."""
     return {STEP05.series: f"{series_label(STEP05.series)} (head groups, heaviest first)",
-            STEP04_PER_PROMPT: f"{series_label(STEP04.series)}, a launch per prompt"}.get(series, series_label(series))
+            STEP04_PER_PROMPT: f"{series_label(STEP04.series)}, a launch per prompt",
+            SDPA_DENSE: f"step 1: {series_label(SDPA_DENSE)}"}.get(series, series_label(series))
 
 
 def times_figure(results, columns: int = 1, shapes: list[str] | None = None):

@@ -253,7 +253,7 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
         ("3", "the mask computed from the metadata", STEP[3].series),
         ("4", "key tiles no row sees never loaded (a batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5", "one launch, keys kept in L2 (three changes: in step 5's section above)", STEP[5].series),  # and
+        ("5", "one launch, heads grouped to fit L2 (three changes: step 5's section)", STEP[5].series),  # and
         # its chain's factors, where committed (:func:`step5_words`)
         ("6", "a key/value head's query heads in one tile (shared key/value heads only)", STEP[6].series),
     ]
@@ -398,16 +398,8 @@ def step5_chain(gpu: str = "nvidia-h200") -> Chain | None:
 
 
 def step5_words(gpu: str = "nvidia-h200") -> str:
-    """Step 5's cell in the steps table: its three changes, each with its factor over the row before it in
-    :func:`step5_chain` (one run, the mixed batch with 32 heads), so that the table says which change pays; the
-    pointer to step 5's section where that run is not committed or starts at the one launch."""
-    chain = step5_chain(gpu)
-    if chain is None or "step 4" not in chain.times:
-        return "one launch, keys kept in L2 (three changes: in step 5's section above)"
-    t = chain.times
-    return ("one launch, keys kept in L2: three changes, timed one at a time on the mixed batch, 32 heads "
-            f"(step 5's section): every prompt in one launch {t['step 4'] / t['5a']:.2f}×, the heads in groups "
-            f"{t['5a'] / t['5b']:.2f}×, the heaviest query tiles first {t['5b'] / t['step 5']:.2f}×")
+    """Step 5's cell in the steps table: what it does, and where its three changes are timed one at a time."""
+    return "one launch, heads grouped to fit L2 (three changes: step 5's section)"
 
 
 def entry_series(results, shape: str) -> str:
