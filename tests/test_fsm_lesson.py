@@ -220,7 +220,8 @@ def test_the_retokenization_counts_compare_like_with_like_and_the_page_says_wher
 
     page = Path(__file__).parents[1] / "notebooks" / "01_fsm_compression.ipynb"
     text = "".join("".join(c["source"]) for c in json.loads(page.read_text())["cells"])
-    sentence = text[text.index("* **Retokenization is not free.**"):text.index("Each replacement is prefill")]
+    sentence = text[text.index("**Step 3, the largest saving, rewrites what it has written.**"):
+                    text.index("Each replacement is prefill")]
     assert "json_tokens['default']" in sentence and "json_tokens['compact']" in sentence
     assert 'if r.kind == "json"' in text and "written['compact']" not in text
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
