@@ -319,7 +319,7 @@ def test_every_step_is_compared_with_the_step_it_builds_on_at_its_own_point():
     table = lesson.boehm_table(results)
     assert _base_problems(results, table) == [] and "not run here" not in table
     rows = {r.split("|")[1].strip(): r for r in table.splitlines()[2:]}
-    assert "| step 7 at this case (what it runs here) |" in rows["12"] and "| step 3 (its diff's base) |" in rows["11"]
+    assert "| step 7 at this case (what it runs here) |" in rows["12"] and "| step 3 (the kernel it modifies) |" in rows["11"]
     assert "| step 3 (steps 4 to 8 take one sequence)" in rows["9"] and "| step 9 |" in rows["10"]
     assert "| step 5 (6 did not pay) |" in rows["7"] and "| xgrammar's path (same contract" in rows["13"]
     assert [s.number for s in mlh.CHAPTER.steps if lesson.STEP_CASES[s.number][0]["batch"] > 1] == [9, 10]
@@ -785,7 +785,7 @@ def test_dense_mask_two_speeds_are_set_beside_cublas_fp32_and_not_explained_away
 def test_the_page_shows_one_steps_table_holding_every_row_in_order_with_its_cells():
     """The page shows the table of steps as one table: every row of :func:`lesson.boehm_table` once, in its order
     (the steps, then the rivals), with its case ("measured at"), its step, change, time, base and ratio unchanged,
-    and its floor beside its time over it; no second table and no progression row."""
+    its time over its floor, then the floor and what binds it; no second table and no progression row."""
     results = plotting.load_results("masked_lm_head")
     one = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
     caption, table = lesson.one_steps_table(results).split("\n\n", 1)
@@ -793,8 +793,8 @@ def test_the_page_shows_one_steps_table_holding_every_row_in_order_with_its_cell
     head = [c.strip() for c in lines[0].split("|")[1:-1]]
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lines[2:]]
     assert caption.startswith("**") and head == ["step", "the one change", "measured at", "µs", "against", "×",
-                                                 "× floor (floor µs)"]
-    assert rows == [r[:6] + [f"{r[7]} ({r[6].replace(' (', ', ').rstrip(')')})"] for r in one]
+                                                 "× floor", "floor: µs, what binds"]
+    assert rows == [r[:6] + [r[7], r[6].replace(' (', ', ').rstrip(')')] for r in one]
     steps = [int(r[0]) for r in rows if r[0].isdigit()]
     assert steps == sorted(steps) and steps[0] == 0 and 13 in steps
     assert all(r[0] == "rival" for r in rows[len(steps):])

@@ -118,15 +118,15 @@ def _speedup_figure(results, caption: str):
     """Batch 1, [V, D]: every step's speedup over dense + mask against the allowed count on a log axis, random
     masks (step 11 on the real grammar masks it is measured on, against dense + mask on the same masks), in two
     panels with one y axis so that the lines do not pile up: the steps that skip blocks or columns of the dense
-    kernel (0 to 3, and 11), then those that walk the allowed ids (4 to 8, and 12), each with ``index_select``'s
-    line; step 12 drawn wide and pale under the step it picks. Steps 9 and 10 run above batch 1 (step 10 is in the
+    kernel (0 to 3, and 11), then those that walk the allowed ids (4, 5, 8 and 12; steps 6 and 7 lie on step 5's line and
+    are left to the table), each with ``index_select``'s line; step 12 drawn wide and pale under the step it picks. Steps 9 and 10 run above batch 1 (step 10 is in the
     batched figure)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FormatStrFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 6.4), sharey=True)
     panels = (("Skipping inside the dense kernel", [_s(n) for n in (0, 1, 2, 3, 11)]),
-              ("Walking the allowed ids", [_s(n) for n in (4, 5, 6, 7, 8, 12)]))
+              ("Walking the allowed ids", [_s(n) for n in (4, 5, 8, 12)]))
     for ax, (title, steps) in zip(axes, panels):
         for series in steps + ["index_select"]:
             kind = "real" if series == _s(11) else "random"
@@ -141,10 +141,9 @@ def _speedup_figure(results, caption: str):
             lo = [y - base[x]["ms"] / r["spread_ms"][2] if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
             hi = [base[x]["ms"] / r["spread_ms"][0] - y if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
             # step 12 wide and pale under the step it picks; step 2 thick with open markers under step 3, which
-            # nearly equals it on [V, D]; steps 5 and 6 thin under step 7, which they nearly equal
+            # nearly equals it on [V, D]
             under = {_s(12): dict(ms=11, lw=5, alpha=0.35, zorder=1),
-                     _s(2): dict(ms=10, lw=3.5, alpha=0.8, zorder=2, mfc="none", mew=1.5),
-                     _s(5): dict(ms=7, lw=2.5, alpha=0.6, zorder=2), _s(6): dict(ms=7, lw=2.5, alpha=0.6, zorder=2)}
+                     _s(2): dict(ms=10, lw=3.5, alpha=0.8, zorder=2, mfc="none", mew=1.5)}
             style = under.get(series, dict(ms=5, lw=1.3, zorder=3))
             ax.errorbar(xs, ys, yerr=[lo, hi], capsize=2, elinewidth=1, color=series_color(series),
                         marker=SERIES_MARKERS.get(series, "o"), ls="--" if series in (_s(11), "index_select") else "-",
@@ -162,7 +161,7 @@ def _speedup_figure(results, caption: str):
             " allowed only" if zero else "")
     fig.tight_layout()
     fig.text(0.01, -0.01, caption + "\n" + _spread_words(results) + "; random masks except step 11's (real grammar "
-             "masks); steps 9 and 10 run above batch 1" + zero, fontsize=FONT - 1, va="top", wrap=True)
+             "masks); steps 9 and 10 run above batch 1; steps 6 and 7 lie on step 5's line (see the table)" + zero, fontsize=FONT - 1, va="top", wrap=True)
     return fig
 
 

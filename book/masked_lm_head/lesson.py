@@ -641,7 +641,7 @@ STEP_CASES = {
 }
 #: The "compared with" cell of a step whose base (:data:`STEP_CASES`) is not the step numbered before it.
 BASE_WORDS = {7: "step 5 (6 did not pay)", 9: "step 3 (steps 4 to 8 take one sequence)",
-              11: "step 3 (its diff's base)", 12: "step 7 at this case (what it runs here)",
+              11: "step 3 (the kernel it modifies)", 12: "step 7 at this case (what it runs here)",
               13: "xgrammar's path (same contract: copy and union included; not step 12)"}
 #: The rivals, in rows of their own under the steps, with their own times and floors: the series, the step that faces
 #: it at that step's point, and its words. Only xgrammar's path is also a step's base (step 13's, :data:`STEP_CASES`).
@@ -667,15 +667,14 @@ BOEHM_CHANGES = {0: "the Triton tutorial's matmul, all logits, then `masked_fill
                  3: "a row-tile kernel for [V, D], the dispatch's dense path",
                  4: "programs walk the list of allowed ids",
                  5: "each row one tile, one wait for memory",
-                 6: "the fill programs first; step 7 keeps step 5's order",
+                 6: "the fill programs first",
                  7: "an L2 evict-first hint on the rows",
                  8: "up to eight ids as launch arguments",
                  9: "the batch's union, each row read once, reduced per sequence",
                  10: "the union's rows against every sequence at once (`tl.dot`)",
                  11: "the vocabulary reordered so that allowed tokens cluster",
                  12: "a dispatch by shape: the fastest measured path",
-                 13: "the whole step from the packed bitmask in CUDA graphs: step 12's kernel plus the bitmask's copy "
-                     "and the union (the headline)"}
+                 13: "the whole step from the packed bitmask, in one CUDA graph (the headline)"}
 #: Steps that stay numbered though they did not pay (see :data:`BOEHM_CHANGES`): their cell starts with
 #: :func:`paid_words`.
 NOT_PAID = (3, 6, 9)
@@ -801,15 +800,16 @@ def boehm_table(results) -> str:
 
 def one_steps_table(results) -> str:
     """:func:`boehm_table` as the page shows it: one table, every step in order and then the rivals, each row with
-    the case it is measured at (the case its idea is about) and its floor beside its time over it, in one cell
-    (``× floor (floor µs)``); every other cell unchanged. Markdown under its bold caption."""
+    the case it is measured at (the case its idea is about), its time over its floor (``× floor``), then the floor
+    and what binds it in a cell of their own (``floor: µs, what binds``); every other cell unchanged. Markdown under
+    its bold caption."""
     lines = boehm_table(results).splitlines()
     head = [c.strip() for c in lines[0].split("|")[1:-1]]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
     floor, over = head.index("floor (µs)"), head.index("× floor")
-    names = [h for k, h in enumerate(head) if k not in (floor, over)] + ["× floor (floor µs)"]
+    names = [h for k, h in enumerate(head) if k not in (floor, over)] + ["× floor", "floor: µs, what binds"]
     cells = [[c for k, c in enumerate(r) if k not in (floor, over)]
-             + [f"{r[over]} ({r[floor].replace(' (', ', ').rstrip(')')})"] for r in rows]
+             + [r[over], r[floor].replace(' (', ', ').rstrip(')')] for r in rows]
     return ("**Each step at the case its idea is about** (µs, GPU clock)\n\n"
             + "\n".join(["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
                         + ["| " + " | ".join(c) + " |" for c in cells]))
