@@ -1035,4 +1035,4 @@ def test_part_2_says_why_step_23s_default_stays(results):
     times = L.place_times(results, [L.MAIN, L.BIG])
     assert all(r["default"] == "staged" and r["gain"] < 1 for r in times.values())
     code = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"])
-    assert "Staging x was chosen on the Llama shapes" in code and "stages x only" in code
+    assert "picked on the Llama shapes" in code and "stage x only" in code

@@ -264,9 +264,8 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     own = layers is not None or all(gpu_row(results, CUBLAS, f"{n}x{k}") for _, n, k, _, _ in BITNET_LAYERS)
     head = ("every layer at its own shape" if own
             else "an estimate, since k and v (640 × 2560) were not run and are charged q's time")
-    lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}.\n",
-             "| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
     base = ours = 0.0
+    rows = []
     for name, n, k, count, shape in BITNET_LAYERS:
         source, shape, _ = layer_source(results, layers, n, k, shape)
         b = us(source, CUBLAS, shape)
@@ -276,8 +275,15 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
         t = row["ms"] * 1e3
         base, ours = base + count * b, ours + count * t
         timed = shape.replace("x", " × ") + ("" if shape == f"{n}x{k}" else " (estimate: q's time)")
-        lines.append(f"| {name} ({n} × {k}) | {timed} | {count} | {b:.1f} | {t:.1f} "
-                     f"({step_label(series_).split(':')[0]}) | {b / t:.2f} |")
+        rows.append((name, n, k, timed, count, b, t, step_label(series_).split(':')[0]))
+    steps = {r[-1] for r in rows}  # one step at every layer: named once, in the header
+    one = f" ({steps.pop()})" if len(steps) == 1 else ""
+    lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}.\n",
+             f"| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x{one} | × faster |",
+             "|---|---|---|---|---|---|"]
+    for name, n, k, timed, count, b, t, step in rows:
+        lines.append(f"| {name} ({n} × {k}) | {timed} | {count} | {b:.1f} | {t:.1f}"
+                     + ("" if one else f" ({step})") + f" | {b / t:.2f} |")
     lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
                  f"**{base / ours:.2f}** |")
     apart = further_run(results, LAYER_RUN) if layers is not None else ""
@@ -696,7 +702,7 @@ PART1_ROWS = (
     (8, 1, 6, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
     (9, 1, 6, "tried, did not pay: int8 activations on the int8 tensor cores"),
     (10, 1, 6, "step 6 at configs made for the tensor cores"),
-    (11, 1, 10, "two weights an AND and a packed FMA, on the `2bit` layout"),
+    (11, 1, 10, "two weights an AND and a packed FMA, on the `2bit` layout (a prerequisite of step 13)"),
     (12, 1, 11, "no masks in the loop: rows clamped, x unmasked below K"),
     (13, 1, 12, "the `2bit_mma` layout: a word's halves are neighbours along K"),
     (14, 1, 13, "split K through a zeroed workspace, no memset"),

@@ -237,7 +237,7 @@ def bitnet_table(results) -> dict:
     for shape, peer, ours, _, _ in rows:  # step 25 beside step 23, bold where it is the faster of the two
         t25 = series_ms(view, SERIES[25], shape=shape, m=1)
         cell = "–" if t25 is None else (f"**{us(t25)}**" if t25 < ours else us(t25))
-        lines.append(f"| {shape.replace('x', ' × ')} | {us(peer)} | {us(ours)} | **{peer / ours:.2f}×** | {cell} |")
+        lines.append(f"| {shape.replace('x', ' × ')} | {us(peer)} | {us(ours)} | {peer / ours:.2f}× | {cell} |")
     ratios = [p / o for _, p, o, _, _ in rows]
     checks = [c for c in results.data.get("checks", []) if c["name"].startswith(f"{BITNET} ")]
     return {"rows": rows, "worst": min(ratios), "best": max(ratios), "table": "\n".join(lines),
