@@ -265,8 +265,8 @@ TIE_WITHIN = 0.03
 
 
 #: The host-time table's scope, its first words: every case of the page's tables, not only the chapters' leads.
-HOST_BOUND_TITLE = ("These are the cases on this page, in the table above or in the folded tables below, whose host "
-                    "time per call exceeds their GPU time.")
+HOST_BOUND_TITLE = ("These are the cases on this page, in the headline table or in the folded tables above, whose "
+                    "host time per call exceeds their GPU time.")
 
 
 def case_label(number: int, step: str, part: int = 0) -> str:
@@ -768,8 +768,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if row.get("unpadded_head"):  # a run whose dense baseline is slowed: its ratio is not compared
                 ratios[name], comparable[name] = None, False
                 cells[name] = VOID
-                notes[name] = [f"{name}: not compared on this card: its run's head is not padded as real models ship "
-                               "it, which slows the dense baseline"]
+                notes[name] = [f"{name}: not compared on this card: the benchmark's run there was set up with a head "
+                               "not padded as real models ship it, which slows the dense baseline (the run's setup, "
+                               "not the card)"]
                 brief[name] = "not compared on this card"
         if entry.bench is not None:  # runs that replayed one copy beside runs that rotated: said once, in a note
             one_copy = {short_card(card_name(c)): (c, replayed_one_copy(c, entry.bench)) for c in cards(root)}
@@ -782,9 +783,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 words = one_copy_words(entry.number, once, rotated, lead, l2)
                 if "this line's included" in words:  # the headline itself is not comparable: no ratio in its cell
                     comparable[once], ratios[once] = False, None
-                    notes[once] = [f"{once}: not compared on this card: its run replayed one copy of "
-                                   f"{ROTATED.get(entry.number, ('its input',))[0]}, so the rows a call reads could "
-                                   "stay in L2 between calls"]
+                    notes[once] = [f"{once}: not compared on this card: the benchmark's run there replayed one copy "
+                                   f"of {ROTATED.get(entry.number, ('its input',))[0]}, so the rows a call reads could "
+                                   "stay in L2 between calls (the run's setup, not the card)"]
                     cells[once] = VOID
                     brief[once] = "not compared on this card"
                 else:

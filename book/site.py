@@ -709,7 +709,8 @@ TABLE_STYLE = """
 document.head.insertAdjacentHTML("beforeend",
   "<style>main table th, main table td { white-space: normal; overflow-wrap: break-word; }" +
   " main table { font-size: 0.85em; }" +
-  " main .cell_output pre, main .cell_input pre { white-space: pre-wrap !important; overflow-wrap: anywhere; }" +
+  " main .cell_output pre, main .cell_input pre, main div.highlight pre { white-space: pre-wrap !important;" +
+  " overflow-wrap: anywhere; }" +
   " main .cell_output div[style*='white-space: pre'] { white-space: pre-wrap !important; }" +
   " main a > code.literal, main a > code.literal span { font-weight: inherit; }" +
   " main table:not([class]) th, main table:not([class]) td { padding: 0.2em 0.6em; border-bottom: 1px solid #d0d7de;" +
