@@ -200,14 +200,9 @@ def check_dispatcher(fn: Callable[[int, int, int], int], results=None, tolerance
 def random_batch(T: int, N: int, A: int, seed: int = 0):
     """``(x, batch)`` on the GPU: ``(T, N, A)`` random activations and N random targets as the benchmark draws them
     (:func:`studylog.ctc.random_targets`), packed for the kernels: what exercises 5 and 6 time a step on."""
-    from studylog.ctc import padded, prepare_targets, random_targets
+    from studylog.tails import ctc_inputs
 
-    gen = torch.Generator().manual_seed(seed)
-    lists = random_targets(T, N, A, gen)
-    x = torch.randn(T, N, A, generator=gen).cuda()
-    batch = prepare_targets(padded(lists), [T] * N, [len(t) for t in lists], num_classes=A, max_time=T,
-                            device="cuda")
-    return x, batch
+    return ctc_inputs(T, N, A, seed=seed)
 
 
 def time_step(step, x, batch) -> float | None:

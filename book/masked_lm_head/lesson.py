@@ -1101,5 +1101,3 @@ def path_words(path: str) -> str:
     name, _, capacity = path.partition(" ")
     words = f"step {PATH_STEPS[name]}'s kernel" if name in PATH_STEPS else PATH_WORDS.get(name, name)
     return words if not capacity or name not in PATH_STEPS else f"{words}, up to {int(capacity):,} rows"
-
-

@@ -253,8 +253,7 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
         ("3", "the mask computed from the metadata", STEP[3].series),
         ("4", "key tiles no row sees never loaded (a batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5", "one launch, heads grouped to fit L2 (three changes: step 5's section)", STEP[5].series),  # and
-        # its chain's factors, where committed (:func:`step5_words`)
+        ("5", "one launch, heads grouped to fit L2 (three changes: step 5's section)", STEP[5].series),
         ("6", "a key/value head's query heads in one tile (shared key/value heads only)", STEP[6].series),
     ]
 
@@ -291,7 +290,7 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
     previous: dict[str, float | None] = {s: None for s in shapes}
     before_gqa = None  # the previous row's time on the grouped-query batch, for a row that runs only there
     for label, change, series in step_rows():
-        cells = [label, step5_words() if label == "5" else change]
+        cells = [label, change]
         for s in shapes:
             name = series if isinstance(series, str) else series.get(s, series[""])
             t, floor = ms(results, name, s), floors(results, s)[1]
@@ -395,11 +394,6 @@ def step5_chain(gpu: str = "nvidia-h200") -> Chain | None:
                       {shape: _row(data, "step_changes", shape, order="head groups only")}),
              ChainRow("step 5", "+ the heaviest query tiles first", {shape: _row(data, STEP[5].series, shape)})]
     return Chain(shape, rows, anchors, MIXED_LABEL)
-
-
-def step5_words(gpu: str = "nvidia-h200") -> str:
-    """Step 5's cell in the steps table: what it does, and where its three changes are timed one at a time."""
-    return "one launch, heads grouped to fit L2 (three changes: step 5's section)"
 
 
 def entry_series(results, shape: str) -> str:
@@ -700,5 +694,3 @@ def gqa_ratio(results) -> float | None:
     from studylog.multi_item import CHAPTER
 
     return ratio(ms(results, report.FLASHINFER, GQA_SHAPE), ms(results, CHAPTER.step(6).series, GQA_SHAPE))
-
-

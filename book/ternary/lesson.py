@@ -1237,7 +1237,7 @@ def place_waves(results, shapes) -> dict[str, dict]:
         for place in ("staged", "every block"):
             cfg = W.w2a8_config(1, n, k, sms, quantize=place)
             per_sm = W.w2a8_blocks_per_sm(cfg, 1, groups, staged=place == "staged")
-            blocks = triton.cdiv(triton.cdiv(n, 16), cfg.row_tiles)
+            blocks = W.w2a8_grid(1, n, k, cfg, fused=True)[1][0]
             row[place + " launch"] = {"row_tiles": cfg.row_tiles, "warps": cfg.warps, "x_bytes": k * (2 if place == "staged" else 1),
                                       "stage_bytes": cfg.stages * cfg.stage_bytes, "per_sm": per_sm, "blocks": blocks,
                                       "waves": W.w2a8_waves(1, n, k, place, sms)}

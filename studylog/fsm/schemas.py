@@ -180,7 +180,7 @@ def sample_instance(schema: dict, rng: random.Random, root: Optional[dict] = Non
             return list(rng.choice(node["examples"]))
         lo = node.get("minItems", 0)
         hi = node.get("maxItems", lo + 3)
-        return [sample_instance(node.get("items", {"type": "string"}), rng, root) for _ in range(rng.randint(lo, hi))]
+        return [sample_instance(node["items"], rng, root) for _ in range(rng.randint(lo, hi))]
     if kind == "string":
         fmt = node.get("format")
         if fmt == "date":

@@ -112,8 +112,8 @@ def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, dr
         gen[b] = stream[plen:plen + gen_width]
         prompt_lens.append(plen)
         step_idx.append(rand(max(0, gen_width // 2 - 1), gen_width - draft_width))
-    return _assemble(kinds, prompt.to(device), gen.to(device), prompt_lens, step_idx, draft_width, 0.1, False, rand,
-                     rng)
+    return _assemble(kinds, prompt.to(device), gen.to(device), prompt_lens, step_idx, draft_width,
+                     capped_fraction=0.1, hybrid=False, rand=rand, rng=rng)
 
 
 def _assemble(kinds, prompt, gen, prompt_lens, step_idx, draft_width, capped_fraction, hybrid, rand, rng):

@@ -192,6 +192,8 @@ __device__ __forceinline__ void block_direction_rows(float (&row)[2][MAX_SHARED_
 }
 
 // One direction with shared rows of its own, emissions prefetched PREFETCH frames ahead (block_direction) or DEPTH.
+// Two wrappers of one body on purpose: block_direction keeps the shipped kernels' shared arrays under their old
+// mangled names, so steps 7 and 8 compile to the same PTX as before the knobs; block_direction_at serves 7a and 7b.
 template <int G, bool BACKWARD, bool LOG_SOFTMAX>
 __device__ __forceinline__ void block_direction(RECURSION_PARAMS, int A) {
     __shared__ float row[2][MAX_SHARED_POSITIONS];
