@@ -97,6 +97,21 @@ def resolve_constexpr(lines: list[str], knobs: dict[str, Any], *, read_values: b
     return out
 
 
+#: Sphinx's cross-reference roles in a docstring (``:func:`name```, ``:data:`~mod.NAME```) and reST's inline
+#: literals (````text````): a listing shows them as the code they name, in single back-ticks.
+_ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`(~?)([^`<>]+?)(?:\s*<[^`>]+>)?`")
+_LITERAL = re.compile(r"``([^`\n]+?)``")
+
+
+def plain_markup(text: str) -> str:
+    """``text`` with reST roles and double back-ticks written as plain code text, as a reader expects them in a
+    listing: ``:func:`step12_dispatch``` -> ```step12_dispatch```, ``:class:`~torch.Tensor``` -> ```Tensor```,
+    ````"few_ids"```` -> ```"few_ids"```. Neither Python nor CUDA C++ code uses a back-tick, so only docstrings and
+    comments change."""
+    text = _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", text)
+    return _LITERAL.sub(r"`\1`", text)
+
+
 def _hanging(line: str, margin: str = "12px") -> str:
     """Inline style that wraps a long line under its own indentation plus 4 columns (the first line unmoved, at
     ``margin``)."""
@@ -121,13 +136,14 @@ class Code:
         from pygments.lexers import CudaLexer, PythonLexer
 
         lexer = CudaLexer() if self.language == "cuda" else PythonLexer()
-        body = highlight(self.text, lexer, HtmlFormatter(noclasses=True, nobackground=True, style="default"))
+        body = highlight(plain_markup(self.text), lexer, HtmlFormatter(noclasses=True, nobackground=True, style="default"))
         body = body.replace('<div class="highlight"', '<div class="studylog-code"')
         # one style attribute on <pre> (Pygments writes its own): the box's font size, no wrapping (the box scrolls)
         body = body.replace('<pre style="', '<pre style="margin: 0 12px; background: transparent; font-size: inherit; '
                             'white-space: pre; ', 1)
         # each line its own block, so that where a page wraps long lines they hang under the line's indentation
-        # (Pygments closes its spans at every newline)
+        # (Pygments closes its spans at every newline); each block ends with its newline, so that the text of the
+        # <pre> (copied, indexed, read aloud) keeps its lines (a newline that ends a block adds no empty line)
         head, _, rest = body.partition("<pre")
         tag, _, code = rest.partition(">")
         code, _, tail = code.rpartition("</pre>")
@@ -135,7 +151,7 @@ class Code:
         if lines and lines[-1] == "":
             lines.pop()
         code = "".join(f'<span style="display: block; {_hanging(html.unescape(re.sub("<[^>]*>", "", line)), "0px")}">'
-                       f'{line or "&#8203;"}</span>' for line in lines)
+                       f'{line or "&#8203;"}\n</span>' for line in lines)
         body = f"{head}<pre{tag}>{code}</pre>{tail}"
         title = f'<div style="{_TITLE}">{html.escape(self.title)}</div>' if self.title else ""
         return f'<div style="{_BOX}">{title}{body}</div>'
@@ -178,8 +194,9 @@ class Diff:
         styles = {"@": "color: #6a737d; background: #eef1f4;", "+": "background: #d7f5dd;",
                   "-": "background: #fbdada;"}
         for line in self.lines[2:]:  # a hunk header (@@), an added line, a removed one, or context
+            line = plain_markup(line)
             out.append(f'<div style="white-space: pre; padding: 0 12px; {_hanging(line[1:])}'
-                       f'{styles.get(line[:1], "")}">{html.escape(line) or "&nbsp;"}</div>')
+                       f'{styles.get(line[:1], "")}">{html.escape(line) or "&nbsp;"}\n</div>')
         out.append("</div>")
         return "\n".join(out)
 

@@ -108,6 +108,8 @@ def _visit(browser, url: str, shot: Path) -> dict:
             .map(e => { const c = e.cloneNode(true);
                 c.querySelectorAll('code, pre, .highlight, .math, mjx-container, .MathJax, script').forEach(n => n.remove());
                 return {cell: e.tagName === 'TD' || e.tagName === 'TH', text: c.textContent}; }),
+        listings: Array.from(document.querySelectorAll('main .studylog-code pre')).map(p => ({
+            text: p.textContent, blocks: p.querySelectorAll(':scope > span').length})),
         final: location.href,
     })""")
     shot.parent.mkdir(parents=True, exist_ok=True)
@@ -307,3 +309,33 @@ def test_no_raw_format_field_or_unfinished_cell_reaches_the_reader(visits, path)
     assert not fields, f"{path}: format fields shown as text: {fields[:5]}"
     unfinished = [p["text"].strip()[:60] for p in prose if p["cell"] and UNFINISHED.search(p["text"])]
     assert not unfinished, f"{path}: table cells that read pending or TODO: {unfinished[:5]}"
+
+
+def test_listing_html_keeps_its_lines_and_shows_docstring_markup_as_code():
+    """A listing's <pre> holds one block per line, each ending with its newline, so the listing's text (copied,
+    indexed, read by a reader mode) keeps its lines; reST roles and double back-ticks in a docstring read as code."""
+    import html as html_module
+
+    from studylog.source import Code, Diff
+
+    text = ('def f(x):\n    """:func:`step12_dispatch` takes ``"few_ids"``; :data:`~mod.GROUP_KV_BYTES`."""\n\n'
+            "    return x\n")
+    page = Code(text, "python")._repr_html_()
+    pre = page[page.index("<pre"):page.index("</pre>")]
+    shown = html_module.unescape(re.sub("<[^>]*>", "", pre.partition(">")[2])).replace("\u200b", "")
+    assert shown.splitlines() == ['def f(x):', '    """`step12_dispatch` takes `"few_ids"`; `GROUP_KV_BYTES`."""', "",
+                                  "    return x"]
+    assert pre.count('<span style="display: block;') == 4
+    diff = Diff(text, text.replace("return x", "return -x"), "a", "b", 3)._repr_html_()
+    assert ":func:" not in diff and "``" not in diff and diff.count("\n</div>") >= 4
+
+
+@pytest.mark.parametrize("path", [p for p in _pages() if p.startswith("notebooks/")])
+def test_listings_keep_their_lines_and_no_docstring_markup(visits, path):
+    """Every source listing's text has a line per block (not one run-on line), and no reST role or double
+    back-tick of a docstring reaches the reader."""
+    listings = visits[path]["listings"]
+    joined = [l["text"][:60] for l in listings if l["blocks"] > 1 and l["text"].count("\n") < l["blocks"]]
+    assert not joined, f"{path}: listings whose text lost its line breaks: {joined[:3]}"
+    raw = [m.group(0) for l in listings for m in re.finditer(r":[a-z]+:`[^`]+`|``[^`\n]+``", l["text"])]
+    assert not raw, f"{path}: docstring markup shown raw in listings: {raw[:5]}"
