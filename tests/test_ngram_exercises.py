@@ -125,3 +125,38 @@ def test_the_kernel_exercise_accepts_the_answer(capsys):
     ptx = __import__("studylog.cuda", fromlist=["compile_source"]).compile_source(
         sol.warp_min_step6(ex.step6_source()), name="answer.cu").ptx_function(ex.STEP6_KERNEL)
     assert "redux.sync.min.u32" in ptx
+
+
+def _no_stop_keeping_the_read(source):
+    """A planted non-answer: the stop's test goes, the read of the slot's key each tile stays."""
+    return source.replace(sol.STEP11_STOP, "                if (tile > last_end) break;")
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (lambda source: source, "unchanged"),
+    (lambda source: source.replace("#include", "// changed\n#include", 1), "the read each tile is still there"),
+    (_no_stop_keeping_the_read, "the read each tile is still there"),
+    (lambda source: source.replace("ngram_stream(NGRAM_KERNEL_PARAMS)", "ngram_renamed(NGRAM_KERNEL_PARAMS)"),
+     "does not compile"),
+    (lambda source: sol.no_stop_step11(source).replace("if (tile > last_end) break;", "if (tile > ) break;"),
+     "does not compile"),
+])
+def test_the_stop_exercise_rejects_a_planted_wrong_answer(wrong, says, capsys):
+    assert not ex.check_no_stop(wrong)
+    assert says in capsys.readouterr().out
+
+
+def test_the_stop_exercise_accepts_the_answer(capsys):
+    """On a CPU the check compiles the answer and reads its PTX (the GPU part says it was skipped); on a GPU it
+    also runs it against the specification. The answer is the lab's variant without the stop, which the page
+    times: the same two lines go."""
+    import torch
+
+    from studylog import paths
+
+    assert ex.check_no_stop(sol.no_stop_step11)
+    out = capsys.readouterr().out
+    assert "reads the slot's key" in out and ("no GPU" in out) is not torch.cuda.is_available()
+    variant = (paths.REPO_ROOT / "lab" / "ngram" / "variants" / "step11_changes.cu").read_text()
+    assert "if constexpr (EXIT) seen = load_shared_key(match_keys + b);" in variant
+    assert "if (EXIT && seen <= tile_floor_key(top, src, tile)) break;" in variant
