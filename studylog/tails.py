@@ -21,7 +21,8 @@ REPETITIONS, REPLAYS, MIN_CALLS = 3, 100, 60
 NOTE = ("Each row: the chapter's final entry point at its headline case; REPETITIONS x REPLAYS samples, each one CUDA "
         "graph replay's time per call over at least 60 back-to-back calls (rotated copies of the large input, a "
         "256 MB memset before each replay); ms = p50_ms = their median, p99_ms their 99th percentile (linear "
-        "interpolation): the tail of repeated measurements, not of single calls. The 'ctc recursion chain (latency "
+        "interpolation): the tail of repeated measurements, not of single calls. The 'ctc_loss' rows time, in every "
+        "repetition, the targets chapter 4's benchmark draws at that case (target_lengths). The 'ctc recursion chain (latency "
         "floor)' rows time a kernel that runs only chapter 4's dependent frames at T = 150, A = 28, N = 1 (one "
         "kernel, no inputs: the same call 60 times a graph).")
 
@@ -122,19 +123,42 @@ def _ngram(run, rep: int):
                           check_values=False) for c in copies], {"step": series_of(step)})
 
 
+def ctc_bench_targets(T: int, N: int, A: int) -> list[np.ndarray]:
+    """The targets chapter 4's benchmark times at (T, N, A): its generator (seeded ``BENCH_SEED``) replayed over the
+    grid's points before this one, each drawing its targets and then its activations, as the benchmark does."""
+    from studylog.ctc.report import BENCH_SEED, grids, random_targets
+
+    gen = torch.Generator().manual_seed(BENCH_SEED)
+    for a, n in grids(False)["main"]:
+        lists = random_targets(T, n, a, gen)
+        if (a, n) == (A, N):
+            return lists
+        torch.randn((T, n, a), generator=gen)
+    raise ValueError(f"(A, N) = ({A}, {N}) is not a point of chapter 4's benchmark grid")
+
+
 def _ctc(run, rep: int, *, T: int, N: int, A: int):
-    """Chapter 4's entry point at (T, N, A), over as many copies of the activations as its benchmark rotates."""
+    """Chapter 4's entry point at (T, N, A) on the targets the chapter's benchmark times there (every repetition:
+    the time depends on the targets' lengths, so a repetition with targets of its own would measure another case),
+    over as many copies of the activations as its benchmark rotates."""
     from studylog.ctc import ctc_loss
     from studylog.ctc.fused import final_step
+    from studylog.ctc.peers import padded
     from studylog.ctc.report import copies
+    from studylog.ctc.targets import prepare_targets
 
-    x, targets = ctc_inputs(T, N, A, seed=rep)
+    lists = ctc_bench_targets(T, N, A)
+    x = torch.randn((T, N, A), generator=torch.Generator().manual_seed(rep)).to("cuda")
+    targets = prepare_targets(padded(lists), (T,) * N, tuple(len(l) for l in lists), num_classes=A, max_time=T,
+                              device=x.device)
 
     def call(xi):
         loss, grad = torch.empty(xi.shape[1], device=xi.device), torch.empty_like(xi)
         return lambda: ctc_loss(xi, targets, out_loss=loss, out_grad=grad)
     n = copies(run.device.get("l2_cache_bytes") or 64 * 2**20, x.numel() * 4)
-    return [call(torch.randn_like(x)) for _ in range(n)], {"step": f"step{final_step(*x.shape):02d}"}
+    return ([call(torch.randn_like(x)) for _ in range(n)],
+            {"step": f"step{final_step(*x.shape):02d}", "targets": "the chapter's",
+             "target_lengths": [len(l) for l in lists]})
 
 
 #: Chapter 2's whole step starts with the packed bitmask's copy from pinned host memory: that copy alone, replayed
