@@ -56,11 +56,19 @@ def test_the_steps_figure_draws_the_tables_floor():
     expected = sorted({round(lesson.floor_us(results, c), 6) for c in grid_configs(results)
                        if lesson.floor_us(results, c) is not None})
     assert drawn == expected
-    # the figure draws the steps that make the chapter's argument, not all twelve (the table has them all)
-    labels = [t.get_text() for t in figs["latency"].legends[0].get_texts()]
+    # the times panel draws the steps that make the chapter's argument beside the entry point, not all twelve (the
+    # table has them all); the second panel, each path's last step against step 6, read from the file
+    labels = ax.get_legend_handles_labels()[1]
     shown = [n for n in range(1, ngram.CHAPTER.final.number + 1) if any(t.startswith(f"step {n}: ") for t in labels)]
-    assert shown == list(figures.FIGURE_STEPS)
-    assert not any("_" in t.split(" (")[0] for t in labels), labels  # steps in words, not function names
+    assert shown == list(figures.FIGURE_STEPS) and any(t.startswith("ngram_match") for t in labels)
+    every = [t.get_text() for t in figs["latency"].legends[0].get_texts()]
+    assert not any("_" in t.split(" (")[0].split(":")[0] for t in every if t.startswith("step")), every
+    paths = figs["latency"].axes[1]
+    for line, number in zip(paths.get_lines(), figures.PATH_ENDS):
+        assert line.get_label().startswith(f"step {number}: ")
+        six = [lesson.grid_row(results, ngram.CHAPTER.step(6).series, c) for c in grid_configs(results)]
+        end = [lesson.grid_row(results, ngram.CHAPTER.step(number).series, c) for c in grid_configs(results)]
+        assert list(line.get_ydata()) == pytest.approx([a["ms"] / b["ms"] for a, b in zip(six, end)])
     for fig in figs.values():
         plt.close(fig)
 

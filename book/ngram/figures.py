@@ -19,9 +19,20 @@ OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c9
 #: Points, at the saved size: every label, tick and legend of the chapter's figures. The book scales a figure wider
 #: than its page down to it; at this size and these widths text stays about 10 px or more on the page.
 FONT = 10
-#: The steps the figure of times per case draws (the table of steps has them all): the deployed CPU path, the
-#: pull request's kernel ported and corrected, the first one-pass kernel, and the kernels the entry point runs.
-FIGURE_STEPS = (1, 3, 4, 5, 6, 11, 12)
+#: The steps the figure of times per case draws beside the entry point (the table of steps has them all): the deployed
+#: CPU path, the pull request's kernel ported and corrected, and the first one-pass kernel.
+FIGURE_STEPS = (1, 3, 4, 5)
+#: The last step of each path from step 6 (long haystacks under a budget: 7 to 11; small batches: 12), drawn against
+#: step 6 in the figure's second panel.
+PATH_ENDS = (11, 12)
+#: The colour of the entry point ``ngram_match`` (the steps keep theirs).
+ENTRY_COLOR = "#000080"
+
+
+def _entry_gpu_row(results, cfg: tuple[int, int, int]) -> dict | None:
+    """The entry point's GPU-clock row at grid case ``cfg``, or None where the file has none."""
+    rows = [r for r in grid_select(results, "ngram_match", cfg) if r.get("clock") == "gpu"]
+    return rows[0] if rows else None
 
 
 def series_color(series: str) -> str:
@@ -83,30 +94,34 @@ def figures(results) -> dict:
     xs = list(range(len(configs)))
     figs = {}
 
-    # the legend under the axes, not beside them: a narrower figure is shown larger on the page
-    fig, ax = plt.subplots(figsize=(9, 6.2))
+    # two panels: the times on a log axis (the CPU path, the ported rivals, step 5, the entry point, the floor), then
+    # the two paths' last steps against step 6 on a linear axis, where a few percent can be read; one legend under both
+    fig, (ax, ax_p) = plt.subplots(2, 1, figsize=(9, 8.2), sharex=True, gridspec_kw={"height_ratios": [3, 1.5]})
     drawn = [CHAPTER.step(n) for n in FIGURE_STEPS
              if any(grid_select(results, CHAPTER.step(n).series, c) for c in configs)]
+    entry = [(i, _entry_gpu_row(results, c)) for i, c in enumerate(configs)]
+    entry = [(i, r) for i, r in entry if r]
     synced = any(grid_select(results, SYNCED_SERIES, c) for c in configs)
-    n_series = len(drawn) + synced
+    n_series = len(drawn) + bool(entry) + synced
     dodge = 0.7 / max(n_series, 1)
+    offset = lambda k: (k - (n_series - 1) / 2) * dodge  # noqa: E731  (the k-th series' place beside its case)
     for k, step in enumerate(drawn):
         color, marker = STYLE[step.number]
         pts = [(i, grid_select(results, step.series, c)) for i, c in enumerate(configs)]
         pts = [(i, rows[0]) for i, rows in pts if rows]
         clock = clock_of(results, step.series)
         host = {} if clock == "gpu" else dict(mfc="none", mew=1.2)  # a host-clock point is drawn open
-        _errorbar(ax, [i + (k - (n_series - 1) / 2) * dodge for i, _ in pts], [r for _, r in pts], 1e3,
-                  marker=marker, color=color, ms=7 if marker == "*" else 5,
-                  label=f"{step_words(step)} ({clock_words(clock)}{'' if clock == 'gpu' else ', open marker'})",
-                  **host)
+        _errorbar(ax, [i + offset(k) for i, _ in pts], [r for _, r in pts], 1e3, marker=marker, color=color, ms=6,
+                  label=step_words(step) + ("" if clock == "gpu" else " (host clock)"), **host)
+    if entry:
+        _errorbar(ax, [i + offset(len(drawn)) for i, _ in entry], [r for _, r in entry], 1e3, marker="*",
+                  color=ENTRY_COLOR, ms=9, label="ngram_match: step 11 or 12, by its rule")
     if synced:
         pts = [(i, grid_select(results, SYNCED_SERIES, c)) for i, c in enumerate(configs)]
         pts = [(i, rows[0]) for i, rows in pts if rows]
-        _errorbar(ax, [i + (n_series - 1) / 2 * dodge for i, _ in pts], [r for _, r in pts], 1e3, marker="*",
-                  color=series_color(SYNCED_SERIES), ms=8, mfc="none", markeredgewidth=1.2,
-                  label=f"{step_words(CHAPTER.step(SYNCED_STEP))}, call + sync "
-                        f"({clock_words(clock_of(results, SYNCED_SERIES))}, open marker)")
+        _errorbar(ax, [i + offset(n_series - 1) for i, _ in pts], [r for _, r in pts], 1e3, marker="*",
+                  color=series_color(SYNCED_SERIES), ms=9, mfc="none", markeredgewidth=1.2,
+                  label=f"step {SYNCED_STEP}, call + sync (host clock)")
     floors = []
     for i, c in enumerate(configs):
         floor = floor_ms(results, c)
@@ -115,18 +130,33 @@ def figures(results) -> dict:
     if floors:
         ax.hlines([f for _, f in floors], [i - 0.42 for i, _ in floors], [i + 0.42 for i, _ in floors],
                   colors=series_color("floor"), linestyles="--", lw=1,
-                  label="floor: the haystacks read once, or an empty kernel where larger")
-    ax.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT, rotation=30, ha="right")
+                  label="floor: haystacks read once, or an empty kernel")
     ax.tick_params(labelsize=FONT)
     ax.set_yscale("log")
-    ax.set_ylabel("µs per call (median; bars: min–max)", fontsize=FONT)
-    ax.set_xlabel("batch × prompt length (separate cases)", fontsize=FONT)
+    ax.set_ylabel("µs per call\n(GPU clock; open: host)", fontsize=FONT)
     ax.grid(True, which="major", axis="y", alpha=0.3)
-    ax.set_title("N-gram matching: the kernels the entry point runs, their rivals, the floor", fontsize=FONT + 1)
-    fig.tight_layout(rect=(0, 0.26, 1, 1))
-    # under the axis label, in two columns: the rect above keeps the band clear of the tick labels
-    fig.legend(*ax.get_legend_handles_labels(), fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, 0.255),
-               ncol=2, frameon=False)
+    ax.set_title("N-gram matching: the entry point, its rivals and the floor; below, the two paths' last steps",
+                 fontsize=FONT + 1)
+    # below: step 6's time over each path's last step, one marker per case, side by side
+    for k, number in enumerate(PATH_ENDS):
+        color, marker = STYLE[number]
+        pts = []
+        for i, c in enumerate(configs):
+            six, row = (grid_select(results, CHAPTER.step(n).series, c) for n in (6, number))
+            if six and row and clock_of(results, CHAPTER.step(number).series) == "gpu":
+                pts.append((i + (k - (len(PATH_ENDS) - 1) / 2) * 0.3, six[0]["ms"] / row[0]["ms"]))
+        ax_p.plot([x for x, _ in pts], [y for _, y in pts], ls="none", marker=marker, color=color, ms=8,
+                  label=f"{step_words(CHAPTER.step(number))}: step 6's time ÷ its time")
+    ax_p.axhline(1.0, color="k", lw=1)
+    ax_p.set_ylabel("× step 6\n(above 1: faster)", fontsize=FONT)
+    ax_p.grid(True, which="major", axis="y", alpha=0.3)
+    ax_p.tick_params(labelsize=FONT)
+    ax_p.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT, rotation=30, ha="right")
+    ax_p.set_xlabel("batch × prompt length (separate cases)", fontsize=FONT)
+    fig.tight_layout(rect=(0, 0.19, 1, 1))
+    handles, labels = (sum(pair, []) for pair in zip(*(a.get_legend_handles_labels() for a in (ax, ax_p))))
+    fig.legend(handles, labels, fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, 0.185), ncol=2,
+               frameon=False)
     fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
     figs["latency"] = fig
 
