@@ -150,7 +150,8 @@ def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
 
 
 def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
-    """The forecast time per token: each request's forwards per output token in step 4, each priced at the one-token
+    """Our loop's launch bound, the page's last forecast (a time per token): each request's forwards per output token
+    in step 4, each priced at the one-token
     forward's GPU time on the layer the loop runs (:func:`layer_table`, chunk 1, graph replay), the median over the
     requests the headline keeps (:func:`studylog.speculate.report.closed_requests`: those that close their JSON; µs
     per token; the scoreboard's note for this chapter gives the same number). It holds the host's work and the
@@ -234,7 +235,9 @@ def closed_ratio(results, series: str = "step04", workload: str = "extraction") 
 def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
     """The page's three forecasts of step 4 against chapter 07's step 3 at batch 1, each beside what was measured,
     on the requests the headline keeps (``value``, ``measured``) and on all the workload's requests (``value_all``,
-    ``measured_all``; None for the time per token, which the scoreboard gives on the kept ones only). ``unit``:
+    ``measured_all``; None for the time per token, which the scoreboard gives on the kept ones only). The time per
+    token is named "our loop's launch bound": it prices this loop's own forwards, so it bounds the loop, not the task
+    (no floor). ``unit``:
     "x" for a ratio, "us" for microseconds per token. The forward ratio and the chunk-length forecast are
     :func:`studylog.speculate.report.bound` on the rows of the kept requests; the time per token is
     :func:`loop_bound`."""
@@ -249,7 +252,7 @@ def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
              "value_all": on_all["forecast"], "measured": measured, "measured_all": measured_all,
              "assumes": "each forward costs its chunk length's measured GPU time, each drafting call its own; "
                         "the host's work costs nothing"},
-            {"forecast": "forecast time per token", "unit": "us", "value": loop["bound_us"], "value_all": None,
+            {"forecast": "our loop's launch bound", "unit": "us", "value": loop["bound_us"], "value_all": None,
              "measured": loop["measured_us"], "measured_all": None,
              "assumes": f"step 4's forwards per token, each at a one-token forward's GPU time "
                         f"({loop['one_token_us']:.1f} µs); drafting and the host's work cost nothing"}]
@@ -559,7 +562,7 @@ __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN
            "low_copy_counts", "markdown_table", "request_words", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
            "step02_chain", "step02_chain_rows", "CHAIN_CASE", "closed_median_ms", "closed_rows", "kept_results", "kept_requests",
-           "walk_code", "walk_diff", "wrapped"]
+           "gate_diff", "walk_code", "walk_diff", "wrapped"]
 
 
 def _without_checks(text: str) -> str:
@@ -670,6 +673,32 @@ def token_axis_diff():
     axis = [ln for ln in new if "program_id(1)" in ln or ln.strip().startswith(("x_ptr += m", "out_ptr += m"))]
     old = [ln for ln in new if ln not in axis]
     return Diff("\n".join(old), "\n".join(new), "one token a launch", "a token per row of the grid", 1)
+
+
+#: Step 4's test before each drafting call, as the loop writes it: with the gate None (steps 2 and 3) it always passes.
+_GATE_ASKS = " and (gate is None or gate.allows(b, pending[b]))"
+
+
+def gate_diff():
+    """Step 4's whole change, as one ``studylog.source.Diff`` from step 3 with no context lines: the gate
+    (``studylog.speculate.DraftGate``, as :func:`listing` lists it) added, and its three uses in the loop
+    (``SpeculativeDecoder._run`` as step 4's configuration runs it, :func:`book.decode.resolve.resolved`): built once
+    for the batch, asked before each drafting call, told how each verified draft did. Step 3's side is the same loop
+    without those uses: there the gate is None, so the test before drafting always passes and the update never runs
+    (raises ``ValueError`` where the two configurations' loops differ in more than the gate's line)."""
+    from book.decode.resolve import resolved
+    from studylog import speculate
+    from studylog.source import Diff
+    from studylog.speculate.loop import CONFIGS, SpeculativeDecoder
+
+    names = list(CONFIGS)  # the steps' configurations, in order: step 1 first
+    step3, step4 = (resolved(SpeculativeDecoder._run, CONFIGS[names[i]], quiet=True) for i in (2, 3))
+    built = "gate = DraftGate(B, min_accepted=self.gate_threshold)"
+    if step4.count(built) != 1 or step4.replace(built, "gate = None") != step3 or step3.count(_GATE_ASKS) != 1:
+        raise ValueError("steps 3 and 4 differ in more than building the gate; the page's diff would hide it")
+    old = _without_branch(step3, "gate").replace(_GATE_ASKS, "")
+    new = listing(speculate.DraftGate).text + "\n\n" + step4
+    return Diff(old, new, "step 3", "step 4: the gate, and the loop's three uses of it", 0)
 
 
 def step_diff(step: int):
