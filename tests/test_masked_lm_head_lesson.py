@@ -229,127 +229,275 @@ def test_figures_three_panels_one_colour_per_series_readable_text(which):
 
 
 def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
-    """One row per step, each at the point its idea is about; the floor (the bytes, or the card's fastest empty
-    kernel where larger) is below every step's time."""
+    """One row per kept step at the main case (or "–" where it does not run there), then the rivals; the floor (the
+    bytes, or the card's fastest empty kernel where larger) is below every time, at the main case and at a step's own
+    case."""
     results = plotting.load_results("masked_lm_head")
-    rows = _step_rows(lesson.boehm_table(results))
-    assert [int(r.split("|")[1]) for r in rows] == [s.number for s in mlh.CHAPTER.steps]
-    ratios = [float(r.split("|")[-2].strip().rstrip("×")) for r in rows
-              if int(r.split("|")[1]) not in lesson.FROM_HOST]  # those give no multiple (the next test)
-    assert len(ratios) == len(rows) - len(lesson.FROM_HOST) and all(x >= 1.0 for x in ratios), ratios
+    rows = _main_rows(results)
+    assert [r[0] for r in rows] == [str(n) for n in lesson.MAIN_LINE] + ["rival"] * len(lesson.MAIN_RIVALS)
+    overs = [float(r[4].split("×")[0]) for r in rows if r[4] != "–"]
+    owns = [float(r[5].split(", ")[-1].split("×")[0]) for r in rows if r[5] != "–"]
+    assert len(overs) >= len(rows) - 2 and owns and all(x >= 1.0 for x in overs + owns), (overs, owns)
 
 
-def _step_rows(table: str) -> list[str]:
-    """The table of steps' rows (each a numbered step: a number in the first cell)."""
-    return [r for r in table.splitlines()[2:] if r.split("|")[1].strip().isdigit()]
+def _main_rows(results) -> list[list[str]]:
+    """The cells of every row of the page's table of steps (its caption and header left out)."""
+    caption, table = lesson.main_steps_table(results).split("\n\n", 1)
+    assert caption.startswith("**") and table.splitlines()[0] == \
+        "| step | the one change | µs | × | × floor | its own case |"
+    return [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
 
 
-def test_the_table_of_steps_has_one_row_per_step_and_no_lettered_rows():
-    """Every row of the table of steps is a numbered step (no 5a, 7b...), then the rivals in rows of their own. Steps
-    3, 6 and 9 stay numbered though they do not pay: each cell starts with what the run says of its factor over its
-    base, and in the committed run none of them paid; step 11 beats step 3, its base, and its cell says how much
-    faster step 7 is on its mask; step 10's names the tensor cores."""
+def test_the_kept_and_the_tried_steps_are_every_step_once():
+    """The page keeps the steps that paid where their idea applies and shows the others together as tried, each step
+    once and in order; in the committed run every tried step loses to its base or ties it (step 11, which beats step 3,
+    loses to step 7 on its own mask, and its row says by how much), and every kept step from 1 to 10 pays at its own
+    case."""
     results = plotting.load_results("masked_lm_head")
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
-    steps = [str(s.number) for s in mlh.CHAPTER.steps]
-    assert [r[0] for r in rows] == steps + ["rival"] * len(lesson.RIVAL_ROWS)
-    by = {r[0]: r for r in rows}
-    for n in lesson.NOT_PAID:
+    numbers = [s.number for s in mlh.CHAPTER.steps]
+    assert sorted(lesson.MAIN_LINE + lesson.TRIED) == numbers and not set(lesson.MAIN_LINE) & set(lesson.TRIED)
+    assert list(lesson.MAIN_LINE) == sorted(lesson.MAIN_LINE) and list(lesson.TRIED) == sorted(lesson.TRIED)
+    tried = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.tried_steps_table(results).splitlines()[2:]]
+    assert [r[0] for r in tried] == [str(n) for n in lesson.TRIED]
+    by = {int(r[0]): r for r in tried}
+    for n in lesson.TRIED:
         factor = lesson.step_factor(results, n)
-        assert factor == pytest.approx(float(by[str(n)][5].split("×")[0]), abs=0.006)
-        assert by[str(n)][1].startswith(lesson.paid_words(factor) + ":") and lesson.paid_words(factor) != "paid"
-    assert lesson.paid_words(0.5) == "did not pay" and lesson.paid_words(1.005) == "no gain"
-    assert lesson.paid_words(1.2) == "paid"
+        base = lesson.STEP_CASES[n][1]
+        assert by[n][4].startswith(f"{factor:.2f}× step {base}"), by[n]
+        if n != 11:
+            assert lesson.paid_words(factor) != "paid", (n, factor)
     params = lesson.STEP_CASES[11][0]
     seven, eleven = (results.select(f"step{n:02d}", layout="vd", **params)[0]["ms"] for n in (7, 11))
-    assert f"step 7 is {eleven / seven:.2f}× as fast" in by["11"][1]
-    assert "tl.dot" in by["10"][1] and "the headline" in by["13"][1]
+    assert seven < eleven and f"step 7 is {eleven / seven:.2f}× as fast" in by[11][5]
+    for n in (1, 2, 4, 5, 7, 8, 10):
+        assert lesson.paid_words(lesson.step_factor(results, n)) == "paid", n
+    assert lesson.paid_words(0.5) == "did not pay" and lesson.paid_words(1.005) == "no gain"
+    assert lesson.paid_words(1.2) == "paid"
 
 
-def _base_problems(results, table: str) -> list[str]:
-    """What breaks the table's comparison rule: a step compared with another step than its base (STEP_CASES: the step
-    numbered before it, or one BASE_WORDS names, with why; step 13's base is the rival with its contract, named by
-    BASE_WORDS), a "× that step" that is not that base's time at this step's point over its own, a cell with no ratio
-    but on the first row ("–" there), or a rival row with a base or a ratio."""
+def _base_problems(results, rows: list[list[str]]) -> list[str]:
+    """What breaks the table's rule: a "×" at the main case that is not the time of the kept step above it with a time
+    there (named in the cell where it is not the row above) over its own, a ratio on step 0, on step 13 (another
+    contract) or on a rival, or an own case whose ratio is not its base's (STEP_CASES) time there over its own."""
     problems = []
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
 
     def ms(n, params):
-        found = results.select(n if isinstance(n, str) else f"step{n:02d}", layout="vd", **params) \
-            or (results.select(n, **params) if isinstance(n, str) else [])
+        found = [r for r in results.select(f"step{n:02d}", **params) if r["params"].get("layout", "vd") == "vd"]
         return found[0]["ms"] if found else None
 
+    kept = [int(r[0]) for r in rows if r[0].isdigit()]
     for r in rows:
         if r[0] == "rival":
-            if r[4:6] != ["–", "–"]:
-                problems.append(f"a rival has a base or a ratio: {r[4:6]}")
+            if r[3] != "–":
+                problems.append(f"a rival has a ratio: {r[3]}")
             continue
         number = int(r[0])
-        params, base = lesson.STEP_CASES[number]
-        against, cell, mine = r[4], r[5], ms(number, params)
-        if base is None:
-            if (against, cell) != ("–", "–"):
-                problems.append(f"step {number} is first but shows {against!r}, {cell!r}")
-            continue
-        if base != number - 1 and number not in lesson.BASE_WORDS:
-            problems.append(f"step {number}: compared with step {base}, not the step before it, without saying why")
-        if isinstance(base, str):  # a rival with the step's contract: BASE_WORDS names it and says why
-            if against != lesson.BASE_WORDS.get(number) or not against.startswith(_RIVAL_NAMES[base]):
-                problems.append(f"step {number}: compared with {against!r}, its base is {base}")
-            theirs = ms(base, params)
+        if number in (0, 13) or r[2] == "–":
+            if not r[3].startswith("–"):
+                problems.append(f"step {number} shows a ratio: {r[3]}")
         else:
-            if against != lesson.BASE_WORDS.get(number, f"step {base}") or not against.startswith(f"step {base}"):
-                problems.append(f"step {number}: compared with {against!r}, its base is step {base}")
-            theirs = ms(int(against.split()[1].rstrip(",")), params) if against.startswith("step ") else None
-        if theirs is None:
-            problems.append(f"step {number}: {against!r} has no time at its point")
-        elif not cell.startswith(f"{theirs / mine:.2f}×"):
-            problems.append(f"step {number}: {cell}, not {against.split(',')[0]} over it ({theirs / mine:.2f}×)")
+            earlier = [n for n in kept if n < number and ms(n, lesson.MAIN_CASE) is not None]
+            base = earlier[-1]
+            theirs, mine = ms(base, lesson.MAIN_CASE), ms(number, lesson.MAIN_CASE)
+            if not r[3].startswith(f"{theirs / mine:.2f}×"):
+                problems.append(f"step {number}: {r[3]}, not step {base} over it ({theirs / mine:.2f}×)")
+            if base != kept[kept.index(number) - 1] and f"(step {base})" not in r[3]:
+                problems.append(f"step {number}: its base, step {base}, is not named")
+        params, base = lesson.STEP_CASES[number]
+        if params != lesson.MAIN_CASE:
+            theirs, mine = ms(base, params), ms(number, params)
+            if f", {theirs / mine:.2f}× step {base}," not in r[5]:
+                problems.append(f"step {number}'s own case: {r[5]}, not step {base} over it")
     return problems
 
 
-#: How the steps table names a rival that is a step's base.
-_RIVAL_NAMES = {mlh.report.XGRAMMAR: "xgrammar's path"}
-
-
-def test_every_step_is_compared_with_the_step_it_builds_on_at_its_own_point():
-    """Every step but the first has a ratio: its base's time at the step's point over its own (no "not run here"),
-    the base named in a column of its own; a tampered table breaks the rule (the check can fail)."""
+def test_every_step_is_compared_with_the_kept_step_above_it_at_the_main_case():
+    """"×" reads down the table: every kept step's time at the main case over its own, the base named where it is not
+    the row above (step 12's is step 7: steps 8 and 10 do not run there); a step whose idea is about another case is
+    compared there with the step it builds on; a tampered table breaks the rule (the check can fail)."""
     results = plotting.load_results("masked_lm_head")
-    table = lesson.boehm_table(results)
-    assert _base_problems(results, table) == [] and "not run here" not in table
-    rows = {r.split("|")[1].strip(): r for r in table.splitlines()[2:]}
-    assert "| step 7 at this case (what it runs here) |" in rows["12"] and "| step 3 (the kernel it modifies) |" in rows["11"]
-    assert "| step 3 (steps 4 to 8 take one sequence)" in rows["9"] and "| step 9 |" in rows["10"]
-    assert "| step 5 (6 did not pay) |" in rows["7"] and "| xgrammar's path (same contract" in rows["13"]
-    assert [s.number for s in mlh.CHAPTER.steps if lesson.STEP_CASES[s.number][0]["batch"] > 1] == [9, 10]
-    lines = table.splitlines()
-    six = next(k for k, line in enumerate(lines) if line.startswith("| 6 |"))
-    assert _base_problems(results, "\n".join(lines[:six] + [lines[six].replace("| step 5 |", "| step 4 |")]
-                                             + lines[six + 1:]))
-    twelve = next(k for k, line in enumerate(lines) if line.startswith("| 12 |"))
-    cell = [c.strip() for c in lines[twelve].split("|")][6]
-    wrong = f"{float(cell.split('×')[0]) + 0.1:.2f}×"
-    assert _base_problems(results, "\n".join(lines[:twelve] + [lines[twelve].replace(f"| {cell} |", f"| {wrong} |")]
-                                             + lines[twelve + 1:]))
-    rival = next(line for line in lines if line.startswith("| rival |"))
-    assert _base_problems(results, "\n".join(lines + [rival.replace("| – | – |", "| step 0 | 1.00× |", 1)]))
+    rows = _main_rows(results)
+    assert _base_problems(results, rows) == []
+    by = {r[0]: r for r in rows}
+    assert by["12"][3].endswith("(step 7)") and by["4"][3].endswith("×") and by["13"][3].startswith("– ")
+    assert [n for n in lesson.MAIN_LINE if lesson.STEP_CASES[n][0] != lesson.MAIN_CASE] == [7, 8, 10]
+    assert by["8"][2] == by["10"][2] == "–" and "batch 64" in by["10"][5] and "step 3" in by["10"][5]
+    wrong = [r[:3] + [f"{float(r[3].split('×')[0]) + 0.1:.2f}×"] + r[4:] if r[0] == "5" else r for r in rows]
+    assert _base_problems(results, wrong)
+    wrong = [r[:3] + ["1.00×"] + r[4:] if r[0] == "rival" else r for r in rows]
+    assert _base_problems(results, wrong)
+    wrong = [r[:5] + [r[5].replace("step 5,", "step 4,")] if r[0] == "7" else r for r in rows]
+    assert _base_problems(results, wrong)
 
 
 def test_step_13_is_compared_with_the_rival_of_its_own_contract():
     """Step 13 starts from the grammar's packed bitmask (its copy and the union's build included), step 12 from the ids:
-    its row's ratio is xgrammar's path over it at its point (the same contract, the headline's batch-1 ratio), not
-    step 12 over it (a slowdown that is only the copy and the union build), and the row says why not step 12."""
+    the table gives it no ratio to step 12 and says why; its factor is xgrammar's path over it (the headline's batch-1
+    ratio), which the result's table shows beside the kernel alone's."""
     results = plotting.load_results("masked_lm_head")
     params, base = lesson.STEP_CASES[13]
     assert base == mlh.report.XGRAMMAR
-    ours, theirs, twelve = (results.select(s, **params)[0]["ms"] for s in (mlh.report.PLAN, base, "step12"))
-    row = next([c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(lesson.boehm_table(results))
-               if r.startswith("| 13 |"))
-    assert row[5].split(" ")[0] == f"{theirs / ours:.2f}×" == lesson.prose_numbers(results)["mlh_plan_vs_xgr_b1"]
+    ours, theirs = (results.select(s, **params)[0]["ms"] for s in (mlh.report.PLAN, base))
+    row = next(r for r in _main_rows(results) if r[0] == "13")
+    assert row[3] == "– (starts from the bitmask)"
     assert lesson.step_factor(results, 13) == pytest.approx(theirs / ours) and theirs / ours > 1
-    assert row[5].split(" ")[0] != f"{twelve / ours:.2f}×"
-    assert "not step 12" in row[4] and "copy" in row[4] and "union" in row[4]
+    first = lesson.result_table(results).splitlines()[2].split("|")
+    assert first[7].strip() == f"**{lesson.prose_numbers(results)['mlh_plan_vs_xgr_b1']}** faster"
+    assert first[4].strip() == f"**{lesson.prose_numbers(results)['mlh_dispatch_vs_index_1000']}** faster"
+
+
+def test_the_result_table_gives_the_kernel_alone_and_the_whole_step_at_every_headline_point():
+    """One row per headline point: step 12 against the fastest rival given the ids there, step 13 against xgrammar's
+    path, each ratio computed here by hand (a tie within TIE, a loss said as slower)."""
+    results = plotting.load_results("masked_lm_head")
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.result_table(results).splitlines()[2:]]
+    assert [int(r[0]) for r in rows] == [b for b, _, _ in lesson.HEADLINE_POINTS]
+    for r, (batch, kind, allowed) in zip(rows, lesson.HEADLINE_POINTS):
+        p = dict(batch=batch, kind=kind, allowed=allowed)
+        mine = results.select("step12", layout="vd", **p)[0]["ms"]
+        rival = min(results.select(s, **p)[0]["ms"] for s in lesson.KERNEL_RIVALS if results.select(s, **p))
+        x = rival / mine
+        assert r[3] == (f"**{x:.2f}×** faster" if x > 1 + lesson.TIE else "a tie" if lesson.tied(rival, mine)
+                        else f"{1 / x:.2f}× slower"), r
+        assert r[2].endswith(f", {rival * 1e3:.1f}") or r[2].endswith(f", {rival * 1e3:,.1f}"), r
+
+
+def test_the_dense_rival_at_batch_1_is_cublas_fp32():
+    """At the main case the dense rival row is cuBLAS with fp32 output (the chapter's contract, steady), and the prose's
+    step 0 ratio is its time over step 0's, computed here by hand."""
+    results = plotting.load_results("masked_lm_head")
+    rows = _main_rows(results)
+    rivals = [r for r in rows if r[0] == "rival"]
+    assert rivals[0][1].startswith("cuBLAS's dense fp32 logits") and not any("bf16" in r[1] for r in rivals)
+    params = lesson.MAIN_CASE
+    fp32 = results.select("cublas_fp32_mask", layout="vd", **params)[0]["ms"]
+    step0 = results.select("step00", layout="vd", **params)[0]["ms"]
+    assert lesson.prose_numbers(results)["mlh_step00_vs_fp32"] == f"{fp32 / step0:.2f}×"
+    assert rivals[0][2] == f"{fp32 * 1e3:.1f}"
+
+def test_at_least_is_the_smallest_ratio_and_names_its_point():
+    """Step 12 against cuBLAS's dense fp32 logits + masked_fill up to 1,000 allowed at batch 1: 'at least' is the
+    smallest ratio of the points measured, and the prose names the point that gives it."""
+    results = plotting.load_results("masked_lm_head")
+    numbers = lesson.prose_numbers(results)
+    ratios = {}
+    for r in results.select("step12", batch=1, layout="vd"):
+        p = r["params"]
+        dense = results.select("cublas_fp32_mask", batch=1, kind=p["kind"], allowed=p["allowed"], layout="vd")
+        if p["allowed"] <= 1000 and dense:
+            ratios[f"{p['allowed']:,} allowed on {p['kind']} masks"] = dense[0]["ms"] / r["ms"]
+    least = min(ratios, key=ratios.get)
+    assert numbers["mlh_dispatch_min_vs_fp32"] == f"{ratios[least]:.0f}×"
+    assert numbers["mlh_dispatch_min_at"] == least
+    cell = next("".join(c["source"]) for c in _notebook_cells() if c.get("id") == "cell-step12-2")
+    assert "mlh_dispatch_min_vs_fp32" in cell and "fp32" in cell and "fastest repetition" not in cell
+
+def test_a_step_ratio_in_the_prose_is_the_tables():
+    """The prose quotes a step's speedup with the table's two decimals (one number, not a rounded twin)."""
+    results = plotting.load_results("masked_lm_head")
+    numbers = lesson.prose_numbers(results)
+    table = {r[0]: r for r in _main_rows(results)}
+    assert numbers["mlh_step04_vs_step02"] == f"{table['4'][3]} faster"
+    assert f", {numbers['mlh_step08_vs_step07_1'].removesuffix(' faster')} step 7," in table["8"][5]
+    assert f", {numbers['mlh_step10_b64_vs_step03'].removesuffix(' faster')} step 3," in table["10"][5]
+    assert f": {numbers['mlh_step10_b64']}," in table["10"][5]
+
+
+def test_capped_rows_carry_the_mark_and_no_other_does():
+    """In the steps table and the practitioners' table a time carries the mark exactly where its row says its
+    rotation was capped (looked up here from the rows, not from the table)."""
+    results = plotting.load_results("masked_lm_head")
+
+    def row_of(number, params):
+        return [r for r in results.select(f"step{number:02d}", **params) if r["params"].get("layout", "vd") == "vd"][0]
+
+    for cells in _main_rows(results):
+        if not cells[0].isdigit():
+            continue
+        number = int(cells[0])
+        if cells[2] != "–":
+            assert (lesson.CAPPED in cells[2]) == bool(row_of(number, lesson.MAIN_CASE).get("rotation_capped")), cells
+        params = lesson.STEP_CASES[number][0]
+        if params != lesson.MAIN_CASE:
+            assert (lesson.CAPPED in cells[5]) == bool(row_of(number, params).get("rotation_capped")), cells
+    table = lesson.practitioners_table(results)
+    if table.startswith(lesson.PENDING):
+        pytest.skip("no practitioners' rows")
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        p = {"batch": int(cells[0]), "kind": cells[1], "allowed": int(cells[2].replace(",", ""))}
+        ours = [r for r in results.select(mlh.report.PLAN, **p)][0]
+        assert cells[5].endswith(lesson.CAPPED) == bool(ours.get("rotation_capped")), line
+
+def test_the_steps_table_gives_each_row_its_own_floor():
+    """Each row's × floor is its time over the floor at the main case (its union there), and an own case's over the
+    floor at that case; a call from the bitmask in host memory starts its floor with the bitmask's copy."""
+    results = plotting.load_results("masked_lm_head")
+    for cells in _main_rows(results):
+        if cells[0] == "rival":
+            continue
+        number = int(cells[0])
+        for params, cell in ((lesson.MAIN_CASE, cells[4]), (lesson.STEP_CASES[number][0], cells[5].split(", ")[-1])):
+            found = [r for r in results.select(f"step{number:02d}", **params) if r["params"].get("layout", "vd") == "vd"]
+            if not found or cell == "–":
+                continue
+            row = found[0]
+            floor = lesson.floor_ms(results, params["batch"], row["union"])
+            host = lesson.host_floor_ms(results) if number in lesson.FROM_HOST else None
+            if host is not None and host > floor:
+                floor = host
+                assert cell.endswith(f"(of {floor * 1e3:.2f} µs: the bitmask's copy first)"), cells
+            assert cell.startswith(f"{row['ms'] / floor:.1f}×"), (cells, row["ms"] / floor)
+
+def test_step13s_floor_starts_with_the_bitmasks_copy():
+    """Step 13 (and the rival facing it) start from the bitmask in host memory: their floor is that copy, timed alone
+    in the card's tails run (read here from the raw file), then two kernels at the card's empty kernel, as the
+    scoreboard's latency floor for the same row; the other steps keep the floor of their bytes."""
+    import json
+
+    from book import common
+    from book.scoreboard import BITMASK_COPY
+    from studylog.plotting import load_results
+
+    results = load_results("masked_lm_head", gpu="nvidia-h200")
+    tails = json.loads((results.path.parent / "tails.json").read_text())
+    (copy,) = [r for r in tails["measurements"] if r["series"] == BITMASK_COPY]
+    floor = copy["ms"] + 2 * common.latency_floor_ms(results)
+    assert lesson.host_floor_ms(results) == pytest.approx(floor)
+    rows = _main_rows(results)
+    (thirteen,) = [r for r in rows if r[0] == "13"]
+    step = [r for r in results.select("step13", batch=1, kind="random", allowed=1000)][0]
+    assert thirteen[4] == f"{step['ms'] / floor:.1f}× (of {floor * 1e3:.2f} µs: the bitmask's copy first)"
+    others = [r for r in rows if r[0].isdigit() and int(r[0]) not in lesson.FROM_HOST]
+    assert others and all("bitmask" not in r[4] for r in others)
+
+
+def test_dense_mask_two_speeds_are_said_and_cublas_fp32_quoted_instead():
+    """Where dense + mask's repetitions fall in two clusters, the page says a point's repetitions land on either for
+    the same work, and that the batch-1 rows quote cuBLAS with fp32 output (the same read, steady) instead."""
+    results = plotting.load_results("masked_lm_head")
+    two = lesson.dense_clusters(results)
+    cell = next("".join(c["source"]) for c in _notebook_cells() if "lesson.dense_clusters(results)" in "".join(c["source"]))
+    assert "for the same work" in cell and "{two['fp32_ms'] * 1e3:.0f} µs" in cell and "quote cuBLAS" in cell
+    assert "did not" not in cell
+    if two is not None:
+        rows = results.select("cublas_fp32_mask", batch=1)
+        assert min(r["ms"] for r in rows) <= two["fp32_ms"] <= max(r["ms"] for r in rows)
+        assert two["fast_ms"] < two["slow_ms"]
+
+
+def test_the_page_shows_one_steps_table_and_one_tried_table():
+    """The page shows the table of the kept steps once, under the steps, and the tried steps' table once, in their own
+    section; the tried steps have no section of their own, and the kept ones each have one, in order."""
+    cells = ["".join(c["source"]) for c in _notebook_cells()]
+    source = "\n".join(cells)
+    assert source.count("lesson.main_steps_table(results)") == 1 and source.count("lesson.tried_steps_table(results)") == 1
+    assert "boehm_table" not in source and "one_steps_table" not in source
+    heads = [c.split("\n", 1)[0] for c in cells if c.startswith("## Step ")]
+    assert [int(h.split()[2].rstrip(":")) for h in heads] == list(lesson.MAIN_LINE)
+    tried = next(k for k, c in enumerate(cells) if c.startswith("## Tried, did not pay"))
+    assert "lesson.tried_steps_table(results)" in cells[tried + 1]
+    assert all(f"**Step {n}**" in cells[tried] for n in lesson.TRIED)
 
 
 def test_the_headline_gives_its_range_from_the_run():
@@ -396,23 +544,6 @@ def test_the_whole_step_table_shows_every_headline_point():
     assert set(lesson.HEADLINE_POINTS) <= set(lesson.PRACTITIONER_POINTS)
 
 
-def test_step_0_is_compared_with_dense_plus_masks_median_flagged():
-    """Dense + mask's row, a rival's row at step 0's point, says step 0's ratio over its median, as on every page;
-    where the repetitions spread past the flag's threshold (two clusters in the committed run), the ratio carries the
-    rival's spread."""
-    from book.results import FLAG_ABOVE, spread
-
-    results = plotting.load_results("masked_lm_head")
-    params = lesson.STEP_CASES[0][0]
-    dense = results.select("dense_mask", **params)[0]
-    step0 = [r for r in results.select("step00", **params) if r["params"].get("layout", "vd") == "vd"][0]
-    rival = next(r for r in lesson.boehm_table(results).splitlines() if r.startswith("| rival |") and "dense" in r)
-    cell = rival.split("|")[2]
-    assert f"step 0 is {dense['ms'] / step0['ms']:.2f}× as fast" in cell
-    theirs = spread(*dense["spread_ms"])
-    assert ("the rival's spread" in cell) == (theirs > FLAG_ABOVE)
-
-
 def test_dense_clusters_need_a_gap():
     def run(times):
         return Results(None, {"device": {"name": "card"}, "date": "2026-01-01", "measurements": [
@@ -439,22 +570,6 @@ def test_the_capped_key_names_the_cap():
     assert (f"at most {rot['capped_union']:,} rows" if rot["capped_union"] > 1 else "one row") in key
 
 
-def test_at_least_is_the_smallest_ratio_and_names_its_point():
-    """Step 12 against dense + mask up to 1,000 allowed at batch 1: 'at least' is the smallest ratio of the points
-    measured, and the prose names the point that gives it."""
-    results = plotting.load_results("masked_lm_head")
-    numbers = lesson.prose_numbers(results)
-    ratios = {}
-    for r in results.select("step12", batch=1, layout="vd"):
-        p = r["params"]
-        dense = results.select("dense_mask", batch=1, kind=p["kind"], allowed=p["allowed"])
-        if p["allowed"] <= 1000 and dense:
-            ratios[f"{p['allowed']:,} allowed on {p['kind']} masks"] = dense[0]["ms"] / r["ms"]
-    least = min(ratios, key=ratios.get)
-    assert numbers["mlh_dispatch_min_vs_dense"] == f"{ratios[least]:.0f}×"
-    assert numbers["mlh_dispatch_min_at"] == least
-
-
 def test_the_floors_parts_add_up_as_printed():
     """The prose prints the 1,000 rows' read and the output's write with the floor's digits, so the two add up to
     the floor it prints (within the last digit's rounding)."""
@@ -474,20 +589,6 @@ def test_step_12s_worst_point_is_given_against_dense_and_against_every_rival():
               if "step 12" in r.split("|")[5]]
     assert numbers["mlh_dispatch_worst_any"].startswith(f"{max(ratios):.2f}× the time of ")
     assert "dense" not in numbers["mlh_dispatch_worst"]  # the page names the rival in the sentence
-
-
-def test_a_step_ratio_in_the_prose_is_the_tables():
-    """The prose quotes a step's speedup over the step before with the table's two decimals (one number, not a
-    rounded twin)."""
-    results = plotting.load_results("masked_lm_head")
-    numbers = lesson.prose_numbers(results)
-    table = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]]
-             for r in _step_rows(lesson.boehm_table(results))}
-    assert numbers["mlh_step08_vs_step07_1"] == f"{table['8'][5]} faster"
-    assert numbers["mlh_step04_vs_step03"] == f"{table['4'][5]} faster"
-    assert numbers["mlh_step10_b64_vs_step09"] == f"{table['10'][5]} faster"
-    for n in (9, 10):
-        assert numbers[f"mlh_step{n:02d}_b64"] == f"{table[str(n)][3]} µs"
 
 
 def test_a_stub_is_reported_as_not_written(capsys):
@@ -552,25 +653,6 @@ def test_the_committed_runs_say_how_they_replayed():
 # Marks, folds and the traced timeline
 # --------------------------------------------------------------------------------------
 
-def test_capped_rows_carry_the_mark_and_no_other_does():
-    """In the steps table and the practitioners' table a time carries the mark exactly where its row says its
-    rotation was capped (looked up here from the rows, not from the table)."""
-    results = plotting.load_results("masked_lm_head")
-    steps = _step_rows(lesson.boehm_table(results))
-    for line in steps:
-        number = int(line.split("|")[1])
-        params = lesson.STEP_CASES[number][0]
-        row = [r for r in results.select(f"step{number:02d}", **params) if r["params"].get("layout", "vd") == "vd"][0]
-        assert (lesson.CAPPED in line.split("|")[4]) == bool(row.get("rotation_capped")), line
-    table = lesson.practitioners_table(results)
-    if table.startswith(lesson.PENDING):
-        pytest.skip("no practitioners' rows")
-    for line in table.splitlines()[2:]:
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        p = {"batch": int(cells[0]), "kind": cells[1], "allowed": int(cells[2].replace(",", ""))}
-        ours = [r for r in results.select(mlh.report.PLAN, **p)][0]
-        assert cells[5].endswith(lesson.CAPPED) == bool(ours.get("rotation_capped")), line
-
 
 def test_the_floor_is_the_scoreboards_on_every_card():
     """One floor a card on every page: the bytes at the run's copy bandwidth, or the card's fastest empty kernel (the
@@ -591,25 +673,6 @@ def test_the_floor_is_the_scoreboards_on_every_card():
         if board:
             row = results.select("step12", batch=1, kind="random", allowed=1000, layout="vd")[0]
             assert board[0]["binding_floor_ms"] == pytest.approx(lesson.floor_ms(results, 1, row["union"]), rel=1e-9)
-
-
-def test_the_steps_table_gives_each_row_its_own_floor():
-    """Each step's floor is computed at the point it is measured (its batch and union), and its × floor is its
-    time over that floor."""
-    results = plotting.load_results("masked_lm_head")
-    for line in _step_rows(lesson.boehm_table(results)):
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        params = lesson.STEP_CASES[int(cells[0])][0]
-        row = [r for r in results.select(f"step{int(cells[0]):02d}", **params)
-               if r["params"].get("layout", "vd") == "vd"][0]
-        floor = lesson.floor_ms(results, params["batch"], row["union"])
-        binds = "bytes" if lesson.byte_floor_ms(results, params["batch"], row["union"]) >= floor else "empty kernel"
-        host = lesson.host_floor_ms(results) if int(cells[0]) in lesson.FROM_HOST else None
-        if host is not None and host > floor:  # a call from host memory: its floor starts with the bitmask's copy
-            floor, binds = host, "the bitmask's copy, then two kernels"
-        assert cells[6] == f"{floor * 1e3:.2f} ({binds})", line
-        multiple = "–" if int(cells[0]) in lesson.FROM_HOST and host is None else f"{row['ms'] / floor:.1f}×"
-        assert cells[7].startswith(multiple), line
 
 
 def test_the_practitioners_short_table_keeps_only_its_points_and_the_fold_keeps_every_row():
@@ -704,28 +767,6 @@ def test_the_loss_count_says_which_point_two_rivals_beat():
     assert lost["rows"] - lost["points"] == sum(keys.count(k) - 1 for k in twice)
 
 
-def test_step_12_against_dense_is_given_over_its_median_and_its_fastest_repetition():
-    """Dense + mask's repetitions fall in two speeds, its median in the slow one at some points: the prose gives step
-    12's smallest ratio up to 1,000 allowed at batch 1 over dense + mask's median and over its fastest repetition,
-    each computed here by hand, in words (no flag that reads "spread" before the page defines the word)."""
-    results = plotting.load_results("masked_lm_head")
-    numbers = lesson.prose_numbers(results)
-    median, fastest = [], []
-    for r in results.select("step12", batch=1, layout="vd"):
-        p = r["params"]
-        dense = results.select("dense_mask", batch=1, kind=p["kind"], allowed=p["allowed"])
-        if p["allowed"] <= 1000 and dense:
-            median.append(dense[0]["ms"] / r["ms"])
-            fastest.append((dense[0]["spread_ms"][0] / r["ms"], f"{p['allowed']:,} allowed on {p['kind']} masks"))
-    assert numbers["mlh_dispatch_min_vs_dense"] == f"{min(median):.0f}×"
-    low = min(fastest)
-    assert numbers["mlh_dispatch_min_vs_dense_fastest"] == f"{low[0]:.0f}×" != numbers["mlh_dispatch_min_vs_dense"]
-    assert numbers["mlh_dispatch_min_fastest_at"] == low[1]
-    assert all("spread" not in v for k, v in numbers.items() if k.startswith("mlh_dispatch"))
-    cell = next("".join(c["source"]) for c in _notebook_cells() if c.get("id") == "cell-step12-2")
-    assert "mlh_dispatch_min_vs_dense_fastest" in cell and "fastest repetition" in cell and "spread" not in cell
-
-
 def test_a_tie_is_one_rule_and_never_a_loss():
     """Two times within TIE of each other are a tie wherever the page compares them: the headline says its tie with
     both times, the losses table and its count leave ties out, and the ties are said with both times."""
@@ -742,65 +783,6 @@ def test_a_tie_is_one_rule_and_never_a_loss():
     # the headline's batch 256: a tie, and not in the loss count
     plan = [q for q in every if q["mine"]["series"] == mlh.report.PLAN]
     assert all(lesson.is_tie(q) for q in plan) and mlh.report.PLAN not in lost["by_series"]
-
-
-def test_step13s_floor_starts_with_the_bitmasks_copy():
-    """Step 13 (and the rival facing it) start from the bitmask in host memory: their floor is that copy, timed alone
-    in the card's tails run (read here from the raw file), then two kernels at the card's empty kernel, as the
-    scoreboard's latency floor for the same row; the other steps keep the floor of their bytes."""
-    import json
-
-    from book import common
-    from book.scoreboard import BITMASK_COPY
-    from studylog.plotting import load_results
-
-    results = load_results("masked_lm_head", gpu="nvidia-h200")
-    tails = json.loads((results.path.parent / "tails.json").read_text())
-    (copy,) = [r for r in tails["measurements"] if r["series"] == BITMASK_COPY]
-    floor = copy["ms"] + 2 * common.latency_floor_ms(results)
-    assert lesson.host_floor_ms(results) == pytest.approx(floor)
-    table = lesson.boehm_table(results)
-    (thirteen,) = [r for r in table.splitlines()[2:] if r.startswith("| 13 |")]
-    step = [r for r in results.select("step13", batch=1, kind="random", allowed=1000)][0]
-    assert thirteen.rstrip(" |").endswith(f"{floor * 1e3:.2f} (the bitmask's copy, then two kernels) | "
-                                          f"{step['ms'] / floor:.1f}×")
-    others = [r for r in table.splitlines()[2:] if r.startswith("| ") and r.split("|")[1].strip().isdigit()
-              and int(r.split("|")[1]) not in lesson.FROM_HOST]
-    assert others and all(r.rstrip(" |").endswith("×") and "bitmask" not in r.split("|")[7] for r in others)
-
-
-def test_dense_mask_two_speeds_are_set_beside_cublas_fp32_and_not_explained_away():
-    """Where dense + mask's repetitions fall in two clusters, the page says a point's repetitions land on either for
-    the same work, gives cuBLAS with fp32 output (the same read) beside them, and says the cause was not traced."""
-    results = plotting.load_results("masked_lm_head")
-    two = lesson.dense_clusters(results)
-    cell = next("".join(c["source"]) for c in _notebook_cells() if "lesson.dense_clusters(results)" in "".join(c["source"]))
-    assert "for the same work" in cell and "{two['fp32_ms'] * 1e3:.0f} µs" in cell and "did not\ntrace why" in cell
-    if two is not None:
-        rows = results.select("cublas_fp32_mask", batch=1)
-        assert min(r["ms"] for r in rows) <= two["fp32_ms"] <= max(r["ms"] for r in rows)
-        assert two["fast_ms"] < two["slow_ms"]
-
-
-def test_the_page_shows_one_steps_table_holding_every_row_in_order_with_its_cells():
-    """The page shows the table of steps as one table: every row of :func:`lesson.boehm_table` once, in its order
-    (the steps, then the rivals), with its case ("measured at"), its step, change, time, base and ratio unchanged,
-    its time over its floor, then the floor and what binds it; no second table and no progression row."""
-    results = plotting.load_results("masked_lm_head")
-    one = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
-    caption, table = lesson.one_steps_table(results).split("\n\n", 1)
-    lines = table.splitlines()
-    head = [c.strip() for c in lines[0].split("|")[1:-1]]
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lines[2:]]
-    assert caption.startswith("**") and head == ["step", "the one change", "measured at", "µs", "against", "×",
-                                                 "× floor", "floor: µs, what binds"]
-    assert rows == [r[:6] + [r[7], r[6].replace(' (', ', ').rstrip(')')] for r in one]
-    steps = [int(r[0]) for r in rows if r[0].isdigit()]
-    assert steps == sorted(steps) and steps[0] == 0 and 13 in steps
-    assert all(r[0] == "rival" for r in rows[len(steps):])
-    source = "".join("".join(c["source"]) for c in _notebook_cells())
-    assert "lesson.one_steps_table(results)" in source
-    assert "lesson.boehm_tables(results)" not in source and "lesson.progression_table(results)" not in source
 
 
 def test_no_whole_listing_or_diff_is_folded_and_folds_render_code_as_html():

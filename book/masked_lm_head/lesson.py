@@ -26,8 +26,9 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
-           "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
-           "RIVAL_ROWS", "boehm_table", "one_steps_table", "inline_html", "step_factor",
+           "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "MAIN_CASE",
+           "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "tried_steps_table", "main_base",
+           "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
            "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "TIMELINE_PARTS",
@@ -197,6 +198,7 @@ def prose_numbers(results) -> dict[str, Any]:
     # step 4: compacted ids
     n["mlh_step04_vs_step03"] = _change(batch1_ms(results, s[3], 1000), batch1_ms(results, s[4], 1000))
     n["mlh_step04_1000"] = _us(batch1_ms(results, s[4], 1000))
+    n["mlh_step04_vs_step02"] = _change(batch1_ms(results, s[2], 1000), batch1_ms(results, s[4], 1000))
     # steps 5 to 7, each against the step it builds on (step 7 on step 5: step 6 did not pay), at every batch-1 count
     # the table of steps' point is one of
     for step, base in ((5, 4), (6, 5), (7, 5)):
@@ -237,27 +239,21 @@ def prose_numbers(results) -> dict[str, Any]:
     else:
         n["mlh_step11_blocks"] = n["mlh_step11_vs_step03"] = n["mlh_step07_vs_step11"] = PENDING
     # step 12: the dispatch against torch
-    small = [(r["ms"] / d["ms"], r) for r in results.select(s[12], batch=1) if r["params"]["allowed"] <= 1000
-             for d in [_row(results, "dense_mask", batch=1, kind=r["params"]["kind"], allowed=r["params"]["allowed"])]
-             if d is not None]
-    n["mlh_dispatch_min_vs_dense"] = f"{min(1 / q for q, _ in small):.0f}×" if small else PENDING
-    if small:  # the point of the smallest ratio: the statistic behind "at least"
-        p = max(small, key=lambda q: q[0])[1]["params"]
+    # step 12 against the dense path on the chapter's contract (cuBLAS with fp32 output, then masked_fill: steady,
+    # where dense + mask's bf16 logits run at two speeds at batch 1, dense_clusters), up to 1,000 allowed: the
+    # smallest ratio ("at least") and the point that gives it
+    small = [(d["ms"] / r["ms"], r["params"]) for r in results.select(s[12], batch=1)
+             if r["params"]["allowed"] <= 1000 and r["params"].get("layout", "vd") == "vd"
+             for d in [_row(results, "cublas_fp32_mask", batch=1, kind=r["params"]["kind"],
+                            allowed=r["params"]["allowed"])] if d is not None]
+    if small:
+        low, p = min(small, key=lambda q: q[0])
+        n["mlh_dispatch_min_vs_fp32"] = f"{low:.0f}×"
         n["mlh_dispatch_min_at"] = f"{p['allowed']:,} allowed on {p['kind']} masks"
     else:
-        n["mlh_dispatch_min_at"] = PENDING
-    # dense + mask's repetitions may fall in two speeds (dense_clusters), its median in the slow one: the same
-    # "at least" against its fastest repetition, and the point that gives it
-    fastest = [(d["spread_ms"][0] / r["ms"], r["params"]) for r in results.select(s[12], batch=1)
-               if r["params"]["allowed"] <= 1000 and r["params"].get("layout", "vd") == "vd"
-               for d in [_row(results, "dense_mask", batch=1, kind=r["params"]["kind"],
-                              allowed=r["params"]["allowed"])] if d is not None and d.get("spread_ms")]
-    if fastest:
-        low, p = min(fastest, key=lambda q: q[0])
-        n["mlh_dispatch_min_vs_dense_fastest"] = f"{low:.0f}×"
-        n["mlh_dispatch_min_fastest_at"] = f"{p['allowed']:,} allowed on {p['kind']} masks"
-    else:
-        n["mlh_dispatch_min_vs_dense_fastest"] = n["mlh_dispatch_min_fastest_at"] = PENDING
+        n["mlh_dispatch_min_vs_fp32"] = n["mlh_dispatch_min_at"] = PENDING
+    n["mlh_fp32_1000"] = _us(batch1_ms(results, "cublas_fp32_mask", 1000))
+    n["mlh_step00_vs_fp32"] = _x(_ratio(batch1_ms(results, "cublas_fp32_mask", 1000), batch1_ms(results, s[0], 1000)))
     n["mlh_dispatch_vs_index_10000"] = _x(_ratio(batch1_ms(results, "index_select", 10_000), batch1_ms(results, s[12], 10_000)))
     # the kernel alone against the fastest same-shape rival, at the headline's point (the scoreboard's second row)
     n["mlh_index_1000"] = _us(batch1_ms(results, "index_select", 1000))
@@ -611,73 +607,53 @@ def tried_table(results, candidates: dict | None) -> str:
 
 
 # --------------------------------------------------------------------------------------
-# The chapter's one table of steps
+# The chapter's table of steps, and the steps tried that did not pay
 # --------------------------------------------------------------------------------------
 
-#: Where each step is measured (the case its idea is about) and the step it is compared with there: the one it builds
-#: on. That is the step numbered before it, except step 7 (step 6 did not pay: step 7 builds on step 5, at 10,000
-#: allowed, where a hint on rows read once can matter), step 9 (steps 4 to 8 take one sequence: it is compared with
-#: step 3, the last step that multiplies a batch, at the batch-64 point), step 11 (its diff starts from step 3),
-#: step 12 (it runs step 7 there) and step 13; None for step 0. Step 13 has another contract than the steps before
-#: it (the whole step from the grammar's packed bitmask: its copy to the device and the union's build included, where
-#: step 12 is given the ids ready), so its base is the rival with that same contract, xgrammar's path (a series name,
-#: not a step number): a ratio to step 12 would price the copy and the union build as a slowdown.
-#: Every base has a time at its step's point, so every row of :func:`boehm_table` has a ratio.
+#: The chapter's main case: the table of steps gives every step's time here, so its "×" column reads down the table.
+MAIN_CASE = dict(batch=1, kind="random", allowed=1000)
+#: The steps the page keeps on its main line, in order: each paid at the case its idea is about.
+MAIN_LINE = (0, 1, 2, 4, 5, 7, 8, 10, 12, 13)
+#: The steps tried that did not pay, shown together in one section (:func:`tried_steps_table`); they keep their numbers
+#: (the library and the results name them so).
+TRIED = (3, 6, 9, 11)
+#: The case each step's idea is about and the step it is compared with there (None for step 0). For a step of
+#: :data:`MAIN_LINE` whose case is not :data:`MAIN_CASE` the table of steps gives that case in a column of its own;
+#: its base there is the kept step before it (step 7 builds on step 5: step 6 did not pay), except step 10's: no kept
+#: step before it takes a batch, so it is compared with step 3, the dispatch's dense path for batches. A step of
+#: :data:`TRIED` is compared with the step it modifies (step 11: step 3's kernel over a reordered vocabulary; step 9:
+#: step 3, the last step that takes a batch). Step 13's contract starts from the bitmask in host memory: no step before
+#: it has that contract, so its "×" is left out and the rival with its contract, xgrammar's path, is its base.
 STEP_CASES = {
-    0: (dict(batch=1, kind="random", allowed=1000), None),
-    1: (dict(batch=1, kind="random", allowed=1000), 0),
-    2: (dict(batch=1, kind="random", allowed=1000), 1),
-    3: (dict(batch=1, kind="random", allowed=1000), 2),
-    4: (dict(batch=1, kind="random", allowed=1000), 3),
-    5: (dict(batch=1, kind="random", allowed=1000), 4),
-    6: (dict(batch=1, kind="random", allowed=1000), 5),
-    7: (dict(batch=1, kind="random", allowed=10_000), 5),
-    8: (dict(batch=1, kind="random", allowed=1), 7),
-    9: (dict(batch=64, kind="random", allowed=1000), 3),
-    10: (dict(batch=64, kind="random", allowed=1000), 9),
-    11: (dict(batch=1, kind="real", allowed=1000), 3),
-    12: (dict(batch=1, kind="random", allowed=1000), 7),
-    13: (dict(batch=1, kind="random", allowed=1000), XGRAMMAR),
+    0: (MAIN_CASE, None), 1: (MAIN_CASE, 0), 2: (MAIN_CASE, 1), 3: (MAIN_CASE, 2), 4: (MAIN_CASE, 2),
+    5: (MAIN_CASE, 4), 6: (MAIN_CASE, 5), 7: (dict(batch=1, kind="random", allowed=10_000), 5),
+    8: (dict(batch=1, kind="random", allowed=1), 7), 9: (dict(batch=64, kind="random", allowed=1000), 3),
+    10: (dict(batch=64, kind="random", allowed=1000), 3), 11: (dict(batch=1, kind="real", allowed=1000), 3),
+    12: (MAIN_CASE, 7), 13: (MAIN_CASE, XGRAMMAR),
 }
-#: The "compared with" cell of a step whose base (:data:`STEP_CASES`) is not the step numbered before it.
-BASE_WORDS = {7: "step 5 (6 did not pay)", 9: "step 3 (steps 4 to 8 take one sequence)",
-              11: "step 3 (the kernel it modifies)", 12: "step 7 at this case (what it runs here)",
-              13: "xgrammar's path (same contract: copy and union included; not step 12)"}
-#: The rivals, in rows of their own under the steps, with their own times and floors: the series, the step that faces
-#: it at that step's point, and its words. Only xgrammar's path is also a step's base (step 13's, :data:`STEP_CASES`).
-RIVAL_ROWS = ((("dense_mask",), 0), (("dense_mask", "index_select"), 10), ((XGRAMMAR,), 13))
-#: A rival row's words, by series; at a point with several rivals the table shows the fastest there.
-RIVAL_WORDS_ROW = {"dense_mask": "torch's dense logits + `masked_fill` (bf16)",
-                   "index_select": "torch's `index_select` of the union's rows + a matmul",
-                   XGRAMMAR: "xgrammar's path (bitmask copy, fp32 logits, its mask kernel)"}
-
-
-def _case(p: dict) -> str:
-    per = "" if p["batch"] == 1 else " each"
-    return f"batch {p['batch']}, {p['allowed']:,} {p['kind']}{per}"
-
-
-#: The table of steps' words for a step, where its title alone would not say enough there. Steps 3, 6, 9 and 11 stay
-#: numbered though they do not pay: :func:`boehm_table` says so from the run (:func:`paid_words`), then these words
-#: say what the step is and why it is kept (step 3's form is the dispatch's dense path; step 6 is left out of the
-#: steps after it; step 9 is what step 10 multiplies on the tensor cores; step 11 loses to step 7 on its mask).
-BOEHM_CHANGES = {0: "the Triton tutorial's matmul, all logits, then `masked_fill`",
-                 1: "blocks with nothing allowed return at once",
-                 2: "disallowed columns not loaded (slower on the post's [D, V])",
-                 3: "a row-tile kernel for [V, D], the dispatch's dense path",
-                 4: "programs walk the list of allowed ids",
-                 5: "each row one tile, one wait for memory",
-                 6: "the fill programs first",
-                 7: "an L2 evict-first hint on the rows",
-                 8: "up to eight ids as launch arguments",
-                 9: "the batch's union, each row read once, reduced per sequence",
-                 10: "the union's rows against every sequence at once (`tl.dot`)",
-                 11: "the vocabulary reordered so that allowed tokens cluster",
-                 12: "a dispatch by shape: the fastest measured path",
-                 13: "the whole step from the packed bitmask, in one CUDA graph (the headline)"}
-#: Steps that stay numbered though they did not pay (see :data:`BOEHM_CHANGES`): their cell starts with
-#: :func:`paid_words`.
-NOT_PAID = (3, 6, 9)
+#: The table of steps' words for each step: its one change.
+CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the disallowed",
+           1: "blocks with nothing allowed return at once",
+           2: "disallowed tokens' weights not loaded",
+           3: "a row-tile kernel for [V, D]",
+           4: "programs walk the list of allowed ids",
+           5: "each row one tile, one wait for memory",
+           6: "the fill programs first",
+           7: "an L2 evict-first hint on the rows",
+           8: "up to eight ids as launch arguments",
+           9: "the batch's union, each row read once, reduced per sequence",
+           10: "the batch's union, each row read once, on the tensor cores (`tl.dot`)",
+           11: "the vocabulary reordered so that allowed tokens cluster",
+           12: "a dispatch by shape: the fastest measured path",
+           13: "the whole step from the packed bitmask, in one CUDA graph"}
+#: The rivals, in rows of their own under the steps at :data:`MAIN_CASE`, in the prose's words. The dense rival is cuBLAS
+#: with fp32 output: the chapter's contract, and steady, where dense + mask's bf16 logits run at two speeds at batch 1
+#: (:func:`dense_clusters`).
+MAIN_RIVALS = (("cublas_fp32_mask", "rival: cuBLAS's dense fp32 logits, then `masked_fill`"),
+               ("index_select", "rival: `index_select` of the allowed rows, then a matmul (given the ids)"),
+               (XGRAMMAR, "rival: xgrammar's path (the bitmask copied, dense fp32 logits, its mask kernel)"))
+#: Steps whose call starts from the bitmask in host memory: their floor starts with that copy (:func:`host_floor_ms`).
+FROM_HOST = (13,)
 
 
 def _base_series(base: int | str) -> str:
@@ -686,8 +662,8 @@ def _base_series(base: int | str) -> str:
 
 
 def step_factor(results, number: int) -> float | None:
-    """Step ``number``'s "× that step": its base's time over its own, both at its point (:data:`STEP_CASES`);
-    None for step 0 or where either time is missing."""
+    """Step ``number``'s base's time over its own, both at the case its idea is about (:data:`STEP_CASES`); None for
+    step 0 or where either time is missing."""
     params, base = STEP_CASES[number]
     if base is None:
         return None
@@ -715,10 +691,6 @@ def _vs(row: dict, reference: dict | None) -> str:
                                                           else None)
 
 
-#: Steps whose call starts from the bitmask in host memory: their floor starts with that copy (:func:`host_floor_ms`).
-FROM_HOST = (13,)
-
-
 def host_floor_ms(results) -> float | None:
     """The latency floor of a batch-1 call that starts from the packed bitmask in host memory, in ms: the bitmask's
     copy, then its dependent kernels: the scoreboard's floor for step 13 (:func:`book.scoreboard.bitmask_chain_ms`),
@@ -729,90 +701,159 @@ def host_floor_ms(results) -> float | None:
     return bitmask_chain_ms(tails, common.latency_floor_ms(results))
 
 
-def _floor_cells(results, row: dict, params: dict, *, from_host: bool = False) -> str:
-    """A row's floor at its point (which part binds) and its time over it, two cells; with ``from_host``
-    (:data:`FROM_HOST`) the floor starts with the bitmask's copy (:func:`host_floor_ms`), or, where that copy is not
-    timed, the second cell says why no ratio is given."""
+def step_floor_ms(results, row: dict, params: dict, *, from_host: bool = False) -> tuple[float | None, str]:
+    """A row's floor at its point, in ms, and which part binds (``bytes``, ``empty kernel``); with ``from_host``
+    (:data:`FROM_HOST`) the floor starts with the bitmask's copy (:func:`host_floor_ms`) where that is larger, and is
+    None (``no host copy timed``) at a batch or on a card without that copy timed."""
     union = row.get("union", params["allowed"])
     floor = floor_ms(results, params["batch"], union)
     binds = "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
     if from_host:
         host = host_floor_ms(results) if params["batch"] == 1 else None
         if host is None:
-            return f"{floor * 1e3:.2f} ({binds}) | – (no host copy in the floor)"
+            return None, "no host copy timed"
         if host > floor:
-            floor, binds = host, "the bitmask's copy, then two kernels"
-    return f"{floor * 1e3:.2f} ({binds}) | {row['ms'] / floor:.1f}×"
+            return host, "the bitmask's copy, then two kernels"
+    return floor, binds
 
 
-def boehm_table(results) -> str:
-    """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the step it is
-    compared with (:data:`STEP_CASES`: the step it builds on, :data:`BASE_WORDS` where that is not the step numbered
-    before it; for step 13, whose contract starts from the bitmask, the rival with that contract) and that time over
-    this one's, both at this step's point, the floor of the masked call at that point (:func:`floor_ms`, which of its
-    two parts binds) and the time over it: one floor a row (a dense head's floor, for step 0, is the prose's; step
-    13's leaves out its copy from host memory). Then the rivals (:data:`RIVAL_ROWS`), each in a row of its own at the
-    point of the step that faces it, whose cell says how much faster that step is: only step 13 has a rival for its
-    base. A step of :data:`NOT_PAID` starts its cell with :func:`paid_words` of its factor; step 11's says how step 7
-    does on its mask. A time whose rotation was capped carries :data:`CAPPED`. Every ratio
-    is of medians, flagged by :func:`book.results.caveat` where either side's repetitions spread past its threshold,
-    the rule of every page (dense + mask's batch-1 repetitions may fall in two clusters, :func:`dense_clusters`: its
-    median then carries the flag). A base with no time at its step's point is an error, not a blank cell."""
-    lines = ["| step | the one change | measured at | µs | against | × | floor (µs) | × floor |",
-             "|---|---|---|---|---|---|---|---|"]
-    shown = {}
-    for step in CHAPTER.steps:
-        params, base = STEP_CASES[step.number]
-        row = _row(results, step.series, **params)
+def _over_floor(results, row: dict, params: dict, *, from_host: bool = False) -> str:
+    """``2.6×``: the row's time over its floor (:func:`step_floor_ms`); where the floor starts with the bitmask's copy,
+    that floor follows (``4.7× (of 4.07 µs: the bitmask's copy first)``); ``–`` where it has none."""
+    floor, binds = step_floor_ms(results, row, params, from_host=from_host)
+    if floor is None:
+        return "–"
+    said = f"{row['ms'] / floor:.1f}×"
+    return said + (f" (of {floor * 1e3:.2f} µs: the bitmask's copy first)" if binds.startswith("the bitmask") else "")
+
+
+def main_base(results, number: int, params: dict = MAIN_CASE) -> int | None:
+    """The step a kept step is compared with at ``params``: the nearest step before it on :data:`MAIN_LINE` with a time
+    there; None for step 0, for step 13 (another contract, :data:`FROM_HOST`) and where no earlier kept step has one."""
+    if number in FROM_HOST:
+        return None
+    earlier = [n for n in MAIN_LINE if n < number and _row(results, step_series(n), **params) is not None]
+    return earlier[-1] if earlier else None
+
+
+def _own_case(results, number: int) -> str:
+    """The "its own case" cell of a kept step whose idea is about another case than :data:`MAIN_CASE`: the case, the
+    time there, its base's time over it (:data:`STEP_CASES`) and its time over its floor; ``–`` for the others."""
+    params, base = STEP_CASES[number]
+    row = _row(results, step_series(number), **params)
+    if params == MAIN_CASE or row is None:
+        return "–"
+    reference = _row(results, _base_series(base), **params)
+    if reference is None:
+        raise ValueError(f"step {number}'s base, step {base}, has no time at {_case(params)}")
+    return (f"{_case(params)}: {us(row['ms'])} µs{capped(row)}, {_vs(row, reference)} step {base}, "
+            f"{_over_floor(results, row, params)} floor")
+
+
+def _case(p: dict) -> str:
+    per = "" if p["batch"] == 1 else " each"
+    return f"batch {p['batch']}, {p['allowed']:,} {p['kind']}{per}"
+
+
+def main_steps_table(results) -> str:
+    """The table of steps, Markdown under its bold caption: one row per kept step (:data:`MAIN_LINE`), then the rivals
+    (:data:`MAIN_RIVALS`). Every time is at :data:`MAIN_CASE` ("–" for a step that does not run there: step 8 takes at
+    most eight ids, step 10 a batch); "×" is the time of the kept step before it with a time there (:func:`main_base`)
+    over its own, so the column reads down the table; "× floor" is its time over its floor there (step 13's starts
+    with the bitmask's copy, said in its cell); "its own case" gives, for a step whose idea is about another case, that
+    case's time, its ratio to the step it builds on there and its time over that floor. A time whose rotation was capped
+    carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the page's threshold."""
+    lines = [f"**The steps kept, at {_case(MAIN_CASE)} allowed tokens** (µs, GPU clock; × the kept step above it with "
+             "a time here)", "",
+             "| step | the one change | µs | × | × floor | its own case |", "|---|---|---|---|---|---|"]
+    for number in MAIN_LINE:
+        row = _row(results, step_series(number), **MAIN_CASE)
+        if row is None and STEP_CASES[number][0] == MAIN_CASE:
+            continue
+        change = CHANGES[number]
         if row is None:
-            continue
-        shown[step.number] = row
-        if base is None:
-            against = vs = "–"
+            cells = ["–", "–", "–"]
         else:
-            reference = _row(results, _base_series(base), **params)
-            if reference is None:
-                raise ValueError(f"step {step.number}'s base, {_base_series(base)}, has no time at {_case(params)}")
-            against, vs = BASE_WORDS.get(step.number, f"step {base}"), _vs(row, reference)
-        change = BOEHM_CHANGES.get(step.number, step.title)
-        if step.number in NOT_PAID:
-            change = f"{paid_words(step_factor(results, step.number))}: {change}"
-        if step.number == 11:  # against step 3 it may gain; step 7, which step 12 runs there, is the test
-            seven = _row(results, step_series(7), **params)
-            if seven is not None:
-                change = (f"{'did not pay' if seven['ms'] < row['ms'] else 'paid'}: {change}; step 7 is "
-                          f"{row['ms'] / seven['ms']:.2f}× as fast on this mask")
-        lines.append(f"| {step.number} | {change} | {_case(params)} | {us(row['ms'])}{capped(row)} | {against} | "
-                     f"{vs} | {_floor_cells(results, row, params, from_host=step.number in FROM_HOST)} |")
-    for candidates, faces in RIVAL_ROWS:
-        params = STEP_CASES[faces][0]
-        found = [(r, s) for s in candidates if (r := _row(results, s, **params)) is not None]
-        if not found or faces not in shown:
-            continue
-        rival, series = min(found, key=lambda t: t[0]["ms"])  # the strongest rival at this point
-        words = RIVAL_WORDS_ROW[series]
-        ratio, _, flag = _vs(shown[faces], rival).partition(" ")  # the flag, if any, after the sentence
-        lines.append(f"| rival | {words}; step {faces} is {ratio} as fast here{' ' + flag if flag else ''} | "
-                     f"{_case(params)} | {us(rival['ms'])}{capped(rival)} | – | – | "
-                     f"{_floor_cells(results, rival, params, from_host=faces in FROM_HOST)} |")
+            base = main_base(results, number)
+            ratio = "–" if base is None else _vs(row, _row(results, step_series(base), **MAIN_CASE))
+            if base is not None and base != [n for n in MAIN_LINE if n < number][-1]:
+                ratio += f" (step {base})"
+            if number in FROM_HOST:
+                ratio = "– (starts from the bitmask)"
+            cells = [f"{us(row['ms'])}{capped(row)}", ratio,
+                     _over_floor(results, row, MAIN_CASE, from_host=number in FROM_HOST)]
+        lines.append(f"| {number} | {change} | " + " | ".join(cells) + f" | {_own_case(results, number)} |")
+    for series, words in MAIN_RIVALS:
+        row = _row(results, series, **MAIN_CASE)
+        if row is not None:
+            lines.append(f"| rival | {words.removeprefix('rival: ')} | {us(row['ms'])}{capped(row)} | – | "
+                         f"{_over_floor(results, row, MAIN_CASE, from_host=series == XGRAMMAR)} | – |")
     return "\n".join(lines)
 
 
-def one_steps_table(results) -> str:
-    """:func:`boehm_table` as the page shows it: one table, every step in order and then the rivals, each row with
-    the case it is measured at (the case its idea is about), its time over its floor (``× floor``), then the floor
-    and what binds it in a cell of their own (``floor: µs, what binds``); every other cell unchanged. Markdown under
-    its bold caption."""
-    lines = boehm_table(results).splitlines()
-    head = [c.strip() for c in lines[0].split("|")[1:-1]]
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
-    floor, over = head.index("floor (µs)"), head.index("× floor")
-    names = [h for k, h in enumerate(head) if k not in (floor, over)] + ["× floor", "floor: µs, what binds"]
-    cells = [[c for k, c in enumerate(r) if k not in (floor, over)]
-             + [r[over], r[floor].replace(' (', ', ').rstrip(')')] for r in rows]
-    return ("**Each step at the case its idea is about** (µs, GPU clock)\n\n"
-            + "\n".join(["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-                        + ["| " + " | ".join(c) + " |" for c in cells]))
+def tried_steps_table(results) -> str:
+    """The steps tried that did not pay (:data:`TRIED`), Markdown: each at the case its idea is about, against the
+    step it modifies there (:data:`STEP_CASES`), and why it is not kept, from the run: a step that beats its base
+    (step 11 over step 3) is set against step 7 on the same mask."""
+    lines = ["| step | the one change | measured at | µs | × the step it modifies | why it is not kept |",
+             "|---|---|---|---|---|---|"]
+    why = {3: "its row tiles stay as the dispatch's dense path",
+           6: "the row programs start later; steps 7 and 8 keep step 5's order",
+           9: "64 reductions a row, in series; step 10 does them in one `tl.dot`"}
+    for number in TRIED:
+        params, base = STEP_CASES[number]
+        row = _row(results, step_series(number), **params)
+        if row is None:
+            continue
+        reference = _row(results, step_series(base), **params)
+        reason = why.get(number, "")
+        if number == 6:
+            one = step_factor_at(results, 6, dict(params, allowed=1))
+            reason = (f"{_pct(1 / one - 1)} slower at 1 allowed: " if one and one < 1 else "") + reason
+        if number == 11:
+            seven = _row(results, step_series(7), **params)
+            reason = f"step 7 is {row['ms'] / seven['ms']:.2f}× as fast on the same mask" if seven else PENDING
+        lines.append(f"| {number} | {CHANGES[number]} | {_case(params)} | {us(row['ms'])}{capped(row)} | "
+                     f"{_vs(row, reference)} step {base} | {reason} |")
+    return "\n".join(lines)
+
+
+def step_factor_at(results, number: int, params: dict) -> float | None:
+    """Step ``number``'s base's time (:data:`STEP_CASES`) over its own at ``params``; None where either is missing."""
+    base = STEP_CASES[number][1]
+    mine, theirs = _ms(results, step_series(number), **params), _ms(results, _base_series(base), **params)
+    return None if mine is None or theirs is None else theirs / mine
+
+
+#: The rivals of step 12 (the kernel given the ids) in the result's table: the fastest of them at each point.
+KERNEL_RIVALS = ("index_select", "cublas_fp32_mask", "dense_mask")
+
+
+def result_table(results) -> str:
+    """The result, Markdown: at each of :data:`HEADLINE_POINTS`, the kernel alone (step 12, given the ids) against the
+    fastest rival given the ids there (:data:`KERNEL_RIVALS`), and the whole step from the packed bitmask (step 13)
+    against xgrammar's path, side by side with equal weight; a ratio under one said as slower."""
+    head = ["batch (1,000 allowed each)", "kernel alone: step 12", "its fastest rival, given the ids", "step 12 is",
+            "whole step: step 13", "xgrammar's path", "step 13 is"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def said(theirs: float, ours: float) -> str:
+        x = theirs / ours
+        return f"**{x:.2f}×** faster" if x > 1 + TIE else "a tie" if tied(theirs, ours) else f"{1 / x:.2f}× slower"
+
+    for batch, kind, allowed in HEADLINE_POINTS:
+        p = dict(batch=batch, kind=kind, allowed=allowed)
+        mine, whole, xgr = _row(results, step_series(12), **p), _row(results, PLAN, **p), _row(results, XGRAMMAR, **p)
+        rivals = [(r, s) for s in KERNEL_RIVALS if (r := _row(results, s, **p)) is not None]
+        if mine is None or not rivals:
+            continue
+        rival, series = min(rivals, key=lambda t: t[0]["ms"])
+        cells = [f"{batch}", f"{us(mine['ms'])}", f"{RIVAL_WORDS[series]}, {us(rival['ms'])}",
+                 said(rival["ms"], mine["ms"])]
+        cells += ([f"{us(whole['ms'])}", f"{us(xgr['ms'])}", said(xgr["ms"], whole["ms"])] if whole and xgr
+                  else ["–", "–", "–"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def dense_clusters(results, batch: int = 1, gap: float = 0.05) -> dict[str, Any] | None:
