@@ -12,9 +12,10 @@ shape, its time over the run's repetitions, the strongest rival measured at the 
   timed chain of its T dependent frames; for a decode step its forward's kernels, one after another.
 
 The case's **floor** is the largest of these, a yardstick from a simple model (a kernel passes it only by moving
-fewer bytes than counted or by being served from L2); "% of the floor" is that floor over our median (100% would
-be at the floor). Each row names its floor's kind. Chapter 08's loop has a byte floor but no measured latency
-floor, the one that binds it, so no percentage. Where a file lacks a number the scoreboard needs, the cell says "not measured" and
+fewer bytes than counted or by being served from L2); "× floor" is our median over that floor (1.0× would be at
+the floor; ``pct_of_floor`` keeps it turned over, as a percentage). Each row names its floor's kind; a decode loop's
+floors (chapters 07 and 08) count our own loop's forwards and kernels, so its cells call them our loop's bounds. A
+row whose floor that binds is not measured on its card gets no ratio. Where a file lacks a number the scoreboard needs, the cell says "not measured" and
 :func:`missing` says why; nothing is filled in by hand.
 
 The module reads the JSON files directly (no chapter code is imported), so the page and its test do not depend on
@@ -384,6 +385,7 @@ def _ctc(data):
     bytes, sets the pace. The small case's latency floor is the card's tails run of a kernel that does only that
     chain, T frames (steps 10 to 14 run the forward and backward chains side by side), where the card has one."""
     from studylog.ctc.results import entry_series
+    from studylog.tails import ctc_bench_targets
 
     # a run without the entry point is shown, at each case, at the step the entry point runs there, so that every
     # card times the same kernel
@@ -397,13 +399,19 @@ def _ctc(data):
             continue
         rival = one(data, "torch-best", **case)
         latency, what = _one_kernel(data)
-        gaps = ()
+        gaps, floor_notes = (), ()
         if chain is not None and chain["params"]["frames"] == case["T"]:
             # the chain of T dependent frames bounds every case of T frames (the chapter's floor); it is timed at the
             # small alphabet's states, the fewest, so at a larger alphabet it is a lower bound still
             latency = chain["ms"]
             what = (f"the recursion's {chain['params']['frames']} dependent frames alone over "
                     f"{chain['params']['states']} states (a log-sum-exp and a warp shuffle each), graph-replayed")
+            states = 2 * max(map(len, ctc_bench_targets(case["T"], case["N"], case["A"]))) + 1
+            if states > chain["params"]["states"]:  # a longer chain than the one timed: a lower bound of its own
+                floor_notes = (f"latency floor: the chain is timed at the small alphabet's one utterance "
+                               f"({chain['params']['states']} states); the longest target of this case has {states} "
+                               f"states, so its own chain of frames takes longer: {us(chain['ms'])} µs is a lower "
+                               "bound of it",)
         else:  # the chain of frames is the chapter's latency floor on every card that times it: an empty kernel
             latency = None  # would put another quantity in the same column
             what = "the recursion's chain of frames alone is not timed on this card"
@@ -413,6 +421,7 @@ def _ctc(data):
         row = _row(_entry_label("the fused CTC kernel", used, ours), shape, ours["clock"], ours, label, rival,
                    byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
                    rival_notes=faster_rivals(data, ours, rival, case, skip=("torch-cuDNN",)), gaps=gaps,
+                   floor_notes=floor_notes,
                    short=_entry_short(used, ours) + ("" if case is CTC_CASE else "; A = 28, N = 1"))
         row["tail_params"] = case
         if latency is None:
@@ -696,7 +705,9 @@ def _decode(data):
     gaps: tuple[str, ...] = ()
     notes = ["wall clock: the whole step, host included, per output token; the median and the slowest run are "
              "medians over the JSON schemas of each request's median and slowest run",
-             "floors: the body's weights read once per forward, and its kernels' chain, per output token"]
+             "floors: the body's weights read once per forward, and its kernels' chain, per output token; the "
+             "8B-shaped body's 32 layers reuse one layer's weights, far larger than L2, so each layer's read is "
+             "counted and comes from memory"]
     head = next((n.split("'vocab_size': ", 1)[1].split(",", 1)[0] for n in data.get("notes", [])
                  if n.startswith("model 8b: ") and "'vocab_size': " in n), None)
     if head is not None and int(head) % 128:  # the run's head was not padded: its cuBLAS baseline is slower
@@ -724,7 +735,7 @@ def _decode(data):
     if real:
         notes.append(f"on a real model, SmolLM2-135M, over its {len(real)} requests at batch 1, the same two loops: "
                      f"{unpadded['real_ratio']:.2f}× (the ratio of the two medians)")
-    return unpadded | {"no_tail_why": LOOP_NO_TAIL} | _row("the loop with chapters 01 and 02 (step 3)",
+    return unpadded | {"no_tail_why": LOOP_NO_TAIL, "loop_bound": True} | _row("the loop with chapters 01 and 02 (step 3)",
                            f"8B-shaped body with a cl100k head, batch 1, per output token, median of the {len(pairs)} "
                            "JSON schemas (one request each)",
                            ours[0]["clock"], summary, "the same loop, dense head and mask (step 1)", rival_row,
@@ -783,7 +794,8 @@ def _speculate(data):
         why = "not measured: no run counted the kernels of SmolLM2's forward" + (f"; {bound}" if bound else "")
     words = ({"floor_words": f"{share:.2f} forwards a token × {kernels} kernels × {empty * 1e3:.2f} µs"}
              if latency is not None else {})
-    return ({"latency_missing_why": why} if latency is None else words) | {"no_tail_why": LOOP_NO_TAIL} | _row(
+    return ({"latency_missing_why": why} if latency is None else words) | {"no_tail_why": LOOP_NO_TAIL,
+                                                                           "loop_bound": True} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of the {len(pairs)} "
                 "requests that close their JSON", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
                 rival_row,
@@ -916,11 +928,14 @@ TAIL_SERIES: dict[int, tuple[tuple[str, dict[str, Any]], ...]] = {
     6: (("multi_item_attention", MULTI_ITEM_GQA_CASE), ("multi_item_attention", MULTI_ITEM_CASE)),
 }
 #: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
-TAIL_NOTE = ("p99 ÷ median: the 99th percentile of {samples} re-measurements of the call, each the mean call time of "
-             "one CUDA graph of at least {calls} calls, over their median, from a run of its own (How we measure "
-             "gives the details)")
-#: The p99 column's header.
-P99_HEADER = "re-measured p99 ÷ median (p99, µs)"
+TAIL_NOTE = ("p99 ÷ median: the call is timed {samples} times, each time as the mean call time of one CUDA-graph "
+             "replay of at least {calls} calls; the cell is the 99th percentile of those per-replay means over their "
+             "median, from a run of its own, then that p99 in µs: how far one replay's measurement lands from "
+             "another's, not how slow a single call can be (How we measure gives the details)")
+#: The p99 column's header: a spread of per-replay means, named for what it is.
+P99_HEADER = "replay-to-replay p99 ÷ median (p99, µs)"
+#: A card with no tails run: its p99 cells say so with a mark, and one line under the tables says why.
+NO_TAILS_MARK = "not measured†"
 
 
 def tail(card: Path, number: int, params: dict[str, Any] | None = None,
@@ -992,6 +1007,37 @@ def tail_copies(row: dict[str, Any], t: dict[str, Any]) -> str | None:
             f"rotates over {_copies(mine)}: the rows a call reads may stay in L2 in the p99 run and come from "
             "device memory in the chapter's, so the p99 and the median beside it are not measured as the chapter's "
             "median is")
+
+
+def ctc_tail_targets(row: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str] | None:
+    """Chapter 04's p99 run where its repetitions drew targets of their own (seeded by the repetition), not those the
+    chapter's benchmark times at the row's case: (whether to leave the p99 out, the note saying why). The time of a
+    call follows its longest target, so where the repetitions' medians spread wider than :data:`WIDE_TAIL` the p99 is
+    the spread of the targets, not of the call's replays, and is left out. None where the run timed the chapter's
+    targets."""
+    import torch
+
+    from studylog.ctc.report import random_targets
+    from studylog.tails import ctc_bench_targets
+
+    if t.get("targets") == "the chapter's" or not t.get("repetition_medians_ms"):
+        return None
+    T, N, A = (row["tail_params"][k] for k in ("T", "N", "A"))
+    mine = max(map(len, ctc_bench_targets(T, N, A)))
+    theirs = [max(map(len, random_targets(T, N, A, torch.Generator().manual_seed(rep))))
+              for rep in range(len(t["repetition_medians_ms"]))]
+    medians = t["repetition_medians_ms"]
+    longest = "longest target" if N > 1 else "target"
+    drawn = (f"the p99 run's {len(theirs)} repetitions each drew targets of their own, not this row's (its {longest} "
+             f"{mine} labels): theirs run to {', '.join(map(str, theirs[:-1]))} and {theirs[-1]} labels")
+    if max(medians) <= WIDE_TAIL * min(medians):
+        return False, (f"{drawn}; their medians lie within {max(medians) / min(medians) - 1:.0%} of each other, so "
+                       "the p99 stands for this shape")
+    slow = max(range(len(medians)), key=medians.__getitem__)
+    rest = " and ".join(us(m) for i, m in enumerate(medians) if i != slow)
+    return True, (f"{drawn}, and the repetition of {theirs[slow]} labels ran at {us(medians[slow])} µs against {rest} "
+                  f"µs: that run's p99 ({us(t['p99_ms'])} µs, {t['p99_ms'] / t['ms']:.2f}× its median) measures a "
+                  "longer target, not a slower call, so no p99 is given for this row")
 
 
 def _ctc_small_case_words(root: Path) -> str | None:
@@ -1087,15 +1133,42 @@ def _kernel_label(r: dict[str, Any]) -> str:
     return f"part 1's {label}" if r.get("part_notebook") else label
 
 
+#: A decode loop's floors count the forwards and kernels of our own loop (chapters 07 and 08): their cells name them
+#: our loop's bounds, and the ratio cell says it is over such a bound, not over what the card allows any loop.
+LOOP_BOUND_NOTE = ("Chapters 07 and 08 time a whole decode loop: their floors count the forward passes and kernels of "
+                   "our own loop, so they are our loop's bounds, not the card's floors (a loop with fewer forwards or "
+                   "kernels has lower ones), and their ratio says how close the loop runs to its own bound, not how "
+                   "much a better loop could gain.")
+
+
+#: Rivals whose full name would fill a cell: (the full name's start, the name in the cell); the full name goes to a
+#: numbered line under the table.
+RIVAL_SHORT = (("our corrected port of FastDeploy's", "FastDeploy, our port"), ("xgrammar (", "xgrammar"),
+               ("BitNet's W2A8 kernel", "BitNet W2A8"), ("the same loop, dense head and mask", "step 1's loop"),
+               ("chapter 07's loop (", "chapter 07's loop"))
+#: The marks of those lines.
+MARKS = "¹²³⁴⁵⁶⁷⁸⁹"
+
+
+def short_rival(label: str) -> str | None:
+    """The name a rival's cell shows where its full name is long (the full name then goes under the table), else
+    None."""
+    return next((short for start, short in RIVAL_SHORT if label.startswith(start)), None)
+
+
 def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
-    """A row's floor that binds (its time and kind) and how close our median is to it, as two cells."""
+    """A row's floor that binds (its time and kind) and how far our median is above it (× floor), as two cells; a
+    decode loop's floor is our loop's bound, said in both cells."""
     if r.get("floors_as_above"):  # an end-to-end time is not held against the GPU's floors
         return "– (end to end; the GPU row's floors)", "–"
     if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
         return "–", f"– ({r['no_pct_why']})"
     if r["binding"]:
-        pct = r["pct_of_floor"]
-        return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}", f"**{pct:.0f}%** ({100 / pct:.1f}× floor)"
+        times = 100 / r["pct_of_floor"]
+        if r.get("loop_bound"):
+            kind = floor_kind(r).replace("byte floor", "byte bound").replace("latency floor", "launch bound")
+            return f"{_floor(r['binding_floor_ms'])}, our loop's {kind}", f"{times:.1f}× our loop's bound"
+        return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}", f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
         return f"latency floor, {NOT_MEASURED} on this card", "–"
     return NOT_MEASURED, NOT_MEASURED
@@ -1182,7 +1255,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                 note(r, first_note, every_card=True)
         if r.get("part_notebook"):  # a part of the chapter with a page of its own: the cell links it
             ours = f"[part 1]({link(r['part_notebook'])}): {ours}"
-        rival = f"{r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
+        rival = f"{short_rival(r['rival']) or r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
         if r.get("rival_check") == "misses":  # the rival's check is said where it fails; passing is the rule
             note(r, f"{r['rival']} misses our float64 check")
         also = r.get("rival_also")
@@ -1210,6 +1283,13 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if r.get("tail_params") else None
         # the second table's rows say where no run measured their tail; an end-to-end row has the GPU row's
         p99 = "–" if id(r) in lead_ids or r.get("ours_end_to_end_ms") is not None else NOT_MEASURED
+        if p99 == NOT_MEASURED and load(folders[r["card"]], TAILS) is None:
+            p99 = NO_TAILS_MARK  # the card has no such run: one line under the tables says so
+        other = ctc_tail_targets(r, t) if t is not None and r["number"] == 4 else None
+        if other is not None:  # the p99 run timed other targets than the row's: its spread is theirs
+            note(r, other[1])
+            if other[0]:
+                p99, t = "– (other targets; notes)", None
         if t is not None:
             p99 = tail_ratio(t)
             if t["p99_ms"] > WIDE_TAIL * t["ms"]:  # a spread this wide is worth a line: the median alone misleads
@@ -1229,7 +1309,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
                           and b is not r and b.get("pct_of_floor") is not None), None)
             if alone is not None:
-                pct = pct[:-1] + f"; {alone['ours']}: {alone['pct_of_floor']:.0f}%)"
+                pct = pct[:-1] + f"; {alone['ours']}: {100 / alone['pct_of_floor']:.1f}×)"
         cells.append((r, {"card": card, "kernel": ours, "median": f"**{us(median)}** ({us(slowest)})", "p99": p99,
                           "rival": rival, "vs": vs, "binding": binding, "pct": pct}))
         if r.get("floors_as_above"):
@@ -1287,12 +1367,19 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         out = [title, "", "| chapter: shape | " + " | ".join(h for _, h in columns) + " |",
                "|" + "---|" * (len(columns) + 1)]
         named: set[int] = set()
+        marks: dict[str, str] = {}  # a long rival's full name -> its mark in this table
         for r, c in picked:
             chapter = (again(r) if r["number"] in named
                        else chapter_link(r) + (f": {r['shape']}" if r.get("shape") else ""))
             named.add(r["number"])
+            short = short_rival(r.get("rival") or "")
+            if short and "rival" in c:
+                mark = marks.setdefault(r["rival"], MARKS[len(marks)])
+                c = c | {"rival": c["rival"].replace(short, short + mark, 1)}
             row = [c.get(key, "–") for key, _ in columns]
             out.append(f"| {chapter} | " + " | ".join(row) + " |")
+        lines_under = [f"{mark} {full}." if full.startswith(short_rival(full)) else f"{mark} {short_rival(full)}: {full}."
+                       for full, mark in marks.items()] + lines_under
         return out + ([""] + [u + "  " for u in lines_under] if lines_under else [])
 
     first_rows = [rc for rc in cells if id(rc[0]) in lead_ids]
@@ -1300,7 +1387,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     one_card = all(r["card"] == lead_card for r, _ in first_rows)
     common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"), ("p99", P99_HEADER),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
-              ("binding", "floor that binds (µs), its kind"), ("pct", "% of the floor")]
+              ("binding", "floor that binds (µs), its kind"), ("pct", "× floor (ours ÷ floor)")]
     lead_columns = common if one_card else [("card", "card")] + common
     on = f", all measured on the {LEAD_CARD}" if one_card else ""
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
@@ -1329,10 +1416,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                                             calls=samples[0].get("min_calls_per_replay", "many"))
                            .replace("p99 ÷ median: ", f"The {P99_HEADER} column: ", 1) + "."
                            + "".join(dict.fromkeys(f" {b['no_tail_why'][1]}." for b in board if b.get("no_tail_why")))
-                           + (" A card with no such run (" + " and ".join(without) + ") has none, and a case the run does "
-                              "not time says \"not measured\"." if (without := [
-                                  f"the {short_card(card_name(c))}" for c in cards(root) if load(c, TAILS) is None])
-                              else " A case the run does not time says \"not measured\"."))
+                           + " A case the run does not time says \"not measured\".")
+    without = [f"the {short_card(card_name(c))}" for c in cards(root) if load(c, TAILS) is None]
+    if without and samples:
+        definitions.append(f"{NO_TAILS_MARK[-1]} Not measured: the replay-to-replay run was made on the "
+                           f"{' and the '.join(sorted({short_card(r['card']) for r in board if 'missing' not in r} - {w[4:] for w in without}))} "
+                           f"only; {' and '.join(without)}'s medians come from its chapters' own runs, which keep no "
+                           "per-replay samples.")
+    if any(r.get("loop_bound") and r.get("binding") for r in board if "missing" not in r):
+        definitions.append(LOOP_BOUND_NOTE)
     out_folds = []
     for entry in ENTRIES:
         said = notes.get(entry.number)
