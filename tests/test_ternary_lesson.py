@@ -329,37 +329,46 @@ def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
     assert code.count("lesson.boehm_table(") == 1
 
 
+ROW = re.compile(r"^\| (\d+(?: \+ \d+)?) \|", flags=re.M)  # a steps table's row: "| 17 |" or a pair's "| 15 + 16 |"
+
+
 def test_the_boehm_table_has_one_row_a_step(results):
     table = L.boehm_table(results, L.PART2_ROWS)
-    assert len(re.findall(r"^\| \d+ \|", table, flags=re.M)) == len(L.PART2_ROWS)
+    assert len(ROW.findall(table)) == len(L.PART2_ROWS)
     assert table.count("| step | the change | µs | × previous | × the 2-bit floor |") == len(
         {m for _, m, _, _ in L.PART2_ROWS})
     assert all(L.card(results) in line for line in table.splitlines() if line.startswith("**"))  # the card named
     wide = L.boehm_table(results, L.PART2_ROWS, read_only=True)
     assert wide.count("| × the 2-bit floor | × read-only |") == len({m for _, m, _, _ in L.PART2_ROWS})
     reader = L.us(results, "read_weights")
-    row23 = next(line for line in wide.splitlines() if line.startswith("| 23 |"))
+    row23 = next(line for line in wide.splitlines() if line.startswith("| 22 + 23 |"))
     assert row23.rstrip(" |").endswith(f"{L.us(results, T.SERIES[23]) / reader:.1f}")
 
 
-def test_part_2s_steps_table_gives_each_pair_beside_its_second_half(results):
-    """A step that exists to make the next one possible (it may lose alone) is the first half of a pair: its row
-    says so, and the second half's row gives the pair's speedup over the step before it, beside its own."""
+def test_part_2s_steps_table_gives_each_pair_one_row_and_one_number(results):
+    """A step that exists to make the next one possible (it may lose alone) is the first half of a pair: the steps
+    table gives the pair one row ("15 + 16") and one number, its second half over the step before the pair; the
+    pair's chain table times the halves apart, from the same file. Steps 24 and 25 are tried, the main line ends at
+    step 23."""
     table = L.boehm_table(results, L.PART2_ROWS)
-    lines = [line for line in table.splitlines() if re.match(r"^\| \d+ \|", line)]
+    lines = [line for line in table.splitlines() if ROW.match(line)]
     assert len(lines) == len(L.PART2_ROWS)
-    for (number, m, _, _), line in zip(L.PART2_ROWS, lines):
-        assert line.startswith(f"| {number} |")
-        if number in L.PAIRS.values():
-            second = next(s for s, f in L.PAIRS.items() if f == number)
-            assert f"first half of pair {number} + {second}" in line, line
-        half = next((r for r in L.PART2_ROWS if r[0] == L.PAIRS.get(number) and r[1] == m), None)
-        if half is not None:
-            want = L.us(results, T.SERIES[half[2]], L.MAIN, m) / L.us(results, T.SERIES[number], L.MAIN, m)
-            assert f"pair {half[0]} + {number}: **{want:.2f}** (vs {half[2]})" in line, line
-        else:
-            assert "pair" not in line.split(" | ")[3], line
-    assert "did not pay alone" not in table
+    for (number, m, previous, change), line in zip(L.PART2_ROWS, lines):
+        first = L.PAIRS.get(number)
+        pair = first is not None and previous == first - 1
+        assert line.startswith(f"| {first} + {number} |" if pair else f"| {number} |"), line
+        assert number not in L.PAIRS.values()  # no first half has a row of its own
+        if previous is not None:
+            want = L.us(results, T.SERIES[previous], L.MAIN, m) / L.us(results, T.SERIES[number], L.MAIN, m)
+            assert f"| {want:.2f} (vs {previous}) |" in line, line
+        assert change.startswith("tried, did not pay") == (number == 25), line
+    assert "first half" not in table and "**" not in table.split("\n\n", 1)[1].split("**")[0]
+    for second, first in L.PAIRS.items():
+        chain = L.pair_chain(results, second)
+        rows = [line for line in chain.splitlines() if line.startswith("| step ")]
+        assert [r.split(" | ")[0] for r in rows] == [f"| step {first - 1}", f"| step {first}", f"| step {second}"]
+        alone = L.us(results, T.SERIES[first - 1]) / L.us(results, T.SERIES[first])
+        assert f"{alone:.2f}×" in rows[1]
 
 
 def test_the_chapter_lists_both_lessons():
@@ -564,7 +573,7 @@ def _chain_rows(table: str) -> list[list[str]]:
 #: The lab runs each page reads beside the benchmark (by page: part 1, part 2), and what in a page's code reads each
 #: (a call of the page's own, or a lesson function that reads it).
 PAGE_RUNS = ({L.LAYER_RUN: "lesson.amdahl_layers_table(", "bundled_steps": 'load_lab("ternary", "bundled_steps")'},
-             {L.LAYER_RUN: "lesson.amdahl_layers_table(", "step22_parts": 'load_lab("ternary", "step22_parts")',
+             {L.LAYER_RUN: "lesson.amdahl(results)", "step22_parts": 'load_lab("ternary", "step22_parts")',
               "w2a8_tiles_ncu_m16.txt": 'lesson.ncu_metrics("w2a8_tiles_ncu_m16.txt")'})
 CLOSING = "## Where the numbers come from"
 #: A path or file name of a committed result: the page names its runs in words (the card, what was run).
@@ -1036,3 +1045,17 @@ def test_part_2_says_why_step_23s_default_stays(results):
     assert all(r["default"] == "staged" and r["gain"] < 1 for r in times.values())
     code = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"])
     assert "picked on the Llama shapes" in code and "stage x only" in code
+
+
+def test_the_per_layer_table_is_part_1s_alone():
+    """Part 1 shows the table of BitNet b1.58 2B4T's layers; part 2 links to it and gives only its new totals."""
+    one, two = ("".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"]) for p in LESSONS)
+    assert "lesson.amdahl_layers_table(" in one and "lesson.amdahl_layers_table(" not in two
+    assert "05_ternary_1_triton.ipynb#why-it-matters" in two
+
+
+def test_part_2_claims_nothing_about_the_void_captures():
+    """The `(void)` captures of step 23's closure are in its source; the page makes no claim about them it does
+    not measure."""
+    two = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"])
+    assert "(void)" not in two and "ptxas" not in two

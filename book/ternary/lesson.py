@@ -717,30 +717,60 @@ PART1_ROWS = (
 )
 
 #: Part 2's steps that are the second half of a pair -> the first half: a prerequisite that exists to make the next
-#: step possible and may lose on its own. The steps table gives the pair's speedup beside the second half's.
+#: step possible and may lose on its own. The steps table gives the pair one row and one number (its second half's
+#: time over the step before the pair); :func:`pair_chain` times the two halves apart.
 PAIRS = {16: 15, 19: 18, 23: 22, 25: 24}
 
-#: Part 2's rows, as :data:`PART1_ROWS`. The first half of a pair (:data:`PAIRS`) says so.
+#: Each half of a pair, in a few words (the rows of :func:`pair_chain`).
+PAIR_CHANGES = {
+    15: "the loop by hand on `mma.sync`, K in one slice",
+    16: "K split across blocks, the slices summed in a fixed order",
+    18: "the weights by the TMA into a ring, K still split across blocks",
+    19: "the warps of a block share its K, sums in shared memory",
+    22: "int8 x on the int8 tensor cores, x quantised by a kernel of its own",
+    23: "x quantised inside the matmul",
+    24: "one tile of weights a warp, a slice of K a block",
+    25: "x brought by the TMA",
+}
+
+#: Part 2's rows, as :data:`PART1_ROWS`; a row whose step is the second half of a pair (:data:`PAIRS`) and whose
+#: previous step is the one before the pair is the pair's row ("15 + 16"). Steps 24 and 25 were tried and did not
+#: pay: the main line ends at step 23.
 PART2_ROWS = (
     (14, 1, None, "part 1's last Triton step"),
-    (15, 1, 14, "the loop by hand on `mma.sync`, loads two groups ahead; K in one slice "
-                "(first half of pair 15 + 16: alone it loses)"),
-    (16, 1, 15, "K split across blocks, the slices summed in a fixed order"),
+    (16, 1, 14, "the loop by hand on `mma.sync` (15), then K split across blocks (16)"),
     (17, 1, 16, "x copied once into shared memory"),
-    (18, 1, 17, "the weights by the TMA into a ring, K still split (first half of pair 18 + 19: alone it loses)"),
-    (19, 1, 18, "the warps of a block share its K, sums in shared memory"),
+    (19, 1, 17, "the weights by the TMA into a ring (18), then the warps of a block share its K (19)"),
     (20, 1, 19, "one copy a stage and tile, not one a warp"),
     (21, 1, 20, "the decode's constant kept in a register"),
-    (22, 1, 21, "int8 x on the int8 tensor cores, x quantised by a kernel of its own "
-                "(first half of pair 22 + 23: alone it loses)"),
-    (23, 1, 22, "x quantised inside the matmul"),
-    (24, 1, 23, "one tile of weights a warp, a slice of K a block (first half of pair 24 + 25, built for 16 rows: "
-                "at one row the pair loses)"),
-    (25, 1, 24, "x brought by the TMA; loses to step 23 here, wins at the largest BitNet shapes"),
-    (23, 16, 14, "step 23 at 16 rows of x (there x is quantised by a kernel of its own), against part 1's step 14"),
-    (24, 16, 23, "one tile of weights a warp, a slice of K a block, x loaded by the warps (first half of pair 24 + 25)"),
-    (25, 16, 24, "x brought by the TMA; beats step 23, loses to part 1's step 14"),
+    (23, 1, 21, "int8 x on the int8 tensor cores (22), then x quantised inside the matmul (23)"),
+    (25, 1, 23, "tried, did not pay: one tile of weights a warp (24), then x by the TMA (25); "
+                "wins at the largest BitNet shapes"),
+    (14, 16, None, "part 1's step 14 at 16 rows of x"),
+    (23, 16, 14, "step 23 at 16 rows (there x is quantised by a kernel of its own)"),
+    (25, 16, 23, "tried, did not pay: steps 24 and 25, built for several rows; beat step 23, lose to step 14"),
 )
+
+
+def pair_label(number: int, previous) -> str:
+    """A steps table's step cell: "15 + 16" for a pair's row (its second half, measured against the step before
+    the pair), else the step's number."""
+    first = PAIRS.get(number)
+    return f"{first} + {number}" if first is not None and previous == first - 1 else str(number)
+
+
+def pair_chain(results, second: int, cases=((MAIN, 1),)) -> str:
+    """Markdown: a pair's chain table (:func:`book.common.chain_table`), from the committed benchmark: the step
+    before the pair (the anchor), its first half alone, then its second half, each case's time and × previous."""
+    from book.common import ChainRow, chain_table
+
+    first = PAIRS[second]
+    before = first - 1
+    numbers = (before, first, second)
+    changes = (step_label(before).split(": ", 1)[1], PAIR_CHANGES[first], PAIR_CHANGES[second])
+    rows = [ChainRow(f"step {n}", change, {case: us(results, SERIES[n], *case) for case in cases})
+            for n, change in zip(numbers, changes)]
+    return chain_table(rows, list(cases), lambda c: f"{shape_words(c[0])}, M = {c[1]}")
 
 
 def step25_wins(bitnet_run) -> dict[str, float]:
@@ -794,12 +824,9 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
                if number in (7, 8) else "")
         before = None if previous is None else us(results, SERIES[previous], shape, m)
         speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
-        half = next((r for r in rows if r[0] == PAIRS.get(number) and r[1] == m and r[2] is not None), None)
-        if half is not None:  # the second half of a pair: the pair's speedup over the step before it, too
-            speed += (f"; pair {half[0]} + {number}: "
-                      f"**{fmt(ratio(us(results, SERIES[half[2]], shape, m), t), '.2f')}** (vs {half[2]})")
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
-        lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')}{own} |{extra}")
+        lines.append(f"| {pair_label(number, previous)} | {change} | {fmt(t, '.1f')} | {speed} | "
+                     f"{fmt(ratio(t, floor), '.1f')}{own} |{extra}")
     return "\n".join(lines)
 
 

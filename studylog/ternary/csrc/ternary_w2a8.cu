@@ -397,8 +397,8 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) w2a8_kernel(
                     return amax;
                 };
                 // The row's sum of q is the block's. The closure names tid, nthreads and out without needing
-                // them: what it captures shapes the schedule ptxas gives this loop, so dropping them changes
-                // the compiled kernel and must be measured.
+                // them; the timed kernel was compiled with these captures, so removing them is a change to
+                // measure.
                 const auto sum_all = [&](int sum) {
                     (void)tid, (void)nthreads, (void)out;
                     return sum;
