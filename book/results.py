@@ -52,6 +52,17 @@ def fsm_line(summary: dict[str, Any] | None) -> tuple[float | None, str, str]:
     return d["token"], cell, f"{d['token']:.1%} fewer forward passes with token jumps, output unchanged"
 
 
+def fsm_note(summary: dict[str, Any]) -> str:
+    """Chapter 01's note under the results table: what its line leaves out, the saving on compact JSON and the
+    retokenizing step's range, in one clause."""
+    d = summary["default"]["saved"]
+    c = summary.get("compact", {}).get("saved")
+    chars = sorted(x["char"] for x in (d, c) if x)
+    return ((f"{c['token']:.1%} on compact JSON, and " if c else "") + f"{chars[0]:.1%}"
+            + (f" to {chars[-1]:.1%}" if len(chars) > 1 else "")
+            + " with character jumps, which may retokenize the output")
+
+
 #: Chapter 01's peers on the same suite (xgrammar's jump-forward string, llguidance's fast-forward tokens), the totals
 #: its landing line sets beside ours: written by :func:`write_fsm_peers`.
 FSM_PEERS = DATA / "fsm_peers.json"
@@ -94,6 +105,12 @@ def fsm_peers(path: Path = FSM_PEERS) -> dict[str, Any] | None:
 
 #: The peer policy chapter 01 calls the strongest: llguidance's fast-forward tokens.
 FSM_PEER = "llguidance/tokens"
+
+
+def peer_bare(words: str) -> str:
+    """:func:`fsm_peer_words` as the results line gives it: the peer and its number, its caveat left to a note
+    ("llguidance's fast-forward tokens: 22.3%")."""
+    return re.sub(r" \([^()]*\)$", "", words).replace(" save ", ": ", 1)
 
 
 def fsm_peer_words(totals: dict[str, Any] | None) -> str:
@@ -416,6 +433,74 @@ def ctc_host_bound(card: Path) -> tuple[int, int]:
     return sum(1 for c in cases if c["ours"]["host_ms"] > c["ours"]["ms"]), len(cases)
 
 
+def ngram_range(card: Path) -> tuple[float, float, int] | None:
+    """Chapter 03's GPU drafter (its entry point) against step 4, our corrected port of FastDeploy's revised kernel,
+    at the chapter's headline shapes (``studylog.ngram.report.HEADLINE_CASES``) on ``card``: (lowest, highest ratio,
+    how many shapes), the rival's GPU time over ours; None where the card's file lacks a pair."""
+    from studylog.ngram.report import HEADLINE_CASES
+
+    data = load(card, "ngram")
+    found = []
+    for batch, seq_len, threshold in HEADLINE_CASES:
+        case = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
+        pair = [[r for r in rows(data, series, **case) if r["clock"] == "gpu" and "corpus" not in r["params"]]
+                for series in ("ngram_match", "step04")] if data else [[], []]
+        if [len(p) for p in pair] != [1, 1]:
+            return None
+        found.append(pair[1][0]["ms"] / pair[0][0]["ms"])
+    return (min(found), max(found), len(found)) if found else None
+
+
+#: Chapter 06's case where its kernel loses: causal SDPA, which computes a superset of the mask, at the long prefix.
+MULTI_ITEM_LOSS = {"shape": "prefix 2048, 32 items x 32", "ours": "step05", "rival": "causal SDPA (superset)"}
+
+
+def multi_item_loss(card: Path) -> dict[str, Any] | None:
+    """Chapter 06's one loss on ``card`` (:data:`MULTI_ITEM_LOSS`): the case in words, the rival's GPU time over ours
+    (``ratio``), both times with their spreads (``ours``, ``rival``: the rows); None where the file lacks the pair or
+    ours is not the slower there."""
+    data = load(card, "multi_item")
+    case = {"shape": MULTI_ITEM_LOSS["shape"]}
+    pair = [[r for r in rows(data, s, **case) if r["clock"] == "gpu"] for s in (MULTI_ITEM_LOSS["ours"],
+                                                                                MULTI_ITEM_LOSS["rival"])] \
+        if data else [[], []]
+    if [len(p) for p in pair] != [1, 1] or pair[1][0]["ms"] >= pair[0][0]["ms"]:
+        return None
+    ours, rival = pair[0][0], pair[1][0]
+    return {"case": MULTI_ITEM_LOSS["shape"].replace(" x ", " × "), "ratio": rival["ms"] / ours["ms"],
+            "ms": ours["ms"], "rival_ms": rival["ms"], "ours": ours, "rival": rival}
+
+
+def shared_layers_words(card: Path) -> str:
+    """How chapter 07's synthetic 8B model reuses its weights, from its run's ``model 8b`` note on ``card``: "one
+    layer's weights reused across all 32 layers" (empty where the note does not say)."""
+    data = load(card, "decode") or {}
+    note = next((n for n in data.get("notes", []) if n.startswith("model 8b: ")), "")
+    layers = re.search(r"'layers': (\d+)", note)
+    if "'shared_layers': True" not in note or not layers:
+        return "random weights"
+    return f"one layer's weights reused across all {layers.group(1)} layers"
+
+
+def speculate_ungated(card: Path) -> float | None:
+    """Chapter 08's loop without step 4's gate (its step 3) against chapter 07's loop on ``card``, as the headline
+    counts (:func:`studylog.speculate.report.headline`: the ratio of the two medians over the batch-1 extraction
+    requests that close their JSON); None where the file lacks them."""
+    import statistics
+
+    from studylog.speculate.report import closed_requests, rows_of
+
+    data = load(card, "speculate")
+    if data is None:
+        return None
+    kept = closed_requests(data["measurements"], "extraction")
+    ms = {s: [r["ms"] for r in rows_of(data["measurements"], batch=1, workload="extraction")
+              if r["series"] == s and r["params"]["request"] in kept] for s in ("step03", "ch7_step03")}
+    if not all(ms.values()):
+        return None
+    return statistics.median(ms["ch7_step03"]) / statistics.median(ms["step03"])
+
+
 def masked_head_batches(card: Path) -> dict[int, float]:
     """Chapter 02's whole step against xgrammar's path at the larger batches its page gives beside the headline
     (:data:`book.masked_lm_head.lesson.HEADLINE_POINTS`): batch -> xgrammar's GPU time over ours (only the batches
@@ -474,14 +559,15 @@ def synthetic_words(card: Path) -> str:
     note = next((n for n in data.get("notes", []) if n.startswith("model 8b: ")), "")
     head = re.search(r"'vocab_size': (\d+)", note)
     rows_said = f" of {int(head.group(1)):,} rows" if head else ""
-    return f"a synthetic 8B-shaped model (random weights, a cl100k head{rows_said})"
+    shared = shared_layers_words(card)
+    shared = "" if shared == "random weights" else f", {shared}"
+    return f"a synthetic 8B-shaped model (random weights{shared}, a cl100k head{rows_said})"
 
 
 #: The landing table's rival column: whose code each answer is measured against, a library's, a published kernel or
 #: the course's own (where no library runs the same work), by chapter number ("5t": chapter 05's Triton part).
 RIVALS = {
-    2: "xgrammar's path, a library (every logit, then its mask); the kernel alone, torch's index_select and a "
-       "matmul",
+    2: "xgrammar's path, a library (every logit, then its mask)",
     3: "our own port of FastDeploy's GPU kernel, fixed to match the CPU operator exactly (no library has one)",
     4: "cuDNN, through torch",
     "5t": "GemLite, a library",
@@ -605,16 +691,20 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 ratios[name], text, brief[name] = fsm_line(suite)
                 cells[name] = (text if ratios[name] is None else
                                f"{'' if peer else '**'}{ratios[name]:.1%}{'' if peer else '**'} fewer forward "
-                               "passes (a count, not a time)")
+                               "passes")
                 if ratios[name] is not None:
                     landing[name] = brief[name]
                 if peer and ratios[name] is not None:  # the strongest peer beside ours, in the line itself: ours
-                    cells[name] += "; **behind** " + peer.replace(" save ", ": ", 1)  # is not bolded as a win where the peer saves more
+                    cells[name] += "; **behind** " + peer_bare(peer)  # is not bolded as a win where the peer saves more
                     brief[name] += f"; {peer}"
                 if len(cells) > 1 and suite is not None:
                     cells[name] = "the same (a count, not a GPU time)"
                 elif suite is not None:
-                    notes[name].append(text.replace(f"**{ratios[name]:.1%}**", f"{ratios[name]:.1%}"))
+                    notes[name].append(fsm_note(suite))
+                    if peer and "(" in peer:  # the peer's caveat, said once
+                        split = peer.rsplit(" (", 1)[1].rstrip(")")
+                        notes[name].append("the peer's output, too, stays in the tokenizer's own tokens"
+                                           if split.startswith("its output too") else f"the peer's output: {split}")
                 continue
             row = next((b for b in board if b["number"] == entry.number and short_card(b["card"]) == name
                         and b["lead"]), None)
@@ -648,10 +738,25 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"{cpu['vs_rival']:.2f}×")
                     brief[name] = (f"{row['vs_rival']:.2f}× {entry.rival_short} on the GPU; "
                                    f"{cpu['vs_rival']:.2f}× the CPU loop it replaces, end to end")
-            if entry.number == 3:  # the case in a few words: the answer is one shape's
-                landing[name] += f" on the GPU, {NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens"
+            if entry.number == 3:  # the range over the chapter's shapes first, then the headline case's ratio
+                spread3 = ngram_range(card)
+                case3 = f"{NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens"
+                if spread3 is not None:
+                    lo, hi, n = spread3
+                    landing[name] = (f"{lo:.2f}–{hi:.2f}× on the GPU over its {n} shapes "
+                                     f"({row['vs_rival']:.2f}× at {case3})")
+                    cells[name] = (f"**{lo:.2f}–{hi:.2f}×** over {n} shapes ({row['vs_rival']:.2f}× at "
+                                   f"{NGRAM_CASE['batch']} × {NGRAM_CASE['seq_len']:,}: {us(ours)} against "
+                                   f"{us(theirs)} µs){row_caveat(row)}")
+                else:
+                    landing[name] += f" on the GPU, {case3}"
             if entry.number == 8:
                 landing[name] += " per output token, on SmolLM2-135M"
+                ungated = speculate_ungated(card)
+                if ungated is not None:
+                    landing[name] += f" ({ungated:.2f}× without the gate that protects low-copy requests)"
+                    notes[name].append(f"{name}: without step 4's gate, which protects the requests that copy little "
+                                       f"from their document, {ungated:.2f}× on these requests")
                 brief[name] = (f"{row['vs_rival']:.2f}× our own loop, chapter 07's (no serving engine measured), "
                                "on SmolLM2-135M")
             if entry.number == 3 and wait is not None and (wait.get("rival_gpu_ms") or 0) > wait["host_ms"]:
@@ -662,24 +767,25 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                 and "missing" not in b and b.get("vs_rival") is not None), None)
                 if grouped is not None:
                     cells[name] = (f"**{grouped['vs_rival']:.2f}×** ({us(grouped['median_ms'])} against "
-                                   f"{us(grouped['rival_ms'])} µs), grouped-query heads (Llama 3.1 8B, step 6)"
-                                   f"{row_caveat(grouped)}; {row['vs_rival']:.2f}× with 32 heads (step 5)"
-                                   f"{row_caveat(row)}")
+                                   f"{us(grouped['rival_ms'])} µs){row_caveat(grouped)}")
                     brief[name] = (f"{grouped['vs_rival']:.2f}× {entry.rival_short} with Llama 3.1 8B's grouped-query "
                                    f"heads (step 6); {row['vs_rival']:.2f}× with 32 heads (step 5)")
                     landing[name] = f"{grouped['vs_rival']:.2f}× with Llama 3.1 8B's grouped-query heads"
-                    notes[name].append(f"{name}: with 32 heads (every card's layout), step 5, {us(ours)} against "
-                                       f"{us(theirs)} µs")
                 else:
                     cells[name] += ", 32 heads (grouped-query heads not measured on this card)"
                     brief[name] += " (32 heads)"
                     landing[name] += " (32 heads)"
+                loss = multi_item_loss(card)
+                if loss is not None:  # the one case the chapter's kernel loses: said beside its headline
+                    notes[name].append(f"{name}: it loses at one case, to causal SDPA (which computes a superset of "
+                                       f"the mask) at {loss['case']}: {loss['ratio']:.2f}× ({us(loss['ms'])} against "
+                                       f"{us(loss['rival_ms'])} µs)")
             if entry.number == 2:  # one headline, the whole step; the kernel alone against its rival in a note
                 brief[name] += " at batch 1"
                 landing[name] += " at batch 1, the whole step"
                 wider = masked_head_batches(card)
                 if wider and abs(wider[max(wider)] - 1) < 0.01:  # where the lead ends, beside where it is largest
-                    landing[name] += f", a tie at batch {max(wider)}"
+                    landing[name] += f" (a tie at batch {max(wider)})"
                 if wider:  # a tie within 1%, chapter 02's rule
                     brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < 0.01 else f"{x:.2f}× at {b}"
                                                      for b, x in wider.items()) + ")")
@@ -690,14 +796,13 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                            else f"{x:.2f}× at batch {b}" for b, x in wider.items()))
                 alone = next((b for b in board if b["number"] == 2 and short_card(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
-                if alone is not None:  # the kernel against a rival that reads only the allowed rows too
-                    landing[name] += f" (the kernel alone: {alone['vs_rival']:.2f}×)"
+                if alone is not None:  # the kernel against a rival that reads only the allowed rows too: a note
                     brief[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× torch's index_select of the allowed "
                                     "rows and a matmul")
-                    cells[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× (against torch's index_select of "
-                                    "the allowed rows and a matmul)")
-                    notes[name].append(f"{name}: the kernel alone is given the allowed ids, as torch's gather is "
-                                       "(which returns only the allowed logits; ours writes the whole row, masked)")
+                    notes[name].append(f"{name}: the kernel alone, given the allowed ids as torch's gather is, "
+                                       f"{alone['vs_rival']:.2f}× torch's index_select of those rows and a matmul "
+                                       f"({us(alone['median_ms'])} against {us(alone['rival_ms'])} µs; it writes the "
+                                       "whole row, masked, the gather only the allowed logits)")
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
                 beaten = bitnet_range(card)
                 llama = next((b for b in board if b["number"] == 5 and short_card(b["card"]) == name
@@ -714,21 +819,21 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if beaten is not None:
                     lo, hi, shapes = beaten
                     ratios[name] = lo
-                    cells[name] = f"**{lo:.2f}–{hi:.2f}×** BitNet's W2A8 kernel, at its {shapes} shapes"
+                    cells[name] = f"**{lo:.2f}–{hi:.2f}×** at its {shapes} shapes"
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's kernel (2-bit weights, 8-bit x) at its {shapes} "
                                    "decode shapes")
                     landing[name] = f"{lo:.2f}–{hi:.2f}× at the {shapes} decode shapes BitNet's kernel is built for"
                     eager[name] = bitnet_eager_words(card)
                     flips = bitnet_eager(card)
                     if eager[name] and flips:  # the answer flips when called eagerly: said in the cell too
-                        cells[name] += (f" (in a CUDA graph; called eagerly, BitNet's is faster at "
-                                        f"{flips['slower_eager']} of {len(flips['rows'])})")
+                        cells[name] += (f", in a CUDA graph (called eagerly, BitNet's is faster at "
+                                        f"{flips['slower_eager']})")
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
                 else:
                     ratios[name], cells[name], brief[name] = None, VOID, "BitNet's kernel not measured"
                     notes[name].append(f"{name}: BitNet's kernel is not measured on this card" + (f"; {at}" if at else ""))
-                if llama is not None and llama.get("dense_ratio") is not None:
+                if llama is not None and llama.get("dense_ratio") is not None and llama.get("gemlite_fails_check"):
                     # where GemLite fails the check, cuBLAS is the strongest rival at that shape (the scoreboard's
                     # row); where GemLite passes, cuBLAS is the weaker of the two
                     step = "{} ({})".format(*llama["ours"].split(";")[0].split(", ", 1))  # "step 21 (bf16 x)"
@@ -743,24 +848,19 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 grid = ctc_grid(card)
                 if grid is not None:
                     (lo, lo_at), (hi, hi_at) = grid
-                    notes[name].append(f"{name}: over the chapter's grid of alphabets and batches "
-                                       f"({ctc_which(card)}), {lo:.2f}× ({lo_at}) to {hi:.2f}× ({hi_at})")
                     slow, of = ctc_host_bound(card)
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
                                    f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']})")
-                    cells[name] += f"; {lo:.2f}–{hi:.2f}× over the grid's {len(ctc_cases(card))} cases"
+                    cells[name] += f"; {lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases"
                     landing[name] = (f"{row['vs_rival']:.2f}× at alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']} "
                                      f"({lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases of alphabet and batch)")
                     if slow:
                         eager[name] = f"{slow} of the {of} cases wait on the host, by their median host times"
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
-                bound = decode_bound(card)
                 synthetic = synthetic_words(card)
-                landing[name] += f" on {synthetic}"
+                landing[name] += f" on a synthetic 8B-shaped model ({shared_layers_words(card)})"
                 brief[name] = (f"{row['vs_rival']:.2f}× our own loop with a dense head and xgrammar's mask (no "
                                f"serving engine measured), on {synthetic}")
-                if bound is not None:
-                    notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
                 if row.get("real_ratio") is not None:
                     notes[name].append(f"{name}: on a real model, SmolLM2-135M, over its {row['real_requests']} "
                                        f"requests at batch 1, {row['real_ratio']:.2f}× (medians)")
@@ -795,9 +895,6 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         if len(set(steps.values())) > 1:  # the cards' headlines time different steps: which
             differs = "the cards time different steps: " + "; ".join(f"the {n} {k}" for n, k in steps.items())
         eager = {n: e for n, e in eager.items() if e and ratios.get(n) is not None}
-        if entry.number == 6 and notes:  # the peer's label names its setting, which each card's run picks
-            notes[list(notes)[-1]].append("FlashInfer's back end and page size are the fastest of those the benchmark "
-                                          "tries on each card, so they may differ between cards")
         # the answer's clock said before its eager clause, unless the answer names a clock per ratio (chapter 03)
         replay = "" if entry.number == 3 else ", under CUDA-graph replay"
         full = {n: a + (f"{replay}; called eagerly, {eager[n]}" if n in eager else "") for n, a in brief.items()}
@@ -811,6 +908,12 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             what = f"{what}{ctc_case_words(_card(root, SUMMARY_CARD))}"
         elif entry.number == 8:
             what = what.replace("chapter 07's loop", "our own loop, chapter 07's (no serving engine measured)")
+        elif entry.number == 3:
+            what = what.replace(f", {NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens",
+                                f", at its synthetic shapes (the middle one: {NGRAM_CASE['batch']} slots of "
+                                f"{NGRAM_CASE['seq_len']:,} tokens)")
+        elif entry.number == 6:
+            what = what.replace(" in one call,", " in one call, Llama 3.1 8B's grouped-query heads,")
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
                     "question": entry.question, "what": what, "cells": cells, "notes": notes,
                     "ratios": ratios, "brief": full, "answer": {n: landing[n] if n in landing and ratios.get(n) is not None
@@ -839,7 +942,9 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
             continue
         r = answer["ratios"]
         lost = sorted(k for k, v in r.items() if v < 1)
-        cells[name] = f"**{min(r.values()):.2f}–{max(r.values()):.2f}×** GemLite, at {len(r)} shapes"
+        bound = next((v["tolerance"] for v in answer["times"].values() if v.get("tolerance") is not None), None)
+        check = f"meets our {bound:.2%} error bound" if bound is not None else "passes our check"
+        cells[name] = f"**{min(r.values()):.2f}–{max(r.values()):.2f}×** at the {len(r)} shapes where GemLite {check}"
         # every shape where GemLite is faster is named in the cell, the ones where it fails our check too (a range
         # over the passing shapes alone would hide a loss the chapter's table shows), each in a clause of its own so
         # that "fails our check" cannot be read as said of a passing shape; both times are in the line's notes
@@ -847,7 +952,7 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
         words = {k: k.replace("x", " × ") for k in t}
         failing = [k for k in answer["failed_faster"] if k in t]
         qualifiers = ([f"slower at {' and '.join(words[k] for k in lost)}, where GemLite passes"] if lost else []) \
-            + ([f"at {' and '.join(words[k] for k in failing)} GemLite is faster but fails our check"] if failing
+            + ([f"at {' and '.join(words[k] for k in failing)} GemLite is faster but misses it"] if failing
                else [])
         if qualifiers:
             cells[name] += " (" + "; ".join(qualifiers) + ")"
@@ -857,26 +962,18 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
         for k in failing:
             notes[name].append(f"{name}: at {words[k]} GemLite is faster ({us(t[k]['rival_ms'])} against "
                                f"{us(t[k]['ms'])} µs) but fails our check" + (
-                                   f" ({t[k]['error']:.2%} error, tolerance {t[k]['tolerance']:.2%})"
-                                   if t[k]["error"] is not None and t[k]["tolerance"] is not None else ""))
+                                   f" ({t[k]['error']:.2%} error)" if t[k]["error"] is not None else "")
+                               + ": its atomic adds round each partial sum to bf16, so its error grows with K")
         if answer["failed"]:  # the range leaves out the shapes where GemLite fails: named once
             every = [v["rival_ms"] / v["ms"] for v in t.values()]  # GemLite's time over ours, failures included
             notes[name].append(f"{name}: at all {len(every)} shapes, {all_shapes_range(answer)} (the "
                                f"{len(answer['failed'])} where GemLite fails our float64 check included: "
                                + " and ".join(k.replace("x", " × ") for k in answer["failed"]) + ")")
-        notes[name].append(f"{name}: {answer['cublas']:.2f}× cuBLAS bf16 on the dense matrix at 4096 × 14336, a "
-                           "weaker baseline")
     if all(c == VOID for c in cells.values()):
         return None
-    if len(set(passed.values())) > 1:  # the same inputs on every card: GemLite's own launch differs by card
-        last = list(passed)[-1]
-        notes[last].append("GemLite passes our check at different shapes on each card, on the same inputs; it adds "
-                           "partial sums into its bf16 output by atomic adds, each rounded to bf16, so its error "
-                           "grows with K and sits near the tolerance at the larger shapes (part 2 of chapter 05 "
-                           "gives its error on each card)")
     return {"notebook": "notebooks/05_ternary_1_triton.ipynb", "cells": cells, "notes": notes,
             "question": OTHER_PAGES["notebooks/05_ternary_1_triton.ipynb"].replace(" (part 1 of 2)", ""),
-            "what": "step 14, one row of x, against GemLite where it passes our float64 check"}
+            "what": "step 14, one row of x, against GemLite, a Triton library"}
 
 
 def clauses(note: str) -> list[str]:
@@ -908,8 +1005,12 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
              + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
     notes: list[str] = []
     part_one = part_one_line(root)
+    timed_elsewhere = {n for c in names for n in also_timed(root, c)} if card is not None else set()
 
     def line(title: str, notebook: str, question: str, what: str, cells: dict[str, str], said: list[str]) -> None:
+        if card is not None and notebook not in timed_elsewhere and not notebook.startswith("notebooks/01_"):
+            # the folds below hold no other card's number (chapter 01 counts passes: no card's)
+            what += f" ({card} only)"
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {what} | "
                      + " | ".join(cells.get(n, NOT_MEASURED) for n in names) + " |")
         if said:  # one short bullet per clause, under the line's title
@@ -943,6 +1044,20 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
     return "\n".join(lines)
 
 
+def also_timed(root: Path = BENCH_RESULTS, card: str = SUMMARY_CARD) -> list[str]:
+    """The pages (notebooks, in the book's order) whose headline has a time on a card other than ``card`` that may
+    stand beside it: a ratio measured the same way (chapter 01's count, the same on every card, is no time)."""
+    out = []
+    for h in headlines(root):
+        if h["number"] != 1 and any(n != card and r is not None for n, r in h["ratios"].items()):
+            out.append(h["notebook"])
+    part_one = part_one_line(root)
+    if part_one and any(n != card and c != VOID for n, c in part_one["cells"].items()):
+        out.append(part_one["notebook"])
+    order = reading_order()
+    return sorted(out, key=lambda nb: order.index(nb) if nb in order else len(order))
+
+
 def not_comparable_runs(root: Path = BENCH_RESULTS) -> dict[tuple[int, str], str]:
     """The chapters' runs on a card whose setup differs from the other card's, so that its numbers may not stand
     beside them (:func:`book.scoreboard.not_comparable`): (chapter number, the card's full name) -> why."""
@@ -970,6 +1085,38 @@ LOOP_WORDS = {
        "runs stands beside it: the range of the requests' own ratios is in the notes under the first table. This "
        "run does not time the host's share apart.",
 }
+
+#: At the top of a chapter's fold, what its tables' labels leave to each card, by chapter number.
+FOLD_WORDS = {
+    6: "FlashInfer's back end and page size are the fastest of those the benchmark tries on each card, so they may "
+       "differ between cards. The row against causal SDPA at prefix 2048 is the one case where the kernel loses.",
+}
+
+
+def multi_item_loss_row(card: Path, above: str) -> str:
+    """Chapter 06's losing case (:func:`multi_item_loss`) as a row of the fold's table on ``card``, in the layout of
+    ``above`` (the table's row against causal SDPA at another case, whose kernel it times): empty where the card has
+    no such loss or the kernels differ."""
+    loss = multi_item_loss(card)
+    cells = [c.strip() for c in above.strip().strip("|").split("|")]
+    if loss is None or len(cells) not in (6, 7):
+        return ""
+    ours, rival = loss["ours"], loss["rival"]
+
+    def timed(r: dict[str, Any]) -> str:
+        lo, _, hi = r["spread_ms"]
+        return f"{us(r['ms'])} ({us(lo)}–{us(hi)})"
+
+    # the case as the table words its other cases: the shape, then what the row above adds after its shape
+    case = cells[-5]
+    rest = case.split(", bf16", 1)[1] if ", bf16" in case else ""
+    mine = spread(*ours["spread_ms"])
+    theirs = spread(*rival["spread_ms"])
+    ratio = f"**{loss['ratio']:.2f}×**{caveat(mine, theirs)}"
+    host = us(ours["host_ms"]) if ours.get("host_ms") is not None else "–"
+    new = [loss["case"] + (f", bf16{rest}" if rest else ""), ratio, timed(ours), timed(rival), host]
+    return "| " + " | ".join(cells[:len(cells) - 5] + new) + " |"
+
 
 #: Under a chapter 04 table of a card whose file times the steps directly (no row of the entry point itself).
 CTC_STEPS_WORDS = "On this card each row times the step the entry point picks at its case."
@@ -1002,6 +1149,8 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
                         "chapter.", ""]
             if chapter in LOOP_WORDS:
                 out += [LOOP_WORDS[chapter], ""]
+            if chapter in FOLD_WORDS:
+                out += [FOLD_WORDS[chapter], ""]
             continue
         elif line == ":::":
             chapter, card = 0, ""
@@ -1015,6 +1164,9 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
                 (chapter, name) in moved for name in folders):
             continue  # a difference from a run that is not comparable says nothing about the cards
         out.append(line)
+        if chapter == 6 and card in folders and "| causal SDPA (superset) |" in line:
+            extra = multi_item_loss_row(folders[card], line)
+            out += [extra] if extra else []
         if (line.startswith("Ours: the fused CTC kernel (step") and card in folders
                 and ctc_which(folders[card]) != "the entry point"):
             out += ["", CTC_STEPS_WORDS]
@@ -1087,12 +1239,49 @@ def split_ternary(markdown: str) -> str:
 LOOP_HOST_COLUMN = "host's own work per token (µs)"
 
 
+def _movable(lines: list[str]) -> dict[tuple[int, int], set[str]]:
+    """Per table of a fold, keyed by the fold (the index of its ``:::{dropdown}`` line, 0 outside any) and the table's
+    place under its card's title (0 for the first), the "ours" and "against" columns that are the same in every row
+    of that table on every card: only those move into a line, so that a fold's tables share one layout on both
+    cards."""
+    fold, place, seen, varies = 0, 0, {}, {}
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith(":::{dropdown}"):
+            fold, place = i, 0
+        elif line.startswith("**NVIDIA"):
+            place = 0
+        if not (line.startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---")):
+            i += 1
+            continue
+        head = [c.strip() for c in line.strip().strip("|").split("|")]
+        body = []
+        i += 2
+        while i < len(lines) and lines[i].startswith("| "):
+            body.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+            i += 1
+        for k, name in enumerate(head):
+            if name in ("ours", "against"):
+                seen.setdefault((fold, place), set()).add(name)
+                if len(body) < 2 or len({c[k] for c in body}) > 1:
+                    varies.setdefault((fold, place), set()).add(name)
+        place += 1
+    return {f: names - varies.get(f, set()) for f, names in seen.items()}
+
+
 def tidy_tables(markdown: str) -> str:
     """Each folded table read on its own: a column empty in every row ("–") is dropped; an "ours" or "against" column
-    that is the same in every row of the table moves into one line above it; in one that is not, a cell that repeats
-    the row above reads "as above"; a decode loop's host column (chapter 07's) is named for what it holds."""
+    that is the same in every row of every table of its fold (:func:`_movable`) moves into one line above each table;
+    in one that stays, a cell that repeats the row above reads "as above"; a decode loop's host column (chapter 07's)
+    is named for what it holds."""
     lines, out, i = markdown.splitlines(), [], 0
+    movable, fold, place = _movable(markdown.splitlines()), 0, 0
     while i < len(lines):
+        if lines[i].startswith(":::{dropdown}"):
+            fold, place = i, 0
+        elif lines[i].startswith("**NVIDIA"):
+            place = 0
         line = lines[i]
         if not (line.startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---")):
             out.append(line)
@@ -1107,7 +1296,7 @@ def tidy_tables(markdown: str) -> str:
         keep = [k for k in range(len(head)) if not body or any(c[k] != "–" for c in body)]
         said = []
         for k in list(keep):
-            if head[k] in ("ours", "against") and len(body) > 1 and len({c[k] for c in body}) == 1:
+            if head[k] in movable.get((fold, place), set()):
                 said.append(f"{head[k]}: {body[0][k]}")
                 keep.remove(k)
         for k in keep:
@@ -1134,6 +1323,7 @@ def tidy_tables(markdown: str) -> str:
         out.append("| " + " | ".join(head[k] for k in keep) + " |")
         out.append("|" + "---|" * len(keep))
         out += ["| " + " | ".join(c[k] for k in keep) + " |" for c in body]
+        place += 1
     return "\n".join(out)
 
 
@@ -1423,19 +1613,66 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
                   "[headline results](results.md).", "",
                   ":::{dropdown} Called eagerly, page by page", "", *eager_notes, "", ":::"]
 
-    def hours(m: int) -> str:
-        return f"{m // 60} h {m % 60} min" if m >= 60 else f"{m} min"
-
-    route = [n for n in SHORT_ROUTE if n in minutes]
-    long = list(dict.fromkeys(titles[n].split(". ")[0] for n, m in minutes.items() if m >= LONG_MINUTES))
-    lines += ["", f"Reading time: the prose and the code the page shows, {hours(sum(minutes.values()))} for the "
-              "whole course; its tables, the listings folded under its steps, running the code and the exercises "
-              "come on top." + (f" The long chapters, {LONG_MINUTES} minutes or more: " + ", ".join(long[:-1])
-                                + (" and " if len(long) > 1 else "") + long[-1] + "."
-                                if long else "") + " A short route: " + ", then ".join(titles[n] for n in route)
-              + f" ({hours(sum(minutes[n] for n in route))}): how a chapter is measured, the simplest kernel, and "
-              "the longest chain of dependent work."]
+    also = [titles[n].split(". ")[0] + (" part 1" if n.startswith("notebooks/05_") and "triton" in n else "")
+            for n in also_timed(root, card)]
+    if also:
+        lines += ["", f"The H100 also ran {', '.join(also[:-1])}{' and ' if len(also) > 1 else ''}{also[-1]} the same "
+                  "way: its numbers are in the [headline results](results.md)."]
     return "\n".join(lines)
+
+
+def hours(m: int) -> str:
+    """Minutes as the landing page writes a reading time: "4 h 27 min", or "49 min" under an hour."""
+    return f"{m // 60} h {m % 60} min" if m >= 60 else f"{m} min"
+
+
+def exercise_count(notebook: str | Path, root: Path = REPO_ROOT) -> int:
+    """How many exercises a page sets: the bold numbered titles ("**1. ...**") under its "## Exercises" heading."""
+    import json
+
+    count, inside = 0, False
+    for cell in json.loads((Path(root) / notebook).read_text())["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for line in "".join(cell["source"]).splitlines():
+            if line.startswith("## "):
+                inside = line.startswith("## Exercises")
+            elif inside and re.match(r"\*\*\d+\. ", line):
+                count += 1
+    return count
+
+
+def reading_path_words(root: Path = REPO_ROOT) -> str:
+    """The landing page's reading times in words: what a time counts, the whole course's, what comes on top (the
+    folded listings' minutes, the exercises' count), why the long pages are long (the lines of code they show) and a
+    short route (:data:`SHORT_ROUTE`)."""
+    titles = page_titles()
+    order = reading_order(root)
+    minutes = {n: reading_minutes(n, root)[1] for n in order}
+    folded = sum(folded_minutes(n, root) for n in order)
+    exercises = sum(exercise_count(n, root) for n in order)
+    code = {n: code_lines(n, root) + listing_lines(n, root, folded=False)[0] for n in order}
+    long = [n for n in order if minutes[n] >= LONG_MINUTES]
+
+    def short(n: str) -> str:
+        return titles[n].split(". ")[0] + (" part 2" if "05_ternary_2" in n else " part 1" if "05_ternary_1" in n
+                                           else "")
+
+    prose = {n: reading_minutes(n, root)[0] for n in order}
+    route = [n for n in SHORT_ROUTE if n in minutes]
+    out = (f"A page's time counts its prose at {WORDS_PER_MINUTE} words a minute and the code it shows at "
+           f"{CODE_LINES_PER_MINUTE} lines a minute: {hours(sum(minutes.values()))} for the course"
+           + (f", and {hours(folded)} more for the listings folded under steps" if folded else "")
+           + (f"; the {exercises} exercises come on top." if exercises else "."))
+    if long:
+        fewest = min(order, key=lambda n: code[n])
+        out += (f" Prose takes {min(prose.values())} to {max(prose.values())} minutes on every page, so code sets "
+                "the spread: " + ", ".join(f"{short(n)} shows {code[n]:,} lines" if i == 0 else f"{short(n)} {code[n]:,}"
+                                          for i, n in enumerate(long + [fewest])) + ".")
+    out += (" With an afternoon, read " + ", then ".join(short(n) for n in route)
+            + f" ({hours(sum(minutes[n] for n in route))}): how a chapter is measured, the simplest kernel, and the "
+            "longest chain of dependent work.")
+    return out
 
 
 __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines",
@@ -1447,4 +1684,7 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
        "reading_path_markdown", "EAGER_MARK", "page_titles", "SHORT_ROUTE", "RIVALS", "synthetic_words", "LOOP_WORDS",
            "case_label", "ctc_case_words", "LONG_MINUTES",
            "fsm_peers", "fsm_peer_words", "fsm_peer_totals", "write_fsm_peers", "FSM_PEERS", "FSM_PEER", "summary_markdown", "other_answers", "other_eager", "eager_words",
-           "bitnet_range", "bitnet_eager", "HOST_BOUND_TITLE", "GRID_HOST_CHAPTERS", "clauses"]
+           "bitnet_range", "bitnet_eager", "HOST_BOUND_TITLE", "GRID_HOST_CHAPTERS", "clauses",
+           "reading_path_words", "exercise_count", "hours", "also_timed", "ngram_range", "multi_item_loss",
+           "multi_item_loss_row", "MULTI_ITEM_LOSS", "shared_layers_words", "speculate_ungated", "peer_bare",
+           "fsm_note", "FOLD_WORDS"]
