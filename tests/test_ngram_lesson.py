@@ -11,14 +11,23 @@ pytestmark = pytest.mark.skipif(not result_files("ngram"), reason="no committed 
 
 
 def _step_rows(table: str) -> list[str]:
-    """The table of steps' rows (head and rule left out): every numbered step and the entry point."""
-    return table.splitlines()[2:]
+    """The table of steps' rows (head, rule and the rows naming a path left out): every numbered step and the entry
+    point."""
+    return [r for r in table.splitlines()[2:] if r.split("|")[1].strip()]
+
+
+#: The table's order of the steps: 1 to 6, then the path for long haystacks under a budget, then step 12's.
+ORDER = [str(n) for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)] + ["entry point"]
 
 
 def test_the_table_of_steps_has_every_step_and_the_entry_point():
     results = load_results("ngram")
-    rows = _step_rows(lesson.boehm_table(results))
-    assert [r.split("|")[1].strip() for r in rows] == [str(s.number) for s in ngram.CHAPTER.steps] + ["entry point"]
+    table = lesson.steps_table(results)
+    rows = _step_rows(table)
+    assert [r.split("|")[1].strip() for r in rows] == ORDER
+    paths = [r.split("|")[2].strip() for r in table.splitlines()[2:] if not r.split("|")[1].strip()]
+    assert paths == [f"*{name}, from step 6:*" for name, _ in lesson.PATHS]
+    assert [n for _, steps in lesson.PATHS for n in steps] == list(range(7, 13))
     for row in rows:
         ratios = [c.strip() for c in row.split("|")[1:-1]][4::3]  # the "× floor" columns
         for cell in ratios:
@@ -30,10 +39,10 @@ def test_no_ratio_across_clocks():
     """Step 1 is timed end to end on the host, the kernels on the GPU clock: step 1's times say so, and a row is
     compared with the previous one, or with the GPU-clock floor, only on the same clock."""
     results = load_results("ngram")
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(lesson.boehm_table(results))]
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(lesson.steps_table(results))]
     by_step = {r[0]: r for r in rows}
-    host = [r[0] for r in rows if any(c.endswith("(host, end to end)") for c in r[2::3])]
-    assert host == ["1"] and all(c.endswith("(host, end to end)") for c in by_step["1"][2::3] if c != "–")
+    host = [r[0] for r in rows if any(c.endswith("(host)") for c in r[2::3])]
+    assert host == ["1"] and all(c.endswith("(host)") for c in by_step["1"][2::3] if c != "–")
     assert by_step["2"][3] == "–"  # step 2 (GPU) is not divided by step 1 (host)
     for r in rows:  # the floor is a GPU-clock time: only a GPU-clock row is divided by it
         floor_cells = r[4::3]
@@ -90,23 +99,28 @@ def test_the_real_text_axis_is_readable():
         plt.close(fig)
 
 
-def test_no_whole_diff_or_long_listing_is_folded():
-    """The page shows each step's lesson, not its files: no folded output holds a step's whole diff (in parts or
-    not), a whole kernel or loop, or the specification; the one folded listing left (step 2's slot loop) is short."""
+def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
+    """The page folds what a reader can skip: step 2's loop (the search and the slot walk), step 3's search kernel,
+    and the diffs of steps 7, 10 and 11 (each a sentence's idea, step 11's mostly its two helpers); every other diff is
+    open. No folded output holds the
+    specification, and no Markdown says "folded" (the fold's own button says what it holds)."""
     import json
 
     from studylog import paths
-    from studylog.source import show_source
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     assert not any(t.startswith("parts(") for t in text)
     folded = [t for c, t in zip(cells, text) if c["cell_type"] == "code"
               and "hide-output" in c["metadata"].get("tags", [])]
-    for t in folded:
-        assert not any(w in t for w in ("parts(", "diff", "CHAPTER.show_source(", "reference_ngram_match")), t
-    assert folded == ['show_source("ngram_common.cuh", "walk_budget")  # the batch loop, shared with step 3\'s phase 2']
-    assert len(show_source("ngram_common.cuh", "walk_budget").text.splitlines()) <= 25
+    assert folded == ["display(lesson.step2_excerpt())",
+                      'show_source("ngram_common.cuh", "walk_budget")  # the batch loop, shared with step 3\'s phase 2',
+                      'show_source("ngram_two_phase.cu", "ngram_search_per_n")',
+                      "lesson.step_diff(6, 7)", "lesson.step_diff(9, 10)", "lesson.step_diff(10, 11)"]
+    for c in cells:
+        if "hide-output" in c["metadata"].get("tags", []):
+            assert c["metadata"]["mystnb"]["code_prompt_show"].startswith("Show "), c["metadata"]
+    assert not any("reference_ngram_match" in t for t in folded)
     assert not any("folded" in t for c, t in zip(cells, text) if c["cell_type"] == "markdown")
 
 
@@ -134,8 +148,10 @@ def test_the_cores_of_steps_4_5_6_and_8_show_open_and_step_11_says_where_the_ent
 
 
 def test_every_step_has_its_section_with_its_diff_and_its_number():
-    """One section a step, in order, headed "## Step N: <the one idea>" (no bundle words); each from step 3 on shows
-    a diff (open or folded) and says a computed number; a diff shown open changes at most about 40 lines."""
+    """One section a step, in order, headed "## Step N: <the one idea>" (steps 1 to 6) or "### Step N: ..." (under
+    its path's heading, steps 7 to 12; no bundle words); each from step 3 on shows a diff (open or folded) and says a
+    computed number, and each step on a path says where it pays (:func:`lesson.path_words`); a diff changes at most
+    about 40 lines. The paths' headings come in the order of :data:`lesson.PATHS`, after step 6's section."""
     import json
     import re
 
@@ -143,11 +159,15 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
-    heads = [(int(m[1]), i) for i, t in enumerate(text) for m in [re.match(r"## Step (\d+): (.+)", t)] if m]
+    heads = [(int(m[1]), i) for i, t in enumerate(text) for m in [re.match(r"###? Step (\d+): (.+)", t)] if m]
     assert [n for n, _ in heads] == [s.number for s in ngram.CHAPTER.steps]
     for n, i in heads:
         title = text[i].splitlines()[0]
         assert not re.search(r"\bplus\b|changes\)|prerequisite|tunings?", title), title
+    path_heads = [i for i, t in enumerate(text) if t.startswith("## ") and " from step 6" not in t
+                  and any(t.startswith(f"## {name[0].upper()}{name[1:]}") for name, _ in lesson.PATHS)]
+    assert len(path_heads) == len(lesson.PATHS) and dict(heads)[6] < path_heads[0] < dict(heads)[7] < path_heads[1] \
+        < dict(heads)[12]
     ends = [i for _, i in heads[1:]] + [next(i for i, t in enumerate(text) if t.startswith("## The steps, measured"))]
     for (n, start), end in zip(heads, ends):
         if n < 3:
@@ -155,6 +175,9 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
         body = text[start:end]
         assert any(re.search(r"show_diff|step_diff|parts\(|core_diff", t) for t in body), n
         assert any("say(f" in t and "{" in t for t in body), n
+        if n >= 7:
+            assert any(f"lesson.path_words(results, {n})" in t for t in body), n
+            assert text[i].startswith("### "), n
         for t in body:
             m = re.fullmatch(r"lesson\.step_diff\((\d+), (\d+)\)", t.strip())
             if m:
@@ -179,8 +202,8 @@ def test_the_floor_is_the_scoreboards_on_every_card():
         small, large = lesson.BOEHM_CASES[0], lesson.BOEHM_CASES[-1]
         assert lesson.floor_us(results, small) == pytest.approx(empty_us)  # a few bytes: the empty kernel binds
         assert lesson.floor_us(results, large) > 10 * empty_us  # the bytes bind
-        head = lesson.boehm_table(results).splitlines()[0]  # the floor in each case's "× floor" head, no row of its own
-        assert f"× floor ({empty_us:,.2f} µs)" in head and "the floor" not in lesson.boehm_table(results)
+        head = lesson.steps_table(results).splitlines()[0]  # the floor in each case's "× floor" head, no row of its own
+        assert f"× floor ({empty_us:,.2f} µs)" in head and "the floor" not in lesson.steps_table(results)
 
 
 def test_the_result_table_times_the_entry_point_as_the_headline_does():
@@ -204,6 +227,9 @@ def test_the_result_table_times_the_entry_point_as_the_headline_does():
     assert f"step {ngram.report.SYNCED_STEP} (µs)" in host_head and "ngram_match" not in host_head
     assert "CPU loop" not in gpu_head  # no column of the GPU table is on the host clock
     host_rows, gpu_rows = rows(host_part), rows(gpu_part)
+    from book.ngram.results import grid_configs
+
+    assert len(gpu_rows) == 1 + len(grid_configs(results))  # the head, and every shape measured on the GPU clock
     for head in gpu_headline(results):
         cells = gpu_rows[lesson.case_words(head["case"])]
         assert head["kernel"].startswith("n-gram matching, ngram_match (step")  # the headline times the entry point
@@ -247,30 +273,31 @@ def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_mat
 
 
 def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step():
-    """The headline's case is a column of the table of steps; the table has one row per numbered step (no lettered
-    row), each naming its step's one change (the library's title), and each "× previous" is the step it builds on
-    over it, read here from the committed file itself."""
+    """The quoted case is a column of the table of steps; the table has one row per numbered step (no lettered
+    row), each naming its step's one change in a few words, and each "× previous" is the step it builds on (the step
+    before on its path) over it, read here from the committed file itself."""
     import re
 
     from studylog.ngram.report import HEADLINE_CASES
 
     assert lesson.HEADLINE in HEADLINE_CASES and lesson.HEADLINE in lesson.BOEHM_CASES
+    assert lesson.builds_on(7) == lesson.builds_on(12) == 6
     results = load_results("ngram")
     for cases in (lesson.BOEHM_CASES, lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
-        table = lesson.boehm_table(results, cases)
+        table = lesson.steps_table(results, cases)
         labels = [r.split("|")[1].strip() for r in _step_rows(table)]
         assert not [label for label in labels if re.fullmatch(r"\d+[a-z]", label)], labels
-        assert labels == [str(s.number) for s in ngram.CHAPTER.steps] + ["entry point"]
+        assert labels == ORDER
         rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(table)}
         for step in ngram.CHAPTER.steps:
-            assert rows[str(step.number)][1].startswith(step.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")), step
+            assert rows[str(step.number)][1] == lesson.SHORT_CHANGES[step.number], step
+            assert len(lesson.SHORT_CHANGES[step.number].split()) <= 10, step
             if step.number < 3:
                 continue
             for cell, cfg in zip(rows[str(step.number)][3::3], cases):
                 before = _file_ms(results, lesson.builds_on(step.number), cfg)
                 want = "–" if before is None else f"{before / _file_ms(results, step.number, cfg):.2f}×"
                 assert cell == want, (step.number, cfg, cell)
-    assert "(headline)" in lesson.boehm_table(results).splitlines()[0]
 
 
 def _file_ms(results, number: int, cfg) -> float | None:
@@ -285,10 +312,18 @@ def _file_ms(results, number: int, cfg) -> float | None:
     return rows[0]["ms"] if rows else None
 
 
-def test_where_a_change_pays_in_words():
-    assert lesson.pays_at([1.2, 1.3, 1.01]) == "pays at every case"
-    assert lesson.pays_at([0.9, 0.5, 0.99]) == "does not pay at any case"
-    assert lesson.pays_at([0.95, 1.0, 1.2]) == "pays at 256 × 131072; breaks even at 128 × 32768; does not pay at 32 × 512"
+def test_where_a_step_pays_in_words():
+    """Each step on a path says where it pays against the step before it on that path, as the table rounds."""
+    results = load_results("ngram")
+    for number in range(7, 13):
+        words = lesson.path_words(results, number)
+        pays = [round(f, 2) > 1 for f in lesson.step_factors(results, number)]
+        if all(pays) or not any(pays):
+            assert words == ("pays at every case" if all(pays) else "pays at no case"), words
+            continue
+        yes, no = words.removeprefix("pays at ").split(", not at ")
+        for (b, s, _), ok in zip(lesson.BOEHM_CASES, pays):
+            assert f"{b} × {s}" in (yes if ok else no), (number, words)
 
 
 def test_the_early_exit_is_read_from_its_lab_runs():
@@ -336,28 +371,23 @@ def test_the_lab_script_writes_the_runs_the_page_reads():
         assert series == name and {without, with_} <= set(written[name]), name
 
 
-def test_the_notes_of_the_table_of_steps_say_what_a_losing_step_buys():
-    """Step 7's row gives its GPU cost against step 6 (a range) and the host time per eager call of each; a later step
-    slower than the one it builds on at a case says where, and why it stays there; read from the benchmark."""
+def test_step_7_says_what_its_one_launch_buys():
+    """Step 7 loses on the GPU clock at every case of the table and saves host time per eager call: its section says
+    both, computed (the committed run: one launch costs GPU time, saves host time)."""
+    import json
+
+    from studylog import paths
+
     results = load_results("ngram")
-    notes = lesson.step_notes(results)
     cost = lesson.step_factors(results, 7)
     host6, host7 = ([lesson.host_us(results, n, cfg) for cfg in lesson.BOEHM_CASES] for n in (6, 7))
-    span = lambda xs, d: f"{min(xs):,.{d}f}–{max(xs):,.{d}f}" if f"{min(xs):,.{d}f}" != f"{max(xs):,.{d}f}" \
-        else f"{min(xs):,.{d}f}"  # noqa: E731
-    assert f"({span(cost, 2)}×)" in notes[7]
-    assert f"for {span(host7, 0)} µs of host time per eager call against step 6's {span(host6, 0)}" in notes[7]
-    one = lesson.step_notes(results, lesson.BOEHM_CASES[2:])[7]  # one case: one value, not a range of one
-    assert f"({cost[2]:.2f}×)" in one and "–" not in one
-    assert max(cost) < 1 and max(host7) < min(host6)  # the committed run: one launch costs GPU time, saves host time
-    for number in range(8, ngram.CHAPTER.final.number + 1):
-        slower = [cfg for cfg, f in zip(lesson.BOEHM_CASES, lesson.step_factors(results, number)) if round(f, 2) < 1]
-        assert (number in notes) == bool(slower), number
-        for b, s, t in slower:
-            assert f"{b} × {s}" in notes[number], (number, b, s)
-    for cases in (lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
-        rows = {r.split("|")[1].strip(): r.split("|")[2] for r in _step_rows(lesson.boehm_table(results, cases))}
-        assert lesson.step_notes(results, cases)[7] in rows["7"]
+    assert max(cost) < 1 and max(host7) < min(host6)
+    assert lesson.path_words(results, 7).startswith("pays at no case")
+    cells = ["".join(c["source"]) for c in
+             json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
+    at = next(i for i, t in enumerate(cells) if t.startswith("### Step 7:"))
+    body = "\n".join(cells[at:at + 3])
+    assert "lesson.path_words(results, 7)" in body and "lesson.host_us(results, n, lesson.HEADLINE)" in body
 
 
 def test_the_page_names_its_runs_in_words_and_its_cells_read_them():
@@ -403,7 +433,7 @@ def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():
     chains = [i for i, t in enumerate(cells) if "chain_table(" in t]
     assert len(chains) == 1 and "lesson.step6_chain()" in cells[chains[0]]
     step6 = next(i for i, t in enumerate(cells) if t.startswith("## Step 6:"))
-    step7 = next(i for i, t in enumerate(cells) if t.startswith("## Step 7:"))
+    step7 = next(i for i, t in enumerate(cells) if t.startswith("### Step 7:"))
     assert step6 < chains[0] < step7
 
 

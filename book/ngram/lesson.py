@@ -22,7 +22,7 @@ from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "pays_at", "step_factors", "host_us", "launches", "eager_host", "step_notes", "boehm_table",
+           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
            "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "entry_row", "floor_us", "grid_row", "result_table", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
@@ -286,17 +286,30 @@ def chain_gap(results, rows: list[ChainRow]) -> float:
                for row in rows if row.label in steps for cfg in row.us)
 
 
-def pays_at(factors: list[float], cases=BOEHM_CASES) -> str:
-    """Where a change pays, in words, from its factors at ``cases`` (as the tables round them: above 1.00× it pays,
-    below it does not): "pays at every case", "does not pay at any case", or the cases of each kind."""
-    kinds = [("pays at", lambda f: f > 1), ("breaks even at", lambda f: f == 1), ("does not pay at", lambda f: f < 1)]
-    rounded = [round(f, 2) for f in factors]
-    if all(f > 1 for f in rounded):
+def path_words(results, number: int, cases=BOEHM_CASES) -> str:
+    """Where step ``number`` pays against the step before it on its path (:func:`step_factors`, rounded as the table
+    rounds: above 1.00× it pays), in words: "pays at 128 × 32768 and 256 × 131072, not at 32 × 512", "pays at every
+    case" or "pays at no case". The factors are the table's; the sentence names the cases."""
+    factors = step_factors(results, number, cases)
+    at = [(f"{b} × {s}", round(f, 2) > 1) for (b, s, _), f in zip(cases, factors) if f is not None]
+    pays, loses = [w for w, ok in at if ok], [w for w, ok in at if not ok]
+    if not loses:
         return "pays at every case"
-    if all(f < 1 for f in rounded):
-        return "does not pay at any case"
-    parts = [(words, [f"{b} × {s}" for (b, s, _), f in zip(cases, rounded) if pick(f)]) for words, pick in kinds]
-    return "; ".join(f"{words} {' and '.join(at)}" for words, at in parts if at)
+    if not pays:
+        return "pays at no case"
+    return f"pays at {' and '.join(pays)}, not at {' and '.join(loses)}"
+
+
+def rival_ratios(results, rival: int = 4) -> dict[tuple[int, int, int], float]:
+    """Per synthetic grid case, step ``rival``'s GPU-clock time over the entry point's (:func:`entry_row`): how many
+    times as fast ``ngram_match`` is as our corrected port of FastDeploy's kernel (step 4) at every shape measured."""
+    out = {}
+    for cfg in grid_configs(results):
+        ours = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
+        theirs = grid_row(results, CHAPTER.step(rival).series, cfg)
+        if ours and theirs and theirs.get("clock") == ours.get("clock") == "gpu":
+            out[cfg] = theirs["ms"] / ours["ms"]
+    return out
 
 
 #: Steps that build on another step than the one before them: step -> the step it changes.
@@ -406,81 +419,56 @@ def active_slots(results, cfg: tuple[int, int, int]) -> int:
     return sum(kind == "active" and cap >= 1 for kind, _, _, cap in slot_plans(inputs, config, this_time))
 
 
-def step_notes(results, cases=BOEHM_CASES) -> dict[int, str]:
-    """What a step's row in the table of steps says besides its change, computed from ``results``: for step 7, what
-    its one launch costs on the GPU clock against step 6's two and the host time per eager call it saves; for each
-    later step slower than the step it builds on at a case of ``cases``, where, and why it stays (the entry point runs
-    step 7 there, or no budget refuses a slot for step 11 to skip). A note is left out where its rows are missing."""
-    def span(values, digits):  # "lo–hi", or one value where they round alike
-        lo, hi = f"{min(values):,.{digits}f}", f"{max(values):,.{digits}f}"
-        return lo if lo == hi else f"{lo}–{hi}"
-
-    notes = {}
-    cost = [f for f in step_factors(results, 7, cases) if f is not None]
-    hosts = [(host_us(results, 6, cfg), host_us(results, 7, cfg)) for cfg in cases]
-    if cost and all(a and b for a, b in hosts):
-        notes[7] = (f"slower on the GPU clock ({span(cost, 2)}×), for {span([b for _, b in hosts], 0)} µs of host "
-                    f"time per eager call against step 6's {span([a for a, _ in hosts], 0)}")
-    for number in range(8, CHAPTER.final.number + 1):
-        where = []
-        for (b, s, t), f in zip(cases, step_factors(results, number, cases)):
-            if f is None or round(f, 2) >= 1:
-                continue
-            entry = entry_row(results, {"batch": b, "seq_len": s, "threshold": t, "corpus": None})
-            runs = CHAPTER.step(entry["step"]).number if entry and entry.get("step") else None
-            if runs is not None and runs < 8:
-                why = f"where `ngram_match` runs step {runs}"
-            elif number == SYNCED_STEP and t == NO_BUDGET:
-                why = "no budget: no slot is refused, only the check is left"
-            else:
-                why = None
-            where.append(f"{b} × {s}" + (f" ({why})" if why else ""))
-        if where:
-            notes[number] = "slower than step " + f"{builds_on(number)} at " + " and ".join(where)
-    return notes
+#: Each row's one change in the table of steps, in a few words (each step's section says it in full).
+SHORT_CHANGES = {1: "the CPU loop, with copies to the host and back", 2: "the loop on one GPU thread",
+                 3: "a block searches each slot; the budget on one thread", 4: "the budget from prefix sums, exactly",
+                 5: "one pass for every n", 6: "each slot split over many blocks", 7: "phase 2 in the last block: one launch",
+                 8: "no barrier: every warp streams its tiles", 9: "16-byte loads", 10: "an L2 evict-first hint",
+                 11: "refused slots skip their search", 12: "phase 2 launched before the search ends"}
+#: The two paths from step 6, each with the steps it takes, in the order the page and the table give them: the case
+#: each serves (its name in the table) -> steps.
+PATHS = (("long haystacks under a budget", (7, 8, 9, 10, 11)), ("small batches and no budget", (12,)))
 
 
-def boehm_table(results, cases=BOEHM_CASES) -> str:
-    """Markdown, one row per numbered step and one for the entry point: the step's one change (its title, then its
-    :func:`step_notes`), then per case of ``cases`` (of :data:`BOEHM_CASES`) the time in µs, × the previous step (the
-    one it builds on) and × the floor (:func:`floor_us`, given in that column's head, not in a row of its own). Step 1 is timed end to end on the host (its cells say so),
-    the kernels on the GPU clock: a row is compared with the previous one only when both are on the same clock, and
-    with the floor only on the GPU clock, the floor's own (``–`` otherwise). The entry point builds on no step (it
-    runs one), so its "× previous" is ``–``."""
+def steps_table(results, cases=BOEHM_CASES) -> str:
+    """Markdown, the one table of steps: a row per numbered step (its :data:`SHORT_CHANGES`), steps 1 to 6 first, then
+    each path of :data:`PATHS` under a row naming it, then the entry point; per case of ``cases`` the time in µs, ×
+    previous (over the step it builds on, :func:`builds_on`: the step before on its path) and × the floor
+    (:func:`floor_us`, given in that column's head). Step 1 is timed end to end on the host (its cells say
+    "host"), the kernels on the GPU clock: a row is compared with the previous one only on the same clock, and with
+    the floor only on the GPU clock, the floor's own (``–`` otherwise). The entry point builds on no step (it runs
+    one), so its "× previous" is ``–``."""
     floors = [floor_us(results, cfg) for cfg in cases]
     head = ["step", "the one change"]
     for (b, s, t), f in zip(cases, floors):
-        name = f"{b} × {s}" + (", budget" if t != NO_BUDGET else "") + (" (headline)" if (b, s, t) == HEADLINE else "")
-        head += [f"{name}: µs", "× previous", f"× floor ({f:,.2f} µs)" if f else "× floor"]
+        head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs", "× previous",
+                 f"× floor ({f:,.2f} µs)" if f else "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    previous = [None] * len(cases)  # (µs, clock) of the previous step measured at each case
-    notes = step_notes(results, cases)
-    entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
-                + (f"; {notes[st.number]}" if st.number in notes else ""), st.series) for st in CHAPTER.steps]
     rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step11_skip_refused, step12_early_phase2))
-    entries.append(("entry point", f"`ngram_match`: step {rule}, by a rule on the batch's shapes and budget", "ngram_match"))
-    for number, title, series in entries:
+    order = [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in range(1, 7)]
+    for name, numbers in PATHS:
+        order.append(("", f"*{name}, from step 6:*", None))
+        order += [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in numbers]
+    order.append(("entry point", f"`ngram_match`: step {rule}, by a rule on the shapes and the budget", "ngram_match"))
+    for number, title, series in order:
         cells = [number, title]
+        if series is None:  # a path's row: its name only
+            lines.append("| " + " | ".join(cells + [""] * (len(head) - 2)) + " |")
+            continue
         for i, cfg in enumerate(cases):
             row = grid_row(results, series, cfg)
             if row is None:
                 cells += ["skipped (too slow)" if series == CHAPTER.step(2).series else "–", "–", "–"]
                 continue
             t = row["ms"] * 1e3
-            if series == "ngram_match":  # the entry point runs one of the steps: it builds on none ("–")
-                prev = None
-            elif number.isdigit() and int(number) in BUILDS_ON:  # it builds on another step than the row above
+            prev = None
+            if series != "ngram_match" and int(number) > 1:  # the entry point runs one of the steps: it builds on none
                 base = grid_row(results, CHAPTER.step(builds_on(int(number))).series, cfg)
                 prev = (base["ms"] * 1e3, base.get("clock")) if base else None
-            else:
-                prev = previous[i]
             same_clock = prev is not None and prev[1] == row.get("clock")
-            versus = f"{prev[0] / t:.2f}×" if same_clock else "–"
             on_floor_clock = row.get("clock") == "gpu"  # the floor is a GPU-clock time: a host time is not divided by it
-            cells += [us(row["ms"]) + ("" if on_floor_clock else " (host, end to end)"), versus,
+            cells += [us(row["ms"]) + ("" if on_floor_clock else " (host)"), f"{prev[0] / t:.2f}×" if same_clock else "–",
                       f"{t / floors[i]:,.1f}×" if floors[i] and on_floor_clock else "–"]
-            if series != "ngram_match":
-                previous[i] = (t, row.get("clock"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -596,9 +584,9 @@ def case_words(case: str) -> str:
 
 
 def result_table(results, headline_rows) -> str:
-    """The result, as two narrow tables, one clock each, per headline case (:func:`case_words`): end to end on the
+    """The result, as two narrow tables, one clock each: per headline case (:func:`case_words`), end to end on the
     host (a call, then a sync), the CPU path and the last step (the series the benchmark times that way, in every
-    row) and their ratio; then on the GPU clock the entry point ``ngram_match`` (:func:`entry_row`, as the chapter's
+    row) and their ratio; then at every synthetic grid case, on the GPU clock, the entry point ``ngram_match`` (:func:`entry_row`, as the chapter's
     headline times it, with the step it ran; the last step on a file without it), step 3 (our port of the pull
     request's first, two-phase kernel) and both rivals' ratios: step 3's and step 4's (our corrected port of the pull
     request's revision: its block-scan phase 2, made exact; its time is the table of steps')."""
@@ -609,11 +597,13 @@ def result_table(results, headline_rows) -> str:
     gpu = ["**On the GPU clock**", "",
            f"| case | {ours_name} (µs) | step 3 (µs) | step 3 ÷ {ours_name} | step 4 ÷ {ours_name} |", "|" + "---|" * 5]
     for hd in headline_rows:
-        where = hd.get("where")
-        ours = entry_row(results, where) if where else None
         host.append("| " + " | ".join([case_words(hd["case"]), us(hd["baseline_ms"]), us(hd["kernel_ms"]),
                                        f"{hd['speedup']:,.2f}×"]) + " |")
-        cells = [case_words(hd["case"])]
+    grid = [(f"{b} × {s}, " + ("no budget" if t == NO_BUDGET else f"budget {t}"),
+             {"batch": b, "seq_len": s, "threshold": t, "corpus": None}) for b, s, t in grid_configs(results)]
+    for name, where in grid:
+        ours = entry_row(results, where) if where else None
+        cells = [name]
         if ours is None:
             cells.append("–")
         elif ours["series"] == "ngram_match" and "step" in ours:
