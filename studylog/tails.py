@@ -24,7 +24,8 @@ NOTE = ("Each row: the chapter's final entry point at its headline case; REPETIT
         "interpolation): the tail of repeated measurements, not of single calls. The 'ctc_loss' rows time, in every "
         "repetition, the targets chapter 4's benchmark draws at that case (target_lengths). The 'ctc recursion chain (latency "
         "floor)' rows time a kernel that runs only chapter 4's dependent frames at T = 150, A = 28, N = 1 (one "
-        "kernel, no inputs: the same call 60 times a graph).")
+        "kernel, no inputs: the same call 60 times a graph); the \"headline's longest target\" row, the same chain "
+        "over T frames at the states of the longest target chapter 4's benchmark times at T = 150, A = 5000, N = 8.")
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -215,6 +216,9 @@ CTC_FLOOR_CASE = {"T": 150, "N": 1, "A": 28}
 #: Chapter 4's headline case (its largest alphabet at batch 8).
 CTC_HEADLINE_CASE = {"T": 150, "N": 8, "A": 5000}
 CTC_FLOOR_SERIES = "ctc recursion chain (latency floor)"
+#: The same chain at the headline case's longest target (its states, T frames: step 14 runs both directions side by
+#: side): the headline's own latency floor, where the small alphabet's chain of fewer states is only a lower bound.
+CTC_HEADLINE_FLOOR_SERIES = "ctc recursion chain, headline's longest target (latency floor)"
 
 
 def ctc_floor_states(T: int = 150, A: int = 28, *, seed: int | None = None) -> int:
@@ -224,6 +228,11 @@ def ctc_floor_states(T: int = 150, A: int = 28, *, seed: int | None = None) -> i
 
     (labels,) = random_targets(T, 1, A, torch.Generator().manual_seed(BENCH_SEED if seed is None else seed))
     return 2 * len(labels) + 1
+
+
+def ctc_headline_states(T: int = 150, N: int = 8, A: int = 5000) -> int:
+    """S = 2L + 1 of the longest target chapter 4's benchmark times at (T, N, A): 279 at its headline case."""
+    return 2 * max(map(len, ctc_bench_targets(T, N, A))) + 1
 
 
 def _ctc_chain(run, rep: int, *, frames: int, states: int, device="cuda"):
@@ -287,6 +296,7 @@ def cases() -> list[Case]:
     name, prefixes, items = bench_shapes()[-1]
     tokens = MultiItemBatch.from_item_lens(prefixes, items, device="cpu").total_tokens
     T, states = CTC_FLOOR_CASE["T"], ctc_floor_states(CTC_FLOOR_CASE["T"], CTC_FLOOR_CASE["A"])
+    headline_states = ctc_headline_states(**CTC_HEADLINE_CASE)
     head = {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"}
 
     def ternary(entry, family, n, k, **fmt):
@@ -301,6 +311,8 @@ def cases() -> list[Case]:
         *(Case("ctc", CTC_FLOOR_SERIES, CTC_FLOOR_CASE | {"frames": frames, "states": states},
                partial(_ctc_chain, frames=frames, states=states), role="baseline") for frames in (2 * T, T)),
         Case("ctc", "ctc_loss", dict(CTC_FLOOR_CASE), partial(_ctc, **CTC_FLOOR_CASE)),
+        Case("ctc", CTC_HEADLINE_FLOOR_SERIES, CTC_HEADLINE_CASE | {"frames": T, "states": headline_states},
+             partial(_ctc_chain, frames=T, states=headline_states), role="baseline"),
         ternary("ternary_matmul", "llama", 4096, 14336),
         ternary("step23_w2a8_fused", "bitnet", 4800, 3200),
         ternary("step14_workspace", "llama", 4096, 14336, fmt="2bit_mma"),
