@@ -291,7 +291,7 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
         rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(table)}
         for step in ngram.CHAPTER.steps:
             assert rows[str(step.number)][1] == lesson.SHORT_CHANGES[step.number], step
-            assert len(lesson.SHORT_CHANGES[step.number].split()) <= 10, step
+            assert len(lesson.SHORT_CHANGES[step.number].split()) <= 6, step
             if step.number < 3:
                 continue
             for cell, cfg in zip(rows[str(step.number)][3::3], cases):

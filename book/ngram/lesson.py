@@ -420,11 +420,10 @@ def active_slots(results, cfg: tuple[int, int, int]) -> int:
 
 
 #: Each row's one change in the table of steps, in a few words (each step's section says it in full).
-SHORT_CHANGES = {1: "the CPU loop, with copies to the host and back", 2: "the loop on one GPU thread",
-                 3: "a block searches each slot; the budget on one thread", 4: "the budget from prefix sums, exactly",
-                 5: "one pass for every n", 6: "each slot split over many blocks", 7: "phase 2 in the last block: one launch",
-                 8: "no barrier: every warp streams its tiles", 9: "16-byte loads", 10: "an L2 evict-first hint",
-                 11: "refused slots skip their search", 12: "phase 2 launched before the search ends"}
+SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread", 3: "a block a slot; serial budget",
+                 4: "budget from prefix sums", 5: "one pass for every n", 6: "each slot over many blocks",
+                 7: "phase 2 in the last block", 8: "no barrier: warps stream", 9: "16-byte loads",
+                 10: "L2 evict-first hint", 11: "refused slots skip search", 12: "phase 2 launched early"}
 #: The two paths from step 6, each with the steps it takes, in the order the page and the table give them: the case
 #: each serves (its name in the table) -> steps.
 PATHS = (("long haystacks under a budget", (7, 8, 9, 10, 11)), ("small batches and no budget", (12,)))
@@ -449,7 +448,7 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
     for name, numbers in PATHS:
         order.append(("", f"*{name}, from step 6:*", None))
         order += [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in numbers]
-    order.append(("entry point", f"`ngram_match`: step {rule}, by a rule on the shapes and the budget", "ngram_match"))
+    order.append(("entry point", f"`ngram_match`: step {rule} by a rule", "ngram_match"))
     for number, title, series in order:
         cells = [number, title]
         if series is None:  # a path's row: its name only
