@@ -562,16 +562,16 @@ def test_the_breakdown_bars_are_the_instrumented_totals_with_the_timed_total_as_
     assert "−50 to +100 µs" in text and "2 bars" in text
 
     ax = decode_figures.plot_breakdown(parts)
-    bodies = [p.get_height() for p in ax.patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb(
+    bodies = [p.get_width() for p in ax.patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb(
         decode_figures.COLORS["body"])]
-    assert bodies == pytest.approx([1.0, 1.0])  # the shared body keeps its height
-    tops = {}
+    assert bodies == pytest.approx([1.0, 1.0])  # the shared body keeps its length
+    ends = {}
     for p in ax.patches:  # every patch is a part: the bar ends at the instrumented total
-        x = round(p.get_x() + p.get_width() / 2)
-        tops[x] = max(tops.get(x, 0.0), p.get_y() + p.get_height())
-    assert [tops[0], tops[1]] == pytest.approx([sum(parts[c][k] for k in report.COMPONENTS)
+        y = round(p.get_y() + p.get_height() / 2)
+        ends[y] = max(ends.get(y, 0.0), p.get_x() + p.get_width())
+    assert [ends[0], ends[1]] == pytest.approx([sum(parts[c][k] for k in report.COMPONENTS)
                                                 for c in ("baseline", "masked_head")])
-    ticks = sorted(seg[0][1] for coll in ax.collections if isinstance(coll, LineCollection) for seg in coll.get_segments())
+    ticks = sorted(seg[0][0] for coll in ax.collections if isinstance(coll, LineCollection) for seg in coll.get_segments())
     assert ticks == pytest.approx(sorted(p["wall"] for p in parts.values()))
     assert decode_figures.TICK_LABEL in ax.get_legend_handles_labels()[1]
     plt.close(ax.figure)
@@ -692,6 +692,37 @@ def test_the_jump_counts_count_two_ways():
     assert lesson.jump_counts(Results("decode.json", {"measurements": rows[:3]})) is None
 
 
+def test_the_breakdown_figure_draws_the_parts_without_the_body_and_names_only_parts_it_draws(earlier):
+    """Beside the whole step, a panel a batch size leaves the body out, so the parts the chapters change are long
+    enough to read; a part too short to see at every batch size is not drawn and not in the legend, and the caption
+    names it with its largest value."""
+    import matplotlib.pyplot as plt
+
+    from book.decode import figures as decode_figures
+    from book.decode.results import breakdown
+
+    part = {"body": 1.0, "mask_wait": 0.0001, "head": 0.1, "mask_apply": 0.01, "sampling": 0.01, "host": 0.02,
+            "wall": 1.1}
+    panels = [{c: dict(part) for c in ("baseline", "masked_head")}]
+    assert decode_figures.too_short(panels) == ["mask_wait"]
+    assert "mask (host, not hidden), at most 0.1 µs" in decode_figures.hidden_parts(panels, ["mask_wait"])
+    ax = decode_figures.plot_breakdown(panels[0], body=False, unit="µs", hide=["mask_wait"])
+    colours = {matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches}
+    assert decode_figures.COLORS["body"] not in colours and decode_figures.COLORS["mask_wait"] not in colours
+    assert not ax.collections  # no tick: the timed total holds the body
+    plt.close(ax.figure)
+
+    fig = decode_figures.breakdown_figure(earlier.rows, "1b", "caption")
+    titles = [ax.get_title() for ax in fig.axes if ax.has_data()]
+    assert titles[0].startswith("batch 1: the whole step") and all("without the body" in t for t in titles[1:])
+    assert len(titles) == 1 + sum(bool(breakdown(earlier.rows, "1b", b)) for b in (1, 8))
+    hidden = decode_figures.too_short([breakdown(earlier.rows, "1b", b) for b in (1, 8) if breakdown(earlier.rows, "1b", b)])
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert not [k for k in hidden if decode_figures.LABELS[k] in legend]
+    assert all(decode_figures.LABELS[k] in legend for k in report.COMPONENTS if k not in hidden)
+    plt.close(fig)
+
+
 def test_the_breakdown_bars_put_3a_before_step_3():
     """Step 3's first change alone (3a) stands just before step 3, as the page lists step 3's changes, with its
     steps-table label; chapter 1's character-level jumps come last."""
@@ -703,7 +734,7 @@ def test_the_breakdown_bars_put_3a_before_step_3():
             "wall": 1.1}
     parts = {c: dict(part) for c in ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")}
     ax = decode_figures.plot_breakdown(parts)
-    labels = [t.get_text() for t in ax.get_xticklabels()]
+    labels = [t.get_text() for t in ax.get_yticklabels()]  # top to bottom
     assert labels == ["step 1: the baseline loop", "step 2: jump forward", "3a: the automaton's masks",
                       "step 3: the masked head", "not a step: character-level jumps"]
     plt.close(ax.figure)

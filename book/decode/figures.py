@@ -4,6 +4,7 @@ schema's speedup of steps 2 and 3 over step 1."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Sequence
 
 from studylog.decode.loop import COMPONENTS
@@ -17,7 +18,7 @@ LABELS = {"body": "model body", "mask_wait": "mask (host, not hidden)", "head": 
 COLORS = {"body": "#4c72b0", "mask_wait": "#dd8452", "head": "#c44e52", "mask_apply": "#8172b3",
           "sampling": "#937860", "host": "#8c8c8c"}
 #: The tick's legend label: the timed total, measured in runs without the instrumented run's CUDA events.
-TICK_LABEL = "timed total, no instrumentation (written above)"
+TICK_LABEL = "timed total, no instrumentation (written beside the bar)"
 #: One colour per configuration across the chapter's figures (the components have theirs in :data:`COLORS`).
 CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head": "#d95f02",
                  "automaton_mask": "#7570b3", "char_jump": "#e7298a"}
@@ -46,43 +47,83 @@ def unattributed(parts: dict[str, float]) -> float:
     return parts["wall"] - sum(max(parts[k], 0.0) for k in COMPONENTS)
 
 
+#: A part whose longest piece is under this share of the longest bar without the body, at every batch size, is not
+#: drawn (:func:`too_short`): at the book's width it would be a sliver of a few pixels whose colour could not be
+#: found. The legend leaves it out, and the caption names it with its largest value instead (:func:`hidden_parts`).
+VISIBLE_SHARE = 0.03
+
+
 def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "", unit: str = "ms",
-                   legend: bool = True):
-    """Stacked bars on a linear axis, one per configuration (in :data:`BAR_ORDER`): the instrumented run's total per output token, split
-    into the loop's components as that run measured them (CUDA events between the components), unscaled, so a part
-    the configurations share keeps its height from bar to bar. A black tick marks the timed total, measured without
-    the events and written above the bar; the bar's top less the tick is what the events themselves cost
-    (:func:`instrumentation_caption`)."""
+                   legend: bool = True, body: bool = True, names: bool = True, hide: Sequence[str] = ()):
+    """Stacked horizontal bars on a linear axis, one per configuration (top to bottom in :data:`BAR_ORDER`): the
+    instrumented run's total per output token, split into the loop's components as that run measured them (CUDA
+    events between the components), unscaled, so a part the configurations share keeps its length from bar to bar;
+    the parts in ``hide`` (:func:`too_short`) are not drawn.
+    A black tick marks the timed total, measured without the events and written beside the bar; the bar's end less
+    the tick is what the events themselves cost (:func:`instrumentation_caption`). With ``body`` off, the bars leave
+    the model body out, so the parts the chapters change are drawn large enough to read; they have no tick (the timed
+    total holds the body) and each bar's sum of parts is written beside it. ``names``: the configurations' labels on
+    the axis (off for a panel beside one that has them)."""
     import matplotlib.pyplot as plt
 
-    ax = ax or plt.subplots(figsize=(6.4, 4.2))[1]
-    names = sorted(parts, key=lambda c: BAR_ORDER.index(c) if c in BAR_ORDER else len(BAR_ORDER))
+    ax = ax or plt.subplots(figsize=(6.4, 3.6))[1]
+    configs = sorted(parts, key=lambda c: BAR_ORDER.index(c) if c in BAR_ORDER else len(BAR_ORDER))
     scale = 1e3 if unit == "µs" else 1.0
-    for i, config in enumerate(names):
-        bottom = 0.0
-        for k in COMPONENTS:
+    keys = [k for k in COMPONENTS if (body or k != "body") and k not in hide]
+    for i, config in enumerate(configs):
+        left = 0.0
+        for k in keys:
             v = max(parts[config][k], 0.0) * scale
-            ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.62,
-                   alpha=NOT_A_STEP_ALPHA if config in NOT_A_STEP else 1.0)
-            bottom += v
-        wall = parts[config]["wall"] * scale
-        ax.hlines(wall, i - 0.4, i + 0.4, color="black", lw=2.0, label=TICK_LABEL if i == 0 else None)
-        ax.annotate(f"{wall:.3g}", (i, max(bottom, wall)), xytext=(0, 2), textcoords="offset points", ha="center",
-                    va="bottom", fontsize=FONT)
-    ax.set_xticks(range(len(names)), [BAR_LABELS.get(n, n) for n in names], rotation=25, ha="right", fontsize=FONT)
-    ax.tick_params(axis="y", labelsize=FONT)
-    ax.set_ylabel(f"time per output token ({unit})", fontsize=FONT)
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
+            ax.barh(i, v, left=left, color=COLORS[k], label=LABELS[k] if i == 0 else None,
+                    height=0.62, alpha=NOT_A_STEP_ALPHA if config in NOT_A_STEP else 1.0)
+            left += v
+        end = left
+        if body:
+            wall = parts[config]["wall"] * scale
+            ax.vlines(wall, i - 0.4, i + 0.4, color="black", lw=2.0, label=TICK_LABEL if i == 0 else None)
+            end = max(left, wall)
+            written = wall
+        else:
+            written = left
+        ax.annotate(f"{written:.3g}", (end, i), xytext=(3, 0), textcoords="offset points", ha="left", va="center",
+                    fontsize=FONT)
+    ax.set_yticks(range(len(configs)), [BAR_LABELS.get(n, n) for n in configs] if names else [""] * len(configs),
+                  fontsize=FONT)
+    ax.set_ylim(len(configs) - 0.5, -0.5)  # the first configuration on top
+    ax.tick_params(axis="x", labelsize=FONT)
+    ax.set_xlabel(f"time per output token ({unit})", fontsize=FONT)
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.15)  # room for the numbers beside the bars
     ax.set_title(title, fontsize=FONT + 1)
     if legend:
         handles, labels = ax.get_legend_handles_labels()
-        # the tick first: it is the one mark that is not a part of the bar
-        order = [labels.index(TICK_LABEL)] + [j for j, label in enumerate(labels) if label != TICK_LABEL]
+        order = ([labels.index(TICK_LABEL)] if TICK_LABEL in labels else []) + \
+            [j for j, label in enumerate(labels) if label != TICK_LABEL]
         ax.legend([handles[j] for j in order], [labels[j] for j in order], fontsize=FONT, loc="upper left",
                   bbox_to_anchor=(1.01, 1.0), frameon=False, title="bar: instrumented run, parts stacked",
                   title_fontsize=FONT, alignment="left")
-    ax.grid(True, axis="y", alpha=0.3)
+    ax.grid(True, axis="x", alpha=0.3)
     return ax
+
+
+def too_short(panels: Sequence[dict[str, dict[str, float]]]) -> list[str]:
+    """The parts other than the body that no panel could show (each panel: one batch size's configurations): in
+    every panel, the part's longest piece is under :data:`VISIBLE_SHARE` of the panel's longest bar without the
+    body."""
+    def longest(parts, keys) -> float:
+        return max(sum(max(p[k], 0.0) for k in keys) for p in parts.values())
+
+    rest = [k for k in COMPONENTS if k != "body"]
+    return [k for k in rest if all(longest(parts, [k]) < VISIBLE_SHARE * longest(parts, rest) for parts in panels)]
+
+
+def hidden_parts(panels: Sequence[dict[str, dict[str, float]]], hidden: Sequence[str]) -> str:
+    """A caption's line for the parts left out (:func:`too_short`), each with its largest value over the panels'
+    bars, in µs per output token; empty where every part is drawn."""
+    if not hidden:
+        return ""
+    words = "; ".join(f"{LABELS[k]}, at most {max(max(p[k], 0.0) for parts in panels for p in parts.values()) * 1e3:.1f} µs"
+                      for k in hidden)
+    return f"Too short to draw, so left out: {words} per token."
 
 
 def instrumentation_cost(panels: Sequence[dict[str, dict[str, float]]]) -> tuple[float, float]:
@@ -101,35 +142,52 @@ def instrumentation_caption(panels: Sequence[dict[str, dict[str, float]]]) -> st
     def signed(v: float) -> str:
         return f"{v:+.0f}".replace("-", "−")
 
-    return (f"Bar top − tick: the parts' sum less the timed total, {signed(lo)} to {signed(hi)} µs per token over "
+    return (f"Bar end − tick: the parts' sum less the timed total, {signed(lo)} to {signed(hi)} µs per token over "
             f"these {sum(len(p) for p in panels)} bars (the timing's cost, and noise).")
 
 
 def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str = ""):
-    """One figure per model shape: the stacked bars at batch 1 and batch 8 (two panels at most), or None when
-    the rows hold neither."""
+    """One figure per model shape, three panels side by side sharing the configurations' axis: the whole step at
+    batch 1 (batch 8 where only it was measured), then the parts other than the model body at batch 1 and at batch
+    8, where the chapters' changes are large enough to read (at most three panels; two where one batch size is
+    missing); None when the rows hold neither batch size."""
     import matplotlib.pyplot as plt
 
     batches = [b for b in (1, 8) if breakdown(rows, model, b)]
     if not batches:
         return None
-    # stacked, one panel a batch size, so the figure reads at page width; one legend under the panels (beside
-    # the first, it left the second's side empty)
-    fig, axes = plt.subplots(len(batches), 1, figsize=(7.5, 3.4 * len(batches) + 1.9), squeeze=False)
-    panels = [breakdown(rows, model, b) for b in batches]
-    for ax, b, parts in zip(axes[:, 0], batches, panels):
-        plot_breakdown(parts, ax=ax, title=f"batch {b}", legend=False)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    order = [labels.index(TICK_LABEL)] + [j for j, label in enumerate(labels) if label != TICK_LABEL]
+    parts = {b: breakdown(rows, model, b) for b in batches}
+    panels = [(batches[0], True)] + [(b, False) for b in batches]
+    fig, axes = plt.subplots(1, len(panels), figsize=(9.6, 4.6), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.15] + [1] * (len(panels) - 1)})
+    hide = too_short(list(parts.values()))
+    for j, (ax, (b, body)) in enumerate(zip(axes[0], panels)):
+        whole = parts[b]
+        share = statistics.median(p["body"] / sum(max(p[k], 0.0) for k in COMPONENTS) for p in whole.values())
+        title = (f"batch {b}: the whole step" if body else
+                 f"batch {b}: without the body\n(the body: {share:.0%} of a bar, median)")
+        plot_breakdown(whole, ax=ax, title=title, unit="ms" if body else "µs", legend=False, body=body,
+                       names=j == 0, hide=hide)
+    handles, labels = {}, []
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles:
+                handles[label] = h
+                labels.append(label)
+    order = [k for k in (TICK_LABEL, *(LABELS[c] for c in COMPONENTS)) if k in labels]  # the tick, then the parts
+    # below the panels, the legend, then what bar and tick differ by, the parts too thin to draw, and the run
+    lines = [line for line in (instrumentation_caption([parts[b] for b in batches]),
+                               hidden_parts(list(parts.values()), hide), caption) if line]
     height = fig.get_figheight()
-    fig.legend([handles[j] for j in order], [labels[j] for j in order], fontsize=FONT, loc="lower center",
-               bbox_to_anchor=(0.5, 0.42 / height), ncol=2, frameon=False,
+    text_in = 0.05 + 0.17 * sum(line.count("\n") + 1 for line in lines)  # the caption's height, inches
+    legend_in = 0.2 * (1 + -(-len(order) // 3))  # its title and rows
+    fig.legend([handles[k] for k in order], order, fontsize=FONT, loc="lower center",
+               bbox_to_anchor=(0.5, text_in / height), ncol=3, frameon=False,
                title="bar: instrumented run, parts stacked", title_fontsize=FONT)
-    # one line of title; below the panels, what bar and tick differ by and where the numbers come from
     fig.suptitle(f"{what}{SHAPES.get(model, model + ' shape')}: time per output token by part "
                  "(median of the JSON schemas)", fontsize=FONT + 1)
-    fig.text(0.01, 0.005, f"{instrumentation_caption(panels)}\n{caption}", fontsize=FONT, ha="left", va="bottom")
-    fig.tight_layout(rect=(0, 1.6 / height, 1, 1))
+    fig.text(0.01, 0.005, "\n".join(lines), fontsize=FONT, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, (text_in + legend_in + 0.1) / height, 1, 1))
     return fig
 
 
@@ -196,5 +254,5 @@ def figures(results, what: str = "") -> dict[str, Any]:
 
 
 __all__ = ["BAR_LABELS", "BAR_ORDER", "COLORS", "CONFIG_COLORS", "FONT", "LABELS", "SHAPES", "TICK_LABEL",
-           "breakdown_figure", "figures", "instrumentation_caption", "instrumentation_cost", "plot_breakdown",
-           "speedup_figure", "unattributed"]
+           "breakdown_figure", "figures", "hidden_parts", "instrumentation_caption", "instrumentation_cost", "plot_breakdown",
+           "speedup_figure", "too_short", "unattributed", "VISIBLE_SHARE"]
