@@ -321,8 +321,8 @@ def test_the_forecasts_are_on_the_headlines_requests():
 
 def test_the_page_names_the_low_copy_point_and_counts_the_near_ties():
     """The point above the diagonal is named with its workload; the agreement paragraph counts the near ties and
-    says nothing about the file's bookkeeping; the result section opens with step 3's answer before the headline's
-    statistic."""
+    says nothing about the file's bookkeeping; the result section opens with its answer, the shipped loop's ratio
+    with step 3's (the faster loop without the gate) beside it."""
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     assert not any("One point sits above the forward ratio" in t for t in text)
