@@ -980,8 +980,9 @@ def test_step_11_and_13_say_one_thing_about_step_11():
 
 
 def test_part_1s_figure_names_the_steps_it_shows(results):
-    """The steps figure shows the Triton steps timed at every Llama shape, says which are left out, and labels
-    each row "step N: what it is"."""
+    """The steps figure shows the Triton steps timed at every Llama shape, and steps 4 and 13 in the panel where
+    they are timed; it says which steps are drawn at one shape only and which are left out, labels each row "step N:
+    what it is", and writes each value above its dot (off any whisker)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -989,8 +990,12 @@ def test_part_1s_figure_names_the_steps_it_shows(results):
 
     fig = figures(results)["steps"]
     title = fig._suptitle.get_text()
-    assert "timed at every Llama shape" in title and "steps 4 and 10 to 13: only in the steps table" in title
+    assert "timed at every Llama shape" in title and "steps 10 to 12: only in the steps table" in title
+    assert "steps 4 and 13: timed at 4096 × 14336 only" in title
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert any(label.startswith("step 13: ") for label in labels) and any(label.startswith("step 4: ") for label in labels)
+    values = [t for t in fig.axes[0].texts if re.fullmatch(r"\d+\.\d", t.get_text())]
+    assert values and all(t.get_ha() == "center" and t.get_va() == "bottom" for t in values)
     steps = [label for label in labels if label.startswith("step")]
     assert steps and all(re.fullmatch(r"step \d+: .+", label) for label in steps), labels
     assert not any(re.search(r"step\d\d_", label) for label in labels)
@@ -1059,3 +1064,19 @@ def test_part_2_claims_nothing_about_the_void_captures():
     not measure."""
     two = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"])
     assert "(void)" not in two and "ptxas" not in two
+
+
+def test_part_1_says_where_steps_10_to_14_pay_and_leads_with_every_shape(results):
+    """Steps 10 to 14 add little alone: a table gives each one's × previous at every case it is timed, and the page
+    quotes it; the GemLite headline gives the range at every shape before the range where GemLite passes, and says
+    why the bound is four bf16 roundings."""
+    table = L.pays_table(results)
+    rows = [line for line in table.splitlines() if re.match(r"^\| 1[0-4] \|", line)]
+    assert [r.split(" | ")[0] for r in rows] == [f"| {n}" for n in (10, 11, 12, 13, 14)]
+    f13 = L.us(results, T.SERIES[12]) / L.us(results, T.SERIES[13])
+    assert f"{f13:.2f}×" in rows[3]
+    assert L.pays_words(results).startswith("step 13 pays at every case")
+    code = "".join("".join(c["source"]) for c in json.loads(LESSONS[0].read_text())["cells"])
+    assert "lesson.pays_table(results)" in code and "lesson.pays_words(results)" in code
+    assert code.index("at all {len(every)} shapes**") < code.index("where GemLite's output passes our float64")
+    assert "four leave room for a few more roundings" in code

@@ -205,6 +205,9 @@ FAILED_MARKER = "X"
 #: Part 1's Triton steps that the benchmark times at every Llama shape and one row of x (the steps figure); the
 #: others (4, the AND decode, and 10 to 13, each one change on the way to 14) are timed at the steps table's cases.
 EVERY_SHAPE_STEPS = (1, 2, 3, 5, 6, 7, 8, 9, 14)
+#: Steps timed only at the steps table's cases that the steps figure draws anyway, in their panel alone: step 4
+#: and step 13 (the second-largest gain of part 1).
+MAIN_SHAPE_STEPS = (4, 13)
 
 
 def _ranges(numbers) -> str:
@@ -231,8 +234,8 @@ def _steps_dots(view, shapes, series, failed, card: str, caption: str, title: st
 
     columns = min(columns, len(shapes))
     grid = -(-len(shapes) // columns)
-    fig, axes = plt.subplots(grid, columns, figsize=(2.6 * columns + 1.8, 4.6 * grid + 1.4), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(grid, columns, figsize=(2.6 * columns + 1.8, (0.42 * len(series) + 0.6) * grid + 1.4),
+                             sharey=True, squeeze=False)
     for ax in axes.flat[len(shapes):]:
         ax.set_visible(False)
     rows = list(range(len(series)))[::-1]  # cuBLAS on top, GemLite at the bottom
@@ -252,12 +255,13 @@ def _steps_dots(view, shapes, series, failed, card: str, caption: str, title: st
             ax.plot([t], [y], marker=FAILED_MARKER if fails else "o", ms=8 if fails else 7, linestyle="none",
                     color=FAILED_EDGE if fails else series_colour(s), markeredgecolor=FAILED_EDGE if fails else "k",
                     markeredgewidth=0.6)
-            ax.annotate(f"{t:.1f}", (hi, y), xytext=(4, 0), textcoords="offset points", va="center",
-                        fontsize=SMALL - 1, color=FAILED_EDGE if fails else "k")
+            ax.annotate(f"{t:.1f}", (t, y), xytext=(0, 5), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=SMALL - 1, color=FAILED_EDGE if fails else "k",
+                        bbox=dict(boxstyle="square,pad=0.05", fc="white", ec="none", alpha=0.85))  # above its dot
             marked = marked or fails
             if s == CUBLAS:
                 ax.axvline(t, color=series_colour(CUBLAS), lw=0.8, ls="--", zorder=0)
-        ax.set_xlim(0, top * 1.22)
+        ax.set_xlim(0, top * 1.12)
         ax.set_title(shape.replace("x", " × "), fontsize=FONT)
         ax.set_xlabel("GPU time (µs, median)", fontsize=SMALL)
         ax.tick_params(labelsize=SMALL)
@@ -270,10 +274,15 @@ def _steps_dots(view, shapes, series, failed, card: str, caption: str, title: st
     if marked:
         handles.append(Line2D([], [], marker=FAILED_MARKER, color=FAILED_EDGE, linestyle="none", ms=8,
                               label="GemLite's output fails our float64 check there"))
-    left = _ranges([n for n in range(1, 15) if n not in EVERY_SHAPE_STEPS])
+    drawn = [n for n in range(1, 15) if SERIES[n] in series]
+    one = _ranges([n for n in drawn if n not in EVERY_SHAPE_STEPS])
+    left = _ranges([n for n in range(1, 15) if n not in drawn])
+    where = [s for s in shapes if any(view.select(SERIES[n], shape=s, m=1) for n in drawn if n not in EVERY_SHAPE_STEPS)]
+    notes = ([f"step{'s' if ' ' in one else ''} {one}: timed at {' and '.join(s.replace('x', ' × ') for s in where)} "
+              "only"] if one else []) \
+        + ([f"step{'s' if ' ' in left else ''} {left}: only in the steps table"] if left else [])
     fig.suptitle(title or f"{card}, one row of x (M = 1): the Triton steps timed at every Llama shape"
-                 + (f"\n(step{'s' if ' ' in left else ''} {left}: only in the steps table)" if left else ""),
-                 fontsize=FONT + 1)
+                 + (f"\n({'; '.join(notes)})" if notes else ""), fontsize=FONT + 1)
     _foot(fig, caption)
     height = fig.get_figheight()  # the caption's lines, then the legend, under the panels (in inches)
     fig.tight_layout(rect=(0, 1.1 / height, 1, 1))
@@ -360,8 +369,10 @@ def figures(results, bitnet=None) -> dict:
 
     llama = [s for s in shapes if view.select(CUBLAS, shape=s, family="llama", m=1)]
     steps = [s for s in [CUBLAS] + [SERIES[n] for n in EVERY_SHAPE_STEPS] + [GEMLITE] if view.select(s, m=1)]
+    drawn = [s for s in [CUBLAS] + [SERIES[n] for n in sorted(EVERY_SHAPE_STEPS + MAIN_SHAPE_STEPS)] + [GEMLITE]
+             if view.select(s, m=1)]
     if llama and steps:
-        figs["steps"] = _steps_dots(view, llama, steps, failed_peer_checks(results.data), card, caption)
+        figs["steps"] = _steps_dots(view, llama, drawn, failed_peer_checks(results.data), card, caption)
     # the same at BitNet b1.58's shapes where GemLite's output passes our check (three at most: a figure's panels)
     failed = failed_peer_checks(results.data)
     bit = [s for s in shapes if view.select(GEMLITE, shape=s, family="bitnet", m=1)

@@ -1272,6 +1272,53 @@ def place_waves(results, shapes) -> dict[str, dict]:
     return out
 
 
+#: Part 1's steps on step 6's line, each against the step before it, and the cases the benchmark times them at.
+LATE_STEPS = ((10, 6), (11, 10), (12, 11), (13, 12), (14, 13))
+LATE_CASES = ((MAIN, 1), ("2560x6912", 1), (MAIN, 16))
+
+
+def _case_words(case) -> str:
+    shape, m = case
+    return f"{shape_words(shape)}, " + ("one row" if m == 1 else f"{m} rows")
+
+
+def pays_table(results, steps=LATE_STEPS, cases=LATE_CASES) -> str:
+    """Markdown: steps 10 to 14, each one's × previous (the step before it over it, > 1 pays) at every case the
+    benchmark times it, so that the table says which change pays where; "–" where a time is missing."""
+    lines = ["| step | the change | " + " | ".join(_case_words(c) for c in cases) + " |",
+             "|---|---|" + "---|" * len(cases)]
+    for new, old in steps:
+        change = next(c for n, m, p, c in PART1_ROWS if n == new and m == 1).split(" (")[0]
+        cells = [fmt(ratio(us(results, SERIES[old], *c), us(results, SERIES[new], *c)), ".2f", "×") for c in cases]
+        lines.append(f"| {new} | {change} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pays_words(results, steps=LATE_STEPS, cases=LATE_CASES) -> str:
+    """:func:`pays_table` in a sentence: the steps that pay well at every case (× previous of 1.10 or more at each),
+    the most the others gain, and where each loses (× previous under 1.00 at two places)."""
+    f = {new: {c: ratio(us(results, SERIES[old], *c), us(results, SERIES[new], *c)) for c in cases}
+         for new, old in steps}
+    if any(v is None for row in f.values() for v in row.values()):
+        return ""
+    big = [n for n, row in f.items() if min(row.values()) >= 1.1]
+    rest = [n for n in f if n not in big]
+    lose = {}
+    for n in rest:
+        for c in cases:
+            if round(f[n][c], 2) < 1:
+                lose.setdefault(c, []).append(n)
+    words = lambda ns: ("steps " + and_list(str(n) for n in ns)) if len(ns) > 1 else f"step {ns[0]}"  # noqa: E731
+    head = "; ".join(f"{words([n])} pays at every case ({min(f[n].values()):.2f}× to {max(f[n].values()):.2f}×)"
+                     for n in big)
+    most = max(max(f[n].values()) for n in rest) if rest else None
+    tail = ("" if most is None else f"; the others at most {most:.2f}×"
+            + ("" if not lose else "; " + ", ".join(
+                f"{words(ns)} {'lose' if len(ns) > 1 else 'loses'} at {shape_words(c[0])} "
+                f"({'one row' if c[1] == 1 else f'{c[1]} rows'})" for c, ns in lose.items())))
+    return (head + tail).lstrip("; ")
+
+
 def verdict(results, new: int, old: int, cases=((MAIN, 16), (MAIN, 1))) -> str:
     """Whether step ``new`` pays over step ``old`` at each of ``cases`` (its × previous rounded to two places
     against 1.00), in words for the page: "it pays at both", "it loses at 4096 × 14336, M = 1 and pays at ...";
