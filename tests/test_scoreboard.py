@@ -900,8 +900,10 @@ def test_every_floor_names_its_kind_and_the_page_keeps_no_lab_notes():
     assert "forecast" not in floors and "%" not in floors  # the floors table holds floors only
     for bad in ("lab/", "not known", "The empty kernel in each run", "committed"):
         assert bad not in table, bad
-    # the one lower bound on the page: chapter 04's chain, timed at the small alphabet, under the headline's longer one
-    assert table.count("lower bound") == 1 and "is a lower bound of it" in table
+    # chapter 04's headline has its own chain of frames where the tails run times it; else the small alphabet's chain
+    # stands in, said to be a lower bound of the headline's longer one
+    own = any(r["series"] == sb.CTC_HEADLINE_CHAIN for r in _raw(H200, sb.TAILS)["measurements"])
+    assert table.count("lower bound") == (0 if own else 1) and (own or "is a lower bound of it" in table)
     # the H100's run of chapter 2 replayed one copy of the head where the H200's rotated (read from the raw files):
     # its rows are out of the tables, with no fold of their numbers
     one_copy = not any("copies" in r for r in _raw(H100, "masked_lm_head")["measurements"])
