@@ -767,7 +767,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                 and "missing" not in b and b.get("vs_rival") is not None), None)
                 if grouped is not None:
                     cells[name] = (f"**{grouped['vs_rival']:.2f}×** ({us(grouped['median_ms'])} against "
-                                   f"{us(grouped['rival_ms'])} µs){row_caveat(grouped)}")
+                                   f"{us(grouped['rival_ms'])} µs){row_caveat(grouped)}; {row['vs_rival']:.2f}× with "
+                                   f"32 heads{row_caveat(row)}")
                     brief[name] = (f"{grouped['vs_rival']:.2f}× {entry.rival_short} with Llama 3.1 8B's grouped-query "
                                    f"heads (step 6); {row['vs_rival']:.2f}× with 32 heads (step 5)")
                     landing[name] = f"{grouped['vs_rival']:.2f}× with Llama 3.1 8B's grouped-query heads"
@@ -813,8 +814,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                           f"{llama['gemlite_check_error']:.2%} of the product's norm, the tolerance "
                           f"{llama['gemlite_check_tolerance']:.2%}), so no ratio against it is given")
                 elif llama is not None and llama["rival_ms"] is not None:
-                    at = (f"against {llama['rival']} at 4096 × 14336, {llama['vs_rival']:.2f}× "
-                          f"({us(llama['median_ms'])} against {us(llama['rival_ms'])} µs; it "
+                    at = (f"at 4096 × 14336, a Llama shape BitNet's kernel is not built for, {llama['vs_rival']:.2f}× "
+                          f"{llama['rival']} ({us(llama['median_ms'])} against {us(llama['rival_ms'])} µs; it "
                           f"{llama.get('rival_check') or 'has no'} our float64 check here)")
                 if beaten is not None:
                     lo, hi, shapes = beaten
@@ -859,6 +860,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 synthetic = synthetic_words(card)
                 landing[name] += f" on a synthetic 8B-shaped model ({shared_layers_words(card)})"
+                bound = decode_bound(card)
+                if bound is not None:
+                    notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
                 brief[name] = (f"{row['vs_rival']:.2f}× our own loop with a dense head and xgrammar's mask (no "
                                f"serving engine measured), on {synthetic}")
                 if row.get("real_ratio") is not None:
@@ -1556,10 +1560,6 @@ EAGER_MARK = "†"
 SHORT_ROUTE = ("notebooks/00_how_to_read.ipynb", "notebooks/02_masked_lm_head.ipynb", "notebooks/04_ctc_loss.ipynb")
 
 
-#: A page whose reading time is this many minutes or more is named as one of the long chapters under the table.
-LONG_MINUTES = 40
-
-
 def page_titles(root: Path = BENCH_RESULTS) -> dict[str, str]:
     """Each lesson's name as the landing table and the chapter cards give it, by notebook: its number and the
     chapter's short title (``05. Ternary matmul (Triton)`` for a chapter in two parts)."""
@@ -1607,10 +1607,8 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         _, minutes[notebook] = reading_minutes(notebook)
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {rival} | {minutes[notebook]} min |")
     if eager_notes:
-        lines += ["", f"{EAGER_MARK} The answers are for calls replayed in a CUDA graph. Called eagerly, one call at "
-                  "a time from Python, a call takes the longer of its GPU time and its *host time* (the time the CPU "
-                  "spends issuing it), and some of these answers change: see below, or the "
-                  "[headline results](results.md).", "",
+        lines += ["", f"{EAGER_MARK} Called eagerly, one call at a time from Python, a call takes the longer of its "
+                  "GPU time and its *host time* (the time the CPU spends issuing it), and these answers change:", "",
                   ":::{dropdown} Called eagerly, page by page", "", *eager_notes, "", ":::"]
 
     also = [titles[n].split(". ")[0] + (" part 1" if n.startswith("notebooks/05_") and "triton" in n else "")
@@ -1618,6 +1616,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     if also:
         lines += ["", f"The H100 also ran {', '.join(also[:-1])}{' and ' if len(also) > 1 else ''}{also[-1]} the same "
                   "way: its numbers are in the [headline results](results.md)."]
+    lines += ["", reading_path_words()]
     return "\n".join(lines)
 
 
@@ -1643,7 +1642,8 @@ def exercise_count(notebook: str | Path, root: Path = REPO_ROOT) -> int:
 
 
 def reading_path_words(root: Path = REPO_ROOT) -> str:
-    """The landing page's reading times in words: what a time counts, the whole course's, what comes on top (the
+    """The landing page's reading times in words, under its table: what a time counts (prose at
+    :data:`WORDS_PER_MINUTE`, code at :data:`CODE_LINES_PER_MINUTE`), the whole course's, what comes on top (the
     folded listings' minutes, the exercises' count), why the long pages are long (the lines of code they show) and a
     short route (:data:`SHORT_ROUTE`)."""
     titles = page_titles()
@@ -1652,7 +1652,6 @@ def reading_path_words(root: Path = REPO_ROOT) -> str:
     folded = sum(folded_minutes(n, root) for n in order)
     exercises = sum(exercise_count(n, root) for n in order)
     code = {n: code_lines(n, root) + listing_lines(n, root, folded=False)[0] for n in order}
-    long = [n for n in order if minutes[n] >= LONG_MINUTES]
 
     def short(n: str) -> str:
         return titles[n].split(". ")[0] + (" part 2" if "05_ternary_2" in n else " part 1" if "05_ternary_1" in n
@@ -1660,15 +1659,14 @@ def reading_path_words(root: Path = REPO_ROOT) -> str:
 
     prose = {n: reading_minutes(n, root)[0] for n in order}
     route = [n for n in SHORT_ROUTE if n in minutes]
-    out = (f"A page's time counts its prose at {WORDS_PER_MINUTE} words a minute and the code it shows at "
-           f"{CODE_LINES_PER_MINUTE} lines a minute: {hours(sum(minutes.values()))} for the course"
-           + (f", and {hours(folded)} more for the listings folded under steps" if folded else "")
-           + (f"; the {exercises} exercises come on top." if exercises else "."))
-    if long:
-        fewest = min(order, key=lambda n: code[n])
+    out = (f"Reading time: the prose and the code the page shows, {hours(sum(minutes.values()))} for the course; "
+           + (f"the listings folded under steps add {hours(folded)}, and " if folded else "")
+           + (f"the {exercises} exercises come on top." if exercises else "the exercises come on top."))
+    if len(order) > 2:  # the two pages with the most code, then the one with the least
+        by_code = sorted(order, key=lambda n: -code[n])
         out += (f" Prose takes {min(prose.values())} to {max(prose.values())} minutes on every page, so code sets "
                 "the spread: " + ", ".join(f"{short(n)} shows {code[n]:,} lines" if i == 0 else f"{short(n)} {code[n]:,}"
-                                          for i, n in enumerate(long + [fewest])) + ".")
+                                          for i, n in enumerate(by_code[:2] + by_code[-1:])) + ".")
     out += (" With an afternoon, read " + ", then ".join(short(n) for n in route)
             + f" ({hours(sum(minutes[n] for n in route))}): how a chapter is measured, the simplest kernel, and the "
             "longest chain of dependent work.")
@@ -1682,7 +1680,7 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
            "part_one_line", "left_out_words", "CTC_STEPS_WORDS", "ctc_cases", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
        "reading_path_markdown", "EAGER_MARK", "page_titles", "SHORT_ROUTE", "RIVALS", "synthetic_words", "LOOP_WORDS",
-           "case_label", "ctc_case_words", "LONG_MINUTES",
+           "case_label", "ctc_case_words",
            "fsm_peers", "fsm_peer_words", "fsm_peer_totals", "write_fsm_peers", "FSM_PEERS", "FSM_PEER", "summary_markdown", "other_answers", "other_eager", "eager_words",
            "bitnet_range", "bitnet_eager", "HOST_BOUND_TITLE", "GRID_HOST_CHAPTERS", "clauses",
            "reading_path_words", "exercise_count", "hours", "also_timed", "ngram_range", "multi_item_loss",
