@@ -1,7 +1,8 @@
 """Does an edit of the CUDA C++ of chapters 3 and 4 change the code NVRTC makes of it?
 
 Compiles every kernel the library launches from ``studylog/ctc/csrc`` and ``studylog/ngram/csrc`` (every
-template instance the chapters launch), and lab/ngram's frozen stream variants (they include
+template instance the chapters launch or declare, and every ``.cu`` file's ``extern "C"`` kernels, the latency
+floor's among them), and lab/ngram's frozen stream variants (they include
 ``ngram_common.cuh``; notebook 03 compiles them), twice with the library's compiler options: the sources of a
 git revision (``--base``, HEAD by default) and those of the working tree. For each kernel it compares the PTX
 (``.file``/``.loc`` lines left out: they name the source, not the code; branch labels ``$L__BB<i>_<j>`` without
@@ -60,13 +61,19 @@ def ctc_sources() -> dict[str, list[str]]:
             for option in options:
                 for name in fused.fused_kernel_names(step, v, option):
                     names.setdefault(fused.source_of(name), []).append(name if "<" in name else "")
+    for stem, declared in cuda.INSTANCES.items():  # the instances the modules declare (step 7's parts among them)
+        if stem in names:
+            names[stem] += declared
+    for path in sorted(paths.chapter_csrc("ctc").glob("*.cu")):  # every other source: its extern "C" kernels
+        names.setdefault(path.stem, [])
     return {stem: [n for n in dict.fromkeys(found) if n] for stem, found in names.items()}
 
 
 def ngram_sources() -> dict[str, list[str]]:
     """Source stem -> the name expressions chapter 3 launches from it."""
     folder = paths.chapter_csrc("ngram")
-    return {p.stem: list(ngram_kernels.STREAM_INSTANCES) if p.stem == "ngram_stream" else []
+    launched = {"ngram_stream": ngram_kernels.STREAM_INSTANCES}
+    return {p.stem: list(dict.fromkeys(launched.get(p.stem, ()) + cuda.INSTANCES.get(p.stem, ())))
             for p in sorted(folder.glob("*.cu"))}
 
 

@@ -13,6 +13,35 @@
         int N, int Lmax
 #define RECURSION_ARGS emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N, Lmax
 
+// The V positions s0 = lane V .. s0 + V - 1 of a lane (step 14: a thread) in utterance n's target of L labels and
+// S = 2 L + 1 positions (V even: s0 + i is a blank for even i). Bit i of valid: position s0 + i exists; of skip: it
+// takes the s - 2 transition (BACKWARD: s + 2). r: the row before the first frame (alpha) or after the last (beta),
+// one path of probability 1 at s = 0 (alpha) or s = S - 1 (beta). The bits are gathered in locals and copied out
+// last: so the callers compile to the code they made when each held this loop itself.
+template <int V, bool BACKWARD>
+__device__ __forceinline__ void lane_positions(const int* labels, int n, int Lmax, int L, int lane, unsigned& valid,
+                                               unsigned& skip, float (&r)[V]) {
+    const int S = 2 * L + 1;
+    const int s0 = lane * V;
+    const int* lab = labels + n * Lmax;
+    unsigned bits = 0, skips = 0;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        const int s = s0 + i;
+        if (s < S) bits |= 1u << i;
+        if ((i & 1) && s < S) {
+            const int j = (s + 1) >> 1;  // 1-based label position; its label is lab[j - 1]
+            const bool jump = BACKWARD ? (j + 1 <= L && __ldg(lab + j) != __ldg(lab + j - 1))
+                                       : (j >= 2 && __ldg(lab + j - 1) != __ldg(lab + j - 2));
+            if (jump) skips |= 1u << i;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) r[i] = (s0 + i == (BACKWARD ? S - 1 : 0)) ? 0.0f : NEG_INF;
+    valid = bits;
+    skip = skips;
+}
+
 // The emissions lane `lane` (step 14: thread) needs of one frame (e: the frame's Lmax + 1 emissions): the
 // blank's, and those of its H labels lane H + 1 .. lane H + H (-inf past the target's L labels).
 template <int H>

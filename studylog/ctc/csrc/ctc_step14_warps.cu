@@ -3,7 +3,8 @@
 
 #include "ctc_common.cuh"       // NEG_INF, FULL_MASK, warp_max
 #include "ctc_branch_free.cuh"  // lse2_select, lse3_select
-#include "ctc_recursion.cuh"    // RECURSION_PARAMS, prefetch_emissions, refill_emissions, lane_max, store_row
+#include "ctc_recursion.cuh"    // RECURSION_PARAMS, lane_positions, prefetch_emissions, refill_emissions, lane_max,
+                                // store_row
 
 // One warp per direction leaves three of an SM's four schedulers idle and runs a long chain per frame (V
 // positions per lane). Here a block of W warps shares the S positions, V = 2 or 4 per thread. Neighbouring
@@ -26,24 +27,10 @@ __device__ __forceinline__ void ctc_warps_direction(RECURSION_PARAMS) {
     const int L = __ldg(target_lengths + n);
     const int S = 2 * L + 1;
     const int s0 = tid * V;
-    const int* lab = labels + n * Lmax;
 
-    unsigned valid = 0, skip = 0;  // bit i: position s0 + i exists / takes the s -/+ 2 transition
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        const int s = s0 + i;
-        if (s < S) valid |= 1u << i;
-        if ((i & 1) && s < S) {
-            const int j = (s + 1) >> 1;  // 1-based label position; its label is lab[j - 1]
-            const bool jump = BACKWARD ? (j + 1 <= L && __ldg(lab + j) != __ldg(lab + j - 1))
-                                       : (j >= 2 && __ldg(lab + j - 1) != __ldg(lab + j - 2));
-            if (jump) skip |= 1u << i;
-        }
-    }
-
-    float r[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) r[i] = (s0 + i == (BACKWARD ? S - 1 : 0)) ? 0.0f : NEG_INF;
+    unsigned valid, skip;  // bit i: position s0 + i exists / takes the s -/+ 2 transition
+    float r[V];            // the thread's share of the row before the first frame (alpha) or after the last (beta)
+    lane_positions<V, BACKWARD>(labels, n, Lmax, L, tid, valid, skip, r);
 
     const size_t stride = (size_t)blockDim.x * V;
     float* out_rows = rows + ((size_t)(BACKWARD ? N + n : n) * T) * stride + s0;

@@ -4,7 +4,8 @@
 
 #include "ctc_common.cuh"       // NEG_INF
 #include "ctc_branch_free.cuh"  // warp_max_of
-#include "ctc_recursion.cuh"    // RECURSION_PARAMS, prefetch_emissions, refill_emissions, lane_max, store_row
+#include "ctc_recursion.cuh"    // RECURSION_PARAMS, lane_positions, prefetch_emissions, refill_emissions, lane_max,
+                                // store_row
 
 // One direction for one utterance. Lane l owns positions s = l V .. l V + V - 1 (V even, so position i of a lane
 // is a blank for even i and label j = l V / 2 + (i + 1) / 2 for odd i). The emissions are prefetched
@@ -20,26 +21,10 @@ __device__ __forceinline__ void warp_recursion_direction(RECURSION_PARAMS) {
     const int L = __ldg(target_lengths + n);
     const int S = 2 * L + 1;
     const int s0 = lane * V;
-    const int* lab = labels + n * Lmax;
 
-    unsigned valid = 0, skip = 0;  // bit i: position s0 + i exists / takes the s -/+ 2 transition
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        const int s = s0 + i;
-        if (s < S) valid |= 1u << i;
-        if ((i & 1) && s < S) {
-            const int j = (s + 1) >> 1;  // 1-based label position; its label is lab[j - 1]
-            const bool jump = BACKWARD ? (j + 1 <= L && __ldg(lab + j) != __ldg(lab + j - 1))
-                                       : (j >= 2 && __ldg(lab + j - 1) != __ldg(lab + j - 2));
-            if (jump) skip |= 1u << i;
-        }
-    }
-
-    // The row before the first frame (alpha) or after the last (beta) holds one path of
-    // probability 1: at s = 0 for alpha, at s = S - 1 for beta. Every frame is then one update.
-    float r[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) r[i] = (s0 + i == (BACKWARD ? S - 1 : 0)) ? 0.0f : NEG_INF;
+    unsigned valid, skip;  // bit i: position s0 + i exists / takes the s -/+ 2 transition
+    float r[V];            // the lane's share of the row before the first frame (alpha) or after the last (beta)
+    lane_positions<V, BACKWARD>(labels, n, Lmax, L, lane, valid, skip, r);
 
     const size_t stride = 32 * V;
     float* out_rows = rows + ((size_t)(BACKWARD ? N + n : n) * T) * stride + s0;
