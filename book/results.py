@@ -58,9 +58,8 @@ def fsm_note(summary: dict[str, Any]) -> str:
     d = summary["default"]["saved"]
     c = summary.get("compact", {}).get("saved")
     chars = sorted(x["char"] for x in (d, c) if x)
-    return ((f"{c['token']:.1%} on compact JSON, and " if c else "") + f"{chars[0]:.1%}"
-            + (f" to {chars[-1]:.1%}" if len(chars) > 1 else "")
-            + " with character jumps, which may retokenize the output")
+    return ((f"with compact JSON, token jumps save {c['token']:.1%}, and " if c else "") + "character jumps, which "
+            f"may retokenize the output, save {chars[0]:.1%}" + (f" to {chars[-1]:.1%}" if len(chars) > 1 else ""))
 
 
 #: Chapter 01's peers on the same suite (xgrammar's jump-forward string, llguidance's fast-forward tokens), the totals
@@ -703,8 +702,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     notes[name].append(fsm_note(suite))
                     if peer and "(" in peer:  # the peer's caveat, said once
                         split = peer.rsplit(" (", 1)[1].rstrip(")")
-                        notes[name].append("the peer's output, too, stays in the tokenizer's own tokens"
-                                           if split.startswith("its output too") else f"the peer's output: {split}")
+                        notes[name].append("like ours, llguidance's output stays in the tokenizer's own tokens"
+                                           if split.startswith("its output too") else f"llguidance's output: {split}")
                 continue
             row = next((b for b in board if b["number"] == entry.number and short_card(b["card"]) == name
                         and b["lead"]), None)
@@ -906,8 +905,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         if entry.number == 1 and peer:
             what = f"{what}; beside it the strongest peer, llguidance's fast-forward tokens"
         elif entry.number == 7:  # the rival is the course's own loop, and the model is a cost model: both said
-            what = ("the loop with chapters 01 and 02 against our own loop with a dense head and xgrammar's mask (no "
-                    f"serving engine measured), per output token, on {synthetic_words(_card(root, SUMMARY_CARD))}, batch 1")
+            what = ("the loop with chapters 01 and 02 against our own loop (a dense head and xgrammar's mask; no "
+                    f"serving engine measured), per output token, batch 1, on {synthetic_words(_card(root, SUMMARY_CARD))}")
         elif entry.number == 4:  # why this case, and the grid it sits in
             what = f"{what}{ctc_case_words(_card(root, SUMMARY_CARD))}"
         elif entry.number == 8:
@@ -965,7 +964,7 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
                                f"{us(t[k]['ms'])} µs against GemLite's {us(t[k]['rival_ms'])} µs")
         for k in failing:
             notes[name].append(f"{name}: at {words[k]} GemLite is faster ({us(t[k]['rival_ms'])} against "
-                               f"{us(t[k]['ms'])} µs) but fails our check" + (
+                               f"{us(t[k]['ms'])} µs) but misses our bound" + (
                                    f" ({t[k]['error']:.2%} error)" if t[k]["error"] is not None else "")
                                + ": its atomic adds round each partial sum to bf16, so its error grows with K")
         if answer["failed"]:  # the range leaves out the shapes where GemLite fails: named once
