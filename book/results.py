@@ -1598,7 +1598,8 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         question = OTHER_PAGES.get(notebook) or (h["question"] if h else "–")
         rival = RIVALS.get("5t" if stem.startswith("05_") and "triton" in stem else int(stem[:2]), "–")
         if stem.startswith("01_"):  # the strongest peer saves more than ours: its number stands beside ours
-            rival = peer.replace(" save ", " (a library) save more: ", 1) if peer else "decoding every token"
+            rival = (peer_bare(peer).replace(": ", " (a library) save more: ", 1)
+                     + (", output unchanged too" if "its output too" in peer else "") if peer else "decoding every token")
         title = titles[notebook]
         if eager:
             number += f" {EAGER_MARK}"
@@ -1607,7 +1608,8 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {rival} | {minutes[notebook]} min |")
     if eager_notes:
         lines += ["", f"{EAGER_MARK} Called eagerly, one call at a time from Python, a call takes the longer of its "
-                  "GPU time and its *host time* (the time the CPU spends issuing it), and these answers change:", "",
+                  "GPU time and its *host time* (the time the CPU spends issuing it), so these answers may change:",
+                  "",
                   ":::{dropdown} Called eagerly, page by page", "", *eager_notes, "", ":::"]
 
     also = [titles[n].split(". ")[0] + (" part 1" if n.startswith("notebooks/05_") and "triton" in n else "")
