@@ -1013,7 +1013,7 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
     def line(title: str, notebook: str, question: str, what: str, cells: dict[str, str], said: list[str]) -> None:
         if card is not None and notebook not in timed_elsewhere and not notebook.startswith("notebooks/01_"):
             # the folds below hold no other card's number (chapter 01 counts passes: no card's)
-            what += f" ({card} only)"
+            what += f"; {card} only"
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {what} | "
                      + " | ".join(cells.get(n, NOT_MEASURED) for n in names) + " |")
         if said:  # one short bullet per clause, under the line's title

@@ -596,7 +596,7 @@ def test_lines_without_another_cards_number_say_so():
     table = results.summary_markdown().split("\nMore on each line:\n", 1)[0]
     for row in [ln for ln in table.splitlines() if ln.startswith("| [")]:
         notebook = row.split("](")[1].split(")")[0]
-        assert ("(H200 only)" in row) == (notebook not in also and "/01_" not in notebook), row
+        assert ("; H200 only |" in row) == (notebook not in also and "/01_" not in notebook), row
     landing = results.reading_path_markdown()
     assert "The H100 also ran " in landing and "06" in landing.split("The H100 also ran ")[1].split(":")[0]
 
