@@ -567,7 +567,7 @@ def synthetic_words(card: Path) -> str:
 #: the course's own (where no library runs the same work), by chapter number ("5t": chapter 05's Triton part).
 RIVALS = {
     2: "xgrammar's path, a library (every logit, then its mask)",
-    3: "our own port of FastDeploy's GPU kernel, fixed to match the CPU operator exactly (no library has one)",
+    3: "our own corrected port of FastDeploy's GPU kernel (no library has one)",
     4: "cuDNN, through torch",
     "5t": "GemLite, a library",
     5: "BitNet's own W2A8 kernel, published",
@@ -1445,8 +1445,7 @@ def folded_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> int:
 
 #: What a lesson that is no chapter's headline page is for, by notebook (the reading path's question column).
 OTHER_PAGES = {
-    "notebooks/00_how_to_read.ipynb": "How fast can this card launch a kernel and copy memory, the ceilings every "
-                                      "chapter is measured against?",
+    "notebooks/00_how_to_read.ipynb": "How fast can this card launch a kernel and copy memory?",
     "notebooks/05_ternary_1_triton.ipynb": "Can a Triton kernel for weights in {-1, 0, +1} keep up with GemLite, "
                                            "a Triton library of low-bit matmuls? (part 1 of 2)",
 }
