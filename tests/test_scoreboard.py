@@ -1083,3 +1083,26 @@ def test_chapter_4s_latency_floor_is_the_chain_of_frames_on_every_card_or_none()
             assert "not timed on this card" in r["latency_what"] == r["latency_missing_why"], r["card"]
         else:
             assert "dependent frames alone" in r["latency_what"], r["card"]
+
+
+def test_the_tails_run_times_chapter_four_on_the_chapters_own_targets():
+    """The tails run's chapter 04 rows time the targets the chapter's benchmark draws at each case (its generator
+    replayed over the grid), and its headline chain runs over the states of that case's longest target; a tails file
+    whose repetitions drew their own targets gets a note and, where their medians spread wide, no p99."""
+    from studylog import tails
+
+    assert [len(l) for l in tails.ctc_bench_targets(150, 1, 28)] == [tails.ctc_floor_states() // 2]
+    assert tails.ctc_headline_states() == 2 * max(map(len, tails.ctc_bench_targets(150, 8, 5000))) + 1
+    data = _raw(H200, sb.TAILS)
+    for case in (sb.CTC_CASE, sb.CTC_SMALL_CASE):
+        row = _find(data, "ctc_loss", **case)
+        if row.get("targets") == "the chapter's":
+            assert row["target_lengths"] == [len(l) for l in tails.ctc_bench_targets(case["T"], case["N"], case["A"])]
+    chain = [r for r in data["measurements"] if r["series"] == sb.CTC_HEADLINE_CHAIN]
+    if chain:
+        assert chain[0]["params"] == tails.CTC_HEADLINE_CASE | {"frames": 150, "states": tails.ctc_headline_states()}
+    # an older file: three repetitions of their own targets, one twice as slow as the others
+    old = {"ms": 0.043, "p99_ms": 0.083, "repetition_medians_ms": [0.043, 0.083, 0.042]}
+    drop, why = sb.ctc_tail_targets({"tail_params": sb.CTC_SMALL_CASE}, old)
+    assert drop and "not a slower call" in why and "142 labels" in why
+    assert sb.ctc_tail_targets({"tail_params": sb.CTC_SMALL_CASE}, old | {"targets": "the chapter's"}) is None
