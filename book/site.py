@@ -60,15 +60,17 @@ FIGURE_ALT = {
     "assets/figures/masked_lm_head_practitioners.png": "The whole masked step's speedup over cuBLAS logits followed "
                                                        "by xgrammar's bitmask, from the packed bitmask, against the "
                                                        "number of allowed tokens, at batch sizes 1 to 256",
-    "assets/figures/masked_lm_head_speedup_b1.png": "Each step of the masked LM head's speedup over dense logits "
-                                                    "followed by a mask, at batch 1, against the number of allowed "
-                                                    "tokens",
-    "assets/figures/ngram_latency.png": "Time per call of every n-gram matching step against the CPU path and the "
-                                        "byte floor, for several batch sizes and prompt lengths",
+    "assets/figures/masked_lm_head_speedup_b1.png": "Each step of the masked LM head's speedup over cuBLAS's dense "
+                                                    "fp32 logits followed by masked_fill, at batch 1, against the "
+                                                    "number of allowed tokens",
+    "assets/figures/ngram_latency.png": "Time per call of the n-gram entry point beside the CPU path, the ported "
+                                        "FastDeploy kernels, step 5 and the byte floor at every shape; below, "
+                                        "steps 11 and 12 against step 6",
     "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7, 10, 12, 13 and 14 over the faster of "
                                       "torch's CTC calls, against the number of utterances, for two alphabet sizes",
-    "assets/figures/ternary_steps.png": "GPU time of the Triton steps of the ternary matmul timed at every Llama "
-                                        "weight shape, one row of activations, beside cuBLAS and GemLite",
+    "assets/figures/ternary_steps.png": "GPU time of the Triton steps of the ternary matmul at the Llama weight "
+                                        "shapes (steps 4 and 13 at 4096 x 14336 only), one row of activations, "
+                                        "beside cuBLAS and GemLite",
     "assets/figures/ternary_steps_bitnet.png": "On the H200, one row of activations: the Triton steps' GPU time "
                                                 "beside cuBLAS and GemLite at the BitNet shapes where GemLite passes "
                                                 "our check",
@@ -80,8 +82,8 @@ FIGURE_ALT = {
     "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
                                            "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
     "assets/figures/decode_breakdown_8b.png": "Where each step of the decode loop spends its time per output token at "
-                                              "the 8B shape, batch 1 and 8: the model body, the mask, the LM head, "
-                                              "sampling and the host",
+                                              "the 8B shape: the whole step at batch 1, then everything but the "
+                                              "model body (LM head, mask, sampling, host) at batch 1 and 8",
     "assets/figures/speculate_speedup.png": "Per request, the speculative loop's speedup per output token over "
                                             "chapter 07's loop, against how many forwards it saves",
 }
@@ -90,10 +92,11 @@ FIGURE_ALT = {
 #: What a card's reader should have read first (the landing page's reader's path, per chapter).
 READ_AFTER = {
     "notebooks/01_fsm_compression.ipynb": "chapter 00",
-    "notebooks/02_masked_lm_head.ipynb": "chapters 00 and 01; Triton's first two tutorials",
+    "notebooks/02_masked_lm_head.ipynb": "chapters 00 and 01; Triton's first two tutorials and its matrix "
+                                         "multiplication tutorial",
     "notebooks/03_ngram_matching.ipynb": "chapter 02",
     "notebooks/04_ctc_loss.ipynb": "chapter 02",
-    "notebooks/05_ternary_1_triton.ipynb": "chapter 02",
+    "notebooks/05_ternary_1_triton.ipynb": "chapter 02; Triton's matrix multiplication tutorial",
     "notebooks/05_ternary_2_cuda.ipynb": "part 1",
     "notebooks/06_multi_item_attention.ipynb": "chapter 02",
     "notebooks/07_constrained_decoding.ipynb": "chapters 01 and 02",
@@ -117,7 +120,7 @@ class PostsDirective(SphinxDirective):
             lines += [
                 f"### [{names.get(doc, post['title'])}]({doc})",
                 "",
-                f"*{post['title']}*  \n{tags}"
+                (f"*{post['title']}*  \n" if post["title"] not in names.get(doc, "") else "") + tags
                 + (f"  \nRead after: {READ_AFTER[doc]}." if doc in READ_AFTER else ""),
                 "",
             ]
