@@ -152,11 +152,18 @@ def page_words(page: str | Path) -> int:
     page = Path(page)
     if page.suffix == ".html":
         return rendered_words(page.read_text())
+    import os
+    import shutil
+
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as out:
+        if page.resolve().parent == root:  # a page at the book's root: alone, the build would read the whole checkout
+            (Path(out) / "src").mkdir()
+            page = Path(shutil.copy(page, Path(out) / "src" / page.name))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
         run = subprocess.run(["jupyter-book", "build", str(page.resolve()), "--path-output", out,
-                              "--config", str(root / "_config.yml")], capture_output=True, text=True)
-        built = Path(out, "_build", "_page", page.stem, "html", page.stem + ".html")
+                              "--config", str(root / "_config.yml")], capture_output=True, text=True, env=env)
+        built = next(Path(out, "_build", "_page").glob(f"*/html/{page.stem}.html"), Path(out, "missing"))
         if run.returncode or not built.is_file():
             raise RuntimeError(f"building {page} alone failed: {(run.stdout + run.stderr)[-2000:]}")
         return rendered_words(built.read_text())
