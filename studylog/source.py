@@ -151,7 +151,7 @@ class Code:
         if lines and lines[-1] == "":
             lines.pop()
         code = "".join(f'<span style="display: block; {_hanging(html.unescape(re.sub("<[^>]*>", "", line)), "0px")}">'
-                       f'{line or "&#8203;"}\n</span>' for line in lines)
+                       f'{line}\n</span>' for line in lines)
         body = f"{head}<pre{tag}>{code}</pre>{tail}"
         title = f'<div style="{_TITLE}">{html.escape(self.title)}</div>' if self.title else ""
         return f'<div style="{_BOX}">{title}{body}</div>'
@@ -196,7 +196,7 @@ class Diff:
         for line in self.lines[2:]:  # a hunk header (@@), an added line, a removed one, or context
             line = plain_markup(line)
             out.append(f'<div style="white-space: pre; padding: 0 12px; {_hanging(line[1:])}'
-                       f'{styles.get(line[:1], "")}">{html.escape(line) or "&nbsp;"}\n</div>')
+                       f'{styles.get(line[:1], "")}">{html.escape(line)}\n</div>')
         out.append("</div>")
         return "\n".join(out)
 

@@ -322,12 +322,14 @@ def test_listing_html_keeps_its_lines_and_shows_docstring_markup_as_code():
             "    return x\n")
     page = Code(text, "python")._repr_html_()
     pre = page[page.index("<pre"):page.index("</pre>")]
-    shown = html_module.unescape(re.sub("<[^>]*>", "", pre.partition(">")[2])).replace("\u200b", "")
+    shown = html_module.unescape(re.sub("<[^>]*>", "", pre.partition(">")[2]))
+    assert "\u200b" not in shown and "\xa0" not in shown  # copied into an editor, code must stay code
     assert shown.splitlines() == ['def f(x):', '    """`step12_dispatch` takes `"few_ids"`; `GROUP_KV_BYTES`."""', "",
                                   "    return x"]
     assert pre.count('<span style="display: block;') == 4
     diff = Diff(text, text.replace("return x", "return -x"), "a", "b", 3)._repr_html_()
     assert ":func:" not in diff and "``" not in diff and diff.count("\n</div>") >= 4
+    assert "&nbsp;<" not in diff.replace("&nbsp;<span", "") and "&#8203;" not in page
 
 
 @pytest.mark.parametrize("path", [p for p in _pages() if p.startswith("notebooks/")])
