@@ -414,7 +414,7 @@ def result_table(results, series_list: list[str] | None = None) -> str:
         return PENDING
     shapes = shape_names(results)
     named = {report.MIXED_SHAPE: MIXED_LABEL}  # the multi-head layout named beside the grouped-query one
-    lines = ["| approach | " + " | ".join(f"{named.get(s, s).replace(' x ', ' × ')}: µs (ours faster by)"
+    lines = ["| approach | " + " | ".join(f"{named.get(s, s).replace(' x ', ' × ')}: µs (its time ÷ ours)"
                                           for s in shapes) + " |",
              "|---|" + "---|" * len(shapes)]
     for series in series_list or approaches():
