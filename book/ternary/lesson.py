@@ -734,8 +734,8 @@ PAIR_CHANGES = {
 }
 
 #: Part 2's rows, as :data:`PART1_ROWS`; a row whose step is the second half of a pair (:data:`PAIRS`) and whose
-#: previous step is the one before the pair is the pair's row ("15 + 16"). Steps 24 and 25 were tried and did not
-#: pay: the main line ends at step 23.
+#: previous step is the one before the pair is the pair's row ("15 + 16"). Steps 24 and 25 are built for several
+#: rows of x: they lose at one row of the headline shape, win at BitNet's largest shapes and beat step 23 at 16 rows.
 PART2_ROWS = (
     (14, 1, None, "part 1's last Triton step"),
     (16, 1, 14, "the loop by hand on `mma.sync` (15), then K split across blocks (16)"),
@@ -744,11 +744,11 @@ PART2_ROWS = (
     (20, 1, 19, "one copy a stage and tile, not one a warp"),
     (21, 1, 20, "the decode's constant kept in a register"),
     (23, 1, 21, "int8 x on the int8 tensor cores (22), then x quantised inside the matmul (23)"),
-    (25, 1, 23, "tried, did not pay: one tile of weights a warp (24), then x by the TMA (25); "
+    (25, 1, 23, "for several rows: one tile of weights a warp (24), then x by the TMA (25); loses here, "
                 "wins at the largest BitNet shapes"),
     (14, 16, None, "part 1's step 14 at 16 rows of x"),
     (23, 16, 14, "step 23 at 16 rows (there x is quantised by a kernel of its own)"),
-    (25, 16, 23, "tried, did not pay: steps 24 and 25, built for several rows; beat step 23, lose to step 14"),
+    (25, 16, 23, "for several rows: steps 24 and 25; beat step 23, lose to step 14"),
 )
 
 
