@@ -432,22 +432,60 @@ def ctc_host_bound(card: Path) -> tuple[int, int]:
     return sum(1 for c in cases if c["ours"]["host_ms"] > c["ours"]["ms"]), len(cases)
 
 
-def ngram_range(card: Path) -> tuple[float, float, int] | None:
-    """Chapter 03's GPU drafter (its entry point) against step 4, our corrected port of FastDeploy's revised kernel,
-    at the chapter's headline shapes (``studylog.ngram.report.HEADLINE_CASES``) on ``card``: (lowest, highest ratio,
-    how many shapes), the rival's GPU time over ours; None where the card's file lacks a pair."""
-    from studylog.ngram.report import HEADLINE_CASES
+def ngram_ratios(card: Path) -> dict[tuple[int, int, int], tuple[dict[str, Any], dict[str, Any]]]:
+    """Chapter 03's GPU drafter (its entry point) and step 4, our corrected port of FastDeploy's revised kernel, at
+    every synthetic shape the card's file measures both on the GPU clock, as the chapter's own range reads them
+    (:func:`book.ngram.lesson.rival_ratios`): shape (batch, prompt length, budget) -> (our row, step 4's row)."""
+    import json
 
-    data = load(card, "ngram")
-    found = []
-    for batch, seq_len, threshold in HEADLINE_CASES:
-        case = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
-        pair = [[r for r in rows(data, series, **case) if r["clock"] == "gpu" and "corpus" not in r["params"]]
-                for series in ("ngram_match", "step04")] if data else [[], []]
-        if [len(p) for p in pair] != [1, 1]:
-            return None
-        found.append(pair[1][0]["ms"] / pair[0][0]["ms"])
+    from book.ngram import lesson
+    from studylog.plotting import Results
+
+    path = Path(card) / "ngram.json"
+    if not path.is_file():
+        return {}
+    run = Results(path, json.loads(path.read_text()))
+    out = {}
+    for cfg in lesson.rival_ratios(run):
+        out[cfg] = (lesson.entry_row(run, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None}),
+                    lesson.grid_row(run, lesson.CHAPTER.step(4).series, cfg))
+    return out
+
+
+def ngram_range(card: Path) -> tuple[float, float, int] | None:
+    """Chapter 03's GPU drafter against step 4 on ``card`` over every shape measured (:func:`ngram_ratios`), the
+    chapter's own basis: (lowest, highest ratio, how many shapes), the rival's GPU time over ours; None without."""
+    found = [theirs["ms"] / ours["ms"] for ours, theirs in ngram_ratios(card).values()]
     return (min(found), max(found), len(found)) if found else None
+
+
+def ngram_case_words(cfg: tuple[int, int, int]) -> str:
+    """A chapter 03 shape as the folded tables word it: "32 slots x 512 tokens, budget 128"."""
+    from studylog.ngram import NO_BUDGET
+
+    budget = "no budget" if cfg[2] >= NO_BUDGET else f"budget {cfg[2]}"
+    return f"{cfg[0]} slot{'' if cfg[0] == 1 else 's'} x {cfg[1]} tokens, {budget}"
+
+
+def ngram_range_table(card: Path) -> list[str]:
+    """Under chapter 03's table on ``card``: the rows behind its range (:func:`ngram_range`), the GPU drafter against
+    step 4 at every shape measured, with spreads and host time per call; empty without."""
+    pairs = ngram_ratios(card)
+    if not pairs:
+        return []
+
+    def timed(r: dict[str, Any]) -> str:
+        lo, _, hi = r["spread_ms"]
+        return f"{us(r['ms'])} ({us(lo)}–{us(hi)})"
+
+    out = ["The rows behind the chapter's range: the GPU drafter against our corrected port (step 4) at every "
+           "shape measured, on the GPU clock.", "", "| case | speedup | ours (µs) | theirs (µs) | host per call (µs) |",
+           "|---|---|---|---|---|"]
+    for cfg, (ours, theirs) in sorted(pairs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ratio = f"**{theirs['ms'] / ours['ms']:.2f}×**{caveat(spread(*ours['spread_ms']), spread(*theirs['spread_ms']))}"
+        host = us(ours["host_ms"]) if ours.get("host_ms") is not None else "–"
+        out.append(f"| {ngram_case_words(cfg)} | {ratio} | {timed(ours)} | {timed(theirs)} | {host} |")
+    return out
 
 
 #: Chapter 06's case where its kernel loses: causal SDPA, which computes a superset of the mask, at the long prefix.
@@ -742,9 +780,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 case3 = f"{NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens"
                 if spread3 is not None:
                     lo, hi, n = spread3
-                    landing[name] = (f"{lo:.2f}–{hi:.2f}× on the GPU over its {n} shapes "
+                    landing[name] = (f"{lo:.2f}–{hi:.1f}× on the GPU over the {n} shapes measured "
                                      f"({row['vs_rival']:.2f}× at {case3})")
-                    cells[name] = (f"**{lo:.2f}–{hi:.2f}×** over {n} shapes ({row['vs_rival']:.2f}× at "
+                    cells[name] = (f"**{lo:.2f}–{hi:.1f}×** over the {n} shapes measured ({row['vs_rival']:.2f}× at "
                                    f"{NGRAM_CASE['batch']} × {NGRAM_CASE['seq_len']:,}: {us(ours)} against "
                                    f"{us(theirs)} µs){row_caveat(row)}")
                 else:
@@ -1121,6 +1159,40 @@ def multi_item_loss_row(card: Path, above: str) -> str:
     return "| " + " | ".join(cells[:len(cells) - 5] + new) + " |"
 
 
+def part_one_failed_rows(card: Path, above: str) -> list[str]:
+    """Chapter 05 part 1's rows against GemLite at the shapes where GemLite fails our float64 check
+    (:func:`part_one_answer`'s ``failed``), in the layout of ``above`` (a step 14 row against GemLite), each ratio
+    marked with the error that fails it; empty without such shapes."""
+    from studylog.plotting import Results
+    from studylog.ternary.results import GEMLITE, fastest
+    from studylog.ternary.steps import SERIES
+
+    answer = part_one_answer(card)
+    data = load(card, "ternary")
+    cells = [c.strip() for c in above.strip().strip("|").split("|")]
+    if not answer or data is None or len(cells) != 7:
+        return []
+
+    def timed(r: dict[str, Any]) -> str:
+        lo, _, hi = r["spread_ms"]
+        return f"{us(r['ms'])} ({us(lo)}–{us(hi)})"
+
+    out = []
+    for shape in answer["failed"]:
+        peer = [r for r in rows(data, GEMLITE, shape=shape, m=1) if r["clock"] == "gpu"]
+        best, _ = fastest(Results(None, data), [SERIES[PART_ONE_STEP]], shape=shape, m=1)
+        t = answer["times"].get(shape)
+        if len(peer) != 1 or best is None or t is None or t["error"] is None:
+            continue
+        n, k = shape.split("x")
+        ratio = (f"**{peer[0]['ms'] / best['ms']:.2f}×** ✗ GemLite fails our check ({t['error']:.2%} error, bound "
+                 f"{t['tolerance']:.2%})")
+        host = us(best["host_ms"]) if best.get("host_ms") is not None else "–"
+        out.append("| " + " | ".join([cells[0], cells[1], f"M = 1, N x K = {n} x {k}, bf16 x", ratio, timed(best),
+                                      timed(peer[0]), host]) + " |")
+    return out
+
+
 #: Under a chapter 04 table of a card whose file times the steps directly (no row of the entry point itself).
 CTC_STEPS_WORDS = "On this card each row times the step the entry point picks at its case."
 
@@ -1137,7 +1209,8 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
     folders = {card_name(c): c for c in cards(root)}
     out: list[str] = []
     chapter, card, title = 0, "", ""
-    for line in headlines_page_markdown().splitlines():
+    source = headlines_page_markdown().splitlines()
+    for i, line in enumerate(source):
         m = re.match(r":::\{dropdown\} Chapter (\d+): (.+)", line)
         if m:  # titled as the table above titles its lines: "02. Masked LM head"
             chapter, title, card = int(m.group(1)), m.group(2), ""
@@ -1167,13 +1240,20 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
                 (chapter, name) in moved for name in folders):
             continue  # a difference from a run that is not comparable says nothing about the cards
         out.append(line)
+        last = i + 1 == len(source) or not source[i + 1].startswith("|")  # a table's last row
+        if chapter == 3 and card in folders and line.startswith("| ") and last:  # the rows behind the range
+            extra = ngram_range_table(folders[card])
+            out += ["", *extra] if extra else []
+        if (chapter == 5 and card in folders and line.startswith("| ") and "Triton" in line.split(" | ")[0]
+                and "GemLite" in line and (last or "GemLite" not in source[i + 1])):
+            out += part_one_failed_rows(folders[card], line)
         if chapter == 6 and card in folders and "| causal SDPA (superset) |" in line:
             extra = multi_item_loss_row(folders[card], line)
             out += [extra] if extra else []
         if (line.startswith("Ours: the fused CTC kernel (step") and card in folders
                 and ctc_which(folders[card]) != "the entry point"):
             out += ["", CTC_STEPS_WORDS]
-    text = re.sub(r"(?:(?<=[\dNK])|(?<=slots)|(?<=items)|(?<=heads)) x (?=[\dNK])", " × ",
+    text = re.sub(r"(?:(?<=[\dNK])|(?<=slots)|(?<=slot)|(?<=items)|(?<=heads)) x (?=[\dNK])", " × ",
                   "\n".join(out))  # shapes read 4096 × 14336
     return "\n".join(re.sub(r"\n{3,}", "\n\n", tidy_tables(split_ternary(text))).splitlines())
 
