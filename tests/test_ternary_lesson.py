@@ -983,7 +983,7 @@ def test_step_11_and_13_say_one_thing_about_step_11():
 def test_part_1s_figure_names_the_steps_it_shows(results):
     """The steps figure shows the Triton steps timed at every Llama shape, and steps 4 and 13 in the panel where
     they are timed; it says which steps are drawn at one shape only and which are left out, labels each row "step N:
-    what it is", and writes each value above its dot (off any whisker)."""
+    what it is", and writes each value right of its whisker (clear of the range bar)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -996,7 +996,12 @@ def test_part_1s_figure_names_the_steps_it_shows(results):
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert any(label.startswith("step 13: ") for label in labels) and any(label.startswith("step 4: ") for label in labels)
     values = [t for t in fig.axes[0].texts if re.fullmatch(r"\d+\.\d", t.get_text())]
-    assert values and all(t.get_ha() == "center" and t.get_va() == "bottom" for t in values)
+    assert values and all(t.get_ha() == "left" and t.get_va() == "center" and t.xyann[0] > 0 for t in values)
+    for ax in fig.axes[:3]:  # each value is anchored at the right end of its dot's range
+        for t in (t for t in ax.texts if re.fullmatch(r"\d+\.\d", t.get_text())):
+            ends = [line.get_xdata()[-1] for line in ax.lines if len(line.get_xdata()) == 2
+                    and line.get_ydata()[0] == t.xy[1] and line.get_linestyle() == "-"]
+            assert not ends or t.xy[0] >= max(ends) - 1e-9, t.get_text()
     steps = [label for label in labels if label.startswith("step")]
     assert steps and all(re.fullmatch(r"step \d+: .+", label) for label in steps), labels
     assert not any(re.search(r"step\d\d_", label) for label in labels)

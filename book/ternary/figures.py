@@ -226,7 +226,7 @@ def _steps_dots(view, shapes, series, failed, card: str, caption: str, title: st
     """Part 1's steps figure: one panel a shape, one row a kernel (cuBLAS, the Triton steps timed at every Llama
     shape, :data:`EVERY_SHAPE_STEPS`, labelled "step N: what it is", GemLite), its median GPU
     time as a dot on a linear axis that starts at zero (whiskers: the repetitions' range) and the value written
-    beside it; cuBLAS's time a dashed line across the panel; a peer whose output fails our float64 check at that
+    right of its range, clear of the whisker; cuBLAS's time a dashed line across the panel; a peer whose output fails our float64 check at that
     shape and one row drawn as a red cross, with one legend entry. ``title``: the figure's (the Llama shapes' by
     default); ``columns``: panels a row."""
     import matplotlib.pyplot as plt
@@ -255,13 +255,13 @@ def _steps_dots(view, shapes, series, failed, card: str, caption: str, title: st
             ax.plot([t], [y], marker=FAILED_MARKER if fails else "o", ms=8 if fails else 7, linestyle="none",
                     color=FAILED_EDGE if fails else series_colour(s), markeredgecolor=FAILED_EDGE if fails else "k",
                     markeredgewidth=0.6)
-            ax.annotate(f"{t:.1f}", (t, y), xytext=(0, 5), textcoords="offset points", ha="center", va="bottom",
-                        fontsize=SMALL - 1, color=FAILED_EDGE if fails else "k",
-                        bbox=dict(boxstyle="square,pad=0.05", fc="white", ec="none", alpha=0.85))  # above its dot
+            ax.annotate(f"{t:.1f}", (max(hi, t), y), xytext=(7, 0), textcoords="offset points", ha="left",
+                        va="center", fontsize=SMALL - 1, color=FAILED_EDGE if fails else "k",
+                        bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9))  # right of its range
             marked = marked or fails
             if s == CUBLAS:
                 ax.axvline(t, color=series_colour(CUBLAS), lw=0.8, ls="--", zorder=0)
-        ax.set_xlim(0, top * 1.12)
+        ax.set_xlim(0, top * 1.3)  # room for the values written right of their ranges
         ax.set_title(shape.replace("x", " × "), fontsize=FONT)
         ax.set_xlabel("GPU time (µs, median)", fontsize=SMALL)
         ax.tick_params(labelsize=SMALL)
