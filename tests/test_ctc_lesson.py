@@ -508,9 +508,10 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
 def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
     """Each diff core the page shows open changes at most 40 lines and each side is its step's code: step 14's is
     one frame, forward, against one frame of the one-warp recursion; step 9's frame update is its forward half. A
-    core cut from a longer diff (steps 4, 6, 7, 11, 13) names every run it leaves out in a grey line with its count
-    of changed lines, the counts add up to the whole diff's, and every hunk header gives the lines shown under it."""
-    from studylog.source import show_diff
+    core cut from a longer diff (steps 4, 6, 7, 11, 13) is its code without comment lines (a rewrapped comment is
+    no change), names every run it leaves out in a grey line with its count of changed lines, the counts add up to
+    the whole comment-free diff's, and every hunk header gives the lines shown under it."""
+    from studylog.source import show_diff, source_of
 
     for number in lesson.CORES:
         core = lesson.step_core(number)
@@ -519,11 +520,15 @@ def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
         left = [int(m.group(1)) for ln in core.lines if (m := re.match(r"@@ ⋯ .*: (\d+) changed lines not shown @@", ln))]
         assert left, number
         sources, _, _ = lesson.CORES[number]
-        whole = (ctc.CHAPTER.show_diff(sources - 1, sources) if isinstance(sources, int) else
-                 show_diff(sources[0], sources[1], old_function=sources[2], new_function=sources[3],
-                           context=2 if number == 7 else 3))
+        if isinstance(sources, int):
+            a, b = ctc.CHAPTER.step(sources - 1), ctc.CHAPTER.step(sources)
+            sources = (a.source, b.source, a.source_function, b.source_function)
+        whole = show_diff(lesson.code_only(source_of(sources[0], sources[2])[0]),
+                          lesson.code_only(source_of(sources[1], sources[3])[0]), context=2 if number == 7 else 3)
         assert shown + sum(left) == len(whole.added) + len(whole.removed), number
-        title = f"lines shown of +{len(whole.added)} / −{len(whole.removed)})"  # the title counts the whole change
+        assert not any(ln[1:].lstrip().startswith("//") for ln in core.lines[2:]), number  # comment lines left out
+        # the title counts the whole change, comments left out
+        title = f"lines shown of +{len(whole.added)} / −{len(whole.removed)}, comments left out)"
         assert title in core._repr_html_() and ".cu" not in core._repr_html_().split("</div>", 1)[0], number
         hunks, counts = [], None
         for ln in core.lines[2:]:
@@ -603,6 +608,7 @@ def test_step07_changes_table_reads_the_lab_run_one_change_a_row(tmp_path):
     assert rows[3][1:] == ["200.0 µs (2.00×)", "2,000.0 µs (2.00×)"]
     assert rows[4][1:] == ["160.0 µs (1.25×)", "1,900.0 µs (1.05×)"]
     assert rows[5][1:] == ["170.0 µs (0.94×)", "1,800.0 µs (1.06×)"]
+    assert lesson.step07_over_step5(changes) == "2.22× to 2.35×"  # step 5's row over step 7's, as the table's
     assert f"{ctc.fused.PREFETCH_FRAMES} frames ahead" in rows[5][0] and "one kernel" in rows[4][0]
     words = lesson.step07_changes_words(changes)
     assert "On the Some GPU:" in words and "every output matched float64 first" in words
@@ -620,6 +626,7 @@ def test_step07_cell_reads_the_lab_run_or_says_it_is_not_measured():
     assert "lesson.step07_changes(results.path.parent.name)" in cell and "if changes is None" in cell
     assert "not yet measured one at a time on this card" in cell and "four frames ahead" in text
     assert "lesson.step07_changes_table(changes)" in cell and "N['gradient_pass']" in cell
+    assert "lesson.step07_over_step5(changes)" in cell  # the range the prose quotes is the table's
 
 
 def test_step07_changes_script_dry_run_replays_the_benchmarks_targets(capsys):

@@ -330,7 +330,7 @@ def step07_changes(gpu: str = "nvidia-h200", root=None) -> Results | None:
 
 def step07_changes_table(changes: Results) -> str:
     """Step 5 -> 7a -> 7b -> step 7, one change a row: at each case measured, the median time in µs and how many
-    times faster than the row above (its time over this row's)."""
+    times faster than the row above (its time over this row's, two decimals, as :func:`step07_over_step5`)."""
     from studylog.ctc.fused import PREFETCH_FRAMES
 
     cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select("step07", T=BENCH_T)})
@@ -341,7 +341,7 @@ def step07_changes_table(changes: Results) -> str:
         cells = []
         for A, N in cases:
             now, prev = (_ms(changes, s, T=BENCH_T, A=A, N=N) if s else None for s in (series, before))
-            cells.append(us(now) + (f" µs ({_x(prev / now)})" if now and prev else " µs" if now else ""))
+            cells.append(us(now) + (f" µs ({prev / now:.2f}×)" if now and prev else " µs" if now else ""))
         row = f"{label}: + {change.format(prefetch=PREFETCH_FRAMES)}" if change else label
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
         before = series
@@ -349,7 +349,8 @@ def step07_changes_table(changes: Results) -> str:
 
 
 def step07_changes_words(changes: Results) -> str:
-    """What the table is: the run, its clock, and its checks (the reference; 7a's and 7b's bits against step 7's)."""
+    """What the table is: the run, its clock, and its checks (the reference; 7a's and 7b's bits against step 7's);
+    where a change loses somewhere, why it stays (the table gives every factor)."""
     checks = changes.data.get("checks", [])
     failed = sum(not c["passed"] for c in checks)
     verdict = ("every output matched float64 first" if checks and not failed else
@@ -362,13 +363,25 @@ def step07_changes_words(changes: Results) -> str:
         gains[label] = [p / n for p, n in pairs if p and n]
     if not all(gains.values()):
         return caption
-    span = lambda g: f"{min(g):.2f}× to {max(g):.2f}×"  # noqa: E731
     one = gains["7b"]
-    return (caption + f" The gradient's own pass pays ({span(gains['7a'])}); one kernel for both directions "
-            + (f"pays at only {sum(g >= 1.005 for g in one)} of the {len(one)} cases ({span(one)}) but stays: step 10 "
-               "runs both directions side by side in one kernel; "
-               if any(g < 0.995 for g in one) else f"pays {span(one)}; ")
-            + f"the prefetch, {span(gains['step 7'])}.")
+    if not any(g < 0.995 for g in one):  # every change pays: the table says by how much
+        return caption
+    return (caption + f" One kernel for both directions pays at only {sum(g >= 1.005 for g in one)} of the "
+            f"{len(one)} cases but stays: step 10 runs the two side by side in one kernel.")
+
+
+def step07_over_step5(changes: Results) -> str:
+    """Step 7 against step 5 as the table of :func:`step07_changes_table` times them (its first and last rows, the
+    same run), ``1.57× to 6.07×`` over the cases measured, two decimals each; ``pending`` without both rows."""
+    cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select("step07", T=BENCH_T)})
+    first, last = STEP07_CHAIN[0][0], STEP07_CHAIN[-1][0]
+    ratios = [b / a for A, N in cases
+              for b, a in [(_ms(changes, first, T=BENCH_T, A=A, N=N), _ms(changes, last, T=BENCH_T, A=A, N=N))]
+              if a and b]
+    if not ratios:
+        return PENDING
+    lo, hi = f"{min(ratios):.2f}×", f"{max(ratios):.2f}×"
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 # --------------------------------------------------------------------------------------
@@ -1093,7 +1106,11 @@ def _core_class():
 
         def _repr_html_(self) -> str:
             shown = f"(+{len(self.added)} / −{len(self.removed)} lines)"
-            whole = f"(+{len(self.added)} / −{len(self.removed)} lines shown of +{self.whole[0]} / −{self.whole[1]})"
+            if (len(self.added), len(self.removed)) == tuple(self.whole):
+                whole = f"(+{self.whole[0]} / −{self.whole[1]} lines, comments left out)"
+            else:
+                whole = (f"(+{len(self.added)} / −{len(self.removed)} lines shown of +{self.whole[0]} / "
+                         f"−{self.whole[1]}, comments left out)")
             return super()._repr_html_().replace(shown, whole, 1)
 
     return Core
@@ -1102,26 +1119,40 @@ def _core_class():
 _Core = _core_class()
 
 
-#: The core of steps 4, 6, 7, 11 and 13 the page shows open: (the diff's old and new sources, as
-#: :func:`studylog.source.show_diff` takes them, or a step number for ``CHAPTER.show_diff(step - 1, step)``), what it
-#: shows, and the runs left out, as :func:`diff_excerpt` takes them.
+#: The core of steps 4, 6, 7, 11 and 13 the page shows open, comments left out (:func:`code_only`): (the diff's old
+#: and new sources, as :func:`studylog.source.show_diff` takes them, or a step number for
+#: ``CHAPTER.show_diff(step - 1, step)``), what it shows, and the runs left out, as :func:`diff_excerpt` takes them.
 CORES = {
     4: (("ctc_baseline.cuh", "ctc_step04_05_blocked.cu", "alpha_baseline", "ctc_alpha_step4"),
         "the labels and skip flags in registers",
-        [("        const float* lp = log_probs", None, "the frame loop, reading label[i] and skip[i]")]),
+        [("template <bool LDG>", "utterance<true>", "the signature: a kernel of its own, templated on VT")]),
     6: (6, "in probability space",
         [("if (lane == 0) warp_sums", None, "the row's sum published; the loss from the last row")]),
     7: (("ctc_warpctc.cuh", "ctc_step07_10_three_passes.cu", "frame_gradient", "ctc_grad_from_log_softmax"),
         "the frame and its posterior",
-        [("const int U = __ldg(num_slots", None, "the target's classes corrected by their posteriors, as before")]),
+        [("template <bool LDG>", "int Lmax, int A, int warp", "step 5's signature: a function of beta's frame loop"),
+         ("ctc_grad_from_log_softmax(", "int Lmax, int Umax, int row_stride",
+          "step 7's: a kernel, a block per frame")]),
     11: (("ctc_step07_10_three_passes.cu", "ctc_step11_12_branch_free.cu", "FrameUpdate", "FrameUpdate"),
          "forward", [("float dn1 = __shfl_down_sync", None, "backward: the mirror image")]),
     13: (("ctc_step07_10_three_passes.cu", "ctc_step13_two_passes.cu", "ctc_fused_stats", "ctc_stats_softmax"),
          "the frame's softmax written as the gradient",
          [("float top = NEG_INF;", "if (threadIdx.x == 0) row_lse[row] = lse;",
-           "the frame's log-sum-exp from the registers (block maximum, then block sum)"),
-          ("// larger or unaligned frames", None, "frames too large for the registers: reduced, then read again")]),
+           "the frame's log-sum-exp from the registers (block maximum, then block sum)")]),
 }
+
+
+def code_only(text: str) -> str:
+    """CUDA C++ source without its comment lines (a line whose first non-blank characters are ``//``): a step's
+    diff shows the code that changed, not comments rewrapped or rewritten beside it."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("//")) + "\n"
+
+
+def listing(file: str, function: str, title: str | None = None):
+    """A function of a ``.cu``/``.cuh`` file shown without its comment lines (the page's prose says what it does)."""
+    from studylog.source import Code, source_of
+
+    return Code(code_only(source_of(file, function)[0]), "cuda", title)
 
 
 #: The titles of the two sides of each core: the steps, not the files.
@@ -1131,18 +1162,17 @@ CORE_NAMES = {4: ("step 1's alpha", "step 4's alpha"), 6: ("step 5's alpha", "st
 
 
 def step_core(number: int):
-    """The core of step ``number``'s change (:data:`CORES`), shown open on the page: at most 40 changed lines, each
-    run left out named by a grey line with its count of changed lines (:func:`diff_excerpt`)."""
-    from studylog.source import show_diff
+    """The core of step ``number``'s change (:data:`CORES`), shown open on the page, comments left out: at most 40
+    changed lines, each run left out named by a grey line with its count of changed lines (:func:`diff_excerpt`)."""
+    from studylog.source import show_diff, source_of
 
     sources, what, elide = CORES[number]
     if isinstance(sources, int):
-        diff = CHAPTER.show_diff(sources - 1, sources)
-        diff.old_name, diff.new_name = CORE_NAMES[number]
-    else:
-        old, new, old_function, new_function = sources
-        diff = show_diff(old, new, old_function=old_function, new_function=new_function,
-                         context=2 if number == 7 else 3, names=CORE_NAMES[number])
+        a, b = CHAPTER.step(sources - 1), CHAPTER.step(sources)
+        sources = (a.source, b.source, a.source_function, b.source_function)
+    old, new, old_function, new_function = sources
+    diff = show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
+                     context=2 if number == 7 else 3, names=CORE_NAMES[number])
     return diff_excerpt(diff, what, *elide)
 
 
