@@ -652,3 +652,26 @@ def test_step07_changes_script_dry_run_replays_the_benchmarks_targets(capsys):
         assert f"A = {A}, N = {N}: longest target {(row['max_positions'] - 1) // 2} ({row['max_positions']} " \
                f"positions); step 5 and step 7's recursion: {row['positions_per_lane']} positions a thread, " \
                f"{row['threads']} threads" in out
+
+
+def test_whole_diffs_and_the_baseline_listing_leave_comment_lines_out():
+    """The diffs the page shows whole (steps 5, 8 and 10) and step 1's listing are code only: a comment header
+    rewritten for the new step is no change, and comments hard-wrapped in the source would wrap again on the page.
+    The diff's title says so and counts the comment-free change."""
+    from studylog.source import show_diff, source_of
+
+    args = ("ctc_step04_05_blocked.cu", "ctc_step04_05_blocked.cu")
+    functions = {"old_function": "ctc_alpha_step4", "new_function": "ctc_alpha_step5"}
+    diff = lesson.show_diff_without_comments(*args, **functions, names=("step 4's alpha", "step 5's alpha"))
+    assert not any(ln[1:].lstrip().startswith("//") for ln in diff.lines[2:])
+    raw = show_diff(*args, **functions)
+    assert any(ln[1:].lstrip().startswith("//") for ln in raw.lines[2:])  # the file's comment headers differ
+    code = show_diff(lesson.code_only(source_of(args[0], "ctc_alpha_step4")[0]),
+                     lesson.code_only(source_of(args[1], "ctc_alpha_step5")[0]))
+    assert (diff.added, diff.removed) == (code.added, code.removed)
+    assert f"(+{len(code.added)} / −{len(code.removed)} lines, comments left out)" in diff._repr_html_()
+    listing = lesson.listing("ctc_baseline.cuh", "alpha_baseline").text
+    assert "alpha_baseline(" in listing and not any(ln.lstrip().startswith("//") for ln in listing.splitlines())
+    text = "".join("".join(c["source"]) for c in _page_cells() if c["cell_type"] == "code")
+    assert text.count("lesson.show_diff_without_comments(") == 3 and 'lesson.listing("ctc_baseline.cuh"' in text
+    assert "display(show_diff(" not in text

@@ -1041,12 +1041,13 @@ def host_at_headline(A: int, N: int, gpus: Iterable[str] = ("nvidia-h200", "nvid
     return out
 
 
-def diff_excerpt(diff, what: str, *elide: tuple[str, str | None, str]):
+def diff_excerpt(diff, what: str | None, *elide: tuple[str, str | None, str]):
     """The core of a step's change the page shows open: ``diff`` with the runs of lines ``elide`` names left out,
     each replaced by one grey line that says what it holds and how many changed lines. A run is ``(first, last,
     words)``: from the first line (after the file names) that contains ``first`` to the next that contains
     ``last`` (None: to the end), both included. The shown lines keep their hunks, each under a header with its true
-    line numbers and counts, so nothing left out reads as the whole change; titled ``new name: what``."""
+    line numbers and counts, so nothing left out reads as the whole change; titled ``new name: what`` (``what``
+    None: the new name alone)."""
     import re
 
     numbered, old_no, new_no = [], 0, 0  # (line, its old and new line numbers) of every line but the headers
@@ -1091,7 +1092,7 @@ def diff_excerpt(diff, what: str, *elide: tuple[str, str | None, str]):
         i += 1
     close()
     core = _Core.__new__(_Core)
-    core.old_name, core.new_name = diff.old_name, f"{diff.new_name}: {what}"
+    core.old_name, core.new_name = diff.old_name, diff.new_name if what is None else f"{diff.new_name}: {what}"
     core.lines = diff.lines[:2] + out
     core.whole = (len(diff.added), len(diff.removed))
     return core
@@ -1174,6 +1175,17 @@ def step_core(number: int):
     diff = show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
                      context=2 if number == 7 else 3, names=CORE_NAMES[number])
     return diff_excerpt(diff, what, *elide)
+
+
+def show_diff_without_comments(old, new, *, old_function: str, new_function: str, names: tuple[str, str]):
+    """A step's whole diff (:func:`studylog.source.show_diff`) between two functions of ``.cu`` files, comment lines
+    left out on both sides (:func:`code_only`): a file's comment header rewritten for the new step is no change of
+    code. Its title says the comments are left out."""
+    from studylog.source import show_diff, source_of
+
+    diff = show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
+                     names=names)
+    return diff_excerpt(diff, None)
 
 
 def _indent(line: str) -> str:
