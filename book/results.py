@@ -338,6 +338,24 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
                       f"BitNet's {len(pairs)} shapes | "
                       f"{span([o['host_ms'] for _, _, o, _ in pairs])} | {span([o['ms'] for _, _, o, _ in pairs])} | "
                       f"{said} |"))
+    for folder in cards(root):  # chapter 03's range against step 4: the shapes where our call waits on the host
+        waits = [(o, t) for o, t in ngram_ratios(folder).values() if o.get("host_ms") and o["host_ms"] > o["ms"]
+                 and t.get("host_ms") is not None]
+        if not waits:
+            continue
+        behind = sum(1 for o, t in waits if max(t["host_ms"], t["ms"]) < max(o["host_ms"], o["ms"]) * (1 - TIE_WITHIN))
+        tied = sum(1 for o, t in waits if abs(max(t["host_ms"], t["ms"]) / max(o["host_ms"], o["ms"]) - 1) < TIE_WITHIN)
+        n = len(waits)
+        said = (f"ours stays faster than step 4 at all {n}" if not behind and not tied else
+                f"step 4 would be faster at {behind} of these {n} shapes; ours stays faster at the other {n - behind}"
+                if behind and not tied else
+                f"ours stays faster than step 4 at {n - behind - tied}, ties at {tied}"
+                + (f", step 4 would be faster at {behind}" if behind else ""))
+        name = short_card(card_name(folder))
+        lines.append(((3, 0, name), f"| {case_label(3, 'its entry point', 0)} on the {name} against step 4 at {n} of the "
+                      f"range's shapes | {span([o['host_ms'] for o, _ in waits])} | "
+                      f"{span([o['ms'] for o, _ in waits])} | {said} (step 4's host time "
+                      f"{span([t['host_ms'] for _, t in waits])} µs a call) |"))
     for folder in cards(root):  # chapter 05 part 1's answer, step 14 against GemLite where GemLite passes our check
         part_one = part_one_answer(folder)
         eager = (part_one or {}).get("eager") or {}
@@ -358,14 +376,46 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
     ties = sum(" | a tie with " in row for row in rows)
     where = ("" if not lost else f" (all in chapter {lost[0]})" if len(lost) == 1
              else f" (in chapters {', '.join(lost[:-1])} and {lost[-1]})")
-    # folded whole, title and all: the table's last column already names each loss, so nothing repeats it outside
+    titles = {e.number: e.title for e in ENTRIES}
+    summary = []
+    for (number, part) in sorted({(k[0], k[1]) for k, _ in ordered}):  # one line per chapter (and part)
+        mine = [text for k, text in ordered if (k[0], k[1]) == (number, part)]
+        name = f"{number:02d}. {titles.get(number, '')}" + {1: " (Triton)", 2: " (CUDA C++)"}.get(part, "")
+        cards_ = sorted({t.split(" on the ", 1)[1].split(" ")[0].rstrip(",") for t in mine})
+        winners: dict[str, list[str]] = {}
+        for t in mine:  # who is the faster, called eagerly, where ours is not: the rival the row names
+            last = t.rstrip(" |").rsplit(" | ", 1)[-1]
+            for clause in last.split("; "):
+                if "would be faster" in clause:
+                    who = clause.split(" would be faster")[0]
+                    who = "cuBLAS bf16" if who.startswith("cuBLAS bf16") else who
+                    at = clause.split(" would be faster ", 1)[1].split(" (")[0]
+                    winners.setdefault(who, []).append(at if at.startswith("at ") else "")
+        lose = [t for t in mine if "would be faster" in t]
+        tie = [t for t in mine if " | a tie with " in t]
+        stay = len(mine) - len(lose) - len(tie)
+        parts = [f"ours stays the faster in {'it' if len(mine) == 1 else 'both' if stay == len(mine) == 2 else 'all ' + str(len(mine)) if stay == len(mine) else stay}"
+                 if stay else "", f"a tie in {len(tie)}" if tie else ""]
+        said = ", ".join(x for x in parts if x)
+        lost_words = [f"{who} would be faster " + (ats[0] if len(ats) == 1 and ats[0] else f"in {len(ats)}")
+                      for who, ats in winners.items()]
+        said += ("; " if said else "") + " and ".join(lost_words) if lost_words else ""
+        summary.append(f"- **{name}** ({' and '.join(cards_)}): {len(mine)} case{'' if len(mine) == 1 else 's'} "
+                       f"{'waits' if len(mine) == 1 else 'wait'} on the host; called eagerly, {said}.")
+    waiting = sorted({k[0] for k, _ in ordered})
+    rest = [f"{e.number:02d}" for e in ENTRIES if e.bench and e.number not in waiting]
+    # one line per chapter in view; the full rows folded below, under a title that counts them
     return "\n".join([
+        f"Called eagerly, one call at a time from Python, a call takes the longer of its GPU time and its host time. "
+        f"{len(rows)} cases on this page take longer on the host, so their ratios hold only where calls are "
+        "replayed in a CUDA graph or otherwise overlap the host's work ([How we measure](how_we_measure.md)). "
+        "Called eagerly, by chapter:", "", *summary,
+        *([f"- Chapters {', '.join(rest[:-1])} and {rest[-1]}: none." if len(rest) > 1 else
+           f"- Chapter {rest[0]}: none."] if rest else []), "",
         f":::{{dropdown}} Calls that wait on the host ({len(rows)}): called eagerly, ours stays ahead in "
         f"{len(rows) - losses - ties}" + (f", ties in {ties}" if ties else "") + f" and loses in {losses}{where}",
-        "", HOST_BOUND_TITLE + " Their ratios hold only where calls are replayed "
-        "in a CUDA graph or otherwise overlap the host's work: made one at a time from Python, such a call waits on "
-        "the host ([How we measure](how_we_measure.md)). Called eagerly, a call takes the longer of its two times; "
-        "the last column says which side is then the faster.", "",
+        "", HOST_BOUND_TITLE + " Called eagerly, a call takes the longer of its two times; the last column says "
+        "which side is then the faster.", "",
         "| case | host per call (µs) | GPU (µs) | called eagerly, one call at a time |", "|---|---|---|---|",
         *rows, "", ":::"])
 
