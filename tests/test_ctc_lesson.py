@@ -423,6 +423,22 @@ def test_the_prerequisite_says_where_it_costs_time_in_the_table():
     assert lesson.where([]) == ""
 
 
+def test_a_step_flat_at_the_first_case_says_where_it_pays():
+    """A step that the table rounds to 1.00× or less at A = 28, N = 1 but above 1.00× at both cases of the large
+    alphabet says "(pays at A = 5,000)" in its change cell, read from the JSON; no other row says it."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    rows = {r[0]: r[1] for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
+                                 if line.startswith("| "))}
+    for number in range(2, 14):
+        if number in (6, 9):  # the counterexample and the prerequisite have their own words
+            continue
+        before = lesson.PREVIOUS.get(number, number - 1)
+        ratios = [round(_raw(f"step{before:02d}", A, N)["ms"] / _raw(f"step{number:02d}", A, N)["ms"], 2)
+                  for A, N in lesson.TABLE_CASES]
+        assert ("(pays at A = 5,000)" in rows[str(number)]) == (ratios[0] <= 1 and min(ratios[1:]) > 1), number
+    assert all("pays at" not in rows[k] for k in ("1", "6", "9", "14"))
+
+
 def test_the_prose_numbers_of_the_new_steps_read_their_two_series():
     """Each of steps 7 to 12 gets one measured number, its speedup range over the step it builds on (step 7: at the six
     points where steps 1 to 6 ran; the others: the whole grid), and where it is slower."""

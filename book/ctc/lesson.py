@@ -855,7 +855,17 @@ def boehm_table(results) -> str:
         return (" (where the target needs several warps: `ctc_loss` runs it by shape)"
                 if number == DISPATCH_STEPS[-1] else "")
 
-    entries = [(str(s.number), code(s.title) + kept(s.number) + chosen(s.number), s.series) for s in CHAPTER.steps]
+    def elsewhere(number: int) -> str:  # flat at the first case, paying at every other: say where it pays
+        if number in PREREQUISITES or number in (1, 6, DISPATCH_STEPS[-1]):
+            return ""
+        before = CHAPTER.step(PREVIOUS.get(number, number - 1)).series
+        ratios = [_ratios(results, before, CHAPTER.step(number).series, [case]) for case in TABLE_CASES]
+        if not all(ratios) or round(ratios[0][0], 2) > 1.00 or min(round(r[0], 2) for r in ratios[1:]) <= 1.00:
+            return ""
+        return f" (pays at A = {', '.join(sorted({f'{A:,}' for A, _ in TABLE_CASES[1:]}))})"
+
+    entries = [(str(s.number), code(s.title) + kept(s.number) + chosen(s.number) + elsewhere(s.number), s.series)
+               for s in CHAPTER.steps]
     entries.append(("entry point", "`ctc_loss`: step 12 or 14 by shape (the step it ran in brackets)", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
