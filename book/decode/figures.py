@@ -4,7 +4,6 @@ schema's speedup of steps 2 and 3 over step 1."""
 
 from __future__ import annotations
 
-import statistics
 from typing import Any, Sequence
 
 from studylog.decode.loop import COMPONENTS
@@ -163,9 +162,11 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     hide = too_short(list(parts.values()))
     for j, (ax, (b, body)) in enumerate(zip(axes[0], panels)):
         whole = parts[b]
-        share = statistics.median(p["body"] / sum(max(p[k], 0.0) for k in COMPONENTS) for p in whole.values())
+        shares = [p["body"] / sum(max(p[k], 0.0) for k in COMPONENTS) for p in whole.values()]
+        lo, hi = (f"{100 * v:.0f}" for v in (min(shares), max(shares)))
+        # short lines: the panels sit side by side, and a longer title runs into its neighbour's
         title = (f"batch {b}: the whole step" if body else
-                 f"batch {b}: without the body\n(the body: {share:.0%} of a bar, median)")
+                 f"batch {b}: without the body\n(body: {lo if lo == hi else f'{lo}–{hi}'}% of a bar)")
         plot_breakdown(whole, ax=ax, title=title, unit="ms" if body else "µs", legend=False, body=body,
                        names=j == 0, hide=hide)
     handles, labels = {}, []
