@@ -557,7 +557,8 @@ def test_dense_clusters_need_a_gap():
 
 
 def test_the_capped_key_names_the_cap():
-    """The key names the largest capped union of the chapter's run; the page says it once."""
+    """The key names the largest capped union of the chapter's run; the page says it under the first table that uses
+    it and again under the losses table."""
     assert lesson.capped_key(None) is None
     assert lesson.capped_key({"capped_union": None, "max_copies": 65}) is None
     assert lesson.capped_key({"capped_union": 1, "max_copies": 65}).startswith(f"{lesson.CAPPED} A union of one row")
