@@ -99,8 +99,18 @@ def test_the_real_text_axis_is_readable():
         plt.close(fig)
 
 
+def test_the_shared_definitions_hold_what_the_listings_lean_on():
+    """The macros and helpers the step listings use without defining them are in one listing, read from the source."""
+    text = str(lesson.shared_definitions())
+    for name in ("#define NGRAM_KERNEL_PARAMS", "#define NGRAM_KERNEL_ARGS", "#define SLOT_ARGS", "struct SlotPlan",
+                 "SlotPlan plan_slot(", "u64 make_key(", "#define NONE_KEY"):
+        assert name in text, name
+    assert text.rstrip().endswith("}")
+
+
 def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
-    """The page folds what a reader can skip: step 2's loop (the search and the slot walk), step 3's search kernel,
+    """The page folds what a reader can skip: the definitions every listing leans on (the parameter list,
+    ``plan_slot``), step 2's loop (the search and the slot walk), step 3's search kernel,
     and the diffs of steps 7, 10 and 11 (each a sentence's idea, step 11's mostly its two helpers); every other diff is
     open. No folded output holds the
     specification, and no Markdown says "folded" (the fold's own button says what it holds)."""
@@ -113,7 +123,8 @@ def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
     assert not any(t.startswith("parts(") for t in text)
     folded = [t for c, t in zip(cells, text) if c["cell_type"] == "code"
               and "hide-output" in c["metadata"].get("tags", [])]
-    assert folded == ["display(lesson.step2_excerpt())",
+    assert folded == ["display(lesson.shared_definitions())  # ngram_common.cuh, which every step's kernel includes",
+                      "display(lesson.step2_excerpt())",
                       'show_source("ngram_common.cuh", "walk_budget")  # the batch loop, shared with step 3\'s phase 2',
                       'show_source("ngram_two_phase.cu", "ngram_search_per_n")',
                       "lesson.step_diff(6, 7)", "lesson.step_diff(9, 10)", "lesson.step_diff(10, 11)"]

@@ -24,7 +24,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
-           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "entry_row", "floor_us", "grid_row", "result_table", "case_words", "step_table",
+           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
 
@@ -538,6 +538,21 @@ def step2_excerpt():
     out = [*search, "", *lines[kernel:kernel + 2], walk, "        // ...", *body,
            "        // ... the slot's drafts, within the room", "    });", "}"]
     return Code("\n".join(out), "cuda", "step 2, excerpt: the search loop")
+
+
+def shared_definitions():
+    """The definitions every kernel's listing leans on, read from ``ngram_common.cuh``: the largest n and the "no
+    match" key, the one parameter list (``NGRAM_KERNEL_PARAMS``, passed on as ``NGRAM_KERNEL_ARGS``), a slot's facts
+    before any search (``plan_slot``, called with ``SLOT_ARGS``, into a ``SlotPlan``) and a match as one key
+    (``make_key``)."""
+    from studylog.source import Code
+
+    lines = (CHAPTER.step(2).source.parent / "ngram_common.cuh").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("#define NGRAM_MAX"))
+    key = next(i for i, ln in enumerate(lines) if "u64 make_key(" in ln)
+    end = lines.index("}", key)
+    return Code("\n".join(lines[start:end + 1]), "cuda",
+                "ngram_common.cuh: the parameter list, plan_slot and make_key (every step)")
 
 
 def entry_row(results, where: dict) -> dict | None:
