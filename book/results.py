@@ -639,6 +639,19 @@ def decode_bound(card: Path) -> float | None:
     return None if data is None else median_bound(data["measurements"], "8b", 1)
 
 
+def decode_step_bound(speedup: float) -> float | None:
+    """Chapter 02's Amdahl bound, as its page computes it: the most a Llama 3.2 3B decode step at batch 1 gains when
+    its head-and-mask step runs ``speedup`` times faster (the head's share of the step's bytes); None without."""
+    try:
+        from studylog import masked_lm_head as mlh
+        from studylog.decode import model_config
+    except ImportError:
+        return None
+    share = model_config("1b", vocab_size=mlh.VOCAB, hidden=3072, layers=28, heads=24, kv_heads=8,
+                         intermediate=8192).head_share()
+    return 1 / (1 - share + share / speedup)
+
+
 def synthetic_words(card: Path) -> str:
     """Chapter 07's headline model in words: synthetic (random weights), 8B-shaped, with the size of the cl100k head
     its run on ``card`` records (the file's ``model 8b`` note)."""
@@ -870,8 +883,11 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"{us(loss['rival_ms'])} µs)")
             if entry.number == 2:  # one headline, the whole step; the kernel alone against its rival in a note
                 brief[name] += " at batch 1"
-                landing[name] += " at batch 1, the whole step"
+                landing[name] += " at batch 1, the head-and-mask step"
                 wider = masked_head_batches(card)
+                step_bound = decode_step_bound(row["vs_rival"])
+                if step_bound is not None:  # what that buys a whole decode step: Amdahl over the head's share
+                    landing[name] += f", which makes a Llama 3.2 3B decode step at most {step_bound:.2f}× faster"
                 if wider and abs(wider[max(wider)] - 1) < 0.01:  # where the lead ends, beside where it is largest
                     landing[name] += f" (a tie at batch {max(wider)})"
                 if wider:  # a tie within 1%, chapter 02's rule
@@ -916,6 +932,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     if eager[name] and flips:  # the answer flips when called eagerly: said in the cell too
                         cells[name] += (f", in a CUDA graph (called eagerly, BitNet's is faster at "
                                         f"{flips['slower_eager']})")
+                        landing[name] += (f", in a CUDA graph; called eagerly, BitNet's is faster at "
+                                          f"{flips['slower_eager']} of them")
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
                 else:
@@ -944,10 +962,16 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                      f"({lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases of alphabet and batch)")
                     if slow:
                         eager[name] = f"{slow} of the {of} cases wait on the host, by their median host times"
+                    notes[name].append(f"{name}: over the {len(ctc_cases(card))} cases of alphabet and batch, from "
+                                       f"{lo:.2f}× ({lo_at}) to {hi:.2f}× ({hi_at})" + (
+                                           f", {slow} of them waiting on the host when called eagerly, one call at a "
+                                           "time (listed under this table)" if slow else ""))
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 synthetic = synthetic_words(card)
                 landing[name] += f" on a synthetic 8B-shaped model ({shared_layers_words(card)})"
                 bound = decode_bound(card)
+                notes[name].append(f"{name}: the rival is our own loop with a dense head and xgrammar's mask (no "
+                                   f"serving engine measured), on {synthetic}")
                 if bound is not None:
                     notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
                 brief[name] = (f"{row['vs_rival']:.2f}× our own loop with a dense head and xgrammar's mask (no "
@@ -993,8 +1017,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         if entry.number == 1 and peer:
             what = f"{what}; beside it the strongest peer, llguidance's fast-forward tokens"
         elif entry.number == 7:  # the rival is the course's own loop, and the model is a cost model: both said
-            what = ("the loop with chapters 01 and 02 against our own loop (a dense head and xgrammar's mask; no "
-                    f"serving engine measured), per output token, batch 1, on {synthetic_words(_card(root, SUMMARY_CARD))}")
+            what = ("the loop with chapters 01 and 02 against our own loop, per output token, batch 1, on a synthetic "
+                    "8B-shaped model")
         elif entry.number == 4:  # why this case, and the grid it sits in
             what = f"{what}{ctc_case_words(_card(root, SUMMARY_CARD))}"
         elif entry.number == 8:

@@ -170,12 +170,16 @@ def test_landing_answers_are_one_ratio_and_one_clause_with_the_eager_caveats_in_
             continue
         # chapter 03's headline case beside its range, chapter 04's grid beside its headline case, part 1's range at
         # every shape (GemLite's failures included) and chapter 08's loop without its gate are the one clause
-        two = title.startswith(("03.", "04.", "08.")) or "(Triton)" in title
+        # chapter 02's head-and-mask ratio beside what it buys a decode step (its Amdahl bound)
+        two = title.startswith(("02.", "03.", "04.", "08.")) or "(Triton)" in title
         assert len(ratio.findall(cell)) == (2 if two else 1), (title, cell)
-        assert ";" not in cell and cell.count("(") <= 1 and "called eagerly" not in cell, (title, cell)
+        # part 2 of chapter 05 reverses when called eagerly: its half-line is in view, the only one
+        flips = "(CUDA C++)" in title and "called eagerly, BitNet's is faster at " in cell
+        assert (";" not in cell or flips) and cell.count("(") <= 1 and ("called eagerly" not in cell or flips), \
+            (title, cell)
         assert "entry point" not in cell and "host time" not in cell, (title, cell)
     (two,) = [c for t, c in cells.items() if t.startswith("02.")]
-    assert "kernel alone" not in two and "the whole step" in two, two
+    assert "kernel alone" not in two and "the head-and-mask step" in two and "decode step at most" in two, two
     rivals = _landing_cells(3)
     for title, rival in rivals.items():
         own = title[:3] in ("03.", "07.", "08.")
@@ -222,7 +226,7 @@ def test_more_on_each_line_is_short_bullets():
         mine = notes[notes.index(f"- **{title}**") + 1:]
         mine = mine[:next((i for i, ln in enumerate(mine) if ln.startswith("- **")), len(mine))]
         assert mine and not [b for b in bold for ln in mine if b in ln], (title, bold, mine)
-    assert len([ln for ln in notes if ln.startswith("  - ")]) <= 14  # about a bullet or two a line
+    assert len([ln for ln in notes if ln.startswith("  - ")]) <= 16  # about a bullet or two a line
 
 
 def test_runs_set_up_differently_are_left_out_with_no_fold():
