@@ -790,7 +790,8 @@ def _speculate(data):
         byte = med([nbytes / (data["ceilings"]["copy_bandwidth_gbs"] * 1e6) * r["forwards"] / r["tokens"]
                     for r, _ in pairs])
     bound = (f"the loop's forecast time per token (step 4's forwards per output token, each at this loop's one-token "
-             f"forward's GPU time), {us(forecast)} µs, is a bound, not a floor; neither counts "
+             f"forward's GPU time; chapter 08's page calls it our loop's launch bound), {us(forecast)} µs, is a "
+             "bound, not a floor, and a longer one than the kernel-count bound; neither counts "
              "the drafting or the host's work in a step, which the wall clock includes" if forecast is not None else "")
     forward = one(data.get("tails_run") or {"measurements": []}, FORWARD, model="smollm2", batch=1, chunk=1)
     empty = _floor_empty_ms(data)
@@ -985,11 +986,13 @@ def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, An
     """A sentence where the tails run's median lands more than ``by`` away from the chapter's median: by how much
     (the two are separate runs; the p99 cell gives its ratio to its own run's median); None where the two agree. ``tails_run`` is accepted for callers that pass the run's file; the sentence does not need it."""
     gap = t["ms"] / row["median_ms"] - 1
-    if abs(gap) <= by:
+    below = t.get("p99_ms") is not None and t["p99_ms"] < row["median_ms"]  # a p99 under the median beside it reads as an error: said, however close
+    if abs(gap) <= by and not below:
         return None
     return (f"the p99's own run has its median {abs(gap):.0%} {'above' if gap > 0 else 'below'} this row's "
-            f"({us(t['ms'])} against {us(row['median_ms'])} µs): compare the p99 with its own run's median, as its "
-            "cell does")
+            f"({us(t['ms'])} against {us(row['median_ms'])} µs)"
+            + (f", so its p99 ({us(t['p99_ms'])} µs) lands below this row's median" if below else "")
+            + ": compare the p99 with its own run's median, as its cell does")
 
 
 def tail_ratio(t: dict[str, Any]) -> str:
@@ -1177,7 +1180,7 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
     if r["binding"]:
         times = 100 / r["pct_of_floor"]
         if r.get("loop_bound"):
-            kind = floor_kind(r).replace("byte floor", "byte bound").replace("latency floor", "launch bound")
+            kind = floor_kind(r).replace("byte floor", "byte bound").replace("latency floor", "kernel-count bound")
             return f"{_floor(r['binding_floor_ms'])}, our loop's {kind}", f"{times:.1f}× our loop's bound"
         return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}", f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
@@ -1315,6 +1318,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                 p99 += f" ({_copies(t['rotated_copies'])})"
         elif r.get("no_tail_why"):  # why, once under the tables (the p99 definition), not under each loop's row
             p99 = r["no_tail_why"][0]
+        elif p99 == NOT_MEASURED:  # the card has a p99 run, but it does not time this case: why, in the notes
+            note(r, "the p99 column's run times each chapter's headline case and the chains of its floors, not this "
+                    "case, so its p99 is not measured")
         binding, pct = _floor_cells(r)
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
             alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
@@ -1328,7 +1334,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r["latency_floor_ms"] is None and not r["no_pct_why"] and r.get("latency_missing_why"):
             note(r, f"latency floor: {r['latency_missing_why']}")
         elif r["latency_what"] != ONE_KERNEL and r["latency_floor_ms"] is not None:
-            note(r, f"latency floor: {r['latency_what']}", every_card=True)
+            note(r, f"{'kernel-count bound' if r.get('loop_bound') and r['number'] == 8 else 'latency floor'}: "
+                    f"{r['latency_what']}", every_card=True)  # chapter 08's latency floor is its loop's bound
         elif r["latency_floor_ms"] is None and not r["no_pct_why"]:
             note(r, "latency floor: no run on this card timed an empty kernel")
         for extra in r["notes"][1:2]:
@@ -1401,6 +1408,12 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
               ("binding", "floor that binds (µs), its kind"), ("pct", "× floor (ours ÷ floor)")]
     lead_columns = common if one_card else [("card", "card")] + common
     on = f", all measured on the {LEAD_CARD}" if one_card else ""
+    part_one = next((r for r, _ in rest if r["number"] == 5 and r.get("ternary_case") == "part1"), None)
+    if part_one is not None and not any(r["number"] == 5 and r.get("ternary_case") == "part1" for r, _ in first_rows):
+        # chapter 05's Triton part is a page of its own, but its headline is a range over GemLite's shapes
+        under_lead.append(f"[05. {part_one['title']}, part 1 (Triton)]({link('notebooks/05_ternary_1_triton.ipynb')}) "
+                          "has no row of its own here: its answer is a range over GemLite's shapes (the headline "
+                          "results give it); the second table gives its last kernel at 4096 × 14336, beside part 2's.")
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
                   first_rows, lead_columns, under_lead)
     if rest:
