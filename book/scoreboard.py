@@ -831,7 +831,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(2, "Masked LM head", "notebooks/02_masked_lm_head.ipynb",
           "If the grammar allows a thousand tokens, why compute all 128,256 logits?", "masked_lm_head",
           _masked_lm_head,
-          headline="the whole masked step against xgrammar's path (cuBLAS logits, then its mask), batch 1, 1,000 "
+          headline="the head-and-mask step against xgrammar's path (cuBLAS logits, then its mask), batch 1, 1,000 "
                    "tokens allowed",
           rival_short="xgrammar's path"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
