@@ -347,7 +347,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         tied = sum(1 for o, t in waits if abs(max(t["host_ms"], t["ms"]) / max(o["host_ms"], o["ms"]) - 1) < TIE_WITHIN)
         n = len(waits)
         said = (f"ours stays faster than step 4 at all {n}" if not behind and not tied else
-                f"step 4 would be faster at {behind} of these {n} shapes; ours stays faster at the other {n - behind}"
+                f"step 4 would be faster at {behind} of the {n} range shapes that wait on the host; ours stays faster at "
+                f"the other {n - behind}"
                 if behind and not tied else
                 f"ours stays faster than step 4 at {n - behind - tied}, ties at {tied}"
                 + (f", step 4 would be faster at {behind}" if behind else ""))
@@ -401,7 +402,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
                       for who, ats in winners.items()]
         said += ("; " if said else "") + " and ".join(lost_words) if lost_words else ""
         summary.append(f"- **{name}** ({' and '.join(cards_)}): {len(mine)} case{'' if len(mine) == 1 else 's'} "
-                       f"{'waits' if len(mine) == 1 else 'wait'} on the host; called eagerly, {said}.")
+                       f"{'waits' if len(mine) == 1 else 'wait'} on the host: {said}.")
     waiting = sorted({k[0] for k, _ in ordered})
     rest = [f"{e.number:02d}" for e in ENTRIES if e.bench and e.number not in waiting]
     # one line per chapter in view; the full rows folded below, under a title that counts them
@@ -965,7 +966,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     notes[name].append(f"{name}: over the {len(ctc_cases(card))} cases of alphabet and batch, from "
                                        f"{lo:.2f}× ({lo_at}) to {hi:.2f}× ({hi_at})" + (
                                            f", {slow} of them waiting on the host when called eagerly, one call at a "
-                                           "time (listed under this table)" if slow else ""))
+                                           "time" if slow else ""))
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 synthetic = synthetic_words(card)
                 landing[name] += f" on a synthetic 8B-shaped model ({shared_layers_words(card)})"
