@@ -884,13 +884,13 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"{us(loss['rival_ms'])} µs)")
             if entry.number == 2:  # one headline, the whole step; the kernel alone against its rival in a note
                 brief[name] += " at batch 1"
-                landing[name] += " at batch 1, the head-and-mask step"
+                landing[name] += " for the head-and-mask step at batch 1"
                 wider = masked_head_batches(card)
+                if wider and abs(wider[max(wider)] - 1) < 0.01:  # where the lead ends, beside where it is largest
+                    landing[name] += f" (a tie at batch {max(wider)})"
                 step_bound = decode_step_bound(row["vs_rival"])
                 if step_bound is not None:  # what that buys a whole decode step: Amdahl over the head's share
                     landing[name] += f", which makes a Llama 3.2 3B decode step at most {step_bound:.2f}× faster"
-                if wider and abs(wider[max(wider)] - 1) < 0.01:  # where the lead ends, beside where it is largest
-                    landing[name] += f" (a tie at batch {max(wider)})"
                 if wider:  # a tie within 1%, chapter 02's rule
                     brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < 0.01 else f"{x:.2f}× at {b}"
                                                      for b, x in wider.items()) + ")")
