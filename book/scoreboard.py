@@ -790,7 +790,7 @@ def _speculate(data):
         byte = med([nbytes / (data["ceilings"]["copy_bandwidth_gbs"] * 1e6) * r["forwards"] / r["tokens"]
                     for r, _ in pairs])
     bound = (f"the loop's forecast time per token (step 4's forwards per output token, each at this loop's one-token "
-             f"forward's GPU time; chapter 08's page calls it our loop's launch bound), {us(forecast)} µs, is a "
+             f"forward's GPU time; chapter 08's page calls it our loop's forward-time bound), {us(forecast)} µs, is a "
              "bound, not a floor, and a longer one than the kernel-count bound; neither counts "
              "the drafting or the host's work in a step, which the wall clock includes" if forecast is not None else "")
     forward = one(data.get("tails_run") or {"measurements": []}, FORWARD, model="smollm2", batch=1, chunk=1)

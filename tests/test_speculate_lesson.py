@@ -156,7 +156,7 @@ def test_the_page_and_the_scoreboard_give_the_loop_the_same_bound():
     row = next((r for r in scoreboard.scoreboard() if r["number"] == 8 and "H200" in r["card"]), None)
     if row is None:
         pytest.skip("no committed H200 run of chapter 8")
-    # the scoreboard gives the loop's bound (the page's "our loop's launch bound") as a bound, not a floor, in its
+    # the scoreboard gives the loop's bound (the page's "our loop's forward-time bound") as a bound, not a floor, in its
     # latency floor's cell
     bound = lesson.loop_bound(lesson.committed())["bound_us"]
     assert "bound, not a floor" in row["latency_what"] and f"{bound:.1f} µs" in row["latency_what"]
@@ -315,7 +315,7 @@ def test_the_forecasts_are_on_the_headlines_requests():
     assert fc["forward ratio"]["value"] != pytest.approx(fc["forward ratio"]["value_all"])  # the capped ones count
     assert fc["chunk-length forecast"]["value_all"] == pytest.approx(report.bound(results.rows, 1, "extraction")["forecast"])
     assert fc["forward ratio"]["measured"] == pytest.approx(report.headline(results)[0]["speedup"])
-    assert fc["our loop's launch bound"]["value"] == pytest.approx(lesson.loop_bound(results)["bound_us"])
+    assert fc["our loop's forward-time bound"]["value"] == pytest.approx(lesson.loop_bound(results)["bound_us"])
     assert lesson.closed_ratio(results, "step03") > lesson.closed_ratio(results, "step04")  # the page says step 3 wins
 
 

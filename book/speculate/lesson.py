@@ -150,7 +150,7 @@ def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
 
 
 def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
-    """Our loop's launch bound, the page's last forecast (a time per token): each request's forwards per output token
+    """Our loop's forward-time bound, the page's last forecast (a time per token): each request's forwards per output token
     in step 4, each priced at the one-token
     forward's GPU time on the layer the loop runs (:func:`layer_table`, chunk 1, graph replay), the median over the
     requests the headline keeps (:func:`studylog.speculate.report.closed_requests`: those that close their JSON; µs
@@ -236,7 +236,7 @@ def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
     """The page's three forecasts of step 4 against chapter 07's step 3 at batch 1, each beside what was measured,
     on the requests the headline keeps (``value``, ``measured``) and on all the workload's requests (``value_all``,
     ``measured_all``; None for the time per token, which the scoreboard gives on the kept ones only). The time per
-    token is named "our loop's launch bound": it prices this loop's own forwards, so it bounds the loop, not the task
+    token is named "our loop's forward-time bound": it prices this loop's own forwards, so it bounds the loop, not the task
     (no floor). ``unit``:
     "x" for a ratio, "us" for microseconds per token. The forward ratio and the chunk-length forecast are
     :func:`studylog.speculate.report.bound` on the rows of the kept requests; the time per token is
@@ -252,7 +252,7 @@ def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
              "value_all": on_all["forecast"], "measured": measured, "measured_all": measured_all,
              "assumes": "each forward costs its chunk length's measured GPU time, each drafting call its own; "
                         "the host's work costs nothing"},
-            {"forecast": "our loop's launch bound", "unit": "us", "value": loop["bound_us"], "value_all": None,
+            {"forecast": "our loop's forward-time bound", "unit": "us", "value": loop["bound_us"], "value_all": None,
              "measured": loop["measured_us"], "measured_all": None,
              "assumes": f"step 4's forwards per token, each at a one-token forward's GPU time "
                         f"({loop['one_token_us']:.1f} µs); drafting and the host's work cost nothing"}]
