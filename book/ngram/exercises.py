@@ -333,7 +333,6 @@ def check_warp_min(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0)
     ``trials`` random batches and must give the specification's drafts and counts bit for bit; without a GPU
     that part is skipped (it says so)."""
     from studylog import cuda
-    from studylog.ngram import make_batch, reference_ngram_match
 
     name = "check_warp_min"
     original = step6_source()
@@ -356,7 +355,16 @@ def check_warp_min(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0)
                                                ("yours", mine.ptxas_report().get(STEP6_KERNEL, {})))}
     print(f"{name}: compiles for {cuda.DEFAULT_ARCH}; the PTX of {STEP6_KERNEL} has {after} warp-level instructions "
           f"against step 6's {before}; registers per thread: step 6 {regs['step 6']}, yours {regs['yours']}")
+    return _against_specification(name, lambda *args: step6_matcher(text, *args), trials, seed)
+
+
+def _against_specification(name: str, launcher: Callable, trials: int, seed: int) -> bool:
+    """A reader's compiled kernel run on a GPU against the specification on ``trials`` random batches:
+    ``launcher(inputs, draft, counts, config)`` builds the launch (call it to run it in place); on a CPU it says the
+    kernel was only compiled."""
     import torch
+
+    from studylog.ngram import make_batch, reference_ngram_match
 
     if not torch.cuda.is_available():
         print(f"{name}: no GPU, so your kernel was compiled, not run: on a GPU this check also runs it against the "
@@ -370,10 +378,9 @@ def check_warp_min(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0)
         inputs, draft, this_time = make_batch(batch, width, 24, vocab=rng.choice([2, 4, 50]), seed=seed + t,
                                               decoys=True, capped_fraction=0.3)
         want_draft, want_counts = reference_ngram_match(inputs, draft.clone(), this_time.clone(), config)
-        cuda_inputs = inputs.to("cuda")
         got_draft, got_counts = draft.cuda(), this_time.cuda()
         try:
-            step6_matcher(text, cuda_inputs, got_draft, got_counts, config)()
+            launcher(inputs.to("cuda"), got_draft, got_counts, config)()
         except Exception as exc:
             failures.append(f"batch {batch}x{width}: raised {type(exc).__name__}: {exc}")
             break
@@ -457,7 +464,6 @@ def check_no_stop(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0) 
     slot's key than step 11's. On a GPU your kernel then runs in step 11's place on ``trials`` random batches and must
     give the specification's drafts and counts bit for bit; without a GPU that part is skipped (it says so)."""
     from studylog import cuda
-    from studylog.ngram import make_batch, reference_ngram_match
 
     name = "check_no_stop"
     original = step11_source()
@@ -479,30 +485,7 @@ def check_no_stop(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0) 
                               f"11's does ({reads['step 11']}): the read each tile is still there"], 1)
     print(f"{name}: compiles for {cuda.DEFAULT_ARCH}; the PTX reads the slot's key at {reads['yours']} places against "
           f"step 11's {reads['step 11']}")
-    import torch
-
-    if not torch.cuda.is_available():
-        print(f"{name}: no GPU, so your kernel was compiled, not run: on a GPU this check also runs it against the "
-              "specification")
-        return True
-    rng = random.Random(seed)
-    failures = []
-    for t in range(trials):
-        batch, width = rng.choice([(1, 4096), (8, 512), (20, 60), (3, 20000)])
-        config = NgramConfig(threshold=rng.choice([5, 30, 128, 1 << 30]))
-        inputs, draft, this_time = make_batch(batch, width, 24, vocab=rng.choice([2, 4, 50]), seed=seed + t,
-                                              decoys=True, capped_fraction=0.3)
-        want_draft, want_counts = reference_ngram_match(inputs, draft.clone(), this_time.clone(), config)
-        got_draft, got_counts = draft.cuda(), this_time.cuda()
-        try:
-            step11_matcher(text, inputs.to("cuda"), got_draft, got_counts, config)()
-        except Exception as exc:
-            failures.append(f"batch {batch}x{width}: raised {type(exc).__name__}: {exc}")
-            break
-        if not (torch.equal(got_counts.cpu(), want_counts) and torch.equal(got_draft.cpu(), want_draft)):
-            failures.append(f"batch {batch}x{width}, threshold {config.threshold}, seed {seed + t}: drafts or counts "
-                            "differ from the specification's")
-    return _report(name, failures, trials)
+    return _against_specification(name, lambda *args: step11_matcher(text, *args), trials, seed)
 
 
 def time_no_stop(fn: Callable[[str], str]) -> None:
