@@ -1186,8 +1186,8 @@ def left_out_words(card: str, why: str, others: list[str]) -> str:
     """The sentence that stands where a chapter's run on ``card`` (full name) is left out of the results page's
     tables because it is set up differently from the other cards' (``why``: :func:`not_comparable_runs`'s clause)."""
     short, rest = short_card(card), " and the ".join(short_card(o) for o in others) or "other card"
-    return (f"The {short}'s run of this chapter is not shown: on the {short} {why}; its times and ratios would not "
-            f"stand beside the {rest}'s. The tables here are the {rest}'s alone.")
+    return (f"Only the {rest}'s run is shown here: the {short}'s run of this chapter is set up differently (its "
+            f"{why.removeprefix('its ')}), so its times would not stand beside the {rest}'s.")
 
 
 #: At the top of chapters 07's and 08's folds: why their rows carry no spread, by chapter number.
