@@ -522,7 +522,8 @@ def test_headline_reads_the_new_series_and_the_old_file(tmp_path):
 
     rows = []
     for series, role, ms in (("step12", "kernel", 0.01), ("dense_mask", "baseline", 0.2),
-                             ("index_select", "baseline", 0.05), (mlh.report.PLAN, "kernel", 0.012),
+                             ("cublas_fp32_mask", "baseline", 0.19), ("index_select", "baseline", 0.05),
+                             (mlh.report.PLAN, "kernel", 0.012),
                              (mlh.report.XGRAMMAR, "peer", 0.21)):
         for batch, allowed in ((1, 1000), (1, 10_000), (64, 100), (64, 1000), (256, 1000)):
             params = {"batch": batch, "kind": "random", "allowed": allowed}
