@@ -389,7 +389,7 @@ def _ctc(data):
     bytes, sets the pace. The small case's latency floor is the card's tails run of a kernel that does only that
     chain, T frames (steps 10 to 14 run the forward and backward chains side by side), where the card has one."""
     from studylog.ctc.results import entry_series
-    from studylog.tails import ctc_bench_targets
+    from studylog.tails import ctc_headline_states
 
     # a run without the entry point is shown, at each case, at the step the entry point runs there, so that every
     # card times the same kernel
@@ -417,7 +417,7 @@ def _ctc(data):
                     f"{chain['params']['states']} states"
                     + (", those of the case's longest target" if chain["series"] == CTC_HEADLINE_CHAIN else "")
                     + " (a log-sum-exp and a warp shuffle each), graph-replayed")
-            states = 2 * max(map(len, ctc_bench_targets(case["T"], case["N"], case["A"]))) + 1
+            states = ctc_headline_states(case["T"], case["N"], case["A"])
             if states > chain["params"]["states"]:  # a longer chain than the one timed: a lower bound of its own
                 floor_notes = (f"latency floor: the chain is timed at the small alphabet's one utterance "
                                f"({chain['params']['states']} states); the longest target of this case has {states} "

@@ -739,18 +739,23 @@ def floor_us(results, A: int, N: int) -> float:
 CHAIN_SERIES = CTC_FLOOR_SERIES
 
 
-def _chain_row(results, frames: int) -> dict | None:
-    """The tails run's row of the chain kernel over ``frames`` dependent frames at the small case of
-    :data:`BOEHM_CASES`, on the card of ``results``; None where the card has no such run."""
+def _tails_row(results, series: str, **params) -> dict | None:
+    """The tails run's one row of ``series`` at ``params``, on the card of ``results``; None where there is none."""
     from studylog.plotting import load_results
 
-    A, N = BOEHM_CASES[0]
     try:
         tails = load_results("tails", gpu=results.path.parent.name, root=results.path.parent.parent)
     except FileNotFoundError:
         return None
-    rows = tails.select(CHAIN_SERIES, T=BENCH_T, A=A, N=N, frames=frames)
+    rows = tails.select(series, T=BENCH_T, **params)
     return rows[0] if len(rows) == 1 else None
+
+
+def _chain_row(results, frames: int) -> dict | None:
+    """The tails run's row of the chain kernel over ``frames`` dependent frames at the small case of
+    :data:`BOEHM_CASES`, on the card of ``results``; None where the card has no such run."""
+    A, N = BOEHM_CASES[0]
+    return _tails_row(results, CHAIN_SERIES, A=A, N=N, frames=frames)
 
 
 def chain_floor_us(results, frames: int) -> float | None:
@@ -795,15 +800,9 @@ def case_floor(results, A: int, N: int) -> tuple[float, str]:
 def _headline_chain_row(results, A: int, N: int) -> dict | None:
     """The tails run's chain over the longest target of the case (A, N) itself, where the tails run timed one there
     (the headline case); None elsewhere."""
-    from studylog.plotting import load_results
     from studylog.tails import CTC_HEADLINE_FLOOR_SERIES
 
-    try:
-        tails = load_results("tails", gpu=results.path.parent.name, root=results.path.parent.parent)
-    except FileNotFoundError:
-        return None
-    rows = tails.select(CTC_HEADLINE_FLOOR_SERIES, T=BENCH_T, A=A, N=N)
-    return rows[0] if len(rows) == 1 else None
+    return _tails_row(results, CTC_HEADLINE_FLOOR_SERIES, A=A, N=N)
 
 
 #: How the tables name each kind of floor.
