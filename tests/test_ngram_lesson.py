@@ -616,3 +616,39 @@ def test_rule_misses_are_every_case_where_a_step_beats_the_entry_point_by_over_3
             want.append(k + (int(fastest[4:]), v["ngram_match"] / steps[fastest]))
     assert misses == sorted(want, key=lambda m: -m[5])
     assert len(misses) <= 1 and all(m[5] < 1.04 for m in misses)  # the committed run: at most one, by under 4%
+
+
+def test_the_open_steps_table_is_the_quoted_case_and_the_fold_has_every_case():
+    """The page's table of steps reads step | the one change | µs | × previous | × floor at the case the chapter
+    quotes (the deployed budget over 128 long slots); every case's columns sit in a fold under it, the same cells."""
+    import json
+
+    from studylog import paths
+
+    results = load_results("ngram")
+    main, fold = lesson.steps_tables(results)
+    head = [c.strip() for c in main.splitlines()[0].split("|")[1:-1]]
+    assert len(head) == 5 and head[:2] == ["step", "the one change"] and head[3] == "× previous"
+    assert head[2].startswith(f"{lesson.HEADLINE[0]} × {lesson.HEADLINE[1]}") and head[4].startswith("× floor")
+    assert main == lesson.steps_table(results, (lesson.HEADLINE,))
+    assert fold.startswith("<details><summary>") and fold.endswith("</details>") and "|" not in fold
+    for cfg in lesson.BOEHM_CASES:
+        assert f"{cfg[0]} × {cfg[1]}" in fold.split("</summary>")[0]
+    assert fold.count("<tr>") == len(lesson.steps_table(results).splitlines()) - 1  # the head and every row
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    assert sum("lesson.steps_tables(results)" in c for c in code) == 1
+    assert not any("lesson.steps_table(results)" in c for c in code)
+
+
+def test_why_it_matters_weighs_the_lookup_against_acceptance():
+    """The lookup's share of a decoding step is read against the acceptance measured on real text: the page's own
+    drafts (accepted of drafted, per active slot) bound the gain, and the share is taken out of it."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
+    why = "".join(next(c for c in cells if c.get("id") == "cell-03")["source"])
+    assert '"accepted_tokens"' in why and '"active_slots"' in why and "What acceptance does to the payoff" in why
+    assert "net(a['cpu'])" in why and "net(a['gpu'])" in why

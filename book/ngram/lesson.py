@@ -9,6 +9,8 @@ takes a :class:`studylog.plotting.Results` and reads it through the lookups the 
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import Tensor
 
@@ -470,6 +472,28 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
                       f"{t / floors[i]:,.1f}×" if floors[i] and on_floor_clock else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def steps_tables(results) -> tuple[str, str]:
+    """The page's table of steps, in two parts: open, Markdown, each step at :data:`HEADLINE` only (the case the
+    chapter quotes: step, its one change, µs, × previous, × floor); folded, HTML, :func:`steps_table` at every case
+    of :data:`BOEHM_CASES`, under a ``<details>`` that names them."""
+    from html import escape
+
+    def html(markdown: str) -> str:  # a pipe table as HTML (a fold's Markdown is not parsed): code and italics kept
+        def cell(text: str, tag: str) -> str:
+            text = escape(text, quote=False)
+            text = re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
+            return f"<{tag}>" + re.sub(r"\*([^*]+)\*", r"<em>\1</em>", text) + f"</{tag}>"
+
+        head, _, *rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in markdown.splitlines()]
+        return ("<table><thead><tr>" + "".join(cell(c, "th") for c in head) + "</tr></thead><tbody>"
+                + "".join("<tr>" + "".join(cell(c, "td") for c in r) + "</tr>" for r in rows) + "</tbody></table>")
+
+    names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in BOEHM_CASES)
+    fold = (f"<details><summary>Every step at all three cases ({escape(names)})</summary>"
+            + html(steps_table(results)) + "</details>")
+    return steps_table(results, (HEADLINE,)), fold
 
 
 #: Lines of context the page shows around each change of a diff: one, an anchor each side, so a long diff shows the
