@@ -130,11 +130,10 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
     labels = [r.split("|")[1].strip() for r in rows]
     assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 15)]
-    assert labels[:14] == [str(n) for n in range(1, 15)]  # one row per numbered step, no lettered sub-rows
+    # one row per step: step 7's first two changes are rows of their own, 7a and 7b, right above step 7
+    assert labels[:16] == ["1", "2", "3", "4", "5", "6", "7a", "7b"] + [str(n) for n in range(7, 15)]
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row, label in zip(rows, labels):
-        if label[-1:].isalpha() and label[:1].isdigit():
-            continue  # a change's own sub-row: no time of its own against the floor
         for cell in [c.strip() for c in row.split("|")[1:-1]][4::3]:
             if cell != "–":
                 assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row
@@ -378,6 +377,14 @@ def test_every_case_has_one_floor_on_the_page():
     assert f"{chain:,.1f} (chain of T frames)" in small
 
 
+def _lab(series: str, A: int, N: int) -> dict | None:
+    """The row of ``series`` at (A, N) in the committed run of lab/ctc/step07_changes.py on the H200, or None."""
+    path = Path(__file__).resolve().parents[1] / "lab" / "ctc" / "results" / "nvidia-h200" / "step07_changes.json"
+    rows = [r for r in json.loads(path.read_text())["measurements"] if r["series"] == series
+            and r["params"] == {"T": ctc.BENCH_T, "N": N, "A": A}]
+    return rows[0] if rows else None
+
+
 def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.split("|")[1:-1]]
 
@@ -394,14 +401,33 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
         title = step.title
         for word in ("__restrict__", "__ldg", "ex2", "lg2"):
             title = title.replace(word, f"`{word}`")
-        assert row[1].startswith(title), step.number
+        # step 7's library title is its first change, row 7a's; step 7's own row names its last change
+        assert rows["7a" if step.number == 7 else str(step.number)][1].startswith(title), step.number
         assert not any(w in row[1] for w in ("plus", "changes:", "tuning", "and a prerequisite")), row[1]
         if step.number == 1:
             continue
         before = 5 if step.number == 7 else step.number - 1
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
+            if step.number == 7 and _lab("step07", A, N):  # against 7b, in the run that timed both
+                want = f"{_lab('step07b', A, N)['ms'] / _lab('step07', A, N)['ms']:.2f}×"
+                assert row[3 + 3 * i] == want, (A, N)
+                continue
             want = f"{_raw(f'step{before:02d}', A, N)['ms'] / _raw(step.series, A, N)['ms']:.2f}×"
             assert row[3 + 3 * i] == want + (" (vs step 5)" if step.number == 7 else ""), (step.number, A, N)
+    assert rows["7"][1] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
+    for label, series, base in (("7a", "step07a", "step05"), ("7b", "step07b", "step07a")):
+        for i, (A, N) in enumerate(lesson.TABLE_CASES):
+            now = _lab(series, A, N)
+            if now is None:  # a case the lab run did not time
+                assert rows[label][2 + 3 * i:5 + 3 * i] == ["–", "–", "–"], (label, A, N)
+                continue
+            assert rows[label][2 + 3 * i] == f"{now['ms'] * 1e3:,.1f}", (label, A, N)
+            want = f"{_lab(base, A, N)['ms'] / now['ms']:.2f}×"
+            assert rows[label][3 + 3 * i] == want + (" (vs step 5)" if base == "step05" else ""), (label, A, N)
+    slower = [(A, N) for A, N in lesson.TABLE_CASES if _lab("step07b", A, N)
+              and round(_lab("step07a", A, N)["ms"] / _lab("step07b", A, N)["ms"], 2) < 1]
+    assert ("step 10 runs both directions in one kernel" in rows["7b"][1]) == bool(slower)
+    assert "separate run" in lesson.boehm_table(results)
 
 
 def test_the_prerequisite_says_where_it_costs_time_in_the_table():
@@ -477,34 +503,36 @@ def test_every_folded_cell_says_what_it_folds():
             assert "code cell" not in prompts["code_prompt_show"], i
 
 
-#: Each step from 7 on: the glued number its section quotes (a key of ``lesson.prose_numbers`` or the step's own
-#: computed ratio).
-SECTION_NUMBERS = {7: "N['gradient_pass']", 8: "N['no_softmax']", 9: "N['one_warp']", 10: "N['side_by_side']",
-                   11: "N['branch_free']", 12: "N['ftz']", 13: "N['two_passes_big']", 14: "at[13]['ms'] / at[14]['ms']"}
+#: Each step from 7a on: the glued number its section quotes (a key of ``lesson.prose_numbers``, a factor of the
+#: lab run that timed step 7's three changes, or the step's own computed ratio).
+SECTION_NUMBERS = {"7a": "f7a['range']", "7b": "f7b['range']", "7": "f7['range']", "8": "N['no_softmax']",
+                   "9": "N['one_warp']", "10": "N['side_by_side']", "11": "N['branch_free']", "12": "N['ftz']",
+                   "13": "N['two_passes_big']", "14": "at[13]['ms'] / at[14]['ms']"}
 
 
 def test_each_step_has_one_section_with_its_code_and_its_number():
-    """Steps 7 to 14: one heading "## Step N: ..." each, in order, naming one idea (no "plus", no lettered
-    sub-steps); under it, open, the core of the step's code or diff, and a sentence glued from the JSON with the
-    step's measured number. No folded cell holds a whole diff or listing. Steps 2 to 5 share one section, each step
-    one change; the page cites no chain of a lab run, names the runs it reads in words (no repository path), and its
-    cells read them."""
+    """Steps 7a to 14: one heading "## Step N: ..." each, in order, naming one idea (no "plus"): step 7's three
+    changes are steps 7a, 7b and 7; under each, open, the core of the step's code or diff, and a sentence glued from
+    the JSON with the step's measured number. No folded cell holds a whole diff or listing. Steps 2 to 5 share one
+    section, each step one change; the page names the runs it reads in words (no repository path), and its cells
+    read them."""
     cells = _page_cells()
     text = "".join("".join(c["source"]) for c in cells)
     heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step")]
-    numbered = [int("".join(cells[i]["source"]).split(":")[0].removeprefix("## Step ")) for i in heads
+    numbered = ["".join(cells[i]["source"]).split(":")[0].removeprefix("## Step ") for i in heads
                 if "".join(cells[i]["source"]).startswith("## Step ")]
-    assert numbered == [1, 6, 7, 8, 9, 10, 11, 12, 13, 14] and "## Steps 2 to 5:" in text
+    assert numbered == ["1", "6", "7a", "7b", "7", "8", "9", "10", "11", "12", "13", "14"]
+    assert "## Steps 2 to 5:" in text
     heads = [i for i in heads if "".join(cells[i]["source"]).startswith("## Step ")]
     for number, i in zip(numbered[2:], heads[2:]):
         title = "".join(cells[i]["source"]).splitlines()[0]
         assert not any(w in title for w in (" plus ", "changes", "tuning")), title
         section = cells[i + 1:(heads + [len(cells)])[heads.index(i) + 1]]
         shown = [c for c in section if c["cell_type"] == "code" and "hide-output" not in c["metadata"].get("tags", [])]
-        assert any(re.search(r"show_diff|show_source|_core\(", "".join(c["source"])) for c in shown), number
+        assert any(re.search(r"show_diff|show_source|_core\(|listing\(", "".join(c["source"])) for c in shown), number
         said = "".join("".join(c["source"]) for c in section if c["cell_type"] == "code")
         assert SECTION_NUMBERS[number] in said, number
-    assert not any(w in text for w in ("7a", "7b", "7c", "8a", "chain_table(", "chain_note(", "step07_chain",
+    assert not any(w in text for w in ("7c", "8a", "chain_table(", "chain_note(", "step07_chain",
                                        "step08_changes", "taken back"))
     assert text.count("no block version of them was built") == 1
     for cell in cells:
@@ -533,8 +561,12 @@ def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
         core = lesson.step_core(number)
         shown = len(core.added) + len(core.removed)
         assert core.added and shown <= 40, (number, shown)
-        left = [int(m.group(1)) for ln in core.lines if (m := re.match(r"@@ ⋯ .*: (\d+) changed lines not shown @@", ln))]
+        left = [int(m.group(1)) for ln in core.lines
+                if (m := re.match(r"@@ ⋯ .*: (\d+) changed lines, folded below @@", ln))]
         assert left, number
+        rest = lesson.step_rest(number)  # what the core leaves out, shown in a fold right under it
+        assert len(rest.added) + len(rest.removed) == sum(left), number
+        assert sum(ln.startswith("@@ ⋯") for ln in rest.lines) == len(left), number
         sources, _, _ = lesson.CORES[number]
         if isinstance(sources, int):
             a, b = ctc.CHAPTER.step(sources - 1), ctc.CHAPTER.step(sources)
@@ -558,6 +590,18 @@ def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
                 counts[2] += ln[:1] in " -"
                 counts[3] += ln[:1] in " +"
         assert hunks and all(h[:2] == h[2:] for h in hunks), (number, hunks)
+    cells = _page_cells()
+    for number in lesson.CORES:  # each core's fold follows it on the page, and says what it holds
+        at = next(i for i, c in enumerate(cells) if f"lesson.step_core({number})" in "".join(c["source"]))
+        fold = cells[at + 1]
+        assert "".join(fold["source"]) == f"display(lesson.step_rest({number}))", number
+        assert "hide-output" in fold["metadata"]["tags"], number
+        assert fold["metadata"]["mystnb"]["code_prompt_show"].startswith("Show the rest of step"), number
+    prefetch = lesson.step07_prefetch_core()  # step 7 against 7b: one template at two depths
+    assert len(prefetch.added) + len(prefetch.removed) <= 40
+    assert any("constexpr int SLOTS = 1;" in ln for ln in prefetch.removed)
+    assert any(f"constexpr int SLOTS = {ctc.fused.PREFETCH_FRAMES};" in ln for ln in prefetch.added)
+    assert not any("DEPTH" in ln for ln in prefetch.lines)
     fourteen = lesson.step14_core()
     assert len(fourteen.added) + len(fourteen.removed) <= 40
     assert any("__syncthreads()" in ln for ln in fourteen.added)
@@ -608,41 +652,42 @@ def _step07_changes_file(root: Path, times: dict, *, failed: bool = False) -> No
     (folder / "step07_changes.json").write_text(json.dumps(data))
 
 
-def test_step07_changes_table_reads_the_lab_run_one_change_a_row(tmp_path):
-    """Step 5 -> 7a -> 7b -> step 7, one change a row, µs and × the row above at every case of the file; None where no
-    run is committed (the page then says the changes are not yet measured one at a time)."""
+def test_step07_factors_read_the_lab_run_one_change_at_a_time(tmp_path):
+    """Step 5 -> 7a -> 7b -> step 7, one change at a time: each change's factor over the row it builds on at every
+    case of the file, its range, the cases where it costs time, and the run's checks in words; None where no run is
+    committed (the page then says the changes are not yet measured one at a time)."""
     assert lesson.step07_changes("some-gpu", root=tmp_path) is None
     times = {("step05", 28, 1): 0.4, ("step07a", 28, 1): 0.2, ("step07b", 28, 1): 0.16, ("step07", 28, 1): 0.17,
              ("step05", 5000, 256): 4.0, ("step07a", 5000, 256): 2.0, ("step07b", 5000, 256): 1.9,
              ("step07", 5000, 256): 1.8}
     _step07_changes_file(tmp_path, times)
     changes = lesson.step07_changes("some-gpu", root=tmp_path)
-    rows = [_cells(line) for line in lesson.step07_changes_table(changes).splitlines()]
-    assert rows[0] == ["", "A = 28, N = 1", "A = 5,000, N = 256"]
-    assert [r[0].split(":")[0] for r in rows[2:]] == ["step 5", "7a", "7b", "step 7"]
-    assert rows[2][1:] == ["400.0 µs", "4,000.0 µs"]
-    assert rows[3][1:] == ["200.0 µs (2.00×)", "2,000.0 µs (2.00×)"]
-    assert rows[4][1:] == ["160.0 µs (1.25×)", "1,900.0 µs (1.05×)"]
-    assert rows[5][1:] == ["170.0 µs (0.94×)", "1,800.0 µs (1.06×)"]
-    assert lesson.step07_over_step5(changes) == "2.22× to 2.35×"  # step 5's row over step 7's, as the table's
-    assert f"{ctc.fused.PREFETCH_FRAMES} frames ahead" in rows[5][0] and "one kernel" in rows[4][0]
-    words = lesson.step07_changes_words(changes)
-    assert "On the Some GPU:" in words and "every output matched float64 first" in words
+    a = lesson.step07_factor(changes, "step05", "step07a")
+    assert a["ratios"] == {(28, 1): pytest.approx(2.0), (5000, 256): pytest.approx(2.0)}
+    assert a["range"] == "2.00×" and a["slower"] == []
+    b = lesson.step07_factor(changes, "step07a", "step07b")
+    assert b["range"] == "1.05× to 1.25×" and b["slower"] == []
+    last = lesson.step07_factor(changes, "step07b", "step07")
+    assert last["range"] == "0.94× to 1.06×" and last["slower"] == [(28, 1)]
+    assert lesson.step07_factor(changes, "step05", "step09")["range"] == "pending"
+    assert lesson.step07_verdict(changes) == "every output matched float64 first"
     _step07_changes_file(tmp_path, times, failed=True)
-    words = lesson.step07_changes_words(lesson.step07_changes("some-gpu", root=tmp_path))
-    assert "1 of its 4 correctness checks failed" in words and "matched" not in words
+    words = lesson.step07_verdict(lesson.step07_changes("some-gpu", root=tmp_path))
+    assert words == "1 of its 4 correctness checks failed"
 
 
-def test_step07_cell_reads_the_lab_run_or_says_it_is_not_measured():
-    """Notebook 04's step 7 reads the lab run of this card (no number typed), and says plainly when there is none."""
+def test_step07_cells_read_the_lab_run_or_say_it_is_not_measured():
+    """Notebook 04's steps 7a, 7b and 7 read the lab run of this card (no number typed), and say plainly when there
+    is none; step 7's section ends on the benchmark's step 7 over step 5."""
     cells = _page_cells()
     text = "".join("".join(c["source"]) for c in cells)
-    assert "timed together" not in text
     cell = next("".join(c["source"]) for c in cells if "lesson.step07_changes(" in "".join(c["source"]))
     assert "lesson.step07_changes(results.path.parent.name)" in cell and "if changes is None" in cell
     assert "not yet measured one at a time on this card" in cell and "four frames ahead" in text
-    assert "lesson.step07_changes_table(changes)" in cell and "N['gradient_pass']" in cell
-    assert "lesson.step07_over_step5(changes)" in cell  # the range the prose quotes is the table's
+    assert "N['gradient_pass']" in cell
+    for before, after in (("step05", "step07a"), ("step07a", "step07b"), ("step07b", "step07")):
+        assert f'lesson.step07_factor(changes, "{before}", "{after}")' in text, after
+    assert text.count("N['gradient_pass']") == 2
 
 
 def test_step07_changes_script_dry_run_replays_the_benchmarks_targets(capsys):

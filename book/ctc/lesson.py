@@ -310,14 +310,9 @@ def kernel_table(results) -> str:
 # Step 7's three changes one at a time (lab/ctc/step07_changes.py)
 # --------------------------------------------------------------------------------------
 
-#: The experiment of ``lab/ctc`` that times step 5, 7a, 7b and step 7 in one run.
+#: The experiment of ``lab/ctc`` that times step 5, 7a, 7b and step 7 in one run (rows 7a and 7b of the table
+#: of steps, and the numbers of their sections).
 STEP07_CHANGES_FILE = "step07_changes"
-#: Its rows in order, one change each: (series, row, the change it adds to the row above).
-STEP07_CHAIN = (("step05", "step 5", ""), ("step07a", "7a", "the gradient a pass of its own"),
-                ("step07b", "7b", "alpha and beta in one kernel"),
-                ("step07", "step 7", "emissions loaded {prefetch} frames ahead"))
-
-
 def step07_changes(gpu: str = "nvidia-h200", root=None) -> Results | None:
     """The run of ``lab/ctc/step07_changes.py`` on ``gpu`` (a folder name), or None where none is committed."""
     try:
@@ -328,60 +323,29 @@ def step07_changes(gpu: str = "nvidia-h200", root=None) -> Results | None:
     return Results(folder / f"{STEP07_CHANGES_FILE}.json", data)
 
 
-def step07_changes_table(changes: Results) -> str:
-    """Step 5 -> 7a -> 7b -> step 7, one change a row: at each case measured, the median time in µs and how many
-    times faster than the row above (its time over this row's, two decimals, as :func:`step07_over_step5`)."""
-    from studylog.ctc.fused import PREFETCH_FRAMES
-
-    cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select("step07", T=BENCH_T)})
-    head = "| | " + " | ".join(f"A = {A:,}, N = {N}" for A, N in cases) + " |"
-    lines = [head, "|---|" + "---|" * len(cases)]
-    before = None
-    for series, label, change in STEP07_CHAIN:
-        cells = []
-        for A, N in cases:
-            now, prev = (_ms(changes, s, T=BENCH_T, A=A, N=N) if s else None for s in (series, before))
-            cells.append(us(now) + (f" µs ({prev / now:.2f}×)" if now and prev else " µs" if now else ""))
-        row = f"{label}: + {change.format(prefetch=PREFETCH_FRAMES)}" if change else label
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-        before = series
-    return "\n".join(lines)
+def step07_factor(changes: Results, before: str, after: str) -> dict:
+    """One change of step 7's chain in the lab run: ``before``'s time over ``after``'s at every case it measured,
+    ``ratios`` {(A, N): ratio}; ``range``, ``1.38× to 5.89×`` (two decimals each, ``pending`` without rows);
+    ``slower``, the cases where the change costs time as a table rounds it (below 1.00×)."""
+    cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select(after, T=BENCH_T)})
+    ratios = {}
+    for A, N in cases:
+        b, a = _ms(changes, before, T=BENCH_T, A=A, N=N), _ms(changes, after, T=BENCH_T, A=A, N=N)
+        if a and b:
+            ratios[A, N] = b / a
+    if not ratios:
+        return {"ratios": {}, "range": PENDING, "slower": []}
+    lo, hi = f"{min(ratios.values()):.2f}×", f"{max(ratios.values()):.2f}×"
+    return {"ratios": ratios, "range": lo if lo == hi else f"{lo} to {hi}",
+            "slower": [p for p, r in ratios.items() if round(r, 2) < 1]}
 
 
-def step07_changes_words(changes: Results) -> str:
-    """What the table is: the run, its clock, and its checks (the reference; 7a's and 7b's bits against step 7's);
-    where a change loses somewhere, why it stays (the table gives every factor)."""
+def step07_verdict(changes: Results) -> str:
+    """The lab run's correctness checks in words: "every output matched float64 first", or how many failed."""
     checks = changes.data.get("checks", [])
     failed = sum(not c["passed"] for c in checks)
-    verdict = ("every output matched float64 first" if checks and not failed else
-               f"{failed} of its {len(checks)} correctness checks failed" if failed else "no output was checked")
-    caption = f"On the {changes.gpu}: GPU time per call (× faster than the row above); {verdict}."
-    cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select("step07", T=BENCH_T)})
-    gains = {}  # each change: its factor over the row above at every case measured
-    for (before, *_), (series, label, _) in zip(STEP07_CHAIN, STEP07_CHAIN[1:]):
-        pairs = [(_ms(changes, before, T=BENCH_T, A=A, N=N), _ms(changes, series, T=BENCH_T, A=A, N=N)) for A, N in cases]
-        gains[label] = [p / n for p, n in pairs if p and n]
-    if not all(gains.values()):
-        return caption
-    one = gains["7b"]
-    if not any(g < 0.995 for g in one):  # every change pays: the table says by how much
-        return caption
-    return (caption + f" One kernel for both directions pays at only {sum(g >= 1.005 for g in one)} of the "
-            f"{len(one)} cases but stays: step 10 runs the two side by side in one kernel.")
-
-
-def step07_over_step5(changes: Results) -> str:
-    """Step 7 against step 5 as the table of :func:`step07_changes_table` times them (its first and last rows, the
-    same run), ``1.57× to 6.07×`` over the cases measured, two decimals each; ``pending`` without both rows."""
-    cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select("step07", T=BENCH_T)})
-    first, last = STEP07_CHAIN[0][0], STEP07_CHAIN[-1][0]
-    ratios = [b / a for A, N in cases
-              for b, a in [(_ms(changes, first, T=BENCH_T, A=A, N=N), _ms(changes, last, T=BENCH_T, A=A, N=N))]
-              if a and b]
-    if not ratios:
-        return PENDING
-    lo, hi = f"{min(ratios):.2f}×", f"{max(ratios):.2f}×"
-    return lo if lo == hi else f"{lo} to {hi}"
+    return ("every output matched float64 first" if checks and not failed else
+            f"{failed} of its {len(checks)} correctness checks failed" if failed else "no output was checked")
 
 
 # --------------------------------------------------------------------------------------
@@ -825,7 +789,18 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
 PREREQUISITES = {9: "a prerequisite: steps 10 to 14 build on the warp"}
 
 
-def boehm_table(results) -> str:
+#: Step 7's first two changes, each a row of the table of steps between step 6 and step 7 (timed by the lab run
+#: :data:`STEP07_CHANGES_FILE` with step 5 and step 7): (row, the one change, series, the row it builds on).
+STEP07_ROWS = (("7a", "the gradient a pass of its own, a block per frame, after alpha and beta (two launches)",
+                "step07a", "step05"),
+               ("7b", "alpha and beta in one kernel", "step07b", "step07a"))
+#: Why 7b stays where it costs time (said in its row and its section).
+STEP07B_KEPT = "kept: step 10 runs both directions in one kernel"
+#: Step 7's row in the table when 7a and 7b stand above it: its own change, the last of the three.
+STEP07_LAST = "emissions loaded {prefetch} frames ahead"
+
+
+def boehm_table(results, changes: Results | None = None) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
     change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the step it builds on (:data:`PREVIOUS`,
     else the step before), × the case's one floor (:func:`case_floor`). A step of :data:`PREREQUISITES` that is
@@ -863,8 +838,21 @@ def boehm_table(results) -> str:
             return ""
         return f" (pays at A = {', '.join(sorted({f'{A:,}' for A, _ in TABLE_CASES[1:]}))})"
 
-    entries = [(str(s.number), code(s.title) + kept(s.number) + chosen(s.number) + elsewhere(s.number), s.series)
-               for s in CHAPTER.steps]
+    from studylog.ctc.fused import PREFETCH_FRAMES
+
+    if changes is None:
+        changes = step07_changes(results.path.parent.name)
+    entries = []
+    for s in CHAPTER.steps:
+        title = code(s.title) + kept(s.number) + chosen(s.number) + elsewhere(s.number)
+        if s.number == 7 and changes is not None:
+            for label, change, series, base in STEP07_ROWS:
+                slower = [c for c in step07_factor(changes, base, series)["slower"] if c in TABLE_CASES]
+                if slower:
+                    change += f" (slower at {where(slower, TABLE_CASES, complement=False)}; {STEP07B_KEPT})"
+                entries.append((label, change, series))
+            title = STEP07_LAST.format(prefetch=PREFETCH_FRAMES)
+        entries.append((str(s.number), title, s.series))
     entries.append(("entry point", "`ctc_loss`: step 12 or 14 by shape (the step it ran in brackets)", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
@@ -875,8 +863,9 @@ def boehm_table(results) -> str:
     for number, title, series in entries:
         cells = [number, title]
         times[series] = [None] * len(TABLE_CASES)
+        lab = number in {label for label, *_ in STEP07_ROWS}  # read from the lab run, as is its row above
         for i, (A, N) in enumerate(TABLE_CASES):
-            row = _row(results, series, T=BENCH_T, A=A, N=N)
+            row = _row(changes if lab else results, series, T=BENCH_T, A=A, N=N)
             if row is None:
                 cells += ["–", "–", "–"]
                 continue
@@ -890,6 +879,13 @@ def boehm_table(results) -> str:
                     time_cell += f" (step {ran.number})"
             elif series == "torch-best" or number == "1":
                 prev = None
+            elif lab:  # against the row it builds on in the same run
+                base = next(b for label, _, _, b in STEP07_ROWS if label == number)
+                prev = _ms(changes, base, T=BENCH_T, A=A, N=N) * 1e3
+                against = "vs step 5" if base == "step05" else ""
+            elif number == "7" and changes is not None and _ms(changes, "step07", T=BENCH_T, A=A, N=N):
+                # against 7b, in the run that timed both (the benchmark has no 7b)
+                prev = _ms(changes, "step07b", T=BENCH_T, A=A, N=N) / _ms(changes, "step07", T=BENCH_T, A=A, N=N) * t
             else:  # step 6 is a side branch: step 7 builds on step 5
                 before = PREVIOUS.get(int(number), int(number) - 1)
                 prev = times[CHAPTER.step(before).series][i]
@@ -899,6 +895,11 @@ def boehm_table(results) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     note = ("“× prev.”: the time of the step this one builds on over its own (above 1.00×, it pays); the entry point "
             "is timed as its own series.")
+    if changes is not None:
+        timed = [f"A = {A:,}, N = {N}" for A, N in TABLE_CASES if _row(changes, "step07a", T=BENCH_T, A=A, N=N)]
+        note += (" Rows 7a and 7b come from a separate run that timed step 5, 7a, 7b and step 7 together (at "
+                 + " and ".join(timed) + " of these cases); their “× prev.”, and step 7's against 7b, are ratios "
+                 "within that run.")
     return "\n".join(lines) + "\n\n" + note
 
 
@@ -1050,13 +1051,14 @@ def host_at_headline(A: int, N: int, gpus: Iterable[str] = ("nvidia-h200", "nvid
     return out
 
 
-def diff_excerpt(diff, what: str | None, *elide: tuple[str, str | None, str]):
+def diff_excerpt(diff, what: str | None, *elide: tuple[str, str | None, str], left_out: bool = False):
     """The core of a step's change the page shows open: ``diff`` with the runs of lines ``elide`` names left out,
     each replaced by one grey line that says what it holds and how many changed lines. A run is ``(first, last,
     words)``: from the first line (after the file names) that contains ``first`` to the next that contains
     ``last`` (None: to the end), both included. The shown lines keep their hunks, each under a header with its true
     line numbers and counts, so nothing left out reads as the whole change; titled ``new name: what`` (``what``
-    None: the new name alone)."""
+    None: the new name alone). ``left_out``: the opposite, the runs ``elide`` names and nothing else, each under a
+    grey line that says what it holds (the page folds them under the core)."""
     import re
 
     numbered, old_no, new_no = [], 0, 0  # (line, its old and new line numbers) of every line but the headers
@@ -1074,7 +1076,8 @@ def diff_excerpt(diff, what: str | None, *elide: tuple[str, str | None, str]):
         b = len(numbered) - 1 if last is None else next(i for i in range(a, len(numbered))
                                                          if numbered[i][0] is not None and last in numbered[i][0])
         changed = sum(ln is not None and ln[:1] in "+-" for ln, _, _ in numbered[a:b + 1])
-        gaps[a] = (b, f"@@ ⋯ {words}: {changed} changed lines not shown @@")
+        gaps[a] = (b, f"@@ ⋯ {words}: {changed} changed lines, folded below @@" if not left_out else
+                   f"@@ ⋯ {words} @@")
     out, run, i = [], [], 0
 
     def close():  # the run of shown lines, under a header with its true numbers
@@ -1088,11 +1091,26 @@ def diff_excerpt(diff, what: str | None, *elide: tuple[str, str | None, str]):
             run.clear()
 
     while i < len(numbered):
+        if i in gaps and left_out:  # the run itself, under its grey line; what lies between runs is the core
+            close()
+            end, grey = gaps[i]
+            out.append(grey)
+            for j in range(i, end + 1):
+                if numbered[j][0] is None:
+                    close()
+                else:
+                    run.append(numbered[j])
+            close()
+            i = end + 1
+            continue
         if i in gaps:
             close()
             end, grey = gaps[i]
             out.append(grey)
             i = end + 1
+            continue
+        if left_out:
+            i += 1
             continue
         if numbered[i][0] is None:
             close()
@@ -1142,7 +1160,7 @@ CORES = {
         "the frame and its posterior",
         [("template <bool LDG>", "int Lmax, int A, int warp", "step 5's signature: a function of beta's frame loop"),
          ("ctc_grad_from_log_softmax(", "int Lmax, int Umax, int row_stride",
-          "step 7's: a kernel, a block per frame")]),
+          "step 7a's: a kernel, a block per frame")]),
     11: (("ctc_step07_10_three_passes.cu", "ctc_step11_12_branch_free.cu", "FrameUpdate", "FrameUpdate"),
          "forward", [("float dn1 = __shfl_down_sync", None, "backward: the mirror image")]),
     13: (("ctc_step07_10_three_passes.cu", "ctc_step13_two_passes.cu", "ctc_fused_stats", "ctc_stats_softmax"),
@@ -1167,7 +1185,7 @@ def listing(file: str, function: str, title: str | None = None):
 
 #: The titles of the two sides of each core: the steps, not the files.
 CORE_NAMES = {4: ("step 1's alpha", "step 4's alpha"), 6: ("step 5's alpha", "step 6's alpha"),
-              7: ("step 5's frame gradient", "step 7's"), 11: ("step 10's frame update", "step 11's"),
+              7: ("step 5's frame gradient", "step 7a's"), 11: ("step 10's frame update", "step 11's"),
               13: ("steps 8 to 12's first pass", "step 13's")}
 
 
@@ -1184,6 +1202,75 @@ def step_core(number: int):
     diff = show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
                      context=2 if number == 7 else 3, names=CORE_NAMES[number])
     return diff_excerpt(diff, what, *elide)
+
+
+def step_rest(number: int):
+    """The rest of step ``number``'s change (:data:`CORES`): the runs its open core leaves out (signature plumbing and
+    mirror images), each under a grey line that says what it is, with their true line numbers; the page folds it
+    under the core, so the core plus this is the whole comment-free diff."""
+    from studylog.source import show_diff, source_of
+
+    sources, what, elide = CORES[number]
+    if isinstance(sources, int):
+        a, b = CHAPTER.step(sources - 1), CHAPTER.step(sources)
+        sources = (a.source, b.source, a.source_function, b.source_function)
+    old, new, old_function, new_function = sources
+    diff = show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
+                     context=2 if number == 7 else 3, names=CORE_NAMES[number])
+    return diff_excerpt(diff, "the rest of the change", *elide, left_out=True)
+
+
+def _resolve_depth(lines: list[str], depth: int) -> list[str]:
+    """``lines`` of a template body with its prefetch switches resolved for ``DEPTH = depth``: an ``if constexpr
+    (DEPTH > 0)`` / ``(DEPTH == 0)`` block kept (its body dedented one level) or dropped, and the refill ``if
+    (DEPTH > 0 && ...)`` kept as a plain ``if`` or dropped with the line before it that only feeds it."""
+    out, i = [], 0
+    while i < len(lines):
+        ln = lines[i].strip()
+        if ln.startswith("if constexpr (DEPTH"):
+            end = _block_end(lines, i)
+            holds = (depth > 0) if "DEPTH > 0" in ln else (depth == 0)
+            if holds:
+                out += [x[4:] if x.startswith(_indent(lines[i]) + "    ") else x for x in lines[i + 1:end]]
+            i = end + 1
+            continue
+        if ln.startswith("if (DEPTH > 0 && "):
+            end = _block_end(lines, i)
+            if depth > 0:
+                out.append(lines[i].replace("DEPTH > 0 && ", ""))
+                out += lines[i + 1:end + 1]
+            else:
+                out.pop()  # the line that names the slot's next frame
+            i = end + 1
+            continue
+        out.append(lines[i])
+        i += 1
+    return out
+
+
+def step07_prefetch_core():
+    """Step 7's last change against 7b: the recursion's frame loop (``block_direction_rows``, the one template both
+    compile from) at ``DEPTH = 0``, each frame's emissions loaded by its own update, and at ``DEPTH = PREFETCH``,
+    loaded that many frames ahead into a ring of register slots; the rest of the body, the same in both, left out."""
+    from studylog.ctc.fused import PREFETCH_FRAMES
+    from studylog.source import show_diff, source_of
+
+    body = code_only(source_of("ctc_step07_10_three_passes.cu", "block_direction_rows")[0]).splitlines()
+    a = next(i for i, ln in enumerate(body) if "constexpr int SLOTS" in ln)
+    b = next(i for i, ln in enumerate(body) if "const float* prev = row[b ^ 1];" in ln)
+    c = next(i for i, ln in enumerate(body) if "const int kn = k + DEPTH;" in ln)
+    d = next(i for i in range(c, len(body)) if "__syncthreads();" in body[i])
+    cut = body[a:b] + [_indent(body[b]) + "// ... the frame's update, as in 7b"] + body[c:d + 1]
+    def slots(depth: int) -> list[str]:  # DEPTH as each instantiates it: 0 (7b), PREFETCH (step 7)
+        lines = [(_indent(ln) + f"constexpr int SLOTS = {max(depth, 1)};") if "constexpr int SLOTS" in ln else ln
+                 for ln in _resolve_depth(cut, depth)]
+        return [ln.replace("DEPTH", "PREFETCH") for ln in lines]
+
+    shift = len(_indent(cut[0])) - 4
+    side = lambda lines: "\n".join(ln[shift:] if ln.startswith(" " * shift) else ln for ln in lines) + "\n"
+    return show_diff(side(slots(0)), side(slots(PREFETCH_FRAMES)),
+                     names=("7b: a frame's emissions loaded by its update",
+                            f"step 7: loaded {PREFETCH_FRAMES} frames ahead"))
 
 
 def show_diff_without_comments(old, new, *, old_function: str, new_function: str, names: tuple[str, str]):
