@@ -791,7 +791,7 @@ PREREQUISITES = {9: "a prerequisite: steps 10 to 14 build on the warp"}
 
 #: Step 7's first two changes, each a row of the table of steps between step 6 and step 7 (timed by the lab run
 #: :data:`STEP07_CHANGES_FILE` with step 5 and step 7): (row, the one change, series, the row it builds on).
-STEP07_ROWS = (("7a", "the gradient a pass of its own, a block per frame, after alpha and beta (two launches)",
+STEP07_ROWS = (("7a", "the gradient a pass of its own, a block per frame, after alpha and beta (still two launches)",
                 "step07a", "step05"),
                ("7b", "alpha and beta in one kernel", "step07b", "step07a"))
 #: Why 7b stays where it costs time (said in its row and its section).
