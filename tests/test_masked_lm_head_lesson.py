@@ -842,3 +842,42 @@ def test_paths_and_buckets_are_said_as_the_step_whose_kernel_runs():
     assert runs and set(runs) <= said
     ours = [[c.strip() for c in line.split("|")[1:-1]][4] for line in lesson.losses_table(results).splitlines()[2:]]
     assert ours and all(o.split(" (", 1)[1].split(")")[0] in {lesson.path_words(n) for n in names} for o in ours), ours
+
+
+def test_step_4_shows_the_lines_that_carry_its_idea_not_the_whole_kernel():
+    """Step 4 is a new kernel (a program owns a slice of the id list, not a tile of the vocabulary): its section says
+    so in one sentence and shows only the lines that carry the idea, read from the kernel and its fill program, the
+    rest elided; the whole kernel is not listed."""
+    core = str(lesson.step4_core())
+    for line in ("rows = tl.load(ids_ptr + slots, mask=live, other=0)", "tl.store(out_ptr + rows, acc, mask=live)",
+                 "fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)",
+                 "keep = tl.load(allowed_ptr + offs, mask=inside, other=1)"):
+        assert line in core, line
+    assert "# ..." in core and "tl.static_range" not in core and "def compact_rows_kernel" not in core
+    assert len(core.splitlines()) < len(mlh.CHAPTER.show_source(4).text.splitlines())
+    cells = _notebook_cells()
+    start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 4"))
+    end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
+    section = ["".join(c["source"]) for c in cells[start:end]]
+    assert "It is a new kernel, not a diff of step 2" in section[0]
+    code = "\n".join(section[1:])
+    assert "lesson.step4_core()" in code and "show_source(4)" not in code
+
+
+def test_step_13_is_split_into_three_numbered_sub_steps_each_with_its_number():
+    """Step 13's three parts are sub-steps 13a (the copy), 13b (the union built on the device) and 13c (step 7's
+    kernel reading the count), each a heading, its code and its own traced time; the timeline's rows name them."""
+    cells = _notebook_cells()
+    start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 13"))
+    end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
+    text = ["".join(c["source"]) for c in cells[start:end]]
+    heads = [k for k, t in enumerate(text) if "### Step 13" in t]
+    assert [re.search(r"### Step (13[abc])", text[k]).group(1) for k in heads] == ["13a", "13b", "13c"]
+    bounds = heads + [len(text)]
+    parts = ((("copy",), "function_listing(mlh.step13_plan"), (("count_zero", "union_kernel"), "show_source(union_ids"),
+             (("row_kernel",), "step_diff(CHAPTER, 7, 13)"))
+    for (a, b), (keys, shown) in zip(zip(bounds, bounds[1:]), parts):
+        sub = "\n".join(text[a:b])
+        assert shown in sub and all(f"part['{k}']" in sub for k in keys), sub
+    rows = lesson.plan_timeline_table(_trace(), 20.25).splitlines()[2:5]
+    assert [r.split("|")[1].strip()[:4] for r in rows] == ["13a:", "13b:", "13c:"]

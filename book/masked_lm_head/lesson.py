@@ -1061,11 +1061,11 @@ def plan_timeline_table(data: dict, step_us: float) -> str:
     s = data["summary"]
     took, start, gap = s["duration_us"], s["start_us"], s["gap_before_us"]
     union = took["count_zero"] + took["union_kernel"]
-    rows = [("1. the bitmask to the device", "its host-to-device copy", took["copy"], "–", took["copy"]),
-            ("2. the union from the bitmask", f"the count zeroed ({took['count_zero']:.1f}), then the union kernel "
+    rows = [("13a: the bitmask to the device", "its host-to-device copy", took["copy"], "–", took["copy"]),
+            ("13b: the union from the bitmask", f"the count zeroed ({took['count_zero']:.1f}), then the union kernel "
              f"({took['union_kernel']:.1f})", union, f"{gap['count_zero'] + gap['union_kernel']:.1f}",
              start["union_kernel"] + took["union_kernel"]),
-            ("3. the bucket's graph", "the row kernel (step 7's)", took["row_kernel"], f"{gap['row_kernel']:.1f}",
+            ("13c: the bucket's graph", "the row kernel (step 7's)", took["row_kernel"], f"{gap['row_kernel']:.1f}",
              start["row_kernel"] + took["row_kernel"])]
     lines = ["| part of one call | what runs | takes (µs) | idle before it (µs) | done at (µs after the copy starts) |",
              "|---|---|---|---|---|"]
@@ -1073,6 +1073,30 @@ def plan_timeline_table(data: dict, step_us: float) -> str:
     lines.append(f"| until the next call's copy | | | {timeline_idle(data)['next']:.1f} | {s['period_us']:.1f} |")
     lines.append(f"| **the step** | the benchmark's median, no profiler | **{step_us:.1f}** | | |")
     return "\n".join(lines)
+
+
+def step4_core():
+    """Step 4's idea in its own lines (a ``studylog.source.Code``), read from its kernel and its fill program: a row
+    program takes a slice of the allowed ids and loads their rows; a fill program writes ``-inf`` where its block of
+    the mask disallows. The row's dot product (step 5's diff shows it) and the signature are elided with ``# ...``."""
+    import textwrap
+
+    from studylog.masked_lm_head.compact import compact_rows_kernel, fill_disallowed
+    from studylog.source import Code, source_of
+
+    rows = source_of(compact_rows_kernel)[0].splitlines()
+    fill = source_of(fill_disallowed)[0].splitlines()
+    start = next(i for i, ln in enumerate(rows) if "pid = tl.program_id(0)" in ln)
+    ptrs = next(i for i, ln in enumerate(rows) if "row_ptrs = " in ln)
+    store = next(i for i, ln in enumerate(rows) if "tl.store(out_ptr + rows" in ln)
+    body = next(i for i, ln in enumerate(fill) if ln.lstrip().startswith("offs = "))
+    indent = rows[ptrs][:len(rows[ptrs]) - len(rows[ptrs].lstrip())]
+    kernel = textwrap.dedent("\n".join([*rows[start:ptrs + 1], indent + "# ... acc: those rows times h, chunk by chunk",
+                                         *rows[store:]]))
+    out = ["# step 4's kernel: each program is a row program or a fill program", kernel, "",
+           "# fill_disallowed: -inf where the program's block of the mask disallows",
+           textwrap.dedent("\n".join(fill[body:]))]
+    return Code("\n".join(out), "python", "step 4, the lines that carry its idea")
 
 
 # --------------------------------------------------------------------------------------
