@@ -329,7 +329,7 @@ def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
     assert code.count("lesson.boehm_table(") == 1
 
 
-ROW = re.compile(r"^\| (\d+(?: \+ \d+)?) \|", flags=re.M)  # a steps table's row: "| 17 |" or a pair's "| 15 + 16 |"
+ROW = re.compile(r"^\| (\d+) \|", flags=re.M)  # a steps table's row: "| 17 |"
 
 
 def test_the_boehm_table_has_one_row_a_step(results):
@@ -341,35 +341,32 @@ def test_the_boehm_table_has_one_row_a_step(results):
     wide = L.boehm_table(results, L.PART2_ROWS, read_only=True)
     assert wide.count("| × the 2-bit floor | × read-only |") == len({m for _, m, _, _ in L.PART2_ROWS})
     reader = L.us(results, "read_weights")
-    row23 = next(line for line in wide.splitlines() if line.startswith("| 22 + 23 |"))
+    row23 = next(line for line in wide.splitlines() if line.startswith("| 23 |"))
     assert row23.rstrip(" |").endswith(f"{L.us(results, T.SERIES[23]) / reader:.1f}")
 
 
-def test_part_2s_steps_table_gives_each_pair_one_row_and_one_number(results):
-    """A step that exists to make the next one possible (it may lose alone) is the first half of a pair: the steps
-    table gives the pair one row ("15 + 16") and one number, its second half over the step before the pair; the
-    pair's chain table times the halves apart, from the same file. Steps 24 and 25, built for several rows of x, say
-    so in their rows, never "did not pay" (they win at BitNet's largest shapes and at 16 rows against step 23)."""
+def test_part_2s_steps_table_gives_each_step_one_row_against_the_step_before_it(results):
+    """One step, one row, one number: every CUDA C++ step 15 to 25 has a row of its own at one row of x, measured
+    against the step before it (a step that loses alone says so, and which step needs it); at 16 rows steps 23 to 25
+    follow part 1's step 14. Steps 24 and 25, built for several rows of x, say so in their rows, never "did not
+    pay"."""
     assert "did not pay" not in "".join(c for *_, c in L.PART2_ROWS)
+    assert not hasattr(L, "PAIRS") and not hasattr(L, "pair_chain")
+    one = [(n, p) for n, m, p, _ in L.PART2_ROWS if m == 1]
+    assert one == [(14, None)] + [(n, n - 1) for n in range(15, 26)]
+    assert [(n, p) for n, m, p, _ in L.PART2_ROWS if m == 16] == [(14, None), (23, 14), (24, 23), (25, 24)]
     table = L.boehm_table(results, L.PART2_ROWS)
+    assert " + " not in "".join(ROW.findall(table))
     lines = [line for line in table.splitlines() if ROW.match(line)]
     assert len(lines) == len(L.PART2_ROWS)
     for (number, m, previous, change), line in zip(L.PART2_ROWS, lines):
-        first = L.PAIRS.get(number)
-        pair = first is not None and previous == first - 1
-        assert line.startswith(f"| {first} + {number} |" if pair else f"| {number} |"), line
-        assert number not in L.PAIRS.values()  # no first half has a row of its own
+        assert line.startswith(f"| {number} |"), line
         if previous is not None:
-            want = L.us(results, T.SERIES[previous], L.MAIN, m) / L.us(results, T.SERIES[number], L.MAIN, m)
-            assert f"| {want:.2f} (vs {previous}) |" in line, line
-        assert change.startswith("for several rows") == (number == 25), line
-    assert "first half" not in table and "**" not in table.split("\n\n", 1)[1].split("**")[0]
-    for second, first in L.PAIRS.items():
-        chain = L.pair_chain(results, second)
-        rows = [line for line in chain.splitlines() if line.startswith("| step ")]
-        assert [r.split(" | ")[0] for r in rows] == [f"| step {first - 1}", f"| step {first}", f"| step {second}"]
-        alone = L.us(results, T.SERIES[first - 1]) / L.us(results, T.SERIES[first])
-        assert f"{alone:.2f}×" in rows[1]
+            t, before = L.us(results, T.SERIES[number], L.MAIN, m), L.us(results, T.SERIES[previous], L.MAIN, m)
+            assert f"| {before / t:.2f} (vs {previous}) |" in line, line
+            if m == 1 and before < t and number not in (24, 25):  # loses alone: the row says which step needs it
+                assert f"step {number + 1} needs it" in change, line
+        assert change.startswith("for several rows") == (number in (24, 25)), line
 
 
 def test_the_chapter_lists_both_lessons():
@@ -491,6 +488,10 @@ def test_part_2_says_where_to_quantise_x_at_bitnets_shapes(results):
             assert r["default"] == "staged" and r["staged launch"]["waves"] == r["every block launch"]["waves"], s
     code = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"])
     assert "lesson.place_times(results" in code and "lesson.place_waves(results" in code
+    # where we lose: the shapes where the other place beats the default, counted from the same numbers
+    beaten = [s for s, r in waves.items() if (r["gain"] > 1) == (r["default"] == "staged") and r["gain"] != 1]
+    assert len(beaten) >= len(waves) // 2
+    assert "of BitNet's {len(place_runs)} shapes the other place, quantising x in every block, is faster" in code
 
 
 def test_part_2s_result_opens_with_bitnet_and_the_eager_caveat_and_it_ends_with_a_choice():
@@ -1018,24 +1019,44 @@ def test_tables_name_steps_by_number_and_what_they_are(results):
         assert re.search(r"step \d+: ", text)
 
 
-def test_steps_18_and_20_give_both_cases_numbers(results):
-    text = L.case_ratios(results, 18, 17)
-    assert len(re.findall(r"\d\.\d\d×", text)) == 2 and "4096 × 14336" in text and "2560 × 6912" in text
-    code = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"])
-    assert "lesson.case_ratios(results, 18, 17)" in code and "lesson.case_ratios(results, 20, 19)" in code
+def test_part_2_gives_each_step_its_heading_and_one_number(results):
+    """Steps 15 to 25 each have a heading of their own, in order, and their section quotes one bold number: the
+    step's time from the benchmark the steps table reads, over the step before it (steps 24 and 25 at 16 rows, which
+    they are built for). No heading holds two steps, and no section shows a table of two steps' times."""
+    cells = json.loads(LESSONS[1].read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    heads = [(i, int(m[1])) for i, t in enumerate(text) if (m := re.match(r"## Step (\d+):", t))]
+    assert [n for _, n in heads] == list(range(15, 26))
+    assert not any(re.match(r"#+ Steps \d+ and \d+", t) for t in text)
+    code = "".join(t for c, t in zip(cells, text) if c["cell_type"] == "code")
+    assert "pair_chain(" not in code and "case_ratios(" not in code
+    ends = [i for i, _ in heads[1:]] + [next(i for i, t in enumerate(text) if t.startswith("## The steps"))]
+    for (at, n), end in zip(heads, ends):
+        section = "".join(t for c, t in zip(cells[at:end], text[at:end]) if c["cell_type"] == "code")
+        bold = re.findall(r"\*\*(?:At 16 rows s|S)tep (\d+) takes \{t1\(us\((\d+)(, m=16)?\)\)\}, "
+                          r"\{x\(us\((\d+)(?:, m=16)?\), us\((\d+)(?:, m=16)?\)\)\} step (\d+)'s speed", section)
+        assert len(bold) == 1, (n, bold)
+        said, timed, sixteen, before, after, named = bold[0]
+        assert int(said) == int(timed) == int(after) == n and int(before) == int(named) == n - 1, (n, bold)
+        assert bool(sixteen) == (n in (24, 25)), n
 
 
 def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
-    """Step 22 lists its changes (the three that run only together as one) and quotes the run that times the other
-    two apart; step 23 lists its own, says its rounding is step 22's, and quotes the places of quantisation, which
-    the benchmark times apart."""
-    cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"]}
+    """Step 22 shows its one idea (the int8 MMA, its decode and sums, which run only together) open and its two
+    mechanical changes in a fold; its number is the benchmark's, and the run that times its kernels apart is quoted
+    once, saying why, its table folded. Step 23 says where it quantises x, the places folded."""
+    nb = json.loads(LESSONS[1].read_text())["cells"]
+    cells = {c["id"]: "".join(c["source"]) for c in nb}
     assert "none runs without the others" in cells["c05f0206"]
-    assert "3. the matmul launched early" in cells["c05f0206"]
-    assert 'load_lab("ternary", "step22_parts")' in cells["a586196e"] and "Timed apart" in cells["a586196e"]
-    assert "3. the place is picked" in cells["07088276"]
-    assert "Its changes are timed apart" in cells["03d4f2ed"]
-    assert "Rounding to int8, step 22's," in cells["07088276"]
+    fold = cells["c05f0206"][cells["c05f0206"].index(":::{dropdown}"):]
+    assert "kernel of its own" in fold and "launched before" in fold
+    assert 'load_lab("ternary", "step22_parts")' in cells["a586196e"]
+    assert "The benchmark times step 22 whole;" in cells["a586196e"] and "a run of its own times" in cells["a586196e"]
+    assert "one['step 21']" not in cells["a586196e"]  # step 21's number is the benchmark's, on the page once
+    parts = next(c for c in nb if c["id"] == "step22-parts")
+    assert "hide-output" in parts["metadata"]["tags"] and "display(Markdown(" in cells["step22-parts"]
+    assert "the place is picked by the rows of x" in cells["07088276"]
+    assert "Rounding to int8 is now on every block's critical path" in cells["07088276"]
     assert L.place_us(results, "staged") == L.us(results, T.SERIES[23])  # the default at one row
     assert L.place_us(results, "separate") == L.us(results, T.SERIES[22])
     # the parts' run: its checks passed, every part at every case, and the parts add up as the page says

@@ -716,61 +716,28 @@ PART1_ROWS = (
     (14, 16, 13, "split K through a zeroed workspace, no memset"),
 )
 
-#: Part 2's steps that are the second half of a pair -> the first half: a prerequisite that exists to make the next
-#: step possible and may lose on its own. The steps table gives the pair one row and one number (its second half's
-#: time over the step before the pair); :func:`pair_chain` times the two halves apart.
-PAIRS = {16: 15, 19: 18, 23: 22, 25: 24}
-
-#: Each half of a pair, in a few words (the rows of :func:`pair_chain`).
-PAIR_CHANGES = {
-    15: "the loop by hand on `mma.sync`, K in one slice",
-    16: "K split across blocks, the slices summed in a fixed order",
-    18: "the weights by the TMA into a ring, K still split across blocks",
-    19: "the warps of a block share its K, sums in shared memory",
-    22: "int8 x on the int8 tensor cores, x quantised by a kernel of its own",
-    23: "x quantised inside the matmul",
-    24: "one tile of weights a warp, a slice of K a block",
-    25: "x brought by the TMA",
-}
-
-#: Part 2's rows, as :data:`PART1_ROWS`; a row whose step is the second half of a pair (:data:`PAIRS`) and whose
-#: previous step is the one before the pair is the pair's row ("15 + 16"). Steps 24 and 25 are built for several
-#: rows of x: they lose at one row of the headline shape, win at BitNet's largest shapes and beat step 23 at 16 rows.
+#: Part 2's rows, as :data:`PART1_ROWS`: one row a step, each against the step before it. Steps 15, 18 and 22 lose
+#: alone and exist for the step after them, which their rows say; steps 24 and 25 are built for several rows of x:
+#: at one row of the headline shape they lose, at BitNet's largest shapes step 25 wins, at 16 rows each beats the
+#: step before it.
 PART2_ROWS = (
     (14, 1, None, "part 1's last Triton step"),
-    (16, 1, 14, "the loop by hand on `mma.sync` (15), then K split across blocks (16)"),
+    (15, 1, 14, "the loop by hand on `mma.sync`, K in one slice (loses; step 16 needs it)"),
+    (16, 1, 15, "K split across blocks, the slices summed in a fixed order"),
     (17, 1, 16, "x copied once into shared memory"),
-    (19, 1, 17, "the weights by the TMA into a ring (18), then the warps of a block share its K (19)"),
+    (18, 1, 17, "the weights by the TMA into a ring, sums still through L2 (loses; step 19 needs it)"),
+    (19, 1, 18, "the warps of a block share its K, sums in shared memory"),
     (20, 1, 19, "one copy a stage and tile, not one a warp"),
     (21, 1, 20, "the decode's constant kept in a register"),
-    (23, 1, 21, "int8 x on the int8 tensor cores (22), then x quantised inside the matmul (23)"),
-    (25, 1, 23, "for several rows: one tile of weights a warp (24), then x by the TMA (25); loses here, "
-                "wins at the largest BitNet shapes"),
+    (22, 1, 21, "int8 x on the int8 tensor cores, x quantised by a kernel of its own (loses; step 23 needs it)"),
+    (23, 1, 22, "x quantised inside the matmul"),
+    (24, 1, 23, "for several rows: one tile of weights a warp, a slice of K a block; loses here"),
+    (25, 1, 24, "for several rows: x by the TMA; loses to step 23 here, wins at the largest BitNet shapes"),
     (14, 16, None, "part 1's step 14 at 16 rows of x"),
     (23, 16, 14, "step 23 at 16 rows (there x is quantised by a kernel of its own)"),
-    (25, 16, 23, "for several rows: steps 24 and 25; beat step 23, lose to step 14"),
+    (24, 16, 23, "for several rows: one tile of weights a warp, a slice of K a block"),
+    (25, 16, 24, "for several rows: x by the TMA; beats step 23, loses to step 14"),
 )
-
-
-def pair_label(number: int, previous) -> str:
-    """A steps table's step cell: "15 + 16" for a pair's row (its second half, measured against the step before
-    the pair), else the step's number."""
-    first = PAIRS.get(number)
-    return f"{first} + {number}" if first is not None and previous == first - 1 else str(number)
-
-
-def pair_chain(results, second: int, cases=((MAIN, 1),)) -> str:
-    """Markdown: a pair's chain table (:func:`book.common.chain_table`), from the committed benchmark: the step
-    before the pair (the anchor), its first half alone, then its second half, each case's time and × previous."""
-    from book.common import ChainRow, chain_table
-
-    first = PAIRS[second]
-    before = first - 1
-    numbers = (before, first, second)
-    changes = (step_label(before).split(": ", 1)[1], PAIR_CHANGES[first], PAIR_CHANGES[second])
-    rows = [ChainRow(f"step {n}", change, {case: us(results, SERIES[n], *case) for case in cases})
-            for n, change in zip(numbers, changes)]
-    return chain_table(rows, list(cases), lambda c: f"{shape_words(c[0])}, M = {c[1]}")
 
 
 def step25_wins(bitnet_run) -> dict[str, float]:
@@ -792,7 +759,7 @@ def part2_rows(bitnet_run) -> tuple:
     if not wins:
         return PART2_ROWS
     where = (f"wins at {len(wins)} BitNet shapes, {', '.join(s.replace('x', ' × ') for s in wins)}, by "
-             f"{min(wins.values()):.2f}× to {max(wins.values()):.2f}×")
+             f"{min(wins.values()):.2f}× to {max(wins.values()):.2f}× step 23's speed")
     return tuple((n, m, p, c.replace("wins at the largest BitNet shapes", where) if (n, m) == (25, 1) else c)
                  for n, m, p, c in PART2_ROWS)
 
@@ -825,7 +792,7 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
         before = None if previous is None else us(results, SERIES[previous], shape, m)
         speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
-        lines.append(f"| {pair_label(number, previous)} | {change} | {fmt(t, '.1f')} | {speed} | "
+        lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | "
                      f"{fmt(ratio(t, floor), '.1f')}{own} |{extra}")
     return "\n".join(lines)
 
@@ -1556,13 +1523,6 @@ def device_diff(step: int, helpers: bool = True, region: Optional[tuple[str, str
 
 #: The lines of a long device-code diff the page shows open (the whole diff folded beside it).
 DEVICE_CORE = {23: ("const int tid = threadIdx.x;", "consumer_barrier(warps);")}
-
-
-def case_ratios(results, new: int, old: int, cases=((MAIN, 1), ("2560x6912", 1))) -> str:
-    """Step ``new``'s speed over step ``old``'s at each of ``cases`` (one row of x), in words for the page:
-    "0.57× (4096 × 14336) and 0.89× (2560 × 6912)"."""
-    return and_list(f"{fmt(ratio(us(results, SERIES[old], s, m), us(results, SERIES[new], s, m)), '.2f', '×')} "
-                    f"({shape_words(s)}{'' if m == 1 else f', M = {m}'})" for s, m in cases)
 
 
 def place_us(results, place: str, shape: str = MAIN, m: int = 1) -> Optional[float]:
