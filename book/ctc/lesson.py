@@ -897,9 +897,9 @@ def boehm_table(results, changes: Results | None = None) -> str:
             "is timed as its own series.")
     if changes is not None:
         timed = [f"A = {A:,}, N = {N}" for A, N in TABLE_CASES if _row(changes, "step07a", T=BENCH_T, A=A, N=N)]
-        note += (" Rows 7a and 7b come from a separate run that timed step 5, 7a, 7b and step 7 together (at "
-                 + " and ".join(timed) + " of these cases); their “× prev.”, and step 7's against 7b, are ratios "
-                 "within that run.")
+        cases_timed = "at every case here" if len(timed) == len(TABLE_CASES) else "at " + " and ".join(timed)
+        note += (f" Rows 7a and 7b come from a separate run that timed step 5, 7a, 7b and step 7 together ({cases_timed}); "
+                 "their “× prev.”, and step 7's against 7b, are ratios within that run.")
     return "\n".join(lines) + "\n\n" + note
 
 
