@@ -645,7 +645,7 @@ CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the di
            10: "the batch's union, each row read once, on the tensor cores (`tl.dot`)",
            11: "the vocabulary reordered so that allowed tokens cluster",
            12: "a dispatch by shape: the fastest measured path",
-           13: "the whole step from the packed bitmask, in one CUDA graph"}
+           13: "the whole step from the packed bitmask, in one CUDA graph (13a–c together)"}
 #: The rivals, in rows of their own under the steps at :data:`MAIN_CASE`, in the prose's words. The dense rival is cuBLAS
 #: with fp32 output: the chapter's contract, and steady, where dense + mask's bf16 logits run at two speeds at batch 1
 #: (:func:`dense_clusters`).
