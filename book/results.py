@@ -22,8 +22,13 @@ from book.scoreboard import (CTC_CASE, ENTRIES, NGRAM_CASE, NOT_MEASURED, card_n
                              scoreboard)
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
 
-#: Words of prose a reader gets through in a minute of careful technical reading (code and tables come on top).
-WORDS_PER_MINUTE = 200
+#: Words of prose a reader gets through in a minute of careful technical reading (listings and tables come on top).
+WORDS_PER_MINUTE = 220
+#: A reader's minutes for each listing or diff a page shows unfolded (and each code cell it shows that prints none),
+#: and for each table: an allowance per block, not per line, so that a long diff a reader skims does not read as a
+#: page twice as long.
+LISTING_MINUTES = 1.0
+TABLE_MINUTES = 0.5
 
 #: Chapter 01's suite totals, the file its landing line reads.
 FSM_SUITE = DATA / "fsm_suite.json"
@@ -346,16 +351,17 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         behind = sum(1 for o, t in waits if max(t["host_ms"], t["ms"]) < max(o["host_ms"], o["ms"]) * (1 - TIE_WITHIN))
         tied = sum(1 for o, t in waits if abs(max(t["host_ms"], t["ms"]) / max(o["host_ms"], o["ms"]) - 1) < TIE_WITHIN)
         n = len(waits)
-        said = (f"ours stays faster than step 4 at all {n}" if not behind and not tied else
-                f"step 4 would be faster at {behind} of the {n} range shapes that wait on the host; ours stays faster at "
-                f"the other {n - behind}"
+        port = "our FastDeploy port"  # step 4 of the chapter: the results page names it, not its step
+        said = (f"ours stays faster than {port} at all {n}" if not behind and not tied else
+                f"{port} would be faster at {behind} of the {n} shapes of the chapter's range that wait on the host; "
+                f"ours stays faster at the other {n - behind}"
                 if behind and not tied else
-                f"ours stays faster than step 4 at {n - behind - tied}, ties at {tied}"
-                + (f", step 4 would be faster at {behind}" if behind else ""))
+                f"ours stays faster than {port} at {n - behind - tied}, ties at {tied}"
+                + (f", {port} would be faster at {behind}" if behind else ""))
         name = short_card(card_name(folder))
-        lines.append(((3, 0, name), f"| {case_label(3, 'its entry point', 0)} on the {name} against step 4 at {n} of the "
-                      f"range's shapes | {span([o['host_ms'] for o, _ in waits])} | "
-                      f"{span([o['ms'] for o, _ in waits])} | {said} (step 4's host time "
+        lines.append(((3, 0, name), f"| {case_label(3, 'its entry point', 0)} on the {name} against our FastDeploy port at {n} of "
+                      f"the range's shapes | {span([o['host_ms'] for o, _ in waits])} | "
+                      f"{span([o['ms'] for o, _ in waits])} | {said} (its host time "
                       f"{span([t['host_ms'] for _, t in waits])} µs a call) |"))
     for folder in cards(root):  # chapter 05 part 1's answer, step 14 against GemLite where GemLite passes our check
         part_one = part_one_answer(folder)
@@ -856,7 +862,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 ungated = speculate_ungated(card)
                 if ungated is not None:
                     landing[name] += f" ({ungated:.2f}× without the gate that protects low-copy requests)"
-                    notes[name].append(f"{name}: without step 4's gate, which protects the requests that copy little "
+                    notes[name].append(f"{name}: without the gate that protects the requests that copy little "
                                        f"from their document, {ungated:.2f}× on these requests")
                 brief[name] = (f"{row['vs_rival']:.2f}× our own loop, chapter 07's (no serving engine measured), "
                                "on SmolLM2-135M")
@@ -1089,7 +1095,7 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
         return None
     return {"notebook": "notebooks/05_ternary_1_triton.ipynb", "cells": cells, "notes": notes,
             "question": OTHER_PAGES["notebooks/05_ternary_1_triton.ipynb"].replace(" (part 1 of 2)", ""),
-            "what": "step 14, one row of x, against GemLite, a Triton library"}
+            "what": "our Triton ternary kernel on tensor cores, one row of x, against GemLite, a Triton library"}
 
 
 def clauses(note: str) -> list[str]:
@@ -1484,8 +1490,76 @@ def tidy_tables(markdown: str) -> str:
     return "\n".join(out)
 
 
-#: Lines of code a reader gets through in a minute: the code cells a page shows and the listings and diffs they print.
+#: Lines of code a reader gets through in a minute: the code cells a page shows and the listings and diffs they print
+#: (the landing page's reading time counts blocks instead: :data:`LISTING_MINUTES`).
 CODE_LINES_PER_MINUTE = 10
+
+#: A folded block of a page's Markdown: a MyST dropdown or an HTML ``<details>``; a reader opens it on demand.
+_FOLDED = re.compile(r"^:::\{dropdown\}.*?^:::[ \t]*$|<details>.*?</details>", re.S | re.M)
+#: A Markdown table's rule line (``|---|---|``): one per table.
+_TABLE_RULE = re.compile(r"^\s*\|(\s*:?-{3,}:?\s*\|)+\s*$", re.M)
+
+
+def _tags(cell: dict[str, Any]) -> set[str]:
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+def unfolded_prose_words(notebook: str | Path, root: Path = REPO_ROOT) -> int:
+    """Words of prose a page shows unfolded: :func:`book.common.prose_words`' count (Markdown cells and the text of
+    ``say`` calls), less what sits in a dropdown or a ``<details>`` block."""
+    import json
+
+    from book.common import _prose, _said
+
+    path = Path(root) / notebook
+    count = 0
+    for cell in json.loads(path.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            text = source
+        elif cell["cell_type"] == "code" and not {"remove-output", "remove-cell"} & _tags(cell):
+            text = "\n".join(_said(source))
+        else:
+            continue
+        count += len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", _prose(_FOLDED.sub(" ", text))))
+    return count
+
+
+def table_count(notebook: str | Path, root: Path = REPO_ROOT) -> int:
+    """Tables a page shows unfolded: those written in its Markdown cells, and each ``say``, ``Markdown`` or
+    ``display`` call of a cell whose output is shown that draws one (its argument calls a function named for a table,
+    or holds a Markdown table's rule line)."""
+    import json
+
+    path = Path(root) / notebook
+    count = 0
+    for cell in json.loads(path.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            count += len(_TABLE_RULE.findall(_FOLDED.sub(" ", source)))
+            continue
+        if cell["cell_type"] != "code" or {"remove-output", "remove-cell", "hide-output"} & _tags(cell):
+            continue
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        drawn: set[int] = set()  # each table once, however many wrappers (display(Markdown(...))) it sits in
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("say", "Markdown", "display")):
+                continue
+            drawn |= {id(n) for arg in node.args for n in ast.walk(arg)
+                      if (isinstance(n, ast.Call) and "table" in str(getattr(n.func, "id", getattr(n.func, "attr", ""))))
+                      or (isinstance(n, ast.Constant) and isinstance(n.value, str)
+                          and _TABLE_RULE.search(_FOLDED.sub(" ", n.value)))}
+            # a table the cell builds line by line (its rule line a string in the cell), shown by name or joined
+            if (not any(True for arg in node.args for n in ast.walk(arg) if id(n) in drawn) and node.args
+                    and re.search(r"-{3}\s*\|", source)
+                    and (isinstance(node.args[0], ast.Name) or "join" in ast.unparse(node.args[0]))):
+                drawn.add(id(node))
+        count += len(drawn)
+    return count
 
 
 def code_lines(notebook: str | Path, root: Path = REPO_ROOT) -> int:
@@ -1582,19 +1656,90 @@ def _listing_counts(path: str, mtime_ns: int) -> tuple[int, int, tuple[str, ...]
     return counts[False], counts[True], tuple(failed)
 
 
+#: Calls whose value a cell shows that are no listing: prose, tables, figures, printed lines, an exercise's check.
+_NOT_A_LISTING = re.compile(r"^(say|print|Markdown|HTML|display|plt\.\w+|\w+\.check_\w+|\w*figure\w*|\w*table\w*)$")
+
+
+def _call_name(node: ast.AST) -> str:
+    return ast.unparse(node.func) if isinstance(node, ast.Call) else ""
+
+
+def _shows_listing(node: ast.AST, helpers: set[str]) -> bool:
+    """Whether a call shows a listing: ``display`` of something that is no Markdown, HTML or figure, or a call of a
+    notebook's own function that does."""
+    name = _call_name(node)
+    if name == "display" and node.args:
+        arg = node.args[0]
+        return not re.match(r"^(Markdown|HTML)$", _call_name(arg)) and "fig" not in ast.unparse(arg)
+    return name in helpers
+
+
+def _walk_outside_defs(tree: ast.AST):
+    """The nodes of ``tree`` outside its function definitions (a function's body runs where it is called)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        yield node
+        yield from _walk_outside_defs(node)
+
+
+def listing_blocks(notebook: str | Path, root: Path = REPO_ROOT, folded: bool = False) -> int:
+    """How many listings and diffs a page shows, read from its cells without running them: each ``display`` of
+    something that is no Markdown, HTML or figure, each call of the notebook's own function that displays one, and
+    each cell whose last line's value is a listing (a call that is no prose, table, figure or check), in the cells
+    whose output the page shows (``folded``: only those it folds, tag ``hide-output``; else only the others);
+    unfolded, with each code cell whose code the page shows and that shows no listing (a reader reads that code as
+    one). The exercises, which come on top, are left out."""
+    import json
+
+    cells = json.loads((Path(root) / notebook).read_text())["cells"]
+    trees: list[tuple[dict[str, Any], ast.AST | None, bool]] = []
+    exercises = False
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            for line in source.splitlines():
+                if line.startswith("## "):
+                    exercises = line.startswith("## Exercises")
+            continue
+        try:
+            tree = ast.parse(source) if cell["cell_type"] == "code" else None
+        except SyntaxError:
+            tree = None
+        trees.append((cell, tree, exercises))
+    helpers = {node.name for _, tree, _ in trees if tree is not None for node in tree.body
+               if isinstance(node, ast.FunctionDef) and any(_shows_listing(n, set()) for n in ast.walk(node))}
+    count = 0
+    for cell, tree, in_exercises in trees:
+        tags = _tags(cell)
+        if tree is None or in_exercises or "remove-cell" in tags or not "".join(cell["source"]).strip():
+            continue
+        blocks = 0
+        if "remove-output" not in tags and ("hide-output" in tags) == folded:
+            blocks += sum(1 for n in _walk_outside_defs(tree) if isinstance(n, ast.Call) and _shows_listing(n, helpers))
+            last = tree.body[-1] if tree.body else None
+            name = _call_name(last.value) if isinstance(last, ast.Expr) else ""
+            if name and name not in helpers and not (_NOT_A_LISTING.match(name)
+                                                     or _NOT_A_LISTING.match(name.split(".")[-1])):
+                blocks += 1
+        code_shown = not folded and not {"remove-input", "hide-input"} & tags
+        count += blocks or int(code_shown)
+    return count
+
+
 def reading_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, int]:
-    """Minutes a page takes to read, rounded up: its prose at :data:`WORDS_PER_MINUTE`, then that plus every line of
-    code it shows unfolded (its code cells, and the listings and diffs they print) at :data:`CODE_LINES_PER_MINUTE`.
-    The folded listings are :func:`folded_minutes`. Running the code and the exercises take longer."""
-    words = prose_words(Path(root) / notebook)
-    code = code_lines(notebook, root) + listing_lines(notebook, root, folded=False)[0]
-    prose = words / WORDS_PER_MINUTE
-    return max(1, math.ceil(prose)), max(1, math.ceil(prose + code / CODE_LINES_PER_MINUTE))
+    """Minutes a page takes to read, rounded up: its unfolded prose (:func:`unfolded_prose_words`) at
+    :data:`WORDS_PER_MINUTE`, then that plus :data:`LISTING_MINUTES` for each listing, diff or code cell it shows
+    unfolded (:func:`listing_blocks`) and :data:`TABLE_MINUTES` for each table (:func:`table_count`). What is folded
+    comes on top (:func:`folded_minutes`); running the code and the exercises take longer."""
+    prose = unfolded_prose_words(notebook, root) / WORDS_PER_MINUTE
+    blocks = listing_blocks(notebook, root) * LISTING_MINUTES + table_count(notebook, root) * TABLE_MINUTES
+    return max(1, math.ceil(prose)), max(1, math.ceil(prose + blocks))
 
 
 def folded_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> int:
-    """Minutes of the listings a page folds (a reader opens them on demand), at :data:`CODE_LINES_PER_MINUTE`."""
-    return math.ceil(listing_lines(notebook, root, folded=True)[0] / CODE_LINES_PER_MINUTE)
+    """Minutes of the listings a page folds (a reader opens them on demand), at :data:`LISTING_MINUTES` each."""
+    return math.ceil(listing_blocks(notebook, root, folded=True) * LISTING_MINUTES)
 
 
 #: What a lesson that is no chapter's headline page is for, by notebook (the reading path's question column).
@@ -1796,38 +1941,35 @@ def exercise_count(notebook: str | Path, root: Path = REPO_ROOT) -> int:
 
 
 def reading_path_words(root: Path = REPO_ROOT) -> str:
-    """The landing page's reading times in words, under its table: what a time counts (prose at
-    :data:`WORDS_PER_MINUTE`, code at :data:`CODE_LINES_PER_MINUTE`), the whole course's, what comes on top (the
-    folded listings' minutes, the exercises' count), why the long pages are long (the lines of code they show) and a
-    short route (:data:`SHORT_ROUTE`)."""
+    """The landing page's reading times in words, under its table: what a time counts, in one line (prose at
+    :data:`WORDS_PER_MINUTE`, an allowance for each listing and table, folded blocks left out), the whole course's,
+    what comes on top (the folded listings' minutes, the exercises' count) and a short route (:data:`SHORT_ROUTE`)."""
     titles = page_titles()
     order = reading_order(root)
     minutes = {n: reading_minutes(n, root)[1] for n in order}
     folded = sum(folded_minutes(n, root) for n in order)
     exercises = sum(exercise_count(n, root) for n in order)
-    code = {n: code_lines(n, root) + listing_lines(n, root, folded=False)[0] for n in order}
 
     def short(n: str) -> str:
         return titles[n].split(". ")[0] + (" part 2" if "05_ternary_2" in n else " part 1" if "05_ternary_1" in n
                                            else "")
 
-    prose = {n: reading_minutes(n, root)[0] for n in order}
+    def per(minutes_: float) -> str:
+        return "a minute" if minutes_ == 1 else "half a minute" if minutes_ == 0.5 else f"{minutes_:g} minutes"
+
     route = [n for n in SHORT_ROUTE if n in minutes]
-    out = (f"Reading time: the prose and the code the page shows, {hours(sum(minutes.values()))} for the course; "
+    out = (f"Reading time counts the prose at {WORDS_PER_MINUTE} words a minute, plus {per(LISTING_MINUTES)} for each "
+           f"listing or diff and {per(TABLE_MINUTES)} for each table the page shows, folded blocks left out: "
+           f"{hours(sum(minutes.values()))} for the course; "
            + (f"the listings folded under steps add {hours(folded)}, and " if folded else "")
            + (f"the {exercises} exercises come on top." if exercises else "the exercises come on top."))
-    if len(order) > 2:  # the two pages with the most code, then the one with the least
-        by_code = sorted(order, key=lambda n: -code[n])
-        out += (f" Prose takes {min(prose.values())} to {max(prose.values())} minutes on every page, so code sets "
-                "the spread: " + ", ".join(f"{short(n)} shows {code[n]:,} lines" if i == 0 else f"{short(n)} {code[n]:,}"
-                                          for i, n in enumerate(by_code[:2] + by_code[-1:])) + ".")
     out += (" With an afternoon, read " + ", then ".join(short(n) for n in route)
             + f" ({hours(sum(minutes[n] for n in route))}): how a chapter is measured, the simplest kernel, and the "
             "longest chain of dependent work.")
     return out
 
 
-__all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines",
+__all__ = ["CODE_LINES_PER_MINUTE", "LISTING_MINUTES", "TABLE_MINUTES", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines", "listing_blocks", "table_count", "unfolded_prose_words",
            "fsm_line", "fsm_suite", "headlines", "part_one_answer", "VOID", "LISTING_CALLS", "listing_lines",
            "ctc_grid", "decode_bound", "bitnet_rows", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",

@@ -789,19 +789,23 @@ def _speculate(data):
         nbytes = body["floor_ms"] * decode["ceilings"]["copy_bandwidth_gbs"] * 1e6
         byte = med([nbytes / (data["ceilings"]["copy_bandwidth_gbs"] * 1e6) * r["forwards"] / r["tokens"]
                     for r, _ in pairs])
-    bound = (f"the loop's forecast time per token (step 4's forwards per output token, each at this loop's one-token "
-             f"forward's GPU time; chapter 08's page calls it our loop's forward-time bound), {us(forecast)} µs, is a "
-             "bound, not a floor, and a longer one than the kernel-count bound; neither counts "
-             "the drafting or the host's work in a step, which the wall clock includes" if forecast is not None else "")
+    share = med([r["forwards"] / r["tokens"] for r, _ in pairs])
+    # the forward-time bound: step 4's forwards per output token, each at this loop's one-token forward's GPU time,
+    # the bound chapter 08's page gives; it binds where it is longer than the kernel count's chain (it is, by far)
+    bound = (f"the forward-time bound, the longer one, binds, and it is the one chapter 08's page gives: {share:.2f} "
+             f"forwards per output token (step 4's), each at a one-token forward's GPU time "
+             f"({one_token[0]['ms'] * 1e3:.1f} µs), {us(forecast)} µs a token. Each is a bound, not a floor: neither "
+             "counts the drafting or the host's work in a step, which the wall clock includes"
+             if forecast is not None else "")
     forward = one(data.get("tails_run") or {"measurements": []}, FORWARD, model="smollm2", batch=1, chunk=1)
     empty = _floor_empty_ms(data)
     latency = None
     if forward is not None and forward.get("kernels_per_forward") and empty is not None:
         kernels = forward["kernels_per_forward"]
-        share = med([r["forwards"] / r["tokens"] for r, _ in pairs])
         latency = med([kernels * empty * r["forwards"] / r["tokens"] for r, _ in pairs])
         why = (f"{kernels} dependent kernels a forward (counted in a separate run), each at least an empty "
-               f"kernel, at step 4's forwards per output token" + (f"; {bound}" if bound else ""))
+               f"kernel, at step 4's forwards per output token: {us(latency)} µs a token"
+               + (f". {bound[0].upper() + bound[1:]}" if bound else ""))
     else:
         why = "not measured: no run counted the kernels of SmolLM2's forward" + (f"; {bound}" if bound else "")
     words = ({"floor_words": f"{share:.2f} forwards a token × {kernels} kernels × {empty * 1e3:.2f} µs"}
@@ -817,8 +821,21 @@ def _speculate(data):
                 notes=("wall clock: the whole step, host included, per output token",
                        "byte floor: SmolLM2-135M's body read once per forward (chapter 07's run prices its bytes), "
                        "per output token")) | (
-        # without the launches' chain, the floor that binds, no percentage of a smaller one is given
-        {"binding": None, "binding_floor_ms": None, "pct_of_floor": None} if latency is None else {})
+        # without the launches' chain no percentage of a smaller bound is given; with it, the larger of the two
+        # latency bounds binds: the forward-time bound, which the chapter's page uses too
+        {"binding": None, "binding_floor_ms": None, "pct_of_floor": None} if latency is None else
+        _forward_binds(forecast, share, one_token[0]["ms"] if one_token else None, summary["ms"], latency, byte))
+
+
+def _forward_binds(forecast: float | None, share: float, one_ms: float | None, median_ms: float, latency: float,
+                   byte: float | None) -> dict[str, Any]:
+    """Chapter 08's row where its forward-time bound (``forecast``) is the largest of its bounds: it binds, and the
+    × floor cell is the chapter's own "× our loop's forward-time bound"; else nothing changes."""
+    if forecast is None or forecast <= max(latency, byte or 0.0):
+        return {}
+    return {"forward_bound_ms": forecast, "binding": "forward", "binding_floor_ms": forecast,
+            "pct_of_floor": 100 * forecast / median_ms,
+            "forward_words": f"{share:.2f} forwards a token × {one_ms * 1e3:.1f} µs a forward"}
 
 
 #: The chapters on the scoreboard, in the course's order; a new chapter appends its entry.
@@ -846,7 +863,8 @@ ENTRIES: tuple[Entry, ...] = (
           rival_short="cuDNN"),
     Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",
           "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
-          _ternary, headline="step 23, one row of x, against BitNet's W2A8 kernel at the shapes it is built for",
+          _ternary, headline="our CUDA C++ ternary kernel with int8 activations, one row of x, against BitNet's W2A8 "
+                            "kernel at the shapes it is built for",
           rival_short="BitNet's own W2A8 kernel"),
     Entry(6, "Multi-item attention", "notebooks/06_multi_item_attention.ipynb",
           "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item,
@@ -873,26 +891,31 @@ def card_name(card: Path) -> str:
 def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     """Every scoreboard row: for each entry and each card, the measured rows (the first, ``lead``, is the chapter's
     headline; a chapter may add rows for the same kernel from another angle), or one that says why there is none."""
+    return [row for entry in ENTRIES for row in entry_rows(entry, root)]
+
+
+def entry_rows(entry: Entry, root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
+    """One chapter's scoreboard rows (:func:`scoreboard`'s, for ``entry`` alone): a chapter's page reads its own row
+    without computing every chapter's."""
     out = []
-    for entry in ENTRIES:
-        for card in cards(root):
-            base = {"number": entry.number, "title": entry.title, "notebook": entry.notebook, "card": card_name(card)}
-            data = load(card, entry.bench) if entry.bench else None
-            if data is not None:  # the card's tails run beside it: some floors are timed there
-                data = data | {"tails_run": load(card, TAILS), "card_empty_kernel_ms": card_empty_kernel_ms(card),
-                               "card_folder": Path(card).name,
-                               # chapter 08's byte floor prices SmolLM2's body as chapter 07's run on the card did
-                               "decode_run": load(card, "decode") if entry.bench == "speculate" else None}
-            measured = entry.measure(data) if data is not None and entry.measure else None
-            if measured is None:
-                why = entry.absent or ("not measured on this card" if data is None
-                                       else "this card's run did not time the final kernel")
-                out.append(base | {"missing": why, "lead": True})
-                continue
-            for i, row in enumerate(measured if isinstance(measured, list) else [measured]):
-                row = base | {"date": data["date"][:10], "lead": i == 0, "run_date": data["date"],
-                              "run_code": data.get("git_commit"), "empty_kernel_ms": empty_kernel_ms(data)} | row
-                out.append(row)
+    for card in cards(root):
+        base = {"number": entry.number, "title": entry.title, "notebook": entry.notebook, "card": card_name(card)}
+        data = load(card, entry.bench) if entry.bench else None
+        if data is not None:  # the card's tails run beside it: some floors are timed there
+            data = data | {"tails_run": load(card, TAILS), "card_empty_kernel_ms": card_empty_kernel_ms(card),
+                           "card_folder": Path(card).name,
+                           # chapter 08's byte floor prices SmolLM2's body as chapter 07's run on the card did
+                           "decode_run": load(card, "decode") if entry.bench == "speculate" else None}
+        measured = entry.measure(data) if data is not None and entry.measure else None
+        if measured is None:
+            why = entry.absent or ("not measured on this card" if data is None
+                                   else "this card's run did not time the final kernel")
+            out.append(base | {"missing": why, "lead": True})
+            continue
+        for i, row in enumerate(measured if isinstance(measured, list) else [measured]):
+            row = base | {"date": data["date"][:10], "lead": i == 0, "run_date": data["date"],
+                          "run_code": data.get("git_commit"), "empty_kernel_ms": empty_kernel_ms(data)} | row
+            out.append(row)
     return out
 
 
@@ -941,11 +964,12 @@ TAIL_SERIES: dict[int, tuple[tuple[str, dict[str, Any]], ...]] = {
 }
 #: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
 TAIL_NOTE = ("p99 ÷ median: the call is timed {samples} times, each time as the mean call time of one CUDA-graph "
-             "replay of at least {calls} calls; the cell is the 99th percentile of those per-replay means over their "
-             "median, from a run of its own, then that p99 in µs: how far one replay's measurement lands from "
-             "another's, not how slow a single call can be (How we measure gives the details)")
+             "replay of at least {calls} calls, in a run of its own; the cell is the 99th percentile of those per-replay "
+             "means over their median, then the two in µs, both from that run (never over the median beside it, "
+             "which comes from the chapter's run): how far one replay's measurement lands from another's, not how "
+             "slow a single call can be (How we measure gives the details)")
 #: The p99 column's header: a spread of per-replay means, named for what it is.
-P99_HEADER = "replay-to-replay p99 ÷ median (p99, µs)"
+P99_HEADER = "replay-to-replay p99 ÷ its own run's median (µs ÷ µs)"
 #: A card with no tails run: its p99 cells say so with a mark, and one line under the tables says why.
 NO_TAILS_MARK = "not measured†"
 
@@ -992,13 +1016,13 @@ def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, An
     return (f"the p99's own run has its median {abs(gap):.0%} {'above' if gap > 0 else 'below'} this row's "
             f"({us(t['ms'])} against {us(row['median_ms'])} µs)"
             + (f", so its p99 ({us(t['p99_ms'])} µs) lands below this row's median" if below else "")
-            + ": compare the p99 with its own run's median, as its cell does")
+            + "; the p99 cell divides by its own run's median, never by this row's")
 
 
 def tail_ratio(t: dict[str, Any]) -> str:
     """The p99 cell: the p99 over the median of its own run (a tail factor: the row's median comes from another
-    run), then the p99 itself in µs."""
-    return f"{t['p99_ms'] / t['ms']:.2f}× ({us(t['p99_ms'])} µs)"
+    run), then the two numbers it divides, both from that run, in µs; no ratio on the row mixes two runs."""
+    return f"{t['p99_ms'] / t['ms']:.2f}× ({us(t['p99_ms'])} ÷ {us(t['ms'])} µs)"
 
 
 #: A p99 this many times its median is said in the row's notes: its re-measurements spread, not only its tail.
@@ -1118,6 +1142,8 @@ def floor_kind(r: dict[str, Any]) -> str:
         return "byte floor"
     if r.get("binding") == "compute":
         return "compute floor"
+    if r.get("binding") == "forward":
+        return f"forward-time bound ({r['forward_words']})"
     what = r.get("latency_what") or ""
     if r.get("floor_words"):  # a chain the row names in a few words
         return f"latency floor ({r['floor_words']})"
@@ -1180,7 +1206,8 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
     if r["binding"]:
         times = 100 / r["pct_of_floor"]
         if r.get("loop_bound"):
-            kind = floor_kind(r).replace("byte floor", "byte bound").replace("latency floor", "kernel-count bound")
+            kind = (floor_kind(r).replace("byte floor", "byte bound").replace("latency floor", "kernel-count bound")
+                    if r["binding"] != "forward" else floor_kind(r))
             return f"{_floor(r['binding_floor_ms'])}, our loop's {kind}", f"{times:.1f}× our loop's bound"
         return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}", f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
@@ -1348,6 +1375,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             return f"**{text}**" if r["binding"] == kind else text  # the floor that binds, in bold
 
         latency = "–" if r["no_pct_why"] else mark("latency", r["latency_floor_ms"], f"{NOT_MEASURED} on this card")
+        if r.get("forward_bound_ms") is not None:  # chapter 08: both of its loop's chain bounds, the larger in bold
+            latency = (f"{mark('forward', r['forward_bound_ms'], NOT_MEASURED)} (forward-time bound, the one that "
+                       f"binds); {latency} (kernel-count bound)")
         kernel = f"[part 1]({link(r['part_notebook'])}): {r['ours']}" if r.get("part_notebook") else r["ours"]
         floors.append((r, f" | {card} | {kernel} | {mark('bytes', r['byte_floor_ms'], NOT_MEASURED)} | "
                           f"{mark('compute', r['compute_floor_ms'], '–')} | {latency} |"))
@@ -1485,7 +1515,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
 
 
 __all__ = ["BITMASK_CHAIN_KERNELS", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
-           "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable",
+           "card_empty_kernel_ms", "card_name", "entry_rows", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable",
            "part_one_rival_words", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs", "tail_ratio"]

@@ -158,8 +158,18 @@ def test_the_page_and_the_scoreboard_give_the_loop_the_same_bound():
         pytest.skip("no committed H200 run of chapter 8")
     # the scoreboard gives the loop's bound (the page's "our loop's forward-time bound") as a bound, not a floor, in its
     # latency floor's cell
-    bound = lesson.loop_bound(lesson.committed())["bound_us"]
+    loop = lesson.loop_bound(lesson.committed())
+    bound = loop["bound_us"]
     assert "bound, not a floor" in row["latency_what"] and f"{bound:.1f} µs" in row["latency_what"]
+    # the longer of the loop's two bounds binds, on the scoreboard as on the page: the forward-time bound, with the
+    # same ratio the page prints; the kernel-count bound, lower, is named beside it on both
+    assert row["binding"] == "forward" and row["binding_floor_ms"] * 1e3 == pytest.approx(bound)
+    assert row["median_ms"] / row["binding_floor_ms"] == pytest.approx(loop["over"])
+    kc = lesson.kernel_count_bound()
+    assert kc["binds"] == "forward" and kc["us"] < bound and kc["bound_us"] == pytest.approx(bound)
+    source = json.loads((REPO_ROOT / "notebooks/08_speculation_under_a_grammar.ipynb").read_text())
+    cell = next("".join(c["source"]) for c in source["cells"] if "lesson.kernel_count_bound()" in "".join(c["source"]))
+    assert "It is the bound that binds" in cell and "{kernel_words}" in cell
 
 
 def test_the_capped_requests_are_told_apart_from_the_rest():

@@ -167,6 +167,23 @@ def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[st
             "over": measured / bound, "requests": len(mine)}
 
 
+def kernel_count_bound(card: str = "H200") -> dict[str, Any] | None:
+    """The scoreboard's other bound on this loop, beside :func:`loop_bound` (its row on ``card``,
+    :func:`book.scoreboard.entry_rows`): each forward's kernels, counted in a separate run, at an empty kernel's
+    time, at step 4's forwards per output token (``us``, per token; ``kernels``, a forward's). ``binds`` is the bound
+    the scoreboard divides by ("forward" where the forward-time bound is the longer, "latency" where this one is);
+    None where the card has no such row or no kernel count."""
+    from book import scoreboard as sb
+
+    entry = next(e for e in sb.ENTRIES if e.number == 8)
+    row = next((r for r in sb.entry_rows(entry) if "missing" not in r and sb.short_card(r["card"]) == card), None)
+    if row is None or row.get("latency_floor_ms") is None:
+        return None
+    kernels = re.match(r"(\d+) dependent kernels", row["latency_what"])
+    return {"us": row["latency_floor_ms"] * 1e3, "kernels": int(kernels.group(1)) if kernels else None,
+            "binds": row["binding"], "bound_us": row["binding_floor_ms"] * 1e3}
+
+
 def bound_rows(results) -> list[dict[str, Any]]:
     """Per batch and workload: step 4 against chapter 07's step 3, the ratio of their median times per output token
     over every request timed (``ratio``, the headline's statistic; the headline at batch 1 keeps only the requests
@@ -558,7 +575,7 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
 
 
 __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN", "START_LABEL", "STEP_LABELS", "agreement", "batch_makeup", "bound_rows",
-           "breakdown_table", "capped", "closed_ratio", "committed", "forecasts", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
+           "breakdown_table", "capped", "closed_ratio", "committed", "forecasts", "draft_cost", "drafts_table", "layer_table", "loop_bound", "kernel_count_bound", "losses",
            "low_copy_counts", "markdown_table", "request_words", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
            "step02_chain", "step02_chain_rows", "CHAIN_CASE", "closed_median_ms", "closed_rows", "kept_results", "kept_requests",
