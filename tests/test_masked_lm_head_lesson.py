@@ -739,7 +739,7 @@ def test_step_13s_section_names_its_one_idea_and_times_each_part():
     section = ["".join(c["source"]) for c in cells[start:end]]
     opening = section[0].split("\n\n")[1]
     assert opening.startswith("Step 13 is the whole step from the grammar's packed bitmask")
-    assert "in one CUDA graph" in opening.split(". ")[0] and "not a speed-up of step\n12" in opening
+    assert "in one CUDA graph" in opening.split(". ")[0] and "not a speed-up of step 12" in opening
     assert "three parts, each timed in the" in opening
     code = "\n".join(section[1:])
     assert "lesson.plan_parts(trace)" in code
