@@ -239,6 +239,16 @@ def step_diff(chapter, old, new, *, docstrings: bool = False, context: int = 3):
     return source.show_diff(texts[0], texts[1], context=context, names=(a.name, b.name))
 
 
+#: What an exercise's check prints after its name when the reader's function is still the page's stub. JupyterLab
+#: shows the line; the built site leaves it out (``book.site``: an unsolved check is no news on a page a reader reads).
+NOT_WRITTEN = "not written yet: write the function in this cell, then run it again"
+
+
+def not_written(name: str) -> None:
+    """Print the line a check prints for a function that is still the page's stub (:data:`NOT_WRITTEN`)."""
+    print(f"{name}: {NOT_WRITTEN}")
+
+
 def guarded(check):
     """Wrap an exercise's check: a reader's function that still raises ``NotImplementedError`` (the stub the page
     gives) gets a note that it is not written yet, instead of a traceback."""
@@ -248,7 +258,7 @@ def guarded(check):
         try:
             return check(fn, *args, **kwargs)
         except NotImplementedError:
-            print(f"{check.__name__}: not written yet: write the function in this cell, then run it again")
+            not_written(check.__name__)
             return False
 
     return run

@@ -3,7 +3,10 @@
 * ``{studylog-posts}`` lists the chapters in the course's order (00, 01, ...): title, date, tags, a one-paragraph
   summary and a teaser figure. Post metadata lives in ``posts.yml`` at the book root; titles come from
   each notebook's first heading, so they are never written twice.
-* every post page gets a box saying how to open its notebook in JupyterLab locally;
+* every post page but chapter 00's ends with a one-line note on opening its notebook in JupyterLab locally,
+  linking to chapter 00's section on it;
+* what an exercise's check prints for a function not written yet is left out of the built page (JupyterLab
+  still shows it);
 * an Atom feed, ``feed.xml``, is written next to the HTML and announced in every page's head.
 """
 
@@ -21,6 +24,8 @@ import yaml
 from docutils import nodes
 from docutils.statemachine import StringList
 from sphinx.util.docutils import SphinxDirective
+
+from book.common import NOT_WRITTEN
 
 POSTS_FILE = "posts.yml"
 FEED_FILE = "feed.xml"
@@ -600,26 +605,69 @@ def headlines_page_markdown() -> str:
     return compact_tables(folded_by_chapter(readable_headlines(text, ngram)), unpadded, one_copy)
 
 
+#: Chapter 00's section on running the notebooks (docname, section id): each chapter's run note links to it.
+HOW_TO_RUN = ("notebooks/00_how_to_read", "running-it-yourself")
+
+
 def _add_open_locally_note(app, doctree) -> None:
+    """A one-line note on running the chapter's notebook, at the end of the page: after the last section before
+    "Further reading" (the reader meets the problem first). Chapter 00 has a section of its own on it, which the
+    note links to."""
     docname = app.env.docname
     posts = {Path(p["notebook"]).with_suffix("").as_posix(): p for p in load_posts(Path(app.srcdir))}
-    if docname not in posts:
+    if docname not in posts or docname == HOW_TO_RUN[0]:
         return
     notebook = posts[docname]["notebook"]
     note = nodes.admonition(classes=["tip", "studylog-open-locally"])
     note += nodes.title(text="Run this chapter yourself")
     para = nodes.paragraph()
-    para += nodes.Text("Clone the repository, run ")
+    para += nodes.Text("In a clone of the repository, ")
     para += nodes.literal(text="make lab")
-    para += nodes.Text(" (it installs everything into .venv and opens JupyterLab), then open ")
+    para += nodes.Text(" opens JupyterLab; open ")
     para += nodes.literal(text=notebook)
-    para += nodes.Text(". It runs top to bottom on a CPU (kernels at small sizes, Triton's through its interpreter) "
-                       "or on a GPU. The download button at the top of this page gives the .ipynb file.")
+    para += nodes.Text(", which runs on a CPU or a GPU")
+    if HOW_TO_RUN[0] in app.env.found_docs:
+        para += nodes.Text(" (")
+        para += nodes.reference("", "how to run the notebooks", internal=True,
+                                refuri=app.builder.get_relative_uri(docname, HOW_TO_RUN[0]) + "#" + HOW_TO_RUN[1])
+        para += nodes.Text(")")
+    para += nodes.Text(".")
     note += para
-    sections = list(doctree.findall(nodes.section))
-    if sections:
-        title = sections[0].next_node(nodes.title)
-        sections[0].insert(sections[0].index(title) + 1, note)
+    top = next(iter(doctree.findall(nodes.section)), None)
+    if top is None:
+        return
+    parts = [s for s in top.children if isinstance(s, nodes.section)]
+    titles = [s.next_node(nodes.title).astext().strip().lower() for s in parts]
+    last = titles.index("further reading") - 1 if "further reading" in titles else len(parts) - 1
+    (parts[last] if last >= 0 else top).append(note)
+
+
+#: An exercise's check line for a function that is still the page's stub (``book.common.NOT_WRITTEN``).
+UNWRITTEN_LINE = re.compile(r"^\S+: " + re.escape(NOT_WRITTEN) + r"\s*$")
+
+
+def without_unwritten_checks(text: str) -> str:
+    """A cell's printed text without the lines that say an exercise's function is not written yet."""
+    lines = text.splitlines(keepends=True)
+    return "".join(line for line in lines if not UNWRITTEN_LINE.match(line.rstrip("\n")))
+
+
+def _drop_unwritten_checks(app, doctree) -> None:
+    """The built page leaves out what an exercise's check prints for a function that is still the stub: in
+    JupyterLab the line tells the reader to write it; on the site it would be plumbing under every exercise. A
+    printed block that held only such lines goes, and so does a cell's output area left empty."""
+    for block in list(doctree.findall(nodes.literal_block)):
+        if "output" not in block["classes"] or NOT_WRITTEN not in block.astext():
+            continue
+        kept = without_unwritten_checks(block.astext())
+        parent = block.parent
+        if kept.strip():
+            block.children = [nodes.Text(kept)]
+            block.rawsource = kept
+            continue
+        parent.remove(block)
+        if "cell_output" in parent.get("classes", []) and not parent.children:
+            parent.parent.remove(parent)
 
 
 def _page_context(app, pagename, templatename, context, doctree) -> None:
@@ -727,6 +775,7 @@ def setup(app):
     app.add_js_file(None, body=TABLE_STYLE)
     app.add_directive("studylog-posts", PostsDirective)
     app.connect("doctree-read", _add_open_locally_note)
+    app.connect("doctree-read", _drop_unwritten_checks)
     app.connect("html-page-context", _page_context, priority=900)
     app.connect("build-finished", _write_feed)
     app.connect("build-finished", _favicon_at_site_root)

@@ -199,6 +199,63 @@ def test_post_pages_show_figures_and_how_to_run_them(visits, path):
     assert "make lab" in v["text"], f"{path}: no note on opening the notebook in JupyterLab"
 
 
+@pytest.mark.parametrize("path", [p for p in _pages() if p.startswith("notebooks/")])
+def test_how_to_run_note_comes_after_the_lesson(path):
+    """The reader meets the problem first: a chapter's note on running its notebook sits at the end of the page,
+    before "Further reading", and links to chapter 00's section on running the notebooks (which chapter 00 holds
+    instead of a note)."""
+    from book.site import HOW_TO_RUN
+
+    _require((SITE / path).is_file(), f"no built page {path} at {SITE}: run `make book` first")
+    html = (SITE / path).read_text()
+    article = html[html.index("<main"):]
+    sections = [m.start() for m in re.finditer(r"<section id=", article)]
+    if path == HOW_TO_RUN[0] + ".html":
+        assert "studylog-open-locally" not in article and f'id="{HOW_TO_RUN[1]}"' in article
+        return
+    assert article.count("studylog-open-locally") == 1, f"{path}: no note on running the notebook, or two"
+    note = article.index("studylog-open-locally")
+    assert note > sections[-2], f"{path}: the note on running the notebook comes before the lesson's end"
+    further = article.find('<section id="further-reading"')
+    assert further < 0 or note < further, f"{path}: the note on running the notebook comes after Further reading"
+    assert f'{Path(HOW_TO_RUN[0]).name}.html#{HOW_TO_RUN[1]}"' in article[note:note + 2000], \
+        f"{path}: the note does not link to chapter 00's section on running the notebooks"
+
+
+def test_unwritten_exercise_lines_are_left_out_of_the_site_pattern():
+    """What a check prints for a function still the page's stub is the line the site leaves out; a check's other
+    lines stay."""
+    import contextlib
+    import io
+
+    from book.common import guarded
+    from book.site import without_unwritten_checks
+
+    def check_thing(fn):
+        fn()
+
+    def stub():
+        raise NotImplementedError
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        guarded(check_thing)(stub)
+    printed = out.getvalue()
+    assert "not written yet" in printed  # JupyterLab shows it
+    assert without_unwritten_checks(printed) == ""
+    assert without_unwritten_checks("a line\n" + printed + "another\n") == "a line\nanother\n"
+    assert without_unwritten_checks("the output tokens not written yet are copied\n") == \
+        "the output tokens not written yet are copied\n"
+
+
+@pytest.mark.parametrize("path", _pages())
+def test_no_page_shows_an_unwritten_exercise(visits, path):
+    """An exercise's check run on the stub prints that the function is not written yet: JupyterLab shows it, the
+    site does not (``book.site``)."""
+    text = visits[path]["text"]
+    assert "not written yet" not in text, f"{path}: an exercise's 'not written yet' line reaches the page"
+
+
 def test_internal_links_resolve(visits, server, browser):
     """Every same-site link of every visited page points to an existing page, and its #anchor exists."""
     page = browser.new_page()

@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from book.common import not_written
 from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.decoding import NextLogits, decode
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, make_vocabulary
@@ -76,7 +77,7 @@ Transitions = Mapping[int, Mapping[int, int]]
 
 def _report(name: str, failures: list[str], cases: int, verbose: bool) -> bool:
     if failures and all("NotImplementedError" in f for f in failures):
-        print(f"{name}: not written yet: write the function in this cell, then run it again")
+        not_written(name)
         return False
     if failures:
         print(f"{name}: {len(failures)} of {cases} cases differ from the chapter's answer; the first ones:")

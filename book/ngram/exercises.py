@@ -37,6 +37,7 @@ from __future__ import annotations
 import random
 from typing import Callable, Sequence
 
+from book.common import not_written
 from studylog.ngram.formats import NGRAM_MAX, NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, match_key, model_one_pass_keys, slot_plan
 from studylog.ngram.report import NO_BUDGET
@@ -127,7 +128,7 @@ def _call(fn, *args):
 
 def _report(name: str, failures: list[str], tried: int) -> bool:
     if failures and all("NotImplementedError" in f for f in failures):
-        print(f"{name}: not written yet: write the function in this cell, then run it again")
+        not_written(name)
         return False
     if failures:
         print(f"{name}: wrong on {len(failures)} of {tried} inputs; the first:\n  " + "\n  ".join(failures[:1]))
