@@ -245,6 +245,12 @@ def test_lesson_on_the_committed_file():
     for v in view.values():
         assert 0 < v["step05_share"] < v["dense_share"] < 1 and v["pass_gain"] > 1 and v["packing_gain"] > 1
     assert "pending" not in lesson.amdahl_table(view)
+    table = lesson.pass_table(results, lays)  # "Why it matters": a row a rival
+    rows = _rows(table)
+    assert len(rows) == 3 and "pending" not in table
+    assert rows[1][3] == f"{view[lesson.MAIN_SHAPES[0]]['pass_gain']:.2f}×"
+    assert rows[2][3] == f"{view[lesson.MAIN_SHAPES[0]]['packing_gain']:.0f}×"
+    assert lesson.pass_table(None, lays) == "pending"
     pairs, bounds = lesson.bounds_table(results, lays).split("\n\n")  # two narrow tables, a row a shape each
     assert pairs.count("\n") == bounds.count("\n") == 1 + len(lays) and " x " not in pairs + bounds
     assert "pending" not in lesson.tried_table(results)
@@ -497,15 +503,16 @@ def test_the_matmul_rate_is_named_this_runs_beside_chapter_00s():
 
 
 @pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
-def test_the_page_steps_table_gives_step_6_its_own_cells_on_the_grouped_query_batch():
-    """The page's table (PAGE_SHAPES) adds the mixed batch with 8 KV heads: step 6's row there has its time, its
-    factor over step 5 on that batch and its floor multiple as cells, not words; the page calls it so."""
+def test_the_page_steps_table_is_one_shape_with_step_6_in_words():
+    """The page's table (PAGE_SHAPES) is the long-prefix prompt alone, where steps 1 to 5 run; step 6's row gives its
+    time and its factor over step 5 on the mixed batch with 8 KV heads in words; the page calls it so."""
     results = plotting.load_results("multi_item")
     table = lesson.steps_table(results, lesson.PAGE_SHAPES)
-    assert table.splitlines()[0].count("µs") == 3
+    assert table.splitlines()[0].count("µs") == 1
     rows = {r[0]: r for r in _rows(table)[1:]}
+    assert all(rows[n][2] != "–" for n in "12345")
     g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
-    assert rows["6"][8:10] == [f"{g6:,.1f}", f"{g5 / g6:.2f}×"] and "µs there" not in rows["6"][1]
+    assert f"{g6:,.1f} µs, {g5 / g6:.2f}× step 5's {g5:,.1f} µs there" in rows["6"][1]
     from studylog.paths import REPO_ROOT
 
     page = (REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text()
