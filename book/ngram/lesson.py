@@ -435,14 +435,14 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
     """Markdown, the one table of steps: a row per numbered step (its :data:`SHORT_CHANGES`), steps 1 to 6 first, then
     each path of :data:`PATHS` under a row naming it, then the entry point; per case of ``cases`` the time in µs, ×
     previous (over the step it builds on, :func:`builds_on`: the step before on its path) and × the floor
-    (:func:`floor_us`, given in that column's head). Step 1 is timed end to end on the host (its cells say
-    "host"), the kernels on the GPU clock: a row is compared with the previous one only on the same clock, and with
+    (:func:`floor_us`, given in that column's head). Step 1 is timed end to end on the host (its cells and each time
+    column's head say "host"), the kernels on the GPU clock: a row is compared with the previous one only on the same clock, and with
     the floor only on the GPU clock, the floor's own (``–`` otherwise). The entry point builds on no step (it runs
     one), so its "× previous" is ``–``."""
     floors = [floor_us(results, cfg) for cfg in cases]
     head = ["step", "the one change"]
     for (b, s, t), f in zip(cases, floors):
-        head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs", "× previous",
+        head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs, GPU clock (step 1: host)", "× previous",
                  f"× floor ({f:,.2f} µs)" if f else "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step11_skip_refused, step12_early_phase2))
