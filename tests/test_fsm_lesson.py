@@ -73,14 +73,39 @@ def test_steps_table_reads_the_pass_counts():
 
     rows = [Row("a", "default", 60, 50, 30), Row("b", "default", 40, 30, 20), Row("b", "compact", 10, 10, 1)]
     table = lesson.steps_table(rows)
-    # each pass column names the suite it covers: the compact one only the JSON schemas
-    assert "default whitespace (all 2 entries)" in table.splitlines()[0]
-    assert "compact JSON (the 1 JSON schemas)" in table.splitlines()[0]
+    # two suites: every column names the one it covers (the compact one holds only the JSON schemas)
+    head = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
+    assert head[2:] == ["2 entries, default whitespace: passes", "2 entries, default whitespace: saved against step 1",
+                        "1 JSON schemas, compact: passes", "1 JSON schemas, compact: saved against step 1"]
     lines = table.splitlines()[2:]
     assert len(lines) == len(fsm.CHAPTER.steps)
     assert lines[0].endswith("| 100 | 0.0% | 10 | 0.0% |")
     assert lines[1].endswith("| 80 | 20.0% | 10 | 0.0% |")
     assert lines[2].endswith("| 50 | 50.0% | 1 | 90.0% |")
+    # llguidance's policy: a last row, labelled a peer, counted on the first suite only
+    peer = {"none": 100, "policies": {"llguidance/tokens": {"passes": 60, "noncanonical": 0}}}
+    last = lesson.steps_table(rows, peer).splitlines()[-1]
+    assert last.startswith("| *peer, not a step* |") and last.endswith("| 60 | 40.0% | – | – |")
+    with pytest.raises(ValueError):  # a count over other documents is refused
+        lesson.steps_table(rows, {**peer, "none": 99})
+
+
+def test_the_peers_policy_has_its_place_beside_the_steps():
+    """llguidance's fast-forward tokens are told after step 3, before the steps table, from the committed comparison
+    (what they are, why they win, their count); the steps table carries them as a labelled row."""
+    import json
+    from pathlib import Path
+
+    from book.results import fsm_peers
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in cells["cells"]]
+    place = next(i for i, s in enumerate(sources) if s.startswith("## Beside the steps: llguidance holds back"))
+    step3 = next(i for i, s in enumerate(sources) if s.startswith("## Step 3"))
+    table = next(i for i, s in enumerate(sources) if "lesson.steps_table(results, committed_peers)" in s)
+    assert step3 < place < table
+    assert "committed_peers = fsm_peers()" in sources[place + 1] and "held['passes']" in sources[place + 1]
+    assert fsm_peers() is not None and "llguidance/tokens" in fsm_peers()["policies"]
 
 
 def test_exercise_4_accepts_the_answer_and_rejects_wrong_loops(capsys):

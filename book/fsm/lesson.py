@@ -76,22 +76,35 @@ def saved_share(passes: dict[int, int], step: int) -> float:
     return 1.0 - passes[step] / passes[1]
 
 
-def steps_table(results) -> str:
-    """Markdown, one row per step: the one change, then for outlines' default whitespace (every entry of the suite)
-    and for compact JSON (its JSON schemas only) the forward passes and the share of step 1's passes the step saves
-    (:func:`saved_share`); each column's head says how many entries it covers."""
+def steps_table(results, peer: Optional[dict] = None) -> str:
+    """Markdown, one row per step: the one change, then for each of the chapter's two suites, each column's head
+    naming its own (every entry with outlines' default whitespace; the JSON schemas alone, compact), the forward
+    passes and the share of step 1's passes the step saves (:func:`saved_share`). ``peer``, llguidance's
+    fast-forward tokens on the first suite as the committed comparison keeps them (``book.results.fsm_peers()``:
+    ``none`` and ``policies["llguidance/tokens"]["passes"]``), adds a last row labelled as a peer, not a step; the
+    second suite has no count of it (``–``)."""
     from studylog.fsm import CHAPTER
 
     counts = {ws: suite_passes(results, ws) for ws in ("default", "compact")}
-    # the compact column covers the JSON schemas only (a regex has no whitespace to choose): each column says its suite
+    # the compact suite holds the JSON schemas only (a regex has no whitespace to choose): each column names its suite
     entries = {ws: len({r.name for r in results if r.whitespace == ws}) for ws in ("default", "compact")}
-    lines = [f"| step | the one change | passes, default whitespace (all {entries['default']} entries) | saved against "
-             f"step 1 | passes, compact JSON (the {entries['compact']} JSON schemas) | saved against step 1 |",
+    suite = {"default": f"{entries['default']} entries, default whitespace",
+             "compact": f"{entries['compact']} JSON schemas, compact"}
+    lines = ["| step | the one change | " + " | ".join(f"{suite[ws]}: passes | {suite[ws]}: saved against step 1"
+                                                       for ws in ("default", "compact")) + " |",
              "|---|---|---|---|---|---|"]
     for step in CHAPTER.steps:
         cells = [f"{counts[ws][step.number]:,} | {100 * saved_share(counts[ws], step.number):.1f}%"
                  for ws in ("default", "compact")]
         lines.append(f"| {step.number} | {step.title} | " + " | ".join(cells) + " |")
+    if peer is not None:
+        if peer["none"] != counts["default"][1]:
+            raise ValueError(f"the peer's count is over {peer['none']} passes without jumps, step 1's over "
+                             f"{counts['default'][1]}: not the same suite")
+        passes = peer["policies"]["llguidance/tokens"]["passes"]
+        lines.append(f"| *peer, not a step* | *llguidance's fast-forward tokens: the tokenizer's split of the forced "
+                     f"bytes, the last token held back where a longer one could span it* | {passes:,} | "
+                     f"{100 * (1 - passes / peer['none']):.1f}% | – | – |")
     return "\n".join(lines)
 
 
