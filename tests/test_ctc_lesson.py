@@ -129,9 +129,9 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     table = lesson.boehm_table(load_results("ctc"))
     rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
     labels = [r.split("|")[1].strip() for r in rows]
-    assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 15)]
-    # one row per step: step 7's first two changes are rows of their own, 7a and 7b, right above step 7
-    assert labels[:16] == ["1", "2", "3", "4", "5", "6", "7a", "7b"] + [str(n) for n in range(7, 15)]
+    assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 15) if n != 7]
+    # one row per step: step 7's three changes are rows of their own, 7a, 7b and 7c (the library's step 7)
+    assert labels[:16] == ["1", "2", "3", "4", "5", "6", "7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row, label in zip(rows, labels):
         for cell in [c.strip() for c in row.split("|")[1:-1]][4::3]:
@@ -377,6 +377,13 @@ def test_every_case_has_one_floor_on_the_page():
     assert f"{chain:,.1f} (chain of T frames)" in small
 
 
+def _has(series: str, A: int, N: int) -> bool:
+    """Whether the committed H200 file times ``series`` at (A, N) (steps 1 to 6 skip the headline's N = 8)."""
+    data = json.loads(plotting.load_results("ctc", "nvidia-h200").path.read_text())
+    return any(r["series"] == series and r["params"] == {"T": ctc.BENCH_T, "N": N, "A": A}
+               for r in data["measurements"])
+
+
 def _lab(series: str, A: int, N: int) -> dict | None:
     """The row of ``series`` at (A, N) in the committed run of lab/ctc/step07_changes.py on the H200, or None."""
     path = Path(__file__).resolve().parents[1] / "lab" / "ctc" / "results" / "nvidia-h200" / "step07_changes.json"
@@ -397,7 +404,7 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
     rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                               if line.startswith("| "))}
     for step in ctc.CHAPTER.steps:
-        row = rows[str(step.number)]
+        row = rows[lesson.STEP07_LABEL if step.number == 7 else str(step.number)]
         title = step.title
         for word in ("__restrict__", "__ldg", "ex2", "lg2"):
             title = title.replace(word, f"`{word}`")
@@ -408,13 +415,19 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
             continue
         before = 5 if step.number == 7 else step.number - 1
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
+            if not _has(step.series, A, N):  # steps 1 to 6 are not timed at the headline case
+                assert row[2 + 3 * i:5 + 3 * i] == ["–", "–", "–"], (step.number, A, N)
+                continue
             if step.number == 7 and _lab("step07", A, N):  # against 7b, in the run that timed both
                 want = f"{_lab('step07b', A, N)['ms'] / _lab('step07', A, N)['ms']:.2f}×"
                 assert row[3 + 3 * i] == want, (A, N)
                 continue
+            if not _has(f"step{before:02d}", A, N):  # step 7 at the headline case: step 5 not timed there
+                assert row[3 + 3 * i] == "–", (step.number, A, N)
+                continue
             want = f"{_raw(f'step{before:02d}', A, N)['ms'] / _raw(step.series, A, N)['ms']:.2f}×"
             assert row[3 + 3 * i] == want + (" (vs step 5)" if step.number == 7 else ""), (step.number, A, N)
-    assert rows["7"][1] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
+    assert rows["7c"][1] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
     for label, series, base in (("7a", "step07a", "step05"), ("7b", "step07b", "step07a")):
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
             now = _lab(series, A, N)
@@ -442,9 +455,10 @@ def test_the_prerequisite_says_where_it_costs_time_in_the_table():
     if slower:
         assert rows["9"].endswith(f"slower at {lesson.where(slower, lesson.TABLE_CASES, complement=False)})")
     assert all("prerequisite" not in cell for k, cell in rows.items() if k != "9")
-    assert lesson.where([(28, 1), (5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape"
-    assert lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape but A = 28, N = 1"
-    assert lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES, complement=False) == "A = 5,000, N = 16 and 256"
+    assert lesson.where([(28, 1), (5000, 8), (5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape"
+    assert lesson.where([(5000, 8), (5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape but A = 28, N = 1"
+    assert (lesson.where([(5000, 8), (5000, 16), (5000, 256)], lesson.TABLE_CASES, complement=False)
+            == "A = 5,000, N = 8, 16 and 256")
     assert lesson.where([(28, 1), (5000, 16), (5000, 32)]) == "A = 28, N = 1; A = 5,000, N = 16 and 32"
     assert lesson.where([]) == ""
 
@@ -459,8 +473,12 @@ def test_a_step_flat_at_the_first_case_says_where_it_pays():
         if number in (6, 9):  # the counterexample and the prerequisite have their own words
             continue
         before = lesson.PREVIOUS.get(number, number - 1)
-        ratios = [round(_raw(f"step{before:02d}", A, N)["ms"] / _raw(f"step{number:02d}", A, N)["ms"], 2)
-                  for A, N in lesson.TABLE_CASES]
+        pairs = [(_raw(f"step{before:02d}", A, N), _raw(f"step{number:02d}", A, N)) for A, N in lesson.TABLE_CASES
+                 if _has(f"step{before:02d}", A, N) and _has(f"step{number:02d}", A, N)]
+        if len(pairs) < len(lesson.TABLE_CASES):  # a case where either is not timed: the row says nothing
+            assert "pays at" not in rows[lesson.STEP07_LABEL if number == 7 else str(number)], number
+            continue
+        ratios = [round(b["ms"] / a["ms"], 2) for b, a in pairs]
         assert ("(pays at A = 5,000)" in rows[str(number)]) == (ratios[0] <= 1 and min(ratios[1:]) > 1), number
     assert all("pays at" not in rows[k] for k in ("1", "6", "9", "14"))
 
@@ -505,14 +523,14 @@ def test_every_folded_cell_says_what_it_folds():
 
 #: Each step from 7a on: the glued number its section quotes (a key of ``lesson.prose_numbers``, a factor of the
 #: lab run that timed step 7's three changes, or the step's own computed ratio).
-SECTION_NUMBERS = {"7a": "f7a['range']", "7b": "f7b['range']", "7": "f7['range']", "8": "N['no_softmax']",
+SECTION_NUMBERS = {"7a": "f7a['range']", "7b": "f7b['range']", "7c": "f7['range']", "8": "N['no_softmax']",
                    "9": "N['one_warp']", "10": "N['side_by_side']", "11": "N['branch_free']", "12": "N['ftz']",
                    "13": "N['two_passes_big']", "14": "at[13]['ms'] / at[14]['ms']"}
 
 
 def test_each_step_has_one_section_with_its_code_and_its_number():
     """Steps 7a to 14: one heading "## Step N: ..." each, in order, naming one idea (no "plus"): step 7's three
-    changes are steps 7a, 7b and 7; under each, open, the core of the step's code or diff, and a sentence glued from
+    changes are steps 7a, 7b and 7c; under each, open, the core of the step's code or diff, and a sentence glued from
     the JSON with the step's measured number. No folded cell holds a whole diff or listing. Steps 2 to 5 share one
     section, each step one change; the page names the runs it reads in words (no repository path), and its cells
     read them."""
@@ -521,7 +539,7 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
     heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step")]
     numbered = ["".join(cells[i]["source"]).split(":")[0].removeprefix("## Step ") for i in heads
                 if "".join(cells[i]["source"]).startswith("## Step ")]
-    assert numbered == ["1", "6", "7a", "7b", "7", "8", "9", "10", "11", "12", "13", "14"]
+    assert numbered == ["1", "6", "7a", "7b", "7c", "8", "9", "10", "11", "12", "13", "14"]
     assert "## Steps 2 to 5:" in text
     heads = [i for i in heads if "".join(cells[i]["source"]).startswith("## Step ")]
     for number, i in zip(numbered[2:], heads[2:]):
@@ -532,12 +550,13 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
         assert any(re.search(r"show_diff|show_source|_core\(|listing\(", "".join(c["source"])) for c in shown), number
         said = "".join("".join(c["source"]) for c in section if c["cell_type"] == "code")
         assert SECTION_NUMBERS[number] in said, number
-    assert not any(w in text for w in ("7c", "8a", "chain_table(", "chain_note(", "step07_chain",
+    assert not any(w in text for w in ("7d", "8a", "chain_table(", "chain_note(", "step07_chain",
                                        "step08_changes", "taken back"))
     assert text.count("no block version of them was built") == 1
-    for cell in cells:
+    for cell in cells:  # step 5's diff, one of the steps that do not help, is the one folded
         if cell["cell_type"] == "code" and "hide-output" in cell["metadata"].get("tags", []):
-            assert not re.search(r"show_diff|show_source|parts\(", "".join(cell["source"])), cell["source"]
+            assert ("ctc_alpha_step5" in "".join(cell["source"])
+                    or not re.search(r"show_diff|show_source|parts\(", "".join(cell["source"]))), cell["source"]
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
     assert not re.search(r"\.json|assets/|lab/|results/", where)
     for words in ("benchmark on the H200", "without the profiler", "matmul rate", "benchmark on the H100"):
@@ -576,7 +595,7 @@ def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
         assert shown + sum(left) == len(whole.added) + len(whole.removed), number
         assert not any(ln[1:].lstrip().startswith("//") for ln in core.lines[2:]), number  # comment lines left out
         # the title counts the whole change, comments left out
-        title = f"lines shown of +{len(whole.added)} / −{len(whole.removed)}, comments left out)"
+        title = f" of +{len(whole.added)} / −{len(whole.removed)} lines)"
         assert title in core._repr_html_() and ".cu" not in core._repr_html_().split("</div>", 1)[0], number
         hunks, counts = [], None
         for ln in core.lines[2:]:
@@ -618,12 +637,12 @@ def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
     results = plotting.load_results("ctc", "nvidia-h200")
     wide = [_cells(line) for line in lesson.boehm_table(results).split("\n\n")[0].splitlines()]
     first, second = ([_cells(line) for line in t.split("\n\n")[0].splitlines()] for t in lesson.steps_tables(results))
-    assert len(first) == len(second) == len(wide) and len(first[0]) == 5 and len(second[0]) == 7
+    assert len(first) == len(second) == len(wide) and len(first[0]) == 8 and len(second[0]) == 7
     for row, a, b in zip(wide, first, second):
         if set(row[0]) <= {"-"}:
             continue  # the separator
-        assert a == row[:5] and b[1:] == row[5:] and b[0] == (row[0] or "floor")
-    assert "timed as its own series" in lesson.steps_tables(results)[1]
+        assert a == row[:8] and b[1:] == row[8:] and b[0] == (row[0] or "floor")
+    assert "timed as its own series" in lesson.steps_tables(results)[0]
     wide = [_cells(line) for line in lesson.results_table(results).split("\n\n")[0].splitlines()]
     times, ratios = lesson.results_tables(results)
     times = [_cells(line) for line in times.split("\n\n")[0].splitlines()]
@@ -730,7 +749,7 @@ def test_whole_diffs_and_the_baseline_listing_leave_comment_lines_out():
     code = show_diff(lesson.code_only(source_of(args[0], "ctc_alpha_step4")[0]),
                      lesson.code_only(source_of(args[1], "ctc_alpha_step5")[0]))
     assert (diff.added, diff.removed) == (code.added, code.removed)
-    assert f"(+{len(code.added)} / −{len(code.removed)} lines, comments left out)" in diff._repr_html_()
+    assert f"(+{len(code.added)} / −{len(code.removed)} lines)" in diff._repr_html_()
     listing = lesson.listing("ctc_baseline.cuh", "alpha_baseline").text
     assert "alpha_baseline(" in listing and not any(ln.lstrip().startswith("//") for ln in listing.splitlines())
     text = "".join("".join(c["source"]) for c in _page_cells() if c["cell_type"] == "code")
