@@ -65,9 +65,9 @@ def earlier_run():
 def public_shapes() -> dict[str, Any]:
     """The chapter's two GPU shapes, and the public models they come from with Llama 3's own vocabulary
     (Llama 3.2 1B: hidden 2048, 16 layers, tied head; Llama 3.1 8B: hidden 4096, 32 layers, untied head)."""
-    return {"1b (this chapter, cl100k head)": model_config("1b"),
+    return {"1B shape (this chapter, cl100k head)": model_config("1b"),
             "Llama 3.2 1B": model_config("1b", vocab_size=LLAMA3_VOCAB),
-            "8b (this chapter, cl100k head)": model_config("8b"),
+            "8B shape (this chapter, cl100k head)": model_config("8b"),
             "Llama 3.1 8B": model_config("8b", vocab_size=LLAMA3_VOCAB)}
 
 
