@@ -766,6 +766,7 @@ def main_steps_table(results) -> str:
     lines = [f"**The steps kept, at {_case(MAIN_CASE)} allowed tokens** (µs, GPU clock; × the kept step above it with "
              "a time here)", "",
              "| step | the one change | µs | × | × floor | its own case |", "|---|---|---|---|---|---|"]
+    from_host = []  # (name, row): the whole-step rows, priced against their own floor under the table
     for number in MAIN_LINE:
         row = _row(results, step_series(number), **MAIN_CASE)
         if row is None and STEP_CASES[number][0] == MAIN_CASE:
@@ -775,19 +776,31 @@ def main_steps_table(results) -> str:
             cells = ["–", "–", "–"]
         else:
             base = main_base(results, number)
-            ratio = "–" if base is None else _vs(row, _row(results, step_series(base), **MAIN_CASE))
+            base_row = None if base is None else _row(results, step_series(base), **MAIN_CASE)
+            ratio = "–" if base is None else _vs(row, base_row)
             if base is not None and base != [n for n in MAIN_LINE if n < number][-1]:
                 ratio += f" (step {base})"
+            elif base_row is not None and tied(row["ms"], base_row["ms"]) and STEP_CASES[number][0] != MAIN_CASE:
+                change += " (a tie here; it pays at its own case)"
+            over = _over_floor(results, row, MAIN_CASE)
             if number in FROM_HOST:
-                ratio = "– (starts from the bitmask)"
-            cells = [f"{us(row['ms'])}{capped(row)}", ratio,
-                     _over_floor(results, row, MAIN_CASE, from_host=number in FROM_HOST)]
+                ratio, over = "– (starts from the bitmask)", "–"
+                from_host.append((f"step {number}", row))
+            cells = [f"{us(row['ms'])}{capped(row)}", ratio, over]
         lines.append(f"| {number} | {change} | " + " | ".join(cells) + f" | {_own_case(results, number)} |")
     for series, words in MAIN_RIVALS:
         row = _row(results, series, **MAIN_CASE)
         if row is not None:
+            over = "–" if series == XGRAMMAR else _over_floor(results, row, MAIN_CASE)
+            if series == XGRAMMAR:
+                from_host.append(("xgrammar's path", row))
             lines.append(f"| rival | {words.removeprefix('rival: ')} | {us(row['ms'])}{capped(row)} | – | "
-                         f"{_over_floor(results, row, MAIN_CASE, from_host=series == XGRAMMAR)} | – |")
+                         f"{over} | – |")
+    floors = [(name, row, step_floor_ms(results, row, MAIN_CASE, from_host=True)[0]) for name, row in from_host]
+    if floors and all(f is not None for *_, f in floors):
+        lines += ["", f"Step 13 and xgrammar's path start from the bitmask in host memory: their floor is its copy, "
+                  f"then two kernels, {floors[0][2] * 1e3:.2f} µs, and they take "
+                  + " and ".join(f"{row['ms'] / f:.1f}×" for _, row, f in floors) + " that."]
     return "\n".join(lines)
 
 
