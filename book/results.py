@@ -296,7 +296,13 @@ def case_label(number: int, step: str, part: int = 0) -> str:
     return f"chapter {number:02d}" + (f" part {part}" if part else "") + (f" ({step})" if step else "")
 
 
-def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
+def host_bound_by_chapter(root: Path = BENCH_RESULTS) -> dict[tuple[int, int], str]:
+    """(chapter, part) -> one clause: how many of its cases wait on the host when called eagerly, and who is then
+    the faster; for the results table's notes, so the fold under the page says it only once more, case by case."""
+    return host_bound_markdown(root, chapters=True)
+
+
+def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False) -> str:
     """For under the headline table, one dropdown: the chapters whose headline's host time per call exceeds its GPU
     time (:func:`host_bound`), one row each, what that means for the ratio, and where the rival called eagerly, one
     call at a time, would then be the faster; its title counts the cases ours stays ahead in, ties and loses."""
@@ -374,6 +380,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
                       f"{span([e['ms'] for e in eager.values()])} | "
                       f"{eager_words(eager, len(eager))} |"))
     if not lines:
+        if chapters:
+            return {}
         return ("Every headline on the GPU clock takes longer on the GPU than its call takes on the host, so its "
                 "ratio holds for calls made one after another too.")
     ordered = sorted(lines, key=lambda kv: kv[0])
@@ -385,6 +393,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
              else f" (in chapters {', '.join(lost[:-1])} and {lost[-1]})")
     titles = {e.number: e.title for e in ENTRIES}
     summary = []
+    by_chapter: dict[tuple[int, int], str] = {}
     for (number, part) in sorted({(k[0], k[1]) for k, _ in ordered}):  # one line per chapter (and part)
         mine = [text for k, text in ordered if (k[0], k[1]) == (number, part)]
         name = f"{number:02d}. {titles.get(number, '')}" + {1: " (Triton)", 2: " (CUDA C++)"}.get(part, "")
@@ -409,16 +418,19 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         said += ("; " if said else "") + " and ".join(lost_words) if lost_words else ""
         summary.append(f"- **{name}** ({' and '.join(cards_)}): {len(mine)} case{'' if len(mine) == 1 else 's'} "
                        f"{'waits' if len(mine) == 1 else 'wait'} on the host: {said}.")
+        by_chapter[(number, part)] = (f"called eagerly, {len(mine)} "
+                                      f"case{'' if len(mine) == 1 else 's'} {'waits' if len(mine) == 1 else 'wait'} "
+                                      f"on the host: {said.replace('; ', ', while ')}")
+    if chapters:
+        return by_chapter
     waiting = sorted({k[0] for k, _ in ordered})
     rest = [f"{e.number:02d}" for e in ENTRIES if e.bench and e.number not in waiting]
     # one line per chapter in view; the full rows folded below, under a title that counts them
     return "\n".join([
         f"Called eagerly, one call at a time from Python, a call takes the longer of its GPU time and its host time. "
         f"{len(rows)} cases on this page take longer on the host, so their ratios hold only where calls are "
-        "replayed in a CUDA graph or otherwise overlap the host's work ([How we measure](how_we_measure.md)). "
-        "Called eagerly, by chapter:", "", *summary,
-        *([f"- Chapters {', '.join(rest[:-1])} and {rest[-1]}: none." if len(rest) > 1 else
-           f"- Chapter {rest[0]}: none."] if rest else []), "",
+        "replayed in a CUDA graph or otherwise overlap the host's work ([How we measure](how_we_measure.md)); each "
+        "chapter's line above says how many of its cases do, and the fold lists them.", "",
         f":::{{dropdown}} Calls that wait on the host ({len(rows)}): called eagerly, ours stays ahead in "
         f"{len(rows) - losses - ties}" + (f", ties in {ties}" if ties else "") + f" and loses in {losses}{where}",
         "", HOST_BOUND_TITLE + " Called eagerly, a call takes the longer of its two times; the last column says "
@@ -850,8 +862,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 case3 = f"{NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens"
                 if spread3 is not None:
                     lo, hi, n = spread3
-                    landing[name] = (f"{row['vs_rival']:.2f}× on the GPU at {case3} under the deployed budget "
-                                     f"({lo:.2f}–{hi:.1f}× over the {n} shapes measured)")
+                    landing[name] = f"{row['vs_rival']:.2f}× at {case3} ({lo:.2f}–{hi:.1f}× over the {n} shapes measured)"
                     cells[name] = (f"**{row['vs_rival']:.2f}×** at {NGRAM_CASE['batch']} × {NGRAM_CASE['seq_len']:,}, "
                                    f"the deployed budget ({us(ours)} against {us(theirs)} µs; {lo:.2f}–{hi:.1f}× over "
                                    f"the {n} shapes measured){row_caveat(row)}")
@@ -894,9 +905,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 wider = masked_head_batches(card)
                 if wider and abs(wider[max(wider)] - 1) < 0.01:  # where the lead ends, beside where it is largest
                     landing[name] += f" (a tie at batch {max(wider)})"
-                step_bound = decode_step_bound(row["vs_rival"])
-                if step_bound is not None:  # what that buys a whole decode step: Amdahl over the head's share
-                    landing[name] += f", which makes a Llama 3.2 3B decode step at most {step_bound:.2f}× faster"
+                # what a kernel buys a whole step is each page's to say: the landing gives it for no row, so no row
+                # stands alone with it (chapter 06's whole pass, chapter 04's training step)
                 if wider:  # a tie within 1%, chapter 02's rule
                     brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < 0.01 else f"{x:.2f}× at {b}"
                                                      for b, x in wider.items()) + ")")
@@ -939,8 +949,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     if eager[name] and flips:  # the answer flips when called eagerly: said in the cell too
                         cells[name] += (f", in a CUDA graph (called eagerly, BitNet's is faster at "
                                         f"{flips['slower_eager']})")
-                        landing[name] += (f", in a CUDA graph; called eagerly, BitNet's is faster at "
-                                          f"{flips['slower_eager']} of them")
+                        landing[name] += ", in a CUDA graph"  # the eager call's loss: one line under the table
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
                 else:
@@ -1114,6 +1123,27 @@ def clauses(note: str) -> list[str]:
 SUMMARY_CARD = "H200"
 
 
+def case_and_rival(number: int, part: int = 0, root: Path = BENCH_RESULTS) -> str:
+    """The results table's second column for chapter ``number`` (chapter 05: ``part`` 1 or 2): the headline's shape,
+    then its rival, in a few words; the question stands in the column before it."""
+    if number == 4:
+        why = ctc_case_words(_card(root, SUMMARY_CARD))
+        smallest = " (our smallest lead at this alphabet)" if "where our lead is smallest" in why else ""
+        return f"T = 150, A = {CTC_CASE['A']:,}, N = {CTC_CASE['N']}{smallest}; vs cuDNN"
+    words = {
+        1: "the chapter's grammar suite, forward passes; vs llguidance's fast-forward tokens",
+        2: "batch 1, 1,000 of 128,256 tokens allowed; vs xgrammar (cuBLAS logits, then its mask)",
+        3: (f"{NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens, budget {NGRAM_CASE['threshold']}; vs "
+            "our FastDeploy port (no library has one)"),
+        5: ("one row of x, GemLite's shapes; vs GemLite" if part == 1 else
+            "one row of int8 x, BitNet's shapes; vs BitNet's W2A8 kernel"),
+        6: "8 prompts, mixed lengths, Llama 3.1 8B's grouped-query heads; vs FlashInfer",
+        7: "a synthetic 8B-shaped model, batch 1, per token; vs our own loop (no serving engine measured)",
+        8: "SmolLM2-135M, batch 1, per token; vs our own loop, chapter 07's (no serving engine measured)",
+    }
+    return words[number]
+
+
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
                      card: str | None = SUMMARY_CARD) -> str:
     """The results page's first table: per chapter (and chapter 05's Triton part, :func:`part_one_line`) the
@@ -1123,7 +1153,7 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = [n for n in dict.fromkeys(n for h in found for n in h["cells"]) if card is None or n == card]
-    lines = ["| chapter | the question | the fair headline: ours against the strongest rival | "
+    lines = ["| chapter | the question | case; strongest rival | "
              + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
     notes: list[str] = []
     part_one = part_one_line(root)
@@ -1153,14 +1183,17 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
 
     found = [one_card(h) for h in found]
     part_one = part_one and one_card(part_one)
+    eager_lines = {k: [v] for k, v in host_bound_by_chapter(root).items()}
     for h in found:
         if h["number"] == 5 and part_one is not None:  # part 1 (Triton) first, as the book reads
-            line(f"05. {h['title']}, part 1 (Triton)", part_one["notebook"], part_one["question"], part_one["what"],
-                 part_one["cells"], [t for n in names for t in part_one["notes"].get(n, [])])
+            line(f"05. {h['title']}, part 1 (Triton)", part_one["notebook"], part_one["question"],
+                 case_and_rival(5, 1, root), part_one["cells"],
+                 [t for n in names for t in part_one["notes"].get(n, [])] + eager_lines.get((5, 1), []))
         title = f"{h['number']:02d}. {h['title']}" + (", part 2 (CUDA C++)" if h["number"] == 5 and part_one else "")
-        line(title, h["notebook"], h["question"], h["what"], h["cells"],
+        part = 2 if h["number"] == 5 else 0
+        line(title, h["notebook"], h["question"], case_and_rival(h["number"], part, root), h["cells"],
              [t for n in names for t in h["notes"].get(n, [])] + ([h["differs"]] if h["differs"] and len(names) > 1
-                                                                 else []))
+                                                                 else []) + eager_lines.get((h["number"], part), []))
     if notes:
         lines += ["", "More on each line:", ""] + notes
     return "\n".join(lines)
@@ -1877,8 +1910,8 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     ``card`` as one ratio or range and one clause; :func:`other_answers` for the pages that are no headline), whose
     code the answer is measured against (:data:`RIVALS`: a library's, a published kernel or the course's own) and
     its reading time, of the prose and with code and listings. Under it, one note gathers what a call made eagerly,
-    one at a time, does on the pages whose answer carries :data:`EAGER_MARK`; then how the times are counted, the
-    whole course's and a short route's (:data:`SHORT_ROUTE`)."""
+    one at a time, does on the pages whose answer carries :data:`EAGER_MARK`, in one sentence; then the whole
+    course's time and a short route's (:data:`SHORT_ROUTE`)."""
     link = link or (lambda nb: nb)
     by_notebook = {h["notebook"]: h for h in headlines(root)}
     lines = [f"| page | the question | the answer ({card}; × is how many times faster than) | against | "
@@ -1901,14 +1934,15 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         title = titles[notebook]
         if eager:
             number += f" {EAGER_MARK}"
-            eager_notes.append(f"- {title.replace('. ', ', ', 1)}: {eager}.")  # "03. x" would read as a list
+            if "faster" in eager and "stays" not in eager:  # where the rival then wins: said under the table
+                eager_notes.append(f"in chapter {title.split('. ')[0]}" + (" part 2" if "05_ternary_2" in notebook else "")
+                                   + f", {eager}")
         _, minutes[notebook] = reading_minutes(notebook)
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {rival} | {minutes[notebook]} min |")
-    if eager_notes:
+    if any(EAGER_MARK in ln for ln in lines[2:]):
         lines += ["", f"{EAGER_MARK} Called eagerly, one call at a time from Python, a call takes the longer of its "
-                  "GPU time and its *host time* (the time the CPU spends issuing it), so these answers may change:",
-                  "",
-                  ":::{dropdown} Called eagerly, page by page", "", *eager_notes, "", ":::"]
+                  "GPU time and its *host time* (the time the CPU spends issuing it), so a marked answer may change"
+                  + (": " + "; ".join(eager_notes) if eager_notes else "") + "; each marked page says where."]
 
     also = [titles[n].split(". ")[0] + (" part 1" if n.startswith("notebooks/05_") and "triton" in n else "")
             for n in also_timed(root, card)]
@@ -1941,29 +1975,21 @@ def exercise_count(notebook: str | Path, root: Path = REPO_ROOT) -> int:
 
 
 def reading_path_words(root: Path = REPO_ROOT) -> str:
-    """The landing page's reading times in words, under its table: what a time counts, in one line (prose at
-    :data:`WORDS_PER_MINUTE`, an allowance for each listing and table, folded blocks left out), the whole course's,
-    what comes on top (the folded listings' minutes, the exercises' count) and a short route (:data:`SHORT_ROUTE`)."""
+    """The landing page's reading times in words, under its table: the whole course's, the exercises' count on top, and
+    a short route (:data:`SHORT_ROUTE`); how a time is counted (:func:`reading_minutes`) is not the reader's."""
     titles = page_titles()
     order = reading_order(root)
     minutes = {n: reading_minutes(n, root)[1] for n in order}
-    folded = sum(folded_minutes(n, root) for n in order)
     exercises = sum(exercise_count(n, root) for n in order)
 
     def short(n: str) -> str:
         return titles[n].split(". ")[0] + (" part 2" if "05_ternary_2" in n else " part 1" if "05_ternary_1" in n
                                            else "")
 
-    def per(minutes_: float) -> str:
-        return "a minute" if minutes_ == 1 else "half a minute" if minutes_ == 0.5 else f"{minutes_:g} minutes"
-
     route = [n for n in SHORT_ROUTE if n in minutes]
-    out = (f"Reading time counts the prose at {WORDS_PER_MINUTE} words a minute, plus {per(LISTING_MINUTES)} for each "
-           f"listing or diff and {per(TABLE_MINUTES)} for each table the page shows, folded blocks left out: "
-           f"{hours(sum(minutes.values()))} for the course; "
-           + (f"the listings folded under steps add {hours(folded)}, and " if folded else "")
-           + (f"the {exercises} exercises come on top." if exercises else "the exercises come on top."))
-    out += (" With an afternoon, read " + ", then ".join(short(n) for n in route)
+    out = (f"The course reads in {hours(sum(minutes.values()))}; "
+           + (f"the {exercises} exercises come on top." if exercises else "the exercises come on top.")
+           + " With an afternoon, read " + ", then ".join(short(n) for n in route)
             + f" ({hours(sum(minutes[n] for n in route))}): how a chapter is measured, the simplest kernel, and the "
             "longest chain of dependent work.")
     return out

@@ -565,7 +565,7 @@ def _ternary_bitnet(data):
             "rival_check": (
         None if check is None else ("passes" if check["passed"] else "misses"))} | _row(
         f"the one-row W2A8 kernel ({_step_words(ours['series'])}; x quantised to int8 inside the call)",
-        f"one row of x (M = 1), N × K = {n} × {k}: of BitNet's shapes, the one where our lead is smallest",
+        f"M = 1, N × K = {n} × {k} (of BitNet's shapes, where our lead is smallest)",
         ours["clock"], ours, "BitNet's W2A8 kernel (x already int8)", rival,
         byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")), compute_floor_ms=ours.get("floor_compute_ms"),
         latency_floor_ms=latency, latency_what=what, short=f"{_step_words(ours['series'])}, W2A8; {n} × {k}",
@@ -962,12 +962,11 @@ TAIL_SERIES: dict[int, tuple[tuple[str, dict[str, Any]], ...]] = {
         ("step14_workspace", TERNARY_CASE)),
     6: (("multi_item_attention", MULTI_ITEM_GQA_CASE), ("multi_item_attention", MULTI_ITEM_CASE)),
 }
-#: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
+#: What the re-run's table holds, said once under it (the counts come from the tails run's rows).
 TAIL_NOTE = ("p99 ÷ median: the call is timed {samples} times, each time as the mean call time of one CUDA-graph "
-             "replay of at least {calls} calls, in a run of its own; the cell is the 99th percentile of those per-replay "
-             "means over their median, then the two in µs, both from that run (never over the median beside it, "
-             "which comes from the chapter's run): how far one replay's measurement lands from another's, not how "
-             "slow a single call can be (How we measure gives the details)")
+             "replay of at least {calls} calls; the median and the 99th percentile of those per-replay means, both "
+             "from that run: how far one measurement lands from another, not how slow a single call can be (How we "
+             "measure gives the details)")
 #: The p99 column's header: a spread of per-replay means, named for what it is.
 P99_HEADER = "replay-to-replay p99 ÷ its own run's median (µs ÷ µs)"
 #: A card with no tails run: its p99 cells say so with a mark, and one line under the tables says why.
@@ -1041,10 +1040,9 @@ def tail_copies(row: dict[str, Any], t: dict[str, Any]) -> str | None:
     mine, theirs = row.get("copies"), t.get("rotated_copies")
     if mine is None or theirs is None or theirs >= mine:
         return None
-    return (f"the p99 column's run replays the call over {_copies(theirs)} of its input, where the chapter's median "
-            f"rotates over {_copies(mine)}: the rows a call reads may stay in L2 in the p99 run and come from "
-            "device memory in the chapter's, so the p99 and the median beside it are not measured as the chapter's "
-            "median is")
+    return (f"the re-run replays the call over {_copies(theirs)} of its input, where the chapter's median rotates "
+            f"over {_copies(mine)}: the rows a call reads may stay in L2 in the re-run and come from device memory in "
+            "the chapter's, so the re-run's median and p99 are not measured as the chapter's median is")
 
 
 def ctc_tail_targets(row: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str] | None:
@@ -1136,15 +1134,18 @@ def part_one_rival_words(board: list[dict[str, Any]], link: Callable[[str], str]
     return out
 
 
-def floor_kind(r: dict[str, Any]) -> str:
-    """The kind of a row's floor, in a few words: a byte or compute floor, or a latency floor and its chain."""
+def floor_kind(r: dict[str, Any], short: bool = False) -> str:
+    """The kind of a row's floor, in a few words: a byte or compute floor, or a latency floor and its chain (``short``:
+    the kind alone, the chain being said in the row's notes)."""
     if r.get("binding") == "bytes":
         return "byte floor"
     if r.get("binding") == "compute":
         return "compute floor"
     if r.get("binding") == "forward":
-        return f"forward-time bound ({r['forward_words']})"
+        return "forward-time bound" if short else f"forward-time bound ({r['forward_words']})"
     what = r.get("latency_what") or ""
+    if short:
+        return "latency floor"
     if r.get("floor_words"):  # a chain the row names in a few words
         return f"latency floor ({r['floor_words']})"
     if what == ONE_KERNEL:
@@ -1196,6 +1197,17 @@ def short_rival(label: str) -> str | None:
     return next((short for start, short in RIVAL_SHORT if label.startswith(start)), None)
 
 
+def on_page(r: dict[str, Any]) -> bool:
+    """A measured row the scoreboard shows: each chapter's headline case on each card (chapter 05's bf16 kernels and
+    chapter 06's 32 heads too, the one case both cards ran) and the decode loops; an end-to-end row, a second kernel of
+    one card (chapter 02's kernel alone) or another case (chapter 04's small alphabet) stays off, the results page
+    giving it."""
+    if r.get("loop_bound"):
+        return True
+    return (r.get("ours_end_to_end_ms") is None and r.get("tail_params") is not None
+            and r["tail_params"] != CTC_SMALL_CASE)
+
+
 def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
     """A row's floor that binds (its time and kind) and how far our median is above it (× floor), as two cells; a
     decode loop's floor is our loop's bound, said in both cells."""
@@ -1206,10 +1218,10 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
     if r["binding"]:
         times = 100 / r["pct_of_floor"]
         if r.get("loop_bound"):
-            kind = (floor_kind(r).replace("byte floor", "byte bound").replace("latency floor", "kernel-count bound")
-                    if r["binding"] != "forward" else floor_kind(r))
+            kind = (floor_kind(r, short=True).replace("byte floor", "byte bound")
+                    .replace("latency floor", "kernel-count bound"))
             return f"{_floor(r['binding_floor_ms'])}, our loop's {kind}", f"{times:.1f}× our loop's bound"
-        return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}", f"**{times:.1f}×**"
+        return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r, short=True)}", f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
         return f"latency floor, {NOT_MEASURED} on this card", "–"
     return NOT_MEASURED, NOT_MEASURED
@@ -1266,6 +1278,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     under_lead: list[str] = []
     under: list[str] = []
     shown: set[int] = set()
+    tail_cells: list[tuple[dict[str, Any], dict[str, str]]] = []  # the re-run's rows: its median and p99
+    loop_bounds: list[str] = []  # each decode loop's bounds other than the one that binds
+
     for r in board:
         card = short_card(r["card"])
         if "missing" in r:
@@ -1285,6 +1300,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                 floors.append((r, f" | {card} | – | – | – | – |"))
             continue
         shown.add(r["number"])
+        if not on_page(r):
+            continue
         ours = r["ours"]
         m = re.search(r"its entry point \(running (step \d+)\)", r["ours_long"])
         if m and r.get("ours_end_to_end_ms") is None:  # the cell's step is the one the entry point picked
@@ -1322,46 +1339,36 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             median, slowest = r["ours_end_to_end_ms"], r.get("ours_end_to_end_slowest_ms")
         t = tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series")) \
             if r.get("tail_params") else None
-        # the second table's rows say where no run measured their tail; an end-to-end row has the GPU row's
-        p99 = "–" if id(r) in lead_ids or r.get("ours_end_to_end_ms") is not None else NOT_MEASURED
-        if p99 == NOT_MEASURED and load(folders[r["card"]], TAILS) is None:
-            p99 = NO_TAILS_MARK  # the card has no such run: one line under the tables says so
         other = ctc_tail_targets(r, t) if t is not None and r["number"] == 4 else None
         if other is not None:  # the p99 run timed other targets than the row's: its spread is theirs
             note(r, other[1])
-            if other[0]:
-                p99, t = "– (other targets; notes)", None
-        if t is not None:
-            p99 = tail_ratio(t)
-            if t["p99_ms"] > WIDE_TAIL * t["ms"]:  # a spread this wide is worth a line: the median alone misleads
+        if t is not None:  # the re-run's own median and p99, in a table of their own: no row mixes two runs
+            p99 = f"{us(t['p99_ms'])}" + (f" ({_copies(t['rotated_copies'])})" if tail_copies(r, t) else "")
+            ratio = f"{t['p99_ms'] / t['ms']:.2f}×"
+            if other is not None and other[0]:
+                p99, ratio = "– (other targets; notes)", "–"
+            elif t["p99_ms"] > WIDE_TAIL * t["ms"]:  # a spread this wide is worth a line: the median alone misleads
                 note(r, f"its re-measurements spread widely: p99 {us(t['p99_ms'])} µs against a median of "
                         f"{us(t['ms'])} µs in the same run (the slowest {us(t['max_ms'])} µs); why is not measured")
-            differs = tail_differs(r, t)
-            if differs:
-                note(r, differs)
             fewer = tail_copies(r, t)
             if fewer:  # said in the cell in a few words, in the chapter's notes in full
                 note(r, fewer)
-                p99 += f" ({_copies(t['rotated_copies'])})"
-        elif r.get("no_tail_why"):  # why, once under the tables (the p99 definition), not under each loop's row
-            p99 = r["no_tail_why"][0]
-        elif p99 == NOT_MEASURED:  # the card has a p99 run, but it does not time this case: why, in the notes
-            note(r, "the p99 column's run times each chapter's headline case and the chains of its floors, not this "
-                    "case, so its p99 is not measured")
+            tail_cells.append((r, {"card": card, "kernel": ours, "tmedian": us(t["ms"]), "p99": p99,
+                                   "ratio": ratio}))
         binding, pct = _floor_cells(r)
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
             alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
                           and b is not r and b.get("pct_of_floor") is not None), None)
             if alone is not None:
                 pct = pct[:-1] + f"; {alone['ours']}: {100 / alone['pct_of_floor']:.1f}×)"
-        cells.append((r, {"card": card, "kernel": ours, "median": f"**{us(median)}** ({us(slowest)})", "p99": p99,
+        cells.append((r, {"card": card, "kernel": ours, "median": f"**{us(median)}** ({us(slowest)})",
                           "rival": rival, "vs": vs, "binding": binding, "pct": pct}))
         if r.get("floors_as_above"):
             continue
         if r["latency_floor_ms"] is None and not r["no_pct_why"] and r.get("latency_missing_why"):
             note(r, f"latency floor: {r['latency_missing_why']}")
         elif r["latency_what"] != ONE_KERNEL and r["latency_floor_ms"] is not None:
-            note(r, f"{'kernel-count bound' if r.get('loop_bound') and r['number'] == 8 else 'latency floor'}: "
+            note(r, f"{'kernel-count bound' if r.get('loop_bound') else 'latency floor'}: "
                     f"{r['latency_what']}", every_card=True)  # chapter 08's latency floor is its loop's bound
         elif r["latency_floor_ms"] is None and not r["no_pct_why"]:
             note(r, "latency floor: no run on this card timed an empty kernel")
@@ -1379,6 +1386,13 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             latency = (f"{mark('forward', r['forward_bound_ms'], NOT_MEASURED)} (forward-time bound, the one that "
                        f"binds); {latency} (kernel-count bound)")
         kernel = f"[part 1]({link(r['part_notebook'])}): {r['ours']}" if r.get("part_notebook") else r["ours"]
+        if r.get("loop_bound"):  # a decode loop's bounds are our loop's, not the card's: under the loops' table
+            bounds = [(what, ms) for what, kind, ms in (
+                ("byte bound", "bytes", r["byte_floor_ms"]), ("kernel-count bound", "latency", r["latency_floor_ms"]),
+                ("forward-time bound", "forward", r.get("forward_bound_ms"))) if ms is not None and kind != r["binding"]]
+            if bounds:
+                loop_bounds.append(f"{r['number']:02d}: " + ", ".join(f"{what} {_floor(ms)} µs" for what, ms in bounds))
+            continue
         floors.append((r, f" | {card} | {kernel} | {mark('bytes', r['byte_floor_ms'], NOT_MEASURED)} | "
                           f"{mark('compute', r['compute_floor_ms'], '–')} | {latency} |"))
     llama = [b for b in board if b.get("ternary_case") == "llama" and b.get("gemlite_check_error") is not None]
@@ -1388,7 +1402,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                        f"{llama[0]['gemlite_check_tolerance']:.2%}, on the same inputs; GemLite's autotuner picks its "
                        "own launch on each card, the likely reason its rounding differs, so it passes our check on "
                        "one card and not on the other", every_card=True)
-    small = _ctc_small_case_words(root)
+    small = _ctc_small_case_words(root) if any(r.get("tail_params") == CTC_SMALL_CASE and on_page(r)
+                                               for r in board) else None
     if small:
         r4 = next((b for b in board if b["number"] == 4 and "missing" not in b
                    and b.get("shape", "").endswith("N = 1")), None)
@@ -1430,12 +1445,13 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                        for full, mark in marks.items()] + lines_under
         return out + ([""] + [u + "  " for u in lines_under] if lines_under else [])
 
-    first_rows = [rc for rc in cells if id(rc[0]) in lead_ids]
-    rest = [rc for rc in cells if id(rc[0]) not in lead_ids]
-    one_card = all(r["card"] == lead_card for r, _ in first_rows)
-    common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"), ("p99", P99_HEADER),
+    loops = [rc for rc in cells if rc[0].get("loop_bound")]
+    first_rows = [rc for rc in cells if id(rc[0]) in lead_ids and not rc[0].get("loop_bound")]
+    rest = [rc for rc in cells if id(rc[0]) not in lead_ids and not rc[0].get("loop_bound")]
+    one_card = all(r["card"] == lead_card for r, _ in first_rows + loops)
+    common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
-              ("binding", "floor that binds (µs), its kind"), ("pct", "× floor (ours ÷ floor)")]
+              ("binding", "floor that binds (µs)"), ("pct", "× floor (ours ÷ floor)")]
     lead_columns = common if one_card else [("card", "card")] + common
     on = f", all measured on the {LEAD_CARD}" if one_card else ""
     part_one = next((r for r, _ in rest if r["number"] == 5 and r.get("ternary_case") == "part1"), None)
@@ -1443,12 +1459,44 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         # chapter 05's Triton part is a page of its own, but its headline is a range over GemLite's shapes
         under_lead.append(f"[05. {part_one['title']}, part 1 (Triton)]({link('notebooks/05_ternary_1_triton.ipynb')}) "
                           "has no row of its own here: its answer is a range over GemLite's shapes (the headline "
-                          "results give it); the second table gives its last kernel at 4096 × 14336, beside part 2's.")
+                          "results give it); the table of both cards gives its last kernel at 4096 × 14336, beside "
+                          "part 2's.")
+    floor_by_card = {short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
+    if any(v is not None for v in floor_by_card.values()):
+        fastest = ", ".join(f"{ms * 1e3:.2f} µs on the {card}" for card, ms in floor_by_card.items() if ms is not None)
+        under_lead.append(f"A floor's kind: bytes moved, useful work (compute) or a chain of dependent work (latency; "
+                          f"one empty kernel, the card's fastest over all its runs, is {fastest}); each chapter's notes "
+                          "say what its chain is.")
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
                   first_rows, lead_columns, under_lead)
+    if loops:
+        loop_columns = [(k, h.replace("floor that binds", "our loop's bound that binds")
+                         .replace("× floor (ours ÷ floor)", "× bound (ours ÷ bound)")) for k, h in common]
+        times += [""] + table(f"**Decode loops: against our loop's own bound{on}**", loops,
+                              loop_columns if one_card else [("card", "card")] + loop_columns,
+                              [LOOP_BOUND_NOTE] + ([f"Our loop's other bounds: {'; '.join(loop_bounds)}."]
+                                                   if loop_bounds else []))
     if rest:
-        times += [""] + table("**Every other row: the other card, and each chapter's other cases**", rest,
-                              [("card", "card")] + common, under)
+        times += [""] + table("**The headline cases on both cards**", rest, [("card", "card")] + common, under)
+    samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series"))
+                           for r, _ in tail_cells) if t]
+    if tail_cells:
+        n = samples[0].get("samples", "many") if samples else "many"
+        lines = [TAIL_NOTE.format(samples=n, calls=samples[0].get("min_calls_per_replay", "many") if samples
+                                  else "many").replace("p99 ÷ median: ", "Each row: ", 1) + "."]
+        without = sorted({short_card(card_name(c)) for c in cards(root) if load(c, TAILS) is None})
+        if without:
+            lines.append(f"Made on the {' and the '.join(sorted({short_card(r['card']) for r, _ in tail_cells}))} "
+                         f"only: the {' and the '.join(without)}'s medians come from its chapters' own runs, which "
+                         "keep no per-replay samples. A decode loop has no such re-run: the slowest run beside its "
+                         "median gives its spread.")
+        tail_on = {r["card"] for r, _ in tail_cells}
+        on_one = f", on the {short_card(next(iter(tail_on)))}" if len(tail_on) == 1 else ""
+        times += [""] + table(f"**Re-run {n} times: median, p99{on_one}** (a run of its own, so its median can "
+                              "differ from the tables above by a few percent)", tail_cells,
+                              ([] if on_one else [("card", "card")]) + [
+                                  ("kernel", "final kernel"), ("tmedian", "median (µs)"), ("p99", "p99 (µs)"),
+                                  ("ratio", "p99 ÷ median")], lines)
     floor_lines = ["**Floors of each row** (the one that binds, the largest, in bold)", "",
                    "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",
                    "|" + "---|" * 6]
@@ -1457,28 +1505,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         floor_lines.append(f"| {again(r) if r['number'] in named else chapter_link(r)}{rest_cells}")
         named.add(r["number"])
 
-    definitions = []
-    floor_by_card = {short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
-    if any(v is not None for v in floor_by_card.values()):
-        fastest = ", ".join(f"{ms * 1e3:.2f} µs on the {card}" for card, ms in floor_by_card.items() if ms is not None)
-        definitions.append(f"A one-kernel call's latency floor, the card's fastest empty kernel over all its runs: "
-                           f"{fastest}.")
-    samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series")) for r in board
-                           if "missing" not in r and r.get("tail_params")) if t]
-    if samples:
-        definitions.append(TAIL_NOTE.format(samples=samples[0].get("samples", "many"),
-                                            calls=samples[0].get("min_calls_per_replay", "many"))
-                           .replace("p99 ÷ median: ", f"The {P99_HEADER} column: ", 1) + "."
-                           + "".join(dict.fromkeys(f" {b['no_tail_why'][1]}." for b in board if b.get("no_tail_why")))
-                           + " A case the run does not time says \"not measured\".")
-    without = [f"the {short_card(card_name(c))}" for c in cards(root) if load(c, TAILS) is None]
-    if without and samples:
-        definitions.append(f"{NO_TAILS_MARK[-1]} Not measured: the replay-to-replay run was made on the "
-                           f"{' and the '.join(sorted({short_card(r['card']) for r in board if 'missing' not in r} - {w[4:] for w in without}))} "
-                           f"only; {' and '.join(without)}'s medians come from its chapters' own runs, which keep no "
-                           "per-replay samples.")
-    if any(r.get("loop_bound") and r.get("binding") for r in board if "missing" not in r):
-        definitions.append(LOOP_BOUND_NOTE)
+    definitions: list[str] = []
     out_folds = []
     for entry in ENTRIES:
         said = notes.get(entry.number)
@@ -1514,7 +1541,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                      + out_folds).rstrip() + "\n"
 
 
-__all__ = ["BITMASK_CHAIN_KERNELS", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+__all__ = ["BITMASK_CHAIN_KERNELS", "on_page", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "card_name", "entry_rows", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable",
            "part_one_rival_words", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
