@@ -294,6 +294,39 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     return "\n".join(lines)
 
 
+def amdahl_peer(results, ours: str, peer: str) -> Optional[dict[str, Any]]:
+    """:func:`amdahl`'s view against a peer rather than cuBLAS, over the layers of :data:`BITNET_LAYERS` that the
+    benchmark times for both at their own shapes (one row of x): "layers" the names kept, "missing" those left out,
+    "failed" the shapes kept where the peer's output fails its float64 check, "missing_share" the left-out layers'
+    share of the ternary weights, "speedup" the ratio of the
+    count-weighted sums (the peer's over ours), and "end_to_end" the whole decode step's time with the peer's kernel
+    over its time with ours, by Amdahl's law on bytes with the ternary layers' share of :func:`amdahl` and each
+    kernel's speedup over cuBLAS on the kept layers (the left-out layers taken to scale as the kept ones). None
+    without a kept layer."""
+    share = amdahl(results, [ours])["share"]
+    kept, missing, failed = [], [], []
+    base = theirs = mine = 0.0
+    for name, n, k, count, _ in BITNET_LAYERS:
+        shape = f"{n}x{k}"
+        b, p, o = (us(results, s, shape) for s in (CUBLAS, peer, ours))
+        if None in (b, p, o):
+            missing.append(name)
+            continue
+        kept.append(name)
+        base, theirs, mine = base + count * b, theirs + count * p, mine + count * o
+        if peer == GEMLITE:
+            check = gemlite_check(results, shape)
+            if check is not None and not check["passed"]:
+                failed.append(shape)
+    if not kept:
+        return None
+    step = lambda speed: (1 - share) + share / speed  # noqa: E731  a step's time, cuBLAS's = 1
+    weights = {name: n * k * count for name, n, k, count, _ in BITNET_LAYERS}
+    return {"layers": kept, "missing": missing, "failed": failed, "speedup": theirs / mine,
+            "missing_share": sum(weights[m] for m in missing) / sum(weights.values()),
+            "end_to_end": step(base / theirs) / step(base / mine)}
+
+
 def amdahl_table(view: dict) -> str:
     lines = ["| part of the step | bytes read (MB) | share |", "|---|---|---|"]
     total = view["linear_bytes"] + sum(view["rest"].values())
@@ -679,7 +712,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "PART1_ROWS", "PART2_ROWS", "verdict", "place_times", "gemlite_table", "shape_words", "and_list", "part2_rows", "step25_wins", "further_run", "run_source", "lab_file",
+           "PART1_ROWS", "PART2_ROWS", "amdahl_peer", "verdict", "place_times", "gemlite_table", "shape_words", "and_list", "part2_rows", "step25_wins", "further_run", "run_source", "lab_file",
            "bench_file", "provenance", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
@@ -717,9 +750,9 @@ PART1_ROWS = (
 )
 
 #: Part 2's rows, as :data:`PART1_ROWS`: one row a step, each against the step before it. Steps 15, 18 and 22 lose
-#: alone and exist for the step after them, which their rows say; steps 24 and 25 are built for several rows of x:
-#: at one row of the headline shape they lose, at BitNet's largest shapes step 25 wins, at 16 rows each beats the
-#: step before it.
+#: alone and exist for the step after them, which their rows say; steps 24 and 25, a tried path built for several
+#: rows of x: at one row of the headline shape they lose, at BitNet's largest shapes step 25 wins, at 16 rows each
+#: beats the step before it and both lose to part 1's step 14.
 PART2_ROWS = (
     (14, 1, None, "part 1's last Triton step"),
     (15, 1, 14, "the loop by hand on `mma.sync`, K in one slice (loses; step 16 needs it)"),
@@ -731,12 +764,12 @@ PART2_ROWS = (
     (21, 1, 20, "the decode's constant kept in a register"),
     (22, 1, 21, "int8 x on the int8 tensor cores, x quantised by a kernel of its own (loses; step 23 needs it)"),
     (23, 1, 22, "x quantised inside the matmul"),
-    (24, 1, 23, "for several rows: one tile of weights a warp, a slice of K a block; loses here"),
-    (25, 1, 24, "for several rows: x by the TMA; loses to step 23 here, wins at the largest BitNet shapes"),
+    (24, 1, 23, "tried, for several rows: one tile of weights a warp, a slice of K a block; loses here"),
+    (25, 1, 24, "tried, for several rows: x by the TMA; loses to step 23 here, wins at the largest BitNet shapes"),
     (14, 16, None, "part 1's step 14 at 16 rows of x"),
     (23, 16, 14, "step 23 at 16 rows (there x is quantised by a kernel of its own)"),
-    (24, 16, 23, "for several rows: one tile of weights a warp, a slice of K a block"),
-    (25, 16, 24, "for several rows: x by the TMA; beats step 23, loses to step 14"),
+    (24, 16, 23, "tried, for several rows: one tile of weights a warp, a slice of K a block"),
+    (25, 16, 24, "tried, for several rows: x by the TMA; beats step 23, loses to step 14"),
 )
 
 
@@ -764,19 +797,20 @@ def part2_rows(bitnet_run) -> tuple:
                  for n, m, p, c in PART2_ROWS)
 
 
-def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
+def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_of_x=None) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
     speedup over the step it is measured against (named, > 1 is faster) and its multiple of the 2-bit weights'
     bandwidth floor (steps 7 and 8 also over their own 1.6-bit floor); with ``read_only``, also its multiple of the time of
     a kernel that only reads the same 2-bit weights (``read_weights``, timed at one row of x); "pending" where the
-    file has no time."""
+    file has no time. ``rows_of_x`` (a number or a tuple of them) keeps those tables alone: a page shows its one-row
+    table open and folds the others."""
+    keep = None if rows_of_x is None else set(rows_of_x if isinstance(rows_of_x, (tuple, list)) else (rows_of_x,))
     tables = []
-    for rows_of_x in dict.fromkeys(m for _, m, _, _ in rows):
-        caption = (f"**{'One row' if rows_of_x == 1 else f'{rows_of_x} rows'} of x (M = {rows_of_x}), "
+    for m in dict.fromkeys(m for _, m, _, _ in rows if keep is None or m in keep):
+        caption = (f"**{'One row' if m == 1 else f'{m} rows'} of x (M = {m}), "
                    f"{shape.replace('x', ' × ')}, {card(results)}, GPU clock**")
-        tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == rows_of_x], shape,
-                                                      read_only))
+        tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == m], shape, read_only))
     return "\n\n".join(tables)
 
 
