@@ -716,8 +716,8 @@ def _decode(data):
     gaps: tuple[str, ...] = ()
     notes = ["wall clock: the whole step, host included, per output token; the median and the slowest run are "
              "medians over the JSON schemas of each request's median and slowest run",
-             "floors: the body's weights read once per forward, and its kernels' chain, per output token; the "
-             "8B-shaped body's 32 layers reuse one layer's weights, far larger than L2, so each layer's read is "
+             "our loop's bounds: the body's weights read once per forward, and its kernels' chain, per output "
+             "token; the 8B-shaped body's 32 layers reuse one layer's weights, far larger than L2, so each layer's read is "
              "counted and comes from memory"]
     head = next((n.split("'vocab_size': ", 1)[1].split(",", 1)[0] for n in data.get("notes", [])
                  if n.startswith("model 8b: ") and "'vocab_size': " in n), None)
@@ -747,8 +747,7 @@ def _decode(data):
         notes.append(f"on a real model, SmolLM2-135M, over its {len(real)} requests at batch 1, the same two loops: "
                      f"{unpadded['real_ratio']:.2f}× (the ratio of the two medians)")
     return unpadded | {"no_tail_why": LOOP_NO_TAIL, "loop_bound": True} | _row("the loop with chapters 01 and 02 (step 3)",
-                           f"8B-shaped body with a cl100k head, batch 1, per output token, median of the {len(pairs)} "
-                           "JSON schemas (one request each)",
+                           f"8B-shaped, batch 1, per output token (median of {len(pairs)} JSON schemas)",
                            ours[0]["clock"], summary, "the same loop, dense head and mask (step 1)", rival_row,
                            byte_floor_ms=med(byte), latency_floor_ms=med(latency),
                            latency_what=(f"{kernels} dependent kernels a forward, each at least an empty kernel"
@@ -812,8 +811,8 @@ def _speculate(data):
              if latency is not None else {})
     return ({"latency_missing_why": why} if latency is None else words) | {"no_tail_why": LOOP_NO_TAIL,
                                                                            "loop_bound": True} | _row(
-                "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of the {len(pairs)} "
-                "requests that close their JSON", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
+                "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, batch 1, per output token (median of {len(pairs)} "
+                "requests that close their JSON)", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
                 rival_row,
                 byte_floor_ms=byte, latency_floor_ms=latency, latency_what=why, short="step 4, whole loop",
                 ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request")
@@ -1220,7 +1219,7 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
         if r.get("loop_bound"):
             kind = (floor_kind(r, short=True).replace("byte floor", "byte bound")
                     .replace("latency floor", "kernel-count bound"))
-            return f"{_floor(r['binding_floor_ms'])}, our loop's {kind}", f"{times:.1f}× our loop's bound"
+            return f"{_floor(r['binding_floor_ms'])}, our loop's {kind}", f"**{times:.1f}×**"
         return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r, short=True)}", f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
         return f"latency floor, {NOT_MEASURED} on this card", "–"
