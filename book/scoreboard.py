@@ -200,7 +200,7 @@ def card_empty_kernel_ms(card: Path) -> float | None:
     return min(known) if known else None
 
 
-def _run_words(stem: str) -> str:
+def chapter_run_words(stem: str) -> str:
     """A benchmark file named for a reader: ``decode`` -> ``chapter 07's``, ``tails`` -> ``the tails'``."""
     from studylog.chapter import get
 
@@ -210,33 +210,21 @@ def _run_words(stem: str) -> str:
         return f"the {stem}'"
 
 
-def latency_floor_words(root: Path = BENCH_RESULTS) -> str:
-    """One sentence, said once on the scoreboard and on How we measure: the one-launch latency floor of each card
-    (:func:`card_empty_kernel_ms`, the smallest of its runs), the range its runs recorded, and why the smallest is
-    used: the empty kernel drifts from run to run with the card's state, and a floor is the least a call can take."""
-    said, drift, widest = [], [], 1.0
+def empty_kernel_range(root: Path = BENCH_RESULTS) -> dict[str, tuple[float, float, str]]:
+    """Each card's (short name) fastest and slowest graph-replayed empty kernel over all its runs, in µs, and which
+    runs gave the fastest ("" where every run agrees): the one-launch latency floor is the fastest, since a floor is
+    the least a call can take; the slowest says how far the card's state moves it."""
+    out = {}
     for card in cards(root):
-        runs = [(t, p.stem) for p in sorted(Path(card).glob("*.json"))
+        runs = [(t * 1e3, p.stem) for p in sorted(Path(card).glob("*.json"))
                 if (t := empty_kernel_ms(json.loads(p.read_text()))) is not None]
         if not runs:
             continue
-        lo, hi = min(t for t, _ in runs) * 1e3, max(t for t, _ in runs) * 1e3
-        widest = max(widest, hi / lo)
-        least = [_run_words(name) for t, name in runs if f"{t * 1e3:.2f}" == f"{lo:.2f}"]  # where the floor comes from
-        name = short_card(card_name(card))
-        said.append(f"{lo:.2f} µs on the {name}" + (f" ({' and '.join(least)} run{'s' if len(least) > 1 else ''})"
-                                                     if f"{lo:.2f}" != f"{hi:.2f}" else ""))
-        if f"{lo:.2f}" != f"{hi:.2f}":
-            drift.append(f"the {name}'s runs recorded {lo:.2f} to {hi:.2f} µs")
-    if not said:
-        return ""
-    return ("The latency floor of a one-launch kernel is the card's fastest empty kernel, graph-replayed, over all "
-            "the card's runs: " + " and ".join(said) + "." + (
-                " The same empty kernel drifts from run to run: " + ", ".join(drift) + ". No run locks the GPU's "
-                "clocks, so each run's boost clock and the card's state between runs stay in its numbers; which of "
-                "them moved the empty kernel is not measured." if drift else "")
-            + " A floor is the least a call can take, so the smallest is used; against the slowest run's empty kernel, "
-            f"a latency-bound row's \"× floor\" would read up to {widest:.1f}× lower.")
+        lo, hi = min(t for t, _ in runs), max(t for t, _ in runs)
+        least = [chapter_run_words(stem) for t, stem in runs if f"{t:.2f}" == f"{lo:.2f}"]
+        where = f"{' and '.join(least)} run{'s' if len(least) > 1 else ''}" if len(least) < len(runs) else ""
+        out[short_card(card_name(card))] = (lo, hi, where)
+    return out
 
 
 def _floor_empty_ms(data: dict[str, Any]) -> float | None:
@@ -966,8 +954,6 @@ TAIL_NOTE = ("p99 ÷ median: the call is timed {samples} times, each time as the
              "replay of at least {calls} calls; the median and the 99th percentile of those per-replay means, both "
              "from that run: how far one measurement lands from another, not how slow a single call can be (How we "
              "measure gives the details)")
-#: The p99 column's header: a spread of per-replay means, named for what it is.
-P99_HEADER = "replay-to-replay p99 ÷ its own run's median (µs ÷ µs)"
 #: A card with no tails run: its p99 cells say so with a mark, and one line under the tables says why.
 NO_TAILS_MARK = "not measured†"
 
@@ -1001,20 +987,6 @@ def _floor(ms: float | None, missing: str = NOT_MEASURED) -> str:
 def short_card(name: str) -> str:
     """A card's name as the tables write it: ``NVIDIA H100 80GB HBM3`` -> ``H100``."""
     return name.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
-
-
-def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, Any] | None = None,
-                 by: float = 0.03) -> str | None:
-    """A sentence where the tails run's median lands more than ``by`` away from the chapter's median: by how much
-    (the two are separate runs; the p99 cell gives its ratio to its own run's median); None where the two agree. ``tails_run`` is accepted for callers that pass the run's file; the sentence does not need it."""
-    gap = t["ms"] / row["median_ms"] - 1
-    below = t.get("p99_ms") is not None and t["p99_ms"] < row["median_ms"]  # a p99 under the median beside it reads as an error: said, however close
-    if abs(gap) <= by and not below:
-        return None
-    return (f"the p99's own run has its median {abs(gap):.0%} {'above' if gap > 0 else 'below'} this row's "
-            f"({us(t['ms'])} against {us(row['median_ms'])} µs)"
-            + (f", so its p99 ({us(t['p99_ms'])} µs) lands below this row's median" if below else "")
-            + "; the p99 cell divides by its own run's median, never by this row's")
 
 
 def tail_ratio(t: dict[str, Any]) -> str:
@@ -1540,8 +1512,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                      + out_folds).rstrip() + "\n"
 
 
-__all__ = ["BITMASK_CHAIN_KERNELS", "on_page", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
-           "card_empty_kernel_ms", "card_name", "entry_rows", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable",
+__all__ = ["BITMASK_CHAIN_KERNELS", "on_page", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+           "card_empty_kernel_ms", "chapter_run_words", "empty_kernel_range", "card_name", "entry_rows", "cards", "faster_rivals", "floor_kind", "not_comparable",
            "part_one_rival_words", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
-           "spread", "tail", "tail_copies", "tail_differs", "tail_ratio"]
+           "spread", "tail", "tail_copies", "tail_ratio"]
