@@ -1197,9 +1197,8 @@ CORE_NAMES = {4: ("step 1's alpha", "step 4's alpha"), 6: ("step 5's alpha", "st
               13: ("steps 8 to 12's first pass", "step 13's")}
 
 
-def step_core(number: int):
-    """The core of step ``number``'s change (:data:`CORES`), shown open on the page, comments left out: at most 40
-    changed lines, each run left out named by a grey line with its count of changed lines (:func:`diff_excerpt`)."""
+def _core_diff(number: int):
+    """The whole comment-free diff of step ``number``'s change (:data:`CORES`) and what its core shows and leaves out."""
     from studylog.source import show_diff, source_of
 
     sources, what, elide = CORES[number]
@@ -1209,6 +1208,13 @@ def step_core(number: int):
     old, new, old_function, new_function = sources
     diff = show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
                      context=2 if number == 7 else 3, names=CORE_NAMES[number])
+    return diff, what, elide
+
+
+def step_core(number: int):
+    """The core of step ``number``'s change (:data:`CORES`), shown open on the page, comments left out: at most 40
+    changed lines, each run left out named by a grey line with its count of changed lines (:func:`diff_excerpt`)."""
+    diff, what, elide = _core_diff(number)
     return diff_excerpt(diff, what, *elide)
 
 
@@ -1216,15 +1222,7 @@ def step_rest(number: int):
     """The rest of step ``number``'s change (:data:`CORES`): the runs its open core leaves out (signature plumbing and
     mirror images), each under a grey line that says what it is, with their true line numbers; the page folds it
     under the core, so the core plus this is the whole comment-free diff."""
-    from studylog.source import show_diff, source_of
-
-    sources, what, elide = CORES[number]
-    if isinstance(sources, int):
-        a, b = CHAPTER.step(sources - 1), CHAPTER.step(sources)
-        sources = (a.source, b.source, a.source_function, b.source_function)
-    old, new, old_function, new_function = sources
-    diff = show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
-                     context=2 if number == 7 else 3, names=CORE_NAMES[number])
+    diff, _, elide = _core_diff(number)
     return diff_excerpt(diff, "the rest of the change", *elide, left_out=True)
 
 
