@@ -70,7 +70,7 @@ def quiet_native_stderr():
         os.close(saved)
 
 
-def _prose(markdown: str) -> str:
+def prose_text(markdown: str) -> str:
     """The prose of a piece of Markdown: without code, math, tables, directives, HTML and link targets."""
     text = re.sub(r"```.*?```|~~~.*?~~~", " ", markdown, flags=re.DOTALL)
     text = re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$", " ", text, flags=re.DOTALL)
@@ -83,7 +83,7 @@ def _prose(markdown: str) -> str:
     return "\n".join(lines)
 
 
-def _said(code: str) -> list[str]:
+def said_texts(code: str) -> list[str]:
     """The literal text of every ``say(...)`` call in a code cell (an f-string's text without its fields)."""
     try:
         tree = ast.parse(code)
@@ -120,10 +120,10 @@ def prose_words(path: str | Path) -> int:
             if cell["cell_type"] == "markdown":
                 pieces.append(source)
             elif cell["cell_type"] == "code":
-                pieces += _said(source)
+                pieces += said_texts(source)
     else:
         pieces = [path.read_text()]
-    return sum(len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", _prose(p))) for p in pieces)
+    return sum(len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", prose_text(p))) for p in pieces)
 
 
 def rendered_words(html: str) -> int:
@@ -348,7 +348,7 @@ def changed_lines(diff) -> int:
 PROSE_BUDGET = 2500
 
 __all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "function_diff", "function_listing", "gpu_us", "guarded",
-           "listing_parts", "page_words", "prose_words", "quiet_native_stderr", "rendered_words", "report", "say",
+           "listing_parts", "page_words", "prose_text", "prose_words", "quiet_native_stderr", "rendered_words", "report", "say",
            "step_diff", "us"]
 
 

@@ -1542,7 +1542,7 @@ def unfolded_prose_words(notebook: str | Path, root: Path = REPO_ROOT) -> int:
     ``say`` calls), less what sits in a dropdown or a ``<details>`` block."""
     import json
 
-    from book.common import _prose, _said
+    from book.common import prose_text, said_texts
 
     path = Path(root) / notebook
     count = 0
@@ -1551,10 +1551,10 @@ def unfolded_prose_words(notebook: str | Path, root: Path = REPO_ROOT) -> int:
         if cell["cell_type"] == "markdown":
             text = source
         elif cell["cell_type"] == "code" and not {"remove-output", "remove-cell"} & _tags(cell):
-            text = "\n".join(_said(source))
+            text = "\n".join(said_texts(source))
         else:
             continue
-        count += len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", _prose(_FOLDED.sub(" ", text))))
+        count += len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", prose_text(_FOLDED.sub(" ", text))))
     return count
 
 

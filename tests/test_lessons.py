@@ -180,12 +180,12 @@ def test_exercises_do_not_give_their_answers_away(path):
 
 def _prose_lines(path: Path) -> list[str]:
     """The lines of prose a page renders: Markdown cells and ``say`` text, fenced code left out."""
-    from book.common import _said
+    from book.common import said_texts
 
     pieces = []
     for cell in json.loads(path.read_text())["cells"]:
         source = "".join(cell["source"])
-        pieces += [source] if cell["cell_type"] == "markdown" else _said(source) if cell["cell_type"] == "code" else []
+        pieces += [source] if cell["cell_type"] == "markdown" else said_texts(source) if cell["cell_type"] == "code" else []
     text = re.sub(r"```.*?```", "", "\n".join(pieces), flags=re.DOTALL)
     return text.splitlines()
 

@@ -483,7 +483,7 @@ NUMBER_WITH_UNIT = re.compile(r"(?<![\w.{`$])\d[\d,]*(?:\.\d+)?\s?(?:µs|us|ms|n
                               r"MB|GB|KB|MiB|GiB)(?![\w])")
 
 
-def _prose(path: Path) -> str:
+def prose_text(path: Path) -> str:
     text = path.read_text()
     text = re.sub(r"^---\n.*?\n---\n", "", text, flags=re.DOTALL)  # the notebook's header
     return re.sub(r"```.*?```", " ", text, flags=re.DOTALL)  # code cells and directives
@@ -491,7 +491,7 @@ def _prose(path: Path) -> str:
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
 def test_pages_type_no_measured_number(path):
-    typed = NUMBER_WITH_UNIT.findall(_prose(path))
+    typed = NUMBER_WITH_UNIT.findall(prose_text(path))
     assert not typed, f"{path.name}: numbers typed into prose: {typed}"
 
 
