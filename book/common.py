@@ -348,7 +348,7 @@ def changed_lines(diff) -> int:
 PROSE_BUDGET = 2500
 
 __all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "function_diff", "function_listing", "gpu_us", "guarded",
-           "listing_parts", "page_words", "prose_text", "prose_words", "quiet_native_stderr", "rendered_words", "report", "say",
+           "listing_parts", "page_words", "prose_text", "prose_words", "quiet_native_stderr", "rendered_words", "report", "said_texts", "say",
            "step_diff", "us"]
 
 
