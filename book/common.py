@@ -347,9 +347,9 @@ def changed_lines(diff) -> int:
 #: The most prose a chapter page may hold, in words (:func:`prose_words`).
 PROSE_BUDGET = 2500
 
-__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "function_diff", "function_listing", "gpu_us", "guarded",
-           "listing_parts", "page_words", "prose_text", "prose_words", "quiet_native_stderr", "rendered_words", "report", "said_texts", "say",
-           "step_diff", "us"]
+__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "function_diff",
+           "function_listing", "gpu_us", "guarded", "listing_parts", "page_words", "prose_text", "prose_words",
+           "quiet_native_stderr", "rendered_words", "report", "said_texts", "say", "step_diff", "us"]
 
 
 # Chain tables: a bundled step timed one change at a time
