@@ -31,9 +31,9 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
            "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
-           "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "TIMELINE_PARTS",
-           "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties",
-           "ties_words", "dispatch_step", "plan_step", "PATH_STEPS", "PATH_WORDS", "path_words"]
+           "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "mean_period",
+           "TIMELINE_PARTS", "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied",
+           "is_tie", "ties", "ties_words", "dispatch_step", "plan_step", "PATH_STEPS", "PATH_WORDS", "path_words"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with the streaming kernel's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "candidates_do_bench", "nvidia-h200"
@@ -763,8 +763,8 @@ def main_steps_table(results) -> str:
     with the bitmask's copy, said in its cell); "its own case" gives, for a step whose idea is about another case, that
     case's time, its ratio to the step it builds on there and its time over that floor. A time whose rotation was capped
     carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the page's threshold."""
-    lines = [f"**The steps kept, at {_case(MAIN_CASE)} allowed tokens** (µs, GPU clock; × the kept step above it with "
-             "a time here)", "",
+    lines = [f"**The steps kept, at {_case(MAIN_CASE)} allowed tokens** (µs, GPU clock; every row, "
+             "steps 0 and 1 too, on the [V, D] head; × the kept step above it with a time here)", "",
              "| step | the one change | µs | × | × floor | its own case |", "|---|---|---|---|---|---|"]
     from_host = []  # (name, row): the whole-step rows, priced against their own floor under the table
     for number in MAIN_LINE:
@@ -1063,6 +1063,14 @@ def plan_parts(data: dict) -> dict[str, float]:
     parts = {key: s["duration_us"][key] for key, _ in TIMELINE_PARTS}
     busy = sum(parts.values())
     return {**parts, "span": s["span_us"], "period": s["period_us"], "busy": busy, "idle": s["period_us"] - busy}
+
+
+def mean_period(data: dict) -> float:
+    """:func:`plan_timeline`'s mean time from one call's copy to the next call's over every traced call, in µs: what
+    a benchmark that times whole replays and divides by their calls sees, where the summary's ``period_us`` is the
+    median call."""
+    periods = [c["period_us"] for replay in data["replays"] for c in replay if c["period_us"] is not None]
+    return sum(periods) / len(periods)
 
 
 def plan_timeline_table(data: dict, step_us: float) -> str:
