@@ -43,7 +43,7 @@ def test_no_ratio_across_clocks():
     by_step = {r[0]: r for r in rows}
     host = [r[0] for r in rows if any(c.endswith("(host)") for c in r[2::3])]
     assert host == ["1"] and all(c.endswith("(host)") for c in by_step["1"][2::3] if c != "–")
-    assert by_step["2"][3] == "–"  # step 2 (GPU) is not divided by step 1 (host)
+    assert by_step["2"][3] == "– (step 1 on the host)"  # step 2 (GPU) is not divided by step 1 (host)
     head = [c.strip() for c in lesson.steps_table(results).splitlines()[0].split("|")[1:-1]]
     assert all(h.endswith("µs, GPU clock (step 1: host)") for h in head[2::3])  # each time column says its clocks
     for r in rows:  # the floor is a GPU-clock time: only a GPU-clock row is divided by it
@@ -659,9 +659,10 @@ def test_why_it_matters_weighs_the_lookup_against_acceptance():
     assert "| ours (`ngram_match`) | {a['gpu']:.2%} | {net(a['gpu']):.2f}× |" in table
 
 
-def test_the_result_says_first_what_its_range_measures_and_the_skips_share():
-    """The rival is our own corrected port: the result's first sentence says the range measures its grid (one block a
-    slot), and the quoted ratio's share from step 11's skip (step 10 -> 11) comes with it, before the tables."""
+def test_the_result_leads_with_the_deployed_budget_then_says_what_its_range_measures():
+    """The rival is our own corrected port: the result opens on the deployed budget's ratio and the time it takes off a
+    decoding step, with its share from step 11's skip (step 10 -> 11); then, before the tables, it says the range over
+    the shapes measures the port's grid (one block a slot)."""
     import json
 
     from studylog import paths
@@ -669,5 +670,8 @@ def test_the_result_says_first_what_its_range_measures_and_the_skips_share():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     code = "".join(next(c for c in cells if c.get("id") == "cell-34")["source"])
     first = code[code.index('say(f"""'):code.index("display(Markdown(lesson.result_table")]
-    assert first.split("\n", 1)[1].startswith("Step 4 keeps the revision's grid, one block a slot")
+    assert first.split("\n", 1)[1].startswith("At the deployed budget, 128 slots of long prompts")
+    assert "off every decoding step" in first
+    assert first.index("ratios[lesson.HEADLINE]") < first.index("Step 4 keeps the revision's grid, one block a slot")
+    assert first.index("Step 4 keeps the revision's grid") < first.index("min(ratios.values())")
     assert "us(10, *lesson.HEADLINE) / us(11, *lesson.HEADLINE)" in first and "ratios[lesson.HEADLINE]" in first

@@ -436,8 +436,8 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
     each path of :data:`PATHS` under a row naming it, then the entry point; per case of ``cases`` the time in µs, ×
     previous (over the step it builds on, :func:`builds_on`: the step before on its path) and × the floor
     (:func:`floor_us`, given in that column's head). Step 1 is timed end to end on the host (its cells and each time
-    column's head say "host"), the kernels on the GPU clock: a row is compared with the previous one only on the same clock, and with
-    the floor only on the GPU clock, the floor's own (``–`` otherwise). The entry point builds on no step (it runs
+    column's head say "host"), the kernels on the GPU clock: a row is compared with the previous one only on the same clock (step 2's
+    cell says its base is on the host), and with the floor only on the GPU clock, the floor's own (``–`` otherwise). The entry point builds on no step (it runs
     one), so its "× previous" is ``–``."""
     floors = [floor_us(results, cfg) for cfg in cases]
     head = ["step", "the one change"]
@@ -468,7 +468,9 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
                 prev = (base["ms"] * 1e3, base.get("clock")) if base else None
             same_clock = prev is not None and prev[1] == row.get("clock")
             on_floor_clock = row.get("clock") == "gpu"  # the floor is a GPU-clock time: a host time is not divided by it
-            cells += [us(row["ms"]) + ("" if on_floor_clock else " (host)"), f"{prev[0] / t:.2f}×" if same_clock else "–",
+            ratio = (f"{prev[0] / t:.2f}×" if same_clock  # a row over one on the other clock: say which it would be
+                     else f"– (step {builds_on(int(number))} on the host)" if prev is not None else "–")
+            cells += [us(row["ms"]) + ("" if on_floor_clock else " (host)"), ratio,
                       f"{t / floors[i]:,.1f}×" if floors[i] and on_floor_clock else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
