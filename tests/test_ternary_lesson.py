@@ -369,7 +369,7 @@ def test_part_2s_steps_table_gives_each_step_one_row_against_the_step_before_it(
         assert line.startswith(f"| {number} |"), line
         if previous is not None:
             t, before = L.us(results, T.SERIES[number], L.MAIN, m), L.us(results, T.SERIES[previous], L.MAIN, m)
-            assert f"| {before / t:.2f} (vs {previous}) |" in line, line
+            assert f"| {before / t:.2f}× (vs {previous}) |" in line, line
             if m == 1 and before < t and number not in (24, 25):  # loses alone: the row says which step needs it
                 assert f"step {number + 1} needs it" in change, line
         assert change.startswith("tried, for several rows") == (number in (24, 25)), line
@@ -732,8 +732,10 @@ def test_gemlites_check_names_its_tolerance_and_partial_sums(results):
 
 def test_the_result_table_marks_the_w2a8_columns_as_other_numerics(results):
     head = L.result_table(results, cases=((L.MAIN, 1),)).splitlines()[0].split("|")
-    marked = [cell for cell in head if "different numerics (x rounded to int8)" in cell]
+    marked = [cell for cell in head if "another product, x rounded to int8 first" in cell]
     assert len(marked) == 2 and all("W2A8" in c or "W8A8" in c for c in marked)
+    same = [cell for cell in head if "cuBLAS's product" in cell]
+    assert len(same) == 2 and all("bf16 x" in c for c in same)
 
 
 def test_part_2s_prose_is_within_the_budget():

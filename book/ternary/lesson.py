@@ -407,12 +407,13 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
     its step; every launch of step 23 unless told), the peers (GemLite, torch._int_mm) and the binding floor (the
     larger of the 2-bit weights' time at the copy bandwidth and the card's latency floor, an empty kernel); speedups
     over cuBLAS in brackets; a peer's time is marked where its output fails its float64 check there (:data:`FAILS`).
-    The W2A8 columns' headers say that their product is another one: x rounded to int8 a
-    row, where cuBLAS bf16 and the bf16-x columns compute ``x @ W.T`` itself."""
+    The headers say which columns compute cuBLAS's product, ``x @ W.T`` itself, and which another one: the W2A8
+    columns round x to int8 a row first, so their speedup over cuBLAS is not like for like."""
     if results is None:
         return PENDING
-    lines = ["| N × K, M | cuBLAS bf16 (x @ W.T) | ours, bf16 x | GemLite (bf16 x) | ours, W2A8: different numerics "
-             "(x rounded to int8) | torch._int_mm (W8A8): different numerics (x rounded to int8) | floor |",
+    lines = ["| N × K, M | cuBLAS bf16 (x @ W.T) | ours, bf16 x: cuBLAS's product | GemLite (bf16 x): cuBLAS's "
+             "product | ours, W2A8: another product, x rounded to int8 first | torch._int_mm (W8A8): another "
+             "product, x rounded to int8 first | floor |",
              "|---|---|---|---|---|---|---|"]
     failed, marked = failed_peer_checks(results.data), False
     empty = latency_floor_ms(results) * 1e3  # the card's latency floor: no call ends sooner
@@ -824,7 +825,7 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
         own = (f" (its 1.6-bit floor: {fmt(ratio(t, floor_us(results, shape, m, 'base3')), '.1f')})"
                if number in (7, 8) else "")
         before = None if previous is None else us(results, SERIES[previous], shape, m)
-        speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
+        speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f', '×')} (vs {previous})"
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
         lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | "
                      f"{fmt(ratio(t, floor), '.1f')}{own} |{extra}")
@@ -901,8 +902,7 @@ def core_diff(step: int):
 
     return source.show_diff(wrapped(textwrap.dedent(_region(text(old), a0, a1)), 110),
                             wrapped(textwrap.dedent(_region(text(step), b0, b1)), 110),
-                            names=(f"step {old}: {_STEPS[old - 1].title} (its main loop)",
-                                   f"step {step}: {_STEPS[step - 1].title} (the core of the change)"))
+                            names=(f"step {old} (its main loop)", f"step {step} (the core of the change)"))
 
 
 def wrapped(text: str, width: int = 105) -> str:
@@ -1545,13 +1545,13 @@ def device_diff(step: int, helpers: bool = True, region: Optional[tuple[str, str
     turns on and off, no Python launcher; with ``region`` (start, stop), only the lines of both from the first that
     contains ``start`` to the first after it that contains ``stop`` (:data:`DEVICE_CORE`)."""
     from studylog import source
-    from studylog.ternary.steps import STEPS as _STEPS
 
     texts = [device_source(n, helpers) for n in (step - 1, step)]
     if region is not None:
         texts = [textwrap.dedent(_region(t, *region)) for t in texts]
     texts = [wrapped(t, 110) for t in texts]  # no line past a listing's frame
-    what = lambda n: f"step {n}: {_STEPS[n - 1].title}" + ("" if region is None else " (the core)")  # noqa: E731
+    # the step's heading sits above the diff: its caption names the steps only
+    what = lambda n: f"step {n}" + ("" if region is None else " (the core)")  # noqa: E731
     return source.show_diff(*texts, names=(what(step - 1), what(step)))
 
 
