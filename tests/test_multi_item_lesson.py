@@ -249,7 +249,8 @@ def test_lesson_on_the_committed_file():
     rows = _rows(table)
     assert len(rows) == 3 and "pending" not in table
     assert rows[1][3] == f"{view[lesson.MAIN_SHAPES[0]]['pass_gain']:.2f}×"
-    assert rows[2][3] == f"{view[lesson.MAIN_SHAPES[0]]['packing_gain']:.0f}×"
+    packing = view[lesson.MAIN_SHAPES[0]]['packing_gain']
+    assert rows[2][3].startswith(f"{packing:.0f}× (packing's gain, not the kernel's")
     assert lesson.pass_table(None, lays) == "pending"
     pairs, bounds = lesson.bounds_table(results, lays).split("\n\n")  # two narrow tables, a row a shape each
     assert pairs.count("\n") == bounds.count("\n") == 1 + len(lays) and " x " not in pairs + bounds
@@ -284,13 +285,13 @@ def test_the_steps_table_of_a_current_file_and_of_none():
     results = _current_file()
     table = lesson.steps_table(results)
     shape = report.bench_shapes()[0][0].split(",")[0]
-    assert table.splitlines()[0] == (f"| step | the one change | {shape}: µs | × prev. | × floor | "
-                                     f"8 prompts, 32 heads: µs | × prev. | × floor |")
+    assert table.splitlines()[0] == (f"| step | the one change | {shape}: µs | × prev. | × floor (100 µs) | "
+                                     f"8 prompts, 32 heads: µs | × prev. | × floor (100 µs) |")
     # one row a numbered step: step 5 is the library's default order, over step 4 (absent from this file)
-    assert [r[0] for r in _rows(table)] == ["", "1", "2", "3", "4", "5", "6"]
+    assert [r[0] for r in _rows(table)] == ["1", "2", "3", "4", "5", "6"]  # the floor in its column's heading
     assert "| 5 | " in table and "| 200.0 | – | 2.0× |" in table
     # the folded table of every shape: this file's two
-    assert lesson.steps_table(results, None).splitlines()[0].count("µs") == 2
+    assert lesson.steps_table(results, None).splitlines()[0].count(": µs") == 2
     assert lesson.steps_table(None) == "pending"
 
 
@@ -298,13 +299,13 @@ def test_the_steps_table_of_a_current_file_and_of_none():
 def test_the_steps_table_on_the_committed_file_has_one_row_a_step():
     results = plotting.load_results("multi_item")
     for shapes in (lesson.MAIN_SHAPES, None):
-        rows = _rows(lesson.steps_table(results, shapes))[1:]  # after the floors' row
+        rows = _rows(lesson.steps_table(results, shapes))
         assert [r[0] for r in rows] == ["1", "2", "3", "4", "5", "6"]  # no lettered rows
         assert "pending" not in str(rows)
     table = lesson.steps_table(results)
-    rows = {r[0]: r for r in _rows(table)[1:]}
+    rows = {r[0]: r for r in _rows(table)}
     long_, gqa = lesson.MAIN_SHAPES
-    assert table.splitlines()[0].count("µs") == 2
+    assert table.splitlines()[0].count(": µs") == 2
     # one layout in the columns: the mixed batch with 32 heads, as every step's prose and step 5's chain
     assert gqa == report.MIXED_SHAPE and "8 prompts, 32 heads: µs" in table.splitlines()[0]
     t5 = lesson.ms(results, STEP5, gqa) * 1e3
@@ -315,7 +316,8 @@ def test_the_steps_table_on_the_committed_file_has_one_row_a_step():
     g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
     assert rows["6"][1].endswith(f"8 KV heads {g6:,.1f} µs, {g5 / g6:.2f}× step 5's {g5:,.1f} µs there")
     # step 5's cell says what it does in a few words; its three changes are timed in step 5's section
-    assert rows["5"][1] == "one launch, heads grouped to fit L2 (three changes: step 5's section)"
+    assert rows["5"][1].startswith("one launch, heads grouped to fit L2 (on one prompt, already one launch: only the "
+                                   "order changes")
     assert "below" not in table
     assert rows["5"][2] == f"{lesson.ms(results, STEP5, long_) * 1e3:,.1f}"
 
@@ -508,8 +510,8 @@ def test_the_page_steps_table_is_one_shape_with_step_6_in_words():
     time and its factor over step 5 on the mixed batch with 8 KV heads in words; the page calls it so."""
     results = plotting.load_results("multi_item")
     table = lesson.steps_table(results, lesson.PAGE_SHAPES)
-    assert table.splitlines()[0].count("µs") == 1
-    rows = {r[0]: r for r in _rows(table)[1:]}
+    assert table.splitlines()[0].count(": µs") == 1
+    rows = {r[0]: r for r in _rows(table)}
     assert all(rows[n][2] != "–" for n in "12345")
     g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
     assert f"{g6:,.1f} µs, {g5 / g6:.2f}× step 5's {g5:,.1f} µs there" in rows["6"][1]

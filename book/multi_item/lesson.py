@@ -245,16 +245,19 @@ def pass_table(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) 
          ratio(total(g[report.FLASHINFER]), total(g[STEP[6].series]))),
         ("SDPA with the dense mask", long_.split(",")[0], 5, a["dense_share"], a["step05_share"],
          a["pass_gain"]),
-        (f"one causal pass per item, no packing (its linear layers see "
-         f"{fmt(ratio(a['per_item_tokens'], a['tokens']), '.0f', '×')} the tokens)", long_.split(",")[0], 5, per_item_share,
+        ("one causal pass per item, no packing", long_.split(",")[0], 5, per_item_share,
          a["step05_share"], a["packing_gain"]),
     ]
+    tokens = fmt(ratio(a['per_item_tokens'], a['tokens']), '.0f', '×')
+    # the last row's gain is packing's, not the kernel's: said in its cell
+    notes = ["", "", f" (packing's gain, not the kernel's: the linear layers see {tokens} fewer tokens, so attention's "
+             f"share rises)"]
     lines = ["| rival | shape (ours) | attention's share of the pass: rival → ours | whole pass faster with ours |",
              "|---|---|---|---|"]
-    for rival, shape, ours, s_rival, s_ours, gain in rows:
+    for (rival, shape, ours, s_rival, s_ours, gain), note in zip(rows, notes):
         lines.append(f"| {rival} | {shape} (step {ours}) | "
                      f"{fmt(s_rival, '.0%')} → {fmt(s_ours, '.0%')} | "
-                     f"{fmt(gain, '.0f' if gain is not None and gain >= 10 else '.2f', '×')} |")
+                     f"{fmt(gain, '.0f' if gain is not None and gain >= 10 else '.2f', '×')}{note} |")
     return "\n".join(lines)
 
 
@@ -294,7 +297,8 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
         ("3", "the mask computed from the metadata", STEP[3].series),
         ("4", "key tiles no row sees never loaded (a batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5", "one launch, heads grouped to fit L2 (three changes: step 5's section)", STEP[5].series),
+        ("5", "one launch, heads grouped to fit L2 (on one prompt, already one launch: only the order changes, "
+              "head groups and heaviest tiles first; step 5's section times each change)", STEP[5].series),
         ("6", "a key/value head's query heads in one tile (shared key/value heads only)", STEP[6].series),
     ]
 
@@ -315,20 +319,19 @@ PAGE_SHAPES = (MAIN_SHAPES[0],)
 
 
 def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
-    """Markdown: the lesson's one table of steps (:func:`step_rows`), one row a numbered step, a row of compute
-    floors first, then per shape (``shapes``, or every shape of the file) the time (µs), the previous step's time
-    on that shape over it and the time over the compute floor."""
+    """Markdown: the lesson's one table of steps (:func:`step_rows`), one row a numbered step, per shape (``shapes``,
+    or every shape of the file) the time (µs), the previous step's time on that shape over it and the time over the
+    compute floor, whose value (µs) the column's heading gives."""
     if results is None:
         return PENDING
     shapes = [s for s in shape_names(results) if shapes is None or s in shapes]
     short = {s: s.split(",")[0] + (", " + s.split(", ")[-1] if s == GQA_SHAPE else "") for s in shapes}
     if report.MIXED_SHAPE in short:  # the multi-head layout named, as the grouped-query one is
         short[report.MIXED_SHAPE] += f", {report.BENCH_HEADS} heads"
-    head = ["step", "the one change"] + [c for s in shapes for c in (f"{short[s]}: µs", "× prev.", "× floor")]
+    floor_us = {s: _whole_us(floors(results, s)[1]) for s in shapes}  # each shape's compute floor, in its heading
+    head = ["step", "the one change"] + [c for s in shapes for c in
+                                         (f"{short[s]}: µs", "× prev.", f"× floor ({floor_us[s]} µs)")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    floor_cells = [c for s in shapes for c in (_whole_us(floors(results, s)[1]), "", "")]
-    lines.append("| | the compute floor | "
-                 + " | ".join(floor_cells) + " |")
     previous: dict[str, float | None] = {s: None for s in shapes}
     before_gqa = None  # the previous row's time on the grouped-query batch, for a row that runs only there
     for label, change, series in step_rows():
