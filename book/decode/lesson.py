@@ -786,7 +786,8 @@ def result_table(results) -> str:
     their ratio (the statistic the headline uses), and the requests' own ratios: the smallest, the median and the
     largest."""
     lines = ["| case | batch | requests | step 1 (µs per token, median) | step 3 (µs per token, median) | "
-             "step 1 / step 3 | per request: least, median, most | Amdahl forecast of chapters 01 and 02 (median of the "
+             "step 1 / step 3 | per request: least, median, most (the extremes are short answers, whose time per token "
+             "carries their prefill) | Amdahl forecast of chapters 01 and 02 (median of the "
              "requests') |",
              "|---|---|---|---|---|---|---|---|"]
     for r in result_rows(results):
