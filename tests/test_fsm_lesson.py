@@ -318,3 +318,26 @@ def test_policy_totals_are_the_peers_tables_totals_row():
     assert totals[("ours", "bytes")]["noncanonical"] == 3 and ("xgrammar", "bytes") not in totals
     last = lesson.peers_table(rows).splitlines()[-1]
     assert "**28 (30.0%)**" in last and "**36 (10.0%)**" in last
+
+
+def test_exercise_3s_worked_example_is_the_answers_and_the_real_schemas_paragraph_backs_the_opening():
+    """Exercise 3's example (`name"` keeps `name`, holds back `"`) is what the reference answer does; the Real schemas
+    paragraph reads the opening's range, its sample and each engine's share from the committed file and says why
+    MaskBench counts more (another rule, other documents); the Llama shapes are not said to use this vocabulary."""
+    import json
+    from pathlib import Path
+
+    from book.fsm.solutions import reference_ff_tokens
+
+    vocab = fsm.load_vocabulary("cl100k_base")
+    assert [vocab.show(t) for t in vocab.encode(b'name"')] == ["name", '"']
+    assert reference_ff_tokens(b'name"', vocab) == vocab.encode(b"name")
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in cells["cells"]]
+    flat = " ".join(" ".join(sources).split())
+    assert "For `name\"` the tokens are `name` and `\"`; `\"` starts the longer token `\":`" in flat
+    real = next(s for s in sources if "**Real schemas.**" in s)
+    for read in ("doc['schemas_measured']", "forced_share'", "e['compiled']", "run['n_docs']",
+                 "bench['forced_share']", "bench['forced_share_schemastore']", "another rule, fast-forward"):
+        assert read in real, read
+    assert "this chapter's vocabulary)" not in flat and "rather than Llama's" in flat
