@@ -99,8 +99,14 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     listed_chapters = sorted({ln[len("| chapter "):][:2] for ln in text.splitlines() if ln.startswith("| chapter")})
     notes = results.summary_markdown().split("More on each line:")[1]
     by_chapter = re.split(r"^- \*\*", notes, flags=re.M)
-    for number in listed_chapters:  # each chapter with a case says so once, in its line's notes
+    losing = sorted({ln[len("| chapter "):][:2] for ln in text.splitlines() if ln.startswith("| chapter")
+                     and "would be faster" in ln})
+    for number in losing:  # each chapter where a rival would then be the faster says so, in its line's notes
         assert any(b.startswith(f"{number}.") and "  - Called eagerly, " in b for b in by_chapter), number
+    for b in by_chapter:  # and no other chapter carries the bookkeeping
+        assert "  - Called eagerly, " not in b or b[:2] in losing, b
+    # the fold counts comparisons (one rival, one shape, one card), not rows: BitNet's 10 shapes are 10
+    assert "comparisons" in title and "comparisons" in head
     assert sum("  - Called eagerly, " in b for b in by_chapter) == len(results.host_bound_by_chapter())
     assert "- **" not in head and len(re.findall(r"[.!?](\s|$)", head.strip())) <= 2  # one sentence and a pointer
     assert body.startswith(results.HOST_BOUND_TITLE) and results.HOST_BOUND_TITLE.startswith("These are the cases on")
@@ -132,8 +138,14 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     assert not [ln for ln in text.splitlines() if ln.startswith("- ")]  # no list repeats the table's losses
     losses = [ln for ln in rows if "would be faster" in ln]
     ties = sum(" | a tie with " in ln for ln in rows)
-    assert f"({len(rows)}): called eagerly, ours stays ahead in {len(rows) - len(losses) - ties}" in title, title
-    assert f" and loses in {len(losses)}" in title and (f", ties in {ties}" in title) == bool(ties), title
+    # counted in comparisons (one rival at one shape on one card): a row of several shapes counts each
+    m = re.search(r"\((\d+) comparisons\): called eagerly, ours stays ahead in (\d+)(?:, ties in (\d+))? and loses in "
+                  r"(\d+)", title)
+    assert m, title
+    total, ahead, tied, lost_n = int(m[1]), int(m[2]), int(m[3] or 0), int(m[4])
+    assert total == ahead + tied + lost_n and total >= len(rows) and lost_n >= len(losses), title
+    assert tied == ties and (f", ties in {ties}" in title) == bool(ties), title
+    assert f"At {total} of this page's comparisons" in head
     lost = {ln.split(" | ")[0][len("| chapter "):][:2] for ln in losses}
     if len(lost) == 1:
         assert title.endswith(f"(all in chapter {lost.pop()})"), title
@@ -228,7 +240,10 @@ def test_more_on_each_line_is_short_bullets():
         mine = mine[:next((i for i, ln in enumerate(mine) if ln.startswith("- **")), len(mine))]
         assert mine and not [b for b in bold for ln in mine if b in ln], (title, bold, mine)
     # about a bullet or two a line, and one more where a chapter's calls wait on the host when called eagerly
-    assert len([ln for ln in notes if ln.startswith("  - ")]) <= 16 + len(results.host_bound_by_chapter())
+    # and, last under each line, the rivals' versions as the run recorded them
+    versions = [ln for ln in notes if ln.startswith("  - Rivals as run: ")]
+    assert len(versions) == len([ln for ln in table.splitlines() if ln.startswith("| [")])
+    assert len([ln for ln in notes if ln.startswith("  - ")]) <= 16 + len(results.host_bound_by_chapter()) + len(versions)
 
 
 def test_runs_set_up_differently_are_left_out_with_no_fold():
@@ -574,7 +589,7 @@ def test_chapter_three_leads_with_its_headline_case_then_its_range():
     ratios = [g["step04"] / g["ngram_match"] for g in grid.values() if len(g) == 2]
     said = f"{min(ratios):.2f}–{max(ratios):.1f}×"
     (cell,) = [c for t, c in _landing_cells().items() if t.startswith("03.")]
-    assert f"({said} over the {len(ratios)} shapes measured)" in cell, cell
+    assert f"({said} over the {len(ratios)} shapes measured, the top end against the port's" in cell, cell
     assert cell.startswith(f"{grid[(128, 32768, 128)]['step04'] / grid[(128, 32768, 128)]['ngram_match']:.2f}× at 128 "
                            "slots of 32,768 tokens")
     (line,) = [ln for ln in results.summary_markdown().splitlines() if "03. N-gram matching](" in ln]
