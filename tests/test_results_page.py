@@ -660,3 +660,19 @@ def test_landing_lines_of_chapters_seven_and_eight_say_the_model_and_the_gate():
 
     eight = next(c for t, c in cells.items() if t.startswith("08."))
     assert f"({med('ch7_step03') / med('step03'):.2f}× without the gate" in eight, eight
+
+
+def test_each_line_gives_its_rivals_versions_from_the_committed_files():
+    """Under each line of the results table, the rivals' versions as the chapter's run recorded them: FlashInfer's,
+    GemLite's and xgrammar's from the files' notes, torch's for the kernels torch ships, and "not recorded" where a
+    file records none (BitNet's commit)."""
+    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1]
+    h200 = next(p for p in (results.BENCH_RESULTS).iterdir() if p.name.endswith("h200"))
+    for stem, pattern in (("multi_item", r"flashinfer (\S+)"), ("ternary", r"GemLite (\d\S+)"),
+                          ("masked_lm_head", r"xgrammar (\d\S+)")):
+        said = " ".join(json.loads((h200 / f"{stem}.json").read_text())["notes"])
+        version = re.search(pattern, said).group(1)
+        assert f" {version}" in notes, (stem, version)
+    torch = json.loads((h200 / "ctc.json").read_text())["versions"]["torch"]
+    assert f"cuDNN as shipped with torch {torch}" in notes
+    assert "commit not recorded" in notes or "BitNet's kernel at commit" in notes

@@ -1132,3 +1132,22 @@ def test_the_tails_run_times_chapter_four_on_the_chapters_own_targets():
     drop, why = sb.ctc_tail_targets({"tail_params": sb.CTC_SMALL_CASE}, old)
     assert drop and "not a slower call" in why and "142 labels" in why
     assert sb.ctc_tail_targets({"tail_params": sb.CTC_SMALL_CASE}, old | {"targets": "the chapter's"}) is None
+
+
+def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_in_its_cell():
+    """Chapter 04's H100 row binds on its byte floor only because its chain is not timed there: its × floor is an
+    upper bound on the distance ("at most"). A short byte-bound ternary row shows, beside × floor, our median over a
+    kernel that only reads the same weights in the same run."""
+    table = sb.scoreboard_markdown(folds="dropdown").split("**Floors")[0]
+    for r in sb.scoreboard():
+        if "missing" in r or not sb.on_page(r) or not r.get("binding"):
+            continue
+        line = next((ln for ln in table.splitlines() if f"| {r['ours']} |" in ln
+                     and f"| {sb.short_card(r['card'])} |" in ln), None)
+        if line is None:
+            continue
+        cell = line.rstrip(" |").rsplit(" | ", 1)[-1]
+        if r["binding"] == "bytes" and r.get("latency_missing_why"):
+            assert cell.startswith("**at most "), line
+        if r["binding"] == "bytes" and r.get("read_only_ms"):
+            assert f"({r['median_ms'] / r['read_only_ms']:.1f}× a read-only kernel's" in cell, line
