@@ -799,7 +799,7 @@ def test_results_lines_say_the_failed_check_the_grid_and_the_bound():
     from book.decode.results import median_bound
 
     bound = median_bound(_raw(H200, "decode")["measurements"], "8b", 1)
-    assert f"the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×" in " ".join(lines[7]["notes"]["H200"])
+    assert f"Amdahl's law forecasts {bound:.2f}× for the whole loop" in " ".join(lines[7]["notes"]["H200"])
     assert "8B-shaped model" in lines[7]["brief"]["H200"]
     for name, cell in lines[7]["cells"].items():
         if not lines[7]["comparable"][name]:
