@@ -1988,6 +1988,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     titles = page_titles(root)
     peer = fsm_peer_words(fsm_peers())
     eager_notes: list[str] = []
+    eager_holds: list[str] = []
     minutes = {}
     for notebook in reading_order():
         stem = Path(notebook).stem
@@ -2002,15 +2003,21 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         title = titles[notebook]
         if eager:
             number += f" {EAGER_MARK}"
+            chapter = title.split('. ')[0] + (" part 2" if "05_ternary_2" in notebook else
+                                              " part 1" if "05_ternary_1" in notebook else "")
             if "faster" in eager and "stays" not in eager:  # where the rival then wins: said under the table
-                eager_notes.append(f"in chapter {title.split('. ')[0]}" + (" part 2" if "05_ternary_2" in notebook else "")
-                                   + f", {eager}")
+                eager_notes.append(f"in chapter {chapter}, {eager}")
+            else:  # where the headline holds, called eagerly: named, so the mark reads as "check", not "loses"
+                eager_holds.append(chapter)
         _, minutes[notebook] = reading_minutes(notebook)
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {rival} | {minutes[notebook]} min |")
     if any(EAGER_MARK in ln for ln in lines[2:]):
+        holds = ("" if not eager_holds else " The headline holds in chapter" + ("s " if len(eager_holds) > 1 else " ")
+                 + (", ".join(eager_holds[:-1]) + " and " if len(eager_holds) > 1 else "") + eager_holds[-1] + ".")
+        lost = "" if not eager_notes else " " + "; ".join(n[0].upper() + n[1:] for n in eager_notes) + "."
         lines += ["", f"{EAGER_MARK} Called eagerly, one call at a time from Python, a call takes the longer of its "
-                  "GPU time and its *host time* (the time the CPU spends issuing it), so a marked answer may change"
-                  + (": " + "; ".join(eager_notes) if eager_notes else "") + "; each marked page says where."]
+                  "GPU time and its *host time* (the time the CPU spends issuing it), so a marked answer may change."
+                  + holds + lost + " Each marked page says where."]
 
     also = [titles[n].split(". ")[0] + (" part 1" if n.startswith("notebooks/05_") and "triton" in n else "")
             for n in also_timed(root, card)]
