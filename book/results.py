@@ -86,26 +86,36 @@ def fsm_peer_totals(peer_rows: list[Any]) -> dict[str, Any]:
 
 def write_fsm_peers(path: Path = FSM_PEERS, n_samples: int = 8) -> dict[str, Any]:
     """Run chapter 01's comparison with xgrammar and llguidance (:func:`book.fsm.peers.compare_peers`, the suite's
-    documents, seed 0) and write its totals (:func:`fsm_peer_totals`) to ``path``; needs the peers
-    (``pip install -e '.[peers]'``)."""
+    documents, seed 0) and write its totals (:func:`fsm_peer_totals`) to ``path``: the whole suite with default
+    whitespace under ``totals``, the JSON schemas with compact whitespace (the chapter's second suite) under
+    ``compact``; needs the peers (``pip install -e '.[peers]'``)."""
     import datetime
     import json
 
     from book.fsm import peers
+    from studylog.fsm import schemas
 
     totals = fsm_peer_totals(peers.compare_peers(n_samples=n_samples, seed=0))
+    json_entries = [e for e in schemas.suite() if e.kind == "json"]  # a regex has no whitespace to choose
+    compact = fsm_peer_totals(peers.compare_peers(json_entries, whitespace="compact", n_samples=n_samples, seed=0))
     record = {"command": "python -c 'from book.results import write_fsm_peers; write_fsm_peers()'",
               "date": datetime.date.today().isoformat(), "samples": n_samples, "seed": 0,
-              "versions": peers.peer_versions(), "totals": totals}
+              "versions": peers.peer_versions(), "totals": totals, "compact": compact}
     Path(path).write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
-def fsm_peers(path: Path = FSM_PEERS) -> dict[str, Any] | None:
-    """:func:`write_fsm_peers`'s totals, or None where the file is missing."""
+def fsm_peers(path: Path = FSM_PEERS, whitespace: str = "default") -> dict[str, Any] | None:
+    """:func:`write_fsm_peers`'s totals for ``whitespace`` (``default``: the whole suite; ``compact``: the JSON
+    schemas), or None where the file (or that suite's totals) is missing."""
     import json
 
-    return json.loads(Path(path).read_text())["totals"] if Path(path).is_file() else None
+    if whitespace not in ("default", "compact"):
+        raise ValueError(f"whitespace must be 'default' or 'compact', not {whitespace!r}")
+    if not Path(path).is_file():
+        return None
+    record = json.loads(Path(path).read_text())
+    return record["totals"] if whitespace == "default" else record.get("compact")
 
 
 #: The peer policy chapter 01 calls the strongest: llguidance's fast-forward tokens.

@@ -86,8 +86,13 @@ def test_steps_table_reads_the_pass_counts():
     peer = {"none": 100, "policies": {"llguidance/tokens": {"passes": 60, "noncanonical": 0}}}
     last = lesson.steps_table(rows, peer).splitlines()[-1]
     assert last.startswith("| *peer, not a step* |") and last.endswith("| 60 | 40.0% | – | – |")
+    # with the comparison on the compact suite, its cells are filled too
+    compact = {"none": 10, "policies": {"llguidance/tokens": {"passes": 4, "noncanonical": 0}}}
+    assert lesson.steps_table(rows, peer, compact).splitlines()[-1].endswith("| 60 | 40.0% | 4 | 60.0% |")
     with pytest.raises(ValueError):  # a count over other documents is refused
         lesson.steps_table(rows, {**peer, "none": 99})
+    with pytest.raises(ValueError):
+        lesson.steps_table(rows, peer, {**compact, "none": 11})
 
 
 def test_the_peers_policy_has_its_place_beside_the_steps():
@@ -102,10 +107,41 @@ def test_the_peers_policy_has_its_place_beside_the_steps():
     sources = ["".join(c["source"]) for c in cells["cells"]]
     place = next(i for i, s in enumerate(sources) if s.startswith("## Beside the steps: llguidance holds back"))
     step3 = next(i for i, s in enumerate(sources) if s.startswith("## Step 3"))
-    table = next(i for i, s in enumerate(sources) if "lesson.steps_table(results, committed_peers)" in s)
+    table = next(i for i, s in enumerate(sources)
+                 if "lesson.steps_table(results, committed_peers, committed_compact)" in s)
     assert step3 < place < table
     assert "committed_peers = fsm_peers()" in sources[place + 1] and "held['passes']" in sources[place + 1]
+    assert 'committed_compact = fsm_peers(whitespace="compact")' in sources[place + 1]
     assert fsm_peers() is not None and "llguidance/tokens" in fsm_peers()["policies"]
+    assert fsm_peers(whitespace="compact") is not None and "llguidance/tokens" in fsm_peers(whitespace="compact")["policies"]
+
+
+def test_the_compact_comparison_is_recorded_and_the_page_qualifies_its_claims():
+    """The committed comparison holds the compact suite (the JSON schemas) as the same call gives it now, over step 1's
+    passes on that suite; the page says that holding back costs nothing with default whitespace only, and gives
+    the compact numbers from the file."""
+    import json
+    from pathlib import Path
+
+    from book.fsm import matchers
+    from book.results import fsm_peer_totals, fsm_peers, fsm_suite
+
+    compact = fsm_peers(whitespace="compact")
+    assert compact["none"] == fsm_suite()["compact"]["passes"]["none"]  # the same documents as the suite's
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    (bullets,) = ["".join(c["source"]) for c in cells["cells"] if c.get("id") == "cell-30"]
+    assert "With default whitespace\n  that costs nothing on the JSON schemas" in bullets
+    assert "committed_compact[\"policies\"]" in bullets and "With compact JSON it costs" in bullets
+    if any(v is None for v in matchers.peer_versions().values()):
+        pytest.skip("xgrammar or llguidance is not installed")
+    from book.fsm import peers
+    from studylog.fsm import schemas
+
+    with_versions = json.loads((Path(__file__).resolve().parent.parent / "assets" / "data" / "fsm_peers.json").read_text())
+    if with_versions["versions"] != peers.peer_versions():
+        pytest.skip("the recorded comparison ran with other peer versions")
+    json_entries = [e for e in schemas.suite() if e.kind == "json"]
+    assert compact == fsm_peer_totals(peers.compare_peers(json_entries, whitespace="compact", n_samples=8, seed=0))
 
 
 def test_exercise_4_accepts_the_answer_and_rejects_wrong_loops(capsys):

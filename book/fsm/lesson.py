@@ -76,13 +76,14 @@ def saved_share(passes: dict[int, int], step: int) -> float:
     return 1.0 - passes[step] / passes[1]
 
 
-def steps_table(results, peer: Optional[dict] = None) -> str:
+def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dict] = None) -> str:
     """Markdown, one row per step: the one change, then for each of the chapter's two suites, each column's head
     naming its own (every entry with outlines' default whitespace; the JSON schemas alone, compact), the forward
     passes and the share of step 1's passes the step saves (:func:`saved_share`). ``peer``, llguidance's
     fast-forward tokens on the first suite as the committed comparison keeps them (``book.results.fsm_peers()``:
-    ``none`` and ``policies["llguidance/tokens"]["passes"]``), adds a last row labelled as a peer, not a step; the
-    second suite has no count of it (``–``)."""
+    ``none`` and ``policies["llguidance/tokens"]["passes"]``), adds a last row labelled as a peer, not a step;
+    ``compact_peer`` (``fsm_peers(whitespace="compact")``) fills its cells for the second suite, ``–`` without it.
+    A peer count over another number of passes without jumps than step 1's is refused (ValueError)."""
     from studylog.fsm import CHAPTER
 
     counts = {ws: suite_passes(results, ws) for ws in ("default", "compact")}
@@ -98,13 +99,18 @@ def steps_table(results, peer: Optional[dict] = None) -> str:
                  for ws in ("default", "compact")]
         lines.append(f"| {step.number} | {step.title} | " + " | ".join(cells) + " |")
     if peer is not None:
-        if peer["none"] != counts["default"][1]:
-            raise ValueError(f"the peer's count is over {peer['none']} passes without jumps, step 1's over "
-                             f"{counts['default'][1]}: not the same suite")
-        passes = peer["policies"]["llguidance/tokens"]["passes"]
-        lines.append(f"| *peer, not a step* | *llguidance's fast-forward tokens: the tokenizer's split of the forced "
-                     f"bytes, the last token held back where a longer one could span it* | {passes:,} | "
-                     f"{100 * (1 - passes / peer['none']):.1f}% | – | – |")
+        cells = []
+        for ws, totals in (("default", peer), ("compact", compact_peer)):
+            if totals is None:
+                cells.append("– | –")
+                continue
+            if totals["none"] != counts[ws][1]:
+                raise ValueError(f"the peer's count ({ws} whitespace) is over {totals['none']} passes without jumps, "
+                                 f"step 1's over {counts[ws][1]}: not the same suite")
+            passes = totals["policies"]["llguidance/tokens"]["passes"]
+            cells.append(f"{passes:,} | {100 * (1 - passes / totals['none']):.1f}%")
+        lines.append("| *peer, not a step* | *llguidance's fast-forward tokens: the tokenizer's split of the forced "
+                     "bytes, the last token held back where a longer one could span it* | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
