@@ -672,19 +672,6 @@ def decode_bound(card: Path) -> float | None:
     return None if data is None else median_bound(data["measurements"], "8b", 1)
 
 
-def decode_step_bound(speedup: float) -> float | None:
-    """Chapter 02's Amdahl bound, as its page computes it: the most a Llama 3.2 3B decode step at batch 1 gains when
-    its head-and-mask step runs ``speedup`` times faster (the head's share of the step's bytes); None without."""
-    try:
-        from studylog import masked_lm_head as mlh
-        from studylog.decode import model_config
-    except ImportError:
-        return None
-    share = model_config("1b", vocab_size=mlh.VOCAB, hidden=3072, layers=28, heads=24, kv_heads=8,
-                         intermediate=8192).head_share()
-    return 1 / (1 - share + share / speedup)
-
-
 def synthetic_words(card: Path) -> str:
     """Chapter 07's headline model in words: synthetic (random weights), 8B-shaped, with the size of the cl100k head
     its run on ``card`` records (the file's ``model 8b`` note)."""
@@ -1600,10 +1587,6 @@ def tidy_tables(markdown: str) -> str:
     return "\n".join(out)
 
 
-#: Lines of code a reader gets through in a minute: the code cells a page shows and the listings and diffs they print
-#: (the landing page's reading time counts blocks instead: :data:`LISTING_MINUTES`).
-CODE_LINES_PER_MINUTE = 10
-
 #: A folded block of a page's Markdown: a MyST dropdown or an HTML ``<details>``; a reader opens it on demand.
 _FOLDED = re.compile(r"^:::\{dropdown\}.*?^:::[ \t]*$|<details>.*?</details>", re.S | re.M)
 #: A Markdown table's rule line (``|---|---|``): one per table.
@@ -1669,20 +1652,6 @@ def table_count(notebook: str | Path, root: Path = REPO_ROOT) -> int:
                     and (isinstance(node.args[0], ast.Name) or "join" in ast.unparse(node.args[0]))):
                 drawn.add(id(node))
         count += len(drawn)
-    return count
-
-
-def code_lines(notebook: str | Path, root: Path = REPO_ROOT) -> int:
-    """Non-blank lines of the code cells a notebook shows (cells tagged ``remove-input`` or ``remove-cell`` are
-    hidden on the page and left out)."""
-    import json
-
-    nb = json.loads((Path(root) / notebook).read_text())
-    count = 0
-    for cell in nb["cells"]:
-        tags = cell.get("metadata", {}).get("tags", [])
-        if cell["cell_type"] == "code" and "remove-input" not in tags and "remove-cell" not in tags:
-            count += sum(1 for line in "".join(cell["source"]).splitlines() if line.strip())
     return count
 
 
@@ -2080,7 +2049,7 @@ def reading_path_words(root: Path = REPO_ROOT) -> str:
     return out
 
 
-__all__ = ["CODE_LINES_PER_MINUTE", "LISTING_MINUTES", "TABLE_MINUTES", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines", "listing_blocks", "table_count", "unfolded_prose_words",
+__all__ = ["LISTING_MINUTES", "TABLE_MINUTES", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "listing_blocks", "table_count", "unfolded_prose_words",
            "fsm_line", "fsm_suite", "headlines", "part_one_answer", "VOID", "LISTING_CALLS", "listing_lines",
            "ctc_grid", "decode_bound", "bitnet_rows", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",

@@ -956,8 +956,6 @@ TAIL_NOTE = ("p99 ÷ median: the call is timed {samples} times, each time as the
              "replay of at least {calls} calls; the median and the 99th percentile of those per-replay means, both "
              "from that run: how far one measurement lands from another, not how slow a single call can be (How we "
              "measure gives the details)")
-#: A card with no tails run: its p99 cells say so with a mark, and one line under the tables says why.
-NO_TAILS_MARK = "not measured†"
 
 
 #: A re-run's median further than this from its chapter's median gets a note (How we measure promises it).
@@ -993,12 +991,6 @@ def _floor(ms: float | None, missing: str = NOT_MEASURED) -> str:
 def short_card(name: str) -> str:
     """A card's name as the tables write it: ``NVIDIA H100 80GB HBM3`` -> ``H100``."""
     return name.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
-
-
-def tail_ratio(t: dict[str, Any]) -> str:
-    """The p99 cell: the p99 over the median of its own run (a tail factor: the row's median comes from another
-    run), then the two numbers it divides, both from that run, in µs; no ratio on the row mixes two runs."""
-    return f"{t['p99_ms'] / t['ms']:.2f}× ({us(t['p99_ms'])} ÷ {us(t['ms'])} µs)"
 
 
 #: A p99 this many times its median is said in the row's notes: its re-measurements spread, not only its tail.
@@ -1533,4 +1525,4 @@ __all__ = ["BITMASK_CHAIN_KERNELS", "on_page", "ENTRIES", "Entry", "bitmask_chai
            "card_empty_kernel_ms", "chapter_run_words", "empty_kernel_range", "card_name", "entry_rows", "cards", "faster_rivals", "floor_kind", "not_comparable",
            "part_one_rival_words", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
-           "spread", "tail", "tail_copies", "tail_ratio"]
+           "spread", "tail", "tail_copies"]

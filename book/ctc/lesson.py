@@ -1195,15 +1195,13 @@ CORE_NAMES = {4: ("step 1's alpha", "step 4's alpha"), 6: ("step 5's alpha", "st
 
 def _core_diff(number: int):
     """The whole comment-free diff of step ``number``'s change (:data:`CORES`) and what its core shows and leaves out."""
-    from studylog.source import show_diff, source_of
-
     sources, what, elide = CORES[number]
     if isinstance(sources, int):
         a, b = CHAPTER.step(sources - 1), CHAPTER.step(sources)
         sources = (a.source, b.source, a.source_function, b.source_function)
     old, new, old_function, new_function = sources
-    diff = show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
-                     context=2 if number == 7 else 3, names=CORE_NAMES[number])
+    diff = comment_free_diff(old, new, old_function=old_function, new_function=new_function,
+                             names=CORE_NAMES[number], context=2 if number == 7 else 3)
     return diff, what, elide
 
 
@@ -1275,15 +1273,20 @@ def step07_prefetch_core():
                             f"step 7: loaded {PREFETCH_FRAMES} frames ahead"))
 
 
-def show_diff_without_comments(old, new, *, old_function: str, new_function: str, names: tuple[str, str]):
-    """A step's whole diff (:func:`studylog.source.show_diff`) between two functions of ``.cu`` files, comment lines
-    left out on both sides (:func:`code_only`): a file's comment header rewritten for the new step is no change of
-    code. Its title says the comments are left out."""
+def comment_free_diff(old, new, *, old_function: str, new_function: str, names: tuple[str, str], context: int = 3):
+    """The diff (:func:`studylog.source.show_diff`) between two functions of ``.cu`` files, comment lines left out on
+    both sides (:func:`code_only`): a file's comment header rewritten for the new step is no change of code."""
     from studylog.source import show_diff, source_of
 
-    diff = show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
-                     names=names)
-    return diff_excerpt(diff, None)
+    return show_diff(code_only(source_of(old, old_function)[0]), code_only(source_of(new, new_function)[0]),
+                     context=context, names=names)
+
+
+def show_diff_without_comments(old, new, *, old_function: str, new_function: str, names: tuple[str, str]):
+    """A step's whole diff between two functions of ``.cu`` files, comments left out (:func:`comment_free_diff`),
+    titled with its counts (:func:`diff_excerpt`)."""
+    return diff_excerpt(comment_free_diff(old, new, old_function=old_function, new_function=new_function,
+                                          names=names), None)
 
 
 def _indent(line: str) -> str:
