@@ -344,12 +344,21 @@ def changed_lines(diff) -> int:
     return len(diff.added) + len(diff.removed)
 
 
+def read_table(lines: list[str], i: int) -> tuple[list[str], list[list[str]], int]:
+    """The Markdown table whose header is ``lines[i]``: its header cells, its rows' cells, the index after it."""
+    cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]  # noqa: E731
+    end = i + 2
+    while end < len(lines) and lines[end].startswith("| "):
+        end += 1
+    return cells(lines[i]), [cells(line) for line in lines[i + 2:end]], end
+
+
 #: The most prose a chapter page may hold, in words (:func:`prose_words`).
 PROSE_BUDGET = 2500
 
 __all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "function_diff",
            "function_listing", "gpu_us", "guarded", "listing_parts", "page_words", "prose_text", "prose_words",
-           "quiet_native_stderr", "rendered_words", "report", "said_texts", "say", "step_diff", "us"]
+           "quiet_native_stderr", "read_table", "rendered_words", "report", "said_texts", "say", "step_diff", "us"]
 
 
 # Chain tables: a bundled step timed one change at a time

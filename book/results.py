@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from book.common import prose_words, us
+from book.common import prose_words, read_table, us
 from book.scoreboard import (CTC_CASE, ENTRIES, NGRAM_CASE, NOT_MEASURED, card_name, cards, load, rows, short_card,
                              scoreboard)
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
@@ -1500,15 +1500,6 @@ def split_ternary(markdown: str) -> str:
 LOOP_HOST_COLUMN = "host's own work per token (µs)"
 
 
-def _read_table(lines: list[str], i: int) -> tuple[list[str], list[list[str]], int]:
-    """The Markdown table whose header is ``lines[i]``: its header cells, its rows' cells, the index after it."""
-    cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]  # noqa: E731
-    end = i + 2
-    while end < len(lines) and lines[end].startswith("| "):
-        end += 1
-    return cells(lines[i]), [cells(line) for line in lines[i + 2:end]], end
-
-
 def _movable(lines: list[str]) -> dict[tuple[int, int], set[str]]:
     """Per table of a fold, keyed by the fold (the index of its ``:::{dropdown}`` line, 0 outside any) and the table's
     place under its card's title (0 for the first), the "ours" and "against" columns that are the same in every row
@@ -1525,7 +1516,7 @@ def _movable(lines: list[str]) -> dict[tuple[int, int], set[str]]:
         if not (line.startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---")):
             i += 1
             continue
-        head, body, i = _read_table(lines, i)
+        head, body, i = read_table(lines, i)
         for k, name in enumerate(head):
             if name in ("ours", "against"):
                 seen.setdefault((fold, place), set()).add(name)
@@ -1552,7 +1543,7 @@ def tidy_tables(markdown: str) -> str:
             out.append(line)
             i += 1
             continue
-        head, body, i = _read_table(lines, i)
+        head, body, i = read_table(lines, i)
         keep = [k for k in range(len(head)) if not body or any(c[k] != "–" for c in body)]
         said = []
         for k in list(keep):

@@ -25,7 +25,7 @@ from docutils import nodes
 from docutils.statemachine import StringList
 from sphinx.util.docutils import SphinxDirective
 
-from book.common import NOT_WRITTEN
+from book.common import NOT_WRITTEN, read_table
 
 POSTS_FILE = "posts.yml"
 FEED_FILE = "feed.xml"
@@ -320,12 +320,7 @@ def compact_tables(markdown: str, not_comparable: dict[str, set[str]] | None = N
         if line.startswith(":::{dropdown} "):
             chapter = line.split(" ", 1)[1]
         if line.startswith("| ours"):
-            head = [c.strip() for c in line.strip("|").split("|")]
-            body = []
-            for row in lines[k + 2:]:
-                if not row.startswith("| "):
-                    break
-                body.append([c.strip() for c in row.strip().strip("|").split("|")])
+            head, body, _ = read_table(lines, k)
             same = {name for j, name in enumerate(head) if name in ("ours", "against") and len(body) > 1
                     and len({c[j] for c in body}) == 1}
             factor[chapter] = factor.get(chapter, same) & same
@@ -342,12 +337,7 @@ def compact_tables(markdown: str, not_comparable: dict[str, set[str]] | None = N
             out.append(line)
             i += 1
             continue
-        head = [c.strip() for c in line.strip("|").split("|")]
-        body = []
-        i += 2
-        while i < len(lines) and lines[i].startswith("| "):
-            body.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
-            i += 1
+        head, body, i = read_table(lines, i)
         said = []
         if len(body) > 1 and "case" in head:  # the tail every case shares, said once
             k = head.index("case")
