@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from studylog.decode.model import LlamaModel
 
-JUMPS = ("none", "token", "char")
-HEADS = ("dense", "masked")
-MASKS = ("xgrammar", "automaton")
-SAMPLES = ("allowed", "all")
 #: The logit bias given to the token a :class:`~studylog.decode.grammar.Writer` names: far above any
 #: logit of the model, so the writer decides, and still a finite number added to a computed logit.
 STEER = 1.0e4
@@ -33,7 +30,8 @@ class DecodeConfig:
     sample: str = "allowed"
 
     def __post_init__(self):
-        for key, allowed in (("jump", JUMPS), ("head", HEADS), ("mask", MASKS), ("sample", SAMPLES)):
+        for key, allowed in (("jump", ("none", "token", "char")), ("head", ("dense", "masked")),
+                             ("mask", ("xgrammar", "automaton")), ("sample", ("allowed", "all"))):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"DecodeConfig.{key} must be one of {allowed}, got {getattr(self, key)!r}")
         if self.head == "masked" and self.mask != "automaton":
@@ -110,6 +108,33 @@ def positive_int(name: str, v: Any) -> int:
     return v
 
 
+def token_ids(name: str, ids: Any, V: int) -> list[int]:
+    """``ids`` (a sequence, or a 1-D integer tensor or array) as a non-empty list of token ids in ``[0, V)``: a float
+    or a bool is refused, not cut."""
+    if isinstance(ids, Tensor):
+        if ids.is_meta:
+            raise ValueError(f"{name} is a tensor on the meta device, which holds no token ids")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integer token ids, got a {ids.dtype} tensor")
+        if ids.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D tensor of token ids, got shape {tuple(ids.shape)}")
+        ids = ids.tolist()
+    elif isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu" or ids.ndim != 1:
+            raise TypeError(f"{name} must be a 1-D integer array of token ids, got {ids.dtype} of shape {ids.shape}")
+        ids = ids.tolist()
+    elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise TypeError(f"{name} must be a list of token ids, got {type(ids).__name__}")
+    if not ids:
+        raise ValueError(f"{name} is empty")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise TypeError(f"{name} holds {t!r} ({type(t).__name__}) at position {i}; token ids are ints")
+        if not 0 <= t < V:
+            raise ValueError(f"{name} holds token id {t} at position {i}, outside the vocabulary [0, {V})")
+    return [int(t) for t in ids]
+
+
 def hashed_uniform(seed: int, seq: Tensor, position: Tensor, ids: Tensor, salt: int = 0) -> Tensor:
     """Uniform numbers in (0, 1), ``[R, K]``: a 32-bit hash of (``seed``, ``seq[r]``, ``position[r]``, ``ids[k]``,
     ``salt``), without a generator's state, so a configuration that skips forwards draws the same numbers."""
@@ -130,5 +155,5 @@ def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
     return -torch.log(-torch.log(hashed_uniform(seed, rows, position, vocab_ids)))
 
 
-__all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "SAMPLES", "STEER", "check_model",
-           "gumbel_noise", "hashed_uniform", "positive_int"]
+__all__ = ["CONFIGS", "DecodeConfig", "Generation", "STEER", "check_model", "gumbel_noise", "hashed_uniform",
+           "positive_int", "token_ids"]

@@ -18,7 +18,8 @@ from torch import Tensor
 
 from studylog.checks import check_choice
 from studylog.decode import kernels, pieces
-from studylog.decode.generation import CONFIGS, STEER, DecodeConfig, Generation, check_model, gumbel_noise, positive_int
+from studylog.decode.generation import (CONFIGS, STEER, DecodeConfig, Generation, check_model, gumbel_noise,
+                                         positive_int, token_ids)
 from studylog.decode.grammar import Grammar, Writer, continues_utf8
 from studylog.decode.model import LlamaModel, dense_logits
 from studylog.runtime import cuda_graph, staged
@@ -220,19 +221,15 @@ class Decoder:
         if isinstance(prompts, (str, Tensor)) or not isinstance(prompts, Sequence):
             raise TypeError(f"prompts must be a list with one prompt (text or token ids) per sequence, got "
                             f"{type(prompts).__name__}")
-        prompts = [self._prompt_ids(b, p) for b, p in enumerate(prompts)]
+        prompts = [token_ids(f"prompt {b}", self.vocab.encode(p) if isinstance(p, str) else p, self.V)
+                   for b, p in enumerate(prompts)]
         if len(prompts) != self.batch:
             raise ValueError(f"prompts holds {len(prompts)} sequences; this decoder has batch {self.batch}")
         positive_int("max_new_tokens", max_new_tokens)
         for b, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prompt {b} is empty")
             if len(p) + max_new_tokens > self.max_seq:
                 raise ValueError(f"prompt {b} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
                                  f"{len(p) + max_new_tokens} positions, longer than the cache's max_seq={self.max_seq}")
-            bad = [t for t in p if not 0 <= t < self.V]
-            if bad:
-                raise ValueError(f"prompt {b} holds token id {bad[0]}, outside the vocabulary [0, {self.V})")
         targets = list(targets) if targets is not None else [None] * self.batch
         if len(targets) != self.batch:
             raise ValueError(f"targets holds {len(targets)} entries; this decoder has batch {self.batch}")
@@ -247,30 +244,6 @@ class Decoder:
         out = self._run(rows, grammar, cfg, max_new_tokens, temperature, seed, instrument, record)
         out.temperature, out.seed = float(temperature), seed
         return out
-
-    def _prompt_ids(self, b: int, prompt: Any) -> list[int]:
-        """Prompt ``b`` as a list of ints: text is encoded; ids must be integers (a float is refused, not cut)."""
-        if isinstance(prompt, str):
-            return self.vocab.encode(prompt)
-        if isinstance(prompt, Tensor):
-            if prompt.is_meta:
-                raise ValueError(f"prompt {b} is a tensor on the meta device, which holds no token ids")
-            if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
-                raise TypeError(f"prompt {b} must hold integer token ids, got a {prompt.dtype} tensor")
-            if prompt.ndim != 1:
-                raise ValueError(f"prompt {b} must be a 1-D tensor of token ids, got shape {tuple(prompt.shape)}")
-            return prompt.tolist()
-        if isinstance(prompt, np.ndarray):
-            if prompt.dtype.kind not in "iu" or prompt.ndim != 1:
-                raise TypeError(f"prompt {b} must be a 1-D integer array of token ids, got {prompt.dtype} "
-                                f"of shape {prompt.shape}")
-            return prompt.tolist()
-        if not isinstance(prompt, Sequence):
-            raise TypeError(f"prompt {b} must be text or a sequence of token ids, got {type(prompt).__name__}")
-        for i, t in enumerate(prompt):
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                raise TypeError(f"prompt {b} holds {t!r} ({type(t).__name__}) at position {i}; token ids are ints")
-        return [int(t) for t in prompt]
 
     def _run(self, rows: list[_Row], grammar: Grammar, cfg: DecodeConfig, max_new: int, temperature: float,
              seed: int, instrument: bool, record: bool = False) -> Generation:

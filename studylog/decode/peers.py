@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from studylog.decode.grammar import Grammar
-from studylog.decode.generation import check_model, positive_int
+from studylog.decode.generation import check_model, positive_int, token_ids
 from studylog.decode.model import LlamaModel, hf_config, state_dict_hf
 
 
@@ -89,22 +89,12 @@ def _request(hf: Any, grammar: Any, prompt_ids: Any, max_new_tokens: Any, eos_id
             f"model's LM head has {rows} rows: they must match (a grammar of another vocabulary allows other ids; "
             "and over a head padded past the vocabulary, xgrammar's processor masks only the first "
             f"{V} logits and leaves the padded ids allowed)")
-    if isinstance(prompt_ids, torch.Tensor) and prompt_ids.ndim == 1 and not prompt_ids.is_floating_point():
-        prompt_ids = prompt_ids.tolist()
-    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
-        raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}")
-    if not prompt_ids:
-        raise ValueError("prompt_ids is empty: generate needs at least one token to start from")
-    for i, t in enumerate(prompt_ids):
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise TypeError(f"prompt_ids holds {t!r} ({type(t).__name__}) at position {i}; token ids are ints")
-        if not 0 <= t < rows:
-            raise ValueError(f"prompt_ids holds token id {t} at position {i}, outside the vocabulary [0, {rows})")
+    prompt_ids = token_ids("prompt_ids", prompt_ids, rows)
     positive_int("max_new_tokens", max_new_tokens)
     eos_id = grammar.vocab.eos_id if eos_id is None else eos_id
     if isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < rows:
         raise ValueError(f"eos_id must be a token id in [0, {rows}), got {eos_id!r}")
-    return list(prompt_ids), eos_id
+    return prompt_ids, eos_id
 
 
 def hf_generate(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int,
