@@ -33,47 +33,29 @@ class Automaton:
     """Chapter 1's automaton of one regex over one vocabulary, seen through the few operations the loop uses."""
 
     def __init__(self, regex: str, vocab: TokenVocabulary, name: str = ""):
-        self.fsm = compile_fsm(regex, vocab, name)
-        self.initial: int = self.fsm.initial
+        fsm = self.fsm = compile_fsm(regex, vocab, name)
+        self.initial: int = fsm.initial
         #: Seconds: building the token index (outlines-core), and precomputing the jump tables.
-        self.build_seconds: float = self.fsm.build_seconds
-        self.precompute_seconds: float = self.fsm.precompute_seconds
+        self.build_seconds: float = fsm.build_seconds
+        self.precompute_seconds: float = fsm.precompute_seconds
         self.vocab_size: int = vocab.vocab_size
+        self.n_states, self.n_token_forced = len(fsm.states), len(fsm.token_jumps)
+        #: The state after a token (None where it is not allowed), and the states after each prefix of some ids.
+        self.next, self.walk = fsm.next_state, fsm.walk
         #: :meth:`next` without its check of the id, for a walk over ids checked once (chapter 8's draft walk).
-        self.transition = self.fsm.index.get_next_state
-
-    def next(self, state: int, token: int) -> int | None:
-        """The state after ``token``; None where it is not allowed."""
-        return self.fsm.next_state(state, token)
-
-    def walk(self, ids, state: int) -> list[int]:
-        return self.fsm.walk(ids, state)
-
-    def only_eos(self, state: int) -> bool:
-        """A final state where only EOS is allowed: decoding ends there without a forward pass."""
-        return self.fsm.only_eos(state)
-
-    def token_jump(self, state: int):
-        return self.fsm.token_jumps.get(state)
-
-    def char_jump(self, state: int):
-        return self.fsm.char_jumps.get(state)
+        self.transition = fsm.index.get_next_state
+        #: A final state where only EOS is allowed: decoding ends there without a forward pass.
+        self.only_eos = fsm.only_eos
+        #: The forced chains (chapter 1's ``Jump``) from a state, of tokens and of bytes, or None.
+        self.token_jump, self.char_jump = fsm.token_jumps.get, fsm.char_jumps.get
 
     def allowed_ids(self, state: int) -> np.ndarray:
         """The sorted allowed token ids of a state (EOS included in final states)."""
         return self.fsm.allowed(state).numpy()
 
-    @property
-    def n_states(self) -> int:
-        return len(self.fsm.states)
-
     def token_states(self) -> list[int]:
         """The states a token can lead to (those with an allowed set)."""
         return [s for s in self.fsm.states if self.fsm.index.get_allowed_tokens(s) is not None]
-
-    @property
-    def n_token_forced(self) -> int:
-        return len(self.fsm.token_jumps)
 
 
 # --- chapter 2 ----------------------------------------------------------------------------------------
