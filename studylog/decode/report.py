@@ -89,13 +89,13 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
                     prompts, targets = real_requests.batch_ids(name, tokenizer, batch), None
                 else:
                     prompts, targets = requests(name, batch, decoder, ws)
-                first = None
+                first, case = None, {"model": shape, "batch": batch, "schema": name, "whitespace": ws}
                 for config in ORDER:
                     runs, timed = measure(decoder, grammar, config, prompts, targets,
                                           max_new_tokens=max_new_tokens, repeats=repeats)
                     first = first or timed
                     same = timed.ids == first.ids
-                    params = {"model": shape, "batch": batch, "schema": name, "whitespace": ws, "config": config}
+                    params = {**case, "config": config}
                     role = "kernel" if config in STEP_OF else "baseline"
                     row = run.record(series_of(config), Timing.of([g.ms_per_token for g in runs], clock="wall"),
                                      params=params, role=role, tokens=timed.tokens, forwards=timed.forwards,
@@ -115,11 +115,10 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
                         run.check("same tokens as step01_baseline", same, params=params)
                 if hf is not None and batch == 1:
                     hf_peer(run, hf, grammar, prompts[0], first, max_new_tokens=max_new_tokens, repeats=repeats,
-                            params={"model": shape, "batch": 1, "schema": name, "whitespace": ws,
-                                    "config": "hf_generate"})
+                            params={**case, "config": "hf_generate"})
                 if real or batch == 1:
                     near_ties(run, decoder, grammar, prompts, max_new_tokens=max_new_tokens if real else 48,
-                              params={"model": shape, "batch": batch, "schema": name, "whitespace": ws})
+                              params=case)
             if batch == 1 and not real:
                 for regex in AMBIGUOUS_REGEXES:
                     grammar = Grammar.from_regex(regex, decoder.vocab)
