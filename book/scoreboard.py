@@ -633,13 +633,11 @@ def _multi_item(data):
     rival = one(data, "FlashInfer", **MULTI_ITEM_CASE)
     latency, what = _one_kernel(data)
     label = f"FlashInfer ({rival.get('backend', '?')}, page {rival.get('page_size', '?')})" if rival else "FlashInfer"
-    best = ("FlashInfer's back end and page size are its fastest of those the benchmark tries on this card, so they "
-            "may differ between cards",)
     out = [_row("the batched attention kernel (step 5)", "8 prompts, mixed lengths, heads of 128 (the layout in the "
                 "kernel column)", ours["clock"], ours,
                 label, rival, byte_floor_ms=ours.get("floor_ms"), compute_floor_ms=ours.get("compute_floor_ms"),
                 latency_floor_ms=latency, latency_what=what, short="step 5, 32 heads",
-                rival_notes=best + faster_rivals(data, ours, rival, MULTI_ITEM_CASE)) | {"tail_params": MULTI_ITEM_CASE}]
+                rival_notes=faster_rivals(data, ours, rival, MULTI_ITEM_CASE)) | {"tail_params": MULTI_ITEM_CASE}]
     grouped = one(data, "step06", **MULTI_ITEM_GQA_CASE)
     if grouped is not None:  # the layout of the model the chapter cites, where the entry point runs step 6
         rival = one(data, "FlashInfer", **MULTI_ITEM_GQA_CASE)
@@ -1195,7 +1193,7 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
         if r["binding"] == "bytes" and read:  # a short call's bytes at the 1 GiB copy's rate: beside it, what a
             # kernel that only reads the same weights takes in the same run
             return (f"{_floor(r['binding_floor_ms'])}, byte floor",
-                    f"**{times:.1f}×** ({r['median_ms'] / read:.1f}× a read-only kernel's {us(read)} µs)")
+                    f"**{r['median_ms'] / read:.1f}×** a read-only kernel's {us(read)} µs; {times:.1f}× the byte floor")
         if r.get("loop_bound"):
             kind = (floor_kind(r, short=True).replace("byte floor", "byte bound")
                     .replace("latency floor", "kernel-count bound"))
@@ -1323,9 +1321,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, other[1])
         if t is not None:  # the re-run's own median and p99, in a table of their own: no row mixes two runs
             p99 = f"{us(t['p99_ms'])}" + (f" ({_copies(t['rotated_copies'])})" if tail_copies(r, t) else "")
-            ratio = f"{t['p99_ms'] / t['ms']:.2f}×"
             if other is not None and other[0]:
-                p99, ratio = "– (other targets; notes)", "–"
+                p99 = "– (other targets; notes)"
             elif t["p99_ms"] > WIDE_TAIL * t["ms"]:  # a spread this wide is worth a line: the median alone misleads
                 note(r, f"its re-measurements spread widely: p99 {us(t['p99_ms'])} µs against a median of "
                         f"{us(t['ms'])} µs in the same run (the slowest {us(t['max_ms'])} µs); why is not measured")
@@ -1333,13 +1330,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if fewer:  # said in the cell in a few words, in the chapter's notes in full
                 note(r, fewer)
             gap = t["ms"] / r["median_ms"] - 1 if r.get("median_ms") else None  # the re-run against the chapter's
-            if gap is not None and abs(gap) > RERUN_GAP:  # the promise How we measure makes: said where it is wide
-                note(r, f"the re-run's median, {us(t['ms'])} µs, is {abs(gap):.1%} {'above' if gap > 0 else 'below'} "
-                        f"the chapter's {us(r['median_ms'])} µs: the two runs are separate and the clocks are not "
-                        "locked, so the chapter's median is the one its ratio uses")
-            tail_cells.append((r, {"card": card, "kernel": ours, "tmedian": us(t["ms"]), "p99": p99,
-                                   "ratio": ratio, "gap": "–" if gap is None else
-                                   (f"**{gap:+.1%}**" if abs(gap) > RERUN_GAP else f"{gap:+.1%}")}))
+            if gap is not None and abs(gap) > RERUN_GAP and not p99.startswith("–"):  # the promise How we measure
+                # makes: a re-run's median that lands away from the chapter's is said beside its p99, in bold
+                p99 += f"; re-run median **{gap:+.1%}**"
+            tail_cells.append((r, {"p99": p99}))
         binding, pct = _floor_cells(r)
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
             alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
@@ -1347,6 +1341,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if alone is not None:
                 pct = pct[:-1] + f"; {alone['ours']}: {100 / alone['pct_of_floor']:.1f}×)"
         cells.append((r, {"card": card, "kernel": ours, "median": f"**{us(median)}** ({us(slowest)})",
+                          "p99": next((c["p99"] for b, c in tail_cells if b is r), "–"),
                           "rival": rival, "vs": vs, "binding": binding, "pct": pct}))
         if r.get("floors_as_above"):
             continue
@@ -1434,10 +1429,14 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     first_rows = [rc for rc in cells if id(rc[0]) in lead_ids and not rc[0].get("loop_bound")]
     rest = [rc for rc in cells if id(rc[0]) not in lead_ids and not rc[0].get("loop_bound")]
     one_card = all(r["card"] == lead_card for r, _ in first_rows + loops)
-    common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"),
+    common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"), ("p99", "re-run's p99 (µs)"),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
               ("binding", "floor that binds (µs)"), ("pct", "× floor (ours ÷ floor)")]
     lead_columns = common if one_card else [("card", "card")] + common
+    for r, c in first_rows:  # the lead table's chapter cell names the shape: the kernel cell does not repeat it
+        kernel, _, shape = c["kernel"].partition("; ")
+        if shape and shape in (r.get("shape") or ""):
+            c["kernel"] = kernel
     on = f", all measured on the {LEAD_CARD}" if one_card else ""
     part_one = next((r for r, _ in rest if r["number"] == 5 and r.get("ternary_case") == "part1"), None)
     if part_one is not None and not any(r["number"] == 5 and r.get("ternary_case") == "part1" for r, _ in first_rows):
@@ -1446,44 +1445,61 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                           "has no row of its own here: its answer is a range over GemLite's shapes (the headline "
                           "results give it); the table of both cards gives its last kernel at 4096 × 14336, beside "
                           "part 2's.")
-    floor_by_card = {short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
-    if any(v is not None for v in floor_by_card.values()):
-        fastest = ", ".join(f"{ms * 1e3:.2f} µs on the {card}" for card, ms in floor_by_card.items() if ms is not None)
-        under_lead.append(f"A floor's kind: bytes moved, useful work (compute) or a chain of dependent work (latency; "
-                          f"one empty kernel, the card's fastest over all its runs, is {fastest}); each chapter's notes "
-                          "say what its chain is.")
-    times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
-                  first_rows, lead_columns, under_lead)
-    if loops:
-        loop_columns = [(k, h.replace("floor that binds", "our loop's bound that binds")
-                         .replace("× floor (ours ÷ floor)", "× bound (ours ÷ bound)")) for k, h in common]
-        times += [""] + table(f"**Decode loops: against our loop's own bound{on}**", loops,
-                              loop_columns if one_card else [("card", "card")] + loop_columns,
-                              [LOOP_BOUND_NOTE] + ([f"Our loop's other bounds: {'; '.join(loop_bounds)}."]
-                                                   if loop_bounds else []))
-    if rest:
-        times += [""] + table("**The headline cases on both cards**", rest, [("card", "card")] + common, under)
+    under_lead.append("A floor's kind: bytes moved, useful work (compute) or a chain of dependent work (latency: for a "
+                      "one-launch kernel, one empty kernel, whose time on each card [How we measure]"
+                      f"({link('how_we_measure.md')}#ceilings-and-floors) gives); each chapter's notes say what its "
+                      "chain is.")
     samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series"))
                            for r, _ in tail_cells) if t]
-    if tail_cells:
-        n = samples[0].get("samples", "many") if samples else "many"
-        lines = [TAIL_NOTE.format(samples=n, calls=samples[0].get("min_calls_per_replay", "many") if samples
-                                  else "many").replace("p99 ÷ median: ", "Each row: ", 1) + "."]
-        tail_on = {r["card"] for r, _ in tail_cells}
-        on_one = f", on the {short_card(next(iter(tail_on)))}" if len(tail_on) == 1 else ""
-        times += [""] + table(f"**Re-run {n} times: median, p99{on_one}** (a run of its own, so its median can "
-                              f"differ from the tables above: gaps over {RERUN_GAP:.0%} in bold, each said in its "
-                              "chapter's notes)", tail_cells,
-                              ([] if on_one else [("card", "card")]) + [
-                                  ("kernel", "final kernel"), ("tmedian", "median (µs)"), ("p99", "p99 (µs)"),
-                                  ("ratio", "p99 ÷ median"), ("gap", "median against the table above")], lines)
-    floor_lines = ["**Floors of each row** (the one that binds, the largest, in bold)", "",
-                   "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",
+    if samples:  # what the p99 column holds, and what a bold gap beside it means, said once under the lead table
+        tail_on = sorted({short_card(r["card"]) for r, _ in tail_cells})
+        under_lead.insert(0, (
+            f"Re-run's p99: a separate run on the {' and the '.join(tail_on)} times each call {samples[0]['samples']} "
+            f"times, each time as the mean call time of one CUDA-graph replay of at least "
+            f"{samples[0]['min_calls_per_replay']} calls, and gives the 99th percentile of those means: how far one "
+            f"measurement lands above another, not how slow a single call can be. Where that run's own median lands "
+            f"more than {RERUN_GAP:.0%} from the chapter's, the gap is in bold beside the p99: the runs are separate and "
+            "the clocks are not locked, so the speedup uses the chapter's median."))
+    flash = {}  # chapter 06's rival as each card ran it: its fastest back end and page size there
+    for r in board:
+        m = re.match(r"FlashInfer \((\w+), page (\d+)\)", r.get("rival") or "")
+        if r["number"] == 6 and m and "missing" not in r:
+            flash.setdefault(short_card(r["card"]), f"{m.group(1)} with pages of {m.group(2)}")
+    if flash:
+        cards_said = sorted(flash, key=lambda c: c != LEAD_CARD)
+        under_lead.append("FlashInfer runs with the back end and page size fastest on each card of those its benchmark "
+                          "tries: " + ", ".join(f"{flash[c]} on the {c}" for c in cards_said) + ".")
+    times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
+                  first_rows, lead_columns, under_lead)
+
+    def fold(title: str, body: list[str]) -> list[str]:
+        """A table folded under its title: a MyST dropdown in the book, ``<details>`` in the README."""
+        if folds == "dropdown":
+            return [f":::{{dropdown}} {title}", ""] + body + ["", ":::"]
+        return [f"<details><summary>{escape(title, quote=False)}</summary>", ""] + body + ["", "</details>"]
+
+    if loops:
+        loop_columns = [(k, h.replace("floor that binds", "our loop's bound that binds")
+                         .replace("× floor (ours ÷ floor)", "× bound (ours ÷ bound)")) for k, h in common if k != "p99"]
+        other_bounds = []
+        for line in loop_bounds:
+            number, _, bounds = line.partition(": ")
+            said = [b.rsplit(" ", 2) for b in bounds.split(", ")]
+            other_bounds.append(f"chapter {number}'s " + " and its ".join(f"{what} is {ms} µs" for what, ms, _ in said))
+        times += [""] + table(f"**Decode loops: against our loop's own bound{on}**", loops,
+                              loop_columns if one_card else [("card", "card")] + loop_columns,
+                              [LOOP_BOUND_NOTE] + ([f"The bounds that do not bind are lower: {'; '.join(other_bounds)}."]
+                                                   if other_bounds else []))
+    if rest:
+        times += [""] + fold("The headline cases on both cards, H100 and H200",
+                             table("", rest, [("card", "card")] + common, under)[2:])
+    floor_lines = ["| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",
                    "|" + "---|" * 6]
     named: set[int] = set()
     for r, rest_cells in floors:
         floor_lines.append(f"| {again(r) if r['number'] in named else chapter_link(r)}{rest_cells}")
         named.add(r["number"])
+    floor_lines = fold("Each row's three floors (the one that binds, the largest, in bold)", floor_lines)
 
     definitions: list[str] = []
     out_folds = []
@@ -1507,7 +1523,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             merged: dict[str, list[str]] = {}
             for label, text in items:
                 merged.setdefault(label, []).append(text)
-            items = [(label, " ".join(texts)) for label, texts in merged.items()]
+            order = list(merged)  # the lead card's rows first, then those of every card, then the other card's
+            items = [(label, " ".join(merged[label])) for label in sorted(
+                order, key=lambda lb: (0 if lb.endswith(f"({LEAD_CARD})") else 2 if lb.endswith(")") and
+                                       re.search(r"\((H\d+)\)$", lb) else 1, order.index(lb)))]
         if folds == "dropdown":
             out_folds += ([f":::{{dropdown}} {title}"] + [f"- **{label}**: {text}" if label else f"- {text}"
                                                          for label, text in items] + [":::", ""])

@@ -81,7 +81,7 @@ def test_the_page_table_lists_every_chapter_and_card():
     for card in sb.cards():
         short = sb.short_card(sb.card_name(card))
         assert f"| {short} |" in table, f"no row for the {short}"
-    times, floors = table.split("**Floors")
+    times, floors = table.split("Each row's three floors")
     floors = floors.split("\n\n")[1]
     body = [ln for ln in times.splitlines() if ln.startswith("| [") or ln.startswith(("|  |", "| *"))]
     board = sb.scoreboard()
@@ -107,9 +107,9 @@ def test_the_page_table_lists_every_chapter_and_card():
 def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     """The first table is one row per chapter (its final kernel at its headline shape on the lead card, against its
     strongest rival), the decode loops in a table of their own (against our loop's bounds), and the headline cases on
-    the other card in a third; no times table holds a p99 (the re-run has a table of its own)."""
+    both cards folded in a third; the re-run's p99 is a column of the first and third, not a table of its own."""
     table = sb.scoreboard_markdown()
-    lead, rest = table.split("**Re-run")[0].split("**The headline cases on both cards")
+    lead, rest = table.split("Each row's three floors")[0].split("The headline cases on both cards")
     lead, loops = lead.split("**Decode loops: against our loop's own bound")
     lead_rows = [ln for ln in lead.splitlines() if ln.startswith("| [") or ln.startswith(("|  |", "| *"))]
     # every lead row is on the lead card: the caption says so once, and the table has no card column
@@ -128,7 +128,8 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     header = next(ln for ln in lead.splitlines() if ln.startswith("| chapter"))
     for column in ("strongest rival", "floor that binds (µs)", "× floor (ours ÷ floor)"):
         assert f"| {column}" in header, column
-    assert "p99" not in lead + loops + rest.split("\n\n")[0]
+    # the re-run's p99 is a column of the card tables; a decode loop has none
+    assert "| re-run's p99 (µs) |" in header and "p99" not in loops
     for ln in lead_rows:
         assert re.search(r"(byte|compute|latency) floor \|", ln), ln
         assert "floor (" not in ln  # the floor's chain is in the notes, not the cell
@@ -141,7 +142,7 @@ def test_a_row_whose_binding_floor_is_not_measured_says_so_and_gives_no_percenta
     frames) says in its row that the latency floor is not measured there, with no percentage of the bytes' floor it
     exceeds a thousandfold; its notes say what is missing."""
     table = sb.scoreboard_markdown()
-    times = table.split("**Floors")[0]
+    times = table.split("Each row's three floors")[0]
     seen = 0
     for r in sb.scoreboard():
         if ("missing" not in r and r["binding"] is None and not r["no_pct_why"] and r.get("latency_missing_why")
@@ -223,7 +224,10 @@ def test_ternary_headline_row_is_bitnet_where_the_card_has_that_run():
     # it is the chapter's line in the first table, the one the landing and results pages lead with; cuBLAS is not
     lead = sb.scoreboard_markdown().split("**Decode loops")[0]
     (line,) = [ln for ln in lead.splitlines() if ln.startswith("| [05. ")]
-    assert f"| {row['ours']} |" in line and f"| {peer['ms'] / ours['ms']:.2f}× |" in line and "cuBLAS" not in line
+    kernel, shape = row["ours"].split("; ")
+    assert f"| {kernel} |" in line and f"| {peer['ms'] / ours['ms']:.2f}× |" in line and "cuBLAS" not in line
+    # the shape is said once, in the chapter's cell, not again beside the kernel
+    assert line.count(shape) == 1
 
 
 def test_masked_head_headline_is_against_xgrammar_not_dense_then_mask():
@@ -371,24 +375,24 @@ def test_a_missing_series_or_ceiling_reads_not_measured(bench_copy):
     assert any("no run on this card recorded an empty kernel's GPU time" in line for line in sb.missing(bench_copy))
 
 
-def test_the_rerun_table_gives_its_own_median_and_p99_where_a_card_has_one():
-    """The chapters' files keep no samples; the tails run does. Its numbers stand in a table of their own, "Re-run N
-    times: median, p99", each row its own run's median, p99 and their ratio, so that no row mixes two runs; the times
-    tables hold no p99. The page defines the columns once (the short list above the tables)."""
+def test_the_rerun_p99_stands_in_the_times_tables_with_its_gap_where_wide():
+    """The chapters' files keep no samples; the tails run does. Its p99 stands in a column of the times tables, read
+    from the raw file; where the re-run's own median lands more than 3% from the chapter's, the cell says so in bold,
+    and one visible line under the first table says what the column holds and what a bold gap means. No separate
+    re-run table repeats the rows. The page defines the columns once (the short list above the tables)."""
     table = sb.scoreboard_markdown()
     assert "fastest, median and slowest of a few" not in table and "**% of the floor**" not in table
+    assert "**Re-run" not in table and "median against the table above" not in table
     page = (ROOT / "scoreboard.md").read_text()
     assert page.count("over a few independent runs") == 1
     assert "99 in 100 replays of the call" not in page
     tails = [c for c in sb.cards() if (c / f"{sb.TAILS}.json").is_file()]
     if not tails:
-        assert "p99" not in table
         return
-    times, rerun = table.split("**Floors")[0].split("**Re-run ")
-    assert "p99" not in times
+    times = table.split("Each row's three floors")[0]
     folders = {sb.card_name(c): c for c in tails}
     board = [r for r in sb.scoreboard() if "missing" not in r and sb.on_page(r)]
-    rows_ = [ln for ln in rerun.splitlines() if ln.startswith("| [") or ln.startswith("| *")]
+    blocks = times.split("\n\n")
     filled = 0
     for r in board:
         if not r.get("tail_params") or r["card"] not in folders:
@@ -397,31 +401,46 @@ def test_the_rerun_table_gives_its_own_median_and_p99_where_a_card_has_one():
                           and c[0] == r.get("tail_series", c[0])][0]
         raw = _find(_raw(folders[r["card"]], sb.TAILS), series, **params)  # the raw file, read here
         assert raw["p99_ms"] >= raw["ms"]
-        (line,) = [ln for ln in rows_ if ln.startswith((f"| [{r['number']:02d}.", f"| *{r['number']:02d}."))
-                   and (f"| {r['ours']} |" in ln or f"): {r['ours']} |" in ln)]
+        card = sb.short_card(r["card"])
+        found = []
+        for block in blocks:
+            lines = block.splitlines()
+            header = next((ln for ln in lines if ln.startswith("| chapter")), None)
+            if header is None or "re-run's p99 (µs)" not in header:
+                continue
+            names = [c.strip() for c in header.strip("|").split("|")]
+            for ln in lines:
+                if not ln.startswith((f"| [{r['number']:02d}.", f"| *{r['number']:02d}.")):
+                    continue
+                cells = dict(zip(names, [c.strip() for c in ln.strip("|").split("|")]))
+                kernel = re.sub(r"^\[part 1\]\(.*?\): ", "", cells["final kernel"])
+                if kernel in (r["ours"], r["ours"].split("; ")[0]) and bool(r.get("part_notebook")) == \
+                        cells["final kernel"].startswith("[part 1]") and cells.get("card", card) == card:
+                    found.append(cells)
+        (cells,) = found
         other = sb.ctc_tail_targets(r, raw) if r["number"] == 4 else None
-        if other is not None and other[0]:  # its repetitions timed other targets: the cell says so, not a ratio
-            assert "| – (other targets; notes) |" in line
+        if other is not None and other[0]:  # its repetitions timed other targets: the cell says so, not a number
+            assert cells["re-run's p99 (µs)"] == "– (other targets; notes)"
             continue
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[-4] == f"{raw['ms'] * 1e3:,.1f}" and cells[-3].split(" (")[0] == f"{raw['p99_ms'] * 1e3:,.1f}"
-        assert cells[-2] == f"{raw['p99_ms'] / raw['ms']:.2f}×", line
-        # the re-run's gap to the chapter's median, in its own cell; past the promised 3%, bold and in the notes
+        p99, _, said = cells["re-run's p99 (µs)"].partition("; ")
+        assert p99.split(" (")[0] == f"{raw['p99_ms'] * 1e3:,.1f}", cells
         gap = raw["ms"] / r["median_ms"] - 1
-        assert cells[-1].strip("*") == f"{gap:+.1%}", line
-        if abs(gap) > sb.RERUN_GAP:
-            assert cells[-1].startswith("**") and f"is {abs(gap):.1%} " in table.split("**Floors")[1], line
+        assert (said == f"re-run median **{gap:+.1%}**") == (abs(gap) > sb.RERUN_GAP), cells
+        assert not said or abs(gap) > sb.RERUN_GAP
         filled += 1
     assert filled >= 7  # chapters 02 to 06, three rows for 05 and two for 06
     n = _raw(tails[0], sb.TAILS)["measurements"][0].get("samples")
+    lead = times.split("**Decode loops")[0]
     if n:
-        assert rerun.startswith(f"{n} times: median, p99")
-    # how it is measured, and why a decode loop (chapters 07 and 08) has none: said once, under the table
-    page = Path(__file__).resolve().parents[1] / "scoreboard.md"
-    assert "A decode loop has no such re-run" not in table  # said once, in the page's Definitions fold
-    assert page.read_text().count("A decode loop has no such re-run") == 1
-    assert "per-replay means" in rerun and "How we measure" in rerun and "not how slow a single call can be" in rerun
-
+        assert f"times each call {n} times" in lead
+    # what the column holds and what a bold gap means, once, visible under the first table
+    assert lead.count("Where that run's own median lands more than 3% from the chapter's, the gap is in bold") == 1
+    assert "per-replay means" not in table or "per-replay means" in lead
+    assert "not how slow a single call can be" in lead
+    # the decode loops' table has no p99 column: why is said once, in the page's Definitions fold
+    assert "p99" not in times.split("**Decode loops")[1].split("The headline cases on both cards")[0]
+    assert "A decode loop has no such re-run" not in table
+    assert page.count("A decode loop has no such re-run") == 1
 
 def test_chapter_seven_headline_is_one_case_and_one_statistic_everywhere():
     """Chapter 7's line: the 8B shape at batch 1 over the nine JSON schemas, the median of the schemas' step 1 times
@@ -635,7 +654,8 @@ def test_the_latency_floor_is_the_cards_fastest_empty_kernel_and_the_masked_step
         100 * step["latency_floor_ms"] / step["median_ms"])
     table = sb.scoreboard_markdown()
     assert "× the chapter's floor" not in table and "leaves out the copy from host memory" not in table
-    assert f"{fastest * 1e3:.2f} µs on the H200" in table
+    # the empty kernel's time per card is How we measure's to give: the page links it, not repeats it
+    assert f"{fastest * 1e3:.2f} µs on the H200" not in table and "how_we_measure.md#ceilings-and-floors" in table
 
 
 def test_notes_are_folded_per_chapter_with_no_markers_in_the_cells():
@@ -670,14 +690,14 @@ def test_notes_are_folded_per_chapter_with_no_markers_in_the_cells():
     assert "<details>" not in dropdowns and dropdowns.count(":::{dropdown} Chapter ") == len(folds)
 
 
-def test_the_tails_median_stands_in_its_own_table_not_beside_the_chapters():
-    """The separate run's median and p99 stand together in the re-run table, its caption saying that its median can
-    differ from the tables above; no note has to explain a p99 beside another run's median."""
+def test_the_rerun_gap_is_said_in_its_cell_not_in_a_note():
+    """The separate run's p99 stands in the times tables beside the chapter's median; where that run's own median lands
+    more than 3% away, the p99 cell says so in bold and the line under the first table says what that means, so no
+    note repeats it; a p99 of other targets than the row's is left out, a note saying why."""
     board = sb.scoreboard()
     table = sb.scoreboard_markdown()
-    rerun = table.split("**Re-run ")[1].split("**Floors")[0]
-    assert "its median can differ from the tables above" in rerun
     assert "the p99 cell divides by its own run's median" not in table
+    assert "The re-run's median, " not in table  # the gap is in the cell, its meaning said once
     for r in [b for b in board if b.get("tail_params") and "missing" not in b and sb.on_page(b)]:
         t = sb.tail(H200, r["number"], r["tail_params"], r.get("tail_series")) \
             if r["card"] == sb.card_name(H200) else None
@@ -687,9 +707,7 @@ def test_the_tails_median_stands_in_its_own_table_not_beside_the_chapters():
         if other is not None and other[0]:  # a p99 of other targets than the row's: left out, the note says why
             assert other[1][0].upper() + other[1][1:] in table and "not a slower call" in other[1]
             continue
-        assert f"| {t['ms'] * 1e3:,.1f} | {t['p99_ms'] * 1e3:,.1f}" in rerun
-        assert f"| {t['p99_ms'] / t['ms']:.2f}× |" in rerun
-
+        assert f"| {t['p99_ms'] * 1e3:,.1f}" in table
 
 def test_a_faster_new_peer_is_named_beside_the_rival(bench_copy):
     """A peer added to a file that beats the rival the row shows is named on the page, not hidden."""
@@ -769,7 +787,7 @@ def test_chapter_3_leads_with_the_fastest_published_gpu_port():
         other = 7 - best
         assert any(f"(step {other}): {ports[other]['ms'] / gpu[0]['median_ms']:.2f}×" in n for n in gpu[0]["rival_notes"])
     board = sb.scoreboard_markdown()
-    floors = board.split("**Floors")[1].split("<details>")[0]
+    floors = board.split("Each row's three floors")[1].split("</details>")[0]
     assert floors.count("[03. N-gram matching]") == 1 and floors.count("| H200 | step 11 |") == 1
 
 
@@ -930,7 +948,7 @@ def test_every_floor_names_its_kind_and_the_page_keeps_no_lab_notes():
     chapter 2 is flagged L2-favoured where its run recorded no copies (read from the raw file); and no lab path,
     open question or per-run list of empty kernels is on the page."""
     table = sb.scoreboard_markdown()
-    times, floors = table.split("**Floors")
+    times, floors = table.split("Each row's three floors")
     floors = floors.split("\n\n")[1]
     for line in times.splitlines():
         if re.search(r"\*\*[\d.]+×\*\* \|$|our loop's bound \|$", line):
@@ -1009,7 +1027,7 @@ def test_a_chapter_measured_differently_on_one_card_is_said_for_a_reader():
     """A run left off the tables (:func:`book.scoreboard.not_comparable`) is said in one line under the first table,
     as what differs on that card and that its numbers do not compare, with no history of the runs."""
     table = sb.scoreboard_markdown()
-    times = table.split("**Floors")[0]
+    times = table.split("Each row's three floors")[0]
     apart = sb.not_comparable(sb.scoreboard())
     for (number, card), why in apart.items():
         entry = next(e for e in sb.ENTRIES if e.number == number)
@@ -1030,7 +1048,7 @@ def test_part_one_rival_other_than_gemlite_is_said_under_the_table():
     """Where chapter 05 part 1's row on a card is against cuBLAS, not GemLite (the rival part 1's page asks about),
     a short line under the first table says so and why: GemLite fails our float64 check at that shape on that card
     (the check read from the raw file). A card whose GemLite passes gets no such line."""
-    times = sb.scoreboard_markdown().split("**Floors")[0]
+    times = sb.scoreboard_markdown().split("Each row's three floors")[0]
     for card in (H100, H200):
         data = _raw(card, "ternary")
         shape = {"shape": "4096x14336", "m": 1}
@@ -1054,7 +1072,7 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
 
     series = f"step{PART_ONE_STEP:02d}"
     table = sb.scoreboard_markdown()
-    times, floors = table.split("**Floors")
+    times, floors = table.split("Each row's three floors")
     board = sb.scoreboard()
     for card in (H100, H200):
         data = _raw(card, "ternary")
@@ -1073,9 +1091,9 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
         (line,) = [ln for ln in times.splitlines() if ln.startswith(("|  |", "| *")) and prefix[3:] in ln]
         cells = [c.strip() for c in line.split(" | ")]
         assert cells[3].startswith(f"**{ours['ms'] * 1e3:,.1f}** (")
-        assert cells[5].startswith(f"{ratio:.2f}×")
+        assert cells[6].startswith(f"{ratio:.2f}×")  # after the re-run's p99
         floor = max(ours["floor_mem_ms"], ours["floor_compute_ms"], sb.card_empty_kernel_ms(card))
-        assert f"**{ours['ms'] / floor:.1f}×**" in line
+        assert f"{ours['ms'] / floor:.1f}×" in line
         (fline,) = [ln for ln in floors.splitlines() if ln.startswith(("|  |", "| *")) and prefix[3:] in ln]
         assert f"**{floor * 1e3:,.1f}**" in fline  # the floor that binds, in bold
 
@@ -1083,7 +1101,7 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
 def test_chapter_five_speedup_cells_name_their_rival():
     """The cards' rivals at 4096 x 14336 can differ (GemLite passes our check on one card only): each such speedup
     cell names the rival it is against, recomputed from the raw file's check."""
-    table = sb.scoreboard_markdown().split("**Floors")[0]
+    table = sb.scoreboard_markdown().split("Each row's three floors")[0]
     for card in (H100, H200):
         data = _raw(card, "ternary")
         shape = {"shape": "4096x14336", "m": 1}
@@ -1136,9 +1154,9 @@ def test_the_tails_run_times_chapter_four_on_the_chapters_own_targets():
 
 def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_in_its_cell():
     """Chapter 04's H100 row binds on its byte floor only because its chain is not timed there: its × floor is an
-    upper bound on the distance ("at most"). A short byte-bound ternary row shows, beside × floor, our median over a
-    kernel that only reads the same weights in the same run."""
-    table = sb.scoreboard_markdown(folds="dropdown").split("**Floors")[0]
+    upper bound on the distance ("at most"). A short byte-bound ternary row leads its × floor cell with our median over
+    a kernel that only reads the same weights in the same run, the ratio to the byte floor second."""
+    table = sb.scoreboard_markdown(folds="dropdown").split("Each row's three floors")[0]
     for r in sb.scoreboard():
         if "missing" in r or not sb.on_page(r) or not r.get("binding"):
             continue
@@ -1149,5 +1167,6 @@ def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_
         cell = line.rstrip(" |").rsplit(" | ", 1)[-1]
         if r["binding"] == "bytes" and r.get("latency_missing_why"):
             assert cell.startswith("**at most "), line
-        if r["binding"] == "bytes" and r.get("read_only_ms"):
-            assert f"({r['median_ms'] / r['read_only_ms']:.1f}× a read-only kernel's" in cell, line
+        if r["binding"] == "bytes" and r.get("read_only_ms"):  # the read-only ratio first, the byte floor's second
+            assert cell.startswith(f"**{r['median_ms'] / r['read_only_ms']:.1f}×** a read-only kernel's"), line
+            assert cell.endswith(f"; {100 / r['pct_of_floor']:.1f}× the byte floor"), line
