@@ -55,10 +55,13 @@ cuda.declare_instances("ternary_mma", CUDA_MMA_INSTANCES)
 
 
 @functools.lru_cache(maxsize=None)
-def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.CudaKernel":
+def _kernel(source: str, name: str, device_index: int, instances: tuple, options: tuple = ()) -> "cuda.CudaKernel":
     # Looked up once: compiling, loading and finding a kernel cost far more than the launch itself.
-    module = cuda.load("ternary_mma", name_expressions=instances, device=device_index)
-    return module.kernel(name, CUDA_MMA_SIGNATURE)
+    module = cuda.load(source, name_expressions=instances, device=device_index, options=options)
+    kernel = module.kernel(name, CUDA_MMA_SIGNATURE)
+    if source == "ternary_bulk":  # steps 18 to 21 opt in to all of SMEM_LIMIT
+        kernel.set_max_dynamic_shared_memory(SMEM_LIMIT)
+    return kernel
 
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
@@ -90,27 +93,23 @@ def cuda_mma_max_groups_per_slice(x_rows: int, room: int = CUDA_MMA_SMEM_LIMIT) 
 CUDA_WORKSPACE = SplitWorkspace()  # not step 14's: its sums must stay zeros, these need not
 
 
-def cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type, what: str):
-    """Checks shared by steps 15 to 25 (on the CPU too), then x in rows that start on 16-byte boundaries:
-    (x2, vector, w, scale tensor, its stride, z)."""
+def cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type, what: str,
+                   tma: bool = False):
+    """Checks shared by steps 15 to 25 (on the CPU too): (x2 by :func:`aligned_rows`, vector, w, s, s_stride, z)."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_tiles", dtypes=MMA_X_DTYPES)
     if w.data.data_ptr() % 16:
         raise ValueError("w.data must start on a 16-byte boundary (the kernel loads 16 bytes at a time)")
     if config is not None and type(config) is not config_type:  # (a W2A8Config is a TmaConfig too)
         raise TypeError(f"config must be a {config_type.__name__}, got {type(config).__name__}")
     runtime.require_gpu(what)
-    return aligned_rows(x2), vector, w, s, s_stride, z
+    return aligned_rows(x2, tma), vector, w, s, s_stride, z
 
 
-def aligned_rows(x2: Tensor) -> Tensor:
-    """x2, or a zero-padded copy whose rows start on 16-byte boundaries (the kernels load 16 bytes at a time)."""
-    if x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0:
+def aligned_rows(x2: Tensor, tma: bool = False) -> Tensor:
+    """x2, or a copy with rows zero-padded to a multiple of 8 where they do not start on 16-byte boundaries (the
+    kernels load 16 bytes at a time) or, with ``tma``, K is not a multiple of 8 (the TMA copies 16-byte pieces)."""
+    if x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0 and not (tma and x2.shape[1] % 8):
         return x2
-    return padded_to_8(x2)
-
-
-def padded_to_8(x2: Tensor) -> Tensor:
-    """A copy of x2 with its rows padded with zeros to a multiple of 8 (16 bytes)."""
     padded = torch.zeros(x2.shape[0], triton.cdiv(x2.shape[1], 8) * 8, dtype=x2.dtype, device=x2.device)
     padded[:, :x2.shape[1]] = x2
     return padded
@@ -118,8 +117,7 @@ def padded_to_8(x2: Tensor) -> Tensor:
 
 def _cuda_mma_launch(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optional[CudaMmaConfig],
                      step: int, x_smem: bool, whole_k: bool) -> Tensor:
-    """Steps 15 to 17: checks, then ``cuda_mma_kernel`` at ``x_smem`` on ``config`` (None: :func:`cuda_mma_config`,
-    its K in one slice where ``whole_k``)."""
+    """Steps 15 to 17: ``cuda_mma_kernel`` at ``x_smem`` (None: :func:`cuda_mma_config`, K whole if ``whole_k``)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, CudaMmaConfig,
                                                    f"step {step} (CUDA C++ cuda_mma_kernel)")
     m, k = x2.shape
@@ -135,7 +133,7 @@ def _cuda_mma_launch(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: 
     grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     name = _cuda_mma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages, x_smem)
-    kernel = _cuda_mma_kernel(name, x2.device.index or 0, CUDA_MMA_INSTANCES)
+    kernel = _kernel("ternary_mma", name, x2.device.index or 0, CUDA_MMA_INSTANCES)
     kernel(grid, (32 * cfg.warps,), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0), s_stride,
            per_slice, shared_mem=cuda_mma_smem_bytes(min(m, 8 * col_tiles), per_slice) if x_smem else 0)
     return z[0] if vector else z
@@ -240,14 +238,6 @@ def tma_max_groups_per_slice(cfg: TmaConfig, x_rows: int) -> int:
     return cuda_mma_max_groups_per_slice(x_rows, SMEM_LIMIT - RING_BARRIER_BYTES - cfg.stages * cfg.stage_bytes)
 
 
-@functools.lru_cache(maxsize=None)
-def _tma_kernel(name: str, device_index: int, instances: tuple, options: tuple = ()) -> "cuda.CudaKernel":
-    module = cuda.load("ternary_bulk", name_expressions=instances, device=device_index, options=options)
-    kernel = module.kernel(name, CUDA_MMA_SIGNATURE)
-    kernel.set_max_dynamic_shared_memory(SMEM_LIMIT)
-    return kernel
-
-
 def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
     """The launch of steps 19 to 21 (step 18's splits K as step 17 does), 4 stages of 1 group a warp and tile: one
     tile a block, 8 warps for K > 8192 (else 4); two tiles and 4 warps where there are more than two tiles an SM and
@@ -262,16 +252,15 @@ def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
 
 
 def _tma_step(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optional[TmaConfig], step: int) -> Tensor:
-    """Steps 18 to 21: ``tma_kernel`` at the step's knobs on ``config`` (None: :func:`tma_config`, step 18 with step
-    17's slices of K)."""
+    """Steps 18 to 21: ``tma_kernel`` at the step's knobs (None: :func:`tma_config`; step 18 with step 17's slices)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, TmaConfig,
-                                                   f"step {step} (CUDA C++ tma_kernel)")
+                                                   f"step {step} (CUDA C++ tma_kernel)", tma=True)
     m, k = x2.shape
     require_hopper(x2.device, step)
     cfg = config or tma_config(m, w.n, k)
     if config is None and step == 18:
         cfg = replace(cfg, slices=cuda_mma_config(m, w.n, k).slices)
-    _launch_tma(_pad_k_to_8(x2), w, s, s_stride, z, cfg, probe=0, step=step)
+    _launch_tma(x2, w, s, s_stride, z, cfg, probe=0, step=step)
     return z[0] if vector else z
 
 
@@ -311,11 +300,6 @@ def require_hopper(device: torch.device, step: int) -> None:
                            f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(device)}")
 
 
-def _pad_k_to_8(x2: Tensor) -> Tensor:
-    """The copy engine moves x in 16-byte pieces: rows padded with zeros to a multiple of 8."""
-    return x2 if x2.shape[1] % 8 == 0 else padded_to_8(x2)
-
-
 #: The probe builds of steps 21 and 23 (BULK_PROBE, W2A8_PROBE; PROBE_* in ternary_common.cuh), the kernel with
 #: parts left out, to time what limits it: 1 copies weights and x only, 2 decodes and multiplies whatever shared
 #: memory holds, 3 returns at once.
@@ -326,9 +310,8 @@ def step21_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe
                  config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
     """A step-21 launch with parts left out (a number of :data:`PROBES`), to time (its output means nothing)."""
     check_choice("probe", probe, PROBES)
-    x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-21 probe")
+    x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-21 probe", tma=True)
     cfg = config or tma_config(x2.shape[0], w.n, x2.shape[1])
-    x2 = _pad_k_to_8(x2)
     return lambda: _launch_tma(x2, w, s, s_stride, z, cfg, probe=probe)
 
 
@@ -353,7 +336,8 @@ def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tenso
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     name = _tma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk, step)
     options = (f"-DBULK_PROBE={int(probe)}",) if probe else ()
-    kernel = _tma_kernel(name, x2.device.index or 0, (name,) if probe else TMA_INSTANCES + TMA_RING_INSTANCES, options)
+    instances = (name,) if probe else TMA_INSTANCES + TMA_RING_INSTANCES
+    kernel = _kernel("ternary_bulk", name, x2.device.index or 0, instances, options)
     kernel(grid, (32 * (cfg.warps + 1),), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0),
            s_stride, per_slice, shared_mem=tma_smem_bytes(cfg, x_rows, per_slice))
     return z
