@@ -211,15 +211,11 @@ def step23_w2a8_fused(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale =
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, quantize: Optional[str] = None,
                build: tuple = (), trace: Optional[Tensor] = None, step: int = 23,
                early: bool = True) -> Callable[[], Tensor]:
-    """The checks and launch of steps 22 and 23, as a function to call; ``build``: the .cu's options of a probe
-    or the timeline (then ``trace`` is its trace)."""
-    x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8Config,
-                                                   f"step {step} (CUDA C++ w2a8_kernel)")
-    m, k = x2.shape
+    """Steps 22 and 23 checked, as a launch to call; ``build``: a probe's or the timeline's options (and ``trace``)."""
     if quantize is not None:
         check_choice("quantize", quantize, W2A8_QUANTIZE)
-    check_w2a8_k(k, step)
-    require_hopper(x2.device, step)
+    x2, vector, w, s, s_stride, z = _w2a8_args(x, w, scale, out, config, W2A8Config, step, "w2a8_kernel")
+    m, k = x2.shape
     quant, cfg = w2a8_choose(m, w.n, k, config, quantize, runtime.sm_count())
     per_slice, grid = w2a8_grid(m, w.n, k, cfg, fused=quant != Quant.SEPARATE)
     if trace is not None:
@@ -247,9 +243,16 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, q
     return call
 
 
-def check_w2a8_k(k: int, step: int) -> None:
-    if k > W2A8_MAX_K:
-        raise ValueError(f"step {step} takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
+def _w2a8_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type, step: int,
+               kernel: str) -> tuple:
+    """:func:`~studylog.ternary.cuda_steps.cuda_call_args`, then K and the GPU checked for step ``step``."""
+    x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, config_type,
+                                                   f"step {step} (CUDA C++ {kernel})")
+    if x2.shape[1] > W2A8_MAX_K:
+        raise ValueError(f"step {step} takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got "
+                         f"K={x2.shape[1]}")
+    require_hopper(x2.device, step)
+    return x2, vector, w, s, s_stride, z
 
 
 @functools.lru_cache(maxsize=256)
@@ -432,11 +435,8 @@ def step25_x_tma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0,
 def _w2a8_tiles_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optional[W2A8TilesConfig],
                      step: int, x_tma: bool) -> Tensor:
     """Steps 24 and 25: checks, quantize_x, then ``w2a8_tiles_kernel`` at ``x_tma``."""
-    x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8TilesConfig,
-                                                   f"step {step} (CUDA C++ w2a8_tiles_kernel)")
+    x2, vector, w, s, s_stride, z = _w2a8_args(x, w, scale, out, config, W2A8TilesConfig, step, "w2a8_tiles_kernel")
     m, k = x2.shape
-    check_w2a8_k(k, step)
-    require_hopper(x2.device, step)
     cfg = config or w2a8_tiles_config(m, w.n, k, runtime.sm_count())
     per_slice, grid = w2a8_grid(m, w.n, k, cfg)
     groups, col_tiles = -(-k // GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
