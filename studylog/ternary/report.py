@@ -23,8 +23,7 @@ from studylog.ternary.cuda_steps import (PROBES, cuda_mma_config, step15_cuda_mm
                                          step21_probe, tma_config)
 from studylog.ternary.formats import (FP32_TOLERANCE, PackedTernary, error_ratio_from, quantize_absmean,
                                       quantize_activations)
-from studylog.ternary.results import (BITNET, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PROBE_SERIES,
-                                      W2A8_PLACE_SERIES)
+from studylog.ternary.results import BITNET, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PROBE_SERIES, W2A8_PLACE_SERIES
 from studylog.ternary.steps import SERIES, STEPS
 from studylog.ternary.triton_mma import (step09_w2a8_dot, step10_dot_configs, step11_pair_decode, step12_unmasked,
                                          step13_mma_layout, step14_workspace)
@@ -437,8 +436,7 @@ def _check(run, name: str, spec: Series, z: Tensor, params: dict, refs: dict, m:
 
 def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: dict, peak: dict, m: int,
                   flops: int, x_bytes: int, z_bytes: int) -> None:
-    """One series at one case: checked on its first call (which compiles and autotunes), then timed and recorded
-    with its floor, bytes and config."""
+    """One series at one case: checked on its first call (which compiles and autotunes), then timed and recorded."""
     fn = spec.make(x, spec.weights)
     z = fn()
     _sync()

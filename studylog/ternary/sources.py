@@ -49,7 +49,6 @@ def cuda_step_source(file: str, kernel: str, knobs: dict[str, bool], launch: Cal
 
 
 def triton_step_source(kernels: tuple[Any, ...], knobs: dict[str, bool], launch: Callable) -> str:
-    """The text of a Triton step: ``kernels`` (the kernel and the helpers its knobs reach) at ``knobs``, then its
-    launch."""
+    """The text of a Triton step: ``kernels`` (its kernel and the helpers its knobs reach) at ``knobs``, its launch."""
     parts = ["\n".join(_resolve_python(source_of(k)[0].splitlines(), knobs)) for k in kernels]
     return "\n\n".join(parts + ["# its launch:\n" + textwrap.dedent(inspect.getsource(launch))])

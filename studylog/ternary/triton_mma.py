@@ -15,8 +15,8 @@ from torch import Tensor
 from studylog import runtime
 from studylog.checks import check_tensor
 from studylog.ternary.formats import MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace, check_device, check_packed_call
-from studylog.ternary.triton_steps import (DOT_CONFIGS_MANY, TL_DTYPES, autotune, dot_program, dot_step, k_slice,
-                                           launch_dot, step06_dot_kernel, store_tile, triton_config)
+from studylog.ternary.triton_steps import (DOT_CONFIGS_MANY, TL_DTYPES, autotune, dot_meta, dot_program, dot_step,
+                                           k_slice, launch_dot, step06_dot_kernel, store_tile, triton_config)
 
 #: Step 9's tiles: int8 MMA steps over 32 k, so BLOCK_KW >= 32 (many rows of x: step 6's tiles).
 W2A8_DOT_CONFIGS_FEW = [triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=split, num_stages=2) for split in (1, 4)]
@@ -291,10 +291,7 @@ SPLIT_WORKSPACE = SplitWorkspace()
 def mma_meta(x_dtype: torch.dtype) -> dict:
     """MAGIC, DOT_DTYPE and DOT_PRECISION of steps 11 to 14: the weights decoded in x's type, the dot in x's type
     on the GPU, in float32 in the interpreter (its bf16 arithmetic is wrong)."""
-    magic = TL_DTYPES[x_dtype]
-    if runtime.mode() == "interpreter":
-        return {"MAGIC": magic, "DOT_DTYPE": tl.float32, "DOT_PRECISION": "ieee"}
-    return {"MAGIC": magic, "DOT_DTYPE": magic, "DOT_PRECISION": "tf32"}  # the precision only matters for float32
+    return {"MAGIC": TL_DTYPES[x_dtype], **dot_meta(torch.float32 if runtime.mode() == "interpreter" else x_dtype)}
 
 
 def step10_dot_configs(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,

@@ -387,8 +387,7 @@ step08_base3_dot_tuned_many = autotune(BASE3_DOT_CONFIGS_MANY, key=["N", "K", "B
 # The wrappers: check, allocate, launch (nothing waits for the GPU but steps 1 and 2's check of their weights)
 
 def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict, zero_output: bool = True):
-    """Launch an autotuned kernel on ``grid`` with ``args`` and the constexprs ``meta``, or one explicit
-    ``config`` (from :func:`config_dict`)."""
+    """Launch autotuned ``kernel`` on ``grid``, or at one explicit ``config`` (from :func:`config_dict`)."""
     if config is None:
         kernel[grid](*args, **meta)
         return
@@ -401,8 +400,7 @@ def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], me
 
 def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
              dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False, check_values=False):
-    """Launch a kernel with one program column per row of x (steps 1-4 and the M=1 kernels); ``check_values``:
-    dense weights checked to be -1, 0 or +1 (waits for the GPU)."""
+    """Steps 1 to 5 and 7: one program column a row of x; ``check_values`` waits for the GPU (dense weights)."""
     x2, vector = check_x(x, weights_k(w))
     m, k = x2.shape
     if dense_dtypes is not None:
@@ -436,8 +434,7 @@ def step02_int8(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale =
                 out: Optional[Tensor] = None, config: Optional[dict] = None,
                 check_values: bool = True) -> Float[Tensor, "*m n"]:
     """Step 2: int8 weights, each -1, 0 or +1, checked as :func:`step01_sign` checks its own."""
-    return _rowwise(step02_int8_tuned, x, w, scale, out, config, dense_dtypes=(torch.int8,),
-                    check_values=check_values)
+    return _rowwise(step02_int8_tuned, x, w, scale, out, config, dense_dtypes=(torch.int8,), check_values=check_values)
 
 
 def step03_2bit(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
