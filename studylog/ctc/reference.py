@@ -24,6 +24,12 @@ UNDERFLOW_TOLERANCE = min(LOSS_TOLERANCE, GRAD_TOLERANCE)
 UNDERFLOW_ULP = 2.0 ** -148
 
 
+def _shifted(row: Tensor, by: int, fill: float = -math.inf) -> Tensor:
+    """``row[:, s - by]`` (``by`` > 0) or ``row[:, s + |by|]``, ``fill`` outside the row."""
+    padded = torch.nn.functional.pad(row, (max(by, 0), max(-by, 0)), value=fill)
+    return padded[:, :row.shape[1]] if by > 0 else padded[:, -by:]
+
+
 def _extended(activations: Tensor, targets, input_lengths, target_lengths):
     """What both models start from: the input lengths (numpy), the blank-interleaved labels ``(N, S)``, S per
     utterance, the alpha/beta skip masks, the positions ``(S,)`` and which of them each utterance has ``(N, S)``."""
@@ -60,19 +66,11 @@ def reference_ctc(activations: Float[Tensor, "t n a"], targets: Int[Tensor, "...
     em = log_probs.gather(2, ext[None].expand(T, N, S))  # (T, N, S) log-probability of each position
     em = torch.where(valid[None], em, neg)
 
-    def shifted(row: Tensor, by: int) -> Tensor:  # row[s - by] (by > 0) or row[s + |by|], -inf outside
-        out = torch.full_like(row, -math.inf)
-        if by > 0:
-            out[:, by:] = row[:, :-by]
-        else:
-            out[:, :by] = row[:, -by:]
-        return out
-
     alpha = torch.full((T, N, S), -math.inf, dtype=torch.float64, device=dev)
     alpha[0] = torch.where(pos[None] <= 1, em[0], neg)
     for t in range(1, T):
         prev = alpha[t - 1]
-        terms = torch.stack([prev, shifted(prev, 1), torch.where(skip_in, shifted(prev, 2), neg)])
+        terms = torch.stack([prev, _shifted(prev, 1), torch.where(skip_in, _shifted(prev, 2), neg)])
         alpha[t] = torch.logsumexp(terms, 0) + em[t]
 
     t_last = torch.as_tensor(inputs - 1, device=dev)
@@ -85,7 +83,7 @@ def reference_ctc(activations: Float[Tensor, "t n a"], targets: Int[Tensor, "...
     init = (pos[None] == (sizes - 1)[:, None]) | ((pos[None] == (sizes - 2)[:, None]) & (sizes[:, None] > 1))
     for t in range(T - 1, -1, -1):
         nxt = beta[t + 1]
-        terms = torch.stack([nxt, shifted(nxt, -1), torch.where(skip_out, shifted(nxt, -2), neg)])
+        terms = torch.stack([nxt, _shifted(nxt, -1), torch.where(skip_out, _shifted(nxt, -2), neg)])
         recursed = torch.logsumexp(terms, 0) + em[t]
         started = torch.where(init, em[t], neg)
         frame = torch.as_tensor(t, device=dev)
@@ -133,15 +131,8 @@ def probability_space_ctc(
     zero = torch.zeros((), dtype=f32, device=dev)
     inf = torch.full((N,), math.inf, dtype=torch.float64, device=dev)
 
-    def sums(row: Tensor, skip: Tensor, backward: bool) -> Tensor:  # the recursion's sum of predecessors
-        out = row.clone()
-        if backward:
-            out[:, :-1] += row[:, 1:]
-            out[:, :-2] += row[:, 2:] * skip[:, :-2]
-        else:
-            out[:, 1:] += row[:, :-1]
-            out[:, 2:] += row[:, :-2] * skip[:, 2:]
-        return out
+    def sums(row: Tensor, skip: Tensor, by: int) -> Tensor:  # the recursion's sum of predecessors (by 1: alpha's)
+        return row + _shifted(row, by, 0.0) + _shifted(row, 2 * by, 0.0) * skip
 
     alpha = torch.zeros((T, N, S), dtype=f32, device=dev)
     alpha_lost = torch.zeros((T, N, S), dtype=torch.bool, device=dev)  # reached, stored below FLT_MIN
@@ -155,7 +146,7 @@ def probability_space_ctc(
             total = alpha[t - 1].sum(1)
             scale = torch.where(total > 0, 1.0 / total, torch.ones_like(total))
             shift += torch.where(total > 0, total.double().log(), torch.zeros_like(shift))
-            pre = sums(alpha[t - 1], skip_in, backward=False)
+            pre = sums(alpha[t - 1], skip_in, 1)
             reached = (pre > 0) & valid
             v = pre * scale[:, None] * y[t]
         alpha[t] = v
@@ -176,8 +167,8 @@ def probability_space_ctc(
         active, start = t < il, t == il - 1
         total = beta.sum(1)
         scale = torch.where(total > 0, 1.0 / total, torch.ones_like(total))
-        pre = torch.where(start[:, None], ends.to(f32), sums(beta, skip_out, backward=True) * scale[:, None])
-        reached = torch.where(start[:, None], ends, sums(beta, skip_out, backward=True) > 0) & valid
+        pre = torch.where(start[:, None], ends.to(f32), sums(beta, skip_out, -1) * scale[:, None])
+        reached = torch.where(start[:, None], ends, sums(beta, skip_out, -1) > 0) & valid
         e = y[t]
         v = pre * e
         safe = torch.where(e > 0, e, torch.ones_like(e))
@@ -217,13 +208,11 @@ def errors(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> di
     finite = torch.isfinite(ref_loss) & torch.isfinite(loss)
     mismatched = int((torch.isfinite(loss) != torch.isfinite(ref_loss)).sum())
     if finite.any():
-        diff = (loss[finite] - ref_loss[finite]).abs() / ref_loss[finite].abs().clamp(min=1.0)
-        loss_rel = float(diff.max())
+        loss_rel = float(((loss[finite] - ref_loss[finite]).abs() / ref_loss[finite].abs().clamp(min=1.0)).max())
         cols = finite.to(grad.device)
         g, r = grad[:, cols], ref_grad.to(grad.device)[:, cols]
         mismatched += int(torch.isnan(g).any(dim=0).any(dim=1).sum())
-        denom = float(torch.linalg.vector_norm(r))
-        grad_rel = float(torch.linalg.vector_norm(g - r)) / max(denom, 1e-300)
+        grad_rel = float(torch.linalg.vector_norm(g - r)) / max(float(torch.linalg.vector_norm(r)), 1e-300)
     else:
         loss_rel, grad_rel = 0.0, 0.0
     silent = int(silently_wrong(loss, grad, ref_loss, ref_grad).sum())
