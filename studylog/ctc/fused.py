@@ -25,8 +25,6 @@ RECURSION_OPTIONS: dict[str, tuple[int, bool, bool]] = {
     "+ redux max": (4, True, True),
     "+ prefetch 8": (8, True, True),
 }
-#: Step 11's recursion: the branch-free update alone.
-BRANCH_FREE = "branch-free"
 #: The options steps 12 and 13 use unless told otherwise: step 11's plus flush-to-zero, exact enough for
 #: log-probabilities. The other two options are experiments (lab/ctc).
 DEFAULT_RECURSION = "+ ftz ex2/lg2"
@@ -39,10 +37,9 @@ MAX_RECURSION_WARPS = 16
 IN_TURN = (7, 8, 9)
 #: Frames of emissions step 7's recursion loads ahead of the one it computes (the kernels' ``PREFETCH``).
 PREFETCH_FRAMES = 4
-#: Step 7 taken apart, to time its three changes one at a time (``lab/ctc/step07_changes.py``): the recursion of each
-#: sub-step as (``ctc_block_recursion_knobs``'s launches, each a ``DIRECTIONS`` mask: 1 alpha, 2 beta, 3 both;
-#: frames of emissions prefetched, 0: loaded when needed). 7a: the gradient pass alone (alpha and beta two launches
-#: of one direction each, as step 5's); 7b: both in one kernel; step 7 adds the prefetch.
+#: Step 7 taken apart, to time its changes one at a time (``lab/ctc/step07_changes.py``): each sub-step's recursion as
+#: (``ctc_block_recursion_knobs``'s launches, each a ``DIRECTIONS`` mask: 1 alpha, 2 beta, 3 both; frames of emissions
+#: prefetched, 0: loaded when needed). 7a: alpha and beta two launches, as step 5's; 7b: one kernel; 7 adds prefetch.
 STEP07_PARTS: dict[str, tuple[tuple[int, ...], int]] = {"7a": ((1, 2), 0), "7b": ((3,), 0)}
 #: The ``.cu`` file (in ``studylog/ctc/csrc``) of each kernel of steps 7 to 14.
 SOURCES = {**dict.fromkeys(("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_block_recursion",
@@ -114,7 +111,7 @@ def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple
     if step == 10:
         return "ctc_fused_stats", f"ctc_fused_recursion<{v}>", "ctc_fused_grad"
     if step in (11, 12):
-        return "ctc_fused_stats", recursion_name(v, BRANCH_FREE if step == 11 else recursion), "ctc_fused_grad"
+        return "ctc_fused_stats", recursion_name(v, "branch-free" if step == 11 else recursion), "ctc_fused_grad"
     if step == 13:
         return "ctc_stats_softmax", recursion_name(v, recursion), "ctc_target_grad"
     raise ValueError(f"steps 7 to 14 have fused kernels; got step {step!r}")
@@ -200,12 +197,10 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     for recursion_kernel in recursion_kernels:  # in order on the stream
         recursion_kernel(grid, (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows,
                          row_shift, T, N, lmax, *block_recursion)
-    if step >= 13:  # the last pass corrects the target's classes in the softmax the first wrote
-        last((T * N,), (64 if smax <= 256 else 128,), *last_reads, *slots, grad, loss, T, N, A, lmax, umax, row_stride,
-             int(zero_infinity))
-    else:
-        last((T * N,), (threads,), *last_reads, *slots, grad, loss, T, N, A, lmax, umax, row_stride, vectorised,
-             int(zero_infinity))
+    # from step 13 the last pass only corrects the target's classes in the softmax the first wrote: no vector flag
+    last_threads, vector_flag = (64 if smax <= 256 else 128, ()) if step >= 13 else (threads, (vectorised,))
+    last((T * N,), (last_threads,), *last_reads, *slots, grad, loss, T, N, A, lmax, umax, row_stride, *vector_flag,
+         int(zero_infinity))
     del buffer  # queued: the memory may be reused by the next allocation on this stream
 
 
@@ -216,36 +211,25 @@ def _run(step: int, activations, targets, input_lengths, target_lengths, zero_in
     return loss, grad
 
 
-def step07_gradient_pass(
-    activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
-    target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
-    out_grad: Float[Tensor, "t n a"] | None = None,
-) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
+def step07_gradient_pass(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                         out_loss=None, out_grad=None):
     """Step 7: the gradient a pass of its own, a block per frame, after the recursions; those run alpha, then beta,
     on a block per utterance (step 5's grain and block size) and write every row. The first pass writes the
     log-softmax, as steps 1 to 6 do. Arguments as :func:`step01_baseline`."""
     return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
-def step07a_gradient_pass_two_launches(
-    activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
-    target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
-    out_grad: Float[Tensor, "t n a"] | None = None,
-) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
-    """Step 7's first change alone (not a step of the chapter: ``lab/ctc/step07_changes.py`` times it): step 5 with
-    the gradient a pass of its own, as step 7's; alpha and beta stay two launches of one direction each, a frame's
-    emissions loaded when its update needs them. Arguments as :func:`step07_gradient_pass`."""
+def step07a_gradient_pass_two_launches(activations, targets, input_lengths=None, target_lengths=None, *,
+                                       zero_infinity=False, out_loss=None, out_grad=None):
+    """Step 7a of ``STEP07_PARTS`` (timed in ``lab/ctc``, not a step of the chapter): step 5 with step 7's gradient
+    pass; alpha and beta stay two launches, emissions loaded when needed. Arguments as :func:`step07_gradient_pass`."""
     return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad, "7a")
 
 
-def step07b_one_kernel(
-    activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
-    target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
-    out_grad: Float[Tensor, "t n a"] | None = None,
-) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
+def step07b_one_kernel(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                       out_loss=None, out_grad=None):
     """Step 7a with alpha, then beta, in one kernel: step 7 without its emissions prefetched ``PREFETCH_FRAMES``
-    frames ahead (not a step of the chapter: ``lab/ctc/step07_changes.py`` times it). Arguments as
-    :func:`step07_gradient_pass`."""
+    frames ahead (timed in ``lab/ctc``, not a step of the chapter). Arguments as :func:`step07_gradient_pass`."""
     return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad, "7b")
 
 

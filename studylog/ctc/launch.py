@@ -35,15 +35,14 @@ def workspace_addresses(device: torch.device, nbytes: Sequence[int], buffer: Ten
     """Scratch memory as the device addresses of 256-byte aligned segments of ``nbytes`` bytes (tensor views
     cost microseconds of Python per call) in one new allocation, or in the caller's preallocated ``buffer``
     (checked). The caller keeps the returned buffer alive until the launches are queued."""
-    total = workspace_bytes(nbytes)
+    total, sizes = workspace_bytes(nbytes), [-(-size // 256) * 256 for size in nbytes]
     if buffer is None:
         buffer = torch.empty((total,), dtype=torch.uint8, device=device)
     elif buffer.dtype != torch.uint8 or buffer.device != device or not buffer.is_contiguous() or buffer.numel() < total:
         raise ValueError(f"workspace must be a contiguous uint8 tensor of at least {total} bytes on {device}")
     elif buffer.data_ptr() % 256:
         raise ValueError("workspace must be 256-byte aligned")
-    base = buffer.data_ptr()
-    return buffer, [base + sum(-(-size // 256) * 256 for size in nbytes[:i]) for i in range(len(nbytes))]
+    return buffer, [buffer.data_ptr() + sum(sizes[:i]) for i in range(len(sizes))]
 
 
 def output(out: Tensor | None, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -67,10 +66,7 @@ def prepare_call(activations, targets, input_lengths, target_lengths, out_loss, 
         T, N, A = activations.shape
         batch = prepare_targets(targets, input_lengths, target_lengths, num_classes=A, max_time=T,
                                 device=activations.device, batch_size=N)
-    checks.check_tensor("activations", activations, dtype=torch.float32)
-    if activations.ndim != 3:
-        raise ValueError(f"activations must be (T, N, A), got shape {tuple(activations.shape)}")
-    checks.check_tensor("activations", activations, contiguous=True)
+    checks.check_tensor("activations", activations, dtype=torch.float32, ndim=3, contiguous=True)
     T, N, A = activations.shape
     if N != batch.batch:
         raise ValueError(f"activations hold N = {N} utterances but the targets {batch.batch}")

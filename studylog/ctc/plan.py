@@ -66,11 +66,8 @@ class CTCPlan:
             self._gen = 0
             self._set_gen = torch.zeros(1, dtype=torch.int32, device=self.device)
             self._call_gen = torch.full((1,), -1, dtype=torch.int32, device=self.device)
-        positions = 2 * self.label_stride + 1
-        if self.step <= 6:
-            nbytes = warpctc.scratch_bytes(T, N, A, positions)
-        else:  # only step 14 takes a grain
-            nbytes = fused.scratch_bytes(self.step, T, N, A, self.label_stride, how.get("grain"))
+        nbytes = (warpctc.scratch_bytes(T, N, A, 2 * self.label_stride + 1) if self.step <= 6 else
+                  fused.scratch_bytes(self.step, T, N, A, self.label_stride, how.get("grain")))  # step 14's grain
         self.workspace = torch.empty((nbytes,), dtype=torch.uint8, device=self.device)
         empty = [np.zeros(0, np.int64)] * N
         self.targets: CTCTargets = self._write(empty, np.full(N, T, np.int64), np.zeros(N, np.int64))

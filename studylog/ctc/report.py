@@ -387,12 +387,8 @@ def recursion_shape(step: int, max_positions: int) -> dict:
     positions per lane (per thread for steps 7, 8 and 14) and the threads of one direction (steps 7 and 8: step 5's
     block, as ``threads``; step 14: its ``warps``)."""
     v, threads = launch_shape(step, max_positions)
-    shape = {"max_positions": max_positions, "positions_per_lane": v}
-    if step in (7, 8):
-        shape["threads"] = threads
-    if step == 14:
-        shape["warps"] = threads // 32
-    return shape
+    block = {"threads": threads} if step in (7, 8) else {"warps": threads // 32} if step == 14 else {}
+    return {"max_positions": max_positions, "positions_per_lane": v, **block}
 
 
 def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:

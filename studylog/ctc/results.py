@@ -26,8 +26,8 @@ def clock_of(results, series: str) -> str:
 
 def headline(results) -> list[dict]:
     """The headline rows: the entry point (in a file from before it, the step its rule picks at each case, else the
-    last step measured) against ``torch-best`` on the same clock, at the
-    smallest speedup over N for each alphabet and at the largest batch of the large alphabet."""
+    last step measured) against ``torch-best`` on the same clock, at the smallest speedup over N for each alphabet
+    and at the largest batch of the large alphabet."""
     from studylog.ctc import CHAPTER
     from studylog.plotting import headline_row
 

@@ -182,11 +182,8 @@ def targets_view(packed: Tensor, num_classes: int, max_time: int, inputs: np.nda
     batch = len(lists)
     shapes = [(batch, label_stride), (batch,), (batch,), (batch, slot_stride), (batch, slot_stride + 1),
               (batch, label_stride), (batch,)]
-    views, offset = [], 0
-    for shape in shapes:
-        size = int(np.prod(shape))
-        views.append(packed[offset:offset + size].view(shape))
-        offset += size
+    sizes = [int(np.prod(shape)) for shape in shapes]
+    views = [part.view(shape) for part, shape in zip(packed[:sum(sizes)].split(sizes), shapes)]
     return CTCTargets(
         num_classes=num_classes, max_time=max_time,
         input_lengths_host=tuple(int(v) for v in inputs), target_lengths_host=tuple(int(v) for v in lengths),

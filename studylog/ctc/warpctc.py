@@ -85,11 +85,9 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, 
     """Launch step ``step`` (1 to 6) on checked inputs (nothing here is checked again)."""
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
-    rows = T * N
     buffer, (probs, alphas, log_likelihood) = workspace_addresses(x.device, scratch_sizes(T, N, A, smax), scratch)
-    (softmax,) = kernels(SOFTMAX_SOURCE, [("ctc_softmax_rows" if step == 6 else "ctc_log_softmax_rows",
-                                           _SIG_SOFTMAX)])
-    softmax(((rows + 7) // 8,), (256,), x, probs, rows, A)
+    (softmax,) = kernels(SOFTMAX_SOURCE, [("ctc_softmax_rows" if step == 6 else "ctc_log_softmax_rows", _SIG_SOFTMAX)])
+    softmax(((T * N + 7) // 8,), (256,), x, probs, T * N, A)
     if step <= 3:
         threads, alpha_smem = 128, 0
     else:
