@@ -28,11 +28,6 @@ from studylog.paths import csrc_folders
 DEFAULT_ARCH = "sm_90"
 
 
-def cu_sources() -> list[Path]:
-    """Every ``.cu`` file shipped in the package (the shared ``csrc`` and each chapter's), sorted by name."""
-    return sorted((p for folder in csrc_folders() for p in folder.glob("*.cu")), key=lambda p: p.name)
-
-
 #: Template instances each source is launched with (file stem -> C++ name expressions). A source
 #: made only of templates compiles to no kernel until it is instantiated, so chapter modules declare
 #: their instances here and the tests compile every ``.cu`` file with them.
@@ -253,12 +248,6 @@ def _check_cu(result, what: str):
     return rest[0] if len(rest) == 1 else rest
 
 
-def device_arch(device: torch.device | int | None = None) -> str:
-    """``sm_XX`` of a CUDA device (the current one by default)."""
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}"
-
-
 @functools.lru_cache(maxsize=None)
 def _ensure_context(device_index: int) -> None:
     """Make torch's primary context current, so modules load into the context torch uses."""
@@ -266,11 +255,6 @@ def _ensure_context(device_index: int) -> None:
     with torch.cuda.device(device_index):
         torch.empty(1, device=f"cuda:{device_index}")  # forces torch to create its context
     _check_cu(_driver().cuInit(0), "cuInit")
-
-
-def _current_stream_handle() -> int:
-    """Torch's current stream as a raw handle (the private call Triton uses: microseconds cheaper per launch)."""
-    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
 
 
 class CudaKernel:
@@ -322,7 +306,8 @@ class CudaKernel:
         except struct.error as exc:
             raise TypeError(f"{self.name}: arguments {args!r} do not fit {self.signature}: {exc}") from None
         ctypes.memmove(self._block, packed, len(packed))
-        handle = _current_stream_handle()
+        # torch's current stream as a raw handle: the private call Triton uses, microseconds cheaper per launch
+        handle = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
         cu_stream = self._streams.get(handle)
         driver = _driver()
         if cu_stream is None:
@@ -394,7 +379,7 @@ def load(source: str | Path, *, options: Sequence[str] = (), name_expressions: S
     index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index or 0
     _ensure_context(index)
     text, name = _resolve(source)
-    arch = device_arch(index)
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability(index))
     key = (hashlib.sha256(text.encode()).hexdigest(), arch, tuple(options), tuple(name_expressions), index)
     if key not in _MODULES:
         with torch.cuda.device(index):

@@ -4,17 +4,20 @@ import pytest
 import torch
 
 from studylog import chapter, cuda
+from studylog.paths import csrc_folders
 
 # chapter packages declare the template instances of their sources when imported
 for _module in chapter.CHAPTERS.values():
     importlib.import_module(_module)
+#: Every ``.cu`` file shipped in the package (the shared ``csrc`` and each chapter's), sorted by name.
+CU_SOURCES = sorted((p for folder in csrc_folders() for p in folder.glob("*.cu")), key=lambda p: p.name)
 
 
 def test_package_ships_cuda_sources():
-    assert cuda.cu_sources(), "no .cu files found under studylog/csrc"
+    assert CU_SOURCES, "no .cu files found under studylog/csrc"
 
 
-@pytest.mark.parametrize("path", cuda.cu_sources(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CU_SOURCES, ids=lambda p: p.name)
 def test_every_cu_compiles_for_hopper(path):
     """Every kernel source compiles with NVRTC (no GPU needed) to PTX and an sm_90 cubin."""
     compiled = cuda.compile_source(path, arch="sm_90", name_expressions=cuda.INSTANCES.get(path.stem, ()))
