@@ -30,11 +30,9 @@ from studylog import runtime
 from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
 from studylog.paths import REPO_ROOT
 
-CPU_REFUSAL = (
-    "python -m studylog bench needs a CUDA GPU, and torch sees none on this machine. "
-    "Here Triton kernels run in its CPU interpreter, whose timings say nothing about GPU speed. "
-    "The committed GPU results are under assets/bench/; the notebooks plot from them."
-)
+CPU_REFUSAL = ("python -m studylog bench needs a CUDA GPU, and torch sees none on this machine. Here Triton kernels "
+               "run in its CPU interpreter, whose timings say nothing about GPU speed. The committed GPU results are "
+               "under assets/bench/; the notebooks plot from them.")
 
 
 @contextlib.contextmanager
@@ -88,8 +86,7 @@ def device_info() -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0)
     info: dict[str, Any] = {"name": props.name, "sm_count": props.multi_processor_count,
                             "compute_capability": f"{props.major}.{props.minor}", "memory_bytes": props.total_memory,
-                            "l2_cache_bytes": getattr(props, "L2_cache_size", None),
-                            "cuda_runtime": torch.version.cuda}
+                            "l2_cache_bytes": getattr(props, "L2_cache_size", None), "cuda_runtime": torch.version.cuda}
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20)

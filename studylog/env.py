@@ -50,12 +50,8 @@ def bench(run: "BenchRun") -> None:
 
 
 CHAPTER = Chapter(
-    name="env",
-    number=0,
-    title="How to read and run this course: the GPU's ceilings",
-    notebooks=("00_how_to_read",),
-    steps=(),
-    bench=bench,
+    name="env", number=0, title="How to read and run this course: the GPU's ceilings", notebooks=("00_how_to_read",),
+    steps=(), bench=bench,
     baselines={
         "copy": "device-to-device copy (torch)",
         "matmul_bfloat16": "torch matmul, bf16 (cuBLAS)",

@@ -135,8 +135,8 @@ class Code:
         from pygments.formatters import HtmlFormatter
         from pygments.lexers import CudaLexer, PythonLexer
 
-        lexer = CudaLexer() if self.language == "cuda" else PythonLexer()
-        body = highlight(plain_markup(self.text), lexer, HtmlFormatter(noclasses=True, nobackground=True, style="default"))
+        formatter = HtmlFormatter(noclasses=True, nobackground=True, style="default")
+        body = highlight(plain_markup(self.text), CudaLexer() if self.language == "cuda" else PythonLexer(), formatter)
         body = body.replace('<div class="highlight"', '<div class="studylog-code"')
         # one style attribute on <pre> (Pygments writes its own): the box's font size, no wrapping (the box scrolls)
         body = body.replace('<pre style="', '<pre style="margin: 0 12px; background: transparent; font-size: inherit; '

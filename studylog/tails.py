@@ -22,10 +22,11 @@ NOTE = ("Each row: the chapter's final entry point at its headline case; REPETIT
         "graph replay's time per call over at least 60 back-to-back calls (rotated copies of the large input, a "
         "256 MB memset before each replay); ms = p50_ms = their median, p99_ms their 99th percentile (linear "
         "interpolation): the tail of repeated measurements, not of single calls. The 'ctc_loss' rows time, in every "
-        "repetition, the targets chapter 4's benchmark draws at that case (target_lengths). The 'ctc recursion chain (latency "
-        "floor)' rows time a kernel that runs only chapter 4's dependent frames at T = 150, A = 28, N = 1 (one "
-        "kernel, no inputs: the same call 60 times a graph); the \"headline's longest target\" row, the same chain "
-        "over T frames at the states of the longest target chapter 4's benchmark times at T = 150, A = 5000, N = 8.")
+        "repetition, the targets chapter 4's benchmark draws at that case (target_lengths). The 'ctc recursion chain "
+        "(latency floor)' rows time a kernel that runs only chapter 4's dependent frames at T = 150, A = 28, N = 1 "
+        "(one kernel, no inputs: the same call 60 times a graph); the \"headline's longest target\" row, the same "
+        "chain over T frames at the states of the longest target chapter 4's benchmark times at T = 150, A = 5000, "
+        "N = 8.")
 
 
 def percentile(samples: list[float], q: float) -> float:

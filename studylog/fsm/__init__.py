@@ -24,8 +24,6 @@ CHAPTER = Chapter(
     name="fsm", number=1, notebooks=("01_fsm_compression",),
     title="FSM compression for constrained decoding",
     steps=tuple(Step(n, f.__name__[7:], what, "python", function=f, source=f) for n, (f, what) in enumerate(_STEPS, 1)),
-    bench=None,
-    headline=None,
 )
 
 __all__ = ["CHAPTER", "step01_uncompressed", "step02_token_jumps", "step03_char_jumps", "decode", "MODES",

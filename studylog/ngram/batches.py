@@ -203,9 +203,8 @@ def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramC
                 hits += int((hay[:hay_len - 1] == newest).sum())
                 positions += hay_len - 1
     floor = haystack_bytes(inputs, seq_lens_this_time, config)
-    return {"searching_slots": searching, "refused_slots": refused_n, "top_n_matches": top,
-            "shorter_matches": shorter, "no_match": none,
-            "newest_token_hits_per_1k": 1000 * hits / positions if positions else 0.0,
+    return {"searching_slots": searching, "refused_slots": refused_n, "top_n_matches": top, "shorter_matches": shorter,
+            "no_match": none, "newest_token_hits_per_1k": 1000 * hits / positions if positions else 0.0,
             "early_exit_fraction": early_exit_bytes(inputs, seq_lens_this_time, config) / floor if floor else 0.0}
 
 

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         fresh = build_corpus()
         same = all(np.array_equal(fresh[k], committed.tokens[k].numpy()) for k in KINDS)
-        print("the committed corpus matches a fresh build" if same else "the committed corpus DIFFERS from a fresh build")
+        print(f"the committed corpus {'matches' if same else 'DIFFERS from'} a fresh build")
         return 0 if same else 1
     path, built = args.out, build_corpus()
     path.parent.mkdir(parents=True, exist_ok=True)  # ids as int32, the metadata as JSON

@@ -289,7 +289,7 @@ def gpu_headline(results) -> list[dict]:
         budget = f", budget {threshold}" if threshold != NO_BUDGET else ", no budget"
         label = f"ngram_match ({mine[0].get('step', final.series)})" if ours == ENTRY_SERIES else final.name
         out.append(headline_row(results, ours, two_phase.series, f"{batch} slots x {seq_len} tokens{budget}",
-                                kernel_label=f"n-gram matching, {label}",
-                                baseline_label=f"{two_phase.name} (our port of the pull request's first, two-phase kernel)",
-                                **where))
+                                kernel_label=f"n-gram matching, {label}", **where,
+                                baseline_label=f"{two_phase.name} (our port of the pull request's first, two-phase "
+                                               "kernel)"))
     return out
