@@ -54,10 +54,8 @@ def chain_floor(frames: int, states: int, *, device="cuda", out: Tensor | None =
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device (the floor is a GPU kernel), got {device}")
-    if out is None:
-        out = torch.empty((states,), dtype=torch.float32, device=device)
-    else:
-        out = checks.check_out("out", out, shape=(states,), dtype=torch.float32, device=device)
+    out = (torch.empty((states,), dtype=torch.float32, device=device) if out is None
+           else checks.check_out("out", out, shape=(states,), dtype=torch.float32, device=device))
     (kernel,) = kernels(SOURCE, [(KERNEL, SIGNATURE)])
     kernel((1,), (chain_threads(states),), out, frames, states)
     return out

@@ -128,6 +128,7 @@ def kernel_names(fn: Callable[[], object]) -> list[str]:
 #: replayed, and its loss compared with an eager call's; prints one JSON line.
 PROBE = r"""
 import json, sys, torch
+from studylog import runtime
 from studylog.ctc import peers
 T, N, A = 40, 3, 11
 gen = torch.Generator().manual_seed(0)
@@ -140,14 +141,7 @@ for name, fn in calls.items():
     prev = torch.cuda.current_stream()
     try:
         eager = fn()[0].clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(prev)
-        with torch.cuda.stream(side):
-            fn()
-        prev.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = fn()
+        graph, captured = runtime.cuda_graph(fn, warmups=1)
         graph.replay()
         torch.cuda.synchronize()
         same = bool(torch.allclose(captured[0], eager, rtol=1e-5, atol=1e-5))

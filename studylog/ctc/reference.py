@@ -17,8 +17,7 @@ from studylog.ctc.targets import label_lists, min_frames, validate_lengths
 #: (over ``max(1, |loss|)``) and the norm-relative gradient error against float64.
 LOSS_TOLERANCE = 1e-5
 GRAD_TOLERANCE = 1e-4
-#: Step 6's answer for an utterance cannot be trusted when its underflow estimate (of the relative error of P)
-#: exceeds this.
+#: Step 6's answer for an utterance cannot be trusted when its underflow estimate (relative error of P) exceeds this.
 UNDERFLOW_TOLERANCE = min(LOSS_TOLERANCE, GRAD_TOLERANCE)
 #: The largest error of a float32 value stored below the normal range (FLT_MIN): two roundings to a multiple of 2^-149.
 UNDERFLOW_ULP = 2.0 ** -148

@@ -181,10 +181,8 @@ def step06_probability_space(activations, targets, input_lengths=None, target_le
         checks.check_tensor("out_estimate", out_estimate, dtype=torch.float32, ndim=1, contiguous=True)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     N = activations.shape[1]
-    if out_estimate is None:
-        estimate = torch.empty((N,), dtype=torch.float32, device=activations.device)
-    else:
-        estimate = checks.check_tensor("out_estimate", out_estimate, shape=(N,), like=activations)
+    estimate = (torch.empty((N,), dtype=torch.float32, device=activations.device) if out_estimate is None
+                else checks.check_tensor("out_estimate", out_estimate, shape=(N,), like=activations))
     launch(activations, batch, loss, grad, 6, zero_infinity, grain, blocked, estimate)
     if warn:
         bad = untrusted_answers(loss, estimate, batch)
