@@ -2,8 +2,8 @@
 
 The items are packed after a shared prefix, ``prefix <d> item_1 <d> ... item_N <d>``, and the mask keeps them from
 seeing each other. Modules: ``formats`` (layout, rules, reference, checks, scores), ``config`` (tile configs),
-``tiles`` (the host's plan), ``steps`` and ``packed_heads``, ``plan`` (step 5 for CUDA graphs over changing
-layouts), ``ops`` (the torch operator), ``report``, ``bench_peers`` and ``peers`` (benchmark, headline, peers).
+``tiles`` (the host's plan), ``steps``, ``plan`` (step 5 for CUDA graphs over changing layouts), ``ops`` (the
+torch operator), ``report`` and ``peers`` (benchmark, headline, peers).
 """
 
 from studylog.chapter import Chapter

@@ -79,7 +79,6 @@ class MultiItemBatch:
     #: step 5's program tables (:func:`studylog.multi_item.tiles.schedule_table`), built on first use
     schedules: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    # -- construction ------------------------------------------------------------------------
     @classmethod
     def from_item_lens(cls, prefix_lens: Sequence[int], item_lens: Sequence[Sequence[int]],
                        device: torch.device | str | None = None) -> "MultiItemBatch":

@@ -43,30 +43,21 @@ def order_series(order: str = DEFAULT_ORDER) -> str:
 
 #: every series that is not a step's, and what it is (``CHAPTER.baselines``; its legend label)
 BASELINES = {
-    SDPA_DENSE: "SDPA, dense mask",
-    SDPA_CAUSAL: "causal SDPA (superset)",
-    FLEX: "FlexAttention",
-    FLASHINFER: "FlashInfer (its multi-item prefill)",
-    ONE_PASS_PER_ITEM: "one pass per item (SDPA, batched)",
-    STEP04_PER_PROMPT: f"{STEP04.name}, a launch per prompt",
+    **{s: s for s in (SDPA_DENSE, SDPA_CAUSAL, FLEX)}, FLASHINFER: "FlashInfer (its multi-item prefill)",
+    ONE_PASS_PER_ITEM: ONE_PASS_PER_ITEM, STEP04_PER_PROMPT: f"{STEP04.name}, a launch per prompt",
     PLAN: f"{STEP05.name} through MultiItemPlan",
     STEP05_OTHER_RULE: f"{STEP05.name}, {OTHER_RULE} rule",
-    DO_BENCH[4]: f"{STEP04.name}, timed by do_bench",
-    DO_BENCH[5]: f"{STEP05.name}, timed by do_bench",
-    FLUSH: FLUSH,
+    **{DO_BENCH[n]: f"{s.name}, timed by do_bench" for n, s in ((4, STEP04), (5, STEP05))}, FLUSH: FLUSH,
     **{order_series(o): f"{STEP05.name}, {o} order" for o in SCHEDULE_ORDERS[1:]},
 }
 
 
 def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]]]]:
     """``(name, prefix lengths, item lengths per prompt)``: two prompts of uniform items, a mixed batch of eight."""
-    shapes = [("prefix 2048, 32 items x 32", [2048], [[32] * 32]),
-              ("prefix 512, 128 items x 16", [512], [[16] * 128])]
     gen = torch.Generator().manual_seed(6)  # fixed: the same mixed batch in every run
-    prefixes = [1536, 256, 2048, 768, 384, 1024, 128, 640]
-    counts = [24, 96, 16, 48, 128, 32, 64, 40]
-    items = [torch.randint(8, 41, (n,), generator=gen).tolist() for n in counts]
-    shapes.append(("8 prompts, mixed", prefixes, items))
+    items = [torch.randint(8, 41, (n,), generator=gen).tolist() for n in [24, 96, 16, 48, 128, 32, 64, 40]]
+    shapes = [("prefix 2048, 32 items x 32", [2048], [[32] * 32]), ("prefix 512, 128 items x 16", [512], [[16] * 128]),
+              ("8 prompts, mixed", [1536, 256, 2048, 768, 384, 1024, 128, 640], items)]
     return [shapes[0], shapes[-1]] if quick else shapes  # quick: a one-prompt shape and the mixed batch
 
 
@@ -186,7 +177,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
                  tflops_ceiling: float, pins: dict, flashinfer) -> None:
     import torch.nn.functional as F
 
-    from studylog.multi_item.bench_peers import bench_flashinfer, bench_flex
+    from studylog.multi_item.peers import bench_flashinfer, bench_flex
 
     dev = runtime.device()
     heads, head_dim, dtype = BENCH_HEADS, BENCH_HEAD_DIM, BENCH_DTYPE
