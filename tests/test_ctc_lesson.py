@@ -127,7 +127,7 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     if not result_files("ctc"):
         pytest.skip("no committed CTC results")
     table = lesson.boehm_table(load_results("ctc"))
-    rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
+    rows = [r for r in table.splitlines()[3:] if r.startswith("|") and not r.startswith("| **")]  # no group rows
     labels = [r.split("|")[1].strip() for r in rows]
     assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 15) if n != 7]
     # one row per step: step 7's three changes are rows of their own, 7a, 7b and 7c (the library's step 7)
@@ -359,23 +359,28 @@ def test_the_steps_table_floors_the_small_case_at_the_chain_where_the_card_timed
 
 
 def test_every_case_has_one_floor_on_the_page():
-    """The table of steps and the result table divide a case's time by the same floor: the larger of the bytes (or
-    the empty kernel) and the measured chain of T frames, which applies where the case's longest target has at least
-    the chain's positions (every case of the grid), or the chain over the case's own longest target where the tails
-    run timed one (the headline case), whichever is larger."""
+    """The table of steps and the result table divide a case's time by the same floor, by one rule for every row: the
+    larger of the bytes (or the empty kernel) and the measured chain of T frames over the small case's positions, a
+    lower bound for every case of the grid (no longest target is shorter). The chain over the headline's own longest
+    target, longer, is in no table: the result names it beside the tables as a tighter bound."""
     from studylog.tails import CTC_HEADLINE_CASE, CTC_HEADLINE_FLOOR_SERIES
 
     results = plotting.load_results("ctc", "nvidia-h200")
     chain = lesson.chain_floor_us(results, ctc.BENCH_T)
     (own,) = plotting.load_results("tails", "nvidia-h200").select(CTC_HEADLINE_FLOOR_SERIES)
     assert own["ms"] * 1e3 > chain  # more states, the same frames: a longer chain
+    head = (CTC_HEADLINE_CASE["A"], CTC_HEADLINE_CASE["N"])
+    assert lesson.own_chain(results, *head) == {"us": own["ms"] * 1e3, "positions": own["params"]["states"]}
+    assert lesson.own_chain(results, *lesson.BOEHM_CASES[0]) is None  # timed at the headline only
     for A in ctc.BENCH_A:
         for N in ctc.BENCH_N:
             floor, kind = lesson.case_floor(results, A, N)
             assert lesson.longest_target(results, A, N) >= lesson.longest_target(results, *lesson.BOEHM_CASES[0])
-            bound = own["ms"] * 1e3 if (A, N) == (CTC_HEADLINE_CASE["A"], CTC_HEADLINE_CASE["N"]) else chain
-            assert floor == pytest.approx(max(bound, lesson.floor_us(results, A, N)))
-            assert kind == ("chain" if bound > lesson.floor_us(results, A, N) else "bytes")
+            assert floor == pytest.approx(max(chain, lesson.floor_us(results, A, N)))
+            assert kind == ("chain" if chain > lesson.floor_us(results, A, N) else "bytes")
+    assert lesson.case_floor(results, *head)[0] < own["ms"] * 1e3  # the headline's own chain is the tighter bound
+    text = "".join("".join(c["source"]) for c in _page_cells())
+    assert "lesson.own_chain(results, low_big[1], low_big[2])" in text and "tighter bound" in text
     results_rows = {tuple(int(c.strip().replace(",", "")) for c in line.split("|")[1:3]): line
                     for line in lesson.results_table(results).splitlines()[2:] if line[2:3].isdigit()}
     floor_row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | floor"))
@@ -560,7 +565,8 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
         assert not any(w in title for w in (" plus ", "changes", "tuning")), title
         section = cells[i + 1:(heads + [len(cells)])[heads.index(i) + 1]]
         shown = [c for c in section if c["cell_type"] == "code" and "hide-output" not in c["metadata"].get("tags", [])]
-        assert any(re.search(r"show_diff|show_source|_core\(|listing\(", "".join(c["source"])) for c in shown), number
+        shows = r"show_diff|show_source|_core\(|_diff\(|listing\("
+        assert any(re.search(shows, "".join(c["source"])) for c in shown), number
         said = "".join("".join(c["source"]) for c in section if c["cell_type"] == "code")
         assert SECTION_NUMBERS[number] in said, number
     assert not any(w in text for w in ("7d", "8a", "chain_table(", "chain_note(", "step07_chain",
@@ -584,7 +590,7 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
 def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
     """Each diff core the page shows open changes at most 40 lines and each side is its step's code: step 14's is
     one frame, forward, against one frame of the one-warp recursion; step 9's frame update is its forward half. A
-    core cut from a longer diff (steps 4, 6, 7, 11, 13) is its code without comment lines (a rewrapped comment is
+    core cut from a longer diff (steps 6, 7 and 11) is its code without comment lines (a rewrapped comment is
     no change), names every run it leaves out in a grey line with its count of changed lines, the counts add up to
     the whole comment-free diff's, and every hunk header gives the lines shown under it."""
     from studylog.source import show_diff, source_of
@@ -641,6 +647,47 @@ def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
     assert any("Update::template frame" in ln for ln in fourteen.removed)
     nine = lesson.step9_core().text
     assert "__shfl_up_sync" in nine and "__shfl_down_sync(FULL_MASK" not in nine and len(nine.splitlines()) <= 40
+
+
+def test_steps_4_and_13_show_their_whole_diff_after_the_signature_their_sentence_names():
+    """Steps 4 and 13 show their whole comment-free diff open, about 40 changed lines, after a change of signature the
+    page says in one sentence above it: the old side is the old function with the new one's signature (its lines up to
+    the body's brace) and the named replacements, nothing else; no fold follows it."""
+    from studylog.source import source_of
+
+    cells = _page_cells()
+    for number in lesson.PREAMBLES:
+        (old, new, old_function, new_function), replace, _ = lesson.PREAMBLES[number]
+        before = lesson.code_only(source_of(old, old_function)[0])
+        after = lesson.code_only(source_of(new, new_function)[0])
+        made, shown_new = lesson.preamble_sides(number)
+        assert shown_new == after, number
+        body = before[len(lesson.signature(before)):]
+        for a, b in replace:
+            body = body.replace(a, b)
+        assert made == lesson.signature(after) + body, number
+        assert lesson.signature(before) != lesson.signature(after), number
+        diff = lesson.step_diff(number)
+        assert len(diff.added) + len(diff.removed) <= 43, number  # step 13: +40 / -3
+        at = next(i for i, c in enumerate(cells) if f"lesson.step_diff({number})" in "".join(c["source"]))
+        sentence = "".join(cells[at - 1]["source"])
+        assert "signature" in sentence or "renamed" in sentence, number
+        assert "step_rest" not in "".join(cells[at + 1]["source"]), number
+    assert lesson.step_diff(4).removed and not any("LDG" in ln for ln in lesson.step_diff(4).lines[2:])
+
+
+def test_the_table_of_steps_groups_its_rows_without_losing_one():
+    """The table of steps groups its rows under bold group rows (what a frame loads, a side branch, restructure,
+    instruction-level, by shape, the result), each right above its first step and empty in every time cell."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    lines = lesson.boehm_table(results).split("\n\n")[0].splitlines()[3:]
+    labels = [_cells(line)[0] for line in lines]
+    groups = [i for i, label in enumerate(labels) if label.startswith("**")]
+    assert [labels[i + 1] for i in groups] == list(lesson.STEP_GROUPS)
+    assert all(set(_cells(lines[i])[2:]) == {""} for i in groups)
+    steps = [label for label in labels if not label.startswith("**")]
+    assert steps == ["1", "2", "3", "4", "5", "6", "7a", "7b", "7c"] + [str(n) for n in range(8, 15)] + [
+        "entry point", "torch"]
 
 
 def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():

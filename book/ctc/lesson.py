@@ -747,22 +747,30 @@ def longest_target(results, A: int, N: int) -> int | None:
 
 
 def case_floor(results, A: int, N: int) -> tuple[float, str]:
-    """The one floor of a case, in µs, and its kind: the larger of :func:`floor_us` (the bytes at the copy
-    bandwidth, or the card's fastest empty kernel where that is larger) and the latency floor of the recursion, the
-    measured chain of ``T`` dependent frames (:func:`chain_floor_us`). The chain was timed over the small case's
-    positions, so it applies to a case whose longest target has at least as many positions: each frame of any
-    recursion here then does at least that dependent work; where the tails run also timed the chain over a case's own
-    longest target (the headline), the larger chain applies. Kinds: ``"bytes"``, ``"empty kernel"``, ``"chain"``."""
+    """The one floor of a case, in µs, and its kind, by one rule for every case of every table: the larger of
+    :func:`floor_us` (the bytes at the copy bandwidth, or the card's fastest empty kernel where that is larger) and
+    the latency floor, the measured chain of ``T`` dependent frames over the small case's positions
+    (:func:`chain_floor_us`). No case's longest target has fewer positions, so each frame of any case's recursion does
+    at least that dependent work: the chain is a lower bound for every case (a case's own longest target makes a
+    longer chain, timed only at the headline: :func:`own_chain`). Kinds: ``"bytes"``, ``"empty kernel"``,
+    ``"chain"``."""
     from studylog.ctc.report import dram_bytes
 
     by_bytes = floor_us(results, A, N)
     bytes_us = dram_bytes(BENCH_T, N, A) / (results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9) * 1e6
     kind = "bytes" if bytes_us >= by_bytes else "empty kernel"
     longest = longest_target(results, A, N)
-    chains = [c for c in (_chain_row(results, BENCH_T), _headline_chain_row(results, A, N))
-              if c is not None and longest is not None and longest >= c["params"]["states"]]
-    chain_us = max((c["ms"] * 1e3 for c in chains), default=0.0)
+    chain = _chain_row(results, BENCH_T)
+    applies = chain is not None and longest is not None and longest >= chain["params"]["states"]
+    chain_us = chain["ms"] * 1e3 if applies else 0.0
     return (chain_us, "chain") if chain_us > by_bytes else (by_bytes, kind)
+
+
+def own_chain(results, A: int, N: int) -> dict | None:
+    """The chain of ``T`` frames over the case's own longest target, where the tails run timed it (the headline
+    case only): ``{"us", "positions"}``, a tighter latency bound there than the tables' common one; None elsewhere."""
+    row = _headline_chain_row(results, A, N)
+    return None if row is None else {"us": row["ms"] * 1e3, "positions": row["params"]["states"]}
 
 
 def _headline_chain_row(results, A: int, N: int) -> dict | None:
@@ -806,11 +814,32 @@ STEP07_LABEL = "7c"
 STEP07_LAST = "emissions loaded {prefetch} frames ahead"
 
 
+#: The table of steps' groups, each a row of its own above its first step (keyed by that step's label; "7" where the
+#: file has no lab run of 7a): its name, bold in the step column, and what its steps change.
+STEP_GROUPS = {
+    "2": ("what a frame loads", "steps 2 to 5: warp-ctc's three kernels, each frame's loads changed"),
+    "6": ("a side branch", "step 6: probability space; step 7 builds on step 5"),
+    "7a": ("restructure", "steps 7 to 10: which pass does what, in how many launches, on how many threads"),
+    "11": ("instruction-level", "steps 11 to 13: the instructions of the recursion and of the first pass"),
+    "14": ("by shape", "step 14, the entry point that runs it where it pays, and torch's faster call"),
+}
+
+
+def group_row(label: str, width: int) -> str | None:
+    """The Markdown row of the group of :data:`STEP_GROUPS` that starts at the row ``label``, ``width`` cells wide;
+    None where no group starts there."""
+    group = STEP_GROUPS.get("7a" if label == "7" else label)
+    if group is None:
+        return None
+    return "| " + " | ".join([f"**{group[0]}**", group[1]] + [""] * (width - 2)) + " |"
+
+
 def boehm_table(results, changes: Results | None = None) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
     change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the step it builds on (:data:`PREVIOUS`,
     else the step before), × the case's one floor (:func:`case_floor`). A step of :data:`PREREQUISITES` that is
-    slower somewhere says so, and why it is kept. The entry point's row, right under step 14's, names the step it ran
+    slower somewhere says so, and why it is kept. A bold row of :data:`STEP_GROUPS` stands above each group of
+    steps, its time cells empty. The entry point's row, right under step 14's, names the step it ran
     in each case and compares it with that step timed as a step (what the choice costs), so the table ends on the
     chapter's result."""
     head = ["step", "the one change"]
@@ -867,6 +896,8 @@ def boehm_table(results, changes: Results | None = None) -> str:
     before_choice = CHAPTER.step(DISPATCH_STEPS[1])  # a file without the step the entry point ran: the step before
     times: dict[str, list] = {}
     for number, title, series in entries:
+        if (group := group_row(number, len(head))) is not None:
+            lines.append(group)
         cells = [number, title]
         times[series] = [None] * len(TABLE_CASES)
         lab = number in {label for label, *_ in STEP07_ROWS}  # read from the lab run, as is its row above
@@ -1151,13 +1182,10 @@ def _core_class():
 _Core = _core_class()
 
 
-#: The core of steps 4, 6, 7, 11 and 13 the page shows open, comments left out (:func:`code_only`): (the diff's old
+#: The core of steps 6, 7 and 11 the page shows open, comments left out (:func:`code_only`): (the diff's old
 #: and new sources, as :func:`studylog.source.show_diff` takes them, or a step number for
 #: ``CHAPTER.show_diff(step - 1, step)``), what it shows, and the runs left out, as :func:`diff_excerpt` takes them.
 CORES = {
-    4: (("ctc_baseline.cuh", "ctc_step04_05_blocked.cu", "alpha_baseline", "ctc_alpha_step4"),
-        "the labels and skip flags in registers",
-        [("template <bool LDG>", "utterance<true>", "the signature: a kernel of its own, templated on VT")]),
     6: (6, "in probability space",
         [("if (lane == 0) warp_sums", None, "the row's sum published; the loss from the last row")]),
     7: (("ctc_warpctc.cuh", "ctc_step07_10_three_passes.cu", "frame_gradient", "ctc_grad_from_log_softmax"),
@@ -1167,11 +1195,49 @@ CORES = {
           "step 7a's: a kernel, a block per frame")]),
     11: (("ctc_step07_10_three_passes.cu", "ctc_step11_12_branch_free.cu", "FrameUpdate", "FrameUpdate"),
          "forward", [("float dn1 = __shfl_down_sync", None, "backward: the mirror image")]),
-    13: (("ctc_step07_10_three_passes.cu", "ctc_step13_two_passes.cu", "ctc_fused_stats", "ctc_stats_softmax"),
-         "the frame's softmax written as the gradient",
-         [("float top = NEG_INF;", "if (threadIdx.x == 0) row_lse[row] = lse;",
-           "the frame's log-sum-exp from the registers (block maximum, then block sum)")]),
 }
+
+
+#: Steps 4 and 13, whose diff the page shows whole after a change of signature that its one sentence above the diff
+#: says: the old side takes the new side's signature (its lines up to the first ") {"), then the ``replace`` pairs
+#: the sentence names (each found in the old body); the titles name the two sides so made.
+PREAMBLES = {
+    4: (("ctc_baseline.cuh", "ctc_step04_05_blocked.cu", "alpha_baseline", "ctc_alpha_step4"),
+        (("<LDG>", "<true>"),),  # the template flag LDG is gone: its uses take step 3's value
+        ("step 3's alpha, step 4's signature", "step 4's alpha")),
+    13: (("ctc_step07_10_three_passes.cu", "ctc_step13_two_passes.cu", "ctc_fused_stats", "ctc_stats_softmax"),
+         (("    const float* xr = x + (size_t)row * A;\n",  # g: the frame's row of the new argument grad
+           "    const float* xr = x + (size_t)row * A;\n    float* g = grad + (size_t)row * A;\n"),),
+         ("steps 8 to 12's first pass, step 13's signature and g", "step 13's")),
+}
+
+
+def signature(code: str) -> str:
+    """A function's lines up to its body's opening brace (the first line ending ") {"), included."""
+    return code[:code.index(") {\n") + len(") {\n")]
+
+
+def preamble_sides(number: int) -> tuple[str, str]:
+    """The two sides of step ``number``'s diff (:data:`PREAMBLES`), comments left out: the old function with the
+    new one's signature and the named replacements, and the new function."""
+    from studylog.source import source_of
+
+    (old, new, old_function, new_function), replace, _ = PREAMBLES[number]
+    before, after = (code_only(source_of(f, fn)[0]) for f, fn in ((old, old_function), (new, new_function)))
+    body = before[len(signature(before)):]
+    for a, b in replace:
+        assert a in body, (number, a)
+        body = body.replace(a, b)
+    return signature(after) + body, after
+
+
+def step_diff(number: int):
+    """Step ``number``'s whole diff after the change of signature its page sentence says (:data:`PREAMBLES`),
+    comments left out, titled with its counts."""
+    from studylog.source import show_diff
+
+    old, new = preamble_sides(number)
+    return diff_excerpt(show_diff(old, new, names=PREAMBLES[number][2]), None)
 
 
 def code_only(text: str) -> str:
@@ -1188,9 +1254,8 @@ def listing(file: str, function: str, title: str | None = None):
 
 
 #: The titles of the two sides of each core: the steps, not the files.
-CORE_NAMES = {4: ("step 1's alpha", "step 4's alpha"), 6: ("step 5's alpha", "step 6's alpha"),
-              7: ("step 5's frame gradient", "step 7a's"), 11: ("step 10's frame update", "step 11's"),
-              13: ("steps 8 to 12's first pass", "step 13's")}
+CORE_NAMES = {6: ("step 5's alpha", "step 6's alpha"), 7: ("step 5's frame gradient", "step 7a's"),
+              11: ("step 10's frame update", "step 11's")}
 
 
 def _core_diff(number: int):
