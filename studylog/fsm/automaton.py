@@ -40,15 +40,10 @@ def ascii_digit_classes(regex: str) -> str:
             i += 2
             continue
         if c == "[":
+            head = re.match(r"\[\^?\]?", regex[i:]).group()  # a ']' first in a class is a literal
             depth += 1
-            out.append(c)
-            i += 1
-            if regex.startswith("^", i):
-                out.append("^")
-                i += 1
-            if regex.startswith("]", i):  # a ']' first in a class is a literal
-                out.append("]")
-                i += 1
+            out.append(head)
+            i += len(head)
             continue
         if c == "]" and depth:
             depth -= 1
@@ -234,8 +229,7 @@ class ConstrainedFSM:
 
     def allowed_array(self, state: int) -> np.ndarray:
         """The same ids as :meth:`allowed`, as a cached read-only int64 numpy array (no copy)."""
-        out = self._allowed.get(state)
-        if out is None:
+        if (out := self._allowed.get(state)) is None:
             out = np.sort(np.asarray(self._allowed_ids(state), dtype=np.int64))
             out.flags.writeable = False
             self._allowed[state] = out
@@ -249,8 +243,7 @@ class ConstrainedFSM:
         return self._count[state]
 
     def _allowed_ids(self, state: int):
-        ids = self.index.get_allowed_tokens(state)
-        if ids is None:
+        if (ids := self.index.get_allowed_tokens(state)) is None:
             raise ValueError(f"state {state} is not a state of the automaton of {self.name!r}")
         return ids
 
@@ -271,8 +264,7 @@ class ConstrainedFSM:
         """States after each prefix of ``ids`` (``len(ids) + 1`` of them); raises on a disallowed token."""
         states = [self.initial if state is None else state]
         for pos, t in enumerate(ids):
-            nxt = self.next_state(states[-1], t)
-            if nxt is None:
+            if (nxt := self.next_state(states[-1], t)) is None:
                 raise ValueError(f"token id {t} ({self.vocab.show(t)!r}) at position {pos} is not allowed in "
                                  f"state {states[-1]} of {self.name!r}")
             states.append(nxt)
@@ -282,8 +274,7 @@ class ConstrainedFSM:
         """The character-level state after ``text``, None when the automaton rejects it on the way."""
         s = self.initial if state is None else state
         for b in text.encode() if isinstance(text, str) else text:
-            s = self.char_out.get(s, {}).get(b)
-            if s is None:
+            if (s := self.char_out.get(s, {}).get(b)) is None:
                 return None
         return s
 

@@ -18,9 +18,6 @@ __all__ = ["integer_range_regex", "integer_bounds", "bound_integers", "replace_s
 #: The first sentinel: sixteen digits (below 2**53, so every JSON library keeps it exact) unlikely elsewhere.
 SENTINEL_BASE = 7_361_000_000_000_000
 
-# outlines-core's dispatch (parsing.rs, ``to_regex``): the first key present decides how a node is written.
-_BEFORE_TYPE = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref")
-
 
 def _cls(a: int, b: int) -> str:
     """One digit from ``a`` to ``b``."""
@@ -86,12 +83,8 @@ def _natural_alternatives(a: int, b: Optional[int]) -> list[tuple[float, str]]:
     out: list[tuple[float, str]] = []
     run: Optional[list[int]] = None  # [first length, last length] of consecutive full lengths
     for length, g in groups + ([(lb + 1, "open")] if b is None else []):
-        if g in ("full", "open"):
-            if run is None:
-                run = [length, length]
-            run[1] = length
-            if g == "open":
-                run[1] = None
+        if g in ("full", "open"):  # the run goes on to this length (open: to any length)
+            run = [length if run is None else run[0], None if g == "open" else length]
             continue
         if run is not None:
             out.append((run[1], "[1-9]" + _any_digits(run[0] - 1, run[1] - 1)))
@@ -153,17 +146,6 @@ def integer_bounds(schema: dict, where: str = "#") -> tuple[Optional[int], Optio
     return (max(lows) if lows else None), (min(highs) if highs else None)
 
 
-def _is_bounded_integer(node: dict) -> bool:
-    if any(k in node for k in _BEFORE_TYPE):  # outlines-core writes it another way (or it is pinned already)
-        return False
-    t = node.get("type")
-    is_int = t == "integer" or (isinstance(t, list) and "integer" in t)
-    if not is_int:
-        return False
-    lo, hi = integer_bounds(node)
-    return lo is not None or hi is not None
-
-
 def _resolve_pointer(root: Any, ref: str) -> Optional[Any]:
     """The target of a local ``$ref`` (``#``, ``#/$defs/Name``...), None when it is not local or not there."""
     if not isinstance(ref, str):
@@ -183,14 +165,6 @@ def _resolve_pointer(root: Any, ref: str) -> Optional[Any]:
     return node
 
 
-def _sentinel_base(text: str) -> int:
-    """A base whose sentinels' digits do not already occur in ``text``."""
-    base = SENTINEL_BASE
-    while str(base)[:10] in text:  # all sentinels of one base share these ten digits
-        base += 10 ** 12
-    return base
-
-
 def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
     """A copy of ``schema`` with every bounded integer subschema replaced by ``{"const": S}``, and the map
     ``{str(S): "(?:range regex)"}`` (other keywords of a rewritten subschema are dropped). Only the subschemas
@@ -198,8 +172,9 @@ def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
     ``{"anyOf": [{"const": S}, <the other types>]}``."""
     if not isinstance(schema, dict):
         raise TypeError(f"schema must be a dict, got {type(schema).__name__}")
-    root = copy.deepcopy(schema)
-    base = _sentinel_base(json.dumps(schema))
+    root, text, base = copy.deepcopy(schema), json.dumps(schema), SENTINEL_BASE
+    while str(base)[:10] in text:  # all sentinels of one base share these ten digits: none may occur in the schema
+        base += 10 ** 12
     mapping: dict[str, str] = {}
     seen: set[int] = set()
 
@@ -224,7 +199,7 @@ def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
         else:
             node["const"] = sentinel
 
-    def visit(node: Any, where: str) -> None:
+    def visit(node: Any, where: str) -> None:  # in outlines-core's dispatch order (parsing.rs, ``to_regex``)
         if not isinstance(node, dict) or id(node) in seen:
             return
         seen.add(id(node))
@@ -246,11 +221,11 @@ def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
             target = _resolve_pointer(root, node["$ref"])
             visit(target, str(node["$ref"]))
             return
-        if _is_bounded_integer(node):
-            rewrite(node, where)
-            return
         t = node.get("type")
         types = t if isinstance(t, list) else [t]
+        if "integer" in types and integer_bounds(node, where) != (None, None):
+            rewrite(node, where)
+            return
         if "array" in types and node.get("maxItems", 1) != 0:
             visit(node.get("items"), where + "/items")
         if "object" in types and node.get("maxProperties", 1) != 0:
@@ -277,8 +252,7 @@ def replace_sentinels(regex: str, mapping: dict[str, str]) -> str:
                                  f"({regex[max(0, at - 10):at + len(digits) + 10]!r})")
     for digits, replacement in mapping.items():
         regex = regex.replace(digits, replacement)
-    left = [d for d in mapping if d in regex]
-    if left:  # a replacement that contains another sentinel's digits
+    if left := [d for d in mapping if d in regex]:  # a replacement that contains another sentinel's digits
         raise ValueError(f"sentinels {left} remain in the regex after replacement")
     return regex
 
