@@ -78,8 +78,7 @@ class Chapter:
             raise ValueError(f"chapter {self.name!r} numbers two steps the same: {numbers}")
         if numbers != sorted(numbers):
             raise ValueError(f"chapter {self.name!r} lists its steps out of order: {numbers}")
-        clash = set(self.baselines) & {s.series for s in self.steps}
-        if clash:
+        if clash := set(self.baselines) & {s.series for s in self.steps}:
             raise ValueError(f"chapter {self.name!r} uses step series as baseline names: {sorted(clash)}")
 
     def step(self, key: int | str) -> Step:

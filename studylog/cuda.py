@@ -84,25 +84,21 @@ class CompiledSource:
         report: dict[str, dict[str, int]] = {}
         current = None
         for line in self.log.splitlines():
-            m = re.search(r"Function properties for (\S+)|Compiling entry function '(\S+)'", line)
-            if m:
+            if m := re.search(r"Function properties for (\S+)|Compiling entry function '(\S+)'", line):
                 current = report.setdefault(m.group(1) or m.group(2), {})
                 continue
             if current is None:
                 continue
-            m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-            if m:
+            if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
                 current.update(stack_bytes=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3]))
-            m = re.search(r"Used (\d+) registers", line)
-            if m:
+            if m := re.search(r"Used (\d+) registers", line):
                 current["registers"] = int(m[1])
         return report
 
     def ptx_function(self, kernel: str) -> str:
         """The PTX of one entry function (``kernel`` may be a source-level or lowered name)."""
         mangled = self.lowered_names.get(kernel, kernel)
-        m = re.search(r"\.entry\s+" + re.escape(mangled) + r"\b", self.ptx)
-        if not m:
+        if not (m := re.search(r"\.entry\s+" + re.escape(mangled) + r"\b", self.ptx)):
             raise KeyError(f"no entry {kernel!r} in the PTX of {self.name}")
         # the body runs to the next top-level declaration: a "}" at the start of a line may close an inline asm block
         top_level = re.compile(r"^(?:\s*// \.(?:globl|weak)\b|\.visible|\.weak|\.entry|\.func|\.extern)", re.MULTILINE)
@@ -181,8 +177,7 @@ def compile_cache_dir() -> Path | None:
 def _cache_file(text: str, name: str, arch: str, options: Sequence[str], name_expressions: Sequence[str]):
     """The cache entry of one compile, keyed by everything NVRTC sees (source, every ``.cuh``, options, include
     folders, NVRTC's version), so an edit anywhere compiles anew."""
-    folder = compile_cache_dir()
-    if folder is None:
+    if (folder := compile_cache_dir()) is None:
         return None
     digest = hashlib.sha256()
     version = _check_nvrtc(_nvrtc().nvrtcVersion(), "version")
@@ -263,8 +258,7 @@ class CudaKernel:
     cost matters for kernels of a few microseconds."""
 
     def __init__(self, module: "CudaModule", name: str, function, signature: Sequence[str]):
-        unknown = [s for s in signature if s not in ARG_TYPES]
-        if unknown:
+        if unknown := [s for s in signature if s not in ARG_TYPES]:
             raise ValueError(f"unknown argument kinds {unknown}; use {sorted(ARG_TYPES)}")
         self.module, self.name, self.function, self.signature = module, name, function, tuple(signature)
         self._pointer_slots = [i for i, kind in enumerate(self.signature) if kind == "ptr"]

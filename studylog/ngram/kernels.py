@@ -169,8 +169,7 @@ class NgramMatcher:
     def check(self) -> None:
         """Check the bound tensors' current values (a device sync), and that no field of ``inputs`` was rebound."""
         if self.graph_safe:
-            rebound = [name for name in _BOUND_FIELDS if getattr(self.inputs, name) is not self._bound[name]]
-            if rebound:
+            if rebound := [name for name in _BOUND_FIELDS if getattr(self.inputs, name) is not self._bound[name]]:
                 raise ValueError(f"inputs.{', inputs.'.join(rebound)} was rebound to another tensor after the matcher "
                                  "was built, and its kernels still read the old one: write new values in place "
                                  "(old.copy_(new)), or build a new matcher")
