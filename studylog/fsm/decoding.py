@@ -130,7 +130,8 @@ def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_toke
     res = _start(fsm, max_tokens)
     ids, states = res.ids, [fsm.initial]
     while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
-        if (jump := fsm.token_jumps.get(states[-1])) is not None:
+        jump = fsm.token_jumps.get(states[-1])
+        if jump is not None:
             tokens = jump.tokens[:max_tokens - len(ids)]  # cut at the cap, where step 1 stops too
             ids.extend(tokens)
             states.extend(fsm.walk(tokens, states[-1])[1:])
@@ -159,7 +160,8 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
         raise ValueError(f"character-level jumps retokenize, and vocabulary {vocab.name!r} has no encoder")
     ids, states = res.ids, [fsm.initial]
     while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
-        if (jump := fsm.char_jumps.get(states[-1])) is not None:
+        jump = fsm.char_jumps.get(states[-1])
+        if jump is not None:
             text = vocab.decode(ids)
             try:
                 new_ids = vocab.encode((text + jump.data).decode("utf-8"))
