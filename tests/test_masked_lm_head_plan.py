@@ -122,7 +122,7 @@ def test_pack_bitmask_round_trip_and_layout():
     assert int(words[0, 3]) >> 4 == 0, "bits past V are 0"
     a = mlh.AllowedTokens.from_bitmask(packed, 100)
     assert torch.equal(a.mask, mask) and torch.equal(a.bitmask, packed)
-    assert mlh.plan.union_count(packed) == int(mask.any(0).sum())
+    assert a.union_count == int(mask.any(0).sum())
     with pytest.raises(ValueError, match="words per row"):
         mlh.AllowedTokens.from_bitmask(packed[:, :3], 100)
 
@@ -283,10 +283,10 @@ def test_plan_captured_once_replayed_over_changing_sets(batch, full_head, rng):
         plan.h.copy_(torch.randn(batch, mlh.HIDDEN, generator=rng).to(torch.bfloat16))
         plan.out.fill_(float("nan"))
         if i % 2:
-            out = mlh.step13_plan(plan, host, mlh.plan.union_count(host))
+            out = mlh.step13_plan(plan, host, allowed.union_count)
         else:
             plan.bitmask.copy_(host, non_blocking=True)
-            out = plan.step(mlh.plan.union_count(host))
+            out = plan.step(allowed.union_count)
         torch.cuda.synchronize()
         res = mlh.check_logits(out, plan.h, weight, allowed)
         assert res["passed"], (n, plan.bucket(allowed.union_count), res)

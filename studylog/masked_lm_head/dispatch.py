@@ -16,7 +16,8 @@ from studylog.masked_lm_head.compact import (EVICTION, NO_IDS, batched_union_ker
                                              few_ids_kernel)
 from studylog.masked_lm_head.dense import row_skip_kernel
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, VOCAB, AllowedTokens, Hidden, Logits, Tiles,
-                                             Weight, check_inputs, default_tiles, dot_dtype, output, stream_tiles)
+                                             Weight, check_inputs, default_tiles, dot_dtype, output, stream_tiles,
+                                             tile_constexprs)
 from studylog.masked_lm_head.launch import FastKernel
 
 #: The dense paths: step 3's kernel, or torch's matmul with fp32 output then ``masked_fill``.
@@ -199,16 +200,16 @@ def launch_constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> d
     key = (path, id(t), hidden, dtype)
     hit = _LAUNCH_CONSTEXPRS.get(key)
     if hit is None or hit[0] is not t:
+        launch = {"num_warps": t.num_warps, "num_stages": t.num_stages}
         if path == "row_skip":  # step 3
-            c = {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
-                 "DOT_DTYPE": dot_dtype(dtype)}
+            c = tile_constexprs(t, dtype)
         elif path == "batched":  # step 10
             c = {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
-                 "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(dtype)}
+                 "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(dtype)} | launch
         else:  # steps 7 and 8
             c = {"D": hidden, "D_POW2": triton.next_power_of_2(hidden), "FILL_BLOCK": t.fill_block,
-                 "EVICTION": EVICTION} | ({"BLOCK_V": t.block_v} if path == "stream" else {})
-        hit = _LAUNCH_CONSTEXPRS[key] = (t, c | {"num_warps": t.num_warps, "num_stages": t.num_stages})
+                 "EVICTION": EVICTION} | ({"BLOCK_V": t.block_v} if path == "stream" else {}) | launch
+        hit = _LAUNCH_CONSTEXPRS[key] = (t, c)
     return hit[1]
 
 

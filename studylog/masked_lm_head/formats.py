@@ -226,6 +226,17 @@ def dot_dtype(dtype: torch.dtype):
     return tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
 
 
+def tile_constexprs(t: Tiles, dtype: torch.dtype) -> dict:
+    """The constexprs and launch options of the grouped-tile kernels (steps 0-3 and 11)."""
+    return {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
+            "DOT_DTYPE": dot_dtype(dtype), "num_warps": t.num_warps, "num_stages": t.num_stages}
+
+
+def launch_tiles(kernel, t: Tiles, batch: int, vocab: int, *args) -> None:
+    """A grouped-tile kernel, one program per ``[block_b, block_v]`` output tile; ``args[0]`` is ``h``."""
+    kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](*args, **tile_constexprs(t, args[0].dtype))
+
+
 # Input checks (no device synchronisation: ids were checked when AllowedTokens was built)
 
 def check_inputs(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tuple[int, int, int]:

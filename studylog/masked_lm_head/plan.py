@@ -22,8 +22,7 @@ from studylog import runtime
 from studylog.checks import check_tensor
 from studylog.masked_lm_head.compact import gathered_dot
 from studylog.masked_lm_head.dense import row_skip_kernel
-from studylog.masked_lm_head.dispatch import (DispatchRule, choose_path, dense_logits, dispatch_rule,
-                                              launch_constexprs)
+from studylog.masked_lm_head.dispatch import DispatchRule, choose_path, dense_logits, dispatch_rule, launch_constexprs
 from studylog.masked_lm_head.formats import (WEIGHT_DTYPES, AllowedTokens, Hidden, Logits, Weight, bitmask_words,
                                              default_tiles, pack_bitmask, stream_tiles)
 from studylog.masked_lm_head.launch import FastKernel
@@ -213,13 +212,6 @@ _FAST = {k: FastKernel(k) for k in (union_ids_kernel, row_skip_kernel, unpack_bi
                                     batched_count_kernel, apply_bitmask_kernel)}
 
 
-def union_count(bitmask: np.ndarray | Tensor) -> int:
-    """How many tokens at least one row of a host bitmask allows (bits past ``V`` must be 0)."""
-    words = bitmask.numpy() if isinstance(bitmask, Tensor) else np.asarray(bitmask)
-    words = words.reshape(-1, words.shape[-1]).view(np.uint32)
-    return int(np.bitwise_count(np.bitwise_or.reduce(words, axis=0)).sum())
-
-
 def xgrammar_peer():
     """xgrammar's ``apply_token_bitmask_inplace`` and its version, or None and the reason it is missing."""
     try:
@@ -326,16 +318,8 @@ class MaskedHeadPlan:
 
     def _graph(self, bucket: tuple[str, int]) -> torch.cuda.CUDAGraph:
         graph = self._graphs.get(bucket)
-        if graph is None:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # compile and warm up outside the capture
-                self._enqueue(bucket)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._enqueue(bucket)
-            self._graphs[bucket] = graph
+        if graph is None:  # compiled and warmed up on a side stream, outside the capture
+            graph = self._graphs[bucket] = runtime.cuda_graph(lambda: self._enqueue(bucket), warmups=1)[0]
         return graph
 
     def _check_count(self, count: int) -> None:

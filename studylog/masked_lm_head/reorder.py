@@ -17,7 +17,7 @@ from torch import Tensor
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
 from studylog.masked_lm_head.dense import dot_rows, grouped_tile, store_allowed, tile_offsets
 from studylog.masked_lm_head.formats import (AllowedTokens, Hidden, Logits, Tiles, Weight, check_inputs, default_tiles,
-                                             dot_dtype, output)
+                                             launch_tiles, output)
 
 # Row j of the weight is token perm[j]; the masks are in the same order; the logits go back to their tokens' places.
 
@@ -114,13 +114,9 @@ def step11_reordered(h: Hidden, head: ReorderedHead, allowed_reordered: AllowedT
     batch, vocab, hidden = check_inputs(h, head.weight, allowed_reordered, "vd", out)
     if head.order.perm.device != h.device:
         raise ValueError(f"head.order is on {head.order.perm.device}, h on {h.device}")
-    t = tiles or default_tiles(11, batch)
     out = output(out, batch, vocab, h.device)
-    grid = (triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)
-    reordered_rows_kernel[grid](
-        h, head.weight, out, allowed_reordered.mask_u8, head.order.perm, batch, vocab, hidden,
-        h.stride(0), head.weight.stride(0), out.stride(0), allowed_reordered.mask.stride(0),
-        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages)
+    launch_tiles(reordered_rows_kernel, tiles or default_tiles(11, batch), batch, vocab, h, head.weight, out,
+                 allowed_reordered.mask_u8, head.order.perm, batch, vocab, hidden, h.stride(0), head.weight.stride(0),
+                 out.stride(0), allowed_reordered.mask.stride(0))
     return out
 
