@@ -250,7 +250,6 @@ class Grammar:
     def from_suite(cls, name: str, vocab: pieces.TokenVocabulary | None = None,
                    whitespace: str = "default", engine: str = "outlines-core") -> "Grammar":
         """A grammar of chapter 1's suite, by name (compiled once per process and engine)."""
-        check_choice("engine", engine, ENGINES)
         return _suite_grammar(name, vocab if vocab is not None else pieces.load_vocabulary("cl100k_base"), whitespace,
                               engine)
 
