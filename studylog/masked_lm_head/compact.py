@@ -1,9 +1,6 @@
 """Steps 4-10: programs that work only on the allowed ids (the union of the batch's allowed sets), reading whole
-rows of the ``[V, D]`` weight, with the ``-inf`` written by fill programs of the same launch: the id list (step 4),
-each row loaded as one tile (step 5), the fill programs first (step 6, which did not pay: steps 7 and 8 build on
-step 5), an L2 evict-first hint on the rows (step 7), the ids as launch arguments (step 8), a batch's union read
-once for all its sequences (step 9) and multiplied with them on the tensor cores (step 10).
-"""
+rows of the ``[V, D]`` weight, with the ``-inf`` written by fill programs of the same launch (each step's kernel
+says, above it, what it changes)."""
 
 from __future__ import annotations
 
