@@ -825,6 +825,18 @@ def test_step3_over_step2_says_why_it_passes_the_heads_bound_where_it_first_appe
     assert "past['bound']" in first
 
 
+def test_the_eager_head_says_step_13_was_not_tried_and_the_3a_bars_name_their_run():
+    """Where we lose says plainly that chapter 02's graph-replayed step 13 was not tried in this loop and what it
+    would take; under the 8B figure, its 3a bar is read from the chapter's benchmark beside the chain table's 3a,
+    a run of its own; step 2's host work at the 8B shape gets one sentence, not an open question."""
+    text = _page_cells()
+    page = " ".join("\n".join(text).split())
+    assert "step 13 was not tried" in page and "as 3a does" in page
+    note = next(t for t in text if "The 3a bars" in t)
+    assert "wall8['automaton_mask']" in note and "a['us'][eight8]" in note and "another run" in note
+    assert "we did not measure its cause" not in page
+
+
 def test_the_page_gives_one_host_work_pair_for_steps_2_to_3():
     """The host's own work appears once per step, from the steps table's run (the chapter's benchmark, one
     breakdown): step 2 → step 3 in the sentence that first prints step 3's ratio over step 2, and the result
@@ -834,7 +846,8 @@ def test_the_page_gives_one_host_work_pair_for_steps_2_to_3():
     page = "\n".join(text)
     assert "host_us" not in page  # the chain's own host-work numbers are not on the page
     assert page.count("past['host_step2_us']") == 1 and page.count("past['host_step3_us']") == 1
-    assert "{past['host_step2_us']:.0f} to {past['host_step3_us']:.0f} µs a token" in " ".join(page.split())
+    assert ("from step 2's {past['host_step2_us']:.0f} to step 3's {past['host_step3_us']:.0f} µs a token"
+            in " ".join(page.split()))
     lands = next(t for t in text if "exc = lesson.bound_excess" in t)
     assert "step 1's {exc['host_step1_us']:.0f} µs a token, falls to step 3's {exc['host_step3_us']:.0f}" in lands
     assert "host_step2_us" not in lands
