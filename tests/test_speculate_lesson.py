@@ -465,3 +465,21 @@ def test_each_steps_code_is_a_diff_of_the_librarys_loop_and_listings_show_no_doc
         assert '"""' not in text and ":class:" not in text and ":attr:" not in text
         assert all(len(line) <= lesson.CODE_WIDTH for line in text.splitlines())  # shown whole
         compile(textwrap.dedent(text), "listing", "exec")  # the cut lines are still Python
+
+
+def test_the_opening_claims_a_common_job_and_the_8b_forecast_carries_this_pages_overshoot():
+    """The opening says copying text is a common structured-output job, not the commonest (no source counts them);
+    the result's first sentence gives the all-requests ratio right beside the headline's; the 8B bound is followed by
+    how far this page's own speedup forecasts overshoot the measured speedup, computed from the forecasts; the two
+    timings of a four-token forward are each labelled with their clock (the benchmark, the decoder's start-up)."""
+    cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    assert "commonest" not in text[0] and "A common structured-output job" in text[0]
+    headline = " ".join(next(t for t in text if "the loop the headline ships" in t).split())
+    assert "**{s4_kept:.2f}×** chapter 07's step 3 (**{b1['ratio']:.2f}×** over all {cap['requests']} requests)" in headline
+    lose = next(t for t in text if "$(a+1)/c$ would bound" in t)
+    assert "lesson.forecasts(results)" in lose and "overshoot the measured speedup" in lose
+    over = [f["value"] / f["measured"] for f in lesson.forecasts(lesson.committed()) if f["unit"] == "x"]
+    assert len(over) >= 2 and all(v > 1 for v in over)
+    assert any("the benchmark's timings; step 2b's fold" in t for t in text)
+    assert any("by its own start-up timing" in " ".join(t.split()) for t in text)
