@@ -849,7 +849,8 @@ ENTRIES: tuple[Entry, ...] = (
           headline="loss and gradient against cuDNN, 150 frames, alphabet 5,000, batch 8",
           rival_short="cuDNN"),
     Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",
-          "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
+          "How much faster than the BitNet kernel can a CUDA kernel multiply weights in {-1, 0, +1} at decode?",
+          "ternary",
           _ternary, headline="our CUDA C++ ternary kernel with int8 activations, one row of x, against BitNet's W2A8 "
                             "kernel at the shapes it is built for",
           rival_short="BitNet's own W2A8 kernel"),
@@ -1443,12 +1444,12 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         # chapter 05's Triton part is a page of its own, but its headline is a range over GemLite's shapes
         under_lead.append(f"[05. {part_one['title']}, part 1 (Triton)]({link('notebooks/05_ternary_1_triton.ipynb')}) "
                           "has no row of its own here: its answer is a range over GemLite's shapes (the headline "
-                          "results give it); the table of both cards gives its last kernel at 4096 × 14336, beside "
-                          "part 2's.")
-    under_lead.append("A floor's kind: bytes moved, useful work (compute) or a chain of dependent work (latency: for a "
-                      "one-launch kernel, one empty kernel, whose time on each card [How we measure]"
-                      f"({link('how_we_measure.md')}#ceilings-and-floors) gives); each chapter's notes say what its "
-                      "chain is.")
+                          "results give it); the folded table of both cards gives its last kernel at 4096 × 14336, "
+                          "beside part 2's.")
+    under_lead.append("A floor's kind: bytes moved, useful work (compute) or a chain of dependent work (latency; for a "
+                      "one-launch kernel, one empty kernel's time, which [How we measure]"
+                      f"({link('how_we_measure.md')}#ceilings-and-floors) gives for each card); each chapter's notes "
+                      "say what its chain is.")
     samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series"))
                            for r, _ in tail_cells) if t]
     if samples:  # what the p99 column holds, and what a bold gap beside it means, said once under the lead table
@@ -1459,7 +1460,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             f"{samples[0]['min_calls_per_replay']} calls, and gives the 99th percentile of those means: how far one "
             f"measurement lands above another, not how slow a single call can be. Where that run's own median lands "
             f"more than {RERUN_GAP:.0%} from the chapter's, the gap is in bold beside the p99: the runs are separate and "
-            "the clocks are not locked, so the speedup uses the chapter's median."))
+            "the clocks are not locked, so the speedup uses the chapter's median (a smaller gap can put a p99 below "
+            "the median beside it)."))
     flash = {}  # chapter 06's rival as each card ran it: its fastest back end and page size there
     for r in board:
         m = re.match(r"FlashInfer \((\w+), page (\d+)\)", r.get("rival") or "")
