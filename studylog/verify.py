@@ -48,14 +48,12 @@ def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: f
                 moved.append({"series": key[0], "clock": key[2], "params": old[key]["params"],
                               "committed_ms": a, "fresh_ms": b, "ratio": b / a})
         moved.sort(key=lambda m: -abs(math.log(m["ratio"])))
-        entry = {
-            "chapter": chapter_name, "gpu": gpu, "fresh_gpu": fresh.gpu, "committed_gpu": committed.gpu,
-            "same_gpu": same_gpu, "committed_commit": committed.data.get("git_commit"),
-            "fresh_commit": fresh.data.get("git_commit"), "rows_compared": len(old.keys() & new.keys()),
-            "committed_clocks": sorted({k[2] for k in old}), "fresh_clocks": sorted({k[2] for k in new}),
-            "only_committed": len(old.keys() - new.keys()), "only_fresh": len(new.keys() - old.keys()),
-            "moved": moved, "headlines": [],
-        }
+        entry = {"chapter": chapter_name, "gpu": gpu, "fresh_gpu": fresh.gpu, "committed_gpu": committed.gpu,
+                 "same_gpu": same_gpu, "committed_commit": committed.data.get("git_commit"),
+                 "fresh_commit": fresh.data.get("git_commit"), "rows_compared": len(old.keys() & new.keys()),
+                 "committed_clocks": sorted({k[2] for k in old}), "fresh_clocks": sorted({k[2] for k in new}),
+                 "only_committed": len(old.keys() - new.keys()), "only_fresh": len(new.keys() - old.keys()),
+                 "moved": moved, "headlines": []}
         declared = registry.get(chapter_name)
         if declared.headline is not None:
             key = ("kernel", "baseline", "case")

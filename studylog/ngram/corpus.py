@@ -54,8 +54,7 @@ def window_starts(stream_len: int, windows: int = WINDOWS, window: int = WINDOW)
 
 
 def build_corpus() -> dict:
-    """Tokenize the documents and cut the windows: ``{"text": int32 [WINDOWS, WINDOW], "code": ...,
-    "meta": {...}}``. Needs ``bpe-openai``."""
+    """Tokenize the documents and cut the windows: ``{"text": int32 [WINDOWS, WINDOW], "code": ..., "meta": {...}}``."""
     try:
         import bpe_openai
     except ImportError as exc:
