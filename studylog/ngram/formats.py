@@ -64,7 +64,13 @@ class NgramConfig:
     max_draft_tokens: int = 10
 
     def __post_init__(self):
-        _check_config(self)
+        check_int("max_ngram_size", self.max_ngram_size, low=1, high=NGRAM_MAX)
+        check_int("min_ngram_size", self.min_ngram_size, low=1)
+        if self.min_ngram_size > self.max_ngram_size:
+            raise ValueError(f"min_ngram_size={self.min_ngram_size} is larger than max_ngram_size="
+                             f"{self.max_ngram_size}: the matcher tries n from max_ngram_size down to min_ngram_size")
+        check_int("threshold", self.threshold, low=-(2**31), high=_INT32_MAX)
+        check_int("max_draft_tokens", self.max_draft_tokens, low=0, high=_INT32_MAX - 1)
 
     @classmethod
     def hybrid_variant(cls, max_ngram_size: int = 3, min_ngram_size: int = 1,
@@ -76,25 +82,14 @@ _ID_FIELDS = ("prompt_ids", "generated_ids")
 _LEN_FIELDS = ("prompt_lens", "step_idx", "draft_token_num", "max_dec_len", "seq_lens_encoder", "seq_lens_decoder")
 
 
-def _check_config(config: NgramConfig) -> None:
-    if not isinstance(config, NgramConfig):
-        raise TypeError(f"config must be an NgramConfig, got {type(config).__name__}")
-    check_int("max_ngram_size", config.max_ngram_size, low=1, high=NGRAM_MAX)
-    check_int("min_ngram_size", config.min_ngram_size, low=1)
-    if config.min_ngram_size > config.max_ngram_size:
-        raise ValueError(f"min_ngram_size={config.min_ngram_size} is larger than max_ngram_size="
-                         f"{config.max_ngram_size}: the matcher tries n from max_ngram_size down to min_ngram_size")
-    check_int("threshold", config.threshold, low=-(2**31), high=_INT32_MAX)
-    check_int("max_draft_tokens", config.max_draft_tokens, low=0, high=_INT32_MAX - 1)
-
-
 def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig,
              *, check_values: bool = True) -> None:
     """Raise an error naming the argument for any input the kernels cannot take: shapes, dtypes, devices and
     contiguity always; with ``check_values``, the per-slot lengths' ranges too (a device sync on the GPU)."""
     if not isinstance(inputs, NgramInputs):
         raise TypeError(f"inputs must be an NgramInputs, got {type(inputs).__name__}")
-    _check_config(config)
+    if not isinstance(config, NgramConfig):  # its values were checked when it was made
+        raise TypeError(f"config must be an NgramConfig, got {type(config).__name__}")
     named = {n: getattr(inputs, n) for n in _ID_FIELDS + _LEN_FIELDS}
     named |= {"draft_tokens": draft_tokens, "seq_lens_this_time": seq_lens_this_time}
     for name, t in named.items():  # token ids int64 [batch, width], lengths int32 [batch]
