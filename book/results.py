@@ -456,7 +456,6 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False) -> s
                     "|---|---|---|---|", *[text for text, _ in mine], ""]
     # one sentence in view; the rows folded below, under a title that counts comparisons, not rows
     return "\n".join([
-        f"Called eagerly, one call at a time from Python, a call takes the longer of its GPU time and its host time. "
         f"At {total} of this page's comparisons (one rival at one shape on one card) ours takes longer on the host "
         "than on the GPU, so its ratio there holds only where calls are replayed in a CUDA graph or otherwise overlap "
         "the host's work ([How we measure](how_we_measure.md)); the fold lists them.", "",
