@@ -294,8 +294,10 @@ def series_label(config: str) -> str:
     return series_of(config, "name")
 
 
-def rows_of(results_rows: Sequence[dict], **params: Any) -> list[dict]:
-    return [r for r in results_rows if all(r["params"].get(k) == v for k, v in params.items())]
+def rows_of(results_rows: Sequence[dict], *, series: str | None = None, **params: Any) -> list[dict]:
+    """The rows whose params hold ``params`` (of one ``series``, or of all)."""
+    return [r for r in results_rows if (series is None or r["series"] == series)
+            and all(r["params"].get(k) == v for k, v in params.items())]
 
 
 def _head_rows(results, model: str) -> int | None:

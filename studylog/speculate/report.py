@@ -175,33 +175,29 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
 
 # Reading the results
 
-def _of(rows: Sequence[dict], series: str, **params: Any) -> list[dict]:
-    return [r for r in rows_of(rows, **params) if r["series"] == series]
-
-
 def median_ms(rows: Sequence[dict], batch: int, workload: str, series: str) -> float:
     """The median over a workload's requests of each request's milliseconds per output token."""
-    return statistics.median(r["ms"] for r in _of(rows, series, batch=batch, workload=workload))
+    return statistics.median(r["ms"] for r in rows_of(rows, series=series, batch=batch, workload=workload))
 
 
 def body_ms(rows: Sequence[dict], batch: int) -> dict[int, float]:
     """The body's GPU time per chunk length (``verify`` rows)."""
-    return {r["params"]["chunk"]: r["ms"] for r in _of(rows, "verify", batch=batch) if r.get("used", True)}
+    return {r["params"]["chunk"]: r["ms"] for r in rows_of(rows, series="verify", batch=batch) if r.get("used", True)}
 
 
 def bound(rows: Sequence[dict], batch: int, workload: str, series: str = "step04") -> dict[str, float]:
     """What the drafts allow against chapter 7's step 3 over a workload: the ratio of ``forwards``, and the
     ``forecast`` with each forward at its chunk length's body time and the drafting calls at theirs."""
     body = body_ms(rows, batch)
-    draft = _of(rows, "draft_call", batch=batch)
+    draft = rows_of(rows, series="draft_call", batch=batch)
     draft_ms = draft[0].get("host_ms", draft[0]["ms"]) if draft else 0.0  # the loop waits for the drafts
     sizes = sorted(body)
 
     def cost(chunks: Sequence[int]) -> float:  # the decode steps: the prefill (the first) is the same in both
         return sum(body[next(s for s in sizes if s >= c)] for c in chunks[1:])
 
-    base = _of(rows, "ch7_step03", batch=batch, workload=workload)
-    spec = _of(rows, series, batch=batch, workload=workload)
+    base = rows_of(rows, series="ch7_step03", batch=batch, workload=workload)
+    spec = rows_of(rows, series=series, batch=batch, workload=workload)
     f3, fs = sum(r["forwards"] for r in base), sum(r["forwards"] for r in spec)
     out = {"forwards": f3 / max(fs, 1)}
     if body:
@@ -214,8 +210,8 @@ def bound(rows: Sequence[dict], batch: int, workload: str, series: str = "step04
 def speedups(rows: Sequence[dict], batch: int, workload: str, series: str = "step04",
              over: str = "ch7_step03") -> list[float]:
     """Per request: ``over``'s time per output token over ``series``'s."""
-    by = {r["params"]["request"]: r["ms"] for r in _of(rows, over, batch=batch, workload=workload)}
-    return [by[r["params"]["request"]] / r["ms"] for r in _of(rows, series, batch=batch, workload=workload)
+    by = {r["params"]["request"]: r["ms"] for r in rows_of(rows, series=over, batch=batch, workload=workload)}
+    return [by[r["params"]["request"]] / r["ms"] for r in rows_of(rows, series=series, batch=batch, workload=workload)
             if r["params"]["request"] in by]
 
 
@@ -227,7 +223,7 @@ def summary(rows: Sequence[dict]) -> list[dict]:
             s = speedups(rows, batch, workload)
             if not s:
                 continue
-            spec = _of(rows, "step04", batch=batch, workload=workload)
+            spec = rows_of(rows, series="step04", batch=batch, workload=workload)
             acc = sum(r["accepted"] for r in spec) / max(sum(r["drafts"] for r in spec), 1)
             b = bound(rows, batch, workload)
             out.append({"batch": batch, "workload": workload, "median_speedup_over_ch7_step03": statistics.median(s),
@@ -239,7 +235,8 @@ def summary(rows: Sequence[dict]) -> list[dict]:
 def closed_requests(rows: Sequence[dict], workload: str, series: str = "step04") -> set[str]:
     """The batch-1 requests whose ``series`` output closed before the :data:`MAX_NEW`-token cap. A request that runs
     to the cap has looped (the model repeats a phrase); its drafts copy the loop, so its speedup says little."""
-    return {r["params"]["request"] for r in _of(rows, series, batch=1, workload=workload) if r["tokens"] < MAX_NEW}
+    return {r["params"]["request"] for r in rows_of(rows, series=series, batch=1, workload=workload)
+            if r["tokens"] < MAX_NEW}
 
 
 def headline(results) -> list[dict]:
@@ -253,7 +250,8 @@ def headline(results) -> list[dict]:
             continue
         batch = s["batch"]
         kept = closed_requests(rows, "extraction") if batch == 1 else None
-        ms = {series: statistics.median(r["ms"] for r in _of(rows, series, batch=batch, workload="extraction")
+        ms = {series: statistics.median(r["ms"] for r in rows_of(rows, series=series, batch=batch,
+                                                                 workload="extraction")
                                         if kept is None or r["params"]["request"] in kept)
               for series in ("step04", "ch7_step03")}
         which = (f"median of the {len(kept)} requests that close their JSON" if kept is not None
