@@ -129,7 +129,7 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     for column in ("strongest rival", "floor that binds (µs)", "× floor (ours ÷ floor)"):
         assert f"| {column}" in header, column
     # the re-run's p99 is a column of the card tables; a decode loop has none
-    assert "| re-run's p99 (µs) |" in header and "p99" not in loops
+    assert "| re-run: median / p99 (µs) |" in header and "p99" not in loops
     for ln in lead_rows:
         assert re.search(r"(byte|compute|latency) floor \|", ln), ln
         assert "floor (" not in ln  # the floor's chain is in the notes, not the cell
@@ -406,7 +406,7 @@ def test_the_rerun_p99_stands_in_the_times_tables_with_its_gap_where_wide():
         for block in blocks:
             lines = block.splitlines()
             header = next((ln for ln in lines if ln.startswith("| chapter")), None)
-            if header is None or "re-run's p99 (µs)" not in header:
+            if header is None or "re-run: median / p99 (µs)" not in header:
                 continue
             names = [c.strip() for c in header.strip("|").split("|")]
             for ln in lines:
@@ -420,13 +420,15 @@ def test_the_rerun_p99_stands_in_the_times_tables_with_its_gap_where_wide():
         (cells,) = found
         other = sb.ctc_tail_targets(r, raw) if r["number"] == 4 else None
         if other is not None and other[0]:  # its repetitions timed other targets: the cell says so, not a number
-            assert cells["re-run's p99 (µs)"] == "– (other targets; notes)"
+            assert cells["re-run: median / p99 (µs)"] == "– (other targets; notes)"
             continue
-        p99, _, said = cells["re-run's p99 (µs)"].partition("; ")
-        assert p99.split(" (")[0] == f"{raw['p99_ms'] * 1e3:,.1f}", cells
+        # the re-run's own median and p99, a pair from one run: the p99 never sits below the median beside it
+        cell = cells["re-run: median / p99 (µs)"]
+        pair = cell.split(" (")[0]
+        assert pair == f"{raw['ms'] * 1e3:,.1f} / {raw['p99_ms'] * 1e3:,.1f}", cells
         gap = raw["ms"] / r["median_ms"] - 1
-        assert (said == f"re-run median **{gap:+.1%}**") == (abs(gap) > sb.RERUN_GAP), cells
-        assert not said or abs(gap) > sb.RERUN_GAP
+        said = f"(median **{gap:+.1%}** off the chapter's)"
+        assert (said in cell) == (abs(gap) > sb.RERUN_GAP), cells
         filled += 1
     assert filled >= 7  # chapters 02 to 06, three rows for 05 and two for 06
     n = _raw(tails[0], sb.TAILS)["measurements"][0].get("samples")
@@ -434,7 +436,8 @@ def test_the_rerun_p99_stands_in_the_times_tables_with_its_gap_where_wide():
     if n:
         assert f"times each call {n} times" in lead
     # what the column holds and what a bold gap means, once, visible under the first table
-    assert lead.count("Where that run's own median lands more than 3% from the chapter's, the gap is in bold") == 1
+    assert lead.count("and a gap of more than 3% is in bold") == 1
+    assert lead.count("gives the median and the 99th percentile of those means, both from that run") == 1
     assert "per-replay means" not in table or "per-replay means" in lead
     assert "not how slow a single call can be" in lead
     # the decode loops' table has no p99 column: why is said once, in the page's Definitions fold
@@ -707,7 +710,7 @@ def test_the_rerun_gap_is_said_in_its_cell_not_in_a_note():
         if other is not None and other[0]:  # a p99 of other targets than the row's: left out, the note says why
             assert other[1][0].upper() + other[1][1:] in table and "not a slower call" in other[1]
             continue
-        assert f"| {t['p99_ms'] * 1e3:,.1f}" in table
+        assert f"| {t['ms'] * 1e3:,.1f} / {t['p99_ms'] * 1e3:,.1f}" in table
 
 def test_a_faster_new_peer_is_named_beside_the_rival(bench_copy):
     """A peer added to a file that beats the rival the row shows is named on the page, not hidden."""
@@ -849,7 +852,7 @@ def test_a_tails_run_on_fewer_copies_than_the_chapter_is_said_in_the_cell_and_th
             continue
         t = tails_rows[0]
         theirs, mine = t.get("rotated_copies"), row.get("copies")
-        cell = f"{t['p99_ms'] * 1e3:,.1f} ({theirs} cop"
+        cell = f"{t['ms'] * 1e3:,.1f} / {t['p99_ms'] * 1e3:,.1f} ({theirs} cop"
         said = mine is not None and theirs is not None and theirs < mine
         assert (cell in table) == said, (row["ours"], theirs, mine)
         if said:
@@ -1154,8 +1157,8 @@ def test_the_tails_run_times_chapter_four_on_the_chapters_own_targets():
 
 def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_in_its_cell():
     """Chapter 04's H100 row binds on its byte floor only because its chain is not timed there: its × floor is an
-    upper bound on the distance ("at most"). A short byte-bound ternary row leads its × floor cell with our median over
-    a kernel that only reads the same weights in the same run, the ratio to the byte floor second."""
+    upper bound on the distance ("at most"). A short byte-bound ternary row's × floor cell is over the byte floor, as its
+    column names; our median over a kernel that only reads the same weights in the same run is in the row's notes."""
     table = sb.scoreboard_markdown(folds="dropdown").split("Each row's three floors")[0]
     for r in sb.scoreboard():
         if "missing" in r or not sb.on_page(r) or not r.get("binding"):
@@ -1167,6 +1170,28 @@ def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_
         cell = line.rstrip(" |").rsplit(" | ", 1)[-1]
         if r["binding"] == "bytes" and r.get("latency_missing_why"):
             assert cell.startswith("**at most "), line
-        if r["binding"] == "bytes" and r.get("read_only_ms"):  # the read-only ratio first, the byte floor's second
-            assert cell.startswith(f"**{r['median_ms'] / r['read_only_ms']:.1f}×** a read-only kernel's"), line
-            assert cell.endswith(f"; {100 / r['pct_of_floor']:.1f}× the byte floor"), line
+        if r["binding"] == "bytes" and r.get("read_only_ms") and not r.get("latency_missing_why"):
+            # the column's name holds for every row: ours over the floor that binds; the read-only kernel in a note
+            assert cell == f"**{100 / r['pct_of_floor']:.1f}×**", line
+            assert f"(ours: {r['median_ms'] / r['read_only_ms']:.1f}× that)" in sb.scoreboard_markdown(), line
+
+
+def test_chapter_4s_headline_floor_is_the_chapters_own():
+    """Chapter 04's row divides by the floor every table of the chapter uses (book.ctc.lesson.case_floor: the larger of
+    the case's bytes and the chain over the small case's positions); the chain over the headline's own longest
+    target is only a named tighter bound in the row's notes."""
+    from book.ctc import lesson
+    from studylog.plotting import load_results
+
+    results = load_results("ctc", gpu=H200.name, root=H200.parent)
+    row = next(r for r in sb.scoreboard() if r["number"] == 4 and r["card"] == sb.card_name(H200)
+               and r.get("tail_params") == sb.CTC_CASE)
+    floor_us, kind = lesson.case_floor(results, sb.CTC_CASE["A"], sb.CTC_CASE["N"])
+    assert row["binding_floor_ms"] * 1e3 == pytest.approx(floor_us)
+    assert row["binding"] == {"bytes": "bytes", "chain": "latency", "empty kernel": "latency"}[kind]
+    table = sb.scoreboard_markdown()
+    line = next(ln for ln in table.splitlines() if ln.startswith("| [04. CTC loss]"))
+    assert f"| **{row['median_ms'] / row['binding_floor_ms']:.1f}×** |" in line
+    own = lesson.own_chain(results, sb.CTC_CASE["A"], sb.CTC_CASE["N"])
+    if own and own["us"] > floor_us:
+        assert f"timed alone, {own['us']:,.1f} µs, a tighter bound" in table
