@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from book.common import prose_words, read_table, us
 from book.scoreboard import (CTC_CASE, ENTRIES, NGRAM_CASE, NOT_MEASURED, card_name, cards, load, rows, short_card,
-                             RERUN_GAP, scoreboard, tail)
+                             scoreboard)
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
 
 #: Words of prose a reader gets through in a minute of careful technical reading (listings and tables come on top).
@@ -304,6 +304,8 @@ def _grid_host_bound(listed: list[dict[str, Any]], root: Path = BENCH_RESULTS) -
 TIE_WITHIN = 0.03
 
 
+#: Where a results line's eager-call note points: the fold at the foot of the page, by its title.
+HOST_FOLD_POINTER = "listed in the fold “Calls that wait on the host”, at the foot of this page"
 #: The host-time table's scope, its first words: every case of the page's tables, not only the chapters' leads.
 HOST_BOUND_TITLE = ("These are the cases on this page, in the headline table or in the folded tables above, whose "
                     "host time per call exceeds their GPU time.")
@@ -373,6 +375,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False) -> s
                       f"BitNet's {len(pairs)} shapes | "
                       f"{span([o['host_ms'] for _, _, o, _ in pairs])} | {span([o['ms'] for _, _, o, _ in pairs])} | "
                       f"{said} |", (len(pairs), (eager or {}).get("slower_eager") or 0, 0)))
+    ngram_said: list[str] = []  # chapter 03's note, per card where the port would then be the faster
     for folder in cards(root):  # chapter 03's range against step 4: the shapes where our call waits on the host
         waits = [(o, t) for o, t in ngram_ratios(folder).values() if o.get("host_ms") and o["host_ms"] > o["ms"]
                  and t.get("host_ms") is not None]
@@ -383,12 +386,15 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False) -> s
         n = len(waits)
         port = "our FastDeploy port"  # step 4 of the chapter: the results page names it, not its step
         said = (f"ours stays faster than {port} at all {n}" if not behind and not tied else
-                f"{port} would be faster at {behind} of the {n} shapes, of the {len(ngram_ratios(folder))} measured, "
-                f"where our call waits on the host; ours stays faster at the other {n - behind}"
+                f"{port} would be faster at {behind} of these {n}; ours stays faster at the other {n - behind}"
                 if behind and not tied else
                 f"ours stays faster than {port} at {n - behind - tied}, ties at {tied}"
                 + (f", {port} would be faster at {behind}" if behind else ""))
         name = short_card(card_name(folder))
+        if behind:  # the line's note, in plain words: where our call waits, and where the port then wins
+            on = "" if name == SUMMARY_CARD else f" on the {name}"  # the results table's card goes unsaid
+            ngram_said.append(f"called eagerly, our call waits on the host at {n} of the {len(ngram_ratios(folder))} "
+                              f"shapes{on}, and at {behind} of them {port} is then faster")
         lines.append(((3, 0, name), f"| {case_label(3, 'its entry point', 0)} on the {name} against our FastDeploy port at {n} of "
                       f"the range's shapes | {span([o['host_ms'] for o, _ in waits])} | "
                       f"{span([o['ms'] for o, _ in waits])} | {said} (its host time "
@@ -435,9 +441,13 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False) -> s
                 return f"{who} would be faster {found[0][1]}"
             n = sum(k for k, _ in found)
             return f"{who} would be faster in {n} comparison{'' if n == 1 else 's'}"
-        if winners:
+        if number == 3 and ngram_said:  # chapter 03's rows hold several shapes: said in counts of shapes
+            by_chapter[(number, part)] = (" and ".join(ngram_said[:1] + [t.replace("called eagerly, ", "", 1)
+                                                                          for t in ngram_said[1:]])
+                                          + f" ({HOST_FOLD_POINTER})")
+        elif winners:
             by_chapter[(number, part)] = ("called eagerly, one call at a time, " + " and ".join(
-                lose_words(who, found) for who, found in winners.items()) + " (the fold under the page lists them)")
+                lose_words(who, found) for who, found in winners.items()) + f" ({HOST_FOLD_POINTER})")
     if chapters:
         return by_chapter
     # the rows grouped by chapter (chapter 05 by part), each group under a line that counts its comparisons
@@ -878,8 +888,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     lo, hi, n = spread3
                     # the range's top end is against the port's one-block-a-slot grid, as the chapter says
                     grid = "the top end against the port's one-block-a-slot grid, not a tuned rival"
-                    landing[name] = f"{row['vs_rival']:.2f}× at {case3}"  # the range and its grid: the results
-                    # page's
+                    # the headline, then the range in brackets with the few words that say what its top is against
+                    landing[name] = (f"{row['vs_rival']:.2f}× at {case3} ({lo:.2f}–{hi:.1f}× over {n} shapes, "
+                                     "the top end against the port's one-block-a-slot grid)")
                     cells[name] = (f"**{row['vs_rival']:.2f}×** at {NGRAM_CASE['batch']} × {NGRAM_CASE['seq_len']:,}, "
                                    f"the deployed budget ({us(ours)} against {us(theirs)} µs; {lo:.2f}–{hi:.1f}× over "
                                    f"the {n} shapes measured, {grid}){row_caveat(row)}")
@@ -918,16 +929,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     notes[name].append(f"{name}: it loses at one case, to causal SDPA (which computes a superset of "
                                        f"the mask) at {loss['case']}: {loss['ratio']:.2f}× ({us(loss['ms'])} against "
                                        f"{us(loss['rival_ms'])} µs)")
-                if grouped is not None:  # the re-run's drift, after the loss: the ratio is one run's
-                    again = tail(card, 6, grouped.get("tail_params"), grouped.get("tail_series")) \
-                        if grouped.get("tail_params") else None
-                    drift = again["ms"] / grouped["median_ms"] - 1 if again and grouped.get("median_ms") else None
-                    if drift is not None and abs(drift) > RERUN_GAP:  # the scoreboard's re-run lands away from it
-                        notes[name].append(
-                            f"{name}: a separate re-run of step 6 alone lands {abs(drift):.1%} "
-                            f"{'slower' if drift > 0 else 'faster'} ({us(again['ms'])} against "
-                            f"{us(grouped['median_ms'])} µs), as unlocked clocks allow, so the ratio keeps both its "
-                            "times from one run")
+                # a separate re-run's drift is the scoreboard's to show (its re-run column), not this line's: the
+                # ratio keeps both its times from one run
             if entry.number == 2:  # one headline, the whole step; the kernel alone against its rival in a note
                 brief[name] += " at batch 1"
                 landing[name] += " for the head-and-mask step at batch 1"
@@ -1005,19 +1008,17 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
                                    f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']})")
                     cells[name] += f"; {lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases"
-                    landing[name] = f"{row['vs_rival']:.2f}× at alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']}"
+                    landing[name] = (f"{row['vs_rival']:.2f}× at alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']} "
+                                     f"({lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases)")
                     if slow:
                         eager[name] = f"{slow} of the {of} cases wait on the host, by their median host times"
                     # what the eager call does is the line's "called eagerly" note, counted over the page's cases
-                    notes[name].append(f"{name}: over the {len(ctc_cases(card))} cases of alphabet and batch, ours "
-                                       f"is from {lo:.2f}× ({lo_at}) to {hi:.2f}× ({hi_at}) faster")
+                    notes[name].append(f"{name}: the smallest lead is at {lo_at}, the largest at {hi_at}")
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 synthetic = synthetic_words(card)
                 landing[name] += (f" on a synthetic 8B-shaped model, not a real one (random weights, "
                                   f"{shared_layers_words(card)})")
                 bound = decode_bound(card)
-                notes[name].append(f"{name}: the rival is our own loop with a dense head and xgrammar's mask (no "
-                                   f"serving engine measured), on {synthetic}")
                 if bound is not None:
                     notes[name].append(f"{name}: from chapters 01 and 02's savings, each measured alone, Amdahl's "
                                        f"law forecasts {bound:.2f}× for the whole loop")
@@ -1903,16 +1904,21 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
     c = env.get("ceilings", {}) if env else {}
     if "empty_launch_gpu_ms" in c and "copy_bandwidth_gbs" in c:  # an older card's run may lack the GPU-clock one
         out["notebooks/00_how_to_read.ipynb"] = (f"an empty kernel {c['empty_launch_gpu_ms'] * 1e3:.2f} µs; copies at "
-                                                 f"{c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s")
+                                                 f"{c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s (read + write)")
     part_one = part_one_answer(folder) if folder else None
     if part_one:
         r = part_one["ratios"]
         clause = eager_words(part_one["eager"], len(r)) if eager else ""
         # one range and one clause: the shapes where GemLite fails the check, and its wins there, are the results
         # page's notes
+        # a shape where GemLite fails our check yet is faster: counted in brackets, its times on the results page
+        faster = [k for k in part_one.get("failed_faster", []) if k in part_one["times"]]
         out["notebooks/05_ternary_1_triton.ipynb"] = (
             f"{min(r.values()):.2f}–{max(r.values()):.2f}× GemLite at the {len(r)} shapes where GemLite passes our "
             "check"
+            + (f" (at {'one more shape' if len(faster) == 1 else f'{len(faster)} more shapes'} GemLite is faster "
+               "but misses our error bound)"
+               if faster else "")
             + (f"; called eagerly, {clause}" if clause else ""))
     return out
 
