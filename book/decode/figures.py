@@ -24,6 +24,10 @@ CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head"
 #: The bars' order: the steps, step 3's first change alone (3a, ``automaton_mask``) just before step 3, as the page
 #: lists step 3's changes, then chapter 01's character-level jumps, which are not a step.
 BAR_ORDER = ("baseline", "jump_forward", "automaton_mask", "masked_head", "char_jump")
+#: The configurations the page's breakdown figures draw: the steps and, greyed, the character-level jumps. 3a alone
+#: is left out: its one number on the page is its chain's "× previous", from the chain's own run, and a bar from the
+#: chapter's benchmark would give it a second.
+DRAWN = ("baseline", "jump_forward", "masked_head", "char_jump")
 #: Each bar's label: a step's as the steps table gives it ("step N: short name"), step 3's first change as its chain
 #: table labels it, and chapter 01's character-level jumps, which are not a step.
 BAR_LABELS = {**STEP_LABELS, "automaton_mask": "3a: the automaton's masks",
@@ -155,7 +159,7 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     batches = [b for b in (1, 8) if breakdown(rows, model, b)]
     if not batches:
         return None
-    parts = {b: breakdown(rows, model, b) for b in batches}
+    parts = {b: {c: p for c, p in breakdown(rows, model, b).items() if c in DRAWN} for b in batches}
     panels = [(batches[0], True)] + [(b, False) for b in batches]
     fig, axes = plt.subplots(1, len(panels), figsize=(9.6, 4.6), squeeze=False,
                              gridspec_kw={"width_ratios": [1.15] + [1] * (len(panels) - 1)})
@@ -176,9 +180,9 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
                 handles[label] = h
                 labels.append(label)
     order = [k for k in (TICK_LABEL, *(LABELS[c] for c in COMPONENTS)) if k in labels]  # the tick, then the parts
-    # below the panels, the legend, then what bar and tick differ by, the parts too thin to draw, and the run
-    lines = [line for line in (instrumentation_caption([parts[b] for b in batches]),
-                               hidden_parts(list(parts.values()), hide), caption) if line]
+    # below the panels, the legend, then the parts too thin to draw (what bar and tick differ by, and the run, are
+    # the page's "Where the numbers come from": :func:`figure_notes`)
+    lines = [line for line in (hidden_parts(list(parts.values()), hide), caption) if line]
     height = fig.get_figheight()
     text_in = 0.05 + 0.17 * sum(line.count("\n") + 1 for line in lines)  # the caption's height, inches
     legend_in = 0.2 * (1 + -(-len(order) // 3))  # its title and rows
@@ -187,7 +191,8 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
                title="bar: instrumented run, parts stacked", title_fontsize=FONT)
     fig.suptitle(f"{what}{SHAPES.get(model, model + ' shape')}: time per output token by part "
                  "(median of the JSON schemas)", fontsize=FONT + 1)
-    fig.text(0.01, 0.005, "\n".join(lines), fontsize=FONT, ha="left", va="bottom")
+    if lines:
+        fig.text(0.01, 0.005, "\n".join(lines), fontsize=FONT, ha="left", va="bottom")
     fig.tight_layout(rect=(0, (text_in + legend_in + 0.1) / height, 1, 1))
     return fig
 
@@ -229,12 +234,33 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
     ax.tick_params(axis="y", labelsize=FONT)
     ax.set_ylabel("speedup over step 1\n(end to end, per output token)", fontsize=FONT)
     ax.set_title(f"{what}{SHAPES.get(model, model + ' shape')}, batch {batch}: each of the {len(names)} JSON schemas, steps 2 and 3 "
-                 f"against step 1\n{caption}",
+                 "against step 1" + (f"\n{caption}" if caption else ""),
                  fontsize=FONT)
     ax.legend(fontsize=FONT, loc="upper right")  # inside: a legend beside the bars would make the figure wider
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def figure_notes(results) -> str:
+    """What the page says of its figures under "Where the numbers come from", not inside them: how far a breakdown
+    bar's end sits from its tick at each shape (:func:`instrumentation_cost`, µs per output token), and the run
+    (card, date, versions)."""
+    def signed(v: float) -> str:
+        return f"{v * 1e3:+.0f}".replace("-", "−")
+
+    spans = []
+    for model, name in (("1b", "the 1B shape"), ("8b", "the 8B shape")):
+        panels = [{c: p for c, p in breakdown(results.rows, model, b).items() if c in DRAWN} for b in (1, 8)]
+        panels = [p for p in panels if p]
+        if panels:
+            lo, hi = instrumentation_cost(panels)
+            spans.append(f"{signed(lo)} to {signed(hi)} µs per token at {name}")
+    bars = ("" if not spans else
+            "In the breakdown figures a bar stacks the parts measured in a run with CUDA events between them, "
+            "and its tick is the total timed without the events; a bar's end less its tick (the events' cost, and "
+            f"noise) is {' and '.join(spans)}. ")
+    return bars + results.caption()
 
 
 def figures(results, what: str = "") -> dict[str, Any]:
@@ -244,16 +270,16 @@ def figures(results, what: str = "") -> dict[str, Any]:
     (the notebook names an earlier run there)."""
     out = {}
     for model in ("1b", "8b"):
-        fig = breakdown_figure(results.rows, model, results.caption(), what)
+        fig = breakdown_figure(results.rows, model, "", what)
         if fig is not None:
             out[f"breakdown_{model}"] = fig
     for model, name in (("1b", "speedup"), ("8b", "speedup_8b")):
-        fig = speedup_figure(results.rows, results.caption(), model=model, what=what)
+        fig = speedup_figure(results.rows, "", model=model, what=what)
         if fig is not None:
             out[name] = fig
     return out
 
 
-__all__ = ["BAR_LABELS", "BAR_ORDER", "COLORS", "CONFIG_COLORS", "FONT", "LABELS", "SHAPES", "TICK_LABEL",
+__all__ = ["BAR_LABELS", "BAR_ORDER", "COLORS", "CONFIG_COLORS", "DRAWN", "FONT", "figure_notes", "LABELS", "SHAPES", "TICK_LABEL",
            "breakdown_figure", "figures", "hidden_parts", "instrumentation_caption", "instrumentation_cost", "plot_breakdown",
            "speedup_figure", "too_short", "unattributed", "VISIBLE_SHARE"]

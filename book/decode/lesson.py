@@ -578,8 +578,8 @@ STEP_LABELS = {"baseline": "step 1: the baseline loop", "jump_forward": "step 2:
                "masked_head": "step 3: the masked head"}
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 01)",
-                "masked_head": "chapter 02's masked head, in three changes, 3a to 3c (step 3's section; "
-                                "3a alone is slower at the 8B shape)"}
+                "masked_head": "chapter 02's masked head, in three changes, 3a to 3c (step 3's section; 3a, a prerequisite, "
+                                "does not pay at the 8B shape)"}
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -941,6 +941,23 @@ def step03_chain_rows(changes, cases=CHAIN_CASES) -> list[ChainRow]:
     """:func:`step03_chain` as the rows of the book's chain table (:func:`book.common.chain_table`, its cases the
     labels of ``cases``, µs per output token)."""
     return [ChainRow(r["row"], r["change"], dict(r["us"])) for r in step03_chain(changes, cases)]
+
+
+def step03_chain_ratio_table(changes, cases=CHAIN_CASES) -> str:
+    """Step 3's chain as the page's open table (Markdown): per link its label, its one change and, per case, its
+    "× previous" only (:func:`book.common.chain_factor`, "does not pay" where it costs time). The chain's own times
+    are another run's, so its step 2 and step 3 sit a little off the steps table's; the page folds them
+    (:func:`step03_chain_rows`), so each configuration shows one time in the open text."""
+    from book.common import chain_factor
+
+    rows = step03_chain_rows(changes, cases)
+    labels = [label for label, _, _ in cases]
+    lines = ["| row | the one change | " + " | ".join(f"{label}: × previous" for label in labels) + " |",
+             "|---|---|" + "---|" * len(labels)]
+    for i, row in enumerate(rows):
+        cells = ["anchor" if i == 0 else chain_factor(rows[i - 1].us[c], row.us[c]) for c in labels]
+        lines.append("| " + " | ".join([row.label, row.change] + cells) + " |")
+    return "\n".join(lines)
 
 
 def chain_anchor_gap(changes, results, cases=CHAIN_CASES) -> dict:
