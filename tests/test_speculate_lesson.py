@@ -469,17 +469,41 @@ def test_each_steps_code_is_a_diff_of_the_librarys_loop_and_listings_show_no_doc
 
 def test_the_opening_claims_a_common_job_and_the_8b_forecast_carries_this_pages_overshoot():
     """The opening says copying text is a common structured-output job, not the commonest (no source counts them);
-    the result's first sentence gives the all-requests ratio right beside the headline's; the 8B bound is followed by
+    the result's first sentence gives the ratio without the gate and the all-requests ratio right beside the
+    headline's; the 8B bound is followed by
     how far this page's own speedup forecasts overshoot the measured speedup, computed from the forecasts; the two
     timings of a four-token forward are each labelled with their clock (the benchmark, the decoder's start-up)."""
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     assert "commonest" not in text[0] and "A common structured-output job" in text[0]
     headline = " ".join(next(t for t in text if "the loop the headline ships" in t).split())
-    assert "**{s4_kept:.2f}×** chapter 07's step 3 (**{b1['ratio']:.2f}×** over all {cap['requests']} requests)" in headline
+    assert "**{s4_kept:.2f}×** chapter 07's step 3 over the {kept_n} requests" in headline
+    assert "({s3_kept:.2f}× without the gate, step 3; **{b1['ratio']:.2f}×** over all {cap['requests']} requests)" in headline
     lose = next(t for t in text if "$(a+1)/c$ would bound" in t)
     assert "lesson.forecasts(results)" in lose and "overshoot the measured speedup" in lose
     over = [f["value"] / f["measured"] for f in lesson.forecasts(lesson.committed()) if f["unit"] == "x"]
     assert len(over) >= 2 and all(v > 1 for v in over)
     assert any("the benchmark's timings; step 2b's fold" in t for t in text)
     assert any("by its own start-up timing" in " ".join(t.split()) for t in text)
+
+
+def test_chapter_07s_loop_has_one_time_in_the_open_text():
+    """Chapter 07's loop shows one time in the open text, the median request the ratios use: step 2's chain gives
+    only its ratios openly (its times, another run's, in a fold), the table of where a token's time goes (pooled
+    totals) is folded, and the loop's other counts (pooled, chapter 07's own requests, the chain's step 1) share
+    one fold of one sentence."""
+    cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    chain = next(t for t in text if "lesson.step02_chain_ratio_table(chain)" in t)
+    assert "chain_table(lesson.step02_chain_rows(chain)" in chain[chain.index(":::{{dropdown}}"):]
+    table = lesson.step02_chain_ratio_table(lesson.step02_chain(lesson.kept_results(lesson.committed()),
+                                                                requests=lesson.kept_requests(lesson.committed())))
+    assert "µs" not in table
+    where = next(t for t in text if "lesson.breakdown_table(kept)]" in t)
+    assert where.index(":::{dropdown} Where an output token's time goes") < where.index("lesson.breakdown_table(kept)]")
+    other = next(t for t in text if "Chapter 07's loop, counted other ways" in t)
+    fold = other[other.index(":::{{dropdown}} Chapter 07's loop"):]
+    for key in ("pooled", "ch7_own['step3_us']", "chain_anchor"):
+        assert key in fold
+    opening = next(t for t in text if "the share drafting can save" in t)
+    assert "ch7['total']:,.0f}" not in opening and "prefill" in opening

@@ -428,6 +428,21 @@ def step02_chain_rows(chain: dict[str, Any]) -> list[ChainRow]:
     return [ChainRow(r["row"], r["change"], {CHAIN_CASE: r["us"]}) for r in chain["rows"]]
 
 
+def step02_chain_ratio_table(chain: dict[str, Any]) -> str:
+    """Step 2's chain as the page's open table (Markdown): per link its label, its one change and its "× previous"
+    only (:func:`book.common.chain_factor`). The chain's times are another run's, so its step 1 and step 2 sit a
+    little off the steps table's; the page folds them (:func:`step02_chain_rows`), so each configuration shows one
+    time in the open text."""
+    from book.common import chain_factor
+
+    rows = step02_chain_rows(chain)
+    lines = [f"| row | the one change | {CHAIN_CASE}: × previous |", "|---|---|---|"]
+    for i, row in enumerate(rows):
+        cell = "anchor" if i == 0 else chain_factor(rows[i - 1].us[CHAIN_CASE], row.us[CHAIN_CASE])
+        lines.append(f"| {row.label} | {row.change} | {cell} |")
+    return "\n".join(lines)
+
+
 def prefill_probe() -> dict[str, float]:
     """The first step's median milliseconds of the ``classifier`` request at batch 1 in chapter 07's loop and in step
     4, run in alternating order (``lab/speculate/prefill_probe.py``; its file in ``lab/speculate/results/``)."""
@@ -579,7 +594,7 @@ __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN
            "breakdown_table", "capped", "closed_ratio", "committed", "forecasts", "draft_cost", "drafts_table", "layer_table", "loop_bound", "kernel_count_bound", "losses",
            "low_copy_counts", "markdown_table", "request_words", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
-           "step02_chain", "step02_chain_rows", "CHAIN_CASE", "closed_median_ms", "closed_rows", "kept_results", "kept_requests",
+           "step02_chain", "step02_chain_rows", "step02_chain_ratio_table", "CHAIN_CASE", "closed_median_ms", "closed_rows", "kept_results", "kept_requests",
            "gate_diff", "walk_code", "walk_diff", "wrapped"]
 
 
