@@ -15,7 +15,7 @@ from book.fsm.peers import LIBRARIES, PeerRow
 __all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes",
            "saved_share", "steps_table", "step_helpers", "step3_core",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "policy_totals", "agreement_table", "timing_table", "plot_peers",
-           "ENGINE_NAMES", "cpu_name"]
+           "ENGINE_NAMES", "cpu_name", "common_forced_shares"]
 
 #: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
 #: (single CPU thread of an AMD EPYC 7V13, Llama 3 tokenizer:
@@ -46,6 +46,21 @@ def amdahl_bound(saved_share: float) -> float:
     if not 0 <= saved_share < 1:
         raise ValueError(f"saved_share must be in [0, 1), got {saved_share}")
     return 1.0 / (1.0 - saved_share)
+
+
+def common_forced_shares(doc: dict) -> tuple[int, dict[str, float]]:
+    """On the SchemaStore sample (``realworld_<vocab>.json``): how many schemas every engine compiled, and each
+    engine's share of forced tokens (step 2's rule: the mask allows one token) over those schemas alone, so that the
+    engines are set side by side on the same schemas (their summaries cover the schemas each compiled). An engine
+    that refuses a walked document follows one of its own, so even there the documents can differ a little."""
+    engines = list(doc["summary"])
+    common = [s for s in doc["schemas"]
+              if all(s["engines"].get(e, {}).get("outcome") == "compiled" for e in engines)]
+    shares = {}
+    for e in engines:
+        tokens = sum(s["engines"][e]["tokens"] for s in common)
+        shares[e] = sum(s["engines"][e]["forced"] for s in common) / tokens if tokens else float("nan")
+    return len(common), shares
 
 
 # --- the chapter's table of steps ----------------------------------------------------------------------------
@@ -204,8 +219,9 @@ def peers_table(rows: Sequence[PeerRow]) -> str:
     table = _by_entry(rows)
     cols = [c for c in FORCED_COLUMNS if any(c[0] in libs for libs in table.values())]
     split_cols = [c for c in cols if c[2] != "ours: token jumps"]
+    split_names = " / ".join(h.removeprefix("ours: ").split(":")[0] for *_, h in split_cols)
     lines = ["| entry | passes, no jumps | " + " | ".join(h for *_, h in cols)
-             + " | other splits |",
+             + f" | documents in another split ({split_names}) |",
              "|" + "---|" * (3 + len(cols))]
     total = {"none": 0, **{h: [0, 0, 0, 0] for *_, h in cols}}
     for name, libs in table.items():
