@@ -1260,7 +1260,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     under: list[str] = []
     shown: set[int] = set()
     tail_cells: list[tuple[dict[str, Any], dict[str, str]]] = []  # the re-run's rows: its median and p99
-    loop_bounds: list[str] = []  # each decode loop's bounds other than the one that binds
 
     for r in board:
         card = short_card(r["card"])
@@ -1386,8 +1385,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             bounds = [(what, ms) for what, kind, ms in (
                 ("byte bound", "bytes", r["byte_floor_ms"]), ("kernel-count bound", "latency", r["latency_floor_ms"]),
                 ("forward-time bound", "forward", r.get("forward_bound_ms"))) if ms is not None and kind != r["binding"]]
-            if bounds:
-                loop_bounds.append(f"{r['number']:02d}: " + ", ".join(f"{what} {_floor(ms)} µs" for what, ms in bounds))
+            if bounds:  # the bounds that do not bind: in the chapter's notes, not under the table
+                note(r, "our loop's other bounds are lower and do not bind: "
+                        + " and ".join(f"its {what} ({_floor(ms)} µs)" for what, ms in bounds), every_card=True)
             continue
         floors.append((r, f" | {card} | {kernel} | {mark('bytes', r['byte_floor_ms'], NOT_MEASURED)} | "
                           f"{mark('compute', r['compute_floor_ms'], '–')} | {latency} |"))
@@ -1497,15 +1497,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     if loops:
         loop_columns = [(k, h.replace("floor that binds", "our loop's bound that binds")
                          .replace("× floor (ours ÷ floor)", "× bound (ours ÷ bound)")) for k, h in common if k != "p99"]
-        other_bounds = []
-        for line in loop_bounds:
-            number, _, bounds = line.partition(": ")
-            said = [b.rsplit(" ", 2) for b in bounds.split(", ")]
-            other_bounds.append(f"chapter {number}'s " + " and its ".join(f"{what} is {ms} µs" for what, ms, _ in said))
         times += [""] + table(f"**Decode loops: against our loop's own bound{on}**", loops,
-                              loop_columns if one_card else [("card", "card")] + loop_columns,
-                              [LOOP_BOUND_NOTE] + ([f"The bounds that do not bind are lower: {'; '.join(other_bounds)}."]
-                                                   if other_bounds else []))
+                              loop_columns if one_card else [("card", "card")] + loop_columns, [LOOP_BOUND_NOTE])
     if rest:
         times += [""] + fold("The headline cases on both cards, H100 and H200",
                              table("", rest, [("card", "card")] + common, under)[2:])
