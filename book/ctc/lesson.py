@@ -817,7 +817,8 @@ STEP07_LAST = "emissions loaded {prefetch} frames ahead"
 #: The table of steps' groups, each a row of its own above its first step (keyed by that step's label; "7" where the
 #: file has no lab run of 7a): its name, bold in the step column, and what its steps change.
 STEP_GROUPS = {
-    "2": ("what a frame loads", "steps 2 to 5: warp-ctc's three kernels, each frame's loads changed"),
+    "2": ("what a frame loads", "steps 2 to 5: warp-ctc's three kernels, each frame's loads changed; only step 4 "
+                                "pays, the other three barely move a case"),
     "6": ("a side branch", "step 6: probability space; step 7 builds on step 5"),
     "7a": ("restructure", "steps 7 to 10: which pass does what, in how many launches, on how many threads"),
     "11": ("instruction-level", "steps 11 to 13: the instructions of the recursion and of the first pass"),
@@ -933,10 +934,10 @@ def boehm_table(results, changes: Results | None = None) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     note = ("“× prev.”: the time of the step this one builds on over its own (above 1.00×, it pays); the entry point "
             "is timed as its own series.")
-    if changes is not None:
+    if changes is not None:  # where rows 7a and 7b come from is said under "Where the numbers come from"
         untimed = [f"A = {A:,}, N = {N}" for A, N in TABLE_CASES if not _row(changes, "step07a", T=BENCH_T, A=A, N=N)]
-        note += (f" Rows 7a and 7b, and {STEP07_LABEL}'s “× prev.”, come from a separate run that timed steps 5 to "
-                 f"{STEP07_LABEL} together" + (f" (not at {' or '.join(untimed)})" if untimed else "") + ".")
+        if untimed:
+            note += f" Rows 7a and 7b are not timed at {' or '.join(untimed)}."
     return "\n".join(lines) + "\n\n" + note
 
 
