@@ -315,9 +315,8 @@ def test_the_steps_table_on_the_committed_file_has_one_row_a_step():
     assert set(rows["6"][2:]) == {"–"}
     g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
     assert rows["6"][1].endswith(f"8 KV heads {g6:,.1f} µs, {g5 / g6:.2f}× step 5's {g5:,.1f} µs there")
-    # step 5's cell says what it does in a few words; its three changes are timed in step 5's section
-    assert rows["5"][1].startswith("one launch, heads grouped to fit L2 (on one prompt, already one launch: only the "
-                                   "order changes")
+    # step 5's cell says what it does in a few words (what it changes on one prompt is said above the page's table)
+    assert rows["5"][1] == "one launch, heads grouped to fit L2"
     assert "below" not in table
     assert rows["5"][2] == f"{lesson.ms(results, STEP5, long_) * 1e3:,.1f}"
 
@@ -505,17 +504,19 @@ def test_the_matmul_rate_is_named_this_runs_beside_chapter_00s():
 
 
 @pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
-def test_the_page_steps_table_is_one_shape_with_step_6_in_words():
-    """The page's table (PAGE_SHAPES) is the long-prefix prompt alone, where steps 1 to 5 run; step 6's row gives its
-    time and its factor over step 5 on the mixed batch with 8 KV heads in words; the page calls it so."""
+def test_the_page_steps_tables_keep_one_shape_each():
+    """The page's table (PAGE_SHAPES) is the long-prefix prompt alone, steps 1 to 5, where all run; step 6 has a
+    one-row table of its own on the mixed batch with 8 KV heads, its × prev. over step 5 there, named in the cell."""
     results = plotting.load_results("multi_item")
-    table = lesson.steps_table(results, lesson.PAGE_SHAPES)
-    assert table.splitlines()[0].count(": µs") == 1
-    rows = {r[0]: r for r in _rows(table)}
-    assert all(rows[n][2] != "–" for n in "12345")
+    main, six = lesson.page_steps_tables(results)
+    assert main.splitlines()[0].count(": µs") == 1 and six.splitlines()[0].count(": µs") == 1
+    rows = {r[0]: r for r in _rows(main)}
+    assert list(rows) == ["1", "2", "3", "4", "5"] and all(rows[n][2] != "–" for n in rows)
+    (row,) = _rows(six)
     g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
-    assert f"{g6:,.1f} µs, {g5 / g6:.2f}× step 5's {g5:,.1f} µs there" in rows["6"][1]
+    assert "8 KV heads: µs" in six.splitlines()[0]
+    assert row[0] == "6" and row[2] == f"{g6:,.1f}" and row[3] == f"{g5 / g6:.2f}× (vs step 5's {g5:,.1f} µs on this batch)"
     from studylog.paths import REPO_ROOT
 
     page = (REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text()
-    assert "lesson.steps_table(results, lesson.PAGE_SHAPES)" in page
+    assert "lesson.page_steps_tables(results)" in page

@@ -297,8 +297,7 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
         ("3", "the mask computed from the metadata", STEP[3].series),
         ("4", "key tiles no row sees never loaded (a batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5", "one launch, heads grouped to fit L2 (on one prompt, already one launch: only the order changes, "
-              "head groups and heaviest tiles first; step 5's section times each change)", STEP[5].series),
+        ("5", "one launch, heads grouped to fit L2", STEP[5].series),
         ("6", "a key/value head's query heads in one tile (shared key/value heads only)", STEP[6].series),
     ]
 
@@ -313,8 +312,8 @@ MAIN_SHAPES = ("prefix 2048, 32 items x 32", report.MIXED_SHAPE)
 
 
 #: The page's steps table: the long-prefix prompt alone, where steps 1 to 5 all run; step 6, which needs shared
-#: key/value heads, gives its numbers on the mixed batch with 8 KV heads in words. Every shape is in the fold
-#: (``shapes=None``).
+#: key/value heads, has a one-row table of its own on the mixed batch with 8 KV heads (:func:`page_steps_tables`).
+#: Every shape is in the fold (``shapes=None``).
 PAGE_SHAPES = (MAIN_SHAPES[0],)
 
 
@@ -355,6 +354,22 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
         before_gqa = gqa
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def page_steps_tables(results) -> tuple[str, str]:
+    """The page's two steps tables: steps 1 to 5 on :data:`PAGE_SHAPES` (the long-prefix prompt, where all five run),
+    and step 6, which runs only with shared key/value heads, as a one-row table on :data:`GQA_SHAPE` whose
+    "× prev." names step 5's time on that batch, so no row of either table compares two shapes."""
+    if results is None:
+        return PENDING, PENDING
+    main = "\n".join(line for line in steps_table(results, PAGE_SHAPES).splitlines() if not line.startswith("| 6 |"))
+    gqa = steps_table(results, (GQA_SHAPE,)).splitlines()
+    row = next(line for line in gqa if line.startswith("| 6 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    five = ms(results, STEP[5].series, GQA_SHAPE)
+    if five is not None and cells[3] != "–":
+        cells[3] += f" (vs step 5's {five * 1e3:,.1f} µs on this batch)"
+    return main, "\n".join(gqa[:2] + ["| " + " | ".join(cells) + " |"])
 
 
 # ---------------------------------------------------------------------------------------------
