@@ -424,7 +424,7 @@ def active_slots(results, cfg: tuple[int, int, int]) -> int:
 #: Each row's one change in the table of steps, in a few words (each step's section says it in full).
 SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread", 3: "a block a slot; serial budget",
                  4: "budget from prefix sums", 5: "one pass for every n", 6: "each slot over many blocks",
-                 7: "phase 2 in the last block", 8: "no barrier: warps stream", 9: "16-byte loads",
+                 7: "one launch: pays on the host", 8: "no barrier: warps stream", 9: "16-byte loads",
                  10: "L2 evict-first hint", 11: "refused slots skip search", 12: "phase 2 launched early"}
 #: The two paths from step 6, each with the steps it takes, in the order the page and the table give them: the case
 #: each serves (its name in the table) -> steps.
