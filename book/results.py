@@ -845,9 +845,10 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     notes[name].append(fsm_note(suite))
                     if peer and "(" in peer:  # the peer's caveat, said once
                         split = peer.rsplit(" (", 1)[1].rstrip(")")
-                        notes[name].append("like our token jumps, llguidance's fast-forward tokens keep the output in "
-                                           "the tokenizer's own tokens, so the two savings are of one kind"
-                                           if split.startswith("its output too") else f"llguidance's output: {split}")
+                        # where llguidance keeps its output too, the landing's cell says so ("output unchanged
+                        # too"): no note repeats it; an output it changes is said here
+                        if not split.startswith("its output too"):
+                            notes[name].append(f"llguidance's output: {split}")
                 continue
             row = next((b for b in board if b["number"] == entry.number and short_card(b["card"]) == name
                         and b["lead"]), None)
@@ -886,14 +887,13 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 case3 = f"{NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens"
                 if spread3 is not None:
                     lo, hi, n = spread3
-                    # the range's top end is against the port's one-block-a-slot grid, as the chapter says
-                    grid = "the top end against the port's one-block-a-slot grid, not a tuned rival"
                     # the headline, then the range in brackets with the few words that say what its top is against
                     landing[name] = (f"{row['vs_rival']:.2f}× at {case3} ({lo:.2f}–{hi:.1f}× over {n} shapes, "
                                      "the top end against the port's one-block-a-slot grid)")
-                    cells[name] = (f"**{row['vs_rival']:.2f}×** at {NGRAM_CASE['batch']} × {NGRAM_CASE['seq_len']:,}, "
-                                   f"the deployed budget ({us(ours)} against {us(theirs)} µs; {lo:.2f}–{hi:.1f}× over "
-                                   f"the {n} shapes measured, {grid}){row_caveat(row)}")
+                    # its number, the range and the few words on the range's top: the case is the column before,
+                    # the two times the scoreboard's and the fold's
+                    cells[name] = (f"**{row['vs_rival']:.2f}×** ({lo:.2f}–{hi:.1f}× over the {n} shapes measured; "
+                                   f"the top against the port's one-block-a-slot grid){row_caveat(row)}")
                 else:
                     landing[name] += f" on the GPU, {case3}"
             if entry.number == 8:
@@ -1129,10 +1129,16 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
                                f"{us(t[k]['ms'])} µs) but misses our bound" + (
                                    f" ({t[k]['error']:.2%} error)" if t[k]["error"] is not None else "")
                                + ": its atomic adds round each partial sum to bf16, so its error grows with K")
-        if answer["failed"]:  # the narrower range leaves out the shapes where GemLite fails: named once
-            notes[name].append(f"{name}: GemLite's output fails our float64 check at "
-                               + " and ".join(k.replace("x", " × ") for k in answer["failed"])
-                               + ", so the range leaves those shapes out")
+        if answer["failed"]:  # the narrower range leaves out the shapes where GemLite fails: named once, a shape
+            # the note above names already not again
+            rest = [k for k in answer["failed"] if k not in failing]
+            if rest:
+                left = "all those" if failing else "those"
+                if failing and len(failing) + len(rest) == 2:
+                    left = "both"
+                notes[name].append(f"{name}: GemLite's output {'also ' if failing else ''}fails our float64 check at "
+                                   + " and ".join(k.replace("x", " × ") for k in rest)
+                                   + f", so the range leaves {left} shapes out")
     if all(c == VOID for c in cells.values()):
         return None
     return {"notebook": "notebooks/05_ternary_1_triton.ipynb", "cells": cells, "notes": notes,
@@ -1989,14 +1995,31 @@ def eager_headlines(root: Path = BENCH_RESULTS, card: str = "H200") -> tuple[lis
     return holds, changes
 
 
+def host_bound_counts(root: Path = BENCH_RESULTS) -> tuple[int, int, str] | None:
+    """The page's comparisons whose call waits on the host (:func:`host_bound_markdown`'s fold title): how many, how
+    many of them ours loses called eagerly, and the chapters those losses are in ("in chapters 03 and 05"); None
+    where none waits."""
+    m = re.search(r"\((\d+) comparisons\): called eagerly, ours stays ahead in \d+(?:, ties in \d+)? and loses in "
+                  r"(\d+)(?: \((.*?)\))?\n", host_bound_markdown(root))
+    return (int(m.group(1)), int(m.group(2)), m.group(3) or "") if m else None
+
+
 def eager_sentence(root: Path = BENCH_RESULTS, card: str = "H200") -> str:
-    """For above the results table: which headlines change when called eagerly, one call at a time, and which hold."""
+    """For above the results table: what host time is, how many of the page's comparisons wait on the host and how
+    many of those ours loses called eagerly, one call at a time (the fold at the foot of the page lists them), then
+    which headlines change and which hold."""
     holds, changes = eager_headlines(root, card)
     if not holds and not changes:
         return ""
     out = EAGER_WORDS
+    counts = host_bound_counts(root)
+    if counts and counts[1]:
+        total, lost, where = counts
+        out += (f" At {total} of this page's comparisons ours takes longer on the host than on the GPU; called that "
+                f"way, ours loses {lost} of them{' (' + where + ')' if where else ''}, "
+                f"{HOST_FOLD_POINTER}.")
     if changes:
-        out += (" Called that way, the headline of chapter " + " and ".join(changes) + " changes, as its line says.")
+        out += (" The headline of chapter " + " and ".join(changes) + " then changes, as its line says.")
     if holds:
         out += (" The headlines of chapter" + ("s " if len(holds) > 1 else " ")
                 + (", ".join(holds[:-1]) + " and " if len(holds) > 1 else "") + holds[-1] + " hold.")

@@ -1318,7 +1318,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
         if r.get("rival_name") and r["vs_rival"] is not None:  # the rival in the ratio's own cell
             vs += f" vs {r['rival_name']}"
-        if r["ratio_note"] and r["rival_clock"] == r["clock"]:  # less what the speedup cell's words already say
+        if r["ratio_note"] and r["rival_clock"] == r["clock"] and not r.get("loop_bound"):
+            # less what the speedup cell's words already say; a decode loop's spread over its requests is the
+            # results page's note (this page is about its bound)
             said = r["ratio_note"].removeprefix("the ratio of the two median times; ")
             note(r, said[0].upper() + said[1:])
         median, slowest = r["median_ms"], r["slowest_ms"]

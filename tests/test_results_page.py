@@ -701,3 +701,36 @@ def test_chapter_four_landing_gives_its_headline_and_the_grids_range():
     (lo, _), (hi, _) = results.ctc_grid(card)
     (cell,) = [c for t, c in _landing_cells().items() if t.startswith("04.")]
     assert cell.endswith(f"({lo:.2f}–{hi:.2f}× over {len(results.ctc_cases(card))} cases)"), cell
+
+
+def test_the_sentence_above_the_table_counts_the_calls_that_lose_eagerly():
+    """The open sentence above the results table says how many of the page's comparisons wait on the host and how
+    many of those ours loses called eagerly: the counts of the fold at the foot of the page, not only its title."""
+    sentence = results.eager_sentence()
+    title = results.host_bound_markdown().split(":::{dropdown} ", 1)[1].split("\n", 1)[0]
+    m = re.search(r"\((\d+) comparisons\): called eagerly, ours stays ahead in \d+(?:, ties in \d+)? and loses in "
+                  r"(\d+)", title)
+    assert m, title
+    if int(m[2]):
+        assert f"At {m[1]} of this page's comparisons" in sentence and f"ours loses {m[2]} of them" in sentence
+        assert "Calls that wait on the host" in sentence
+
+
+def test_chapter_three_cell_is_its_number_and_range():
+    """Chapter 03's results cell is its number, its range and the few words on the range's top: the case is the
+    column before it, the two times the fold's and the scoreboard's."""
+    (line,) = [ln for ln in results.summary_markdown().splitlines() if "03. N-gram matching](" in ln]
+    cell = line.rstrip(" |").rsplit(" | ", 1)[-1]
+    assert "µs" not in cell and "one-block-a-slot grid" in cell and len(cell.split()) <= 20, cell
+
+
+def test_notes_do_not_repeat_the_landing():
+    """The notes under the results table add to the landing's cells: where the landing says llguidance keeps its
+    output too, no note says it again, and a shape where GemLite fails our check is named in one note only."""
+    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1]
+    landing = results.reading_path_markdown()
+    if "output unchanged too" in landing:
+        assert "so the two savings are of one kind" not in notes
+    part_one = notes.split("- **05. Ternary matmul, part 1 (Triton)**")[1].split("\n- **")[0]
+    for shape in re.findall(r"\d+ × \d+", part_one):
+        assert sum(shape in ln for ln in part_one.splitlines() if "GemLite" in ln and "fail" in ln or "misses" in ln) <= 1, shape

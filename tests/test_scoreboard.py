@@ -1177,9 +1177,29 @@ def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_
         if r["binding"] == "bytes" and r.get("latency_missing_why"):
             assert cell.startswith("**at most "), line
         if r["binding"] == "bytes" and r.get("read_only_ms") and not r.get("latency_missing_why"):
-            # the column's name holds for every row: ours over the floor that binds; the read-only kernel in a note
+            # the column's name holds for every row: ours over the floor that binds; the read-only kernel's time
+            # stands in the floor's cell beside it, so the main table does not read as if a kernel could reach the
+            # byte floor, and our median over it is in a note
             assert cell == f"**{100 / r['pct_of_floor']:.1f}×**", line
+            floor_cell = line.rstrip(" |").rsplit(" | ", 2)[-2]
+            read = r["read_only_ms"] * 1e3
+            assert floor_cell.endswith(f", byte floor; a read-only pass: {read:,.{2 if read < 1 else 1}f}"), line
             assert f"(ours: {r['median_ms'] / r['read_only_ms']:.1f}× that)" in sb.scoreboard_markdown(), line
+
+
+def test_the_decode_loops_spread_over_requests_is_the_results_pages_note():
+    """A decode loop's spread of per-request ratios is a note of the results page, not again in the scoreboard's
+    fold (the scoreboard is about the loop's bound)."""
+    table = sb.scoreboard_markdown()
+    from book import results
+
+    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1]
+    for r in sb.scoreboard():
+        if r.get("loop_bound") and "missing" not in r and r.get("ratio_note", "").startswith("the ratio of the two"):
+            said = r["ratio_note"].removeprefix("the ratio of the two median times; ")
+            assert said not in table and said[0].upper() + said[1:] not in table, said
+            if r["lead"] and sb.short_card(r["card"]) == results.SUMMARY_CARD:  # the results table's card
+                assert said[0].upper() + said[1:] in notes, said
 
 
 def test_chapter_4s_headline_floor_is_the_chapters_own():
