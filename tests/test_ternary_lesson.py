@@ -323,7 +323,8 @@ def test_a_peer_bar_whisker_spans_that_peers_repetitions_alone(results):
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
-    """One steps table open on a page, at one row of x; its table at 16 rows sits in a fold."""
+    """One steps table open on a page, at one row of x. Part 1's gives its steps' times at 16 rows beside, in the
+    same table (steps 6 and 10 to 14 are built for several rows); part 2's table at 16 rows sits in a fold."""
     cells = json.loads(path.read_text())["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert "solutions" not in code and "glue(" not in code
@@ -331,8 +332,12 @@ def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
     calls = [("".join(c["source"]), folded(c)) for c in cells
              if c["cell_type"] == "code" and "lesson.boehm_table(" in "".join(c["source"])]
     open_ = [text for text, hidden in calls if not hidden]
-    assert len(open_) == 1 and open_[0].count("lesson.boehm_table(") == 1 and "rows_of_x=1)" in open_[0]
-    assert [text.count("rows_of_x=16)") for text, hidden in calls if hidden] == [1]
+    assert len(open_) == 1 and open_[0].count("lesson.boehm_table(") == 1
+    if path == LESSONS[0]:
+        assert "rows_of_x=1, beside=16)" in open_[0] and not [t for t, hidden in calls if hidden]
+    else:
+        assert "rows_of_x=1)" in open_[0]
+        assert [text.count("rows_of_x=16)") for text, hidden in calls if hidden] == [1]
 
 
 ROW = re.compile(r"^\| (\d+) \|", flags=re.M)  # a steps table's row: "| 17 |"
@@ -846,6 +851,27 @@ def test_the_steps_figure_draws_times_from_zero_and_crosses_out_failed_peer_time
         failed & {ax.get_title().replace(" × ", "x") for ax in panels})
     for fig in figs.values():
         plt.close(fig)
+
+
+def test_part_1s_open_table_gives_16_rows_beside_one(results):
+    """Part 1's one open table: each step's one-row time, and beside it its time and × previous at 16 rows where the
+    benchmark times it there, "–" for the one-row kernels."""
+    table = L.boehm_table(results, L.PART1_ROWS, rows_of_x=1, beside=16)
+    assert "| µs, M = 1 | × previous | × the 2-bit floor | µs, M = 16 | × previous, M = 16 |" in table
+    sixteen = {n: p for n, m, p, _ in L.PART1_ROWS if m == 16}
+    lines = [line for line in table.splitlines() if ROW.match(line)]
+    assert [int(ROW.match(line)[1]) for line in lines] == list(range(1, 15))
+    for line in lines:
+        number = int(ROW.match(line)[1])
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if number not in sixteen:
+            assert cells[-2:] == ["–", "–"], line
+            continue
+        t = L.us(results, T.SERIES[number], L.MAIN, 16)
+        assert cells[-2] == f"{t:.1f}", line
+        if sixteen[number] is not None:
+            before = L.us(results, T.SERIES[sixteen[number]], L.MAIN, 16)
+            assert cells[-1] == f"{before / t:.2f}× (vs {sixteen[number]})", line
 
 
 def test_part_1s_steps_table_shows_every_step_at_one_row(results):

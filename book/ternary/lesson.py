@@ -798,14 +798,17 @@ def part2_rows(bitnet_run) -> tuple:
                  for n, m, p, c in PART2_ROWS)
 
 
-def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_of_x=None) -> str:
+def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_of_x=None, beside=None) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
     speedup over the step it is measured against (named, > 1 is faster) and its multiple of the 2-bit weights'
     bandwidth floor (steps 7 and 8 also over their own 1.6-bit floor); with ``read_only``, also its multiple of the time of
     a kernel that only reads the same 2-bit weights (``read_weights``, timed at one row of x); "pending" where the
     file has no time. ``rows_of_x`` (a number or a tuple of them) keeps those tables alone: a page shows its one-row
-    table open and folds the others."""
+    table open and folds the others. ``beside`` (a number of rows of x): one table at ``rows_of_x`` with that
+    number's time and × previous in two more columns ("–" for a step not timed there), its caption naming both."""
+    if beside is not None:
+        return _beside_table(results, rows, shape, rows_of_x, beside)
     keep = None if rows_of_x is None else set(rows_of_x if isinstance(rows_of_x, (tuple, list)) else (rows_of_x,))
     tables = []
     for m in dict.fromkeys(m for _, m, _, _ in rows if keep is None or m in keep):
@@ -813,6 +816,24 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_
                    f"{shape.replace('x', ' × ')}, {card(results)}, GPU clock**")
         tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == m], shape, read_only))
     return "\n\n".join(tables)
+
+
+def _beside_table(results, rows, shape: str, m: int, other: int) -> str:
+    """:func:`boehm_table` at ``m`` rows of x with the time and × previous at ``other`` rows beside each step."""
+    there = {n: p for n, rows_of_x, p, _ in rows if rows_of_x == other}
+    lines = _boehm_rows(results, [r for r in rows if r[1] == m], shape).splitlines()
+    head = lines[0].replace("| µs |", f"| µs, M = {m} |", 1)
+    out = [head + f" µs, M = {other} | × previous, M = {other} |", lines[1] + "---|---|"]
+    for line, (number, _, _, _) in zip(lines[2:], [r for r in rows if r[1] == m]):
+        if number not in there:
+            out.append(line + " – | – |")
+            continue
+        t, previous = us(results, SERIES[number], shape, other), there[number]
+        speed = f"– (the first at {other} rows)" if previous is None else \
+            f"{fmt(ratio(us(results, SERIES[previous], shape, other), t), '.2f', '×')} (vs {previous})"
+        out.append(line + f" {fmt(t, '.1f')} | {speed} |")
+    caption = f"**{shape.replace('x', ' × ')}, {card(results)}, GPU clock, M = {m} and M = {other}**"
+    return caption + "\n\n" + "\n".join(out) + f"\n\nAt {other} rows, –: a one-row kernel, not timed."
 
 
 def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
