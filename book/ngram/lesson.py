@@ -421,6 +421,26 @@ def active_slots(results, cfg: tuple[int, int, int]) -> int:
     return sum(kind == "active" and cap >= 1 for kind, _, _, cap in slot_plans(inputs, config, this_time))
 
 
+def budget_walk(results, cfg: tuple[int, int, int]) -> dict:
+    """What the budget leaves to search at grid case ``cfg``, on the benchmark's batch rebuilt on the CPU
+    (:func:`_bench_batch`) and walked by the specification (:func:`studylog.ngram.reference_ngram_match`'s trace):
+    ``searched`` (slots whose search runs: the loop of steps 1 and 2 searches these only), ``no_match`` (of those,
+    searched to the end with no match), ``drafting`` (slots that get a draft), ``tokens`` (draft tokens in all) and
+    ``starts`` (the drafting slots' match positions)."""
+    import torch
+
+    from studylog.ngram import reference_ngram_match
+
+    inputs, this_time, config = _bench_batch(results, cfg)
+    draft = torch.zeros((inputs.batch, config.max_draft_tokens + 1), dtype=torch.int64)
+    trace: list = []
+    reference_ngram_match(inputs, draft, this_time, config, trace=trace)
+    searched = [t for t in trace if t["searched"]]
+    return {"searched": len(searched), "no_match": sum(t["start"] is None for t in searched),
+            "drafting": sum(t["drafted"] > 0 for t in trace), "tokens": sum(t["drafted"] for t in trace),
+            "starts": [t["start"] for t in trace if t["drafted"] > 0]}
+
+
 #: Each row's one change in the table of steps, in a few words (each step's section says it in full).
 SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread", 3: "a block a slot; serial budget",
                  4: "budget from prefix sums", 5: "one pass for every n", 6: "each slot over many blocks",
