@@ -646,7 +646,7 @@ CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the di
            9: "the batch's union, each row read once, reduced per sequence",
            10: "the batch's union, each row read once, on the tensor cores (`tl.dot`)",
            11: "the vocabulary reordered so that allowed tokens cluster",
-           12: "a dispatch by shape: the fastest measured path",
+           12: "a dispatch by shape",
            13: "the whole step from the packed bitmask, in one CUDA graph (13a–c together)"}
 #: The rivals, in rows of their own under the steps at :data:`MAIN_CASE`, in the prose's words. The dense rival is cuBLAS
 #: with fp32 output: the chapter's contract, and steady, where dense + mask's bf16 logits run at two speeds at batch 1
@@ -654,6 +654,8 @@ CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the di
 MAIN_RIVALS = (("cublas_fp32_mask", "rival: cuBLAS's dense fp32 logits, then `masked_fill`"),
                ("index_select", "rival: `index_select` of the allowed rows, then a matmul (given the ids)"),
                (XGRAMMAR, "rival: xgrammar's path (the bitmask copied, dense fp32 logits, its mask kernel)"))
+#: Why a kept step has no time at :data:`MAIN_CASE`, in its row's µs cell (its time is in "its own case").
+NOT_HERE = {8: "not run here: it takes at most eight ids", 10: "not run here: it needs a batch"}
 #: Steps whose call starts from the bitmask in host memory: their floor starts with that copy (:func:`host_floor_ms`).
 FROM_HOST = (13,)
 
@@ -776,8 +778,13 @@ def main_steps_table(results) -> str:
         if row is None and STEP_CASES[number][0] == MAIN_CASE:
             continue
         change = CHANGES[number]
+        if number == 12:  # where the dispatch is the fastest of ours and the rivals, and where it is not
+            lost = loss_counts(results)
+            if lost["points"]:
+                change += (f": no rival beats it by over {TIE:.0%} at batch {counts_words(lost['clean_batches'])}; from batch "
+                           f"{lost['min_batch']} on it loses at {lost['points']} points (*Where we lose*)")
         if row is None:
-            cells = ["–", "–", "–"]
+            cells = [f"– ({NOT_HERE[number]})" if number in NOT_HERE else "–", "–", "–"]
         else:
             base = main_base(results, number)
             base_row = None if base is None else _row(results, step_series(base), **MAIN_CASE)
