@@ -799,6 +799,11 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
 
 #: Steps kept although they cost time somewhere: what builds on them (said in the table of steps where they lose).
 PREREQUISITES = {9: "a prerequisite: steps 10 to 14 build on the warp"}
+#: Why a step that barely moves a case, or loses, has a row: said in its row of the table of steps.
+WHY_SHOWN = {2: "the usual advice, checked: it compiles to step 1's loads",
+             3: "the usual advice, checked: it compiles to step 1's loads; step 4 starts from it",
+             5: "barely moves a case; steps 6 and 7a start from its kernels",
+             6: "it tests the guess that cuDNN is fast in probability space; on long targets its loss turns infinite"}
 
 
 #: Step 7's first two changes, each a row of the table of steps between step 6 and step 7 (timed by the lab run
@@ -881,6 +886,8 @@ def boehm_table(results, changes: Results | None = None) -> str:
     entries = []
     for s in CHAPTER.steps:
         title = code(s.title) + kept(s.number) + chosen(s.number) + elsewhere(s.number)
+        if s.number in WHY_SHOWN:  # after a colon where the title ends with brackets of its own
+            title += f": {WHY_SHOWN[s.number]}" if title.endswith(")") else f" ({WHY_SHOWN[s.number]})"
         if s.number == 7 and changes is not None:
             for label, change, series, base in STEP07_ROWS:
                 slower = [c for c in step07_factor(changes, base, series)["slower"] if c in TABLE_CASES]
