@@ -362,35 +362,47 @@ CTC_SMALL_CASE = {"T": 150, "A": 28, "N": 1}
 
 #: The tails run's kernel that does only the recursion's chain of frames (``studylog.ctc.floor.chain_floor``).
 CTC_CHAIN = "ctc recursion chain (latency floor)"
-#: The same chain at the headline case's longest target (its own states): the headline's latency floor, where timed.
+#: The tails run's same chain at the headline case's longest target (the lab run below times it at every case).
 CTC_HEADLINE_CHAIN = "ctc recursion chain, headline's longest target (latency floor)"
+#: The lab run's chain at each case's own longest target (lab/ctc/case_chains.py): each case's latency floor.
+CTC_CASE_CHAIN = "ctc recursion chain, the case's longest target"
 #: The tails run's floors for chapters 02 and 08 (studylog.tails names them): the bitmask's copy from host memory,
 #: and SmolLM2's one-token forward with its kernels counted.
 BITMASK_COPY = "bitmask copy from host (latency floor)"
 FORWARD = "smollm2 forward, one token (kernels counted)"
 
 
+def _ctc_case_chains(card_folder: str | None) -> dict | None:
+    """The lab run that times each case's own chain of frames on the card (``lab/ctc/results/<card>/case_chains.json``),
+    or None where the card has none."""
+    from studylog.plotting import load_lab
+
+    try:
+        return load_lab("ctc", "case_chains", card_folder) if card_folder else None
+    except FileNotFoundError:
+        return None
+
+
 def _ctc(data):
     """Two rows of the chapter's final entry point, ``ctc_loss`` (it picks step 12 or step 14 by a measured rule),
     on every card whose file times it, else of the step it runs at each case: the headline shape (an alphabet of
     5,000, bound by its bytes), then the small alphabet at batch 1, where the recursion's chain of frames, not the
-    bytes, sets the pace. The small case's latency floor is the card's tails run of a kernel that does only that
-    chain, T frames (steps 10 to 14 run the forward and backward chains side by side), where the card has one."""
+    bytes, sets the pace. Each case's latency floor is its own chain: a kernel that does only the recursion's T
+    dependent frames (steps 10 to 14 run the forward and backward chains side by side) over the states of the case's
+    longest target, timed for every case by a lab run (:func:`_ctc_case_chains`), where the card has one; the floor
+    the row divides by is the larger of it and the bytes, as in every table of the chapter."""
     from studylog.ctc.results import entry_series
-    from studylog.tails import ctc_headline_states
 
     # a run without the entry point is shown, at each case, at the step the entry point runs there, so that every
     # card times the same kernel
     entry = bool(rows(data, "ctc_loss"))
-    tails_run = data.get("tails_run") or {"measurements": []}
-    small_chain = one(tails_run, CTC_CHAIN, **CTC_SMALL_CASE, frames=CTC_SMALL_CASE["T"])
-    # the headline's own chain (its longest target's states), where the tails run times it: a tighter bound, said in
-    # a note only; the floor is the chapter's, one rule for every case (book.ctc.lesson.case_floor): the larger of the
-    # bytes and the small alphabet's chain
-    head_chain = one(tails_run, CTC_HEADLINE_CHAIN, **CTC_CASE, frames=CTC_CASE["T"])
+    # each case's own chain (T frames over its longest target's states), timed for every case by a lab run: the
+    # chapter's latency floor, one rule for every case (book.ctc.lesson.case_floor): the larger of it and the bytes
+    case_chains = _ctc_case_chains(data.get("card_folder"))
     out = []
     for case, shape in ((CTC_CASE, "T = 150, A = 5,000, N = 8"), (CTC_SMALL_CASE, "T = 150, A = 28, N = 1")):
-        chain = small_chain
+        chain = one(case_chains, CTC_CASE_CHAIN, **case) if case_chains else None
+        chain = chain if chain is not None and chain["params"].get("frames") == case["T"] else None
         used = entry_series(**case, entry_timed=entry)
         ours = one(data, used, **case)
         if ours is None:
@@ -398,27 +410,11 @@ def _ctc(data):
         rival = one(data, "torch-best", **case)
         latency, what = _one_kernel(data)
         gaps, floor_notes = (), ()
-        if chain is not None and chain["params"]["frames"] == case["T"]:
-            # the chain of T dependent frames bounds every case of T frames (the chapter's floor); it is timed at the
-            # small alphabet's states, the fewest, so at a larger alphabet it is a lower bound still
+        if chain is not None:
             latency = chain["ms"]
-            what = (f"the recursion's {chain['params']['frames']} dependent frames alone over "
-                    f"{chain['params']['states']} states"
-                    + (", those of the case's longest target" if chain["series"] == CTC_HEADLINE_CHAIN else "")
-                    + " (a log-sum-exp and a warp shuffle each), graph-replayed")
-            states = ctc_headline_states(case["T"], case["N"], case["A"])
-            if states > chain["params"]["states"]:  # a longer chain than the one timed: a lower bound of its own
-                own = (head_chain if head_chain is not None and case is CTC_CASE
-                       and head_chain["params"]["frames"] == case["T"]
-                       and head_chain["ms"] > max(chain["ms"], ours.get("floor_ms") or 0) else None)
-                floor = max(chain["ms"], ours.get("floor_ms") or 0)  # the floor the row divides by
-                floor_notes = ((f"latency floor: the chain is timed at the small alphabet's one utterance "
-                                f"({chain['params']['states']} states), as in every table of chapter 04; this "
-                                f"case's longest target has {states} states, so its own chain takes longer")
-                               + (f": timed alone, {us(own['ms'])} µs, a tighter bound than the {us(floor)} µs "
-                                  f"this row divides by (ours is {ours['ms'] / own['ms']:.1f}× it), left out of the "
-                                  "row so that it matches the chapter's table" if own is not None
-                                  else f", and {us(chain['ms'])} µs is a lower bound of it"),)
+            what = (f"the recursion's {chain['params']['frames']} dependent frames alone over the "
+                    f"{chain['params']['states']} states of the case's longest target (a log-sum-exp and a warp "
+                    "shuffle each), graph-replayed")
         else:  # the chain of frames is the chapter's latency floor on every card that times it: an empty kernel
             latency = None  # would put another quantity in the same column
             what = "the recursion's chain of frames alone is not timed on this card"

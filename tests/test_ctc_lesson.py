@@ -347,10 +347,10 @@ def test_the_floor_is_the_scoreboards_on_every_card():
         assert lesson.floor_us(results, 28, 1) == pytest.approx(empty * 1e3)  # a few bytes: the empty kernel binds
 
 
-def test_the_steps_table_floors_the_small_case_at_the_chain_where_the_card_timed_it():
+def test_the_steps_table_floors_the_small_case_at_its_own_chain_where_the_card_timed_it():
     for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
         results = plotting.load_results("ctc", gpu)
-        chain = lesson.chain_floor_us(results, ctc.BENCH_T)
+        chain = lesson.case_chain_us(results, *lesson.BOEHM_CASES[0])
         row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | floor"))
         small = row.split(" | ")[2]
         want = max(lesson.floor_us(results, *lesson.BOEHM_CASES[0]), chain or 0.0)
@@ -359,28 +359,30 @@ def test_the_steps_table_floors_the_small_case_at_the_chain_where_the_card_timed
 
 
 def test_every_case_has_one_floor_on_the_page():
-    """The table of steps and the result table divide a case's time by the same floor, by one rule for every row: the
-    larger of the bytes (or the empty kernel) and the measured chain of T frames over the small case's positions, a
-    lower bound for every case of the grid (no longest target is shorter). The chain over the headline's own longest
-    target, longer, is in no table: the result names it beside the tables as a tighter bound."""
-    from studylog.tails import CTC_HEADLINE_CASE, CTC_HEADLINE_FLOOR_SERIES
+    """The table of steps and the result table divide a case's time by the same floor, by one rule for every row,
+    the tightest: the larger of the bytes (or the empty kernel) and the case's own chain of T frames over its longest
+    target's states, timed for every case of the grid by the lab run (lab/ctc/case_chains.py). The H100 timed no
+    chain: its floor is the bytes."""
+    from studylog.plotting import load_lab
 
     results = plotting.load_results("ctc", "nvidia-h200")
-    chain = lesson.chain_floor_us(results, ctc.BENCH_T)
-    (own,) = plotting.load_results("tails", "nvidia-h200").select(CTC_HEADLINE_FLOOR_SERIES)
-    assert own["ms"] * 1e3 > chain  # more states, the same frames: a longer chain
-    head = (CTC_HEADLINE_CASE["A"], CTC_HEADLINE_CASE["N"])
-    assert lesson.own_chain(results, *head) == {"us": own["ms"] * 1e3, "positions": own["params"]["states"]}
-    assert lesson.own_chain(results, *lesson.BOEHM_CASES[0]) is None  # timed at the headline only
+    chains = {(r["params"]["A"], r["params"]["N"]): r for r in load_lab("ctc", "case_chains")["measurements"]
+              if r["series"] == lesson.CASE_CHAIN_SERIES and r["params"]["T"] == ctc.BENCH_T}
+    assert set(chains) == {(A, N) for A in ctc.BENCH_A for N in ctc.BENCH_N}  # every case of the grid is timed
     for A in ctc.BENCH_A:
         for N in ctc.BENCH_N:
+            own = chains[A, N]
+            assert own["params"]["states"] == lesson.longest_target(results, A, N)  # the case's own longest target
+            assert lesson.case_chain_us(results, A, N) == pytest.approx(own["ms"] * 1e3)
             floor, kind = lesson.case_floor(results, A, N)
-            assert lesson.longest_target(results, A, N) >= lesson.longest_target(results, *lesson.BOEHM_CASES[0])
-            assert floor == pytest.approx(max(chain, lesson.floor_us(results, A, N)))
-            assert kind == ("chain" if chain > lesson.floor_us(results, A, N) else "bytes")
-    assert lesson.case_floor(results, *head)[0] < own["ms"] * 1e3  # the headline's own chain is the tighter bound
+            assert floor == pytest.approx(max(own["ms"] * 1e3, lesson.floor_us(results, A, N)))
+            assert kind == ("chain" if own["ms"] * 1e3 > lesson.floor_us(results, A, N) else "bytes")
+    h100 = plotting.load_results("ctc", "nvidia-h100-80gb-hbm3")
+    assert lesson.case_chain_us(h100, 5000, 8) is None
+    assert lesson.case_floor(h100, 5000, 8)[0] == pytest.approx(lesson.floor_us(h100, 5000, 8))
     text = "".join("".join(c["source"]) for c in _page_cells())
-    assert "lesson.own_chain(results, low_big[1], low_big[2])" in text and "tighter bound" in text
+    assert "tighter bound" not in text and "own_chain" not in text  # no second floor named beside the tables
+    assert text.count("timed for every case") == 1  # the rule, said once where the floor is defined
     results_rows = {tuple(int(c.strip().replace(",", "")) for c in line.split("|")[1:3]): line
                     for line in lesson.results_table(results).splitlines()[2:] if line[2:3].isdigit()}
     floor_row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | floor"))
@@ -391,7 +393,7 @@ def test_every_case_has_one_floor_on_the_page():
         line = results_rows[(A, N)]
         assert f"| {cell} |" in line and line.rstrip(" |").endswith(over), (A, N)
     small = results_rows[lesson.BOEHM_CASES[0]]
-    assert f"{chain:,.1f} (chain of T frames)" in small
+    assert f"{chains[lesson.BOEHM_CASES[0]]['ms'] * 1e3:,.1f} (chain of T frames)" in small
 
 
 def _has(series: str, A: int, N: int) -> bool:

@@ -968,10 +968,8 @@ def test_every_floor_names_its_kind_and_the_page_keeps_no_lab_notes():
     assert "forecast" not in floors and "%" not in floors  # the floors table holds floors only
     for bad in ("lab/", "not known", "The empty kernel in each run", "committed"):
         assert bad not in table, bad
-    # chapter 04's headline has its own chain of frames where the tails run times it; else the small alphabet's chain
-    # stands in, said to be a lower bound of the headline's longer one
-    own = any(r["series"] == sb.CTC_HEADLINE_CHAIN for r in _raw(H200, sb.TAILS)["measurements"])
-    assert table.count("lower bound") == (0 if own else 1) and (own or "is a lower bound of it" in table)
+    # chapter 04's rows divide by each case's own chain of frames: no other chain is named as a lower or tighter bound
+    assert "lower bound" not in table and "tighter bound" not in table
     # the H100's run of chapter 2 replayed one copy of the head where the H200's rotated (read from the raw files):
     # its rows are out of the tables, with no fold of their numbers
     one_copy = not any("copies" in r for r in _raw(H100, "masked_lm_head")["measurements"])
@@ -1203,21 +1201,22 @@ def test_the_decode_loops_spread_over_requests_is_the_results_pages_note():
 
 
 def test_chapter_4s_headline_floor_is_the_chapters_own():
-    """Chapter 04's row divides by the floor every table of the chapter uses (book.ctc.lesson.case_floor: the larger of
-    the case's bytes and the chain over the small case's positions); the chain over the headline's own longest
-    target is only a named tighter bound in the row's notes."""
+    """Chapter 04's rows divide by the floor every table of the chapter uses (book.ctc.lesson.case_floor: the larger of
+    the case's bytes and its own chain of frames, timed for every case): at the headline, its own chain, latency."""
     from book.ctc import lesson
     from studylog.plotting import load_results
 
     results = load_results("ctc", gpu=H200.name, root=H200.parent)
-    row = next(r for r in sb.scoreboard() if r["number"] == 4 and r["card"] == sb.card_name(H200)
-               and r.get("tail_params") == sb.CTC_CASE)
-    floor_us, kind = lesson.case_floor(results, sb.CTC_CASE["A"], sb.CTC_CASE["N"])
-    assert row["binding_floor_ms"] * 1e3 == pytest.approx(floor_us)
-    assert row["binding"] == {"bytes": "bytes", "chain": "latency", "empty kernel": "latency"}[kind]
     table = sb.scoreboard_markdown()
+    for case in (sb.CTC_CASE, sb.CTC_SMALL_CASE):
+        row = next(r for r in sb.scoreboard() if r["number"] == 4 and r["card"] == sb.card_name(H200)
+                   and r.get("tail_params") == case)
+        floor_us, kind = lesson.case_floor(results, case["A"], case["N"])
+        assert row["binding_floor_ms"] * 1e3 == pytest.approx(floor_us)
+        assert row["binding"] == {"bytes": "bytes", "chain": "latency", "empty kernel": "latency"}[kind]
+        assert row["latency_floor_ms"] * 1e3 == pytest.approx(lesson.case_chain_us(results, case["A"], case["N"]))
+    head = next(r for r in sb.scoreboard() if r["number"] == 4 and r["card"] == sb.card_name(H200)
+                and r.get("tail_params") == sb.CTC_CASE)
+    assert head["binding"] == "latency"  # the headline's own chain is above its bytes
     line = next(ln for ln in table.splitlines() if ln.startswith("| [04. CTC loss]"))
-    assert f"| **{row['median_ms'] / row['binding_floor_ms']:.1f}×** |" in line
-    own = lesson.own_chain(results, sb.CTC_CASE["A"], sb.CTC_CASE["N"])
-    if own and own["us"] > floor_us:
-        assert f"timed alone, {own['us']:,.1f} µs, a tighter bound" in table
+    assert f"| **{head['median_ms'] / head['binding_floor_ms']:.1f}×** |" in line

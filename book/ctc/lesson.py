@@ -746,39 +746,37 @@ def longest_target(results, A: int, N: int) -> int | None:
     return None
 
 
+#: The lab run that times each case's own chain: ``T`` dependent frames over the states of its longest target
+#: (lab/ctc/case_chains.py), one row per case of the benchmark's grid.
+CASE_CHAINS_FILE = "case_chains"
+CASE_CHAIN_SERIES = "ctc recursion chain, the case's longest target"
+
+
+def case_chain_us(results, A: int, N: int) -> float | None:
+    """The case's own latency floor, in µs: the lab run's chain of ``T`` dependent frames over the states of the
+    case's longest target, on the card of ``results``; None where that card has no such run (the H100)."""
+    try:
+        data = load_lab("ctc", CASE_CHAINS_FILE, results.path.parent.name)
+    except FileNotFoundError:
+        return None
+    rows = [r for r in data["measurements"] if r["series"] == CASE_CHAIN_SERIES
+            and r["params"]["T"] == BENCH_T and r["params"]["A"] == A and r["params"]["N"] == N]
+    return rows[0]["ms"] * 1e3 if len(rows) == 1 else None
+
+
 def case_floor(results, A: int, N: int) -> tuple[float, str]:
     """The one floor of a case, in µs, and its kind, by one rule for every case of every table: the larger of
     :func:`floor_us` (the bytes at the copy bandwidth, or the card's fastest empty kernel where that is larger) and
-    the latency floor, the measured chain of ``T`` dependent frames over the small case's positions
-    (:func:`chain_floor_us`). No case's longest target has fewer positions, so each frame of any case's recursion does
-    at least that dependent work: the chain is a lower bound for every case (a case's own longest target makes a
-    longer chain, timed only at the headline: :func:`own_chain`). Kinds: ``"bytes"``, ``"empty kernel"``,
-    ``"chain"``."""
+    the case's own chain (:func:`case_chain_us`: ``T`` dependent frames over its longest target's states, timed for
+    every case). Where the card timed no chain (the H100) the bytes alone, a lower bound there. Kinds: ``"bytes"``,
+    ``"empty kernel"``, ``"chain"``."""
     from studylog.ctc.report import dram_bytes
 
     by_bytes = floor_us(results, A, N)
     bytes_us = dram_bytes(BENCH_T, N, A) / (results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9) * 1e6
     kind = "bytes" if bytes_us >= by_bytes else "empty kernel"
-    longest = longest_target(results, A, N)
-    chain = _chain_row(results, BENCH_T)
-    applies = chain is not None and longest is not None and longest >= chain["params"]["states"]
-    chain_us = chain["ms"] * 1e3 if applies else 0.0
+    chain_us = case_chain_us(results, A, N) or 0.0
     return (chain_us, "chain") if chain_us > by_bytes else (by_bytes, kind)
-
-
-def own_chain(results, A: int, N: int) -> dict | None:
-    """The chain of ``T`` frames over the case's own longest target, where the tails run timed it (the headline
-    case only): ``{"us", "positions"}``, a tighter latency bound there than the tables' common one; None elsewhere."""
-    row = _headline_chain_row(results, A, N)
-    return None if row is None else {"us": row["ms"] * 1e3, "positions": row["params"]["states"]}
-
-
-def _headline_chain_row(results, A: int, N: int) -> dict | None:
-    """The tails run's chain over the longest target of the case (A, N) itself, where the tails run timed one there
-    (the headline case); None elsewhere."""
-    from studylog.tails import CTC_HEADLINE_FLOOR_SERIES
-
-    return _tails_row(results, CTC_HEADLINE_FLOOR_SERIES, A=A, N=N)
 
 
 #: How the tables name each kind of floor.
