@@ -1220,3 +1220,13 @@ def test_chapter_4s_headline_floor_is_the_chapters_own():
     assert head["binding"] == "latency"  # the headline's own chain is above its bytes
     line = next(ln for ln in table.splitlines() if ln.startswith("| [04. CTC loss]"))
     assert f"| **{head['median_ms'] / head['binding_floor_ms']:.1f}×** |" in line
+
+
+def test_a_p50_p99_run_below_the_chapters_median_is_said_under_the_table():
+    """A p99 from the separate run can sit below the chapter's median beside it (chapter 04's run follows torch's
+    profiler): the visible text under the lead table names such a row, with its gap and direction."""
+    page = sb.scoreboard_markdown()
+    lead = page[page.index("p50 / p99: a separate run"):].split("\n")[0]
+    assert "The clocks are not locked" in lead
+    assert re.search(r"04 on the H200, \d+\.\d% below", lead), lead
+    assert "3%" not in lead  # the rule for a row's note lives in the notes, not under the table
