@@ -566,6 +566,20 @@ def ngram_range(card: Path) -> tuple[float, float, int] | None:
     return (min(found), max(found), len(found)) if found else None
 
 
+@functools.lru_cache(maxsize=None)
+def ngram_searching(card: Path) -> int | None:
+    """How many of the headline case's slots the budget lets search on ``card`` (:func:`book.ngram.lesson.budget_walk`,
+    the benchmark's batch rebuilt and walked on the CPU): at a tight budget most slots are refused before any search,
+    which a reader of the headline ratio needs to know; None without the card's file."""
+    from book.ngram.lesson import budget_walk
+    from studylog.plotting import load_results
+
+    if not (Path(card) / "ngram.json").exists():
+        return None
+    case = (NGRAM_CASE["batch"], NGRAM_CASE["seq_len"], NGRAM_CASE["threshold"])
+    return budget_walk(load_results("ngram", Path(card).name, root=Path(card).parent), case)["searched"]
+
+
 def ngram_case_words(cfg: tuple[int, int, int]) -> str:
     """A chapter 03 shape as the folded tables word it: "32 slots x 512 tokens, budget 128"."""
     from studylog.ngram import NO_BUDGET
@@ -890,12 +904,16 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if spread3 is not None:
                     lo, hi, n = spread3
                     # the headline, then the range in brackets with the few words that say what its top is against
-                    landing[name] = (f"{row['vs_rival']:.2f}× at {case3} ({lo:.2f}–{hi:.1f}× over {n} shapes, "
-                                     "the top end against the port's one-block-a-slot grid)")
+                    searching = ngram_searching(card)
+                    where = (f", where the budget lets {searching} of the {NGRAM_CASE['batch']} search"
+                             if searching is not None and searching < NGRAM_CASE["batch"] else "")
+                    landing[name] = (f"{row['vs_rival']:.2f}× at {case3}{where} ({lo:.2f}–{hi:.1f}× over {n} "
+                                     "shapes, the top end against the port's one-block-a-slot grid)")
                     # its number and the range: the case is the column before, the two times the scoreboard's and
                     # the fold's, and what the range's top is against the landing's to say, not again here
-                    cells[name] = (f"**{row['vs_rival']:.2f}×** ({lo:.2f}–{hi:.1f}× over the {n} shapes measured)"
-                                   f"{row_caveat(row)}")
+                    cells[name] = (f"**{row['vs_rival']:.2f}×** ({lo:.2f}–{hi:.1f}× over the {n} shapes measured"
+                                   + (f"; the budget lets {searching} of {NGRAM_CASE['batch']} slots search here" if where else "")
+                                   + f"){row_caveat(row)}")
                 else:
                     landing[name] += f" on the GPU, {case3}"
             if entry.number == 8:
