@@ -12,7 +12,7 @@ from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
 from studylog.masked_lm_head.formats import (AllowedTokens, Hidden, Logits, Tiles, Weight, check_inputs, default_tiles,
-                                             launch_tiles, need_layout, output)
+                                             need_layout, output, tile_constexprs)
 
 WDV = Float[Tensor, "d v"]  # the post's layout of the weight
 
@@ -190,17 +190,16 @@ def row_skip_kernel(
 
 
 def _tiled_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
-    """Steps 0 to 3: one program per output tile, grouped; steps 1 to 3's kernels also read the mask."""
+    """Steps 0 to 2: one program per output tile, grouped; steps 1 and 2's kernels also read the mask."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     t = tiles or default_tiles(step, batch)
     out = output(out, batch, vocab, h.device)
-    if step == 3:  # rows of the [V, D] weight: unit stride along D
-        strides = (h.stride(0), weight.stride(0), out.stride(0))
-    else:  # the weight's strides along D and along V: those of the [D, V] matrix 'B' in C = A @ B
-        s_bk, s_bn = (weight.stride(1), weight.stride(0)) if layout == "vd" else (weight.stride(0), weight.stride(1))
-        strides = (h.stride(0), h.stride(1), s_bk, s_bn, out.stride(0), out.stride(1))
+    # the weight's strides along D and along V: those of the [D, V] matrix 'B' in C = A @ B
+    s_bk, s_bn = (weight.stride(1), weight.stride(0)) if layout == "vd" else (weight.stride(0), weight.stride(1))
     mask, mask_stride = ((allowed.mask_u8,), (allowed.mask.stride(0),)) if step else ((), ())
-    launch_tiles(kernel, t, batch, vocab, h, weight, out, *mask, batch, vocab, hidden, *strides, *mask_stride)
+    kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
+        h, weight, out, *mask, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
+        out.stride(0), out.stride(1), *mask_stride, **tile_constexprs(t, h.dtype))
     return out
 
 
@@ -227,4 +226,10 @@ def step03_row_skip(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout
                     tiles: Tiles | None = None) -> Logits:
     """Step 3: block skip + row skip on the ``[V, D]`` layout (a disallowed token = a row not read)."""
     need_layout("step03_row_skip", layout)
-    return _tiled_matmul(row_skip_kernel, h, weight, allowed, layout, out, tiles, 3)
+    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
+    t = tiles or default_tiles(3, batch)
+    out = output(out, batch, vocab, h.device)
+    row_skip_kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
+        h, weight, out, allowed.mask_u8, batch, vocab, hidden,
+        h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0), **tile_constexprs(t, h.dtype))
+    return out

@@ -232,11 +232,6 @@ def tile_constexprs(t: Tiles, dtype: torch.dtype) -> dict:
             "DOT_DTYPE": dot_dtype(dtype), "num_warps": t.num_warps, "num_stages": t.num_stages}
 
 
-def launch_tiles(kernel, t: Tiles, batch: int, vocab: int, *args) -> None:
-    """A grouped-tile kernel, one program per ``[block_b, block_v]`` output tile; ``args[0]`` is ``h``."""
-    kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](*args, **tile_constexprs(t, args[0].dtype))
-
-
 # Input checks (no device synchronisation: ids were checked when AllowedTokens was built)
 
 def check_inputs(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ from torch import Tensor
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
 from studylog.masked_lm_head.dense import dot_rows, grouped_tile, store_allowed, tile_offsets
 from studylog.masked_lm_head.formats import (AllowedTokens, Hidden, Logits, Tiles, Weight, check_inputs, default_tiles,
-                                             launch_tiles, output)
+                                             output, tile_constexprs)
 
 # Row j of the weight is token perm[j]; the masks are in the same order; the logits go back to their tokens' places.
 
@@ -115,8 +115,10 @@ def step11_reordered(h: Hidden, head: ReorderedHead, allowed_reordered: AllowedT
     if head.order.perm.device != h.device:
         raise ValueError(f"head.order is on {head.order.perm.device}, h on {h.device}")
     out = output(out, batch, vocab, h.device)
-    launch_tiles(reordered_rows_kernel, tiles or default_tiles(11, batch), batch, vocab, h, head.weight, out,
-                 allowed_reordered.mask_u8, head.order.perm, batch, vocab, hidden, h.stride(0), head.weight.stride(0),
-                 out.stride(0), allowed_reordered.mask.stride(0))
+    t = tiles or default_tiles(11, batch)
+    reordered_rows_kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
+        h, head.weight, out, allowed_reordered.mask_u8, head.order.perm, batch, vocab, hidden,
+        h.stride(0), head.weight.stride(0), out.stride(0), allowed_reordered.mask.stride(0),
+        **tile_constexprs(t, h.dtype))
     return out
 
