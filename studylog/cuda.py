@@ -276,6 +276,20 @@ class CudaKernel:
         once the previous one has run ``griddepcontrol.launch_dependents`` in every block, and must run
         ``griddepcontrol.wait`` before reading what it writes. ``cluster``: blocks ``cluster`` at a time along x form a
         thread block cluster; a kernel that uses cluster barriers needs one (of 1 too), or it can deadlock."""
+        grid, block = self._dims(grid, block, args, cluster)
+        ctypes.memmove(self._block, *self._pack(args))
+        cu_stream = self.stream()
+        driver = _driver()
+        if early or cluster is not None:
+            err = driver.cuLaunchKernelEx(self._launch_config(grid, block, shared_mem, cu_stream, early, cluster),
+                                          self.function, self._params_address, 0)
+        else:
+            err = driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, cu_stream, self._params_address, 0)
+        if err[0] != driver.CUresult.CUDA_SUCCESS:
+            _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
+
+    def _dims(self, grid, block, args, cluster: int | None = None) -> tuple[tuple, tuple]:
+        """The launch's grid and block as 3-tuples, checked with the arguments' count and the cluster."""
         if len(args) != len(self.signature):
             raise TypeError(f"{self.name} takes {len(self.signature)} arguments ({self.signature}), got {len(args)}")
         grid = tuple(grid) + (1,) * (3 - len(grid))
@@ -284,6 +298,10 @@ class CudaKernel:
             raise ValueError(f"{self.name}: grid {grid} and block {block} must be positive")
         if cluster is not None and (cluster not in (1, 2, 4, 8) or grid[0] % cluster):
             raise ValueError(f"{self.name}: cluster must be 1, 2, 4 or 8 and divide grid x {grid[0]}, got {cluster}")
+        return grid, block
+
+    def _pack(self, args) -> tuple[bytes, int]:
+        """The argument block's bytes for ``args`` (tensors by their addresses) and their length."""
         values = list(args)
         for i in self._pointer_slots:
             arg = values[i]
@@ -299,20 +317,23 @@ class CudaKernel:
             packed = self._struct.pack(*values)
         except struct.error as exc:
             raise TypeError(f"{self.name}: arguments {args!r} do not fit {self.signature}: {exc}") from None
-        ctypes.memmove(self._block, packed, len(packed))
-        # torch's current stream as a raw handle: the private call Triton uses, microseconds cheaper per launch
+        return packed, len(packed)
+
+    def stream(self):
+        """Torch's current stream as the driver's handle (cached per stream)."""
+        # the raw handle: the private call Triton uses, microseconds cheaper per launch
         handle = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
         cu_stream = self._streams.get(handle)
-        driver = _driver()
         if cu_stream is None:
-            cu_stream = self._streams[handle] = driver.CUstream(handle)
-        if early or cluster is not None:
-            err = driver.cuLaunchKernelEx(self._launch_config(grid, block, shared_mem, cu_stream, early, cluster),
-                                          self.function, self._params_address, 0)
-        else:
-            err = driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, cu_stream, self._params_address, 0)
-        if err[0] != driver.CUresult.CUDA_SUCCESS:
-            _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
+            cu_stream = self._streams[handle] = _driver().CUstream(handle)
+        return cu_stream
+
+    def bind(self, grid, block, *args, shared_mem: int = 0, early: bool = False) -> "BoundLaunch":
+        """This launch with its arguments checked and packed once, into a block of its own: for a loop that
+        launches one kernel on one shape again and again, where a call's checks and packing cost more host time
+        than the kernel takes on the GPU. The tensors given must outlive the result."""
+        grid, block = self._dims(grid, block, args)
+        return BoundLaunch(self, grid, block, self._pack(args)[0], shared_mem, early)
 
     def _launch_config(self, grid, block, shared_mem: int, cu_stream, early: bool, cluster: int | None):
         """An early or clustered launch's configuration, built once per shape and stream (costlier than a launch)."""
@@ -344,6 +365,36 @@ class CudaKernel:
         driver = _driver()
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         _check_cu(driver.cuFuncSetAttribute(self.function, attr, nbytes), "cuFuncSetAttribute")
+
+
+class BoundLaunch:
+    """A kernel's launch with its arguments packed (:meth:`CudaKernel.bind`): :meth:`set_pointer` rewrites one
+    pointer argument in place (a new input's address), and a call launches on torch's current stream."""
+
+    def __init__(self, kernel: CudaKernel, grid: tuple, block: tuple, packed: bytes, shared_mem: int, early: bool):
+        self.kernel, self.grid, self.block, self.shared_mem, self.early = kernel, grid, block, shared_mem, early
+        self._block = ctypes.create_string_buffer(packed, max(len(packed), 8))
+        base = ctypes.addressof(self._block)
+        n = len(kernel.signature)
+        self._params = (ctypes.c_void_p * max(n, 1))(*[base + 8 * i for i in range(n)])
+        self._pointers = {i: ctypes.c_uint64.from_address(base + 8 * i) for i in range(n)
+                          if kernel.signature[i] == "ptr"}
+
+    def set_pointer(self, i: int, tensor: torch.Tensor) -> None:
+        """Argument ``i`` (a pointer) becomes ``tensor``'s address; the caller has checked its device and shape."""
+        self._pointers[i].value = tensor.data_ptr()
+
+    def __call__(self) -> None:
+        driver, kernel = _driver(), self.kernel
+        cu_stream = kernel.stream()
+        params = ctypes.addressof(self._params)
+        if self.early:
+            config = kernel._launch_config(self.grid, self.block, self.shared_mem, cu_stream, True, None)
+            err = driver.cuLaunchKernelEx(config, kernel.function, params, 0)
+        else:
+            err = driver.cuLaunchKernel(kernel.function, *self.grid, *self.block, self.shared_mem, cu_stream, params, 0)
+        if err[0] != driver.CUresult.CUDA_SUCCESS:
+            _check_cu(err, f"cuLaunchKernel({kernel.name}, grid={self.grid}, block={self.block})")
 
 
 class CudaModule:

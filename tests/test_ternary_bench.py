@@ -31,8 +31,11 @@ def test_cases_cover_every_step_the_targets_and_the_peers():
         family = next(f for f, n_, k_, m in every if (n_, k_, m) == (n, k, 1))
         assert R.BITNET in T.bench_series(family, n, k, 1) and R.BITNET in T.bench_series("bitnet", n, k, 1, True)
         if ("bitnet", n, k) not in T.BENCH_SHAPES:
-            assert T.bench_series("bitnet", n, k, 1) == ["cublas_bf16", T.SERIES[23], T.SERIES[25], "read_weights",
-                                                         R.BITNET]
+            assert T.bench_series("bitnet", n, k, 1) == ["cublas_bf16", T.SERIES[23], T.SERIES[25], R.PLAN,
+                                                         "read_weights", R.BITNET]
+    # step 23 through its plan (the host time of an eager loop) beside BitNet's kernel and at the targets' shape
+    planned = {(n, k, 1) for n, k in BITNET_SHAPES} | {(4096, 14336, 1)}
+    assert all((R.PLAN in T.bench_series(f, n, k, m)) == ((n, k, m) in planned) for f, n, k, m in every)
     assert not any(R.BITNET in T.bench_series(f, n, k, m) for f, n, k, m in every if m > 1)
     measured = {name for f, n, k, m in cases for name in T.bench_series(f, n, k, m)}
     assert {s.series for s in T.CHAPTER.steps} <= measured
@@ -57,13 +60,14 @@ def test_cases_cover_every_step_the_targets_and_the_peers():
         assert ("llama", n, k, m) in T.bench_cases(quick=True)
     quick = [(f, n, k, m) for f, n, k, m in T.bench_cases(quick=True)]
     assert sum(len(T.bench_series(*c, quick=True)) for c in quick if c[0] == "llama") <= 30
-    assert sum(len(T.bench_series(*c, quick=True)) for c in quick if c[0] == "bitnet") == 5 * len(BITNET_SHAPES)
+    assert sum(len(T.bench_series(*c, quick=True)) for c in quick if c[0] == "bitnet") == 6 * len(BITNET_SHAPES)
     assert all(not T.place_series(n, k, m, quick=True) and not T.probe_series(f, m, quick=True) for f, n, k, m in quick)
     total = sum(len(T.bench_series(f, n, k, m)) + len(T.place_series(n, k, m)) + len(T.probe_series(f, m))
                 for f, n, k, m in every)
     # each a few graph captures and a few hundred replays: see the chapter's bench budget (the steps that split a
     # change out add their series at their cases only; step 23's place "separate" is step 22, timed there only)
-    assert total <= 310 + 5 * len(R.BITNET_EXTRA_SHAPES) + len(BITNET_SHAPES)
+    # (BitNet's shapes: its kernel and step 23's plan at each; the targets' shape: the plan)
+    assert total <= 310 + 5 * len(R.BITNET_EXTRA_SHAPES) + 2 * len(BITNET_SHAPES) + 1
 
 
 def test_timing_plan_keeps_slow_calls_short():
@@ -132,6 +136,7 @@ def test_one_shape_of_the_bench_on_the_cpu(monkeypatch):
         monkeypatch.setattr(R, name, _reference_step(w2a8=True))
     for name in ("step21_probe", "step23_probe"):
         monkeypatch.setattr(R, name, lambda x, w, scale, probe: (lambda: None))
+    monkeypatch.setattr(R, "W2A8Plan", lambda w, scale, m, dtype: (lambda x: _reference_step(w2a8=True)(x, w, scale)))
     monkeypatch.setattr(R, "read_only", lambda data: (lambda: None))
     # (GemLite's own kernels run on the CPU only with its device queries answered: test_ternary_peers.py)
     gemlite = R._load_gemlite() if runtime.has_gpu() else "not run here"

@@ -618,6 +618,67 @@ def test_gpu_steps_22_and_23_every_config(m, n, k, x_dtype):
                 assert torch.equal(T.step22_w2a8(x, tiles, scale, out=poisoned(m, n), config=cfg), z), cfg
 
 
+def test_w2a8_plan_refuses_bad_arguments():
+    """W2A8Plan names the argument it refuses, before it asks for a GPU."""
+    w, _, _, tiles = step22_inputs(1, 20, 300, torch.bfloat16, seed=3, device="cpu")
+    with pytest.raises(ValueError, match="m must be"):
+        T.W2A8Plan(tiles, m=0)
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        T.W2A8Plan(tiles, dtype=torch.float32)
+    with pytest.raises(TypeError, match="w must be a PackedTernary"):
+        T.W2A8Plan(w)
+    if not runtime.has_gpu():
+        with pytest.raises(RuntimeError, match="GPU"):
+            T.W2A8Plan(tiles)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 17, 300), (1, 509, 2001), (3, 130, 2000), (1, 127, 5003), (9, 77, 513),
+                                     (1, 50, 7), (1, 1024, 14335), (None, 33, 1000)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_w2a8_plan_equals_step23(m, n, k, x_dtype):
+    """The plan launches step 23's kernel with its arguments packed once: on fresh x each call, the same bits as
+    step 23 at every place for x (M > 8: "separate", two launches), x whose rows are off 16-byte boundaries
+    included; a CUDA graph of one call replays on new x; x of another type or shape is refused, named."""
+    if not _gpu_is_hopper():
+        pytest.skip("step 23 needs a Hopper GPU (the TMA)")
+    rows = m or 1
+    w, scale, x, tiles = step22_inputs(rows, n, k, x_dtype, seed=rows * 7 + n + k)
+    for where in [None, "separate"] + (["every block"] if rows <= 8 else []):
+        plan = T.W2A8Plan(tiles, scale, m=m, dtype=x_dtype, quantize=where)
+        for seed in (1, 2):  # a new x each call: the plan rewrites its address
+            xi = (3 * torch.randn(rows, k, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+                  ).to(x_dtype)
+            xi = xi[0] if m is None else xi
+            plan.out.fill_(float("nan"))
+            z = plan(xi)
+            assert z is plan.out and z.shape == ((n,) if m is None else (rows, n))
+            want = T.step23_w2a8_fused(xi, tiles, scale, quantize=where)
+            assert torch.equal(z, want), f"quantize {where}, seed {seed}: differs from step 23"
+            assert_matches_w2a8(z.reshape(rows, n), xi.reshape(rows, k), w, scale)
+    with pytest.raises(TypeError, match="x must be a"):
+        plan(x.float())
+    with pytest.raises(ValueError, match="the plan's shape"):
+        plan(torch.zeros(rows + 1, k, dtype=x_dtype, device="cuda"))
+    # rows off 16-byte boundaries go through the plan's aligned copy: the same bits
+    buffer = (3 * torch.randn(rows * k + 8, device="cuda")).to(x_dtype)
+    odd = buffer[1:1 + rows * k].view(rows, k) if m is not None else buffer[1:1 + k]
+    assert torch.equal(plan(odd), T.step23_w2a8_fused(odd, tiles, scale, quantize=where))
+    # a graph of one call, replayed on x copied into the buffer it captured
+    plan = T.W2A8Plan(tiles, scale, m=m, dtype=x_dtype)
+    xin = torch.zeros_like(x[0] if m is None else x)
+    plan(xin)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan(xin)
+    xin.copy_(x[0] if m is None else x)
+    plan.out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(plan.out, T.step23_w2a8_fused(xin, tiles, scale))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(1, 125, 7), (1, 250, 300), (1, 509, 2001), (3, 509, 2000), (1, 127, 5003),
                                      (8, 1024, 4000), (1, 1024, 14335), (2, 64, 4097), (1, 40, 8), (5, 33, 1000)])

@@ -21,6 +21,8 @@ INT_MM = "torch_int_mm"
 INT_MM_MATMUL = "torch_int_mm_matmul"
 CUBLAS = "cublas_bf16"
 BITNET = "bitnet_w2a8"
+#: Step 23 through a W2A8Plan made once for the layer (a call checks x and launches): what an eager decode loop pays.
+PLAN = f"{SERIES[23]}_plan"
 
 #: The series that are not steps: what each one is (CHAPTER.baselines; figure legends and tables).
 BASELINES = {
@@ -32,6 +34,7 @@ BASELINES = {
     "peak_bf16_matmul": "a dense 8192^3 bf16 matmul (cuBLAS): the MMA peak of this run",
     "peak_int8_matmul": "a dense 8192^3 int8 matmul (torch._int_mm): the int8 MMA peak of this run",
     "read_weights": "a kernel that only reads the 2-bit weights (read_only.cu): the floor a kernel meets",
+    PLAN: f"{STEPS[22].name} through W2A8Plan: checks, choices, output and packed arguments made once a layer",
     **{series: f"{STEPS[22].name}, x quantised at quantize={where!r}" for where, series in W2A8_PLACE_SERIES.items()
        if series != SERIES[22]},
     **{series: f"{STEPS[step - 1].name}, {what} (a probe build)" for (step, probe), series in PROBE_SERIES.items()

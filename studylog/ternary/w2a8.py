@@ -17,10 +17,10 @@ from jaxtyping import Float, Int8, Int32
 from torch import Tensor
 
 from studylog import cuda, runtime
-from studylog.checks import check_choice, check_tensor
+from studylog.checks import check_choice, check_int, check_tensor
 from studylog.ternary.cuda_steps import (CUDA_WORKSPACE, PROBES, RING_BARRIER_BYTES, SMEM_LIMIT, RingConfig, TmaConfig,
                                          aligned_rows, cuda_call_args, require_hopper)
-from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, check_x
+from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace, check_x
 
 # Steps 22 and 23: x quantised to int8, then step 21's plumbing with the int8 MMA, one AND per 4 weights
 
@@ -253,6 +253,80 @@ def _w2a8_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, c
                          f"K={x2.shape[1]}")
     require_hopper(x2.device, step)
     return x2, vector, w, s, s_stride, z
+
+
+class W2A8Plan:
+    """Step 23 for one layer, made once for an eager decode loop: ``plan = W2A8Plan(w, scale)``, then ``z = plan(x)``
+    for each new x of ``m`` rows of ``dtype``. A call of :func:`step23_w2a8_fused` checks the weights, the scale and
+    the card, chooses its place for x and config, allocates z and packs the kernel's arguments every time, which
+    costs more host time than its kernel takes on the GPU; the plan does all of that here. A call checks x against
+    the plan, writes its address into the packed arguments and launches: the same kernel, the same bits. It returns
+    ``plan.out`` (float32, (m, N), or (N,) for ``m=None``: x a vector), the same tensor every call: copy it to keep
+    it past the next call. Launches on torch's current stream; calls on two streams at once need two plans."""
+
+    def __init__(self, w: PackedTernary, scale: Scale = 1.0, *, m: Optional[int] = 1,
+                 dtype: torch.dtype = torch.bfloat16, quantize: Optional[str] = None,
+                 config: Optional[W2A8Config] = None):
+        if m is not None:
+            check_int("m", m, low=1)
+        if dtype not in MMA_X_DTYPES:
+            raise TypeError(f"dtype must be one of {[str(d) for d in MMA_X_DTYPES]}, got {dtype}")
+        if not isinstance(w, PackedTernary):
+            raise TypeError(f"w must be a PackedTernary in the 2bit_tiles format, got {type(w).__name__}")
+        self.m, self.dtype, self.vector = m or 1, dtype, m is None
+        # a zero x of the plan's shape, its rows 16-byte aligned (K padded to a multiple of 8): the checks of a call
+        # of step 23 made once, on it; the plan then takes x whose rows lie the same way
+        like = torch.zeros(self.m, -(-w.k // 8) * 8, dtype=dtype, device=w.data.device)[:, :w.k]
+        x2, _, self.w, s, s_stride, self.out = _w2a8_args(like, w, scale, None, config, W2A8Config, 23, "w2a8_kernel")
+        self.k, self.x_stride, self.device = w.k, x2.stride(0), x2.device
+        self.quant, self.config = w2a8_choose(self.m, w.n, w.k, config, quantize, runtime.sm_count())
+        per_slice, grid = w2a8_grid(self.m, w.n, w.k, self.config, fused=self.quant != Quant.SEPARATE)
+        groups, col_tiles = -(-w.k // GROUP_WEIGHTS_2BIT), 1 if self.m <= 8 else 2
+        smem = w2a8_smem_bytes(self.config, min(self.m, 8 * col_tiles), per_slice, staged=self.quant == Quant.STAGED)
+        quantize_x, kernels = _w2a8_kernels(self.device.index or 0)
+        bf16 = dtype == torch.bfloat16 or self.quant == Quant.SEPARATE
+        kernel = kernels[_w2a8_instance(self.quant, bf16, col_tiles, self.config.row_tiles, self.config.stages,
+                                        self.config.chunk)]
+        block = (32 * (self.config.warps + 1),)
+        # the plan's own split-K scratch (zeros, restored by each launch): no other call shares it
+        self._scratch = SplitWorkspace().get(self.device, grid[1] * self.m, w.n) if grid[1] > 1 else (None, None)
+        partials = self._scratch[0].view(torch.int32) if grid[1] > 1 else None
+        args = (w.data, self.out, s)
+        if self.quant == Quant.SEPARATE:  # quantize_x, then the matmul launched early (step 22's pair)
+            self._xq = torch.empty(self.m, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=self.device)
+            self._x_scale = torch.empty(self.m, dtype=torch.float32, device=self.device)
+            self._row_sum = torch.empty(self.m, dtype=torch.int32, device=self.device)
+            self._launches = [
+                quantize_x[dtype == torch.bfloat16].bind((self.m,), (1024,), x2, self._xq, self._x_scale,
+                                                         self._row_sum, w.k, self.x_stride, groups),
+                kernel.bind(grid, block, self._xq, None, *args, self._x_scale, self._row_sum, partials,
+                            self._scratch[1], self.m, w.n, w.k, groups, self.x_stride, s_stride, per_slice,
+                            shared_mem=smem, early=True)]
+            self._x_slots = [(self._launches[0], 0)]
+        else:
+            self._launches = [kernel.bind(grid, block, None, x2, *args, None, None, None, None, self.m, w.n, w.k,
+                                          groups, self.x_stride, s_stride, per_slice, shared_mem=smem)]
+            self._x_slots = [(self._launches[0], 1)]
+        self._scale, self._aligned = s, x2  # the kernel reads the scale: kept alive with the plan
+        if self.vector:
+            self.out = self.out[0]
+
+    def __call__(self, x: Float[Tensor, "*m k"]) -> Float[Tensor, "*m n"]:
+        if not isinstance(x, Tensor) or x.dtype != self.dtype or x.device != self.device:
+            raise TypeError(f"x must be a {self.dtype} tensor on {self.device} (the plan's), got "
+                            f"{getattr(x, 'dtype', type(x).__name__)} on {getattr(x, 'device', None)}")
+        shape = (self.k,) if self.vector else (self.m, self.k)
+        if x.shape != shape:
+            raise ValueError(f"x must have the plan's shape {shape}, got {tuple(x.shape)}")
+        # rows that do not lie as the kernel was packed for (16-byte aligned; more than one row: the plan's stride)
+        # go through the plan's aligned copy first, as step 23 copies them
+        if x.stride(-1) != 1 or (self.m > 1 and x.stride(0) != self.x_stride) or x.data_ptr() % 16:
+            x = self._aligned.copy_(x.reshape(self.m, self.k))
+        for launch, slot in self._x_slots:
+            launch.set_pointer(slot, x)
+        for launch in self._launches:
+            launch()
+        return self.out
 
 
 @functools.lru_cache(maxsize=256)
