@@ -287,9 +287,11 @@ def test_the_steps_table_of_a_current_file_and_of_none():
     shape = report.bench_shapes()[0][0].split(",")[0]
     assert table.splitlines()[0] == (f"| step | the one change | {shape}: µs | × prev. | × floor (100 µs) | "
                                      f"8 prompts, 32 heads: µs | × prev. | × floor (100 µs) |")
-    # one row a numbered step: step 5 is the library's default order, over step 4 (absent from this file)
+    # one row a numbered step: step 5 is the library's default order; steps 2 to 4 are absent from this file, so its
+    # × prev. is over the last step that runs there, named (step 1, 1.0 ms)
     assert [r[0] for r in _rows(table)] == ["1", "2", "3", "4", "5", "6"]  # the floor in its column's heading
-    assert "| 5 | " in table and "| 200.0 | – | 2.0× |" in table
+    assert "| 5 | " in table and "| 200.0 | 5.00× step 1 | 2.0× |" in table
+    assert "| 1 | SDPA with the dense mask (a batch padded) | 1,000.0 | – | 10.0× |" in table
     # the folded table of every shape: this file's two
     assert lesson.steps_table(results, None).splitlines()[0].count(": µs") == 2
     assert lesson.steps_table(None) == "pending"
@@ -454,8 +456,8 @@ def test_times_figure_has_a_panel_per_shape_holding_only_the_approaches_run_ther
 
 def test_the_page_names_orders_not_their_history_and_folds_no_code():
     """Step 5a's order is named by what it does (tail first), never as a first version; step 2 shows its kernel and
-    its online-softmax update, and no step's code (a listing or a diff) is folded: each shows its core open; the
-    prose stays within the book's length."""
+    its online-softmax update, and no step's core (a listing or a diff) is folded: only step 4's secondary diffs sit
+    in a fold, under its core shown open; the prose stays within the book's length."""
     import json
 
     from book.common import prose_words
@@ -471,9 +473,15 @@ def test_the_page_names_orders_not_their_history_and_folds_no_code():
     assert "tail-first order" in text and "tail-first" in _table(lesson.step5_chain())
     for words in ("separate run", "step 5b", "a further run"):  # no run history, no 5b for step 5
         assert words not in text.lower(), words
+    # step 4's other diffs (the loop over one range, the kernel's call) are folded: its core, the three ranges, is
+    # open right above them
+    ids = [c["id"] for c in cells]
+    assert ids.index("ch06-22-fold") == ids.index("ch06-22") + 2
+    assert "lesson.step4_ranges_diff()" in "".join(cells[ids.index("ch06-22")]["source"])
     for c in cells:
         code = "".join(c["source"])
-        if c["cell_type"] == "code" and re.search(r"show_source|show_diff|function_diff|function_listing|without_docstring", code):
+        if c["cell_type"] == "code" and c["id"] != "ch06-22-fold" and re.search(
+                r"show_source|show_diff|function_diff|function_listing|without_docstring|_diff\(", code):
             assert not set(c["metadata"].get("tags", [])) & {"hide-output", "hide-input"}, code
     assert "softmax_update" in "".join(next(c for c in cells if "show_source(2)" in "".join(c["source"]))["source"])
     assert "listing(mi.CHAPTER.show_source(2))" in "".join(
@@ -504,19 +512,43 @@ def test_the_matmul_rate_is_named_this_runs_beside_chapter_00s():
 
 
 @pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
-def test_the_page_steps_tables_keep_one_shape_each():
-    """The page's table (PAGE_SHAPES) is the long-prefix prompt alone, steps 1 to 5, where all run; step 6 has a
-    one-row table of its own on the mixed batch with 8 KV heads, its × prev. over step 5 there, named in the cell."""
+def test_the_page_steps_table_runs_the_chain_to_the_headline():
+    """The page's one steps table (PAGE_SHAPES): the long-prefix prompt, steps 1 to 5, where all run, beside the
+    headline's case, the mixed batch with 8 KV heads, where steps 1, 4 (a launch per prompt), 5 and 6 run, step 4's
+    × prev. over step 1, named; the line under it gives FlashInfer there and the headline ratio, as the result does."""
     results = plotting.load_results("multi_item")
-    main, six = lesson.page_steps_tables(results)
-    assert main.splitlines()[0].count(": µs") == 1 and six.splitlines()[0].count(": µs") == 1
-    rows = {r[0]: r for r in _rows(main)}
-    assert list(rows) == ["1", "2", "3", "4", "5"] and all(rows[n][2] != "–" for n in rows)
-    (row,) = _rows(six)
-    g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
-    assert "8 KV heads: µs" in six.splitlines()[0]
-    assert row[0] == "6" and row[2] == f"{g6:,.1f}" and row[3] == f"{g5 / g6:.2f}× (vs step 5's {g5:,.1f} µs on this batch)"
+    table = lesson.page_steps_table(results)
+    head = table.splitlines()[0]
+    assert head.count(": µs") == 2 and "prefix 2048: µs" in head and "8 prompts, 8 KV heads: µs" in head
+    rows = {r[0]: r for r in _rows(table)}
+    assert list(rows) == ["1", "2", "3", "4", "5", "6"]
+    assert all(rows[n][2] != "–" for n in "12345") and rows["6"][2] == "–"
+    gqa = {n: lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3
+           for n, s in (("1", report.SDPA_DENSE), ("4", report.STEP04_PER_PROMPT), ("5", STEP5),
+                        ("6", report.STEP06.series))}
+    assert rows["2"][5] == rows["3"][5] == "–"
+    assert [rows[n][5] for n in "1456"] == [f"{gqa[n]:,.1f}" for n in "1456"]
+    assert rows["4"][6] == f"{gqa['1'] / gqa['4']:.2f}× step 1"
+    assert rows["5"][6] == f"{gqa['4'] / gqa['5']:.2f}×" and rows["6"][6] == f"{gqa['5'] / gqa['6']:.2f}×"
+    peer, six, x = lesson.headline_link(results)
+    assert six == pytest.approx(gqa["6"]) and x == pytest.approx(lesson.gqa_ratio(results))
     from studylog.paths import REPO_ROOT
 
     page = (REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text()
-    assert "lesson.page_steps_tables(results)" in page
+    assert "lesson.page_steps_table(results)" in page and "lesson.headline_link(results)" in page
+
+
+def test_step_4s_diff_is_step_3s_loop_against_the_three_ranges():
+    """Step 4's one idea is shown as a diff within the book's 40 changed lines: step 3's loop, verbatim, against the
+    three ranges of attend_visible_tiles; the loop over one range is a diff against the same loop."""
+    from studylog import source
+    from studylog.multi_item import steps
+
+    ranges, loop = lesson.step4_ranges_diff(), lesson.step4_loop_diff()
+    step3 = source.source_of(steps.attn_fwd_mask_on_the_fly)[0]
+    assert all(line in step3 for line in ranges.removed) and ranges.removed[0].lstrip().startswith("for start_n")
+    assert len(ranges.removed) == 7 and set(loop.removed) < set(ranges.removed)  # the same loop on both
+    assert sum("attend_key_tiles(" in line for line in ranges.added) == 3  # the one loop, three ranges
+    assert all(line in source.source_of(steps.attend_visible_tiles)[0] for line in ranges.added)
+    for diff in (ranges, loop):
+        assert len(diff.added) + len(diff.removed) <= 40

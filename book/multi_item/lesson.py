@@ -9,7 +9,10 @@ Nothing here times anything.
 * :func:`bounds_table`: the pairs each approach computes, and the floors of each shape (two tables).
 * :func:`amdahl`: attention's share of a whole scoring pass of a model, before and after.
 * :func:`steps_table`: the lesson's one table of steps, one row a numbered step: the one change, µs, × the previous
-  step, × the compute floor, on the long-prefix prompt and the grouped-query batch (or every shape, folded).
+  step, × the compute floor, on the long-prefix prompt and the headline's case, the grouped-query batch
+  (:data:`PAGE_SHAPES`), or every shape (folded).
+* :func:`step4_ranges_diff`, :func:`step4_loop_diff`: step 4's one idea as a diff (step 3's loop against the three
+  ranges), and the loop over one range against step 3's loop.
 * :func:`step5_chain`: the bundled step one change at a time (:class:`Chain`, one run); :func:`step4_same_config`:
   whether step 4's larger set of configurations changes nothing on the long-prefix prompt.
 * :func:`step_table`: some steps' times against the compute floor, shape by shape.
@@ -40,12 +43,13 @@ GQA_SHAPE = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS // report.GQA_GROUP} KV 
 
 
 def caption(results) -> str:
-    """``Measured on <GPU> on <date> with torch ..., Triton ...; <clock> clock.``"""
+    """``Measured in this chapter's own run on <GPU> on <date> with torch ..., Triton ...; <clock> clock.`` (each
+    chapter has its own run, so dates differ between pages)."""
     if results is None:
         return "No committed GPU results for this chapter yet."
     v = results.data["versions"]
-    return (f"Measured on {results.gpu} on {results.date} with torch {v['torch']} and Triton {v['triton']}; "
-            f"{clock(results)} clock.")
+    return (f"Measured in this chapter's own run on {results.gpu} on {results.date} with torch {v['torch']} and "
+            f"Triton {v['triton']}; {clock(results)} clock.")
 
 
 def clock(results) -> str:
@@ -305,22 +309,22 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
 #: The mixed batch in the multi-head layout as the tables name it, told apart from the grouped-query one (GQA_SHAPE)
 MIXED_LABEL = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS} heads"
 
-#: The main table's cases: the long-prefix prompt (steps 1 to 5) and the mixed batch with 32 heads (steps 1, 4 and 5),
-#: the layout of every step's prose and chain; step 6, which needs shared key/value heads, gives its row the
+#: The steps table's default cases: the long-prefix prompt (steps 1 to 5) and the mixed batch with 32 heads (steps 1,
+#: 4 and 5), the layout of step 5's prose and chain; step 6, which needs shared key/value heads, gives its row the
 #: grouped-query batch's numbers in words. :func:`steps_table` with ``shapes=None`` gives every shape (folded).
 MAIN_SHAPES = ("prefix 2048, 32 items x 32", report.MIXED_SHAPE)
 
 
-#: The page's steps table: the long-prefix prompt alone, where steps 1 to 5 all run; step 6, which needs shared
-#: key/value heads, has a one-row table of its own on the mixed batch with 8 KV heads (:func:`page_steps_tables`).
-#: Every shape is in the fold (``shapes=None``).
-PAGE_SHAPES = (MAIN_SHAPES[0],)
+#: The page's steps table: the long-prefix prompt, where steps 1 to 5 all run, beside the headline's case, the mixed
+#: batch with 8 KV heads (steps 1, 4 launched per prompt, 5 and 6), so the chain to the headline is one column.
+PAGE_SHAPES = (MAIN_SHAPES[0], GQA_SHAPE)
 
 
 def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
     """Markdown: the lesson's one table of steps (:func:`step_rows`), one row a numbered step, per shape (``shapes``,
-    or every shape of the file) the time (µs), the previous step's time on that shape over it and the time over the
-    compute floor, whose value (µs) the column's heading gives."""
+    or every shape of the file) the time (µs), the previous step's time on that shape over it (the last step run
+    there, named, where the steps between do not run on it) and the time over the compute floor, whose value (µs)
+    the column's heading gives."""
     if results is None:
         return PENDING
     shapes = [s for s in shape_names(results) if shapes is None or s in shapes]
@@ -331,7 +335,7 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
     head = ["step", "the one change"] + [c for s in shapes for c in
                                          (f"{short[s]}: µs", "× prev.", f"× floor ({floor_us[s]} µs)")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    previous: dict[str, float | None] = {s: None for s in shapes}
+    previous: dict[str, tuple[float, int] | None] = {s: None for s in shapes}  # the last step run there: (ms, step)
     before_gqa = None  # the previous row's time on the grouped-query batch, for a row that runs only there
     for label, change, series in step_rows():
         cells = [label, change]
@@ -342,9 +346,14 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
                 cells += ["–", "–", "–"]
             else:
                 before = previous[s]
-                cells += [f"{t * 1e3:,.1f}", "–" if before is None else f"{before / t:.2f}×",
-                          "–" if floor is None else f"{t / floor:.1f}×"]
-            previous[s] = t
+                if before is None:
+                    speedup = "–"
+                elif before[1] == int(label) - 1:
+                    speedup = f"{before[0] / t:.2f}×"
+                else:  # the steps between do not run on this shape: over the last one that does, named
+                    speedup = f"{before[0] / t:.2f}× step {before[1]}"
+                cells += [f"{t * 1e3:,.1f}", speedup, "–" if floor is None else f"{t / floor:.1f}×"]
+                previous[s] = (t, int(label))
         gqa = ms(results, series if isinstance(series, str) else series.get(GQA_SHAPE, series[""]), GQA_SHAPE)
         if set(cells[2:]) == {"–"} and GQA_SHAPE not in shapes and gqa is not None and before_gqa is not None:
             # a step that runs only on the grouped-query batch: its numbers in its cell, the columns kept to one layout
@@ -356,20 +365,57 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
     return "\n".join(lines)
 
 
-def page_steps_tables(results) -> tuple[str, str]:
-    """The page's two steps tables: steps 1 to 5 on :data:`PAGE_SHAPES` (the long-prefix prompt, where all five run),
-    and step 6, which runs only with shared key/value heads, as a one-row table on :data:`GQA_SHAPE` whose
-    "× prev." names step 5's time on that batch, so no row of either table compares two shapes."""
-    if results is None:
-        return PENDING, PENDING
-    main = "\n".join(line for line in steps_table(results, PAGE_SHAPES).splitlines() if not line.startswith("| 6 |"))
-    gqa = steps_table(results, (GQA_SHAPE,)).splitlines()
-    row = next(line for line in gqa if line.startswith("| 6 |"))
-    cells = [c.strip() for c in row.split("|")[1:-1]]
-    five = ms(results, STEP[5].series, GQA_SHAPE)
-    if five is not None and cells[3] != "–":
-        cells[3] += f" (vs step 5's {five * 1e3:,.1f} µs on this batch)"
-    return main, "\n".join(gqa[:2] + ["| " + " | ".join(cells) + " |"])
+def page_steps_table(results) -> str:
+    """The page's steps table: :func:`steps_table` on :data:`PAGE_SHAPES`, the long-prefix prompt (steps 1 to 5) and
+    the headline's case (steps 1, 4, 5 and 6)."""
+    return steps_table(results, PAGE_SHAPES)
+
+
+def headline_link(results) -> tuple[float, float, float] | None:
+    """The line under the page's steps table: FlashInfer's and step 6's µs on the headline's case and the ratio
+    (:func:`gqa_ratio`), or None where the run lacks either."""
+    peer, six = (ms(results, s, GQA_SHAPE) for s in (report.FLASHINFER, STEP[6].series))
+    if peer is None or six is None:
+        return None
+    return peer * 1e3, six * 1e3, peer / six
+
+
+def _step3_loop() -> str:
+    """Step 3's loop over every key tile, as its kernel's source writes it (the ``for`` line and its body)."""
+    from studylog import source
+    from studylog.multi_item import steps
+
+    lines = source.source_of(steps.attn_fwd_mask_on_the_fly)[0].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("for start_n in range("))
+    end = start + 1
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    while end < len(lines) and (len(lines[end]) - len(lines[end].lstrip()) > indent or not lines[end].strip()):
+        end += 1
+    return "\n".join(lines[start:end])
+
+
+def step4_ranges_diff():
+    """Step 4's one idea as a diff: step 3's loop over every key tile against the body of ``attend_visible_tiles``,
+    the three ranges that replace it (a ``studylog.source.Diff``; both sides verbatim from the kernels' sources)."""
+    from book.common import without_docstrings
+    from studylog import source
+    from studylog.multi_item import steps
+
+    new = without_docstrings(source.source_of(steps.attend_visible_tiles)[0]).splitlines()
+    body = new[next(i for i, line in enumerate(new) if line.startswith("):")) + 1:]
+    return source.show_diff(_step3_loop(), "\n".join(body), names=("step 3: one loop over every key tile",
+                                                                    "step 4: three ranges (attend_visible_tiles)"))
+
+
+def step4_loop_diff():
+    """The loop over one range, ``attend_key_tiles``, against step 3's loop: the same body, with the mask's load and
+    arithmetic left out where ``MASKED`` is False (whole prefix tiles)."""
+    from book.common import without_docstrings
+    from studylog import source
+    from studylog.multi_item import steps
+
+    return source.show_diff(_step3_loop(), without_docstrings(source.source_of(steps.attend_key_tiles)[0]),
+                            names=("step 3: one loop over every key tile", "step 4: attend_key_tiles, one range"))
 
 
 # ---------------------------------------------------------------------------------------------
