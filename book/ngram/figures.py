@@ -20,8 +20,9 @@ OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c9
 #: than its page down to it; at this size and these widths text stays about 10 px or more on the page.
 FONT = 10
 #: The steps the figure of times per case draws beside the entry point (the table of steps has them all): the deployed
-#: CPU path, the pull request's kernel ported and corrected, and the first one-pass kernel.
-FIGURE_STEPS = (1, 3, 4, 5)
+#: CPU path, the pull request's kernel ported and corrected, the first one-pass kernel, and step 6, where the two paths
+#: start (the panel below reads each path's last step against it).
+FIGURE_STEPS = (1, 3, 4, 5, 6)
 #: The last step of each path from step 6 (long haystacks under a budget: 7 to 11; small batches: 12), drawn against
 #: step 6 in the figure's second panel.
 PATH_ENDS = (11, 12)
@@ -94,8 +95,9 @@ def figures(results) -> dict:
     xs = list(range(len(configs)))
     figs = {}
 
-    # two panels: the times on a log axis (the CPU path, the ported rivals, step 5, the entry point, the floor), then
-    # the two paths' last steps against step 6 on a linear axis, where a few percent can be read; one legend under both
+    # two panels: the times on a log axis (the CPU path, the ported rivals, steps 5 and 6, the entry point, the
+    # floor), then the two paths' last steps against step 6 on a linear axis, where a few percent can be read; one
+    # legend under both
     fig, (ax, ax_p) = plt.subplots(2, 1, figsize=(9, 8.2), sharex=True, gridspec_kw={"height_ratios": [3, 1.5]})
     drawn = [CHAPTER.step(n) for n in FIGURE_STEPS
              if any(grid_select(results, CHAPTER.step(n).series, c) for c in configs)]
