@@ -24,7 +24,7 @@ from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "steps_table", "path_words", "rival_ratios",
+           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "KEPT_FOR", "path_row", "why_kept", "host_note", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
            "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
@@ -444,31 +444,69 @@ def budget_walk(results, cfg: tuple[int, int, int]) -> dict:
 #: Each row's one change in the table of steps, in a few words (each step's section says it in full).
 SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread", 3: "a block a slot; serial budget",
                  4: "budget from prefix sums", 5: "one pass for every n", 6: "each slot over many blocks",
-                 7: "one launch: pays on the host", 8: "no barrier: warps stream", 9: "16-byte loads",
+                 7: "phase 2 in the last block", 8: "no barrier: warps stream", 9: "16-byte loads",
                  10: "L2 evict-first hint", 11: "refused slots skip search", 12: "phase 2 launched early"}
 #: The two paths from step 6, each with the steps it takes, in the order the page and the table give them: the case
 #: each serves (its name in the table) -> steps.
 PATHS = (("long haystacks under a budget", (7, 8, 9, 10, 11)), ("small batches and no budget", (12,)))
+#: Why a step that is faster at no case on the GPU clock ships anyway (:func:`why_kept`): step -> the reason, in a
+#: few words (its section gives the number).
+KEPT_FOR = {7: "one launch: less host time"}
+
+
+def path_row(index: int) -> str:
+    """The row that opens path ``index`` (from 0) of :data:`PATHS` in the table of steps, in bold: its number, the
+    step it starts from, the cases it serves and its steps."""
+    name, numbers = PATHS[index]
+    span = f"steps {numbers[0]} to {numbers[-1]}" if len(numbers) > 1 else f"step {numbers[0]}"
+    return f"**path {index + 1} from step 6: {name} ({span})**"
+
+
+def why_kept(results, number: int, cases=BOEHM_CASES) -> str:
+    """Why step ``number`` of a path (:data:`PATHS`) is kept, in a few words, read from its "× previous" at
+    ``cases`` (:func:`step_factors`, rounded as the table rounds): faster at every case, at both long ones (the
+    cases after the first), or at the ones it is faster at; where it is faster at none, :data:`KEPT_FOR`'s reason.
+    Empty for the steps before the paths (each is faster in its own column)."""
+    if number not in {n for _, steps in PATHS for n in steps}:
+        return ""
+    pays = [f is not None and round(f, 2) > 1 for f in step_factors(results, number, cases)]
+    if all(pays):
+        return "faster at every case"
+    if len(pays) > 2 and all(pays[1:]):
+        return "faster at both long cases"
+    if any(pays):
+        return "faster at " + " and ".join(case_name(c) + (f", budget {c[2]}" if c[2] != NO_BUDGET else "")
+                                          for c, ok in zip(cases, pays) if ok)
+    return KEPT_FOR.get(number, "")
+
+
+def host_note(results, cases=BOEHM_CASES) -> str:
+    """The table of steps' footnote on step 1: its time at each of ``cases``, on the host, end to end; the other
+    rows are on the GPU clock, so none is divided by it."""
+    times = [(cfg, grid_row(results, CHAPTER.step(1).series, cfg)) for cfg in cases]
+    said = ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r)
+    return f"¹ Step 1 runs on the host: a call takes {said}, end to end; no GPU-clock row is divided by it."
 
 
 def steps_table(results, cases=BOEHM_CASES) -> str:
     """Markdown, the one table of steps: a row per numbered step (its :data:`SHORT_CHANGES`), steps 1 to 6 first, then
-    each path of :data:`PATHS` under a row naming it, then the entry point; per case of ``cases`` the time in µs, ×
-    previous (over the step it builds on, :func:`builds_on`: the step before on its path) and × the floor
-    (:func:`floor_us`, given in that column's head). Step 1 is timed end to end on the host (its cells and each time
-    column's head say "host"), the kernels on the GPU clock: a row is compared with the previous one only on the same clock (step 2's
-    cell says its base is on the host), and with the floor only on the GPU clock, the floor's own (``–`` otherwise). The entry point builds on no step (it runs
-    one), so its "× previous" is ``–``."""
+    each path of :data:`PATHS` under a bold row naming it (:func:`path_row`), then the entry point; per case of
+    ``cases`` the time in µs on the GPU clock, × previous (over the step it builds on, :func:`builds_on`: the step
+    before on its path) and × the floor (:func:`floor_us`, given in that column's head); last, why a path's step is
+    kept (:func:`why_kept`, read at every case of :data:`BOEHM_CASES`). Step 1 is timed end to end on the host: its
+    cells point to the footnote that gives its times (:func:`host_note`), and no row is divided by it, so step 2's
+    "× previous" is ``–``. The entry point builds on no step (it runs one), so its "× previous" is ``–``."""
     floors = [floor_us(results, cfg) for cfg in cases]
     head = ["step", "the one change"]
     for (b, s, t), f in zip(cases, floors):
-        head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs, GPU clock (step 1: host)", "× previous",
+        head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs, GPU clock", "× previous",
                  f"× floor ({f:,.2f} µs)" if f else "× floor"]
+    head.append("why kept")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step11_skip_refused, step12_early_phase2))
     order = [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in range(1, 7)]
-    for name, numbers in PATHS:
-        order.append(("", f"*{name}, from step 6:*", None))
+    for index, (_, numbers) in enumerate(PATHS):
+        order.append(("", path_row(index), None))
         order += [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in numbers]
     order.append(("entry point", f"`ngram_match`: step {rule} by a rule", "ngram_match"))
     for number, title, series in order:
@@ -481,41 +519,44 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
             if row is None:
                 cells += ["skipped (too slow)" if series == CHAPTER.step(2).series else "–", "–", "–"]
                 continue
+            if row.get("clock") != "gpu":  # step 1, on the host: its time is the footnote's
+                cells += ["host ¹", "–", "–"]
+                continue
             t = row["ms"] * 1e3
-            prev = None
+            ratio = "–"
             if series != "ngram_match" and int(number) > 1:  # the entry point runs one of the steps: it builds on none
                 base = grid_row(results, CHAPTER.step(builds_on(int(number))).series, cfg)
-                prev = (base["ms"] * 1e3, base.get("clock")) if base else None
-            same_clock = prev is not None and prev[1] == row.get("clock")
-            on_floor_clock = row.get("clock") == "gpu"  # the floor is a GPU-clock time: a host time is not divided by it
-            ratio = (f"{prev[0] / t:.2f}×" if same_clock  # a row over one on the other clock: say which it would be
-                     else f"– (step {builds_on(int(number))} on the host)" if prev is not None else "–")
-            cells += [us(row["ms"]) + ("" if on_floor_clock else " (host)"), ratio,
-                      f"{t / floors[i]:,.1f}×" if floors[i] and on_floor_clock else "–"]
+                if base and base.get("clock") == row.get("clock"):  # never a GPU time over a host time
+                    ratio = f"{base['ms'] * 1e3 / t:.2f}×"
+            cells += [us(row["ms"]), ratio, f"{t / floors[i]:,.1f}×" if floors[i] else "–"]
+        cells.append(why_kept(results, int(number)) if number.isdigit() else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def steps_tables(results) -> tuple[str, str]:
     """The page's table of steps, in two parts: open, Markdown, each step at :data:`HEADLINE` only (the case the
-    chapter quotes: step, its one change, µs, × previous, × floor); folded, HTML, :func:`steps_table` at every case
-    of :data:`BOEHM_CASES`, under a ``<details>`` that names them."""
+    chapter quotes: step, its one change, µs, × previous, × floor, why kept), its footnote on step 1
+    (:func:`host_note`) under it; folded, HTML, :func:`steps_table` at every case of :data:`BOEHM_CASES` and the
+    footnote at those cases, under a ``<details>`` that names them."""
     from html import escape
 
-    def html(markdown: str) -> str:  # a pipe table as HTML (a fold's Markdown is not parsed): code and italics kept
-        def cell(text: str, tag: str) -> str:
-            text = escape(text, quote=False)
-            text = re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
-            return f"<{tag}>" + re.sub(r"\*([^*]+)\*", r"<em>\1</em>", text) + f"</{tag}>"
+    def inline(text: str) -> str:  # a cell's Markdown as HTML: code, bold and italics kept
+        text = escape(text, quote=False)
+        text = re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
+        text = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+        return re.sub(r"\*([^*]+)\*", r"<em>\1</em>", text)
 
+    def html(markdown: str) -> str:  # a pipe table as HTML (a fold's Markdown is not parsed)
         head, _, *rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in markdown.splitlines()]
-        return ("<table><thead><tr>" + "".join(cell(c, "th") for c in head) + "</tr></thead><tbody>"
-                + "".join("<tr>" + "".join(cell(c, "td") for c in r) + "</tr>" for r in rows) + "</tbody></table>")
+        return ("<table><thead><tr>" + "".join(f"<th>{inline(c)}</th>" for c in head) + "</tr></thead><tbody>"
+                + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in rows)
+                + "</tbody></table>")
 
     names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in BOEHM_CASES)
     fold = (f"<details><summary>Every step at all three cases ({escape(names)})</summary>"
-            + html(steps_table(results)) + "</details>")
-    return steps_table(results, (HEADLINE,)), fold
+            + html(steps_table(results)) + f"<p>{inline(host_note(results))}</p></details>")
+    return steps_table(results, (HEADLINE,)) + "\n\n" + host_note(results, (HEADLINE,)), fold
 
 
 #: Lines of context the page shows around each change of a diff: one, an anchor each side, so a long diff shows the
@@ -648,14 +689,16 @@ def result_table(results, headline_rows) -> str:
     host (a call, then a sync), the CPU path and the last step (the series the benchmark times that way, in every
     row) and their ratio; then at every synthetic grid case, on the GPU clock, the entry point ``ngram_match`` (:func:`entry_row`, as the chapter's
     headline times it, with the step it ran; the last step on a file without it), step 3 (our port of the pull
-    request's first, two-phase kernel) and both rivals' ratios: step 3's and step 4's (our corrected port of the pull
-    request's revision: its block-scan phase 2, made exact; its time is the table of steps')."""
+    request's first, two-phase kernel) and both rivals' ratios, each the rival's time over the entry point's: step 3's
+    and step 4's, the column named "÷ our FastDeploy port" as the chapter's headline names it (our corrected port of
+    the pull request's revision: its block-scan phase 2, made exact; its time is the table of steps')."""
     final = f"step {SYNCED_STEP}"
     ours_name = "`ngram_match`" if results.select("ngram_match") else final
     host = ["**End to end on the host** (a call, then a sync)", "",
             f"| case | CPU loop (µs) | {final} (µs) | CPU loop ÷ {final} |", "|" + "---|" * 4]
-    gpu = ["**On the GPU clock**", "",
-           f"| case | {ours_name} (µs) | step 3 (µs) | step 3 ÷ {ours_name} | step 4 ÷ {ours_name} |", "|" + "---|" * 5]
+    gpu = [f"**On the GPU clock** (a ratio is the rival's time ÷ {ours_name}'s)", "",
+           f"| case | {ours_name} (µs) | step 3 (µs) | ÷ step 3 | ÷ our FastDeploy port (step 4) |",
+           "|" + "---|" * 5]
     for hd in headline_rows:
         host.append("| " + " | ".join([case_words(hd["case"]), us(hd["baseline_ms"]), us(hd["kernel_ms"]),
                                        f"{hd['speedup']:,.2f}×"]) + " |")
