@@ -129,14 +129,16 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     table = lesson.boehm_table(load_results("ctc"))
     rows = [r for r in table.splitlines()[3:] if r.startswith("|") and not r.startswith("| **")]  # no group rows
     labels = [r.split("|")[1].strip() for r in rows]
-    assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 15) if n != 7]
-    # one row per step: step 7's three changes are rows of their own, 7a, 7b and 7c (the library's step 7)
-    assert labels[:16] == ["1", "2", "3", "4", "5", "6", "7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
+    assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 15) if n not in (2, 3, 5, 7)]
+    # one row per step but 2, 3 and 5 (one row under step 4's, each cell theirs in turn); step 7's three changes
+    # are rows of their own, 7a, 7b and 7c (the library's step 7)
+    assert labels[:14] == ["1", "4", lesson.MERGED[0], "6", "7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row, label in zip(rows, labels):
         for cell in [c.strip() for c in row.split("|")[1:-1]][4::3]:
-            if cell != "–":
-                assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row
+            for part in cell.split(" · "):
+                if part != "–":
+                    assert float(part.rstrip("×").replace(",", "")) >= 1.0, row
 
 
 def test_every_step_is_timed_at_every_column_of_the_table_of_steps():
@@ -382,7 +384,7 @@ def test_every_case_has_one_floor_on_the_page():
     assert lesson.case_floor(h100, 5000, 8)[0] == pytest.approx(lesson.floor_us(h100, 5000, 8))
     text = "".join("".join(c["source"]) for c in _page_cells())
     assert "tighter bound" not in text and "own_chain" not in text  # no second floor named beside the tables
-    assert text.count("timed for every case") == 1  # the rule, said once where the floor is defined
+    assert text.count("timed per case") == 1  # the rule, said once where the floor is defined
     results_rows = {tuple(int(c.strip().replace(",", "")) for c in line.split("|")[1:3]): line
                     for line in lesson.results_table(results).splitlines()[2:] if line[2:3].isdigit()}
     floor_row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | floor"))
@@ -422,13 +424,20 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
     results = plotting.load_results("ctc", "nvidia-h200")
     rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                               if line.startswith("| "))}
+    merged = rows[lesson.MERGED[0]]
     for step in ctc.CHAPTER.steps:
-        row = rows[lesson.STEP07_LABEL if step.number == 7 else str(step.number)]
+        if str(step.number) in lesson.MERGED_STEPS:  # its cells are the merged row's, each the k-th of " · "
+            k = lesson.MERGED_STEPS.index(str(step.number))
+            row = merged[:2] + [cell.split(" · ")[k] for cell in merged[2:]]
+            assert [len(cell.split(" · ")) for cell in merged[2:]] == [3] * (len(merged) - 2)
+        else:
+            row = rows[lesson.STEP07_LABEL if step.number == 7 else str(step.number)]
         title = step.title
         for word in ("__restrict__", "__ldg", "ex2", "lg2"):
             title = title.replace(word, f"`{word}`")
         # step 7's library title is its first change, row 7a's; step 7's own row names its last change
-        assert rows["7a" if step.number == 7 else str(step.number)][1].startswith(title), step.number
+        if str(step.number) not in lesson.MERGED_STEPS:
+            assert rows["7a" if step.number == 7 else str(step.number)][1].startswith(title), step.number
         assert not any(w in row[1] for w in ("plus", "changes:", "tuning", "and a prerequisite")), row[1]
         if step.number == 1:
             continue
@@ -445,7 +454,8 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
                 assert row[3 + 3 * i] == "–", (step.number, A, N)
                 continue
             want = f"{_raw(f'step{before:02d}', A, N)['ms'] / _raw(step.series, A, N)['ms']:.2f}×"
-            assert row[3 + 3 * i] == want + (" (vs step 5)" if step.number == 7 else ""), (step.number, A, N)
+            against = {7: " (vs step 5)", 4: " (vs step 3)"}.get(step.number, "")  # 3 is in the row below 4's
+            assert row[3 + 3 * i] == want + against, (step.number, A, N)
     assert rows["7c"][1] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
     for label, series, base in (("7a", "step07a", "step05"), ("7b", "step07b", "step07a")):
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
@@ -492,6 +502,13 @@ def test_a_step_flat_at_the_first_case_says_where_it_pays():
                                  if line.startswith("| "))}
     for number in range(2, 14):
         if number in (6, 9):  # the counterexample and the prerequisite have their own words
+            continue
+        if str(number) in lesson.MERGED_STEPS:  # their row says they barely move a case: none pays only at 5,000
+            pairs = [(_raw(f"step{number - 1:02d}", A, N), _raw(f"step{number:02d}", A, N))
+                     for A, N in lesson.TABLE_CASES]
+            ratios = [round(b["ms"] / a["ms"], 2) for b, a in pairs]
+            assert not (ratios[0] <= 1 and min(ratios[1:]) > 1), number
+            assert "pays at" not in rows[lesson.MERGED[0]]
             continue
         before = lesson.PREVIOUS.get(number, number - 1)
         pairs = [(_raw(f"step{before:02d}", A, N), _raw(f"step{number:02d}", A, N)) for A, N in lesson.TABLE_CASES
@@ -591,54 +608,36 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
     assert "nvidia-h100-80gb-hbm3" in lesson.host_at_headline(5000, 8)  # the H100's run, read through the lesson
 
 
-def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
-    """Each diff core the page shows open changes at most 40 lines and each side is its step's code: step 14's is
-    one frame, forward, against one frame of the one-warp recursion; step 9's frame update is its forward half. A
-    core cut from a longer diff (steps 6, 7 and 11) is its code without comment lines (a rewrapped comment is
-    no change), names every run it leaves out in a grey line with its count of changed lines, the counts add up to
-    the whole comment-free diff's, and every hunk header gives the lines shown under it."""
-    from studylog.source import show_diff, source_of
+def test_the_diffs_split_in_two_are_each_whole_and_at_most_40_changed_lines():
+    """Steps 11 and 13 show their change as two diffs, each open, each under a sentence of its own and each at most
+    40 changed lines: the first starts at the old function (step 13's with the signature and g its sentence names),
+    the second ends at the new one, comments left out, and the second starts where the first ends. Step 11's middle
+    is its forward direction with step 10's backward one. Step 14's core is one frame, forward, against one frame of
+    the one-warp recursion; step 9's frame update is its forward half."""
+    from studylog.source import source_of
 
-    for number in lesson.CORES:
-        core = lesson.step_core(number)
-        shown = len(core.added) + len(core.removed)
-        assert core.added and shown <= 40, (number, shown)
-        left = [int(m.group(1)) for ln in core.lines
-                if (m := re.match(r"@@ ⋯ .*: (\d+) changed lines, folded below @@", ln))]
-        assert left, number
-        rest = lesson.step_rest(number)  # what the core leaves out, shown in a fold right under it
-        assert len(rest.added) + len(rest.removed) == sum(left), number
-        assert sum(ln.startswith("@@ ⋯") for ln in rest.lines) == len(left), number
-        sources, _, _ = lesson.CORES[number]
-        if isinstance(sources, int):
-            a, b = ctc.CHAPTER.step(sources - 1), ctc.CHAPTER.step(sources)
-            sources = (a.source, b.source, a.source_function, b.source_function)
-        whole = show_diff(lesson.code_only(source_of(sources[0], sources[2])[0]),
-                          lesson.code_only(source_of(sources[1], sources[3])[0]), context=2 if number == 7 else 3)
-        assert shown + sum(left) == len(whole.added) + len(whole.removed), number
-        assert not any(ln[1:].lstrip().startswith("//") for ln in core.lines[2:]), number  # comment lines left out
-        # the title counts the whole change, comments left out
-        title = f" of +{len(whole.added)} / −{len(whole.removed)} lines)"
-        assert title in core._repr_html_() and ".cu" not in core._repr_html_().split("</div>", 1)[0], number
-        hunks, counts = [], None
-        for ln in core.lines[2:]:
-            if (m := re.match(r"@@ -\d+,(\d+) \+\d+,(\d+) @@$", ln)):
-                counts = [int(m.group(1)), int(m.group(2)), 0, 0]
-                hunks.append(counts)
-            elif ln.startswith("@@ ⋯"):
-                counts = None
-            else:
-                assert counts is not None, (number, ln)
-                counts[2] += ln[:1] in " -"
-                counts[3] += ln[:1] in " +"
-        assert hunks and all(h[:2] == h[2:] for h in hunks), (number, hunks)
     cells = _page_cells()
-    for number in lesson.CORES:  # each core's fold follows it on the page, and says what it holds
-        at = next(i for i, c in enumerate(cells) if f"lesson.step_core({number})" in "".join(c["source"]))
-        fold = cells[at + 1]
-        assert "".join(fold["source"]) == f"display(lesson.step_rest({number}))", number
-        assert "hide-output" in fold["metadata"]["tags"], number
-        assert fold["metadata"]["mystnb"]["code_prompt_show"].startswith("Show the rest of step"), number
+    for number in lesson.PARTS:
+        old, middle, new = lesson.step_stages(number)
+        sources = lesson.PARTS[number][0] or lesson.PREAMBLES[number][0]
+        assert new == lesson.code_only(source_of(sources[1], sources[3])[0]), number
+        if number == 11:
+            assert old == lesson.code_only(source_of(sources[0], sources[2])[0])
+            back = middle[middle.index("} else {"):]
+            assert "__shfl_down_sync(FULL_MASK, r[0], 1)" in back and "lse3(r[i], x1, x2)" in back
+            assert "lse3_select" in middle[:middle.index("} else {")]
+        else:
+            assert old == lesson.preamble_sides(number)[0]
+        for part in (1, 2):
+            diff = lesson.step_diff(number, part)
+            assert diff.added and len(diff.added) + len(diff.removed) <= 40, (number, part)
+            assert not any(ln[1:].lstrip().startswith("//") for ln in diff.lines[2:]), (number, part)
+            at = next(i for i, c in enumerate(cells) if f"lesson.step_diff({number}, {part})" in "".join(c["source"]))
+            assert "hide-output" not in cells[at]["metadata"].get("tags", []), (number, part)
+            assert cells[at - 1]["cell_type"] == "markdown", (number, part)  # its own sentence
+        assert lesson.step_diff(number, 1).new_name == lesson.step_diff(number, 2).old_name, number
+    text = "".join("".join(c["source"]) for c in cells)
+    assert "step_core" not in text and "step_rest" not in text  # no diff is cut into a core and a fold
     prefetch = lesson.step07_prefetch_core()  # step 7 against 7b: one template at two depths
     assert len(prefetch.added) + len(prefetch.removed) <= 40
     assert any("constexpr int SLOTS = 1;" in ln for ln in prefetch.removed)
@@ -653,10 +652,11 @@ def test_the_cores_shown_open_are_at_most_about_40_changed_lines():
     assert "__shfl_up_sync" in nine and "__shfl_down_sync(FULL_MASK" not in nine and len(nine.splitlines()) <= 40
 
 
-def test_steps_4_and_13_show_their_whole_diff_after_the_signature_their_sentence_names():
-    """Steps 4 and 13 show their whole comment-free diff open, about 40 changed lines, after a change of signature the
-    page says in one sentence above it: the old side is the old function with the new one's signature (its lines up to
-    the body's brace) and the named replacements, nothing else; no fold follows it."""
+def test_steps_4_6_and_7a_show_their_whole_diff_after_the_signature_their_sentence_names():
+    """Steps 4, 6 and 7a show their whole comment-free diff open, at most 40 changed lines, after a change of signature
+    or names the page says in one sentence above it: the old side is the old function with the new one's signature
+    (its lines up to the body's brace) and the named replacements, nothing else; no fold follows it. Step 13 starts
+    from such a side too, then shows two parts (the test above)."""
     from studylog.source import source_of
 
     cells = _page_cells()
@@ -671,8 +671,10 @@ def test_steps_4_and_13_show_their_whole_diff_after_the_signature_their_sentence
             body = body.replace(a, b)
         assert made == lesson.signature(after) + body, number
         assert lesson.signature(before) != lesson.signature(after), number
+        if number in lesson.PARTS:  # shown in two parts (the test above)
+            continue
         diff = lesson.step_diff(number)
-        assert len(diff.added) + len(diff.removed) <= 43, number  # step 13: +40 / -3
+        assert len(diff.added) + len(diff.removed) <= 40, number
         at = next(i for i, c in enumerate(cells) if f"lesson.step_diff({number})" in "".join(c["source"]))
         sentence = "".join(cells[at - 1]["source"])
         assert "signature" in sentence or "renamed" in sentence, number
@@ -690,7 +692,7 @@ def test_the_table_of_steps_groups_its_rows_without_losing_one():
     assert [labels[i + 1] for i in groups] == list(lesson.STEP_GROUPS)
     assert all(set(_cells(lines[i])[2:]) == {""} for i in groups)
     steps = [label for label in labels if not label.startswith("**")]
-    assert steps == ["1", "2", "3", "4", "5", "6", "7a", "7b", "7c"] + [str(n) for n in range(8, 15)] + [
+    assert steps == ["1", "4", lesson.MERGED[0], "6", "7a", "7b", "7c"] + [str(n) for n in range(8, 15)] + [
         "entry point", "torch"]
 
 

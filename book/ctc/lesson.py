@@ -797,11 +797,14 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
 
 #: Steps kept although they cost time somewhere: what builds on them (said in the table of steps where they lose).
 PREREQUISITES = {9: "a prerequisite: steps 10 to 14 build on the warp"}
-#: Why a step that barely moves a case, or loses, has a row: said in its row of the table of steps.
-WHY_SHOWN = {2: "the usual advice, checked: it compiles to step 1's loads",
-             3: "the usual advice, checked: it compiles to step 1's loads; step 4 starts from it",
-             5: "barely moves a case; steps 6 and 7a start from its kernels",
-             6: "it tests the guess that cuDNN is fast in probability space; on long targets its loss turns infinite"}
+#: Why a step that loses has a row: said in its row of the table of steps.
+WHY_SHOWN = {6: "it tests the guess that cuDNN is fast in probability space; on long targets its loss turns infinite"}
+#: Steps 2, 3 and 5, which barely move a case: one row of the table of steps, under step 4's (the one of the four
+#: that pays), its cells each step's in turn, joined by " · ": (its label, what the three change).
+MERGED = ("2, 3, 5", "what a frame loads, the rest (each barely moves a case): `__restrict__` pointers (2) and "
+          "`__ldg` loads (3) compile to step 1's loads; alpha's two live rows in shared memory (5; steps 6 and 7a "
+          "start here)")
+MERGED_STEPS = ("2", "3", "5")
 
 
 #: Step 7's first two changes, each a row of the table of steps between step 6 and step 7 (timed by the lab run
@@ -818,12 +821,12 @@ STEP07_LAST = "emissions loaded {prefetch} frames ahead"
 
 
 #: The table of steps' groups, each a row of its own above its first step (keyed by that step's label; "7" where the
-#: file has no lab run of 7a): its name, bold in the step column, and what its steps change.
+#: file has no lab run of 7a): its name, bold in the step column, and what its steps change. Steps 2 to 5 need none:
+#: step 4's row and :data:`MERGED`'s say what they are.
 STEP_GROUPS = {
-    "2": ("what a frame loads", "steps 2 to 5: warp-ctc's three kernels, each frame's loads changed; only step 4 "
-                                "pays, the other three barely move a case"),
-    "6": ("a side branch", "step 6: probability space; step 7 builds on step 5"),
-    "7a": ("restructure", "steps 7 to 10: which pass does what, in how many launches, on how many threads"),
+    "6": ("a side branch", "step 6: probability space, built on step 5; nothing builds on it"),
+    "7a": ("restructure, from step 5", "steps 7a to 10 build on step 5, not on step 6: which pass does what, in how "
+                                       "many launches, on how many threads"),
     "11": ("instruction-level", "steps 11 to 13: the instructions of the recursion and of the first pass"),
     "14": ("by shape", "step 14, the entry point that runs it where it pays, and torch's faster call"),
 }
@@ -901,9 +904,8 @@ def boehm_table(results, changes: Results | None = None) -> str:
                     + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
     before_choice = CHAPTER.step(DISPATCH_STEPS[1])  # a file without the step the entry point ran: the step before
     times: dict[str, list] = {}
+    rows: list[list[str]] = []
     for number, title, series in entries:
-        if (group := group_row(number, len(head))) is not None:
-            lines.append(group)
         cells = [number, title]
         times[series] = [None] * len(TABLE_CASES)
         lab = number in {label for label, *_ in STEP07_ROWS}  # read from the lab run, as is its row above
@@ -933,12 +935,20 @@ def boehm_table(results, changes: Results | None = None) -> str:
                 number_ = 7 if number == STEP07_LABEL else int(number)
                 before = PREVIOUS.get(number_, number_ - 1)
                 prev = times[CHAPTER.step(before).series][i]
-                against = f"vs step {before}" if before != number_ - 1 else ""
+                against = f"vs step {before}" if before != number_ - 1 or number == "4" else ""
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
+        rows.append(cells)
+    merged = [r for r in rows if r[0] in MERGED_STEPS]
+    if len(merged) == len(MERGED_STEPS):  # steps 2, 3 and 5: one row where step 5's stood, under step 4's
+        rows = [[*MERGED, *(" · ".join(r[k] for r in merged) for k in range(2, len(head)))] if r[0] == "5" else r
+                for r in rows if r[0] not in MERGED_STEPS[:-1]]
+    for cells in rows:
+        if (group := group_row(cells[0], len(head))) is not None:
+            lines.append(group)
         lines.append("| " + " | ".join(cells) + " |")
-    note = ("“× prev.”: the time of the step this one builds on over its own (above 1.00×, it pays); the entry point "
-            "is timed as its own series.")
+    note = ("“× prev.”: the time of the step built on over this one's (above 1.00×, it pays); the entry point is "
+            "timed as its own series.")
     if changes is not None:  # where rows 7a and 7b come from is said under "Where the numbers come from"
         untimed = [f"A = {A:,}, N = {N}" for A, N in TABLE_CASES if not _row(changes, "step07a", T=BENCH_T, A=A, N=N)]
         if untimed:
@@ -1188,34 +1198,27 @@ def _core_class():
 _Core = _core_class()
 
 
-#: The core of steps 6, 7 and 11 the page shows open, comments left out (:func:`code_only`): (the diff's old
-#: and new sources, as :func:`studylog.source.show_diff` takes them, or a step number for
-#: ``CHAPTER.show_diff(step - 1, step)``), what it shows, and the runs left out, as :func:`diff_excerpt` takes them.
-CORES = {
-    6: (6, "in probability space",
-        [("if (lane == 0) warp_sums", None, "the row's sum published; the loss from the last row")]),
-    7: (("ctc_warpctc.cuh", "ctc_step07_10_three_passes.cu", "frame_gradient", "ctc_grad_from_log_softmax"),
-        "the frame and its posterior",
-        [("template <bool LDG>", "int Lmax, int A, int warp", "step 5's signature: a function of beta's frame loop"),
-         ("ctc_grad_from_log_softmax(", "int Lmax, int Umax, int row_stride",
-          "step 7a's: a kernel, a block per frame")]),
-    11: (("ctc_step07_10_three_passes.cu", "ctc_step11_12_branch_free.cu", "FrameUpdate", "FrameUpdate"),
-         "forward", [("float dn1 = __shfl_down_sync", None, "backward: the mirror image")]),
-}
-
-
-#: Steps 4 and 13, whose diff the page shows whole after a change of signature that its one sentence above the diff
-#: says: the old side takes the new side's signature (its lines up to the first ") {"), then the ``replace`` pairs
-#: the sentence names (each found in the old body); the titles name the two sides so made.
+#: Steps 4, 6, 7 (7a) and 13, whose diff the page shows after a change of signature or names that its one sentence
+#: above the diff says: the old side takes the new side's signature (its lines up to the first ") {"), then the
+#: ``replace`` pairs the sentence names (each found in the old body); the titles name the two sides so made.
 PREAMBLES = {
     4: (("ctc_baseline.cuh", "ctc_step04_05_blocked.cu", "alpha_baseline", "ctc_alpha_step4"),
         (("<LDG>", "<true>"),),  # the template flag LDG is gone: its uses take step 3's value
         ("step 3's alpha, step 4's signature", "step 4's alpha")),
+    6: (("ctc_step04_05_blocked.cu", "ctc_step06_probability.cu", "ctc_alpha_step5", "ctc_alpha_step6"),
+        (("warp_maxima", "warp_sums"),  # the renames the page's sentence names: the row's sums, not its maxima
+         ("const float* lp = log_probs +", "const float* y = probs +"), ("__ldg(lp + ", "__ldg(y + ")),
+        ("step 5's alpha, step 6's names", "step 6's alpha")),
+    7: (("ctc_warpctc.cuh", "ctc_step07_10_three_passes.cu", "frame_gradient", "ctc_grad_from_log_softmax"),
+        (),  # a function of beta's frame loop given the kernel's signature: its arguments, every tensor it reads
+        ("step 5's frame gradient, step 7a's signature", "step 7a's")),
     13: (("ctc_step07_10_three_passes.cu", "ctc_step13_two_passes.cu", "ctc_fused_stats", "ctc_stats_softmax"),
          (("    const float* xr = x + (size_t)row * A;\n",  # g: the frame's row of the new argument grad
            "    const float* xr = x + (size_t)row * A;\n    float* g = grad + (size_t)row * A;\n"),),
          ("steps 8 to 12's first pass, step 13's signature and g", "step 13's")),
 }
+#: Lines of context around each change of a diff of :data:`PREAMBLES` (7a's shows its kernel's whole signature).
+PREAMBLE_CONTEXT = {7: 6}
 
 
 def signature(code: str) -> str:
@@ -1237,13 +1240,63 @@ def preamble_sides(number: int) -> tuple[str, str]:
     return signature(after) + body, after
 
 
-def step_diff(number: int):
+def step_diff(number: int, part: int | None = None):
     """Step ``number``'s whole diff after the change of signature its page sentence says (:data:`PREAMBLES`),
-    comments left out, titled with its counts."""
+    comments left out, titled with its counts; for a step of :data:`PARTS`, ``part`` (1 or 2) picks one of its two
+    diffs, each whole in itself (the second starts where the first ends, and ends at the step's source)."""
     from studylog.source import show_diff
 
+    if number in PARTS and part is not None:
+        sides, names = step_stages(number), PARTS[number][2]
+        return diff_excerpt(show_diff(sides[part - 1], sides[part], names=names[part - 1]), None)
     old, new = preamble_sides(number)
-    return diff_excerpt(show_diff(old, new, names=PREAMBLES[number][2]), None)
+    return diff_excerpt(show_diff(old, new, names=PREAMBLES[number][2], context=PREAMBLE_CONTEXT.get(number, 3)),
+                        None)
+
+
+#: Steps 11 and 13, whose diff the page shows in two parts, each with its own sentence: (the sources, as
+#: :data:`PREAMBLES` has them; how the middle version is made; the titles of the two diffs). Step 11's middle is its
+#: frame update with step 10's backward direction (part 1: forward; part 2: backward, the mirror image); step 13's is
+#: step 12's first pass (step 13's signature and ``g`` as :data:`PREAMBLES` gives them) that writes the softmax as
+#: the gradient by reading the frame again: zeros past the input, ``write_softmax`` last (part 1); part 2 holds the
+#: frame in registers so that it is read once.
+PARTS = {
+    11: (("ctc_step07_10_three_passes.cu", "ctc_step11_12_branch_free.cu", "FrameUpdate", "FrameUpdate"),
+         "backward",
+         (("step 10's frame update", "step 11's, forward"), ("step 11's, forward", "step 11's"))),
+    13: (None,
+         (("    if (t >= __ldg(input_lengths + n)) return;  // the whole block: this frame is past the input\n", ""),
+          ("    float* g = grad + (size_t)row * A;\n",
+           "    float* g = grad + (size_t)row * A;\n    if (t >= __ldg(input_lengths + n)) {  // past the input: no "
+           "gradient (the whole block)\n        fill_frame(g, A, 0.0f);\n        return;\n    }\n"),
+          ("    write_emissions(em, xr, labels, n, Lmax, L, lse);\n",
+           "    write_emissions(em, xr, labels, n, Lmax, L, lse);\n    write_softmax(g, xr, A, vectorised, lse);  "
+           "// each thread re-reads exactly the float4s it reduced above\n")),
+         (("steps 8 to 12's first pass, step 13's signature and g", "the softmax written as the gradient"),
+          ("the softmax written as the gradient", "step 13's: the frame read once"))),
+}
+
+
+def step_stages(number: int) -> tuple[str, str, str]:
+    """The three versions of a step of :data:`PARTS`, comments left out: the old function (for step 13, with
+    :data:`PREAMBLES`' signature and ``g``), the middle one, and the new function."""
+    from studylog.source import source_of
+
+    sources, how, _ = PARTS[number]
+    if number == 11:
+        old_file, new_file, old_function, new_function = sources
+        old, new = (code_only(source_of(f, fn)[0]) for f, fn in ((old_file, old_function), (new_file, new_function)))
+        o, n = old.splitlines(), new.splitlines()
+        i = next(k for k, ln in enumerate(o) if ln.strip() == "} else {")
+        j = next(k for k, ln in enumerate(n) if ln.strip() == "} else {")
+        middle = n[:j + 1] + o[i + 1:_block_end(o, i)] + n[_block_end(n, j):]
+        return old, "\n".join(middle) + "\n", new
+    old, new = preamble_sides(number)
+    middle = old
+    for a, b in how:
+        assert a in middle, (number, a)
+        middle = middle.replace(a, b)
+    return old, middle, new
 
 
 def code_only(text: str) -> str:
@@ -1257,38 +1310,6 @@ def listing(file: str, function: str, title: str | None = None):
     from studylog.source import Code, source_of
 
     return Code(code_only(source_of(file, function)[0]), "cuda", title)
-
-
-#: The titles of the two sides of each core: the steps, not the files.
-CORE_NAMES = {6: ("step 5's alpha", "step 6's alpha"), 7: ("step 5's frame gradient", "step 7a's"),
-              11: ("step 10's frame update", "step 11's")}
-
-
-def _core_diff(number: int):
-    """The whole comment-free diff of step ``number``'s change (:data:`CORES`) and what its core shows and leaves out."""
-    sources, what, elide = CORES[number]
-    if isinstance(sources, int):
-        a, b = CHAPTER.step(sources - 1), CHAPTER.step(sources)
-        sources = (a.source, b.source, a.source_function, b.source_function)
-    old, new, old_function, new_function = sources
-    diff = comment_free_diff(old, new, old_function=old_function, new_function=new_function,
-                             names=CORE_NAMES[number], context=2 if number == 7 else 3)
-    return diff, what, elide
-
-
-def step_core(number: int):
-    """The core of step ``number``'s change (:data:`CORES`), shown open on the page, comments left out: at most 40
-    changed lines, each run left out named by a grey line with its count of changed lines (:func:`diff_excerpt`)."""
-    diff, what, elide = _core_diff(number)
-    return diff_excerpt(diff, what, *elide)
-
-
-def step_rest(number: int):
-    """The rest of step ``number``'s change (:data:`CORES`): the runs its open core leaves out (signature plumbing and
-    mirror images), each under a grey line that says what it is, with their true line numbers; the page folds it
-    under the core, so the core plus this is the whole comment-free diff."""
-    diff, _, elide = _core_diff(number)
-    return diff_excerpt(diff, "the rest of the change", *elide, left_out=True)
 
 
 def _resolve_depth(lines: list[str], depth: int) -> list[str]:
