@@ -22,7 +22,7 @@ from book.common import PENDING, fmt, lab_or_none, latency_floor_ms
 from book.ternary.results import failed_peer_checks, series_label, step_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
-from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, W2A8_PLACE_SERIES, W2A8_SERIES,
+from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, PLAN, W2A8_PLACE_SERIES, W2A8_SERIES,
                                       fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES, STEPS
 
@@ -586,11 +586,12 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
     lines = [f"| kernel ({card(results)}) | N × K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
     for shape, m in cases:
-        for s in [CUBLAS] + [SERIES[n] for n in (5, 14, 17, 21, 23, 25)] + [GEMLITE, INT_MM]:
+        for s in [CUBLAS] + [SERIES[n] for n in (5, 14, 17, 21, 23)] + [PLAN, SERIES[25], GEMLITE, INT_MM]:
             row = gpu_row(results, s, shape, m)
             if row is None or "host_ms" not in row:
                 continue
-            name = step_label(s) if s in SERIES.values() else series_label(s).split(' (')[0].split(':')[0]
+            name = step_label(s) if s in SERIES.values() else f"{step_label(SERIES[23])}, through `W2A8Plan`" \
+                if s == PLAN else series_label(s).split(' (')[0].split(':')[0]
             lines.append(f"| {name} | {shape.replace('x', ' × ')}, {m} | {row['ms'] * 1e3:.1f} | "
                          f"{row['host_ms'] * 1e3:.1f} | {row['host_ms'] / row['ms']:.1f} |")
     if empty is not None:

@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional
 from book.common import lab_or_none, param_values, us
 from studylog.plotting import Results
 from studylog.ternary import CHAPTER
-from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES,
-                                      fastest, on_gpu_clock)
+from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, PLAN,
+                                      W2A8_SERIES, fastest, on_gpu_clock)
 from studylog.ternary.report import BATCH_STEPS
 from studylog.ternary.steps import SERIES
 
@@ -249,10 +249,12 @@ def bitnet_host(results) -> Optional[dict]:
     :func:`bitnet_table` compares at each shape) at M = 1, from the run with BitNet's kernel: ``{"rows": [(shape,
     BitNet host ms, BitNet GPU ms, our host ms, our GPU ms, our series)], "bitnet"/"ours": (lowest, highest) host
     ms, "medians": (BitNet's, ours) median over the shapes of the per-shape medians (ms), "noisiest": (shape, lowest,
-    highest repetition, ms) where our host time spread widest, "host_bound": whether our host time exceeds our GPU time at every shape, "slower_eager": at how many shapes
-    our call's lower bound when called eagerly (the longer of its host and GPU times) exceeds BitNet's, "table":
-    markdown of the host times}``; ``None`` where the file has no BitNet rows with a host time. BitNet's call takes
-    x already quantised (its model quantises with torch ops first, launches not counted here); ours quantises x
+    highest repetition, ms) where our host time spread widest, "host_bound": whether our host time exceeds our GPU
+    time at every shape, "slower_eager": at how many shapes our call's lower bound when called eagerly (the longer of
+    its host and GPU times) exceeds BitNet's, "plan": step 23 through W2A8Plan where the run timed it at every shape
+    (``{"host": (lowest, highest) ms, "median", "slower_eager", "host_bound": at how many shapes its host time
+    exceeds its GPU time}``, else None), "table": markdown of the host times}``; ``None`` where the file has no
+    BitNet rows with a host time. BitNet's call takes x already quantised (its model quantises with torch ops first, launches not counted here); ours quantises x
     inside the call."""
     table = bitnet_table(results)
     if table is None:
@@ -265,9 +267,13 @@ def bitnet_host(results) -> Optional[dict]:
             rows.append((shape, peer[0]["host_ms"], peer_ms, ours[0]["host_ms"], ours_ms, s))
     if not rows:
         return None
-    lines = [f"| N × K ({_card(results)}M = 1) | BitNet W2A8: host per call (µs) | step 23: host per call (µs) |",
-             "|---|---|---|"]
-    lines += [f"| {shape.replace('x', ' × ')} | {us(bh)} | {us(oh)} |" for shape, bh, _, oh, _, _ in rows]
+    # step 23 through W2A8Plan (checks and choices made once a layer), where the run timed it: (host, GPU) ms
+    plan = {shape: (r[0]["host_ms"], r[0]["ms"]) for shape, *_ in rows
+            for r in [view.select(PLAN, shape=shape, m=1)] if r and "host_ms" in r[0]}
+    lines = [f"| N × K ({_card(results)}M = 1) | BitNet W2A8: host per call (µs) | step 23: host per call (µs) |"
+             + (" step 23 through its plan (µs) |" if plan else ""), "|---|---|---|" + ("---|" if plan else "")]
+    lines += [f"| {shape.replace('x', ' × ')} | {us(bh)} | {us(oh)} |" + (f" {us(plan[shape][0])} |" if plan else "")
+              for shape, bh, _, oh, _, _ in rows]
     # each host time is a median of repetitions; how far ours spread at one shape says how much of the range
     # across shapes is run noise
     spreads = [(r["host_spread_ms"][2] - r["host_spread_ms"][0], shape, r["host_spread_ms"])
@@ -279,6 +285,11 @@ def bitnet_host(results) -> Optional[dict]:
             "noisiest": None if noisiest is None else (noisiest[1], noisiest[2][0], noisiest[2][2]),
             "host_bound": all(oh > og for _, _, _, oh, og, _ in rows),
             "slower_eager": sum(max(oh, og) > max(bh, bg) for _, bh, bg, oh, og, _ in rows),
+            "plan": None if len(plan) < len(rows) else {
+                "host": (min(h for h, _ in plan.values()), max(h for h, _ in plan.values())),
+                "median": statistics.median(h for h, _ in plan.values()),
+                "slower_eager": sum(max(plan[shape]) > max(bh, bg) for shape, bh, bg, *_ in rows),
+                "host_bound": sum(h > g for h, g in plan.values())},
             "table": "\n".join(lines)}
 
 
