@@ -230,25 +230,35 @@ def test_figures_three_panels_one_colour_per_series_readable_text(which):
 
 
 def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
-    """One row per kept step at the main case (or "–" where it does not run there), then the rivals; the floor (the
-    bytes, or the card's fastest empty kernel where larger) is below every time, at the main case and at a step's own
-    case."""
+    """The first table is one measured chain at the main case: a row per kept step that runs there (steps 8 and 10 do
+    not, step 13 starts from the bitmask), each with a time, a "×" (all but the first) and a time over its floor; the
+    second gives steps 7, 8, 10 and 13 at their own case, each with a time, a "×" and a floor. No floor is beaten."""
     results = plotting.load_results("masked_lm_head")
     rows = _main_rows(results)
-    assert [r[0] for r in rows] == [str(n) for n in lesson.MAIN_LINE] + ["rival"] * len(lesson.MAIN_RIVALS)
-    overs = [float(r[4].split("×")[0]) for r in rows if not r[4].startswith("–")]
-    owns = [float(r[5].split(", ")[-1].split("×")[0]) for r in rows if r[5] != "–"]
-    # "–" for steps 8 and 10 (not run here) and for the two whole-step rows (their floor is said under the table);
-    # a "–" cell may say why in brackets
-    assert all(r[2].startswith("– (not run here") for r in rows if r[0] in ("8", "10"))
-    assert len(overs) >= len(rows) - 4 and owns and all(x >= 1.0 for x in overs + owns), (overs, owns)
+    here = [n for n in lesson.MAIN_LINE if n not in lesson.FROM_HOST
+            and results.select(f"step{n:02d}", layout="vd", **lesson.MAIN_CASE)]
+    assert [r[0] for r in rows] == [str(n) for n in here] and "8" not in here and "10" not in here
+    assert all(not r[2].startswith("–") and not r[4].startswith("–") for r in rows)
+    assert rows[0][3] == "–" and all(r[3].split(" ")[0].endswith("×") for r in rows[1:])
+    own = _own_rows(results)
+    assert [r[0] for r in own] == [str(n) for n in lesson.own_case_steps()] == ["7", "8", "10", "13"]
+    assert all("–" not in r[3] + r[4] + r[5] for r in own)
+    overs = [float(r[4].split("×")[0]) for r in rows] + [float(r[5].split("×")[0]) for r in own]
+    assert all(x >= 1.0 for x in overs), overs
 
 
 def _main_rows(results) -> list[list[str]]:
-    """The cells of every row of the page's table of steps (its caption and header left out)."""
+    """The cells of every row of the page's table of steps, the chain at the main case (its caption, header and the
+    rivals' sentence under it left out)."""
     caption, table = lesson.main_steps_table(results).split("\n\n", 1)
     assert caption.startswith("**") and table.splitlines()[0] == \
-        "| step | the one change | µs | × | × floor | its own case |"
+        "| step | the one change | µs | × the row above | × floor |"
+    return [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:] if r.startswith("|")]
+
+def _own_rows(results, parts=None) -> list[list[str]]:
+    """The cells of every row of the second table of steps, each step at its own case."""
+    caption, table = lesson.own_case_table(results, parts).split("\n\n", 1)
+    assert caption.startswith("**") and table.splitlines()[0] == "| step | the one change | case | µs | × | × floor |"
     return [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:] if r.startswith("|")]
 
 
@@ -279,72 +289,70 @@ def test_the_kept_and_the_tried_steps_are_every_step_once():
     assert lesson.paid_words(1.2) == "paid"
 
 
-def _base_problems(results, rows: list[list[str]]) -> list[str]:
-    """What breaks the table's rule: a "×" at the main case that is not the time of the kept step above it with a time
-    there (named in the cell where it is not the row above) over its own, a ratio on step 0, on step 13 (another
-    contract) or on a rival, or an own case whose ratio is not its base's (STEP_CASES) time there over its own."""
+def _base_problems(results, rows: list[list[str]], own: list[list[str]]) -> list[str]:
+    """What breaks the tables' rule: in the chain, a "×" that is not the row above's time over its own (or a ratio on
+    the first row); in the second table, a "×" that is not its base's (STEP_CASES) time at its own case over its own,
+    the base named."""
     problems = []
 
-    def ms(n, params):
-        found = [r for r in results.select(f"step{n:02d}", **params) if r["params"].get("layout", "vd") == "vd"]
+    def ms(series, params):
+        found = [r for r in results.select(series, **params) if r["params"].get("layout", "vd") == "vd"]
         return found[0]["ms"] if found else None
 
-    kept = [int(r[0]) for r in rows if r[0].isdigit()]
-    for r in rows:
-        if r[0] == "rival":
-            if r[3] != "–":
-                problems.append(f"a rival has a ratio: {r[3]}")
-            continue
+    if rows[0][3] != "–":
+        problems.append(f"the first row has a ratio: {rows[0][3]}")
+    for above, r in zip(rows, rows[1:]):
+        theirs, mine = (ms(f"step{int(x[0]):02d}", lesson.MAIN_CASE) for x in (above, r))
+        if not r[3].startswith(f"{theirs / mine:.2f}×"):
+            problems.append(f"step {r[0]}: {r[3]}, not step {above[0]} over it ({theirs / mine:.2f}×)")
+    for r in own:
         number = int(r[0])
-        if number in (0, 13) or r[2].startswith("–"):
-            if not r[3].startswith("–"):
-                problems.append(f"step {number} shows a ratio: {r[3]}")
-        else:
-            earlier = [n for n in kept if n < number and ms(n, lesson.MAIN_CASE) is not None]
-            base = earlier[-1]
-            theirs, mine = ms(base, lesson.MAIN_CASE), ms(number, lesson.MAIN_CASE)
-            if not r[3].startswith(f"{theirs / mine:.2f}×"):
-                problems.append(f"step {number}: {r[3]}, not step {base} over it ({theirs / mine:.2f}×)")
-            if base != kept[kept.index(number) - 1] and f"(step {base})" not in r[3]:
-                problems.append(f"step {number}: its base, step {base}, is not named")
         params, base = lesson.STEP_CASES[number]
-        if params != lesson.MAIN_CASE:
-            theirs, mine = ms(base, params), ms(number, params)
-            if f", {theirs / mine:.2f}× step {base}," not in r[5]:
-                problems.append(f"step {number}'s own case: {r[5]}, not step {base} over it")
+        theirs, mine = ms(lesson._base_series(base), params), ms(f"step{number:02d}", params)
+        name = f"step {base}" if isinstance(base, int) else "xgrammar's path"
+        if not r[4].startswith(f"{theirs / mine:.2f}× {name}"):
+            problems.append(f"step {number}'s own case: {r[4]}, not {name} over it ({theirs / mine:.2f}×)")
     return problems
 
 
-def test_every_step_is_compared_with_the_kept_step_above_it_at_the_main_case():
-    """"×" reads down the table: every kept step's time at the main case over its own, the base named where it is not
-    the row above (step 12's is step 7: steps 8 and 10 do not run there); a step whose idea is about another case is
-    compared there with the step it builds on; a tampered table breaks the rule (the check can fail)."""
+def test_every_step_is_compared_with_the_row_above_it_and_at_its_own_case_with_its_base():
+    """"×" reads down the chain: every row's time over the row above's (step 12's base is step 7, the row above it);
+    a step whose idea is about another case is compared there with the step it builds on; a tampered table breaks the
+    rule (the check can fail)."""
     results = plotting.load_results("masked_lm_head")
-    rows = _main_rows(results)
-    assert _base_problems(results, rows) == []
+    rows, own = _main_rows(results), _own_rows(results)
+    assert _base_problems(results, rows, own) == []
     by = {r[0]: r for r in rows}
-    assert by["12"][3].endswith("(step 7)") and by["4"][3].endswith("×") and by["13"][3].startswith("– ")
+    assert [r[0] for r in rows][-2:] == ["7", "12"] and by["12"][3].endswith("×") and by["4"][3].endswith("×")
     assert [n for n in lesson.MAIN_LINE if lesson.STEP_CASES[n][0] != lesson.MAIN_CASE] == [7, 8, 10]
-    assert by["8"][2].startswith("– (not run here") and by["10"][2].startswith("– (not run here") and "batch 64" in by["10"][5] and "step 3" in by["10"][5]
+    ten = next(r for r in own if r[0] == "10")
+    assert ten[2].startswith("batch 64") and ten[4].endswith("step 3")
     wrong = [r[:3] + [f"{float(r[3].split('×')[0]) + 0.1:.2f}×"] + r[4:] if r[0] == "5" else r for r in rows]
-    assert _base_problems(results, wrong)
-    wrong = [r[:3] + ["1.00×"] + r[4:] if r[0] == "rival" else r for r in rows]
-    assert _base_problems(results, wrong)
-    wrong = [r[:5] + [r[5].replace("step 5,", "step 4,")] if r[0] == "7" else r for r in rows]
-    assert _base_problems(results, wrong)
+    assert _base_problems(results, wrong, own)
+    wrong = [r[:3] + ["1.00×"] + r[4:] if r[0] == "0" else r for r in rows]
+    assert _base_problems(results, wrong, own)
+    wrong = [r[:4] + [r[4].replace("step 5", "step 4")] + r[5:] if r[0] == "7" else r for r in own]
+    assert _base_problems(results, rows, wrong)
 
 
 def test_step_13_is_compared_with_the_rival_of_its_own_contract():
     """Step 13 starts from the grammar's packed bitmask (its copy and the union's build included), step 12 from the ids:
-    the table gives it no ratio to step 12 and says why; its factor is xgrammar's path over it (the headline's batch-1
-    ratio), which the result's table shows beside the kernel alone's."""
+    it is not in the chain at the main case; the second table gives it against xgrammar's path (the headline's batch-1
+    ratio, which the result's table shows beside the kernel alone's), with its three parts' traced times."""
     results = plotting.load_results("masked_lm_head")
     params, base = lesson.STEP_CASES[13]
     assert base == mlh.report.XGRAMMAR
     ours, theirs = (results.select(s, **params)[0]["ms"] for s in (mlh.report.PLAN, base))
-    row = next(r for r in _main_rows(results) if r[0] == "13")
-    assert row[3] == "– (starts from the bitmask)"
+    assert "13" not in [r[0] for r in _main_rows(results)]
+    row = next(r for r in _own_rows(results) if r[0] == "13")
+    assert row[4] == f"{theirs / ours:.2f}× xgrammar's path, {theirs * 1e3:.1f} µs" and "from the bitmask" in row[2]
     assert lesson.step_factor(results, 13) == pytest.approx(theirs / ours) and theirs / ours > 1
+    trace = lesson.plan_timeline()
+    if trace is not None:
+        parts = lesson.plan_parts(trace)
+        cell = next(r for r in _own_rows(results, parts) if r[0] == "13")[1]
+        assert all(f"13{x} " in cell for x in "abc") and f"{parts['copy']:.1f}" in cell
+        assert f"{parts['row_kernel']:.1f}" in cell
     first = lesson.result_table(results).splitlines()[2].split("|")
     assert first[7].strip() == f"**{lesson.prose_numbers(results)['mlh_plan_vs_xgr_b1']}** faster"
     assert first[4].strip() == f"**{lesson.prose_numbers(results)['mlh_dispatch_vs_index_1000']}** faster"
@@ -367,17 +375,18 @@ def test_the_result_table_gives_the_kernel_alone_and_the_whole_step_at_every_hea
 
 
 def test_the_dense_rival_at_batch_1_is_cublas_fp32():
-    """At the main case the dense rival row is cuBLAS with fp32 output (the chapter's contract, steady), and the prose's
-    step 0 ratio is its time over step 0's, computed here by hand."""
+    """Under the chain the rivals at the main case are said, the dense one cuBLAS with fp32 output (the chapter's
+    contract, steady), and the prose's step 0 ratio is its time over step 0's, computed here by hand."""
     results = plotting.load_results("masked_lm_head")
-    rows = _main_rows(results)
-    rivals = [r for r in rows if r[0] == "rival"]
-    assert rivals[0][1].startswith("cuBLAS's dense fp32 logits") and not any("bf16" in r[1] for r in rivals)
+    said = lesson.main_steps_table(results).split("\n\n")[-1]
     params = lesson.MAIN_CASE
     fp32 = results.select("cublas_fp32_mask", layout="vd", **params)[0]["ms"]
+    index = results.select("index_select", **params)[0]["ms"]
+    assert said.startswith("Rivals here: cuBLAS's fp32 logits") and "bf16" not in said
+    assert f", {fp32 * 1e3:.1f} µs (" in said and f"`index_select` + matmul, given the ids, {index * 1e3:.1f} µs" in said
     step0 = results.select("step00", layout="vd", **params)[0]["ms"]
     assert lesson.prose_numbers(results)["mlh_step00_vs_fp32"] == f"{fp32 / step0:.2f}×"
-    assert rivals[0][2] == f"{fp32 * 1e3:.1f}"
+
 
 def test_at_least_is_the_smallest_ratio_and_names_its_point():
     """Step 12 against cuBLAS's dense fp32 logits + masked_fill up to 1,000 allowed at batch 1: 'at least' is the
@@ -397,18 +406,32 @@ def test_at_least_is_the_smallest_ratio_and_names_its_point():
     assert "mlh_dispatch_min_vs_fp32" in cell and "fp32" in cell and "fastest repetition" not in cell
 
 def test_a_step_ratio_in_the_prose_is_the_tables():
-    """The prose quotes a step's speedup with the table's two decimals (one number, not a rounded twin)."""
+    """The prose quotes a step's speedup and time with the tables' digits (one number, not a rounded twin)."""
     results = plotting.load_results("masked_lm_head")
     numbers = lesson.prose_numbers(results)
     table = {r[0]: r for r in _main_rows(results)}
+    own = {r[0]: r for r in _own_rows(results)}
     assert numbers["mlh_step04_vs_step03"] == f"{table['4'][3]} faster"
-    assert f", {numbers['mlh_step08_vs_step07_1'].removesuffix(' faster')} step 7," in table["8"][5]
-    assert f", {numbers['mlh_step10_b64_vs_step03'].removesuffix(' faster')} step 3," in table["10"][5]
-    assert f": {numbers['mlh_step10_b64']}," in table["10"][5]
+    assert numbers["mlh_step04_1000"] == f"{table['4'][2]} µs" and numbers["mlh_dispatch_1000"] == f"{table['12'][2]} µs"
+    assert own["8"][4] == f"{numbers['mlh_step08_vs_step07_1'].removesuffix(' faster')} step 7"
+    assert numbers["mlh_step08_1"] == f"{own['8'][3].rstrip(lesson.CAPPED)} µs"
+    assert own["10"][4] == f"{numbers['mlh_step10_b64_vs_step03'].removesuffix(' faster')} step 3"
+    assert numbers["mlh_step10_b64"] == f"{own['10'][3]} µs"
+
+def test_close_times_print_apart():
+    """Under 10 µs the tables of steps print two decimals, so that step 12 (the kernel alone) and step 13's floor (the
+    bitmask's copy, then two kernels), a few hundredths apart, do not read as one number."""
+    results = plotting.load_results("masked_lm_head")
+    assert lesson.table_us(0.0040406) == "4.04" and lesson.table_us(0.0174) == "17.4"
+    twelve = next(r for r in _main_rows(results) if r[0] == "12")[2]
+    floor = lesson.host_floor_ms(results)
+    if floor is not None:
+        assert twelve != f"{floor * 1e3:.2f}" and f"{floor * 1e3:.2f} µs" in next(
+            r for r in _own_rows(results) if r[0] == "13")[5]
 
 
 def test_capped_rows_carry_the_mark_and_no_other_does():
-    """In the steps table and the practitioners' table a time carries the mark exactly where its row says its
+    """In the tables of steps and the practitioners' table a time carries the mark exactly where its row says its
     rotation was capped (looked up here from the rows, not from the table)."""
     results = plotting.load_results("masked_lm_head")
 
@@ -416,14 +439,14 @@ def test_capped_rows_carry_the_mark_and_no_other_does():
         return [r for r in results.select(f"step{number:02d}", **params) if r["params"].get("layout", "vd") == "vd"][0]
 
     for cells in _main_rows(results):
-        if not cells[0].isdigit():
-            continue
+        assert (lesson.CAPPED in cells[2]) == bool(row_of(int(cells[0]), lesson.MAIN_CASE).get("rotation_capped")), cells
+    marked = 0
+    for cells in _own_rows(results):
         number = int(cells[0])
-        if not cells[2].startswith("–"):
-            assert (lesson.CAPPED in cells[2]) == bool(row_of(number, lesson.MAIN_CASE).get("rotation_capped")), cells
-        params = lesson.STEP_CASES[number][0]
-        if params != lesson.MAIN_CASE:
-            assert (lesson.CAPPED in cells[5]) == bool(row_of(number, params).get("rotation_capped")), cells
+        capped = bool(row_of(number, lesson.STEP_CASES[number][0]).get("rotation_capped"))
+        assert (lesson.CAPPED in cells[3]) == capped, cells
+        marked += capped
+    assert marked, "the committed run marks step 8's one id"
     table = lesson.practitioners_table(results)
     if table.startswith(lesson.PENDING):
         pytest.skip("no practitioners' rows")
@@ -433,30 +456,28 @@ def test_capped_rows_carry_the_mark_and_no_other_does():
         ours = [r for r in results.select(mlh.report.PLAN, **p)][0]
         assert cells[5].endswith(lesson.CAPPED) == bool(ours.get("rotation_capped")), line
 
+
 def test_the_steps_table_gives_each_row_its_own_floor():
-    """Each row's × floor is its time over the floor at the main case (its union there), and an own case's over the
-    floor at that case; a call from the bitmask in host memory starts its floor with the bitmask's copy."""
+    """Each row's × floor is its time over the floor at the main case (its union there), and a step at its own case
+    over the floor there; a call from the bitmask in host memory starts its floor with the bitmask's copy."""
     results = plotting.load_results("masked_lm_head")
-    for cells in _main_rows(results):
-        if cells[0] == "rival":
-            continue
+    cells_at = [(c, lesson.MAIN_CASE, c[4]) for c in _main_rows(results)]
+    cells_at += [(c, lesson.STEP_CASES[int(c[0])][0], c[5]) for c in _own_rows(results)]
+    for cells, params, cell in cells_at:
         number = int(cells[0])
-        for params, cell in ((lesson.MAIN_CASE, cells[4]), (lesson.STEP_CASES[number][0], cells[5].split(", ")[-1])):
-            found = [r for r in results.select(f"step{number:02d}", **params) if r["params"].get("layout", "vd") == "vd"]
-            if not found or cell == "–":
-                continue
-            row = found[0]
-            floor = lesson.floor_ms(results, params["batch"], row["union"])
-            host = lesson.host_floor_ms(results) if number in lesson.FROM_HOST else None
-            if host is not None and host > floor:
-                floor = host
-                assert cell.endswith(f"(of {floor * 1e3:.2f} µs: the bitmask's copy first)"), cells
-            assert cell.startswith(f"{row['ms'] / floor:.1f}×"), (cells, row["ms"] / floor)
+        row = [r for r in results.select(f"step{number:02d}", **params) if r["params"].get("layout", "vd") == "vd"][0]
+        floor = lesson.floor_ms(results, params["batch"], row["union"])
+        host = lesson.host_floor_ms(results) if number in lesson.FROM_HOST else None
+        if host is not None and host > floor:
+            floor = host
+            assert cell.endswith(f"(of {floor * 1e3:.2f} µs: the bitmask's copy, then two kernels)"), cells
+        assert cell.startswith(f"{row['ms'] / floor:.1f}×"), (cells, row["ms"] / floor)
+
 
 def test_step13s_floor_starts_with_the_bitmasks_copy():
-    """Step 13 (and the rival facing it) start from the bitmask in host memory: their floor is that copy, timed alone
-    in the card's tails run (read here from the raw file), then two kernels at the card's empty kernel, as the
-    scoreboard's latency floor for the same row; the other steps keep the floor of their bytes."""
+    """Step 13 starts from the bitmask in host memory: its floor is that copy, timed alone in the card's tails run
+    (read here from the raw file), then two kernels at the card's empty kernel, as the scoreboard's latency floor for
+    the same row; the other steps keep the floor of their bytes."""
     import json
 
     from book import common
@@ -468,18 +489,26 @@ def test_step13s_floor_starts_with_the_bitmasks_copy():
     (copy,) = [r for r in tails["measurements"] if r["series"] == BITMASK_COPY]
     floor = copy["ms"] + 2 * common.latency_floor_ms(results)
     assert lesson.host_floor_ms(results) == pytest.approx(floor)
-    rows = _main_rows(results)
-    (thirteen,) = [r for r in rows if r[0] == "13"]
     step = [r for r in results.select("step13", batch=1, kind="random", allowed=1000)][0]
-    # the whole-step rows have no "× floor" in the kernels' column: their own floor is said under the table
-    (xgrammar,) = [r for r in rows if r[0] == "rival" and r[1].startswith("xgrammar")]
-    assert thirteen[4] == xgrammar[4] == "–"
-    rival = results.select(mlh.report.XGRAMMAR, batch=1, kind="random", allowed=1000)[0]
-    note = lesson.main_steps_table(results).splitlines()[-1]
-    assert note.startswith("Step 13 and xgrammar's path start from the bitmask") and f"{floor * 1e3:.2f} µs" in note
-    assert f"{step['ms'] / floor:.1f}× and {rival['ms'] / floor:.1f}× that" in note
-    others = [r for r in rows if r[0].isdigit() and int(r[0]) not in lesson.FROM_HOST]
-    assert others and all("bitmask" not in r[4] for r in others)
+    (thirteen,) = [r for r in _own_rows(results) if r[0] == "13"]
+    assert thirteen[5] == f"{step['ms'] / floor:.1f}× (of {floor * 1e3:.2f} µs: the bitmask's copy, then two kernels)"
+    others = _main_rows(results) + [r for r in _own_rows(results) if r[0] != "13"]
+    assert others and all("bitmask" not in r[-1] for r in others)
+
+def test_the_missing_step_numbers_are_said_once_under_the_tables():
+    """Under the two tables one footnote says why numbers are missing from the chain (the tried steps, and the steps at
+    another case or contract), and the key to the mark follows it: the notebook says the key nowhere else."""
+    results = plotting.load_results("masked_lm_head")
+    note = lesson.steps_note(results)
+    first = note.split("\n\n")[0]
+    assert first.startswith(f"Missing from the chain: {lesson.counts_words(list(lesson.TRIED))} did not pay")
+    chain = {int(r[0]) for r in _main_rows(results)}
+    missing = [n for n in lesson.MAIN_LINE if n not in chain]
+    assert missing == [8, 10, 13] and f"{lesson.counts_words(missing)} run at another case" in first
+    key = lesson.page_capped_key(results)
+    assert key is None or note.endswith(key)
+    source = "\n".join("".join(c["source"]) for c in _notebook_cells())
+    assert source.count("lesson.steps_note(results)") == 1 and "page_capped_key" not in source
 
 
 def test_dense_mask_two_speeds_are_said_and_cublas_fp32_quoted_instead():
@@ -567,8 +596,9 @@ def test_dense_clusters_need_a_gap():
 
 
 def test_the_capped_key_names_the_cap():
-    """The key names the largest capped union of the chapter's run; the page says it under the first table that uses
-    it and again under the losses table."""
+    """The key names the largest capped union of the chapter's run and whom L2 can flatter: neither side where ours and
+    `index_select` + matmul both carry the mark (at a capped point every series that reads only the union's rows is
+    capped, checked here on the run's rows), ours against the paths that read the whole head (never capped)."""
     assert lesson.capped_key(None) is None
     assert lesson.capped_key({"capped_union": None, "max_copies": 65}) is None
     assert lesson.capped_key({"capped_union": 1, "max_copies": 65}).startswith(f"{lesson.CAPPED} A union of one row")
@@ -579,6 +609,14 @@ def test_the_capped_key_names_the_cap():
     key = lesson.page_capped_key(results)
     assert key == lesson.capped_key(rot) and f"{rot['max_copies']} copies" in key
     assert (f"at most {rot['capped_union']:,} rows" if rot["capped_union"] > 1 else "one row") in key
+    assert f"where both carry {lesson.CAPPED} L2 flatters neither" in key and "against them it can flatter ours" in key
+    points = {tuple(sorted((k, v) for k, v in r["params"].items() if k != "layout"))
+              for r in results.rows if r.get("rotation_capped")}
+    for r in results.rows:
+        p = tuple(sorted((k, v) for k, v in r["params"].items() if k != "layout"))
+        if p in points and r.get("clock") == "gpu":
+            whole = r["series"] in (mlh.report.XGRAMMAR, "dense_mask", "cublas_fp32_mask") or r["series"].startswith("xgrammar")
+            assert bool(r.get("rotation_capped")) != whole, (r["series"], p)
 
 
 def test_the_floors_parts_add_up_as_printed():
@@ -739,21 +777,20 @@ def test_plan_parts_give_each_part_its_own_time():
 
 
 def test_step_13s_section_names_its_one_idea_and_times_each_part():
-    """Step 13's section opens on its one idea (the whole step from the bitmask, in one CUDA graph: not a speed-up of
-    step 12 but its rival's contract) and names its three parts, each timed in the trace, and there, not in a later
-    section, gives the step's own time (the benchmark's) and its parts' traced times (the copy, the count zeroed, the
-    union kernel, the row kernel, the idle rest of the period between calls) in the traced call's table and in words."""
+    """Step 13's section opens on its one idea (its rival's contract, from the bitmask to the logits, in one CUDA
+    graph) and names its three parts, and there, not in a later section, gives the step's own time (the benchmark's),
+    its parts' traced times (the copy, the count zeroed, the union kernel, the row kernel) in the traced call's table,
+    and the idle rest of the period between calls in words."""
     cells = _notebook_cells()
     start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 13"))
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
     section = ["".join(c["source"]) for c in cells[start:end]]
     opening = section[0].split("\n\n")[1]
-    assert opening.startswith("Step 13 is the whole step from the grammar's packed bitmask")
-    assert "in one CUDA graph" in opening.split(". ")[0] and "not a speed-up of step 12" in opening
-    assert "three parts, each timed in the" in opening
+    assert opening.startswith("Step 13 takes xgrammar's contract, from the packed bitmask to the logits")
+    assert "in one CUDA graph" in opening.split(". ")[0] and "in three parts" in opening
     code = "\n".join(section[1:])
     assert "lesson.plan_parts(trace)" in code
-    for key in [k for k, _ in lesson.TIMELINE_PARTS] + ["idle", "period"]:
+    for key in ("idle", "period"):
         assert f"part['{key}']" in code, key
     assert "lesson.plan_timeline_table(trace, step_us)" in code and "N['mlh_plan_1000']" in code
     rest = "\n".join("".join(c["source"]) for k, c in enumerate(cells) if not start <= k < end)
@@ -868,25 +905,38 @@ def test_step_4_shows_the_lines_that_carry_its_idea_not_the_whole_kernel():
     start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 4"))
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
     section = ["".join(c["source"]) for c in cells[start:end]]
-    assert "It is a new kernel, not a diff of step 3" in section[0]
+    assert "A new kernel, not a diff of step 3" in section[0]
     code = "\n".join(section[1:])
     assert "lesson.step4_core()" in code and "show_source(4)" not in code
 
 
-def test_step_13_is_split_into_three_numbered_sub_steps_each_with_its_number():
-    """Step 13's three parts are sub-steps 13a (the copy), 13b (the union built on the device) and 13c (step 7's
-    kernel reading the count), each a heading, its code and its own traced time; the timeline's rows name them."""
+def test_step_13_is_one_section_with_three_numbered_parts_and_one_table_of_their_times():
+    """Step 13 is one section: its three parts, 13a (the copy), 13b (the union built on the device) and 13c (step 7's
+    kernel reading the count), are run-in heads, not sections, each followed by its code; one table after them gives
+    their traced times, its rows named 13a to 13c."""
     cells = _notebook_cells()
     start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 13"))
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
     text = ["".join(c["source"]) for c in cells[start:end]]
-    heads = [k for k, t in enumerate(text) if "### Step 13" in t]
-    assert [re.search(r"### Step (13[abc])", text[k]).group(1) for k in heads] == ["13a", "13b", "13c"]
-    bounds = heads + [len(text)]
-    parts = ((("copy",), "function_listing(mlh.step13_plan"), (("count_zero", "union_kernel"), "show_source(union_ids"),
-             (("row_kernel",), "step_diff(CHAPTER, 7, 13)"))
-    for (a, b), (keys, shown) in zip(zip(bounds, bounds[1:]), parts):
-        sub = "\n".join(text[a:b])
-        assert shown in sub and all(f"part['{k}']" in sub for k in keys), sub
+    assert not any("### " in t for t in text)
+    heads = [k for k, t in enumerate(text) if re.search(r"^\*\*13[abc]: ", t, re.M)]
+    assert [re.search(r"^\*\*(13[abc]): ", text[k], re.M).group(1) for k in heads] == ["13a", "13b", "13c"]
+    shown = ("function_listing(mlh.step13_plan", "show_source(union_ids", "step_diff(CHAPTER, 7, 13)")
+    for k, code in zip(heads, shown):
+        assert code in text[k + 1], (k, code)
+    table = next(k for k, t in enumerate(text) if "lesson.plan_timeline_table(trace, step_us)" in t)
+    assert table > heads[-1] + 1
     rows = lesson.plan_timeline_table(_trace(), 20.25).splitlines()[2:5]
     assert [r.split("|")[1].strip()[:4] for r in rows] == ["13a:", "13b:", "13c:"]
+
+
+def test_the_result_says_what_the_head_buys_a_decode_step():
+    """Under the result's table the page repeats the Amdahl payoff of Why it matters, in its words: if the head and mask
+    took 1/k of their time (k the whole step's batch-1 ratio), the decode step is at most the bound, for both shapes."""
+    cells = ["".join(c["source"]) for c in _notebook_cells()]
+    why = next(c for c in cells if "share = {name: cfg.head_share()" in c)
+    result = next(c for c in cells if "lesson.result_table(results)" in c)
+    for cell in (why, result):
+        assert "if the head and mask took 1/{k:.2f} of their time" in cell
+        assert "{bound['3B']:.2f}×" in cell and "{bound['8B']:.2f}×" in cell
+    assert "made {k:.2f}× faster" not in why

@@ -27,7 +27,8 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "MAIN_CASE",
-           "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "tried_steps_table", "main_base",
+           "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "tried_steps_table",
+           "own_case_table", "own_case_steps", "steps_note", "table_us",
            "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
            "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
@@ -197,7 +198,7 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_step03_1000"] = _us(batch1_ms(results, s[3], 1000))
     # step 4: compacted ids
     n["mlh_step04_vs_step03"] = _change(batch1_ms(results, s[3], 1000), batch1_ms(results, s[4], 1000))
-    n["mlh_step04_1000"] = _us(batch1_ms(results, s[4], 1000))
+    n["mlh_step04_1000"] = _us(batch1_ms(results, s[4], 1000), 2)  # two decimals under 10 µs, as the tables of steps
     n["mlh_step04_vs_step02"] = _change(batch1_ms(results, s[2], 1000), batch1_ms(results, s[4], 1000))
     # steps 5 to 7, each against the step it builds on (step 7 on step 5: step 6 did not pay), at every batch-1 count
     # the table of steps' point is one of
@@ -208,7 +209,7 @@ def prose_numbers(results) -> dict[str, Any]:
                                                                           STEP_CASES[step][0]["allowed"]))
     n["mlh_floor_10000"] = _us(_floor(results, 1, "random", 10_000))
     # step 8: ids as launch arguments
-    n["mlh_step08_1"] = _us(batch1_ms(results, s[8], 1))  # one decimal, as the table of steps
+    n["mlh_step08_1"] = _us(batch1_ms(results, s[8], 1), 2)  # two decimals under 10 µs, as the tables of steps
     n["mlh_step08_vs_step07_1"] = _change(batch1_ms(results, s[7], 1), batch1_ms(results, s[8], 1))
     n["mlh_step08_vs_step07_8"] = _change(batch1_ms(results, s[7], 8), batch1_ms(results, s[8], 8))
     # steps 9 and 10: the union of a batch, read once, at the table of steps' point (batch 64)
@@ -281,7 +282,7 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_host_ratio"] = _x(hosts[len(hosts) // 2] / empty, 1) if hosts and empty else PENDING
     plan_1000 = batch1_ms(results, PLAN, 1000)
     n["mlh_plan_1000"] = _us(plan_1000)
-    n["mlh_dispatch_1000"] = _us(batch1_ms(results, s[12], 1000))
+    n["mlh_dispatch_1000"] = _us(batch1_ms(results, s[12], 1000), 2)  # two decimals: the tables of steps' digits
     # against the practitioners' path
     for key, batch, allowed in (("b1", 1, 1000), ("b64", 64, 1000)):
         mine = _ms(results, PLAN, batch=batch, kind="random", allowed=allowed)
@@ -396,14 +397,18 @@ def capped(row: dict | None) -> str:
 
 
 def capped_key(rot: dict[str, Any] | None) -> str | None:
-    """The key to :data:`CAPPED`, said under each table that uses it: which unions were capped and why their rows
-    may come from L2, from a run's :func:`rotation` (or :func:`lab_rotation`); None where the run marks no row."""
+    """The key to :data:`CAPPED`, said once on the page: which unions were capped, why their rows may come from L2,
+    and whom that flatters (at a capped point every series that reads only the union's rows is capped alike, ours and
+    ``index_select`` + matmul; the dense paths and xgrammar's path read the whole head); None where the run marks no
+    row, from a run's :func:`rotation`."""
     if rot is None or rot["capped_union"] is None:
         return None
     n = rot["capped_union"]
     union = "A union of one row" if n == 1 else f"A union of at most {n:,} rows"
     return (f"{CAPPED} {union}: even the {rot['max_copies']} copies of the head that fit in memory do not flush L2, so "
-            "some reads may come from L2.")
+            "some rows may come from L2. Ours and `index_select` + matmul read the same rows, so where both carry "
+            f"{CAPPED} L2 flatters neither; the dense paths and xgrammar's path read the whole head, so against them it "
+            "can flatter ours.")
 
 
 #: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
@@ -618,13 +623,14 @@ MAIN_LINE = (0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13)
 #: The steps tried that did not pay, shown together in one section (:func:`tried_steps_table`); they keep their numbers
 #: (the library and the results name them so).
 TRIED = (6, 9, 11)
-#: The case each step's idea is about and the step it is compared with there (None for step 0). For a step of
-#: :data:`MAIN_LINE` whose case is not :data:`MAIN_CASE` the table of steps gives that case in a column of its own;
-#: its base there is the kept step before it (step 7 builds on step 5: step 6 did not pay), except step 10's: no kept
-#: step before it takes a batch, so it is compared with step 3, the dispatch's dense path for batches. A step of
-#: :data:`TRIED` is compared with the step it modifies (step 11: step 3's kernel over a reordered vocabulary; step 9:
-#: step 3, the last step that takes a batch). Step 13's contract starts from the bitmask in host memory: no step before
-#: it has that contract, so its "×" is left out and the rival with its contract, xgrammar's path, is its base.
+#: The case each step's idea is about and the step it is compared with there (None for step 0). The table of steps
+#: (:func:`main_steps_table`) is one chain at :data:`MAIN_CASE`; a kept step whose case is another (7, 8, 10), and step 13,
+#: get a row at their own case in :func:`own_case_table`. There the base is the kept step before it (step 7 builds on
+#: step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with step 3, the
+#: dispatch's dense path for batches. A step of :data:`TRIED` is compared with the step it modifies (step 11: step 3's
+#: kernel over a reordered vocabulary; step 9: step 3, the last step that takes a batch). Step 13's contract starts from
+#: the bitmask in host memory: no step before it has that contract, so its base is the rival with its contract,
+#: xgrammar's path.
 STEP_CASES = {
     0: (MAIN_CASE, None), 1: (MAIN_CASE, 0), 2: (MAIN_CASE, 1), 3: (MAIN_CASE, 2), 4: (MAIN_CASE, 3),
     5: (MAIN_CASE, 4), 6: (MAIN_CASE, 5), 7: (dict(batch=1, kind="random", allowed=10_000), 5),
@@ -647,15 +653,12 @@ CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the di
            10: "the batch's union, each row read once, on the tensor cores (`tl.dot`)",
            11: "the vocabulary reordered so that allowed tokens cluster",
            12: "a dispatch by shape",
-           13: "the whole step from the packed bitmask, in one CUDA graph (13a–c together)"}
-#: The rivals, in rows of their own under the steps at :data:`MAIN_CASE`, in the prose's words. The dense rival is cuBLAS
-#: with fp32 output: the chapter's contract, and steady, where dense + mask's bf16 logits run at two speeds at batch 1
-#: (:func:`dense_clusters`).
-MAIN_RIVALS = (("cublas_fp32_mask", "rival: cuBLAS's dense fp32 logits, then `masked_fill`"),
-               ("index_select", "rival: `index_select` of the allowed rows, then a matmul (given the ids)"),
-               (XGRAMMAR, "rival: xgrammar's path (the bitmask copied, dense fp32 logits, its mask kernel)"))
-#: Why a kept step has no time at :data:`MAIN_CASE`, in its row's µs cell (its time is in "its own case").
-NOT_HERE = {8: "not run here: it takes at most eight ids", 10: "not run here: it needs a batch"}
+           13: "the whole step from the packed bitmask, in one CUDA graph"}
+#: The rivals at :data:`MAIN_CASE`, said under the table of steps in the prose's words (xgrammar's path, which starts
+#: from the bitmask, faces step 13 in :func:`own_case_table`). The dense rival is cuBLAS with fp32 output: the chapter's
+#: contract, and steady, where dense + mask's bf16 logits run at two speeds at batch 1 (:func:`dense_clusters`).
+MAIN_RIVALS = (("cublas_fp32_mask", "cuBLAS's fp32 logits, then `masked_fill`"),
+               ("index_select", "`index_select` + matmul, given the ids"))
 #: Steps whose call starts from the bitmask in host memory: their floor starts with that copy (:func:`host_floor_ms`).
 FROM_HOST = (13,)
 
@@ -723,35 +726,19 @@ def step_floor_ms(results, row: dict, params: dict, *, from_host: bool = False) 
 
 def _over_floor(results, row: dict, params: dict, *, from_host: bool = False) -> str:
     """``2.6×``: the row's time over its floor (:func:`step_floor_ms`); where the floor starts with the bitmask's copy,
-    that floor follows (``4.7× (of 4.07 µs: the bitmask's copy first)``); ``–`` where it has none."""
+    that floor follows (``4.7× (of 4.02 µs: the bitmask's copy, then two kernels)``); ``–`` where it has none."""
     floor, binds = step_floor_ms(results, row, params, from_host=from_host)
     if floor is None:
         return "–"
     said = f"{row['ms'] / floor:.1f}×"
-    return said + (f" (of {floor * 1e3:.2f} µs: the bitmask's copy first)" if binds.startswith("the bitmask") else "")
+    return said + (f" (of {floor * 1e3:.2f} µs: the bitmask's copy, then two kernels)" if binds.startswith("the bitmask")
+                   else "")
 
 
-def main_base(results, number: int, params: dict = MAIN_CASE) -> int | None:
-    """The step a kept step is compared with at ``params``: the nearest step before it on :data:`MAIN_LINE` with a time
-    there; None for step 0, for step 13 (another contract, :data:`FROM_HOST`) and where no earlier kept step has one."""
-    if number in FROM_HOST:
-        return None
-    earlier = [n for n in MAIN_LINE if n < number and _row(results, step_series(n), **params) is not None]
-    return earlier[-1] if earlier else None
-
-
-def _own_case(results, number: int) -> str:
-    """The "its own case" cell of a kept step whose idea is about another case than :data:`MAIN_CASE`: the case, the
-    time there, its base's time over it (:data:`STEP_CASES`) and its time over its floor; ``–`` for the others."""
-    params, base = STEP_CASES[number]
-    row = _row(results, step_series(number), **params)
-    if params == MAIN_CASE or row is None:
-        return "–"
-    reference = _row(results, _base_series(base), **params)
-    if reference is None:
-        raise ValueError(f"step {number}'s base, step {base}, has no time at {_case(params)}")
-    return (f"{_case(params)}: {us(row['ms'])} µs{capped(row)}, {_vs(row, reference)} step {base}, "
-            f"{_over_floor(results, row, params)} floor")
+def table_us(ms: float | None) -> str:
+    """A time in the tables of steps, in µs: two decimals under 10 µs, so that close times (steps 5, 7 and 12 at the
+    main case, step 13's floor) differ where they differ, one decimal from 10 µs on."""
+    return us(ms, 2 if ms is not None and ms * 1e3 < 10 else 1)
 
 
 def _case(p: dict) -> str:
@@ -760,59 +747,80 @@ def _case(p: dict) -> str:
 
 
 def main_steps_table(results) -> str:
-    """The table of steps, Markdown under its bold caption: one row per kept step (:data:`MAIN_LINE`), then the rivals
-    (:data:`MAIN_RIVALS`). Every time is at :data:`MAIN_CASE` ("–" for a step that does not run there: step 8 takes at
-    most eight ids, step 10 a batch); "×" is the time of the kept step before it with a time there (:func:`main_base`)
-    over its own, so the column reads down the table; "× floor" is its time over its floor there (step 13's starts
-    with the bitmask's copy, said in its cell); "its own case" gives, for a step whose idea is about another case, that
-    case's time, its ratio to the step it builds on there and its time over that floor. A time whose rotation was capped
-    carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the page's threshold."""
-    lines = [f"**The steps kept, at {_case(MAIN_CASE)} allowed tokens** (µs, GPU clock; every row, "
-             "steps 0 and 1 too, on the [V, D] head; × the kept step above it with a time here; "
-             "steps keep the numbers of the order they were tried in, and the missing ones did not pay: "
-             + ", ".join(map(str, TRIED[:-1])) + f" and {TRIED[-1]}, under *Tried, did not pay*)", "",
-             "| step | the one change | µs | × | × floor | its own case |", "|---|---|---|---|---|---|"]
-    from_host = []  # (name, row): the whole-step rows, priced against their own floor under the table
+    """The table of steps, Markdown under its bold caption: one measured chain at :data:`MAIN_CASE`, one row per kept
+    step that runs there (:data:`MAIN_LINE`; steps 8 and 10 do not, and step 13 starts from the bitmask: they are in
+    :func:`own_case_table`), each with its time, "×" (the row above's time over its own, so the column reads down the
+    table) and "× floor" (its time over its floor there); then the rivals at the same case (:data:`MAIN_RIVALS`) in a
+    sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's
+    repetitions spread past the page's threshold."""
+    lines = [f"**The kept steps, one chain at {_case(MAIN_CASE)} allowed tokens** (µs, GPU clock, the [V, D] head)", "",
+             "| step | the one change | µs | × the row above | × floor |", "|---|---|---|---|---|"]
+    above = None
     for number in MAIN_LINE:
         row = _row(results, step_series(number), **MAIN_CASE)
-        if row is None and STEP_CASES[number][0] == MAIN_CASE:
+        if row is None or number in FROM_HOST:
             continue
         change = CHANGES[number]
         if number == 12:  # where the dispatch is the fastest of ours and the rivals, and where it is not
             lost = loss_counts(results)
             if lost["points"]:
-                change += (f": no rival beats it by over {TIE:.0%} at batch {counts_words(lost['clean_batches'])}; from batch "
-                           f"{lost['min_batch']} on it loses at {lost['points']} points (*Where we lose*)")
-        if row is None:
-            cells = [f"– ({NOT_HERE[number]})" if number in NOT_HERE else "–", "–", "–"]
-        else:
-            base = main_base(results, number)
-            base_row = None if base is None else _row(results, step_series(base), **MAIN_CASE)
-            ratio = "–" if base is None else _vs(row, base_row)
-            if base is not None and base != [n for n in MAIN_LINE if n < number][-1]:
-                ratio += f" (step {base})"
-            elif base_row is not None and tied(row["ms"], base_row["ms"]) and STEP_CASES[number][0] != MAIN_CASE:
-                change += " (a tie here; it pays at its own case)"
-            over = _over_floor(results, row, MAIN_CASE)
-            if number in FROM_HOST:
-                ratio, over = "– (starts from the bitmask)", "–"
-                from_host.append((f"step {number}", row))
-            cells = [f"{us(row['ms'])}{capped(row)}", ratio, over]
-        lines.append(f"| {number} | {change} | " + " | ".join(cells) + f" | {_own_case(results, number)} |")
-    for series, words in MAIN_RIVALS:
-        row = _row(results, series, **MAIN_CASE)
-        if row is not None:
-            over = "–" if series == XGRAMMAR else _over_floor(results, row, MAIN_CASE)
-            if series == XGRAMMAR:
-                from_host.append(("xgrammar's path", row))
-            lines.append(f"| rival | {words.removeprefix('rival: ')} | {us(row['ms'])}{capped(row)} | – | "
-                         f"{over} | – |")
-    floors = [(name, row, step_floor_ms(results, row, MAIN_CASE, from_host=True)[0]) for name, row in from_host]
-    if floors and all(f is not None for *_, f in floors):
-        lines += ["", f"Step 13 and xgrammar's path start from the bitmask in host memory: their floor is its copy, "
-                  f"then two kernels, {floors[0][2] * 1e3:.2f} µs, and they take "
-                  + " and ".join(f"{row['ms'] / f:.1f}×" for _, row, f in floors) + " that."]
+                change += (f": no rival beats it by over {TIE:.0%} at batch {counts_words(lost['clean_batches'])}; from "
+                           f"batch {lost['min_batch']} on it loses at {lost['points']} points (*Where we lose*)")
+        elif STEP_CASES[number][0] != MAIN_CASE:
+            change += " (it pays at its own case, the next table)"
+        lines.append(f"| {number} | {change} | {table_us(row['ms'])}{capped(row)} | "
+                     f"{'–' if above is None else _vs(row, above)} | {_over_floor(results, row, MAIN_CASE)} |")
+        above = row
+    rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
+    if rivals:
+        lines += ["", "Rivals here: " + "; ".join(
+            f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
+            for words, row in rivals) + "."]
     return "\n".join(lines)
+
+
+def own_case_steps() -> list[int]:
+    """The kept steps :func:`own_case_table` gives at their own case: those whose idea is about another case than
+    :data:`MAIN_CASE` (:data:`STEP_CASES`), and those that start from the bitmask (:data:`FROM_HOST`)."""
+    return [n for n in MAIN_LINE if STEP_CASES[n][0] != MAIN_CASE or n in FROM_HOST]
+
+
+def own_case_table(results, parts: dict[str, float] | None = None) -> str:
+    """The second table of steps, Markdown under its bold caption: each step of :func:`own_case_steps` at the case its
+    idea is about (:data:`STEP_CASES`), its time, "×" (its base's time there over its own, the base named) and its time
+    over its floor there (step 13's starts with the bitmask's copy). ``parts`` (:func:`plan_parts`), where given, puts
+    step 13's three parts' traced times in its row."""
+    lines = ["**The steps at their own case** (µs, GPU clock; × against the step or rival named)", "",
+             "| step | the one change | case | µs | × | × floor |", "|---|---|---|---|---|---|"]
+    for number in own_case_steps():
+        params, base = STEP_CASES[number]
+        row = _row(results, step_series(number), **params)
+        reference = _row(results, _base_series(base), **params)
+        if row is None or reference is None:
+            continue
+        change, case = CHANGES[number], _case(params)
+        if number in FROM_HOST:
+            case += ", from the bitmask in host memory"
+            change += (" (13a–c)" if parts is None else
+                       f": 13a the copy, {parts['copy']:.1f}; 13b the union's ids, "
+                       f"{parts['count_zero'] + parts['union_kernel']:.1f}; 13c step 7's kernel, "
+                       f"{parts['row_kernel']:.1f} (traced; the rest is idle)")
+        against = f"step {base}" if isinstance(base, int) else f"xgrammar's path, {table_us(reference['ms'])} µs"
+        lines.append(f"| {number} | {change} | {case} | {table_us(row['ms'])}{capped(row)} | "
+                     f"{_vs(row, reference)} {against} | "
+                     f"{_over_floor(results, row, params, from_host=number in FROM_HOST)} |")
+    return "\n".join(lines)
+
+
+def steps_note(results) -> str:
+    """The footnote under the two tables of steps: why step numbers are missing from the first, and the key to
+    :data:`CAPPED` (said once on the page) where the run marks rows."""
+    others = own_case_steps()
+    missing = [n for n in others if _row(results, step_series(n), **MAIN_CASE) is None or n in FROM_HOST]
+    note = (f"Missing from the chain: {counts_words(list(TRIED))} did not pay (*Tried, did not pay*); "
+            f"{counts_words(missing)} run at another case or contract (the second table).")
+    key = page_capped_key(results)
+    return note if key is None else note + "\n\n" + key
 
 
 def tried_steps_table(results) -> str:
@@ -836,7 +844,7 @@ def tried_steps_table(results) -> str:
         if number == 11:
             seven = _row(results, step_series(7), **params)
             reason = f"step 7 is {row['ms'] / seven['ms']:.2f}× as fast on the same mask" if seven else PENDING
-        lines.append(f"| {number} | {CHANGES[number]} | {_case(params)} | {us(row['ms'])}{capped(row)} | "
+        lines.append(f"| {number} | {CHANGES[number]} | {_case(params)} | {table_us(row['ms'])}{capped(row)} | "
                      f"{_vs(row, reference)} step {base} | {reason} |")
     return "\n".join(lines)
 
@@ -871,9 +879,9 @@ def result_table(results) -> str:
         if mine is None or not rivals:
             continue
         rival, series = min(rivals, key=lambda t: t[0]["ms"])
-        cells = [f"{batch}", f"{us(mine['ms'])}", f"{RIVAL_WORDS[series]}, {us(rival['ms'])}",
+        cells = [f"{batch}", f"{table_us(mine['ms'])}", f"{RIVAL_WORDS[series]}, {table_us(rival['ms'])}",
                  said(rival["ms"], mine["ms"])]
-        cells += ([f"{us(whole['ms'])}", f"{us(xgr['ms'])}", said(xgr["ms"], whole["ms"])] if whole and xgr
+        cells += ([f"{table_us(whole['ms'])}", f"{table_us(xgr['ms'])}", said(xgr["ms"], whole["ms"])] if whole and xgr
                   else ["–", "–", "–"])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
