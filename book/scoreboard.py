@@ -1202,7 +1202,7 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
         if r["binding"] == "bytes" and r.get("read_only_ms"):  # a floor no kernel reaches at this size: what a
             # kernel that only reads the same weights takes in the same run stands beside it, the × column's
             # divisor unchanged
-            cell += f"; a read-only pass: {_floor(r['read_only_ms'])}"
+            cell += READ_ONLY_MARK  # its time in a line under the table (:func:`read_only_line`)
         elif r["binding"] == "latency" and (r.get("floor_words") or "").startswith("the bitmask's copy"):
             # chapter 02's whole step: its chain in three words, so "latency" is not read as the kernel's own
             cell += f": the copy + {BITMASK_CHAIN_KERNELS} launches"
@@ -1210,6 +1210,28 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
         return f"latency floor, {NOT_MEASURED} on this card", "–"
     return NOT_MEASURED, NOT_MEASURED
+
+
+#: The mark on a byte floor that no kernel reaches at this size; the line under the table gives what a kernel that
+#: only reads the same weights takes in the same run.
+READ_ONLY_MARK = "†"
+
+
+def read_only_line(picked: list[tuple[dict[str, Any], dict[str, str]]]) -> str:
+    """The line under a times table for its rows whose floor cell carries :data:`READ_ONLY_MARK`: what a kernel that
+    only reads the same weights takes in the same run, per row (chapter, card where the table has two, kernel);
+    empty where no row has it."""
+    said = [(r, c) for r, c in picked if READ_ONLY_MARK in c.get("binding", "")]
+    if not said:
+        return ""
+    cards_ = {short_card(r["card"]) for r, _ in picked}
+    rows_ = "; ".join(
+        f"{r['number']:02d}" + (" part 1" if r.get("part_notebook") else "")
+        + (f" on the {short_card(r['card'])}" if len(cards_) > 1 else "") + f", {_floor(r['read_only_ms'])} µs"
+        for r, _ in said)
+    return (f"{READ_ONLY_MARK} A byte floor no kernel reaches at this size (the launch and the start of the read "
+            f"outweigh the bytes); a kernel that only reads the same weights takes, in the same run: {rows_}. The × "
+            "floor still divides by the byte floor.")
 
 
 def _by_row(off: list[tuple[dict[str, Any], float]]) -> dict[tuple[int, str], list[float]]:
@@ -1255,7 +1277,21 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             on.append(key)
 
     def chapter_link(r: dict[str, Any]) -> str:
-        return f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])})"
+        # chapter 05's rows are part 2's; a part 1 row says so in its kernel cell, which links that page
+        part = ", part 2" if r["notebook"].startswith("notebooks/05_ternary_2") and not r.get("part_notebook") else ""
+        return f"[{r['number']:02d}. {r['title']}{part}]({link(r['notebook'])})"
+
+    def shape_words(r: dict[str, Any]) -> str:
+        """A row's shape as the chapter cell gives it; chapter 03's headline says how many of its slots the budget
+        lets search, so its ratio is read as that many searches (:func:`book.results.ngram_searching`)."""
+        shape = r.get("shape") or ""
+        if r["number"] == 3 and shape.endswith(f"budget {NGRAM_CASE['threshold']}"):
+            from book.results import ngram_searching
+
+            searching = ngram_searching(folders[r["card"]])
+            if searching is not None and searching < NGRAM_CASE["batch"]:
+                shape += f" (it lets {searching} slot{'' if searching == 1 else 's'} search)"
+        return shape
 
     folders = {card_name(c): c for c in cards(root)}
     lead_card = next((card_name(c) for c in cards(root) if short_card(card_name(c)) == LEAD_CARD), None)
@@ -1339,8 +1375,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, other[1])
         if t is not None:  # the re-run's own median and p99, in a table of their own: no row mixes two runs
             # the re-run's own median and p99, a pair from one run: no p99 stands beside a median it is not from
-            p99 = f"{us(t['ms'])} / {us(t['p99_ms'])}" + (f" ({_copies(t['rotated_copies'])})" if tail_copies(r, t)
-                                                          else "")
+            # the spread alone, p99 over p50 of the one run: its median is not the chapter's (the clocks are not
+            # locked), so no p99 from it stands beside the chapter's median to be read against it
+            p99 = (f"+{us(t['p99_ms'] - t['ms'])} ({t['p99_ms'] / t['ms'] - 1:.1%})"
+                   + (f" ({_copies(t['rotated_copies'])})" if tail_copies(r, t) else ""))
             if other is not None and other[0]:
                 p99 = "– (other targets; notes)"
             elif t["p99_ms"] > WIDE_TAIL * t["ms"]:  # a spread this wide is worth a line: the median alone misleads
@@ -1450,7 +1488,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         marks: dict[str, str] = {}  # a long rival's full name -> its mark in this table
         for r, c in picked:
             chapter = (again(r) if r["number"] in named
-                       else chapter_link(r) + (f": {r['shape']}" if r.get("shape") else ""))
+                       else chapter_link(r) + (f": {shape_words(r)}" if r.get("shape") else ""))
             named.add(r["number"])
             short = short_rival(r.get("rival") or "")
             if short and "rival" in c:
@@ -1468,7 +1506,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     one_card = all(r["card"] == lead_card for r, _ in first_rows + loops)
     samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series"))
                            for r, _ in tail_cells) if t]
-    pair = f"p50 / p99 of {samples[0]['samples']} replays (µs)" if samples else "p50 / p99 (µs)"
+    pair = f"p99 − p50 of {samples[0]['samples']} replays (µs)" if samples else "p99 − p50 (µs)"
     common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"), ("p99", pair),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
               ("binding", "floor that binds (µs)"), ("pct", "× floor (ours ÷ floor)")]
@@ -1492,16 +1530,21 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     if samples:  # what the p50 / p99 column holds, said once under the lead table; a gap between its median and
         # the chapter's is said in that chapter's notes
         tail_on = sorted({short_card(r["card"]) for r, _ in tail_cells})
+        profiled = any(number == 4 for (number, _) in _by_row(off))
         under_lead.insert(0, (
-            f"p50 / p99: a separate run on the {' and the '.join(tail_on)} replays each call's CUDA graph "
+            f"p99 − p50: a separate run on the {' and the '.join(tail_on)} replays each call's CUDA graph "
             f"{samples[0]['samples']} times, at least {samples[0]['min_calls_per_replay']} calls a replay, and gives "
-            "the median and the 99th percentile of the replays' mean call times: how far one measurement lands above "
-            "another, not how slow a single call can be. The speedup and the × floor use the chapter's median."
-            + (" The clocks are not locked, so that run's median can land off the chapter's: "
+            "how far the 99th percentile of the replays' mean call times lies above their median: how far one "
+            "measurement lands above another, not how slow a single call can be. The median and the speedup are the "
+            "chapter's run's."
+            + (" That run's own median is not shown: the clocks are not locked, so it lands off the chapter's ("
                + "; ".join(f"{number:02d} on the {card}, " + " and ".join(
                    f"{abs(g):.1%} {'below' if g < 0 else 'above'}" for g in gaps)
                            for (number, card), gaps in _by_row(off).items())
-               + " (where the gap is wide, the row's notes say why)." if off else "")))
+               + ")." if off else "")
+            + (" Chapter 04's run times its calls after torch's profiler has run, which slows every later launch "
+               f"([How we measure]({link('how_we_measure.md')}#what-the-benchmark-runner-keeps-out-of-a-timing)); "
+               "the separate run never starts it." if profiled else "")))
     flash = {}  # chapter 06's rival as each card ran it: its fastest back end and page size there
     for r in board:
         m = re.match(r"FlashInfer \((\w+), page (\d+)\)", r.get("rival") or "")
@@ -1511,6 +1554,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         cards_said = sorted(flash, key=lambda c: c != LEAD_CARD)
         under_lead.append("FlashInfer runs with the back end and page size fastest on each card of those its benchmark "
                           "tries: " + ", ".join(f"{flash[c]} on the {c}" for c in cards_said) + ".")
+    read_only = read_only_line(first_rows)
+    if read_only:
+        under_lead.insert(1 if samples else 0, read_only)
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
                   first_rows, lead_columns, under_lead)
 
@@ -1526,8 +1572,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         times += [""] + table(f"**Decode loops: against our loop's own bound{on}**", loops,
                               loop_columns if one_card else [("card", "card")] + loop_columns, [LOOP_BOUND_NOTE])
     if rest:
+        read_only = read_only_line(rest)
         times += [""] + fold("The headline cases on both cards, H100 and H200",
-                             table("", rest, [("card", "card")] + common, under)[2:])
+                             table("", rest, [("card", "card")] + common, ([read_only] if read_only else []) + under)[2:])
     floor_lines = ["| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",
                    "|" + "---|" * 6]
     named: set[int] = set()

@@ -77,7 +77,8 @@ def test_every_final_kernel_is_measured_on_every_card_that_has_its_file():
 def test_the_page_table_lists_every_chapter_and_card():
     table = sb.scoreboard_markdown()
     for entry in sb.ENTRIES:
-        assert f"[{entry.number:02d}. {entry.title}]({entry.notebook})" in table
+        part = ", part 2" if entry.notebook.startswith("notebooks/05_ternary_2") else ""  # part 1 has a page of its own
+        assert f"[{entry.number:02d}. {entry.title}{part}]({entry.notebook})" in table
     for card in sb.cards():
         short = sb.short_card(sb.card_name(card))
         assert f"| {short} |" in table, f"no row for the {short}"
@@ -129,11 +130,11 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     for column in ("strongest rival", "floor that binds (µs)", "× floor (ours ÷ floor)"):
         assert f"| {column}" in header, column
     # the re-run's median and p99 are a column of the card tables, under a plain name; a decode loop has none
-    assert re.search(r"\| p50 / p99 of \d+ replays \(µs\) \|", header) and "p99" not in loops
+    assert re.search(r"\| p99 − p50 of \d+ replays \(µs\) \|", header) and "p99" not in loops
     for ln in lead_rows:
         # a floor's kind, with at most a few words: chapter 02's chain, or a read-only kernel's time where a short
         # call's byte floor lies below what any kernel reaches
-        assert re.search(r"(byte|compute|latency) floor(: the copy \+ \d launches|; a read-only pass: [\d.]+)? \|",
+        assert re.search(r"(byte|compute|latency) floor(: the copy \+ \d launches|†)? \|",
                          ln), ln
         assert "floor (" not in ln  # the floor's chain is in the notes, not the cell
     for ln in loop_rows:
@@ -409,7 +410,7 @@ def test_the_rerun_p99_stands_in_the_times_tables_with_its_gap_where_wide():
         for block in blocks:
             lines = block.splitlines()
             header = next((ln for ln in lines if ln.startswith("| chapter")), None)
-            if header is None or "| p50 / p99 of " not in header:
+            if header is None or "| p99 − p50 of " not in header:
                 continue
             names = [c.strip() for c in header.strip("|").split("|")]
             for ln in lines:
@@ -423,12 +424,11 @@ def test_the_rerun_p99_stands_in_the_times_tables_with_its_gap_where_wide():
         (cells,) = found
         other = sb.ctc_tail_targets(r, raw) if r["number"] == 4 else None
         if other is not None and other[0]:  # its repetitions timed other targets: the cell says so, not a number
-            assert next(v for k, v in cells.items() if k.startswith("p50 / p99 of ")) == "– (other targets; notes)"
+            assert next(v for k, v in cells.items() if k.startswith("p99 − p50 of ")) == "– (other targets; notes)"
             continue
-        # the re-run's own median and p99, a pair from one run: the p99 never sits below the median beside it
-        cell = next(v for k, v in cells.items() if k.startswith("p50 / p99 of "))
-        pair = cell.split(" (")[0]
-        assert pair == f"{raw['ms'] * 1e3:,.1f} / {raw['p99_ms'] * 1e3:,.1f}", cells
+        # the re-run's spread alone, p99 over p50 of one run: no p99 stands beside a median it is not from
+        cell = next(v for k, v in cells.items() if k.startswith("p99 − p50 of "))
+        assert cell.startswith(f"+{(raw['p99_ms'] - raw['ms']) * 1e3:,.1f} ({raw['p99_ms'] / raw['ms'] - 1:.1%})"), cells
         gap = raw["ms"] / r["median_ms"] - 1
         # the gap is no part of the cell: where wide, the chapter's notes say it (chapter 04's with its cause)
         assert "off the chapter's" not in cell and "**" not in cell, cells
@@ -439,11 +439,11 @@ def test_the_rerun_p99_stands_in_the_times_tables_with_its_gap_where_wide():
     n = _raw(tails[0], sb.TAILS)["measurements"][0].get("samples")
     lead = times.split("**Decode loops")[0]
     if n:
-        assert f"replays each call's CUDA graph {n} times" in lead and f"p50 / p99 of {n} replays" in lead
+        assert f"replays each call's CUDA graph {n} times" in lead and f"p99 − p50 of {n} replays" in lead
     # what the column holds, once, visible under the first table; the 3% rule is the notes' and the Definitions'
     assert "in bold" not in lead.split("\n\n")[-1] and "3%" not in lead
-    assert lead.count("gives the median and the 99th percentile of the replays' mean call times") == 1
-    assert "where the gap is wide, that chapter's notes below say by how much" in page
+    assert lead.count("how far the 99th percentile of the replays' mean call times lies above their median") == 1
+    assert "that chapter's notes below say by how much" in page
     assert "per-replay means" not in table or "per-replay means" in lead
     assert "not how slow a single call can be" in lead
     # the decode loops' table has no p99 column: why is said once, in the page's Definitions fold
@@ -716,7 +716,7 @@ def test_the_rerun_gap_is_said_in_the_chapters_notes_not_in_its_cell():
         if other is not None and other[0]:  # a p99 of other targets than the row's: left out, the note says why
             assert other[1][0].upper() + other[1][1:] in table and "not a slower call" in other[1]
             continue
-        assert f"| {t['ms'] * 1e3:,.1f} / {t['p99_ms'] * 1e3:,.1f}" in table
+        assert f"| +{(t['p99_ms'] - t['ms']) * 1e3:,.1f} ({t['p99_ms'] / t['ms'] - 1:.1%})" in table
 
 def test_a_faster_new_peer_is_named_beside_the_rival(bench_copy):
     """A peer added to a file that beats the rival the row shows is named on the page, not hidden."""
@@ -1181,7 +1181,9 @@ def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_
             assert cell == f"**{100 / r['pct_of_floor']:.1f}×**", line
             floor_cell = line.rstrip(" |").rsplit(" | ", 2)[-2]
             read = r["read_only_ms"] * 1e3
-            assert floor_cell.endswith(f", byte floor; a read-only pass: {read:,.{2 if read < 1 else 1}f}"), line
+            assert floor_cell.endswith(", byte floor†"), line
+            assert f"{r['number']:02d}, {read:,.{2 if read < 1 else 1}f} µs" in sb.scoreboard_markdown() or \
+                f"{read:,.{2 if read < 1 else 1}f} µs" in sb.scoreboard_markdown(), line
             assert f"(ours: {r['median_ms'] / r['read_only_ms']:.1f}× that)" in sb.scoreboard_markdown(), line
 
 
@@ -1223,10 +1225,11 @@ def test_chapter_4s_headline_floor_is_the_chapters_own():
 
 
 def test_a_p50_p99_run_below_the_chapters_median_is_said_under_the_table():
-    """A p99 from the separate run can sit below the chapter's median beside it (chapter 04's run follows torch's
-    profiler): the visible text under the lead table names such a row, with its gap and direction."""
+    """The separate run's median is not the chapter's (chapter 04's run follows torch's profiler), so the tables give
+    that run's spread alone, p99 over p50; the visible text under the lead table names each row whose run lands off
+    the chapter's median, with its gap and direction, and chapter 04's cause, unfolded."""
     page = sb.scoreboard_markdown()
-    lead = page[page.index("p50 / p99: a separate run"):].split("\n")[0]
-    assert "The clocks are not locked" in lead
+    lead = page[page.index("p99 − p50: a separate run"):].split("\n")[0]
+    assert "the clocks are not locked" in lead and "after torch's profiler has run" in lead
     assert re.search(r"04 on the H200, \d+\.\d% below", lead), lead
     assert "3%" not in lead  # the rule for a row's note lives in the notes, not under the table
