@@ -1294,7 +1294,8 @@ def case_and_rival(number: int, part: int = 0, root: Path = BENCH_RESULTS) -> st
     words = {
         1: "the chapter's grammar suite, forward passes; vs llguidance's fast-forward tokens",
         2: "batch 1, 1,000 of 128,256 tokens allowed; vs xgrammar (cuBLAS logits, then its mask)",
-        3: "its synthetic batches of slots and tokens; vs our FastDeploy port (no library has one)",
+        3: "its synthetic batches of slots and tokens; vs our corrected port of FastDeploy's kernel, step 4 (no "
+           "library has one)",
         5: ("one row of x, GemLite's shapes; vs GemLite" if part == 1 else
             "one row of int8 x, BitNet's shapes; vs BitNet's W2A8 kernel"),
         6: "8 prompts, mixed lengths, Llama 3.1 8B's grouped-query heads; vs FlashInfer",

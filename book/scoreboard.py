@@ -1205,6 +1205,9 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
             cell += READ_ONLY_MARK  # its time in a line under the table (:func:`read_only_line`)
         elif r["binding"] == "latency" and (r.get("floor_words") or "").startswith("the bitmask's copy"):
             # chapter 02's whole step: its chain in three words, so "latency" is not read as the kernel's own
+            # two decimals: the chain (the copy and two empty launches) stays apart from the kernel's own time, which
+            # the chapter gives to one decimal and is near it
+            cell = f"{us(r['binding_floor_ms'], digits=2)}, {floor_kind(r, short=True)}"
             cell += f": the copy + {BITMASK_CHAIN_KERNELS} launches"
         return cell, f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
