@@ -69,7 +69,7 @@ FIGURE_ALT = {
                                                     "fp32 logits followed by masked_fill, at batch 1, against the "
                                                     "number of allowed tokens",
     "assets/figures/ngram_latency.png": "Time per call of the n-gram entry point beside the CPU path, the ported "
-                                        "FastDeploy kernels, step 5 and the byte floor at every shape; below, "
+                                        "FastDeploy kernels, steps 5 and 6 and the byte floor at every shape; below, "
                                         "steps 11 and 12 against step 6",
     "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7, 10, 12, 13 and 14 over the faster of "
                                       "torch's CTC calls, against the number of utterances, for two alphabet sizes",
