@@ -377,3 +377,31 @@ def test_exercise_3s_worked_example_is_the_answers_and_the_real_schemas_paragrap
                  "bench['forced_share']", "bench['forced_share_schemastore']", "another rule, fast-forward"):
         assert read in real, read
     assert "this chapter's vocabulary)" not in flat and "rather than Llama's" in flat
+
+
+def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_rests_on():
+    """"Why it matters" sets MaskBench's count, the SchemaStore run and the suite in one table, each with its Amdahl
+    bound, the suite's bound being the landing's (:func:`book.results.fsm_line` through the same function); the
+    opening names the real schemas' sample and says, from the suite's own rows, why the suite saves more."""
+    import json
+    from pathlib import Path
+
+    from book.results import fsm_line, fsm_suite
+
+    class Row:
+        def __init__(self, kind, ws, none, token):
+            self.kind, self.whitespace, self.passes = kind, ws, {"none": none, "token": token, "char": token}
+
+    rows = [Row("json", "default", 90, 88), Row("regex", "default", 10, 7), Row("json", "compact", 50, 48)]
+    assert lesson.suite_passes(rows)[2] == 95 and lesson.suite_passes(rows, kind="regex")[2] == 7
+    assert lesson.suite_passes(rows, "compact", kind="json") == {1: 50, 2: 48, 3: 48}
+    saved, _, _ = fsm_line(fsm_suite())
+    assert f"{lesson.amdahl_bound(saved):.2f}" == "1.05"  # the landing's "at most 1.05× a request"
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    source = {c.get("id"): "".join(c["source"]) for c in cells["cells"]}
+    why = source["cell-03"]
+    assert "| counted by |" in why and why.count("\n| ") == 4  # a head and three rows
+    assert "**{lesson.amdahl_bound(suite_saved):.2f}×**" in why and "suite_saved = lesson.saved_share(passes, 2)" in why
+    opening = " ".join(source["cell-01"].split())
+    assert "(on {n_common} real schemas its rule finds" in opening
+    assert "by_kind['regex']" in opening and "json_compact" in opening and "the real schemas' whitespace" in opening

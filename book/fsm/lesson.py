@@ -80,9 +80,10 @@ def run_suite(vocab) -> tuple[list, dict]:
     return results, automata
 
 
-def suite_passes(results, whitespace: str = "default") -> dict[int, int]:
-    """Forward passes each step needs over the suite's documents (rows of ``fsm.run_suite``)."""
-    rows = [r for r in results if r.whitespace == whitespace]
+def suite_passes(results, whitespace: str = "default", kind: Optional[str] = None) -> dict[int, int]:
+    """Forward passes each step needs over the suite's documents (rows of ``fsm.run_suite``), over its entries of
+    one ``kind`` alone (``"json"`` or ``"regex"``) where given."""
+    rows = [r for r in results if r.whitespace == whitespace and (kind is None or r.kind == kind)]
     return {step: sum(r.passes[mode] for r in rows) for step, mode in MODES.items()}
 
 
