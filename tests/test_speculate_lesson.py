@@ -507,3 +507,26 @@ def test_chapter_07s_loop_has_one_time_in_the_open_text():
         assert key in fold
     opening = next(t for t in text if "the share drafting can save" in t)
     assert "ch7['total']:,.0f}" not in opening and "prefill" in opening
+
+
+def test_the_low_copy_workload_is_described_by_its_drafts_and_the_gate_by_what_it_paused():
+    """The low-copy workload is shown by what its drafts copy beside extraction's (accepted drafts' share of step 2's
+    tokens, the grammar's cut, the forced share), read by :func:`lesson.copying`; step 4's low-copy ratio is called
+    run-to-run variation only when the gate paused nothing there (:func:`lesson.gate_paused`)."""
+    results = lesson.committed()
+    kept = lesson.kept_results(results)
+    cx, cl = lesson.copying(kept, "extraction"), lesson.copying(results, "low_copy")
+    drafts = {d["step"]: d for d in lesson.drafts_table(results, 1, "low_copy")}
+    assert cl["cut"] == pytest.approx(drafts["step04_gated_draft"]["cut"] / drafts["step04_gated_draft"]["proposed"])
+    assert cl["forced"] > cx["forced"] and cl["cut"] > cx["cut"]  # what the page says differs
+    assert 0 < cl["copied"] < 1 and 0 < cx["copied"] < 1
+    low = lesson.gate_paused(results, "low_copy")
+    assert low["paused"] == 0 or not low["idle"]  # idle: the same forwards and drafting calls, so nothing paused
+    cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    assert any("lesson.copying(kept, \"extraction\")" in t for t in text)
+    step4 = next(t for t in text if "lesson.gate_paused(" in t)
+    assert 'paused["low_copy"]["idle"]' in step4 and "run-to-run variation" in step4
+    assert not any("every kernel of the course" in t for t in text)
+    assert "chapters 01, 02 and 03's kernels in chapter 07's loop" in text[0]
+    assert not any("the price of what it buys on low-copy" in t for t in text)

@@ -466,6 +466,35 @@ def validity(results) -> dict[str, int]:
     return {"ended": sum(c["ended"] for c in checks), "valid": sum(c["valid"] for c in checks)}
 
 
+def copying(results, workload: str, batch: int = 1) -> dict[str, float]:
+    """What a workload's drafts copy, summed over its batch-1 requests (pass :func:`kept_results` for the headline's
+    basis): ``copied``, the share of step 2's output tokens that are accepted draft tokens (step 2 drafts only what
+    the matcher finds in the prompt); ``cut``, the share of step 4's proposed tokens the grammar cuts; ``forced``, the
+    share of step 4's verified draft tokens that the automaton forced (step 3's extension); ``accepted``, step 4's
+    accepted tokens per draft."""
+    two, four = (_rows(results, batch, workload, s) for s in ("step02", "step04"))
+
+    def total(rows, key):
+        return sum(r[key] for r in rows)
+
+    return {"copied": total(two, "accepted") / total(two, "tokens"),
+            "cut": total(four, "cut") / total(four, "proposed"),
+            "forced": total(four, "forced_drafted") / total(four, "verified"),
+            "accepted": total(four, "accepted") / total(four, "drafts")}
+
+
+def gate_paused(results, workload: str, batch: int = 1) -> dict[str, Any]:
+    """What step 4's gate changed against step 3 on ``workload``: the drafting calls it paused, summed over the
+    requests (``paused``), and whether every request ran the same forwards and drafting calls in both (``idle``:
+    then any gap in time between the two steps is run-to-run variation)."""
+    three = {r["params"]["request"]: r for r in _rows(results, batch, workload, "step03")}
+    four = _rows(results, batch, workload, "step04")
+    same = all(r["forwards"] == three[r["params"]["request"]]["forwards"]
+               and r["draft_calls"] == three[r["params"]["request"]]["draft_calls"] for r in four)
+    return {"paused": sum(three[r["params"]["request"]]["draft_calls"] - r["draft_calls"] for r in four),
+            "idle": same}
+
+
 def losses(results, batch: int = 1) -> list[dict[str, Any]]:
     """Every request of either workload with step 4's speedup over chapter 07's step 3, slowest first."""
     out = []
@@ -590,7 +619,7 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
     return min(report.speedups(results.rows, batch, workload, series))
 
 
-__all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN", "START_LABEL", "STEP_LABELS", "agreement", "batch_makeup", "bound_rows",
+__all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN", "START_LABEL", "STEP_LABELS", "agreement", "batch_makeup", "copying", "gate_paused", "bound_rows",
            "breakdown_table", "capped", "closed_ratio", "committed", "forecasts", "draft_cost", "drafts_table", "layer_table", "loop_bound", "kernel_count_bound", "losses",
            "low_copy_counts", "markdown_table", "request_words", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
