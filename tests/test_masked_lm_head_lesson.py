@@ -232,7 +232,8 @@ def test_figures_three_panels_one_colour_per_series_readable_text(which):
 def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     """The first table is one measured chain at the main case: a row per kept step that runs there (steps 8 and 10 do
     not, step 13 starts from the bitmask), each with a time, a "×" (all but the first) and a time over its floor; the
-    second gives steps 7, 8, 10 and 13 at their own case, each with a time, a "×" and a floor. No floor is beaten."""
+    second gives steps 7, 8, 10, 12 and 13 at their own case, each with a time, a "×" and a floor. No floor is beaten.
+    A step of the chain whose gain is at another case (7, 12) names that case and its ratio there."""
     results = plotting.load_results("masked_lm_head")
     rows = _main_rows(results)
     here = [n for n in lesson.MAIN_LINE if n not in lesson.FROM_HOST
@@ -241,7 +242,12 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     assert all(not r[2].startswith("–") and not r[4].startswith("–") for r in rows)
     assert rows[0][3] == "–" and all(r[3].split(" ")[0].endswith("×") for r in rows[1:])
     own = _own_rows(results)
-    assert [r[0] for r in own] == [str(n) for n in lesson.own_case_steps()] == ["7", "8", "10", "13"]
+    assert [r[0] for r in own] == [str(n) for n in lesson.own_case_steps()] == ["7", "8", "10", "12", "13"]
+    by = {r[0]: r for r in rows}
+    for n in (7, 12):
+        params, base = lesson.STEP_CASES[n]
+        assert f"its gain is at {lesson._case(params)}: {lesson.step_factor(results, n):.2f}× step {base}" in by[str(n)][1]
+    assert "loses at" not in by["12"][1] and "Where we lose" not in by["12"][1]
     assert all("–" not in r[3] + r[4] + r[5] for r in own)
     overs = [float(r[4].split("×")[0]) for r in rows] + [float(r[5].split("×")[0]) for r in own]
     assert all(x >= 1.0 for x in overs), overs
@@ -324,7 +330,7 @@ def test_every_step_is_compared_with_the_row_above_it_and_at_its_own_case_with_i
     assert _base_problems(results, rows, own) == []
     by = {r[0]: r for r in rows}
     assert [r[0] for r in rows][-2:] == ["7", "12"] and by["12"][3].endswith("×") and by["4"][3].endswith("×")
-    assert [n for n in lesson.MAIN_LINE if lesson.STEP_CASES[n][0] != lesson.MAIN_CASE] == [7, 8, 10]
+    assert [n for n in lesson.MAIN_LINE if lesson.STEP_CASES[n][0] != lesson.MAIN_CASE] == [7, 8, 10, 12]
     ten = next(r for r in own if r[0] == "10")
     assert ten[2].startswith("batch 64") and ten[4].endswith("step 3")
     wrong = [r[:3] + [f"{float(r[3].split('×')[0]) + 0.1:.2f}×"] + r[4:] if r[0] == "5" else r for r in rows]
@@ -505,6 +511,7 @@ def test_the_missing_step_numbers_are_said_once_under_the_tables():
     chain = {int(r[0]) for r in _main_rows(results)}
     missing = [n for n in lesson.MAIN_LINE if n not in chain]
     assert missing == [8, 10, 13] and f"{lesson.counts_words(missing)} run at another case" in first
+    assert "did not pay (the fold below the figures)" in first
     key = lesson.page_capped_key(results)
     assert key is None or note.endswith(key)
     source = "\n".join("".join(c["source"]) for c in _notebook_cells())
@@ -526,16 +533,22 @@ def test_dense_mask_two_speeds_are_said_and_cublas_fp32_quoted_instead():
 
 
 def test_the_page_shows_one_steps_table_and_one_tried_table():
-    """The page shows the table of the kept steps once, under the steps, and the tried steps' table once, in their own
-    section; the tried steps have no section of their own, and the kept ones each have one, in order."""
-    cells = ["".join(c["source"]) for c in _notebook_cells()]
+    """The page shows the table of the kept steps once, under the steps, and the tried steps' table once, folded with
+    what each tried step changes, after the tables; the tried steps have no section of their own, and the kept ones
+    each have one, in order: the batch-1 arc to step 8, then steps 10, 12 and 13 under *At batch and in a graph*."""
+    nb = _notebook_cells()
+    cells = ["".join(c["source"]) for c in nb]
     source = "\n".join(cells)
     assert source.count("lesson.main_steps_table(results)") == 1 and source.count("lesson.tried_steps_table(results)") == 1
     assert "boehm_table" not in source and "one_steps_table" not in source
-    heads = [c.split("\n", 1)[0] for c in cells if c.startswith("## Step ")]
-    assert [int(h.split()[2].rstrip(":")) for h in heads] == list(lesson.MAIN_LINE)
-    tried = next(k for k, c in enumerate(cells) if c.startswith("## Tried, did not pay"))
-    assert "lesson.tried_steps_table(results)" in cells[tried + 1]
+    heads = [re.match(r"#+ Step (\d+)", c) for c in cells]
+    assert [int(h.group(1)) for h in heads if h] == list(lesson.MAIN_LINE)
+    batch = cells.index(next(c for c in cells if c.startswith("## At batch and in a graph")))
+    assert [int(h.group(1)) for h in heads[:batch] if h] == [n for n in lesson.MAIN_LINE if n <= 8]
+    assert all(cells[k].startswith("### ") for k, h in enumerate(heads) if h and k > batch)
+    tried = next(k for k, c in enumerate(cells) if "lesson.tried_steps_table(results)" in c)
+    assert tried > cells.index(next(c for c in cells if "lesson.main_steps_table(results)" in c))
+    assert "hide-output" in nb[tried]["metadata"]["tags"] and nb[tried]["metadata"]["mystnb"]["code_prompt_show"]
     assert all(f"**Step {n}**" in cells[tried] for n in lesson.TRIED)
 
 
@@ -782,7 +795,7 @@ def test_step_13s_section_names_its_one_idea_and_times_each_part():
     its parts' traced times (the copy, the count zeroed, the union kernel, the row kernel) in the traced call's table,
     and the idle rest of the period between calls in words."""
     cells = _notebook_cells()
-    start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 13"))
+    start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("### Step 13"))
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
     section = ["".join(c["source"]) for c in cells[start:end]]
     opening = section[0].split("\n\n")[1]
@@ -835,13 +848,14 @@ def test_a_tie_is_one_rule_and_never_a_loss():
 
 def test_no_whole_listing_or_diff_is_folded_and_folds_render_code_as_html():
     """A step's code is shown open (its core), never folded whole: no code cell that shows a diff or a listing is
-    tagged ``hide-output`` or ``hide-input``; the HTML folds (the ties, every point) write inline code as ``<code>``
+    tagged ``hide-output`` or ``hide-input``, but 13b's new kernel, listed whole (13a's call and 13c's diff stay open); the HTML folds (the ties, every point) write inline code as ``<code>``
     and apostrophes curly, never raw backticks."""
     for c in _notebook_cells():  # step 3's diff is open in its own section, like every kept step's
         text = "".join(c["source"])
         tags = set(c.get("metadata", {}).get("tags", []))
         if c["cell_type"] == "code" and re.search(r"show_source|step_diff|function_diff|listing\(", text):
-            assert "dot_rows (step 3)" in text or not tags & {"hide-output", "hide-input"}, text
+            folded = "dot_rows (step 3)" in text or "show_source(union_ids_kernel" in text
+            assert folded or not tags & {"hide-output", "hide-input"}, text
     assert lesson.inline_html("`index_select` + matmul's") == "<code>index_select</code> + matmul’s"
     results = plotting.load_results("masked_lm_head")
     html = lesson.folded("every point", lesson.practitioners_table(results))
@@ -915,10 +929,10 @@ def test_step_13_is_one_section_with_three_numbered_parts_and_one_table_of_their
     kernel reading the count), are run-in heads, not sections, each followed by its code; one table after them gives
     their traced times, its rows named 13a to 13c."""
     cells = _notebook_cells()
-    start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 13"))
+    start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("### Step 13"))
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
     text = ["".join(c["source"]) for c in cells[start:end]]
-    assert not any("### " in t for t in text)
+    assert not any("### " in t for t in text[1:])
     heads = [k for k, t in enumerate(text) if re.search(r"^\*\*13[abc]: ", t, re.M)]
     assert [re.search(r"^\*\*(13[abc]): ", text[k], re.M).group(1) for k in heads] == ["13a", "13b", "13c"]
     shown = ("function_listing(mlh.step13_plan", "show_source(union_ids", "step_diff(CHAPTER, 7, 13)")

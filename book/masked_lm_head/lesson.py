@@ -407,7 +407,7 @@ def capped_key(rot: dict[str, Any] | None) -> str | None:
     union = "A union of one row" if n == 1 else f"A union of at most {n:,} rows"
     return (f"{CAPPED} {union}: even the {rot['max_copies']} copies of the head that fit in memory do not flush L2, so "
             "some rows may come from L2. Ours and `index_select` + matmul read the same rows, so where both carry "
-            f"{CAPPED} L2 flatters neither; the dense paths and xgrammar's path read the whole head, so against them it "
+            f"{CAPPED} L2 flatters neither. The dense paths and xgrammar's path read the whole head, so against them it "
             "can flatter ours.")
 
 
@@ -624,19 +624,20 @@ MAIN_LINE = (0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13)
 #: (the library and the results name them so).
 TRIED = (6, 9, 11)
 #: The case each step's idea is about and the step it is compared with there (None for step 0). The table of steps
-#: (:func:`main_steps_table`) is one chain at :data:`MAIN_CASE`; a kept step whose case is another (7, 8, 10), and step 13,
-#: get a row at their own case in :func:`own_case_table`. There the base is the kept step before it (step 7 builds on
-#: step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with step 3, the
-#: dispatch's dense path for batches. A step of :data:`TRIED` is compared with the step it modifies (step 11: step 3's
-#: kernel over a reordered vocabulary; step 9: step 3, the last step that takes a batch). Step 13's contract starts from
-#: the bitmask in host memory: no step before it has that contract, so its base is the rival with its contract,
-#: xgrammar's path.
+#: (:func:`main_steps_table`) is one chain at :data:`MAIN_CASE`; a kept step whose case is another (7, 8, 10, 12), and
+#: step 13, get a row at their own case in :func:`own_case_table`. There the base is the kept step before it (step 7
+#: builds on step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with
+#: step 3, the dispatch's dense path for batches. Step 12, a dispatch, runs step 7 at the main case; its gain is where
+#: it leaves step 10's path for a dense one, at batch 64 with 10,000 allowed each (step 10's section ends there). A step
+#: of :data:`TRIED` is compared with the step it modifies (step 11: step 3's kernel over a reordered vocabulary; step 9:
+#: step 3, the last step that takes a batch). Step 13's contract starts from the bitmask in host memory: no step before
+#: it has that contract, so its base is the rival with its contract, xgrammar's path.
 STEP_CASES = {
     0: (MAIN_CASE, None), 1: (MAIN_CASE, 0), 2: (MAIN_CASE, 1), 3: (MAIN_CASE, 2), 4: (MAIN_CASE, 3),
     5: (MAIN_CASE, 4), 6: (MAIN_CASE, 5), 7: (dict(batch=1, kind="random", allowed=10_000), 5),
     8: (dict(batch=1, kind="random", allowed=1), 7), 9: (dict(batch=64, kind="random", allowed=1000), 3),
     10: (dict(batch=64, kind="random", allowed=1000), 3), 11: (dict(batch=1, kind="real", allowed=1000), 3),
-    12: (MAIN_CASE, 7), 13: (MAIN_CASE, XGRAMMAR),
+    12: (dict(batch=64, kind="random", allowed=10_000), 10), 13: (MAIN_CASE, XGRAMMAR),
 }
 #: The table of steps' words for each step: its one change.
 CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the disallowed",
@@ -750,8 +751,9 @@ def main_steps_table(results) -> str:
     """The table of steps, Markdown under its bold caption: one measured chain at :data:`MAIN_CASE`, one row per kept
     step that runs there (:data:`MAIN_LINE`; steps 8 and 10 do not, and step 13 starts from the bitmask: they are in
     :func:`own_case_table`), each with its time, "×" (the row above's time over its own, so the column reads down the
-    table) and "× floor" (its time over its floor there); then the rivals at the same case (:data:`MAIN_RIVALS`) in a
-    sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's
+    table) and "× floor" (its time over its floor there); a step whose gain is at another case (7, 12) says where and
+    by how much (:func:`step_factor`, the next table's ratio); then the rivals at the same case (:data:`MAIN_RIVALS`)
+    in a sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's
     repetitions spread past the page's threshold."""
     lines = [f"**The kept steps, one chain at {_case(MAIN_CASE)} allowed tokens** (µs, GPU clock, the [V, D] head)", "",
              "| step | the one change | µs | × the row above | × floor |", "|---|---|---|---|---|"]
@@ -761,13 +763,11 @@ def main_steps_table(results) -> str:
         if row is None or number in FROM_HOST:
             continue
         change = CHANGES[number]
-        if number == 12:  # where the dispatch is the fastest of ours and the rivals, and where it is not
-            lost = loss_counts(results)
-            if lost["points"]:
-                change += (f": no rival beats it by over {TIE:.0%} at batch {counts_words(lost['clean_batches'])}; from "
-                           f"batch {lost['min_batch']} on it loses at {lost['points']} points (*Where we lose*)")
-        elif STEP_CASES[number][0] != MAIN_CASE:
-            change += " (it pays at its own case, the next table)"
+        if STEP_CASES[number][0] != MAIN_CASE:  # no gain here: say the case that shows it
+            own, base = STEP_CASES[number]
+            factor = step_factor(results, number)
+            change += (f" (its gain is at {_case(own)}: {factor:.2f}× step {base}, the next table)" if factor else
+                       " (its gain is at its own case, the next table)")
         lines.append(f"| {number} | {change} | {table_us(row['ms'])}{capped(row)} | "
                      f"{'–' if above is None else _vs(row, above)} | {_over_floor(results, row, MAIN_CASE)} |")
         above = row
@@ -799,6 +799,8 @@ def own_case_table(results, parts: dict[str, float] | None = None) -> str:
         if row is None or reference is None:
             continue
         change, case = CHANGES[number], _case(params)
+        if number == 12 and row.get("path"):  # the path the dispatch leaves step 10's for there
+            change += f": {path_words(row['path'])} here"
         if number in FROM_HOST:
             case += ", from the bitmask in host memory"
             change += (" (13a–c)" if parts is None else
@@ -817,7 +819,7 @@ def steps_note(results) -> str:
     :data:`CAPPED` (said once on the page) where the run marks rows."""
     others = own_case_steps()
     missing = [n for n in others if _row(results, step_series(n), **MAIN_CASE) is None or n in FROM_HOST]
-    note = (f"Missing from the chain: {counts_words(list(TRIED))} did not pay (*Tried, did not pay*); "
+    note = (f"Missing from the chain: {counts_words(list(TRIED))} did not pay (the fold below the figures); "
             f"{counts_words(missing)} run at another case or contract (the second table).")
     key = page_capped_key(results)
     return note if key is None else note + "\n\n" + key
