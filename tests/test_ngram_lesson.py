@@ -147,8 +147,8 @@ def test_the_shared_definitions_hold_what_the_listings_lean_on():
 def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
     """The page folds what a reader can skip: the definitions every listing leans on (the parameter list,
     ``plan_slot``), step 2's loop (the search and the slot walk), step 3's search kernel,
-    and the diffs of steps 7, 10 and 11 (each a sentence's idea, step 11's mostly its two helpers); every other diff is
-    open. No folded output holds the
+    and the diffs of steps 7 to 10 (streaming the haystack, one section, each a sentence's idea); every other diff is
+    open, step 11's (the path's idea) included. No folded output holds the
     specification, and no Markdown says "folded" (the fold's own button says what it holds)."""
     import json
 
@@ -163,7 +163,8 @@ def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
                       "display(lesson.step2_excerpt())",
                       'show_source("ngram_common.cuh", "walk_budget")  # the batch loop, shared with step 3\'s phase 2',
                       'show_source("ngram_two_phase.cu", "ngram_search_per_n")',
-                      "lesson.step_diff(6, 7)", "lesson.step_diff(9, 10)", "lesson.step_diff(10, 11)"]
+                      "lesson.step_diff(6, 7)", "lesson.core_diff(8)", "lesson.step_diff(8, 9)",
+                      "lesson.step_diff(9, 10)"]
     for c in cells:
         if "hide-output" in c["metadata"].get("tags", []):
             assert c["metadata"]["mystnb"]["code_prompt_show"].startswith("Show "), c["metadata"]
@@ -171,10 +172,10 @@ def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
     assert not any("folded" in t for c, t in zip(cells, text) if c["cell_type"] == "markdown")
 
 
-def test_the_cores_of_steps_4_5_6_and_8_show_open():
-    """Steps 4, 5, 6 and 8 show their diff's core unfolded (at most 40 changed lines, each side from its step's
-    kernel), and not the whole diff; the result table says which step `ngram_match` runs at each shape, and it runs
-    step 12 at the small case."""
+def test_the_cores_of_steps_4_5_6_show_open_and_8_folded():
+    """Steps 4, 5 and 6 show their diff's core unfolded, step 8 folded in the streaming section (at most 40 changed
+    lines, each side from its step's kernel), and not the whole diff; the result table says which step `ngram_match`
+    runs at each shape, and it runs step 12 at the small case."""
     import json
 
     from studylog import paths
@@ -182,9 +183,10 @@ def test_the_cores_of_steps_4_5_6_and_8_show_open():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     for step in (4, 5, 6, 8):
         at = [i for i, c in enumerate(cells) if "".join(c["source"]).strip() == f"lesson.core_diff({step})"]
-        assert len(at) == 1 and "hide-output" not in cells[at[0]]["metadata"].get("tags", []), step
-        after = "".join(cells[at[0] + 1]["source"])  # the step's number, not the whole diff
-        assert "say(f" in after and not any(w in after for w in ("parts(", "_diff(")), step
+        assert len(at) == 1 and ("hide-output" in cells[at[0]]["metadata"].get("tags", [])) == (step == 8), step
+        if step != 8:  # step 8's number is in the streaming section's paragraph, after the other diffs
+            after = "".join(cells[at[0] + 1]["source"])  # the step's number, not the whole diff
+            assert "say(f" in after and not any(w in after for w in ("parts(", "_diff(")), step
         d = lesson.core_diff(step)
         assert len(d.lines) <= 45 and len(d.added) + len(d.removed) <= 40 and d.added and d.removed, step
     results = load_results("ngram")
@@ -194,10 +196,12 @@ def test_the_cores_of_steps_4_5_6_and_8_show_open():
 
 def test_every_step_has_its_section_with_its_diff_and_its_number():
     """One section a step, in order, headed "## Step N: <the one idea>" (steps 1 to 6) or "### Step N: ..." (under
-    its path's heading, steps 7 to 12; no bundle words); each from step 3 on shows a diff (open or folded) and says a
-    computed number, and each step on a path says where it pays (:func:`lesson.path_words`), in its section (steps 7,
-    11 and 12, whose sections argue for them) or in the table of steps' "why kept" column; a diff changes at most
-    about 40 lines. The paths' headings come in the order of :data:`lesson.PATHS`, after step 6's section."""
+    its path's heading, steps 11 and 12; no bundle words), except steps 7 to 10, which share one section,
+    "### Steps 7 to 10: ...", a diff each (folded) and their numbers in one paragraph; each section from step 3 on shows
+    a diff for each of its steps (open or folded) and says a computed number, and steps 7, 11 and 12 say where they
+    pay (:func:`lesson.path_words`), the others in the table of steps' "why kept" column; a diff changes at most
+    about 40 lines, and step 11's, the path's idea, is open. The paths' headings come in the order of
+    :data:`lesson.PATHS`, after step 6's section."""
     import json
     import re
 
@@ -205,30 +209,38 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
-    heads = [(int(m[1]), i) for i, t in enumerate(text) for m in [re.match(r"###? Step (\d+): (.+)", t)] if m]
-    assert [n for n, _ in heads] == [s.number for s in ngram.CHAPTER.steps]
-    for n, i in heads:
+    sections = [(list(range(int(m[1]), int(m[2] or m[1]) + 1)), i) for i, t in enumerate(text)
+                for m in [re.match(r"###? Steps? (\d+)(?: to (\d+))?: (.+)", t)] if m]
+    assert [n for ns, _ in sections for n in ns] == [s.number for s in ngram.CHAPTER.steps]
+    assert [ns for ns, _ in sections if len(ns) > 1] == [[7, 8, 9, 10]]
+    at = {n: i for ns, i in sections for n in ns}
+    for _, i in sections:
         title = text[i].splitlines()[0]
         assert not re.search(r"\bplus\b|changes\)|prerequisite|tunings?", title), title
     path_heads = [i for i, t in enumerate(text) if t.startswith("## ") and " from step 6" not in t
                   and any(t.startswith(f"## {name[0].upper()}{name[1:]}") for name, _ in lesson.PATHS)]
-    assert len(path_heads) == len(lesson.PATHS) and dict(heads)[6] < path_heads[0] < dict(heads)[7] < path_heads[1] \
-        < dict(heads)[12]
-    ends = [i for _, i in heads[1:]] + [next(i for i, t in enumerate(text) if t.startswith("## The steps, measured"))]
-    for (n, start), end in zip(heads, ends):
-        if n < 3:
+    assert len(path_heads) == len(lesson.PATHS) and at[6] < path_heads[0] < at[7] < path_heads[1] < at[12]
+    measured = next(i for i, t in enumerate(text) if t.startswith("## The steps, measured"))
+    ends = [i for _, i in sections[1:]] + [measured]
+    for (numbers, start), end in zip(sections, ends):
+        if numbers[-1] < 3:
             continue
         body = text[start:end]
-        assert any(re.search(r"show_diff|step_diff|parts\(|core_diff", t) for t in body), n
-        assert any("say(f" in t and "{" in t for t in body), n
-        if n in (7, 11, 12):
-            assert any(f"lesson.path_words(results, {n})" in t for t in body), n
-            assert text[i].startswith("### "), n
-        for t in body:
-            m = re.fullmatch(r"lesson\.step_diff\((\d+), (\d+)\)", t.strip())
+        assert any("say(f" in t and "{" in t for t in body), numbers
+        for n in numbers:
+            assert any(re.search(rf"show_diff|step_diff\(\d+, {n}\)|parts\(|core_diff\({n}\)", t) for t in body), n
+            if n in (7, 11, 12):
+                assert any(f"lesson.path_words(results, {n})" in t for t in body), n
+                assert text[start].startswith("### "), n
+        for c, t in zip(cells[start:end], body):
+            m = re.fullmatch(r"lesson\.(?:step|core)_diff\((?:(\d+), )?(\d+)\)", t.strip())
             if m:
-                d = lesson.step_diff(int(m[1]), int(m[2]))
-                assert int(m[2]) == n and len(d.added) + len(d.removed) <= 40, (n, len(d.added), len(d.removed))
+                tags = c["metadata"].get("tags", [])
+                assert ("hide-output" in tags) == (len(numbers) > 1), (numbers, tags)  # 7-10 folded, the rest open
+                if m[1]:
+                    d = lesson.step_diff(int(m[1]), int(m[2]))
+                    changed = len(d.added) + len(d.removed)
+                    assert int(m[2]) in numbers and changed <= 40, (m[2], changed)
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():
@@ -343,6 +355,8 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
             for cell, cfg in zip(rows[str(step.number)][3::3], cases):
                 before = _file_ms(results, lesson.builds_on(step.number), cfg)
                 want = "–" if before is None else f"{before / _file_ms(results, step.number, cfg):.2f}×"
+                if before is not None and lesson.builds_on(step.number) != step.number - 1:
+                    want += f" (vs {lesson.builds_on(step.number)})"
                 assert cell == want, (step.number, cfg, cell)
 
 
@@ -431,8 +445,9 @@ def test_step_7_says_what_its_one_launch_buys():
     assert lesson.path_words(results, 7).startswith("pays at no case")
     cells = ["".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
-    at = next(i for i, t in enumerate(cells) if t.startswith("### Step 7:"))
-    body = "\n".join(cells[at:at + 3])
+    at = next(i for i, t in enumerate(cells) if t.startswith("### Steps 7 to 10:"))
+    end = next(i for i, t in enumerate(cells) if i > at and t.startswith("### "))
+    body = "\n".join(cells[at:end])
     assert "lesson.path_words(results, 7)" in body and "lesson.host_us(results, n, lesson.HEADLINE)" in body
 
 
@@ -479,7 +494,7 @@ def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():
     chains = [i for i, t in enumerate(cells) if "chain_table(" in t]
     assert len(chains) == 1 and "lesson.step6_chain()" in cells[chains[0]]
     step6 = next(i for i, t in enumerate(cells) if t.startswith("## Step 6:"))
-    step7 = next(i for i, t in enumerate(cells) if t.startswith("### Step 7:"))
+    step7 = next(i for i, t in enumerate(cells) if t.startswith("### Steps 7 to 10:"))
     assert step6 < chains[0] < step7
 
 
@@ -737,3 +752,24 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     assert book_results.ngram_searching(card) == walk["searched"]  # the results page counts them the same way
 
 
+
+
+def test_the_budgeted_floor_says_what_it_counts():
+    """Where the budget lets fewer slots search than are active and the bytes set the floor (the headline case), the
+    "× floor" head says it counts the bytes a search of every active slot reads; at the other cases it is the plain
+    floor. "Why it matters" prices the step against the GPU rival (step 4) as well as the CPU path."""
+    import json
+
+    from studylog import paths
+
+    results = load_results("ngram")
+    label = "the bytes a search of every active slot reads"
+    walk = lesson.budget_walk(results, lesson.HEADLINE)
+    assert walk["searched"] < lesson.active_slots(results, lesson.HEADLINE)
+    head = lesson.steps_table(results).splitlines()[0].split(" | ")
+    floors = [h for h in head if h.startswith("× floor")]
+    assert [label in h for h in floors] == [c == lesson.HEADLINE for c in lesson.BOEHM_CASES]
+    cells = ["".join(c["source"]) for c in
+             json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
+    why = next(i for i, t in enumerate(cells) if t.startswith("## Why it matters"))
+    assert "us(4, batch, seq_len, threshold)" in cells[why + 1] and "port_us" in cells[why + 1]

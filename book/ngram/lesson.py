@@ -488,19 +488,32 @@ def host_note(results, cases=BOEHM_CASES) -> str:
     return f"¹ Step 1 runs on the host: a call takes {said}, end to end; no GPU-clock row is divided by it."
 
 
+def _budget_bytes_floor(results, cfg: tuple[int, int, int]) -> bool:
+    """Whether the floor at ``cfg`` is set by bytes the budget may not let a kernel need: a budget lets fewer slots
+    search than are active (:func:`budget_walk`) and the floor is the active slots' haystacks, not the empty kernel."""
+    row = grid_row(results, CHAPTER.step(1).series, cfg)
+    if cfg[2] == NO_BUDGET or row is None or not row.get("haystack_bytes"):
+        return False
+    by_bytes = row["haystack_bytes"] / (results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9) * 1e6
+    return by_bytes >= floor_us(results, cfg) and budget_walk(results, cfg)["searched"] < active_slots(results, cfg)
+
+
 def steps_table(results, cases=BOEHM_CASES) -> str:
     """Markdown, the one table of steps: a row per numbered step (its :data:`SHORT_CHANGES`), steps 1 to 6 first, then
     each path of :data:`PATHS` under a bold row naming it (:func:`path_row`), then the entry point; per case of
     ``cases`` the time in µs on the GPU clock, × previous (over the step it builds on, :func:`builds_on`: the step
-    before on its path) and × the floor (:func:`floor_us`, given in that column's head); last, why a path's step is
-    kept (:func:`why_kept`, read at every case of :data:`BOEHM_CASES`). Step 1 is timed end to end on the host: its
-    cells point to the footnote that gives its times (:func:`host_note`), and no row is divided by it, so step 2's
-    "× previous" is ``–``. The entry point builds on no step (it runs one), so its "× previous" is ``–``."""
+    before on its path, named in the cell where it is not the row above) and × the floor (:func:`floor_us`, given in
+    that column's head, which says where it counts slots the budget refuses: :func:`_budget_bytes_floor`); last, why
+    a path's step is kept (:func:`why_kept`, read at every case of :data:`BOEHM_CASES`). Step 1 is timed end to end
+    on the host: its cells point to the footnote that gives its times (:func:`host_note`), and no row is divided by
+    it, so step 2's "× previous" is ``–``. The entry point builds on no step (it runs one), so its "× previous" is
+    ``–``."""
     floors = [floor_us(results, cfg) for cfg in cases]
     head = ["step", "the one change"]
     for (b, s, t), f in zip(cases, floors):
+        what = ": the bytes a search of every active slot reads" if _budget_bytes_floor(results, (b, s, t)) else ""
         head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs, GPU clock", "× previous",
-                 f"× floor ({f:,.2f} µs)" if f else "× floor"]
+                 f"× floor ({f:,.2f} µs{what})" if f else "× floor"]
     head.append("why kept")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step11_skip_refused, step12_early_phase2))
@@ -528,6 +541,8 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
                 base = grid_row(results, CHAPTER.step(builds_on(int(number))).series, cfg)
                 if base and base.get("clock") == row.get("clock"):  # never a GPU time over a host time
                     ratio = f"{base['ms'] * 1e3 / t:.2f}×"
+                    if builds_on(int(number)) != int(number) - 1:  # not the row above: name the step it builds on
+                        ratio += f" (vs {builds_on(int(number))})"
             cells += [us(row["ms"]), ratio, f"{t / floors[i]:,.1f}×" if floors[i] else "–"]
         cells.append(why_kept(results, int(number)) if number.isdigit() else "")
         lines.append("| " + " | ".join(cells) + " |")
