@@ -1436,19 +1436,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if fewer:  # said in the cell in a few words, in the chapter's notes in full
                 note(r, fewer)
             gap = t["ms"] / r["median_ms"] - 1 if r.get("median_ms") else None  # the re-run against the chapter's
-            if gap is not None and abs(gap) > RERUN_GAP and not p99.startswith("–") and r["number"] != 4:
+            if gap is not None and abs(gap) > RERUN_GAP and not p99.startswith("–"):
                 # the promise How we measure makes: a re-run's median that lands away from the chapter's is said in
-                # the chapter's notes (chapter 04's note below says it with its cause), not in the table's cell
+                # the chapter's notes, not in the table's cell
                 note(r, f"the p50 / p99 run's median, {us(t['ms'])} µs, lands {abs(gap):.1%} "
                         f"{'below' if gap < 0 else 'above'} the chapter's {us(r['median_ms'])} µs (a gap over "
                         f"{RERUN_GAP:.0%} is noted here): the clocks are not locked (How we measure says why); the "
                         "speedup and the × floor use the chapter's")
             if gap is not None and not p99.startswith("–") and (abs(gap) > RERUN_GAP or t["p99_ms"] < median):
                 off.append((r, gap))  # said under the table, so no reader meets a p99 below the median beside it
-            if r["number"] == 4 and gap is not None and not p99.startswith("–"):  # why the two medians differ
-                note(r, f"the chapter's run times this call after torch's profiler has run, which slows later "
-                        f"launches (How we measure says why); the p50 / p99 run never starts it, and its median lands "
-                        f"{abs(gap):.1%} {'below' if gap < 0 else 'above'} the chapter's")
             tail_cells.append((r, {"p99": p99}))
         binding, pct = _floor_cells(r)
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
@@ -1578,7 +1574,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     if samples:  # what the p50 / p99 column holds, said once under the lead table; a gap between its median and
         # the chapter's is said in that chapter's notes
         tail_on = sorted({short_card(r["card"]) for r, _ in tail_cells})
-        profiled = any(number == 4 for (number, _) in _by_row(off))
         under_lead.insert(0, (
             f"p99 − p50: from a separate run on the {' and the '.join(tail_on)} that replays each call's graph "
             f"{samples[0]['samples']} times: how far one measurement lands above another, not one call's tail."
@@ -1586,10 +1581,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                + "; ".join(f"{number:02d} on the {card}, " + " and ".join(
                    f"{abs(g):.1%} {'below' if g < 0 else 'above'}" for g in gaps)
                            for (number, card), gaps in _by_row(off).items())
-               + ")." if off else "")
-            + (" Chapter 04's run times its calls after torch's profiler has run, which slows every later launch "
-               f"([How we measure]({link('how_we_measure.md')}#what-the-benchmark-runner-keeps-out-of-a-timing)); "
-               "the separate run never starts it." if profiled else "")))
+               + ")." if off else "")))
     flash = {}  # chapter 06's rival as each card ran it: its fastest back end and page size there
     for r in board:
         m = re.match(r"FlashInfer \((\w+), page (\d+)\)", r.get("rival") or "")

@@ -599,7 +599,7 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
                     or not re.search(r"show_diff|show_source|parts\(", "".join(cell["source"]))), cell["source"]
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
     assert not re.search(r"\.json|assets/|lab/|results/", where)
-    for words in ("benchmark on the H200", "without the profiler", "matmul rate", "benchmark on the H100"):
+    for words in ("benchmark on the H200", "p50 / p99 run", "matmul rate", "benchmark on the H100"):
         assert words in where, words
     code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     for reads in ('load_results("ctc")', 'load_results("tails", gpu=results.path.parent.name)',
