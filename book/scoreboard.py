@@ -1241,8 +1241,9 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
             # chapter 02's whole step: its chain in three words, so "latency" is not read as the kernel's own
             # two decimals: the chain (the copy and two empty launches) stays apart from the kernel's own time, which
             # the chapter gives to one decimal and is near it
-            cell = f"{us(r['binding_floor_ms'], digits=2)}, {floor_kind(r, short=True)}"
-            cell += f": the copy + {BITMASK_CHAIN_KERNELS} launches"
+            # it is a bound on this design (one copy, then two kernels), not the card's: said in the cell
+            cell = (f"{us(r['binding_floor_ms'], digits=2)}, our step's latency bound (the copy + "
+                    f"{BITMASK_CHAIN_KERNELS} launches), not the card's")
         return cell, f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
         return f"latency floor, {NOT_MEASURED} on this card", "–"

@@ -134,8 +134,8 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     for ln in lead_rows:
         # a floor's kind, with at most a few words: chapter 02's chain, or a read-only kernel's time where a short
         # call's byte floor lies below what any kernel reaches
-        assert re.search(r"(byte|compute|latency) floor(: the copy \+ \d launches|†)? \|",
-                         ln), ln
+        assert re.search(r"((byte|compute|latency) floor†?|our step's latency bound \(the copy \+ \d launches\), "
+                         r"not the card's) \|", ln), ln
         assert "floor (" not in ln  # the floor's chain is in the notes, not the cell
     for ln in loop_rows:
         assert re.search(r"our loop's (byte|kernel-count|forward-time) bound \|", ln), ln
@@ -1013,9 +1013,10 @@ def test_every_floor_names_its_kind_and_the_page_keeps_no_lab_notes():
     floors = floors.split("\n\n")[1]
     for line in times.splitlines():
         if re.search(r"\*\*[\d.]+×\*\* \|$|our loop's bound \|$", line):
-            assert re.search(r"(byte|compute|latency) floor|our loop's (byte|kernel-count|forward-time) bound", line), line
+            assert re.search(r"(byte|compute|latency) floor|our (loop's (byte|kernel-count|forward-time)|step's latency) "
+                             r"bound", line), line
     # a cell holds a number and its kind; the chain of a latency floor is in the row's notes
-    assert re.search(r"latency floor(: the copy \+ \d launches)? \|", times) and "latency floor (" not in times and "is a bound, not a floor" in table
+    assert re.search(r"latency floor \|", times) and "latency bound (the copy + 2 launches), not the card's |" in times and "latency floor (" not in times and "is a bound, not a floor" in table
     assert "Latency floor: the recursion's 150 dependent frames" in table
     assert "forecast" not in floors and "%" not in floors  # the floors table holds floors only
     for bad in ("lab/", "not known", "The empty kernel in each run", "committed"):
