@@ -28,11 +28,11 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "MAIN_CASE",
            "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "tried_steps_table",
-           "own_case_table", "own_case_steps", "steps_note", "table_us",
+           "own_case_steps", "steps_note", "table_us",
            "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
            "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
-           "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "mean_period",
+           "html_table", "folded", "loss_account", "plan_timeline", "plan_parts", "plan_timeline_table", "mean_period",
            "TIMELINE_PARTS", "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied",
            "is_tie", "ties", "ties_words", "dispatch_step", "plan_step", "PATH_STEPS", "PATH_WORDS", "path_words"]
 
@@ -624,8 +624,8 @@ MAIN_LINE = (0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13)
 #: (the library and the results name them so).
 TRIED = (6, 9, 11)
 #: The case each step's idea is about and the step it is compared with there (None for step 0). The table of steps
-#: (:func:`main_steps_table`) is one chain at :data:`MAIN_CASE`; a kept step whose case is another (7, 8, 10, 12), and
-#: step 13, get a row at their own case in :func:`own_case_table`. There the base is the kept step before it (step 7
+#: (:func:`main_steps_table`) gives each kept step at its case: :data:`MAIN_CASE` for most, another for 7, 8, 10 and 12
+#: and, from the bitmask, for 13. The base is the kept step before it (step 7
 #: builds on step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with
 #: step 3, the dispatch's dense path for batches. Step 12, a dispatch, runs step 7 at the main case; its gain is where
 #: it leaves step 10's path for a dense one, at batch 64 with 10,000 allowed each (step 10's section ends there). A step
@@ -656,7 +656,7 @@ CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the di
            12: "a dispatch by shape",
            13: "the whole step from the packed bitmask, in one CUDA graph"}
 #: The rivals at :data:`MAIN_CASE`, said under the table of steps in the prose's words (xgrammar's path, which starts
-#: from the bitmask, faces step 13 in :func:`own_case_table`). The dense rival is cuBLAS with fp32 output: the chapter's
+#: from the bitmask, faces step 13 in its row). The dense rival is cuBLAS with fp32 output: the chapter's
 #: contract, and steady, where dense + mask's bf16 logits run at two speeds at batch 1 (:func:`dense_clusters`).
 MAIN_RIVALS = (("cublas_fp32_mask", "cuBLAS's fp32 logits, then `masked_fill`"),
                ("index_select", "`index_select` + matmul, given the ids"))
@@ -747,56 +747,22 @@ def _case(p: dict) -> str:
     return f"batch {p['batch']}, {p['allowed']:,} {p['kind']}{per}"
 
 
-def main_steps_table(results) -> str:
-    """The table of steps, Markdown under its bold caption: one measured chain at :data:`MAIN_CASE`, one row per kept
-    step that runs there (:data:`MAIN_LINE`; steps 8 and 10 do not, and step 13 starts from the bitmask: they are in
-    :func:`own_case_table`), each with its time, "×" (the row above's time over its own, so the column reads down the
-    table) and "× floor" (its time over its floor there); a step whose gain is at another case (7, 12) says where and
-    by how much (:func:`step_factor`, the next table's ratio); then the rivals at the same case (:data:`MAIN_RIVALS`)
-    in a sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's
-    repetitions spread past the page's threshold."""
-    lines = [f"**The kept steps, one chain at {_case(MAIN_CASE)} allowed tokens** (µs, GPU clock, the [V, D] head)", "",
-             "| step | the one change | µs | × the row above | × floor |", "|---|---|---|---|---|"]
-    above = None
-    for number in MAIN_LINE:
-        row = _row(results, step_series(number), **MAIN_CASE)
-        if row is None or number in FROM_HOST:
-            continue
-        change = CHANGES[number]
-        if STEP_CASES[number][0] != MAIN_CASE:  # no gain here: say the case that shows it
-            own, base = STEP_CASES[number]
-            factor = step_factor(results, number)
-            change += (f" (its gain is at {_case(own)}: {factor:.2f}× step {base}, the next table)" if factor else
-                       " (its gain is at its own case, the next table)")
-        lines.append(f"| {number} | {change} | {table_us(row['ms'])}{capped(row)} | "
-                     f"{'–' if above is None else _vs(row, above)} | {_over_floor(results, row, MAIN_CASE)} |")
-        above = row
-    rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
-    if rivals:
-        lines += ["", "Rivals here: " + "; ".join(
-            f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
-            for words, row in rivals) + "."]
-    return "\n".join(lines)
-
-
-def own_case_steps() -> list[int]:
-    """The kept steps :func:`own_case_table` gives at their own case: those whose idea is about another case than
-    :data:`MAIN_CASE` (:data:`STEP_CASES`), and those that start from the bitmask (:data:`FROM_HOST`)."""
-    return [n for n in MAIN_LINE if STEP_CASES[n][0] != MAIN_CASE or n in FROM_HOST]
-
-
-def own_case_table(results, parts: dict[str, float] | None = None) -> str:
-    """The second table of steps, Markdown under its bold caption: each step of :func:`own_case_steps` at the case its
-    idea is about (:data:`STEP_CASES`), its time, "×" (its base's time there over its own, the base named) and its time
-    over its floor there (step 13's starts with the bitmask's copy). ``parts`` (:func:`plan_parts`), where given, puts
-    step 13's three parts' traced times in its row."""
-    lines = ["**The steps at their own case** (µs, GPU clock; × against the step or rival named)", "",
+def main_steps_table(results, parts: dict[str, float] | None = None) -> str:
+    """The page's one table of steps, Markdown under its bold caption: one row per kept step (:data:`MAIN_LINE`) at the
+    case its idea is about (:data:`STEP_CASES`), with that case, its time, "×" (the named base's time there over its
+    own: the step before it, or for step 13 xgrammar's path) and "× floor" (its time over its floor there; step 13's
+    starts with the bitmask's copy); then the rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`) in a sentence.
+    ``parts`` (:func:`plan_parts`), where given, puts step 13's three parts' traced times in its row. A time whose
+    rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the
+    page's threshold."""
+    lines = ["**The kept steps, each at the case its idea is about** (µs, GPU clock, the [V, D] head; × against the "
+             "step or rival named)", "",
              "| step | the one change | case | µs | × | × floor |", "|---|---|---|---|---|---|"]
-    for number in own_case_steps():
+    for number in MAIN_LINE:
         params, base = STEP_CASES[number]
         row = _row(results, step_series(number), **params)
-        reference = _row(results, _base_series(base), **params)
-        if row is None or reference is None:
+        reference = None if base is None else _row(results, _base_series(base), **params)
+        if row is None or (base is not None and reference is None):
             continue
         change, case = CHANGES[number], _case(params)
         if number == 12 and row.get("path"):  # the path the dispatch leaves step 10's for there
@@ -807,20 +773,29 @@ def own_case_table(results, parts: dict[str, float] | None = None) -> str:
                        f": 13a the copy, {parts['copy']:.1f}; 13b the union's ids, "
                        f"{parts['count_zero'] + parts['union_kernel']:.1f}; 13c step 7's kernel, "
                        f"{parts['row_kernel']:.1f} (traced; the rest is idle)")
-        against = f"step {base}" if isinstance(base, int) else f"xgrammar's path, {table_us(reference['ms'])} µs"
+        against = ("" if base is None else f" step {base}" if isinstance(base, int) else
+                   f" xgrammar's path, {table_us(reference['ms'])} µs")
         lines.append(f"| {number} | {change} | {case} | {table_us(row['ms'])}{capped(row)} | "
-                     f"{_vs(row, reference)} {against} | "
+                     f"{_vs(row, reference)}{against} | "
                      f"{_over_floor(results, row, params, from_host=number in FROM_HOST)} |")
+    rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
+    if rivals:
+        lines += ["", f"Rivals at {_case(MAIN_CASE)}: " + "; ".join(
+            f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
+            for words, row in rivals) + "."]
     return "\n".join(lines)
 
 
+def own_case_steps() -> list[int]:
+    """The kept steps the table of steps gives at another case: those whose idea is about another case than
+    :data:`MAIN_CASE` (:data:`STEP_CASES`), and those that start from the bitmask (:data:`FROM_HOST`)."""
+    return [n for n in MAIN_LINE if STEP_CASES[n][0] != MAIN_CASE or n in FROM_HOST]
+
+
 def steps_note(results) -> str:
-    """The footnote under the two tables of steps: why step numbers are missing from the first, and the key to
-    :data:`CAPPED` (said once on the page) where the run marks rows."""
-    others = own_case_steps()
-    missing = [n for n in others if _row(results, step_series(n), **MAIN_CASE) is None or n in FROM_HOST]
-    note = (f"Missing from the chain: {counts_words(list(TRIED))} did not pay (the fold below the figures); "
-            f"{counts_words(missing)} run at another case or contract (the second table).")
+    """The footnote under the table of steps: why step numbers are missing from it, and the key to :data:`CAPPED`
+    (said once on the page) where the run marks rows."""
+    note = f"Missing: {counts_words(list(TRIED))} did not pay (the fold below the figures)."
     key = page_capped_key(results)
     return note if key is None else note + "\n\n" + key
 
@@ -1207,3 +1182,27 @@ def path_words(path: str) -> str:
     name, _, capacity = path.partition(" ")
     words = f"step {PATH_STEPS[name]}'s kernel" if name in PATH_STEPS else PATH_WORDS.get(name, name)
     return words if not capacity or name not in PATH_STEPS else f"{words}, up to {int(capacity):,} rows"
+
+
+def loss_account(results) -> dict[str, Any] | None:
+    """Where the time of the worst loss (the largest "slower by" of :func:`losses_table`) goes, from the run: ``q`` (its
+    row of :func:`_losses`), ``rows_us`` and ``output_us`` (the union's rows read and the fp32 ``[B, V]`` output
+    written, each at the run's copy bandwidth), ``rest_us`` (ours less both), ``write_gbs`` (the call's bytes over
+    its time: the rate it moves them at) and ``bandwidth_gbs``; and ``smaller`` (the same series, masks and path at
+    the next smaller batch measured, or None), which shows whether the time follows the batch's output or the rows.
+    None where nothing loses."""
+    lost = [q for q in _losses(results) if not is_tie(q)]
+    if not lost:
+        return None
+    q = max(lost, key=lambda q: q["mine"]["ms"] / q["rival"]["ms"])
+    p, mine = q["params"], q["mine"]
+    union = mine.get("union", p["allowed"])
+    bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"]
+    rows_us = union * HIDDEN * 2 / (bandwidth * 1e3)
+    output_us = p["batch"] * VOCAB * 4 / (bandwidth * 1e3)
+    same = [r for r in results.select(mine["series"], layout="vd", kind=p["kind"], allowed=p["allowed"])
+            if r["clock"] == "gpu" and r.get("path") == mine.get("path") and r["params"]["batch"] < p["batch"]]
+    smaller = max(same, key=lambda r: r["params"]["batch"], default=None)
+    return {"q": q, "union": union, "rows_us": rows_us, "output_us": output_us,
+            "rest_us": mine["ms"] * 1e3 - rows_us - output_us, "bandwidth_gbs": bandwidth,
+            "write_gbs": call_bytes(p["batch"], union) / (mine["ms"] * 1e6), "smaller": smaller}
