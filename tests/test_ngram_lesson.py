@@ -756,15 +756,16 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
 
 def test_the_budgeted_floor_says_what_it_counts():
     """Where the budget lets fewer slots search than are active and the bytes set the floor (the headline case), the
-    "× floor" head says it counts the bytes a search of every active slot reads; at the other cases it is the plain
-    floor. "Why it matters" prices the step against the GPU rival (step 4) as well as the CPU path."""
+    "× floor" head says it counts every active slot read once, though the budget lets fewer search; at the other
+    cases it is the plain floor. "Why it matters" prices the step against the GPU rival (step 4) as well as the CPU path."""
     import json
 
     from studylog import paths
 
     results = load_results("ngram")
-    label = "the bytes a search of every active slot reads"
     walk = lesson.budget_walk(results, lesson.HEADLINE)
+    label = (f"all {lesson.active_slots(results, lesson.HEADLINE)} active slots read once, though the budget lets "
+             f"{walk['searched']} search")
     assert walk["searched"] < lesson.active_slots(results, lesson.HEADLINE)
     head = lesson.steps_table(results).splitlines()[0].split(" | ")
     floors = [h for h in head if h.startswith("× floor")]
@@ -773,3 +774,19 @@ def test_the_budgeted_floor_says_what_it_counts():
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
     why = next(i for i, t in enumerate(cells) if t.startswith("## Why it matters"))
     assert "us(4, batch, seq_len, threshold)" in cells[why + 1] and "port_us" in cells[why + 1]
+
+
+def test_each_step_section_gives_its_number_in_the_table():
+    """A step section whose number is at another case than the table's (128 × 32768, budget 128) gives the table's
+    factor beside it (:func:`lesson.step_factors` at the headline, index 1), so a reader finds it in the table; step 2
+    gives its time there, linked to the table."""
+    import json
+
+    from studylog import paths
+
+    assert lesson.BOEHM_CASES[1] == lesson.HEADLINE
+    cells = {c.get("id"): "".join(c["source"]) for c in
+             json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]}
+    assert "(#the-steps-measured)" in cells["cell-12"] and "us(2, *lesson.HEADLINE)" in cells["cell-12"]
+    for cid, step in (("cell-16", 3), ("cell-19", 4), ("cell-s5-say", 5), ("cell-s6-say", 6), ("cell-s12-say", 12)):
+        assert f"{{lesson.step_factors(results, {step})[1]:.2f}}× in the table" in cells[cid], step

@@ -511,7 +511,10 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
     floors = [floor_us(results, cfg) for cfg in cases]
     head = ["step", "the one change"]
     for (b, s, t), f in zip(cases, floors):
-        what = ": the bytes a search of every active slot reads" if _budget_bytes_floor(results, (b, s, t)) else ""
+        what = ""
+        if _budget_bytes_floor(results, (b, s, t)):  # say plainly that it prices work the budget lets a kernel skip
+            what = (f": all {active_slots(results, (b, s, t))} active slots read once, though the budget lets "
+                    f"{budget_walk(results, (b, s, t))['searched']} search")
         head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs, GPU clock", "× previous",
                  f"× floor ({f:,.2f} µs{what})" if f else "× floor"]
     head.append("why kept")
