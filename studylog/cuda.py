@@ -263,10 +263,7 @@ class CudaKernel:
         self.module, self.name, self.function, self.signature = module, name, function, tuple(signature)
         self._pointer_slots = [i for i, kind in enumerate(self.signature) if kind == "ptr"]
         self._struct = struct.Struct("<" + "".join(ARG_TYPES[k] for k in self.signature))
-        self._block = ctypes.create_string_buffer(max(self._struct.size, 8))
-        base = ctypes.addressof(self._block)
-        n = len(self.signature)
-        self._params = (ctypes.c_void_p * max(n, 1))(*[base + 8 * i for i in range(n)])
+        self._block, self._params = _argument_block(bytes(self._struct.size), len(self.signature))
         self._params_address = ctypes.addressof(self._params)
         self._streams: dict[int, object] = {}
         self._launch_configs: dict[tuple, object] = {}
@@ -278,13 +275,18 @@ class CudaKernel:
         thread block cluster; a kernel that uses cluster barriers needs one (of 1 too), or it can deadlock."""
         grid, block = self._dims(grid, block, args, cluster)
         ctypes.memmove(self._block, *self._pack(args))
+        self._launch(grid, block, shared_mem, self._params_address, early, cluster)
+
+    def _launch(self, grid: tuple, block: tuple, shared_mem: int, params_address: int, early: bool,
+                cluster: int | None) -> None:
+        """Launch with the argument block at ``params_address`` on torch's current stream."""
         cu_stream = self.stream()
         driver = _driver()
         if early or cluster is not None:
             err = driver.cuLaunchKernelEx(self._launch_config(grid, block, shared_mem, cu_stream, early, cluster),
-                                          self.function, self._params_address, 0)
+                                          self.function, params_address, 0)
         else:
-            err = driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, cu_stream, self._params_address, 0)
+            err = driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, cu_stream, params_address, 0)
         if err[0] != driver.CUresult.CUDA_SUCCESS:
             _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
 
@@ -373,28 +375,25 @@ class BoundLaunch:
 
     def __init__(self, kernel: CudaKernel, grid: tuple, block: tuple, packed: bytes, shared_mem: int, early: bool):
         self.kernel, self.grid, self.block, self.shared_mem, self.early = kernel, grid, block, shared_mem, early
-        self._block = ctypes.create_string_buffer(packed, max(len(packed), 8))
+        self._block, self._params = _argument_block(packed, len(kernel.signature))
         base = ctypes.addressof(self._block)
-        n = len(kernel.signature)
-        self._params = (ctypes.c_void_p * max(n, 1))(*[base + 8 * i for i in range(n)])
-        self._pointers = {i: ctypes.c_uint64.from_address(base + 8 * i) for i in range(n)
-                          if kernel.signature[i] == "ptr"}
+        self._pointers = {i: ctypes.c_uint64.from_address(base + 8 * i) for i in kernel._pointer_slots}
+        self._params_address = ctypes.addressof(self._params)
 
     def set_pointer(self, i: int, tensor: torch.Tensor) -> None:
         """Argument ``i`` (a pointer) becomes ``tensor``'s address; the caller has checked its device and shape."""
         self._pointers[i].value = tensor.data_ptr()
 
     def __call__(self) -> None:
-        driver, kernel = _driver(), self.kernel
-        cu_stream = kernel.stream()
-        params = ctypes.addressof(self._params)
-        if self.early:
-            config = kernel._launch_config(self.grid, self.block, self.shared_mem, cu_stream, True, None)
-            err = driver.cuLaunchKernelEx(config, kernel.function, params, 0)
-        else:
-            err = driver.cuLaunchKernel(kernel.function, *self.grid, *self.block, self.shared_mem, cu_stream, params, 0)
-        if err[0] != driver.CUresult.CUDA_SUCCESS:
-            _check_cu(err, f"cuLaunchKernel({kernel.name}, grid={self.grid}, block={self.block})")
+        self.kernel._launch(self.grid, self.block, self.shared_mem, self._params_address, self.early, None)
+
+
+def _argument_block(packed: bytes, n: int):
+    """A kernel's argument block holding ``packed`` (8 bytes an argument), and the array of the ``n`` arguments'
+    addresses that cuLaunchKernel takes."""
+    block = ctypes.create_string_buffer(packed, max(len(packed), 8))
+    base = ctypes.addressof(block)
+    return block, (ctypes.c_void_p * max(n, 1))(*[base + 8 * i for i in range(n)])
 
 
 class CudaModule:

@@ -1,4 +1,5 @@
-"""Experiment (GPU): step 23 with 16 consumer warps a block, against its default (8 at most: the kernel's launch
+"""Experiment (GPU), frozen: it runs at commit dfcb95c, whose ternary_w2a8.cu has the W2A8_MAX_WARPS knob (the
+library no longer does). Step 23 with 16 consumer warps a block, against its default (8 at most: the kernel's launch
 bounds). ternary_w2a8.cu built with -DW2A8_MAX_WARPS=16 raises the bounds to 544 threads; every launch is checked
 bit for bit against the default's output, then timed by CUDA-graph replay over rotated weight copies, beside cuBLAS
 and a weights-only read. PYTHONPATH=$PWD python lab/ternary/w2a8_warps16.py [--shapes 4096x14336,...]

@@ -4,6 +4,7 @@ how each series is built, checked and timed (by the harness's policy, ``studylog
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -367,8 +368,8 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
             **{SERIES[i]: Series(pt, call(fn), pt.nbytes, "w2a8", "int8",
                                  config=lambda: str(w2a8_tiles_config(m, n, k)))
                for i, fn in ((24, step24_w2a8_tiles), (25, step25_x_tma))},
-            PLAN: Series(pt, lambda x, w: (lambda p: (lambda: p(x)))(W2A8Plan(w, scale, m=m, dtype=x.dtype)),
-                         pt.nbytes, "w2a8", "int8",
+            PLAN: Series(pt, lambda x, w: functools.partial(W2A8Plan(w, scale, m=m, dtype=x.dtype), x), pt.nbytes,
+                         "w2a8", "int8",
                          config=lambda: f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}"),
             "read_weights": Series(pt, lambda x, w: read_only(w.data), pt.nbytes, None, role="baseline",
                                    in_bytes=0, out_bytes=0, host_time=False),

@@ -208,6 +208,44 @@ def step23_w2a8_fused(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale =
     return _w2a8_call(x, w, scale, out, config, quantize)()
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What a launch of steps 22 and 23 fixes for one shape: where x is quantised, the config, the grid and block,
+    the shared memory, the compiled matmul and quantize_x, and K's groups (per block slice)."""
+
+    quant: Quant
+    cfg: W2A8Config
+    grid: tuple
+    block: tuple
+    smem: int
+    kernel: Any
+    quantize_x: Any
+    groups: int
+    per_slice: int
+
+    def args(self, x: Optional[Tensor], xq: Optional[Tensor], x_scale: Optional[Tensor], row_sum: Optional[Tensor],
+             w: PackedTernary, z: Tensor, s: Tensor, partials: Optional[Tensor], counts: Optional[Tensor], m: int,
+             x_stride: int, s_stride: int) -> tuple:
+        """w2a8_kernel's arguments: x from quantize_x (``xq``, ``x_scale``, ``row_sum``) or x itself to quantise."""
+        return (xq, x, w.data, z, s, x_scale, row_sum, partials, counts, m, w.n, w.k, self.groups, x_stride, s_stride,
+                self.per_slice)
+
+
+def _w2a8_launch(m: int, w: PackedTernary, bf16_x: bool, device: torch.device, config: Optional[W2A8Config],
+                 quantize: Optional[str], build: tuple = ()) -> _Launch:
+    """The :class:`_Launch` of steps 22 and 23 for M rows of x on ``w`` (checked), built with ``build``."""
+    quant, cfg = w2a8_choose(m, w.n, w.k, config, quantize, runtime.sm_count())
+    per_slice, grid = w2a8_grid(m, w.n, w.k, cfg, fused=quant != Quant.SEPARATE)
+    col_tiles = 1 if m <= 8 else 2
+    smem = w2a8_smem_bytes(cfg, min(m, 8 * col_tiles), per_slice, staged=quant == Quant.STAGED)
+    quantize_x, kernels = _w2a8_kernels(device.index or 0, build)
+    # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
+    kernel = kernels[_w2a8_instance(quant, bf16_x or quant == Quant.SEPARATE, col_tiles, cfg.row_tiles, cfg.stages,
+                                    cfg.chunk)]
+    return _Launch(quant, cfg, grid, (32 * (cfg.warps + 1),), smem, kernel, quantize_x[bf16_x],
+                   -(-w.k // GROUP_WEIGHTS_2BIT), per_slice)
+
+
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, quantize: Optional[str] = None,
                build: tuple = (), trace: Optional[Tensor] = None, step: int = 23,
                early: bool = True) -> Callable[[], Tensor]:
@@ -215,30 +253,25 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, q
     if quantize is not None:
         check_choice("quantize", quantize, W2A8_QUANTIZE)
     x2, vector, w, s, s_stride, z = _w2a8_args(x, w, scale, out, config, W2A8Config, step, "w2a8_kernel")
-    m, k = x2.shape
-    quant, cfg = w2a8_choose(m, w.n, k, config, quantize, runtime.sm_count())
-    per_slice, grid = w2a8_grid(m, w.n, k, cfg, fused=quant != Quant.SEPARATE)
+    m = x2.shape[0]
+    launch = _w2a8_launch(m, w, x2.dtype == torch.bfloat16, x2.device, config, quantize, build)
     if trace is not None:
-        check_timeline_grid(grid)
-    groups, col_tiles = -(-k // GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
-    smem = w2a8_smem_bytes(cfg, min(m, 8 * col_tiles), per_slice, staged=quant == Quant.STAGED)
-    # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
-    bf16 = x2.dtype == torch.bfloat16 or quant == Quant.SEPARATE
-    kernel = _w2a8_kernels(x2.device.index or 0, build)[1][
-        _w2a8_instance(quant, bf16, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)]
-    sums, counts = CUDA_WORKSPACE.get(x2.device, grid[1] * m, w.n) if grid[1] > 1 else (None, None)
+        check_timeline_grid(launch.grid)
+    sums, counts = CUDA_WORKSPACE.get(x2.device, launch.grid[1] * m, w.n) if launch.grid[1] > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
-    block, traced = (32 * (cfg.warps + 1),), (trace,) if trace is not None else ()
+    traced = (trace,) if trace is not None else ()
 
     def call() -> Tensor:
-        if quant == Quant.SEPARATE:
+        if launch.quant == Quant.SEPARATE:
             xq, x_scale, row_sum = _quantize_x(x2, build, trace)
             # launched early (programmatic dependent launch): its weights stream in while x is quantised
-            kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, m, w.n, k, groups,
-                   x2.stride(0), s_stride, per_slice, *traced, shared_mem=smem, early=early)
+            launch.kernel(launch.grid, launch.block, *launch.args(None, xq, x_scale, row_sum, w, z, s, partials, counts,
+                                                                  m, x2.stride(0), s_stride),
+                          *traced, shared_mem=launch.smem, early=early)
         else:
-            kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, m, w.n, k, groups,
-                   x2.stride(0), s_stride, per_slice, *traced, shared_mem=smem)
+            launch.kernel(launch.grid, launch.block, *launch.args(x2, None, None, None, w, z, s, None, None, m,
+                                                                  x2.stride(0), s_stride),
+                          *traced, shared_mem=launch.smem)
         return z[0] if vector else z
     return call
 
@@ -279,33 +312,27 @@ class W2A8Plan:
         like = torch.zeros(self.m, -(-w.k // 8) * 8, dtype=dtype, device=w.data.device)[:, :w.k]
         x2, _, self.w, s, s_stride, self.out = _w2a8_args(like, w, scale, None, config, W2A8Config, 23, "w2a8_kernel")
         self.k, self.x_stride, self.device = w.k, x2.stride(0), x2.device
-        self.quant, self.config = w2a8_choose(self.m, w.n, w.k, config, quantize, runtime.sm_count())
-        per_slice, grid = w2a8_grid(self.m, w.n, w.k, self.config, fused=self.quant != Quant.SEPARATE)
-        groups, col_tiles = -(-w.k // GROUP_WEIGHTS_2BIT), 1 if self.m <= 8 else 2
-        smem = w2a8_smem_bytes(self.config, min(self.m, 8 * col_tiles), per_slice, staged=self.quant == Quant.STAGED)
-        quantize_x, kernels = _w2a8_kernels(self.device.index or 0)
-        bf16 = dtype == torch.bfloat16 or self.quant == Quant.SEPARATE
-        kernel = kernels[_w2a8_instance(self.quant, bf16, col_tiles, self.config.row_tiles, self.config.stages,
-                                        self.config.chunk)]
-        block = (32 * (self.config.warps + 1),)
-        # the plan's own split-K scratch (zeros, restored by each launch): no other call shares it
-        self._scratch = SplitWorkspace().get(self.device, grid[1] * self.m, w.n) if grid[1] > 1 else (None, None)
-        partials = self._scratch[0].view(torch.int32) if grid[1] > 1 else None
-        args = (w.data, self.out, s)
+        launch = _w2a8_launch(self.m, w, dtype == torch.bfloat16, self.device, config, quantize)
+        self.quant, self.config = launch.quant, launch.cfg
+        bind = functools.partial(launch.kernel.bind, launch.grid, launch.block, shared_mem=launch.smem)
         if self.quant == Quant.SEPARATE:  # quantize_x, then the matmul launched early (step 22's pair)
-            self._xq = torch.empty(self.m, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=self.device)
+            # its own split-K scratch (zeros, restored by each launch) and quantised x: no other call shares them
+            sums, counts = SplitWorkspace().get(self.device, launch.grid[1] * self.m, w.n) \
+                if launch.grid[1] > 1 else (None, None)
+            self._xq = torch.empty(self.m, launch.groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=self.device)
             self._x_scale = torch.empty(self.m, dtype=torch.float32, device=self.device)
             self._row_sum = torch.empty(self.m, dtype=torch.int32, device=self.device)
+            self._scratch = (sums, counts)
             self._launches = [
-                quantize_x[dtype == torch.bfloat16].bind((self.m,), (1024,), x2, self._xq, self._x_scale,
-                                                         self._row_sum, w.k, self.x_stride, groups),
-                kernel.bind(grid, block, self._xq, None, *args, self._x_scale, self._row_sum, partials,
-                            self._scratch[1], self.m, w.n, w.k, groups, self.x_stride, s_stride, per_slice,
-                            shared_mem=smem, early=True)]
+                launch.quantize_x.bind((self.m,), (1024,), x2, self._xq, self._x_scale, self._row_sum, w.k,
+                                       self.x_stride, launch.groups),
+                bind(*launch.args(None, self._xq, self._x_scale, self._row_sum, w, self.out, s,
+                                  None if sums is None else sums.view(torch.int32), counts, self.m, self.x_stride,
+                                  s_stride), early=True)]
             self._x_slots = [(self._launches[0], 0)]
         else:
-            self._launches = [kernel.bind(grid, block, None, x2, *args, None, None, None, None, self.m, w.n, w.k,
-                                          groups, self.x_stride, s_stride, per_slice, shared_mem=smem)]
+            self._launches = [bind(*launch.args(x2, None, None, None, w, self.out, s, None, None, self.m,
+                                                self.x_stride, s_stride))]
             self._x_slots = [(self._launches[0], 1)]
         self._scale, self._aligned = s, x2  # the kernel reads the scale: kept alive with the plan
         if self.vector:

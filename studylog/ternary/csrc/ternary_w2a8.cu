@@ -320,12 +320,9 @@ enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 2 };
 //      x, groups x 256 + 64 bytes, never reaches the next 16-bit row, groups x 512 bytes on; quantize_row
 //      holds a whole row in registers before its first write: K at most 8 x 16 activations a thread).
 // Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
-// (w2a8_blocks_per_sm counts on it; a test checks it). W2A8_MAX_WARPS: the most consumer warps a launch may have.
-#ifndef W2A8_MAX_WARPS
-#define W2A8_MAX_WARPS 8
-#endif
+// (w2a8_blocks_per_sm counts on it; a test checks it).
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
-__global__ void __launch_bounds__(32 * (W2A8_MAX_WARPS + 1), RT * MT >= 4 || W2A8_MAX_WARPS > 8 ? 1 : 2) w2a8_kernel(
+__global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) w2a8_kernel(
     uint4 *__restrict__ xq, const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,
     const float *__restrict__ scale, float *__restrict__ x_scale, int *__restrict__ row_sum,
     int *__restrict__ partials, u32 *__restrict__ arrivals, int M, int N, int K, int groups, int x_stride,
