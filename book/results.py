@@ -398,7 +398,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
             continue
         eager, said = bitnet_eager(folder), "ours stays the faster"
         plan = None if not eager else eager.get("plan")
-        if eager and eager["slower_eager"] and plan is not None and not plan["slower_eager"]:
+        if plan_holds(eager):
             said = (f"ours stays the faster through its plan, `W2A8Plan` (host time {us(plan['host'][0])}–"
                     f"{us(plan['host'][1])} µs against BitNet's {us(eager['bitnet'][0])}–{us(eager['bitnet'][1])}); "
                     f"the plain function would lose at {eager['slower_eager']} of its {len(eager['rows'])} shapes")
@@ -766,6 +766,13 @@ def bitnet_eager(card: Path) -> dict[str, Any] | None:
     return ternary.bitnet_host(Results(None, data)) if data is not None else None
 
 
+def plan_holds(eager: dict[str, Any] | None) -> bool:
+    """Whether, in :func:`bitnet_eager`'s comparison, the plain function loses to BitNet's call at some shape while
+    step 23 through its plan (``W2A8Plan``) loses at none: the lead holds eagerly only through the plan."""
+    plan = (eager or {}).get("plan")
+    return bool(eager and eager["slower_eager"] and plan is not None and not plan["slower_eager"])
+
+
 def bitnet_eager_words(card: Path) -> str:
     """The eager-call clause of chapter 05's landing line where, called eagerly, BitNet's own call is the faster at some of
     its shapes on ``card`` (:func:`bitnet_eager`): the ratio holds under CUDA-graph replay only. Empty where the
@@ -774,7 +781,7 @@ def bitnet_eager_words(card: Path) -> str:
     if not eager or not eager["slower_eager"]:
         return ""
     n, of = eager["slower_eager"], len(eager["rows"])
-    if eager.get("plan") is not None and not eager["plan"]["slower_eager"]:  # step 23's plan: checks made once
+    if plan_holds(eager):  # step 23's plan: checks made once
         return (f"through its plan (`W2A8Plan`) ours stays the faster at all {of} shapes; the plain function, which "
                 f"checks and chooses every call, loses at {n}")
     at = "at every one of its" if n == of else f"at {n} of its"
@@ -1087,8 +1094,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     eager[name] = bitnet_eager_words(card)
                     flips = bitnet_eager(card)
                     # through step 23's plan the lead holds eagerly too: the cell needs no caveat
-                    planned = flips is not None and flips.get("plan") is not None and \
-                        not flips["plan"]["slower_eager"]
+                    planned = plan_holds(flips)
                     if eager[name] and flips and planned:  # the lead holds eagerly only through the plan: said
                         notes[name].append(  # under the line, as chapters 03 and 05 part 1 say theirs
                             f"{name}: called eagerly, the lead holds only through `W2A8Plan`, step 23 with its checks "
@@ -2173,9 +2179,7 @@ def _bitnet_planned(root: Path = BENCH_RESULTS, card: str = "H200") -> bool:
     """Whether chapter 05 part 2's lead over BitNet's kernel holds called eagerly only through step 23's plan on
     ``card`` (:func:`bitnet_eager`: the plain function slower at some shape, the plan at none)."""
     folder = next((c for c in cards(root) if short_card(card_name(c)) == card), None)
-    eager = bitnet_eager(folder) if folder else None
-    plan = (eager or {}).get("plan")
-    return bool(eager and eager["slower_eager"] and plan is not None and not plan["slower_eager"])
+    return plan_holds(bitnet_eager(folder) if folder else None)
 
 
 def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
@@ -2287,7 +2291,7 @@ __all__ = ["LISTING_MINUTES", "TABLE_MINUTES", "OTHER_PAGES", "reading_order", "
            "ctc_grid", "decode_bound", "bitnet_rows", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
-           "part_one_line", "left_out_words", "CTC_STEPS_WORDS", "ctc_cases", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
+           "part_one_line", "left_out_words", "CTC_STEPS_WORDS", "ctc_cases", "ctc_which", "ctc_host_bound", "bitnet_eager_words", "plan_holds",
        "reading_path_markdown", "step_payoffs", "ngram_many", "ngram_deployed", "EAGER_WORDS", "eager_headlines", "eager_sentence", "page_titles", "SHORT_ROUTE", "RIVALS", "synthetic_words", "LOOP_WORDS",
            "case_label", "ctc_case_words",
            "fsm_peers", "fsm_peer_words", "fsm_peer_totals", "write_fsm_peers", "FSM_PEERS", "FSM_PEER", "summary_markdown", "other_answers", "other_eager", "eager_words",
