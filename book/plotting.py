@@ -18,7 +18,7 @@ from book.common import us
 from studylog import paths
 from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
 from studylog.paths import FIGURES, REPO_ROOT
-from studylog.plotting import Results, headline_rows, load_results, result_files
+from studylog.plotting import Results, load_results, result_files
 
 #: The chapters that draw figures, in the course's order (each from ``book/<chapter>/figures.py``). Every one draws
 #: from its committed benchmark results, except chapter 1 (fsm), which has no GPU benchmark: its figure is drawn from
@@ -223,6 +223,19 @@ def _spread_note(row: dict[str, Any]) -> str:
         return ""
     width = (spread[2] - spread[0]) / spread[1]
     return f" (spread {width:.0%})" if width > 0.10 else ""
+
+
+def headline_rows(root: Path = DEFAULT_OUT) -> list[dict[str, Any]]:
+    """One row per headline (``kernel``, ``baseline``, ``case``, ``speedup``...) of every chapter and GPU."""
+    from studylog import chapter as registry
+
+    rows = []
+    for declared in registry.select(["all"], need="headline"):
+        for f in result_files(declared.name, root):  # every GPU the chapter was measured on
+            results = load_results(declared.name, gpu=f.parent.name, root=root)
+            for row in declared.headline(results):
+                rows.append({"chapter": declared.name, "gpu": results.gpu, "date": results.date, **row})
+    return rows
 
 
 def headline_markdown(root: Path = DEFAULT_OUT) -> str:

@@ -1,7 +1,6 @@
-"""Read the committed benchmark JSON: a chapter's results, an experiment's output, and the chapters' headline rows.
+"""Read the committed benchmark JSON (``assets/bench/<gpu>/<chapter>.json``) and an experiment's output.
 
-Notebooks never time anything on the CPU: they load what a GPU run wrote under ``assets/bench/<gpu>/<chapter>.json``
-and say on which GPU and date it was measured. The figures drawn from them are the book's (``book.plotting``).
+Notebooks never time anything on the CPU: they load what a GPU run wrote and say on which GPU and date it was measured.
 """
 
 from __future__ import annotations
@@ -84,24 +83,11 @@ def load_lab(chapter: str, name: str, gpu: str = "nvidia-h200", root: Path | Non
     return json.loads(path.read_text()) if path.suffix == ".json" else path.read_text()
 
 
-def headline_rows(root: Path = DEFAULT_OUT) -> list[dict[str, Any]]:
-    """One row per headline (``kernel``, ``baseline``, ``case``, ``speedup``...) of every chapter and GPU."""
-    from studylog import chapter as registry
-
-    rows = []
-    for declared in registry.select(["all"], need="headline"):
-        for f in result_files(declared.name, root):  # every GPU the chapter was measured on
-            results = load_results(declared.name, gpu=f.parent.name, root=root)
-            for row in declared.headline(results):
-                rows.append({"chapter": declared.name, "gpu": results.gpu, "date": results.date, **row})
-    return rows
-
-
 def headline_row(results: Results, kernel: str, baseline: str, case: str, *, kernel_label: str | None = None,
                  baseline_label: str | None = None, **params: Any) -> dict[str, Any]:
-    """One headline of a chapter: ``kernel``'s and ``baseline``'s rows at ``params`` (one each, on one clock), the
-    speedup (baseline median over kernel median), and what the headline page shows beside it: both times with their
-    spread, both sides' host time per call and the run's empty launch's."""
+    """One headline: ``kernel``'s and ``baseline``'s rows at ``params`` (one each, on one clock), the speedup
+    (baseline median over kernel median), both times with their spread, both sides' host time per call and the
+    run's empty launch's."""
     k, b = results.select(kernel, **params), results.select(baseline, **params)
     if len(k) != 1 or len(b) != 1:
         raise KeyError(f"headline {kernel} vs {baseline} at {params}: {len(k)} and {len(b)} rows match")
