@@ -16,7 +16,8 @@ from studylog import runtime
 from studylog import ternary as T
 from studylog.ternary import formats as F
 
-from ternary_helpers import DEV, TOL, assert_matches, poisoned, ternary, weights_for, x_for  # noqa: F401
+from ternary_helpers import (DEV, TOL, assert_matches, poisoned, ternary, unpack, unpack_data,  # noqa: F401
+                             weights_for, x_for)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -31,14 +32,14 @@ def test_pack_unpack_round_trip(n, k, fmt, rng):
     packed = T.PackedTernary.pack(w, fmt)
     rows = -(-n // T.TILE_ROWS) if fmt == "2bit_tiles" else n  # 2bit_tiles: one row of data a tile of 16
     assert packed.data.shape == (rows, T.packed_cols(k, fmt))
-    assert torch.equal(packed.unpack(), w)
+    assert torch.equal(unpack(packed), w)
 
 
 def test_padding_holds_zero_weights(rng):
     w = ternary(3, 300, rng)  # 2-bit: 2 groups (512 weights, 212 padding); base 3: 4 groups (320, 20 padding)
     data2 = T.pack_2bit(w)
     assert data2.shape == (3, 32)
-    assert torch.equal(T.unpack_2bit(data2, 512)[:, 300:], torch.zeros(3, 212, dtype=torch.int8))
+    assert torch.equal(unpack_data(data2, 512, "2bit")[:, 300:], torch.zeros(3, 212, dtype=torch.int8))
     # group 2 holds weights 256..299 in fields j = 0, 1 (all words) and j = 2 (words t < 12); every
     # field from j = 3 up is padding, code 01, in every word of the group
     group2 = data2[:, 16:].to(torch.int64) & 0xFFFFFFFF
@@ -46,7 +47,7 @@ def test_padding_holds_zero_weights(rng):
     assert (group2[:, 12:] >> 4 == T.ZERO_WORD >> 4).all()
     data3 = T.pack_base3(w)
     assert data3.shape == (3, 64)
-    assert torch.equal(T.unpack_base3(data3, 320)[:, 300:], torch.zeros(3, 20, dtype=torch.int8))
+    assert torch.equal(unpack_data(data3, 320, "base3")[:, 300:], torch.zeros(3, 20, dtype=torch.int8))
 
 
 def test_2bit_layout_is_the_documented_one():
@@ -91,7 +92,7 @@ def test_every_base3_byte_and_the_kernel_table():
     data = T.pack_base3(w)
     v = data[:, 0].to(torch.int64)
     assert sorted(v.tolist()) == list(range(243))
-    assert torch.equal(T.unpack_base3(data, 80), w)
+    assert torch.equal(unpack_data(data, 80, "base3"), w)
     table = torch.tensor(T.base3_table_values(), dtype=torch.int64) & 0xFFFFFFFF
     assert ((table >> 23) & 0xFF == 0xFF).all()  # the exponent bits the decode expects
     fields = table[v]
@@ -135,7 +136,7 @@ def test_packed_shape_and_dtype_must_match_n_and_k(rng):
     with pytest.raises(ValueError, match="contiguous"):
         T.PackedTernary(torch.cat([data2, data2], dim=1)[:, ::2], 4, 300)
     with pytest.raises(ValueError, match="k must be"):
-        T.unpack_2bit(data2, 0)
+        unpack_data(data2, 0, "2bit")
 
 
 def test_packed_rejects_invalid_codes(rng):

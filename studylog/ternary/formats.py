@@ -1,18 +1,14 @@
 """Chapter 5's packed ternary layouts, BitNet's quantisation, the float64 reference and tolerance, and the
-checks every step's wrapper runs. Each layout is a small transpose, so that one decode step over a tile of words
-yields weights whose activations are contiguous in memory (one vector load of x serves a whole field):
+checks every step's wrapper runs. Each layout is a small transpose, so that one vector load of x serves a field:
 
-* **2-bit** (``"2bit"``, steps 3 to 12): each row's K weights are cut into groups of 256, stored as 16 int32
-  words. Word ``t`` of a group holds weights ``16 j + t`` (j = 0..15) in bits ``2j, 2j+1``, as the code
-  ``w + 1``.
-* **base 3** (``"base3"``, steps 7 and 8): groups of 80 weights stored as 16 bytes. Byte ``t`` of a group
-  holds weights ``16 d + t`` (d = 0..4) as the number ``sum_d (w + 1) 3^d`` (0..242).
-* **2-bit, MMA order** (``"2bit_mma"``, steps 13 and 14): groups of 256 weights in 16 int32 words again, but word
-  ``t`` holds weights ``32 p + 2 t + h`` (p = 0..7, h = 0, 1) in bits ``16 h + 2 p``: the low half holds an
-  even weight and the high half the next one. Field p of both halves of words 0..15 is then the 32
-  consecutive weights ``32 p .. 32 p + 31``, pair by pair, which is how the MMA wants its A operand.
-* **2-bit tiles** (``"2bit_tiles"``, steps 15 to 25): the MMA-order words reordered so that what one warp
-  loads for one group of a tile of 16 rows is 1 KiB of consecutive memory (:func:`pack_2bit_tiles`).
+* ``"2bit"`` (steps 3 to 12): groups of 256 weights in 16 int32 words; word ``t`` holds weights ``16 j + t``
+  (j = 0..15) in bits ``2j, 2j+1``, as the code ``w + 1``.
+* ``"base3"`` (steps 7 and 8): groups of 80 weights in 16 bytes; byte ``t`` holds weights ``16 d + t``
+  (d = 0..4) as ``sum_d (w + 1) 3^d`` (0..242).
+* ``"2bit_mma"`` (steps 13 and 14): word ``t`` holds weights ``32 p + 2 t + h`` (p = 0..7, h = 0, 1) in bits
+  ``16 h + 2 p``, so field p of both halves is the 32 consecutive weights ``32 p ..``: the MMA's A operand.
+* ``"2bit_tiles"`` (steps 15 to 25): the MMA-order words of 16 rows reordered so that what one warp loads for
+  one group is 1 KiB of consecutive memory (:func:`pack_2bit_tiles`).
 
 Padding (K up to a whole group) holds zero weights, so every row starts aligned and loads stay vectorised.
 """
@@ -99,37 +95,14 @@ def pack_2bit(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
     return _as_int32_bits(words).reshape(n, groups * GROUP_WORDS).contiguous()
 
 
-def unpack_2bit(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"]:
-    """Inverse of :func:`pack_2bit`: the first ``k`` weights of every row, as int8."""
-    check_packed_data(packed, k, "2bit", "packed")
-    n = packed.shape[0]
-    words = (packed.to(torch.int64) & 0xFFFFFFFF).view(n, -1, 1, 16)  # [row, group, 1, word t]
-    shifts = (2 * torch.arange(16, device=packed.device)).view(1, 1, 16, 1)
-    codes = (words >> shifts) & 3  # [row, group, field j, word t]
-    return (codes.reshape(n, -1)[:, :k] - 1).to(torch.int8)
-
-
-def _mma_shifts(device) -> Tensor:
-    """[pair p, half h] -> bit position 16 h + 2 p of the 2-bit MMA order."""
-    return 16 * torch.arange(2, device=device).view(1, 2) + 2 * torch.arange(8, device=device).view(8, 1)
-
-
 def pack_2bit_mma(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
     """Pack ternary ``w`` (N, K) into int32 words in MMA order (layout in the module doc)."""
     padded, groups = _padded_codes(w, GROUP_WEIGHTS_2BIT)
     n = padded.shape[0]
     fields = padded.view(n, groups, 8, 16, 2)  # [row, group, pair p, word t, half h]: weight 32 p + 2 t + h
-    words = (fields << _mma_shifts(padded.device).view(1, 1, 8, 1, 2)).sum(dim=(2, 4))  # disjoint: a sum is an OR
+    shifts = 16 * torch.arange(2, device=padded.device) + 2 * torch.arange(8, device=padded.device).view(8, 1)
+    words = (fields << shifts.view(1, 1, 8, 1, 2)).sum(dim=(2, 4))  # disjoint: a sum is an OR
     return _as_int32_bits(words).reshape(n, groups * GROUP_WORDS).contiguous()
-
-
-def unpack_2bit_mma(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"]:
-    """Inverse of :func:`pack_2bit_mma`: the first ``k`` weights of every row, as int8."""
-    check_packed_data(packed, k, "2bit_mma", "packed")
-    n = packed.shape[0]
-    words = (packed.to(torch.int64) & 0xFFFFFFFF).view(n, -1, 1, 16, 1)  # [row, group, 1, word t, 1]
-    codes = (words >> _mma_shifts(packed.device).view(1, 1, 8, 1, 2)) & 3  # [row, group, pair p, word t, half h]
-    return (codes.reshape(n, -1)[:, :k] - 1).to(torch.int8)
 
 
 def pack_2bit_tiles(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "tiles kt"]:
@@ -147,14 +120,6 @@ def pack_2bit_tiles(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "tiles kt"]:
     return _as_int32_bits(tiled.reshape(tiles, -1)).contiguous()
 
 
-def unpack_2bit_tiles(packed: Int32[Tensor, "tiles kt"], k: int) -> Int8[Tensor, "n k"]:
-    """Inverse of :func:`pack_2bit_tiles`: every row of every tile (padding rows too), as int8."""
-    check_packed_data(packed, k, "2bit_tiles", "packed")
-    tiles, groups = packed.shape[0], packed.shape[1] // (TILE_ROWS * GROUP_WORDS)
-    words = packed.view(tiles, groups, 2, 8, GROUP_WORDS).permute(0, 2, 3, 1, 4)
-    return unpack_2bit_mma(words.reshape(tiles * TILE_ROWS, groups * GROUP_WORDS).contiguous(), k)
-
-
 def pack_base3(w: Shaped[Tensor, "n k"]) -> UInt8[Tensor, "n kb"]:
     """Pack ternary ``w`` (N, K) into bytes, 5 weights a byte in base 3 (1.6 bits a weight)."""
     padded, groups = _padded_codes(w, GROUP_WEIGHTS_BASE3)
@@ -164,18 +129,7 @@ def pack_base3(w: Shaped[Tensor, "n k"]) -> UInt8[Tensor, "n kb"]:
     return (d * powers).sum(dim=2).to(torch.uint8).reshape(n, groups * GROUP_BYTES).contiguous()
 
 
-def unpack_base3(packed: UInt8[Tensor, "n kb"], k: int) -> Int8[Tensor, "n k"]:
-    """Inverse of :func:`pack_base3` (by division; the kernels use a table instead)."""
-    check_packed_data(packed, k, "base3", "packed")
-    n = packed.shape[0]
-    v = packed.to(torch.int64).view(n, -1, 1, 16)
-    powers = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int64, device=packed.device).view(1, 1, 5, 1)
-    digits = (v // powers) % 3  # [row, group, digit d, byte t]
-    return (digits.reshape(n, -1)[:, :k] - 1).to(torch.int8)
-
-
-CODECS = {"2bit": (pack_2bit, unpack_2bit), "base3": (pack_base3, unpack_base3),
-          "2bit_mma": (pack_2bit_mma, unpack_2bit_mma), "2bit_tiles": (pack_2bit_tiles, unpack_2bit_tiles)}
+PACKERS = {"2bit": pack_2bit, "base3": pack_base3, "2bit_mma": pack_2bit_mma, "2bit_tiles": pack_2bit_tiles}
 
 
 def base3_table_values() -> list[int]:
@@ -237,10 +191,7 @@ class PackedTernary:
 
     @classmethod
     def pack(cls, w: Shaped[Tensor, "n k"], fmt: str = "2bit") -> "PackedTernary":
-        return cls(CODECS[check_choice("fmt", fmt, FORMATS)][0](w), int(w.shape[0]), int(w.shape[1]), fmt)
-
-    def unpack(self) -> Int8[Tensor, "n k"]:
-        return CODECS[self.fmt][1](self.data, self.k)[: self.n]
+        return cls(PACKERS[check_choice("fmt", fmt, FORMATS)](w), int(w.shape[0]), int(w.shape[1]), fmt)
 
     @property
     def nbytes(self) -> int:
