@@ -16,6 +16,8 @@ from studylog import ternary as T
 from studylog.ternary import report as R
 from studylog.ternary.bitnet import BITNET_SHAPES
 
+from ternary_helpers import unpack
+
 
 # ------------------------------------------------------------------------------------------------
 # What is measured
@@ -118,7 +120,7 @@ class CpuRun(harness.BenchRun):
 def _reference_step(w2a8=False):
     """A stand-in for a CUDA C++ step on the CPU: its product from the float64 reference, in float32."""
     def step(x, w, scale, **kwargs):
-        wt = w.unpack().double()
+        wt = unpack(w).double()
         if w2a8:
             xq, xs = T.quantize_activations(x)
             return ((xq.double() @ wt.T) / (xs.double()[:, None] * scale)).float()
@@ -130,10 +132,10 @@ def test_one_shape_of_the_bench_on_the_cpu(monkeypatch):
     """The whole loop over one (small) shape at M = 1 and 3: every series built, checked against its reference,
     timed over rotated copies with fresh x, and recorded on the GPU clock with its host time, floor and config;
     the W2A8 baseline and the peers among them (GemLite where it is installed)."""
-    for name in ("step17_x_smem", "step21_magic_reg"):
-        monkeypatch.setattr(R, name, _reference_step())
-    for name in ("step23_w2a8_fused", "step25_x_tma"):
-        monkeypatch.setattr(R, name, _reference_step(w2a8=True))
+    for step in (17, 21):
+        monkeypatch.setitem(R.STEP, step, _reference_step())
+    for step in (23, 25):
+        monkeypatch.setitem(R.STEP, step, _reference_step(w2a8=True))
     for name in ("step21_probe", "step23_probe"):
         monkeypatch.setattr(R, name, lambda x, w, scale, probe: (lambda: None))
     monkeypatch.setattr(R, "W2A8Plan", lambda w, scale, m, dtype: (lambda x: _reference_step(w2a8=True)(x, w, scale)))

@@ -19,20 +19,15 @@ from studylog.ternary import triton_mma as TM
 from studylog.ternary import triton_steps as TS
 from studylog.ternary.bitnet import (BITNET_ENV, BITNET_SHAPES, bitnet_checkout, bitnet_library, bitnet_linear,
                                      bitnet_pack, bitnet_scales)
-from studylog.ternary.cuda_steps import (PROBES, cuda_mma_config, step15_cuda_mma, step16_split_k, step17_x_smem,
-                                         step18_tma_ring, step19_shared_k, step20_tile_copies, step21_magic_reg,
-                                         step21_probe, tma_config)
+from studylog.ternary.cuda_steps import PROBES, cuda_mma_config, step21_probe, tma_config
 from studylog.ternary.formats import (FP32_TOLERANCE, PackedTernary, error_ratio_from, quantize_absmean,
                                       quantize_activations)
 from studylog.ternary.results import (BITNET, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PLAN, PROBE_SERIES,
                                       W2A8_PLACE_SERIES)
 from studylog.ternary.steps import SERIES, STEPS
-from studylog.ternary.triton_mma import (step09_w2a8_dot, step10_dot_configs, step11_pair_decode, step12_unmasked,
-                                         step13_mma_layout, step14_workspace)
-from studylog.ternary.triton_steps import (block_m_for, step01_sign, step02_int8, step03_2bit, step04_and_decode,
-                                           step05_gemv, step06_dot, step07_base3_gemv, step08_base3_dot)
-from studylog.ternary.w2a8 import (W2A8Plan, step22_w2a8, step23_probe, step23_w2a8_fused, step24_w2a8_tiles,
-                                   step25_x_tma, w2a8_config, w2a8_default_quantize, w2a8_takes, w2a8_tiles_config)
+from studylog.ternary.triton_steps import block_m_for
+from studylog.ternary.w2a8 import (W2A8Plan, step23_probe, w2a8_config, w2a8_default_quantize, w2a8_takes,
+                                   w2a8_tiles_config)
 
 # What is measured
 
@@ -57,6 +52,14 @@ BATCH_STEPS = (6, 8, 9, 10, 11, 12, 13, 14, 17, 21, 23, 24, 25)
 #: 14, 17, 21, 23 and 25 are the entry point's): timed only at the cases those tables use, (N, K) -> rows of x.
 SPLIT_STEPS = (4, 10, 11, 12, 13, 15, 16, 18, 19, 20, 22, 24)
 SPLIT_CASES = {(4096, 14336): (1, 16), (2560, 6912): (1,)}
+#: Each step's function: the series stepNN calls it (steps 1, 2 and 9 with the options their series below add).
+STEP = {step.number: step.function for step in STEPS}
+#: The steps on packed weights: number -> (their format, the MMA their floor counts: None, "bf16" or "int8", the
+#: W2A8 steps' product checked against float64 of the quantised x).
+PACKED_STEPS = {**{i: ("2bit", None) for i in (3, 4, 5)}, 6: ("2bit", "bf16"), 7: ("base3", None),
+                8: ("base3", "bf16"), **{i: ("2bit", "bf16") for i in (10, 11, 12)}, 13: ("2bit_mma", "bf16"),
+                14: ("2bit_mma", "bf16"), **{i: ("2bit_tiles", "bf16") for i in range(15, 22)},
+                **{i: ("2bit_tiles", "int8") for i in range(22, 26)}}
 
 
 def bench_cases(quick: bool = False) -> list[tuple[str, int, int, int]]:
@@ -176,6 +179,20 @@ def _tuned_config(series: str, m: int) -> str:
         SERIES[14]: TM.step14_workspace_tuned_few if few else TM.step14_workspace_tuned_many,
     }.get(series)
     return str(getattr(tuner, "best_config", "") or "")
+
+
+def _cuda_config(step: int, m: int, n: int, k: int) -> str:
+    """The config a CUDA C++ step launches at this case ("" for the Triton steps: :func:`_tuned_config`)."""
+    if step in (15, 16, 17):
+        return f"{cuda_mma_config(m, n, k)}" + (", one slice of K" if step == 15 else "")
+    if step == 18:
+        return f"{tma_config(m, n, k)}, slices of K {cuda_mma_config(m, n, k).slices}"
+    if step in (19, 20, 21):
+        return str(tma_config(m, n, k))
+    if step in (22, 23):
+        where = "separate" if step == 22 else w2a8_default_quantize(m, n, k)
+        return f"{w2a8_config(m, n, k, quantize=where)}, quantize={where!r}"
+    return str(w2a8_tiles_config(m, n, k)) if step in (24, 25) else ""
 
 
 def _peak_matmul(run, dtype) -> tuple[float, float]:
@@ -313,9 +330,9 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
     wanted = {name for m in ms_list for name in bench_series(family, n, k, m, run.quick)}
     layer = _gemlite_layer(run, gemlite, w_t, scale, shape_params) if GEMLITE in wanted else None
 
-    def call(fn, **options):
+    def call(step, **options):
         """A step's call on x and one copy of its weights."""
-        return lambda x, w: (lambda: fn(x, w, scale, **options))
+        return lambda x, w: (lambda: STEP[step](x, w, scale, **options))
 
     for m in ms_list:
         params = {**shape_params, "m": m}
@@ -329,7 +346,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
         def quantized(x, w):
             """Step 9: x quantised beforehand (not timed)."""
             q, qs = quantize_activations(x)
-            return lambda: step09_w2a8_dot(q, qs, w, scale)
+            return lambda: STEP[9](q, qs, w, scale)
 
         def int_mm(x, w):
             plan = P.IntMMPlan(w, scale, m)
@@ -340,37 +357,17 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
             plan.quantize(x)
             return plan.matmul
 
-        default = w2a8_default_quantize(m, n, k)
         specs = {
             CUBLAS: Series(w_bf16, lambda x, w: (lambda: x @ w.T), n * k * 2, "cublas", "bf16", "baseline",
                            out_bytes=m * n * 2),
-            SERIES[1]: Series(w_bf16, call(step01_sign, check_values=False), n * k * 2, host=call(step01_sign)),
-            SERIES[2]: Series(w_t, call(step02_int8, check_values=False), n * k, host=call(step02_int8)),
-            **{SERIES[i]: Series(packed[fmt], call(fn), packed[fmt].nbytes, mma=mma) for i, fn, fmt, mma in (
-                (3, step03_2bit, "2bit", None), (4, step04_and_decode, "2bit", None), (5, step05_gemv, "2bit", None),
-                (6, step06_dot, "2bit", "bf16"), (7, step07_base3_gemv, "base3", None),
-                (8, step08_base3_dot, "base3", "bf16"), (10, step10_dot_configs, "2bit", "bf16"),
-                (11, step11_pair_decode, "2bit", "bf16"), (12, step12_unmasked, "2bit", "bf16"),
-                (13, step13_mma_layout, "2bit_mma", "bf16"), (14, step14_workspace, "2bit_mma", "bf16"))},
+            SERIES[1]: Series(w_bf16, call(1, check_values=False), n * k * 2, host=call(1)),
+            SERIES[2]: Series(w_t, call(2, check_values=False), n * k, host=call(2)),
             SERIES[9]: Series(packed["2bit"], quantized, packed["2bit"].nbytes, "w2a8", "int8", in_bytes=m * k + m * 4),
-            SERIES[15]: Series(pt, call(step15_cuda_mma), pt.nbytes, mma="bf16",
-                               config=lambda: f"{cuda_mma_config(m, n, k)}, one slice of K"),
-            **{SERIES[i]: Series(pt, call(fn), pt.nbytes, mma="bf16", config=lambda: str(cuda_mma_config(m, n, k)))
-               for i, fn in ((16, step16_split_k), (17, step17_x_smem))},
-            SERIES[18]: Series(pt, call(step18_tma_ring), pt.nbytes, mma="bf16",
-                               config=lambda: f"{tma_config(m, n, k)}, slices of K {cuda_mma_config(m, n, k).slices}"),
-            **{SERIES[i]: Series(pt, call(fn), pt.nbytes, mma="bf16", config=lambda: str(tma_config(m, n, k)))
-               for i, fn in ((19, step19_shared_k), (20, step20_tile_copies), (21, step21_magic_reg))},
-            SERIES[22]: Series(pt, call(step22_w2a8), pt.nbytes, "w2a8", "int8",
-                               config=lambda: f"{w2a8_config(m, n, k, quantize='separate')}, quantize='separate'"),
-            SERIES[23]: Series(pt, call(step23_w2a8_fused), pt.nbytes, "w2a8", "int8",
-                               config=lambda: f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}"),
-            **{SERIES[i]: Series(pt, call(fn), pt.nbytes, "w2a8", "int8",
-                                 config=lambda: str(w2a8_tiles_config(m, n, k)))
-               for i, fn in ((24, step24_w2a8_tiles), (25, step25_x_tma))},
+            **{SERIES[i]: Series(packed[fmt], call(i), packed[fmt].nbytes, "w2a8" if mma == "int8" else "float", mma,
+                                 config=functools.partial(_cuda_config, i, m, n, k))
+               for i, (fmt, mma) in PACKED_STEPS.items()},
             PLAN: Series(pt, lambda x, w: functools.partial(W2A8Plan(w, scale, m=m, dtype=x.dtype), x), pt.nbytes,
-                         "w2a8", "int8",
-                         config=lambda: f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}"),
+                         "w2a8", "int8", config=functools.partial(_cuda_config, 23, m, n, k)),
             "read_weights": Series(pt, lambda x, w: read_only(w.data), pt.nbytes, None, role="baseline",
                                    in_bytes=0, out_bytes=0, host_time=False),
             INT_MM: Series(w_t, int_mm, n * k, "w2a8", "int8", "baseline", in_bytes=m * k * 2),
@@ -395,7 +392,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
                                    in_bytes=k + 2, out_bytes=n * 2)
         names = [name for name in bench_series(family, n, k, m, run.quick) if name in specs]
         for where, series in place_series(n, k, m, run.quick).items():
-            specs[series] = Series(pt, call(step23_w2a8_fused, quantize=where), pt.nbytes, "w2a8", "int8",
+            specs[series] = Series(pt, call(23, quantize=where), pt.nbytes, "w2a8", "int8",
                                    config=lambda q=where: f"{w2a8_config(m, n, k, quantize=q)}")
             names.append(series)
         for (step, probe), series in probe_series(family, m, run.quick).items():
