@@ -1,9 +1,7 @@
 """The tail of each chapter's final kernel at its headline shape: ``python -m studylog bench tails [--out DIR]``.
 
 Each case times the call the chapter's headline row times, built as its benchmark builds it, on the clock of
-:meth:`BenchRun.graph_time`; :data:`NOTE` says what a sample is, so ``p99_ms`` is how far a re-measurement can land
-above the median, not the tail of single calls. Chapter 4's latency floor (:func:`studylog.ctc.floor.chain_floor`)
-is timed over 2T frames (alpha then beta, steps 1 to 9) and T (side by side, steps 10 to 14).
+:meth:`BenchRun.graph_time`; :data:`NOTE` says what a sample is (``p99_ms`` is not the tail of single calls).
 """
 
 from __future__ import annotations
@@ -33,18 +31,14 @@ def percentile(samples: list[float], q: float) -> float:
     """The ``q``-th percentile (0 to 100) of ``samples``, linear between the order statistics (numpy's default)."""
     if not samples or not 0 <= q <= 100:
         raise ValueError(f"percentile needs samples and 0 <= q <= 100, got {len(samples)} samples, q = {q}")
-    xs = sorted(samples)
-    rank = q / 100 * (len(xs) - 1)
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (rank - lo) * (xs[hi] - xs[lo])
+    return float(np.percentile(samples, q))
 
 
 # -- the inputs, as each chapter's benchmark builds them (sizes are arguments, so a CPU test builds small ones) --
 
 def masked_head_inputs(vocab: int, hidden: int, allowed: int, *, seed: int, device="cuda"):
-    """Chapter 2: the [V, D] bf16 head (randn * 0.02), one bf16 hidden state, ``allowed`` random ids of the
-    vocabulary as AllowedTokens, and their packed int32 bitmask on the host."""
+    """Chapter 2: the [V, D] bf16 head, one bf16 hidden state, ``allowed`` random ids as AllowedTokens and their
+    packed int32 bitmask on the host."""
     from studylog.masked_lm_head import AllowedTokens, pack_bitmask
     from studylog.masked_lm_head.masks import random_sets
 
@@ -126,8 +120,8 @@ def _ngram(run, rep: int):
 
 
 def ctc_bench_targets(T: int, N: int, A: int) -> list[np.ndarray]:
-    """The targets chapter 4's benchmark times at (T, N, A): its generator (seeded ``BENCH_SEED``) replayed over the
-    grid's points before this one, each drawing its targets and then its activations, as the benchmark does."""
+    """The targets chapter 4's benchmark times at (T, N, A): its seeded generator replayed over the grid's points
+    before this one (targets, then activations), as the benchmark draws them."""
     from studylog.ctc.report import BENCH_SEED, grids, random_targets
 
     gen = torch.Generator().manual_seed(BENCH_SEED)
@@ -140,9 +134,8 @@ def ctc_bench_targets(T: int, N: int, A: int) -> list[np.ndarray]:
 
 
 def _ctc(run, rep: int, *, T: int, N: int, A: int):
-    """Chapter 4's entry point at (T, N, A) on the targets the chapter's benchmark times there (every repetition:
-    the time depends on the targets' lengths, so a repetition with targets of its own would measure another case),
-    over as many copies of the activations as its benchmark rotates."""
+    """Chapter 4's entry point at (T, N, A) on the targets its benchmark times there, in every repetition (the time
+    depends on their lengths), over as many copies of the activations as its benchmark rotates."""
     from studylog.ctc import ctc_loss
     from studylog.ctc.fused import final_step
     from studylog.ctc.peers import padded
@@ -163,8 +156,7 @@ def _ctc(run, rep: int, *, T: int, N: int, A: int):
              "target_lengths": [len(l) for l in lists]})
 
 
-#: Chapter 2's whole step starts with the packed bitmask's copy from pinned host memory: that copy alone, replayed
-#: in a graph, is the first link of the step's latency floor (the kernels that follow it cannot start earlier).
+#: Chapter 2's step starts with the bitmask's copy from pinned host memory: the first link of its latency floor.
 BITMASK_COPY_SERIES = "bitmask copy from host (latency floor)"
 
 
@@ -176,8 +168,7 @@ def _bitmask_copy(run, rep: int):
     return [lambda: device.copy_(host, non_blocking=True)], {"floor": "latency", "bytes": host.numel() * 4}
 
 
-#: SmolLM2-135M's shape (chapter 07's "model smollm2" note): the kernels of one forward are counted on a model of
-#: this shape with random weights, since the count depends only on the shape and the code path.
+#: SmolLM2-135M's shape: one forward's kernels are counted on random weights (the count depends only on the shape).
 SMOLLM2_SHAPE = {"vocab_size": 49152, "hidden": 576, "layers": 30, "heads": 9, "kv_heads": 3, "intermediate": 1536,
                  "rope_theta": 100000.0, "tie_embeddings": True}
 FORWARD_SERIES = "smollm2 forward, one token (kernels counted)"
@@ -194,8 +185,8 @@ def _smollm2_decoder(device="cuda"):
 
 
 def _smollm2_forward(run, rep: int):
-    """Chapter 08's verifying forward at one token, timed (its kernels are counted after every timing: a process
-    that has profiled stays slower)."""
+    """Chapter 08's verifying forward at one token (its kernels are counted after every timing: a process that has
+    profiled stays slower)."""
     return [_smollm2_decoder().body_call(1)], {"floor": "latency"}
 
 
@@ -211,29 +202,23 @@ def count_forward_kernels(run) -> None:
             row.update(kernels_per_forward=n, kernels_per_layer=n / SMOLLM2_SHAPE["layers"])
 
 
-#: Chapter 4's latency-bound case (small alphabet, one utterance): the grid's first point, its target the first
-#: draw of the benchmark's generator (seeded ``studylog.ctc.report.BENCH_SEED``).
+#: Chapter 4's latency-bound case (small alphabet, one utterance): its benchmark grid's first point.
 CTC_FLOOR_CASE = {"T": 150, "N": 1, "A": 28}
 #: Chapter 4's headline case (its largest alphabet at batch 8).
 CTC_HEADLINE_CASE = {"T": 150, "N": 8, "A": 5000}
 CTC_FLOOR_SERIES = "ctc recursion chain (latency floor)"
-#: The same chain at the headline case's longest target (its states, T frames: step 14 runs both directions side by
-#: side): the headline's own latency floor, where the small alphabet's chain of fewer states is only a lower bound.
+#: The same chain over T frames at the headline case's longest target: the headline's own latency floor.
 CTC_HEADLINE_FLOOR_SERIES = "ctc recursion chain, headline's longest target (latency floor)"
-
-
-def ctc_floor_states(T: int = 150, A: int = 28, *, seed: int | None = None) -> int:
-    """S = 2L + 1 states of the utterance chapter 4's benchmark draws first (N = 1), its generator seeded ``seed``
-    (default the benchmark's): 127 at T = 150, A = 28."""
-    from studylog.ctc.report import BENCH_SEED, random_targets
-
-    (labels,) = random_targets(T, 1, A, torch.Generator().manual_seed(BENCH_SEED if seed is None else seed))
-    return 2 * len(labels) + 1
 
 
 def ctc_headline_states(T: int = 150, N: int = 8, A: int = 5000) -> int:
     """S = 2L + 1 of the longest target chapter 4's benchmark times at (T, N, A): 279 at its headline case."""
     return 2 * max(map(len, ctc_bench_targets(T, N, A))) + 1
+
+
+def ctc_floor_states(T: int = 150, A: int = 28) -> int:
+    """S = 2L + 1 of the one utterance chapter 4's benchmark times at N = 1: 127 at T = 150, A = 28."""
+    return ctc_headline_states(T, 1, A)
 
 
 def _ctc_chain(run, rep: int, *, frames: int, states: int, device="cuda"):
