@@ -23,8 +23,11 @@ def decode_key(key: int) -> tuple[int, int, int]:
 
 
 def slot_plan(b: int, config: NgramConfig, step_idx, draft_token_num, max_dec_len, encoder, decoder, this_time):
-    """(kind, counted, base, cap) of slot b, as ``plan_slot`` in ``ngram_common.cuh``."""
-    dec_room = max_dec_len[b] - step_idx[b] - 1
+    """(kind, counted, base, cap) of slot b, as ``plan_slot`` in ``ngram_common.cuh``: ``kind`` "keep" (prefill, or
+    nothing to add), "zero" (an empty slot) or "active"; ``counted``: the budget reserves a token for it (the ngram
+    variant counts prefill slots too; the hybrid one, slots with decoder tokens); ``base``: its tokens before any
+    draft; ``cap``: the most drafts its request allows."""
+    dec_room = max_dec_len[b] - step_idx[b] - 1  # tokens the request may still produce after this one
     if not config.hybrid:
         counted = encoder[b] > 0 or decoder[b] > 0
         cap = min(draft_token_num[b], dec_room)
@@ -32,8 +35,8 @@ def slot_plan(b: int, config: NgramConfig, step_idx, draft_token_num, max_dec_le
             return "keep", counted, this_time[b], cap
         if decoder[b] == 0:
             return "zero", counted, 0, cap
-        return "active", counted, 1, cap
-    ori = this_time[b]
+        return "active", counted, 1, cap  # base 1: the token the target model verifies anyway
+    ori = this_time[b]  # MTP already placed these tokens; drafts go after them
     room = config.max_draft_tokens - ori + 1
     kind = "keep" if (ori == 0 or room <= 0 or dec_room <= 0) else "active"
     return kind, decoder[b] > 0, ori, min(room, dec_room)

@@ -9,6 +9,7 @@ from jaxtyping import Int32, Int64
 from torch import Tensor
 
 from studylog.ngram.formats import NgramConfig, NgramInputs, validate
+from studylog.ngram.models import slot_plans
 
 
 def _leftmost_continuation(hay: list[int], hay_len: int, pattern: list[int], cap: int):
@@ -30,43 +31,19 @@ def reference_ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batc
     validate(inputs, draft_tokens, seq_lens_this_time, config)
     prompt, gen = inputs.prompt_ids.tolist(), inputs.generated_ids.tolist()
     prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
-    draft_token_num, max_dec_len = inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist()
-    encoder, decoder = inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist()
     draft, this_time = draft_tokens.tolist(), seq_lens_this_time.tolist()
-    batch, threshold = len(this_time), config.threshold
+    plans = slot_plans(inputs, config, seq_lens_this_time)
+    threshold = config.threshold
+    unprocessed = sum(counted for _, counted, _, _ in plans)  # slots that still need at least one token this step
 
-    # Slots that still need at least one token this step. The budget reserves one token for each
-    # of them that the loop has not reached yet. (The ngram variant counts prefill slots too and
-    # never takes them off the count; the hybrid variant counts slots with decoder tokens.)
-    if config.hybrid:
-        unprocessed = sum(1 for b in range(batch) if decoder[b] > 0)
-    else:
-        unprocessed = sum(1 for b in range(batch) if encoder[b] > 0 or decoder[b] > 0)
-
-    for b in range(batch):
-        note = {"slot": b, "kind": None, "searched": False, "n": None, "source": None, "start": None, "drafted": 0}
+    for b, (kind, _, base, cap) in enumerate(plans):
+        this_time[b] = base  # prefill and untouched slots keep theirs; an empty slot gets 0
+        name = {"keep": "untouched" if config.hybrid else "prefill", "zero": "inactive"}.get(kind, kind)
+        note = {"slot": b, "kind": name, "searched": False, "n": None, "source": None, "start": None, "drafted": 0}
         if trace is not None:
             trace.append(note)
-        dec_room = max_dec_len[b] - step_idx[b] - 1  # tokens the request may still produce after this one
-        if not config.hybrid:
-            cap = min(draft_token_num[b], dec_room)
-            if encoder[b] > 0:  # prefill: no drafts, the slot is left as it is
-                note["kind"] = "prefill"
-                continue
-            if decoder[b] == 0:  # an empty slot
-                note["kind"] = "inactive"
-                this_time[b] = 0
-                continue
-            this_time[b] = 1  # the token the target model verifies anyway
-            base = 1  # drafts go after it
-        else:
-            base = this_time[b]  # MTP already placed `base` tokens; drafts go after them
-            room = config.max_draft_tokens - base + 1
-            if base == 0 or room <= 0 or dec_room <= 0:
-                note["kind"] = "untouched"
-                continue
-            cap = min(room, dec_room)
-        note["kind"] = "active"
+        if kind != "active":
+            continue
         unprocessed -= 1  # this slot is being served now
 
         total = sum(this_time[: b + 1])  # tokens of this step so far, this slot's own included
