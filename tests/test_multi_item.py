@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from book.multi_item import figures, lesson
+from book.multi_item.exercises import TILE_SKIPPED, TILE_WHOLE, tile_map
 from book.multi_item.lesson import bounded_key_tiles, kv_in_flight
 from studylog import multi_item as mi
 from studylog import plotting, runtime
@@ -222,13 +223,13 @@ def test_tile_map_skips_only_invisible_tiles_and_unmasks_only_whole_ones(blocks,
     bm, bn = blocks
     for prefix_len, item_lens in list(SHAPES.values()) + [(300, [20] * 12), (130, [1, 60, 2, 33]), (31, [1] * 40)]:
         batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
-        mask, tiles = rule_mask(prefix_len, item_lens, rule), mi.tile_map(batch, bm, bn, rule=rule)
+        mask, tiles = rule_mask(prefix_len, item_lens, rule), tile_map(batch, bm, bn, rule=rule)
         for t in range(tiles.shape[0]):
             for u in range(tiles.shape[1]):
                 block = mask[t * bm:(t + 1) * bm, u * bn:(u + 1) * bn]
-                if tiles[t, u] == mi.tiles.TILE_SKIPPED:
+                if tiles[t, u] == TILE_SKIPPED:
                     assert not block.any(), f"tile {(t, u)} holds visible pairs but is skipped"
-                elif tiles[t, u] == mi.tiles.TILE_WHOLE:
+                elif tiles[t, u] == TILE_WHOLE:
                     assert block.all() and block.shape[1] == bn, f"tile {(t, u)} is not whole but unmasked"
 
 
@@ -294,7 +295,7 @@ def test_flashinfers_bound_visits_what_its_loop_visits_and_never_fewer_tiles_tha
         loop = flashinfer_key_tile_loop(batch.seq_lens[0], prefix_len, max(item_lens), bm, bn)
         bounded = bounded_key_tiles(batch, bm, bn)[0]
         assert bounded == [len(v) for v in loop], (prefix_len, item_lens)
-        exact = mi.tile_map(batch, bm, bn) != mi.tiles.TILE_SKIPPED
+        exact = tile_map(batch, bm, bn) != TILE_SKIPPED
         mask = rule_mask(prefix_len, item_lens)
         for t, visited in enumerate(loop):
             # the bound skips no tile that holds a visible pair, and the exact start visits a subset of its tiles
@@ -435,10 +436,14 @@ def test_head_groups_fit_the_budget():
 @pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 32), (128, 64)], ids=str)
 def test_tile_costs_are_the_planned_ranges_counted_key_by_key(blocks):
     """The schedule's cost of a query tile is the number of keys of the kernel's three ranges: the planned
-    key tiles at key tiles of one key (tile_map computes them with different code)."""
+    key tiles at key tiles of one key (tile_map computes them with different code), and the planned key tiles
+    are tile_map's tiles that are not skipped."""
     batch = mi.MultiItemBatch.from_item_lens(*MIXED, device="cpu")
     costs = [c for _, _, c in mi.tiles.query_tile_costs(batch, blocks[0])]
-    assert costs == [n for per_prompt in mi.planned_key_tiles(batch, blocks[0], 1) for n in per_prompt]
+    mapped = [(tile_map(batch, blocks[0], 1, b) != TILE_SKIPPED).sum(dim=1).tolist() for b in range(batch.batch_size)]
+    assert costs == [n for per_prompt in mapped for n in per_prompt]
+    assert mi.planned_key_tiles(batch, *blocks) == [(tile_map(batch, *blocks, b) != TILE_SKIPPED).sum(dim=1).tolist()
+                                                    for b in range(batch.batch_size)]
     # and host_item_starts is row - pos[row], the positions the kernels read
     for b, starts in enumerate(batch.host_item_starts):
         p, s = batch.prefix_lens[b], batch.seq_lens[b]

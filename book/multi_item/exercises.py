@@ -1,7 +1,7 @@
 """Chapter 6's exercises, each with a check that a reader runs on a CPU.
 
 Every ``check_*`` function runs the reader's function on small random inputs against the chapter's rule (the dense
-mask, a plain softmax, the tile accounting of :mod:`studylog.multi_item.tiles`, the float64 reference), prints what is
+mask, a plain softmax, the tile accounting of :func:`tile_map`, the float64 reference), prints what is
 wrong on the first input where it disagrees, and returns ``True`` when every input agrees. A function that still
 raises ``NotImplementedError`` (the page's stub) gets a note instead of a traceback. The answers live in
 :mod:`book.multi_item.solutions`, which the notebook does not import: try your own before reading them.
@@ -27,15 +27,37 @@ from torch import Tensor
 
 from book.common import guarded, report
 from studylog.multi_item.config import strides  # studylog first: it sets TRITON_INTERPRET on a CPU
-from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, dense_mask
+from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_rule, dense_mask
 from studylog.multi_item.steps import LOG2E, attend_key_tiles
-from studylog.multi_item.tiles import TILE_SKIPPED, tile_map
 
 import triton  # noqa: E402,I001
 import triton.language as tl  # noqa: E402
 
 __all__ = ["check_visible", "check_online_softmax", "check_key_tiles", "check_max_programs", "check_tile_shape",
-           "check_items_lo"]
+           "check_items_lo", "tile_map", "TILE_SKIPPED", "TILE_WHOLE", "TILE_MASKED"]
+
+TILE_SKIPPED, TILE_WHOLE, TILE_MASKED = 0, 1, 2  # tile_map's codes
+
+
+def tile_map(batch: MultiItemBatch, block_m: int, block_n: int, prompt: int = 0, rule: str = DEFAULT_RULE) -> Tensor:
+    """What steps 4 and 5 do with each (query tile, key tile) of one prompt, ``[query tiles, key tiles]``: the
+    kernels' three loop ranges, in Python. ``TILE_WHOLE``: every row sees every key, no mask arithmetic."""
+    skip = ITEM_KEYS_FROM[check_rule(rule)]
+    s, p = batch.seq_lens[prompt], batch.prefix_lens[prompt]
+    pos = batch.token_pos[prompt].tolist()
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    out = torch.full((cdiv(s, block_m), cdiv(s, block_n)), TILE_SKIPPED, dtype=torch.int8)
+    for t, m_lo in enumerate(range(0, s, block_m)):
+        m_hi = min(m_lo + block_m, s)
+        full_hi = min(p, m_lo + 1) // block_n * block_n                     # phase 1: [0, full_hi)
+        prefix_hi = cdiv(min(p, m_hi), block_n) * block_n                    # phase 2: [full_hi, prefix_hi)
+        first_item_row = max(m_lo, p)
+        items_lo = first_item_row + skip - pos[first_item_row - p]           # phase 3: [items_lo, m_hi)
+        items_lo = max(items_lo // block_n * block_n, prefix_hi)
+        out[t, : full_hi // block_n] = TILE_WHOLE
+        out[t, full_hi // block_n: prefix_hi // block_n] = TILE_MASKED
+        out[t, items_lo // block_n: cdiv(m_hi, block_n)] = TILE_MASKED
+    return out
 
 
 def _random_prompt(gen: torch.Generator) -> MultiItemBatch:

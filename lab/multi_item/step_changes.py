@@ -80,7 +80,7 @@ def ordered_work(batch: MultiItemBatch, heads: int, block_m: int, *, l2_groups: 
     in one group) one after another; within a group the query tiles ranked (by decreasing work, or 5a's ``r``-th
     tile from each prompt's end, prompt after prompt), each tile's heads of the group side by side."""
     if heaviest_first:
-        costs = query_tile_costs(batch, block_m, rule)
+        costs = query_tile_costs(batch, block_m, rule=rule)
         ranked = [(b, t) for b, t, _ in sorted(costs, key=lambda w: (-w[2], w[0], w[1]))]
     else:
         n_tiles = [-(-s // block_m) for s in batch.seq_lens]

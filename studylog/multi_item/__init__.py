@@ -14,7 +14,7 @@ from studylog.multi_item.plan import MultiItemPlan
 from studylog.multi_item.steps import (STEPS, multi_item_attention, step01_dense_sdpa, step02_dense_mask,
                                        step03_mask_on_the_fly, step04_tile_skip, step05_batched, step06_packed_heads)
 from studylog.multi_item.tiles import (DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, head_groups, planned_key_tiles,
-                                       tile_map, tile_stats)
+                                       tile_stats)
 from studylog.multi_item import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(name="multi_item", number=6, title="Multi-item scoring attention: one prefill scores many items",
@@ -28,5 +28,5 @@ __all__ = [
     "MultiItemBatch", "RULES", "DEFAULT_RULE", "dense_mask", "reference_attention", "score_items",
     "SUPPORTED_DTYPES", "SUPPORTED_HEAD_DIMS",
     # the host's plan: tiles visited, step 5's program order
-    "tile_map", "tile_stats", "TileStats", "planned_key_tiles", "SCHEDULE_ORDERS", "DEFAULT_ORDER", "head_groups",
+    "tile_stats", "TileStats", "planned_key_tiles", "SCHEDULE_ORDERS", "DEFAULT_ORDER", "head_groups",
 ]

@@ -32,18 +32,20 @@ def head_groups(batch: MultiItemBatch, heads: int, kv_bytes_per_token: int) -> l
     return [range(bounds[i], bounds[i + 1]) for i in range(n)]
 
 
-def query_tile_costs(batch: MultiItemBatch, block_m: int, rule: str = DEFAULT_RULE) -> list[tuple[int, int, int]]:
-    """``(prompt, query tile, keys it visits)`` for every query tile: steps 4 and 5's three ranges, in keys."""
+def query_tile_costs(batch: MultiItemBatch, block_m: int, block_n: int = 1,
+                     rule: str = DEFAULT_RULE) -> list[tuple[int, int, int]]:
+    """``(prompt, query tile, key tiles it visits)`` for every query tile: steps 4 and 5's three ranges, counted in
+    tiles of ``block_n`` keys as the kernels count them (``block_n=1``: in keys)."""
     skip = ITEM_KEYS_FROM[check_rule(rule)]
     out = []
     for b, (s, p) in enumerate(zip(batch.seq_lens, batch.prefix_lens)):
         starts = batch.host_item_starts[b]
         for t, m_lo in enumerate(range(0, s, block_m)):
             m_hi = min(m_lo + block_m, s)
-            prefix_keys = min(p, m_hi)
+            prefix_hi = -(-min(p, m_hi) // block_n) * block_n
             first_item_row = max(m_lo, p)  # == p (starts[0] == p) for a tile wholly inside the prefix
-            items_lo = max(starts[first_item_row - p] + skip, prefix_keys)
-            out.append((b, t, prefix_keys + max(0, m_hi - items_lo)))
+            items_lo = max((starts[first_item_row - p] + skip) // block_n * block_n, prefix_hi)
+            out.append((b, t, prefix_hi // block_n + max(0, -(-(m_hi - items_lo) // block_n))))
     return out
 
 
@@ -52,7 +54,7 @@ def work_order(batch: MultiItemBatch, heads: int, block_m: int, order: str = DEF
     """Step 5's programs in launch order, rows of ``(prompt, query tile, head)``; ``kv_bytes_per_token`` (one
     head's key and value) sizes ``"head_groups"``."""
     check_choice("order", order, SCHEDULE_ORDERS)
-    tiles = query_tile_costs(batch, block_m, rule)
+    tiles = query_tile_costs(batch, block_m, rule=rule)
     if order in ("head_groups", "heads_outer"):
         ranked = torch.tensor([(b, t) for b, t, _ in sorted(tiles, key=lambda w: (-w[2], w[0], w[1]))])
         groups = (head_groups(batch, heads, kv_bytes_per_token) if order == "head_groups"
@@ -109,35 +111,12 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
 
 # Tile accounting: what each kernel visits, what causal attention visits, what is really needed
 
-TILE_SKIPPED, TILE_WHOLE, TILE_MASKED = 0, 1, 2  # tile_map's codes
-
-
-def tile_map(batch: MultiItemBatch, block_m: int, block_n: int, prompt: int = 0,
-             rule: str = DEFAULT_RULE) -> Int[Tensor, "m_tiles n_tiles"]:
-    """What steps 4 and 5 do with each (query tile, key tile) of one prompt: the kernels' three loop ranges, in
-    Python. ``TILE_WHOLE``: every row sees every key, no mask arithmetic."""
-    skip = ITEM_KEYS_FROM[check_rule(rule)]
-    s, p = batch.seq_lens[prompt], batch.prefix_lens[prompt]
-    pos = batch.token_pos[prompt].tolist()
-    cdiv = lambda a, b: -(-a // b)  # noqa: E731
-    out = torch.full((cdiv(s, block_m), cdiv(s, block_n)), TILE_SKIPPED, dtype=torch.int8)
-    for t, m_lo in enumerate(range(0, s, block_m)):
-        m_hi = min(m_lo + block_m, s)
-        full_hi = min(p, m_lo + 1) // block_n * block_n                     # phase 1: [0, full_hi)
-        prefix_hi = cdiv(min(p, m_hi), block_n) * block_n                    # phase 2: [full_hi, prefix_hi)
-        first_item_row = max(m_lo, p)
-        items_lo = first_item_row + skip - pos[first_item_row - p]                  # phase 3: [items_lo, m_hi)
-        items_lo = max(items_lo // block_n * block_n, prefix_hi)
-        out[t, : full_hi // block_n] = TILE_WHOLE
-        out[t, full_hi // block_n: prefix_hi // block_n] = TILE_MASKED
-        out[t, items_lo // block_n: cdiv(m_hi, block_n)] = TILE_MASKED
-    return out
-
-
 def planned_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int, rule: str = DEFAULT_RULE) -> list[list[int]]:
     """For each prompt and query tile, how many key tiles steps 4 and 5 visit."""
-    return [(tile_map(batch, block_m, block_n, b, rule) != TILE_SKIPPED).sum(dim=1).tolist()
-            for b in range(batch.batch_size)]
+    out: list[list[int]] = [[] for _ in range(batch.batch_size)]
+    for b, _, tiles in query_tile_costs(batch, block_m, block_n, rule):
+        out[b].append(tiles)
+    return out
 
 
 @dataclass(frozen=True)
