@@ -1,7 +1,6 @@
-"""Chapter 5's closest peer: BitNet's own W2A8 GPU kernel (microsoft/BitNet, ``gpu/bitnet_kernels``), built from
-a local checkout (:data:`BITNET_ENV`) with nvcc and called through ctypes as its ``gpu/test.py`` does. For one row
-of int8 x it computes ``out[n] = (sum_k xq[k] w[n, k]) / s * ws[...]`` in bf16, for the (N, K) of
-:data:`BITNET_SHAPES`."""
+"""Chapter 5's closest peer: BitNet's own W2A8 GPU kernel (microsoft/BitNet ``gpu/bitnet_kernels``), built from a
+checkout (:data:`BITNET_ENV`) with nvcc and called through ctypes as its ``gpu/test.py`` does: for one row of int8
+x, bf16 ``out[n] = (sum_k xq[k] w[n, k]) / s * ws[...]`` at the (N, K) of :data:`BITNET_SHAPES`."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ def bitnet_library(root: Path) -> ctypes.CDLL:
 
 
 def _shared_load_layout() -> np.ndarray:
-    """BitNet's ``B_global_16x32_to_shared_load_16x32_layout`` as a table: for each (i, j) of a 16 x 32 tile of
-    weights as stored, the (row, column) of the weight matrix tile it holds."""
+    """BitNet's ``B_global_16x32_to_shared_load_16x32_layout``: the (row, column) each stored (i, j) of a tile holds."""
     mapping = np.zeros((16, 32, 2), dtype=np.int64)
     for i in range(16):
         for j in range(32):
@@ -80,7 +78,7 @@ def _shared_load_layout() -> np.ndarray:
 
 def bitnet_pack(w: Int8[Tensor, "n k"]) -> Int8[Tensor, "n k4"]:
     """Ternary weights (N, K) in BitNet's layout (its ``convert_weight_int8_to_int2``): codes ``w + 2``, 16 x 32
-    tiles permuted for its loads, each word's 16 codes interleaved so one shift and mask yields four int8."""
+    tiles permuted for its loads, a word's 16 codes interleaved so one shift and mask yields four int8."""
     check_tensor("w", w, dtype=torch.int8, ndim=2)
     n, k = w.shape
     if n % 16 or k % 32:
@@ -99,8 +97,7 @@ def bitnet_pack(w: Int8[Tensor, "n k"]) -> Int8[Tensor, "n k4"]:
 
 
 def bitnet_scales(x_scale: Tensor, scale: float, device) -> tuple[Tensor, Tensor]:
-    """The bf16 scales BitNet's kernel divides and multiplies by: ``s`` (x's, one row) and ``ws`` (``1 / scale``
-    in each of its weight-scale slots)."""
+    """The bf16 scales BitNet's kernel takes: ``s`` (x's, one row) and ``ws`` (``1 / scale`` in each slot)."""
     s = x_scale.reshape(-1)[:1].to(device=device, dtype=torch.bfloat16)
     ws = torch.full((BITNET_WEIGHT_SCALES,), 1.0 / scale, dtype=torch.bfloat16, device=device)
     return s, ws

@@ -1,6 +1,6 @@
-"""Chapter 5, steps 15 to 21: step 14's words and decode in CUDA C++ on ``mma.sync`` (``ternary_mma.cu``, steps 15
-to 17), then the weights brought by the TMA (``ternary_bulk.cu``, steps 18 to 21), each file one template. All read
-``2bit_tiles`` weights and bf16 or fp16 x, on a GPU only (on the CPU the wrappers check their inputs, then say so)."""
+"""Chapter 5, steps 15 to 21 in CUDA C++ on ``2bit_tiles`` weights and bf16 or fp16 x, each file one template: step
+14's decode on ``mma.sync`` (``ternary_mma.cu``, 15 to 17), then the weights brought by the TMA (``ternary_bulk.cu``,
+18 to 21). GPU only (on the CPU the wrappers check their inputs, then say so)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from studylog.ternary.formats import (GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTe
 @dataclass(frozen=True)
 class CudaMmaConfig:
     """A launch of steps 15 to 17: ``row_tiles`` tiles of 16 weight rows a warp, ``warps`` a block, ``stages`` groups
-    a row in flight per thread, K cut into ``slices`` (more when a slice of x would not fit in shared memory)."""
+    in flight per thread, K cut into ``slices`` (more when x's slice would not fit in shared memory)."""
 
     row_tiles: int = 2
     stages: int = 2
@@ -46,8 +46,8 @@ def _cuda_mma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int, 
     return f"cuda_mma_kernel<{str(bf16).lower()}, {col_tiles}, {row_tiles}, {stages}, {str(x_smem).lower()}>"
 
 
-#: The instances steps 15 to 17 launch: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp,
-#: 2 groups in flight; x read from L2 (steps 15 and 16) or from the block's copy in shared memory (step 17).
+#: The instances of steps 15 to 17: bf16/fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp, x from L2
+#: (steps 15 and 16) or from shared memory (step 17).
 CUDA_MMA_INSTANCES = tuple(_cuda_mma_instance(b, mt, rt, 2, xs) for xs in (True, False) for b in (True, False)
                            for mt in (1, 2) for rt in (1, 2))
 CUDA_MMA_SIGNATURE = ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
@@ -65,8 +65,8 @@ def _kernel(source: str, name: str, device_index: int, instances: tuple, options
 
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
-    """The launch of steps 16 and 17 (step 15's keeps K whole). Up to 8 rows of x: 8 warps x 2 row tiles a block, K
-    cut until there are about two blocks an SM. More: one row tile a warp, K cut only as far as x needs."""
+    """The launch of steps 16 and 17 (step 15 keeps K whole): up to 8 rows of x, 8 warps x 2 row tiles, K cut to
+    about two blocks an SM; more, one row tile a warp, K cut only as far as x needs."""
     sms = sms or runtime.sm_count()
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if m <= 8:
@@ -106,8 +106,8 @@ def cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: An
 
 
 def aligned_rows(x2: Tensor, tma: bool = False) -> Tensor:
-    """x2, or a copy with rows zero-padded to a multiple of 8 where they do not start on 16-byte boundaries (the
-    kernels load 16 bytes at a time) or, with ``tma``, K is not a multiple of 8 (the TMA copies 16-byte pieces)."""
+    """x2, or a copy with rows zero-padded to a multiple of 8 where they are not 16-byte aligned or, with ``tma``, K is
+    not a multiple of 8 (the kernels load, and the TMA copies, 16 bytes at a time)."""
     if x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0 and not (tma and x2.shape[1] % 8):
         return x2
     padded = torch.zeros(x2.shape[0], triton.cdiv(x2.shape[1], 8) * 8, dtype=x2.dtype, device=x2.device)
@@ -141,16 +141,14 @@ def _cuda_mma_launch(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: 
 
 def step15_cuda_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                     out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 15: step 14's words and decode in CUDA C++ on ``mma.sync`` (GPU only), ``2bit_tiles`` weights: each
-    thread loads its weights two groups ahead of its decode, every warp reads x from L2, K in one slice. Built
-    for few rows of x (larger M re-decodes the weights once per 16 rows)."""
+    """Step 15: step 14's decode in CUDA C++ on ``mma.sync``, each thread loading its weights two groups ahead, x
+    read from L2, K in one slice. Built for few rows of x (each 16 more re-decode the weights)."""
     return _cuda_mma_launch(x, w, scale, out, config, 15, x_smem=False, whole_k=True)
 
 
 def step16_split_k(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                    out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 16: step 15 with K split across blocks (:func:`cuda_mma_config`'s slices, about two blocks an SM), the
-    slices' partial sums added in a fixed order by the last block of a tile to arrive."""
+    """Step 16: step 15 with K split across blocks, the partial sums added in a fixed order by the last to arrive."""
     return _cuda_mma_launch(x, w, scale, out, config, 16, x_smem=False, whole_k=False)
 
 
@@ -164,9 +162,9 @@ def step17_x_smem(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0
 
 @dataclass(frozen=True)
 class RingConfig:
-    """What the launches of steps 18 to 25 share: ``warps`` consumer warps a block (plus a producer), tiles of 16
-    weight rows (the field named ``TILES``), ``stages`` stages of ``chunk`` groups (1 KiB each) per warp and tile
-    in flight, ``slices`` of K. Checked against the compiled instances (``SHAPES``, ``WARPS``)."""
+    """What the launches of steps 18 to 25 share: ``warps`` consumer warps (plus a producer), tiles of 16 weight rows
+    (the field ``TILES``), ``stages`` of ``chunk`` groups per warp and tile, ``slices`` of K; checked against
+    the compiled ``SHAPES`` and ``WARPS``."""
 
     TILES, WARPS = "row_tiles", (1, 2, 4, 8, 16)
 
@@ -184,8 +182,7 @@ class RingConfig:
         return 1024 * self.warps * getattr(self, self.TILES) * self.chunk
 
 
-#: (row_tiles, stages, chunk) of the compiled step-21 instances. CHUNK = 4 or 8, or RT = 2 with CHUNK = 4,
-#: would make ptxas spill.
+#: (row_tiles, stages, chunk) of the compiled step-21 instances (CHUNK 4 or 8, or RT 2 with CHUNK 4, would spill).
 TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
 
 
@@ -205,8 +202,7 @@ class TmaConfig(RingConfig):
         return 16 * self.row_tiles
 
 
-#: Steps 18 to 20, the ring before its last change: the shapes :func:`tma_config` picks, 8 rows of x a block
-#: (more run in more blocks).
+#: Steps 18 to 20: the shapes :func:`tma_config` picks, 8 rows of x a block (more run in more blocks).
 TMA_RING_SHAPES = ((1, 4, 1), (2, 4, 1))
 #: (WARP_COPIES, MAGIC_REG) of ``tma_kernel`` at each step of the ring.
 TMA_KNOBS = {18: (True, False), 19: (True, False), 20: (False, False), 21: (False, True)}
@@ -223,8 +219,7 @@ TMA_RING_INSTANCES = tuple(_tma_instance(b, 1, *shape, step=step) for step in (1
                            for shape in TMA_RING_SHAPES)
 cuda.declare_instances("ternary_bulk", TMA_INSTANCES + TMA_RING_INSTANCES)
 
-#: Dynamic shared memory of a block of steps 18 to 21: its mbarriers, the stages and x (the H100/H200 allow 227 KiB
-#: a block, static shared memory included; finish_split has a little).
+#: Dynamic shared memory of a block of steps 18 to 25 (the H100/H200 allow 227 KiB, finish_split's static included).
 SMEM_LIMIT = 224 * 1024
 RING_BARRIER_BYTES = 512  # RING_BARRIER_BYTES in ternary_ring.cuh
 
@@ -239,9 +234,8 @@ def tma_max_groups_per_slice(cfg: TmaConfig, x_rows: int) -> int:
 
 
 def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
-    """The launch of steps 19 to 21 (step 18's splits K as step 17 does), 4 stages of 1 group a warp and tile: one
-    tile a block, 8 warps for K > 8192 (else 4); two tiles and 4 warps where there are more than two tiles an SM and
-    K is long (each block copies x once for two tiles); above 8 rows of x, two tiles and 8 warps."""
+    """The launch of steps 19 to 21 (18 splits K as 17 does), 4 stages of 1 group: one tile a block, 8 warps for
+    K > 8192 (else 4); two tiles and 4 warps for long K and more than two tiles an SM; above 8 rows, two and 8."""
     sms = sms or runtime.sm_count()
     tiles = triton.cdiv(n, 16)
     if m > 8:
@@ -266,30 +260,26 @@ def _tma_step(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optiona
 
 def step18_tma_ring(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                     out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 18: step 17 with the weights copied into a ring of shared-memory stages by the TMA (``cp.async.bulk``,
-    a producer warp and mbarriers; Hopper GPUs and later), one copy a stage, tile and consumer warp; K still split
-    across blocks as step 17 splits it."""
+    """Step 18: step 17 with the weights copied into a ring of shared-memory stages by the TMA (a producer warp and
+    mbarriers; Hopper and later), one copy a stage, tile and warp; K split as step 17 splits it."""
     return _tma_step(x, w, scale, out, config, 18)
 
 
 def step19_shared_k(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                     out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 19: step 18 with K in one slice: the consumer warps of a block share its K, and their sums meet in
-    shared memory (no round trip through L2)."""
+    """Step 19: step 18 with K in one slice: a block's warps share its K, their sums meet in shared memory."""
     return _tma_step(x, w, scale, out, config, 19)
 
 
 def step20_tile_copies(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                        out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 20: step 19 with one copy a stage and tile of 16 rows (the warps' groups are consecutive in
-    ``2bit_tiles``), not one a warp."""
+    """Step 20: step 19 with one copy a stage and tile of 16 rows, not one a warp."""
     return _tma_step(x, w, scale, out, config, 20)
 
 
 def step21_magic_reg(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 21: step 20 with the decode's magic constant read once from shared memory, so that it stays in one
-    register (no rebuild of it before each LOP3)."""
+    """Step 21: step 20 with the decode's magic constant kept in one register (not rebuilt before each LOP3)."""
     return _tma_step(x, w, scale, out, config, 21)
 
 
@@ -300,9 +290,8 @@ def require_hopper(device: torch.device, step: int) -> None:
                            f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(device)}")
 
 
-#: The probe builds of steps 21 and 23 (BULK_PROBE, W2A8_PROBE; PROBE_* in ternary_common.cuh), the kernel with
-#: parts left out, to time what limits it: 1 copies weights and x only, 2 decodes and multiplies whatever shared
-#: memory holds, 3 returns at once.
+#: The probe builds of steps 21 and 23 (PROBE_* in ternary_common.cuh): the kernel with parts left out, to time what
+#: limits it (2 decodes and multiplies whatever shared memory holds).
 PROBES = {1: "copies only", 2: "arithmetic only", 3: "launch only"}
 
 

@@ -1,6 +1,5 @@
-"""Chapter 5's peers on the same ternary weights: GemLite (an optional extra, ``pip install gemlite``; 2-bit
-weights and bf16 x in the layout of its BitNet processor), and torch._int_mm (cuBLASLt int8 x int8 -> int32), the
-baseline of the W2A8 steps. GemLite is imported by :func:`import_gemlite` only."""
+"""Chapter 5's peers on the same ternary weights: GemLite (optional, ``pip install gemlite``; 2-bit weights, bf16 x,
+its BitNet processor's layout; imported by :func:`import_gemlite` only), and torch._int_mm, the W2A8 baseline."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ INT_MM_MULTIPLE = 8
 
 
 def import_gemlite():
-    """``gemlite``, or an ImportError saying why not (GemLite queries the GPU when it loads: without one, its import
-    fails with another error)."""
+    """``gemlite``, or an ImportError saying why not (without a GPU its import fails with another error)."""
     try:
         import gemlite
     except ImportError:
@@ -35,8 +33,8 @@ def import_gemlite():
 
 
 def gemlite_ternary(w: Tensor, scale: float) -> Any:
-    """A GemLite layer computing bf16 ``x @ w.T / scale`` (M, N) for ternary ``w`` (N, K), on w's device, as its
-    BitNet processor (``gemlite.helper.A16W158_INT``) builds it: codes ``w + 1``, zero 1, a float32 scale a row."""
+    """A GemLite layer computing bf16 ``x @ w.T / scale`` as its BitNet processor (``A16W158_INT``) builds it: codes
+    ``w + 1``, zero 1, a float32 scale a row."""
     if isinstance(scale, (bool, Tensor)) or not math.isfinite(float(scale)) or float(scale) == 0:
         raise ValueError(f"scale must be a finite nonzero number (one per tensor), got {scale!r}")
     ternary = as_ternary(w)
@@ -56,8 +54,7 @@ def gemlite_ternary(w: Tensor, scale: float) -> Any:
 
 
 def gemlite_weights(layer: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """A GemLite layer's (ternary int8 weights (N, K), scales (N,), zero points), decoded from its words (K / 16, N):
-    codes along K, code j in bits ``GEMLITE_BITS * j``."""
+    """A GemLite layer's (int8 weights (N, K), scales (N,), zero points), decoded from its words (K / 16, N)."""
     per_word = GEMLITE_PACKING_BITS // GEMLITE_BITS
     if (layer.W_nbits, layer.elements_per_sample) != (GEMLITE_BITS, per_word):
         raise ValueError(f"not a {GEMLITE_BITS}-bit layer packed {per_word} a word: W_nbits={layer.W_nbits}, "
@@ -112,9 +109,8 @@ def int_mm_rows(m: int) -> int:
 
 @dataclass
 class IntMMPlan:
-    """``x @ W.T / scale`` for ternary int8 ``W`` through ``torch._int_mm``: x quantised into a zero buffer of
-    :func:`int_mm_rows` rows (allocated once: graph-safe), the int32 GEMM, the first ``m`` rows divided by
-    ``x_scale * scale``."""
+    """``x @ W.T / scale`` through ``torch._int_mm``: x quantised into a zero buffer of :func:`int_mm_rows` rows
+    (allocated once: graph-safe), the int32 GEMM, its first ``m`` rows divided by ``x_scale * scale``."""
 
     w: Tensor
     scale: float
@@ -147,8 +143,8 @@ class IntMMPlan:
         return acc.float() / (x_scale[:, None] * self.scale)
 
 
-#: A bf16 output (GemLite's, cuBLAS's) agrees with the float64 reference when its error, as a fraction of the
-#: reference's norm, is at most this: a few bf16 roundings (2^-9 each); a wrong layout gives an error near 1.
+#: A bf16 output agrees with float64 when its error's norm is at most this of the reference's: a few bf16 roundings
+#: (2^-9 each); a wrong layout gives an error near 1.
 BF16_NORM_TOLERANCE = 2.0**-6
 
 

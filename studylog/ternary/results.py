@@ -1,5 +1,4 @@
-"""Chapter 5's series names and its headline, read from a benchmark file on the GPU clock (:func:`on_gpu_clock`).
-"""
+"""Chapter 5's series names and its headline, read from a benchmark file on the GPU clock."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ from studylog.ternary.cuda_steps import PROBES
 from studylog.ternary.steps import SERIES, STEPS
 from studylog.ternary.w2a8 import W2A8_QUANTIZE
 
-#: The W2A8 matmul with x quantised at each place: "separate" is step 22; the others are step 23 at that place, a
-#: series of its own at M = 1 where it is not step 23's default.
+#: The W2A8 matmul with x quantised at each place: step 22 ("separate"), else step 23 at that place (at M = 1).
 W2A8_PLACE_SERIES = {where: SERIES[22] if where == "separate" else f"{SERIES[23]}_{where.replace(' ', '_')}"
                      for where in W2A8_QUANTIZE}
 #: Each probe build of steps 21 and 23: its series.
@@ -41,12 +39,10 @@ BASELINES = {
        for what in [PROBES[probe]]},
 }
 
-#: Ours with bf16 x, the product cuBLAS and GemLite compute: the steps ``ternary_matmul`` runs (one for each weight
-#: format and row count), so that "ours" on a results page is always a kernel a caller gets; the steps between them
-#: are compared in the chapter's steps tables.
+#: Ours with bf16 x, the product cuBLAS and GemLite compute: the steps ``ternary_matmul`` runs, so that "ours" on a
+#: results page is always a kernel a caller gets.
 FLOAT_X_SERIES = [SERIES[n] for n in (5, 6, 7, 8, 14, 17, 21)]
-#: Ours computing the W2A8 product from bf16 x, x quantised inside the call (step 9 takes x already
-#: quantised, so it is not among them).
+#: Ours computing the W2A8 product from bf16 x, quantised inside the call (not step 9: it takes x quantised).
 W2A8_SERIES = list(dict.fromkeys([SERIES[22], SERIES[23], SERIES[24], SERIES[25], *W2A8_PLACE_SERIES.values()]))
 
 
@@ -66,9 +62,8 @@ def fastest(results, series: list[str], **params) -> tuple[Optional[dict], Optio
 
 
 def headline(results) -> list[dict]:
-    """The headline rows: the fastest bf16-x kernel against cuBLAS bf16 at M = 1 and 16 (4096 x 14336) and M = 1
-    (8192 x 28672); at M = 1, 4096 x 14336, the same against GemLite (where its output passed our check) and the
-    fastest W2A8 kernel against torch._int_mm, where the run has them."""
+    """The fastest bf16-x kernel against cuBLAS (M = 1 and 16 at 4096 x 14336, M = 1 at 8192 x 28672) and GemLite
+    (where its output passed), and the fastest W2A8 kernel against torch._int_mm (M = 1, 4096 x 14336)."""
     from studylog.plotting import headline_row
 
     view = on_gpu_clock(results)

@@ -1,6 +1,5 @@
-"""Chapter 5, steps 1 to 8 in Triton: ``z = x @ W.T / scale`` (float32) for ternary ``W`` (N, K) and x (M, K)
-or (K,), from dense weights to packed ones (:mod:`studylog.ternary.formats`). Each step's kernel sits next to
-the previous one, so that the diff is the lesson."""
+"""Chapter 5, steps 1 to 8 in Triton: ``z = x @ W.T / scale`` (float32), from dense weights to packed ones. Each
+step's kernel sits next to the previous one, so that the diff is the lesson."""
 
 from __future__ import annotations
 
@@ -23,15 +22,13 @@ def _zero_output(nargs):
 
 
 def triton_config(num_warps: int = 4, num_stages: int = 3, zero_output: bool = True, **meta) -> triton.Config:
-    """A config of the autotuned kernels; split-K ones (``SPLIT_K`` > 1) zero z first unless ``zero_output`` is
-    False (step 14 reduces its slices itself)."""
+    """A config of the autotuned kernels; split-K ones zero z first unless ``zero_output`` is False (step 14)."""
     hook = _zero_output if zero_output and meta.get("SPLIT_K", 1) > 1 else None
     return triton.Config(meta, num_warps=num_warps, num_stages=num_stages, pre_hook=hook)
 
 
 def autotune(configs: list, key: list[str]):
-    """triton.autotune over ``configs`` on the GPU; the first config only in the interpreter (it cannot time; the
-    tests run each)."""
+    """triton.autotune over ``configs``; the first only in the interpreter (it cannot time; the tests run each)."""
     chosen = configs if runtime.mode() == "gpu" else configs[:1]
     return triton.autotune(configs=chosen, key=key)
 
@@ -44,16 +41,15 @@ def config_dict(config: triton.Config) -> dict:
 # Steps 1 to 4: many rows a program is fine, the kernels are memory-bound on 1-2 bytes a weight.
 DENSE_CONFIGS = [triton_config(BLOCK_N=16, BLOCK_K=256), triton_config(BLOCK_N=64, BLOCK_K=64)]
 TWO_BIT_CONFIGS = [triton_config(BLOCK_N=16), triton_config(BLOCK_N=4)]
-# M=1 kernels (steps 5 and 7): 8 rows a program, all in each thread (x is loaded once for the 8), and 4 words
-# (or 4 bytes) a thread along K; BLOCK_KW = 128 x num_warps keeps every warp on different words. The tiles:
-# (words or bytes of a row a tile, slices of K, warps).
+# M=1 kernels (steps 5 and 7): 8 rows a program, x loaded once for the 8, 4 words (or bytes) a thread along K;
+# BLOCK_KW = 128 x num_warps keeps every warp on different words. Tiles: (words or bytes a row, slices of K, warps).
 _GEMV_TILES = ((512, 1, 4), (256, 1, 2), (128, 4, 1))
 GEMV_CONFIGS = [triton_config(BLOCK_N=8, BLOCK_KW=kw, SPLIT_K=split, num_warps=warps)
                 for kw, split, warps in _GEMV_TILES]
 BASE3_GEMV_CONFIGS = [triton_config(BLOCK_N=8, BLOCK_KB=kb, SPLIT_K=split, num_warps=warps)
                       for kb, split, warps in _GEMV_TILES]
-# tl.dot kernels (steps 6 and 8). Few rows of x (BLOCK_M <= 32): pipelined loads, and split K (N = 4096 in
-# blocks of 64 rows is 64 programs); many: no pipelining, or the 16 x-tiles a step would not fit in shared memory.
+# tl.dot kernels (steps 6 and 8). Few rows of x (BLOCK_M <= 32): pipelined loads and split K (N = 4096 in 64-row
+# blocks is 64 programs); many: no pipelining, or the 16 x-tiles a step would not fit in shared memory.
 DOT_CONFIGS_FEW = [triton_config(BLOCK_N=64, BLOCK_KW=kw, SPLIT_K=split, num_stages=2)
                    for kw, split in ((64, 1), (32, 4), (32, 8))]
 DOT_CONFIGS_MANY = [triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
@@ -424,9 +420,8 @@ def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config
 def step01_sign(x: Float[Tensor, "*m k"], w: Float[Tensor, "n k"], scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[dict] = None,
                 check_values: bool = True) -> Float[Tensor, "*m n"]:
-    """Step 1: dense float weights (float32, bf16 or fp16), each -1, 0 or +1. The kernel selects x by the sign
-    of a weight, so the weights are checked first, a pass that waits for the GPU; ``check_values=False`` is the
-    form a CUDA graph can capture (check once with ``check_ternary_values("w", w)``)."""
+    """Step 1: dense float weights, each -1, 0 or +1, x selected by their sign. The weights are checked first (a pass
+    that waits for the GPU); ``check_values=False`` is the form a CUDA graph can capture."""
     return _rowwise(step01_sign_tuned, x, w, scale, out, config, dense_dtypes=X_DTYPES, check_values=check_values)
 
 
@@ -451,8 +446,8 @@ def step04_and_decode(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale =
 
 def step05_gemv(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 5, built for M = 1: step 4's decode on wide tiles, 8 rows a program and one load of x for the 8
-    (its configs split K where the autotuner takes it). (Any M works; each row of x re-reads the weights.)"""
+    """Step 5, built for M = 1: step 4's decode on wide tiles, 8 rows a program and one load of x for the 8 (any M
+    works; each row of x re-reads the weights)."""
     return _rowwise(step05_gemv_tuned, x, w, scale, out, config, fmt="2bit", split=True)
 
 
@@ -472,8 +467,8 @@ TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float
 
 
 def dot_meta(x_dtype: torch.dtype) -> dict:
-    """DOT_DTYPE and DOT_PRECISION of the tl.dot kernels: float32 x "ieee", not TF32, which would round x; the
-    interpreter computes bf16 tl.dot wrongly, so there bf16 operands are widened to float32 (exactly)."""
+    """DOT_DTYPE and DOT_PRECISION of the tl.dot kernels: float32 x "ieee" (TF32 would round x); bf16 widened to
+    float32 in the interpreter (its bf16 tl.dot is wrong)."""
     if x_dtype == torch.float32 or (x_dtype == torch.bfloat16 and runtime.mode() == "interpreter"):
         return {"DOT_DTYPE": tl.float32, "DOT_PRECISION": "ieee"}
     return {"DOT_DTYPE": TL_DTYPES[x_dtype], "DOT_PRECISION": "tf32"}  # the precision only matters for float32
@@ -481,9 +476,8 @@ def dot_meta(x_dtype: torch.dtype) -> dict:
 
 def launch_dot(kernels: tuple, x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor,
                config: Optional[dict], meta: dict, extra: tuple = (), zero_output: bool = True) -> None:
-    """Launch a tl.dot kernel (steps 6 and 8 to 14) by ``kernels``, its autotuners for up to 32 rows of x and for
-    more; BLOCK_M is ``block_m_for(M)`` unless the config tunes it. ``extra``: the arguments between the scale
-    and M (step 8's table, step 14's workspace)."""
+    """Launch a tl.dot kernel (steps 6 and 8 to 14) by its autotuners for up to 32 rows of x and for more; BLOCK_M is
+    ``block_m_for(M)`` unless the config tunes it; ``extra``: the arguments between scale and M."""
     m, k = x2.shape
     kernel = kernels[0] if block_m_for(m) <= 32 else kernels[1]
     if "BLOCK_M" not in (kernel.configs[0].kwargs if config is None else config):

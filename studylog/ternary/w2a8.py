@@ -1,7 +1,6 @@
-"""Chapter 5, steps 22 to 25 (``csrc/ternary_w2a8.cu``): W2A8, x quantised to int8 as BitNet b1.58 does it,
-exact int32 sums of 2-bit weights on the int8 tensor cores, fed by the TMA as in step 21. Step 22 quantises x in
-a kernel of its own first; step 23 inside the matmul, where ``quantize`` says (:class:`Quant`); steps 24 and 25
-take several rows of x, one tile of weights a warp (x loaded by the warps, then by the TMA)."""
+"""Chapter 5, steps 22 to 25 (``csrc/ternary_w2a8.cu``): W2A8, x quantised to int8 as BitNet b1.58 does it, exact
+int32 sums on the int8 tensor cores fed by the TMA. Step 22 quantises x in a kernel of its own, step 23 inside the
+matmul (:class:`Quant`); steps 24 and 25 take several rows of x, one tile of weights a warp."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTer
 
 #: (row_tiles, stages, chunk) of the compiled instances of steps 22 and 23.
 W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
-#: (row_tiles, stages, chunk) of the compiled "staged" instances: deeper rings where shared memory allows (x
-#: is copied ahead of the weights, so a deep ring no longer delays it).
+#: The same of the "staged" instances: deeper rings where shared memory allows (x is copied ahead of the weights).
 W2A8_STAGED_SHAPES = ((1, 4, 1), (1, 8, 1), (2, 3, 1), (2, 4, 1), (4, 4, 1), (2, 8, 1), (4, 5, 1))
 
 
@@ -71,14 +69,12 @@ W2A8_MAX_K = 1 << 17
 
 
 def w2a8_smem_bytes(cfg: RingConfig, x_rows: int, groups_per_slice: int, staged: bool = False) -> int:
-    """Dynamic shared memory of a block of steps 22 to 25: mbarriers, stages and its int8 x (``staged``: 16-bit x,
-    512 bytes a group, which the int8 bytes then overwrite)."""
+    """Dynamic shared memory of a block of steps 22 to 25: mbarriers, stages, x (int8, or 16-bit when ``staged``)."""
     x_bytes = x_rows * groups_per_slice * 512 if staged else x_rows * (groups_per_slice * 256 + 64)
     return RING_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_bytes
 
 
-#: "staged" quantises a row with every activation in registers (8 units of 16 a consumer thread) before it
-#: writes a byte over the row it read: groups of 256 a row, at most, per consumer warp.
+#: "staged" holds a row of x in registers (8 units of 16 a thread) before it writes int8 over it: groups a warp.
 W2A8_STAGED_GROUPS_PER_WARP = 16
 
 
@@ -90,8 +86,7 @@ def w2a8_max_groups_per_slice(cfg: RingConfig, x_rows: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
-    """(quantize_x by bf16, {instance: kernel}) of ternary_w2a8.cu built with ``options`` (the timeline's take one
-    more pointer, the trace)."""
+    """(quantize_x by bf16, {instance: kernel}) of ternary_w2a8.cu built with ``options`` (timeline: + the trace)."""
     module = cuda.load("ternary_w2a8", name_expressions=W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES + W2A8_TILES_INSTANCES,
                        device=device_index, options=options)
     traced = ["ptr"] if TIMELINE_OPTION in options else []
@@ -105,16 +100,14 @@ def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
     return quantize, kernels
 
 
-#: The build of ternary_w2a8.cu that stamps times into a trace (step23_timeline): TIMELINE_SLOTS slots, 64 a block
-#: for TIMELINE_BLOCKS blocks, then quantize_x's two at 120000.
+#: The build that stamps times into a trace (step23_timeline): 64 slots a block, then quantize_x's two at 120000.
 TIMELINE_OPTION = "-DW2A8_TIMELINE=1"
 TIMELINE_SLOTS = 1 << 17
 TIMELINE_BLOCKS = 120000 // 64
 
 
 def check_timeline_grid(grid: tuple) -> None:
-    """Refuse a timeline launch of more than :data:`TIMELINE_BLOCKS` blocks (the others would stamp over
-    quantize_x's slots, then past the trace)."""
+    """Refuse a timeline launch of more blocks than the trace holds (they would stamp over quantize_x's slots)."""
     blocks = math.prod(grid)
     if blocks > TIMELINE_BLOCKS:
         raise ValueError(f"the timeline's trace holds {TIMELINE_BLOCKS} blocks of 64 slots, and this launch has "
@@ -126,10 +119,9 @@ SM_SMEM_BYTES = 228 * 1024
 
 
 def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Optional[str] = None) -> W2A8Config:
-    """The launch of steps 22 and 23 for an (M, N, K) problem, 4 stages of 1 group a warp and tile. Every block:
-    one tile and 8 warps while there are at most two tiles an SM, else two tiles (4 warps for K <= 8192). Staged:
-    the fewest row tiles that give 3/4 of the SMs or more one block, where x fits. Separate: the fewest tiles a
-    block that run in one wave; above 8 rows of x, 2 tiles and 8 warps."""
+    """The launch of steps 22 and 23, 4 stages of 1 group. Every block: one tile and 8 warps up to two tiles an SM,
+    else two (4 warps for K <= 8192); staged: the fewest row tiles that give 3/4 of the SMs a block; separate: the
+    fewest that run in one wave; above 8 rows of x, 2 tiles and 8 warps."""
     if quantize is not None:
         check_choice("quantize", quantize, W2A8_QUANTIZE)
     sms = sms or runtime.sm_count()
@@ -159,17 +151,15 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
 
 
 def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int, staged: bool = False) -> int:
-    """Blocks of steps 22 and 23 one SM holds at once, by shared memory (1 KiB more a block; ``staged``: x kept as
-    16-bit values, :func:`w2a8_smem_bytes`) and by registers (96 a thread below four row tiles, where the launch
-    bounds ask for two blocks an SM, else 136; a test checks it)."""
+    """Blocks of steps 22 and 23 one SM holds, by shared memory (1 KiB more a block) and by registers (96 a thread
+    below four row tiles, where the launch bounds ask for two blocks an SM, else 136; a test checks it)."""
     smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice, staged=staged) + 1024)
     registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
     return min(smem, registers)
 
 
 def w2a8_quantize(x: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
-    """Step 22's quantize_x on (M, K) or (K,) bf16/fp16 x: (xq, x_scale, row_sum), xq int8 (M, K padded to 256)
-    in ternary_w2a8.cu's order, bit for bit ``quantize_activations``'s; row_sum = sum_k xq[m, k]."""
+    """Step 22's quantize_x: (xq (M, K padded to 256), x_scale, row_sum), bit for bit ``quantize_activations``'s."""
     x2, _ = check_x(x, None, dtypes=MMA_X_DTYPES)
     runtime.require_gpu("step 22's quantisation (CUDA C++ quantize_x)")
     return _quantize_x(aligned_rows(x2))
@@ -191,27 +181,23 @@ def _quantize_x(x2: Tensor, options: tuple = (), trace: Optional[Tensor] = None)
 def step22_w2a8(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
                 early: bool = True) -> Float[Tensor, "*m n"]:
-    """Step 22 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)``, ``x_q, x_scale =
-    quantize_activations(x)`` by a kernel of its own (quantize_x), then step 21's ring with exact int32 sums of
-    ``2bit_tiles`` weights and int8 x on the tensor cores, launched early (``early=False``: after quantize_x)."""
+    """Step 22 (W2A8, Hopper and later): ``(x_q @ W.T) / (x_scale[:, None] * scale)``, x quantised by a kernel of its
+    own, then step 21's ring on the int8 tensor cores, launched early (``early=False``: after quantize_x)."""
     return _w2a8_call(x, w, scale, out, config, "separate", step=22, early=early)()
 
 
 def step23_w2a8_fused(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                       out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
                       quantize: Optional[str] = None) -> Float[Tensor, "*m n"]:
-    """Step 23: step 22's product with x quantised inside the matmul, where it fits. ``quantize`` (None:
-    :func:`w2a8_default_quantize`): "staged" (the copy engine brings each block's rows of x ahead of the
-    weights, the block quantises them; up to 8 rows, K <= 4096 x warps), "every block" (each block quantises x
-    from global memory; up to 8 rows whose whole K fits in shared memory) or "separate" (step 22's launch: the
-    default above 8 rows of x)."""
+    """Step 23: step 22's product with x quantised inside the matmul, where it fits. ``quantize`` (None: the
+    default): "staged" (the TMA brings x ahead of the weights; up to 8 rows, K <= 4096 x warps), "every block"
+    (from global memory; up to 8 rows whose K fits in shared memory) or "separate" (step 22's launch)."""
     return _w2a8_call(x, w, scale, out, config, quantize)()
 
 
 @dataclass(frozen=True)
 class _Launch:
-    """What a launch of steps 22 and 23 fixes for one shape: where x is quantised, the config, the grid and block,
-    the shared memory, the compiled matmul and quantize_x, and K's groups (per block slice)."""
+    """What a launch of steps 22 and 23 fixes for one shape: place, config, grid, kernels, K's groups."""
 
     quant: Quant
     cfg: W2A8Config
@@ -289,13 +275,11 @@ def _w2a8_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, c
 
 
 class W2A8Plan:
-    """Step 23 for one layer, made once for an eager decode loop: ``plan = W2A8Plan(w, scale)``, then ``z = plan(x)``
-    for each new x of ``m`` rows of ``dtype``. A call of :func:`step23_w2a8_fused` checks the weights, the scale and
-    the card, chooses its place for x and config, allocates z and packs the kernel's arguments every time, which
-    costs more host time than its kernel takes on the GPU; the plan does all of that here. A call checks x against
-    the plan, writes its address into the packed arguments and launches: the same kernel, the same bits. It returns
-    ``plan.out`` (float32, (m, N), or (N,) for ``m=None``: x a vector), the same tensor every call: copy it to keep
-    it past the next call. Launches on torch's current stream; calls on two streams at once need two plans."""
+    """Step 23 for one layer, made once for an eager loop: ``plan = W2A8Plan(w, scale)``, then ``z = plan(x)``. The
+    checks, choices, output and packed arguments that a call of :func:`step23_w2a8_fused` makes each time (more host
+    time than its kernel takes) are made here once; a call checks x, writes its address and launches: the same bits.
+    It returns ``plan.out`` ((m, N), or (N,) for ``m=None``), the same tensor every call: copy it to keep it. It
+    launches on torch's current stream: two streams at once need two plans."""
 
     def __init__(self, w: PackedTernary, scale: Scale = 1.0, *, m: Optional[int] = 1,
                  dtype: torch.dtype = torch.bfloat16, quantize: Optional[str] = None,
@@ -358,9 +342,8 @@ class W2A8Plan:
 
 @functools.lru_cache(maxsize=256)
 def w2a8_grid(m: int, n: int, k: int, cfg: RingConfig, fused: bool = False) -> tuple[int, tuple[int, int, int]]:
-    """(groups of K a block, grid) of a launch of steps 22 to 25: K cut into ``cfg.slices`` (more where x would
-    not fit beside the stages; never when ``fused``: every block holds all of K); 8 rows of x a block (16 above
-    8). Cached: on the host triton.cdiv costs more than a launch."""
+    """(groups of K a block, grid) of steps 22 to 25: K in ``cfg.slices`` (more where x would not fit; none when
+    ``fused``), 8 rows of x a block (16 above 8). Cached: on the host triton.cdiv costs more than a launch."""
     groups, col_tiles = triton.cdiv(k, GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
     per_slice = groups if fused else \
         min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, min(m, 8 * col_tiles)))
@@ -376,8 +359,8 @@ def step23_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe
 
 def step23_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, trace: Tensor, *,
                     config: Optional[W2A8Config] = None, quantize: Optional[str] = None) -> Callable[[], Tensor]:
-    """Step 23 built with its timeline (``W2A8_TIMELINE`` in ternary_w2a8.cu), as a function to call: the same
-    result, and stamps of every block in ``trace`` (int64, ``TIMELINE_SLOTS`` elements, on x's device)."""
+    """Step 23 built with its timeline, as a function to call: the same result, and each block's stamps in
+    ``trace`` (int64, ``TIMELINE_SLOTS`` elements)."""
     check_tensor("trace", trace, dtype=torch.int64, shape=(TIMELINE_SLOTS,), contiguous=True,
                  like=x if isinstance(x, Tensor) else None)
     return _w2a8_call(x, w, scale, None, config, quantize, build=(TIMELINE_OPTION,), trace=trace)
@@ -386,8 +369,7 @@ def step23_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, tr
 # Where step 23 quantises x and its config: the defaults, and what a launch can take
 
 def w2a8_refusal(m: int, k: int, quant: Quant, cfg: W2A8Config) -> Optional[str]:
-    """Why steps 22 and 23 cannot launch ``cfg`` on M rows of x and K with x quantised at ``quant`` (None where they
-    can): shared memory, the launch bounds, a row of x in the consumers' registers (staged), the instances."""
+    """Why steps 22 and 23 cannot launch ``cfg`` on M rows of x and K with x quantised at ``quant`` (None: they can)."""
     where = _PLACE_NAMES[quant]
     if quant != Quant.SEPARATE and m > 8:
         return f"quantize={where!r} quantises x in the matmul, at most 8 rows of x; M = {m}: use 'separate'"
@@ -423,10 +405,9 @@ def w2a8_takes(m: int, n: int, k: int, quantize: str, config: Optional[W2A8Confi
 
 
 def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
-    """Where step 23 quantises x by default: "staged" for one row of x where it fits (unless ``staged=False``)
-    and its launch needs no more waves than "every block"'s, else "every block" where it fits, else "separate".
-    Staged x holds K in 16 bits: where that leaves fewer blocks an SM than the grid needs, the second wave costs
-    more than the early copy of x saves."""
+    """Where step 23 quantises x by default: "staged" for one row of x where it fits in no more waves than "every
+    block" (a second wave costs more than the early copy of x saves), else "every block" where it fits, else
+    "separate"."""
     every = w2a8_takes(m, n, k, "every block", sms=sms)
     if staged and m == 1 and w2a8_takes(m, n, k, "staged", sms=sms) and \
             (not every or w2a8_waves(m, n, k, "staged", sms) <= w2a8_waves(m, n, k, "every block", sms)):
@@ -446,9 +427,8 @@ def w2a8_waves(m: int, n: int, k: int, quantize: str, sms: Optional[int] = None)
 @functools.lru_cache(maxsize=256)
 def w2a8_choose(m: int, n: int, k: int, config: Optional[W2A8Config] = None, quantize: Optional[str] = None,
                 sms: Optional[int] = None) -> tuple[Quant, W2A8Config]:
-    """(Quant, config) of step 23 for one shape: ``quantize`` and ``config`` as asked, else the defaults (a
-    config given that cannot stage x falls back to the next place). Cached, so that a call only launches; a
-    ValueError says why a config or a place does not take the problem."""
+    """(Quant, config) of step 23 for one shape, as asked or the defaults (a config that cannot stage x falls back
+    to the next place); a ValueError says why one does not take the problem. Cached: a call only launches."""
     sms = sms or runtime.sm_count()
     where = quantize
     if where is None:
@@ -499,8 +479,7 @@ W2A8_TILES_SIGNATURE = ["ptr"] * 8 + ["i32"] * 5
 
 @functools.lru_cache(maxsize=256)
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
-    """The launch of steps 24 and 25: 4 warps, the first compiled shape that needs the fewest waves, with the slices
-    of K that fill the GPU once (more where x would not fit beside the stages)."""
+    """The launch of steps 24 and 25: 4 warps, the first shape in the fewest waves, K sliced to fill the GPU once."""
     sms = sms or runtime.sm_count()
     groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
     best = None
@@ -520,16 +499,14 @@ def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8
 
 def step24_w2a8_tiles(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                       out: Optional[Tensor] = None, config: Optional[W2A8TilesConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 24 (W2A8, Hopper GPUs and later): step 22's product for 2 to 16 rows of x (more in blocks of 16):
-    quantize_x, then the matmul launched early, each warp a tile of 16 weight rows over a slice of K, the block's
-    slice of x loaded by its warps."""
+    """Step 24 (W2A8, Hopper and later): step 22's product for 2 to 16 rows of x, each warp a tile of 16 weight
+    rows over a slice of K, the block's slice of x loaded by its warps."""
     return _w2a8_tiles_call(x, w, scale, out, config, 24, x_tma=False)
 
 
 def step25_x_tma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                  out: Optional[Tensor] = None, config: Optional[W2A8TilesConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 25: step 24 with the block's slice of int8 x brought into shared memory by the TMA (a second producer
-    thread), off the consumer warps. The same bits as step 24."""
+    """Step 25: step 24 with the block's slice of int8 x brought by the TMA (a second producer thread)."""
     return _w2a8_tiles_call(x, w, scale, out, config, 25, x_tma=True)
 
 
