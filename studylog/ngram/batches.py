@@ -7,7 +7,8 @@ import torch
 from torch import Tensor
 
 from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
-from studylog.ngram.models import decode_key, model_budget_refused, model_one_pass_keys, slot_plans
+from studylog.ngram.models import (decode_key, model_budget_refused, model_one_pass_keys, pattern_slots,
+                                   searching_slots, slot_plans)
 
 #: Where a slot's match is planted: early / late in the prompt, in the generated tokens, a 1-gram only, none, or
 #: not a decoding slot.
@@ -15,6 +16,18 @@ SLOT_KINDS = ("early", "late", "generated", "short", "never", "prefill", "inacti
 #: The benchmark's mix (20 slots, cycled): most slots decode; matches land early, late or never.
 BENCH_MIX = ("early",) * 6 + ("late",) * 4 + ("generated",) * 3 + ("short",) * 3 + ("never",) * 2 + \
     ("prefill", "inactive")
+
+
+def _draws(seed: int):
+    """A CPU generator and ``rand(lo, hi)``, an int drawn from it, both ends inclusive."""
+    rng = torch.Generator().manual_seed(seed)
+    return rng, lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=rng)) if hi > lo else lo
+
+
+def _bench_kinds(batch: int, rng: torch.Generator) -> list[str]:
+    """The benchmark mix, shuffled and cycled over ``batch`` slots."""
+    order = torch.randperm(len(BENCH_MIX), generator=rng).tolist()
+    return [BENCH_MIX[order[b % len(BENCH_MIX)]] for b in range(batch)]
 
 
 def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str] | None = None,
@@ -29,15 +42,9 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
     if prompt_width < 1 or gen_width < 1 or draft_width < 2:
         raise ValueError("prompt_width and gen_width must be >= 1 and draft_width >= 2")
     device = torch.device(device)
-    rng = torch.Generator().manual_seed(seed)
+    rng, rand = _draws(seed)
     dev_rng = torch.Generator(device=device).manual_seed(seed)
-
-    def rand(lo: int, hi: int) -> int:  # inclusive
-        return int(torch.randint(lo, hi + 1, (1,), generator=rng)) if hi > lo else lo
-
-    if kinds is None:
-        order = torch.randperm(len(BENCH_MIX), generator=rng).tolist()
-        kinds = [BENCH_MIX[order[b % len(BENCH_MIX)]] for b in range(batch)]
+    kinds = _bench_kinds(batch, rng) if kinds is None else kinds
     if len(kinds) != batch or any(k not in SLOT_KINDS for k in kinds):
         raise ValueError(f"kinds must list {batch} of {SLOT_KINDS}")
 
@@ -94,13 +101,8 @@ def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, dr
     corpus = load_corpus()
     if kind not in corpus.tokens:
         raise ValueError(f"kind must be one of {sorted(corpus.tokens)}, got {kind!r}")
-    rng = torch.Generator().manual_seed(seed)
-
-    def rand(lo: int, hi: int) -> int:  # inclusive
-        return int(torch.randint(lo, hi + 1, (1,), generator=rng)) if hi > lo else lo
-
-    order = torch.randperm(len(BENCH_MIX), generator=rng).tolist()
-    kinds = [BENCH_MIX[order[b % len(BENCH_MIX)]] for b in range(batch)]
+    rng, rand = _draws(seed)
+    kinds = _bench_kinds(batch, rng)
     count, window = corpus.tokens[kind].shape
     prompt = torch.empty((batch, prompt_width), dtype=torch.int64)
     gen = torch.empty((batch, gen_width), dtype=torch.int64)
@@ -144,31 +146,14 @@ def _assemble(kinds, prompt, gen, prompt_lens, step_idx, draft_width, capped_fra
 
 def haystack_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
     """Bytes of every haystack a searching slot must read once (the one-pass floor's numerator)."""
-    return sum((prompt_len + step) * 8 for _, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config))
-
-
-def _searching_slots(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig):
-    """(slot, step_idx, prompt length) of each slot that searches this step: active, with room for a draft."""
-    step_idx, prompt_lens = inputs.step_idx.tolist(), inputs.prompt_lens.tolist()
-    for b, (kind, _, _, cap) in enumerate(slot_plans(inputs, config, seq_lens_this_time)):
-        if kind == "active" and cap >= 1:
-            yield b, step_idx[b], prompt_lens[b]
-
-
-def _pattern_slots(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig):
-    """(slot, step_idx, top n, haystacks) of each searching slot whose pattern reaches ``min_ngram_size``; the
-    haystacks are (row, length) of the prompt, then of the generated tokens."""
-    for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
-        top = min(config.max_ngram_size, step)
-        if top >= config.min_ngram_size:
-            yield b, step, top, ((inputs.prompt_ids[b], prompt_len), (inputs.generated_ids[b], step))
+    return sum((prompt_len + step) * 8 for _, step, prompt_len in searching_slots(inputs, config, seq_lens_this_time))
 
 
 def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
     """Bytes a perfect early exit reads (budget ignored): each haystack up to the end of its first top-n window
     with a token after it, else all of it (only a top-n match lets the scan stop)."""
     total = 0
-    for b, step, top, haystacks in _pattern_slots(inputs, seq_lens_this_time, config):
+    for b, step, top, haystacks in pattern_slots(inputs, config, seq_lens_this_time):
         pattern = inputs.generated_ids[b, step + 1 - top: step + 1]
         for hay, hay_len in haystacks:
             hits = (hay[:hay_len - 1].unfold(0, top, 1) == pattern).all(1).nonzero() if hay_len - 1 >= top else []
@@ -188,7 +173,7 @@ def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramC
     refused = model_budget_refused(inputs, config, seq_lens_this_time)
     searching = top = shorter = none = refused_n = 0
     hits = positions = 0
-    for b, step, n_top, haystacks in _pattern_slots(inputs, seq_lens_this_time, config):
+    for b, step, n_top, haystacks in pattern_slots(inputs, config, seq_lens_this_time):
         searching += 1
         refused_n += refused[b]
         if keys[b] == NONE_KEY:

@@ -50,26 +50,38 @@ def slot_plans(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Ten
     return [slot_plan(b, config, *lists) for b in range(inputs.batch)]
 
 
+def searching_slots(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor | None = None):
+    """(slot, step_idx, prompt length) of each slot that searches this step: active, with room for a draft."""
+    step_idx, prompt_lens = inputs.step_idx.tolist(), inputs.prompt_lens.tolist()
+    for b, (kind, _, _, cap) in enumerate(slot_plans(inputs, config, seq_lens_this_time)):
+        if kind == "active" and cap >= 1:
+            yield b, step_idx[b], prompt_lens[b]
+
+
+def pattern_slots(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor | None = None):
+    """(slot, step_idx, top n, haystacks) of each searching slot whose pattern reaches ``min_ngram_size``; the
+    haystacks are (row, length) of the prompt, then of the generated tokens."""
+    for b, step, prompt_len in searching_slots(inputs, config, seq_lens_this_time):
+        top = min(config.max_ngram_size, step)
+        if top >= config.min_ngram_size:
+            yield b, step, top, ((inputs.prompt_ids[b], prompt_len), (inputs.generated_ids[b], step))
+
+
 def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig,
                         seq_lens_this_time: Tensor | None = None) -> list[int]:
     """Phase 1 of step 5: for every end e of each haystack, the common suffix of ``hay[:e+1]`` and the generated
     tokens (up to the top n) names the best candidate ending there; the smallest key over all ends wins."""
-    prompt, gen = inputs.prompt_ids.tolist(), inputs.generated_ids.tolist()
-    prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
-    keys = []
-    for b, (kind, _, _, cap) in enumerate(slot_plans(inputs, config, seq_lens_this_time)):
-        step = step_idx[b]
-        top = min(config.max_ngram_size, step)
-        best = NONE_KEY
-        if kind == "active" and cap >= 1 and top >= config.min_ngram_size:
-            for source, hay, hay_len in ((0, prompt[b], prompt_lens[b]), (1, gen[b], step)):
-                for end in range(hay_len - 1):  # end <= hay_len - 2: a token follows the window
-                    length = 0
-                    while length < top and length <= end and hay[end - length] == gen[b][step - length]:
-                        length += 1
-                    if length >= config.min_ngram_size:
-                        best = min(best, match_key(length, source, end - length + 1))
-        keys.append(best)
+    keys = [NONE_KEY] * inputs.batch
+    for b, step, top, haystacks in pattern_slots(inputs, config, seq_lens_this_time):
+        gen = inputs.generated_ids[b, :step + 1].tolist()
+        for source, (row, hay_len) in enumerate(haystacks):
+            hay = row[:hay_len].tolist()
+            for end in range(hay_len - 1):  # end <= hay_len - 2: a token follows the window
+                length = 0
+                while length < top and length <= end and hay[end - length] == gen[step - length]:
+                    length += 1
+                if length >= config.min_ngram_size:
+                    keys[b] = min(keys[b], match_key(length, source, end - length + 1))
     return keys
 
 
