@@ -154,7 +154,7 @@ def test_prose_numbers_on_the_one_clock_series():
     assert numbers["mlh_step02_dv"].endswith("slower")
     assert numbers["mlh_plan_vs_xgr_b1"].endswith("×") and numbers["mlh_host_ratio"].endswith("×")
     # the points where a series of ours loses, each counted once however many rivals beat it there
-    lost, points = mlh.report.losses(_one_clock().rows), int(numbers["mlh_losses"])
+    lost, points = lesson.losses(_one_clock().rows), int(numbers["mlh_losses"])
     counts = lesson.loss_counts(_one_clock())
     assert 0 < points <= counts["rows"] and len(lost) == counts["rows"] + counts["ties"]
     assert int(numbers["mlh_losses_step12"]) + int(numbers["mlh_losses_plan"]) == points
@@ -177,7 +177,7 @@ def test_tables_are_markdown_tables(which):
         lines = table.splitlines()
         assert lines[0].startswith("| ") and set(lines[1]) <= set("|-"), table[:200]
         assert all(line.count("|") == lines[0].count("|") for line in lines), table
-    assert len(lesson._losses(results)) == len(mlh.report.losses(results.rows))
+    assert len(lesson._losses(results)) == len(lesson.losses(results.rows))
 
 
 def test_the_byte_floor_is_rows_and_output():

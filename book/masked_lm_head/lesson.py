@@ -20,8 +20,8 @@ from typing import Any
 from book import common
 from book.common import PENDING, fmt, lab_or_none, latency_floor_ms, param_values, us
 from studylog.masked_lm_head import CHAPTER
-from studylog.masked_lm_head.dispatch import step_series
-from studylog.masked_lm_head.report import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
+from studylog.masked_lm_head.dispatch import rows_by_case, step_series
+from studylog.masked_lm_head.report import PLAN, XGRAMMAR, XGRAMMAR_BF16
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
@@ -34,7 +34,8 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "loss_account", "plan_timeline", "plan_parts", "plan_timeline_table", "mean_period",
            "TIMELINE_PARTS", "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied",
-           "is_tie", "ties", "ties_words", "dispatch_step", "plan_step", "PATH_STEPS", "PATH_WORDS", "path_words"]
+           "is_tie", "ties", "ties_words", "dispatch_step", "plan_step", "PATH_STEPS", "PATH_WORDS", "path_words",
+           "losses"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with the streaming kernel's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "candidates_do_bench", "nvidia-h200"
@@ -464,6 +465,19 @@ def html_table(markdown: str) -> str:
 def folded(summary: str, markdown: str) -> str:
     """HTML: a Markdown table folded under ``summary`` (open it to read)."""
     return f"<details><summary>{inline_html(summary)}</summary>{html_table(markdown)}</details>"
+
+
+def losses(rows: list[dict]) -> list[str]:
+    """Every measured point where step 12 or step 13 (the plan) is slower than a rival, as sentences."""
+    s12 = step_series(12)
+    out = []
+    for (batch, kind, allowed), series in sorted(rows_by_case(rows).items()):
+        t = {name: r["ms"] for name, r in series.items()}
+        for mine, rival in ((s12, "index_select"), (s12, "dense_mask"), (s12, "cublas_fp32_mask"), (PLAN, XGRAMMAR)):
+            if mine in t and rival in t and t[mine] > t[rival]:
+                out.append(f"we lose: batch {batch}, {kind} masks, {allowed:,} allowed: {mine} {t[mine] * 1e3:.1f} µs "
+                           f"against {rival} {t[rival] * 1e3:.1f} µs ({t[mine] / t[rival]:.2f}x)")
+    return out
 
 
 def _losses(results) -> list[dict]:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from studylog.masked_lm_head.dispatch import (choose_path, crossover_points, cublas_masked, dense_logits, dispatch_rule,
-                                              rows_by_case, step_series, win_range)
+                                              step_series, win_range)
 from studylog.masked_lm_head.formats import (HIDDEN, VOCAB, AllowedTokens, compare_logits, default_tiles, fp32_gamma,
                                              pack_bitmask)
 from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, structured_sets
@@ -142,35 +142,27 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
              "grammars (two-fold cross-fitting, a schema and its [compact] variant together); "
              f"{IN_SAMPLE} is {S[11]} with an order fitted on every mask, the measured mask included.")
     run.note("Clock: every series is GPU time (CUDA-graph replay, three repetitions, min/median/max kept); "
-             "host_ms is the host time per call of the public entry point, called back to back with a "
-             "preallocated out. The steps take their allowed sets precomputed per FSM state (AllowedTokens); "
-             f"{PLAN} and {XGRAMMAR} time the whole step from the packed int32 bitmask in pinned host memory: on "
-             f"the GPU clock, {PLAN} is what the plan's graph of the bucket holds (the copy, then plan.launch), "
-             "captured in the benchmark's graph; its host_ms is step13_plan's (the copy, then the plan's graph "
-             "replayed).")
-    run.note("Rotation: each GPU-clock row replays its call on copies of the head in turn (exact clones; the "
-             "output is checked on the first), so that the rows a call reads come from DRAM: enough copies that "
-             "the bytes one call reads, times the copies, exceed four times L2 (BenchRun.rotation). A call reads "
-             "the union's rows (union x D x 2 bytes: what any path that reads only allowed rows reads, so a path "
-             "that reads more, step 1's whole active blocks or the [D, V] layout's 32-byte sectors, gets more "
-             "copies than it needs, never fewer) or, for a path that computes "
-             f"every logit ({S[0]}, dense_mask, cublas_fp32_mask, the xgrammar paths, {S[12]} and {PLAN} on a dense "
-             f"path), the whole head: one copy. At most {copy_budget / 2**30:g} GiB of copies "
-             f"({max(1, copy_budget // whole)} heads); where that binds, the row's rotation_capped is true: its "
-             "copies read less than four times L2 together, so some of its rows may be read from L2. Rows keep "
-             f"copies and read_bytes. {PLAN} rotates over one MaskedHeadPlan per copy (h shared); {S[11]} over "
-             "copies of its reordered head; the [D, V] rows over copies of that layout. host_ms is timed on one copy.")
+             "host_ms is the public entry point's host time per call, back to back, out preallocated. The steps "
+             f"take AllowedTokens precomputed per FSM state; {PLAN} and {XGRAMMAR} time the whole step from the packed "
+             f"int32 bitmask in pinned host memory ({PLAN} on the GPU clock: the copy, then plan.launch, captured in "
+             "the benchmark's graph; its host_ms: step13_plan, the copy, then the plan's graph replayed).")
+    run.note("Rotation: each GPU-clock row replays its call on exact clones of the head in turn (the output checked "
+             "on the first), enough that the bytes one call reads times the copies exceed four times L2 "
+             "(BenchRun.rotation). A call reads the union's rows (union x D x 2 bytes, a lower bound for any path) "
+             f"or, for a path that computes every logit ({S[0]}, dense_mask, cublas_fp32_mask, the xgrammar paths, "
+             f"{S[12]} and {PLAN} on a dense path), the whole head. At most {copy_budget / 2**30:g} GiB of copies "
+             f"({max(1, copy_budget // whole)} heads); where that binds, rotation_capped is true (some rows may come "
+             f"from L2). Rows keep copies and read_bytes. {PLAN} rotates over one MaskedHeadPlan per copy (h shared), "
+             f"{S[11]} over copies of its reordered head, the [D, V] rows over that layout; host_ms uses one copy.")
     run.note("Baselines get their cheapest form: dense_mask = (h @ W.T).masked_fill_(~mask, -inf) in bf16 "
              "(our kernels write fp32); index_select = h @ W.index_select(0, union_ids).T, without scattering "
              "into a [B, V] output; cublas_fp32_mask = torch.mm with fp32 output, then masked_fill. "
              "floor_ms = max((allowed-row bytes + the [B, V] fp32 output's bytes) / copy bandwidth, empty launch).")
-    run.note(f"Practitioners' path ({XGRAMMAR}, what vLLM and SGLang do with xgrammar): the grammar engine's packed "
-             "bitmask [B, ceil(V/32)] int32 is in pinned host memory; the step copies it to the GPU "
-             "(non_blocking), computes all logits with cuBLAS (fp32 output, our contract) and applies "
-             "xgrammar.apply_token_bitmask_inplace (its default GPU backend, a Triton kernel), which writes -inf "
-             f"where a bit is 0, as ours does. {XGRAMMAR_BF16}: the same with bf16 logits (cheaper to write, not "
-             f"our contract). {PLAN}: the same copy, then MaskedHeadPlan builds the union's ids and count on the "
-             "device and runs the bucket's kernels.")
+    run.note(f"Practitioners' path ({XGRAMMAR}, vLLM's and SGLang's with xgrammar): the bitmask [B, ceil(V/32)] "
+             "int32 copied from pinned memory (non_blocking), all logits by cuBLAS (fp32, our contract), then "
+             "xgrammar.apply_token_bitmask_inplace (its GPU backend) writes -inf where a bit is 0. "
+             f"{XGRAMMAR_BF16}: the same with bf16 logits (not our contract). {PLAN}: the same copy, then "
+             "MaskedHeadPlan builds the union's ids and count on the device and runs the bucket's kernels.")
     if apply_bitmask is None:
         run.note(f"xgrammar is not installed here ({peer_version}): {XGRAMMAR} not measured.")
     else:
@@ -182,13 +174,12 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
              f"sequence), beside {S[10]}.")
 
     w64 = weight.double()
-    reference: dict[int, tuple[Tensor, Tensor]] = {}  # batch -> (float64 logits, sum |h_i w_i|) of the current h
 
-    def check(series: str, out: Tensor, h: Tensor, allowed: AllowedTokens, params: dict, summation: str) -> None:
+    # check and ours read the case being measured: its h, allowed, and float64 logits ref and sum |h_i w_i| scale
+    def check(series: str, out: Tensor, params: dict, summation: str) -> None:
         """Against float64, within the fp32 bound of the path's summation."""
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        ref, scale = reference[h.shape[0]]
         res = compare_logits(out, ref, fp32_gamma(hidden, summation) * scale + 1e-30, allowed.mask)
         run.check(series, res.pop("passed"), params=params | {"series": series}, summation=summation, **res)
 
@@ -205,19 +196,17 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
         run.measure(series, make_calls, params=params, floor_ms=floor, min_calls=20 if long else 60,
                     reps=10 if long else 15, copies=n, read_bytes=int(nbytes), rotation_capped=capped, **kw)
 
-    def ours(series: str, fn: Callable[[Any, Tensor | None], Tensor], head, nbytes: int, h: Tensor,
-             allowed: AllowedTokens, params: dict, summation: str = "dot", **kw) -> None:
+    def ours(series: str, fn: Callable[[Any, Tensor | None], Tensor], head, nbytes: int, params: dict,
+             summation: str = "dot", **kw) -> None:
         """One of our steps, ``fn(head, out)``: checked on a poisoned output, then timed over the head's copies."""
-        check(series, fn(head, torch.full((h.shape[0], vocab), float("nan"), device=dev)), h, allowed, params,
-              summation)
-        out = torch.empty(h.shape[0], vocab, device=dev)
+        check(series, fn(head, torch.full((batch, vocab), float("nan"), device=dev)), params, summation)
+        out = torch.empty(batch, vocab, device=dev)
         measure(series, lambda w: fn(w, out), head, nbytes, params, host=lambda: fn(head, out), **kw)
 
     todo = list(only) if only is not None else cases(vocab, quick=run.quick, third_kind=third_kind, batches=batches)
     for batch in sorted({b for b, _, _ in todo}):
         h = torch.randn(batch, hidden, device=dev).to(dtype)
-        reference.clear()
-        reference[batch] = (h.double() @ w64.t(), h.double().abs() @ w64.abs().t())
+        ref, scale = h.double() @ w64.t(), h.double().abs() @ w64.abs().t()
         plan = MaskedHeadPlan(weight, batch, rule=rule)
         plan.h.copy_(h)
         logits = torch.empty(batch, vocab, device=dev)
@@ -258,8 +247,8 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                     whole, params, role="baseline", long=True, **extra)
             measure("index_select", lambda w: torch.matmul(h, w.index_select(0, union).t()), weight, union_bytes,
                     params, role="baseline", long=n_union > 20_000, **extra)
-            ours("cublas_fp32_mask", lambda w, out: cublas_masked(h, w, allowed, out=out), weight, whole, h, allowed,
-                 vd, floor=floor, long=True, **extra)
+            ours("cublas_fp32_mask", lambda w, out: cublas_masked(h, w, allowed, out=out), weight, whole, vd,
+                 floor=floor, long=True, **extra)
 
             # the steps (step 0 has no floor: it computes every logit)
             for n in steps_at(batch, kind, count, third_kind, allowed.few_ids is not None):
@@ -272,13 +261,13 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                     nbytes = whole if path == "cublas" else union_bytes  # cuBLAS computes every logit
                 elif n in ROW_STEPS:
                     kw["summation"] = "row"
-                ours(S[n], lambda w, out, step=step: step(h, w, allowed, out=out), weight, nbytes, h, allowed, vd,
+                ours(S[n], lambda w, out, step=step: step(h, w, allowed, out=out), weight, nbytes, vd,
                      long=n <= 3 or n == 9, **kw, **extra)
             if batch == 1 and first and count in (1000, 10_000):  # the post's [D, V] layout
                 for n in (1, 2):
                     step = CHAPTER.step(n).function
                     ours(S[n], lambda w, out, step=step: step(h, w, allowed, layout="dv", out=out), weight_dv,
-                         union_bytes, h, allowed, params | {"layout": "dv"}, floor=floor, long=True, **extra)
+                         union_bytes, params | {"layout": "dv"}, floor=floor, long=True, **extra)
             if kind == third_kind and batch == 1:  # step 11: the same set on a reordered vocabulary, built here
                 block = default_tiles(11, batch).block_v
                 other = 1 - fold[picked[0]]  # the order fitted on the other fold's grammars
@@ -286,7 +275,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                     on_device = VocabOrder(order.perm.to(dev))
                     permuted = allowed.permuted(on_device)
                     ours(series, lambda head, out, permuted=permuted: step11_reordered(h, head, permuted, out=out),
-                         ReorderedHead.build(weight, on_device), union_bytes, h, allowed, vd, floor=floor, long=True,
+                         ReorderedHead.build(weight, on_device), union_bytes, vd, floor=floor, long=True,
                          **extra, grammar=data.groups[picked[0]], active_blocks=active_blocks(sets[0], block, order),
                          active_blocks_original=active_blocks(sets[0], block))
 
@@ -299,7 +288,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
             plan.out.fill_(float("nan"))
             bucket = plan.bucket(n_union)
-            check(PLAN, plan_step(plan), h, allowed, vd, "row" if bucket[0] == "stream" else "dot")
+            check(PLAN, plan_step(plan), vd, "row" if bucket[0] == "stream" else "dot")
             measure(PLAN, plan_step, weight, whole if bucket[0] == "dense" else union_bytes, vd, prepare=plans,
                     floor=floor, long=bucket[0] == "dense",
                     host=lambda: step13_plan(plan, host_bitmask, n_union),
@@ -315,7 +304,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                     return out
 
                 logits.fill_(float("nan"))
-                check(XGRAMMAR, xgrammar_step(weight), h, allowed, params, "dot")
+                check(XGRAMMAR, xgrammar_step(weight), params, "dot")
                 run.check(f"{XGRAMMAR} and {PLAN} agree", _same_masked(logits, plan.out), params=params)
                 measure(XGRAMMAR, xgrammar_step, weight, whole, params, role="peer", long=True,
                         host=lambda: xgrammar_step(weight), **extra)
@@ -329,27 +318,12 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
         won, first_loss = win_range([(q["union"], q["compact"] <= q["dense"]) for q in pts])
         run.note(f"crossover batch={batch} kind={kind}: the compacted kernel is fastest up to union={won} and "
                  f"slower than the best dense path from union={first_loss} (V={vocab})")
-    for text in losses(run.rows):
-        run.note(text)
 
 
 def _same_masked(a: Tensor, b: Tensor) -> bool:
     """Both outputs ``-inf`` at the same places and finite elsewhere."""
     inf = torch.isneginf(a)
     return bool(torch.equal(inf, torch.isneginf(b)) and torch.isfinite(a[~inf]).all() and torch.isfinite(b[~inf]).all())
-
-
-def losses(rows: list[dict]) -> list[str]:
-    """Every measured point where step 12 or step 13 (the plan) is slower than a rival, as sentences."""
-    s12 = step_series(12)
-    out = []
-    for (batch, kind, allowed), series in sorted(rows_by_case(rows).items()):
-        t = {name: r["ms"] for name, r in series.items()}
-        for mine, rival in ((s12, "index_select"), (s12, "dense_mask"), (s12, "cublas_fp32_mask"), (PLAN, XGRAMMAR)):
-            if mine in t and rival in t and t[mine] > t[rival]:
-                out.append(f"we lose: batch {batch}, {kind} masks, {allowed:,} allowed: {mine} {t[mine] * 1e3:.1f} µs "
-                           f"against {rival} {t[rival] * 1e3:.1f} µs ({t[mine] / t[rival]:.2f}x)")
-    return out
 
 
 def headline(results) -> list[dict]:
