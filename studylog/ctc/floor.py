@@ -1,6 +1,5 @@
 """The latency floor of chapter 4's recursion: ``csrc/ctc_chain_floor.cu`` runs only its chain of dependent frames
-(no emissions, no rows stored, no maximum), so its GPU time is a lower bound of any kernel that runs ``frames``
-frames of the recursion over ``states`` states. :func:`chain_reference` is the same recursion in float64."""
+(no emissions, no rows stored, no maximum), a lower bound of any kernel that runs ``frames`` frames over ``states``."""
 
 from __future__ import annotations
 
@@ -30,25 +29,9 @@ def chain_constant(s: int) -> float:
     return -1.25 - 0.0625 * (s & 7)
 
 
-def chain_reference(frames: int, states: int) -> list[float]:
-    """The kernel's recursion in float64 (Python floats) from all zeros: after each frame, state s holds
-    log2(2^r[s] + 2^r[s-1] (+ 2^r[s-2] at a label, odd s >= 3)) + chain_constant(s) of the previous frame's r."""
-    r = [0.0] * states
-    consts = [chain_constant(s) for s in range(states)]
-    for _ in range(frames):
-        new = []
-        for s in range(states):
-            terms = [r[s]] + ([r[s - 1]] if s >= 1 else []) + ([r[s - 2]] if s % 2 == 1 and s >= 2 else [])
-            m = max(terms)
-            new.append(m + math.log2(sum(2.0 ** (x - m) for x in terms)) + consts[s])
-        r = new
-    return r
-
-
 def chain_floor(frames: int, states: int, *, device="cuda", out: Tensor | None = None) -> Tensor:
-    """Run ``frames`` dependent frames of the recursion over ``states`` (<= :data:`MAX_CHAIN_STATES`) states in one
-    block; returns ``out`` (float32, ``(states,)``), the values after the last frame. With ``out`` given a call
-    allocates nothing and never synchronises (graph-safe)."""
+    """Run ``frames`` frames of the recursion over ``states`` (<= :data:`MAX_CHAIN_STATES`) states in one block into
+    ``out`` (float32, ``(states,)``); with ``out`` given a call allocates nothing (graph-safe)."""
     frames = checks.check_int("frames", frames, low=1, high=2**31 - 1)
     states = checks.check_int("states", states, low=1, high=MAX_CHAIN_STATES)
     device = torch.device(device)
