@@ -788,7 +788,7 @@ def test_step07_changes_script_dry_run_replays_the_benchmarks_targets(capsys):
     with pytest.raises(SystemExit):
         script.parse_cases("5000x3")
     assert (5000, 256) in script.CASES and (5000, 1) in script.CASES
-    assert script.FUNCTIONS["7a"] is ctc.fused.STEP07_FUNCTIONS["7a"] and script.FUNCTIONS["step 7"] is \
+    assert script.FUNCTIONS["step 5"] is ctc.step05_shared_rows and script.FUNCTIONS["step 7"] is \
         ctc.step07_gradient_pass
     assert script.main(["--dry-run", "--cases", "28x1,5000x1"]) == 0
     out = capsys.readouterr().out

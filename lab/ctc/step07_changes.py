@@ -8,11 +8,11 @@ beta run in one kernel instead of two launches; and the recursion loads its emis
 | row | gradient | alpha and beta | emissions | function |
 |---|---|---|---|---|
 | step 5 | in beta's loop | two kernels | when needed | ``ctc.step05_shared_rows`` |
-| 7a | a pass of its own | two launches, a direction each | when needed | ``fused.step07a_gradient_pass_two_launches`` |
-| 7b | a pass of its own | one kernel, alpha then beta | when needed | ``fused.step07b_one_kernel`` |
+| 7a | a pass of its own | two launches, a direction each | when needed | ``step07a_gradient_pass_two_launches`` |
+| 7b | a pass of its own | one kernel, alpha then beta | when needed | ``step07b_one_kernel`` |
 | step 7 | a pass of its own | one kernel, alpha then beta | four frames ahead | ``ctc.step07_gradient_pass`` |
 
-7a and 7b are the library's: instances of ``ctc_block_recursion_knobs`` in step 7's source (``DIRECTIONS``: the
+7a and 7b (below) launch instances of ``ctc_block_recursion_knobs`` in step 7's source (``DIRECTIONS``: the
 directions a launch runs, ``DEPTH``: frames prefetched), between step 7's own first and last passes; with the knobs
 at step 7's values that kernel compiles to step 7's recursion (``tests/test_ctc.py`` holds it). No kernel is copied.
 
@@ -50,6 +50,7 @@ import torch
 
 from studylog import ctc
 from studylog.ctc import fused, report
+from studylog.ctc.launch import prepare_call
 
 NAME = "step07_changes"
 #: (A, N) at T = BENCH_T: both alphabets at the first and last of the lesson points' batch sizes.
@@ -61,8 +62,28 @@ VARIANTS = {
     "7b": ("step07b", "+ alpha and beta in one kernel"),
     "step 7": ("step07", f"+ emissions loaded {fused.PREFETCH_FRAMES} frames ahead"),
 }
-FUNCTIONS = {"step 5": ctc.step05_shared_rows, "7a": fused.step07a_gradient_pass_two_launches,
-             "7b": fused.step07b_one_kernel, "step 7": ctc.step07_gradient_pass}
+
+
+def step07_part(part: str, activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                out_loss=None, out_grad=None):
+    """Step 7 with its recursion as ``fused.STEP07_PARTS[part]`` launches it (step 7's arguments and checks)."""
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    fused.launch(activations, batch, loss, grad, zero_infinity, 7, part)
+    return loss, grad
+
+
+def step07a_gradient_pass_two_launches(*args, **kwargs):
+    """Step 7a: step 5 with step 7's gradient pass; alpha and beta stay two launches, emissions loaded when needed."""
+    return step07_part("7a", *args, **kwargs)
+
+
+def step07b_one_kernel(*args, **kwargs):
+    """Step 7b: 7a with alpha, then beta, in one kernel; step 7 without its emissions prefetched."""
+    return step07_part("7b", *args, **kwargs)
+
+
+FUNCTIONS = {"step 5": ctc.step05_shared_rows, "7a": step07a_gradient_pass_two_launches,
+             "7b": step07b_one_kernel, "step 7": ctc.step07_gradient_pass}
 
 
 def parse_cases(text: str | None) -> list[tuple[int, int]]:

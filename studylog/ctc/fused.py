@@ -1,5 +1,4 @@
-"""Steps 7 to 14 of chapter 4: a first pass over the activations, the recursions, and a last pass that writes the
-gradient, a pass of its own (each step's function says what it changes)."""
+"""Steps 7 to 14 of chapter 4: a first pass over the activations, the recursions, and the gradient a pass of its own."""
 
 from __future__ import annotations
 
@@ -25,8 +24,8 @@ RECURSION_OPTIONS: dict[str, tuple[int, bool, bool]] = {
     "+ redux max": (4, True, True),
     "+ prefetch 8": (8, True, True),
 }
-#: The options steps 12 and 13 use unless told otherwise: step 11's plus flush-to-zero, exact enough for
-#: log-probabilities. The other two options are experiments (lab/ctc).
+#: The options of steps 12 and 13 unless told otherwise (flush-to-zero is exact enough for log-probabilities); the
+#: last two options are experiments (lab/ctc).
 DEFAULT_RECURSION = "+ ftz ex2/lg2"
 #: Positions per thread compiled for step 14's block recursion, and the one it uses by default.
 BLOCK_GRAINS = (2, 4)
@@ -37,9 +36,8 @@ MAX_RECURSION_WARPS = 16
 IN_TURN = (7, 8, 9)
 #: Frames of emissions step 7's recursion loads ahead of the one it computes (the kernels' ``PREFETCH``).
 PREFETCH_FRAMES = 4
-#: Step 7 taken apart, to time its changes one at a time (``lab/ctc/step07_changes.py``): each sub-step's recursion as
-#: (``ctc_block_recursion_knobs``'s launches, each a ``DIRECTIONS`` mask: 1 alpha, 2 beta, 3 both; frames of emissions
-#: prefetched, 0: loaded when needed). 7a: alpha and beta two launches, as step 5's; 7b: one kernel; 7 adds prefetch.
+#: Step 7 taken apart (``lab/ctc/step07_changes.py``): each part's ``ctc_block_recursion_knobs`` launches (a
+#: ``DIRECTIONS`` mask each: 1 alpha, 2 beta, 3 both) and frames prefetched (0: loaded when needed).
 STEP07_PARTS: dict[str, tuple[tuple[int, ...], int]] = {"7a": ((1, 2), 0), "7b": ((3,), 0)}
 #: The ``.cu`` file (in ``studylog/ctc/csrc``) of each kernel of steps 7 to 14.
 SOURCES = {**dict.fromkeys(("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_block_recursion",
@@ -53,11 +51,10 @@ _SIG_RECURSION = ["ptr"] * 6 + ["i32"] * 3
 #: Signature of each kernel, by name without template arguments.
 SIGNATURES = {"ctc_log_softmax_frames": ["ptr"] * 3 + ["i32"] * 3, "ctc_fused_stats": ["ptr"] * 6 + ["i32"] * 5,
               "ctc_block_recursion": _SIG_RECURSION + ["i32"], "ctc_block_recursion_knobs": _SIG_RECURSION + ["i32"],
-              "ctc_warp_recursion_in_turn": _SIG_RECURSION,
-              "ctc_fused_recursion": _SIG_RECURSION, "ctc_branchless_recursion": _SIG_RECURSION,
+              "ctc_warp_recursion_in_turn": _SIG_RECURSION, "ctc_fused_recursion": _SIG_RECURSION,
               "ctc_grad_from_log_softmax": ["ptr"] * 12 + ["i32"] * 8, "ctc_fused_grad": ["ptr"] * 13 + ["i32"] * 8,
               "ctc_stats_softmax": ["ptr"] * 7 + ["i32"] * 5, "ctc_target_grad": ["ptr"] * 13 + ["i32"] * 7,
-              "ctc_warps_recursion": _SIG_RECURSION}
+              "ctc_branchless_recursion": _SIG_RECURSION, "ctc_warps_recursion": _SIG_RECURSION}
 
 
 def source_of(kernel: str) -> str:
@@ -78,17 +75,15 @@ def check_recursion(recursion: str | None) -> str | None:
 
 
 def recursion_name(v: int, option: str | None = None) -> str:
-    """Name expression of the branch-free recursion (steps 11 to 13) with ``v`` positions per lane; ``option``: a key
-    of ``RECURSION_OPTIONS``, ``DEFAULT_RECURSION`` (step 12's) when None."""
+    """Name expression of the branch-free recursion (steps 11 to 13) with ``v`` positions per lane and ``option``."""
     prefetch, ftz, redux = RECURSION_OPTIONS[check_recursion(option) or DEFAULT_RECURSION]
     checks.check_choice("positions per lane", v, WARP_GRAINS)
     return f"ctc_branchless_recursion<{v}, {prefetch}, {str(ftz).lower()}, {str(redux).lower()}>"
 
 
 def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple[str, ...]:
-    """(first pass, recursion, last pass) of steps 7 to 14 with ``v`` positions per thread (steps 7, 8 and 14) or
-    lane; ``recursion``: the recursion option of steps 12 and 13, or a key of ``STEP07_PARTS`` for step 7 (7a: two
-    recursion kernels, alpha's then beta's)."""
+    """(first pass, recursion, last pass) of steps 7 to 14 with ``v`` positions per thread or lane; ``recursion``:
+    steps 12 and 13's option, or a key of ``STEP07_PARTS`` for step 7 (7a: two recursion kernels)."""
     part = step == 7 and recursion in STEP07_PARTS
     if recursion is not None and step not in (12, 13) and not part:
         raise ValueError(f"step {step} has one recursion; recursion options apply to steps 12 and 13")
@@ -118,13 +113,11 @@ def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple
 
 
 def _wanted(names) -> list[tuple[str, list[str]]]:
-    """``names`` with their signatures, as :func:`~studylog.ctc.launch.kernels` takes them."""
     return [(n, SIGNATURES[n.split("<")[0]]) for n in names]
 
 
 def preload_fused(step: int, grains, recursions=(None,)) -> None:
-    """Compile ``grains`` of steps 7 to 14 (``recursions``: None for the default, or ``fused_kernel_names``'s
-    options), one NVRTC call per source."""
+    """Compile ``grains`` (and ``recursions``) of step ``step`` (7 to 14), one NVRTC call per source."""
     names = list(dict.fromkeys(n for v in grains for r in recursions for n in fused_kernel_names(step, v, r)))
     for source in dict.fromkeys(source_of(n) for n in names):
         kernels(source, _wanted(n for n in names if source_of(n) == source))
@@ -154,8 +147,8 @@ def launch_shape(step: int, max_positions: int, grain: int | None = None) -> tup
 
 
 def scratch_sizes(step: int, T: int, N: int, A: int, label_stride: int, row_stride: int) -> list[int]:
-    """Bytes of each scratch array of step ``step`` (7 to 14): step 7's log-softmax, or the other steps' row
-    log-sum-exps and emissions; then both directions' rows and their offsets."""
+    """Bytes of each scratch array of step ``step``: the log-softmax (7) or the row log-sum-exps and emissions, then
+    both directions' rows and their offsets."""
     rows = [2 * N * T * row_stride * 4, 2 * N * T * 8]
     return ([T * N * A * 4] if step == 7 else [T * N * 4, N * T * (label_stride + 1) * 4]) + rows
 
@@ -213,68 +206,48 @@ def _run(step: int, activations, targets, input_lengths, target_lengths, zero_in
 
 def step07_gradient_pass(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                          out_loss=None, out_grad=None):
-    """Step 7: the gradient a pass of its own, a block per frame, after the recursions; those run alpha, then beta,
-    on a block per utterance (step 5's grain and block size) and write every row. The first pass writes the
-    log-softmax, as steps 1 to 6 do. Arguments as :func:`step01_baseline`."""
+    """Step 7: the gradient a pass of its own, a block per frame, after alpha then beta on a block per utterance
+    (step 5's grain) write every row. Arguments as :func:`step01_baseline`."""
     return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
-
-
-def step07a_gradient_pass_two_launches(activations, targets, input_lengths=None, target_lengths=None, *,
-                                       zero_infinity=False, out_loss=None, out_grad=None):
-    """Step 7a of ``STEP07_PARTS`` (timed in ``lab/ctc``, not a step of the chapter): step 5 with step 7's gradient
-    pass; alpha and beta stay two launches, emissions loaded when needed. Arguments as :func:`step07_gradient_pass`."""
-    return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad, "7a")
-
-
-def step07b_one_kernel(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
-                       out_loss=None, out_grad=None):
-    """Step 7a with alpha, then beta, in one kernel: step 7 without its emissions prefetched ``PREFETCH_FRAMES``
-    frames ahead (timed in ``lab/ctc``, not a step of the chapter). Arguments as :func:`step07_gradient_pass`."""
-    return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad, "7b")
-
-
-#: Step 5 to step 7 one change at a time: the functions of 7a and 7b, by the key of ``STEP07_PARTS``.
-STEP07_FUNCTIONS = {"7a": step07a_gradient_pass_two_launches, "7b": step07b_one_kernel}
 
 
 def step08_fused_softmax(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                          out_loss=None, out_grad=None):
     """Step 8: step 7 with no softmax written: the first pass keeps each frame's log-sum-exp and the target's
-    emissions, the last pass recomputes the softmax from the activations. Arguments as :func:`step01_baseline`."""
+    emissions, the last recomputes the softmax."""
     return _run(8, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
 def step09_one_warp(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                     out_loss=None, out_grad=None):
-    """Step 9: step 8's recursion on one warp per utterance, a lane's positions in registers, a neighbour's by a
-    shuffle, no barrier; alpha, then beta. Arguments as :func:`step01_baseline`."""
+    """Step 9: step 8's recursion on one warp per utterance, positions in registers, neighbours by shuffles."""
     return _run(9, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
 def step10_side_by_side(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                         out_loss=None, out_grad=None):
-    """Step 10: step 9 with alpha's warp and beta's side by side. Arguments as :func:`step01_baseline`."""
+    """Step 10: step 9 with alpha's warp and beta's side by side."""
     return _run(10, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
 def step11_branch_free(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                        out_loss=None, out_grad=None):
-    """Step 11: step 10's warp recursion without its divergent branch. Arguments as :func:`step01_baseline`."""
+    """Step 11: step 10's warp recursion without its divergent branch."""
     return _run(11, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
 def step12_flush_to_zero(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                          recursion: str | None = None, out_loss=None, out_grad=None):
-    """Step 12: step 11's recursion with flush-to-zero ``ex2``/``lg2``. ``recursion`` (a key of ``RECURSION_OPTIONS``,
-    ``DEFAULT_RECURSION`` when None) picks the branch-free recursion's template options: the others are experiments."""
+    """Step 12: step 11's recursion with flush-to-zero ``ex2``/``lg2``; ``recursion``: a key of
+    ``RECURSION_OPTIONS`` (``DEFAULT_RECURSION`` when None)."""
     return _run(12, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
                 check_recursion(recursion))
 
 
 def step13_two_passes(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                       recursion: str | None = None, out_loss=None, out_grad=None):
-    """Step 13: the first pass also writes the softmax as the gradient, the last only corrects the target's
-    classes in place: the activations cross DRAM once. Arguments as :func:`step12_flush_to_zero`."""
+    """Step 13: the first pass also writes the softmax as the gradient, the last corrects the target's classes in
+    place: the activations cross DRAM once."""
     return _run(13, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
                 check_recursion(recursion))
 
@@ -289,16 +262,14 @@ def step14_warps_per_direction(activations, targets, input_lengths=None, target_
                 grain=grain)
 
 
-#: :func:`final_step`'s rule: step 14's warps per direction pay where many classes or a mid-size batch keep the GPU
-#: busy; with few classes one utterance leaves them waiting on each other, and a full batch (FULL_BATCH or more)
-#: keeps step 12's one warp per direction as busy. It must keep ``ctc_loss`` within the spread of the fastest step.
+#: :func:`final_step`'s rule: step 14's warps pay where many classes or a mid-size batch keep the GPU busy; with few
+#: classes one utterance, or a full batch, runs as fast on step 12's one warp a direction.
 SMALL_ALPHABET = 1024
 FULL_BATCH = 256
 
 
 def final_step(max_time: int, batch_size: int, num_classes: int) -> int:
-    """The step :func:`ctc_loss` runs for activations of this shape: 12 for a small alphabet with one utterance or a
-    full batch, 14 otherwise (shapes only: no device synchronisation)."""
+    """The step :func:`ctc_loss` runs for activations of this shape (shapes only: no synchronisation)."""
     if num_classes <= SMALL_ALPHABET and (batch_size == 1 or batch_size >= FULL_BATCH):
         return 12
     return 14
@@ -309,12 +280,8 @@ def ctc_loss(
     target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
     out_grad: Float[Tensor, "t n a"] | None = None,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
-    """The chapter's CTC loss: step 12 or step 14 with their defaults, as :func:`final_step` picks for the shape.
-
-    Loss per utterance ``(N,)`` and the gradient of its sum w.r.t. the activations ``(T, N, A)``, softmax included.
-    Arguments as :func:`step01_baseline`. With prepared targets a call can be captured in a CUDA graph; to replay
-    one graph over batches whose targets change, use :class:`CTCPlan`.
-    """
+    """The chapter's CTC loss: step 12 or step 14, as :func:`final_step` picks for the shape; loss ``(N,)`` and the
+    gradient of its sum (arguments as :func:`step01_baseline`). To replay a graph over new targets: :class:`CTCPlan`."""
     shape = tuple(getattr(activations, "shape", ()))  # a bad shape goes on to step 14, whose checks name it
     step = step12_flush_to_zero if len(shape) == 3 and final_step(*shape) == 12 else step14_warps_per_direction
     return step(activations, targets, input_lengths, target_lengths, zero_infinity=zero_infinity, out_loss=out_loss,
