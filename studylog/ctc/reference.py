@@ -1,5 +1,5 @@
-"""Chapter 4's yardsticks, on any device: the float64 reference, a model of step 6's probability-space
-arithmetic (with its underflow estimate), and how far a result is from the reference."""
+"""Chapter 4's yardsticks, on any device: the float64 reference, a model of step 6's probability-space arithmetic
+and its underflow estimate, and how far a result is from the reference."""
 
 from __future__ import annotations
 
@@ -112,14 +112,10 @@ def probability_space_ctc(
     activations: Float[Tensor, "t n a"], targets, input_lengths, target_lengths, *, dtype=torch.float32,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"], Float64[Tensor, " n"]]:
     """Step 6's arithmetic in torch ops: loss, gradient and underflow estimate of each utterance, as
-    ``ctc_step06_probability.cu`` computes them (``dtype`` float64: the same arithmetic with double's range).
-
-    Alpha row t is ``(alpha_{t-1}(s) + alpha_{t-1}(s-1) [+ alpha_{t-1}(s-2)]) / sum(alpha_{t-1}) * y_t(s)``, the
-    log of each divisor added to a float64 offset; beta mirrors it. The estimate adds up, per frame and over the
-    frame's total, ``UNDERFLOW_ULP * beta / y`` for a reached alpha entry below ``FLT_MIN``, ``UNDERFLOW_ULP *
-    alpha / y`` for such a beta entry and ``UNDERFLOW_ULP / y`` for such a posterior; ``inf`` where a frame's
-    total is 0, an emission is below ``FLT_MIN`` or the loss is infinite.
-    """
+    ``ctc_step06_probability.cu`` computes them (``dtype`` float64: the same arithmetic with double's range). Each
+    row is divided by the previous row's sum, its log added to a float64 offset. The estimate adds up, per frame and
+    over its total, ``UNDERFLOW_ULP / y`` times the other direction's value for every reached entry below
+    ``FLT_MIN`` (``inf`` where a frame's total is 0, an emission is below ``FLT_MIN`` or the loss is infinite)."""
     inputs, ext, sizes, skip_in, skip_out, pos, valid = _extended(activations, targets, input_lengths, target_lengths)
     (T, N, _), S, dev, f32 = activations.shape, ext.shape[1], activations.device, dtype
     tiny = torch.finfo(dtype).tiny
@@ -198,10 +194,9 @@ def untrusted(estimate: Tensor, loss: Tensor, input_lengths, target_lists: Seque
 
 
 def errors(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> dict[str, float]:
-    """How far a result is from the reference. ``mismatched``: utterances finite in one and not the other, or
-    with a finite loss and a NaN gradient; ``loss_rel``: largest ``|loss - ref| / max(1, |ref|)`` and
-    ``grad_rel``: ``||grad - ref|| / ||ref||``, both over utterances finite in both; ``silently_wrong``: the
-    count of :func:`silently_wrong`."""
+    """How far a result is from the reference: ``mismatched`` utterances (finite in one only, or a finite loss with a
+    NaN gradient), the largest ``loss_rel`` (over ``max(1, |ref|)``) and ``grad_rel`` (``||grad - ref|| / ||ref||``)
+    over utterances finite in both, and the count of :func:`silently_wrong`."""
     loss, grad = loss.detach().double().cpu(), grad.detach().double()
     ref_loss, ref_grad = ref_loss.detach().double().cpu(), ref_grad.detach().double()
     finite = torch.isfinite(ref_loss) & torch.isfinite(loss)
@@ -218,18 +213,24 @@ def errors(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> di
     return {"loss_rel": loss_rel, "grad_rel": grad_rel, "mismatched": mismatched, "silently_wrong": silent}
 
 
-def wrong_utterances(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
-    """A bool per utterance: finite where the reference is not (or the reverse), a NaN in the gradient of a
-    finite loss, or a loss or gradient outside ``LOSS_TOLERANCE`` / ``GRAD_TOLERANCE`` (as in :func:`errors`)."""
+def _per_utterance(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor):
+    """Per utterance, on the CPU: whether the loss is finite and the reference's, a NaN in the gradient, the loss's
+    error over ``max(1, |ref|)`` and the gradient's norm-relative error (a NaN in it counts as infinite)."""
     loss, ref_loss = loss.detach().double().cpu(), ref_loss.detach().double().cpu()
     grad = grad.detach().double()
     ref_grad = ref_grad.detach().to(grad.device, torch.float64)
-    finite = torch.isfinite(loss) & torch.isfinite(ref_loss)
-    loss_off = (loss - ref_loss).abs() / ref_loss.abs().clamp(min=1.0) > LOSS_TOLERANCE
     diff = torch.linalg.vector_norm((grad - ref_grad).nan_to_num(math.inf), dim=(0, 2))
-    grad_off = (diff > GRAD_TOLERANCE * torch.linalg.vector_norm(ref_grad.nan_to_num(0.0), dim=(0, 2))).cpu()
-    nan = torch.isnan(grad).any(2).any(0).cpu()
-    return (torch.isfinite(loss) != torch.isfinite(ref_loss)) | (finite & (nan | loss_off | grad_off))
+    norm = torch.linalg.vector_norm(ref_grad.nan_to_num(0.0), dim=(0, 2))
+    return (torch.isfinite(loss), torch.isfinite(ref_loss), torch.isnan(grad).any(2).any(0).cpu(),
+            (loss - ref_loss).abs() / ref_loss.abs().clamp(min=1.0), (diff / norm.clamp(min=1e-300)).cpu())
+
+
+def wrong_utterances(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
+    """A bool per utterance: finite where the reference is not (or the reverse), a NaN in the gradient of a
+    finite loss, or a loss or gradient outside ``LOSS_TOLERANCE`` / ``GRAD_TOLERANCE`` (as in :func:`errors`)."""
+    finite, ref_finite, nan, loss_off, grad_off = _per_utterance(loss, grad, ref_loss, ref_grad)
+    return (finite != ref_finite) | (finite & ref_finite & (nan | (loss_off > LOSS_TOLERANCE)
+                                                            | (grad_off > GRAD_TOLERANCE)))
 
 
 def silently_wrong(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
@@ -247,19 +248,12 @@ def outcomes(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> 
     """What happened to each utterance, counted: ``utterances``, ``impossible`` (the reference's loss is
     infinite), and of the others ``infinite``, ``nan`` (a NaN loss or gradient), ``finite_wrong``
     (:func:`silently_wrong`), ``far`` (of those, beyond ``FAR_LOSS`` / ``FAR_GRAD``) and ``right``."""
-    loss_c, ref_c = loss.detach().double().cpu(), ref_loss.detach().double().cpu()
-    g = grad.detach().double()
-    r = ref_grad.detach().to(g.device, torch.float64)
-    possible = torch.isfinite(ref_c)
-    nan_grad = torch.isnan(g).any(2).any(0).cpu()
-    infinite = possible & torch.isinf(loss_c)
-    nan = possible & (torch.isnan(loss_c) | (torch.isfinite(loss_c) & nan_grad))
+    finite, possible, nan_grad, loss_off, grad_off = _per_utterance(loss, grad, ref_loss, ref_grad)
+    loss_c = loss.detach().double().cpu()
     silent = possible & silently_wrong(loss, grad, ref_loss, ref_grad)
-    loss_off = (loss_c - ref_c).abs() / ref_c.abs().clamp(min=1.0)
-    grad_off = (torch.linalg.vector_norm((g - r).nan_to_num(0.0), dim=(0, 2))
-                / torch.linalg.vector_norm(r.nan_to_num(0.0), dim=(0, 2)).clamp(min=1e-300)).cpu()
     far = silent & ((loss_off > FAR_LOSS) | (grad_off > FAR_GRAD))
     wrong = possible & wrong_utterances(loss, grad, ref_loss, ref_grad)
-    return {"utterances": int(loss_c.numel()), "impossible": int((~possible).sum()), "infinite": int(infinite.sum()),
-            "nan": int(nan.sum()), "finite_wrong": int(silent.sum()), "far": int(far.sum()),
-            "right": int((possible & ~wrong).sum())}
+    return {"utterances": int(loss_c.numel()), "impossible": int((~possible).sum()),
+            "infinite": int((possible & torch.isinf(loss_c)).sum()),
+            "nan": int((possible & (torch.isnan(loss_c) | (finite & nan_grad))).sum()),
+            "finite_wrong": int(silent.sum()), "far": int(far.sum()), "right": int((possible & ~wrong).sum())}
