@@ -1,8 +1,5 @@
 """Chapter 4's benchmark and its inputs: the blog post's grid, the grain sweep, the stress set of long utterances.
-
-Every step and every torch call a CUDA graph can capture is timed on the GPU clock, with the host time per call
-beside it; a torch call that cannot be captured is timed on the ``kernel`` clock and its row says so.
-"""
+What a CUDA graph can capture is timed on the GPU clock, host time beside it; the rest on the ``kernel`` clock."""
 
 from __future__ import annotations
 
@@ -35,9 +32,7 @@ SWEEP_N = 64
 #: LONG_T frames with targets of up to MAX_TARGET_LENGTH labels.
 STRESS_T = (50, 100, 200, 400)
 STRESS_A, STRESS_N = 28, 8
-LONG_T = (1100,)
-LONG_N = 6
-BENCH_DEVICE = "cuda"
+LONG_T, LONG_N = (1100,), 6
 #: (A, N) where the benchmark also records the device time of every kernel of steps 7 to 14 and torch.
 PROFILE_CASES = ((28, 1), (28, 256), (5000, 2), (5000, 256))
 #: GPU clock: a graph replay holds at least GRAPH_REPLAY_MS of calls (at least 2), replayed GRAPH_REPS times; host
@@ -49,7 +44,7 @@ SPAN_REPS, STRESS_REPS = 20, 3
 
 def random_targets(T: int, N: int, A: int, generator: torch.Generator, max_length: int = 255) -> list[np.ndarray]:
     """Targets as in the blog post's benchmark: length uniform in [1, min(T, max_length)], labels uniform in
-    [1, A), shortened until they fit T frames; all valid for torch's cuDNN path."""
+    [1, A), shortened until they fit T frames."""
     lists = []
     for _ in range(N):
         length = int(torch.randint(1, min(T, max_length) + 1, (1,), generator=generator))
@@ -66,8 +61,8 @@ def dram_bytes(T: int, N: int, A: int) -> int:
 
 
 def stress_inputs(T: int, N: int, A: int, generator: torch.Generator, device) -> tuple[Tensor, list[np.ndarray]]:
-    """Long utterances whose frames strongly prefer the blank, with targets of about T / 3 labels: alignments far
-    less likely than the best partial path, which float32 rescaling cannot hold."""
+    """Long utterances whose frames strongly prefer the blank, with targets of T / 3 labels: alignments far less
+    likely than the best partial path, which float32 rescaling cannot hold."""
     x = torch.randn((T, N, A), generator=generator) * 2.0
     x[:, :, BLANK] += 6.0
     lists = [torch.randint(1, A, (min(T // 3, MAX_TARGET_LENGTH),), generator=generator).numpy() for _ in range(N)]
@@ -75,7 +70,7 @@ def stress_inputs(T: int, N: int, A: int, generator: torch.Generator, device) ->
 
 
 def long_inputs(T: int, N: int, A: int, generator: torch.Generator, device) -> tuple[Tensor, list[np.ndarray]]:
-    """Long utterances, random activations, targets drawn as the benchmark's up to MAX_TARGET_LENGTH labels."""
+    """Long utterances, random activations, targets of up to MAX_TARGET_LENGTH labels."""
     lists = random_targets(T, N, A, generator, max_length=MAX_TARGET_LENGTH)
     return torch.randn((T, N, A), generator=generator).to(device), lists
 
@@ -117,8 +112,8 @@ def grids(quick: bool = False) -> dict[str, list[tuple]]:
 
 
 def graph_settings(estimate_ms: float, reps: int = GRAPH_REPS) -> dict[str, int]:
-    """``min_calls`` and ``reps`` of :meth:`BenchRun.gpu_time` for a call of about ``estimate_ms`` (calls of a
-    millisecond or more vary little, and get half the replays)."""
+    """``min_calls`` and ``reps`` of :meth:`BenchRun.gpu_time` for a call of about ``estimate_ms`` (half the replays
+    from a millisecond on: such calls vary little)."""
     return {"min_calls": int(min(60, max(2, math.ceil(GRAPH_REPLAY_MS / max(estimate_ms, 1e-3))))),
             "reps": reps if estimate_ms < 1.0 else max(3, reps // 2)}
 
@@ -129,8 +124,7 @@ def host_calls(estimate_ms: float) -> int:
 
 
 def copies(l2_bytes: int, nbytes: int) -> int:
-    """Copies of the activations to rotate among: enough to exceed 4x L2 together, or 1 (a smaller input stays in
-    L2) where that takes more than MAX_COPIES."""
+    """Copies of the activations to rotate among: 4x L2 together, or 1 where that takes more than MAX_COPIES."""
     n = max(1, -(-4 * l2_bytes // max(nbytes, 1)))
     return n if n <= MAX_COPIES else 1
 
@@ -163,8 +157,8 @@ def estimate_ms(fn) -> float:
 
 def _timed(run, series: str, fn, params: dict, *, calls_on=None, x: Tensor | None = None, role: str = "kernel",
            host: bool = True, reps: int = GRAPH_REPS, **extra) -> dict:
-    """Record ``fn`` on the GPU clock, its calls built by ``calls_on(x_i)`` on fresh activations like ``x``, rotated
-    among :func:`copies` of them; without ``calls_on``, on the kernel clock. The host time of ``fn`` beside it."""
+    """Record ``fn`` on the GPU clock, its calls ``calls_on(x_i)`` over :func:`copies` of activations like ``x``
+    (without ``calls_on``: on the kernel clock), and its host time."""
     estimate = estimate_ms(fn)
     if calls_on is None:
         timing, extra["clock"] = run.kernel_time(fn, reps=SPAN_REPS), "kernel"
@@ -200,46 +194,34 @@ def _check_step(run, step, loss, grad, ref, batch, params, estimate=None) -> dic
 
 
 def _time_step(run, number: int, x: Tensor, batch: CTCTargets, ref, params: dict, *, series: str | None = None,
-               counted: bool = False, extra: dict | None = None, **how) -> dict:
-    """Check step ``number`` on ``x`` against the reference (with :func:`outcomes` when ``counted``), then time it;
-    ``how``: the step's options and :func:`_timed`'s (``host``, ``floor_ms``, ``reps``)."""
+               counted: bool = False, extra: dict | None = None, entry: bool = False, **how) -> dict:
+    """Check step ``number`` (with ``entry``: ``ctc_loss``, series ``ctc_loss``, which runs it here) against the
+    reference (with :func:`outcomes` when ``counted``), then time it; ``how``: the step's options and :func:`_timed`'s."""
     step = step_of(number)
     timing = {k: how.pop(k) for k in ("host", "floor_ms", "reps") if k in how}
+    call = ctc_loss if entry else lambda xi, b, **out: _call(number, xi, b, **out, **how)
     estimate = torch.empty((x.shape[1],), device=x.device)
-    loss, grad = _call(number, x, batch, **({"out_estimate": estimate} if number == 6 else {}), **how)
+    loss, grad = call(x, batch, **({"out_estimate": estimate} if number == 6 else {}))
     err = _check_step(run, step, loss, grad, ref, batch, params, estimate)
     if counted:
         err.update(outcomes(loss, grad, *ref))
     del loss, grad
-    return _timed(run, series or step.series, lambda: _call(number, x, batch, **how), params, x=x,
-                  calls_on=_with_outputs(lambda xi, **out: _call(number, xi, batch, **out, **how)), title=step.title,
-                  **timing, **(extra or {}), **err)
-
-
-def _time_entry(run, x: Tensor, batch: CTCTargets, ref, params: dict, floor: float) -> dict:
-    """``ctc_loss`` itself (series ``ctc_loss``; ``step`` says which step its rule picked): checked, then timed."""
-    number = final_step(*x.shape)
-    loss, grad = ctc_loss(x, batch)
-    err = _check_step(run, step_of(number), loss, grad, ref, batch, params)
-    del loss, grad
-    return _timed(run, "ctc_loss", lambda: ctc_loss(x, batch), params, x=x,
-                  calls_on=_with_outputs(lambda xi, **out: ctc_loss(xi, batch, **out)), floor_ms=floor,
-                  step=f"step{number:02d}", **err)
+    label = {"step": step.series} if entry else {"title": step.title}
+    return _timed(run, "ctc_loss" if entry else series or step.series, lambda: call(x, batch), params, x=x,
+                  calls_on=_with_outputs(lambda xi, **out: call(xi, batch, **out)), **label, **timing,
+                  **(extra or {}), **err)
 
 
 def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: float, *, users_path: bool,
-                clock: str = "gpu", fallback: set | None = None) -> dict[str, dict]:
-    """torch's calls at one point, each checked against the reference and timed on the GPU clock when a graph
-    can capture it (``clock="gpu"``), else on the kernel clock (``clock="kernel"``: the profiler's pass, after
-    every GPU-clock timing). ``fallback``: the series whose capture failed here, timed in the kernel pass.
-    ``users_path``: also ``F.ctc_loss`` on its cuDNN path."""
+                fallback: set, clock: str = "gpu") -> dict[str, dict]:
+    """torch's calls at one point, each checked and timed on the GPU clock where a graph captures it, else in the
+    kernel clock's pass (``fallback``: the series whose capture failed here); ``users_path``: also F.ctc_loss's."""
     factories = {"torch-cuDNN": lambda xi: peers.cudnn_direct(xi, lists),
                  "torch-cuDNN F.ctc_loss": lambda xi: peers.functional(xi, lists, "cudnn"),
                  "torch-native": lambda xi: peers.functional(xi, lists, "native")}
     if not users_path:
         del factories["torch-cuDNN F.ctc_loss"]
     rows = {}
-    fallback = set() if fallback is None else fallback
     for series, factory in factories.items():
         ok, why = capture.get(series, (False, "not probed"))
         if (clock == "gpu") != (ok and (series, params["A"], params["N"]) not in fallback):
@@ -273,7 +255,7 @@ def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: 
 
 
 def _dispatch_checks(run, x: Tensor, lists, params: dict) -> None:
-    """Does each torch call run the path it is named after? ATen's own rule and the kernels it launches."""
+    """Does each torch call run the path it is named after (ATen's rule, our model of it, its kernels)?"""
     T, N, _ = x.shape
     lengths = tuple(len(l) for l in lists)
     log_probs = x.log_softmax(2)
@@ -303,12 +285,12 @@ def _reference(x: Tensor, lists):
 # The benchmark
 
 def bench(run) -> None:
-    """Forward + backward from activations over :func:`grids`' points: torch's two paths and the steps, step 4's
-    grain sweep, the stress set against float64, and per-kernel device times."""
+    """Forward + backward over :func:`grids`' points: torch and the steps, step 4's grain sweep, the stress set
+    against float64, and per-kernel device times."""
     from studylog.ctc import CHAPTER
 
     started = time.perf_counter()
-    device = torch.device(BENCH_DEVICE)
+    device = torch.device("cuda")
     grid = grids(run.quick)
     generator = torch.Generator().manual_seed(BENCH_SEED)
     T, final = BENCH_T, CHAPTER.final
@@ -346,7 +328,7 @@ def bench(run) -> None:
             if s.number > 6 or (A, N) in grid["lesson"]:
                 _time_step(run, s.number, x, batch, ref, params, floor_ms=floor,
                            extra=recursion_shape(s.number, batch.max_positions) if s.number >= 7 else None)
-        _time_entry(run, x, batch, ref, params, floor)
+        _time_step(run, final_step(T, N, A), x, batch, ref, params, floor_ms=floor, entry=True)
         _plan_host(run, final.number, x, lists, params)
         del x, ref, batch
         torch.cuda.empty_cache()
@@ -410,16 +392,15 @@ def bench(run) -> None:
 
 
 def recursion_shape(step: int, max_positions: int) -> dict:
-    """What a row of step ``step`` (7 to 14) records of its recursion's launch: the longest extended target, the
-    positions per lane (per thread for steps 7, 8 and 14) and the threads of one direction (steps 7 and 8: step 5's
-    block, as ``threads``; step 14: its ``warps``)."""
+    """What a row of step ``step`` (7 to 14) records of its recursion's launch: positions, per lane (or thread),
+    and the ``threads`` (7, 8) or ``warps`` (14) of a direction."""
     v, threads = launch_shape(step, max_positions)
     block = {"threads": threads} if step in (7, 8) else {"warps": threads // 32} if step == 14 else {}
     return {"max_positions": max_positions, "positions_per_lane": v, **block}
 
 
 def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:
-    """Host time per call of the step through a :class:`CTCPlan` (what a graph-less loop pays per call)."""
+    """Host time per call of the step through a :class:`CTCPlan`."""
     from studylog.ctc.plan import CTCPlan
 
     T, N, A = x.shape
@@ -431,8 +412,8 @@ def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:
 
 
 def _stress_case(run, name: str, x: Tensor, lists) -> None:
-    """Steps 5 to 14 on one input of the stress set, then torch's calls and steps 6 and 14 on the utterances
-    torch's cuDNN path takes, each counted against float64 (:func:`outcomes`)."""
+    """Steps 5 to 14 on one input of the stress set, then torch's calls and steps 6 and 14 on the utterances its
+    cuDNN path takes, each counted against float64 (:func:`outcomes`)."""
     from studylog.ctc import CHAPTER
 
     T, N, A = x.shape
