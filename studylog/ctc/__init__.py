@@ -1,16 +1,10 @@
 """Chapter 4: CTC loss and its gradient with respect to the activations, in CUDA C++.
 
-Activations (pre-softmax logits) ``(T, N, A)``, one target label sequence per utterance, input and target lengths,
-blank = 0; out come ``loss[N]`` and the gradient of ``loss.sum()`` with respect to the activations (softmax
-included). Fourteen steps ``stepNN_<slug>`` with the same arguments: steps 1 to 6 (``warpctc``) follow warp-ctc's
-design, step 6 being the probability-space counterexample; steps 7 to 14 (``fused``) make the gradient a pass of its
-own, then stop writing the softmax (8), run the recursion on warps (9, 14), its two directions side by side (10),
-and tune the warp's frame update (11, 12) and the passes (13). :func:`ctc_loss` runs step 12 or 14, as
-``fused.final_step`` picks.
-
-Every log-space step renormalises its rows by their maximum at every frame and divides each frame's posterior by
-its own sum: plain float32 log space loses about 1e-4 of relative accuracy in the gradient at T = 150, the whole
-error budget.
+Activations ``(T, N, A)``, one target per utterance, input and target lengths, blank = 0; out come ``loss[N]`` and
+the gradient of ``loss.sum()`` (softmax included). Steps 1 to 6 (``warpctc``) follow warp-ctc's design, step 6 being
+the probability-space counterexample; steps 7 to 14 (``fused``) make the gradient a pass of its own and move the
+recursion onto warps. :func:`ctc_loss` runs step 12 or 14, as ``fused.final_step`` picks. Every log-space step
+renormalises its rows by their maximum every frame: plain float32 log space loses the whole error budget at T = 150.
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ from studylog.ctc import fused, warpctc
 
 def compile_step(step: int, *, grains: Sequence[int] = (), layouts: Sequence[bool] = (False,),
                  recursions: Sequence[str | None] = (None,), arch: str = cuda.DEFAULT_ARCH) -> cuda.CompiledSource:
-    """NVRTC output (PTX, cubin, ptxas report) of the ``.cu`` file that holds step ``step``'s own kernels, with the
-    requested ``grains`` of steps 4 to 14 (``layouts`` of steps 4 to 6, ``recursions`` of steps 12 and 13). Step 12's
-    own code is step 11's file with another template flag; step 13's file holds its two passes."""
+    """NVRTC output of the ``.cu`` file of step ``step``'s own kernels at ``grains`` (steps 4 to 14), ``layouts``
+    (4 to 6) and ``recursions`` (12 and 13)."""
     if step in (1, 2, 3):  # steps 2 and 3: both instances of the file's templates
         names = [n for s in ((2, 3) if step > 1 else (1,)) for n in warpctc.kernel_names(s) if "<" in n]
         return cuda.compile_source(warpctc.SOURCES[step], arch=arch, name_expressions=names)

@@ -1,5 +1,4 @@
-"""What every step's launcher shares: the compiled kernels, the scratch memory of a call, and the checks a call
-makes before any launch."""
+"""What every step's launcher shares: the compiled kernels, a call's scratch memory and its checks."""
 
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ def workspace_bytes(parts: Sequence[int]) -> int:
 
 def workspace_addresses(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None = None
                         ) -> tuple[Tensor, list[int]]:
-    """Scratch memory as the device addresses of 256-byte aligned segments of ``nbytes`` bytes (tensor views
-    cost microseconds of Python per call) in one new allocation, or in the caller's preallocated ``buffer``
-    (checked). The caller keeps the returned buffer alive until the launches are queued."""
+    """The addresses of 256-byte aligned segments of ``nbytes`` (views would cost microseconds a call) in a new
+    allocation or the caller's ``buffer``, which the caller keeps alive until the launches are queued."""
     total, sizes = workspace_bytes(nbytes), [-(-size // 256) * 256 for size in nbytes]
     if buffer is None:
         buffer = torch.empty((total,), dtype=torch.uint8, device=device)
@@ -54,8 +52,7 @@ def output(out: Tensor | None, name: str, shape: tuple[int, ...], like: Tensor) 
 
 def prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad
                  ) -> tuple[CTCTargets, Tensor, Tensor]:
-    """Every step's checks, before any launch: the prepared targets (raw targets and their lengths are validated
-    and prepared now) and the output buffers (the caller's, checked, or new ones)."""
+    """Every step's checks, before any launch: the prepared targets and the output buffers (checked, or new)."""
     if isinstance(targets, CTCTargets):
         if input_lengths is not None or target_lengths is not None:
             raise ValueError("pass either prepared targets or targets with their lengths, not both")

@@ -1,9 +1,5 @@
-"""Chapter 4's entry point as a differentiable PyTorch operator: ``torch.ops.studylog.ctc_loss``.
-
-It returns the loss and the gradient of its sum from step 14's kernels; its backward scales that gradient by each
-utterance's incoming gradient, so nothing is computed twice. The targets are the packed int32 tensors
-(:func:`target_tensors`), so a call reads nothing back to the host. On CPU tensors it runs the float64 reference.
-"""
+"""Chapter 4's entry point as a differentiable PyTorch operator, ``torch.ops.studylog.ctc_loss``: step 14's loss and
+gradient, which its backward scales by each utterance's incoming gradient; on CPU tensors, the float64 reference."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """torch's two CTC paths as the benchmark runs them: which one a call takes, the calls, and whether a CUDA graph
-can capture each.
-
-``F.ctc_loss`` takes cuDNN's CTC (ATen's ``_use_cudnn_ctc_loss``) for float32 GPU log-probabilities, blank 0, int32
-1-D targets **on the CPU**, every input length T and every target shorter than 256 labels and its input; otherwise
-its native kernels. ``torch._cudnn_ctc_loss`` with int32 *device* targets and lengths reads everything from the
-device and takes the activations themselves: the same contract as :func:`studylog.ctc.ctc_loss`, and the candidate
-for a graph.
+can capture each. ``F.ctc_loss`` takes cuDNN's path only for int32 1-D targets **on the CPU** (and the length rules of
+:func:`cudnn_eligible`); ``torch._cudnn_ctc_loss`` with int32 *device* targets takes our contract, graph-safe.
 """
 
 from __future__ import annotations
@@ -37,15 +32,14 @@ TORCH_SERIES = {
 
 def cudnn_eligible(input_lengths: Sequence[int], target_lengths: Sequence[int], max_time: int) -> np.ndarray:
     """Per utterance: does it meet the length conditions of torch's cuDNN path (input length = T, fewer than
-    256 labels, no more labels than frames)? A batch takes the path only if all of them do."""
+    256 labels, no more labels than frames)? A batch takes the path only if all do."""
     inputs, lengths = np.asarray(input_lengths, np.int64), np.asarray(target_lengths, np.int64)
     return (inputs == max_time) & (lengths < CUDNN_TARGET_LIMIT) & (lengths <= inputs)
 
 
 def takes_cudnn_path(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, *, blank: int = BLANK,
                      cudnn_enabled: bool | None = None) -> bool:
-    """A model of ATen's rule (``_use_cudnn_ctc_loss``) for ``F.ctc_loss`` with lengths as sequences, that runs
-    anywhere (the benchmark checks it against ATen's on a GPU)."""
+    """A model of ATen's ``_use_cudnn_ctc_loss`` for ``F.ctc_loss`` that runs anywhere (the benchmark checks it)."""
     enabled = torch.backends.cudnn.enabled if cudnn_enabled is None else cudnn_enabled
     if not (enabled and blank == 0 and log_probs.device.type == "cuda" and log_probs.dtype == torch.float32
             and log_probs.ndim == 3 and targets.ndim == 1 and targets.dtype == torch.int32
@@ -70,8 +64,7 @@ def padded(lists: Sequence[np.ndarray], dtype=torch.int64) -> Tensor:
 
 
 def cudnn_direct(x: Tensor, lists: Sequence[np.ndarray]) -> Callable[[], tuple[Tensor, Tensor]]:
-    """``torch._cudnn_ctc_loss`` on the activations ``x`` (T, N, A), targets and lengths as int32 device tensors:
-    loss (N,) and gradient w.r.t. ``x``. Every input length is T (cuDNN's condition)."""
+    """``torch._cudnn_ctc_loss`` on the activations ``x``, int32 device targets and lengths, every input length T."""
     T, N, _ = x.shape
     targets = concatenated(lists).to(x.device)
     inputs = torch.full((N,), T, dtype=torch.int32, device=x.device)
@@ -81,9 +74,8 @@ def cudnn_direct(x: Tensor, lists: Sequence[np.ndarray]) -> Callable[[], tuple[T
 
 def functional(x: Tensor, lists: Sequence[np.ndarray], path: str, *, reduction: str = "sum"
                ) -> Callable[[], tuple[Tensor, Tensor]]:
-    """``F.ctc_loss(log_softmax(x))`` and autograd's gradient w.r.t. ``x``, on torch's ``"cudnn"`` path (int32
-    concatenated CPU targets) or its ``"native"`` one (int64 padded GPU targets); lengths as tuples. Returns
-    (loss, grad): the loss per utterance with ``reduction="none"``, else its sum."""
+    """``F.ctc_loss(log_softmax(x))`` and autograd's gradient w.r.t. ``x`` on torch's ``"cudnn"`` path (int32 CPU
+    targets) or ``"native"`` one (int64 GPU targets), lengths as tuples."""
     T, N, _ = x.shape
     targets = concatenated(lists) if path == "cudnn" else padded(lists).to(x.device)
     inputs, lengths = (T,) * N, tuple(len(l) for l in lists)
@@ -98,8 +90,8 @@ def functional(x: Tensor, lists: Sequence[np.ndarray], path: str, *, reduction: 
 
 
 def device_work(fn: Callable[[], object], calls: int = 1) -> dict[str, float]:
-    """Device time per call (µs, torch.profiler, no L2 flush) of every kernel or copy ``fn`` runs, by the
-    profiler's name: work on the device only (an API call such as cudaLaunchKernel may carry its kernel's time)."""
+    """Device time per call (µs, torch.profiler, no L2 flush) of every kernel or copy ``fn`` runs, by name (API
+    calls such as cudaLaunchKernel left out)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -159,8 +151,8 @@ print(json.dumps(out))
 
 
 def capturable(timeout: float = 180.0) -> dict[str, tuple[bool, str]]:
-    """For each series of :data:`TORCH_SERIES`: (captured and replayed correctly, why not). Runs
-    :data:`PROBE` in a fresh Python process; a probe that fails as a whole marks every series not capturable."""
+    """For each series of :data:`TORCH_SERIES`: (captured and replayed correctly, why not), by :data:`PROBE` in a
+    fresh process; a probe that fails as a whole marks every series not capturable."""
     try:
         from studylog.paths import REPO_ROOT
 

@@ -1,9 +1,5 @@
-"""A CTC loss call for one shape, built once and replayable in a CUDA graph.
-
-A graph bakes in the addresses and launch shapes it captured, and a call's shapes follow its batch (the longest
-target sets the rows' stride, the positions per lane, the workspace). A :class:`CTCPlan` fixes them for the largest
-batch it will see, in buffers allocated once that :meth:`CTCPlan.set_targets` refills between replays.
-"""
+"""A CTC loss call for one shape, built once and replayable in a CUDA graph: a graph bakes in the addresses and launch
+shapes it captured, so a :class:`CTCPlan` fixes them for the largest batch it will see, in buffers allocated once."""
 
 from __future__ import annotations
 
@@ -25,10 +21,8 @@ class CTCPlan:
         activations.copy_(new_activations)                         # the buffer the graph captured
         graph.replay()                                             # or plan(activations), eagerly
 
-    A call only launches the kernels (no synchronisation, no allocation) into ``plan.loss`` and ``plan.grad``;
-    ``plan.estimate`` receives step 6's underflow estimate (:meth:`untrusted`). Kernels run with the plan's
-    capacity, so rows may be wider than :func:`ctc_loss`'s for the same batch; the answers are the same. ``how``:
-    the step's options (``grain``, ``blocked``, ``recursion``), fixed for the plan.
+    A call only launches the kernels into ``plan.loss`` and ``plan.grad`` (step 6: ``plan.estimate``, see
+    :meth:`untrusted`), at the plan's capacity. ``how``: the step's options, fixed for the plan.
     """
 
     def __init__(self, max_time: int, batch_size: int, num_classes: int, max_target_length: int, *,
@@ -107,8 +101,8 @@ class CTCPlan:
         return targets_view(self._packed, A, T, inputs, lengths, lists, self.label_stride, self.slot_stride)
 
     def set_targets(self, targets: Tensor, input_lengths, target_lengths) -> CTCTargets:
-        """Validate a batch's targets and lengths (as :func:`prepare_targets` takes them) and write them into the
-        plan's buffers in stream order. Host work, never inside a capture; raises if the batch needs more room."""
+        """Validate a batch's targets and lengths (as :func:`prepare_targets`) into the plan's buffers in stream
+        order; host work, never inside a capture."""
         T, N, A = self.shape
         inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)
         if lengths.size and int(lengths.max()) > self.label_stride:
@@ -132,8 +126,7 @@ class CTCPlan:
                           self.how.get("recursion"), self.how.get("grain"), self.workspace)
 
     def __call__(self, activations: Tensor) -> tuple[Tensor, Tensor]:
-        """Loss and gradient of the targets last set, for ``activations`` of the plan's shape and device (queued,
-        graph-safe)."""
+        """Loss and gradient of the targets last set, for ``activations`` of the plan's shape (graph-safe)."""
         if (not isinstance(activations, Tensor) or activations.shape != self.shape
                 or activations.dtype != torch.float32 or not activations.is_contiguous()):
             raise ValueError(f"activations must be contiguous float32 of shape {self.shape} (the plan's); got "

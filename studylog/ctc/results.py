@@ -1,5 +1,4 @@
-"""Chapter 4's headline from a results file, the clock of a series, and the series that times what the entry point
-runs at a case; a file that predates a series gives the rows it can."""
+"""Chapter 4's headline from a results file, and the series that times what the entry point runs at a case."""
 
 from __future__ import annotations
 
@@ -8,10 +7,8 @@ from studylog.ctc.report import BENCH_A, BENCH_T
 
 
 def entry_series(*, T: int, N: int, A: int, entry_timed: bool) -> str:
-    """The series of a results file that times what :func:`~studylog.ctc.ctc_loss` runs on activations of shape
-    ``(T, N, A)``: ``"ctc_loss"`` where the file times the entry point itself (``entry_timed``), else ``"stepNN"``,
-    the step the entry point dispatches to there (:func:`~studylog.ctc.fused.final_step`). Every reader of a results
-    file asks this, so that each card times the same kernel at the same case."""
+    """The series that times what :func:`~studylog.ctc.ctc_loss` runs on ``(T, N, A)``: ``"ctc_loss"`` where the
+    file times the entry point itself (``entry_timed``), else the step :func:`~studylog.ctc.fused.final_step` picks."""
     for name, value in (("T", T), ("N", N), ("A", A)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -25,9 +22,8 @@ def clock_of(results, series: str) -> str:
 
 
 def headline(results) -> list[dict]:
-    """The headline rows: the entry point (in a file from before it, the step its rule picks at each case, else the
-    last step measured) against ``torch-best`` on the same clock, at the smallest speedup over N for each alphabet
-    and at the largest batch of the large alphabet."""
+    """The entry point (in an older file, the step its rule picks, else the last step measured) against
+    ``torch-best`` on one clock, at each alphabet's smallest speedup over N and the large alphabet's largest batch."""
     from studylog.ctc import CHAPTER
     from studylog.plotting import headline_row
 
@@ -44,7 +40,6 @@ def headline(results) -> list[dict]:
             return []
 
     def kernel_at(A: int, N: int) -> str:
-        """:func:`entry_series` at (A, N) where the file times it there, else the last step measured."""
         if span:
             return kernel
         picked = entry_series(T=BENCH_T, N=N, A=A, entry_timed=entry)

@@ -83,9 +83,8 @@ def validate_lengths(input_lengths, target_lengths, *, batch: int, max_time: int
 
 @dataclass(frozen=True)
 class CTCTargets:
-    """Targets validated and packed for the kernels (:func:`prepare_targets`). ``slot`` arrays list, per utterance,
-    the distinct classes of ``blank + target`` (slot 0: the blank) with the 1-based target positions of slot ``u``
-    in ``slot_members[slot_start[u]:slot_start[u + 1]]``: the gradient adds a repeated class up without atomics."""
+    """Targets validated and packed for the kernels (:func:`prepare_targets`). The ``slot`` arrays list each
+    utterance's distinct classes (slot 0: the blank) and their target positions: the gradient needs no atomics."""
 
     num_classes: int
     max_time: int
@@ -109,7 +108,7 @@ class CTCTargets:
 
     @property
     def max_positions(self) -> int:
-        """``2 L_max + 1`` with the padded ``L_max``: rows of alpha and beta have this many entries."""
+        """``2 L_max + 1``: the entries of a row of alpha and beta."""
         return 2 * self.label_stride + 1
 
     @property
@@ -119,9 +118,8 @@ class CTCTargets:
 
 def prepare_targets(targets: Int[Tensor, "..."], input_lengths, target_lengths, *, num_classes: int, max_time: int,
                     device: torch.device | str | None = None, batch_size: int | None = None) -> CTCTargets:
-    """Validate targets and lengths and pack them (one host-to-device copy) for the kernels. ``targets``:
-    concatenated (1-D) or padded ``(N, S)``, int32 or int64, on any device; labels in ``[1, A)``. Targets too long
-    for their input are allowed (an infinite loss). ``batch_size`` (N) is taken from the lengths when not given."""
+    """Validate targets (concatenated or padded ``(N, S)``, int32 or int64, labels in ``[1, A)``) and lengths and
+    pack them for the kernels in one copy. A target too long for its input is allowed (an infinite loss)."""
     for name, value, low in (("num_classes (A)", num_classes, 2), ("max_time (T)", max_time, 1)):
         if not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -143,8 +141,7 @@ def prepare_targets(targets: Int[Tensor, "..."], input_lengths, target_lengths, 
 def pack(lists: Sequence[np.ndarray], inputs: np.ndarray, lengths: np.ndarray, label_stride: int,
          slot_stride: int) -> list[np.ndarray]:
     """The int32 arrays the kernels read, in the packed buffer's order: padded labels, input and target lengths,
-    the slots (classes, starts, members) and their number. The strides are the buffer's capacity: at least the
-    longest target and its distinct classes plus the blank."""
+    the slots (classes, starts, members) and their number; the strides are the buffer's capacity."""
     batch = len(lists)
     labels_pad = np.zeros((batch, label_stride), np.int32)
     slot_class = np.zeros((batch, slot_stride), np.int32)  # slot 0 = blank = class 0

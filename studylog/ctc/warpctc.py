@@ -1,6 +1,5 @@
-"""Steps 1 to 6 of chapter 4, warp-ctc's design: a softmax kernel, then one block per utterance for the alpha
-matrix and one for beta and the gradient. Steps 4 to 6 are templates on the grain size (positions per thread) and
-the layout of a thread's positions (strided by the block as in warp-ctc, or ``blocked``: consecutive)."""
+"""Steps 1 to 6 of chapter 4, warp-ctc's design: a softmax kernel, then a block per utterance for alpha and one for
+beta and the gradient; steps 4 to 6 are templates on the grain (positions per thread) and its layout."""
 
 from __future__ import annotations
 
@@ -65,13 +64,12 @@ def default_grain(max_positions: int) -> int:
 
 
 def block_threads(max_positions: int, grain: int) -> int:
-    """Threads per utterance for grain size ``grain``: enough to cover every position, in whole warps."""
+    """Threads per utterance for grain size ``grain``: every position covered, in whole warps."""
     return 32 * math.ceil(math.ceil(max_positions / grain) / 32)
 
 
 def scratch_sizes(T: int, N: int, A: int, max_positions: int) -> list[int]:
-    """Bytes of each scratch array of steps 1 to 6: the log-probabilities (T, N, A) (probabilities for step 6), the
-    alpha matrix (N, T, max_positions), both float32, and the float64 log-likelihoods (N,)."""
+    """Bytes of each scratch array of steps 1 to 6: the (log-)probabilities, alpha and the float64 log-likelihoods."""
     return [T * N * A * 4, N * T * max_positions * 4, N * 8]
 
 
@@ -131,22 +129,21 @@ def step01_baseline(
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
     """Step 1, warp-ctc's baseline: CTC loss per utterance and the gradient of its sum w.r.t. the activations.
 
-    ``targets``: a :class:`CTCTargets` (then leave the lengths out), or raw targets and lengths (prepared on every
-    call); ``out_loss`` / ``out_grad``: the caller's output buffers. Every step takes these arguments. With
-    prepared targets a call can be captured in a CUDA graph after one eager call (which compiles the kernels).
+    ``targets``: a :class:`CTCTargets` (then no lengths), or raw targets and lengths; ``out_loss`` / ``out_grad``:
+    the caller's buffers. Every step takes these arguments; with prepared targets a call can be graph-captured.
     """
     return _run(1, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
 def step02_restrict(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                     out_loss=None, out_grad=None):
-    """Step 2: step 1's kernels with every pointer ``__restrict__`` (arguments as :func:`step01_baseline`)."""
+    """Step 2: step 1's kernels with every pointer ``__restrict__``."""
     return _run(2, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
 def step03_ldg(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                out_loss=None, out_grad=None):
-    """Step 3: step 2 with read-only loads through ``__ldg`` (arguments as :func:`step01_baseline`)."""
+    """Step 3: step 2 with read-only loads through ``__ldg``."""
     return _run(3, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
@@ -170,11 +167,9 @@ def step06_probability_space(activations, targets, input_lengths=None, target_le
                              out_grad=None, out_estimate: Float[Tensor, " n"] | None = None, warn: bool = True):
     """Step 6: step 5 in probability space, rescaled every frame (Graves): the lesson's counterexample.
 
-    Rescaling keeps each row's sum in range, not the spread within it, so an answer may be silently wrong. The
-    kernels also estimate, per utterance, the relative error of P that underflow may have caused, into
-    ``out_estimate`` (float32, ``(N,)``) when given. With ``warn`` the call waits for the GPU and issues an
-    :class:`UnderflowWarning` naming the utterances it cannot trust; ``warn=False`` only queues the kernels
-    (graph-safe: judge the answers with :func:`untrusted_answers`).
+    Rescaling keeps a row's sum in range, not the spread within it, so an answer may be silently wrong. The kernels
+    estimate each utterance's underflow error (into ``out_estimate``); with ``warn`` the call waits for the GPU and
+    warns (:class:`UnderflowWarning`) of the answers it cannot trust, else judge them with :func:`untrusted_answers`.
     """
     grain = check_grain(grain)
     if out_estimate is not None:
