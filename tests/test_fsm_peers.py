@@ -61,8 +61,7 @@ def _regex(docs) -> str:
 def _entry(name):
     docs = LANGUAGES[name]
     cycle = itertools.cycle(docs)
-    return schemas.SuiteEntry(name, "regex", "brute-force case", pattern=_regex(docs),
-                              sampler=lambda _rng, _ws: next(cycle))
+    return schemas.SuiteEntry(name, "regex", pattern=_regex(docs), sampler=lambda _rng, _ws: next(cycle))
 
 
 class BruteForce:

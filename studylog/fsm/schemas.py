@@ -127,14 +127,12 @@ class SuiteEntry:
 
     name: str
     kind: Literal["json", "regex"]
-    what: str
     schema: Optional[dict] = None
     pattern: Optional[str] = None
     sampler: Optional[Callable[[random.Random, str], str]] = field(default=None, repr=False)
 
     def regex(self, whitespace: str = "default", *, ascii_digits: bool = True) -> str:
-        """The regex outlines builds for this entry; ``ascii_digits`` writes ``\\d`` as ``[0-9]``
-        (:func:`~studylog.fsm.automaton.ascii_digit_classes`)."""
+        """The regex outlines builds for this entry; ``ascii_digits`` writes ``\\d`` as ``[0-9]``."""
         from studylog.fsm.automaton import ascii_digit_classes, regex_from_schema
 
         if self.kind == "regex":
@@ -148,15 +146,6 @@ class SuiteEntry:
         return json.dumps(obj, separators=SEPARATORS[whitespace], ensure_ascii=True)
 
 
-def _resolve(node: dict, root: dict) -> dict:
-    while "$ref" in node:
-        ref = node["$ref"]
-        if not ref.startswith("#/$defs/"):
-            raise ValueError(f"sampler only follows local $defs references, got {ref!r}")
-        node = root["$defs"][ref.split("/")[-1]]
-    return node
-
-
 def _random_date(rng: random.Random) -> str:
     return (dt.date(2020, 1, 1) + dt.timedelta(days=rng.randrange(3000))).isoformat()
 
@@ -165,7 +154,11 @@ def sample_instance(schema: dict, rng: random.Random, root: Optional[dict] = Non
     """A random instance of the subset of JSON schema the suite uses (objects with every property
     present in schema order, arrays, enums, consts, anyOf, dates/times, strings with examples, numbers, booleans)."""
     root = root if root is not None else schema
-    node = _resolve(schema, root)
+    node = schema
+    while "$ref" in node:
+        if not node["$ref"].startswith("#/$defs/"):
+            raise ValueError(f"sampler only follows local $defs references, got {node['$ref']!r}")
+        node = root["$defs"][node["$ref"].split("/")[-1]]
     if "const" in node:
         return node["const"]
     if "enum" in node:
@@ -199,28 +192,6 @@ def sample_instance(schema: dict, rng: random.Random, root: Optional[dict] = Non
     raise ValueError(f"the suite's sampler does not handle this schema node: {node}")
 
 
-def _sample_ipv4(rng: random.Random, _ws: str) -> str:
-    return ".".join(str(rng.choice([rng.randrange(256), rng.randrange(10), 192, 10])) for _ in range(4))
-
-
-def _sample_phone(rng: random.Random, _ws: str) -> str:
-    return f"({rng.randrange(200, 999)}) {rng.randrange(200, 999)}-{rng.randrange(10000):04d}"
-
-
-def _sample_datetime(rng: random.Random, _ws: str) -> str:
-    return f"{_random_date(rng)} {rng.randrange(24):02d}:{rng.randrange(60):02d}:{rng.randrange(60):02d}"
-
-
-def _sample_sql(rng: random.Random, _ws: str) -> str:
-    column = rng.choice(["name", "email", "age", "city"])
-    key = rng.choice(["id", "age"])
-    return f"SELECT {column} FROM users WHERE {key} = {rng.randrange(1, 5000)};"
-
-
-def _sample_classifier(rng: random.Random, _ws: str) -> str:
-    return json.dumps(rng.choice(["true", "false", "NA"]))
-
-
 def _regex_entries() -> list[SuiteEntry]:
     from outlines.types import dsl
     import outlines.types as ot
@@ -228,32 +199,28 @@ def _regex_entries() -> list[SuiteEntry]:
     sql = ("SELECT " + dsl.either("name", "email", "age", "city") + " FROM users WHERE "
            + dsl.either("id", "age") + " = " + dsl.Regex("[1-9][0-9]{0,3}") + ";")
     return [
-        SuiteEntry("ipv4", "regex", "IPv4 address (outlines.types.ipv4)", pattern=dsl.to_regex(ot.ipv4),
-                   sampler=_sample_ipv4),
-        SuiteEntry("datetime", "regex", "date and time (outlines.types.datetime)", pattern=dsl.to_regex(ot.datetime),
-                   sampler=_sample_datetime),
-        SuiteEntry("us_phone", "regex", "US phone number",
-                   pattern=dsl.to_regex(dsl.Regex(r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}")), sampler=_sample_phone),
-        SuiteEntry("sql_query", "regex", "templated SQL query (outlines DSL)", pattern=dsl.to_regex(sql),
-                   sampler=_sample_sql),
+        SuiteEntry("ipv4", "regex", pattern=dsl.to_regex(ot.ipv4), sampler=lambda rng, _ws: ".".join(
+            str(rng.choice([rng.randrange(256), rng.randrange(10), 192, 10])) for _ in range(4))),
+        SuiteEntry("datetime", "regex", pattern=dsl.to_regex(ot.datetime), sampler=lambda rng, _ws: (
+            f"{_random_date(rng)} {rng.randrange(24):02d}:{rng.randrange(60):02d}:{rng.randrange(60):02d}")),
+        SuiteEntry("us_phone", "regex", pattern=dsl.to_regex(dsl.Regex(r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}")),
+                   sampler=lambda rng, _ws: f"({rng.randrange(200, 999)}) {rng.randrange(200, 999)}-"
+                                            f"{rng.randrange(10000):04d}"),
+        SuiteEntry("sql_query", "regex", pattern=dsl.to_regex(sql), sampler=lambda rng, _ws: (
+            f"SELECT {rng.choice(['name', 'email', 'age', 'city'])} FROM users WHERE {rng.choice(['id', 'age'])} = "
+            f"{rng.randrange(1, 5000)};")),
     ]
 
 
 def suite() -> list[SuiteEntry]:
     """The chapter's suite: 9 JSON schemas and 4 regexes."""
-    json_entries = [
-        SuiteEntry("classifier", "json", 'the post\'s enum field: "true", "false" or "NA"',
-                   schema={"type": "string", "enum": ["true", "false", "NA"]}, sampler=_sample_classifier),
-        SuiteEntry("weather_call", "json", "function call with a fixed name", schema=WeatherCall.model_json_schema()),
-        SuiteEntry("tool_call", "json", "choice between two tool calls (anyOf)", schema=ToolCall.model_json_schema()),
-        SuiteEntry("user_profile", "json", "nested object", schema=UserProfile.model_json_schema()),
-        SuiteEntry("ticket_triage", "json", "enums and a boolean", schema=TicketTriage.model_json_schema()),
-        SuiteEntry("shopping_list", "json", "array of objects", schema=ShoppingList.model_json_schema()),
-        SuiteEntry("product", "json", "numbers, integer and boolean", schema=Product.model_json_schema()),
-        SuiteEntry("calendar_event", "json", "date, time, list of strings", schema=CalendarEvent.model_json_schema()),
-        SuiteEntry("article_summary", "json", "mostly free text", schema=ArticleSummary.model_json_schema()),
-    ]
-    return json_entries + _regex_entries()
+    models = {"weather_call": WeatherCall, "tool_call": ToolCall, "user_profile": UserProfile,
+              "ticket_triage": TicketTriage, "shopping_list": ShoppingList, "product": Product,
+              "calendar_event": CalendarEvent, "article_summary": ArticleSummary}
+    classifier = SuiteEntry("classifier", "json", schema={"type": "string", "enum": ["true", "false", "NA"]},
+                            sampler=lambda rng, _ws: json.dumps(rng.choice(["true", "false", "NA"])))
+    return ([classifier] + [SuiteEntry(name, "json", schema=m.model_json_schema()) for name, m in models.items()]
+            + _regex_entries())
 
 
 def entry(name: str) -> SuiteEntry:
