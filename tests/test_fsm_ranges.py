@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field  # noqa: E402
 
 from studylog import fsm  # noqa: E402
 from studylog.fsm.ranges import (SENTINEL_BASE, bound_integers, integer_bounds, integer_range_regex,  # noqa: E402
-                                 regex_with_bounds, replace_sentinels)
+                                 replace_sentinels)
 
 RANGES = [
     (1, 99999), (-40, 125), (0, 0), (-5, -1), (5, 480), (1, 21), (0, 500), (-1000000, 1000000),
@@ -210,7 +210,11 @@ def test_integer_bounds(schema, want):
             assert v.is_valid(n) == (lo <= n <= hi), n
 
 
-# --- bound_integers and regex_with_bounds ---------------------------------------------------------------
+# --- bound_integers and the regex with bounds ------------------------------------------------------------
+
+def regex_with_bounds(schema, whitespace_pattern=None):
+    return fsm.regex_from_schema(schema, whitespace_pattern, integer_bounds=True)
+
 
 class Dice(BaseModel):
     kind: Literal["dice"]

@@ -93,10 +93,11 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
     except jsonschema.SchemaError as exc:
         raise ValueError(f"invalid JSON schema: {exc.message}") from exc
     try:
-        if integer_bounds:
-            from studylog.fsm.ranges import regex_with_bounds
+        if integer_bounds:  # bounded integers become sentinel consts, then their range regexes
+            from studylog.fsm.ranges import bound_integers, replace_sentinels
 
-            regex = regex_with_bounds(parsed, whitespace_pattern, ascii_digits=False)
+            parsed, mapping = bound_integers(parsed)
+            regex = replace_sentinels(build_regex_from_schema(json.dumps(parsed), whitespace_pattern), mapping)
         else:
             regex = build_regex_from_schema(text, whitespace_pattern)
     except (ValueError, TypeError) as exc:

@@ -1,7 +1,7 @@
 """Integer bounds in JSON-schema regexes, which outlines-core ignores (for ``{"maximum": 9}`` a model may write
-``10``). :func:`regex_with_bounds` puts them back: :func:`bound_integers` replaces every bounded integer subschema
-by ``{"const": S}`` (``S`` a unique sentinel), outlines-core builds the regex, and :func:`replace_sentinels` swaps
-each sentinel's digits for :func:`integer_range_regex` of its range."""
+``10``). ``regex_from_schema(..., integer_bounds=True)`` puts them back: :func:`bound_integers` replaces every
+bounded integer subschema by ``{"const": S}`` (``S`` a unique sentinel), outlines-core builds the regex, and
+:func:`replace_sentinels` swaps each sentinel's digits for :func:`integer_range_regex` of its range."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ import math
 import numbers
 import re
 from typing import Any, Optional
-
-__all__ = ["integer_range_regex", "integer_bounds", "bound_integers", "replace_sentinels", "regex_with_bounds",
-           "SENTINEL_BASE"]
 
 #: The first sentinel: sixteen digits (below 2**53, so every JSON library keeps it exact) unlikely elsewhere.
 SENTINEL_BASE = 7_361_000_000_000_000
@@ -44,8 +41,8 @@ def _group(alts: list[str]) -> str:
 
 
 def _same_length(x: str, y: str) -> list[str]:
-    """Alternatives matching exactly the digit strings from ``x`` to ``y`` (same length, ``x <= y``; leading
-    zeros allowed: these are the tails of longer numbers). Every alternative has the length of ``x``."""
+    """Alternatives matching exactly the digit strings from ``x`` to ``y`` (same length, ``x <= y``, leading zeros
+    allowed: the tails of longer numbers)."""
     if x == y:
         return [x]
     i = next(i for i, (cx, cy) in enumerate(zip(x, y)) if cx != cy)
@@ -60,13 +57,13 @@ def _same_length(x: str, y: str) -> list[str]:
         out.append(_cls(mid_a, mid_b) + _any_digits(k, k))
     if not high_full:  # b followed by 00..0..ys
         out.append(str(b) + _group(_same_length("0" * k, ys)))
-    out.reverse()  # higher numbers first (all the same length: the order only reads better)
+    out.reverse()  # higher numbers first: it only reads better
     return [prefix + _group(out)] if prefix else out
 
 
 def _natural_alternatives(a: int, b: Optional[int]) -> list[tuple[float, str]]:
-    """``(longest match, regex)`` alternatives for the integers in ``[a, b]`` (``0 <= a``; ``b`` None: no upper bound)
-    without leading zeros; lengths whose every number is in range merge into ``[1-9][0-9]{m,n}`` (open: ``{m,}``)."""
+    """``(longest match, regex)`` alternatives for the integers in ``[a, b]`` (``0 <= a``, ``b`` None: open), no
+    leading zeros; consecutive lengths wholly in range merge into ``[1-9][0-9]{m,n}`` (open: ``{m,}``)."""
     la = len(str(a))
     lb = len(str(b)) if b is not None else la
     groups: list[tuple[int, object]] = []  # (length, "full" or [alternatives])
@@ -129,8 +126,8 @@ def _number(value: Any, where: str, key: str):
 
 
 def integer_bounds(schema: dict, where: str = "#") -> tuple[Optional[int], Optional[int]]:
-    """The integers ``[lo, hi]`` a subschema's bounds allow (None: open), non-integer bounds rounded inward
-    (``minimum: 1.5`` is 2, ``exclusiveMinimum: 1`` is 2); draft 4's boolean exclusive forms are honoured."""
+    """The integers ``[lo, hi]`` a subschema's bounds allow (None: open), rounded inward (``minimum: 1.5`` and
+    ``exclusiveMinimum: 1`` are 2); draft 4's boolean exclusive forms are honoured."""
     lows, highs = [], []
     excl_min, excl_max = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
     if "minimum" in schema:
@@ -166,10 +163,9 @@ def _resolve_pointer(root: Any, ref: str) -> Optional[Any]:
 
 
 def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
-    """A copy of ``schema`` with every bounded integer subschema replaced by ``{"const": S}``, and the map
-    ``{str(S): "(?:range regex)"}`` (other keywords of a rewritten subschema are dropped). Only the subschemas
-    outlines-core writes are visited, in its dispatch order; a ``type`` list holding ``"integer"`` becomes
-    ``{"anyOf": [{"const": S}, <the other types>]}``."""
+    """A copy of ``schema`` with every bounded integer subschema that outlines-core writes replaced by ``{"const":
+    S}`` (with the other types of a ``type`` list: ``{"anyOf": [{"const": S}, <the others>]}``), and the map
+    ``{str(S): "(?:range regex)"}``."""
     if not isinstance(schema, dict):
         raise TypeError(f"schema must be a dict, got {type(schema).__name__}")
     root, text, base = copy.deepcopy(schema), json.dumps(schema), SENTINEL_BASE
@@ -236,8 +232,8 @@ def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
 
 
 def replace_sentinels(regex: str, mapping: dict[str, str]) -> str:
-    """``regex`` with each sentinel's digits replaced by its range regex; a sentinel that does not occur, or occurs
-    inside a longer literal, raises ValueError (never missed silently)."""
+    """``regex`` with each sentinel's digits replaced by its range regex; a sentinel missing or inside a longer
+    literal raises ValueError (never missed silently)."""
     for digits, replacement in mapping.items():
         if not digits.isdigit():
             raise ValueError(f"sentinel {digits!r} is not a string of digits")
@@ -256,18 +252,3 @@ def replace_sentinels(regex: str, mapping: dict[str, str]) -> str:
         raise ValueError(f"sentinels {left} remain in the regex after replacement")
     return regex
 
-
-def regex_with_bounds(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True) -> str:
-    """outlines-core's regex for ``schema`` with integer bounds kept; arguments as in
-    :func:`~studylog.fsm.automaton.regex_from_schema`."""
-    from outlines_core.json_schema import build_regex_from_schema
-
-    from studylog.fsm.automaton import ascii_digit_classes, schema_json
-
-    rewritten, mapping = bound_integers(schema_json(schema)[1])
-    try:
-        regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"invalid or unsupported JSON schema: {str(exc).splitlines()[0]}") from exc
-    regex = replace_sentinels(regex, mapping)
-    return ascii_digit_classes(regex) if ascii_digits else regex
