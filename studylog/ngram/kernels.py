@@ -103,12 +103,9 @@ _BOUND_FIELDS = tuple(f.name for f in fields(NgramInputs))
 
 
 class NgramMatcher:
-    """One step bound to its buffers: ``NgramMatcher(step11_skip_refused, inputs, draft_tokens, seq_lens_this_time)``
-    validates once (values too, with ``check_values``), then each call runs the step in place with nothing checked.
-
-    A GPU step's call (:attr:`graph_safe`) neither syncs nor allocates and reads every changing value from the bound
-    tensors: capture it once (:meth:`capture`), then write new values into those tensors (``copy_``, never rebind)
-    before each replay. Shapes and ``config`` are fixed (pad with empty slots, ``seq_lens_decoder == 0``); values
+    """One step bound to its buffers: validated once (values too, with ``check_values``), then each call runs the
+    step in place with nothing checked. A GPU step's call (:attr:`graph_safe`) neither syncs nor allocates: capture
+    it (:meth:`capture`), then ``copy_`` new values into the bound tensors (never rebind) before each replay; values
     outside :func:`~studylog.ngram.formats.validate`'s ranges make the kernels read out of bounds (:meth:`check`).
 
     Options: ``chunk_tiles`` (steps 6, 7, 12) and ``chunk_len`` (steps 8 to 11), the haystack positions a block
@@ -120,13 +117,12 @@ class NgramMatcher:
         if step not in _OPTIONS:
             names = ", ".join(f.__name__ for f in _OPTIONS)
             raise ValueError(f"step must be one of the chapter's step functions ({names}), got {step!r}")
-        name = step.__name__
-        given = {k for k, v in (("chunk_tiles", chunk_tiles), ("chunk_len", chunk_len), ("vec", vec)) if v is not None}
-        if given - set(_OPTIONS[step]):
-            raise ValueError(f"{name} takes no option {sorted(given - set(_OPTIONS[step]))}")
-        for option, value in (("chunk_tiles", chunk_tiles), ("chunk_len", chunk_len)):
-            if value is not None:
-                check_int(option, value, low=1)
+        name, options = step.__name__, {"chunk_tiles": chunk_tiles, "chunk_len": chunk_len, "vec": vec}
+        if extra := sorted(k for k, v in options.items() if v is not None and k not in _OPTIONS[step]):
+            raise ValueError(f"{name} takes no option {extra}")
+        for option in ("chunk_tiles", "chunk_len"):
+            if options[option] is not None:
+                check_int(option, options[option], low=1)
         validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=check_values)
         self.step, self.inputs, self.config = step, inputs, config
         self._bound = {name: getattr(inputs, name) for name in _BOUND_FIELDS}
@@ -168,11 +164,11 @@ class NgramMatcher:
 
     def check(self) -> None:
         """Check the bound tensors' current values (a device sync), and that no field of ``inputs`` was rebound."""
-        if self.graph_safe:
-            if rebound := [name for name in _BOUND_FIELDS if getattr(self.inputs, name) is not self._bound[name]]:
-                raise ValueError(f"inputs.{', inputs.'.join(rebound)} was rebound to another tensor after the matcher "
-                                 "was built, and its kernels still read the old one: write new values in place "
-                                 "(old.copy_(new)), or build a new matcher")
+        rebound = [name for name in _BOUND_FIELDS if getattr(self.inputs, name) is not self._bound[name]]
+        if self.graph_safe and rebound:
+            raise ValueError(f"inputs.{', inputs.'.join(rebound)} was rebound to another tensor after the matcher "
+                             "was built, and its kernels still read the old one: write new values in place "
+                             "(old.copy_(new)), or build a new matcher")
         validate(self.inputs, self.draft_tokens, self.seq_lens_this_time, self.config, check_values=True)
 
     def capture(self) -> torch.cuda.CUDAGraph:
@@ -194,8 +190,7 @@ _OPTIONS: dict[Callable, tuple[str, ...]] = {}
 
 def _step(*options: str) -> Callable:
     """A step function from its kernel launches on an :class:`NgramMatcher` ``m``: ``step(inputs, draft_tokens,
-    seq_lens_this_time, *, config, bound=None, **options)`` drafts in place (``bound``: a matcher of this step on
-    these buffers, nothing checked or allocated; ``options``: among those named here, as the matcher takes them)."""
+    seq_lens_this_time, *, config, bound=None, **options)`` drafts in place (``bound``: a matcher built already)."""
     def wrap(launches: Callable[[NgramMatcher], None]) -> Callable:
         def step(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
                  config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None, **options) -> Drafts:
@@ -214,8 +209,7 @@ def _step(*options: str) -> Callable:
 
 @_step()
 def step01_cpu_path(m: NgramMatcher) -> None:
-    """Step 1, the deployed path: copy to the host, run the serial C loop (``csrc/ngram_cpu_path.c``), copy the
-    drafts back (on CPU tensors: only the loop); not capturable in a CUDA graph."""
+    """Step 1, the deployed path: copy to the host, run the serial C loop, copy the drafts back (not capturable)."""
     m._call()
 
 
@@ -248,8 +242,7 @@ def step05_one_pass(m: NgramMatcher) -> None:
 
 @_step("chunk_tiles")
 def step06_one_pass_split(m: NgramMatcher) -> None:
-    """Step 6: step 5 split over many blocks per slot (:func:`fused_chunk_len`), then step 4's budget scan as a
-    second launch that also resets the keys for the next call."""
+    """Step 6: step 5 split over many blocks per slot, then step 4's budget scan (resetting the keys) apart."""
     _kernel("ngram_one_pass", "ngram_one_pass_split", m.device)(m.grid, (THREADS,), *m.args)
     _kernel("ngram_one_pass", "ngram_budget_scan_reset", m.device)((1,), (SCAN_THREADS,), *m.args)
 
@@ -286,8 +279,7 @@ def step11_skip_refused(m: NgramMatcher) -> None:
 
 @_step("chunk_tiles")
 def step12_early_phase2(m: NgramMatcher) -> None:
-    """Step 12: step 6 with phase 2 launched early (a programmatic dependent launch): its block starts once every
-    search block has, and waits for the search to finish, so the gap between the two launches goes."""
+    """Step 12: step 6 with phase 2 launched early (a programmatic dependent launch): the gap between launches goes."""
     _kernel("ngram_one_pass", "ngram_one_pass_split_early", m.device)(m.grid, (THREADS,), *m.args)
     _kernel("ngram_one_pass", "ngram_budget_scan_early", m.device)((1,), (SCAN_THREADS,), *m.args, early=True)
 
@@ -296,12 +288,10 @@ def step12_early_phase2(m: NgramMatcher) -> None:
 STREAM_STEPS = (step08_stream, step09_wide_loads, step10_evict_first, step11_skip_refused)
 
 
-#: The rule of :func:`final_step` (GPU clock: a decoding loop captures the call): at least STREAM_MIN_TOKENS prompt
-#: positions (slots × width) in rows at least STREAM_MIN_WIDTH wide, under a budget that can refuse slots, run step
-#: 11 (fewer, larger barrier-free blocks pay once there is that much to stream, and refused slots skip their
-#: search); all else runs step 12 (step 7's fused phase 2 costs the search kernel registers and runs on THREADS
-#: threads, not SCAN_THREADS). The thresholds must keep the entry point within the spread of the fastest of steps
-#: 6 to 12 at every case of the committed benchmark.
+#: The rule of :func:`final_step` (GPU clock): at least STREAM_MIN_TOKENS prompt positions (slots × width) in rows
+#: at least STREAM_MIN_WIDTH wide, under a budget that can refuse slots, run step 11 (barrier-free blocks pay once
+#: there is that much to stream, and refused slots skip their search); all else runs step 12. The thresholds must
+#: keep the entry point within the spread of the fastest of steps 6 to 12 at every case of the committed benchmark.
 STREAM_MIN_WIDTH = 32_768
 STREAM_MIN_TOKENS = 1 << 22
 
