@@ -1,10 +1,8 @@
 """Chapter 3: n-gram matching for speculative decoding, from a CPU loop to one GPU launch.
 
-Every decoding step, each active slot of a batch looks up its last ``n`` generated tokens in its prompt, then in
-its earlier generated tokens, and proposes the tokens that followed the leftmost earlier occurrence as drafts,
-under a batch-wide token budget. :func:`reference_ngram_match` is the specification, which every step reproduces
-bit for bit: step 1 is the deployed CPU path (C), steps 2 to 12 CUDA C++ kernels in ``csrc/``. :func:`ngram_match`
-is the chapter's result under the operator's name; :class:`NgramMatcher` binds a step to one batch's buffers."""
+Each active slot looks up its last ``n`` generated tokens in its prompt, then in its earlier generated tokens, and
+drafts what followed the leftmost earlier occurrence, under a batch-wide token budget. Every step reproduces
+:func:`reference_ngram_match` bit for bit: step 1 is the deployed CPU path (C), steps 2 to 12 CUDA C++ kernels."""
 
 from __future__ import annotations
 
@@ -63,15 +61,10 @@ CHAPTER = Chapter(
 )
 
 __all__ = [
-    "CHAPTER", "ops",
-    # the steps, the chapter's result under the operator's name, and a step bound to one batch's buffers
-    "step01_cpu_path", "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass",
-    "step06_one_pass_split", "step07_one_pass_fused", "step08_stream", "step09_wide_loads", "step10_evict_first",
-    "step11_skip_refused", "step12_early_phase2", "ngram_match", "NgramMatcher",
-    # formats and the specification
-    "NgramInputs", "NgramConfig", "validate", "same_state", "NGRAM_MAX", "reference_ngram_match",
-    # the models of the GPU algorithms
-    "match_key", "model_one_pass_keys", "model_budget_refused", "SCAN_THREADS",
-    # batches to run on, synthetic and from real documents, at the benchmark's sizes
-    "make_batch", "corpus_batch", "gen_width_for", "NO_BUDGET",
+    "CHAPTER", "ops", "step01_cpu_path", "step02_serial", "step03_two_phase", "step04_two_phase_scan",
+    "step05_one_pass", "step06_one_pass_split", "step07_one_pass_fused", "step08_stream", "step09_wide_loads",
+    "step10_evict_first", "step11_skip_refused", "step12_early_phase2", "ngram_match", "NgramMatcher",
+    "NgramInputs", "NgramConfig", "validate", "same_state", "NGRAM_MAX", "reference_ngram_match", "match_key",
+    "model_one_pass_keys", "model_budget_refused", "SCAN_THREADS", "make_batch", "corpus_batch", "gen_width_for",
+    "NO_BUDGET",
 ]

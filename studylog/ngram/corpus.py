@@ -36,8 +36,7 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
 def docstrings(source: str) -> str:
-    """The docstrings of a module's source (the module's, then its classes' and functions' in source order),
-    joined by a blank line."""
+    """A module's docstrings (its own, then its classes' and functions' in source order), joined by a blank line."""
     tree = ast.parse(source)
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
     nodes = [tree] + sorted(defs, key=lambda n: (n.lineno, n.col_offset))
@@ -48,9 +47,7 @@ def window_starts(stream_len: int, windows: int = WINDOWS, window: int = WINDOW)
     """Evenly spaced starts of ``windows`` windows of ``window`` tokens in a stream, from 0 to its end."""
     if stream_len < window:
         raise ValueError(f"a stream of {stream_len} tokens holds no window of {window}")
-    if windows == 1:
-        return [0]
-    return [i * (stream_len - window) // (windows - 1) for i in range(windows)]
+    return [i * (stream_len - window) // max(windows - 1, 1) for i in range(windows)]
 
 
 def build_corpus() -> dict:
@@ -77,9 +74,7 @@ def build_corpus() -> dict:
             "sha256": digests, "window": WINDOW, "windows": WINDOWS, "stream_tokens": {}, "window_starts": {},
             "how": "python -m studylog.ngram corpus (studylog/ngram/corpus.py)"}
     for kind in KINDS:
-        stream: list[int] = []
-        for doc in docs[kind]:
-            stream += encoding.encode(doc)
+        stream = [token for doc in docs[kind] for token in encoding.encode(doc)]
         starts = window_starts(len(stream))
         out[kind] = np.array([stream[s:s + WINDOW] for s in starts], dtype=np.int32)
         meta["stream_tokens"][kind] = len(stream)
