@@ -18,37 +18,25 @@ from studylog.fsm.vocabulary import TokenVocabulary, byte_vocabulary, load_vocab
 
 
 def ascii_digit_classes(regex: str) -> str:
-    """``regex`` with every ``\\d`` written as ``[0-9]`` (``0-9`` inside a class), every ``\\D`` outside a class
-    as ``[^0-9]``: in outlines-core's syntax ``\\d`` is any Unicode digit, while JSON Schema's ``pattern`` and
-    ``format`` mean ASCII digits. A ``\\D`` inside a class has no flat ASCII spelling and is refused."""
+    """``regex`` with ``\\d`` as ``[0-9]`` (``0-9`` in a class) and ``\\D`` outside a class as ``[^0-9]``: to
+    outlines-core ``\\d`` is any Unicode digit, to JSON Schema an ASCII one. ``\\D`` inside a class is refused."""
     if not isinstance(regex, str):
         raise TypeError(f"regex must be a str, got {type(regex).__name__}")
-    out, i, depth = [], 0, 0  # depth: nesting of character classes (Rust's syntax nests them)
-    while i < len(regex):
-        c = regex[i]
-        if c == "\\" and i + 1 < len(regex):
-            nxt = regex[i + 1]
-            if nxt == "d":
-                out.append("0-9" if depth else "[0-9]")
-            elif nxt == "D":
-                if depth:
-                    raise ValueError(f"regex has \\D inside a character class at position {i}; "
-                                     "ascii_digit_classes cannot rewrite it")
-                out.append("[^0-9]")
-            else:
-                out.append(regex[i:i + 2])
-            i += 2
-            continue
-        if c == "[":
-            head = re.match(r"\[\^?\]?", regex[i:]).group()  # a ']' first in a class is a literal
+    out, depth = [], 0  # depth: nesting of character classes (Rust's syntax nests them)
+    for m in re.finditer(r"\\[\s\S]|\[\^?\]?|[\s\S]", regex):  # an escape, a class's head (a "]" first is literal)
+        tok = m.group()
+        if tok == "\\d":
+            tok = "0-9" if depth else "[0-9]"
+        elif tok == "\\D":
+            if depth:
+                raise ValueError(f"regex has \\D inside a character class at position {m.start()}; "
+                                 "ascii_digit_classes cannot rewrite it")
+            tok = "[^0-9]"
+        elif tok[0] == "[":
             depth += 1
-            out.append(head)
-            i += len(head)
-            continue
-        if c == "]" and depth:
+        elif tok == "]" and depth:
             depth -= 1
-        out.append(c)
-        i += 1
+        out.append(tok)
     return "".join(out)
 
 
@@ -81,9 +69,8 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
                       integer_bounds: bool = False) -> str:
     """The regex outlines builds for a JSON schema (a dict, a JSON string, or a pydantic model class).
 
-    ``whitespace_pattern``: whitespace between JSON tokens (None: outlines' ``[ ]?``; ``""``: none).
-    ``ascii_digits`` applies :func:`ascii_digit_classes` (else ``"206\\U0001E4F2-02-04"``, with a Nag Mundari
-    digit, is a valid date); ``integer_bounds`` keeps integers' bounds (:mod:`studylog.fsm.ranges`)."""
+    ``whitespace_pattern``: between JSON tokens (None: outlines' ``[ ]?``; ``""``: none). ``ascii_digits`` applies
+    :func:`ascii_digit_classes`; ``integer_bounds`` keeps integers' bounds (:mod:`studylog.fsm.ranges`)."""
     import jsonschema
     from outlines_core.json_schema import build_regex_from_schema
 
@@ -142,8 +129,8 @@ class Jump:
 
 
 def forced_chains(step: dict[int, tuple[tuple[int, ...], bytes, int]]) -> dict[int, Jump]:
-    """Collapse forced single steps ``state -> (tokens, bytes, next)`` into maximal jumps, in O(states + total jump
-    length); a jump starting inside another is its tail. A forced cycle (no accepting path) is cut where it closes."""
+    """Forced single steps ``state -> (tokens, bytes, next)`` collapsed into maximal jumps in linear time; a forced
+    cycle (no accepting path) is cut where it closes."""
     jumps: dict[int, Jump] = {}
     for start in step:
         if start in jumps:
@@ -153,10 +140,8 @@ def forced_chains(step: dict[int, tuple[tuple[int, ...], bytes, int]]) -> dict[i
             on_path.add(cur)
             path.append(cur)
             cur = step[cur][2]
-        if cur in jumps:
-            tokens, data, end = jumps[cur].tokens, jumps[cur].data, jumps[cur].end
-        else:
-            tokens, data, end = (), b"", cur
+        tail = jumps.get(cur, Jump((), b"", cur))  # a jump starting inside another is its tail
+        tokens, data, end = tail.tokens, tail.data, tail.end
         for s in reversed(path):
             t, d, _ = step[s]
             tokens, data = t + tokens, d + data
@@ -165,9 +150,8 @@ def forced_chains(step: dict[int, tuple[tuple[int, ...], bytes, int]]) -> dict[i
 
 
 class ConstrainedFSM:
-    """An outlines-core index over a vocabulary, plus the chapter's two jump tables: ``token_jumps`` (step 2: chains
-    of states that allow one token; a final state also allows EOS, so it is never forced) and ``char_jumps`` (step
-    3: chains of forced bytes). ``build_seconds`` times the index, ``precompute_seconds`` what the compressions add."""
+    """An outlines-core index over a vocabulary and the two jump tables: ``token_jumps`` (step 2: states that allow
+    one token; a final state also allows EOS) and ``char_jumps`` (step 3: forced bytes), each timed."""
 
     def __init__(self, regex: str, vocab: TokenVocabulary, name: str = ""):
         if not isinstance(regex, str):
@@ -281,8 +265,7 @@ class ConstrainedFSM:
 
     def matches(self, text: str | bytes) -> bool:
         """True when the automaton accepts ``text`` whole."""
-        s = self.char_walk(text)
-        return s is not None and s in self.char_finals
+        return self.char_walk(text) in self.char_finals
 
     def __repr__(self) -> str:
         return (f"ConstrainedFSM({self.name!r}: {len(self.states)} states, {len(self.token_jumps)} token-forced, "
