@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from studylog.fsm.masks import export_masks
-from studylog.fsm.report import run_suite, savings_table, suite_summary
+from studylog.fsm.report import export_masks, run_suite, savings_table, suite_summary
 from studylog.fsm.vocabulary import load_vocabulary
 
 
@@ -35,9 +34,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         path = export_masks(args.out, n_samples=args.samples, ascii_digits=args.ascii_digits)
         ms = data.load_masks(path)
-        counts = ms.counts()
         print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): {len(ms)} masks over {ms.vocab_size} ids "
-              f"({ms.tokenizer}), allowed tokens from {counts.min()} to {counts.max()}")
+              f"({ms.tokenizer}), allowed tokens from {ms.counts().min()} to {ms.counts().max()}")
         return 0
     results = run_suite(n_samples=args.samples, progress=True)
     print(savings_table(results))

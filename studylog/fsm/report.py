@@ -1,15 +1,23 @@
 """The chapter's measurement (no GPU benchmark): the suite decoded by the writer model in the three modes, forward
-passes counted (``python -m studylog.fsm report`` prints :func:`savings_table`)."""
+passes counted (``python -m studylog.fsm report``), and the states it visits, whose masks are chapter 2's data
+(``python -m studylog.fsm export-masks``)."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional, Sequence
+
+import numpy as np
 
 from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.decoding import MODES, decode, writer_model
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary
+
+#: The committed masks were exported from outlines' regexes (``\\d`` any Unicode digit), and chapter 2's benchmark
+#: read them: the default reproduces that file; ``--ascii-digits`` exports the suite as the chapter compiles it.
+COMMITTED_MASKS_ASCII_DIGITS = False
 
 
 @dataclass
@@ -22,30 +30,22 @@ class EntryResult:
     samples: int
     tokens: int                     # canonical tokens of the samples (EOS not counted)
     passes: dict[str, int]          # forward passes per mode
-    jumped_tokens: dict[str, int]
     retokenized: int                # char mode: emitted tokens replaced by retokenization
-    noncanonical: int               # char mode: samples whose final ids differ from the canonical split
     visited: dict[int, int] = field(default_factory=dict, repr=False)  # state -> allowed tokens (none mode)
 
     @property
     def source(self) -> str:
         return self.name if self.whitespace == "default" else f"{self.name}[{self.whitespace}]"
 
-    def saved(self, mode: str) -> float:
-        """Share of forward passes a mode saves over no compression."""
-        return 1.0 - self.passes[mode] / self.passes["none"]
-
 
 def measure_entry(entry, vocab: TokenVocabulary, whitespace: str = "default", n_samples: int = 8, seed: int = 0,
                   fsm: Optional[ConstrainedFSM] = None, *, ascii_digits: bool = True
                   ) -> tuple[EntryResult, ConstrainedFSM]:
     """Decode ``n_samples`` outputs of an entry by the writer model in each mode (each checked), and count passes."""
-    regex = entry.regex(whitespace, ascii_digits=ascii_digits)
-    fsm = fsm or ConstrainedFSM(regex, vocab, name=entry.name)
+    fsm = fsm or ConstrainedFSM(entry.regex(whitespace, ascii_digits=ascii_digits), vocab, name=entry.name)
     rng = random.Random(f"{seed}/{entry.name}/{whitespace}")
     passes = dict.fromkeys(MODES, 0)
-    jumped = dict.fromkeys(MODES, 0)
-    tokens = retok = noncanonical = 0
+    tokens = retok = 0
     visited: dict[int, int] = {}
     for _ in range(n_samples):
         sample = entry.sample(rng, whitespace)
@@ -56,16 +56,10 @@ def measure_entry(entry, vocab: TokenVocabulary, whitespace: str = "default", n_
             if not out.finished or out.text != sample.encode():
                 raise RuntimeError(f"{entry.name} [{whitespace}] {mode}: wrote {out.text!r}, expected {sample!r}")
             passes[mode] += out.forward_passes
-            jumped[mode] += out.jumped_tokens
+            retok += out.retokenized  # nonzero in char mode alone
             if mode == "none":
-                for s in fsm.walk(out.ids):
-                    visited[s] = fsm.n_allowed(s)
-            if mode == "char":
-                retok += out.retokenized
-                noncanonical += out.ids != canon
-    result = EntryResult(entry.name, entry.kind, whitespace, n_samples, tokens, passes, jumped, retok, noncanonical,
-                         visited)
-    return result, fsm
+                visited.update({s: fsm.n_allowed(s) for s in fsm.walk(out.ids)})
+    return EntryResult(entry.name, entry.kind, whitespace, n_samples, tokens, passes, retok, visited), fsm
 
 
 def run_suite(vocab: Optional[TokenVocabulary] = None, whitespaces: Sequence[str] = ("default", "compact"),
@@ -107,20 +101,59 @@ def suite_summary(results: Sequence[EntryResult]) -> dict[str, dict]:
 def savings_table(results: Sequence[EntryResult]) -> str:
     """A Markdown table: per entry and whitespace, the passes of steps 1/2/3 and the share 2 and 3 save; totals last."""
     wss = list(dict.fromkeys(r.whitespace for r in results))
-    head = "| entry | " + " | ".join(f"{ws} whitespace: passes, step 1 / 2 / 3 | saved by step 2 / 3" for ws in wss)
-    lines = [head + " |", "|---|" + "---|---|" * len(wss)]
+    head = " | ".join(f"{ws} whitespace: passes, step 1 / 2 / 3 | saved by step 2 / 3" for ws in wss)
+    lines = [f"| entry | {head} |", "|---|" + "---|---|" * len(wss)]
 
-    def cells(group: Sequence[EntryResult]) -> list[str]:
-        if not group:
-            return ["–", "–"]
-        p = {m: sum(r.passes[m] for r in group) for m in MODES}
-        return [f"{p['none']} / {p['token']} / {p['char']}",
-                f"{100 * (1 - p['token'] / p['none']):.1f}% / {100 * (1 - p['char'] / p['none']):.1f}%"]
+    def row(label: str, name: Optional[str], bold: str = "") -> str:  # name None: every entry
+        cells = []
+        for ws in wss:
+            group = [r for r in results if r.whitespace == ws and name in (None, r.name)]
+            n, t, c = (sum(r.passes[m] for r in group) for m in MODES)
+            cells += ([f"{n} / {t} / {c}", f"{100 * (1 - t / n):.1f}% / {100 * (1 - c / n):.1f}%"] if group
+                      else ["–", "–"])
+        return f"| {label} | " + " | ".join(f"{bold}{c}{bold}" for c in cells) + " |"
 
-    for name in dict.fromkeys(r.name for r in results):  # an entry measured once per whitespace pattern
-        out = [name] + [c for ws in wss for c in cells([r for r in results if (r.name, r.whitespace) == (name, ws)])]
-        lines.append("| " + " | ".join(out) + " |")
-    total = ["**all**"] + [f"**{c}**" for ws in wss for c in cells([r for r in results if r.whitespace == ws])]
-    lines.append("| " + " | ".join(total) + " |")
-    return "\n".join(lines)
+    names = dict.fromkeys(r.name for r in results)  # an entry measured once per whitespace pattern
+    return "\n".join(lines + [row(name, name) for name in names] + [row("**all**", None, "**")])
 
+
+def select_masks(counts: Sequence[tuple[str, int, int]], per_bin: int = 24, max_ids: int = 450_000,
+                 seed: int = 0) -> list[tuple[str, int, int]]:
+    """Pick masks spanning the distribution of allowed-token counts: up to ``per_bin`` from each power-of-two
+    bin of counts, at most ``max_ids`` ids in all (large masks dominate the file), chosen at random."""
+    rng = random.Random(seed)
+    bins: dict[int, list] = {}
+    for item in sorted(set(counts)):
+        bins.setdefault(int(np.log2(item[2])), []).append(item)
+    chosen = [x for b in sorted(bins) for x in rng.sample(bins[b], min(per_bin, len(bins[b])))]
+    chosen.sort(key=lambda x: x[2])
+    total, picked = 0, []
+    for item in chosen:  # smallest first: the dense end is thinned when the budget runs out
+        if total + item[2] > max_ids:
+            continue
+        picked.append(item)
+        total += item[2]
+    return picked
+
+
+def export_masks(path: Optional[Path] = None, n_samples: int = 8,
+                 ascii_digits: bool = COMMITTED_MASKS_ASCII_DIGITS) -> Path:
+    """Write the masks of states the suite visits (cl100k_base), sampled across the distribution of allowed-token
+    counts (:func:`select_masks`), in ``studylog.data``'s format, deterministically."""
+    from studylog import data
+
+    vocab = load_vocabulary()
+    grabbed: dict[tuple[str, int], np.ndarray] = {}
+    all_counts: list[tuple[str, int, int]] = []
+
+    def keep(res: EntryResult, fsm: ConstrainedFSM) -> None:
+        # the selection needs every count first, so copy out all visited masks up to the largest size kept
+        for s, n in res.visited.items():
+            all_counts.append((res.source, s, n))
+            grabbed[(res.source, s)] = fsm.allowed_array(s).astype(np.int32)
+
+    run_suite(vocab, n_samples=n_samples, keep=keep, ascii_digits=ascii_digits)
+    picked = select_masks(all_counts)
+    return data.save_masks(Path(path) if path is not None else data.MASKS_FILE,
+                           [grabbed[(src, s)] for src, s, _ in picked], [s for _, s, _ in picked],
+                           [src for src, _, _ in picked], vocab.vocab_size, vocab.name)
