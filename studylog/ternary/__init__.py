@@ -42,8 +42,7 @@ __all__ = [
     "CHAPTER", "ternary_matmul", "ops", *(step.name for step in STEPS),
     # the weights' formats, BitNet's quantisation, the reference
     "PackedTernary", "quantize_absmean", "quantize_activations", "reference", "error_ratio", "FP32_TOLERANCE",
-    # the launches of the W2A8 steps (where x is quantised and the config a call takes; its grid), and step 23
-    # made once for a layer, for eager loops (a call only checks x and launches)
+    # the W2A8 steps' choice of place and config, their grid, and step 23 made once for a layer (eager loops)
     "w2a8_choose", "w2a8_grid", "W2A8Plan",
     "peers",  # GemLite, torch._int_mm (imported lazily)
 ]

@@ -106,9 +106,8 @@ def pack_2bit_mma(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
 
 
 def pack_2bit_tiles(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "tiles kt"]:
-    """Step 15's layout: the words of :func:`pack_2bit_mma` in tiles of 16 rows (the last padded with zero
-    weights), tile i row i of the result, a group holding [half h][row g][word 4 t + i] for the tile's row
-    8 h + g: lane 4 g + t reads words 4 t .. 4 t + 3 of rows g and 8 + g with two 16-byte loads."""
+    """The words of :func:`pack_2bit_mma` in tiles of 16 rows (zero-padded), one row a tile, a group as [half h][row
+    g][word] of the tile's row 8 h + g: lane 4 g + t reads words 4 t .. 4 t + 3 of rows g and 8 + g in two loads."""
     words = pack_2bit_mma(w)
     n, kw = words.shape
     tiles = triton.cdiv(n, TILE_ROWS)
@@ -146,8 +145,8 @@ def base3_table(device: str) -> Int32[Tensor, " 256"]:
 
 
 def check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] = None) -> None:
-    """``data`` (named ``name`` in the errors) as the packed tensor of K = ``k`` weights a row in ``fmt``: dtype,
-    (N or tiles, packed columns) shape, contiguous. Its codes are not read (that would wait for the GPU)."""
+    """``data`` as the packed tensor of K = ``k`` weights a row in ``fmt``: dtype, shape, contiguous (not its codes:
+    that would wait for the GPU)."""
     check_choice("fmt", fmt, FORMATS)
     if n is not None:
         check_int("n", n, low=1)
@@ -202,9 +201,8 @@ class PackedTernary:
 
 def quantize_absmean(w: Float[Tensor, "n k"], *, per_channel: bool = False, eps: float = 1e-5
                      ) -> tuple[Int8[Tensor, "n k"], Float[Tensor, "..."]]:
-    """BitNet b1.58 weights: ``scale = 1 / mean|W|`` (per output row when ``per_channel``) and
-    ``W_t = clamp(round(W * scale), -1, 1)``, so ``x @ W.T ~= x @ W_t.T / scale``. ``w`` must be finite
-    (checked on the host)."""
+    """BitNet b1.58 weights: ``scale = 1 / mean|W|`` (per row when ``per_channel``), ``W_t = clamp(round(W * scale),
+    -1, 1)``, so ``x @ W.T ~= x @ W_t.T / scale``; ``w`` must be finite."""
     if not isinstance(w, Tensor) or not w.is_floating_point():
         raise TypeError(f"w must be a floating-point torch.Tensor, got {getattr(w, 'dtype', type(w).__name__)}")
     check_tensor("w", w, ndim=2)
@@ -375,9 +373,8 @@ def weights_k(w: Any) -> Optional[int]:
 
 
 class SplitWorkspace:
-    """Split-K scratch on one device: float32 partial sums (step 14 keeps them zeros) and one arrival counter per
-    output tile (zeros), restored by the last slice of a tile, so it is zeroed once. Launches that share it
-    must not overlap: one stream at a time, like a cuBLAS workspace."""
+    """Split-K scratch on one device: float32 partial sums (step 14 keeps them zeros) and a counter per output tile
+    that the last slice of a tile restores to zero. Launches that share it must not overlap (one stream)."""
 
     def __init__(self):
         self.sums: dict[str, Tensor] = {}

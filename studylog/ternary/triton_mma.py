@@ -1,6 +1,5 @@
-"""Chapter 5, steps 9 to 14 (Triton): int8 activations on the tensor cores (step 9), then, on step 6's tl.dot,
-configs made for the tensor cores (step 10), two weights decoded a 32-bit op (step 11), no masks in the loop
-(step 12), a 2-bit layout made for the MMA (step 13, ``"2bit_mma"``) and split-K without a memset (step 14)."""
+"""Chapter 5, steps 9 to 14 (Triton): int8 activations on the tensor cores (9), then on step 6's tl.dot: configs for
+the tensor cores (10), two weights decoded a 32-bit op (11), no masks (12), ``"2bit_mma"`` (13), no memset (14)."""
 
 from __future__ import annotations
 
@@ -289,15 +288,13 @@ SPLIT_WORKSPACE = SplitWorkspace()
 
 
 def mma_meta(x_dtype: torch.dtype) -> dict:
-    """MAGIC, DOT_DTYPE and DOT_PRECISION of steps 11 to 14: the weights decoded in x's type, the dot in x's type
-    on the GPU, in float32 in the interpreter (its bf16 arithmetic is wrong)."""
+    """MAGIC, DOT_DTYPE and DOT_PRECISION of steps 11 to 14: the weights decoded and the dot in x's type."""
     return {"MAGIC": TL_DTYPES[x_dtype], **dot_meta(torch.float32 if runtime.mode() == "interpreter" else x_dtype)}
 
 
 def step10_dot_configs(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                        out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 10: step 6's kernel at the configs made for the tensor cores (64-row tiles, K split into 2 to 8
-    slices added into z, rows of x a program tuned above 32)."""
+    """Step 10: step 6's kernel at configs made for the tensor cores (64-row tiles, K in 2 to 8 slices)."""
     return dot_step((step10_dot_configs_tuned_few, step10_dot_configs_tuned_many), x, w, scale, out, config, "2bit")
 
 
@@ -312,30 +309,28 @@ def _pair_dot(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optiona
 
 def step11_pair_decode(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                        out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 11: step 10 with two weights decoded by one AND and one packed multiply-add into the MMA's 16-bit
-    operand, on the ``"2bit"`` layout (a word's halves are weights 128 apart along K: x is gathered); bf16/fp16 x."""
+    """Step 11: step 10 with two weights decoded by one AND and one packed multiply-add into the MMA's operand, on
+    the ``"2bit"`` layout (a word's halves are 128 apart along K: x is gathered); bf16/fp16 x."""
     return _pair_dot(x, w, scale, out, config, "2bit", no_mask=False, mma_layout=False)
 
 
 def step12_unmasked(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                     out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 12: step 11 with no masks in its loop: rows past N read row N - 1 (and are not stored), and the tiles
-    whose k all lie below K load x unmasked (a second loop takes the last tiles)."""
+    """Step 12: step 11 with no masks in its loop: rows past N read row N - 1, tiles below K load x unmasked."""
     return _pair_dot(x, w, scale, out, config, "2bit", no_mask=True, mma_layout=False)
 
 
 def step13_mma_layout(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                       out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 13: step 12 on the ``"2bit_mma"`` layout (``PackedTernary.pack(w, "2bit_mma")``): a word's two halves
-    are K-neighbours, so the decoded pair is the MMA's operand and a field's x is a run of 32 consecutive k."""
+    """Step 13: step 12 on the ``"2bit_mma"`` layout: a word's two halves are K-neighbours, so the decoded pair is
+    the MMA's operand and a field's x is a run of 32 consecutive k."""
     return _pair_dot(x, w, scale, out, config, "2bit_mma", no_mask=True, mma_layout=True)
 
 
 def step14_workspace(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 14: step 13 with K split through a workspace that stays zeros between launches (the last slice of a
-    tile stores z and restores the zeros): no memset before a call, one plain store of z. ``"2bit_mma"`` weights,
-    bf16 or fp16 x; one kernel for every M."""
+    tile stores z and restores the zeros): no memset, one plain store of z; one kernel for every M."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_mma", dtypes=MMA_X_DTYPES)
     sums, counts = SPLIT_WORKSPACE.get(x2.device, x2.shape[0], w.n)
     launch_dot((step14_workspace_tuned_few, step14_workspace_tuned_many), x2, w, s, s_stride, z, config,
