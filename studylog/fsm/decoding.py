@@ -15,7 +15,6 @@ from studylog.checks import check_choice, check_int
 from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.vocabulary import TokenVocabulary
 
-Mode = Literal["none", "token", "char"]
 #: The modes of :func:`decode`, in the order of the lesson's steps.
 MODES: tuple[str, ...] = ("none", "token", "char")
 
@@ -149,11 +148,8 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
     """Step 3: character-level jumps with retokenization (SGLang's compressed FSM). In a state whose next bytes are
     forced, the forced string is appended and the whole text re-encoded, so the model sees the split it was trained
     on; that can replace tokens already emitted (``retokenized``: KV-cache entries to recompute). The text still
-    matches the regex, possibly in other tokens than step 1.
-
-    A jump past ``max_tokens`` keeps the first ``max_tokens`` retokenized ids (a valid walk), ``finished`` False.
-    A jump from text that ends inside a UTF-8 character cannot be retokenized: a pass picks the next token
-    instead (``skipped_jumps``)."""
+    matches the regex, possibly in other tokens than step 1. A jump past ``max_tokens`` keeps that many ids
+    (``finished`` False); from text that ends inside a UTF-8 character a pass picks the next token instead."""
     res = _start(fsm, max_tokens)
     vocab = fsm.vocab
     if vocab.encoder is None:
@@ -196,11 +192,10 @@ STEP_OF_MODE: dict[str, Callable[..., DecodeResult]] = {
     "none": step01_uncompressed, "token": step02_token_jumps, "char": step03_char_jumps}
 
 
-def decode(next_logits: NextLogits, fsm: ConstrainedFSM, mode: Mode = "none", *, max_tokens: int = 256,
+def decode(next_logits: NextLogits, fsm: ConstrainedFSM, mode: str = "none", *, max_tokens: int = 256,
            record_events: bool = False) -> DecodeResult:
-    """Greedy constrained decoding with the step ``mode`` names: ``"none"`` :func:`step01_uncompressed`,
-    ``"token"`` :func:`step02_token_jumps` (the same ids), ``"char"`` :func:`step03_char_jumps` (the same text,
-    possibly in other tokens). At most ``max_tokens`` ids come back in every mode."""
+    """Greedy constrained decoding by the step ``mode`` names: ``"token"`` writes the ids of ``"none"``, ``"char"``
+    its text, possibly in other tokens; at most ``max_tokens`` ids in every mode."""
     check_choice("mode", mode, MODES)
     return STEP_OF_MODE[mode](next_logits, fsm, max_tokens=max_tokens, record_events=record_events)
 

@@ -47,20 +47,17 @@ class TokenVocabulary:
         """True when each of the 256 bytes is a token by itself (every byte-level BPE vocabulary is)."""
         return all(bytes([b]) in self._by_bytes for b in range(256))
 
-    def __len__(self) -> int:
-        return self.vocab_size
-
     def __repr__(self) -> str:
         return f"TokenVocabulary({self.name!r}, {self.vocab_size} ids, eos={self.eos_id})"
 
-    def check_id(self, token_id: int, what: str = "token id") -> int:
-        """Return ``token_id`` as an int, or raise naming it when it is outside the vocabulary."""
+    def check_id(self, token_id: int) -> int:
+        """``token_id`` as an int, or an error when it is not an id of this vocabulary."""
         if isinstance(token_id, Tensor):
             token_id = token_id.item()
         if not isinstance(token_id, (int, np.integer)) or isinstance(token_id, bool):
-            raise TypeError(f"{what} must be an int, got {type(token_id).__name__}")
+            raise TypeError(f"token id must be an int, got {type(token_id).__name__}")
         if not 0 <= token_id < self.vocab_size:
-            raise ValueError(f"{what} {token_id} is outside the vocabulary [0, {self.vocab_size}) of {self.name!r}")
+            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.vocab_size}) of {self.name!r}")
         return int(token_id)
 
     def token_id(self, data: bytes) -> int:
@@ -99,8 +96,7 @@ class TokenVocabulary:
 
     @functools.lru_cache(maxsize=8)
     def padded(self, size: int) -> "TokenVocabulary":
-        """This vocabulary over ``size`` ids, for a model whose LM head is padded to ``size`` rows (a multiple of the
-        GEMM's tile): the extra ids carry no text, so no grammar allows them. Built once per size."""
+        """This vocabulary over ``size`` ids, for an LM head padded to ``size`` rows: the extra ids carry no text."""
         if isinstance(size, bool) or not isinstance(size, int) or size < self.vocab_size:
             raise ValueError(f"size must be an int of at least the vocabulary's {self.vocab_size} ids, got {size!r}")
         if size == self.vocab_size:
