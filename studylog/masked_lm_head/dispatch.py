@@ -1,7 +1,5 @@
-"""Step 12: one function that picks the path from the batch size and the allowed count, and the chapter's entry
-point :func:`masked_logits`. The thresholds come from the committed benchmark results
-(:func:`rule_from_results`), else :data:`FALLBACK_RULE`; choosing needs no device round trip.
-"""
+"""Step 12: one function that picks the path from the batch size and the allowed count (thresholds from the
+committed results, else :data:`FALLBACK_RULE`; no device round trip), and the entry point :func:`masked_logits`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Launching Triton kernels with little host time (steps 12 and 13, where host time is the lesson).
-
-``kernel[grid](...)`` works out how each argument specialises the kernel and hashes that into a cache key before
-calling the launcher: for a kernel of a few microseconds, longer than the kernel. :class:`FastKernel` reduces the
-arguments to the same facts in one pass, keeps the compiled kernel of each combination and calls its launcher.
-It relies on the constexpr parameters coming after all the runtime ones and on no launch hook being installed
-(else, and in the interpreter, every call takes ``kernel[grid]``).
-"""
+"""Launching Triton kernels with little host time (steps 12 and 13): :class:`FastKernel` reduces the arguments to
+the facts ``kernel[grid]`` specialises on in one pass and calls the kept compiled kernel's launcher. It needs the
+constexpr parameters after the runtime ones and no launch hook (else, and in the interpreter: ``kernel[grid]``)."""
 
 from __future__ import annotations
 

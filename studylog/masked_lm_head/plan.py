@@ -1,11 +1,7 @@
-"""Step 13: the masked LM head in a decode loop a CUDA graph captures once (:class:`MaskedHeadPlan`), and one
-decode step of it from the grammar's packed bitmask (:func:`step13_plan`).
-
-A graph keeps its launch arguments, so what changes each step (the ids, their count, the path) lives in device
-buffers: the bitmask the caller copies in, the union's ids and count built from it on the device, and step 7's
-and 10's kernels loading the count, their grid sized for a capacity (programs past the count store nothing). One
-graph per **bucket**: the path for the count, the capacity rounded up to a power of two (at least 16).
-"""
+"""Step 13: the masked LM head in a decode loop a CUDA graph captures once (:class:`MaskedHeadPlan`). What changes
+each step lives in device buffers: the bitmask copied in, the union's ids and count built from it on the device,
+read by step 7's and 10's kernels with a grid sized for a capacity. One graph per **bucket**: the count's path and
+its capacity, a power of two (at least 16)."""
 
 from __future__ import annotations
 
@@ -178,9 +174,8 @@ def bucket_launches(bucket: tuple[str, int], h: Tensor, weight: Tensor, out: Ten
                     ids: Tensor | None = None, count: Tensor | None = None,
                     mask: Tensor | None = None) -> list[tuple]:
     """A bucket's launches, the plan's and the operator's: (kernel, grid, arguments, constexprs). Dense: the
-    bitmask applied to the logits in ``out``; row skip: unpacked into ``mask`` for step 3's kernel; compacted: the
-    union's ``ids`` and ``count`` built on the device for step 7's or 10's kernel. Every tensor is contiguous: a
-    row stride is the row's length (plain ints: a traced SymInt is specialised)."""
+    bitmask applied to ``out``'s logits; row skip: unpacked into ``mask`` for step 3's kernel; compacted: the union's
+    ``ids`` and ``count`` built for step 7's or 10's kernel. Tensors are contiguous: a row stride is its length."""
     path, capacity = bucket
     batch, vocab, hidden, words = (int(n) for n in (*out.shape, weight.shape[1], bitmask.shape[1]))
     if path == "dense":
@@ -250,10 +245,7 @@ class MaskedHeadPlan:
         self.vocab, self.hidden = weight.shape
         dev = weight.device
         h = torch.zeros(batch, self.hidden, dtype=weight.dtype, device=dev) if h is None else h
-        check_tensor("h", h, dtype=weight.dtype, shape=(batch, self.hidden), contiguous=True)
-        if h.device != dev:
-            raise ValueError(f"h must be on the weight's device {dev}, got {h.device}")
-        self.h = h
+        self.h = check_tensor("h", h, dtype=weight.dtype, shape=(batch, self.hidden), contiguous=True, like=weight)
         self.bitmask = torch.zeros(batch, bitmask_words(self.vocab), dtype=torch.int32, device=dev)  # caller fills
         self.out = torch.empty(batch, self.vocab, dtype=torch.float32, device=dev)  # the last step's logits
         # the union's ids (room for every token, and a block of slack past it) and their count
@@ -337,9 +329,9 @@ class MaskedHeadPlan:
     def step(self, count: int) -> Logits:
         """One decode step for a union of at most ``count`` tokens: replay its bucket's graph (captured on first
         use); in Triton's interpreter, :meth:`launch`. Returns :attr:`out`."""
-        self._check_count(count)
         if not self.weight.is_cuda:
             return self.launch(count)
+        self._check_count(count)
         self._graph(self.bucket(count)).replay()
         return self.out
 
@@ -356,7 +348,6 @@ class MaskedHeadPlan:
 
 def step13_plan(plan: MaskedHeadPlan, bitmask: Int[Tensor, "b w"], count: int) -> Logits:
     """Step 13: one decode step from the grammar's packed bitmask (``[B, ceil(V / 32)]`` int32, best pinned),
-    copied into ``plan.bitmask`` without waiting; then ``count``'s bucket's graph replays (the union built on the
-    device, then step 7's or 10's kernel reading the count, or a dense path). Returns ``plan.out``."""
+    copied into ``plan.bitmask`` without waiting, then ``count``'s bucket's graph replayed. Returns ``plan.out``."""
     plan.bitmask.copy_(bitmask, non_blocking=True)
     return plan.step(count)
