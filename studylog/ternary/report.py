@@ -54,8 +54,7 @@ SPLIT_STEPS = (4, 10, 11, 12, 13, 15, 16, 18, 19, 20, 22, 24)
 SPLIT_CASES = {(4096, 14336): (1, 16), (2560, 6912): (1,)}
 #: Each step's function: the series stepNN calls it (steps 1, 2 and 9 with the options their series below add).
 STEP = {step.number: step.function for step in STEPS}
-#: The steps on packed weights: number -> (their format, the MMA their floor counts: None, "bf16" or "int8", the
-#: W2A8 steps' product checked against float64 of the quantised x).
+#: The steps on packed weights: number -> (their format, the MMA their floor counts; "int8": the W2A8 product).
 PACKED_STEPS = {**{i: ("2bit", None) for i in (3, 4, 5)}, 6: ("2bit", "bf16"), 7: ("base3", None),
                 8: ("base3", "bf16"), **{i: ("2bit", "bf16") for i in (10, 11, 12)}, 13: ("2bit_mma", "bf16"),
                 14: ("2bit_mma", "bf16"), **{i: ("2bit_tiles", "bf16") for i in range(15, 22)},
@@ -97,8 +96,7 @@ def bench_series(family: str, n: int, k: int, m: int, quick: bool = False) -> li
 
 
 def place_series(n: int, k: int, m: int, quick: bool = False) -> dict[str, str]:
-    """Step 23 with x quantised at each other place in the matmul that takes the problem, at M = 1: {place: series}
-    ("separate" is step 22, a series of the steps)."""
+    """Step 23 with x quantised at each other place that takes the problem, at M = 1: {place: series}."""
     if quick or m != 1:
         return {}
     default = w2a8_default_quantize(m, n, k)
@@ -113,8 +111,7 @@ def probe_series(family: str, m: int, quick: bool = False) -> dict[tuple[int, in
 
 # How a series is timed
 
-#: GPU time of one replay of a graph of slow calls (ms): a slow call gets fewer calls a replay, at least
-#: MIN_GRAPH_CALLS; a fast one MAX_GRAPH_CALLS (the harness's default).
+#: GPU time of one graph replay of slow calls (ms): MIN_GRAPH_CALLS to MAX_GRAPH_CALLS (the harness's default).
 GRAPH_BUDGET_MS = 2.0
 MIN_GRAPH_CALLS, MAX_GRAPH_CALLS = 4, 60
 #: Host time measured over this much GPU time of calls at most (ms), 10 to 200 calls a repetition.
