@@ -784,11 +784,11 @@ SPECULATE_CASE = {"model": "smollm2", "batch": 1, "workload": "extraction"}
 
 
 def _speculate(data):
-    from studylog.speculate.report import closed_requests
+    from studylog.speculate.report import SHIPPED, closed_requests
 
     # the requests that ran to the output cap looped; the headline leaves them out (speculate.report.headline)
     kept = closed_requests(data["measurements"], SPECULATE_CASE["workload"])
-    ours = [r for r in rows(data, "step04", **SPECULATE_CASE) if r["params"]["request"] in kept]
+    ours = [r for r in rows(data, SHIPPED, **SPECULATE_CASE) if r["params"]["request"] in kept]
     if not ours:
         return None
     by_request = {r["params"]["request"]: r for r in rows(data, "ch7_step03", **SPECULATE_CASE)}
@@ -812,10 +812,10 @@ def _speculate(data):
         byte = med([nbytes / (data["ceilings"]["copy_bandwidth_gbs"] * 1e6) * r["forwards"] / r["tokens"]
                     for r, _ in pairs])
     share = med([r["forwards"] / r["tokens"] for r, _ in pairs])
-    # the forward-time bound: step 4's forwards per output token, each at this loop's one-token forward's GPU time,
+    # the forward-time bound: the shipped step's forwards per output token, each at this loop's one-token forward's GPU time,
     # the bound chapter 08's page gives; it binds where it is longer than the kernel count's chain (it is, by far)
     bound = (f"the forward-time bound, the longer one, binds, and it is the one chapter 08's page gives: {share:.2f} "
-             f"forwards per output token (step 4's), each at a one-token forward's GPU time "
+             f"forwards per output token (step 3's), each at a one-token forward's GPU time "
              f"({one_token[0]['ms'] * 1e3:.1f} µs), {us(forecast)} µs a token. Each is a bound, not a floor: neither "
              "counts the drafting or the host's work in a step, which the wall clock includes"
              if forecast is not None else "")
@@ -826,7 +826,7 @@ def _speculate(data):
         kernels = forward["kernels_per_forward"]
         latency = med([kernels * empty * r["forwards"] / r["tokens"] for r, _ in pairs])
         why = (f"{kernels} dependent kernels a forward (counted in a separate run), each at least an empty "
-               f"kernel, at step 4's forwards per output token: {us(latency)} µs a token"
+               f"kernel, at step 3's forwards per output token: {us(latency)} µs a token"
                + (f". {bound[0].upper() + bound[1:]}" if bound else ""))
     else:
         why = "not measured: no run counted the kernels of SmolLM2's forward" + (f"; {bound}" if bound else "")
@@ -834,10 +834,10 @@ def _speculate(data):
              if latency is not None else {})
     return ({"latency_missing_why": why} if latency is None else words) | {"no_tail_why": LOOP_NO_TAIL,
                                                                            "loop_bound": True} | _row(
-                "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, batch 1, per output token (median of {len(pairs)} "
+                "the loop with grammar-cut drafts (step 3)", f"SmolLM2-135M, batch 1, per output token (median of {len(pairs)} "
                 "requests that close their JSON)", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
                 rival_row,
-                byte_floor_ms=byte, latency_floor_ms=latency, latency_what=why, short="step 4, whole loop",
+                byte_floor_ms=byte, latency_floor_ms=latency, latency_what=why, short="step 3, whole loop",
                 ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request")
                 .replace("each request's own", f"each of these {len(pairs)} requests' own"),
                 notes=("wall clock: the whole step, host included, per output token",

@@ -359,7 +359,7 @@ def test_the_bound_counts_forwards_and_their_measured_costs():
     rows.append({"series": "draft_call", "params": {"batch": 1}, "ms": 0.01, "host_ms": 0.05})
     base = {"batch": 1, "workload": "extraction", "request": "r"}
     rows.append({"series": "ch7_step03", "params": base, "ms": 2.0, "forwards": 9, "chunk_lengths": [50] + [1] * 8})
-    rows.append({"series": "step04", "params": base, "ms": 1.0, "forwards": 4, "chunk_lengths": [50, 3, 3, 1],
+    rows.append({"series": "step03", "params": base, "ms": 1.0, "forwards": 4, "chunk_lengths": [50, 3, 3, 1],
                  "draft_calls": 3})
     b = report.bound(rows, 1, "extraction")
     assert b["forwards"] == 9 / 4

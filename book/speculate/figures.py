@@ -1,4 +1,4 @@
-"""Chapter 08's figure, drawn from the committed results: each request's speedup of step 4 over chapter 07's step 3
+"""Chapter 08's figure, drawn from the committed results: each request's speedup of the shipped loop (step 3) over chapter 07's step 3
 against the tokens a verifying forward returned, at batch 1 and 8, both workloads."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from studylog.speculate import report
 #: figure's width this keeps its smallest text at about 11 px there.
 FONT = 10
 MARKERS = {"extraction": ("o", "#1b9e77"), "low_copy": ("s", "#d95f02")}
-#: A batch-1 request whose step 4 runs as many forwards as chapter 07's step 3 yet is faster by more than this is
+#: A batch-1 request whose shipped step runs as many forwards as chapter 07's step 3 yet is faster by more than this is
 #: labelled: its gain is the prefill's run-to-run variation, which the page's exceptions show.
 NOISE_SPEEDUP = 1.2
 
 
 def speedup_figure(results):
-    """Per request: tokens per forward of step 4 over chapter 07's step 3 (x) against the measured speedup (y); the
+    """Per request: tokens per forward of the shipped step (3) over chapter 07's step 3 (x) against the measured speedup (y); the
     diagonal is the speedup if a verifying forward cost a one-token forward. At batch 1 a ring marks the requests
     whose output ran to the output cap, and a label the one whose gain with the same forwards is its prefill's
     noise."""
@@ -32,7 +32,7 @@ def speedup_figure(results):
             ref = {r["params"]["request"]: r for r in rows if r["series"] == "ch7_step03"}
             xs, ys, cap_x, cap_y = [], [], [], []
             for r in rows:
-                if r["series"] != "step04" or r["params"]["request"] not in ref:
+                if r["series"] != report.SHIPPED or r["params"]["request"] not in ref:
                     continue
                 base = ref[r["params"]["request"]]
                 xs.append(base["forwards"] / r["forwards"])
@@ -57,11 +57,11 @@ def speedup_figure(results):
         ax.plot([0.8, top * 1.05], [0.8, top * 1.05], color="#999999", lw=1, ls="--", label="forward ratio")
         ax.axhline(1.0, color="#4d4d4d", lw=0.8)
         ax.set_title(f"batch {batch}", fontsize=FONT + 1)
-        ax.set_xlabel("forwards of chapter 07's step 3 / forwards of step 4", fontsize=FONT)
+        ax.set_xlabel("forwards of chapter 07's step 3 / forwards of step 3", fontsize=FONT)
         ax.tick_params(labelsize=FONT)
     axes[0].set_ylabel("speedup per output token", fontsize=FONT)
     axes[0].legend(fontsize=FONT, loc="upper left")
-    fig.suptitle("The gated-draft loop (step 4) against chapter 07's step 3, per request", fontsize=FONT + 1)
+    fig.suptitle("Grammar-cut drafts (step 3) against chapter 07's step 3, per request", fontsize=FONT + 1)
     fig.text(0.5, 0.005, results.caption(), ha="center", va="bottom", fontsize=FONT, color="#444444", wrap=True)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig

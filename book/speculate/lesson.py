@@ -11,6 +11,7 @@ from typing import Any
 
 from book.common import ChainRow
 from studylog.speculate import CHAPTER, report, requests
+from studylog.speculate.report import SHIPPED
 
 SERIES = ("step01", "step02", "step03", "step04")
 
@@ -97,11 +98,11 @@ _CH7_HEAD = ("mask_wait", "head", "mask_apply")
 def breakdown_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
     """Where an output token's time goes, in microseconds over all the workload's requests (each request's
     instrumented run; the prefill included in the body): drafting, the body (the verifying forward), the head,
-    sampling and the host's own work, for chapter 07's step 3 and this chapter's steps 1 and 4. ``total`` is the
+    sampling and the host's own work, for chapter 07's step 3 and this chapter's step 1 and shipped step 3. ``total`` is the
     instrumented runs' time over all the tokens (long requests weigh more); ``median``, the median request's time
     per output token in the timed runs (the steps table's statistic), sits beside it."""
     out = []
-    for s, name in (("ch7_step03", START_LABEL), ("step01", STEP_LABELS["step01"]), ("step04", STEP_LABELS["step04"])):
+    for s, name in (("ch7_step03", START_LABEL), ("step01", STEP_LABELS["step01"]), (SHIPPED, STEP_LABELS[SHIPPED])):
         rows = _rows(results, batch, workload, s)
         tokens = sum(r["tokens"] for r in rows)
 
@@ -151,16 +152,16 @@ def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
 
 def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
     """Our loop's forward-time bound, the page's last forecast (a time per token): each request's forwards per output token
-    in step 4, each priced at the one-token
+    in the shipped step (3), each priced at the one-token
     forward's GPU time on the layer the loop runs (:func:`layer_table`, chunk 1, graph replay), the median over the
     requests the headline keeps (:func:`studylog.speculate.report.closed_requests`: those that close their JSON; µs
     per token; the scoreboard's note for this chapter gives the same number). It holds the host's work and the
-    drafting at zero, so ``over`` (step 4's median time over those requests, over it) is what they and the longer
+    drafting at zero, so ``over`` (the shipped step's median time over those requests, over it) is what they and the longer
     verifying forwards add. ``one_token_us``: that forward's time; ``requests``: how many."""
     one = next(d for d in layer_table(results, batch) if d["chunk"] == 1)
     one_ms = one[one["used"]] / 1e3
     kept = report.closed_requests(results.rows, workload)
-    mine = [r for r in _rows(results, batch, workload, "step04") if r["params"]["request"] in kept]
+    mine = [r for r in _rows(results, batch, workload, SHIPPED) if r["params"]["request"] in kept]
     bound = statistics.median(one_ms * r["forwards"] / r["tokens"] for r in mine)
     measured = statistics.median(r["ms"] for r in mine)
     return {"one_token_us": one_ms * 1e3, "bound_us": bound * 1e3, "measured_us": measured * 1e3,
@@ -170,7 +171,7 @@ def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[st
 def kernel_count_bound(card: str = "H200") -> dict[str, Any] | None:
     """The scoreboard's other bound on this loop, beside :func:`loop_bound` (its row on ``card``,
     :func:`book.scoreboard.entry_rows`): each forward's kernels, counted in a separate run, at an empty kernel's
-    time, at step 4's forwards per output token (``us``, per token; ``kernels``, a forward's). ``binds`` is the bound
+    time, at the shipped step's forwards per output token (``us``, per token; ``kernels``, a forward's). ``binds`` is the bound
     the scoreboard divides by ("forward" where the forward-time bound is the longer, "latency" where this one is);
     None where the card has no such row or no kernel count."""
     from book import scoreboard as sb
@@ -185,7 +186,7 @@ def kernel_count_bound(card: str = "H200") -> dict[str, Any] | None:
 
 
 def bound_rows(results) -> list[dict[str, Any]]:
-    """Per batch and workload: step 4 against chapter 07's step 3, the ratio of their median times per output token
+    """Per batch and workload: the shipped step (3) against chapter 07's step 3, the ratio of their median times per output token
     over every request timed (``ratio``, the headline's statistic; the headline at batch 1 keeps only the requests
     that close their JSON, :func:`capped`) and the requests' own ratios (median, slowest, ``max_speedup``), the
     forward ratio and the chunk-length forecast (``forecast``: each forward priced at its chunk length's measured
@@ -197,10 +198,10 @@ def bound_rows(results) -> list[dict[str, Any]]:
     out = []
     for r in report.summary(results.rows):
         b, w = r["batch"], r["workload"]
-        ratio = median_ms(results, b, w, "ch7_step03") / median_ms(results, b, w, "step04")
+        ratio = median_ms(results, b, w, "ch7_step03") / median_ms(results, b, w, SHIPPED)
         second = _ratio(again, b, w) if again is not None else None
         out.append(r | {"ratio": ratio, "max_speedup": max(report.speedups(results.rows, b, w)),
-                        "requests": len(_rows(results, b, w, "step04")),
+                        "requests": len(_rows(results, b, w, SHIPPED)),
                         "second_ratio": second,
                         "runs_apart": max(second, ratio) / min(second, ratio) - 1 if second else None,
                         "closed": _closed_summary(results, w) if b == 1 else None})
@@ -211,14 +212,14 @@ def _closed_summary(results, workload: str) -> dict[str, Any]:
     """:func:`bound_rows`' figures at batch 1 over the requests the headline keeps (:func:`closed_rows`)."""
     rows = closed_rows(results, workload)
     r = next(x for x in report.summary(rows) if x["batch"] == 1 and x["workload"] == workload)
-    return r | {"ratio": closed_ratio(results, "step04", workload),
+    return r | {"ratio": closed_ratio(results, SHIPPED, workload),
                 "max_speedup": max(report.speedups(rows, 1, workload)),
                 "requests": len(report.closed_requests(results.rows, workload))}
 
 
 def closed_rows(results, workload: str = "extraction") -> list[dict]:
-    """The run's rows with the batch-1 ``workload`` requests the headline leaves out (:func:`capped`: step 4's
-    output ran to the cap) dropped, every series alike; every other row kept (the layers' timings, batch 8)."""
+    """The run's rows with the batch-1 ``workload`` requests the headline leaves out (:func:`capped`: the shipped
+    step's output ran to the cap) dropped, every series alike; every other row kept (the layers' timings, batch 8)."""
     kept = report.closed_requests(results.rows, workload)
     return [r for r in results.rows if not (r["params"].get("batch") == 1 and r["params"].get("workload") == workload
                                             and r["params"].get("request") not in kept)]
@@ -243,14 +244,14 @@ def closed_median_ms(results, series: str, workload: str = "extraction") -> floa
     return report.median_ms(closed_rows(results, workload), 1, workload, series)
 
 
-def closed_ratio(results, series: str = "step04", workload: str = "extraction") -> float:
+def closed_ratio(results, series: str = SHIPPED, workload: str = "extraction") -> float:
     """Chapter 07's step 3 over ``series`` at batch 1, the ratio of their median times per output token over the
-    requests the headline keeps (:func:`studylog.speculate.report.closed_requests`: step 4's output closed its JSON)."""
+    requests the headline keeps (:func:`studylog.speculate.report.closed_requests`: the shipped step's output closed its JSON)."""
     return closed_median_ms(results, "ch7_step03", workload) / closed_median_ms(results, series, workload)
 
 
 def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
-    """The page's three forecasts of step 4 against chapter 07's step 3 at batch 1, each beside what was measured,
+    """The page's three forecasts of the shipped step against chapter 07's step 3 at batch 1, each beside what was measured,
     on the requests the headline keeps (``value``, ``measured``) and on all the workload's requests (``value_all``,
     ``measured_all``; None for the time per token, which the scoreboard gives on the kept ones only). The time per
     token is named "our loop's forward-time bound": it prices this loop's own forwards, so it bounds the loop, not the task
@@ -259,8 +260,8 @@ def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
     :func:`studylog.speculate.report.bound` on the rows of the kept requests; the time per token is
     :func:`loop_bound`."""
     on_kept, on_all = report.bound(closed_rows(results, workload), 1, workload), report.bound(results.rows, 1, workload)
-    measured = closed_ratio(results, "step04", workload)
-    measured_all = median_ms(results, 1, workload, "ch7_step03") / median_ms(results, 1, workload, "step04")
+    measured = closed_ratio(results, SHIPPED, workload)
+    measured_all = median_ms(results, 1, workload, "ch7_step03") / median_ms(results, 1, workload, SHIPPED)
     loop = loop_bound(results, 1, workload)
     return [{"forecast": "forward ratio", "unit": "x", "value": on_kept["forwards"], "value_all": on_all["forwards"],
              "measured": measured, "measured_all": measured_all,
@@ -271,7 +272,7 @@ def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
                         "the host's work costs nothing"},
             {"forecast": "our loop's forward-time bound", "unit": "us", "value": loop["bound_us"], "value_all": None,
              "measured": loop["measured_us"], "measured_all": None,
-             "assumes": f"step 4's forwards per token, each at a one-token forward's GPU time "
+             "assumes": f"step 3's forwards per token, each at a one-token forward's GPU time "
                         f"({loop['one_token_us']:.1f} µs); drafting and the host's work cost nothing"}]
 
 
@@ -289,7 +290,7 @@ def low_copy_counts(results, batch: int = 1) -> dict[str, int]:
     ones among them whose answers the prompt mostly does not hold."""
     from studylog.decode.requests import INSTRUCTIONS
 
-    return {"low_copy": len(_rows(results, batch, "low_copy", "step04")), "chapter7": len(INSTRUCTIONS)}
+    return {"low_copy": len(_rows(results, batch, "low_copy", SHIPPED)), "chapter7": len(INSTRUCTIONS)}
 
 
 class _NoTokenizer:
@@ -316,9 +317,9 @@ def batch_makeup(batch: int = 8) -> dict[str, int]:
 def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
     """What drafting and the grammar's walk cost against a verifying step, in the loop's instrumented runs
     (wall clock, the prefill left out). The loop's drafting component also holds the step's bookkeeping (each
-    sequence's pending tokens and room), which step 1 times too without drafting: drafting's cost is step 4's
-    component less step 1's per step, per drafting call (``loop_us``). ``step_us``: the rest of a step of
-    step 4 (body, head, sampling, acceptance, bookkeeping). Beside them, one drafting call alone (host clock: it
+    sequence's pending tokens and room), which step 1 times too without drafting: drafting's cost is the shipped
+    step's component less step 1's per step, per drafting call (``loop_us``). ``step_us``: the rest of a step of
+    the shipped step (body, head, sampling, acceptance, bookkeeping). Beside them, one drafting call alone (host clock: it
     waits for its result) and a verifying forward of two tokens alone (GPU clock)."""
     call = next(r for r in report.rows_of(results.rows, batch=batch) if r["series"] == "draft_call")
 
@@ -328,8 +329,8 @@ def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[st
                 sum(len(r["chunk_lengths"]) for r in rows))
 
     plain, plain_steps = per_step("step01", "draft")
-    component, steps = per_step("step04", "draft")
-    rows = _rows(results, batch, workload, "step04")
+    component, steps = per_step(SHIPPED, "draft")
+    rows = _rows(results, batch, workload, SHIPPED)
     drafting = component - steps * plain / plain_steps
     rest = sum(r["breakdown_ms_per_token"]["wall"] * r["tokens"] - r["first_step_ms"] for r in rows) - drafting
     loop_ms = drafting / sum(r["draft_calls"] for r in rows)
@@ -369,12 +370,12 @@ def second_run() -> list[dict] | None:
 
 
 def _ratio(rows, batch: int, workload: str) -> float:
-    """Chapter 07's step 3 over step 4: the ratio of their median times per output token, the headline's statistic."""
-    return report.median_ms(rows, batch, workload, "ch7_step03") / report.median_ms(rows, batch, workload, "step04")
+    """Chapter 07's step 3 over the shipped step: the ratio of their median times per output token, the headline's statistic."""
+    return report.median_ms(rows, batch, workload, "ch7_step03") / report.median_ms(rows, batch, workload, SHIPPED)
 
 
 def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, float]:
-    """The same benchmark, the same code, run again on a second H200 (:data:`SECOND_RUN`): step 4 against chapter
+    """The same benchmark, the same code, run again on a second H200 (:data:`SECOND_RUN`): the shipped step against chapter
     7's step 3 there and in the committed run, at ``batch`` (:func:`_ratio`)."""
     return {"second": _ratio(second_run(), batch, workload), "first": _ratio(committed().rows, batch, workload)}
 
@@ -469,10 +470,10 @@ def validity(results) -> dict[str, int]:
 def copying(results, workload: str, batch: int = 1) -> dict[str, float]:
     """What a workload's drafts copy, summed over its batch-1 requests (pass :func:`kept_results` for the headline's
     basis): ``copied``, the share of step 2's output tokens that are accepted draft tokens (step 2 drafts only what
-    the matcher finds in the prompt); ``cut``, the share of step 4's proposed tokens the grammar cuts; ``forced``, the
-    share of step 4's verified draft tokens that the automaton forced (step 3's extension); ``accepted``, step 4's
+    the matcher finds in the prompt); ``cut``, the share of the shipped step's proposed tokens the grammar cuts; ``forced``, the
+    share of its verified draft tokens that the automaton forced (step 3's extension); ``accepted``, its
     accepted tokens per draft."""
-    two, four = (_rows(results, batch, workload, s) for s in ("step02", "step04"))
+    two, four = (_rows(results, batch, workload, s) for s in ("step02", SHIPPED))
 
     def total(rows, key):
         return sum(r[key] for r in rows)
@@ -496,11 +497,11 @@ def gate_paused(results, workload: str, batch: int = 1) -> dict[str, Any]:
 
 
 def losses(results, batch: int = 1) -> list[dict[str, Any]]:
-    """Every request of either workload with step 4's speedup over chapter 07's step 3, slowest first."""
+    """Every request of either workload with the shipped step's speedup over chapter 07's step 3, slowest first."""
     out = []
     for workload in report.WORKLOADS:
         ref = {r["params"]["request"]: r for r in _rows(results, batch, workload, "ch7_step03")}
-        for r in _rows(results, batch, workload, "step04"):
+        for r in _rows(results, batch, workload, SHIPPED):
             base = ref[r["params"]["request"]]
             out.append({"workload": workload, "request": r["params"]["request"], "tokens": r["tokens"],
                         "forwards": r["forwards"], "ch7_forwards": base["forwards"], "speedup": base["ms"] / r["ms"]})
@@ -564,7 +565,7 @@ def repeats(text: str, times: int = 4) -> bool:
 
 
 def capped(results, workload: str = "extraction") -> dict[str, Any]:
-    """The requests whose step 4 output ran to the output cap (:data:`studylog.speculate.report.MAX_NEW` tokens)
+    """The requests whose shipped step's output ran to the output cap (:data:`studylog.speculate.report.MAX_NEW` tokens)
     instead of closing its JSON, against the rest, at batch 1 (where a row is one sequence; a batch's row sums its
     sequences' tokens). ``rows``: each such request, its speedup over chapter 07's step 3,
     whether its kept output repeats a phrase (:func:`repeats`) and that output; largest speedup first. ``top``: how
@@ -576,9 +577,9 @@ def capped(results, workload: str = "extraction") -> dict[str, Any]:
     checks; ``near_tie``: inside the rounding bound), the steps that ran it to the cap (``steps``) and chapter 07's
     token count (``ch7_tokens``), and ``ratio_with_drafting_only`` is the headline's ratio with such requests kept.
     ``top`` counts, among as many of the largest speedups as requests capped in both loops, those ones. The
-    excluded set is step 4's capped requests; a request capped in chapter 07's loop but not step 4's raises."""
+    excluded set is the shipped step's capped requests; a request capped in chapter 07's loop but not there raises."""
     ref = {r["params"]["request"]: r for r in _rows(results, 1, workload, "ch7_step03")}
-    mine = {r["params"]["request"]: r for r in _rows(results, 1, workload, "step04")}
+    mine = {r["params"]["request"]: r for r in _rows(results, 1, workload, SHIPPED)}
     speed = {name: ref[name]["ms"] / r["ms"] for name, r in mine.items() if name in ref}
     notes = _notes(results, 1)
     closed = report.closed_requests(results.rows, workload)  # the headline's rule: the rest ran to the cap
@@ -586,7 +587,7 @@ def capped(results, workload: str = "extraction") -> dict[str, Any]:
     both = [n for n in hit if ref[n]["tokens"] >= report.MAX_NEW]  # capped in chapter 07's loop as well
     if any(r["tokens"] >= report.MAX_NEW and n not in hit for n, r in ref.items() if n in speed):
         # the page calls the excluded set "the requests capped in either loop": it must hold chapter 07's too
-        raise ValueError("a request ran to the cap in chapter 07's loop but not in step 4's")
+        raise ValueError("a request ran to the cap in chapter 07's loop but not in the shipped step's")
     rest = [n for n in speed if n not in hit]
     largest = sorted(speed, key=lambda n: -speed[n])[:len(both)]
     checks = [c for c in results.data.get("checks", []) if c["name"].startswith("same tokens as chapter 7's step 3")
@@ -595,8 +596,8 @@ def capped(results, workload: str = "extraction") -> dict[str, Any]:
     def ratio(names) -> float:
         return statistics.median(ref[n]["ms"] for n in names) / statistics.median(mine[n]["ms"] for n in names)
 
-    def parted(name: str) -> dict[str, Any]:  # where step 4's tokens first left chapter 07's, and which steps cap
-        div = [d for c in checks if c["params"]["request"] == name and c["params"]["series"] == "step04"
+    def parted(name: str) -> dict[str, Any]:  # where the shipped step's tokens first left chapter 07's, and which steps cap
+        div = [d for c in checks if c["params"]["request"] == name and c["params"]["series"] == SHIPPED
                for d in c.get("divergences", [])]
         steps = [s for s in SERIES if any(r["tokens"] >= report.MAX_NEW for r in _rows(results, 1, workload, s)
                                           if r["params"]["request"] == name)]

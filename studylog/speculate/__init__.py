@@ -3,7 +3,9 @@
 Extracting fields from a document into JSON copies text. Prompt lookup (chapter 3's n-gram matcher) proposes it;
 chapter 1's automaton cuts each proposal at the first forbidden token and extends it with forced tokens; one
 forward (:class:`SpeculativeDecoder`) verifies the whole draft with chapter 2's masked head per position; the
-longest prefix the model agrees with is kept. The outputs are chapter 7's except at near ties."""
+longest prefix the model agrees with is kept. The outputs are chapter 7's except at near ties. The chapter's loop
+is step 3 (``SpeculativeDecoder.generate``'s default); step 4's gate, which pauses drafting for a sequence whose drafts
+keep failing, is there to switch on where drafts fail: on the chapter's workloads they pay, and the gate only costs."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def step02_ngram_draft(decoder: SpeculativeDecoder, grammar: Grammar, prompts: S
 
 
 def step03_forced_draft(decoder: SpeculativeDecoder, grammar: Grammar, prompts: Sequence, **options):
-    """Step 3: step 2, with the forced chains the walk reaches added to the draft."""
+    """Step 3, the chapter's loop: step 2, with the forced chains the walk reaches added to the draft."""
     return decoder.generate(grammar, prompts, "forced_draft", **options)
 
 

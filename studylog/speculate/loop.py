@@ -169,9 +169,10 @@ class SpeculativeDecoder(Decoder):
         if self.ngram is not None:
             self.ngram.capture()
 
-    def generate(self, grammar: Grammar, prompts: Sequence, config: SpecConfig | str = "gated_draft", *,
+    def generate(self, grammar: Grammar, prompts: Sequence, config: SpecConfig | str = "forced_draft", *,
                  trace: bool = False, **options) -> SpecGeneration:
-        """Decode one request as ``config`` with :meth:`Decoder.generate`'s options but ``targets``."""
+        """Decode one request as ``config`` (default: step 3, the chapter's loop; ``"gated_draft"`` adds step 4's
+        gate, for requests whose drafts keep failing) with :meth:`Decoder.generate`'s options but ``targets``."""
         config = CONFIGS.get(config, config) if isinstance(config, str) else config
         if not isinstance(config, SpecConfig):
             raise ValueError(f"config must be a SpecConfig or one of {sorted(CONFIGS)}; chapter 7's configurations "
