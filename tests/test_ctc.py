@@ -14,6 +14,7 @@ import torch
 
 from book.ctc import compiled as book_compiled
 from book.ctc.lesson import bank_ways
+from book.ctc.model import probability_space_ctc
 from studylog import ctc, cuda
 
 SENTINEL = -12345.0  # poison for outputs: no correct loss or gradient entry takes this value
@@ -127,8 +128,8 @@ def test_probability_space_rescaling_breaks_on_long_blank_heavy_input():
         x, lists = ctc.stress_inputs(T, 2, 12, gen, "cpu")
         targets, tl = ctc.padded(lists), [len(l) for l in lists]
         ref, ref_grad = ctc.reference_ctc(x, targets, [T, T], tl)
-        prob32, grad32, estimate = ctc.probability_space_ctc(x, targets, [T, T], tl)
-        prob64, grad64, _ = ctc.probability_space_ctc(x, targets, [T, T], tl, dtype=torch.float64)
+        prob32, grad32, estimate = probability_space_ctc(x, targets, [T, T], tl)
+        prob64, grad64, _ = probability_space_ctc(x, targets, [T, T], tl, dtype=torch.float64)
         assert torch.isfinite(ref).all()
         torch.testing.assert_close(prob64, ref, rtol=1e-10, atol=0)  # double still holds at this length
         torch.testing.assert_close(grad64, ref_grad, rtol=0, atol=1e-9)
@@ -146,7 +147,7 @@ def test_probability_space_model_matches_the_reference_where_nothing_underflows(
     x, targets, il, tl = random_case(rng, 17, 5, 7, max_target=6, repeats=True)
     il[0], tl[0] = 17, 6
     ref_loss, ref_grad = ctc.reference_ctc(x, targets, il, tl)
-    loss, grad, estimate = ctc.probability_space_ctc(x, targets, il, tl)
+    loss, grad, estimate = probability_space_ctc(x, targets, il, tl)
     feasible = torch.isfinite(ref_loss)
     assert (estimate[feasible] < ctc.reference.UNDERFLOW_TOLERANCE).all(), estimate
     assert torch.isinf(loss[~feasible]).all() and torch.isinf(estimate[~feasible]).all()
@@ -854,7 +855,7 @@ def test_probability_space_flags_the_finite_wrong_loss_it_returns():
     x, lists = ctc.report.long_inputs(1100, 6, 28, gen, "cpu")
     targets, tl = ctc.padded(lists), [len(l) for l in lists]
     ref_loss, ref_grad = ctc.reference_ctc(x, targets, [1100] * 6, tl)
-    loss, grad, estimate = ctc.probability_space_ctc(x, targets, [1100] * 6, tl)
+    loss, grad, estimate = probability_space_ctc(x, targets, [1100] * 6, tl)
     assert loss.dtype == grad.dtype == torch.float32
     wrong = ctc.reference.wrong_utterances(loss, grad, ref_loss, ref_grad)
     finite_wrong = wrong & torch.isfinite(loss)

@@ -19,8 +19,7 @@ from studylog.ctc.fused import (ctc_loss, recursion_name, step07_gradient_pass, 
                                 step14_warps_per_direction, warp_grain)
 from studylog.ctc.peers import padded, takes_cudnn_path
 from studylog.ctc.plan import CTCPlan
-from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, errors, probability_space_ctc,
-                                    reference_ctc)
+from studylog.ctc.reference import FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, errors, reference_ctc
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T, random_targets, stress_inputs
 from studylog.ctc.targets import BLANK, MAX_TARGET_LENGTH, CTCTargets, min_frames, prepare_targets
 from studylog.ctc.warpctc import (GRAIN_SIZES, UnderflowWarning, kernel_names, step01_baseline, step02_restrict,
@@ -92,7 +91,7 @@ __all__ = [
     # formats and checks
     "BLANK", "MAX_TARGET_LENGTH", "CTCTargets", "prepare_targets", "min_frames",
     # yardsticks
-    "reference_ctc", "probability_space_ctc", "errors", "UnderflowWarning",
+    "reference_ctc", "errors", "UnderflowWarning",
     # torch's paths
     "takes_cudnn_path",
 ]

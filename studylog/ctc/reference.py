@@ -1,5 +1,4 @@
-"""Chapter 4's yardsticks, on any device: the float64 reference, a model of step 6's probability-space arithmetic
-and its underflow estimate, and how far a result is from the reference."""
+"""Chapter 4's yardsticks, on any device: the float64 reference and how far a result is from it."""
 
 from __future__ import annotations
 
@@ -19,19 +18,17 @@ LOSS_TOLERANCE = 1e-5
 GRAD_TOLERANCE = 1e-4
 #: Step 6's answer for an utterance cannot be trusted when its underflow estimate (relative error of P) exceeds this.
 UNDERFLOW_TOLERANCE = min(LOSS_TOLERANCE, GRAD_TOLERANCE)
-#: The largest error of a float32 value stored below the normal range (FLT_MIN): two roundings to a multiple of 2^-149.
-UNDERFLOW_ULP = 2.0 ** -148
 
 
-def _shifted(row: Tensor, by: int, fill: float = -math.inf) -> Tensor:
+def shifted(row: Tensor, by: int, fill: float = -math.inf) -> Tensor:
     """``row[:, s - by]`` (``by`` > 0) or ``row[:, s + |by|]``, ``fill`` outside the row."""
     padded = torch.nn.functional.pad(row, (max(by, 0), max(-by, 0)), value=fill)
     return padded[:, :row.shape[1]] if by > 0 else padded[:, -by:]
 
 
-def _extended(activations: Tensor, targets, input_lengths, target_lengths):
-    """What both models start from: the input lengths (numpy), the blank-interleaved labels ``(N, S)``, S per
-    utterance, the alpha/beta skip masks, the positions ``(S,)`` and which of them each utterance has ``(N, S)``."""
+def extended(activations: Tensor, targets, input_lengths, target_lengths):
+    """What a model of the recursion starts from: the input lengths (numpy), the blank-interleaved labels ``(N, S)``,
+    S per utterance, the alpha/beta skip masks, the positions ``(S,)`` and which of them each utterance has."""
     if not isinstance(activations, Tensor) or activations.ndim != 3:
         raise ValueError("activations must be a (T, N, A) tensor")
     T, N, A = activations.shape
@@ -58,7 +55,7 @@ def reference_ctc(activations: Float[Tensor, "t n a"], targets: Int[Tensor, "...
     """Loss per utterance and d(sum of losses)/d(activations) in float64, by plain log-space recursions. An
     infeasible target gives an infinite loss and a NaN gradient over its frames (as torch does), or 0 and 0 with
     ``zero_infinity``; frames past an utterance's input length get a zero gradient."""
-    inputs, ext, sizes, skip_in, skip_out, pos, valid = _extended(activations, targets, input_lengths, target_lengths)
+    inputs, ext, sizes, skip_in, skip_out, pos, valid = extended(activations, targets, input_lengths, target_lengths)
     (T, N, _), S, dev = activations.shape, ext.shape[1], activations.device
     log_probs = activations.detach().to(torch.float64).log_softmax(2)
     neg = torch.tensor(-math.inf, dtype=torch.float64, device=dev)
@@ -69,7 +66,7 @@ def reference_ctc(activations: Float[Tensor, "t n a"], targets: Int[Tensor, "...
     alpha[0] = torch.where(pos[None] <= 1, em[0], neg)
     for t in range(1, T):
         prev = alpha[t - 1]
-        terms = torch.stack([prev, _shifted(prev, 1), torch.where(skip_in, _shifted(prev, 2), neg)])
+        terms = torch.stack([prev, shifted(prev, 1), torch.where(skip_in, shifted(prev, 2), neg)])
         alpha[t] = torch.logsumexp(terms, 0) + em[t]
 
     t_last = torch.as_tensor(inputs - 1, device=dev)
@@ -82,7 +79,7 @@ def reference_ctc(activations: Float[Tensor, "t n a"], targets: Int[Tensor, "...
     init = (pos[None] == (sizes - 1)[:, None]) | ((pos[None] == (sizes - 2)[:, None]) & (sizes[:, None] > 1))
     for t in range(T - 1, -1, -1):
         nxt = beta[t + 1]
-        terms = torch.stack([nxt, _shifted(nxt, -1), torch.where(skip_out, _shifted(nxt, -2), neg)])
+        terms = torch.stack([nxt, shifted(nxt, -1), torch.where(skip_out, shifted(nxt, -2), neg)])
         recursed = torch.logsumexp(terms, 0) + em[t]
         started = torch.where(init, em[t], neg)
         frame = torch.as_tensor(t, device=dev)
@@ -106,81 +103,6 @@ def reference_ctc(activations: Float[Tensor, "t n a"], targets: Int[Tensor, "...
         nan = torch.tensor(math.nan, dtype=torch.float64, device=dev)
         grad = torch.where(infinite[None, :, None] & in_range[:, :, None], nan, grad)
     return loss, grad
-
-
-def probability_space_ctc(
-    activations: Float[Tensor, "t n a"], targets, input_lengths, target_lengths, *, dtype=torch.float32,
-) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"], Float64[Tensor, " n"]]:
-    """Step 6's arithmetic in torch ops: loss, gradient and underflow estimate of each utterance, as
-    ``ctc_step06_probability.cu`` computes them (``dtype`` float64: the same arithmetic with double's range). Each
-    row is divided by the previous row's sum, its log added to a float64 offset. The estimate adds up, per frame and
-    over its total, ``UNDERFLOW_ULP / y`` times the other direction's value for every reached entry below
-    ``FLT_MIN`` (``inf`` where a frame's total is 0, an emission is below ``FLT_MIN`` or the loss is infinite)."""
-    inputs, ext, sizes, skip_in, skip_out, pos, valid = _extended(activations, targets, input_lengths, target_lengths)
-    (T, N, _), S, dev, f32 = activations.shape, ext.shape[1], activations.device, dtype
-    tiny = torch.finfo(dtype).tiny
-    ulp = UNDERFLOW_ULP if dtype == torch.float32 else 2.0 * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
-    probs = activations.detach().to(f32).softmax(2)
-    y = probs.gather(2, ext[None].expand(T, N, S)) * valid[None]
-    il = torch.as_tensor(inputs, device=dev)
-    zero = torch.zeros((), dtype=f32, device=dev)
-    inf = torch.full((N,), math.inf, dtype=torch.float64, device=dev)
-
-    def sums(row: Tensor, skip: Tensor, by: int) -> Tensor:  # the recursion's sum of predecessors (by 1: alpha's)
-        return row + _shifted(row, by, 0.0) + _shifted(row, 2 * by, 0.0) * skip
-
-    alpha = torch.zeros((T, N, S), dtype=f32, device=dev)
-    alpha_lost = torch.zeros((T, N, S), dtype=torch.bool, device=dev)  # reached, stored below FLT_MIN
-    shift = torch.zeros(N, dtype=torch.float64, device=dev)
-    log_likelihood = torch.full((N,), -math.inf, dtype=torch.float64, device=dev)
-    for t in range(T):
-        if t == 0:
-            reached = (pos[None] <= 1) & valid
-            v = torch.where(reached, y[0], zero)
-        else:
-            total = alpha[t - 1].sum(1)
-            scale = torch.where(total > 0, 1.0 / total, torch.ones_like(total))
-            shift += torch.where(total > 0, total.double().log(), torch.zeros_like(shift))
-            pre = sums(alpha[t - 1], skip_in, 1)
-            reached = (pre > 0) & valid
-            v = pre * scale[:, None] * y[t]
-        alpha[t] = v
-        alpha_lost[t] = reached & (v < tiny)
-        last = il - 1 == t
-        if last.any():
-            tail = v.gather(1, (sizes - 1)[:, None])[:, 0]
-            tail = tail + torch.where(sizes > 1, v.gather(1, (sizes - 2).clamp(min=0)[:, None])[:, 0], zero)
-            ll = torch.where(tail > 0, tail.double().log() + shift, -inf)
-            log_likelihood = torch.where(last, ll, log_likelihood)
-    loss = (-log_likelihood).to(f32)
-
-    grad = probs.clone()
-    estimate = torch.zeros(N, dtype=torch.float64, device=dev)
-    beta = torch.zeros((N, S), dtype=f32, device=dev)
-    ends = (pos[None] >= (sizes - 2)[:, None]) & valid
-    for t in range(T - 1, -1, -1):
-        active, start = t < il, t == il - 1
-        total = beta.sum(1)
-        scale = torch.where(total > 0, 1.0 / total, torch.ones_like(total))
-        pre = torch.where(start[:, None], ends.to(f32), sums(beta, skip_out, -1) * scale[:, None])
-        reached = torch.where(start[:, None], ends, sums(beta, skip_out, -1) > 0) & valid
-        e = y[t]
-        v = pre * e
-        safe = torch.where(e > 0, e, torch.ones_like(e))
-        a = alpha[t]
-        p = torch.where(e > 0, a * v / safe, zero)
-        frame_total = p.sum(1)
-        lost = (torch.where(alpha_lost[t], v / safe, zero) + torch.where(reached & (v < tiny), a / safe, zero)
-                + torch.where((a > 0) & (v > 0) & (a * v < tiny), 1.0 / safe, zero)).sum(1)
-        frame = torch.where(frame_total > 0, lost.double() * ulp / frame_total.double(), inf)
-        frame = torch.where((valid & (e < tiny)).any(1), inf, frame)
-        estimate += torch.where(active, frame, torch.zeros_like(frame))
-        post = p / frame_total[:, None]  # NaN where the frame's total is 0, as the kernel's gradient
-        g = probs[t].scatter_add(1, ext, -post)
-        grad[t] = torch.where(active[:, None], g, torch.zeros_like(g))
-        beta = torch.where(active[:, None], v, beta)
-    estimate = torch.where(torch.isinf(loss), inf, estimate)
-    return loss, grad, estimate
 
 
 def untrusted(estimate: Tensor, loss: Tensor, input_lengths, target_lists: Sequence) -> Tensor:

@@ -195,8 +195,8 @@ def _check_step(run, step, loss, grad, ref, batch, params, estimate=None) -> dic
 
 def _time_step(run, number: int, x: Tensor, batch: CTCTargets, ref, params: dict, *, series: str | None = None,
                counted: bool = False, extra: dict | None = None, entry: bool = False, **how) -> dict:
-    """Check step ``number`` (with ``entry``: ``ctc_loss``, series ``ctc_loss``, which runs it here) against the
-    reference (with :func:`outcomes` when ``counted``), then time it; ``how``: the step's options and :func:`_timed`'s."""
+    """Check step ``number`` (with ``entry``: ``ctc_loss``, which runs it here) against the reference (with
+    :func:`outcomes` when ``counted``), then time it; ``how``: the step's options and :func:`_timed`'s."""
     step = step_of(number)
     timing = {k: how.pop(k) for k in ("host", "floor_ms", "reps") if k in how}
     call = ctc_loss if entry else lambda xi, b, **out: _call(number, xi, b, **out, **how)
