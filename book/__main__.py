@@ -76,11 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     if wrong is not None:
         print(f"error: {wrong}", file=sys.stderr)
         return 2
-    from book.plotting import save_chapter_figures
-    from studylog import paths
+    from book.plotting import require_checkout, save_chapter_figures
 
     try:
-        paths.require_checkout("python -m book plot")
+        require_checkout("python -m book plot")
         for path in save_chapter_figures(args.chapters):
             print(path)
     except BrokenPipeError:  # the reader left (`... | head`): stop quietly, as other tools do

@@ -149,10 +149,18 @@ def plot_speedup(results: Results, x: str, baseline: str, series: Iterable[str],
     return ax
 
 
+def require_checkout(what: str) -> None:
+    """Raise a clear error when ``what`` writes the book's files and the package is not a checkout."""
+    if not paths.CHECKOUT:
+        raise RuntimeError(f"{what} writes the repository's files (assets/, README.md), and studylog is installed "
+                           f"from a wheel here ({paths.PACKAGE}), not run from a checkout: clone the repository and "
+                           "`make install` there")
+
+
 def save_figure(fig, name: str) -> Path:
     """Save a figure under ``assets/figures/<name>.png`` (the book and the README link these); needs a
     repository checkout (:data:`studylog.paths.CHECKOUT`)."""
-    paths.require_checkout(f"saving the figure {name!r}")
+    require_checkout(f"saving the figure {name!r}")
     FIGURES.mkdir(parents=True, exist_ok=True)
     path = FIGURES / f"{name}.png"
     fig.savefig(path, dpi=130, bbox_inches="tight")
