@@ -1,9 +1,7 @@
 """The chapter protocol and the one registry that finds chapters.
 
 A chapter is a package ``studylog/<name>/`` whose ``__init__`` defines ``CHAPTER``, a :class:`Chapter`: its steps in
-the lesson's order, its benchmark (``bench(run)``) and headline (``headline(results)``). A step has one name
-everywhere: ``step.name`` (``"step09_tma"``) is its function and legend label, ``step.series`` (``"step09"``) its
-series in the benchmark JSON.
+the lesson's order, its benchmark (``bench(run)``) and headline (``headline(results)``).
 """
 
 from __future__ import annotations
@@ -29,10 +27,8 @@ class Step:
     title: str
     language: str
     function: Callable[..., Any] | None = None
-    #: What ``show_source``/``show_diff`` read: a Triton/Python function, or the path of a ``.cu`` file.
-    source: Any = None
-    #: With a ``.cu`` source: the one kernel (or function) of it that this step is.
-    source_function: str | None = None
+    source: Any = None  # what show_source/show_diff read: a Triton/Python function, or a .cu file's path
+    source_function: str | None = None  # with a .cu source: the one kernel (or function) of it that this step is
 
     def __post_init__(self):
         if not isinstance(self.number, int) or self.number < 0:
@@ -54,7 +50,7 @@ class Step:
 
     @property
     def label(self) -> str:
-        """What a figure legend or a table row says: the step's name and what changed."""
+        """The step's name and what changed."""
         return f"{self.name}: {self.title}"
 
 
@@ -113,11 +109,6 @@ class Chapter:
         return source.show_diff(a.source, b.source, old_function=a.source_function,
                                 new_function=b.source_function, context=context, names=(a.name, b.name))
 
-    def steps_table(self) -> str:
-        """The chapter's table of steps (Markdown): number, name, language, what changed."""
-        rows = [f"| {s.number} | `{s.name}` | {s.language} | {s.title} |" for s in self.steps]
-        return "\n".join(["| step | name | language | what changed |", "|---|---|---|---|", *rows])
-
 
 #: chapter name -> the package (or module) that defines ``CHAPTER``. The order is the course's.
 CHAPTERS: dict[str, str] = {
@@ -133,8 +124,7 @@ CHAPTERS: dict[str, str] = {
 }
 
 
-#: Benchmarks that are not chapters (no steps or notebooks): name -> the module that defines ``bench(run)``.
-#: ``python -m studylog bench NAME`` runs one (``all`` runs only the chapters) into ``OUT/<gpu>/NAME.json``.
+#: Benchmarks that are not chapters: name -> the module that defines ``bench(run)`` (``all`` runs only chapters).
 BENCHMARKS: dict[str, str] = {
     "tails": "studylog.tails",  # p50 and p99 of each chapter's final kernel at its headline shape
 }
@@ -165,8 +155,8 @@ def chapters() -> list[Chapter]:
 
 
 def select(names: list[str] | tuple[str, ...], *, need: str | None = None) -> list[Chapter]:
-    """Chapters named on a command line (``["all"]``: every one, or with ``need``, every one that declares it; a
-    named chapter without it is an error). A name of :data:`BENCHMARKS` gives a :class:`Benchmark`."""
+    """Chapters named on a command line (``["all"]``: every one that declares ``need``; a named one without it is an
+    error). A name of :data:`BENCHMARKS` gives a :class:`Benchmark`."""
     if list(names) == ["all"]:
         return [c for c in chapters() if need is None or getattr(c, need) is not None]
     out = []
