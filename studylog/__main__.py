@@ -90,7 +90,7 @@ def _parser() -> _Parser:
 
 
 def _check_chapters(names: list[str]) -> None:
-    """Each name of a bench command line: a chapter with a benchmark, another benchmark, or 'all' alone."""
+    """Each name: a chapter with a benchmark, another benchmark, or 'all' alone."""
     from studylog import chapter as registry
 
     if "all" in names:

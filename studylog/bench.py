@@ -1,9 +1,7 @@
 """Benchmark harness: ``python -m studylog bench <chapter|all>``, into ``assets/bench/<gpu>/<chapter>.json``.
 
-It refuses to run without a GPU, measures the device's ceilings in the same run (copy bandwidth, an empty kernel) so
-floors and ratios never mix runs, and times by one policy (the book's "How we measure" page): the headline clock is
-the **GPU time** (:meth:`BenchRun.gpu_time`), with the **host time per call** (:meth:`BenchRun.host_time`) beside it,
-each in independent repetitions whose minimum, median and maximum the JSON keeps.
+It refuses to run without a GPU and measures the device's ceilings in the same run, so floors never mix runs. The
+policy is the book's "How we measure" page: GPU time (:meth:`BenchRun.gpu_time`), host time per call beside it.
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ CPU_REFUSAL = ("python -m studylog bench needs a CUDA GPU, and torch sees none o
 
 @contextlib.contextmanager
 def collector_paused():
-    """Python's cyclic garbage collector off inside the block (after one collection), as ``timeit`` runs: a full
-    collection over chapter 1's grammars takes tens of milliseconds and would land in a timed repetition."""
+    """The cyclic garbage collector off inside the block (after one collection), as ``timeit`` runs: a collection
+    over chapter 1's grammars takes tens of milliseconds."""
     was_on = gc.isenabled()
     gc.collect()
     gc.disable()
@@ -50,7 +48,7 @@ def collector_paused():
 
 
 class NoGPUError(RuntimeError):
-    """Raised when a benchmark is asked for on a machine without a GPU."""
+    """A benchmark asked for on a machine without a GPU."""
 
 
 def gpu_slug(name: str) -> str:
@@ -59,7 +57,7 @@ def gpu_slug(name: str) -> str:
 
 
 def write_lab_output(folder: Path, gpu_name: str, name: str, data: Any) -> Path:
-    """Write ``data`` as JSON to ``folder/<gpu slug>/<name>.json`` (what ``plotting.load_lab`` reads); its path."""
+    """Write ``data`` as JSON to ``folder/<gpu slug>/<name>.json`` (what ``plotting.load_lab`` reads)."""
     path = Path(folder) / gpu_slug(gpu_name) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -67,8 +65,7 @@ def write_lab_output(folder: Path, gpu_name: str, name: str, data: Any) -> Path:
 
 
 def git_commit() -> str:
-    """The commit being measured: ``$STUDYLOG_COMMIT`` when set (a copied working tree may carry no ``.git``),
-    else git, else ``"unknown"``."""
+    """The commit measured: ``$STUDYLOG_COMMIT`` (a copied tree may have no ``.git``), else git's, else unknown."""
     if os.environ.get("STUDYLOG_COMMIT"):
         return os.environ["STUDYLOG_COMMIT"]
 
@@ -155,8 +152,8 @@ class Timing:
 
 
 def failed_checks(data: dict[str, Any], *, peers: bool = False) -> list[dict[str, Any]]:
-    """The failed checks of a results file: of our own kernels, or with ``peers`` of a peer's output (flagged
-    ``peer``, or named after a series whose role is ``"peer"``)."""
+    """The failed checks of a results file: of our kernels, or with ``peers`` of a peer's (flagged, or named after a
+    peer series)."""
     peer_series = {r["series"] for r in data.get("measurements", []) if r.get("role") == "peer"}
 
     def of_peer(c: dict[str, Any]) -> bool:
@@ -195,8 +192,8 @@ class BenchRun:
         return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
     def kernel_time(self, fn: Callable[[], Any], *, reps: int = 40) -> float:
-        """Median GPU time of ``fn()``'s kernels in milliseconds, as the profiler (CUPTI) records them: from the start
-        of its first kernel to the end of its last, L2 flushed before each repetition (no launch or event in it)."""
+        """Median GPU time (ms) of ``fn()``'s kernels as the profiler records them, first start to last end, L2
+        flushed before each repetition."""
         from torch.profiler import ProfilerActivity, profile
 
         flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
@@ -237,17 +234,16 @@ class BenchRun:
         return max(1, -(-4 * l2 // max(int(nbytes), 1)))
 
     def rotated(self, weights: Any) -> list:
-        """``weights`` and copies of it, :meth:`rotation` of them in all: a tensor, or a dataclass that keeps
-        its bytes in a tensor ``data`` (a packed weight format), copied with that tensor cloned."""
+        """``weights`` and copies, :meth:`rotation` in all: a tensor, or a dataclass with its bytes in ``data``."""
         data = weights if isinstance(weights, torch.Tensor) else weights.data
         clone = weights.clone if data is weights else lambda: dataclasses.replace(weights, data=data.clone())
         return [weights] + [clone() for _ in range(self.rotation(data.numel() * data.element_size()) - 1)]
 
     def graph_time(self, calls: list[Callable[[], Any]], *, min_calls: int = 60, reps: int = 15,
                    samples: bool = False) -> float | list[float]:
-        """Median GPU time per call (ms) of ``calls`` replayed in a CUDA graph, as a serving engine runs decode steps:
-        ``calls`` are one graph-safe call on copies of its large input (:meth:`rotation`), at least ``min_calls`` in
-        all, each replay after a 256 MB memset that hides the host's launch. ``samples``: each replay's time a call."""
+        """Median GPU time per call (ms) of ``calls`` (one graph-safe call on copies of its input, :meth:`rotation`)
+        replayed in a CUDA graph, ``min_calls`` at least, each replay after a 256 MB memset that hides the launch.
+        ``samples``: each replay's time a call."""
         if not calls:
             raise ValueError("graph_time needs at least one call")
         sequence = calls * -(-min_calls // len(calls))
@@ -277,8 +273,8 @@ class BenchRun:
                          clock="gpu")
 
     def host_time(self, fn: Callable[[], Any], *, calls: int = 200, repeats: int = 3) -> "Timing":
-        """Host time per call, in milliseconds: ``calls`` back-to-back calls of ``fn`` with no synchronisation, in
-        ``repeats`` repetitions, the garbage collector paused. A host time above the GPU time: the host bounds it."""
+        """Host time per call (ms): ``calls`` back-to-back calls of ``fn``, no synchronisation, garbage collector
+        paused, in ``repeats`` repetitions."""
         fn()
         torch.cuda.synchronize()
         samples = []
@@ -299,9 +295,8 @@ class BenchRun:
     def record(self, series: str, ms: "float | Timing", *, params: dict[str, Any], role: str = "kernel",
                floor_ms: float | None = None, clock: str | None = None, host: "Timing | None" = None,
                **extra: Any) -> dict[str, Any]:
-        """Record one timing: ``ms`` on ``clock`` (``"do_bench"`` unless said), or a :class:`Timing` (its median, and
-        its spread as ``spread_ms``); ``host``: the call's host time, kept beside it. ``role``: ``"kernel"`` (ours),
-        ``"baseline"`` or ``"peer"`` (another library)."""
+        """Record ``ms`` on ``clock`` (``"do_bench"`` unless said), or a :class:`Timing` (median and ``spread_ms``),
+        with ``host``, the call's host time, beside it. ``role``: ours, a baseline or a peer (another library)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if isinstance(ms, Timing):
@@ -332,8 +327,7 @@ class BenchRun:
         return self.record(series, timing, params=params, role=role, floor_ms=floor_ms, host=host_timing, **extra)
 
     def check(self, name: str, passed: bool, *, params: dict[str, Any] | None = None, **detail: Any) -> bool:
-        """Record a correctness check made on a benchmark input. A failure fails the run, unless it is of a peer's
-        output (see :func:`failed_checks`): a finding about the peer, kept in the JSON and printed."""
+        """Record a check made on a benchmark input; a failure fails the run unless it is a peer's (a finding)."""
         self.checks.append({"name": name, "passed": bool(passed), "params": params or {}, **detail})
         return bool(passed)
 
@@ -380,8 +374,7 @@ def empty_launch() -> Callable[[], None]:
 
 def read_only(t: torch.Tensor, sink: torch.Tensor | None = None) -> Callable[[], None]:
     """A launch of ``read_only`` (csrc/read_only.cu) over ``t``'s bytes: the floor under any kernel that must read
-    them once, setup and first bytes' latency included. It writes ``sink[0]`` (int32) only where a thread's XOR of
-    its 16-byte pieces is 0x9E3779B9 (a test plants one)."""
+    them once. It writes ``sink[0]`` only where a thread's XOR of its 16-byte pieces is 0x9E3779B9."""
     from studylog import cuda
 
     if not t.is_cuda or not t.is_contiguous() or t.numel() * t.element_size() % 16 or t.data_ptr() % 16:

@@ -1,6 +1,5 @@
-"""One way to check a public function's arguments before a kernel sees them: bad input is a ``TypeError`` (wrong
-kind of thing, wrong dtype) or a ``ValueError`` (wrong shape, device, layout or value) whose message starts with the
-argument's name, never a crash inside a kernel or a silently wrong answer. Checks read only metadata (no sync).
+"""Check a public function's arguments before a kernel sees them: a ``TypeError`` (wrong kind or dtype) or a
+``ValueError`` (wrong shape, device, layout or value) that names the argument. Checks read only metadata (no sync).
 """
 
 from __future__ import annotations
@@ -63,9 +62,8 @@ def describe(t: Any) -> str:
 
 def check_out(name: str, out: Any, *, shape: Sequence[int], dtype: torch.dtype, device: str | torch.device,
               contiguous: bool = True, any_shape: bool = False) -> Tensor:
-    """Check a caller's output buffer and return it: a ``dtype`` tensor of ``shape`` (with ``any_shape``, of as many
-    elements) on ``device``, contiguous (with ``contiguous=False``, a unit stride on its last dimension). The error
-    says what is expected and what was passed."""
+    """Check a caller's output buffer and return it: a ``dtype`` tensor of ``shape`` (``any_shape``: as many elements)
+    on ``device``, contiguous (or with ``contiguous=False``, a unit stride on its last dimension)."""
     if isinstance(out, Tensor) and out.dtype == dtype:
         fits = out.numel() == math.prod(shape) if any_shape else out.shape == tuple(shape)
         want = torch.device(device)

@@ -1,9 +1,7 @@
 """Compile CUDA C++ kernels with NVRTC and launch them on torch tensors.
 
-:func:`compile_source` turns a source into PTX (and for ``sm_XX`` a cubin and ptxas' report); NVRTC needs no driver,
-so the tests compile every ``.cu`` without a GPU. :func:`load` compiles for the visible GPU and returns a
-:class:`CudaModule` whose kernels launch on torch's current stream. Compiles are kept on disk
-(:func:`compile_cache_dir`): a source of many template instances takes tens of seconds.
+:func:`compile_source` needs no driver, so the tests compile every ``.cu`` without a GPU; :func:`load` compiles for the
+visible GPU and returns a :class:`CudaModule` whose kernels launch on torch's current stream. Compiles are kept on disk.
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ from studylog.paths import csrc_folders
 DEFAULT_ARCH = "sm_90"
 
 
-#: Template instances each source is launched with (file stem -> C++ name expressions). A source
-#: made only of templates compiles to no kernel until it is instantiated, so chapter modules declare
-#: their instances here and the tests compile every ``.cu`` file with them.
+#: Template instances each source is launched with (file stem -> C++ name expressions), so that the tests compile
+#: every ``.cu`` file with them (a source made only of templates compiles to no kernel).
 INSTANCES: dict[str, tuple[str, ...]] = {}
 
 
@@ -79,8 +76,7 @@ class CompiledSource:
     lowered_names: dict[str, str] = field(default_factory=dict)
 
     def ptxas_report(self) -> dict[str, dict[str, int]]:
-        """Per (mangled) kernel name, ``registers``, ``stack_bytes``, ``spill_stores`` and ``spill_loads`` from
-        ptxas' ``-v`` report; empty for PTX-only (``compute_XX``) targets."""
+        """Per (mangled) kernel name: ``registers``, ``stack_bytes``, ``spill_stores``, ``spill_loads`` (ptxas -v)."""
         report: dict[str, dict[str, int]] = {}
         current = None
         for line in self.log.splitlines():
@@ -139,9 +135,8 @@ def _include_dirs() -> list[str]:
 
 def compile_source(source: str | Path, *, arch: str = DEFAULT_ARCH, options: Sequence[str] = (),
                    name_expressions: Sequence[str] = (), name: str | None = None) -> CompiledSource:
-    """Compile CUDA C++ with NVRTC: ``source`` is text, or a path or name of a file in a ``csrc`` folder; ``arch``
-    is ``sm_XX`` (PTX, cubin and ptxas report) or ``compute_XX`` (PTX only); ``name_expressions`` are C++ names
-    (template instances such as ``"kernel<float, 3>"``) whose mangled names go to ``lowered_names``."""
+    """Compile CUDA C++ (text, or a path or name of a file in a ``csrc`` folder) for ``sm_XX`` (PTX, cubin and ptxas
+    report) or ``compute_XX`` (PTX only); ``name_expressions`` (``"kernel<float, 3>"``) go to ``lowered_names``."""
     text, default_name = _resolve(source)
     name = name or default_name
     if not re.fullmatch(r"(sm|compute)_\d+a?", arch):
@@ -175,8 +170,7 @@ def compile_cache_dir() -> Path | None:
 
 
 def _cache_file(text: str, name: str, arch: str, options: Sequence[str], name_expressions: Sequence[str]):
-    """The cache entry of one compile, keyed by everything NVRTC sees (source, every ``.cuh``, options, include
-    folders, NVRTC's version), so an edit anywhere compiles anew."""
+    """The cache entry of one compile, keyed by all NVRTC sees (source, every ``.cuh``, options, its version)."""
     if (folder := compile_cache_dir()) is None:
         return None
     digest = hashlib.sha256()
@@ -253,9 +247,8 @@ def _ensure_context(device_index: int) -> None:
 
 
 class CudaKernel:
-    """One ``__global__`` function, launched on torch tensors on torch's current stream. The argument block is built
-    once and a launch only packs values into it (the driver copies them during ``cuLaunchKernel``): a launch's host
-    cost matters for kernels of a few microseconds."""
+    """One ``__global__`` function, launched on torch's current stream. The argument block is built once and a launch
+    only packs values into it: a launch's host cost matters for kernels of a few microseconds."""
 
     def __init__(self, module: "CudaModule", name: str, function, signature: Sequence[str]):
         if unknown := [s for s in signature if s not in ARG_TYPES]:
@@ -269,10 +262,9 @@ class CudaKernel:
         self._launch_configs: dict[tuple, object] = {}
 
     def __call__(self, grid, block, *args, shared_mem: int = 0, early: bool = False, cluster: int | None = None):
-        """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (Hopper): the kernel may start
-        once the previous one has run ``griddepcontrol.launch_dependents`` in every block, and must run
-        ``griddepcontrol.wait`` before reading what it writes. ``cluster``: blocks ``cluster`` at a time along x form a
-        thread block cluster; a kernel that uses cluster barriers needs one (of 1 too), or it can deadlock."""
+        """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (the kernel must run
+        ``griddepcontrol.wait`` before reading what the previous one writes). ``cluster``: blocks ``cluster`` at a time
+        along x form a thread block cluster (a kernel that uses cluster barriers needs one, of 1 too)."""
         grid, block = self._dims(grid, block, args, cluster)
         ctypes.memmove(self._block, *self._pack(args))
         self._launch(grid, block, shared_mem, self._params_address, early, cluster)
@@ -331,9 +323,8 @@ class CudaKernel:
         return cu_stream
 
     def bind(self, grid, block, *args, shared_mem: int = 0, early: bool = False) -> "BoundLaunch":
-        """This launch with its arguments checked and packed once, into a block of its own: for a loop that
-        launches one kernel on one shape again and again, where a call's checks and packing cost more host time
-        than the kernel takes on the GPU. The tensors given must outlive the result."""
+        """This launch with its arguments checked and packed once, for a loop that launches it again and again; the
+        tensors given must outlive the result."""
         grid, block = self._dims(grid, block, args)
         return BoundLaunch(self, grid, block, self._pack(args)[0], shared_mem, early)
 
@@ -370,8 +361,7 @@ class CudaKernel:
 
 
 class BoundLaunch:
-    """A kernel's launch with its arguments packed (:meth:`CudaKernel.bind`): :meth:`set_pointer` rewrites one
-    pointer argument in place (a new input's address), and a call launches on torch's current stream."""
+    """A kernel's launch with its arguments packed (:meth:`CudaKernel.bind`); a call launches it."""
 
     def __init__(self, kernel: CudaKernel, grid: tuple, block: tuple, packed: bytes, shared_mem: int, early: bool):
         self.kernel, self.grid, self.block, self.shared_mem, self.early = kernel, grid, block, shared_mem, early
@@ -389,8 +379,7 @@ class BoundLaunch:
 
 
 def _argument_block(packed: bytes, n: int):
-    """A kernel's argument block holding ``packed`` (8 bytes an argument), and the array of the ``n`` arguments'
-    addresses that cuLaunchKernel takes."""
+    """An argument block holding ``packed`` (8 bytes an argument), and the array of its ``n`` addresses."""
     block = ctypes.create_string_buffer(packed, max(len(packed), 8))
     base = ctypes.addressof(block)
     return block, (ctypes.c_void_p * max(n, 1))(*[base + 8 * i for i in range(n)])

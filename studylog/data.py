@@ -1,12 +1,6 @@
-"""Small data files shared between chapters: the FSM chapter exports real grammar masks, the masked-LM-head
-chapter benchmarks with them. Format of ``assets/data/fsm_masks.npz``:
-
-* ``vocab_size``: int, the vocabulary the ids index (EOS included);
-* ``offsets``: int64 ``[n_masks + 1]``; mask ``i`` holds ``ids[offsets[i]:offsets[i+1]]``;
-* ``ids``: int32, the allowed token ids of every mask, each mask sorted ascending;
-* ``state``: int64 ``[n_masks]``, the FSM state the mask belongs to;
-* ``source``: str ``[n_masks]``, the schema or regex name the state comes from;
-* ``tokenizer``: str, the vocabulary's name (for example ``cl100k_base``).
+"""Real grammar masks, exported by the FSM chapter, read by the masked-LM-head chapter: ``assets/data/fsm_masks.npz``
+holds ``vocab_size``, ``offsets`` (mask ``i`` is ``ids[offsets[i]:offsets[i+1]]``), ``ids`` (int32, each mask sorted),
+``state`` and ``source`` (the FSM state and schema each mask comes from) and ``tokenizer`` (the vocabulary's name).
 """
 
 from __future__ import annotations

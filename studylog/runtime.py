@@ -1,7 +1,6 @@
 """Where kernels run: on the GPU when torch sees one, else through Triton's interpreter.
 
-Triton reads ``TRITON_INTERPRET`` when a kernel is *defined*, so this module must be imported before any kernel
-module: ``studylog/__init__.py`` imports it first, so ``import studylog.<chapter>`` is always enough.
+Triton reads ``TRITON_INTERPRET`` when a kernel is *defined*, so ``studylog/__init__.py`` imports this module first.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ if not _HAS_GPU:
                       "Triton to its interpreter so kernels can still run on the CPU.", stacklevel=2)
     os.environ["TRITON_INTERPRET"] = "1"
 
-#: ``"gpu"``: Triton compiles kernels for the GPU.  ``"interpreter"``: Triton runs them on the
-#: CPU, one program at a time, with numpy semantics (slow; use small sizes).
+#: ``"gpu"``, or ``"interpreter"``: Triton runs kernels on the CPU, one program at a time (slow; use small sizes).
 MODE = "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "gpu"
 
 
@@ -46,8 +44,7 @@ def _device_sm_count(index: int) -> int:
 
 
 def sm_count() -> int:
-    """Streaming multiprocessors of the current GPU, for launch heuristics; 132 (an H100/H200 SXM's) when none is
-    visible, so that the heuristics give on a CPU what they give on the benchmark GPU."""
+    """The current GPU's SMs, for launch heuristics; an H100/H200's 132 on a CPU, so they choose as on that GPU."""
     return _device_sm_count(torch.cuda.current_device()) if _HAS_GPU else 132
 
 
@@ -85,8 +82,7 @@ def require_gpu(what: str) -> None:
 
 
 def cuda_graph(fn, *, warmups: int = 2, pool=None):
-    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream (allocations stay out of it): the
-    graph, and what the captured call returned."""
+    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream: the graph and the call's result."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -100,7 +96,7 @@ def cuda_graph(fn, *, warmups: int = 2, pool=None):
 
 
 def staged(*shape: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A zeroed host buffer (pinned, so copies run asynchronously) and its device twin; on a CPU one tensor is both."""
+    """A zeroed pinned host buffer and its device twin; on a CPU one tensor is both."""
     if device.type != "cuda":
         both = torch.zeros(shape, dtype=dtype, device=device)
         return both, both

@@ -33,7 +33,7 @@ def _cuda_function(text: str, name: str) -> str:
     if not m:
         raise KeyError(f"no function {name!r} in the source")
     start = m.start()
-    # include a comment block and template line right above the declaration
+    # with the comment block and template line right above the declaration
     before = text[:start].rstrip("\n").split("\n")
     while before and (before[-1].strip().startswith(("//", "template", "/*", "*"))
                       or before[-1].strip().endswith("*/")):
@@ -97,24 +97,20 @@ def resolve_constexpr(lines: list[str], knobs: dict[str, Any], *, read_values: b
     return out
 
 
-#: Sphinx's cross-reference roles in a docstring (``:func:`name```, ``:data:`~mod.NAME```) and reST's inline
-#: literals (````text````): a listing shows them as the code they name, in single back-ticks.
+#: Sphinx's roles (``:func:`name```, ``:data:`~mod.NAME```) and reST's inline literals in a docstring.
 _ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`(~?)([^`<>]+?)(?:\s*<[^`>]+>)?`")
 _LITERAL = re.compile(r"``([^`\n]+?)``")
 
 
 def plain_markup(text: str) -> str:
-    """``text`` with reST roles and double back-ticks written as plain code text, as a reader expects them in a
-    listing: ``:func:`step12_dispatch``` -> ```step12_dispatch```, ``:class:`~torch.Tensor``` -> ```Tensor```,
-    ````"few_ids"```` -> ```"few_ids"```. Neither Python nor CUDA C++ code uses a back-tick, so only docstrings and
-    comments change."""
+    """``text`` with reST roles and double back-ticks as plain code in single back-ticks (``:class:`~torch.Tensor```
+    -> ```Tensor```); code uses no back-tick, so only docstrings and comments change."""
     text = _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", text)
     return _LITERAL.sub(r"`\1`", text)
 
 
 def _hanging(line: str, margin: str = "12px") -> str:
-    """Inline style that wraps a long line under its own indentation plus 4 columns (the first line unmoved, at
-    ``margin``)."""
+    """Inline style that wraps a long line under its own indentation plus 4 columns."""
     indent = len(line) - len(line.lstrip(" ")) + 4
     return f"padding-left: calc({margin} + {indent}ch); text-indent: -{indent}ch; "
 
@@ -138,12 +134,11 @@ class Code:
         formatter = HtmlFormatter(noclasses=True, nobackground=True, style="default")
         body = highlight(plain_markup(self.text), CudaLexer() if self.language == "cuda" else PythonLexer(), formatter)
         body = body.replace('<div class="highlight"', '<div class="studylog-code"')
-        # one style attribute on <pre> (Pygments writes its own): the box's font size, no wrapping (the box scrolls)
+        # one style attribute on <pre> (Pygments writes its own): the box's font size, no wrapping
         body = body.replace('<pre style="', '<pre style="margin: 0 12px; background: transparent; font-size: inherit; '
                             'white-space: pre; ', 1)
-        # each line its own block, so that where a page wraps long lines they hang under the line's indentation
-        # (Pygments closes its spans at every newline); each block ends with its newline, so that the text of the
-        # <pre> (copied, indexed, read aloud) keeps its lines (a newline that ends a block adds no empty line)
+        # each line its own block (Pygments closes its spans at every newline), so a wrapped line hangs under its
+        # indentation; each block ends with its newline, so the text of the <pre> keeps its lines
         head, _, rest = body.partition("<pre")
         tag, _, code = rest.partition(">")
         code, _, tail = code.rpartition("</pre>")
@@ -203,8 +198,7 @@ class Diff:
 
 def show_diff(old: Any, new: Any, *, old_function: str | None = None, new_function: str | None = None,
               context: int = 3, names: tuple[str, str] | None = None) -> Diff:
-    """The diff from one step of a kernel to the next (functions, ``.cu`` files, or strings). The names in the
-    ``def``/``__global__`` lines are part of it: the reader sees which step is which."""
+    """The diff from one step of a kernel to the next (functions, ``.cu`` files, or strings)."""
     names = names or (_label(old, old_function), _label(new, new_function))
     return Diff(source_of(old, old_function)[0], source_of(new, new_function)[0], *names, context)
 

@@ -17,9 +17,8 @@ def _row_key(row: dict[str, Any]) -> tuple:
 
 
 def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: float = 0.15) -> dict[str, Any]:
-    """Compare every ``fresh_root/<gpu>/<chapter>.json`` with the committed file of that GPU (else the newest of any
-    GPU, said so). One entry per fresh file: the rows whose time moved by more than ``tolerance``, the rows found in
-    only one of the two, and every headline with its committed and fresh speedup and whether it holds."""
+    """Compare every ``fresh_root/<gpu>/<chapter>.json`` with the committed file of that GPU (else the newest): per
+    file, the rows that moved by more than ``tolerance``, those in one file only, and whether each headline holds."""
     from studylog import chapter as registry
     from studylog.plotting import load_results, result_files
 
