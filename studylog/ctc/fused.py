@@ -263,7 +263,8 @@ def step14_warps_per_direction(activations, targets, input_lengths=None, target_
 
 
 #: :func:`final_step`'s rule: step 14's warps pay where many classes or a mid-size batch keep the GPU busy; with few
-#: classes one utterance, or a full batch, runs as fast on step 12's one warp a direction.
+#: classes one utterance, or a full batch, runs as fast on step 12's one warp a direction. It must keep ``ctc_loss``
+#: within the spread of the fastest step.
 SMALL_ALPHABET = 1024
 FULL_BATCH = 256
 

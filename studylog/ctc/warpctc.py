@@ -130,7 +130,8 @@ def step01_baseline(
     """Step 1, warp-ctc's baseline: CTC loss per utterance and the gradient of its sum w.r.t. the activations.
 
     ``targets``: a :class:`CTCTargets` (then no lengths), or raw targets and lengths; ``out_loss`` / ``out_grad``:
-    the caller's buffers. Every step takes these arguments; with prepared targets a call can be graph-captured.
+    the caller's buffers. Every step takes these arguments; with prepared targets a call can be captured in a CUDA
+    graph after one eager call (which compiles the kernels).
     """
     return _run(1, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
