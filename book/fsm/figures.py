@@ -72,7 +72,7 @@ def plot_savings(results: Sequence[EntryResult], peer_rows: Optional[Sequence] =
                 y = llg.get(n)
             else:
                 r = rows.get((n, ws))
-                y = None if r is None else r.saved(mode)  # regex entries have no whitespace variants
+                y = None if r is None else 1 - r.passes[mode] / r.passes["none"]  # a regex has no whitespace variant
             if y is None:
                 continue
             xs.append(i + (k - (len(series) - 1) / 2) * width)
