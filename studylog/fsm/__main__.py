@@ -20,14 +20,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     exp = sub.add_parser("export-masks", help="write assets/data/fsm_masks.npz from the suite's visited states")
     exp.add_argument("--out", type=Path, default=None, help="output file (default: assets/data/fsm_masks.npz)")
     exp.add_argument("--samples", type=int, default=8, help="samples per suite entry (default 8)")
-    exp.add_argument("--ascii-digits", action="store_true",
-                     help="write \\d as [0-9] in the suite's regexes, as the chapter compiles them (the default "
-                          "reproduces the committed file, exported with outlines' Unicode \\d)")
+    exp.add_argument("--ascii-digits", action="store_true", help="write \\d as [0-9], as the chapter compiles the "
+                     "suite (the default reproduces the committed file, exported with outlines' Unicode \\d)")
     rep = sub.add_parser("report", help="print the suite's savings table")
     rep.add_argument("--samples", type=int, default=8)
-    rep.add_argument("--json", type=Path, default=None,
-                     help="also write the suite's totals (report.suite_summary) to this JSON file; the book's "
-                          "landing page reads assets/data/fsm_suite.json, written this way")
+    rep.add_argument("--json", type=Path, default=None, help="also write the suite's totals (report.suite_summary) to "
+                     "this JSON file (the book's landing page reads assets/data/fsm_suite.json, written this way)")
     args = parser.parse_args(argv)
     if args.command == "export-masks":
         from studylog import data

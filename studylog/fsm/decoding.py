@@ -3,6 +3,7 @@ callable, one forward pass), :func:`decode` (the step a ``mode`` names) and a de
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -206,11 +207,8 @@ class Writer:
 
     def __init__(self, vocab: TokenVocabulary, text: str):
         self.vocab, self.target, self.canon = vocab, text.encode(), vocab.encode(text)
-        self._starts: dict[int, int] = {}
-        pos = 0
-        for i, t in enumerate(self.canon):
-            self._starts[pos] = i
-            pos += len(vocab.token_bytes[t])
+        starts = [0, *itertools.accumulate(len(vocab.token_bytes[t]) for t in self.canon)][:-1]
+        self._starts = {pos: i for i, pos in enumerate(starts)}  # byte offset -> index of the canonical token there
         self._bounds = sorted(self._starts) + [len(self.target)]
 
     def next_token(self, written: bytes) -> int | None:
