@@ -192,9 +192,7 @@ class ConstrainedFSM:
         candidates = forced_bytes if self.vocab.byte_complete else self.char_out
         step = {}
         for s in candidates:
-            if s in self.finals:
-                continue
-            allowed = self.index.get_allowed_tokens(s)
+            allowed = None if s in self.finals else self.index.get_allowed_tokens(s)
             if allowed is not None and len(allowed) == 1:
                 t = allowed[0]
                 step[s] = ((t,), self.vocab.token_bytes[t], self.index.get_next_state(s, t))

@@ -33,10 +33,6 @@ class EntryResult:
     retokenized: int                # char mode: emitted tokens replaced by retokenization
     visited: dict[int, int] = field(default_factory=dict, repr=False)  # state -> allowed tokens (none mode)
 
-    @property
-    def source(self) -> str:
-        return self.name if self.whitespace == "default" else f"{self.name}[{self.whitespace}]"
-
 
 def measure_entry(entry, vocab: TokenVocabulary, whitespace: str = "default", n_samples: int = 8, seed: int = 0,
                   fsm: Optional[ConstrainedFSM] = None, *, ascii_digits: bool = True
@@ -148,9 +144,10 @@ def export_masks(path: Optional[Path] = None, n_samples: int = 8,
 
     def keep(res: EntryResult, fsm: ConstrainedFSM) -> None:
         # the selection needs every count first, so copy out all visited masks up to the largest size kept
+        source = res.name if res.whitespace == "default" else f"{res.name}[{res.whitespace}]"
         for s, n in res.visited.items():
-            all_counts.append((res.source, s, n))
-            grabbed[(res.source, s)] = fsm.allowed_array(s).astype(np.int32)
+            all_counts.append((source, s, n))
+            grabbed[(source, s)] = fsm.allowed_array(s).astype(np.int32)
 
     run_suite(vocab, n_samples=n_samples, keep=keep, ascii_digits=ascii_digits)
     picked = select_masks(all_counts)
