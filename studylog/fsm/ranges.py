@@ -73,24 +73,20 @@ def _natural_alternatives(a: int, b: Optional[int]) -> list[tuple[float, str]]:
         hi = 10 ** length - 1 if b is None else min(b, 10 ** length - 1)
         if lo > hi:
             continue
-        if lo == max(1, 10 ** (length - 1)) and hi == 10 ** length - 1:
-            groups.append((length, "full"))
-        else:
-            groups.append((length, _same_length(str(lo), str(hi))))
+        full = lo == max(1, 10 ** (length - 1)) and hi == 10 ** length - 1
+        groups.append((length, "full" if full else _same_length(str(lo), str(hi))))
     out: list[tuple[float, str]] = []
     run: Optional[list[int]] = None  # [first length, last length] of consecutive full lengths
-    for length, g in groups + ([(lb + 1, "open")] if b is None else []):
+    for length, g in groups + ([(lb + 1, "open")] if b is None else []) + [(0, [])]:  # the empty group ends a run
         if g in ("full", "open"):  # the run goes on to this length (open: to any length)
             run = [length if run is None else run[0], None if g == "open" else length]
             continue
         if run is not None:
-            out.append((run[1], "[1-9]" + _any_digits(run[0] - 1, run[1] - 1)))
+            last = run[1]
+            out.append((math.inf if last is None else last,
+                        "[1-9]" + _any_digits(run[0] - 1, None if last is None else last - 1)))
             run = None
         out.extend((length, alt) for alt in g)
-    if run is not None:
-        last = run[1]
-        out.append((math.inf if last is None else last,
-                    "[1-9]" + _any_digits(run[0] - 1, None if last is None else last - 1)))
     out.sort(key=lambda t: -t[0])  # stable: longest first
     return out
 
@@ -101,8 +97,7 @@ def integer_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
     for name, v in (("lo", lo), ("hi", hi)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
             raise TypeError(f"{name} must be an int or None, got {type(v).__name__}")
-    lo = None if lo is None else int(lo)
-    hi = None if hi is None else int(hi)
+    lo, hi = (None if v is None else int(v) for v in (lo, hi))
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"empty integer range [{lo}, {hi}]: no integer is allowed")
     alts: list[tuple[float, str]] = []
