@@ -1,10 +1,7 @@
-"""Chapter 2: a masked LM head that computes logits only for the tokens a grammar allows.
-
-Every step has the same contract: fp32 logits ``[B, V]``, the logit where allowed and ``-inf`` elsewhere; bf16 or
-fp16 weights and hidden states; fp32 accumulation. Steps 0-3 are in :mod:`.dense`, 4-10 in :mod:`.compact`, 11 in
-:mod:`.reorder`, 12 in :mod:`.dispatch`, 13 in :mod:`.plan`; the allowed sets travel as :class:`AllowedTokens`,
-built once per FSM state.
-"""
+"""Chapter 2: a masked LM head that computes logits only for the tokens a grammar allows. Every step returns fp32
+logits ``[B, V]``, ``-inf`` where not allowed, from bf16 or fp16 weights (fp32 accumulation). Steps 0-3 are in
+:mod:`.dense`, 4-10 :mod:`.compact`, 11 :mod:`.reorder`, 12 :mod:`.dispatch`, 13 :mod:`.plan`; the allowed sets
+travel as :class:`AllowedTokens`, built once per FSM state."""
 
 from __future__ import annotations
 

@@ -330,8 +330,7 @@ def accumulation_depth(hidden: int, summation: str = "dot") -> int:
     through into a logit. ``"dot"``: ``tl.dot`` (and cuBLAS) adds 16 products at a time into one accumulator,
     ``ceil(D / 16)`` in a chain plus at most 4 levels inside an instruction, and tensor cores may truncate when they
     align the addends (``2u``): ``k = 2 (ceil(D / 16) + 4)``. ``"row"``: 128 threads reduce at most two rows padded
-    to ``D' = next_power_of_2(D)``, a chain of ``2 D' / 128`` each, then a tree of 7 levels: ``k = 2 D' / 128 + 7``.
-    """
+    to ``D' = next_power_of_2(D)``, a chain of ``2 D' / 128`` each, then a tree of 7 levels: ``k = 2 D' / 128 + 7``."""
     if summation == "row":
         return 2 * -(-triton.next_power_of_2(int(hidden)) // 128) + 7
     if summation != "dot":

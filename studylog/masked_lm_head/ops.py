@@ -1,8 +1,6 @@
-"""Chapter 2's entry point as a PyTorch operator, ``torch.ops.studylog.masked_logits``: from the packed int32
-bitmask and a bound on the union's count (``torch.compile`` cannot graph an ``AllowedTokens``), the plan's kernels,
-reading nothing back. On the GPU a ``triton_op``; in the interpreter an opaque ``custom_op`` (Dynamo stops at its
-``uint64`` pointers).
-"""
+"""Chapter 2's entry point as a PyTorch operator, ``torch.ops.studylog.masked_logits``: the plan's kernels from the
+packed int32 bitmask and a bound on the union's count (``torch.compile`` cannot graph an ``AllowedTokens``). On the
+GPU a ``triton_op``; in the interpreter an opaque ``custom_op`` (Dynamo stops at its ``uint64`` pointers)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The chapter's benchmark (``python -m studylog bench masked_lm_head``) and its headline: every series on the GPU
-clock, the practitioners' path (cuBLAS logits, then xgrammar's ``apply_token_bitmask_inplace``) as a peer. Each
-call is replayed on copies of the head in turn (:class:`HeadCopies`), so the rows it reads come from DRAM.
-"""
+clock, xgrammar's path as a peer, each call replayed on copies of the head (:class:`HeadCopies`) so rows come from
+DRAM."""
 
 from __future__ import annotations
 
