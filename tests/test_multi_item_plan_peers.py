@@ -20,7 +20,7 @@ from test_multi_item import (
 from book.multi_item import figures, lesson
 from studylog import multi_item as mi
 from studylog import plotting
-from studylog.multi_item import report
+from studylog.multi_item import peers, report
 
 # --------------------------------------------------------------------------------------------
 # MultiItemPlan: one launch (a fixed grid) over changing layouts
@@ -183,7 +183,7 @@ def test_graph_calls_and_the_benchmarks_size():
     plan = bench_plan(quick=False, flashinfer=True)
     singles = sum(mi.MultiItemBatch.from_item_lens(p, i, device="cpu").batch_size == 1 for _, p, i in shapes)
     timed = singles * len(plan["single"]) + (len(shapes) - singles) * len(plan["batch"])
-    sweeps = len(shapes) * (len(report.flex_variants(False)) + 4)  # one graph timing per candidate
+    sweeps = len(shapes) * (len(peers.flex_variants(False)) + 4)  # one graph timing per candidate
     # a series: a probe, 3 captures and 30 replays of ~8 ms (~0.4 s); a sweep candidate: 1 capture, 5 replays
     assert timed * 0.4 + sweeps * 0.15 <= 30
     quick = bench_plan(quick=True, flashinfer=True)
@@ -444,7 +444,7 @@ def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
         got = [r["series"] for r in run.rows if r["params"].get("shape") == shape]
         assert sorted(got) == sorted(want), shape
         flex = next(r for r in run.rows if r["series"] == report.FLEX and r["params"]["shape"] == shape)
-        assert set(flex["sweep_ms"]) == {v[0] for v in report.flex_variants(quick)} and flex["block_size"]
+        assert set(flex["sweep_ms"]) == {v[0] for v in peers.flex_variants(quick)} and flex["block_size"]
     assert [r["series"] for r in run.rows if "shape" not in r["params"]] == [report.FLUSH]
     fi = [r for r in run.rows if r["series"] == report.FLASHINFER]
     assert all(r["role"] == "peer" and "host_ms" in r and r["backend"] == "fa2" for r in fi)

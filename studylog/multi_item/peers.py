@@ -5,13 +5,13 @@ each checked against the float32 reference, the best one measured."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_rule
-from studylog.multi_item.report import FLASHINFER, FLEX, STEP05, flex_variants, graph_calls_for
+from studylog.multi_item.report import FLASHINFER, FLEX, STEP05, graph_calls_for, within_bf16
 
 # FlexAttention
 
@@ -22,6 +22,11 @@ FLEX_VARIANTS = (
     ("128 x 64", (128, 64), {"BLOCK_M": 128, "BLOCK_N": 64}),
     ("64 x 64", (64, 64), {"BLOCK_M": 64, "BLOCK_N": 64}),
 )
+
+
+def flex_variants(quick: bool):
+    """FlexAttention's block sizes to try (the default only in a quick run)."""
+    return FLEX_VARIANTS[:1] if quick else FLEX_VARIANTS
 
 
 def flex_mask_mod(batch: MultiItemBatch, rule: str = DEFAULT_RULE):
@@ -42,15 +47,6 @@ def flex_mask_mod(batch: MultiItemBatch, rule: str = DEFAULT_RULE):
         return same_prompt & (kv_idx <= q_idx) & ((kv_idx < prefix_end[q_idx]) | (kv_idx >= item_start[q_idx]))
 
     return multi_item_mask
-
-
-def flex_block_mask(batch: MultiItemBatch, block_size: tuple[int, int] = (128, 128), rule: str = DEFAULT_RULE):
-    """FlexAttention's block mask for the rule over the packed sequence, at ``(Q block, KV block)``."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    total = batch.total_tokens
-    return create_block_mask(flex_mask_mod(batch, rule), B=None, H=None, Q_LEN=total, KV_LEN=total,
-                             device=batch.device, BLOCK_SIZE=block_size)
 
 
 # FlashInfer
@@ -123,12 +119,11 @@ def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, pa
 def flashinfer_prefill(module, inputs: FlashInferInputs, heads: int, sm_scale: float, backend: str = "auto",
                        workspace: Tensor | None = None) -> Any:
     """A ``BatchPrefillWithPagedKVCacheWrapper`` planned for the inputs' layout (on the host, once)."""
-    dev = inputs.q.device
-    workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev) if workspace is None else workspace
+    if workspace is None:
+        workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=inputs.q.device)
     wrapper = module.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
-    head_dim = inputs.q.shape[-1]
     wrapper.plan(inputs.qo_indptr, inputs.kv_indptr, inputs.kv_indices, inputs.last_page_len, heads,
-                 inputs.k_cache.shape[2], head_dim, inputs.page_size, causal=True, sm_scale=sm_scale,
+                 inputs.k_cache.shape[2], inputs.q.shape[-1], inputs.page_size, causal=True, sm_scale=sm_scale,
                  q_data_type=inputs.q.dtype, kv_data_type=inputs.k_cache.dtype, prefix_len_ptr=inputs.prefix_len,
                  token_pos_in_items_ptr=inputs.token_pos_in_items,
                  token_pos_in_items_len=inputs.token_pos_in_items_len, max_item_len_ptr=inputs.max_item_len)
@@ -137,75 +132,79 @@ def flashinfer_prefill(module, inputs: FlashInferInputs, heads: int, sm_scale: f
 
 # In the benchmark
 
+def best_setting(run, peer: str, batch, setups: dict[str, Callable[[], tuple | None]]) -> tuple | None:
+    """``setups[name]()`` gives ``(make_calls, ...)``, or ``None`` when the setting fails its check; each setting that
+    passes gets one graph timing. The fastest's name, its setup and every timing (``None`` when none passed)."""
+    sweep, kept = {}, {}
+    for name, setup in setups.items():
+        try:
+            if (got := setup()) is None:
+                continue
+            kept[name] = got
+            sweep[name] = run.gpu_time(got[0], repeats=1, min_calls=graph_calls_for(1.0), reps=5).median
+        except Exception as err:  # a peer's failure costs its rows, not the chapter's run
+            run.note(f"{peer} ({name}) on {batch.describe()}: {type(err).__name__}: {err}")
+    if not sweep:
+        return None
+    best = min(sweep, key=sweep.get)
+    return best, kept[best], sweep
+
+
 def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated) -> None:
-    """FlexAttention at each block size of the sweep (one graph timing each), the best one measured."""
-    from torch.nn.attention.flex_attention import flex_attention
+    """FlexAttention at each block size of the sweep, the best one measured."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
     gqa = k.shape[0] != q.shape[0]  # grouped-query attention: FlexAttention's enable_gqa
+    total = batch.total_tokens
 
     def call(qkv, block_mask, options):
         return flex(*(x[None] for x in qkv), block_mask=block_mask, scale=sm_scale, kernel_options=options,
                     enable_gqa=gqa)
 
-    def make_calls(block_mask, options):
-        return rotated(lambda *qkv: lambda: call(qkv, block_mask, options))
+    def setup(variant, block, options):
+        block_mask = create_block_mask(flex_mask_mod(batch), B=None, H=None, Q_LEN=total, KV_LEN=total,
+                                       device=batch.device, BLOCK_SIZE=block)
+        if check(f"{FLEX} ({variant})", call((q, k, v), block_mask, options)[0]):
+            return rotated(lambda *qkv: lambda: call(qkv, block_mask, options)), block_mask
 
-    sweep, masks = {}, {}
-    try:
-        for variant, block, options in flex_variants(run.quick):
-            masks[variant] = (flex_block_mask(batch, block), options)
-            if not check(f"{FLEX} ({variant})", call((q, k, v), *masks[variant])[0]):
-                continue
-            calls = make_calls(*masks[variant])()
-            sweep[variant] = run.gpu_time(lambda: calls, repeats=1, min_calls=graph_calls_for(1.0), reps=5).median
-            del calls
-    except Exception as err:  # a peer's failure costs its rows, not the chapter's run
-        run.note(f"{FLEX} on {batch.describe()}: {type(err).__name__}: {err}")
-    if not sweep:
-        return
-    best = min(sweep, key=sweep.get)
-    block_mask, options = masks[best]
-    measure(FLEX, make_calls(block_mask, options), "baseline", block_size=best, sweep_ms=sweep,
-            flex_block_density=float((block_mask.to_dense() != 0).float().mean()))  # blocks it computes
+    best = best_setting(run, FLEX, batch, {v[0]: lambda v=v: setup(*v) for v in flex_variants(run.quick)})
+    if best is not None:
+        name, (make_calls, block_mask), sweep = best
+        measure(FLEX, make_calls, "baseline", block_size=name, sweep_ms=sweep,
+                flex_block_density=float((block_mask.to_dense() != 0).float().mean()))  # blocks it computes
 
 
 def bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, measure, rotated, params) -> None:
     """FlashInfer at each (backend, page size), also checked against our output; the best one measured."""
     heads = q.shape[0]
     workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=q.device)
-    sweep, setups = {}, {}
     backends = flashinfer_backends(module)  # its default backend, one-token pages, in a quick run
-    for backend, page in [(backends[0], 1)] if run.quick else [(b, p) for b in backends for p in (1, 16)]:
-        key = f"{backend}, page {page}"
-        try:
-            inputs = flashinfer_inputs(q, k, v, batch, page)
-            wrapper = flashinfer_prefill(module, inputs, heads, sm_scale, backend, workspace)
-            got = wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache)).transpose(0, 1)
-            ok = check(f"{FLASHINFER} ({key})", got)
-            diff = (got.float() - ours_out.float()).abs()
-            run.check(f"{FLASHINFER} ({key}) matches {STEP05.name} within bf16 rounding", bool(
-                (diff <= 1e-2 + 1.6e-2 * ours_out.float().abs()).all()), params=params, max_abs_err=float(diff.max()))
-            if not ok:
-                continue
+    settings = [(backends[0], 1)] if run.quick else [(b, p) for b in backends for p in (1, 16)]
+    settings = {f"{b}, page {p}": (b, p) for b, p in settings}
 
-            def call(qq, kk, vv, page=page, backend=backend):
-                x = flashinfer_inputs(qq, kk, vv, batch, page)
-                w = flashinfer_prefill(module, x, heads, sm_scale, backend, workspace)
-                o = torch.empty_like(x.q)
-                return lambda: w.run(x.q, (x.k_cache, x.v_cache), out=o)
+    def setup(backend, page):
+        inputs = flashinfer_inputs(q, k, v, batch, page)
+        wrapper = flashinfer_prefill(module, inputs, heads, sm_scale, backend, workspace)
+        got = wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache)).transpose(0, 1)
+        ok = check(f"{FLASHINFER} ({backend}, page {page})", got)
+        bad, err = within_bf16(got, ours_out.float())
+        run.check(f"{FLASHINFER} ({backend}, page {page}) matches {STEP05.name} within bf16 rounding", bad == 0,
+                  params=params, max_abs_err=err)
+        if not ok:
+            return None
 
-            make_calls = rotated(call)
-            setups[key] = (inputs, wrapper, make_calls, backend, page)
-            sweep[key] = run.gpu_time(make_calls, repeats=1, min_calls=graph_calls_for(1.0), reps=5).median
-        except Exception as err:  # a peer's failure costs its rows, not the chapter's run
-            run.note(f"{FLASHINFER} ({key}) on {batch.describe()}: {type(err).__name__}: {err}")
-    if not sweep:
-        return
-    best = min(sweep, key=sweep.get)
-    inputs, wrapper, make_calls, backend, page = setups[best]
-    out = torch.empty_like(inputs.q)
-    measure(FLASHINFER, make_calls, "peer", host=lambda: wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache),
-                                                                     out=out),
-            backend=backend, page_size=page, sweep_ms=sweep, rule="flashinfer",
-            max_item_len=[int(x) for x in batch.max_item_lens_t.tolist()])
+        def call(qq, kk, vv):
+            x = flashinfer_inputs(qq, kk, vv, batch, page)
+            w = flashinfer_prefill(module, x, heads, sm_scale, backend, workspace)
+            o = torch.empty_like(x.q)
+            return lambda: w.run(x.q, (x.k_cache, x.v_cache), out=o)
+
+        out = torch.empty_like(inputs.q)
+        return rotated(call), lambda: wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache), out=out)
+
+    best = best_setting(run, FLASHINFER, batch, {name: lambda s=s: setup(*s) for name, s in settings.items()})
+    if best is not None:
+        name, (make_calls, host), sweep = best
+        measure(FLASHINFER, make_calls, "peer", host=host, backend=settings[name][0], page_size=settings[name][1],
+                sweep_ms=sweep, rule="flashinfer", max_item_len=[int(x) for x in batch.max_item_lens_t.tolist()])

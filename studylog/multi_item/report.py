@@ -1,13 +1,12 @@
-"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only) and its headline.
-
-Each Triton step's tile config is fixed per shape before timing, so no timed call autotunes: pinned from this GPU's
-committed results when they hold one (``config_source``), else autotuned on that shape (``STUDYLOG_RETUNE=1``).
-"""
+"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only) and its headline. Each Triton step's
+tile config is fixed per shape before timing, so no timed call autotunes: pinned from this GPU's committed results
+when they hold one (``config_source``), else autotuned on that shape (``STUDYLOG_RETUNE=1``)."""
 
 from __future__ import annotations
 
 import math
 import os
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -76,16 +75,15 @@ def gqa_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]
 CEILING_MATMUL_N = 8192  # the matmul whose rate is the run's compute ceiling
 
 
-def flex_variants(quick: bool):
-    """FlexAttention's block sizes to try (the default only in a quick run)."""
-    from studylog.multi_item.peers import FLEX_VARIANTS
-
-    return FLEX_VARIANTS[:1] if quick else FLEX_VARIANTS
-
-
 def graph_calls_for(ms_per_call: float) -> int:
     """How many calls one graph replay holds: about 8 ms of work, at least 4 calls and at most 60."""
     return int(min(60, max(4, math.ceil(8.0 / max(ms_per_call, 1e-3)))))
+
+
+def within_bf16(got: Tensor, want: Tensor) -> tuple[int, float]:
+    """How many elements of ``got`` miss ``want`` by more than bf16 rounding (NaN included), and the largest miss."""
+    err = (got.float() - want).abs()
+    return int((~(err <= 1e-2 + 1.6e-2 * want.abs())).sum()), float(err.max())
 
 
 def pinned_configs(results) -> dict[tuple[str, str], str]:
@@ -141,14 +139,13 @@ def bench(run) -> None:
     n = CEILING_MATMUL_N
     a = torch.randn(n, n, dtype=BENCH_DTYPE, device=dev)
     tflops_ceiling = 2 * n**3 / (run.time(lambda: a @ a) * 1e-3) / 1e12
-    del a
     run.note(f"{BENCH_DTYPE} matmul {n}^3 in this run: {tflops_ceiling:.0f} TFLOP/s; compute floors divide the FLOPs "
              "of the visible (query, key) pairs by it")
+    del a
     flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=dev)
     run.record(FLUSH, run.gpu_time(lambda: [flush.zero_], min_calls=8, reps=5), params={"what": "ceiling"},
                role="baseline")
     del flush
-
     run.note("clock: every series is GPU time (CUDA-graph replay, inputs rotated past L2, 3 repetitions); steps 4 "
              "and 5 are also timed by do_bench, beside its 256 MB memset and the host time per call")
     pins = {}
@@ -179,10 +176,9 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
 
     from studylog.multi_item.peers import bench_flashinfer, bench_flex
 
-    dev = runtime.device()
+    dev, quick = runtime.device(), run.quick
     heads, head_dim, dtype = BENCH_HEADS, BENCH_HEAD_DIM, BENCH_DTYPE
     sm_scale = 1.0 / math.sqrt(head_dim)
-    quick = run.quick
     batch = MultiItemBatch.from_item_lens(prefixes, items, device=dev)
     T, single = batch.total_tokens, batch.batch_size == 1
     gqa = kv_heads != heads  # grouped-query attention: SDPA's and FlexAttention's enable_gqa
@@ -198,10 +194,9 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
     step01_dense_sdpa(q.float(), k.float(), v.float(), batch, sm_scale=sm_scale, out=ref)
 
     def check(label: str, got: Tensor, want: Tensor = ref) -> bool:
-        err = (got.float() - want).abs()
-        bad = int((err > 1e-2 + 1.6e-2 * want.abs()).sum()) + int(torch.isnan(got).sum())
+        bad, err = within_bf16(got, want)
         return run.check(f"{label} matches the float32 reference ({DEFAULT_RULE} rule)", bad == 0, params=params,
-                         max_abs_err=float(err.max()), bad_elements=bad)
+                         max_abs_err=err, bad_elements=bad)
 
     def rotated(make_call: Callable) -> Callable[[], list]:
         """Calls over fresh q, k, v and copies of them enough to exceed L2 together, ``make_call(q, k, v)`` building
@@ -230,48 +225,39 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
 
     def ours(function: Callable, **kwargs: Any) -> Callable[[], list]:
         """Calls of one of our steps over rotated inputs, each into its own output."""
-        def call(qq, kk, vv):
-            o = torch.empty_like(qq)
-            return lambda: function(qq, kk, vv, batch, sm_scale=sm_scale, out=o, **kwargs)
-        return rotated(call)
+        return rotated(lambda qq, kk, vv: partial(function, qq, kk, vv, batch, sm_scale=sm_scale,
+                                                  out=torch.empty_like(qq), **kwargs))
 
     # --- our steps (2 to 4 take one prompt; step 6 differs from step 5 only when key/value heads are shared),
     # each at the config chosen for this shape ---
     steps = [s for s in STEPS[1:] if s is not STEP06] if single else [STEP05] + ([STEP06] if gqa else [])
-    group = heads // kv_heads  # query heads per key/value head: step 6's tiles hold BLOCK_M // group tokens
     chosen: dict[int, tuple[str, str, dict | None]] = {}
     for step in sorted(steps, key=lambda s: s is not STEP05):  # step 5 first: a quick run tunes steps 5 and 6
         if quick and step not in (STEP05, STEP06) and (step.series, name) not in pins:  # and runs 2 to 4 at 5's
             chosen[step.number] = (chosen[5][0], "step 5's (quick run)", None)
         else:
             chosen[step.number] = _choose_config(step, name, pins, q, k, v, batch, sm_scale)
-    configs: dict[int, str] = {}
     for step in steps:
         config, source, tuned = chosen[step.number]
-        configs[step.number] = config
-        out = step.function(q, k, v, batch, sm_scale=sm_scale, config=config)
+        eager = partial(step.function, q, k, v, batch, sm_scale=sm_scale, config=config)
+        out = eager()
         check(step.name, out)
-        extra: dict[str, Any] = {"config": config, "config_source": source, "rule": DEFAULT_RULE,
-                                 **({"autotune_ms": tuned} if tuned else {}),
-                                 **({"order": DEFAULT_ORDER} if step is STEP05 else {})}
+        eager = partial(eager, out=out)  # the public call a user makes, eager, into its output
         stats = None
-        if step in (STEP04, STEP05, STEP06):
-            _, info = step.function(q, k, v, batch, sm_scale=sm_scale, config=config, count_tiles=True,
-                                    return_info=True)
-            tokens = info.block_m // (group if step is STEP06 else 1)  # the query tile's height in tokens
+        if step.number >= 4:  # the steps that skip key tiles: counted, checked against the plan
+            _, info = eager(count_tiles=True, return_info=True)
+            tokens = info.block_m // (heads // kv_heads if step is STEP06 else 1)  # a query tile's height in tokens
             run.check(f"{step.name} visits the key tiles planned", params=params,
                       passed=info.tile_counts == planned_key_tiles(batch, tokens, info.block_n))
             stats = tile_stats(batch, tokens, info.block_n)
-        def eager(step=step, out=out, config=config):  # the public call a user makes, eager
-            return step.function(q, k, v, batch, sm_scale=sm_scale, out=out, config=config)
-
-        host = eager if step in (STEP04, STEP05, STEP06) else None
-        measure(step.series, ours(step.function, config=config), "kernel", host=host, stats=stats, **extra)
+        measure(step.series, ours(step.function, config=config), "kernel", host=eager if step.number >= 4 else None,
+                stats=stats, config=config, config_source=source, rule=DEFAULT_RULE,
+                **({"autotune_ms": tuned} if tuned else {}), **({"order": DEFAULT_ORDER} if step is STEP05 else {}))
         if step in (STEP04, STEP05) and not quick:  # do_bench too, beside the GPU clock (the swing)
-            ms = run.time(eager)
-            run.record(DO_BENCH[step.number], ms, params=params, role="kernel", clock="do_bench", config=config)
-        del out
-    cfg5 = configs[5]
+            run.record(DO_BENCH[step.number], run.time(eager), params=params, role="kernel", clock="do_bench",
+                       config=config)
+        del out, eager
+    cfg5 = chosen[5][0]
     if not quick and not gqa:  # step 5's variants (orders, rule, MultiItemPlan): timed with a KV head per query head
         # step 5's other program orders (same kernel and tiles, only the order the GPU starts programs in), and the
         # other mask rule (the same kernel with the delimiter keys, checked against its own reference)
@@ -291,13 +277,8 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
         plan.set_layout(batch)
         got = torch.empty_like(q)
         check(PLAN, plan.run(q, k, v, got))
-
-        def plan_call(qq, kk, vv):
-            o = torch.empty_like(qq)
-            return lambda: plan.run(qq, kk, vv, o)
-
-        measure(PLAN, rotated(plan_call), "kernel", host=lambda: plan.run(q, k, v, got), config=cfg5,
-                programs=plan.programs)
+        measure(PLAN, rotated(lambda qq, kk, vv: partial(plan.run, qq, kk, vv, torch.empty_like(qq))), "kernel",
+                host=partial(plan.run, q, k, v, got), config=cfg5, programs=plan.programs)
         del got
     if not single:  # step 4 once per prompt, to show what one launch saves
         def per_prompt_call(qq, kk, vv):
@@ -319,13 +300,11 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
               items=int(want.shape[0]), score_range=[float(want.min()), float(want.max())])
     del lm_head
 
-    # --- baselines ---
+    # --- baselines: SDPA over one prompt as it is, or over the batch padded to its longest prompt ---
     def padded(qq, kk, vv):
-        """SDPA's inputs: one prompt as it is, or the batch padded to its longest prompt."""
         if single:
             return qq[None], kk[None], vv[None]
-        s_max = batch.max_seq_len
-        out = [torch.zeros(batch.batch_size, x.shape[0], s_max, head_dim, dtype=dtype, device=dev)
+        out = [torch.zeros(batch.batch_size, x.shape[0], batch.max_seq_len, head_dim, dtype=dtype, device=dev)
                for x in (qq, kk, vv)]
         for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
             for dst, src in zip(out, (qq, kk, vv)):
@@ -335,17 +314,14 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
     if single:
         mask = dense_mask(batch, 0)
     else:
-        s_max = batch.max_seq_len
-        mask = torch.eye(s_max, dtype=torch.bool, device=dev).repeat(batch.batch_size, 1, 1)  # padding: itself
+        mask = torch.eye(batch.max_seq_len, dtype=torch.bool, device=dev).repeat(batch.batch_size, 1, 1)  # padding
         for b, s in enumerate(batch.seq_lens):
             mask[b, :s, :s] = dense_mask(batch, b)
         mask = mask[:, None]
 
     def sdpa_calls(**kwargs):
-        def call(qq, kk, vv):
-            args = padded(qq, kk, vv)
-            return lambda: F.scaled_dot_product_attention(*args, scale=sm_scale, enable_gqa=gqa, **kwargs)
-        return rotated(call)
+        return rotated(lambda *qkv: partial(F.scaled_dot_product_attention, *padded(*qkv), scale=sm_scale,
+                                            enable_gqa=gqa, **kwargs))
 
     if single:
         check("SDPA with the dense mask", F.scaled_dot_product_attention(*padded(q, k, v), attn_mask=mask,
@@ -356,21 +332,18 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
 
     bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated)
     if not quick:  # the approach this replaces: a causal pass over each item's own sequence, batched over items
+        def passes(inputs):
+            return [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale, enable_gqa=gqa) for x in inputs]
+
         naive_inputs, naive_rows = _naive_inputs(q, k, v, batch)
-        outs = [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale, enable_gqa=gqa)
-                for x in naive_inputs]
+        outs = passes(naive_inputs)
         got = torch.cat([outs[j][i, :, batch.prefix_lens[b]:batch.prefix_lens[b] + rows.numel()]
                          for j, (b, item_rows) in enumerate(naive_rows) for i, rows in enumerate(item_rows)], dim=1)
         rows = torch.cat([rows for _, item_rows in naive_rows for rows in item_rows]).to(dev)
         check("one pass per item (rows of each item)", got, want=ref[:, rows])
         del naive_inputs, outs, got
-
-        def naive_call(qq, kk, vv):
-            inputs, _ = _naive_inputs(qq, kk, vv, batch)
-            return lambda: [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale, enable_gqa=gqa)
-                            for x in inputs]
-
-        measure(ONE_PASS_PER_ITEM, rotated(naive_call), "baseline", passes=sum(batch.num_items))
+        measure(ONE_PASS_PER_ITEM, rotated(lambda *qkv: partial(passes, _naive_inputs(*qkv, batch)[0])), "baseline",
+                passes=sum(batch.num_items))
     if flashinfer is not None:
         bench_flashinfer(run, flashinfer, batch, q, k, v, out, sm_scale, check, measure, rotated, params)
 
