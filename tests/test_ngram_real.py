@@ -429,7 +429,7 @@ def _estimated_calls(grid, shapes) -> dict:
     steps = len(ngram.CHAPTER.steps)
     gpu = len(grid) * (steps - 1) + len(shapes) * len(report.CORPORA) * (len(report.REAL_STEPS) - 1)
     host = len(grid) * 2 + len(shapes) * len(report.CORPORA) * 2
-    sweeps = sum(len(report.CHUNK_SWEEPS[s][1]) for cfg in grid for s in report._sweeps_of(cfg))
+    sweeps = sum(len(report.CHUNK_SWEEPS[s][1]) for cfg in grid for s in report.sweeps_of(cfg))
     return {"gpu_clock": gpu, "host_clock": host, "sweep_points": sweeps}
 
 

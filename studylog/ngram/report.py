@@ -91,7 +91,8 @@ def real_batch(corpus: str, batch: int, seq_len: int, *, device=None):
                 device=BENCH_DEVICE if device is None else device)
 
 
-def _sweeps_of(cfg) -> list:
+def sweeps_of(cfg) -> list:
+    """The steps of :data:`CHUNK_SWEEPS` swept at grid case ``cfg``: the long rows."""
     batch, seq_len, _ = cfg
     return ([step11_skip_refused] if batch * seq_len >= 16 * 131072 else []) + \
         ([step07_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
@@ -225,7 +226,7 @@ def bench(run) -> None:
         params = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
         expected, floor = _case(run, inputs, draft0, this0, config, params, chapter.steps, speed,
                                 reference_check=batch * seq_len <= 128 * 512)
-        for step in _sweeps_of((batch, seq_len, threshold)) if not run.quick else ():
+        for step in sweeps_of((batch, seq_len, threshold)) if not run.quick else ():
             option, values = CHUNK_SWEEPS[step]
             for value in values:
                 make_calls, made = _make_calls(step, inputs, (draft0, this0), config,
