@@ -200,21 +200,13 @@ def draft_acceptance(inputs: NgramInputs, before: Tensor, draft_tokens: Tensor, 
     continuation on a :func:`corpus_batch`, random on a :func:`make_batch`); past the buffer's end, rejected."""
     step_idx, after = inputs.step_idx.tolist(), seq_lens_this_time.tolist()
     drafts, gen = draft_tokens.cpu(), inputs.generated_ids
-    active = with_drafts = drafted_total = accepted_total = with_accepted = 0
+    slots = []  # (drafted, accepted) of each active slot
     for b, (kind, _, base, _) in enumerate(slot_plans(inputs, config, before)):
-        if kind != "active":
-            continue
-        active += 1
-        drafted = after[b] - base
-        if drafted <= 0:
-            continue
-        with_drafts += 1
-        drafted_total += drafted
-        truth = gen[b, step_idx[b] + 1: step_idx[b] + 1 + drafted].cpu()
-        proposed = drafts[b, base: base + len(truth)]
-        wrong = (proposed != truth).nonzero()
-        accepted = int(wrong[0, 0]) if len(wrong) else len(truth)
-        accepted_total += accepted
-        with_accepted += accepted > 0
-    return {"active_slots": active, "slots_with_drafts": with_drafts, "drafted_tokens": drafted_total,
-            "accepted_tokens": accepted_total, "slots_with_accepted": with_accepted}
+        if kind == "active":
+            drafted = max(after[b] - base, 0)
+            truth = gen[b, step_idx[b] + 1: step_idx[b] + 1 + drafted].cpu()
+            wrong = (drafts[b, base: base + len(truth)] != truth).nonzero()
+            slots.append((drafted, int(wrong[0, 0]) if len(wrong) else len(truth)))
+    return {"active_slots": len(slots), "slots_with_drafts": sum(d > 0 for d, _ in slots),
+            "drafted_tokens": sum(d for d, _ in slots), "accepted_tokens": sum(a for _, a in slots),
+            "slots_with_accepted": sum(a > 0 for _, a in slots)}
