@@ -299,16 +299,16 @@ class BenchRun:
         with ``host``, the call's host time, beside it. ``role``: ours, a baseline or a peer (another library)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        row = {"series": series, "role": role, "params": dict(params)}
         if isinstance(ms, Timing):
             if clock is not None and clock != ms.clock:
                 raise ValueError(f"a {ms.clock} timing recorded as clock {clock!r}")
-            row = {"series": series, "role": role, "params": dict(params), "ms": ms.median,
-                   "clock": ms.clock, "spread_ms": ms.spread}
+            row.update(ms=ms.median, clock=ms.clock, spread_ms=ms.spread)
         else:
             clock = clock or "do_bench"
             if clock not in CLOCKS:
                 raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
-            row = {"series": series, "role": role, "params": dict(params), "ms": float(ms), "clock": clock}
+            row.update(ms=float(ms), clock=clock)
         if host is not None:
             row.update(host_ms=host.median, host_spread_ms=host.spread)
         if floor_ms is not None:
