@@ -312,6 +312,13 @@ def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
         check_out("out", out, shape=q.shape, dtype=q.dtype, device=q.device, contiguous=False)
 
 
+def check_interpretable(q: Tensor) -> None:
+    """Refuses bfloat16 in Triton's interpreter, which multiplies bfloat16 tiles as raw integers in ``tl.dot``."""
+    if runtime.mode() == "interpreter" and q.dtype == torch.bfloat16:
+        raise TypeError("bfloat16 is not supported in interpreter mode: Triton's interpreter multiplies bfloat16 "
+                        "tiles as raw integers in tl.dot; use float16 or float32 on the CPU")
+
+
 def check_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
     """``q``, ``k``, ``v`` of one dtype and shape but for the heads (``q``'s a multiple of ``k``'s), at a
     supported head dim."""

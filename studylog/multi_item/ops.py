@@ -11,12 +11,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from studylog import runtime
 from studylog.checks import check_tensor
 from studylog.multi_item.config import size_bucket, strides
 from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, MultiItemBatch,
-                                         check_heads, check_rule)
-from studylog.multi_item.steps import LOG2E, attn_fwd_batched, launch, tile_heights
+                                         check_heads, check_interpretable, check_rule)
+from studylog.multi_item.steps import LOG2E, attn_fwd_batched, constexprs, launch, tile_heights
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, schedule_table
 
 #: the tile heights the operator's launch may take: the autotuner's, or the interpreter's
@@ -52,9 +51,7 @@ def _check(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Tensor,
     if missing:
         raise ValueError(f"the schedule has no programs for tile heights {missing}, which this launch may take: "
                          "build the layout with studylog.multi_item.ops.layout")
-    if runtime.mode() == "interpreter" and q.dtype == torch.bfloat16:
-        raise TypeError("bfloat16 is not supported in interpreter mode (Triton's interpreter multiplies bfloat16 "
-                        "tiles as raw integers in tl.dot): use float16 or float32 on the CPU")
+    check_interpretable(q)
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Tensor, programs: list[int],
@@ -70,11 +67,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Ten
     counts = torch.empty(1, dtype=torch.int32, device=q.device)  # never written: COUNT_TILES is off
     args = (q, k, v, out, schedule, int(schedule.stride(0)), token_pos, int(token_pos.stride(0)), counts, 0,
             *(int(s) for s in strides(q, k, v, out)), sm_scale * LOG2E, size_bucket(tokens))
-    constexprs = {"HEAD_DIM": head_dim, "KV_GROUP": q.shape[0] // k.shape[0],
-                  "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
-                  "SKIP_DELIMITER": ITEM_KEYS_FROM[rule], "COUNT_TILES": False}
     grid = lambda meta: (programs[SCHEDULE_BLOCK_MS.index(meta["BLOCK_M"])],)  # noqa: E731
-    launch(attn_fwd_batched, grid, args, constexprs, None)  # autotuned on the GPU
+    launch(attn_fwd_batched, grid, args, constexprs(q, k, SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=False),
+           None)  # autotuned on the GPU
     return out
 
 

@@ -18,7 +18,7 @@ from studylog.checks import check_choice, check_out
 from studylog.multi_item.config import INTERPRETER_BLOCKS, find_config, strides
 from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS,
                                          MultiItemBatch, check_rule)
-from studylog.multi_item.steps import LOG2E, attn_fwd_batched, launch, no_counts, step05_batched
+from studylog.multi_item.steps import LOG2E, attn_fwd_batched, constexprs, launch, no_counts, step05_batched
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, SCHEDULE_ORDERS, schedule_table
 
 
@@ -116,8 +116,7 @@ class MultiItemPlan:
         # the table has one row: the kernel's row for BLOCK_M times a stride of 0
         args = [q, k, v, out, self._table, 0, self._pos, self._pos.stride(0), no_counts(q.device), 0,
                 *strides(q, k, v, out), self.sm_scale * LOG2E, 0]
-        constexprs = dict(HEAD_DIM=self.head_dim, KV_GROUP=self.heads // self.kv_heads,
-                          DOT_PRECISION="ieee" if self.dtype == torch.float32 else "tf32",
-                          SKIP_DELIMITER=ITEM_KEYS_FROM[self.rule], COUNT_TILES=False)
-        launch(attn_fwd_batched, (self.programs,), args, constexprs, (self.block_m, self.block_n), self._cfg)
+        launch(attn_fwd_batched, (self.programs,), args,
+               constexprs(q, k, SKIP_DELIMITER=ITEM_KEYS_FROM[self.rule], COUNT_TILES=False),
+               (self.block_m, self.block_n), self._cfg)
         return out

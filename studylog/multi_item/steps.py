@@ -22,8 +22,8 @@ from studylog import runtime
 from studylog.chapter import Step
 from studylog.multi_item.config import (FEW_GPU_CONFIGS, GPU_CONFIGS, INTERPRETER_BLOCKS, LaunchInfo, check_blocks,
                                         config_name, find_config, size_bucket, strides, tuned)
-from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_qkv, check_rule,
-                                         dense_mask)
+from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_interpretable, check_qkv,
+                                         check_rule, dense_mask)
 from studylog.multi_item.tiles import DEFAULT_ORDER, schedule_table
 
 LOG2E = 1.4426950408889634  # scores times log2(e) once, so the softmax uses exp2 (one GPU instruction)
@@ -75,14 +75,16 @@ def prepare_launch(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: floa
     if one_prompt and batch.batch_size != 1:
         raise ValueError(f"{name} handles one prompt, the batch has {batch.batch_size}; use step05_batched "
                          "(or call it once per prompt)")
-    if runtime.mode() == "interpreter" and q.dtype == torch.bfloat16:
-        raise TypeError("bfloat16 is not supported in interpreter mode: Triton's interpreter multiplies bfloat16 "
-                        "tiles as raw integers in tl.dot; use float16 or float32 on the CPU")
-    sm_scale = _scale(sm_scale, q)
+    check_interpretable(q)
     out = torch.empty_like(q) if out is None else out
-    common = {"HEAD_DIM": q.shape[-1], "KV_GROUP": q.shape[0] // k.shape[0],
-              "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
-    return sm_scale * LOG2E, out, common
+    return _scale(sm_scale, q) * LOG2E, out, constexprs(q, k)
+
+
+def constexprs(q: Tensor, k: Tensor, **more: Any) -> dict[str, Any]:
+    """The constexprs every kernel takes (head dim, query heads per key/value head, ``tl.dot``'s precision), and
+    ``more``."""
+    return {"HEAD_DIM": int(q.shape[-1]), "KV_GROUP": int(q.shape[0] // k.shape[0]),
+            "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", **more}
 
 
 @functools.cache
