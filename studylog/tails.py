@@ -104,16 +104,16 @@ def _masked_head(run, rep: int):
             {"bucket": " ".join(map(str, plan.bucket(count))), "read_bytes": nbytes, "rotation_capped": capped})
 
 
-def _ngram(run, rep: int):
+def _ngram(run, rep: int, *, batch: int, seq_len: int, threshold: int):
     from studylog.ngram import NgramConfig, NgramInputs, NgramMatcher
     from studylog.ngram.kernels import final_step
     from studylog.ngram.report import MAX_COPIES, series_of
 
-    inputs, drafts, lengths = ngram_inputs(128, 32768)
+    inputs, drafts, lengths = ngram_inputs(batch, seq_len)
     nbytes = (inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8
     copies = [inputs] + [NgramInputs(**{f.name: getattr(inputs, f.name).clone() for f in dataclasses.fields(inputs)})
                          for _ in range(max(1, min(run.rotation(nbytes), MAX_COPIES)) - 1)]
-    config = NgramConfig(threshold=128)
+    config = NgramConfig(threshold=threshold)
     step = final_step(inputs, config)
     return ([NgramMatcher(step, c, drafts.clone(), lengths.clone(), config=config,
                           check_values=False) for c in copies], {"step": series_of(step)})
@@ -278,6 +278,7 @@ class Case:
 def cases() -> list[Case]:
     from studylog.multi_item import MultiItemBatch
     from studylog.multi_item.report import BENCH_HEADS, bench_shapes, gqa_shapes
+    from studylog.ngram.report import NO_BUDGET
 
     name, prefixes, items = bench_shapes()[-1]
     tokens = MultiItemBatch.from_item_lens(prefixes, items, device="cpu").total_tokens
@@ -292,7 +293,10 @@ def cases() -> list[Case]:
     return [
         Case("masked_lm_head", "MaskedHeadPlan", dict(head), _masked_head),
         Case("masked_lm_head", BITMASK_COPY_SERIES, dict(head), _bitmask_copy, role="baseline"),
-        Case("ngram", "ngram_match", {"batch": 128, "seq_len": 32768, "threshold": 128}, _ngram),
+        # chapter 03's lead case (every active slot searches), then its deployed budget
+        *(Case("ngram", "ngram_match", case, partial(_ngram, **case))
+          for case in ({"batch": 512, "seq_len": 16384, "threshold": NO_BUDGET},
+                       {"batch": 128, "seq_len": 32768, "threshold": 128})),
         Case("ctc", "ctc_loss", dict(CTC_HEADLINE_CASE), partial(_ctc, **CTC_HEADLINE_CASE)),
         *(Case("ctc", CTC_FLOOR_SERIES, CTC_FLOOR_CASE | {"frames": frames, "states": states},
                partial(_ctc_chain, frames=frames, states=states), role="baseline") for frames in (2 * T, T)),
