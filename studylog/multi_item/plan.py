@@ -1,9 +1,6 @@
-"""Step 5 in a form a CUDA graph captures once and replays over new inputs *and new batch layouts*.
-
-The layout lives in device buffers sized for a capacity; the grid is the most programs any layout within it
-needs (entries past a layout's programs are zero: empty programs). ``q``, ``k``, ``v`` and ``out`` hold the
-capacity's token count; a layout uses their first ``batch.total_tokens`` positions.
-"""
+"""Step 5 in a form a CUDA graph captures once and replays over new inputs *and new batch layouts*: the layout in
+device buffers sized for a capacity, the grid the most programs any layout within it needs (entries past a layout's
+programs are zero: empty programs); a layout uses the first ``batch.total_tokens`` positions of the buffers."""
 
 from __future__ import annotations
 

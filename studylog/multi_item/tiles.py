@@ -63,9 +63,7 @@ def work_order(batch: MultiItemBatch, heads: int, block_m: int, order: str = DEF
         return torch.cat([torch.cat([ranked.repeat_interleave(len(g), dim=0),
                                      torch.tensor(list(g)).repeat(len(ranked))[:, None]], dim=1) for g in groups])
     if order == "prompts_outer":
-        work = [0] * batch.batch_size
-        for b, _, cost in tiles:
-            work[b] += cost
+        work = [sum(cost for p, _, cost in tiles if p == b) for b in range(batch.batch_size)]
         rows = [(b, t, h) for b in sorted(range(batch.batch_size), key=lambda b: -work[b])
                 for h in range(heads) for t in reversed(range(-(-batch.seq_lens[b] // block_m)))]
         return torch.tensor(rows)
@@ -92,17 +90,12 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
                 or not 1 <= rows_per_token <= key[2][0]:
             raise ValueError(f"rows_per_token must be an int from 1 to the smallest tile height ({key[2][0]}), "
                              f"got {rows_per_token!r}")
-        begins = torch.tensor(batch.seq_starts)
-        lens = torch.tensor(batch.seq_lens)
-        prefixes = torch.tensor(batch.prefix_lens)
+        prompts = torch.tensor([batch.seq_starts, batch.seq_lens, batch.prefix_lens]).T  # seq_begin, seq_len, prefix
         rows = {}
         for block_m in key[2]:
             w = work_order(batch, heads, block_m // rows_per_token, order, kv_bytes_per_token, rule)
-            b = w[:, 0]
-            rows[block_m] = torch.cat([w, begins[b, None], lens[b, None], prefixes[b, None],
-                                       torch.zeros(len(w), 2, dtype=w.dtype)], dim=1)
-        width = max(len(r) for r in rows.values())
-        table = torch.zeros(len(SCHEDULE_BLOCK_MS), width, 8, dtype=torch.int32)
+            rows[block_m] = torch.cat([w, prompts[w[:, 0]], torch.zeros(len(w), 2, dtype=w.dtype)], dim=1)
+        table = torch.zeros(len(SCHEDULE_BLOCK_MS), max(map(len, rows.values())), 8, dtype=torch.int32)
         for block_m, r in rows.items():
             table[SCHEDULE_BLOCK_MS.index(block_m), : len(r)] = r.to(torch.int32)
         batch.schedules[key] = (table.to(batch.device), {bm: len(r) for bm, r in rows.items()})
