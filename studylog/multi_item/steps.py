@@ -103,17 +103,14 @@ def tile_count_buffer(batch: MultiItemBatch, tile_tokens: int, count_tiles: bool
 
 
 def step_result(number: int, out: Tensor, launched: tuple[int, int, str], return_info: bool, batch: MultiItemBatch,
-                counts: Tensor | None = None, max_tiles: int = 0,
-                rows_per_token: int = 1) -> QKV | tuple[QKV, LaunchInfo]:
-    """``out``, or ``(out, LaunchInfo)`` with ``counts`` (``max_tiles`` a prompt) as the key tiles each query
+                counts: Tensor | None = None, rows_per_token: int = 1) -> QKV | tuple[QKV, LaunchInfo]:
+    """``out``, or ``(out, LaunchInfo)`` with ``counts`` (:func:`tile_count_buffer`'s) as the key tiles each query
     tile of ``BLOCK_M // rows_per_token`` tokens visited."""
     if not return_info:
         return out
     block_m, block_n, name = launched
-    tile_counts = None
-    if counts is not None:
-        rows = counts.view(batch.batch_size, max_tiles).tolist()
-        tile_counts = [row[: triton.cdiv(s, block_m // rows_per_token)] for row, s in zip(rows, batch.seq_lens)]
+    tile_counts = None if counts is None else [row[: triton.cdiv(s, block_m // rows_per_token)] for row, s in
+                                               zip(counts.view(batch.batch_size, -1).tolist(), batch.seq_lens)]
     return out, LaunchInfo(number, block_m, block_n, tile_counts, name)
 
 
@@ -124,7 +121,7 @@ def _one_prompt(number: int, kernel, q: Tensor, out: Tensor, batch: MultiItemBat
     seq_len = batch.seq_lens[0]
     grid = lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), q.shape[0])  # noqa: E731
     launched = launch(kernel, grid, args, common, blocks, find_config(config, blocks))
-    return step_result(number, out, launched, return_info, batch, counts, triton.cdiv(seq_len, 16))
+    return step_result(number, out, launched, return_info, batch, counts)
 
 
 def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None,
@@ -489,8 +486,7 @@ def launch_scheduled(number: int, kernel, q: Any, k: Any, v: Any, batch: Any, sm
             *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
     common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
     launched = launch(kernel, grid, args, common, blocks, cfg)
-    return step_result(number, out, launched, return_info, batch, counts if count_tiles else None, max_tiles,
-                       rows_per_token)
+    return step_result(number, out, launched, return_info, batch, counts if count_tiles else None, rows_per_token)
 
 
 # Step 6: under grouped-query attention, the query heads that share a key/value head computed in one tile, so
