@@ -105,8 +105,9 @@ _BOUND_FIELDS = tuple(f.name for f in fields(NgramInputs))
 class NgramMatcher:
     """One step bound to its buffers: validated once (values too, with ``check_values``), then each call runs the
     step in place with nothing checked. A GPU step's call (:attr:`graph_safe`) neither syncs nor allocates: capture
-    it (:meth:`capture`), then ``copy_`` new values into the bound tensors (never rebind) before each replay; values
-    outside :func:`~studylog.ngram.formats.validate`'s ranges make the kernels read out of bounds (:meth:`check`).
+    it (:meth:`capture`), then ``copy_`` new values into the bound tensors (never rebind) before each replay. Shapes
+    and ``config`` are fixed (pad with empty slots, ``seq_lens_decoder == 0``); values outside
+    :func:`~studylog.ngram.formats.validate`'s ranges make the kernels read out of bounds (:meth:`check`).
 
     Options: ``chunk_tiles`` (steps 6, 7, 12) and ``chunk_len`` (steps 8 to 11), the haystack positions a block
     scans; ``vec`` (steps 9 to 11), tokens per load, 1 or 2 (the default where the rows allow 16-byte loads)."""
@@ -290,8 +291,9 @@ STREAM_STEPS = (step08_stream, step09_wide_loads, step10_evict_first, step11_ski
 
 #: The rule of :func:`final_step` (GPU clock): at least STREAM_MIN_TOKENS prompt positions (slots × width) in rows
 #: at least STREAM_MIN_WIDTH wide, under a budget that can refuse slots, run step 11 (barrier-free blocks pay once
-#: there is that much to stream, and refused slots skip their search); all else runs step 12. The thresholds must
-#: keep the entry point within the spread of the fastest of steps 6 to 12 at every case of the committed benchmark.
+#: there is that much to stream, and refused slots skip their search); all else runs step 12 (step 7's fused phase 2
+#: costs the search kernel registers and runs on THREADS threads, not SCAN_THREADS). The thresholds must keep the
+#: entry point within the spread of the fastest of steps 6 to 12 at every case of the committed benchmark.
 STREAM_MIN_WIDTH = 32_768
 STREAM_MIN_TOKENS = 1 << 22
 

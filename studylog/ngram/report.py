@@ -47,9 +47,9 @@ CLOCK_NOTE = ("Clocks: the GPU steps on the GPU clock (the call replayed in a CU
               "cannot be captured: it is timed end to end on the host (clock host_e2e: the call, then "
               f"torch.cuda.synchronize(), wall time per call), as is {SYNCED_SERIES}, step11_skip_refused's call "
               "with the same sync, which the headlines compare with it (its GPU time beside it: kernel_gpu_ms). "
-              f"rotated_copies: the copies a GPU row's graph rotates over (four times the L2, at most {MAX_COPIES}); "
-              f"calls slower than {SLOW_CALL_MS} ms replay about {GRAPH_BUDGET_MS:.0f} ms of work per replay "
-              "(graph_calls), five replays per repetition.")
+              f"rotated_copies: the copies a GPU row's graph rotates over (four times the L2, at most {MAX_COPIES}: "
+              f"less on the smallest batches); calls slower than {SLOW_CALL_MS} ms replay about "
+              f"{GRAPH_BUDGET_MS:.0f} ms of work per replay (graph_calls), five replays per repetition.")
 END_TO_END = "end to end: the call, then torch.cuda.synchronize(); wall time per call"
 
 
