@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from studylog.chapter import Chapter, Step
-from studylog.decode.grammar import Grammar, Writer, ascii_regex, schema_regex, suite_names, suite_sample
+from studylog.decode.grammar import Grammar, ascii_regex, schema_regex, suite_names, suite_sample
 from studylog.decode.generation import CONFIGS, DecodeConfig, Generation, check_model
 from studylog.decode.loop import COMPONENTS, Decoder
 from studylog.decode import report
+from studylog.fsm.decoding import Writer
 from studylog.decode.model import (CONFIGS as MODEL_CONFIGS, LlamaModel, ModelConfig, describe, from_module,
                                    load_smollm2, model_config)
 

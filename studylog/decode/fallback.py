@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from studylog.decode import pieces
+from studylog.fsm import ConstrainedFSM, Jump
 from studylog.decode.grammar import byte_tokens, continues_utf8, packed_bits
 
 #: Matchers kept, each at a state: up to this many sequences that went apart advance one ``accept_token`` a token;
@@ -212,7 +213,7 @@ class MatcherAutomaton:
 
     #: chapter 1's walk (the states after each prefix of ``ids`` from ``state``) over :meth:`next`
     next_state = next
-    walk = pieces.ConstrainedFSM.walk
+    walk = ConstrainedFSM.walk
 
     def only_eos(self, state: int) -> bool:
         n, _, final = self._state_info(self._check(state))
@@ -237,7 +238,7 @@ class MatcherAutomaton:
             cur = self.next(cur, forced)
         tb = self.vocab.token_bytes
         for i, s in enumerate(path):
-            self._jumps[s] = pieces.Jump(tuple(toks[i:]), b"".join(tb[t] for t in toks[i:]), cur)
+            self._jumps[s] = Jump(tuple(toks[i:]), b"".join(tb[t] for t in toks[i:]), cur)
         return self._jumps.get(state)
 
     def char_jump(self, state: int):

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from studylog.decode.model import LlamaModel
 
-#: The logit bias given to the token a :class:`~studylog.decode.grammar.Writer` names: far above any
+#: The logit bias given to the token a :class:`~studylog.fsm.decoding.Writer` names: far above any
 #: logit of the model, so the writer decides, and still a finite number added to a computed logit.
 STEER = 1.0e4
 

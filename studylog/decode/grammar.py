@@ -20,6 +20,8 @@ import torch
 
 from studylog.checks import check_choice
 from studylog.decode import pieces
+from studylog.fsm import regex_from_schema
+from studylog.fsm.schemas import WHITESPACE, entry as suite_entry, suite
 
 if TYPE_CHECKING:  # fallback imports this module
     from studylog.decode.fallback import MatcherAutomaton
@@ -85,9 +87,9 @@ def _xgrammar_compiler(vocab: pieces.TokenVocabulary):
 
 def schema_regex(schema: Any, whitespace: str = "default") -> str:
     """A JSON schema's regex (a dict, JSON text or a pydantic model), integer bounds kept (outlines-core drops them)."""
-    check_choice("whitespace", whitespace, sorted(pieces.WHITESPACE))
+    check_choice("whitespace", whitespace, sorted(WHITESPACE))
     try:
-        return pieces.regex_from_schema(schema, whitespace_pattern=pieces.WHITESPACE[whitespace], integer_bounds=True)
+        return regex_from_schema(schema, whitespace_pattern=WHITESPACE[whitespace], integer_bounds=True)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"the schema does not compile to a grammar: {exc}") from exc
 
@@ -221,7 +223,7 @@ class Grammar:
         """A JSON schema, as :meth:`from_regex` compiles outlines' regex of it; where outlines writes none,
         ``engine`` ``"auto"`` or ``"xgrammar"`` compiles the schema with xgrammar directly."""
         check_choice("engine", engine, ENGINES)
-        check_choice("whitespace", whitespace, sorted(pieces.WHITESPACE))
+        check_choice("whitespace", whitespace, sorted(WHITESPACE))
         label = name or (schema.get("title") if isinstance(schema, dict) else None) or "schema"
         try:
             regex = schema_regex(schema, whitespace)
@@ -385,7 +387,7 @@ class Grammar:
 
 @functools.lru_cache(maxsize=32)
 def _suite_grammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str, engine: str) -> Grammar:
-    entry = pieces.suite_entry(name)
+    entry = suite_entry(name)
     # a JSON entry's regex with its integers' bounds (schema_regex), so that every finished output is valid
     regex = schema_regex(entry.schema, whitespace) if entry.kind == "json" else entry.regex(whitespace)
     return Grammar.from_regex(regex, vocab, name, engine=engine)
@@ -393,18 +395,13 @@ def _suite_grammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str, en
 
 def suite_names(kind: str | None = None) -> list[str]:
     """Names of chapter 1's suite entries (``kind``: ``"json"``, ``"regex"`` or None for all)."""
-    return [e.name for e in pieces.suite() if kind is None or e.kind == kind]
+    return [e.name for e in suite() if kind is None or e.kind == kind]
 
 
 def suite_sample(name: str, seed: int = 0, whitespace: str = "default") -> str:
     """A valid output of a suite entry, drawn with ``seed``."""
-    return pieces.suite_entry(name).sample(random.Random(f"decode/{name}/{seed}"), whitespace)
+    return suite_entry(name).sample(random.Random(f"decode/{name}/{seed}"), whitespace)
 
 
-#: Steers a model toward writing a text (random weights write gibberish, which inside a JSON string never ends):
-#: each step it names the tokenizer's next token of the text, whose logit the loop biases.
-Writer = pieces.Writer
-
-
-__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "Writer", "ascii_regex", "byte_tokens", "packed_bits",
-           "schema_regex", "suite_names", "suite_sample"]
+__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "ascii_regex", "byte_tokens", "packed_bits", "schema_regex",
+           "suite_names", "suite_sample"]

@@ -20,8 +20,9 @@ from studylog.checks import check_choice
 from studylog.decode import kernels, pieces
 from studylog.decode.generation import (CONFIGS, STEER, DecodeConfig, Generation, check_model, gumbel_noise,
                                          positive_int, token_ids)
-from studylog.decode.grammar import Grammar, Writer, continues_utf8
+from studylog.decode.grammar import Grammar, continues_utf8
 from studylog.decode.model import LlamaModel, dense_logits
+from studylog.fsm.decoding import Writer
 from studylog.runtime import cuda_graph, staged
 
 

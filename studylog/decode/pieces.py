@@ -1,32 +1,13 @@
-"""Everything this chapter takes from chapters 1 (``studylog.fsm``) and 2 (``studylog.masked_lm_head``)."""
+"""What this chapter takes from chapters 1 (``studylog.fsm``) and 2 (``studylog.masked_lm_head``)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from studylog import fsm as _ch1
 from studylog import masked_lm_head as _ch2
-from studylog.fsm import schemas as _suite
-
-# --- chapter 1 ----------------------------------------------------------------------------------------
-TokenVocabulary = _ch1.TokenVocabulary
-ConstrainedFSM = _ch1.ConstrainedFSM
-load_vocabulary = _ch1.load_vocabulary
-compile_fsm = _ch1.compile_fsm
-#: A forced chain of an automaton: ``tokens``, their bytes ``data``, and the state ``end`` it reaches.
-Jump = _ch1.Jump
-regex_from_schema = _ch1.regex_from_schema
-#: Whitespace patterns between JSON tokens: ``"default"`` (an optional space) and ``"compact"`` (none).
-WHITESPACE: dict[str, Any] = _suite.WHITESPACE
-#: Chapter 1's suite (JSON schemas and regexes, each with ``name``, ``kind``, ``regex(ws)`` and a sampler of valid
-#: outputs ``sample(rng, ws)``), and one entry of it by name.
-suite = _suite.suite
-suite_entry = _suite.entry
-Writer = _ch1.decoding.Writer
+from studylog.fsm import TokenVocabulary, compile_fsm, load_vocabulary  # noqa: F401 (the loop's default)
 
 
 class Automaton:
@@ -58,15 +39,13 @@ class Automaton:
         return [s for s in self.fsm.states if self.fsm.index.get_allowed_tokens(s) is not None]
 
 
-# --- chapter 2 ----------------------------------------------------------------------------------------
 AllowedTokens = _ch2.AllowedTokens
-FEW_IDS_MAX: int = _ch2.FEW_IDS_MAX
 
 
 def allowed_batch(mask: Tensor, union: np.ndarray, counts: tuple[int, ...]) -> AllowedTokens:
     """Chapter 2's allowed sets of a batch from checked parts (mask, host-sorted union, counts): no round trip."""
     union_ids = torch.from_numpy(np.ascontiguousarray(union, dtype=np.int32)).to(mask.device, non_blocking=True)
-    few = tuple(int(i) for i in union) if len(union) <= FEW_IDS_MAX else None
+    few = tuple(int(i) for i in union) if len(union) <= _ch2.FEW_IDS_MAX else None
     return AllowedTokens(vocab_size=mask.shape[1], mask=mask, union_ids=union_ids, counts=counts, few_ids=few)
 
 
@@ -86,7 +65,3 @@ def masked_head_torch(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Te
             out.masked_fill_(~allowed.mask, float("-inf"))
     return out
 
-
-__all__ = ["AllowedTokens", "ConstrainedFSM", "FEW_IDS_MAX", "TokenVocabulary", "WHITESPACE", "Writer", "allowed_batch",
-           "Automaton", "Jump", "compile_fsm", "load_vocabulary", "masked_head_kernel", "masked_head_torch",
-           "regex_from_schema", "suite", "suite_entry"]

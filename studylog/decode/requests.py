@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any, Sequence
 
-from studylog.decode import pieces
+from studylog.fsm.schemas import entry as suite_entry
 
 #: Per suite entry, instructions a user might write (a batch cycles through them).
 INSTRUCTIONS: dict[str, tuple[str, ...]] = {
@@ -55,7 +55,7 @@ def message(name: str, variant: int = 0) -> str:
         raise ValueError(f"no request for suite entry {name!r}; choose from {sorted(INSTRUCTIONS)}")
     texts = INSTRUCTIONS[name]
     text = texts[variant % len(texts)]
-    entry = pieces.suite_entry(name)
+    entry = suite_entry(name)
     if entry.kind == "json":
         return f"{text}\nAnswer with JSON only, following this JSON schema:\n{json.dumps(entry.schema)}"
     return f"{text}\nAnswer with {FORMATS[name]}, and nothing else."
@@ -73,7 +73,7 @@ def batch_ids(name: str, tokenizer: Any, batch: int) -> list[list[int]]:
 
 def valid(name: str, text: bytes | str) -> tuple[bool, str]:
     """Whether a finished output of suite entry ``name`` is what its format asks for: (ok, why not)."""
-    entry = pieces.suite_entry(name)
+    entry = suite_entry(name)
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
