@@ -16,6 +16,7 @@ import torch
 
 from book.decode import exercises, figures, lesson, solutions
 from studylog.decode import report
+from studylog.decode.loop import COMPONENTS
 from studylog.plotting import Results
 from book.decode import results as decode_results
 
@@ -334,7 +335,7 @@ def _real_results():
             r = row(report.series_of(config), ms, model="smollm2", batch=1, schema=name, whitespace="compact",
                     config=config)
             r.update(tokens=len(chunks1) - 1, forwards=len(chunks), chunk_lengths=chunks,
-                     breakdown_ms_per_token={k: 0.1 for k in report.COMPONENTS})
+                     breakdown_ms_per_token={k: 0.1 for k in COMPONENTS})
             rows.append(r)
     rows.append(row("hf_generate", 20.0, model="smollm2", batch=1, schema="a", whitespace="compact",
                     config="hf_generate"))
@@ -569,7 +570,7 @@ def test_the_breakdown_bars_are_the_instrumented_totals_with_the_timed_total_as_
     for p in ax.patches:  # every patch is a part: the bar ends at the instrumented total
         y = round(p.get_y() + p.get_height() / 2)
         ends[y] = max(ends.get(y, 0.0), p.get_x() + p.get_width())
-    assert [ends[0], ends[1]] == pytest.approx([sum(parts[c][k] for k in report.COMPONENTS)
+    assert [ends[0], ends[1]] == pytest.approx([sum(parts[c][k] for k in COMPONENTS)
                                                 for c in ("baseline", "masked_head")])
     ticks = sorted(seg[0][0] for coll in ax.collections if isinstance(coll, LineCollection) for seg in coll.get_segments())
     assert ticks == pytest.approx(sorted(p["wall"] for p in parts.values()))
@@ -719,7 +720,7 @@ def test_the_breakdown_figure_draws_the_parts_without_the_body_and_names_only_pa
     hidden = decode_figures.too_short([breakdown(earlier.rows, "1b", b) for b in (1, 8) if breakdown(earlier.rows, "1b", b)])
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert not [k for k in hidden if decode_figures.LABELS[k] in legend]
-    assert all(decode_figures.LABELS[k] in legend for k in report.COMPONENTS if k not in hidden)
+    assert all(decode_figures.LABELS[k] in legend for k in COMPONENTS if k not in hidden)
     plt.close(fig)
 
 

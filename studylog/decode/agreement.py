@@ -61,7 +61,7 @@ def compare(reference: Generation, other: Generation, weight: Tensor) -> dict[st
             divergences.append({"sequence": b, "position": p, "tokens": None, "gap": None, "bound": None,
                                 "inside": False, "why": "a configuration did not sample this position"})
             continue
-        (ha, ta, sa), (hb, tb, sb) = ra, rb
+        (ha, ta, sa), (hb, tb, _) = ra, rb
         if ta == tb:
             raise ValueError(f"sequence {b}: the records say both picked {ta} at position {p}")
         pair = torch.tensor([ta, tb])

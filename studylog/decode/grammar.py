@@ -11,6 +11,7 @@ import codecs
 import functools
 import json
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -45,32 +46,18 @@ def ascii_regex(regex: str) -> str:
         c = regex[i]
         if c == "\\" and i + 1 < len(regex):
             n = regex[i + 1]
-            if n in _CLASSES:
-                out.append(_CLASSES[n][1 if in_class else 0])
-            elif n in "DSW":
+            if n in "DSW":
                 raise ValueError(f"regex uses \\{n} at position {i}; write the ASCII class it means instead")
-            elif n == " ":
-                out.append(" ")
-            else:
-                out.append(regex[i:i + 2])
+            out.append(_CLASSES[n][1 if in_class else 0] if n in _CLASSES else " " if n == " " else regex[i:i + 2])
             i += 2
             continue
         if c == "[" and not in_class:
-            in_class = True
-            out.append(c)
-            if regex[i + 1:i + 2] == "^":
-                out.append("^")
-                i += 1
-            if regex[i + 1:i + 2] == "]":  # a ']' right after '[' or '[^' is a literal
-                out.append("]")
-                i += 1
-        elif c == "]" and in_class:
-            in_class = False
-            out.append(c)
-        elif c == "." and not in_class:
-            out.append("[^\\n]")
-        else:
-            out.append(c)
+            head = re.match(r"\[\^?\]?", regex[i:]).group()  # a ']' first in a class is a literal
+            out.append(head)
+            in_class, i = True, i + len(head)
+            continue
+        in_class = in_class and c != "]"
+        out.append("[^\\n]" if c == "." and not in_class else c)
         i += 1
     return "".join(out)
 

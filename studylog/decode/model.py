@@ -12,7 +12,7 @@ sequence's end, which a real token overwrites before any query sees them, so the
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -440,10 +440,8 @@ def load_smollm2(*, device=None, dtype: torch.dtype | None = None, path: str | P
     ckpt = smollm2.read(path)
     device = torch.device(device) if device is not None else runtime.device()
     dtype = dtype if dtype is not None else torch.bfloat16 if device.type == "cuda" else torch.float32
-    cfg = ModelConfig(name="smollm2-135m", vocab_size=ckpt.vocab_size, hidden=ckpt.hidden, layers=ckpt.layers,
-                      heads=ckpt.heads, kv_heads=ckpt.kv_heads, intermediate=ckpt.intermediate,
-                      head_dim=ckpt.head_dim, rope_theta=ckpt.rope_theta, norm_eps=ckpt.norm_eps,
-                      tie_embeddings=ckpt.tie_embeddings)
+    shape = {f.name: getattr(ckpt, f.name) for f in fields(ModelConfig) if f.name not in ("name", "shared_layers")}
+    cfg = ModelConfig(name="smollm2-135m", **shape)  # the checkpoint names its config's fields as ModelConfig does
     model = LlamaModel(cfg, device=device, dtype=dtype, seed=None)
     tensors = {name: torch.from_numpy(ckpt.tensor(name)) for name in ckpt.tensor_names()}
     return load_state_dict_hf(model, tensors, where=str(ckpt.path))

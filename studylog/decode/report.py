@@ -7,6 +7,7 @@ sample of the schema; beside them each component alone on the GPU clock (:func:`
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from typing import Any, Sequence
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from studylog.decode.grammar import Grammar, suite_names, suite_sample
 from studylog.decode import kernels, peers
 from studylog.decode.generation import STEER, Generation
-from studylog.decode.loop import COMPONENTS, Decoder
+from studylog.decode.loop import Decoder
 from studylog.decode import requests as real_requests
 from studylog.decode.model import CL100K_SIZE, LlamaModel, dense_logits, describe, load_smollm2, model_config
 
@@ -66,15 +67,14 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
 
             model = load_smollm2(device=device, dtype=dtype)
             vocab, tokenizer = smollm2.vocabulary(), smollm2.tokenizer()
-            cfg = model.config
             try:
                 hf = peers.hf_model(model)  # the Hugging Face copy hf_peer runs
             except ImportError as exc:  # transformers is in the peers extra
                 run.note(f"hf_generate skipped: {exc}")
         else:
-            cfg = model_config(shape)
-            model, vocab, tokenizer = LlamaModel(cfg, device=device, dtype=dtype, seed=0), None, None
-        run.note(f"model {shape}: {describe(cfg)}")
+            model = LlamaModel(model_config(shape), device=device, dtype=dtype, seed=0)
+            vocab, tokenizer = None, None
+        run.note(f"model {shape}: {describe(model.config)}")
         for batch in batches:
             decoder = Decoder(model, vocab, batch=batch, max_seq=REAL_MAX_SEQ if real else max_seq)
             decoder.capture()
@@ -176,12 +176,9 @@ def count_kernels(fn) -> dict[str, int]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    counts: dict[str, int] = {}
-    for e in prof.profiler.kineto_results.events():
-        if e.device_type() == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name().lower() \
-                and "memset" not in e.name().lower():
-            counts[e.name()] = counts.get(e.name(), 0) + 1
-    return counts
+    cuda = torch.autograd.DeviceType.CUDA
+    names = [e.name() for e in prof.profiler.kineto_results.events() if e.device_type() == cuda]
+    return dict(Counter(n for n in names if "memcpy" not in n.lower() and "memset" not in n.lower()))
 
 
 def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda",
@@ -346,5 +343,5 @@ def headline(results) -> list[dict]:
     return out
 
 
-__all__ = ["BODIES", "COMPONENTS", "HEAD_COUNTS", "ORDER", "bench", "body_kernels", "components", "count_kernels",
-           "headline", "measure", "plan", "requests", "rows_of", "series_label", "series_of", "sweep"]
+__all__ = ["BODIES", "HEAD_COUNTS", "ORDER", "bench", "body_kernels", "components", "count_kernels", "headline",
+           "measure", "plan", "requests", "rows_of", "series_label", "series_of", "sweep"]
