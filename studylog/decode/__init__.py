@@ -1,9 +1,7 @@
 """Chapter 7: constrained decoding end to end, or what the kernels of chapters 1 and 2 buy a real decode loop.
 
 A Llama-style model (:mod:`~studylog.decode.model`) decodes a request constrained by a JSON schema or a regex
-(:mod:`~studylog.decode.grammar`) in one loop that runs every configuration alike (:mod:`~studylog.decode.loop`).
-The steps write the same tokens wherever the two tokens in question are further apart than the rounding of the
-two computations (:mod:`~studylog.decode.agreement`)."""
+(:mod:`~studylog.decode.grammar`) in one loop that runs every configuration alike (:mod:`~studylog.decode.loop`)."""
 
 from __future__ import annotations
 

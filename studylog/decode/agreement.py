@@ -1,16 +1,11 @@
-"""When two configurations may write different tokens, and a check that they only do so there.
+"""When two configurations may write different tokens, and a check that they only do so there: each sums the logits
+in fp32 in its own order, so they write the same tokens wherever the two tokens in question are further apart than
+the error bound of the two computations, and every divergence must sit at a gap inside it.
 
-The configurations compute the same logits in different ways, each summing in fp32 in its own order, so the
-guarantee is: **same tokens wherever the two tokens in question are further apart than the error bound of the two
-computations**; every divergence is counted, and each must sit at a gap inside that bound.
-
-The bound (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2): a logit ``h . w`` summed in
-fp32 in any order is within ``gamma_k sum_i |h_i w_i|`` of its exact value, ``gamma_k = k u / (1 - k u)``,
-``u = 2**-24``, ``k = 2 D + 1`` (a tensor core's truncating alignment can double an addition's error). The hidden
-states of two configurations may differ by ``dh``, which moves the logit of ``t`` by at most ``|dh| . |w_t|``. If
-A picked ``a`` and B picked ``b``, with ``gap`` the exact difference of their logits from A's hidden state, B can
-only have picked ``b`` if ``gap <= e_A(a) + e_A(b) + e_B(a) + e_B(b) + |dh| . (|w_a| + |w_b|)``. Steering and
-seeded noise enter the gap, not the bound; a temperature divides both."""
+The bound (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2): a logit ``h . w`` summed in fp32
+in any order is within ``gamma_k sum_i |h_i w_i|`` of its exact value, ``k = 2 D + 1`` (a tensor core's truncating
+alignment can double an addition's error); hidden states that differ by ``dh`` move the logit of ``t`` by at most
+``|dh| . |w_t|``. Steering and seeded noise enter the gap, not the bound; a temperature divides both."""
 
 from __future__ import annotations
 
@@ -40,8 +35,9 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare(reference: Generation, other: Generation, weight: Tensor) -> dict[str, Any]:
-    """Compare two generations of one request (both run with ``record=True``; ``weight``: the LM head): ``sequences``,
-    ``identical``, ``divergences`` (each sequence's first difference: gap, bound, ``inside``) and ``all_inside``."""
+    """Compare two generations of one request (both run with ``record=True``; ``weight``: the LM head):
+    ``sequences``, ``identical``, ``divergences`` (each sequence's first difference: gap, bound, ``inside``) and
+    ``all_inside``."""
     for name, g in (("reference", reference), ("other", other)):
         if not isinstance(g, Generation):
             raise TypeError(f"{name} must be a Generation, got {type(g).__name__}")
@@ -82,5 +78,3 @@ def compare(reference: Generation, other: Generation, weight: Tensor) -> dict[st
     return {"sequences": len(reference.ids), "identical": len(reference.ids) - len(divergences),
             "divergences": divergences, "all_inside": all(d["inside"] for d in divergences)}
 
-
-__all__ = ["U", "compare", "logit_bound"]

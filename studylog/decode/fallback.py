@@ -15,10 +15,9 @@ from studylog.decode import pieces
 from studylog.fsm import ConstrainedFSM, Jump
 from studylog.decode.grammar import byte_tokens, continues_utf8, packed_bits
 
-#: Matchers kept, each at a state: up to this many sequences that went apart advance one ``accept_token`` a token;
-#: past it, a sequence's matcher is walked again from the start.
+#: Matchers kept, each at a state (past it, a sequence's matcher is walked again from the start).
 MATCHERS = 64
-#: Allowed-id arrays kept (up to the vocabulary's size each); an evicted one is computed again when asked for.
+#: Allowed-id arrays kept (an evicted one is computed again).
 SETS = 256
 #: A forced chain is cut at this many tokens (a cycle of forced states has no end, and states are paths).
 MAX_CHAIN = 1024
@@ -70,7 +69,7 @@ def _split(vocab: pieces.TokenVocabulary) -> tuple[list[int], list[int]]:
 @functools.lru_cache(maxsize=1024)
 def _after(vocab: pieces.TokenVocabulary, pending: bytes) -> tuple[np.ndarray, np.ndarray, dict[int, bytes]]:
     """After the unfinished character ``pending``, as bitmask rows: EOS and the tokens that keep the text valid
-    UTF-8 (``continues_utf8``); those that end inside a character again; and the character each of those leaves."""
+    UTF-8; those that end inside a character again; and the character each of those leaves."""
     (whole, odd), tb = _split(vocab), vocab.token_bytes
     ok, tails = [vocab.eos_id] + (whole if not pending else []), {}
     for t in odd:  # after a part, only a token that starts with a continuation byte may be valid
@@ -89,9 +88,9 @@ def _witness(vocab: pieces.TokenVocabulary, pending: bytes) -> int:
 
 
 class MatcherAutomaton:
-    """:class:`~studylog.decode.pieces.Automaton`'s interface over one xgrammar ``CompiledGrammar``. ``allowed_ids``
-    is xgrammar's bitmask less the tokens that leave the text invalid UTF-8 and the dead ends of its byte-level
-    matching: chapter 1's set where both engines compile a grammar. No ``char_jump`` (nor ``fsm``)."""
+    """:class:`~studylog.decode.pieces.Automaton`'s interface over one xgrammar ``CompiledGrammar``: xgrammar's
+    bitmask less the tokens that leave the text invalid UTF-8 and the dead ends of its byte-level matching (chapter
+    1's set where both engines compile a grammar). No ``char_jump`` (nor ``fsm``)."""
 
     fsm = None
 
@@ -129,8 +128,8 @@ class MatcherAutomaton:
         return int(state)
 
     def _reach(self, state: int):
-        """A matcher at ``state``: the one at its nearest ancestor that has one (or a fresh one), moved down. Never
-        from a sibling: a matcher stays with the sequence it follows."""
+        """A matcher at ``state``, moved down from its nearest ancestor that has one (never from a sibling: a matcher
+        stays with the sequence it follows)."""
         path, cur = [], state
         while cur not in self._at and cur != 0:
             path.append(self._token[cur])
@@ -245,5 +244,3 @@ class MatcherAutomaton:
         """None: forced-byte jumps need the character-level automaton enumerated."""
         self._check(state)
 
-
-__all__ = ["MATCHERS", "MAX_CHAIN", "SETS", "MatcherAutomaton"]

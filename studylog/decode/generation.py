@@ -18,10 +18,8 @@ STEER = 1.0e4
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How a request is run. ``jump``: ``"none"``, ``"token"`` (forced-token chains appended without a forward) or
-    ``"char"`` (forced bytes appended, the output retokenized); ``head``: ``"dense"`` or ``"masked"``; ``mask``:
-    who computes the allowed tokens, ``"xgrammar"`` or ``"automaton"``; ``sample``: after the masked head, read
-    only the allowed ids' logits (``"allowed"``) or the whole row (``"all"``, the same token)."""
+    """How a request is run: ``jump`` (forced chains of ``"token"``s, or ``"char"``s retokenized), ``head``, who
+    computes the allowed tokens (``mask``), and whether sampling reads only the allowed ids (``sample``)."""
 
     name: str
     jump: str = "none"
@@ -54,8 +52,8 @@ CONFIGS: dict[str, DecodeConfig] = {
 
 @dataclass
 class Generation:
-    """What one request produced and cost: per sequence its output ``ids`` (EOS excluded), the forwards it was active in
-    (``passes``), tokens ``jumped`` and ``retokenized``; the batch's ``forwards`` (prefill first), ``ms`` by part."""
+    """What one request produced and cost: per sequence its ``ids`` (EOS excluded), ``passes``, tokens ``jumped`` and
+    ``retokenized``; the batch's ``forwards`` (prefill first) and ``ms`` by part."""
 
     config: str
     ids: list[list[int]]
@@ -109,8 +107,7 @@ def positive_int(name: str, v: Any) -> int:
 
 
 def token_ids(name: str, ids: Any, V: int) -> list[int]:
-    """``ids`` (a sequence, or a 1-D integer tensor or array) as a non-empty list of token ids in ``[0, V)``: a float
-    or a bool is refused, not cut."""
+    """``ids`` (a sequence, 1-D integer tensor or array) as a non-empty list of ids in ``[0, V)``; floats refused."""
     if isinstance(ids, Tensor):
         if ids.is_meta:
             raise ValueError(f"{name} is a tensor on the meta device, which holds no token ids")
@@ -154,6 +151,3 @@ def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
     rows = torch.arange(position.shape[0], device=position.device)
     return -torch.log(-torch.log(hashed_uniform(seed, rows, position, vocab_ids)))
 
-
-__all__ = ["CONFIGS", "DecodeConfig", "Generation", "STEER", "check_model", "gumbel_noise", "hashed_uniform",
-           "positive_int", "token_ids"]

@@ -1,8 +1,6 @@
-"""The constraint of a request, compiled twice: by xgrammar (the practitioners' baseline) and by chapter 1.
-
-Both compile the **same regex** (:func:`ascii_regex` writes out what the two read differently), so both allow the
-same tokens in every state, which :meth:`Grammar.check_agreement` checks state by state. Where chapter 1's
-automaton cannot be built, ``engine="auto"`` reads the sets from xgrammar's matcher
+"""The constraint of a request, compiled twice: by xgrammar (the practitioners' baseline) and by chapter 1, from the
+**same regex** (:func:`ascii_regex`), so both allow the same tokens in every state (:meth:`Grammar.check_agreement`).
+Where chapter 1's automaton cannot be built, ``engine="auto"`` reads the sets from xgrammar's matcher
 (:class:`~studylog.decode.fallback.MatcherAutomaton`)."""
 
 from __future__ import annotations
@@ -121,8 +119,8 @@ def byte_tokens(vocab: pieces.TokenVocabulary) -> dict[int, int]:
 
 
 def utf8_prefix(data: bytes) -> bool:
-    """Whether ``data`` is valid UTF-8 or the start of it. Python's incremental decoder passes some cut characters
-    (``b"\xed\xa0"``, a surrogate's start), so the cut tail's second byte is checked here."""
+    """Whether ``data`` is valid UTF-8 or the start of it (the cut tail's second byte is checked here: Python's
+    incremental decoder passes ``b"\xed\xa0"``, a surrogate's start)."""
     try:
         codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
     except UnicodeDecodeError:
@@ -151,8 +149,8 @@ def continues_utf8(text: bytes | bytearray, new: int) -> bool:
 
 @dataclass
 class Grammar:
-    """One constraint, compiled for the decode loop: ``xgrammar``'s compiled grammar (a :meth:`matcher` per sequence)
-    and an ``automaton``: chapter 1's, or read from xgrammar's matcher (``regex`` ``""``: a schema it compiled)."""
+    """One constraint, compiled for the decode loop: xgrammar's compiled grammar (a :meth:`matcher` per sequence) and
+    an ``automaton``: chapter 1's, or read from xgrammar's matcher (``regex`` ``""``: a schema it compiled)."""
 
     name: str
     regex: str
@@ -172,8 +170,8 @@ class Grammar:
     @classmethod
     def from_regex(cls, regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "",
                    check: bool = True, engine: str = "outlines-core") -> "Grammar":
-        """Compile ``regex`` with xgrammar, and the automaton of steps 2 and 3 with ``engine`` (:data:`ENGINES`).
-        ``check`` refuses a grammar where the two engines allow different tokens (:meth:`check_agreement`)."""
+        """Compile ``regex`` with xgrammar, and the automaton of steps 2 and 3 with ``engine``; ``check`` refuses a
+        grammar where the two engines allow different tokens."""
         check_choice("engine", engine, ENGINES)
         if not isinstance(regex, str) or not regex:
             raise ValueError(f"regex must be a non-empty str, got {regex!r}")
@@ -207,8 +205,8 @@ class Grammar:
     @classmethod
     def from_schema(cls, schema: Any, vocab: pieces.TokenVocabulary | None = None, name: str = "",
                     whitespace: str = "default", check: bool = True, engine: str = "outlines-core") -> "Grammar":
-        """A JSON schema, as :meth:`from_regex` compiles outlines' regex of it; where outlines writes none,
-        ``engine`` ``"auto"`` or ``"xgrammar"`` compiles the schema with xgrammar directly."""
+        """A JSON schema through outlines' regex of it; where outlines writes none, ``engine`` ``"auto"`` or
+        ``"xgrammar"`` compiles the schema with xgrammar directly."""
         check_choice("engine", engine, ENGINES)
         check_choice("whitespace", whitespace, sorted(WHITESPACE))
         label = name or (schema.get("title") if isinstance(schema, dict) else None) or "schema"
@@ -249,10 +247,10 @@ class Grammar:
         return xgr.GrammarMatcher(self.xgrammar, max_rollback_tokens=-1)
 
     def check_agreement(self) -> int:
-        """Check that xgrammar and the automaton allow the same tokens (EOS included) in every reachable state;
-        return how many states were compared, or raise ValueError naming the first that differs. A depth-first
-        walk of the automaton drives one xgrammar matcher along (``accept_token`` down, ``rollback`` back); its
-        edges are the single-byte tokens (which reach every state) and the tokens holding a byte that is none."""
+        """Check that xgrammar and the automaton allow the same tokens (EOS included) in every reachable state: the
+        number of states compared, or ValueError at the first that differs. A depth-first walk of the automaton
+        drives one matcher along; its edges are the single-byte tokens (which reach every state) and the tokens
+        holding a byte that is none."""
         import xgrammar as xgr
 
         if self.engine != "outlines-core":
@@ -357,8 +355,8 @@ class Grammar:
         return a
 
     def state_words(self, state: int | None) -> np.ndarray:
-        """The allowed tokens of a state as packed bits (bit ``v % 8`` of byte ``v // 8`` is token ``v``),
-        padded to whole 32-bit words: xgrammar's bitmask row on a little-endian host."""
+        """A state's allowed tokens as packed bits (bit ``v % 8`` of byte ``v // 8``) in whole 32-bit words:
+        xgrammar's bitmask row on a little-endian host."""
         b = self._bits.get(state)
         if b is None:
             ids = self.automaton.allowed_ids(state) if state is not None else []
@@ -389,6 +387,3 @@ def suite_sample(name: str, seed: int = 0, whitespace: str = "default") -> str:
     """A valid output of a suite entry, drawn with ``seed``."""
     return suite_entry(name).sample(random.Random(f"decode/{name}/{seed}"), whitespace)
 
-
-__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "ascii_regex", "byte_tokens", "packed_bits", "schema_regex",
-           "suite_names", "suite_sample"]

@@ -1,14 +1,10 @@
 """The model body's fused kernels: what a decode step launches per layer on a GPU.
 
-At batch 1 each of torch's small elementwise kernels costs a launch and a few microseconds of an idle GPU, even
-from a CUDA graph. A layer of several tokens runs nine launches: cuBLAS's four products (q/k/v, o, gate/up, down),
-:func:`add_rms_norm` twice, :func:`rope_cache`, :func:`attention` and :func:`silu_mul`. A step of one token runs
-six: :func:`gemv` four times (RMSNorm or SwiGLU in front, the residual add behind), :func:`rope_cache` and
-:func:`attention`. :func:`allowed_argmax` is the greedy token among the ids chapter 2's masked head computed.
-
-Each kernel rounds where torch's eager composition rounds, so the two paths differ only in the order of sums.
-Every wrapper is graph-safe (no host synchronisation, positions read from the device); ``T`` is not specialised
-on, so the graphs of all chunk lengths reuse the same compiled kernels."""
+A layer of several tokens runs nine launches: cuBLAS's four products, :func:`add_rms_norm` twice, :func:`rope_cache`,
+:func:`attention` and :func:`silu_mul`; a step of one token six: :func:`gemv` four times (RMSNorm or SwiGLU in front,
+the residual add behind), :func:`rope_cache` and :func:`attention`. Each kernel rounds where torch's eager
+composition rounds, so the two paths differ only in the order of sums. Every wrapper is graph-safe (no host
+synchronisation), and ``T`` is not specialised on, so the graphs of all chunk lengths share the compiled kernels."""
 
 from __future__ import annotations
 
@@ -232,11 +228,9 @@ def gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, N, K, eps, NORM: tl.constexpr, SW
     tl.store(out_ptr + n, y, mask=in_n)
 
 
-# Wrappers: shapes as the model holds them; no checks that would synchronise
-
 def _dot_type(x: Tensor):
     """``tl.dot``'s operand type: the tensor's 16-bit type on a GPU; fp32 for fp32 tensors and in Triton's
-    interpreter, whose dot multiplies 16-bit floats as raw integers."""
+    interpreter (whose dot multiplies 16-bit floats as raw integers)."""
     if runtime.mode() == "interpreter" or x.dtype == torch.float32:
         return tl.float32
     return tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
@@ -244,8 +238,8 @@ def _dot_type(x: Tensor):
 
 def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = None,
                  last: Tensor | None = None) -> Tensor:
-    """``out = weight * rms_norm(x (+ add))`` row by row over ``x [..., D]`` (``x += add`` in place); with
-    ``last [B]``, only row ``last[b]`` of each sequence, into ``out [B, D]``, ``x`` left as it is."""
+    """``weight * rms_norm(x (+ add))`` row by row (``x += add`` in place); with ``last [B]``, only row ``last[b]``
+    of each sequence, ``x`` left as it is."""
     D, gather = x.shape[-1], last is not None
     out = x.new_empty(last.shape[0], D) if gather else torch.empty_like(x)  # a program per row of out
     T = x.numel() // D // last.shape[0] if gather else 1
@@ -259,8 +253,8 @@ def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = 
 
 def rope_cache(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, cos: Tensor, sin: Tensor, start: Tensor,
                heads: int, kv_heads: int) -> None:
-    """Rotate q and k of ``qkv [B, T, (H + 2 Hkv) * hd]`` in place at positions ``start[b] + t`` (``cos``,
-    ``sin``: ``[positions, hd]`` tables) and write k and v into ``k_cache``/``v_cache`` ``[B, Hkv, S, hd]``."""
+    """Rotate q and k of ``qkv [B, T, (H + 2 Hkv) * hd]`` in place at positions ``start[b] + t`` and write k and v
+    into the caches ``[B, Hkv, S, hd]``."""
     B, T = qkv.shape[0], qkv.shape[1]
     hd = k_cache.shape[-1]
     rope_cache_kernel[(B * T,)](
@@ -271,8 +265,7 @@ def rope_cache(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, cos: Tensor, sin: 
 
 def attention(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: Tensor, heads: int, scale: float,
               out: Tensor | None = None) -> Tensor:
-    """Causal grouped-query attention of the q heads of ``qkv [B, T, (H + 2 Hkv) * hd]`` over the cache
-    ``[B, Hkv, S, hd]``; ``[B, T, H * hd]``."""
+    """Causal grouped-query attention of the q heads of ``qkv`` over the cache: ``[B, T, H * hd]``."""
     B, T = qkv.shape[0], qkv.shape[1]
     _, Hkv, S, hd = k_cache.shape
     G = heads // Hkv
@@ -298,8 +291,8 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 
 
 def gemv_tiles(N: int, K: int) -> dict[str, int]:
-    """The tile of :func:`gemv` for a ``[N, K]`` weight: two rows per program (every SM gets several programs),
-    reads of up to a thousand values (the best of a timed grid, ``lab/decode/gemv_tiles.py``)."""
+    """The tile of :func:`gemv` for a ``[N, K]`` weight: two rows per program, reads of up to a thousand values (the
+    best of a timed grid, ``lab/decode/gemv_tiles.py``)."""
     return dict(BLOCK_N=2, BLOCK_K=min(1024, max(16, triton.next_power_of_2(K))), num_warps=4, num_stages=2)
 
 
@@ -332,7 +325,7 @@ ALLOWED_ARGMAX_MAX = 8192
 
 def allowed_argmax(logits: Tensor, ids: Tensor, n: int, steer: Tensor, steer_bias: float, out: Tensor) -> Tensor:
     """Greedy tokens ``out [B]`` from ``logits [B, V]`` (fp32, ``-inf`` outside the allowed ids) read only at the
-    first ``n`` sorted ``ids`` (see :func:`allowed_argmax_kernel`). ``n`` is a host integer: nothing synchronises."""
+    first ``n`` sorted ``ids``; ``n`` is a host integer, so nothing synchronises."""
     if not 1 <= n <= min(ids.numel(), ALLOWED_ARGMAX_MAX):
         raise ValueError(f"n must be in [1, min(ids.numel()={ids.numel()}, {ALLOWED_ARGMAX_MAX})], got {n}")
     if logits.dtype != torch.float32 or ids.dtype != torch.int32 or out.dtype != torch.int64:
@@ -347,7 +340,3 @@ def allowed_argmax(logits: Tensor, ids: Tensor, n: int, steer: Tensor, steer_bia
                                 BLOCK=128 if n <= 128 else 1024, num_warps=4)
     return out
 
-
-__all__ = ["ALLOWED_ARGMAX_MAX", "add_rms_norm", "add_rms_norm_kernel", "allowed_argmax", "allowed_argmax_kernel",
-           "attention", "attention_kernel", "rope_cache", "rope_cache_kernel", "silu_mul", "silu_mul_kernel",
-           "gemv", "gemv_kernel", "gemv_tiles"]

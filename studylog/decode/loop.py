@@ -1,11 +1,9 @@
 """The decode loop: one constrained request, run every configuration's way on the same model.
 
-Every step of every configuration: (1) the tokens not yet in the KV cache go to the device in one copy; (2) one
-forward of the body on that chunk (a CUDA graph per chunk length on a GPU); (3) the host computes the next
-position's allowed tokens while the body runs; (4) the LM head, dense or chapter 2's masked head (eager: its launch
-depends on the step's allowed set, which a replayed graph cannot change); (5) the bitmask applied (dense head
-only); (6) sampling, then the one wait per step, for the tokens the grammar needs; (7) the grammar advances and
-forced tokens join the next step's chunk."""
+A step: (1) the tokens not yet in the cache go to the device in one copy; (2) one forward of the body on them (a CUDA
+graph per chunk length); (3) the host computes the allowed tokens while the body runs; (4) the LM head, dense or
+chapter 2's masked head (eager: its launch depends on the allowed set); (5) the bitmask applied (dense head only);
+(6) sampling, then the step's one wait, for the token; (7) the grammar advances, forced tokens join the next chunk."""
 
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ class _Row:
         self.writer = Writer(grammar.vocab, target) if target is not None else None
 
     def pending(self) -> list[int]:
-        """Tokens not in the cache yet (after the prefill: the token sampled last and the forced ones after it)."""
+        """Tokens not in the cache yet (after the prefill: the last sampled token and the forced ones after it)."""
         n = len(self.prompt)
         return self.ids[self.kv_len - n:] if self.kv_len >= n else self.prompt[self.kv_len:] + self.ids
 
@@ -79,8 +77,8 @@ _MARKS_PER_STEP = 7
 
 class Decoder:
     """A model, a KV cache for ``batch`` sequences of up to ``max_seq`` tokens, and the loop's buffers. ``graphs``
-    replays the body per chunk length (a chunk padded to the next of ``chunk_sizes``; longer ones run eagerly);
-    ``head_impl``: ``"kernel"`` (chapter 2's kernels) or ``"torch"`` (the same contract in torch)."""
+    replays the body per chunk length (padded to the next of ``chunk_sizes``); ``head_impl``: ``"kernel"`` or
+    ``"torch"``."""
 
     def __init__(self, model: LlamaModel, vocab: pieces.TokenVocabulary | None = None, *, batch: int = 1,
                  max_seq: int = 512, chunk_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
@@ -135,7 +133,7 @@ class Decoder:
         return self.body_call(T)()
 
     def _graph(self, T: int) -> tuple[Any, Tensor]:
-        """The body for chunk length ``T`` in a CUDA graph (captured on first use), reading the static ``_inp``."""
+        """The body for chunk length ``T`` in a CUDA graph, captured on first use."""
         if T not in self._graphs:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
@@ -151,8 +149,8 @@ class Decoder:
                                   every=self.every_position, fused=fused, gemv=gemv)
 
     def prepare(self, grammar: Grammar, config: DecodeConfig | str = "masked_head") -> None:
-        """Build every state's allowed set and compile the head's and the sampler's launch variants now, not
-        inside the first request's steps (masked head, Triton kernels; once per grammar)."""
+        """Build every state's allowed set and compile the head's and the sampler's variants now, not inside the
+        first request's steps (masked head, Triton kernels; once per grammar)."""
         cfg = CONFIGS[config] if isinstance(config, str) else config
         if cfg.head != "masked" or self.head_impl != "kernel" or self._prepared.get(id(grammar)) is grammar:
             return  # the torch head (a CPU's) compiles nothing, and builds a state's set in microseconds
@@ -177,8 +175,8 @@ class Decoder:
                 self._graph(T)
 
     def _body(self, rows: list[_Row], chunks: list[list[int]], steers: list[int] | None = None) -> Tensor:
-        """One forward of the body on a chunk per sequence, a finished one riding along (one dummy token after its
-        end); returns the hidden state ``[B, D]`` (every position's, ``[B, T, D]``, with :attr:`every_position`)."""
+        """One forward on a chunk per sequence, a finished one riding along (one dummy token after its end): the
+        hidden state ``[B, D]`` (``[B, T, D]`` with :attr:`every_position`)."""
         T = max(len(c) for c in chunks)
         C = self.max_chunk
         # a numpy store into the pinned buffer (far cheaper than torch's __setitem__); the previous step's copy
@@ -206,12 +204,11 @@ class Decoder:
     def generate(self, grammar: Grammar, prompts: Sequence[Sequence[int] | str], config: DecodeConfig | str,
                  *, max_new_tokens: int = 64, targets: Sequence[str | None] | None = None,
                  temperature: float = 0.0, seed: int = 0, instrument: bool = True, record: bool = False) -> Generation:
-        """Decode one request: ``prompts`` (token ids or text per sequence) under ``grammar``, run as ``config``.
-        ``targets`` steer sequences to write given texts (:class:`~studylog.decode.grammar.Writer`). ``temperature``
-        above 0 samples with noise that depends only on ``seed``, sequence, position and token, so every
-        configuration samples the same tokens. ``instrument`` splits the wall time into :data:`COMPONENTS`
-        (``mask_wait``: the device idle while the host finishes the mask); ``record`` keeps the hidden state of
-        every sampled position, which :func:`~studylog.decode.agreement.compare` reads."""
+        """Decode one request: ``prompts`` (ids or text per sequence) under ``grammar``, run as ``config``.
+        ``targets`` steer sequences to given texts; ``temperature`` above 0 samples with noise that depends only on
+        ``seed``, sequence, position and token, so every configuration samples the same tokens. ``instrument`` splits
+        the time into :data:`COMPONENTS`; ``record`` keeps each sampled position's hidden state (for
+        ``agreement.compare``)."""
         cfg = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
         if not isinstance(cfg, DecodeConfig):
             raise ValueError(f"config must be a DecodeConfig or one of {sorted(CONFIGS)}, got {config!r}")

@@ -1,13 +1,8 @@
-"""A Llama-style decoder with a static KV cache: the model the decode loop of this chapter runs.
+"""A Llama-style decoder with a static KV cache (random weights, :func:`from_module` or :func:`load_smollm2`).
 
-Random weights, a Hugging Face ``LlamaForCausalLM``'s (:func:`from_module`) or SmolLM2-135M-Instruct's
-(:func:`load_smollm2`). As in a serving engine, q/k/v are one ``[(H + 2 Hkv) d, D]`` weight and gate/up one
-``[2 I, D]`` weight; the KV cache is static, ``[B, Hkv, S, d]`` per layer, and a forward takes a chunk per sequence
-(``tokens [B, T]``, its first position ``start [B]``, its last real token ``last [B]``). Shapes depend only on
-``(B, T)``, so a forward per chunk length can be captured in a CUDA graph; padded tokens write keys past the
-sequence's end, which a real token overwrites before any query sees them, so the cache holds
-``max_seq + max_chunk`` positions. The body runs torch's operations or the fused kernels of
-:mod:`~studylog.decode.kernels`; both agree up to the order of sums."""
+As in a serving engine, q/k/v and gate/up are one weight each. Shapes depend only on ``(B, T)``, so a forward per
+chunk length can be captured in a CUDA graph; padded tokens write keys past the sequence's end, which a real token
+overwrites before any query sees them (the cache holds ``max_seq + max_chunk`` positions)."""
 
 from __future__ import annotations
 
@@ -26,8 +21,8 @@ from studylog.masked_lm_head.dispatch import dense_logits as chapter2_dense_logi
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a Llama-style model. ``shared_layers``: every layer uses the first's weights (each keeps its
-    own cache): a cost model of a deep model, each layer still reading the weights from DRAM (they exceed L2)."""
+    """The shape of a Llama-style model. ``shared_layers``: every layer reads the first's weights (from DRAM: they
+    exceed L2), each with its own cache: a cost model of a deep model."""
 
     name: str
     vocab_size: int
@@ -62,7 +57,7 @@ class ModelConfig:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
     def parameter_counts(self) -> dict[str, int]:
-        """Parameters of the body (all layers, as a full model has them), the LM head and the embedding."""
+        """Parameters of the body (all layers), the LM head and the embedding."""
         d, i, hd = self.hidden, self.intermediate, self.head_dim
         layer = d * self.qkv_rows + self.heads * hd * d + 3 * d * i + 2 * d
         head = self.vocab_size * d
@@ -89,8 +84,7 @@ CONFIGS: dict[str, ModelConfig] = {
 
 
 def model_config(name: str, **changes: Any) -> ModelConfig:
-    """One of :data:`CONFIGS`, with fields changed; a derived head_dim is derived again when ``hidden`` or
-    ``heads`` change (a new shape must not keep the old shape's head width)."""
+    """One of :data:`CONFIGS`, with fields changed (a derived head_dim is derived again from a new shape)."""
     if name not in CONFIGS:
         raise ValueError(f"unknown model config {name!r}; choose from {sorted(CONFIGS)}")
     base = CONFIGS[name]
@@ -108,8 +102,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def _attention(q: Tensor, kc: Tensor, vc: Tensor, visible: Tensor, scale: float) -> Tensor:
-    """Grouped-query attention of ``q [B, T, H, d]`` over the cache ``[B, Hkv, S, d]``, keys masked by
-    ``visible [B, T, S]``, softmax in fp32: ``[B, T, H * d]`` (on a CPU, faster than torch's masked fused attention)."""
+    """Grouped-query attention of ``q [B, T, H, d]`` over the cache, keys masked by ``visible [B, T, S]``, softmax
+    in fp32 (on a CPU, faster than torch's masked fused attention)."""
     B, T, H, d = q.shape
     Hkv, S = kc.shape[1], kc.shape[2]
     G = H // Hkv
@@ -221,10 +215,9 @@ class LlamaModel(nn.Module):
 
     def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache, *,
                 fused: bool | None = None, gemv: bool | None = None, every: bool = False) -> Tensor:
-        """Run the body on ``tokens [B, T]`` at positions ``start[b] + 0..T-1``, writing their keys and values
-        into ``cache``; return the final-normed hidden state of token ``last[b]``, ``[B, D]`` (``every``: of every
-        token, ``[B, T, D]``). ``gemv``: the fused path's six-launch layer (default for one token) or the
-        nine-launch one. No host synchronisation on a GPU, so the call can be captured in a CUDA graph."""
+        """The body on ``tokens [B, T]`` at positions ``start[b] + t``, keys and values into ``cache``: the final-normed
+        hidden state of token ``last[b]`` (``every``: of every token). ``gemv``: the fused path's six-launch layer
+        (default for one token) or the nine-launch one. No host synchronisation on a GPU (graph-safe)."""
         if tokens.device.type == "cpu" and tokens.numel():  # on a GPU a check would wait for the device
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < 0 or hi >= self.config.vocab_size:
@@ -306,8 +299,7 @@ class LlamaModel(nn.Module):
 
 
 def dense_logits(hidden: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
-    """``hidden @ weight.T`` in fp32: on a GPU chapter 2's dense path (one cuBLAS GEMM with bf16 inputs and an
-    fp32 output); on a CPU in fp32 (a bf16 CPU matmul would round the logits to bf16, which makes ties)."""
+    """``hidden @ weight.T`` in fp32: on a GPU chapter 2's dense path; on a CPU in fp32 (bf16 would make ties)."""
     B, V = hidden.shape[0], weight.shape[0]
     if out is None:
         out = torch.empty(B, V, device=hidden.device, dtype=torch.float32)
@@ -370,8 +362,8 @@ def config_from_hf(hf: dict[str, Any], name: str = "checkpoint") -> ModelConfig:
 
 
 def _hf_views(model: LlamaModel) -> dict[str, Tensor]:
-    """The model's weights under Hugging Face Llama names: q/k/v and gate/up as row blocks of the fused weights,
-    views that share their memory (a copy into one writes the model)."""
+    """The model's weights under Hugging Face Llama names, as views of the fused weights (a copy into one writes
+    the model)."""
     c = model.config
     if c.shared_layers:
         raise ValueError(f"config {c.name!r} shares one layer's weights (a cost model); it has no Llama checkpoint")
@@ -453,6 +445,3 @@ def describe(cfg: ModelConfig) -> dict[str, Any]:
     return {**asdict(cfg), **{f"params_{k}": v for k, v in counts.items()},
             "head_share": round(cfg.head_share(), 4), "params_total_b": round(sum(counts.values()) / 1e9, 3)}
 
-
-__all__ = ["CONFIGS", "CL100K_SIZE", "KVCache", "LlamaModel", "ModelConfig", "dense_logits", "describe",
-           "from_module", "load_smollm2", "load_state_dict_hf", "model_config", "state_dict_hf"]

@@ -1,10 +1,5 @@
-"""What practitioners would run instead: Hugging Face ``generate`` with xgrammar's logits processor.
-
-:func:`hf_model` copies a :class:`~studylog.decode.model.LlamaModel` into a ``transformers.LlamaForCausalLM``;
-:func:`hf_generate` runs a constrained greedy request through ``hf.generate`` with
-``xgrammar.contrib.hf.LogitsProcessor``, xgrammar's documented integration; :func:`time_hf` times it per output
-token as the loop's rows are timed. The processor masks only the grammar's vocabulary width, so a grammar whose
-vocabulary is not exactly the head's rows is refused."""
+"""What practitioners would run instead: Hugging Face ``generate`` with ``xgrammar.contrib.hf.LogitsProcessor``,
+xgrammar's documented integration, on a copy of the model (:func:`hf_model`), timed as the loop's rows are timed."""
 
 from __future__ import annotations
 
@@ -29,8 +24,8 @@ def _rope_theta(config: Any) -> float | None:
 
 @torch.no_grad()
 def hf_model(model: LlamaModel):
-    """A ``transformers.LlamaForCausalLM`` with a copy of ``model``'s weights and config, on its device and dtype,
-    in eval mode, built as ``from_pretrained`` builds one and loaded strictly."""
+    """A ``transformers.LlamaForCausalLM`` with a copy of ``model``'s weights and config, on its device and dtype, in
+    eval mode, built as ``from_pretrained`` builds one and loaded strictly."""
     import transformers  # the peers extra
 
     model = check_model(model)
@@ -99,8 +94,8 @@ def _request(hf: Any, grammar: Any, prompt_ids: Any, max_new_tokens: Any, eos_id
 
 def hf_generate(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int,
                 eos_id: int | None = None) -> list[int]:
-    """The greedy constrained output ids of ``hf`` for one prompt, EOS excluded (a new xgrammar processor per
-    call: it holds the matchers' state); ``eos_id`` defaults to the grammar's vocabulary's EOS."""
+    """The greedy constrained output ids of ``hf`` for one prompt, EOS excluded (a new xgrammar processor per call:
+    it holds the matchers' state); ``eos_id`` defaults to the grammar's vocabulary's EOS."""
     ids, eos_id = _request(hf, grammar, prompt_ids, max_new_tokens, eos_id)
     return _generate(hf, grammar, ids, max_new_tokens, eos_id)
 
@@ -137,8 +132,8 @@ class HFTiming(NamedTuple):
 
 def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int, repeats: int = 3,
             eos_id: int | None = None) -> HFTiming:
-    """Milliseconds per output token of :func:`hf_generate`, as ``Generation.ms_per_token`` (prefill included, the
-    processor built before the clock): a warm-up, then ``repeats`` timed with Python's collector paused."""
+    """Milliseconds per output token of :func:`hf_generate` (prefill included, the processor built before the clock):
+    a warm-up, then ``repeats`` timed with Python's collector paused."""
     from studylog.bench import collector_paused
 
     ids, eos_id = _request(hf, grammar, prompt_ids, max_new_tokens, eos_id)
@@ -161,5 +156,3 @@ def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: 
     # on a GPU greedy generate need not repeat itself (bf16 logits): each repeat is timed over its own tokens
     return HFTiming(statistics.median(per_repeat), per_repeat, outputs[0], all(o == outputs[0] for o in outputs))
 
-
-__all__ = ["HFTiming", "hf_generate", "hf_model", "time_hf"]

@@ -1,8 +1,7 @@
-"""The chapter's benchmark and headline.
-
-``bench(run)``: the ~1B shape, the ~8B cost model and the real model (SmolLM2-135M-Instruct), batch 1 and 8, every
-schema of chapter 1's suite in every configuration (:data:`ORDER`), the random-weight shapes steered to a valid
-sample of the schema; beside them each component alone on the GPU clock (:func:`components`)."""
+"""The chapter's benchmark and headline: the ~1B shape, the ~8B cost model and the real model
+(SmolLM2-135M-Instruct), batch 1 and 8, every schema of chapter 1's suite in every configuration (:data:`ORDER`), the
+random-weight shapes steered to a valid sample; beside them each component alone on the GPU clock
+(:func:`components`)."""
 
 from __future__ import annotations
 
@@ -55,8 +54,8 @@ def measure(decoder: Decoder, grammar: Grammar, config: str, prompts, targets, *
 def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Sequence[int], schemas: Sequence[str],
           repeats: int = 3, max_new_tokens: int = 160, max_seq: int = 512, dtype: torch.dtype = torch.bfloat16,
           both_whitespaces_at: tuple[str, int] | None = None) -> None:
-    """Decode every schema in every configuration (compact whitespace; ``both_whitespaces_at`` = ``(shape,
-    batch)`` adds the default one there) and record it with ``run`` (``record``, ``check`` and ``note``)."""
+    """Decode every schema in every configuration (compact whitespace; ``both_whitespaces_at`` = ``(shape, batch)``
+    adds the default one there) and record it with ``run``."""
     from studylog.bench import Timing
 
     for shape in shapes:
@@ -183,8 +182,8 @@ def count_kernels(fn) -> dict[str, int]:
 
 def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda",
                  dtype: torch.dtype = torch.bfloat16) -> None:
-    """The kernels one forward of each body launches (batch 1, one token), added to the body rows at chunk 1.
-    Called after every timing: a process that has profiled stays slower (pytorch/pytorch#144455)."""
+    """The kernels one forward of each body launches (batch 1, one token), added to the body rows at chunk 1. Called
+    after every timing: a process that has profiled stays slower (pytorch/pytorch#144455)."""
     for shape in shapes:
         cfg = model_config(shape)
         model = LlamaModel(cfg, device=device, dtype=dtype, seed=0)
@@ -199,8 +198,8 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
 
 
 def components(run, decoder: Decoder, shape: str) -> None:
-    """Each component alone on the GPU clock: the bodies (the fused one with its floor), both heads (with their
-    host time per call), the bitmask's application and both samplings (the masked ones checked)."""
+    """Each component alone on the GPU clock: the bodies (the fused one with its floor), both heads (with their host
+    time per call), the bitmask's application and both samplings (the masked ones checked)."""
     import numpy as np
     import xgrammar as xgr
 
@@ -259,8 +258,8 @@ def components(run, decoder: Decoder, shape: str) -> None:
 
 
 def plan(quick: bool) -> list[dict[str, Any]]:
-    """The sweeps (keyword arguments of :func:`sweep`). Five repetitions at the headline's shape: the loop waits
-    on the host every step, and one slow run moves a median."""
+    """The sweeps (keyword arguments of :func:`sweep`); five repetitions at the headline's shape, where one slow run
+    would move a median (the loop waits on the host every step)."""
     schemas = suite_names()[:4] if quick else suite_names()
     return [dict(shapes=("1b",), batches=(1, 8), schemas=schemas, repeats=2 if quick else 5,
                  both_whitespaces_at=("1b", 1)),
@@ -308,8 +307,8 @@ def _head_rows(results, model: str) -> int | None:
 
 
 def headline(results) -> list[dict]:
-    """Step 3 (and step 2) over step 1 per output token, the ratio of the medians over the JSON schemas (cost
-    models; the case names the head's rows) or the requests (the real model)."""
+    """Step 3 (and step 2) over step 1 per output token: the ratio of the medians over the JSON schemas (cost models)
+    or the requests (the real model)."""
     json_names = set(suite_names("json"))
     compact = rows_of(results.rows, whitespace="compact")
     baselines = {}  # (model, batch, schema) -> the first baseline row, as rows_of(...)[0] would give
@@ -342,6 +341,3 @@ def headline(results) -> list[dict]:
                             **({"host_ms": statistics.median(host)} if host else {})})
     return out
 
-
-__all__ = ["BODIES", "HEAD_COUNTS", "ORDER", "bench", "body_kernels", "components", "count_kernels", "headline",
-           "measure", "plan", "requests", "rows_of", "series_label", "series_of", "sweep"]

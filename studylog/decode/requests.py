@@ -105,5 +105,3 @@ def summarize(names: Sequence[str], texts: Sequence[bytes], finished: Sequence[b
     return {"requests": len(texts), "finished": len(done), "valid": sum(ok for _, ok, _ in checks),
             "invalid": [(n, why) for n, ok, why in checks if not ok]}
 
-
-__all__ = ["FORMATS", "INSTRUCTIONS", "batch_ids", "chat_ids", "message", "summarize", "valid", "valid_json"]
