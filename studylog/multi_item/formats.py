@@ -212,13 +212,9 @@ class MultiItemBatch:
 
     def score_positions(self) -> list[int]:
         """Packed indices of every item's last token, where its score is read."""
-        out = []
-        for b in range(self.batch_size):
-            cursor = self.seq_starts[b] + self.prefix_lens[b]  # the first delimiter
-            for n in self.item_lens[b]:
-                out.append(cursor + n)
-                cursor += n + 1
-        return out
+        # the delimiter opening an item: the prefix's end plus the items before it, each with its delimiter
+        return [start + delim + n for start, p, lens in zip(self.seq_starts, self.prefix_lens, self.item_lens)
+                for delim, n in zip(accumulate((n + 1 for n in lens), initial=p), lens)]
 
     def describe(self) -> str:
         return (f"{self.batch_size} prompt(s), {self.total_tokens:,} tokens: prefixes {list(self.prefix_lens)}, "

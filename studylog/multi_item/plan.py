@@ -51,11 +51,8 @@ class MultiItemPlan:
         if device.type == "cuda" and device.index is None:  # "cuda" means the current device: name it
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
-        self.config: str | None = None
-        self._cfg = None
-        self.batch: MultiItemBatch | None = None
+        self.config = self._cfg = self.batch = self._table = None  # set by _pin and set_layout
         self._pos = torch.zeros(max_prompts, self.max_width, dtype=torch.int32, device=self.device)
-        self._table: Tensor | None = None
         if config is not None or runtime.mode() != "gpu":  # else the first run picks it
             self._pin(config)
 
