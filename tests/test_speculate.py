@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from book.speculate import lesson
 from studylog.decode import Decoder, Grammar, LlamaModel, model_config
 from studylog.decode import kernels
 from studylog.speculate import (CONFIGS, DraftGate, NgramDrafter, SpeculativeDecoder, step01_masked_head,
@@ -361,10 +362,10 @@ def test_the_bound_counts_forwards_and_their_measured_costs():
     rows.append({"series": "ch7_step03", "params": base, "ms": 2.0, "forwards": 9, "chunk_lengths": [50] + [1] * 8})
     rows.append({"series": "step03", "params": base, "ms": 1.0, "forwards": 4, "chunk_lengths": [50, 3, 3, 1],
                  "draft_calls": 3})
-    b = report.bound(rows, 1, "extraction")
+    b = lesson.bound(rows, 1, "extraction")
     assert b["forwards"] == 9 / 4
     assert b["forecast"] == pytest.approx(8.0 / (1.6 + 1.6 + 1.0 + 3 * 0.05))
-    assert report.speedups(rows, 1, "extraction") == [2.0]
+    assert lesson.speedups(rows, 1, "extraction") == [2.0]
 
 
 def test_the_benchmark_sweep_records_every_step_and_checks_the_tokens(tiny):
@@ -387,7 +388,7 @@ def test_the_benchmark_sweep_records_every_step_and_checks_the_tokens(tiny):
     names = {c["name"] for c in run.checks}
     assert "same tokens as chapter 7's step 3 wherever the rounding bound allows" in names
     assert all(c["passed"] for c in run.checks if c["name"].startswith("same tokens"))
-    b = report.bound(run.rows, 1, "extraction")
+    b = lesson.bound(run.rows, 1, "extraction")
     assert b["forwards"] > 0 and "forecast" not in b  # no body costs on a CPU: the forward ratio only
 
 

@@ -252,7 +252,7 @@ def test_the_results_batch_1_figures_are_over_the_requests_that_close_their_json
                                      and x["params"]["request"] in kept)
 
         assert k["ratio"] == pytest.approx(med("ch7_step03") / med("step03"))
-        ups = [s for s in report.speedups(lesson.closed_rows(results, r["workload"]), 1, r["workload"])]
+        ups = [s for s in lesson.speedups(lesson.closed_rows(results, r["workload"]), 1, r["workload"])]
         assert len(ups) == len(kept) and k["max_speedup"] == pytest.approx(max(ups))
         assert k["min_speedup"] == pytest.approx(min(ups))
         assert lesson.closed_median_ms(results, "step03", r["workload"]) == pytest.approx(med("step03"))
@@ -323,9 +323,9 @@ def test_the_forecasts_are_on_the_headlines_requests():
     fc = {f["forecast"]: f for f in lesson.forecasts(results)}
     rows = [r for r in results.rows if r["params"].get("request") in kept or r["params"].get("batch") != 1
             or r["params"].get("workload") != "extraction"]
-    assert fc["forward ratio"]["value"] == pytest.approx(report.bound(rows, 1, "extraction")["forwards"])
+    assert fc["forward ratio"]["value"] == pytest.approx(lesson.bound(rows, 1, "extraction")["forwards"])
     assert fc["forward ratio"]["value"] != pytest.approx(fc["forward ratio"]["value_all"])  # the capped ones count
-    assert fc["chunk-length forecast"]["value_all"] == pytest.approx(report.bound(results.rows, 1, "extraction")["forecast"])
+    assert fc["chunk-length forecast"]["value_all"] == pytest.approx(lesson.bound(results.rows, 1, "extraction")["forecast"])
     assert fc["forward ratio"]["measured"] == pytest.approx(report.headline(results)[0]["speedup"])
     assert fc["our loop's forward-time bound"]["value"] == pytest.approx(lesson.loop_bound(results)["bound_us"])
     assert lesson.closed_ratio(results, "step03") > lesson.closed_ratio(results, "step04")  # why the gate is off

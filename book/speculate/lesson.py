@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 import statistics
-from typing import Any
+from typing import Any, Sequence
 
 from book.common import ChainRow
 from studylog.speculate import CHAPTER, report, requests
@@ -32,6 +32,59 @@ def median_ms(results, batch: int, workload: str, series: str) -> float:
     statistic of the chapter's headline, its scoreboard row and its results row (which at batch 1 take it over the
     requests that close their JSON: :func:`capped`)."""
     return report.median_ms(results.rows, batch, workload, series)
+
+
+def body_ms(rows: Sequence[dict], batch: int) -> dict[int, float]:
+    """The body's GPU time per chunk length (``verify`` rows)."""
+    return {r["params"]["chunk"]: r["ms"] for r in report.rows_of(rows, series="verify", batch=batch) if r.get("used", True)}
+
+
+def bound(rows: Sequence[dict], batch: int, workload: str, series: str = SHIPPED) -> dict[str, float]:
+    """What the drafts allow against chapter 7's step 3 over a workload: the ratio of ``forwards``, and the
+    ``forecast`` with each forward at its chunk length's body time and the drafting calls at theirs."""
+    body = body_ms(rows, batch)
+    draft = report.rows_of(rows, series="draft_call", batch=batch)
+    draft_ms = draft[0].get("host_ms", draft[0]["ms"]) if draft else 0.0  # the loop waits for the drafts
+    sizes = sorted(body)
+
+    def cost(chunks: Sequence[int]) -> float:  # the decode steps: the prefill (the first) is the same in both
+        return sum(body[next(s for s in sizes if s >= c)] for c in chunks[1:])
+
+    base = report.rows_of(rows, series="ch7_step03", batch=batch, workload=workload)
+    spec = report.rows_of(rows, series=series, batch=batch, workload=workload)
+    f3, fs = sum(r["forwards"] for r in base), sum(r["forwards"] for r in spec)
+    out = {"forwards": f3 / max(fs, 1)}
+    if body:
+        c3 = sum(cost(r["chunk_lengths"]) for r in base)
+        cs = sum(cost(r["chunk_lengths"]) + r["draft_calls"] * draft_ms for r in spec)
+        out["forecast"] = c3 / cs if cs else float("nan")
+    return out
+
+
+def speedups(rows: Sequence[dict], batch: int, workload: str, series: str = SHIPPED,
+             over: str = "ch7_step03") -> list[float]:
+    """Per request: ``over``'s time per output token over ``series``'s."""
+    by = {r["params"]["request"]: r["ms"] for r in report.rows_of(rows, series=over, batch=batch, workload=workload)}
+    return [by[r["params"]["request"]] / r["ms"] for r in report.rows_of(rows, series=series, batch=batch, workload=workload)
+            if r["params"]["request"] in by]
+
+
+def summary(rows: Sequence[dict]) -> list[dict]:
+    """Per batch and workload: the shipped step's median and slowest speedup over ch7_step03, accepted per draft,
+    bound()."""
+    out = []
+    for batch in (1, 8):
+        for workload in report.WORKLOADS:
+            s = speedups(rows, batch, workload)
+            if not s:
+                continue
+            spec = report.rows_of(rows, series=SHIPPED, batch=batch, workload=workload)
+            acc = sum(r["accepted"] for r in spec) / max(sum(r["drafts"] for r in spec), 1)
+            b = bound(rows, batch, workload)
+            out.append({"batch": batch, "workload": workload, "median_speedup_over_ch7_step03": statistics.median(s),
+                        "min_speedup": min(s), "mean_accepted": acc, "forward_ratio": b["forwards"],
+                        "forecast": b.get("forecast")})
+    return out
 
 
 def two_digits(text: str) -> str:
@@ -196,11 +249,11 @@ def bound_rows(results) -> list[dict[str, Any]]:
     without it) and how far the two runs are apart (``runs_apart``: the larger ratio over the smaller, less one)."""
     again = second_run()
     out = []
-    for r in report.summary(results.rows):
+    for r in summary(results.rows):
         b, w = r["batch"], r["workload"]
         ratio = median_ms(results, b, w, "ch7_step03") / median_ms(results, b, w, SHIPPED)
         second = _ratio(again, b, w) if again is not None else None
-        out.append(r | {"ratio": ratio, "max_speedup": max(report.speedups(results.rows, b, w)),
+        out.append(r | {"ratio": ratio, "max_speedup": max(speedups(results.rows, b, w)),
                         "requests": len(_rows(results, b, w, SHIPPED)),
                         "second_ratio": second,
                         "runs_apart": max(second, ratio) / min(second, ratio) - 1 if second else None,
@@ -211,9 +264,9 @@ def bound_rows(results) -> list[dict[str, Any]]:
 def _closed_summary(results, workload: str) -> dict[str, Any]:
     """:func:`bound_rows`' figures at batch 1 over the requests the headline keeps (:func:`closed_rows`)."""
     rows = closed_rows(results, workload)
-    r = next(x for x in report.summary(rows) if x["batch"] == 1 and x["workload"] == workload)
+    r = next(x for x in summary(rows) if x["batch"] == 1 and x["workload"] == workload)
     return r | {"ratio": closed_ratio(results, SHIPPED, workload),
-                "max_speedup": max(report.speedups(rows, 1, workload)),
+                "max_speedup": max(speedups(rows, 1, workload)),
                 "requests": len(report.closed_requests(results.rows, workload))}
 
 
@@ -259,7 +312,7 @@ def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
     "x" for a ratio, "us" for microseconds per token. The forward ratio and the chunk-length forecast are
     :func:`studylog.speculate.report.bound` on the rows of the kept requests; the time per token is
     :func:`loop_bound`."""
-    on_kept, on_all = report.bound(closed_rows(results, workload), 1, workload), report.bound(results.rows, 1, workload)
+    on_kept, on_all = bound(closed_rows(results, workload), 1, workload), bound(results.rows, 1, workload)
     measured = closed_ratio(results, SHIPPED, workload)
     measured_all = median_ms(results, 1, workload, "ch7_step03") / median_ms(results, 1, workload, SHIPPED)
     loop = loop_bound(results, 1, workload)
@@ -617,7 +670,7 @@ def capped(results, workload: str = "extraction") -> dict[str, Any]:
 
 def slowest(results, batch: int, workload: str, series: str) -> float:
     """The slowest request's speedup over chapter 07's step 3."""
-    return min(report.speedups(results.rows, batch, workload, series))
+    return min(speedups(results.rows, batch, workload, series))
 
 
 __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN", "START_LABEL", "STEP_LABELS", "agreement", "batch_makeup", "copying", "gate_paused", "bound_rows",

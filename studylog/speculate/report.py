@@ -183,59 +183,6 @@ def median_ms(rows: Sequence[dict], batch: int, workload: str, series: str) -> f
     return statistics.median(r["ms"] for r in rows_of(rows, series=series, batch=batch, workload=workload))
 
 
-def body_ms(rows: Sequence[dict], batch: int) -> dict[int, float]:
-    """The body's GPU time per chunk length (``verify`` rows)."""
-    return {r["params"]["chunk"]: r["ms"] for r in rows_of(rows, series="verify", batch=batch) if r.get("used", True)}
-
-
-def bound(rows: Sequence[dict], batch: int, workload: str, series: str = SHIPPED) -> dict[str, float]:
-    """What the drafts allow against chapter 7's step 3 over a workload: the ratio of ``forwards``, and the
-    ``forecast`` with each forward at its chunk length's body time and the drafting calls at theirs."""
-    body = body_ms(rows, batch)
-    draft = rows_of(rows, series="draft_call", batch=batch)
-    draft_ms = draft[0].get("host_ms", draft[0]["ms"]) if draft else 0.0  # the loop waits for the drafts
-    sizes = sorted(body)
-
-    def cost(chunks: Sequence[int]) -> float:  # the decode steps: the prefill (the first) is the same in both
-        return sum(body[next(s for s in sizes if s >= c)] for c in chunks[1:])
-
-    base = rows_of(rows, series="ch7_step03", batch=batch, workload=workload)
-    spec = rows_of(rows, series=series, batch=batch, workload=workload)
-    f3, fs = sum(r["forwards"] for r in base), sum(r["forwards"] for r in spec)
-    out = {"forwards": f3 / max(fs, 1)}
-    if body:
-        c3 = sum(cost(r["chunk_lengths"]) for r in base)
-        cs = sum(cost(r["chunk_lengths"]) + r["draft_calls"] * draft_ms for r in spec)
-        out["forecast"] = c3 / cs if cs else float("nan")
-    return out
-
-
-def speedups(rows: Sequence[dict], batch: int, workload: str, series: str = SHIPPED,
-             over: str = "ch7_step03") -> list[float]:
-    """Per request: ``over``'s time per output token over ``series``'s."""
-    by = {r["params"]["request"]: r["ms"] for r in rows_of(rows, series=over, batch=batch, workload=workload)}
-    return [by[r["params"]["request"]] / r["ms"] for r in rows_of(rows, series=series, batch=batch, workload=workload)
-            if r["params"]["request"] in by]
-
-
-def summary(rows: Sequence[dict]) -> list[dict]:
-    """Per batch and workload: the shipped step's median and slowest speedup over ch7_step03, accepted per draft,
-    bound()."""
-    out = []
-    for batch in (1, 8):
-        for workload in WORKLOADS:
-            s = speedups(rows, batch, workload)
-            if not s:
-                continue
-            spec = rows_of(rows, series=SHIPPED, batch=batch, workload=workload)
-            acc = sum(r["accepted"] for r in spec) / max(sum(r["drafts"] for r in spec), 1)
-            b = bound(rows, batch, workload)
-            out.append({"batch": batch, "workload": workload, "median_speedup_over_ch7_step03": statistics.median(s),
-                        "min_speedup": min(s), "mean_accepted": acc, "forward_ratio": b["forwards"],
-                        "forecast": b.get("forecast")})
-    return out
-
-
 def closed_requests(rows: Sequence[dict], workload: str, series: str = SHIPPED) -> set[str]:
     """The batch-1 requests whose ``series`` output closed before the :data:`MAX_NEW`-token cap. A request that runs
     to the cap has looped (the model repeats a phrase); its drafts copy the loop, so its speedup says little."""
@@ -244,28 +191,27 @@ def closed_requests(rows: Sequence[dict], workload: str, series: str = SHIPPED) 
 
 
 def headline(results) -> list[dict]:
-    """The book's headline rows: the shipped step (step 3) against chapter 7's step 3 on the extraction requests, at batch 1 and 8: the
-    ratio of the two medians over requests of the time per output token. At batch 1 the requests that ran to the
-    output cap are left out (:func:`closed_requests`); a batch of 8 is timed whole, its capped sequences in it."""
+    """The book's headline rows: the shipped step (step 3) against chapter 7's step 3 on the extraction requests, at
+    batch 1 and 8: the ratio of the two medians over requests of the time per output token. At batch 1 the requests
+    that ran to the output cap are left out (:func:`closed_requests`); a batch of 8 is timed whole, its capped
+    sequences in it."""
     rows = results.rows if hasattr(results, "rows") else results["measurements"]
     out = []
-    for s in summary(rows):
-        if s["workload"] != "extraction":
-            continue
-        batch = s["batch"]
+    for batch in (1, 8):
         kept = closed_requests(rows, "extraction") if batch == 1 else None
-        ms = {series: statistics.median(r["ms"] for r in rows_of(rows, series=series, batch=batch,
-                                                                 workload="extraction")
-                                        if kept is None or r["params"]["request"] in kept)
-              for series in (SHIPPED, "ch7_step03")}
+        ms = {series: [r["ms"] for r in rows_of(rows, series=series, batch=batch, workload="extraction")
+                       if kept is None or r["params"]["request"] in kept] for series in (SHIPPED, "ch7_step03")}
+        if not all(ms.values()):
+            continue
+        ms = {series: statistics.median(v) for series, v in ms.items()}
         which = (f"median of the {len(kept)} requests that close their JSON" if kept is not None
                  else f"median over its batches of {batch} requests, each timed whole")
         out.append({"kernel": "step03_forced_draft", "baseline": "chapter 7's step 3 (ch7_step03)",
                     "case": f"SmolLM2-135M, extraction, batch {batch}, per output token, {which}",
                     "speedup": ms["ch7_step03"] / ms[SHIPPED], "clock": "wall", "kernel_ms": ms[SHIPPED],
-                    "baseline_ms": ms["ch7_step03"], "mean_accepted": s["mean_accepted"], "forecast": s["forecast"]})
+                    "baseline_ms": ms["ch7_step03"]})
     return out
 
 
-__all__ = ["CH7", "MAX_NEW", "SERIES", "SHIPPED", "WORKLOADS", "agreement", "batches_of", "bench", "bound", "closed_requests",
-           "costs", "headline", "median_ms", "plan", "rows_of", "speedups", "summary", "sweep"]
+__all__ = ["CH7", "MAX_NEW", "SERIES", "SHIPPED", "WORKLOADS", "agreement", "batches_of", "bench", "closed_requests",
+           "costs", "headline", "median_ms", "plan", "rows_of", "sweep"]
