@@ -104,11 +104,13 @@ def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[d
     """One row per step (``label``: "step N: short name", the tables' row label): what changed, the median over
     requests of the ms per output token, the previous step's
     median over this step's and chapter 07's step 3 median over this step's (ratios of the table's own times, so
-    they multiply), forwards per output token, accepted tokens per verified draft."""
+    they multiply), forwards per output token, accepted tokens per verified draft; ``faster``: (how many requests
+    ran faster than in the previous step, how many requests both ran), which tells a step's gain from run-to-run
+    variation where the ratio of medians is near 1."""
     ref = "ch7_step03"
     out = [{"step": START_LABEL, "label": START_LABEL, "change": "the loop chapter 08 starts from",
             "ms_per_token": median_ms(results, batch, workload, ref), "x_previous": None, "x_ch7_step03": 1.0,
-            "forwards_per_token": _forwards(results, batch, workload, ref), "accepted": None}]
+            "forwards_per_token": _forwards(results, batch, workload, ref), "accepted": None, "faster": None}]
     prev = ref
     for s in SERIES:
         step = CHAPTER.step(s)
@@ -119,9 +121,18 @@ def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[d
                     "x_previous": median_ms(results, batch, workload, prev) / ms,
                     "x_ch7_step03": median_ms(results, batch, workload, ref) / ms,
                     "forwards_per_token": _forwards(results, batch, workload, s),
-                    "accepted": sum(r["accepted"] for r in rows) / drafts if drafts else None})
+                    "accepted": sum(r["accepted"] for r in rows) / drafts if drafts else None,
+                    "faster": _faster(results, batch, workload, prev, s)})
         prev = s
     return out
+
+
+def _faster(results, batch: int, workload: str, before: str, after: str) -> tuple[int, int]:
+    """How many requests ``after`` ran faster than ``before`` (time per output token), of those both ran."""
+    was = {r["params"]["request"]: r["ms"] for r in _rows(results, batch, workload, before)}
+    now = [(was[r["params"]["request"]], r["ms"]) for r in _rows(results, batch, workload, after)
+           if r["params"]["request"] in was]
+    return sum(b < a for a, b in now), len(now)
 
 
 def _forwards(results, batch, workload, series) -> float:
