@@ -169,9 +169,9 @@ def plan(quick: bool) -> dict[str, Any]:
 
 def bench(run) -> None:  # run: studylog.bench.BenchRun
     run.note("SmolLM2-135M-Instruct (bf16) answers each request on its own (no steering); every configuration "
-             "is checked against chapter 7's step 3, and the shipped step (step03) against its step 1 too: a sequence passes with the "
-             "same tokens, or where its first differing token is a near tie inside the rounding bound (the checks "
-             "count the identical sequences). step01 is chapter 7's step 3 run by this "
+             "is checked against chapter 7's step 3, and the shipped step (step03) against its step 1 too: a "
+             "sequence passes with the same tokens, or where its first differing token is a near tie inside the "
+             "rounding bound (the checks count the identical sequences). step01 is chapter 7's step 3 run by this "
              "chapter's loop; ch7_step03 and ch7_step01 are chapter 7's decoder on the same requests.")
     sweep(run, device="cuda", **plan(getattr(run, "quick", False)))
 
