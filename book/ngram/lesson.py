@@ -26,7 +26,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "KEPT_FOR", "path_row", "why_kept", "host_note", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
-           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "case_words", "step_table",
+           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
 
@@ -256,8 +256,9 @@ def exit_factor(run, name: str, cfg: tuple[int, int, int], clock: str = "ms") ->
 STEP6_CHAIN = (("step 5", "one pass for every n", "5", 5),
                ("+ stop", "a block stops once no later window can win", "5b", None),
                ("step 6", "+ the split over a column of blocks", "6", 6))
-#: The cases step 6's chain is shown at: the headline and where the bytes bind (the lab run has all three).
-CHAIN_CASES = BOEHM_CASES[1:]
+#: The case step 6's chain is shown at, open: the table of steps' (:data:`HEADLINE`); the lab run has all three cases
+#: of :data:`BOEHM_CASES`, which the page folds under it (:func:`fold_table`).
+CHAIN_CASES = (HEADLINE,)
 
 
 def case_name(cfg: tuple[int, int, int]) -> str:
@@ -552,28 +553,40 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
     return "\n".join(lines)
 
 
+def _inline(text: str) -> str:
+    """A table cell's Markdown as HTML: code, bold and italics kept (a fold's Markdown is not parsed)."""
+    from html import escape
+
+    text = escape(text, quote=False)
+    text = re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
+    text = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+    return re.sub(r"\*([^*]+)\*", r"<em>\1</em>", text)
+
+
+def _html_table(markdown: str) -> str:
+    """A pipe table as HTML, its cells through :func:`_inline`."""
+    head, _, *rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in markdown.splitlines()]
+    return ("<table><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr></thead><tbody>"
+            + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
+            + "</tbody></table>")
+
+
+def fold_table(summary: str, markdown: str, note: str = "") -> str:
+    """A pipe table (and a line of Markdown under it, ``note``) folded under a ``<details>`` whose button reads
+    ``summary``: what a reader may open, as HTML."""
+    from html import escape
+
+    return (f"<details><summary>{escape(summary)}</summary>" + _html_table(markdown)
+            + (f"<p>{_inline(note)}</p>" if note else "") + "</details>")
+
+
 def steps_tables(results) -> tuple[str, str]:
     """The page's table of steps, in two parts: open, Markdown, each step at :data:`HEADLINE` only (the case the
     chapter quotes: step, its one change, µs, × previous, × floor, why kept), its footnote on step 1
     (:func:`host_note`) under it; folded, HTML, :func:`steps_table` at every case of :data:`BOEHM_CASES` and the
     footnote at those cases, under a ``<details>`` that names them."""
-    from html import escape
-
-    def inline(text: str) -> str:  # a cell's Markdown as HTML: code, bold and italics kept
-        text = escape(text, quote=False)
-        text = re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
-        text = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
-        return re.sub(r"\*([^*]+)\*", r"<em>\1</em>", text)
-
-    def html(markdown: str) -> str:  # a pipe table as HTML (a fold's Markdown is not parsed)
-        head, _, *rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in markdown.splitlines()]
-        return ("<table><thead><tr>" + "".join(f"<th>{inline(c)}</th>" for c in head) + "</tr></thead><tbody>"
-                + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in rows)
-                + "</tbody></table>")
-
     names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in BOEHM_CASES)
-    fold = (f"<details><summary>Every step at all three cases ({escape(names)})</summary>"
-            + html(steps_table(results)) + f"<p>{inline(host_note(results))}</p></details>")
+    fold = fold_table(f"Every step at all three cases ({names})", steps_table(results), host_note(results))
     return steps_table(results, (HEADLINE,)) + "\n\n" + host_note(results, (HEADLINE,)), fold
 
 
@@ -739,6 +752,15 @@ def result_table(results, headline_rows) -> str:
                                                                 else "–"]
         gpu.append("| " + " | ".join(cells) + " |")
     return "\n".join(host) + "\n\n" + "\n".join(gpu)
+
+
+def result_tables(results, headline_rows) -> tuple[str, str]:
+    """:func:`result_table` as the page shows it: open, the GPU-clock table (our ports of FastDeploy's kernels, the
+    rivals the result names); folded, HTML, the end-to-end table against the CPU loop, under a ``<details>``."""
+    host, gpu = result_table(results, headline_rows).split("\n\n**On the GPU clock**")
+    title, _, table = host.partition("\n\n")
+    return "**On the GPU clock**" + gpu, fold_table("End to end against the CPU loop it replaces (a call, then a sync)",
+                                                    table.strip())
 
 
 def step12_launches():
