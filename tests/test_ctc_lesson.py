@@ -127,18 +127,17 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     if not result_files("ctc"):
         pytest.skip("no committed CTC results")
     table = lesson.boehm_table(load_results("ctc"))
-    rows = [r for r in table.splitlines()[3:] if r.startswith("|") and not r.startswith("| **")]  # no group rows
+    rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
     labels = [r.split("|")[1].strip() for r in rows]
-    assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 15) if n not in (2, 3, 5, 7)]
-    # one row per step but 2, 3 and 5 (one row under step 4's, each cell theirs in turn); step 7's three changes
-    # are rows of their own, 7a, 7b and 7c (the library's step 7)
-    assert labels[:14] == ["1", "4", lesson.MERGED[0], "6", "7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
+    # one row per step, in step order; step 7's three changes are rows of their own, 7a, 7b and 7c (the library's
+    # step 7); no group rows and no row that bundles steps
+    assert labels[:16] == [str(n) for n in range(1, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
+    assert not any(label.startswith("**") for label in labels) and " · " not in table
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row, label in zip(rows, labels):
         for cell in [c.strip() for c in row.split("|")[1:-1]][4::3]:
-            for part in cell.split(" · "):
-                if part != "–":
-                    assert float(part.rstrip("×").replace(",", "")) >= 1.0, row
+            if cell != "–":
+                assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row
 
 
 def test_every_step_is_timed_at_every_column_of_the_table_of_steps():
@@ -424,20 +423,13 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
     results = plotting.load_results("ctc", "nvidia-h200")
     rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                               if line.startswith("| "))}
-    merged = rows[lesson.MERGED[0]]
     for step in ctc.CHAPTER.steps:
-        if str(step.number) in lesson.MERGED_STEPS:  # its cells are the merged row's, each the k-th of " · "
-            k = lesson.MERGED_STEPS.index(str(step.number))
-            row = merged[:2] + [cell.split(" · ")[k] for cell in merged[2:]]
-            assert [len(cell.split(" · ")) for cell in merged[2:]] == [3] * (len(merged) - 2)
-        else:
-            row = rows[lesson.STEP07_LABEL if step.number == 7 else str(step.number)]
+        row = rows[lesson.STEP07_LABEL if step.number == 7 else str(step.number)]
         title = step.title
         for word in ("__restrict__", "__ldg", "ex2", "lg2"):
             title = title.replace(word, f"`{word}`")
         # step 7's library title is its first change, row 7a's; step 7's own row names its last change
-        if str(step.number) not in lesson.MERGED_STEPS:
-            assert rows["7a" if step.number == 7 else str(step.number)][1].startswith(title), step.number
+        assert rows["7a" if step.number == 7 else str(step.number)][1].startswith(title), step.number
         assert not any(w in row[1] for w in ("plus", "changes:", "tuning", "and a prerequisite")), row[1]
         if step.number == 1:
             continue
@@ -454,7 +446,7 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
                 assert row[3 + 3 * i] == "–", (step.number, A, N)
                 continue
             want = f"{_raw(f'step{before:02d}', A, N)['ms'] / _raw(step.series, A, N)['ms']:.2f}×"
-            against = {7: " (vs step 5)", 4: " (vs step 3)"}.get(step.number, "")  # 3 is in the row below 4's
+            against = {7: " (vs step 5)"}.get(step.number, "")  # step 6 is a side branch
             assert row[3 + 3 * i] == want + against, (step.number, A, N)
     assert rows["7c"][1] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
     for label, series, base in (("7a", "step07a", "step05"), ("7b", "step07b", "step07a")):
@@ -503,12 +495,8 @@ def test_a_step_flat_at_the_first_case_says_where_it_pays():
     for number in range(2, 14):
         if number in (6, 9):  # the counterexample and the prerequisite have their own words
             continue
-        if str(number) in lesson.MERGED_STEPS:  # their row says they barely move a case: none pays only at 5,000
-            pairs = [(_raw(f"step{number - 1:02d}", A, N), _raw(f"step{number:02d}", A, N))
-                     for A, N in lesson.TABLE_CASES]
-            ratios = [round(b["ms"] / a["ms"], 2) for b, a in pairs]
-            assert not (ratios[0] <= 1 and min(ratios[1:]) > 1), number
-            assert "pays at" not in rows[lesson.MERGED[0]]
+        if number in lesson.FLAT_WHY and lesson.flat(results, number):  # "no gain" says it: none pays at 5,000
+            assert "pays at" not in rows[str(number)] and "(no gain: " in rows[str(number)], number
             continue
         before = lesson.PREVIOUS.get(number, number - 1)
         pairs = [(_raw(f"step{before:02d}", A, N), _raw(f"step{number:02d}", A, N)) for A, N in lesson.TABLE_CASES
@@ -562,9 +550,11 @@ def test_every_folded_cell_says_what_it_folds():
 
 #: Each step from 7a on: the glued number its section quotes (a key of ``lesson.prose_numbers``, a factor of the
 #: lab run that timed step 7's three changes, or the step's own computed ratio).
-SECTION_NUMBERS = {"7a": "f7a['range']", "7b": "f7b['range']", "7c": "f7['range']", "8": "N['no_softmax']",
-                   "9": "N['one_warp']", "10": "N['side_by_side']", "11": "N['branch_free']", "12": "N['ftz']",
-                   "13": "N['two_passes_big']", "14": "at[13]['ms'] / at[14]['ms']"}
+SECTION_NUMBERS = {"7a": "f7a['ratios'][mid_case]", "7b": "f7b['ratios'][mid_case]", "7c": "f7['ratios'][mid_case]",
+                   "8": "lesson.factor(results, 8, mid_case)", "9": "lesson.factor(results, 9, mid_case)",
+                   "10": "lesson.factor(results, 10, small_case)", "11": "lesson.factor(results, 11, small_case)",
+                   "12": "lesson.factor(results, 12, mid_case)", "13": "lesson.factor(results, 13, big_case)",
+                   "14": "at[13]['ms'] / at[14]['ms']"}
 
 
 def test_each_step_has_one_section_with_its_code_and_its_number():
@@ -682,18 +672,37 @@ def test_steps_4_6_and_7a_show_their_whole_diff_after_the_signature_their_senten
     assert lesson.step_diff(4).removed and not any("LDG" in ln for ln in lesson.step_diff(4).lines[2:])
 
 
-def test_the_table_of_steps_groups_its_rows_without_losing_one():
-    """The table of steps groups its rows under bold group rows (what a frame loads, a side branch, restructure,
-    instruction-level, by shape, the result), each right above its first step and empty in every time cell."""
+def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay():
+    """The table of steps is one row per step in step order, no group rows: a step that moves no case of the table
+    says "no gain" and why it is there; step 6 says it is a side branch; 7a says it is against step 5. The folded
+    ranges give each step's least and most "× prev." over every case, read from the JSON, and each section quotes
+    one case's factor as the table prints it."""
     results = plotting.load_results("ctc", "nvidia-h200")
     lines = lesson.boehm_table(results).split("\n\n")[0].splitlines()[3:]
     labels = [_cells(line)[0] for line in lines]
-    groups = [i for i, label in enumerate(labels) if label.startswith("**")]
-    assert [labels[i + 1] for i in groups] == list(lesson.STEP_GROUPS)
-    assert all(set(_cells(lines[i])[2:]) == {""} for i in groups)
-    steps = [label for label in labels if not label.startswith("**")]
-    assert steps == ["1", "4", lesson.MERGED[0], "6", "7a", "7b", "7c"] + [str(n) for n in range(8, 15)] + [
+    assert labels == [str(n) for n in range(1, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)] + [
         "entry point", "torch"]
+    rows = {_cells(line)[0]: _cells(line) for line in lines}
+    for number in range(2, 15):
+        ratios = [round(_raw(f"step{lesson.PREVIOUS.get(number, number - 1):02d}", A, N)["ms"]
+                        / _raw(f"step{number:02d}", A, N)["ms"], 2) for A, N in lesson.TABLE_CASES]
+        label = lesson.STEP07_LABEL if number == 7 else str(number)
+        assert lesson.flat(results, number) == all(0.99 <= r <= 1.01 for r in ratios), number
+        assert ("(no gain: " in rows[label][1]) == (number in lesson.FLAT_WHY and lesson.flat(results, number))
+    assert all(lesson.flat(results, n) for n in lesson.FLAT_WHY)  # the committed run: steps 2, 3 and 5 move nothing
+    assert "side branch" in rows["6"][1] and rows["7a"][3].endswith("(vs step 5)")
+    ranges = {_cells(line)[0]: _cells(line) for line in lesson.ranges_table(results).splitlines()[2:]}
+    assert list(ranges) == [str(n) for n in range(2, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
+    grid = [(A, N) for A in ctc.BENCH_A for N in ctc.BENCH_N]
+    for number in (8, 13):
+        got = [_raw(f"step{number - 1:02d}", A, N)["ms"] / _raw(f"step{number:02d}", A, N)["ms"] for A, N in grid]
+        assert ranges[str(number)][1] == f"{min(got):.2f}×" and ranges[str(number)][3] == f"{max(got):.2f}×"
+        assert ranges[str(number)][5] == str(len(grid))
+    for i, case in enumerate(lesson.TABLE_CASES):  # a section's factor is the table's
+        for number in (4, 8, 13):
+            assert lesson.factor(results, number, case) == rows[str(number)][3 + 3 * i].split(" ")[0], (number, case)
+        assert lesson.factor(results, "7a", case) == rows["7a"][3 + 3 * i].split(" ")[0], case
+    assert lesson.factor(results, 8, (28, 3)) == lesson.PENDING
 
 
 def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
@@ -763,7 +772,7 @@ def test_step07_factors_read_the_lab_run_one_change_at_a_time(tmp_path):
 
 def test_step07_cells_read_the_lab_run_or_say_it_is_not_measured():
     """Notebook 04's steps 7a, 7b and 7 read the lab run of this card (no number typed), and say plainly when there
-    is none; step 7's section ends on the benchmark's step 7 over step 5."""
+    is none (then with the benchmark's step 7 over step 5)."""
     cells = _page_cells()
     text = "".join("".join(c["source"]) for c in cells)
     cell = next("".join(c["source"]) for c in cells if "lesson.step07_changes(" in "".join(c["source"]))
@@ -772,7 +781,7 @@ def test_step07_cells_read_the_lab_run_or_say_it_is_not_measured():
     assert "N['gradient_pass']" in cell
     for before, after in (("step05", "step07a"), ("step07a", "step07b"), ("step07b", "step07")):
         assert f'lesson.step07_factor(changes, "{before}", "{after}")' in text, after
-    assert text.count("N['gradient_pass']") == 2
+    assert text.count("N['gradient_pass']") == 1
 
 
 def test_step07_changes_script_dry_run_replays_the_benchmarks_targets(capsys):

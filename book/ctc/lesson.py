@@ -588,12 +588,7 @@ def prose_numbers(results) -> dict[str, str]:
     out["final_over_floor_big"] = f"{last['ms'] / floor:.1f}×" if last and floor else PENDING
     out["restrict_change"] = _largest_change(_ratios(results, s[1], s[2], _lesson_points()))
     out["ldg_change"] = _largest_change(_ratios(results, s[2], s[3], _lesson_points()))
-    out["blocking_small"] = _times(_ratios(results, s[3], s[4], _lesson_points(small)))
-    out["blocking_big"] = _times(_ratios(results, s[3], s[4], _lesson_points(big)))
     out["rows_change"] = _largest_change(_ratios(results, s[4], s[5], _lesson_points()))
-    out["flat_change"] = _largest_change([r for a, b in ((1, 2), (2, 3), (4, 5))
-                                          for r in _ratios(results, s[a], s[b], _lesson_points())])
-    out["prob_vs_rows"] = _times(_ratios(results, s[5], s[6], _lesson_points()))
     rows6 = results.select(s[6], T=BENCH_T)
     if rows6:
         lost = sum(r.get("mismatched", 0) for r in rows6)
@@ -601,20 +596,11 @@ def prose_numbers(results) -> dict[str, str]:
     else:
         out["prob_lost"] = PENDING
     out["gradient_pass"] = _times(_ratios(results, s[5], s[7], _lesson_points()))
-    # where step 5's one block writes all of an utterance's gradient, and where a frame's gradient is a few entries
-    out["gradient_pass_one_block"] = _times(_ratios(results, s[5], s[7], [(big, 1)]))
-    out["gradient_pass_small"] = _times(_ratios(results, s[5], s[7], _lesson_points(small)))
     for key, k in (("no_softmax", 8), ("one_warp", 9), ("side_by_side", 10), ("branch_free", 11), ("ftz", 12)):
         ratios = _ratios(results, s[k - 1], s[k], _all_points())
         out[key] = _times(ratios)
         out[f"{key}_slower"] = where(losing(results, k)) if ratios else PENDING
         out[f"{key}_most"] = most(results, k)
-    thirteen = _ratios(results, s[12], s[13], [(big, max(BENCH_N))])
-    out["two_passes_big"] = _times(thirteen)
-    cost = [1 / r - 1 for r in _ratios(results, s[12], s[13], _all_points(small))]
-    out["two_passes_small_cost"] = _percent(max(cost)) if cost else PENDING
-    gain = _ratios(results, s[13], s[14], _all_points(ns=[n for n in BENCH_N if 2 <= n <= 64]))
-    out["warps_gain"] = _times(gain)
     one = _ratios(results, s[13], s[14], [(small, min(BENCH_N))])
     out["warps_small_one"] = _percent(1 / one[0] - 1) if one else PENDING
     for A, key in ((small, "final_small"), (big, "final_big")):
@@ -798,13 +784,13 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
 #: Steps kept although they cost time somewhere: what builds on them (said in the table of steps where they lose).
 PREREQUISITES = {9: "a prerequisite: steps 10 to 14 build on the warp"}
 #: Why a step that loses has a row: said in its row of the table of steps.
-WHY_SHOWN = {6: "it tests the guess that cuDNN is fast in probability space; on long targets its loss turns infinite"}
-#: Steps 2, 3 and 5, which barely move a case: one row of the table of steps, under step 4's (the one of the four
-#: that pays), its cells each step's in turn, joined by " · ": (its label, what the three change).
-MERGED = ("2, 3, 5", "what a frame loads, the rest (each barely moves a case): `__restrict__` pointers (2) and "
-          "`__ldg` loads (3) compile to step 1's loads; alpha's two live rows in shared memory (5; steps 6 and 7a "
-          "start here)")
-MERGED_STEPS = ("2", "3", "5")
+WHY_SHOWN = {6: "a side branch that nothing builds on; it tests the guess that cuDNN is fast in probability space, and "
+                "on long targets its loss turns infinite"}
+#: Why a step that moves no case of the table (every "× prev." between 0.99× and 1.01×, as the table rounds it) is in
+#: the chain: said in its row after "no gain".
+FLAT_WHY = {2: "the read-only loads compile to `ld.global.nc`, and loads were not what costs",
+            3: "`__ldg` compiles to step 2's loads",
+            5: "steps 6 and 7a build on it"}
 
 
 #: Step 7's first two changes, each a row of the table of steps between step 6 and step 7 (timed by the lab run
@@ -820,33 +806,21 @@ STEP07_LABEL = "7c"
 STEP07_LAST = "emissions loaded {prefetch} frames ahead"
 
 
-#: The table of steps' groups, each a row of its own above its first step (keyed by that step's label; "7" where the
-#: file has no lab run of 7a): its name, bold in the step column, and what its steps change. Steps 2 to 5 need none:
-#: step 4's row and :data:`MERGED`'s say what they are.
-STEP_GROUPS = {
-    "6": ("a side branch", "step 6: probability space, built on step 5; nothing builds on it"),
-    "7a": ("restructure, from step 5", "steps 7a to 10 build on step 5, not on step 6: which pass does what, in how "
-                                       "many launches, on how many threads"),
-    "11": ("instruction-level", "steps 11 to 13: the instructions of the recursion and of the first pass"),
-    "14": ("by shape", "step 14, the entry point that runs it where it pays, and torch's faster call"),
-}
-
-
-def group_row(label: str, width: int) -> str | None:
-    """The Markdown row of the group of :data:`STEP_GROUPS` that starts at the row ``label``, ``width`` cells wide;
-    None where no group starts there."""
-    group = STEP_GROUPS.get("7a" if label == "7" else label)
-    if group is None:
-        return None
-    return "| " + " | ".join([f"**{group[0]}**", group[1]] + [""] * (width - 2)) + " |"
+def flat(results, number: int) -> bool:
+    """Whether step ``number`` moves no case of :data:`TABLE_CASES`: its "× prev." rounds to 0.99× to 1.01× at every
+    one (False where a case is not timed)."""
+    before = CHAPTER.step(PREVIOUS.get(number, number - 1)).series
+    ratios = [_ratios(results, before, CHAPTER.step(number).series, [case]) for case in TABLE_CASES]
+    return all(ratios) and all(0.99 <= round(r[0], 2) <= 1.01 for r in ratios)
 
 
 def boehm_table(results, changes: Results | None = None) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
     change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the step it builds on (:data:`PREVIOUS`,
-    else the step before), × the case's one floor (:func:`case_floor`). A step of :data:`PREREQUISITES` that is
-    slower somewhere says so, and why it is kept. A bold row of :data:`STEP_GROUPS` stands above each group of
-    steps, its time cells empty. The entry point's row, right under step 14's, names the step it ran
+    else the step before), × the case's one floor (:func:`case_floor`). The rows run in step order (7a, 7b and 7c
+    for step 7's three changes). A step of :data:`PREREQUISITES` that is slower somewhere says so, and why it is
+    kept; a step that moves no case (:func:`flat`) says "no gain" and why it is there (:data:`FLAT_WHY`). The entry
+    point's row, right under step 14's, names the step it ran
     in each case and compares it with that step timed as a step (what the choice costs), so the table ends on the
     chapter's result."""
     head = ["step", "the one change"]
@@ -871,8 +845,11 @@ def boehm_table(results, changes: Results | None = None) -> str:
         return (" (where the target needs several warps: `ctc_loss` runs it by shape)"
                 if number == DISPATCH_STEPS[-1] else "")
 
+    def no_gain(number: int) -> str:
+        return f" (no gain: {FLAT_WHY[number]})" if number in FLAT_WHY and flat(results, number) else ""
+
     def elsewhere(number: int) -> str:  # flat at the first case, paying at every other: say where it pays
-        if number in PREREQUISITES or number in (1, 6, DISPATCH_STEPS[-1]):
+        if number in PREREQUISITES or number in (1, 6, DISPATCH_STEPS[-1]) or no_gain(number):
             return ""
         before = CHAPTER.step(PREVIOUS.get(number, number - 1)).series
         ratios = [_ratios(results, before, CHAPTER.step(number).series, [case]) for case in TABLE_CASES]
@@ -886,7 +863,7 @@ def boehm_table(results, changes: Results | None = None) -> str:
         changes = step07_changes(results.path.parent.name)
     entries = []
     for s in CHAPTER.steps:
-        title = code(s.title) + kept(s.number) + chosen(s.number) + elsewhere(s.number)
+        title = code(s.title) + kept(s.number) + chosen(s.number) + elsewhere(s.number) + no_gain(s.number)
         if s.number in WHY_SHOWN:  # after a colon where the title ends with brackets of its own
             title += f": {WHY_SHOWN[s.number]}" if title.endswith(")") else f" ({WHY_SHOWN[s.number]})"
         if s.number == 7 and changes is not None:
@@ -935,17 +912,11 @@ def boehm_table(results, changes: Results | None = None) -> str:
                 number_ = 7 if number == STEP07_LABEL else int(number)
                 before = PREVIOUS.get(number_, number_ - 1)
                 prev = times[CHAPTER.step(before).series][i]
-                against = f"vs step {before}" if before != number_ - 1 or number == "4" else ""
+                against = f"vs step {before}" if before != number_ - 1 else ""
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         rows.append(cells)
-    merged = [r for r in rows if r[0] in MERGED_STEPS]
-    if len(merged) == len(MERGED_STEPS):  # steps 2, 3 and 5: one row where step 5's stood, under step 4's
-        rows = [[*MERGED, *(" · ".join(r[k] for r in merged) for k in range(2, len(head)))] if r[0] == "5" else r
-                for r in rows if r[0] not in MERGED_STEPS[:-1]]
     for cells in rows:
-        if (group := group_row(cells[0], len(head))) is not None:
-            lines.append(group)
         lines.append("| " + " | ".join(cells) + " |")
     note = ("“× prev.”: the time of the step built on over this one's (above 1.00×, it pays); the entry point is "
             "timed as its own series.")
@@ -954,6 +925,46 @@ def boehm_table(results, changes: Results | None = None) -> str:
         if untimed:
             note += f" Rows 7a and 7b are not timed at {' or '.join(untimed)}."
     return "\n".join(lines) + "\n\n" + note
+
+
+def step_ratios(results, number, changes: Results | None = None) -> dict[tuple[int, int], float]:
+    """Step ``number``'s "× prev." at every case where it and the step it builds on were timed, {(A, N): ratio}:
+    a step of the chapter against :data:`PREVIOUS` (else the step before) in the benchmark; "7a", "7b" and "7c" (step
+    7's three changes) in the lab run that timed them together, each against the one before (7a against step 5)."""
+    labels = {label: (base, series) for label, _, series, base in STEP07_ROWS}
+    labels[STEP07_LABEL] = ("step07b", "step07")
+    if str(number) in labels:
+        changes = step07_changes(results.path.parent.name) if changes is None else changes
+        return {} if changes is None else step07_factor(changes, *labels[str(number)])["ratios"]
+    before, after = CHAPTER.step(PREVIOUS.get(number, number - 1)).series, CHAPTER.step(number).series
+    return {p: r for p in _all_points() for r in _ratios(results, before, after, [p])}
+
+
+def factor(results, number, case: tuple[int, int], changes: Results | None = None) -> str:
+    """Step ``number``'s "× prev." at one case as the table of steps prints it ("1.12×"); ``pending`` where either
+    step is not timed there."""
+    ratio = step_ratios(results, number, changes).get(tuple(case))
+    return PENDING if ratio is None else f"{ratio:.2f}×"
+
+
+def ranges_table(results, changes: Results | None = None) -> str:
+    """Markdown, one row per step from 2 (7a, 7b and 7c for step 7), in order: its "× prev." at its least and at its
+    most over every case where both steps were timed (steps 1 to 6 and the lab run's: N = 1, 16 and 256 of both
+    alphabets; the rest: the whole grid), where each is, and how many cases. The sections quote one case each."""
+    changes = step07_changes(results.path.parent.name) if changes is None else changes
+    labels = [str(s.number) for s in CHAPTER.steps[1:]]
+    if changes is not None:
+        labels[labels.index("7"):labels.index("7") + 1] = [label for label, *_ in STEP07_ROWS] + [STEP07_LABEL]
+    lines = ["| step | × prev., least | where | most | where | cases |", "|---|---|---|---|---|---|"]
+    for label in labels:
+        ratios = step_ratios(results, label if not label.isdigit() else int(label), changes)
+        if not ratios:
+            lines.append(f"| {label} | – | | – | | 0 |")
+            continue
+        lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+        lines.append(f"| {label} | {ratios[lo]:.2f}× | A = {lo[0]:,}, N = {lo[1]} | {ratios[hi]:.2f}× | "
+                     f"A = {hi[0]:,}, N = {hi[1]} | {len(ratios)} |")
+    return "\n".join(lines)
 
 
 def entry_point(results, A: int, N: int) -> dict | None:
