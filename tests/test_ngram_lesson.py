@@ -147,8 +147,8 @@ def test_the_shared_definitions_hold_what_the_listings_lean_on():
 def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
     """The page folds what a reader can skip: the definitions every listing leans on (the parameter list,
     ``plan_slot``), step 2's loop (the search and the slot walk), step 3's search kernel,
-    and the diffs of steps 7 to 10 (streaming the haystack, one section, each a sentence's idea); every other diff is
-    open, step 11's (the path's idea) included. No folded output holds the
+    and the small diffs of steps 7, 9 and 10 (streaming the haystack, one section, each a line's idea); every other
+    diff is open, step 8's core (the streaming section's idea) and step 11's (the path's idea) included. No folded output holds the
     specification, and no Markdown says "folded" (the fold's own button says what it holds)."""
     import json
 
@@ -163,8 +163,7 @@ def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
                       "display(lesson.step2_excerpt())",
                       'show_source("ngram_common.cuh", "walk_budget")  # the batch loop, shared with step 3\'s phase 2',
                       'show_source("ngram_two_phase.cu", "ngram_search_per_n")',
-                      "lesson.step_diff(6, 7)", "lesson.core_diff(8)", "lesson.step_diff(8, 9)",
-                      "lesson.step_diff(9, 10)"]
+                      "lesson.step_diff(6, 7)", "lesson.step_diff(8, 9)", "lesson.step_diff(9, 10)"]
     for c in cells:
         if "hide-output" in c["metadata"].get("tags", []):
             assert c["metadata"]["mystnb"]["code_prompt_show"].startswith("Show "), c["metadata"]
@@ -172,9 +171,10 @@ def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
     assert not any("folded" in t for c, t in zip(cells, text) if c["cell_type"] == "markdown")
 
 
-def test_the_cores_of_steps_4_5_6_show_open_and_8_folded():
-    """Steps 4, 5 and 6 show their diff's core unfolded, step 8 folded in the streaming section (at most 40 changed
-    lines, each side from its step's kernel), and not the whole diff; the result table says which step `ngram_match`
+def test_the_cores_of_steps_4_5_6_and_8_show_open():
+    """Steps 4, 5, 6 and 8 show their diff's core unfolded (at most 40 changed lines, each side from its step's
+    kernel), and not the whole diff: steps 4 to 6 give their number under it, step 8 (in the streaming section) above
+    it, in the lines that give each of steps 7 to 10 its number; the result table says which step `ngram_match`
     runs at each shape, and it runs step 12 at the small case."""
     import json
 
@@ -183,10 +183,9 @@ def test_the_cores_of_steps_4_5_6_show_open_and_8_folded():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     for step in (4, 5, 6, 8):
         at = [i for i, c in enumerate(cells) if "".join(c["source"]).strip() == f"lesson.core_diff({step})"]
-        assert len(at) == 1 and ("hide-output" in cells[at[0]]["metadata"].get("tags", [])) == (step == 8), step
-        if step != 8:  # step 8's number is in the streaming section's paragraph, after the other diffs
-            after = "".join(cells[at[0] + 1]["source"])  # the step's number, not the whole diff
-            assert "say(f" in after and not any(w in after for w in ("parts(", "_diff(")), step
+        assert len(at) == 1 and "hide-output" not in cells[at[0]]["metadata"].get("tags", []), step
+        near = "".join(cells[at[0] + (-1 if step == 8 else 1)]["source"])  # the step's number, not the whole diff
+        assert "say(f" in near and not any(w in near for w in ("parts(", "_diff(")), step
         d = lesson.core_diff(step)
         assert len(d.lines) <= 45 and len(d.added) + len(d.removed) <= 40 and d.added and d.removed, step
     results = load_results("ngram")
@@ -197,7 +196,8 @@ def test_the_cores_of_steps_4_5_6_show_open_and_8_folded():
 def test_every_step_has_its_section_with_its_diff_and_its_number():
     """One section a step, in order, headed "## Step N: <the one idea>" (steps 1 to 6) or "### Step N: ..." (under
     its path's heading, steps 11 and 12; no bundle words), except steps 7 to 10, which share one section,
-    "### Steps 7 to 10: ...", a diff each (folded) and their numbers in one paragraph; each section from step 3 on shows
+    "### Steps 7 to 10: ...", a diff each (step 8's core open, the small diffs of 7, 9 and 10 folded) and a line each
+    with its number; each section from step 3 on shows
     a diff for each of its steps (open or folded) and says a computed number, and steps 7, 11 and 12 say where they
     pay (:func:`lesson.path_words`), the others in the table of steps' "why kept" column; a diff changes at most
     about 40 lines, and step 11's, the path's idea, is open. The paths' headings come in the order of
@@ -236,7 +236,8 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
             m = re.fullmatch(r"lesson\.(?:step|core)_diff\((?:(\d+), )?(\d+)\)", t.strip())
             if m:
                 tags = c["metadata"].get("tags", [])
-                assert ("hide-output" in tags) == (len(numbers) > 1), (numbers, tags)  # 7-10 folded, the rest open
+                small = len(numbers) > 1 and t.strip().startswith("lesson.step_diff(")  # 7, 9, 10: a few lines
+                assert ("hide-output" in tags) == small, (numbers, tags)  # those folded, the rest open
                 if m[1]:
                     d = lesson.step_diff(int(m[1]), int(m[2]))
                     changed = len(d.added) + len(d.removed)
@@ -735,8 +736,10 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     rest = opening[opening.index("off every decoding step"):]
     assert "min(ratios.values())" in rest and "max(ratios.values())" in rest and "one block a slot" in rest
     assert "not a tuned kernel" in rest
-    payoff = code[code.index("if real:"):code.index("display(Markdown(lesson.result_table")]
+    payoff = code[code.index("if real:"):code.index("lesson.result_tables(results, heads)")]
     assert "{1 + per_slot:.2f}× the tokens a step" in payoff
+    assert "off every decoding step at that\nshape" in opening  # the saving holds at the table's case only
+    assert "display(Markdown(gpu_table))" in code and "display(HTML(host_fold))" in code  # the CPU loop folded
     results = load_results("ngram")
     from studylog.ngram import NO_BUDGET
 
@@ -776,17 +779,28 @@ def test_the_budgeted_floor_says_what_it_counts():
     assert "us(4, batch, seq_len, threshold)" in cells[why + 1] and "port_us" in cells[why + 1]
 
 
-def test_each_step_section_gives_its_number_in_the_table():
-    """A step section whose number is at another case than the table's (128 × 32768, budget 128) gives the table's
-    factor beside it (:func:`lesson.step_factors` at the headline, index 1), so a reader finds it in the table; step 2
-    gives its time there, linked to the table."""
+def test_each_step_gives_one_number_at_the_tables_case():
+    """Every step's number is at the table of steps' case (:data:`lesson.HEADLINE`, index 1 of
+    :data:`lesson.BOEHM_CASES`): step 1 names that case once and links the table, step 2 gives its time there, steps
+    3 to 12 their factor there (:func:`lesson.step_factors` at index 1) with their time; no step's paragraph quotes a
+    time or factor at another case, or points to "the table" for a second number."""
     import json
+    import re
 
     from studylog import paths
 
     assert lesson.BOEHM_CASES[1] == lesson.HEADLINE
     cells = {c.get("id"): "".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]}
-    assert "(#the-steps-measured)" in cells["cell-12"] and "us(2, *lesson.HEADLINE)" in cells["cell-12"]
-    for cid, step in (("cell-16", 3), ("cell-19", 4), ("cell-s5-say", 5), ("cell-s6-say", 6), ("cell-s12-say", 12)):
-        assert f"{{lesson.step_factors(results, {step})[1]:.2f}}× in the table" in cells[cid], step
+    assert "(#the-steps-measured)" in cells["cell-09"] and "H = lesson.HEADLINE" in cells["cell-09"]
+    assert "us(2, *H)" in cells["cell-12"]
+    for cid, step in (("cell-16", 3), ("cell-19", 4), ("cell-s5-say", 5), ("cell-s6-say", 6), ("cell-s11-say", 11),
+                      ("cell-s12-say", 12)):
+        said = cells[cid]
+        assert f"step_factors(results, {step})" in said and f"us({step}, *H)" in said, step
+    assert "(lesson.step_factors(results, n)[1] for n in (7, 8, 9, 10))" in cells["cell-s7-say"]
+    for cid in ("cell-09", "cell-12", "cell-16", "cell-19", "cell-s5-say", "cell-s6-say", "cell-s7-say",
+                "cell-s11-say", "cell-s12-say"):
+        said = cells[cid]
+        assert "× in the table" not in said, cid
+        assert not re.search(r"step_factors\(results, \d+\)\[[02]\]|us\(\d+, \d", said), cid  # no other case
