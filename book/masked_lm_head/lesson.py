@@ -28,7 +28,8 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "MAIN_CASE",
            "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "tried_steps_table",
-           "own_case_steps", "steps_note", "table_us",
+           "own_case_steps", "steps_note", "table_us", "chain_base", "PARTS", "bitmask_copy_ms", "parts_alone",
+           "NO_MAIN_TIME", "CHANGES_FROM_HOST",
            "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
            "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
@@ -638,8 +639,8 @@ MAIN_LINE = (0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13)
 #: (the library and the results name them so).
 TRIED = (6, 9, 11)
 #: The case each step's idea is about and the step it is compared with there (None for step 0). The table of steps
-#: (:func:`main_steps_table`) gives each kept step at its case: :data:`MAIN_CASE` for most, another for 7, 8, 10 and 12
-#: and, from the bitmask, for 13. The base is the kept step before it (step 7
+#: (:func:`main_steps_table`) chains every kept step at :data:`MAIN_CASE` and gives 7, 8, 10 and 12 at their own case
+#: too, in its last column; 13 starts from the bitmask at the main case. The base is the kept step before it (step 7
 #: builds on step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with
 #: step 3, the dispatch's dense path for batches. Step 12, a dispatch, runs step 7 at the main case; its gain is where
 #: it leaves step 10's path for a dense one, at batch 64 with 10,000 allowed each (step 10's section ends there). A step
@@ -669,6 +670,8 @@ CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the di
            11: "the vocabulary reordered so that allowed tokens cluster",
            12: "a dispatch by shape",
            13: "the whole step from the packed bitmask, in one CUDA graph"}
+#: Step 13's words in the table of steps, whose call starts where xgrammar's does (:data:`FROM_HOST`).
+CHANGES_FROM_HOST = "the whole step, from the packed bitmask in host memory, in one CUDA graph"
 #: The rivals at :data:`MAIN_CASE`, said under the table of steps in the prose's words (xgrammar's path, which starts
 #: from the bitmask, faces step 13 in its row). The dense rival is cuBLAS with fp32 output: the chapter's
 #: contract, and steady, where dense + mask's bf16 logits run at two speeds at batch 1 (:func:`dense_clusters`).
@@ -713,46 +716,53 @@ def _vs(row: dict, reference: dict | None) -> str:
                                                           else None)
 
 
+def _tails(results) -> dict | None:
+    """The card's tails run (:data:`book.scoreboard.TAILS`), beside ``results``' file; None where there is none."""
+    from book.scoreboard import TAILS, load
+
+    return load(results.path.parent, TAILS) if getattr(results, "path", None) else None
+
+
 def host_floor_ms(results) -> float | None:
-    """The latency floor of a batch-1 call that starts from the packed bitmask in host memory, in ms: the bitmask's
-    copy, then its dependent kernels: the scoreboard's floor for step 13 (:func:`book.scoreboard.bitmask_chain_ms`),
-    from the card's runs; None where the card has no such run."""
-    from book.scoreboard import TAILS, bitmask_chain_ms, load
+    """Our design's bound for a batch-1 call that starts from the packed bitmask in host memory (step 13), in ms: the
+    bitmask's copy timed alone, then its two dependent kernels at the card's empty kernel
+    (:func:`book.scoreboard.bitmask_chain_ms`). A bound of our design, not the card's: the card's floor
+    (:func:`floor_ms`) is the call's bytes. None where the card has no such run."""
+    from book.scoreboard import bitmask_chain_ms
 
-    tails = load(results.path.parent, TAILS) if getattr(results, "path", None) else None
-    return bitmask_chain_ms(tails, common.latency_floor_ms(results))
+    return bitmask_chain_ms(_tails(results), common.latency_floor_ms(results))
 
 
-def step_floor_ms(results, row: dict, params: dict, *, from_host: bool = False) -> tuple[float | None, str]:
-    """A row's floor at its point, in ms, and which part binds (``bytes``, ``empty kernel``); with ``from_host``
-    (:data:`FROM_HOST`) the floor starts with the bitmask's copy (:func:`host_floor_ms`) where that is larger, and is
-    None (``no host copy timed``) at a batch or on a card without that copy timed."""
+def bitmask_copy_ms(results) -> float | None:
+    """The packed bitmask's copy from pinned host memory at batch 1, timed alone in the card's tails run, in ms (what
+    covers step 13a outside the trace); None where it was not timed."""
+    from book.scoreboard import BITMASK_COPY, MASKED_HEAD_CASE, one
+
+    tails = _tails(results)
+    row = one(tails, BITMASK_COPY, **MASKED_HEAD_CASE) if tails else None
+    return None if row is None else row["ms"]
+
+
+def step_floor_ms(results, row: dict, params: dict) -> tuple[float, str]:
+    """The card's floor of a row at its point, in ms (:func:`floor_ms`: its bytes at the copy bandwidth, or the empty
+    kernel where larger), and which part binds (``bytes``, ``empty kernel``)."""
     union = row.get("union", params["allowed"])
     floor = floor_ms(results, params["batch"], union)
-    binds = "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
-    if from_host:
-        host = host_floor_ms(results) if params["batch"] == 1 else None
-        if host is None:
-            return None, "no host copy timed"
-        if host > floor:
-            return host, "the bitmask's copy, then two kernels"
-    return floor, binds
+    return floor, "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
 
 
 def _over_floor(results, row: dict, params: dict, *, from_host: bool = False) -> str:
-    """``2.6×``: the row's time over its floor (:func:`step_floor_ms`); where the floor starts with the bitmask's copy,
-    that floor follows (``4.7× (of 4.02 µs: the bitmask's copy, then two kernels)``); ``–`` where it has none."""
-    floor, binds = step_floor_ms(results, row, params, from_host=from_host)
-    if floor is None:
-        return "–"
+    """``2.6×``: the row's time over the card's floor (:func:`step_floor_ms`); with ``from_host`` (:data:`FROM_HOST`),
+    at batch 1, our design's bound follows, named as ours (``12.1× (4.6× our design's bound, 4.12 µs)``)."""
+    floor, _ = step_floor_ms(results, row, params)
     said = f"{row['ms'] / floor:.1f}×"
-    return said + (f" (of {floor * 1e3:.2f} µs: the bitmask's copy, then two kernels)" if binds.startswith("the bitmask")
-                   else "")
+    bound = host_floor_ms(results) if from_host and params["batch"] == 1 else None
+    return said if bound is None else said + f" ({row['ms'] / bound:.1f}× our design's bound, {table_us(bound)} µs)"
 
 
 def table_us(ms: float | None) -> str:
     """A time in the tables of steps, in µs: two decimals under 10 µs, so that close times (steps 5, 7 and 12 at the
-    main case, step 13's floor) differ where they differ, one decimal from 10 µs on."""
+    main case, step 13's bound) differ where they differ, one decimal from 10 µs on."""
     return us(ms, 2 if ms is not None and ms * 1e3 < 10 else 1)
 
 
@@ -761,37 +771,84 @@ def _case(p: dict) -> str:
     return f"batch {p['batch']}, {p['allowed']:,} {p['kind']}{per}"
 
 
+def chain_base(results, number: int) -> int | str | None:
+    """The base of step ``number``'s "×" in the chain at :data:`MAIN_CASE`: xgrammar's path for a step that starts from
+    the bitmask (:data:`FROM_HOST`, the rival with its contract), else the nearest kept step above it with a time
+    there (step 12's is step 7: steps 8 and 10 have none); None for step 0."""
+    if number in FROM_HOST:
+        return XGRAMMAR
+    above = [n for n in MAIN_LINE[:MAIN_LINE.index(number)]
+             if n not in FROM_HOST and _row(results, step_series(n), **MAIN_CASE) is not None]
+    return above[-1] if above else None
+
+
+#: Step 13's parts, as the table of steps names them under step 13, each with the trace's activities it covers
+#: (:data:`TIMELINE_PARTS`).
+PARTS = (("13a", "the packed bitmask copied, without waiting, into a device buffer the graph reads", ("copy",)),
+         ("13b", "the union's ids and count built from the buffer on the device", ("count_zero", "union_kernel")),
+         ("13c", "step 7's kernel reads the count from memory: one graph per bucket", ("row_kernel",)))
+#: Why a kept step has no time at :data:`MAIN_CASE`, in its row of the table of steps.
+NO_MAIN_TIME = {8: "eight ids at most", 10: "batches only"}
+
+
+def parts_alone(results) -> dict[str, str]:
+    """What times each of :data:`PARTS` outside the trace, in the table of steps' words: 13a's copy was timed alone
+    (:func:`bitmask_copy_ms`); 13b was not; 13c's kernel does what step 12's does at :data:`MAIN_CASE`, given the
+    ids."""
+    copy, twelve = bitmask_copy_ms(results), _ms(results, step_series(12), **MAIN_CASE)
+    return {"13a": "not timed alone" if copy is None else f"alone: {table_us(copy)} µs",
+            "13b": "not timed alone",
+            "13c": "not timed alone" + ("" if twelve is None else
+                                        f"; step 12's kernel, given the ids: {table_us(twelve)} µs")}
+
+
+def _against(base: int | str, reference: dict) -> str:
+    return f" step {base}" if isinstance(base, int) else f" xgrammar's path, {table_us(reference['ms'])} µs"
+
+
 def main_steps_table(results, parts: dict[str, float] | None = None) -> str:
-    """The page's one table of steps, Markdown under its bold caption: one row per kept step (:data:`MAIN_LINE`) at the
-    case its idea is about (:data:`STEP_CASES`), with that case, its time, "×" (the named base's time there over its
-    own: the step before it, or for step 13 xgrammar's path) and "× floor" (its time over its floor there; step 13's
-    starts with the bitmask's copy); then the rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`) in a sentence.
-    ``parts`` (:func:`plan_parts`), where given, puts step 13's three parts' traced times in its row. A time whose
-    rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the
-    page's threshold."""
-    lines = ["**The kept steps, each at the case its idea is about** (µs, GPU clock, the [V, D] head; × against the "
-             "step or rival named)", "",
-             "| step | the one change | case | µs | × | × floor |", "|---|---|---|---|---|---|"]
+    """The page's one table of steps, Markdown under its bold caption: one chain at :data:`MAIN_CASE`, the headline's
+    case. One row per kept step (:data:`MAIN_LINE`) with its time there, "×" (the time there of its base,
+    :func:`chain_base`, over its own: the kept step above, or for step 13 xgrammar's path) and "× the card's floor"
+    (step 13's followed by our design's bound, :func:`host_floor_ms`); a step whose idea is about another case
+    (:data:`STEP_CASES`) also gives its time there against the step it builds on, in the last column, and a step
+    with no time at the main case (8, 10) shows ``–`` in the chain. ``parts`` (:func:`plan_parts`), where given, adds
+    step 13's three parts (:data:`PARTS`) as rows with their traced times; then the rivals at :data:`MAIN_CASE`
+    (:data:`MAIN_RIVALS`) in a sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged
+    where either side's repetitions spread past the page's threshold."""
+    lines = [f"**The kept steps, one chain at batch {MAIN_CASE['batch']} with {MAIN_CASE['allowed']:,} "
+             f"{MAIN_CASE['kind']} tokens allowed** (µs, GPU clock, the [V, D] head; × against the step or rival "
+             "named)", "",
+             "| step | the one change | µs | × | × the card's floor | at its own case, or alone |",
+             "|---|---|---|---|---|---|"]
     for number in MAIN_LINE:
-        params, base = STEP_CASES[number]
-        row = _row(results, step_series(number), **params)
-        reference = None if base is None else _row(results, _base_series(base), **params)
-        if row is None or (base is not None and reference is None):
+        own, own_base = STEP_CASES[number]
+        row = _row(results, step_series(number), **MAIN_CASE)
+        base = chain_base(results, number)
+        reference = None if base is None else _row(results, _base_series(base), **MAIN_CASE)
+        there = None if own == MAIN_CASE else _row(results, step_series(number), **own)
+        there_ref = None if there is None else _row(results, _base_series(own_base), **own)
+        if row is None and there is None:
             continue
-        change, case = CHANGES[number], _case(params)
-        if number == 12 and row.get("path"):  # the path the dispatch leaves step 10's for there
-            change += f": {path_words(row['path'])} here"
+        change = CHANGES[number]
+        if number == 12 and row is not None and there is not None and row.get("path") and there.get("path"):
+            change += f": {path_words(row['path'])} here, {path_words(there['path'])} at its own case"
         if number in FROM_HOST:
-            case += ", from the bitmask in host memory"
-            change += (" (13a–c)" if parts is None else
-                       f": 13a the copy, {parts['copy']:.1f}; 13b the union's ids, "
-                       f"{parts['count_zero'] + parts['union_kernel']:.1f}; 13c step 7's kernel, "
-                       f"{parts['row_kernel']:.1f} (traced; the rest is idle)")
-        against = ("" if base is None else f" step {base}" if isinstance(base, int) else
-                   f" xgrammar's path, {table_us(reference['ms'])} µs")
-        lines.append(f"| {number} | {change} | {case} | {table_us(row['ms'])}{capped(row)} | "
-                     f"{_vs(row, reference)}{against} | "
-                     f"{_over_floor(results, row, params, from_host=number in FROM_HOST)} |")
+            change = CHANGES_FROM_HOST + ("" if parts is None else
+                                          " (its parts below, traced inside one call; the rest of the call is idle)")
+        if row is None:
+            chain = f"– ({NO_MAIN_TIME[number]}) | – | –" if number in NO_MAIN_TIME else "– | – | –"
+        else:
+            ratio = "–" if reference is None else _vs(row, reference) + _against(base, reference)
+            chain = (f"{table_us(row['ms'])}{capped(row)} | {ratio} | "
+                     f"{_over_floor(results, row, MAIN_CASE, from_host=number in FROM_HOST)}")
+        own_cell = "" if there is None or there_ref is None else (
+            f"{_case(own)}: {table_us(there['ms'])}{capped(there)} µs, {_vs(there, there_ref)} step {own_base}")
+        lines.append(f"| {number} | {change} | {chain} | {own_cell} |")
+        if number in FROM_HOST and parts is not None:
+            alone = parts_alone(results)
+            lines += [f"| {name} | {words} | {sum(parts[k] for k in keys):.1f} traced | – | – | {alone[name]} |"
+                      for name, words, keys in PARTS]
     rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
     if rivals:
         lines += ["", f"Rivals at {_case(MAIN_CASE)}: " + "; ".join(
@@ -801,9 +858,9 @@ def main_steps_table(results, parts: dict[str, float] | None = None) -> str:
 
 
 def own_case_steps() -> list[int]:
-    """The kept steps the table of steps gives at another case: those whose idea is about another case than
-    :data:`MAIN_CASE` (:data:`STEP_CASES`), and those that start from the bitmask (:data:`FROM_HOST`)."""
-    return [n for n in MAIN_LINE if STEP_CASES[n][0] != MAIN_CASE or n in FROM_HOST]
+    """The kept steps the table of steps also gives at another case: those whose idea is about another case than
+    :data:`MAIN_CASE` (:data:`STEP_CASES`)."""
+    return [n for n in MAIN_LINE if STEP_CASES[n][0] != MAIN_CASE]
 
 
 def steps_note(results) -> str:
