@@ -14,8 +14,10 @@ shape, its time over the run's repetitions, the strongest rival measured at the 
 The case's **floor** is the largest of these, a yardstick from a simple model (a kernel passes it only by moving
 fewer bytes than counted or by being served from L2); "× floor" is our median over that floor (1.0× would be at
 the floor; ``pct_of_floor`` keeps it turned over, as a percentage). Each row names its floor's kind; a decode loop's
-floors (chapters 07 and 08) count our own loop's forwards and kernels, so its cells call them our loop's bounds. A
-row whose floor that binds is not measured on its card gets no ratio. Where a file lacks a number the scoreboard needs, the cell says "not measured" and
+floors (chapters 07 and 08) count our own loop's forwards and kernels, so its cells call them our loop's bounds.
+Where the call's own work sets a tighter bound that a run times (chapter 02's bitmask copy from host memory then two
+launches; chapter 05's read of the packed weights alone), the row keeps it apart from the card's floors
+(``design_bound_ms``), in a column of its own. A row whose floor that binds is not measured on its card gets no ratio. Where a file lacks a number the scoreboard needs, the cell says "not measured" and
 :func:`missing` says why; nothing is filled in by hand.
 
 The module reads the JSON files directly (no chapter code is imported), so the page and its test do not depend on
@@ -257,26 +259,21 @@ def _masked_lm_head(data):
     copy = one(data.get("tails_run") or {"measurements": []}, BITMASK_COPY, **MASKED_HEAD_CASE)
     floor = bitmask_chain_ms(data.get("tails_run"), _floor_empty_ms(data))
     if plan is not None:
-        if floor is not None:
-            chain = {"latency_floor_ms": floor,
-                     "latency_what": f"the packed bitmask's copy from pinned host memory ({copy['bytes']:,} bytes), "
-                                     f"timed alone in a separate run, then {BITMASK_CHAIN_KERNELS} dependent kernels "
-                                     "at an empty kernel's time each"}
-            missing: dict[str, Any] = {}
-        else:
-            chain = {"latency_floor_ms": None, "latency_what": "not measured for a step with a host copy"}
-            missing = {"no_pct_why": "its byte floor leaves out the copy from host memory, whose floor is not "
-                                     "measured on this card",
-                       "gaps": ("a latency floor of the whole step from the bitmask: its copy from host memory is "
-                                "not timed on this card",)}
+        # the card's floors are those of any call (its bytes, one launch); the step's own design, a copy from host
+        # memory then two dependent kernels, sets a tighter bound, given beside them, not in their place
+        bound = ({"design_bound_ms": floor, "design_bound_words": f"the bitmask's copy + {BITMASK_CHAIN_KERNELS} launches",
+                  "design_bound_what": f"the packed bitmask's copy from pinned host memory ({copy['bytes']:,} bytes), "
+                                       f"timed alone in a separate run, then {BITMASK_CHAIN_KERNELS} dependent kernels "
+                                       "at an empty kernel's time each: a bound on our step's design, not the card's"}
+                 if floor is not None else {})
+        gaps = () if floor is not None else ("a bound of the whole step from the bitmask: its copy from host memory "
+                                             "is not timed on this card",)
         out.append(_row("the whole masked step from the packed bitmask (step 13)",
                         "batch 1, 1,000 of 128,256 tokens allowed", plan["clock"], plan,
                         "xgrammar (cuBLAS logits, then its mask kernel)",
                         one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=_masked_head_bytes(data, plan),
-                        short="step 13, whole step", **chain, **missing) | {"tail_params": MASKED_HEAD_CASE} | (
-                            {"floor_words": f"the bitmask's copy, {us(copy['ms'])} µs, "
-                                            f"then {BITMASK_CHAIN_KERNELS} kernels"}
-                            if chain["latency_floor_ms"] is not None else {}))
+                        latency_floor_ms=latency, latency_what=what, short="step 13, whole step", gaps=gaps)
+                   | {"tail_params": MASKED_HEAD_CASE} | bound)
     kernel = one(data, "step12", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
         out.append(_row("the masked head's kernel alone, allowed ids given (step 12)",
@@ -499,7 +496,16 @@ def _ternary(data):
         return None
     bitnet = _ternary_bitnet(data)
     part_one = _ternary_part_one(data)
-    return ([bitnet] if bitnet is not None else []) + [llama] + ([part_one] if part_one is not None else [])
+    out = ([bitnet] if bitnet is not None else []) + [llama] + ([part_one] if part_one is not None else [])
+    # a call this short reaches no byte floor: a kernel that only reads the same packed weights, timed in the same
+    # run, is the tighter bound beside the card's floor (the floor stays the card's)
+    return [r | ({"design_bound_ms": r["read_only_ms"], "design_bound_words": "a read of the weights alone",
+                  "design_bound_what": READ_ONLY_WHAT} if r.get("read_only_ms") else {}) for r in out]
+
+
+#: What a ternary row's tighter bound is, in the chapter's notes.
+READ_ONLY_WHAT = ("a kernel that only reads the same packed weights, timed in the same run; at this size the launch "
+                  "and the start of the read outweigh the bytes, so no kernel reaches the byte floor")
 
 
 #: Chapter 05 part 1 (Triton), a page of its own: its row on the scoreboard links there.
@@ -992,10 +998,6 @@ TAIL_NOTE = ("p99 ÷ median: the call is timed {samples} times, each time as the
              "measure gives the details)")
 
 
-#: A re-run's median further than this from its chapter's median gets a note (How we measure promises it).
-RERUN_GAP = 0.03
-
-
 def tail(card: Path, number: int, params: dict[str, Any] | None = None,
          series: str | None = None) -> dict[str, Any] | None:
     """The tails run's row for chapter ``number`` on ``card`` at ``params`` (a row's ``tail_params``; None: the
@@ -1185,18 +1187,16 @@ LOOP_BOUND_NOTE = ("Chapters 07 and 08 time a whole decode loop: their floors co
                    "much a better loop could gain.")
 
 
-#: Rivals whose full name would fill a cell: (the full name's start, the name in the cell); the full name goes to a
-#: numbered line under the table.
-RIVAL_SHORT = (("our corrected port of FastDeploy's", "FastDeploy, our port"), ("xgrammar (", "xgrammar"),
-               ("BitNet's W2A8 kernel", "BitNet W2A8"), ("the same loop, dense head and mask", "step 1's loop"),
-               ("chapter 07's loop (", "chapter 07's loop"))
-#: The marks of those lines.
-MARKS = "¹²³⁴⁵⁶⁷⁸⁹"
+#: Rivals whose full name would fill a cell: (the full name's start, the name in the cell). The cell's name says
+#: enough to be read alone (no mark, no line under the table); the chapter's page gives the full one.
+RIVAL_SHORT = (("our corrected port of FastDeploy's", "FastDeploy's revised kernel, our exact port (step 4)"),
+               ("BitNet's W2A8 kernel", "BitNet's W2A8 kernel (x already int8)"),
+               ("the same loop, dense head and mask", "step 1's loop (dense head and mask)"),
+               ("chapter 07's loop (", "chapter 07's loop (its step 3)"))
 
 
 def short_rival(label: str) -> str | None:
-    """The name a rival's cell shows where its full name is long (the full name then goes under the table), else
-    None."""
+    """The name a rival's cell shows where its full name is long, else None."""
     return next((short for start, short in RIVAL_SHORT if label.startswith(start)), None)
 
 
@@ -1215,7 +1215,8 @@ def on_page(r: dict[str, Any]) -> bool:
 
 def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
     """A row's floor that binds (its time and kind) and how far our median is above it (× floor), as two cells; a
-    decode loop's floor is our loop's bound, said in both cells."""
+    decode loop's floor is our loop's bound, said in both cells. The card's floor only: a tighter bound the call's
+    own design sets is a column of its own (:func:`_bound_cells`)."""
     if r.get("floors_as_above"):  # an end-to-end time is not held against the GPU's floors
         return "– (end to end; the GPU row's floors)", "–"
     if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
@@ -1231,66 +1232,30 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
             kind = (floor_kind(r, short=True).replace("byte floor", "byte bound")
                     .replace("latency floor", "kernel-count bound"))
             return f"{_floor(r['binding_floor_ms'])}, our loop's {kind}", f"**{times:.1f}×**"
-        cell = f"{_floor(r['binding_floor_ms'])}, {floor_kind(r, short=True)}"
-        if r["binding"] == "bytes" and r.get("read_only_ms"):  # a floor no kernel reaches at this size: what a
-            # kernel that only reads the same weights takes in the same run stands beside it, the × column's
-            # divisor unchanged
-            cell += READ_ONLY_MARK  # its time in a line under the table (:func:`read_only_line`)
-            return cell, f"**{times:.1f}×** ({READ_ONLY_MARK} {r['median_ms'] / r['read_only_ms']:.1f}× a read-only pass)"
-        elif r["binding"] == "latency" and (r.get("floor_words") or "").startswith("the bitmask's copy"):
-            # chapter 02's whole step: its chain in three words, so "latency" is not read as the kernel's own
-            # two decimals: the chain (the copy and two empty launches) stays apart from the kernel's own time, which
-            # the chapter gives to one decimal and is near it
-            # it is a bound on this design (one copy, then two kernels), not the card's: said in the cell
-            cell = (f"{us(r['binding_floor_ms'], digits=2)}, our step's latency bound (the copy + "
-                    f"{BITMASK_CHAIN_KERNELS} launches), not the card's")
-        return cell, f"**{times:.1f}×**"
+        return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r, short=True)}", f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
         return f"latency floor, {NOT_MEASURED} on this card", "–"
     return NOT_MEASURED, NOT_MEASURED
 
 
-#: The mark on a byte floor that no kernel reaches at this size; the line under the table gives what a kernel that
-#: only reads the same weights takes in the same run.
-READ_ONLY_MARK = "†"
-
-
-def read_only_line(picked: list[tuple[dict[str, Any], dict[str, str]]]) -> str:
-    """The line under a times table for its rows whose floor cell carries :data:`READ_ONLY_MARK`: what a kernel that
-    only reads the same weights takes in the same run, per row (chapter, card where the table has two, kernel);
-    empty where no row has it."""
-    said = [(r, c) for r, c in picked if READ_ONLY_MARK in c.get("binding", "")]
-    if not said:
-        return ""
-    cards_ = {short_card(r["card"]) for r, _ in picked}
-    rows_ = "; ".join(
-        f"{r['number']:02d}" + (" part 1" if r.get("part_notebook") else "")
-        + (f" on the {short_card(r['card'])}" if len(cards_) > 1 else "") + f", {_floor(r['read_only_ms'])} µs"
-        for r, _ in said)
-    return (f"{READ_ONLY_MARK} A byte floor no kernel reaches at this size (the launch and the start of the read "
-            f"outweigh the bytes); a kernel that only reads the same weights takes, in the same run: {rows_}. The × "
-            "floor still divides by the byte floor; beside it, our median over that read-only pass.")
-
-
-#: The mark on a p99 − p50 cell whose re-run timed another case of the chapter (chapter 03's deployed budget).
-RERUN_ELSEWHERE_MARK = "‡"
-
-
-def _by_row(off: list[tuple[dict[str, Any], float]]) -> dict[tuple[int, str], list[float]]:
-    """(chapter, card) -> the gaps of its rows, in the table's order."""
-    rows: dict[tuple[int, str], list[float]] = {}
-    for r, gap in off:
-        rows.setdefault((r["number"], short_card(r["card"])), []).append(gap)
-    return rows
+def _bound_cells(r: dict[str, Any]) -> tuple[str, str]:
+    """A row's tighter bound, where one is measured (chapter 02's copy and two launches, chapter 05's read of the
+    weights alone): its time and what it is in a few words, and our median over it; dashes where there is none."""
+    ms = r.get("design_bound_ms")
+    if ms is None or r.get("floors_as_above"):
+        return "–", "–"
+    return f"{_floor(ms)}, {r['design_bound_words']}", f"{r['median_ms'] / ms:.1f}×"
 
 
 def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
                         folds: str = "html") -> str:
     """The scoreboard as Markdown tables: first one row per chapter (its final kernel at its headline shape on
-    :data:`LEAD_CARD`: our time, its p99, the strongest rival, the floor that binds and how close our median is to
-    it), then every other row (the other card, the chapters' other cases) with a line for a chapter or card that has
-    no row, saying why; then each row's three floors; then the definitions the columns need, once, and each chapter's
-    notes folded under its title, each note naming the row it belongs to. ``link(notebook)`` gives a chapter's link
+    :data:`LEAD_CARD`, and chapter 05's part 1: our time, the strongest rival, the card's floor that binds and how
+    close our median is to it, then the tighter bound the call's own work sets where a run times one, and our median
+    over it), then the decode loops against our loop's bounds, then every other row (the other card, the chapters'
+    other cases) with a line for a chapter or card that has no row, saying why; then the re-run's p99 − p50, a
+    question of its own, in a table of its own; then each row's three floors, and each chapter's notes folded under
+    its title, each note naming the row it belongs to. ``link(notebook)`` gives a chapter's link
     target (default: the notebook's path); ``folds``: ``"html"`` (``<details>``, for the README) or ``"dropdown"``
     (MyST dropdowns, the book's own folds)."""
     from html import escape
@@ -1319,8 +1284,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             on.append(key)
 
     def chapter_link(r: dict[str, Any]) -> str:
-        # chapter 05's rows are part 2's; a part 1 row says so in its kernel cell, which links that page
-        part = ", part 2" if r["notebook"].startswith("notebooks/05_ternary_2") and not r.get("part_notebook") else ""
+        # chapter 05's rows are part 2's, but for part 1's, which link part 1's own page
+        if r.get("part_notebook"):
+            return f"[{r['number']:02d}. {r['title']}, part 1]({link(r['part_notebook'])})"
+        part = ", part 2" if r["notebook"].startswith("notebooks/05_ternary_2") else ""
         return f"[{r['number']:02d}. {r['title']}{part}]({link(r['notebook'])})"
 
     def shape_words(r: dict[str, Any]) -> str:
@@ -1349,7 +1316,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if "missing" not in r and on_page(r) and (r["number"] not in leads or
                                    (leads[r["number"]]["card"] != lead_card and r["card"] == lead_card)):
             leads[r["number"]] = r
-    lead_ids = {id(r) for r in leads.values()}
+    # chapter 05's Triton part, a page of its own, has its row on the lead card too
+    lead_ids = {id(r) for r in leads.values()} | {id(r) for r in board if r.get("part_notebook") and "missing" not in r
+                                                 and r["card"] == lead_card and on_page(r)}
 
     cells: list[tuple[dict[str, Any], dict[str, str]]] = []  # each row of the two times tables, its cells by column
     floors: list[tuple[dict[str, Any], str]] = []  # each row of the floors table, its cells after the chapter's
@@ -1389,8 +1358,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             ours += f", {first_note.split(':')[0]}"
             if ":" in first_note:
                 note(r, first_note, every_card=True)
-        if r.get("part_notebook"):  # a part of the chapter with a page of its own: the cell links it
-            ours = f"[part 1]({link(r['part_notebook'])}): {ours}"
         rival = f"{short_rival(r['rival']) or r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
         if r.get("rival_check") == "misses":  # the rival's check is said where it fails; passing is the rule
             note(r, f"{r['rival']} misses our float64 check")
@@ -1437,25 +1404,19 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if fewer:  # said in the cell in a few words, in the chapter's notes in full
                 note(r, fewer)
             gap = t["ms"] / r["median_ms"] - 1 if r.get("median_ms") else None  # the re-run against the chapter's
-            if gap is not None and abs(gap) > RERUN_GAP and not p99.startswith("–"):
-                # the promise How we measure makes: a re-run's median that lands away from the chapter's is said in
-                # the chapter's notes, not in the table's cell
-                note(r, f"the p50 / p99 run's median, {us(t['ms'])} µs, lands {abs(gap):.1%} "
-                        f"{'below' if gap < 0 else 'above'} the chapter's {us(r['median_ms'])} µs (a gap over "
-                        f"{RERUN_GAP:.0%} is noted here): the clocks are not locked (How we measure says why); the "
-                        "speedup and the × floor use the chapter's")
-            if gap is not None and not p99.startswith("–") and (abs(gap) > RERUN_GAP or t["p99_ms"] < median):
-                off.append((r, gap))  # said under the table, so no reader meets a p99 below the median beside it
+            if gap is not None and not p99.startswith("–"):
+                off.append((r, gap))  # the range of these gaps is said once, under the re-run's own table
             tail_cells.append((r, {"p99": p99}))
         binding, pct = _floor_cells(r)
+        bound, over_bound = _bound_cells(r)
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
             alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
                           and b is not r and b.get("pct_of_floor") is not None), None)
             if alone is not None:
                 pct = pct[:-1] + f"; {alone['ours']}: {100 / alone['pct_of_floor']:.1f}×)"
         cells.append((r, {"card": card, "kernel": ours, "median": f"**{us(median)}** ({us(slowest)})",
-                          "p99": next((c["p99"] for b, c in tail_cells if b is r), "–"),
-                          "rival": rival, "vs": vs, "binding": binding, "pct": pct}))
+                          "rival": rival, "vs": vs, "binding": binding, "pct": pct, "bound": bound,
+                          "over_bound": over_bound}))
         if r.get("floors_as_above"):
             continue
         if r["latency_floor_ms"] is None and not r["no_pct_why"] and r.get("latency_missing_why"):
@@ -1467,13 +1428,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, "latency floor: no run on this card timed an empty kernel")
         for extra in r["notes"][1:2]:
             note(r, extra, every_card=True)
-        read = r.get("read_only_ms")
+        if r.get("design_bound_ms") is not None:  # the tighter bound's column says its time; what it is, here
+            note(r, f"tighter bound: {r['design_bound_what']}", every_card=True)
         for extra in r["floor_notes"]:
-            if read and r.get("binding") == "bytes" and extra.startswith("a kernel that only reads"):
-                # the × floor column divides by the floor it names; what a kernel that only reads the same weights
-                # takes in the same run (what the card manages at this size) is a yardstick of its own, said here
-                extra += (f" (ours: {r['median_ms'] / read:.1f}× that); at this size the launch and the start of the "
-                          "read outweigh the bytes, so the byte floor lies well below what a call reaches")
+            if r.get("design_bound_ms") is not None and extra.startswith("a kernel that only reads"):
+                continue  # its time is the row's tighter bound, in the table
             note(r, extra)
 
         def mark(kind: str, ms: float | None, missing: str) -> str:
@@ -1484,7 +1443,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("forward_bound_ms") is not None:  # chapter 08: both of its loop's chain bounds, the larger in bold
             latency = (f"{mark('forward', r['forward_bound_ms'], NOT_MEASURED)} (forward-time bound, the one that "
                        f"binds); {latency} (kernel-count bound)")
-        kernel = f"[part 1]({link(r['part_notebook'])}): {r['ours']}" if r.get("part_notebook") else r["ours"]
+        kernel = r["ours"]
         if r.get("loop_bound"):  # a decode loop's bounds are our loop's, not the card's: under the loops' table
             bounds = [(what, ms) for what, kind, ms in (
                 ("byte bound", "bytes", r["byte_floor_ms"]), ("kernel-count bound", "latency", r["latency_floor_ms"]),
@@ -1517,7 +1476,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         card_ = short_card(card)
         under.append(f"{chapter_link(r)} has no {card_} row: the {card_}'s benchmark does not time this case the way "
                      f"the {others or 'other card'}'s does (on the {card_} {why}).")
-    under += part_one_rival_words(board, link)
+    part_one_words = part_one_rival_words(board, link)
 
     def again(r: dict[str, Any]) -> str:
         """A chapter's later rows in a table: its title in italics, no link, so that a row read alone keeps it."""
@@ -1526,63 +1485,45 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     def table(title: str, picked: list[tuple[dict[str, Any], dict[str, str]]], columns: list[tuple[str, str]],
               lines_under: list[str]) -> list[str]:
         """A times table: the chapter (its link and the shape of its first row here, once; its title alone, in
-        italics, on the rows after it), then ``columns``."""
+        italics, on the rows after it), then ``columns``; a long rival's name is shortened to one that reads alone."""
         out = [title, "", "| chapter: shape | " + " | ".join(h for _, h in columns) + " |",
                "|" + "---|" * (len(columns) + 1)]
-        named: set[int] = set()
-        marks: dict[str, str] = {}  # a long rival's full name -> its mark in this table
+        named: set[tuple[int, bool]] = set()
         for r, c in picked:
-            chapter = (again(r) if r["number"] in named
-                       else chapter_link(r) + (f": {shape_words(r)}" if r.get("shape") else ""))
-            named.add(r["number"])
-            short = short_rival(r.get("rival") or "")
-            if short and "rival" in c:
-                mark = marks.setdefault(r["rival"], MARKS[len(marks)])
-                c = c | {"rival": c["rival"].replace(short, short + mark, 1)}
-            row = [c.get(key, "–") for key, _ in columns]
+            key = (r["number"], bool(r.get("part_notebook")))  # chapter 05's part 1 has a page, and a link, its own
+            shape = c.get("shape") or (shape_words(r) if r.get("shape") else "")
+            chapter = again(r) if key in named else chapter_link(r) + (f": {shape}" if shape else "")
+            named.add(key)
+            row = [c.get(key_, "–") for key_, _ in columns]
             out.append(f"| {chapter} | " + " | ".join(row) + " |")
-        lines_under = [f"{mark} {full}." if full.startswith(short_rival(full)) else f"{mark} {short_rival(full)}: {full}."
-                       for full, mark in marks.items()] + lines_under
         return out + ([""] + [u + "  " for u in lines_under] if lines_under else [])
+
+    def fold(title: str, body: list[str]) -> list[str]:
+        """A table folded under its title: a MyST dropdown in the book, ``<details>`` in the README."""
+        if folds == "dropdown":
+            return [f":::{{dropdown}} {title}", ""] + body + ["", ":::"]
+        return [f"<details><summary>{escape(title, quote=False)}</summary>", ""] + body + ["", "</details>"]
 
     loops = [rc for rc in cells if rc[0].get("loop_bound")]
     first_rows = [rc for rc in cells if id(rc[0]) in lead_ids and not rc[0].get("loop_bound")]
     rest = [rc for rc in cells if id(rc[0]) not in lead_ids and not rc[0].get("loop_bound")]
     one_card = all(r["card"] == lead_card for r, _ in first_rows + loops)
-    samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series"))
-                           for r, _ in tail_cells) if t]
-    pair = f"p99 − p50 of {samples[0]['samples']} replays (µs)" if samples else "p99 − p50 (µs)"
-    common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"), ("p99", pair),
+    common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
-              ("binding", "floor that binds (µs)"), ("pct", "× floor (ours ÷ floor)")]
+              ("binding", "card's floor (µs)"), ("pct", "× card's floor"),
+              ("bound", "tighter bound (µs)"), ("over_bound", "× tighter bound")]
     lead_columns = common if one_card else [("card", "card")] + common
     for r, c in first_rows:  # the lead table's chapter cell names the shape: the kernel cell does not repeat it
         kernel, _, shape = c["kernel"].partition("; ")
         if shape and shape in (r.get("shape") or ""):
             c["kernel"] = kernel
+        elif shape and r.get("part_notebook"):  # part 1's row: its weight shape in the chapter cell, as part 2's
+            c["kernel"], c["shape"] = kernel, f"M = 1, N × K = {shape}"
     on = f", all measured on the {LEAD_CARD}" if one_card else ""
-    part_one = next((r for r, _ in rest if r["number"] == 5 and r.get("ternary_case") == "part1"), None)
-    if part_one is not None and not any(r["number"] == 5 and r.get("ternary_case") == "part1" for r, _ in first_rows):
-        # chapter 05's Triton part is a page of its own, but its headline is a range over GemLite's shapes
-        under_lead.append(f"[05. {part_one['title']}, part 1 (Triton)]({link('notebooks/05_ternary_1_triton.ipynb')}) "
-                          "has no row of its own here: its answer is a range over GemLite's shapes (the headline "
-                          "results give it); the folded table of both cards gives its last kernel at 4096 × 14336, "
-                          "beside part 2's.")
     under_lead.append("A floor's kind: bytes moved, useful work (compute) or a chain of dependent work (latency; for a "
                       "one-launch kernel, one empty kernel's time, which [How we measure]"
                       f"({link('how_we_measure.md')}#ceilings-and-floors) gives for each card); each chapter's notes "
                       "say what its chain is.")
-    if samples:  # what the p50 / p99 column holds, said once under the lead table; a gap between its median and
-        # the chapter's is said in that chapter's notes
-        tail_on = sorted({short_card(r["card"]) for r, _ in tail_cells})
-        under_lead.insert(0, (
-            f"p99 − p50: from a separate run on the {' and the '.join(tail_on)} that replays each call's graph "
-            f"{samples[0]['samples']} times: how far one measurement lands above another, not one call's tail."
-            + (" That run's own median is not shown: the clocks are not locked, so it lands off the chapter's ("
-               + "; ".join(f"{number:02d} on the {card}, " + " and ".join(
-                   f"{abs(g):.1%} {'below' if g < 0 else 'above'}" for g in gaps)
-                           for (number, card), gaps in _by_row(off).items())
-               + ")." if off else "")))
     flash = {}  # chapter 06's rival as each card ran it: its fastest back end and page size there
     for r in board:
         m = re.match(r"FlashInfer \((\w+), page (\d+)\)", r.get("rival") or "")
@@ -1592,40 +1533,50 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         cards_said = sorted(flash, key=lambda c: c != LEAD_CARD)
         under_lead.append("FlashInfer runs with the back end and page size fastest on each card of those its benchmark "
                           "tries: " + ", ".join(f"{flash[c]} on the {c}" for c in cards_said) + ".")
-    read_only = read_only_line(first_rows)
-    if read_only:
-        under_lead.insert(1 if samples else 0, read_only)
-    for r, c in first_rows:  # a lead case the re-run did not time (chapter 03's): its spread at the case it timed
-        there = tail(folders[r["card"]], r["number"]) if r.get("page_lead") and c.get("p99") == "–" else None
-        if there is not None:
-            c["p99"] = "–" + RERUN_ELSEWHERE_MARK
-            under_lead.append(f"{RERUN_ELSEWHERE_MARK} The re-run timed chapter {r['number']:02d}'s deployed-budget "
-                              f"case ({NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens, budget "
-                              f"{NGRAM_CASE['threshold']}), not this one: +{us(there['p99_ms'] - there['ms'])} µs "
-                              f"({there['p99_ms'] / there['ms'] - 1:.1%}) there.")
-    # open under the table: the marks' lines (the rivals' names, the † floors, the ‡ re-run); the rest under "Notes"
-    open_lines = [u for u in under_lead if u.startswith((READ_ONLY_MARK, RERUN_ELSEWHERE_MARK))]
-    later = [u for u in under_lead if u not in open_lines]
+    # part 1's rival where GemLite fails our check: said beside the table that shows the row
+    under_lead += [u for u in part_one_words if any(r.get("part_notebook") and short_card(r["card"]) in u
+                                                    for r, _ in first_rows)]
+    under += [u for u in part_one_words if u not in under_lead]
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
-                  first_rows, lead_columns, open_lines)
-
-    def fold(title: str, body: list[str]) -> list[str]:
-        """A table folded under its title: a MyST dropdown in the book, ``<details>`` in the README."""
-        if folds == "dropdown":
-            return [f":::{{dropdown}} {title}", ""] + body + ["", ":::"]
-        return [f"<details><summary>{escape(title, quote=False)}</summary>", ""] + body + ["", "</details>"]
-
-    if later:
-        times += [""] + fold("Notes", [f"- {u}" for u in later])
+                  first_rows, lead_columns, [])
+    if under_lead:
+        times += [""] + fold("Notes", [f"- {u}" for u in under_lead])
     if loops:
-        loop_columns = [(k, h.replace("floor that binds", "our loop's bound that binds")
-                         .replace("× floor (ours ÷ floor)", "× bound (ours ÷ bound)")) for k, h in common if k != "p99"]
+        loop_columns = [(k, h.replace("card's floor (µs)", "our loop's bound that binds (µs)")
+                         .replace("× card's floor", "× our loop's bound"))
+                        for k, h in common if k not in ("bound", "over_bound")]
         times += [""] + table(f"**Decode loops: against our loop's own bound{on}**", loops,
                               loop_columns if one_card else [("card", "card")] + loop_columns, [LOOP_BOUND_NOTE])
     if rest:
-        read_only = read_only_line(rest)
         times += [""] + fold("The headline cases on both cards, H100 and H200",
-                             table("", rest, [("card", "card")] + common, ([read_only] if read_only else []) + under)[2:])
+                             table("", rest, [("card", "card")] + common, under)[2:])
+    samples = [t for t in (tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series"))
+                           for r, _ in tail_cells) if t]
+    if tail_cells and samples:  # the spread of repeated measurements: another question than the distance to the
+        # floor, so a table of its own, folded; the re-run's medians against the chapters' said once, as a range
+        tail_on = sorted({short_card(r["card"]) for r, _ in tail_cells})
+        several = len(tail_on) > 1
+        spread_columns = ([("card", "card")] if several else []) + [
+            ("kernel", "final kernel"), ("p99", f"p99 − p50 of {samples[0]['samples']} replays (µs)")]
+        picked = [(r, {"card": short_card(r["card"]), "kernel": c["kernel"], "shape": c.get("shape", ""),
+                       "p99": p99["p99"]})
+                  for r, p99 in tail_cells for r2, c in cells if r2 is r]
+        gaps = [g for _, g in off]
+        drift = ""
+        if gaps:
+            lo, hi = min(gaps), max(gaps)
+
+            def side(g: float) -> str:
+                return f"{abs(g):.1%} {'below' if g < 0 else 'above'}"
+
+            drift = (f" Its medians land between {side(lo)} and {side(hi)} the chapters' own, as runs do when the "
+                     f"clocks are not locked ([How we measure]({link('how_we_measure.md')}#clocks-and-state)), so "
+                     "only the spread is given; the speedups and the × columns use the chapters' medians.")
+        line = (f"From a separate run on the {' and the '.join(tail_on)} that replays each call's graph "
+                f"{samples[0]['samples']} times: how far one measurement lands above another, not one call's tail, "
+                f"and not how close the call runs to its floor.{drift} {LOOP_NO_TAIL[1]}.")
+        times += [""] + fold("How far one measurement lands above another (p99 − p50)",
+                             table("", picked, spread_columns, [line])[2:])
     floor_lines = ["| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",
                    "|" + "---|" * 6]
     named: set[int] = set()
@@ -1673,8 +1624,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                      + out_folds).rstrip() + "\n"
 
 
-__all__ = ["BITMASK_CHAIN_KERNELS", "on_page", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "PART_ONE_NOTEBOOK", "RERUN_GAP", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+__all__ = ["BITMASK_CHAIN_KERNELS", "on_page", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "chapter_run_words", "empty_kernel_range", "card_name", "entry_rows", "cards", "faster_rivals", "floor_kind", "not_comparable",
-           "part_one_rival_words", "replayed_one_copy",
+           "part_one_rival_words", "replayed_one_copy", "READ_ONLY_WHAT",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies"]

@@ -42,6 +42,21 @@ def _ternary_row(board, card_folder: Path, case: str = "llama") -> dict:
     return row
 
 
+def _table_rows(text: str) -> list[dict[str, str]]:
+    """Every row of every Markdown table in ``text``, as {column header: cell}, written here again."""
+    out, header = [], None
+    for ln in text.splitlines():
+        if not ln.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in ln.strip().strip("|").split(" | ")]
+        if header is None:
+            header = cells
+        elif not set(ln) <= set("|-"):
+            out.append(dict(zip(header, cells)))
+    return out
+
+
 def _board_row(board, number: int, card_folder: Path) -> dict:
     name = json.loads(next(card_folder.glob("*.json")).read_text())["device"]["name"]
     (row,) = [r for r in board if r["number"] == number and r["card"] == name and r["lead"]]
@@ -107,10 +122,12 @@ def test_the_page_table_lists_every_chapter_and_card():
 
 def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     """The first table is one row per chapter (its final kernel at its headline shape on the lead card, against its
-    strongest rival), the decode loops in a table of their own (against our loop's bounds), and the headline cases on
-    both cards folded in a third; the re-run's p99 is a column of the first and third, not a table of its own."""
+    strongest rival; chapter 05's Triton part 1 too), the decode loops in a table of their own (against our loop's
+    bounds), and the headline cases on both cards folded in a third; the re-run's p99 answers another question and is
+    a folded table of its own, not a column of these."""
     table = sb.scoreboard_markdown()
     lead, rest = table.split("Each row's three floors")[0].split("The headline cases on both cards")
+    rest, spread_fold = rest.split("How far one measurement lands above another")
     lead, loops = lead.split("**Decode loops: against our loop's own bound")
     lead_rows = [ln for ln in lead.splitlines() if ln.startswith("| [") or ln.startswith(("|  |", "| *"))]
     # every lead row is on the lead card: the caption says so once, and the table has no card column
@@ -121,22 +138,26 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     apart = sb.not_comparable(board)
     measured = [r for r in board if "missing" not in r and (r["number"], r["card"]) not in apart and sb.on_page(r)]
     loop_rows = [ln for ln in loops.splitlines() if ln.startswith("| [")]
-    assert sorted(numbers + [int(ln[3:5]) for ln in loop_rows]) == sorted({r["number"] for r in measured})
+    # one row a chapter, and one for chapter 05's part 1, linked to its own page
+    part_one = [ln for ln in lead_rows if ln.startswith(f"| [05. Ternary matmul, part 1]({sb.PART_ONE_NOTEBOOK})")]
+    assert len(part_one) == 1 and len(numbers) == len(set(numbers)) + 1
+    assert sorted(set(numbers) | {int(ln[3:5]) for ln in loop_rows}) == sorted({r["number"] for r in measured})
     assert sorted(int(ln[3:5]) for ln in loop_rows) == sorted({r["number"] for r in measured if r.get("loop_bound")})
     others = [ln for ln in rest.splitlines() if ln.startswith("| [") or ln.startswith(("|  |", "| *"))]
     assert len(lead_rows) + len(loop_rows) + len(others) == len(measured)
-    # a chapter reads in one line: its time, rival, speedup, the floor that binds (a number and its kind) and the ×
+    # a chapter reads in one line: its time, rival, speedup, the card's floor (a number and its kind) and the ×, then
+    # the tighter bound its own work sets, where one is measured, and the × over it: two quantities, two columns
     header = next(ln for ln in lead.splitlines() if ln.startswith("| chapter"))
-    for column in ("strongest rival", "floor that binds (µs)", "× floor (ours ÷ floor)"):
-        assert f"| {column}" in header, column
-    # the re-run's median and p99 are a column of the card tables, under a plain name; a decode loop has none
-    assert re.search(r"\| p99 − p50 of \d+ replays \(µs\) \|", header) and "p99" not in loops
+    for column in ("strongest rival (µs)", "card's floor (µs)", "× card's floor", "tighter bound (µs)", "× tighter bound"):
+        assert f"| {column} |" in header, column
+    # the re-run's p99 is a column of its own folded table only, under a plain name; a decode loop has none
+    assert "p99" not in header and "p99" not in loops and "p99" not in rest
+    assert re.search(r"\| p99 − p50 of \d+ replays \(µs\) \|", spread_fold)
     for ln in lead_rows:
-        # a floor's kind, with at most a few words: chapter 02's chain, or a read-only kernel's time where a short
-        # call's byte floor lies below what any kernel reaches
-        assert re.search(r"((byte|compute|latency) floor†?|our step's latency bound \(the copy \+ \d launches\), "
-                         r"not the card's) \|", ln), ln
-        assert "floor (" not in ln  # the floor's chain is in the notes, not the cell
+        # the card's floor: a number and its kind, nothing else; a tighter bound: a number and a few words, or a dash
+        assert re.search(r"\| [\d.,]+, (byte|compute|latency) floor \| \*\*[\d.]+×\*\* \| "
+                         r"(– \| – |[\d.,]+, [a-z0-9 +']+ \| [\d.]+× )\|$", ln), ln
+        assert "floor (" not in ln and "not the card's" not in ln  # the floor's chain is in the notes, not the cell
     for ln in loop_rows:
         assert re.search(r"our loop's (byte|kernel-count|forward-time) bound \|", ln), ln
 
@@ -227,7 +248,7 @@ def test_ternary_headline_row_is_bitnet_where_the_card_has_that_run():
     assert peer["params"]["shape"].replace("x", " × ") in row["ours"]
     # it is the chapter's line in the first table, the one the landing and results pages lead with; cuBLAS is not
     lead = sb.scoreboard_markdown().split("**Decode loops")[0]
-    (line,) = [ln for ln in lead.splitlines() if ln.startswith("| [05. ")]
+    (line,) = [ln for ln in lead.splitlines() if ln.startswith("| [05. Ternary matmul, part 2]")]
     kernel, shape = row["ours"].split("; ")
     assert f"| {kernel} |" in line and f"| {peer['ms'] / ours['ms']:.2f}× |" in line and "cuBLAS" not in line
     # the shape is said once, in the chapter's cell, not again beside the kernel
@@ -379,79 +400,64 @@ def test_a_missing_series_or_ceiling_reads_not_measured(bench_copy):
     assert any("no run on this card recorded an empty kernel's GPU time" in line for line in sb.missing(bench_copy))
 
 
-def test_the_rerun_p99_stands_in_the_times_tables_with_its_gap_where_wide():
-    """The chapters' files keep no samples; the tails run does. Its p99 stands in a column of the times tables, read
-    from the raw file; where the re-run's own median lands more than 3% from the chapter's, the cell says so in bold,
-    and one visible line under the first table says what the column holds; a wide gap is said in the chapter's notes. No separate
-    re-run table repeats the rows. The page defines the columns once (the short list above the tables)."""
+def test_the_rerun_p99_stands_in_a_folded_table_of_its_own_with_its_drift_said_once():
+    """The chapters' files keep no samples; the tails run does. Its p99 − p50 (read from the raw file) stands in a
+    folded table of its own: it answers how far one measurement lands above another, not how much is left. One line
+    under it says what it holds and how far that run's medians land from the chapters' (the range, from the raw
+    files); no chapter's notes repeat a gap. The page defines the columns once (the short list above the tables)."""
     table = sb.scoreboard_markdown()
     assert "fastest, median and slowest of a few" not in table and "**% of the floor**" not in table
     assert "**Re-run" not in table and "median against the table above" not in table
     page = (ROOT / "scoreboard.md").read_text()
     assert page.count("over a few independent runs") == 1
     assert "99 in 100 replays of the call" not in page
+    assert "how much a measurement moves, not how much is left" in " ".join(page.split())
     tails = [c for c in sb.cards() if (c / f"{sb.TAILS}.json").is_file()]
     if not tails:
         return
     times = table.split("Each row's three floors")[0]
+    fold = times.split("How far one measurement lands above another (p99 − p50)")[1]
     folders = {sb.card_name(c): c for c in tails}
     board = [r for r in sb.scoreboard() if "missing" not in r and sb.on_page(r)]
-    blocks = times.split("\n\n")
-    filled = 0
+    shown = _table_rows(fold)
+    filled, gaps = 0, []
     for r in board:
-        if not r.get("tail_params") or r["card"] not in folders:
-            continue
-        if not any(c[1] == r["tail_params"] for c in sb.TAIL_SERIES[r["number"]]):  # chapter 03's lead case: the
-            assert r.get("page_lead"), r["number"]  # re-run timed its deployed budget instead (a test below)
+        if not r.get("tail_params") or r["card"] not in folders or r.get("loop_bound"):
             continue
         series, params = [c for c in sb.TAIL_SERIES[r["number"]] if c[1] == r["tail_params"]
                           and c[0] == r.get("tail_series", c[0])][0]
         raw = _find(_raw(folders[r["card"]], sb.TAILS), series, **params)  # the raw file, read here
         assert raw["p99_ms"] >= raw["ms"]
         card = sb.short_card(r["card"])
-        found = []
-        for block in blocks:
-            lines = block.splitlines()
-            header = next((ln for ln in lines if ln.startswith("| chapter")), None)
-            if header is None or "| p99 − p50 of " not in header:
-                continue
-            names = [c.strip() for c in header.strip("|").split("|")]
-            for ln in lines:
-                if not ln.startswith((f"| [{r['number']:02d}.", f"| *{r['number']:02d}.")):
-                    continue
-                cells = dict(zip(names, [c.strip() for c in ln.strip("|").split("|")]))
-                kernel = re.sub(r"^\[part 1\]\(.*?\): ", "", cells["final kernel"])
-                if kernel in (r["ours"], r["ours"].split("; ")[0]) and bool(r.get("part_notebook")) == \
-                        cells["final kernel"].startswith("[part 1]") and cells.get("card", card) == card:
-                    found.append(cells)
+        found = [c for c in shown if re.match(rf"^[\[*]{r['number']:02d}\.", c["chapter: shape"])
+                 and c["final kernel"] in (r["ours"], r["ours"].split("; ")[0])
+                 and bool(r.get("part_notebook")) == ("part 1" in c["chapter: shape"]) and c.get("card", card) == card]
         (cells,) = found
         other = sb.ctc_tail_targets(r, raw) if r["number"] == 4 else None
+        cell = next(v for k, v in cells.items() if k.startswith("p99 − p50 of "))
         if other is not None and other[0]:  # its repetitions timed other targets: the cell says so, not a number
-            assert next(v for k, v in cells.items() if k.startswith("p99 − p50 of ")) == "– (other targets; notes)"
+            assert cell == "– (other targets; notes)"
             continue
         # the re-run's spread alone, p99 over p50 of one run: no p99 stands beside a median it is not from
-        cell = next(v for k, v in cells.items() if k.startswith("p99 − p50 of "))
         assert cell.startswith(f"+{(raw['p99_ms'] - raw['ms']) * 1e3:,.1f} ({raw['p99_ms'] / raw['ms'] - 1:.1%})"), cells
-        gap = raw["ms"] / r["median_ms"] - 1
-        # the gap is no part of the cell: where wide, the chapter's notes say it (chapter 04's with its cause)
-        assert "off the chapter's" not in cell and "**" not in cell, cells
-        said = f"lands {abs(gap):.1%} {'below' if gap < 0 else 'above'} the chapter's"
-        assert (said in table) == (abs(gap) > sb.RERUN_GAP or r["number"] == 4), (said, r["number"])
+        gaps.append(raw["ms"] / r["median_ms"] - 1)
         filled += 1
-    assert filled >= 6  # chapters 02 and 04 to 06, three rows for 05 and two for 06
+    assert filled >= 7  # chapters 02 to 06: three rows for 05 and two for 06
+    lo, hi = min(gaps), max(gaps)
+    assert (f"Its medians land between {abs(lo):.1%} {'below' if lo < 0 else 'above'} and {abs(hi):.1%} "
+            f"{'below' if hi < 0 else 'above'} the chapters' own") in fold
+    assert "lands" not in table.split("How far one measurement lands above another")[0]  # no gap in a chapter's notes
+    assert "lands" not in table.split("Each row's three floors")[1]
     n = _raw(tails[0], sb.TAILS)["measurements"][0].get("samples")
-    lead = times.split("**Decode loops")[0]
     if n:
-        assert f"replays each call's graph {n} times" in lead and f"p99 − p50 of {n} replays" in lead
-    # what the column holds, once, in one line of the Notes under the first table; the 3% rule is the chapters' notes'
-    assert "in bold" not in lead.split("\n\n")[-1] and "3%" not in lead
-    assert lead.count("how far one measurement lands above another, not one call's tail") == 1
-    assert "that chapter's notes below say by how much" in page
-    assert "per-replay means" not in table or "per-replay means" in lead
-    # the decode loops' table has no p99 column: why is said once, in the page's Definitions fold
-    assert "p99" not in times.split("**Decode loops")[1].split("The headline cases on both cards")[0]
-    assert "A decode loop has no such re-run" not in table
-    assert page.count("A decode loop has no such re-run") == 1
+        assert f"replays each call's graph {n} times" in fold and f"p99 − p50 of {n} replays" in fold
+    assert table.count("how far one measurement lands above another, not one call's tail") == 1
+    assert "per-replay means" not in table
+    # no other table has a p99 column; a decode loop has none, said once, under the re-run's table
+    assert "p99" not in times.split("How far one measurement lands above another")[0].replace("(p99 − p50)", "")
+    assert table.count(sb.LOOP_NO_TAIL[1]) == 1 and sb.LOOP_NO_TAIL[1] in fold
+    assert "A decode loop has no such re-run" not in page
+
 
 def test_chapter_seven_headline_is_one_case_and_one_statistic_everywhere():
     """Chapter 7's line: the 8B shape at batch 1 over the nine JSON schemas, the median of the schemas' step 1 times
@@ -649,9 +655,9 @@ def test_listing_lines_count_what_a_page_prints_and_run_no_measurement(tmp_path)
 
 def test_the_latency_floor_is_the_cards_fastest_empty_kernel_and_the_masked_step_starts_with_its_copy():
     """One floor on the page: the single-kernel latency floor is the smallest empty kernel of all the card's raw
-    files (recomputed here), the "× the chapter's floor" column is gone, and the whole masked step's latency floor
-    is the bitmask's copy from host memory (the tails run's row, read here) then two kernels at that empty kernel's
-    time."""
+    files (recomputed here), the "× the chapter's floor" column is gone; the whole masked step is held against the
+    card's floors like any call, and beside them against the tighter bound of its own design: the bitmask's copy from
+    host memory (the tails run's row, read here) then two kernels at that empty kernel's time."""
     board = sb.scoreboard()
     times = [json.loads(p.read_text()).get("ceilings", {}).get("empty_launch_gpu_ms") for p in H200.glob("*.json")]
     fastest = min(x for x in times if x is not None)
@@ -660,10 +666,17 @@ def test_the_latency_floor_is_the_cards_fastest_empty_kernel_and_the_masked_step
     assert kernel["latency_floor_ms"] == pytest.approx(fastest)
     (step,) = [r for r in board if r["number"] == 2 and r["card"] == name and r["ours"] == "step 13, whole step"]
     copy = _find(_raw(H200, sb.TAILS), sb.BITMASK_COPY, **sb.MASKED_HEAD_CASE)
-    assert step["latency_floor_ms"] == pytest.approx(copy["ms"] + 2 * fastest)
-    assert step["binding"] == "latency" and step["pct_of_floor"] == pytest.approx(
-        100 * step["latency_floor_ms"] / step["median_ms"])
+    assert step["latency_floor_ms"] == pytest.approx(fastest)
+    assert step["design_bound_ms"] == pytest.approx(copy["ms"] + 2 * fastest)
+    card_floor = max(f for f in (step["byte_floor_ms"], step["compute_floor_ms"], fastest) if f is not None)
+    assert step["binding_floor_ms"] == pytest.approx(card_floor) and step["pct_of_floor"] == pytest.approx(
+        100 * card_floor / step["median_ms"])
     table = sb.scoreboard_markdown()
+    (line,) = [c for c in _table_rows(table.split("**Decode loops")[0])
+               if c["chapter: shape"].startswith("[02. Masked LM head]")]
+    assert line["× card's floor"] == f"**{step['median_ms'] / card_floor:.1f}×**"
+    assert line["tighter bound (µs)"] == f"{step['design_bound_ms'] * 1e3:.1f}, the bitmask's copy + 2 launches"
+    assert line["× tighter bound"] == f"{step['median_ms'] / step['design_bound_ms']:.1f}×"
     assert "× the chapter's floor" not in table and "leaves out the copy from host memory" not in table
     # the empty kernel's time per card is How we measure's to give: the page links it, not repeats it
     assert f"{fastest * 1e3:.2f} µs on the H200" not in table and "how_we_measure.md#ceilings-and-floors" in table
@@ -831,20 +844,26 @@ def test_chapter_3s_page_row_is_the_case_the_results_page_leads_with():
     line = next(ln for ln in lead_table.splitlines() if ln.startswith("| [03. N-gram matching]"))
     tails = _find(_raw(H200, sb.TAILS), "ngram_match", **{k: v for k, v in sb.NGRAM_LEAD_CASE.items() if v is not None})
     spread = f"+{(tails['p99_ms'] - tails['ms']) * 1e3:.1f} ({tails['p99_ms'] / tails['ms'] - 1:.1%})"
-    assert "512 slots of 16,384 tokens, no budget" in line and f"| {spread} |" in line
+    fold = page.split("How far one measurement lands above another (p99 − p50)")[1]
+    spread_line = next(ln for ln in fold.splitlines() if ln.startswith("| [03. N-gram matching]"))
+    assert "512 slots of 16,384 tokens, no budget" in line and "512 slots of 16,384 tokens, no budget" in spread_line
+    assert f"| {spread} |" in spread_line
     assert "‡" not in lead_table  # the re-run timed this case, not only the deployed budget
     assert "Under the deployed budget (128 slots of 32,768 tokens, budget 128)" in page
 
 
-def test_only_the_marks_lines_stand_open_under_the_first_table():
-    """Under the first table: the rivals' footnotes, the † line and the ‡ line stay open; the rest (the re-run's
-    method and gaps, the chapters with no row, the floors' kinds, FlashInfer's settings) is folded under Notes."""
-    lead = sb.scoreboard_markdown(folds="dropdown").split("**Decode loops")[0]
-    table, under = lead.split("\n\n")[1:3]
-    assert table.startswith("| chapter")
-    assert all(ln[0] in sb.MARKS + "†‡" for ln in under.splitlines()), under
+def test_no_marks_in_the_tables_and_the_notes_folded_under_the_first():
+    """No footnote marks: a rival's cell names it in words that read alone, a tighter bound has its own column, and
+    the re-run's spread its own fold; under the first table, the rest (the chapters with no row, the floors' kinds,
+    FlashInfer's settings, part 1's rival) is folded under Notes."""
+    page = sb.scoreboard_markdown(folds="dropdown")
+    lead = page.split("**Decode loops")[0]
+    table, after = lead.split("\n\n")[1:3]
+    assert table.startswith("| chapter") and after.startswith(":::{dropdown} Notes")
+    for mark in "¹²³⁴†‡":
+        assert mark not in page, mark
     notes = lead.split(":::{dropdown} Notes")[1]
-    assert "has no row" in notes and "A floor's kind" in notes and "p99 − p50: from a separate run" in notes
+    assert "has no row" in notes and "A floor's kind" in notes and "p99" not in notes
 
 
 def test_results_lines_say_the_failed_check_the_grid_and_the_bound():
@@ -1012,17 +1031,21 @@ def test_every_floor_names_its_kind_and_the_page_keeps_no_lab_notes():
     times, floors = table.split("Each row's three floors")
     floors = floors.split("\n\n")[1]
     for line in times.splitlines():
-        if re.search(r"\*\*[\d.]+×\*\* \|$|our loop's bound \|$", line):
-            assert re.search(r"(byte|compute|latency) floor|our (loop's (byte|kernel-count|forward-time)|step's latency) "
-                             r"bound", line), line
-    # a cell holds a number and its kind; the chain of a latency floor is in the row's notes
-    assert re.search(r"latency floor \|", times) and "latency bound (the copy + 2 launches), not the card's |" in times and "latency floor (" not in times and "is a bound, not a floor" in table
+        if re.search(r"\*\*[\d.]+×\*\* \|", line):
+            assert re.search(r"(byte|compute|latency) floor|our loop's (byte|kernel-count|forward-time) bound",
+                             line), line
+    # a cell holds a number and its kind; the chain of a latency floor is in the row's notes; chapter 02's copy and
+    # two launches are a tighter bound of its own design, in a column of their own, not the card's floor
+    assert re.search(r"latency floor \|", times) and "latency floor (" not in times and "is a bound, not a floor" in table
+    assert "| 4.1, the bitmask's copy + 2 launches |" in times or "the bitmask's copy + 2 launches |" in times
+    assert "not the card's |" not in times
     assert "Latency floor: the recursion's 150 dependent frames" in table
     assert "forecast" not in floors and "%" not in floors  # the floors table holds floors only
     for bad in ("lab/", "not known", "The empty kernel in each run", "committed"):
         assert bad not in table, bad
     # chapter 04's rows divide by each case's own chain of frames: no other chain is named as a lower or tighter bound
-    assert "lower bound" not in table and "tighter bound" not in table
+    assert "lower bound" not in table
+    assert all(r.get("design_bound_ms") is None for r in sb.scoreboard() if r["number"] == 4)
     # the H100's run of chapter 2 replayed one copy of the head where the H200's rotated (read from the raw files):
     # its rows are out of the tables, with no fold of their numbers
     one_copy = not any("copies" in r for r in _raw(H100, "masked_lm_head")["measurements"])
@@ -1115,8 +1138,8 @@ def test_part_one_rival_other_than_gemlite_is_said_under_the_table():
         (check,) = [c for c in data["checks"] if c["name"].startswith("gemlite_w2 within")
                     and all(c["params"].get(k) == v for k, v in shape.items())]
         short = sb.short_card(data["device"]["name"])
-        said = [ln for ln in times.splitlines() if ln.startswith(f"On the {short}, the rival of [05. Ternary matmul, "
-                                                                 f"part 1]({sb.PART_ONE_NOTEBOOK})")]
+        said = [ln for ln in times.splitlines() if ln.lstrip("- ").startswith(
+            f"On the {short}, the rival of [05. Ternary matmul, part 1]({sb.PART_ONE_NOTEBOOK})")]
         if check["passed"]:
             assert not said, said
         else:
@@ -1147,14 +1170,19 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
         answer = part_one_answer(card)
         assert ratio == pytest.approx(answer["ratios"]["4096x14336"] if check["passed"] else answer["cublas"])
         short = sb.short_card(data["device"]["name"])
-        prefix = f"|  | {short} | [part 1]({sb.PART_ONE_NOTEBOOK}): step {PART_ONE_STEP}, bf16 x; 4096 × 14336 |"
-        (line,) = [ln for ln in times.splitlines() if ln.startswith(("|  |", "| *")) and prefix[3:] in ln]
-        cells = [c.strip() for c in line.split(" | ")]
-        assert cells[3].startswith(f"**{ours['ms'] * 1e3:,.1f}** (")
-        assert cells[6].startswith(f"{ratio:.2f}×")  # after the re-run's p99
+        # on the lead card, a row of the first table, linked to part 1's page, its shape in the chapter's cell; on
+        # the other, a row of the folded table of both cards
+        found = [c for c in _table_rows(times.split("How far one measurement lands above another")[0])
+                 if re.match(rf"^(\[05\. Ternary matmul, part 1\]\({re.escape(sb.PART_ONE_NOTEBOOK)}\)|\*05\. Ternary "
+                             r"matmul, part 1\*)", c["chapter: shape"]) and c.get("card", sb.LEAD_CARD) == short]
+        (cells,) = found
+        assert cells["final kernel"].startswith(f"step {PART_ONE_STEP}, bf16 x")
+        assert "4096 × 14336" in cells["final kernel"] + cells["chapter: shape"]
+        assert cells["median (slowest run), µs"].startswith(f"**{ours['ms'] * 1e3:,.1f}** (")
+        assert cells["speedup (rival ÷ ours)"].startswith(f"{ratio:.2f}×")
         floor = max(ours["floor_mem_ms"], ours["floor_compute_ms"], sb.card_empty_kernel_ms(card))
-        assert f"{ours['ms'] / floor:.1f}×" in line
-        (fline,) = [ln for ln in floors.splitlines() if ln.startswith(("|  |", "| *")) and prefix[3:] in ln]
+        assert cells["× card's floor"] == f"**{ours['ms'] / floor:.1f}×**"
+        (fline,) = [ln for ln in floors.splitlines() if "part 1" in ln and f"| {short} | step {PART_ONE_STEP}, " in ln]
         assert f"**{floor * 1e3:,.1f}**" in fline  # the floor that binds, in bold
 
 
@@ -1214,31 +1242,34 @@ def test_the_tails_run_times_chapter_four_on_the_chapters_own_targets():
 
 def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_in_its_cell():
     """Chapter 04's H100 row binds on its byte floor only because its chain is not timed there: its × floor is an
-    upper bound on the distance ("at most"). A short byte-bound ternary row's × floor cell is over the byte floor, as its
-    column names; our median over a kernel that only reads the same weights in the same run is in the row's notes."""
-    table = sb.scoreboard_markdown(folds="dropdown").split("Each row's three floors")[0]
+    upper bound on the distance ("at most"). A short ternary row keeps its × card's floor over the byte floor, as its
+    column names; a kernel that only reads the same weights in the same run is its tighter bound, in the next two
+    columns (recomputed here), and no mark or note repeats it."""
+    page = sb.scoreboard_markdown(folds="dropdown")
+    shown = _table_rows(page.split("How far one measurement lands above another")[0])
+    seen = 0
     for r in sb.scoreboard():
-        if "missing" in r or not sb.on_page(r) or not r.get("binding"):
+        if "missing" in r or not sb.on_page(r) or not r.get("binding") or r.get("loop_bound"):
             continue
-        line = next((ln for ln in table.splitlines() if f"| {r['ours']} |" in ln
-                     and f"| {sb.short_card(r['card'])} |" in ln), None)
-        if line is None:
+        card = sb.short_card(r["card"])
+        cells = next((c for c in shown if c.get("final kernel") in (r["ours"], r["ours"].split("; ")[0])
+                      and c.get("card", sb.LEAD_CARD) == card and re.match(rf"^[\[*]{r['number']:02d}\.",
+                                                                           c["chapter: shape"])
+                      and bool(r.get("part_notebook")) == ("part 1" in c["chapter: shape"])), None)
+        if cells is None:
             continue
-        cell = line.rstrip(" |").rsplit(" | ", 1)[-1]
         if r["binding"] == "bytes" and r.get("latency_missing_why"):
-            assert cell.startswith("**at most "), line
-        if r["binding"] == "bytes" and r.get("read_only_ms") and not r.get("latency_missing_why"):
-            # the column's name holds for every row: ours over the floor that binds; the read-only kernel's time
-            # stands in the floor's cell beside it, so the main table does not read as if a kernel could reach the
-            # byte floor, and our median over it is in a note
-            assert cell == (f"**{100 / r['pct_of_floor']:.1f}×** († {r['median_ms'] / r['read_only_ms']:.1f}× a "
-                            "read-only pass)"), line  # the read-only ratio beside it, recomputed here
-            floor_cell = line.rstrip(" |").rsplit(" | ", 2)[-2]
-            read = r["read_only_ms"] * 1e3
-            assert floor_cell.endswith(", byte floor†"), line
-            assert f"{r['number']:02d}, {read:,.{2 if read < 1 else 1}f} µs" in sb.scoreboard_markdown() or \
-                f"{read:,.{2 if read < 1 else 1}f} µs" in sb.scoreboard_markdown(), line
-            assert f"(ours: {r['median_ms'] / r['read_only_ms']:.1f}× that)" in sb.scoreboard_markdown(), line
+            assert cells["× card's floor"].startswith("**at most "), cells
+        if r.get("read_only_ms"):
+            seen += 1
+            read = r["read_only_ms"]
+            assert cells["× card's floor"] == f"**{100 / r['pct_of_floor']:.1f}×**", cells
+            assert cells["card's floor (µs)"].endswith(", byte floor"), cells
+            assert cells["tighter bound (µs)"] == f"{read * 1e3:,.1f}, a read of the weights alone", cells
+            assert cells["× tighter bound"] == f"{r['median_ms'] / read:.1f}×", cells
+    assert seen >= 4  # chapter 05's rows on the two cards
+    assert "(ours: " not in page and "a read-only pass)" not in page
+    assert page.count(sb.READ_ONLY_WHAT) == 1  # what the bound is: once, in chapter 05's notes
 
 
 def test_the_decode_loops_spread_over_requests_is_the_results_pages_note():
@@ -1278,13 +1309,14 @@ def test_chapter_4s_headline_floor_is_the_chapters_own():
     assert f"| **{head['median_ms'] / head['binding_floor_ms']:.1f}×** |" in line
 
 
-def test_a_p50_p99_run_below_the_chapters_median_is_said_under_the_table():
-    """The separate run's median is not the chapter's (the clocks are not locked), so the tables give that run's spread
-    alone, p99 over p50; the Notes folded under the lead table name each row whose run lands off the chapter's
-    median, with its gap and direction."""
+def test_a_p50_p99_run_off_the_chapters_median_is_said_once_under_its_table():
+    """The separate run's median is not the chapter's (the clocks are not locked), so its table gives that run's
+    spread alone, p99 over p50; the one line under that folded table says how far its medians land from the
+    chapters', and why, with a link to How we measure, and says no more per chapter."""
     page = sb.scoreboard_markdown()
-    lead = page[page.index("p99 − p50: from a separate run"):].split("\n")[0]
-    assert page.index("<summary>Notes</summary>") < page.index("p99 − p50: from a separate run")
-    assert "the clocks are not locked" in lead and "profiler" not in lead  # both runs time before it starts
-    assert re.search(r"04 on the H200, \d+\.\d% below", lead), lead
-    assert "3%" not in lead  # the rule for a row's note lives in the notes, not under the table
+    fold = page.split("How far one measurement lands above another (p99 − p50)")[1].split("</details>")[0]
+    line = next(ln for ln in fold.splitlines() if ln.startswith("From a separate run"))
+    assert "the clocks are not locked" in line and "profiler" not in line  # both runs time before it starts
+    assert re.search(r"between \d+\.\d% (below|above) and \d+\.\d% (below|above) the chapters' own", line), line
+    assert "how_we_measure.md#clocks-and-state" in line
+    assert "04 on the H200" not in page and "a gap over" not in page
