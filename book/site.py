@@ -234,7 +234,7 @@ def difference_cells(item: str) -> tuple[str, str, str, dict[str, str]] | None:
 
 def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | None = None) -> str:
     """The results page's table of every headline row, for readers: each row's first two cells named in plain words
-    beside the series id (:data:`PLAIN_NAMES`), chapter 03's comparison with the CPU loop its question is about (end
+    beside the series id (:data:`PLAIN_NAMES`), chapter 03's comparison with the CPU loop FastDeploy's kernel replaced (end
     to end; ``end_to_end`` maps a card's name to the scoreboard's row) added under that card's n-gram
     table, and each "where the cards differ" list folded into a collapsed block."""
     from html import escape
@@ -260,7 +260,7 @@ def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | No
             r = end_to_end.get(card)
             if r and r.get("ours_end_to_end_ms") and r.get("rival_ms"):
                 out.append(_pair_line("the GPU drafter, end to end (the call, then a sync)",
-                                      "the CPU loop it replaces, end to end", f"{r['shape']} (the chapter's question)",
+                                      "the CPU loop it replaces, end to end", f"{r['shape']} (the deployed budget)",
                                       {"ms": r["ours_end_to_end_ms"], "spread_ms": r.get("ours_end_to_end_spread_ms")},
                                       {"ms": r["rival_ms"], "spread_ms": r.get("rival_spread_ms")}))
         if line.startswith("Where the cards differ"):

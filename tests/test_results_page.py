@@ -218,11 +218,13 @@ def test_landing_answers_are_one_number_each_with_the_eager_caveats_in_short_sen
     seven = next(c for t, c in cells.items() if t.startswith("07."))
     assert "synthetic" in seven and "not a real one" in seven, seven
     assert "†" not in table
-    if holds or changes:  # one short sentence, its details on the results page
+    if holds or changes:  # one short sentence with the other card's pages, its details on the results page
         (note,) = [p for p in table.split("\n\n") if p.startswith("Called eagerly (no CUDA graph), ")]
         assert len(re.findall(r"[.!?](\s|$)", note)) == 1 and "(results.md)" in note, note
-        for chapter in holds + changes:
+        for chapter in changes:
             assert chapter in note, chapter
+        assert ("every kernel's answer holds" in note) == (not changes), note
+        assert "The H100 also ran" not in table and "the H100 also ran " in note, note
     part_one = next(c for t, c in cells.items() if "(Triton)" in t)
     from book.scoreboard import card_name, cards
 
@@ -237,7 +239,9 @@ def test_landing_answers_are_one_number_each_with_the_eager_caveats_in_short_sen
 def test_more_on_each_line_is_short_bullets():
     """The notes under the results table are one bullet per clause under each line's title: no bullet chains
     clauses with semicolons outside parentheses, and none runs long."""
-    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1].strip().splitlines()
+    below = results.summary_markdown().split("\nMore on each line:\n", 1)[1].strip()
+    notes, _, footnote = below.partition("\n\n")  # the bullets, then one footnote: the rivals' versions
+    notes = notes.splitlines()
     assert notes and all(ln.startswith("- **") or ln.startswith("  - ") for ln in notes), notes
     for ln in notes:
         if ln.startswith("  - "):
@@ -253,13 +257,15 @@ def test_more_on_each_line_is_short_bullets():
         mine = notes[notes.index(f"- **{title}**") + 1:]
         mine = mine[:next((i for i, ln in enumerate(mine) if ln.startswith("- **")), len(mine))]
         assert mine and not [b for b in bold for ln in mine if b in ln], (title, bold, mine)
-    # about a bullet or two a line, and one more where a chapter's calls wait on the host when called eagerly
-    # and, last under each line, the rivals' versions as the run recorded them
-    versions = [ln for ln in notes if ln.startswith("  - Rivals as run: ")]
-    assert len(versions) == len([ln for ln in table.splitlines() if ln.startswith("| [")])
-    # (17: chapter 06's line says how far the scoreboard's re-run drifts from its run)
-    bound = 17 + len(results.host_bound_by_chapter()) + len(versions)
+    # about a bullet or two a line, and one more where a called eagerly a rival would win; the rivals' versions
+    # are one footnote under the bullets, not a bullet a line
+    assert not [ln for ln in notes if "Rivals as run" in ln or "as shipped with torch" in ln]
+    assert footnote == results.versions_footnote() and "\n" not in footnote.strip()
+    # (19: chapters 07 and 08 each say their ratio is of two medians, beside the spread of the per-request ratios)
+    bound = 19 + len(results.host_bound_by_chapter())
     assert len([ln for ln in notes if ln.startswith("  - ")]) <= bound
+    # no bullet sends the reader to a list elsewhere on the page
+    assert not [ln for ln in notes if "listed in the fold" in ln or "foot of this page" in ln]
 
 
 def test_runs_set_up_differently_are_left_out_with_no_fold():
@@ -664,7 +670,7 @@ def test_lines_without_another_cards_number_say_so():
         notebook = row.split("](")[1].split(")")[0]
         assert ("; H200 only |" in row) == (notebook not in also and "/01_" not in notebook), row
     landing = results.reading_path_markdown()
-    assert "The H100 also ran " in landing and "06" in landing.split("The H100 also ran ")[1].split(":")[0]
+    assert "the H100 also ran " in landing and "06" in landing.split("the H100 also ran ")[1].split(":")[0]
 
 
 def test_landing_lines_of_chapters_seven_and_eight_say_the_model_and_the_gate():
@@ -696,7 +702,8 @@ def test_each_line_gives_its_rivals_versions_from_the_committed_files():
     """Under each line of the results table, the rivals' versions as the chapter's run recorded them: FlashInfer's,
     GemLite's and xgrammar's from the files' notes, torch's for the kernels torch ships, and the library named alone
     where a file records none (BitNet's commit)."""
-    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1]
+    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1].split("\n\n")[-1]
+    assert notes.startswith("Rivals' versions as run, by chapter: ")  # one footnote for every line
     h200 = next(p for p in (results.BENCH_RESULTS).iterdir() if p.name.endswith("h200"))
     for stem, pattern in (("multi_item", r"flashinfer (\S+)"), ("ternary", r"GemLite (\d\S+)"),
                           ("masked_lm_head", r"xgrammar (\d\S+)")):
@@ -704,7 +711,8 @@ def test_each_line_gives_its_rivals_versions_from_the_committed_files():
         version = re.search(pattern, said).group(1)
         assert f" {version}" in notes, (stem, version)
     torch = json.loads((h200 / "ctc.json").read_text())["versions"]["torch"]
-    assert f"cuDNN as shipped with torch {torch}" in notes
+    assert f"as shipped with torch {torch} (" in notes and "cuDNN" in notes.split(f"with torch {torch}")[0]
+    assert notes.count(f"torch {torch}") == 1  # said once, with the chapters that race torch's kernels
     assert "BitNet's kernel from microsoft/BitNet" in notes or "BitNet's kernel at commit" in notes
     assert "not recorded" not in notes  # a version the file lacks: the library named alone, no bookkeeping
 
@@ -718,18 +726,34 @@ def test_chapter_four_landing_gives_its_headline_and_the_grids_range():
     assert cell.endswith(f"({lo:.2f}–{hi:.2f}× over {len(results.ctc_cases(card))} cases)"), cell
 
 
-def test_the_sentence_above_the_table_counts_the_calls_that_lose_eagerly():
-    """The open sentence above the results table says how many of the page's comparisons wait on the host and how
-    many of those ours loses called eagerly: the counts of the fold at the foot of the page, not only its title."""
+def test_calls_made_eagerly_are_a_paragraph_and_one_sentence_a_chapter():
+    """The foot of the results page says in a paragraph what a call made eagerly costs, how many of the page's
+    comparisons wait on the host and what that means, with no table of counts and no fold of cases; each chapter
+    where a rival would then win says so in one bullet under its line, naming the shapes, with no pointer to a list."""
     sentence = results.eager_sentence()
     total, _, _, lost, _ = results.host_bound_markdown(counts=True)
+    assert sentence.startswith(results.EAGER_WORDS)
+    assert "|" not in sentence and ":::" not in sentence and "Calls that wait on the host" not in sentence
+    assert f"In {total} of the comparisons on this page" in sentence
     if lost:
-        assert f"takes longer on the host than on the GPU | {total} |" in sentence
-        assert f"the rival is faster when called eagerly" in sentence and sentence.rstrip().count(f" | {lost} |") == 1
-        assert "Calls that wait on the host" in sentence
-    # said there once: not again above the fold, in its title, or in the notes under the table
-    page = results.summary_markdown() + results.host_bound_markdown()
-    assert f"{total} comparisons" not in page and f"At {total} of" not in page
+        assert "the chapter's notes under the first table name the shapes" in sentence
+    page = (REPO_ROOT / "results.md").read_text()
+    assert "host_bound_markdown" not in page  # the case-by-case list is not on the page
+    flips = results.host_bound_by_chapter()
+    for key, said in flips.items():
+        assert said.startswith("called eagerly, one call at a time, ") and "(listed" not in said, said
+        assert "would be faster in " not in said  # the shapes named, not a count of comparisons
+    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1]
+    for block in re.split(r"^- \*\*", notes, flags=re.M)[1:]:
+        assert sum(ln.startswith("  - Called eagerly, ") for ln in block.splitlines()) <= 1, block
+    # chapter 05 part 2: the plan and the dense rival in one sentence, each named
+    two = flips.get((5, 2), "")
+    if "W2A8Plan" in two:
+        assert "BitNet's kernel" in two and ("cuBLAS" not in two or "would beat step 21" in two), two
+    # chapter 03: the shape where our port would win, in the chapter's words
+    three = flips.get((3, 0), "")
+    if three:
+        assert re.search(r"our FastDeploy port would be faster at \d+ of the \d+ shapes \(\d+ slots × ", three), three
 
 
 def test_chapter_three_cell_is_its_number_and_range():
