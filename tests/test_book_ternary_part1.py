@@ -80,7 +80,108 @@ def test_the_page_leads_with_gemlite_and_states_the_loss_in_its_headline():
     assert why.index("part1.gemlite_split(") < why.index("Against cuBLAS bf16")
     assert why.index("Against the strongest peer") < why.index("Against cuBLAS bf16")
     result = cells["38fdca9c"]
-    assert "f['ratio']" in result and 'if f["faster"]' in result and "20480 × 3200 is no 2B4T layer" in result
+    assert "f['ratio']" in result and 'if f["faster"]' in result and "Two rows are no 2B4T layer" in result
     assert result.index("lesson.gemlite_table(results)") < result.index("20480 × 3200")
+    assert result.index("lesson.gemlite_table(results)") < result.index("14336 × 4096, an 8B Llama's up projection")
     assert "20480 × 3200" not in cells["d6a506a7"]
     assert "part1.host_range(results)" in cells["446885d6"]
+
+
+def test_bitnet_layers_reads_each_layer_where_the_estimate_does(results):
+    """Each of BitNet's layers at its own shape, where lesson.amdahl reads it; the fastest step, the steps ahead of
+    step 14 (fastest first) and step 14's lead where it is the fastest agree with the raw times."""
+    layers = P.bitnet_layers(results)
+    view = L.amdahl(results, [SERIES[14]])
+    assert [a["shape"] for a in layers] == list(view["per_shape"])
+    for a in layers:
+        t = a["times"]
+        assert set(t) <= set(P.AT_BITNET) and 14 in t
+        assert a["best"] == min(t, key=t.get)
+        assert [n for n, _ in a["ahead"]] == sorted((n for n in t if t[n] < t[14]), key=t.get)
+        for n, r in a["ahead"]:
+            assert r == pytest.approx(t[14] / t[n], rel=1e-12) and r > 1
+        if a["best"] == 14 and len(t) > 1:
+            runner = sorted(t, key=t.get)[1]
+            assert a["lead"] == (runner, pytest.approx(t[runner] / t[14], rel=1e-12))
+        else:
+            assert a["lead"] is None
+    assert P.bitnet_layers(None) is None
+
+
+def test_fastest_estimates_reduce_to_step_14s_with_step_14_alone(results):
+    """With step 14 alone the estimates are the page's headline (lesson.amdahl and lesson.amdahl_peer); with every
+    step timed at BitNet's shapes they can only be as good or better."""
+    from studylog.ternary.results import GEMLITE
+
+    alone = P.fastest_estimates(results, (14,))
+    peer = L.amdahl_peer(results, SERIES[14], GEMLITE)
+    view = L.amdahl(results, [SERIES[14]])
+    assert alone["gemlite"] == pytest.approx(peer["speedup"], rel=1e-12)
+    assert alone["gemlite_step"] == pytest.approx(peer["end_to_end"], rel=1e-12)
+    assert alone["cublas"] == pytest.approx(view["speedup"], rel=1e-12)
+    assert alone["cublas_step"] == pytest.approx(view["end_to_end"], rel=1e-12)
+    every = P.fastest_estimates(results)
+    for key in alone:
+        assert every[key] >= alone[key] - 1e-12
+    layers = P.bitnet_layers(results)
+    if any(a["ahead"] for a in layers):
+        assert every["cublas"] > alone["cublas"]
+
+
+def test_many_rows_cost_is_the_formats_many_row_kernel_over_step_14(results):
+    for shape in ("2560x2560", "2560x6912"):
+        cost = P.many_rows_cost(results, shape, P.AT_BITNET)
+        for n, c in cost.items():
+            assert c == pytest.approx(L.us(results, SERIES[P.MANY_ROWS[n]], shape, 128)
+                                      / L.us(results, SERIES[14], shape, 128), rel=1e-12)
+        assert cost.get(14, 1.0) == pytest.approx(1.0)
+
+
+def test_layer_and_loss_words_name_each_faster_step_and_the_ties():
+    layers = [{"name": "q, o", "shape": "2560x2560", "count": 2, "times": {5: 7.0, 6: 5.9, 7: 4.8, 14: 6.1},
+               "best": 7, "ahead": [(7, 6.1 / 4.8), (6, 6.1 / 5.9)], "lead": None},
+              {"name": "gate and up (fused)", "shape": "13824x2560", "count": 1, "times": {6: 14.2, 14: 10.3},
+               "best": 14, "ahead": [], "lead": (6, 14.2 / 10.3)},
+              {"name": "down", "shape": "2560x6912", "count": 1, "times": {5: 7.86, 14: 7.92}, "best": 5,
+               "ahead": [(5, 7.92 / 7.86)], "lead": None}]
+    assert P.layer_words(layers[0]) == "at q and o's 2560 × 2560 step 7 is 1.27× faster and step 6 1.03×"
+    assert P.layer_words(layers[0], shape=False) == "at q and o step 7 is 1.27× faster and step 6 1.03×"
+    assert P.layer_words(layers[1]) == "at gate and up's 13824 × 2560 it leads step 6 by 1.38×"
+    assert P.layer_words(layers[2]) == "at down's 2560 × 6912 step 5 ties it (1.01×)"
+    assert P.loss_words(layers) == ("at 2560 × 2560 step 14 (6.1 µs) loses to step 7 (4.8 µs) and step 6 (5.9 µs), "
+                                    "and at 2560 × 6912 it ties step 5 (7.86 against 7.92 µs)")
+    assert P.loss_words(layers[1:2]) == "" and P.loss_words(None) == ""
+
+
+def test_the_page_says_where_step_14_is_not_the_fastest_and_why_it_stays():
+    """"Why it matters" shows the fastest step at each layer beside step 14, names the steps ahead of it, says why
+    the estimates keep step 14 and what the fastest step would give; "Where we lose" gives their times; the
+    steps' section says why they are timed at the Llama shape."""
+    cells = {c["id"]: "".join(c["source"]) for c in json.loads(PAGE.read_text())["cells"]}
+    why = cells["ff5c35bc"]
+    assert "beside=part1.AT_BITNET" in why and "part1.bitnet_layers(results)" in why
+    assert "part1.fastest_estimates(results)" in why and "part1.many_rows_cost(" in why
+    assert "The estimates keep step 14" in why and "alt['gemlite_step']" in why and "alt['cublas_step']" in why
+    assert why.index("Against cuBLAS bf16") < why.index("Step 14 is not the fastest step")
+    lose = cells["446885d6"]
+    assert "part1.loss_words(layers)" in lose and "#why-it-matters-the-linear-layers-of-a-decode-step" in lose
+    assert "So the steps are timed at 4096 × 14336" in cells["8f00d3f5"] and "down projection" in cells["8f00d3f5"]
+
+
+def test_the_layer_table_gives_the_fastest_step_beside_step_14(results):
+    """The table of BitNet's layers gains a last column with the fastest step at each layer, its time and, where not
+    every step was timed, which were; its sum is the count-weighted sum of those times. Without ``beside`` it is as
+    before."""
+    plain = L.amdahl_layers_table(results, [SERIES[14]])
+    table = L.amdahl_layers_table(results, [SERIES[14]], beside=P.AT_BITNET)
+    assert plain == L.amdahl_layers_table(results, [SERIES[14]], beside=())
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert rows[0].endswith("| the fastest of steps 5, 6, 7, 8 and 14 |")
+    layers = P.bitnet_layers(results)
+    for line, layer in zip(rows[1:-1], layers, strict=True):
+        cell = line.strip("| ").split(" | ")[-1]
+        best = layer["best"]
+        assert cell.startswith(f"step {best}: {layer['times'][best]:.1f}")
+        assert ("only steps" in cell) == (len(layer["times"]) < len(P.AT_BITNET))
+    total = sum(a["count"] * a["times"][a["best"]] for a in layers)
+    assert rows[-1].endswith(f"| **{total:.1f}** |")

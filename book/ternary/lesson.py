@@ -252,20 +252,21 @@ def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
             "bytes_ratio": (linear_bytes + sum(rest.values())) / (bytes_2bit + sum(rest.values()))}
 
 
-def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
+def amdahl_layers_table(results, series=FLOAT_X_SERIES, beside=()) -> str:
     """Markdown, GPU clock, µs, on the results' card: each ternary layer of a BitNet b1.58 2B4T transformer layer at
     M = 1, timed at its own shape in :func:`layer_run`'s run where committed, else at its benchmark shape (k and v
     then charged q's time on both sides, which the caption and their row call an estimate), cuBLAS bf16 against the
     fastest of ``series`` (as :func:`amdahl`), and their sums over one transformer layer (count x time): the sums'
-    ratio is :func:`amdahl`'s ``speedup``."""
+    ratio is :func:`amdahl`'s ``speedup``. With ``beside`` (step numbers), a last column gives the fastest of those
+    steps timed at each layer, its time, and the steps timed there where not all of them are, and its sum."""
     if results is None:
         return PENDING
     layers = layer_run(results)
     own = layers is not None or all(gpu_row(results, CUBLAS, f"{n}x{k}") for _, n, k, _, _ in BITNET_LAYERS)
     head = ("every layer at its own shape" if own
             else "an estimate, since k and v (640 × 2560) were not run and are charged q's time")
-    base = ours = 0.0
-    rows = []
+    base = ours = best = 0.0
+    rows, others = [], []
     for name, n, k, count, shape in BITNET_LAYERS:
         source, shape, _ = layer_source(results, layers, n, k, shape)
         b = us(source, CUBLAS, shape)
@@ -276,16 +277,26 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
         base, ours = base + count * b, ours + count * t
         timed = shape.replace("x", " × ") + ("" if shape == f"{n}x{k}" else " (estimate: q's time)")
         rows.append((name, n, k, timed, count, b, t, step_label(series_).split(':')[0]))
+        if beside:  # the fastest of the steps beside, where they are timed at this layer's shape
+            at = {s: us(source, SERIES[s], shape) for s in beside}
+            at = {s: v for s, v in at.items() if v is not None}
+            if not at:
+                return PENDING
+            top = min(at, key=at.get)
+            best += count * at[top]
+            few = "" if len(at) == len(beside) else f" (only steps {and_list(str(s) for s in sorted(at))} timed)"
+            others.append(f" | step {top}: {at[top]:.1f}{few}")
     steps = {r[-1] for r in rows}  # one step at every layer: named once, in the header
     one = f" ({steps.pop()})" if len(steps) == 1 else ""
+    extra = f" | the fastest of steps {and_list(str(s) for s in beside)}" if beside else ""
     lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}.\n",
-             f"| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x{one} | × faster |",
-             "|---|---|---|---|---|---|"]
-    for name, n, k, timed, count, b, t, step in rows:
+             f"| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x{one} | × faster{extra} |",
+             "|---|---|---|---|---|---|" + ("---|" if beside else "")]
+    for i, (name, n, k, timed, count, b, t, step) in enumerate(rows):
         lines.append(f"| {name} ({n} × {k}) | {timed} | {count} | {b:.1f} | {t:.1f}"
-                     + ("" if one else f" ({step})") + f" | {b / t:.2f} |")
+                     + ("" if one else f" ({step})") + f" | {b / t:.2f}" + (others[i] if beside else "") + " |")
     lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
-                 f"**{base / ours:.2f}** |")
+                 f"**{base / ours:.2f}**" + (f" | **{best:.1f}**" if beside else "") + " |")
     apart = further_run(results, LAYER_RUN) if layers is not None else ""
     if apart:  # only the shapes the benchmark lacks are read from the layer run
         gpu = Path(results.path).parent.name

@@ -1,6 +1,7 @@
 """Numbers that chapter 05 part 1 (the Triton steps) states in its prose, read from the committed benchmark files:
-step 14 against GemLite at every shape of GemLite's float64 check, where GemLite fails it included, and step 14's
-host time when it is called eagerly.
+step 14 against GemLite at every shape of GemLite's float64 check, where GemLite fails it included, step 14's
+host time when it is called eagerly, and which Triton step is the fastest at each of BitNet b1.58 2B4T's layers, with
+what the whole-step estimates would read with that step at each layer.
 
 Every time is on the GPU clock, from :mod:`book.ternary.lesson`'s readers; ``None`` where a file lacks the rows.
 """
@@ -10,11 +11,19 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from book.ternary import lesson
-from studylog.ternary.results import GEMLITE, on_gpu_clock
+from studylog.ternary.results import CUBLAS, GEMLITE, on_gpu_clock
 from studylog.ternary.steps import SERIES
 
 #: The step part 1 ends on, the one ``T.ternary_matmul`` runs on ``2bit_mma`` weights.
 LAST = 14
+#: The Triton steps of bf16 x that the benchmark times at BitNet b1.58's shapes (the others only at the Llama
+#: shapes; step 9, timed there too, computes another product, of x quantised to int8).
+AT_BITNET = (5, 6, 7, 8, 14)
+#: The kernel that takes a step's weights to several rows of x, as ``T.ternary_matmul`` picks it for the step's
+#: format: ``2bit`` (steps 5 and 6) step 6, ``base3`` (steps 7 and 8) step 8, ``2bit_mma`` step 14.
+MANY_ROWS = {5: 6, 6: 6, 7: 8, 8: 8, 14: 14}
+#: Below this ratio of times a faster step only ties: the page says "ties", not "beats".
+TIE = 1.02
 
 
 def gemlite_split(results, other=None, step: int = LAST) -> Optional[dict[str, Any]]:
@@ -57,3 +66,110 @@ def host_range(results, step: int = LAST, m: int = 1) -> Optional[dict[str, floa
     gpu = [r["ms"] * 1e3 for r in rows]
     return {"host_lo": min(host), "host_hi": max(host), "gpu_lo": min(gpu), "gpu_hi": max(gpu),
             "bound": all(r["host_ms"] > r["ms"] for r in rows)}
+
+
+def bitnet_layers(results, steps=AT_BITNET, step: int = LAST) -> Optional[list[dict[str, Any]]]:
+    """At each ternary layer of BitNet b1.58 2B4T (:data:`lesson.BITNET_LAYERS`), one row of x, read where
+    :func:`lesson.amdahl` reads it (:func:`lesson.layer_source`: the benchmark at the layer's own shape, else the
+    layer run), the steps of ``steps`` timed there: a dict a layer with its ``name``, ``shape``, ``count`` (how many
+    a transformer layer has), ``times`` (step -> µs), ``best`` (the fastest step), ``ahead``: (step, ``step``'s
+    time over its time) for each step faster than ``step``, fastest first, and ``lead``: where ``step`` is the
+    fastest, (the runner-up, its time over ``step``'s), else None. None without ``step``'s time at every layer."""
+    if results is None:
+        return None
+    layers = lesson.layer_run(results)
+    out = []
+    for name, n, k, count, stand_in in lesson.BITNET_LAYERS:
+        source, shape, _ = lesson.layer_source(results, layers, n, k, stand_in)
+        times = {s: t for s in steps if (t := lesson.us(source, SERIES[s], shape)) is not None}
+        if step not in times:
+            return None
+        order = sorted(times, key=times.get)
+        ours = times[step]
+        out.append({"name": name, "shape": shape, "count": count, "times": times, "best": order[0],
+                    "ahead": [(s, ours / times[s]) for s in order if times[s] < ours],
+                    "lead": (order[1], times[order[1]] / ours) if order[0] == step and len(order) > 1 else None})
+    return out
+
+
+def fastest_estimates(results, steps=AT_BITNET) -> Optional[dict[str, float]]:
+    """The estimates of "Why it matters" with the fastest of ``steps`` at each layer in place of step 14 alone:
+    against cuBLAS bf16, :func:`lesson.amdahl` over those steps (``cublas``, a transformer layer's ternary matmuls;
+    ``cublas_step``, the whole decode step); against GemLite, :func:`lesson.amdahl_peer`'s sums over the layers it
+    keeps (both timed at their own shape in the benchmark), ours the fastest step's time at each (``gemlite``,
+    ``gemlite_step``). None without the times."""
+    if results is None:
+        return None
+    view = lesson.amdahl(results, [SERIES[s] for s in steps])
+    if view["speedup"] is None:
+        return None
+    base = theirs = mine = 0.0
+    for _, n, k, count, _ in lesson.BITNET_LAYERS:
+        shape = f"{n}x{k}"
+        b, p = lesson.us(results, CUBLAS, shape), lesson.us(results, GEMLITE, shape)
+        ours = [t for s in steps if (t := lesson.us(results, SERIES[s], shape)) is not None]
+        if b is None or p is None or not ours:
+            continue  # as amdahl_peer: a layer is kept where cuBLAS, GemLite and ours are all timed at its shape
+        base, theirs, mine = base + count * b, theirs + count * p, mine + count * min(ours)
+    if not mine:
+        return None
+    step = lambda speed: (1 - view["share"]) + view["share"] / speed  # noqa: E731  a step's time, cuBLAS's = 1
+    return {"cublas": view["speedup"], "cublas_step": view["end_to_end"], "gemlite": theirs / mine,
+            "gemlite_step": step(base / theirs) / step(base / mine)}
+
+
+def many_rows_cost(results, shape: str, steps, m: int = 128, step: int = LAST) -> dict[int, float]:
+    """For each of ``steps``: the time at ``m`` rows of x and ``shape`` of the kernel that takes its weights' format
+    to several rows (:data:`MANY_ROWS`), over ``step``'s time there; steps without both times are left out."""
+    ours = lesson.us(results, SERIES[step], shape, m)
+    out = {}
+    for s in steps:
+        theirs = lesson.us(results, SERIES[MANY_ROWS[s]], shape, m)
+        if ours is not None and theirs is not None:
+            out[s] = theirs / ours
+    return out
+
+
+def layer_name(layer: dict) -> str:
+    """A layer's name in prose: "q and o", "gate and up", "down"."""
+    return layer["name"].split(" (")[0].replace(", ", " and ")
+
+
+def _beaten(layer: dict, tie: float = TIE) -> tuple[list, list]:
+    """The steps faster than the last step at ``layer`` (:func:`bitnet_layers`): (those faster by ``tie`` or more,
+    those that only tie), each as (step, the last step's time over its time)."""
+    return [a for a in layer["ahead"] if a[1] >= tie], [a for a in layer["ahead"] if a[1] < tie]
+
+
+def layer_words(layer: dict, step: int = LAST, tie: float = TIE, shape: bool = True) -> str:
+    """One layer of :func:`bitnet_layers` in words, against ``step``: "at q and o's 2560 × 2560 step 7 is 1.26×
+    faster and step 6 1.03×", "at down's 2560 × 6912 step 5 ties it (1.01×)", "at gate and up's 13824 × 2560 it
+    leads step 6 by 1.38×" ("" where it is alone); without ``shape``, "at q and o step 7 is 1.26× faster ..."."""
+    where = f"at {layer_name(layer)}" + (f"'s {lesson.shape_words(layer['shape'])}" if shape else "")
+    beat, ties = _beaten(layer, tie)
+    said = [f"step {n} is {r:.2f}× faster" if i == 0 else f"step {n} {r:.2f}×" for i, (n, r) in enumerate(beat)]
+    said += [f"step {n} ties it ({r:.2f}×)" for n, r in ties]
+    if said:
+        return f"{where} {lesson.and_list(said)}"
+    if layer["lead"] is None:
+        return ""
+    return f"{where} it leads step {layer['lead'][0]} by {layer['lead'][1]:.2f}×"
+
+
+def loss_words(layers, step: int = LAST, tie: float = TIE) -> str:
+    """Where ``step`` is not the fastest of :func:`bitnet_layers`, in words with the times: "at 2560 × 2560 step 14
+    (6.1 µs) loses to step 7 (4.8 µs) and step 6 (5.9 µs), and at 2560 × 6912 it ties step 5 (7.86 against 7.92
+    µs)"; "" where it is the fastest everywhere."""
+    said, named = [], False
+    for layer in layers or []:
+        beat, ties = _beaten(layer, tie)
+        if not beat and not ties:
+            continue
+        t = layer["times"]
+        who = f"step {step} ({t[step]:.1f} µs)" if not named else "it"
+        named = True
+        verbs = ([f"loses to {lesson.and_list(f'step {n} ({t[n]:.1f} µs)' for n, _ in beat)}"] if beat else []) + (
+            [f"ties {lesson.and_list(f'step {n} ({t[n]:.2f} against {t[step]:.2f} µs)' for n, _ in ties)}"]
+            if ties else [])
+        said.append(f"at {lesson.shape_words(layer['shape'])} {who} {' and '.join(verbs)}")
+    return ", and ".join(said)
