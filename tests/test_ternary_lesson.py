@@ -1089,7 +1089,7 @@ def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
     fold = cells["c05f0206"][cells["c05f0206"].index(":::{dropdown}"):]
     assert "kernel of its own" in fold and "launched before" in fold
     assert 'load_lab("ternary", "step22_parts")' in cells["a586196e"]
-    assert "The benchmark times step 22 whole;" in cells["a586196e"] and "a run of its own times" in cells["a586196e"]
+    assert "The benchmark times step 22 whole;" in cells["a586196e"] and "a separate run times" in cells["a586196e"]
     assert "one['step 21']" not in cells["a586196e"]  # step 21's number is the benchmark's, on the page once
     parts = next(c for c in nb if c["id"] == "step22-parts")
     assert "hide-output" in parts["metadata"]["tags"] and "display(Markdown(" in cells["step22-parts"]

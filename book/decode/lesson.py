@@ -27,7 +27,7 @@ from studylog.decode.model import model_config
 __all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "STEP03_CHAIN", "STEP_LABELS", "amdahl_table",
            "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
            "bound_excess", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
-           "head_share_table", "host_spread", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
+           "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
            "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
            "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
 
@@ -748,18 +748,6 @@ def host_table(results, models=("1b", "8b"), batch: int = 1) -> str:
         cells = [f"{parts[m][config][k] * 1e3:,.0f}" for m in models for k in ("host", "head_host")]
         lines.append(f"| {STEP_LABELS[config]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
-
-
-def host_spread(results, model: str, config: str, batch: int = 1) -> tuple[float, float] | None:
-    """The smallest and largest of the host's own work (the loop's ``host`` component, µs per output token) over the
-    JSON schemas of one configuration: each schema's is what one instrumented run leaves of its step after the timed
-    device parts, so the spread shows how far :func:`host_table`'s medians can move without any change in the loop.
-    None where the file holds no such row."""
-    names = set(suite_names("json"))
-    vals = [r["breakdown_ms_per_token"]["host"] * 1e3
-            for r in report.rows_of(results.rows, model=model, batch=batch, config=config, whitespace="compact")
-            if r["params"]["schema"] in names and "host" in r.get("breakdown_ms_per_token", {})]
-    return (min(vals), max(vals)) if vals else None
 
 
 #: The cases of the result table: (label, model, batch).
