@@ -260,7 +260,7 @@ def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | No
             r = end_to_end.get(card)
             if r and r.get("ours_end_to_end_ms") and r.get("rival_ms"):
                 out.append(_pair_line("the GPU drafter, end to end (the call, then a sync)",
-                                      "the CPU loop it replaces, end to end", f"{r['shape']} (the deployed budget)",
+                                      "the CPU loop it replaces, end to end", f"{r['shape']} (as deployed)",
                                       {"ms": r["ours_end_to_end_ms"], "spread_ms": r.get("ours_end_to_end_spread_ms")},
                                       {"ms": r["rival_ms"], "spread_ms": r.get("rival_spread_ms")}))
         if line.startswith("Where the cards differ"):
