@@ -954,7 +954,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if ratios[name] is not None:
                     landing[name] = brief[name]
                 if peer and ratios[name] is not None:  # the strongest peer beside ours, in the line itself: ours
-                    cells[name] += "; **behind** " + peer_bare(peer)  # is not bolded as a win where the peer saves more
+                    cells[name] += ("; **behind** " + peer_bare(peer)  # not bolded as a win where the peer saves more
+                                    + ", the one to ship unless outputs must match unjumped decoding token for token")
                     brief[name] += f"; {peer}"
                 if len(cells) > 1 and suite is not None:
                     cells[name] = "the same (a count, not a GPU time)"
