@@ -438,6 +438,16 @@ def _ratio(rows, batch: int, workload: str) -> float:
     return report.median_ms(rows, batch, workload, "ch7_step03") / report.median_ms(rows, batch, workload, SHIPPED)
 
 
+def step3_over_step2() -> list[dict[str, Any]]:
+    """Step 3 against step 2 in each run there is (the committed one, then :data:`SECOND_RUN`), at each batch and
+    workload: the ratio of their median times per output token over every request timed (``ratio``, > 1: step 3 is
+    faster)."""
+    runs = [("first", committed().rows)] + ([("second", second_run())] if second_run() is not None else [])
+    return [{"run": name, "batch": b, "workload": w,
+             "ratio": report.median_ms(rows, b, w, "step02") / report.median_ms(rows, b, w, "step03")}
+            for name, rows in runs for b in (1, 8) for w in report.WORKLOADS]
+
+
 def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, float]:
     """The same benchmark, the same code, run again on a second H200 (:data:`SECOND_RUN`): the shipped step against chapter
     7's step 3 there and in the committed run, at ``batch`` (:func:`_ratio`)."""
