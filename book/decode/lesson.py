@@ -1,5 +1,5 @@
 """What notebook 07 reads from the results, in one place: the numbers its prose quotes (in hidden ``say``
-paragraphs), the steps table, the result against the peers, each step's change to the loop as a diff, and the tables the
+paragraphs), the steps table, the result against the baseline loop, each step's change to the loop as a diff, and the tables the
 page no longer shows (the Amdahl view, the body against its floor, every configuration, the components alone, the
 targets per card and what did not help), which ``python -m book.decode.lesson`` prints for ``lab/decode/README.md``.
 
@@ -26,7 +26,7 @@ from studylog.decode.model import model_config
 
 __all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "STEP03_CHAIN", "STEP_LABELS", "amdahl_table",
            "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
-           "bound_excess", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
+           "bound_excess", "char_jump_case", "gemv_tile_answer", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
            "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
            "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
@@ -87,7 +87,7 @@ def shapes_table() -> str:
 def head_share_table() -> str:
     """The head's share of the bytes a batch-1 step reads, and the most a head that took no time could buy."""
     lines = ["| model shape | body parameters | head parameters | head's share of a batch-1 step's bytes | "
-             "step speedup if the head took no time |", "|---|---|---|---|---|"]
+             "step speedup if the head took no time (the rest held fixed) |", "|---|---|---|---|---|"]
     for name, cfg in public_shapes().items():
         c, s = cfg.parameter_counts(), cfg.head_share()
         lines.append(f"| {name} | {c['body'] / 1e9:.2f} B | {c['head'] / 1e9:.3f} B | {s:.1%} | {1 / (1 - s):.3f}× |")
@@ -296,6 +296,38 @@ def gemv_findings(gpu: str = "nvidia-h100-80gb-hbm3") -> list[str]:
                     f"{sum(first) * 1e3:.0f} µs over the eight weights, against {sum(chosen) * 1e3:.0f} µs with "
                     f"{now['BLOCK_N']} rows × up to {now['BLOCK_K']} columns | `lab/decode/gemv_tiles.py` |")
     return rows
+
+
+def gemv_tile_answer(gpu: str = "nvidia-h100-80gb-hbm3", model: str = "1b") -> dict | None:
+    """Exercise 5's recorded answer, from the sweep of the one-token product's tiles (``lab/decode/gemv_tiles.py``):
+    per weight of ``model`` (``q/k/v``, ``o``, ``gate/up``, ``down``), its ``[N, K]``, the time (µs) of the library's
+    tile (two rows a program) and of the best sixteen-row tile with the same columns (over the grid's warps and
+    stages), and how many programs each launches. ``gpu``: the card's name as the file gives it. None where the sweep
+    is not committed for ``gpu``."""
+    from studylog.decode.kernels import gemv_tiles
+    from studylog.plotting import load_lab
+
+    try:
+        data = load_lab("decode", GEMV_TILES_FILE, gpu=gpu)
+    except FileNotFoundError:
+        return None
+    names = {"qkv": "q/k/v", "o": "o", "gate_up": "gate/up", "down": "down"}
+    rows = []
+    for c in data["cases"]:
+        if c["model"] != model:
+            continue
+        lib = gemv_tiles(c["N"], c["K"])
+        us = {}
+        for rows_a_program in (lib["BLOCK_N"], 16):
+            ms = [t["ms"] for t in c["gemv"] if t["ms"] is not None and t["correct"]
+                  and t["BLOCK_N"] == rows_a_program and t["BLOCK_K"] == lib["BLOCK_K"]]
+            us[rows_a_program] = min(ms) * 1e3 if ms else None
+        if None in us.values():
+            return None
+        rows.append({"weight": names.get(c["weight"], c["weight"]), "N": c["N"], "K": c["K"],
+                     "rows": lib["BLOCK_N"], "columns": lib["BLOCK_K"], "us": us[lib["BLOCK_N"]], "us16": us[16],
+                     "programs": -(-c["N"] // lib["BLOCK_N"]), "programs16": -(-c["N"] // 16)})
+    return {"gpu": data["gpu"], "rows": rows} if rows else None
 
 
 def targets_by_card(root: Path | None = None) -> str:
@@ -566,7 +598,7 @@ def prose_numbers(current, earlier) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------------------
-# The page's steps table, its result against the peers, and the loop's code each step turns on
+# The page's steps table, its result against the baseline loop, and the loop's code each step turns on
 # --------------------------------------------------------------------------------------------------------
 
 #: The lesson's three steps, as the benchmark's configurations.
@@ -766,17 +798,37 @@ def result_rows(results) -> list[dict]:
     return out
 
 
-def result_table(results) -> str:
+def char_jump_case(results, model: str = "8b", batch: int = 1) -> dict | None:
+    """Chapter 01's character-level jumps (``char_jump``, not exact) in step 3's place on one cost model's case, as
+    :func:`_case` gives step 3: medians over the JSON schemas of step 1's time per token (``step1_us``) and the
+    jumps' (``char_us``), their ratio (``ratio``), step 3's median over the jumps' (``x_step3``) and the schemas' own
+    ratios to step 1 (``slowest``, ``median_request``, ``fastest``). None where the case lacks a series."""
+    ratios, one, three, char = [], [], [], []
+    for r in _json_rows(results, "char_jump", model, batch):
+        a, c = (report.rows_of(results.rows, model=model, batch=batch, config=k, whitespace="compact",
+                               schema=r["params"]["schema"]) for k in ("baseline", "masked_head"))
+        if a and c:
+            one.append(a[0]["ms"]), three.append(c[0]["ms"]), char.append(r["ms"]), ratios.append(a[0]["ms"] / r["ms"])
+    if not ratios:
+        return None
+    a, b, c = _median(one), _median(three), _median(char)
+    return {"model": model, "batch": batch, "requests": len(ratios), "step1_us": a * 1e3, "char_us": c * 1e3,
+            "ratio": a / c, "x_step3": b / c, "slowest": min(ratios), "median_request": _median(ratios),
+            "fastest": max(ratios)}
+
+
+def result_table(results, char_jumps=("8b", 1)) -> str:
     """Step 3 against the fair baseline (step 1) on every case, with the chapters' Amdahl forecast (the median of the
     requests' own, :func:`~book.decode.results.median_bound`; host time held at step 1's, so a measurement can pass
     it) (Markdown): the medians
     of the time per token over the case's requests (the cost models' nine JSON schemas; the real model's requests),
     their ratio (the statistic the headline uses), and the requests' own ratios: the smallest, the median and the
-    largest."""
-    lines = ["| case | batch | requests | step 1 (µs per token, median) | step 3 (µs per token, median) | "
-             "step 1 / step 3 | per request: least, median, most (the extremes are short answers, whose time per token "
-             "carries their prefill) | Amdahl forecast of chapters 01 and 02 (median of the "
-             "requests') |",
+    largest. A last row puts chapter 01's character-level jumps in step 3's place at ``char_jumps`` (model, batch;
+    :func:`char_jump_case`): the fastest policy measured, which does not keep step 1's tokens; None leaves it out."""
+    lines = [("| case | batch | requests | step 1 (µs per token, median) | step 3 (last row: the jumps), µs per "
+              "token, median | step 1 / step 3 (last row: / the jumps) | per request: least, median, most (the "
+              "extremes are short answers, whose time per token carries their prefill) | Amdahl forecast of chapters "
+              "01 and 02 (median of the requests') |"),
              "|---|---|---|---|---|---|---|---|"]
     for r in result_rows(results):
         each = "–" if r["slowest"] is None else (f"{r['slowest']:.2f}×, {r['median_request']:.2f}×, "
@@ -784,6 +836,13 @@ def result_table(results) -> str:
         bound = "–" if r["bound"] is None else f"{r['bound']:.2f}×"
         lines.append(f"| {r['case']} | {r['batch']} | {r['requests']} | {r['step1_us']:,.0f} | {r['step3_us']:,.0f} | "
                      f"**{r['ratio']:.2f}×** | {each} | {bound} |")
+    cj = None if char_jumps is None or len(lines) == 2 else char_jump_case(results, *char_jumps)
+    if cj is not None:
+        label = next(label for label, m, b in CASES if (m, b) == tuple(char_jumps))
+        lines.append(f"| {label}: **character-level jumps** in step 3's place (chapter 01's step 3, SGLang's policy; "
+                     f"**not exact**) | {cj['batch']} | {cj['requests']} | {cj['step1_us']:,.0f} | "
+                     f"{cj['char_us']:,.0f} | {cj['ratio']:.2f}× ({cj['x_step3']:.2f}× step 3) | "
+                     f"{cj['slowest']:.2f}×, {cj['median_request']:.2f}×, {cj['fastest']:.2f}× | – |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
 
 
