@@ -135,7 +135,7 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     assert not any(label.startswith("**") for label in labels) and " · " not in table
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row, label in zip(rows, labels):
-        for cell in [c.strip() for c in row.split("|")[1:-1]][4::3]:
+        for cell in [c.strip() for c in row.split("|")[1:-1]][5::3]:
             if cell != "–":
                 assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row
 
@@ -147,7 +147,7 @@ def test_every_step_is_timed_at_every_column_of_the_table_of_steps():
     assert lesson.HEADLINE_CASE not in lesson.TABLE_CASES
     rows = [_cells(line) for line in lesson.boehm_table(results).split("\n\n")[0].splitlines()[3:]]
     for row in rows:
-        assert all(cell != "–" for cell in row[2::3]), row[0]
+        assert all(cell != "–" for cell in row[3::3]), row[0]
     note = lesson.boehm_table(results).split("\n\n", 1)[1]
     assert "separate run" not in note and "not timed" not in note  # the run is named on the page, not under the table
 
@@ -206,14 +206,14 @@ def test_the_entry_point_row_sits_under_step_14_with_the_step_it_ran_and_its_fac
     lines = lesson.boehm_table(results).splitlines()
     at = next(i for i, r in enumerate(lines) if r.startswith("| 14 |"))
     last, entry = ([c.strip() for c in lines[k].split("|")[1:-1]] for k in (at, at + 1))
-    assert entry[0] == "entry point" and "`ctc_loss`" in entry[1]
+    assert entry[0] == "entry point" and entry[1] == "the result" and "`ctc_loss`" in entry[2]
     for i, (A, N) in enumerate(lesson.TABLE_CASES):
         step14, step13, row = _raw("step14", A, N), _raw("step13", A, N), _raw("ctc_loss", A, N)
-        assert last[3 + 3 * i] == f"{step13['ms'] / step14['ms']:.2f}×", (A, N)
+        assert last[4 + 3 * i] == f"{step13['ms'] / step14['ms']:.2f}×", (A, N)
         ran = int(row["step"].removeprefix("step"))
-        assert ran in (12, 14) and entry[2 + 3 * i] == f"{row['ms'] * 1e3:,.1f} (step {ran})", (A, N)
+        assert ran in (12, 14) and entry[3 + 3 * i] == f"{row['ms'] * 1e3:,.1f} (step {ran})", (A, N)
         own = _raw(f"step{ran:02d}", A, N)
-        assert entry[3 + 3 * i] == f"{own['ms'] / row['ms']:.2f}× (vs step {ran})", (A, N)
+        assert entry[4 + 3 * i] == f"{own['ms'] / row['ms']:.2f}× (vs step {ran})", (A, N)
     assert any(_raw("step14", A, N)["warps"] == 1 for A, N in lesson.TABLE_CASES)  # a column where it loses
     assert "†" not in "\n".join(lines)
 
@@ -352,8 +352,8 @@ def test_the_steps_table_floors_the_small_case_at_its_own_chain_where_the_card_t
     for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
         results = plotting.load_results("ctc", gpu)
         chain = lesson.case_chain_us(results, *lesson.BOEHM_CASES[0])
-        row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | floor"))
-        small = row.split(" | ")[2]
+        row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | | floor"))
+        small = _cells(row)[3]
         want = max(lesson.floor_us(results, *lesson.BOEHM_CASES[0]), chain or 0.0)
         kind = "chain of T frames" if chain is not None else "empty kernel"
         assert small == f"{want:,.1f} ({kind})"
@@ -386,10 +386,10 @@ def test_every_case_has_one_floor_on_the_page():
     assert text.count("timed per case") == 1  # the rule, said once where the floor is defined
     results_rows = {tuple(int(c.strip().replace(",", "")) for c in line.split("|")[1:3]): line
                     for line in lesson.results_table(results).splitlines()[2:] if line[2:3].isdigit()}
-    floor_row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | floor"))
-    cells = [c.strip() for c in floor_row.split("|")[1:-1]][2::3]
+    floor_row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | | floor"))
+    cells = [c.strip() for c in floor_row.split("|")[1:-1]][3::3]
     entry = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| entry point"))
-    entry_over = [c.strip() for c in entry.split("|")[1:-1]][4::3]
+    entry_over = [c.strip() for c in entry.split("|")[1:-1]][5::3]
     for (A, N), cell, over in zip(lesson.TABLE_CASES, cells, entry_over):
         line = results_rows[(A, N)]
         assert f"| {cell} |" in line and line.rstrip(" |").endswith(over), (A, N)
@@ -429,55 +429,57 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
         for word in ("__restrict__", "__ldg", "ex2", "lg2"):
             title = title.replace(word, f"`{word}`")
         # step 7's library title is its first change, row 7a's; step 7's own row names its last change
-        assert rows["7a" if step.number == 7 else str(step.number)][1].startswith(title), step.number
-        assert not any(w in row[1] for w in ("plus", "changes:", "tuning", "and a prerequisite")), row[1]
+        assert rows["7a" if step.number == 7 else str(step.number)][2].startswith(title), step.number
+        assert not any(w in row[2] for w in ("plus", "changes:", "tuning", "and a prerequisite")), row[2]
         if step.number == 1:
             continue
         before = 5 if step.number == 7 else step.number - 1
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
             if not _has(step.series, A, N):  # steps 1 to 6 are not timed at the headline case
-                assert row[2 + 3 * i:5 + 3 * i] == ["–", "–", "–"], (step.number, A, N)
+                assert row[3 + 3 * i:6 + 3 * i] == ["–", "–", "–"], (step.number, A, N)
                 continue
             if step.number == 7 and _lab("step07", A, N):  # against 7b, in the run that timed both
                 want = f"{_lab('step07b', A, N)['ms'] / _lab('step07', A, N)['ms']:.2f}×"
-                assert row[3 + 3 * i] == want, (A, N)
+                assert row[4 + 3 * i] == want, (A, N)
                 continue
             if not _has(f"step{before:02d}", A, N):  # step 7 at the headline case: step 5 not timed there
-                assert row[3 + 3 * i] == "–", (step.number, A, N)
+                assert row[4 + 3 * i] == "–", (step.number, A, N)
                 continue
             want = f"{_raw(f'step{before:02d}', A, N)['ms'] / _raw(step.series, A, N)['ms']:.2f}×"
             against = {7: " (vs step 5)"}.get(step.number, "")  # step 6 is a side branch
-            assert row[3 + 3 * i] == want + against, (step.number, A, N)
-    assert rows["7c"][1] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
+            assert row[4 + 3 * i] == want + against, (step.number, A, N)
+    assert rows["7c"][2] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
     for label, series, base in (("7a", "step07a", "step05"), ("7b", "step07b", "step07a")):
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
             now = _lab(series, A, N)
             if now is None:  # a case the lab run did not time
-                assert rows[label][2 + 3 * i:5 + 3 * i] == ["–", "–", "–"], (label, A, N)
+                assert rows[label][3 + 3 * i:6 + 3 * i] == ["–", "–", "–"], (label, A, N)
                 continue
-            assert rows[label][2 + 3 * i] == f"{now['ms'] * 1e3:,.1f}", (label, A, N)
+            assert rows[label][3 + 3 * i] == f"{now['ms'] * 1e3:,.1f}", (label, A, N)
             want = f"{_lab(base, A, N)['ms'] / now['ms']:.2f}×"
-            assert rows[label][3 + 3 * i] == want + (" (vs step 5)" if base == "step05" else ""), (label, A, N)
+            assert rows[label][4 + 3 * i] == want + (" (vs step 5)" if base == "step05" else ""), (label, A, N)
     slower = [(A, N) for A, N in lesson.TABLE_CASES if _lab("step07b", A, N)
               and round(_lab("step07a", A, N)["ms"] / _lab("step07b", A, N)["ms"], 2) < 1]
-    assert ("step 10 runs both directions in one kernel" in rows["7b"][1]) == bool(slower)
+    assert ("step 10 runs both directions in one kernel" in rows["7b"][2]) == bool(slower)
+    assert (rows["7b"][1] == lesson.PREREQUISITE) == bool(slower)
     assert "separate run" not in lesson.boehm_table(results)  # the page's run list names it
     page = "".join("".join(c["source"]) for c in _page_cells() if c["cell_type"] == "markdown")
     assert "timed steps 5, 7a, 7b and 7c together: rows 7a and 7b" in page
 
 
 def test_the_prerequisite_says_where_it_costs_time_in_the_table():
-    """Step 9 (one warp per direction) stays for what builds on it; its row says so, with the table's cases where it is
-    slower than step 8, exactly those (from the JSON), and no other row carries such a note."""
+    """Step 9 (one warp per direction) stays for what builds on it: where it is slower than step 8 at a case of the
+    table (from the JSON), its role is "prerequisite" and its change says what builds on it; only 7b (slower than 7a
+    in the lab run) shares that role."""
     results = plotting.load_results("ctc", "nvidia-h200")
-    rows = {r[0]: r[1] for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
-                                 if line.startswith("| "))}
+    rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
+                              if line.startswith("| "))}
     slower = [(A, N) for A, N in lesson.TABLE_CASES
               if round(_raw("step08", A, N)["ms"] / _raw("step09", A, N)["ms"], 2) < 1]
-    assert ("a prerequisite: steps 10 to 14 build on the warp" in rows["9"]) == bool(slower)
-    if slower:
-        assert rows["9"].endswith(f"slower at {lesson.where(slower, lesson.TABLE_CASES, complement=False)})")
-    assert all("prerequisite" not in cell for k, cell in rows.items() if k != "9")
+    assert (rows["9"][1] == lesson.PREREQUISITE) == bool(slower)
+    assert rows["9"][2].endswith("(kept: steps 10 to 14 build on the warp)") == bool(slower)
+    assert "slower at" not in lesson.boehm_table(results)  # the "× prev." cells say where
+    assert {k for k, r in rows.items() if r[1] == lesson.PREREQUISITE} <= {"9", "7b"}
     assert lesson.where([(28, 1), (5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape"
     assert lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape but A = 28, N = 1"
     assert (lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES, complement=False)
@@ -490,13 +492,15 @@ def test_a_step_flat_at_the_first_case_says_where_it_pays():
     """A step that the table rounds to 1.00× or less at A = 28, N = 1 but above 1.00× at both cases of the large
     alphabet says "(pays at A = 5,000)" in its change cell, read from the JSON; no other row says it."""
     results = plotting.load_results("ctc", "nvidia-h200")
-    rows = {r[0]: r[1] for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
-                                 if line.startswith("| "))}
+    cells = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
+                               if line.startswith("| "))}
+    rows = {k: r[2] for k, r in cells.items()}
     for number in range(2, 14):
         if number in (6, 9):  # the counterexample and the prerequisite have their own words
             continue
         if number in lesson.FLAT_WHY and lesson.flat(results, number):  # "no gain" says it: none pays at 5,000
-            assert "pays at" not in rows[str(number)] and "(no gain: " in rows[str(number)], number
+            assert "pays at" not in rows[str(number)] and cells[str(number)][1] == lesson.NO_GAIN, number
+            assert rows[str(number)].endswith(f"({lesson.FLAT_WHY[number]})"), number
             continue
         before = lesson.PREVIOUS.get(number, number - 1)
         pairs = [(_raw(f"step{before:02d}", A, N), _raw(f"step{number:02d}", A, N)) for A, N in lesson.TABLE_CASES
@@ -688,9 +692,9 @@ def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay()
                         / _raw(f"step{number:02d}", A, N)["ms"], 2) for A, N in lesson.TABLE_CASES]
         label = lesson.STEP07_LABEL if number == 7 else str(number)
         assert lesson.flat(results, number) == all(0.99 <= r <= 1.01 for r in ratios), number
-        assert ("(no gain: " in rows[label][1]) == (number in lesson.FLAT_WHY and lesson.flat(results, number))
+        assert (rows[label][1] == lesson.NO_GAIN) == (number in lesson.FLAT_WHY and lesson.flat(results, number))
     assert all(lesson.flat(results, n) for n in lesson.FLAT_WHY)  # the committed run: steps 2, 3 and 5 move nothing
-    assert "side branch" in rows["6"][1] and rows["7a"][3].endswith("(vs step 5)")
+    assert rows["6"][1] == lesson.SIDE_BRANCH and rows["7a"][4].endswith("(vs step 5)")
     ranges = {_cells(line)[0]: _cells(line) for line in lesson.ranges_table(results).splitlines()[2:]}
     assert list(ranges) == [str(n) for n in range(2, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
     grid = [(A, N) for A in ctc.BENCH_A for N in ctc.BENCH_N]
@@ -700,8 +704,8 @@ def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay()
         assert ranges[str(number)][5] == str(len(grid))
     for i, case in enumerate(lesson.TABLE_CASES):  # a section's factor is the table's
         for number in (4, 8, 13):
-            assert lesson.factor(results, number, case) == rows[str(number)][3 + 3 * i].split(" ")[0], (number, case)
-        assert lesson.factor(results, "7a", case) == rows["7a"][3 + 3 * i].split(" ")[0], case
+            assert lesson.factor(results, number, case) == rows[str(number)][4 + 3 * i].split(" ")[0], (number, case)
+        assert lesson.factor(results, "7a", case) == rows["7a"][4 + 3 * i].split(" ")[0], case
     assert lesson.factor(results, 8, (28, 3)) == lesson.PENDING
 
 
@@ -712,11 +716,11 @@ def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
     results = plotting.load_results("ctc", "nvidia-h200")
     wide = [_cells(line) for line in lesson.boehm_table(results).split("\n\n")[0].splitlines()]
     first, second = ([_cells(line) for line in t.split("\n\n")[0].splitlines()] for t in lesson.steps_tables(results))
-    assert len(first) == len(second) == len(wide) and len(first[0]) == 8 and len(second[0]) == 4
+    assert len(first) == len(second) == len(wide) and len(first[0]) == 9 and len(second[0]) == 5
     for row, a, b in zip(wide, first, second):
         if set(row[0]) <= {"-"}:
             continue  # the separator
-        assert a == row[:8] and b[1:] == row[8:] and b[0] == (row[0] or "floor")
+        assert a == row[:9] and b[2:] == row[9:] and b[1] == row[1] and b[0] == (row[0] or "floor")
     assert "timed as its own series" in lesson.steps_tables(results)[0]
     wide = [_cells(line) for line in lesson.results_table(results).split("\n\n")[0].splitlines()]
     times, ratios = lesson.results_tables(results)
@@ -830,3 +834,72 @@ def test_whole_diffs_and_the_baseline_listing_leave_comment_lines_out():
     text = "".join("".join(c["source"]) for c in _page_cells() if c["cell_type"] == "code")
     assert text.count("lesson.show_diff_without_comments(") == 3 and 'lesson.listing("ctc_baseline.cuh"' in text
     assert "display(show_diff(" not in text
+
+
+def test_the_main_line_is_marked_in_the_table_and_named_over_it():
+    """The table of steps has a role column: the steps that pay (the main line) in bold, the steps that move no case
+    "no gain", the slower steps kept for what builds on them "prerequisite", step 6 "side branch"; the sentence over
+    the table names the main line in order from the same roles, and the page says it right before the table."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    roles = lesson.roles(results)
+    assert list(roles) == [str(n) for n in range(1, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
+    main = [k for k, v in roles.items() if v == lesson.MAIN_LINE]
+    assert main == ["1", "4", "7a", "7c", "8", "10", "11", "12", "13", "14"]  # the committed runs
+    assert [k for k, v in roles.items() if v == lesson.NO_GAIN] == ["2", "3", "5"]
+    assert [k for k, v in roles.items() if v == lesson.PREREQUISITE] == ["7b", "9"]
+    rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
+                              if line.startswith("| "))}
+    for label, role in roles.items():
+        assert rows[label][1] == (f"**{role}**" if role == lesson.MAIN_LINE else role), label
+    assert rows["entry point"][1] == "the result" and rows["torch"][1] == "the rival"
+    words = lesson.line_words(results)
+    assert " → ".join(main) in words and "2, 3 and 5 gain nothing" in words and "6 is a side branch" in words
+    cells = _page_cells()
+    at = next(i for i, c in enumerate(cells) if "lesson.steps_tables(results)" in "".join(c["source"]))
+    source = "".join(cells[at]["source"])
+    assert source.index("say(lesson.line_words(results))") < source.index("display(Markdown(steps_first))")
+    assert "## Step 7b: alpha and beta in one kernel, a prerequisite" in "".join(
+        "".join(c["source"]) for c in cells)
+
+
+def test_the_timing_exercise_folds_a_recorded_answer_off_the_grid():
+    """Exercise 5's recorded answer reads steps 13 and 14 on the stress set's blank-heavy utterances (T off the
+    grid) from the committed benchmark; the answer's rule picks the faster step at each; the page folds it under the
+    exercise in a dropdown, and its CPU message points there."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    off = lesson.off_grid_dispatch(results)
+    assert [r["T"] for r in off] == list(ctc.report.STRESS_T) and all(r["T"] != ctc.BENCH_T for r in off)
+    for r in off:
+        rows = {k: _raw_stress(f"step{k}", r["T"]) for k in (13, 14)}
+        assert r[13] == pytest.approx(rows[13]["ms"] * 1e3) and r[14] == pytest.approx(rows[14]["ms"] * 1e3)
+        assert r["positions"] == 2 * (r["T"] // 3) + 1
+        assert solutions.dispatcher(r["A"], r["N"], r["positions"]) == r["faster"]
+    cells = _page_cells()
+    at = next(i for i, c in enumerate(cells) if c.get("id") == "ex5-recorded-ctc")
+    assert "time_step(step" in "".join(cells[at - 1]["source"])  # right under the timing cell
+    assert "remove-input" in cells[at]["metadata"]["tags"] and cells[at]["metadata"]["jupyter"]["source_hidden"]
+    assert ":::{{dropdown}}" in "".join(cells[at]["source"])
+    assert "folded below" in "".join(cells[at - 1]["source"]) and "timing needs a GPU" not in "".join(
+        "".join(c["source"]) for c in cells)
+
+
+def _raw_stress(series: str, T: int) -> dict:
+    data = json.loads(plotting.load_results("ctc", "nvidia-h200").path.read_text())
+    return next(r for r in data["measurements"] if r["series"] == f"stress {series}"
+                and r["params"].get("T") == T and r["params"].get("inputs") == "blank-heavy")
+
+
+def test_the_headline_lead_holds_eagerly_each_call_at_the_larger_of_its_two_times():
+    """Where we lose says the headline's lead eagerly: per card, torch's larger time over ours, from the JSON."""
+    for gpu, card in (("nvidia-h200", "H200"), ("nvidia-h100-80gb-hbm3", "H100")):
+        ours = _raw_gpu("ctc_loss", 5000, 8, gpu) or _raw_gpu(ctc.CHAPTER.final.series, 5000, 8, gpu)
+        torch_ = _raw_gpu("torch-best", 5000, 8, gpu)
+        want = max(torch_["ms"], torch_["host_ms"]) / max(ours["ms"], ours["host_ms"])
+        assert lesson.eager_lead(5000, 8)[card] == pytest.approx(want)
+    assert "lesson.eager_lead(head_A, head_N)" in "".join("".join(c["source"]) for c in _page_cells())
+
+
+def _raw_gpu(series: str, A: int, N: int, gpu: str) -> dict | None:
+    data = json.loads(plotting.load_results("ctc", gpu).path.read_text())
+    return next((r for r in data["measurements"] if r["series"] == series
+                 and r["params"] == {"T": ctc.BENCH_T, "N": N, "A": A}), None)

@@ -219,8 +219,8 @@ def steps_tables(results) -> list[str]:
     alphabet (where the chain of frames binds) and at the headline case, with the note under it (the page shows it);
     then its times at two batches of the large alphabet (where the bytes bind; the page folds it)."""
     table = boehm_table(results)
-    first, = split_table(table, range(8))
-    second, = split_table(table, [0, *range(8, 11)], label="floor")
+    first, = split_table(table, range(9))
+    second, = split_table(table, [0, 1, *range(9, 12)], label="floor")
     return [first + "\n\n" + table.split("\n\n", 1)[1], second]
 
 
@@ -781,16 +781,18 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
     return parts
 
 
-#: Steps kept although they cost time somewhere: what builds on them (said in the table of steps where they lose).
-PREREQUISITES = {9: "a prerequisite: steps 10 to 14 build on the warp"}
+#: Steps kept although they cost time somewhere: what builds on them (said in the table of steps, after the change).
+PREREQUISITES = {9: "steps 10 to 14 build on the warp"}
 #: Why a step that loses has a row: said in its row of the table of steps.
-WHY_SHOWN = {6: "a side branch that nothing builds on; it tests the guess that cuDNN is fast in probability space, and "
-                "on long targets its loss turns infinite"}
+WHY_SHOWN = {6: "it tests the guess that cuDNN is fast in probability space; on long targets its loss turns "
+                "infinite"}
 #: Why a step that moves no case of the table (every "× prev." between 0.99× and 1.01×, as the table rounds it) is in
-#: the chain: said in its row after "no gain".
+#: the chain: said in its row, after the change.
 FLAT_WHY = {2: "the read-only loads compile to `ld.global.nc`, and loads were not what costs",
-            3: "`__ldg` compiles to step 2's loads",
+            3: "it compiles to step 2's loads",
             5: "steps 6 and 7a build on it"}
+#: The table of steps' "role" column: each step is on the main line (the steps that pay, in order), or one of these.
+MAIN_LINE, NO_GAIN, PREREQUISITE, SIDE_BRANCH = "main line", "no gain", "prerequisite", "side branch"
 
 
 #: Step 7's first two changes, each a row of the table of steps between step 6 and step 7 (timed by the lab run
@@ -799,7 +801,7 @@ STEP07_ROWS = (("7a", "the gradient a pass of its own, a block per frame, after 
                 "step07a", "step05"),
                ("7b", "alpha and beta in one kernel", "step07b", "step07a"))
 #: Why 7b stays where it costs time (said in its row and its section).
-STEP07B_KEPT = "kept: step 10 runs both directions in one kernel"
+STEP07B_KEPT = "step 10 runs both directions in one kernel"
 #: Step 7's row label when 7a and 7b stand above it: its last change, the library's step 7 (7a to 7c together).
 STEP07_LABEL = "7c"
 #: Step 7's row in the table when 7a and 7b stand above it: its own change, the last of the three.
@@ -814,22 +816,74 @@ def flat(results, number: int) -> bool:
     return all(ratios) and all(0.99 <= round(r[0], 2) <= 1.01 for r in ratios)
 
 
+def _labels() -> list[str]:
+    """The table of steps' step rows in order: "1" to "6", "7a", "7b", "7c" (step 7's three changes), "8" to "14"."""
+    labels = [str(s.number) for s in CHAPTER.steps]
+    at = labels.index("7")
+    return labels[:at] + [label for label, *_ in STEP07_ROWS] + [STEP07_LABEL] + labels[at + 1:]
+
+
+def roles(results, changes: Results | None = None) -> dict[str, str]:
+    """Each step row of the table of steps (:func:`_labels`) and its role: :data:`SIDE_BRANCH` for a step of
+    :data:`WHY_SHOWN`; :data:`NO_GAIN` for a step of :data:`FLAT_WHY` that moves no case (:func:`flat`);
+    :data:`PREREQUISITE` for a step of :data:`PREREQUISITES` (and 7b) slower than the row it builds on at a case of
+    :data:`TABLE_CASES`; else :data:`MAIN_LINE`, the steps that pay, in order."""
+    if changes is None:
+        changes = step07_changes(results.path.parent.name)
+    out = {}
+    for label in _labels():
+        number = int(label) if label.isdigit() else None
+        if number in WHY_SHOWN:
+            out[label] = SIDE_BRANCH
+        elif number in FLAT_WHY and flat(results, number):
+            out[label] = NO_GAIN
+        elif number in PREREQUISITES and losing(results, number, TABLE_CASES):
+            out[label] = PREREQUISITE
+        elif label == STEP07_ROWS[1][0] and changes is not None and any(
+                c in TABLE_CASES for c in step07_factor(changes, STEP07_ROWS[0][2], STEP07_ROWS[1][2])["slower"]):
+            out[label] = PREREQUISITE
+        else:
+            out[label] = MAIN_LINE
+    return out
+
+
+def _listed(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def line_words(results, changes: Results | None = None) -> str:
+    """The sentence over the table of steps that names its main line and what each other role means, from
+    :func:`roles`."""
+    r = roles(results, changes)
+    of = {role: [label for label, x in r.items() if x == role] for role in (MAIN_LINE, NO_GAIN, PREREQUISITE,
+                                                                             SIDE_BRANCH)}
+    rest = []
+    if of[NO_GAIN]:
+        rest.append(f"{'step' if len(of[NO_GAIN]) == 1 else 'steps'} {_listed(of[NO_GAIN])} gain nothing")
+    if of[PREREQUISITE]:
+        rest.append(f"{_listed(of[PREREQUISITE])} cost time, but later steps build on "
+                    + ("it" if len(of[PREREQUISITE]) == 1 else "them"))
+    if of[SIDE_BRANCH]:
+        rest.append(f"step {_listed(of[SIDE_BRANCH])} is a side branch")
+    return f"The steps that pay run {' → '.join(of[MAIN_LINE])} (**{MAIN_LINE}** in the table); " + "; ".join(rest) + "."
+
+
 def boehm_table(results, changes: Results | None = None) -> str:
-    """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
-    change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the step it builds on (:data:`PREVIOUS`,
-    else the step before), × the case's one floor (:func:`case_floor`). The rows run in step order (7a, 7b and 7c
-    for step 7's three changes). A step of :data:`PREREQUISITES` that is slower somewhere says so, and why it is
-    kept; a step that moves no case (:func:`flat`) says "no gain" and why it is there (:data:`FLAT_WHY`). The entry
-    point's row, right under step 14's, names the step it ran
-    in each case and compares it with that step timed as a step (what the choice costs), so the table ends on the
-    chapter's result."""
-    head = ["step", "the one change"]
+    """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: its role
+    (:func:`roles`; the main line in bold), the one change, then per case of :data:`TABLE_CASES` the GPU-clock time
+    in µs, × the step it builds on (:data:`PREVIOUS`, else the step before), × the case's one floor
+    (:func:`case_floor`). The rows run in step order (7a, 7b and 7c for step 7's three changes). A prerequisite says
+    in its change what builds on it; a step that moves no case (:func:`flat`) says why it is there
+    (:data:`FLAT_WHY`); a main-line step flat at the first case says where it pays. The entry point's row, right
+    under step 14's, names the step it ran in each case and compares it with that step timed as a step (what the
+    choice costs), so the table ends on the chapter's result."""
+    head = ["step", "role", "the one change"]
     for A, N in TABLE_CASES:
         head += [f"A = {A:,}, N = {N}: µs", "× prev.", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     floors = [case_floor(results, A, N) for A, N in TABLE_CASES]
     floor_cells = [cell for f, kind in floors for cell in (f"{f:,.1f} ({FLOOR_KIND[kind]})", "", "")]
-    lines.append("| | floor: the bytes or the chain of T frames, the larger | " + " | ".join(floor_cells) + " |")
+    lines.append("| | | floor: the bytes or the chain of T frames, the larger | " + " | ".join(floor_cells) + " |")
     floors = [f for f, _ in floors]
 
     def code(title: str) -> str:
@@ -838,18 +892,17 @@ def boehm_table(results, changes: Results | None = None) -> str:
         return title
 
     def kept(number: int) -> str:
-        slower = losing(results, number, TABLE_CASES) if number in PREREQUISITES else []
-        return f" ({PREREQUISITES[number]}; slower at {where(slower, TABLE_CASES, complement=False)})" if slower else ""
+        return f" (kept: {PREREQUISITES[number]})" if role.get(str(number)) == PREREQUISITE else ""
 
     def chosen(number: int) -> str:  # the last step pays only where the target needs several warps
-        return (" (where the target needs several warps: `ctc_loss` runs it by shape)"
+        return (" (`ctc_loss` runs it where the target needs several warps)"
                 if number == DISPATCH_STEPS[-1] else "")
 
     def no_gain(number: int) -> str:
-        return f" (no gain: {FLAT_WHY[number]})" if number in FLAT_WHY and flat(results, number) else ""
+        return f" ({FLAT_WHY[number]})" if role.get(str(number)) == NO_GAIN else ""
 
     def elsewhere(number: int) -> str:  # flat at the first case, paying at every other: say where it pays
-        if number in PREREQUISITES or number in (1, 6, DISPATCH_STEPS[-1]) or no_gain(number):
+        if role.get(str(number)) != MAIN_LINE or number in (1, DISPATCH_STEPS[-1]):
             return ""
         before = CHAPTER.step(PREVIOUS.get(number, number - 1)).series
         ratios = [_ratios(results, before, CHAPTER.step(number).series, [case]) for case in TABLE_CASES]
@@ -861,6 +914,7 @@ def boehm_table(results, changes: Results | None = None) -> str:
 
     if changes is None:
         changes = step07_changes(results.path.parent.name)
+    role = roles(results, changes)
     entries = []
     for s in CHAPTER.steps:
         title = code(s.title) + kept(s.number) + chosen(s.number) + elsewhere(s.number) + no_gain(s.number)
@@ -868,9 +922,8 @@ def boehm_table(results, changes: Results | None = None) -> str:
             title += f": {WHY_SHOWN[s.number]}" if title.endswith(")") else f" ({WHY_SHOWN[s.number]})"
         if s.number == 7 and changes is not None:
             for label, change, series, base in STEP07_ROWS:
-                slower = [c for c in step07_factor(changes, base, series)["slower"] if c in TABLE_CASES]
-                if slower:
-                    change += f" (slower at {where(slower, TABLE_CASES, complement=False)}; {STEP07B_KEPT})"
+                if role.get(label) == PREREQUISITE:
+                    change += f" (kept: {STEP07B_KEPT})"
                 entries.append((label, change, series))
             title = STEP07_LAST.format(prefetch=PREFETCH_FRAMES)
         entries.append((STEP07_LABEL if s.number == 7 and changes is not None else str(s.number), title, s.series))
@@ -880,10 +933,12 @@ def boehm_table(results, changes: Results | None = None) -> str:
     entries.append(("torch", "torch's faster CTC call"
                     + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
     before_choice = CHAPTER.step(DISPATCH_STEPS[1])  # a file without the step the entry point ran: the step before
+    role_cell = {"entry point": "the result", "torch": "the rival"}
     times: dict[str, list] = {}
     rows: list[list[str]] = []
     for number, title, series in entries:
-        cells = [number, title]
+        kind = role.get(number, role_cell.get(number, MAIN_LINE))
+        cells = [number, f"**{kind}**" if kind == MAIN_LINE else kind, title]
         times[series] = [None] * len(TABLE_CASES)
         lab = number in {label for label, *_ in STEP07_ROWS}  # read from the lab run, as is its row above
         for i, (A, N) in enumerate(TABLE_CASES):
@@ -1112,6 +1167,32 @@ def host_at_headline(A: int, N: int, gpus: Iterable[str] = ("nvidia-h200", "nvid
         out[gpu] = {"gpu_us": ours["ms"] * 1e3, "host_us": ours["host_ms"] * 1e3,
                     "torch_gpu_us": torch_row["ms"] * 1e3, "torch_host_us": torch_row["host_ms"] * 1e3,
                     "card": CARD_NAMES.get(gpu, gpu)}
+    return out
+
+
+def eager_lead(A: int, N: int) -> dict[str, float]:
+    """Per card of :func:`host_at_headline`: the lead at (A, N) when both calls are made eagerly, one after another,
+    each costing the larger of its host time and its GPU time (µs): ``{card: torch's / ours}``."""
+    return {h["card"]: max(h["torch_host_us"], h["torch_gpu_us"]) / max(h["host_us"], h["gpu_us"])
+            for h in host_at_headline(A, N).values()}
+
+
+def off_grid_dispatch(results) -> list[dict]:
+    """Steps 13 and 14 off the dispatch's grid (T = BENCH_T), as the benchmark recorded them on the stress set's
+    blank-heavy utterances: T, A, N, the longest extended target's positions (every target has T / 3 labels, at most
+    MAX_TARGET_LENGTH), each step's µs, and the faster step. Exercise 5's recorded answer."""
+    from studylog.ctc.report import STRESS_A, STRESS_N, STRESS_T
+    from studylog.ctc.targets import MAX_TARGET_LENGTH
+
+    out = []
+    for T in STRESS_T:
+        params = {"T": T, "A": STRESS_A, "N": STRESS_N, "inputs": "blank-heavy"}
+        times = {k: _row(results, f"stress {CHAPTER.step(k).series}", **params) for k in (13, 14)}
+        if None in times.values():
+            continue
+        us_ = {k: row["ms"] * 1e3 for k, row in times.items()}
+        out.append({"T": T, "A": STRESS_A, "N": STRESS_N, "positions": 2 * min(T // 3, MAX_TARGET_LENGTH) + 1,
+                    13: us_[13], 14: us_[14], "faster": min(us_, key=us_.get)})
     return out
 
 
