@@ -76,7 +76,7 @@ def test_the_page_leads_with_gemlite_and_states_the_loss_in_its_headline():
     GemLite is faster but fails the check; "Where we lose" gives step 14's host time; the note on 20480 x 3200 sits
     with the result table, where that shape appears."""
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(PAGE.read_text())["cells"]}
-    why = cells["ff5c35bc"]
+    why = cells["ff5c35bc"] + cells["why-layers"]  # the open cell, then the fold under it
     assert why.index("part1.gemlite_split(") < why.index("Against cuBLAS bf16")
     assert why.index("Against the strongest peer") < why.index("Against cuBLAS bf16")
     result = cells["38fdca9c"]
@@ -158,7 +158,7 @@ def test_the_page_says_where_step_14_is_not_the_fastest_and_why_it_stays():
     the estimates keep step 14 and what the fastest step would give; "Where we lose" gives their times; the
     steps' section says why they are timed at the Llama shape."""
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(PAGE.read_text())["cells"]}
-    why = cells["ff5c35bc"]
+    why = cells["ff5c35bc"] + cells["why-layers"]  # the open cell, then the fold under it
     assert "beside=part1.AT_BITNET" in why and "part1.bitnet_layers(results)" in why
     assert "part1.fastest_estimates(results)" in why and "part1.many_rows_cost(" in why
     assert "The estimates keep step 14" in why and "alt['gemlite_step']" in why and "alt['cublas_step']" in why
@@ -166,6 +166,36 @@ def test_the_page_says_where_step_14_is_not_the_fastest_and_why_it_stays():
     lose = cells["446885d6"]
     assert "part1.loss_words(layers)" in lose and "#why-it-matters-the-linear-layers-of-a-decode-step" in lose
     assert "So the steps are timed at 4096 × 14336" in cells["8f00d3f5"] and "down projection" in cells["8f00d3f5"]
+
+
+def test_why_it_matters_keeps_two_numbers_open_and_folds_the_rest():
+    """Before the first step the reader meets the layers' share of the step's bytes and one estimate, against
+    GemLite; the layer sums, cuBLAS and the fastest step at each layer sit in a fold right below."""
+    nb = json.loads(PAGE.read_text())["cells"]
+    at = {c["id"]: i for i, c in enumerate(nb)}
+    cells = {c["id"]: "".join(c["source"]) for c in nb}
+    assert at["why-layers"] == at["ff5c35bc"] + 1 and "hide-output" in nb[at["why-layers"]]["metadata"]["tags"]
+    opened = cells["ff5c35bc"]
+    assert "view['share']" in opened and "peer['end_to_end']" in opened
+    assert "peer['speedup']" not in opened and "view['speedup']" not in opened and "alt[" not in opened
+    assert "Step 14 is not the fastest step" in cells["why-layers"]
+
+
+def test_tried_steps_say_where_they_were_measured_and_where_they_win(results):
+    """Steps 7 to 9 "did not pay at 4096 × 14336"; a tried step faster than step 14 at one of BitNet's layers says
+    where, with its ratio, in its row of the steps table."""
+    layers = P.bitnet_layers(results)
+    wins = P.tried_wins(layers)
+    rows = {(n, m): c for n, m, _, c in P.part1_rows(layers)}
+    for (n, m), c in rows.items():
+        assert c.startswith("tried, did not pay at 4096 × 14336") == (n in (7, 8, 9))
+        assert ("faster than step 14" in c) == (m == 1 and n in wins)
+    for n, got in wins.items():
+        for layer, r in got:
+            assert r == pytest.approx(layer["times"][14] / layer["times"][n], rel=1e-12) and r >= P.TIE
+            assert f"{L.shape_words(layer['shape'])} ({r:.2f}×)" in rows[(n, 1)]
+    cells = {c["id"]: "".join(c["source"]) for c in json.loads(PAGE.read_text())["cells"]}
+    assert "part1.part1_rows(layers)" in cells["02285053"] and "part1.tried_wins(layers)" in cells["33cd022c"]
 
 
 def test_the_layer_table_gives_the_fastest_step_beside_step_14(results):

@@ -156,6 +156,27 @@ def layer_words(layer: dict, step: int = LAST, tie: float = TIE, shape: bool = T
     return f"{where} it leads step {layer['lead'][0]} by {layer['lead'][1]:.2f}×"
 
 
+def tried_wins(layers, tried=(7, 8, 9), step: int = LAST, tie: float = TIE) -> dict[int, list]:
+    """Where a tried step (7 to 9, slower at the steps' shape) is faster than ``step`` at one of BitNet's layers
+    (:func:`bitnet_layers`), by ``tie`` or more: tried step -> [(layer, ``step``'s time over its time)]."""
+    out: dict[int, list] = {}
+    for layer in layers or []:
+        for n, r in _beaten(layer, tie)[0]:
+            if n in tried:
+                out.setdefault(n, []).append((layer, r))
+    return out
+
+
+def part1_rows(layers, step: int = LAST) -> tuple:
+    """:data:`lesson.PART1_ROWS`, the one-row cell of a tried step that is faster than ``step`` at one of BitNet's
+    layers saying where and by how much (from :func:`tried_wins`), so that "did not pay" reads as the shape it was
+    measured at."""
+    wins = tried_wins(layers, step=step)
+    where = {n: "; faster than step {} at {}".format(step, lesson.and_list(
+        f"{lesson.shape_words(layer['shape'])} ({r:.2f}×)" for layer, r in got)) for n, got in wins.items()}
+    return tuple((n, m, p, c + where[n] if m == 1 and n in where else c) for n, m, p, c in lesson.PART1_ROWS)
+
+
 def loss_words(layers, step: int = LAST, tie: float = TIE) -> str:
     """Where ``step`` is not the fastest of :func:`bitnet_layers`, in words with the times: "at 2560 × 2560 step 14
     (6.1 µs) loses to step 7 (4.8 µs) and step 6 (5.9 µs), and at 2560 × 6912 it ties step 5 (7.86 against 7.92
