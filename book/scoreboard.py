@@ -510,21 +510,29 @@ READ_ONLY_WHAT = ("a kernel that only reads the same packed weights, timed in th
 
 #: Chapter 05 part 1 (Triton), a page of its own: its row on the scoreboard links there.
 PART_ONE_NOTEBOOK = "notebooks/05_ternary_1_triton.ipynb"
+#: Part 1's row's case: one row of bf16 x times Llama 3 8B's gate / up projection, 14336 x 4096, the transpose of the
+#: chapter's working shape. Part 1's answer is against GemLite, the Triton peer, at the shapes where GemLite passes
+#: our float64 check; at 4096 x 14336 it fails the check on the H200, so a row there would be against cuBLAS on the
+#: dense matrix, a weaker comparison than the chapter's. At this shape GemLite passes on both cards.
+PART_ONE_CASE = {"shape": "14336x4096", "m": 1}
+#: Part 1's layer at :data:`PART_ONE_CASE`, in its shape cell.
+PART_ONE_LAYER = "Llama 3 8B's gate and up projections"
 
 
 def _ternary_part_one(data):
-    """Chapter 05 part 1's row: its last Triton step (:data:`book.results.PART_ONE_STEP`) at the chapter's headline
-    shape, 4096 x 14336, against the same rival as part 2's row there (GemLite where it passes our float64 check in
-    this run, else cuBLAS bf16), the rule of :func:`book.results.part_one_answer`; None where the file lacks it."""
+    """Chapter 05 part 1's row: its last Triton step (:data:`book.results.PART_ONE_STEP`) at :data:`PART_ONE_CASE`,
+    against the strongest rival there that passes our float64 check in this run (GemLite, part 1's peer, where it
+    passes, else cuBLAS bf16), as :func:`_ternary_llama` picks it; None where the file lacks it. The tails run times
+    no p99 at this case, so the row has none."""
     from book.results import PART_ONE_STEP
 
     series = f"step{PART_ONE_STEP:02d}"
-    row = _ternary_llama(data, steps=(series,),
+    row = _ternary_llama(data, steps=(series,), case=PART_ONE_CASE,
                          ours_label=f"part 1's last kernel, on tensor cores in Triton ({_step_words(series)})")
     if row is None:
         return None
-    return row | {"ternary_case": "part1", "tail_params": TERNARY_CASE, "tail_series": "step14_workspace",
-                  "part_notebook": PART_ONE_NOTEBOOK}
+    row = {k: v for k, v in row.items() if k != "tail_params"}
+    return row | {"ternary_case": "part1", "part_notebook": PART_ONE_NOTEBOOK}
 
 
 #: Our W2A8 kernel set against BitNet's (x quantised inside the call): step 23 alone, the one-row kernel. BitNet's
@@ -602,15 +610,16 @@ def _ternary_bitnet(data):
         rival_notes=provenance, floor_notes=read_note)  # the shape cell says why this shape; the results page gives all ten
 
 
-def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: str = ""):
-    mine = [r for s in steps for r in rows(data, s, **TERNARY_CASE) if r["clock"] == "gpu"]
+def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: str = "",
+                   case: dict[str, Any] = TERNARY_CASE):
+    mine = [r for s in steps for r in rows(data, s, **case) if r["clock"] == "gpu"]
     if not mine:
         return None
     ours = min(mine, key=lambda r: r["ms"])
     # The rival is the fastest peer or baseline that passes our float64 check in this run: GemLite's 2-bit kernel
     # where it passes, else cuBLAS bf16. A faster peer that fails the check is named beside the row, with no ratio.
-    gemlite, cublas = one(data, "gemlite_w2", **TERNARY_CASE), one(data, "cublas_bf16", **TERNARY_CASE)
-    checks = {s: accuracy_check(data, s, TERNARY_CASE) for s in ("gemlite_w2", "cublas_bf16")}
+    gemlite, cublas = one(data, "gemlite_w2", **case), one(data, "cublas_bf16", **case)
+    checks = {s: accuracy_check(data, s, case) for s in ("gemlite_w2", "cublas_bf16")}
     passing = [(s, r) for s, r in (("gemlite_w2", gemlite), ("cublas_bf16", cublas))
                if r is not None and checks[s] is not None and checks[s]["passed"]]
     series, rival = min(passing, key=lambda p: p[1]["ms"]) if passing else ("gemlite_w2", gemlite)
@@ -618,7 +627,7 @@ def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: st
     gem_failed = checks["gemlite_w2"] is not None and not checks["gemlite_w2"]["passed"]
     if series == "cublas_bf16" and gem_failed and gemlite is not None:  # the strongest rival that passes the check
         label = "cuBLAS bf16 on the matrix stored densely"
-    read = one(data, "read_weights", **TERNARY_CASE)
+    read = one(data, "read_weights", **case)
     latency, what = _one_kernel(data)
     notes = ()
     if read is not None:
@@ -632,7 +641,7 @@ def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: st
         # its time and ratio are in the notes (rival_also); a failed or missing check is said beside them
         peer_notes.append("cuBLAS bf16 on the same matrix stored densely " + _check_words(checks["cublas_bf16"]))
     check = checks.get(series)
-    extra = {"ternary_case": "llama", "tail_params": TERNARY_CASE, "rival_series": series,
+    extra = {"ternary_case": "llama", "tail_params": case, "rival_series": series,
              # named beside the ratio: the cards' rivals at this shape can differ (GemLite passes on one card only)
              "rival_name": {"gemlite_w2": "GemLite 2-bit", "cublas_bf16": "cuBLAS bf16"}[series],
              "rival_check": None if check is None else ("passes" if check["passed"] else "misses"),
@@ -653,11 +662,11 @@ def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: st
                 "one row of bf16 x (M = 1); the weight shape N × K in the kernel column", ours["clock"], ours,
                 label, rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
                 compute_floor_ms=ours.get("floor_compute_ms"), latency_floor_ms=latency, latency_what=what,
-                short=f"{_step_words(ours['series'])}, bf16 x; 4096 × 14336", floor_notes=notes,
+                short=f"{_step_words(ours['series'])}, bf16 x; {case['shape'].replace('x', ' × ')}", floor_notes=notes,
                 rival_notes=tuple(peer_notes) + faster_rivals(
                     # the int8 baselines compute another product (x quantised to int8), not a rival of bf16 x; a
                     # peer that fails the check is named above
-                    data, ours, rival, TERNARY_CASE, skip=("read_weights", "torch_int_mm", "torch_int_mm_matmul",
+                    data, ours, rival, case, skip=("read_weights", "torch_int_mm", "torch_int_mm_matmul",
                                                            "gemlite_w2")))
 
 
@@ -986,7 +995,7 @@ TAIL_SERIES: dict[int, tuple[tuple[str, dict[str, Any]], ...]] = {
     3: (("ngram_match", NGRAM_LEAD_CASE), ("ngram_match", NGRAM_CASE)),
     4: (("ctc_loss", CTC_CASE), ("ctc_loss", CTC_SMALL_CASE)),
     # step 23 at BitNet's shape where our lead is smallest (the row's case, found from the BitNet run), then bf16 x,
-    # then part 1's last step at the same shape (a row names its series: ``tail_series``)
+    # then part 1's last step at 4096 x 14336 (timed; its scoreboard row is at another case, PART_ONE_CASE)
     5: (("step23_w2a8_fused", {"shape": "4800x3200", "m": 1}), ("ternary_matmul", TERNARY_CASE),
         ("step14_workspace", TERNARY_CASE)),
     6: (("multi_item_attention", MULTI_ITEM_GQA_CASE), ("multi_item_attention", MULTI_ITEM_CASE)),
@@ -1205,7 +1214,7 @@ def on_page(r: dict[str, Any]) -> bool:
     chapter 06's 32 heads too, the one case both cards ran) and the decode loops; an end-to-end row, a second kernel of
     one card (chapter 02's kernel alone) or another case (chapter 04's small alphabet) stays off, the results page
     giving it."""
-    if r.get("loop_bound"):
+    if r.get("loop_bound") or r.get("part_notebook"):  # chapter 05 part 1's row: its case has no p99 run
         return True
     if r.get("deployed_budget"):  # chapter 03's deployed budget: its lead case stands on the page, this in its notes
         return False
@@ -1319,6 +1328,12 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     # chapter 05's Triton part, a page of its own, has its row on the lead card too
     lead_ids = {id(r) for r in leads.values()} | {id(r) for r in board if r.get("part_notebook") and "missing" not in r
                                                  and r["card"] == lead_card and on_page(r)}
+    # chapter 05's part 1 reads before its part 2, in every table: a stable sort that keeps each chapter's cards and
+    # rows in their order otherwise
+    chapter_at = {}
+    for i, r in enumerate(board):
+        chapter_at.setdefault(r["number"], i)
+    board.sort(key=lambda r: (chapter_at[r["number"]], not r.get("part_notebook")))
 
     cells: list[tuple[dict[str, Any], dict[str, str]]] = []  # each row of the two times tables, its cells by column
     floors: list[tuple[dict[str, Any], str]] = []  # each row of the floors table, its cells after the chapter's
@@ -1517,8 +1532,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         kernel, _, shape = c["kernel"].partition("; ")
         if shape and shape in (r.get("shape") or ""):
             c["kernel"] = kernel
-        elif shape and r.get("part_notebook"):  # part 1's row: its weight shape in the chapter cell, as part 2's
-            c["kernel"], c["shape"] = kernel, f"M = 1, N × K = {shape}"
+        elif shape and r.get("part_notebook"):  # part 1's row: its weight shape in the chapter cell, as part 2's,
+            # with its layer and, where GemLite is its rival, why this shape (the chapter's own fails GemLite's check)
+            why = ", where GemLite passes our check" if r.get("rival_series") == "gemlite_w2" else ""
+            c["kernel"], c["shape"] = kernel, f"M = 1, N × K = {shape} ({PART_ONE_LAYER}{why})"
     on = f", all measured on the {LEAD_CARD}" if one_card else ""
     under_lead.append("A floor's kind: bytes moved, useful work (compute) or a chain of dependent work (latency; for a "
                       "one-launch kernel, one empty kernel's time, which [How we measure]"
@@ -1579,10 +1596,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                              table("", picked, spread_columns, [line])[2:])
     floor_lines = ["| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",
                    "|" + "---|" * 6]
-    named: set[int] = set()
+    named: set[tuple[int, bool]] = set()
     for r, rest_cells in floors:
-        floor_lines.append(f"| {again(r) if r['number'] in named else chapter_link(r)}{rest_cells}")
-        named.add(r["number"])
+        key = (r["number"], bool(r.get("part_notebook")))  # chapter 05's two parts, each linked once
+        floor_lines.append(f"| {again(r) if key in named else chapter_link(r)}{rest_cells}")
+        named.add(key)
     floor_lines = fold("Each row's three floors (the one that binds, the largest, in bold)", floor_lines)
 
     definitions: list[str] = []
@@ -1624,7 +1642,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                      + out_folds).rstrip() + "\n"
 
 
-__all__ = ["BITMASK_CHAIN_KERNELS", "on_page", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+__all__ = ["BITMASK_CHAIN_KERNELS", "on_page", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "PART_ONE_CASE", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "chapter_run_words", "empty_kernel_range", "card_name", "entry_rows", "cards", "faster_rivals", "floor_kind", "not_comparable",
            "part_one_rival_words", "replayed_one_copy", "READ_ONLY_WHAT",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
