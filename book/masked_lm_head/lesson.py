@@ -28,8 +28,8 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "MAIN_CASE",
            "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "tried_steps_table",
-           "own_case_steps", "steps_note", "table_us", "chain_base", "PARTS", "bitmask_copy_ms", "parts_alone",
-           "NO_MAIN_TIME", "CHANGES_FROM_HOST",
+           "own_case_steps", "steps_note", "table_us", "chain_base", "PARTS", "bitmask_copy_ms", "own_case_table",
+           "NO_MAIN_TIME", "CHANGES_FROM_HOST", "rows_sweep_us",
            "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
            "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
@@ -569,6 +569,19 @@ def losses_table(results) -> str:
     return "\n".join(lines)
 
 
+def rows_sweep_us(candidates: dict | None, allowed: int = 1000) -> dict[int, float]:
+    """Exercise 4's recorded answer: step 7's time at batch 1 with ``allowed`` random ids, in µs, for each number of
+    rows per program that the tuning run (:data:`CANDIDATES_FILE`, do_bench's clock) swept, at the default tile's
+    warps; empty where the run is absent or has no such rows."""
+    from studylog.masked_lm_head.formats import default_tiles
+
+    warps = default_tiles(7, 1).num_warps
+    rows = [] if candidates is None else [r for r in candidates["measurements"] if r["series"] == "step07_tiles"
+                                          and r["params"].get("allowed") == allowed and r["params"].get("batch") == 1
+                                          and r["params"].get("num_warps") == warps]
+    return {r["params"]["rows"]: r["ms"] * 1e3 for r in sorted(rows, key=lambda r: r["params"]["rows"])}
+
+
 def tried_table(results, candidates: dict | None) -> str:
     """What was tried and did not help: one line each, the measured effect, where the details are.
     ``candidates`` is :data:`CANDIDATES_FILE` (``studylog.plotting.load_lab``), or None when absent."""
@@ -639,8 +652,9 @@ MAIN_LINE = (0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13)
 #: (the library and the results name them so).
 TRIED = (6, 9, 11)
 #: The case each step's idea is about and the step it is compared with there (None for step 0). The table of steps
-#: (:func:`main_steps_table`) chains every kept step at :data:`MAIN_CASE` and gives 7, 8, 10 and 12 at their own case
-#: too, in its last column; 13 starts from the bitmask at the main case. The base is the kept step before it (step 7
+#: (:func:`main_steps_table`) chains every kept step timed at :data:`MAIN_CASE`, each against the row above; a second
+#: table (:func:`own_case_table`) gives 7, 8, 10 and 12 at their own case; 13 starts from the bitmask at the main
+#: case. The base is the kept step before it (step 7
 #: builds on step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with
 #: step 3, the dispatch's dense path for batches. Step 12, a dispatch, runs step 7 at the main case; its gain is where
 #: it leaves step 10's path for a dense one, at batch 64 with 10,000 allowed each (step 10's section ends there). A step
@@ -670,8 +684,6 @@ CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the di
            11: "the vocabulary reordered so that allowed tokens cluster",
            12: "a dispatch by shape",
            13: "the whole step from the packed bitmask, in one CUDA graph"}
-#: Step 13's words in the table of steps, whose call starts where xgrammar's does (:data:`FROM_HOST`).
-CHANGES_FROM_HOST = "the whole step, from the packed bitmask in host memory, in one CUDA graph"
 #: The rivals at :data:`MAIN_CASE`, said under the table of steps in the prose's words (xgrammar's path, which starts
 #: from the bitmask, faces step 13 in its row). The dense rival is cuBLAS with fp32 output: the chapter's
 #: contract, and steady, where dense + mask's bf16 logits run at two speeds at batch 1 (:func:`dense_clusters`).
@@ -751,13 +763,11 @@ def step_floor_ms(results, row: dict, params: dict) -> tuple[float, str]:
     return floor, "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
 
 
-def _over_floor(results, row: dict, params: dict, *, from_host: bool = False) -> str:
-    """``2.6×``: the row's time over the card's floor (:func:`step_floor_ms`); with ``from_host`` (:data:`FROM_HOST`),
-    at batch 1, our design's bound follows, named as ours (``12.1× (4.6× our design's bound, 4.12 µs)``)."""
+def _over_floor(results, row: dict, params: dict) -> str:
+    """``2.6×``: the row's time over the card's floor (:func:`step_floor_ms`). Step 13's bound of our own design
+    (:func:`host_floor_ms`) is said above the table, not in a cell."""
     floor, _ = step_floor_ms(results, row, params)
-    said = f"{row['ms'] / floor:.1f}×"
-    bound = host_floor_ms(results) if from_host and params["batch"] == 1 else None
-    return said if bound is None else said + f" ({row['ms'] / bound:.1f}× our design's bound, {table_us(bound)} µs)"
+    return f"{row['ms'] / floor:.1f}×"
 
 
 def table_us(ms: float | None) -> str:
@@ -771,85 +781,63 @@ def _case(p: dict) -> str:
     return f"batch {p['batch']}, {p['allowed']:,} {p['kind']}{per}"
 
 
-def chain_base(results, number: int) -> int | str | None:
-    """The base of step ``number``'s "×" in the chain at :data:`MAIN_CASE`: xgrammar's path for a step that starts from
-    the bitmask (:data:`FROM_HOST`, the rival with its contract), else the nearest kept step above it with a time
-    there (step 12's is step 7: steps 8 and 10 have none); None for step 0."""
-    if number in FROM_HOST:
-        return XGRAMMAR
-    above = [n for n in MAIN_LINE[:MAIN_LINE.index(number)]
-             if n not in FROM_HOST and _row(results, step_series(n), **MAIN_CASE) is not None]
+def chain_base(results, number: int) -> int | None:
+    """The base of step ``number``'s "×" in the chain at :data:`MAIN_CASE`: the row above it in the table of steps,
+    the nearest kept step above with a time there (step 12's is step 7: steps 8 and 10 have none; step 13's is step
+    12, whose kernel it runs after the bitmask's copy and the union's build); None for step 0."""
+    above = [n for n in MAIN_LINE[:MAIN_LINE.index(number)] if _row(results, step_series(n), **MAIN_CASE) is not None]
     return above[-1] if above else None
 
 
-#: Step 13's parts, as the table of steps names them under step 13, each with the trace's activities it covers
-#: (:data:`TIMELINE_PARTS`).
+#: Step 13's parts, as its section names them, each with the trace's activities it covers (:data:`TIMELINE_PARTS`).
 PARTS = (("13a", "the packed bitmask copied, without waiting, into a device buffer the graph reads", ("copy",)),
          ("13b", "the union's ids and count built from the buffer on the device", ("count_zero", "union_kernel")),
          ("13c", "step 7's kernel reads the count from memory: one graph per bucket", ("row_kernel",)))
-#: Why a kept step has no time at :data:`MAIN_CASE`, in its row of the table of steps.
+#: Why a kept step has no time at :data:`MAIN_CASE`: it is in the table of the other cases (:data:`OWN_CHAINS`).
 NO_MAIN_TIME = {8: "eight ids at most", 10: "batches only"}
+#: The table of the other cases (:func:`own_case_table`): each case a step's idea is about, with the kept steps timed
+#: there in order, a chain of its own (each "×" against the row above it). Step 7's idea is about 10,000 allowed
+#: tokens, step 8's about one, step 10's about a batch's union at 1,000 each, step 12's about 10,000 each.
+OWN_CHAINS = ((dict(batch=1, kind="random", allowed=10_000), (5, 7)),
+              (dict(batch=1, kind="random", allowed=1), (7, 8)),
+              (dict(batch=64, kind="random", allowed=1000), (3, 10, 12)),
+              (dict(batch=64, kind="random", allowed=10_000), (3, 10, 12)))
+#: Step 13's words in the table of steps, whose call starts where xgrammar's does (:data:`FROM_HOST`): what it adds to
+#: step 12's call at :data:`MAIN_CASE`.
+CHANGES_FROM_HOST = ("the whole step from the packed bitmask in host memory, in one CUDA graph: the bitmask's copy "
+                     "and the union's build added to step 12's kernel")
 
 
-def parts_alone(results) -> dict[str, str]:
-    """What times each of :data:`PARTS` outside the trace, in the table of steps' words: 13a's copy was timed alone
-    (:func:`bitmask_copy_ms`); 13b was not; 13c's kernel does what step 12's does at :data:`MAIN_CASE`, given the
-    ids."""
-    copy, twelve = bitmask_copy_ms(results), _ms(results, step_series(12), **MAIN_CASE)
-    return {"13a": "not timed alone" if copy is None else f"alone: {table_us(copy)} µs",
-            "13b": "not timed alone",
-            "13c": "not timed alone" + ("" if twelve is None else
-                                        f"; step 12's kernel, given the ids: {table_us(twelve)} µs")}
-
-
-def _against(base: int | str, reference: dict) -> str:
-    return f" step {base}" if isinstance(base, int) else f" xgrammar's path, {table_us(reference['ms'])} µs"
-
-
-def main_steps_table(results, parts: dict[str, float] | None = None) -> str:
-    """The page's one table of steps, Markdown under its bold caption: one chain at :data:`MAIN_CASE`, the headline's
-    case. One row per kept step (:data:`MAIN_LINE`) with its time there, "×" (the time there of its base,
-    :func:`chain_base`, over its own: the kept step above, or for step 13 xgrammar's path) and "× the card's floor"
-    (step 13's followed by our design's bound, :func:`host_floor_ms`); a step whose idea is about another case
-    (:data:`STEP_CASES`) also gives its time there against the step it builds on, in the last column, and a step
-    with no time at the main case (8, 10) shows ``–`` in the chain. ``parts`` (:func:`plan_parts`), where given, adds
-    step 13's three parts (:data:`PARTS`) as rows with their traced times; then the rivals at :data:`MAIN_CASE`
-    (:data:`MAIN_RIVALS`) in a sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged
-    where either side's repetitions spread past the page's threshold."""
+def main_steps_table(results) -> str:
+    """The page's table of steps, Markdown under its bold caption: one chain at :data:`MAIN_CASE`, the headline's
+    case. One row per kept step (:data:`MAIN_LINE`) timed there, with "×" (the time of the row above over its own,
+    :func:`chain_base`) and "× the card's floor". Steps 8 and 10 have no time there (:data:`NO_MAIN_TIME`): they are
+    in :func:`own_case_table`. Step 13's call starts from the bitmask in host memory: its "×" against step 12 says
+    what that costs; the rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path, which starts from the
+    bitmask) follow in a sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged where
+    either side's repetitions spread past the page's threshold."""
     lines = [f"**The kept steps, one chain at batch {MAIN_CASE['batch']} with {MAIN_CASE['allowed']:,} "
-             f"{MAIN_CASE['kind']} tokens allowed** (µs, GPU clock, the [V, D] head; × against the step or rival "
-             "named)", "",
-             "| step | the one change | µs | × | × the card's floor | at its own case, or alone |",
-             "|---|---|---|---|---|---|"]
+             f"{MAIN_CASE['kind']} tokens allowed** (µs, GPU clock, the [V, D] head; × against the row above)", "",
+             "| step | the one change | µs | × the row above | × the card's floor |",
+             "|---|---|---|---|---|"]
     for number in MAIN_LINE:
-        own, own_base = STEP_CASES[number]
         row = _row(results, step_series(number), **MAIN_CASE)
-        base = chain_base(results, number)
-        reference = None if base is None else _row(results, _base_series(base), **MAIN_CASE)
-        there = None if own == MAIN_CASE else _row(results, step_series(number), **own)
-        there_ref = None if there is None else _row(results, _base_series(own_base), **own)
-        if row is None and there is None:
-            continue
-        change = CHANGES[number]
-        if number == 12 and row is not None and there is not None and row.get("path") and there.get("path"):
-            change += f": {path_words(row['path'])} here, {path_words(there['path'])} at its own case"
-        if number in FROM_HOST:
-            change = CHANGES_FROM_HOST + ("" if parts is None else
-                                          " (its parts below, traced inside one call; the rest of the call is idle)")
         if row is None:
-            chain = f"– ({NO_MAIN_TIME[number]}) | – | –" if number in NO_MAIN_TIME else "– | – | –"
-        else:
-            ratio = "–" if reference is None else _vs(row, reference) + _against(base, reference)
-            chain = (f"{table_us(row['ms'])}{capped(row)} | {ratio} | "
-                     f"{_over_floor(results, row, MAIN_CASE, from_host=number in FROM_HOST)}")
-        own_cell = "" if there is None or there_ref is None else (
-            f"{_case(own)}: {table_us(there['ms'])}{capped(there)} µs, {_vs(there, there_ref)} step {own_base}")
-        lines.append(f"| {number} | {change} | {chain} | {own_cell} |")
-        if number in FROM_HOST and parts is not None:
-            alone = parts_alone(results)
-            lines += [f"| {name} | {words} | {sum(parts[k] for k in keys):.1f} traced | – | – | {alone[name]} |"
-                      for name, words, keys in PARTS]
+            continue
+        base = chain_base(results, number)
+        reference = None if base is None else _row(results, step_series(base), **MAIN_CASE)
+        change = CHANGES_FROM_HOST if number in FROM_HOST else CHANGES[number]
+        if number == 12 and row.get("path"):
+            change += f": {path_words(row['path'])} here"
+        if number in own_case_steps():
+            change += " (its own case: the table below)"
+        ratio = "–" if reference is None else f"{_vs(row, reference)} step {base}"
+        lines.append(f"| {number} | {change} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
+                     f"{_over_floor(results, row, MAIN_CASE)} |")
     rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
+    xgr = _row(results, XGRAMMAR, **MAIN_CASE)
+    if xgr is not None:
+        rivals.append(("xgrammar's path (step 13's contract)", xgr))
     if rivals:
         lines += ["", f"Rivals at {_case(MAIN_CASE)}: " + "; ".join(
             f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
@@ -858,14 +846,37 @@ def main_steps_table(results, parts: dict[str, float] | None = None) -> str:
 
 
 def own_case_steps() -> list[int]:
-    """The kept steps the table of steps also gives at another case: those whose idea is about another case than
-    :data:`MAIN_CASE` (:data:`STEP_CASES`)."""
+    """The kept steps whose idea is about another case than :data:`MAIN_CASE` (:data:`STEP_CASES`): 7, 8, 10, 12."""
     return [n for n in MAIN_LINE if STEP_CASES[n][0] != MAIN_CASE]
 
 
+def own_case_table(results) -> str:
+    """The second table of steps, Markdown under its bold caption: the steps whose idea is about another case
+    (:func:`own_case_steps`), at that case, one chain per case (:data:`OWN_CHAINS`: each "×" the time of the row above
+    over its own, the first row of a case "–"). Step 12's row names the kernel the dispatch runs there."""
+    lines = [f"**Steps {counts_words(own_case_steps())} at the case their idea is about** (µs, GPU clock; × against "
+             "the row above)", "",
+             "| case | step | the one change | µs | × the row above |",
+             "|---|---|---|---|---|"]
+    for params, numbers in OWN_CHAINS:
+        above = None
+        for i, number in enumerate(numbers):
+            row = _row(results, step_series(number), **params)
+            if row is None:
+                continue
+            change = "the base at this case" if above is None else CHANGES[number]
+            if number == 12 and row.get("path"):
+                change += f": {path_words(row['path'])} here"
+            ratio = "–" if above is None else f"{_vs(row, above[1])} step {above[0]}"
+            lines.append(f"| {_case(params) if above is None else ''} | {number} | {change} | "
+                         f"{table_us(row['ms'])}{capped(row)} | {ratio} |")
+            above = (number, row)
+    return "\n".join(lines)
+
+
 def steps_note(results) -> str:
-    """The footnote under the table of steps: why step numbers are missing from it, and the key to :data:`CAPPED`
-    (said once on the page) where the run marks rows."""
+    """The footnote under the tables of steps: why step numbers are missing from them, and the key to
+    :data:`CAPPED` (said once on the page) where the run marks rows."""
     note = f"Missing: {counts_words(list(TRIED))} did not pay (the fold below the figures)."
     key = page_capped_key(results)
     return note if key is None else note + "\n\n" + key
@@ -1160,30 +1171,6 @@ def plan_timeline_table(data: dict, step_us: float) -> str:
     lines.append(f"| until the next call's copy | | | {timeline_idle(data)['next']:.1f} | {s['period_us']:.1f} |")
     lines.append(f"| **the step** | the benchmark's median, no profiler | **{step_us:.1f}** | | |")
     return "\n".join(lines)
-
-
-def step4_core():
-    """Step 4's idea in its own lines (a ``studylog.source.Code``), read from its kernel and its fill program: a row
-    program takes a slice of the allowed ids and loads their rows; a fill program writes ``-inf`` where its block of
-    the mask disallows. The row's dot product (step 5's diff shows it) and the signature are elided with ``# ...``."""
-    import textwrap
-
-    from studylog.masked_lm_head.compact import compact_rows_kernel, fill_disallowed
-    from studylog.source import Code, source_of
-
-    rows = source_of(compact_rows_kernel)[0].splitlines()
-    fill = source_of(fill_disallowed)[0].splitlines()
-    start = next(i for i, ln in enumerate(rows) if "pid = tl.program_id(0)" in ln)
-    ptrs = next(i for i, ln in enumerate(rows) if "row_ptrs = " in ln)
-    store = next(i for i, ln in enumerate(rows) if "tl.store(out_ptr + rows" in ln)
-    body = next(i for i, ln in enumerate(fill) if ln.lstrip().startswith("offs = "))
-    indent = rows[ptrs][:len(rows[ptrs]) - len(rows[ptrs].lstrip())]
-    kernel = textwrap.dedent("\n".join([*rows[start:ptrs + 1], indent + "# ... acc: those rows times h, chunk by chunk",
-                                         *rows[store:]]))
-    out = ["# step 4's kernel: each program is a row program or a fill program", kernel, "",
-           "# fill_disallowed: -inf where the program's block of the mask disallows",
-           textwrap.dedent("\n".join(fill[body:]))]
-    return Code("\n".join(out), "python", "step 4, the lines that carry its idea")
 
 
 # --------------------------------------------------------------------------------------
