@@ -44,24 +44,24 @@ def test_no_ratio_across_clocks():
     results = load_results("ngram")
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(lesson.steps_table(results))]
     by_step = {r[0]: r for r in rows}
-    assert by_step["1"][2:-1] == ["host ¹", "–", "–"] * len(lesson.BOEHM_CASES)
-    assert all(by_step["2"][3 + 3 * i] == "–" for i in range(len(lesson.BOEHM_CASES)))  # not GPU over host
+    assert by_step["1"][2:-1] == ["host ¹", "–", "–"] * len(lesson.TABLE_CASES)
+    assert all(by_step["2"][3 + 3 * i] == "–" for i in range(len(lesson.TABLE_CASES)))  # not GPU over host
     head = [c.strip() for c in lesson.steps_table(results).splitlines()[0].split("|")[1:-1]]
     assert all(h.endswith("µs, GPU clock") for h in head[2:-1:3]) and head[-1] == "why kept"
     for r in rows:  # the floor is a GPU-clock time: only a GPU-clock row is divided by it
         floor_cells = r[4:-1:3]
         assert (r[0] != "1") == any(c not in ("–", "") for c in floor_cells), r
     note = lesson.host_note(results)
-    for cfg in lesson.BOEHM_CASES:  # the footnote gives step 1's own time at each case, from the file
+    for cfg in lesson.TABLE_CASES:  # the footnote gives step 1's own time at each case, from the file
         ms = lesson.grid_row(results, ngram.CHAPTER.step(1).series, cfg)["ms"]
         assert f"{ms * 1e3:,.1f} µs at {cfg[0]} × {cfg[1]}" in note, cfg
     main, fold = lesson.steps_tables(results)
-    assert main.endswith(lesson.host_note(results, (lesson.HEADLINE,))) and note.split(":", 1)[1] in fold
+    assert main.endswith(lesson.host_note(results, lesson.OPEN_CASES)) and note.split(":", 1)[1] in fold
 
 
 def test_why_kept_reads_each_path_steps_factors():
     """The table's last column says why each step on a path ships: where it is faster than the step before on its
-    path, as the table rounds, read from the file (both long cases, every case, or the ones it is faster at); a step
+    path, as the table rounds, read from the file (every long case, every case, or the ones it is faster at); a step
     faster at no case gives its reason (step 7: its one launch, on the host). The steps before the paths leave it
     empty."""
     results = load_results("ngram")
@@ -76,10 +76,10 @@ def test_why_kept_reads_each_path_steps_factors():
         if all(pays):
             assert said == "faster at every case", number
         elif all(pays[1:]):
-            assert said == "faster at both long cases", number
+            assert said == "faster at every long case", number
         elif any(pays):
             assert said.startswith("faster at ") and all((f"{b} × {s}" in said) == ok
-                                                         for (b, s, _), ok in zip(lesson.BOEHM_CASES, pays)), number
+                                                         for (b, s, _), ok in zip(lesson.TABLE_CASES, pays)), number
         else:
             assert said == lesson.KEPT_FOR[number], number
     assert rows["7"][-1] == "one launch: less host time"
@@ -98,8 +98,8 @@ def test_the_steps_figure_draws_the_tables_floor():
     drawn = sorted({round(float(seg[0][1]), 6) for seg in floor.get_segments()})
     from book.ngram.results import grid_configs
 
-    expected = sorted({round(lesson.floor_us(results, c), 6) for c in grid_configs(results)
-                       if lesson.floor_us(results, c) is not None})
+    expected = sorted({round(lesson.table_floor_us(results, c), 6) for c in grid_configs(results)
+                       if lesson.table_floor_us(results, c) is not None})  # the table's: under a budget, what searches
     assert drawn == expected
     # the times panel draws the steps that make the chapter's argument beside the entry point, not all twelve (the
     # table has them all); the second panel, each path's last step against step 6, read from the file
@@ -147,8 +147,8 @@ def test_the_shared_definitions_hold_what_the_listings_lean_on():
 def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
     """The page folds what a reader can skip: the definitions every listing leans on (the parameter list,
     ``plan_slot``), step 2's loop (the search and the slot walk), step 3's search kernel,
-    and the small diffs of steps 7, 9 and 10 (streaming the haystack, one section, each a line's idea); every other
-    diff is open, step 8's core (the streaming section's idea) and step 11's (the path's idea) included. No folded output holds the
+    and the small diffs of steps 7, 9 and 10 (each a line's idea); every other diff is open, step 8's core (its own
+    section's idea) and step 11's (the path's idea) included. No folded output holds the
     specification, and no Markdown says "folded" (the fold's own button says what it holds)."""
     import json
 
@@ -173,8 +173,7 @@ def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
 
 def test_the_cores_of_steps_4_5_6_and_8_show_open():
     """Steps 4, 5, 6 and 8 show their diff's core unfolded (at most 40 changed lines, each side from its step's
-    kernel), and not the whole diff: steps 4 to 6 give their number under it, step 8 (in the streaming section) above
-    it, in the lines that give each of steps 7 to 10 its number; the result table says which step `ngram_match`
+    kernel), and not the whole diff, with their number under it; the result table says which step `ngram_match`
     runs at each shape, and it runs step 12 at the small case."""
     import json
 
@@ -184,7 +183,7 @@ def test_the_cores_of_steps_4_5_6_and_8_show_open():
     for step in (4, 5, 6, 8):
         at = [i for i, c in enumerate(cells) if "".join(c["source"]).strip() == f"lesson.core_diff({step})"]
         assert len(at) == 1 and "hide-output" not in cells[at[0]]["metadata"].get("tags", []), step
-        near = "".join(cells[at[0] + (-1 if step == 8 else 1)]["source"])  # the step's number, not the whole diff
+        near = "".join(cells[at[0] + 1]["source"])  # the step's number, not the whole diff
         assert "say(f" in near and not any(w in near for w in ("parts(", "_diff(")), step
         d = lesson.core_diff(step)
         assert len(d.lines) <= 45 and len(d.added) + len(d.removed) <= 40 and d.added and d.removed, step
@@ -195,12 +194,12 @@ def test_the_cores_of_steps_4_5_6_and_8_show_open():
 
 def test_every_step_has_its_section_with_its_diff_and_its_number():
     """One section a step, in order, headed "## Step N: <the one idea>" (steps 1 to 6) or "### Step N: ..." (under
-    its path's heading, steps 11 and 12; no bundle words), except steps 7 to 10, which share one section,
-    "### Steps 7 to 10: ...", a diff each (step 8's core open, the small diffs of 7, 9 and 10 folded) and a line each
-    with its number; each section from step 3 on shows
+    its path's heading, steps 7, 8, 11 and 12; no bundle words), except steps 9 and 10, two changes to how step 8
+    loads, which share "### Steps 9 and 10: ...", a line each with its number; each section from step 3 on shows
     a diff for each of its steps (open or folded) and says a computed number, and steps 7, 11 and 12 say where they
     pay (:func:`lesson.path_words`), the others in the table of steps' "why kept" column; a diff changes at most
-    about 40 lines, and step 11's, the path's idea, is open. The paths' headings come in the order of
+    about 40 lines. Step 8's core is open, the one that changes the streaming kernel most; the small diffs of steps
+    7, 9 and 10 are folded; step 11's, the path's idea, is open. The paths' headings come in the order of
     :data:`lesson.PATHS`, after step 6's section."""
     import json
     import re
@@ -210,9 +209,9 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     sections = [(list(range(int(m[1]), int(m[2] or m[1]) + 1)), i) for i, t in enumerate(text)
-                for m in [re.match(r"###? Steps? (\d+)(?: to (\d+))?: (.+)", t)] if m]
+                for m in [re.match(r"###? Steps? (\d+)(?: (?:to|and) (\d+))?: (.+)", t)] if m]
     assert [n for ns, _ in sections for n in ns] == [s.number for s in ngram.CHAPTER.steps]
-    assert [ns for ns, _ in sections if len(ns) > 1] == [[7, 8, 9, 10]]
+    assert [ns for ns, _ in sections if len(ns) > 1] == [[9, 10]]
     at = {n: i for ns, i in sections for n in ns}
     for _, i in sections:
         title = text[i].splitlines()[0]
@@ -236,12 +235,16 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
             m = re.fullmatch(r"lesson\.(?:step|core)_diff\((?:(\d+), )?(\d+)\)", t.strip())
             if m:
                 tags = c["metadata"].get("tags", [])
-                small = len(numbers) > 1 and t.strip().startswith("lesson.step_diff(")  # 7, 9, 10: a few lines
+                small = t.strip() in FOLDED_DIFFS  # 7, 9, 10: a few lines each
                 assert ("hide-output" in tags) == small, (numbers, tags)  # those folded, the rest open
                 if m[1]:
                     d = lesson.step_diff(int(m[1]), int(m[2]))
                     changed = len(d.added) + len(d.removed)
                     assert int(m[2]) in numbers and changed <= 40, (m[2], changed)
+
+
+#: The diffs the page folds: steps 7, 9 and 10, a few lines each.
+FOLDED_DIFFS = ("lesson.step_diff(6, 7)", "lesson.step_diff(8, 9)", "lesson.step_diff(9, 10)")
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():
@@ -383,7 +386,8 @@ def test_where_a_step_pays_in_words():
             assert words == ("pays at every case" if all(pays) else "pays at no case"), words
             continue
         yes, no = words.removeprefix("pays at ").split(", not at ")
-        for (b, s, _), ok in zip(lesson.BOEHM_CASES, pays):
+        assert len(pays) == len(lesson.TABLE_CASES)
+        for (b, s, _), ok in zip(lesson.TABLE_CASES, pays):
             assert f"{b} × {s}" in (yes if ok else no), (number, words)
 
 
@@ -446,7 +450,7 @@ def test_step_7_says_what_its_one_launch_buys():
     assert lesson.path_words(results, 7).startswith("pays at no case")
     cells = ["".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
-    at = next(i for i, t in enumerate(cells) if t.startswith("### Steps 7 to 10:"))
+    at = next(i for i, t in enumerate(cells) if t.startswith("### Step 7:"))
     end = next(i for i, t in enumerate(cells) if i > at and t.startswith("### "))
     body = "\n".join(cells[at:end])
     assert "lesson.path_words(results, 7)" in body and "lesson.host_us(results, n, lesson.HEADLINE)" in body
@@ -495,7 +499,7 @@ def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():
     chains = [i for i, t in enumerate(cells) if "chain_table(" in t]
     assert len(chains) == 1 and "lesson.step6_chain()" in cells[chains[0]]
     step6 = next(i for i, t in enumerate(cells) if t.startswith("## Step 6:"))
-    step7 = next(i for i, t in enumerate(cells) if t.startswith("### Steps 7 to 10:"))
+    step7 = next(i for i, t in enumerate(cells) if t.startswith("### Step 7:"))
     assert step6 < chains[0] < step7
 
 
@@ -669,9 +673,11 @@ def test_rule_misses_are_every_case_where_a_step_beats_the_entry_point_by_over_3
     assert len(misses) <= 1 and all(m[5] < 1.04 for m in misses)  # the committed run: at most one, by under 4%
 
 
-def test_the_open_steps_table_is_the_quoted_case_and_the_fold_has_every_case():
-    """The page's table of steps reads step | the one change | µs | × previous | × floor at the case the chapter
-    quotes (the deployed budget over 128 long slots); every case's columns sit in a fold under it, the same cells."""
+def test_the_open_steps_table_is_the_quoted_cases_and_the_fold_has_every_case():
+    """The page's table of steps reads step | the one change | µs | × previous | × floor at the case every step is
+    quoted at (the deployed budget over 128 long slots) and at the result's (512 × 16384, no budget, where the most
+    slots search); every case's columns sit in a fold under it, the same cells. Every step but step 2 (one thread,
+    too slow on long rows, which its cell says) is timed at the result's case."""
     import json
 
     from studylog import paths
@@ -679,14 +685,24 @@ def test_the_open_steps_table_is_the_quoted_case_and_the_fold_has_every_case():
     results = load_results("ngram")
     main, fold = lesson.steps_tables(results)
     head = [c.strip() for c in main.splitlines()[0].split("|")[1:-1]]
-    assert len(head) == 6 and head[:2] == ["step", "the one change"] and head[3] == "× previous"
-    assert head[5] == "why kept"
-    assert head[2].startswith(f"{lesson.HEADLINE[0]} × {lesson.HEADLINE[1]}") and head[4].startswith("× floor")
-    note = lesson.host_note(results, (lesson.HEADLINE,))  # step 1's time, under the table
-    assert main == lesson.steps_table(results, (lesson.HEADLINE,)) + "\n\n" + note
+    from studylog.ngram import NO_BUDGET
+
+    assert lesson.OPEN_CASES == (lesson.HEADLINE, lesson.RESULT_CASE) == (lesson.HEADLINE, (512, 16384, NO_BUDGET))
+    assert len(head) == 9 and head[:2] == ["step", "the one change"] and head[3] == head[6] == "× previous"
+    assert head[8] == "why kept"
+    for at, cfg in ((2, lesson.HEADLINE), (5, lesson.RESULT_CASE)):
+        assert head[at].startswith(f"{cfg[0]} × {cfg[1]}") and head[at + 2].startswith("× floor"), at
+    note = lesson.host_note(results, lesson.OPEN_CASES)  # step 1's time, under the table
+    assert main == lesson.steps_table(results, lesson.OPEN_CASES) + "\n\n" + note
     assert fold.startswith("<details><summary>") and fold.endswith("</details>") and "|" not in fold
-    for cfg in lesson.BOEHM_CASES:
+    assert set(lesson.BOEHM_CASES) | {lesson.RESULT_CASE} == set(lesson.TABLE_CASES)
+    for cfg in lesson.TABLE_CASES:
         assert f"{cfg[0]} × {cfg[1]}" in fold.split("</summary>")[0]
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(main.split("\n\n")[0])}
+    for number in range(2, 13):
+        timed = _file_ms(results, number, lesson.RESULT_CASE)
+        assert (timed is None) == (number == 2), number
+        assert rows[str(number)][5] == ("– (too slow on one thread)" if timed is None else f"{timed * 1e3:,.1f}")
     assert fold.count("<tr>") == len(lesson.steps_table(results).splitlines()) - 1  # the head and every row
     assert "<strong>path 1 from step 6" in fold and "*" not in fold  # the paths' rows bold there too
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
@@ -758,25 +774,54 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
 
 
 def test_the_budgeted_floor_says_what_it_counts():
-    """Where the budget lets fewer slots search than are active and the bytes set the floor (the headline case), the
-    "× floor" head says it counts every active slot read once, though the budget lets fewer search; at the other
-    cases it is the plain floor. "Why it matters" prices the step against the GPU rival (step 4) as well as the CPU path."""
+    """Where the budget lets fewer slots search than are active and their bytes would set the floor (the headline
+    case), the table divides by the floor of what the operator must read: the haystacks of the slots the budget lets
+    search, read once, or an empty kernel where larger (there: one slot, under an empty kernel), and the "× floor"
+    head says so; at the other cases it is the book's floor. The cell above the table gives the bytes of every active
+    slot that steps 3 to 10 and 12 search. "Why it matters" prices the step against the GPU rival (step 4) as well as
+    the CPU path."""
     import json
 
     from studylog import paths
 
     results = load_results("ngram")
+    from book.common import floor_ms, latency_floor_ms
+    from studylog.ngram.batches import haystack_bytes
+    from studylog.ngram.models import searching_slots
+
     walk = lesson.budget_walk(results, lesson.HEADLINE)
-    label = (f"all {lesson.active_slots(results, lesson.HEADLINE)} active slots read once, though the budget lets "
-             f"{walk['searched']} search")
-    assert walk["searched"] < lesson.active_slots(results, lesson.HEADLINE)
+    assert walk["searched"] == 1 < lesson.active_slots(results, lesson.HEADLINE)
+    inputs, this_time, config = lesson._bench_batch(results, lesson.HEADLINE)
+    one = [(step + prompt_len) * 8 for b, step, prompt_len in searching_slots(inputs, config, this_time)
+           if b == next(t for t in _trace(inputs, this_time, config) if t["searched"])["slot"]]
+    assert walk["bytes"] == one[0] < haystack_bytes(inputs, this_time, config)
+    empty = latency_floor_ms(results) * 1e3
+    assert lesson.table_floor_us(results, lesson.HEADLINE) == pytest.approx(floor_ms(results, one[0]) * 1e3) == empty
+    assert lesson.floor_us(results, lesson.HEADLINE) > 5 * empty  # the book's floor counts every active slot
+    label = "an empty kernel; the 1 slot the budget lets search reads in less"
     head = lesson.steps_table(results).splitlines()[0].split(" | ")
     floors = [h for h in head if h.startswith("× floor")]
-    assert [label in h for h in floors] == [c == lesson.HEADLINE for c in lesson.BOEHM_CASES]
+    assert [label in h for h in floors] == [c == lesson.HEADLINE for c in lesson.TABLE_CASES]
+    for cfg in lesson.TABLE_CASES:
+        if cfg != lesson.HEADLINE:
+            assert lesson.table_floor_us(results, cfg) == lesson.floor_us(results, cfg), cfg
+    above = "".join(next(c for c in json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb")
+                                               .read_text())["cells"] if c.get("id") == "cell-32")["source"])
+    assert "{floor(*H):,.2f} µs of reading" in above and "lesson.table_floor_us(results, H)" in above
     cells = ["".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
     why = next(i for i, t in enumerate(cells) if t.startswith("## Why it matters"))
     assert "us(4, batch, seq_len, threshold)" in cells[why + 1] and "port_us" in cells[why + 1]
+
+
+def _trace(inputs, this_time, config) -> list[dict]:
+    """The specification's trace of one batch: a dict per slot (which searched, where it matched)."""
+    import torch
+
+    draft = torch.zeros((inputs.batch, config.max_draft_tokens + 1), dtype=torch.int64)
+    trace: list = []
+    ngram.reference_ngram_match(inputs, draft, this_time, config, trace=trace)
+    return trace
 
 
 def test_each_step_gives_one_number_at_the_tables_case():
@@ -798,9 +843,11 @@ def test_each_step_gives_one_number_at_the_tables_case():
                       ("cell-s12-say", 12)):
         said = cells[cid]
         assert f"step_factors(results, {step})" in said and f"us({step}, *H)" in said, step
-    assert "(lesson.step_factors(results, n)[1] for n in (7, 8, 9, 10))" in cells["cell-s7-say"]
+    assert "lesson.step_factors(results, 7)[1]" in cells["cell-s7-say"] and "us(7, *H)" in cells["cell-s7-say"]
+    assert "lesson.step_factors(results, 8)[1]" in cells["cell-s8-say"] and "us(8, *H)" in cells["cell-s8-say"]
+    assert "(lesson.step_factors(results, n)[1] for n in (9, 10))" in cells["cell-s9-say"]
     for cid in ("cell-09", "cell-12", "cell-16", "cell-19", "cell-s5-say", "cell-s6-say", "cell-s7-say",
-                "cell-s11-say", "cell-s12-say"):
+                "cell-s8-say", "cell-s9-say", "cell-s11-say", "cell-s12-say"):
         said = cells[cid]
         assert "× in the table" not in said, cid
         assert not re.search(r"step_factors\(results, \d+\)\[[02]\]|us\(\d+, \d", said), cid  # no other case

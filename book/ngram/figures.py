@@ -69,11 +69,18 @@ def caption(results) -> str:
 
 
 def floor_ms(results, cfg: tuple[int, int, int]) -> float | None:
-    """The floor of a grid case in ms, the book's (:func:`book.ngram.results.floor_of`): the active slots' haystacks
-    read once at the copy bandwidth, or the card's fastest empty kernel where that is larger; None without one."""
+    """The floor of a grid case in ms, the table of steps' (:func:`book.ngram.lesson.table_floor_us`): the book's
+    (:func:`book.ngram.results.floor_of`: the active slots' haystacks read once at the copy bandwidth, or the card's
+    fastest empty kernel where that is larger), but under a budget that lets fewer slots search, only theirs; None
+    without one."""
+    from book.ngram.lesson import table_floor_us
+
     rows = [r for r in results.select(corpus=None, batch=cfg[0], seq_len=cfg[1], threshold=cfg[2])
             if row_bytes(results, r) is not None]
-    return floor_of(results, rows[0]) if rows else None
+    if not rows:
+        return None
+    us = table_floor_us(results, cfg)
+    return floor_of(results, rows[0]) if us is None else us / 1e3
 
 
 def _errorbar(ax, xs, rows, scale, **style):
@@ -132,7 +139,7 @@ def figures(results) -> dict:
     if floors:
         ax.hlines([f for _, f in floors], [i - 0.42 for i, _ in floors], [i + 0.42 for i, _ in floors],
                   colors=series_color("floor"), linestyles="--", lw=1,
-                  label="floor: haystacks read once, or an empty kernel")
+                  label="floor: the searching slots' haystacks read once, or an empty kernel")
     ax.tick_params(labelsize=FONT)
     ax.set_yscale("log")
     ax.set_ylabel("µs per call\n(GPU clock; open: host)", fontsize=FONT)

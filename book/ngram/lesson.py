@@ -23,7 +23,8 @@ from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
-__all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
+__all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE", "OPEN_CASES", "TABLE_CASES",
+           "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "KEPT_FOR", "path_row", "why_kept", "host_note", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
            "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "case_words", "step_table",
@@ -213,6 +214,15 @@ def target_verdicts(results) -> str:
 BOEHM_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
 #: The case the chapter's headline is quoted at (a column of the table of steps).
 HEADLINE = (128, 32768, 128)
+#: The case the result leads with: 512 slots of 16,384 tokens and no budget, where the most slots search (the
+#: scoreboard's ``NGRAM_LEAD_CASE``). The lab runs of :data:`EXIT_RUNS` do not time it, so it is not in
+#: :data:`BOEHM_CASES`; the table of steps shows it beside :data:`HEADLINE`.
+RESULT_CASE = (512, 16384, NO_BUDGET)
+#: The table of steps' cases, open: the case every step is quoted at and the result's.
+OPEN_CASES = (HEADLINE, RESULT_CASE)
+#: The table of steps' cases, folded, in order of size: :data:`BOEHM_CASES` with :data:`RESULT_CASE`; index 1 is
+#: :data:`HEADLINE`, as in :data:`BOEHM_CASES`.
+TABLE_CASES = (BOEHM_CASES[0], HEADLINE, RESULT_CASE, BOEHM_CASES[2])
 
 #: The lab runs of ``lab/ngram/step05_11_changes.py``: an early exit added to step 5 (``5b`` over ``5``, a frozen copy
 #: of step 5; the page's step 6 chain starts with it) and step 11 without the early exit it inherits (``11 no exit``
@@ -289,7 +299,12 @@ def chain_gap(results, rows: list[ChainRow]) -> float:
                for row in rows if row.label in steps for cfg in row.us)
 
 
-def path_words(results, number: int, cases=BOEHM_CASES) -> str:
+def _and(words: list[str]) -> str:
+    """Words joined as a sentence lists them: ``a``, ``a and b``, ``a, b and c``."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def path_words(results, number: int, cases=TABLE_CASES) -> str:
     """Where step ``number`` pays against the step before it on its path (:func:`step_factors`, rounded as the table
     rounds: above 1.00× it pays), in words: "pays at 128 × 32768 and 256 × 131072, not at 32 × 512", "pays at every
     case" or "pays at no case". The factors are the table's; the sentence names the cases."""
@@ -300,7 +315,7 @@ def path_words(results, number: int, cases=BOEHM_CASES) -> str:
         return "pays at every case"
     if not pays:
         return "pays at no case"
-    return f"pays at {' and '.join(pays)}, not at {' and '.join(loses)}"
+    return f"pays at {_and(pays)}, not at {_and(loses)}"
 
 
 def rival_ratios(results, rival: int = 4) -> dict[tuple[int, int, int], float]:
@@ -324,7 +339,7 @@ def builds_on(number: int) -> int:
     return BUILDS_ON.get(number, number - 1)
 
 
-def step_factors(results, number: int, cases=BOEHM_CASES, clock: str = "ms") -> list[float | None]:
+def step_factors(results, number: int, cases=TABLE_CASES, clock: str = "ms") -> list[float | None]:
     """Step ``number``'s "× previous" at each of ``cases``: the step it builds on (:func:`builds_on`) over it, on the
     GPU clock (``"ms"``) or in host time per eager call (``"host_ms"``); None where either row is missing."""
     out = []
@@ -425,7 +440,8 @@ def active_slots(results, cfg: tuple[int, int, int]) -> int:
 def budget_walk(results, cfg: tuple[int, int, int]) -> dict:
     """What the budget leaves to search at grid case ``cfg``, on the benchmark's batch rebuilt on the CPU
     (:func:`_bench_batch`) and walked by the specification (:func:`studylog.ngram.reference_ngram_match`'s trace):
-    ``searched`` (slots whose search runs: the loop of steps 1 and 2 searches these only), ``no_match`` (of those,
+    ``searched`` (slots whose search runs: the loop of steps 1 and 2 searches these only), ``bytes`` (their haystacks'
+    bytes, counted as :func:`studylog.ngram.batches.haystack_bytes` counts every active slot's), ``no_match`` (of those,
     searched to the end with no match), ``drafting`` (slots that get a draft), ``tokens`` (draft tokens in all) and
     ``starts`` (the drafting slots' match positions)."""
     import torch
@@ -437,7 +453,9 @@ def budget_walk(results, cfg: tuple[int, int, int]) -> dict:
     trace: list = []
     reference_ngram_match(inputs, draft, this_time, config, trace=trace)
     searched = [t for t in trace if t["searched"]]
-    return {"searched": len(searched), "no_match": sum(t["start"] is None for t in searched),
+    prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
+    return {"searched": len(searched), "bytes": sum((prompt_lens[t["slot"]] + step_idx[t["slot"]]) * 8 for t in searched),
+            "no_match": sum(t["start"] is None for t in searched),
             "drafting": sum(t["drafted"] > 0 for t in trace), "tokens": sum(t["drafted"] for t in trace),
             "starts": [t["start"] for t in trace if t["drafted"] > 0]}
 
@@ -463,7 +481,7 @@ def path_row(index: int) -> str:
     return f"**path {index + 1} from step 6: {name} ({span})**"
 
 
-def why_kept(results, number: int, cases=BOEHM_CASES) -> str:
+def why_kept(results, number: int, cases=TABLE_CASES) -> str:
     """Why step ``number`` of a path (:data:`PATHS`) is kept, in a few words, read from its "× previous" at
     ``cases`` (:func:`step_factors`, rounded as the table rounds): faster at every case, at both long ones (the
     cases after the first), or at the ones it is faster at; where it is faster at none, :data:`KEPT_FOR`'s reason.
@@ -474,19 +492,19 @@ def why_kept(results, number: int, cases=BOEHM_CASES) -> str:
     if all(pays):
         return "faster at every case"
     if len(pays) > 2 and all(pays[1:]):
-        return "faster at both long cases"
+        return "faster at both long cases" if len(pays) == 3 else "faster at every long case"
     if any(pays):
-        return "faster at " + " and ".join(case_name(c) + (f", budget {c[2]}" if c[2] != NO_BUDGET else "")
-                                          for c, ok in zip(cases, pays) if ok)
+        return "faster at " + _and([case_name(c) + (f", budget {c[2]}" if c[2] != NO_BUDGET else "")
+                                    for c, ok in zip(cases, pays) if ok])
     return KEPT_FOR.get(number, "")
 
 
-def host_note(results, cases=BOEHM_CASES) -> str:
+def host_note(results, cases=TABLE_CASES) -> str:
     """The table of steps' footnote on step 1: its time at each of ``cases``, on the host, end to end; the other
     rows are on the GPU clock, so none is divided by it."""
     times = [(cfg, grid_row(results, CHAPTER.step(1).series, cfg)) for cfg in cases]
     said = ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r)
-    return f"¹ Step 1 runs on the host: a call takes {said}, end to end; no GPU-clock row is divided by it."
+    return f"¹ Step 1 runs on the host, end to end: {said}; no GPU-clock row is divided by it."
 
 
 def _budget_bytes_floor(results, cfg: tuple[int, int, int]) -> bool:
@@ -499,23 +517,48 @@ def _budget_bytes_floor(results, cfg: tuple[int, int, int]) -> bool:
     return by_bytes >= floor_us(results, cfg) and budget_walk(results, cfg)["searched"] < active_slots(results, cfg)
 
 
-def steps_table(results, cases=BOEHM_CASES) -> str:
+def table_floor_us(results, cfg: tuple[int, int, int]) -> float | None:
+    """The floor the table of steps divides by at ``cfg``, in µs: the book's (:func:`floor_us`), except where the
+    budget lets fewer slots search than are active and their bytes would set it (:func:`_budget_bytes_floor`): there
+    only the haystacks of the slots it lets search (:func:`budget_walk`'s ``bytes``) are read once, or an empty kernel
+    where that is larger (:func:`book.common.floor_ms`): the least the operator itself must read."""
+    if not _budget_bytes_floor(results, cfg):
+        return floor_us(results, cfg)
+    from book.common import floor_ms
+
+    return floor_ms(results, budget_walk(results, cfg)["bytes"]) * 1e3
+
+
+def floor_words(results, cfg: tuple[int, int, int]) -> str:
+    """What the table's floor at ``cfg`` counts (:func:`table_floor_us`), in words for its column's head; empty where
+    it is the book's floor."""
+    if not _budget_bytes_floor(results, cfg):
+        return ""
+    from book.common import latency_floor_ms
+
+    n = budget_walk(results, cfg)["searched"]
+    slots = f"the {n} slot{'' if n == 1 else 's'} the budget lets search"
+    if table_floor_us(results, cfg) <= latency_floor_ms(results) * 1e3:
+        return f"an empty kernel; {slots} read{'s' if n == 1 else ''} in less"
+    return f"{slots}, read once"
+
+
+def steps_table(results, cases=TABLE_CASES) -> str:
     """Markdown, the one table of steps: a row per numbered step (its :data:`SHORT_CHANGES`), steps 1 to 6 first, then
     each path of :data:`PATHS` under a bold row naming it (:func:`path_row`), then the entry point; per case of
     ``cases`` the time in µs on the GPU clock, × previous (over the step it builds on, :func:`builds_on`: the step
-    before on its path, named in the cell where it is not the row above) and × the floor (:func:`floor_us`, given in
-    that column's head, which says where it counts slots the budget refuses: :func:`_budget_bytes_floor`); last, why
-    a path's step is kept (:func:`why_kept`, read at every case of :data:`BOEHM_CASES`). Step 1 is timed end to end
+    before on its path, named in the cell where it is not the row above) and × the floor (:func:`table_floor_us`,
+    given in that column's head, which says what it counts where the budget lets fewer slots search than are active:
+    :func:`floor_words`); last, why a path's step is kept (:func:`why_kept`, read at every case of
+    :data:`TABLE_CASES`). A step the benchmark did not time at a case (step 2, one thread, on long rows) says why. Step 1 is timed end to end
     on the host: its cells point to the footnote that gives its times (:func:`host_note`), and no row is divided by
     it, so step 2's "× previous" is ``–``. The entry point builds on no step (it runs one), so its "× previous" is
     ``–``."""
-    floors = [floor_us(results, cfg) for cfg in cases]
+    floors = [table_floor_us(results, cfg) for cfg in cases]
     head = ["step", "the one change"]
     for (b, s, t), f in zip(cases, floors):
-        what = ""
-        if _budget_bytes_floor(results, (b, s, t)):  # say plainly that it prices work the budget lets a kernel skip
-            what = (f": all {active_slots(results, (b, s, t))} active slots read once, though the budget lets "
-                    f"{budget_walk(results, (b, s, t))['searched']} search")
+        what = floor_words(results, (b, s, t))  # under a budget: what the operator itself must read
+        what = f": {what}" if what else ""
         head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs, GPU clock", "× previous",
                  f"× floor ({f:,.2f} µs{what})" if f else "× floor"]
     head.append("why kept")
@@ -534,7 +577,7 @@ def steps_table(results, cases=BOEHM_CASES) -> str:
         for i, cfg in enumerate(cases):
             row = grid_row(results, series, cfg)
             if row is None:
-                cells += ["skipped (too slow)" if series == CHAPTER.step(2).series else "–", "–", "–"]
+                cells += ["– (too slow on one thread)" if series == CHAPTER.step(2).series else "–", "–", "–"]
                 continue
             if row.get("clock") != "gpu":  # step 1, on the host: its time is the footnote's
                 cells += ["host ¹", "–", "–"]
@@ -581,13 +624,13 @@ def fold_table(summary: str, markdown: str, note: str = "") -> str:
 
 
 def steps_tables(results) -> tuple[str, str]:
-    """The page's table of steps, in two parts: open, Markdown, each step at :data:`HEADLINE` only (the case the
-    chapter quotes: step, its one change, µs, × previous, × floor, why kept), its footnote on step 1
-    (:func:`host_note`) under it; folded, HTML, :func:`steps_table` at every case of :data:`BOEHM_CASES` and the
-    footnote at those cases, under a ``<details>`` that names them."""
-    names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in BOEHM_CASES)
-    fold = fold_table(f"Every step at all three cases ({names})", steps_table(results), host_note(results))
-    return steps_table(results, (HEADLINE,)) + "\n\n" + host_note(results, (HEADLINE,)), fold
+    """The page's table of steps, in two parts: open, Markdown, each step at :data:`OPEN_CASES` (the case every step
+    is quoted at and the result's: step, its one change, then µs, × previous and × floor per case, why kept), its
+    footnote on step 1 (:func:`host_note`) under it; folded, HTML, :func:`steps_table` at every case of
+    :data:`TABLE_CASES` and the footnote at those cases, under a ``<details>`` that names them."""
+    names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in TABLE_CASES)
+    fold = fold_table(f"Every step at all four cases ({names})", steps_table(results), host_note(results, TABLE_CASES))
+    return steps_table(results, OPEN_CASES) + "\n\n" + host_note(results, OPEN_CASES), fold
 
 
 #: Lines of context the page shows around each change of a diff: one, an anchor each side, so a long diff shows the
