@@ -125,7 +125,7 @@ def test_the_main_table_has_one_row_per_step():
     text = "\n".join("".join(c["source"]) for c in cells)
     # the reader's labels, "step N: short name", in all three step tables; the library's names stay out of them
     labels = ["chapter 07, step 3", "step 1: every hidden state", "step 2: n-gram drafts", "step 3: forced chains",
-              "step 4: the draft gate"]
+              "step 4: the draft gate, not shipped"]
     assert [r["label"] for r in rows] == labels
     assert [d["label"] for d in lesson.drafts_table(lesson.committed())] == labels[2:]
     assert [r["step"] for r in lesson.breakdown_table(lesson.committed())] == [labels[0], labels[1], labels[3]]
