@@ -1442,7 +1442,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         for extra in r["notes"][1:2]:
             note(r, extra, every_card=True)
         if r.get("design_bound_ms") is not None:  # the tighter bound's column says its time; what it is, here
-            note(r, f"tighter bound: {r['design_bound_what']}", every_card=True)
+            note(r, f"own-work yardstick: {r['design_bound_what']}", every_card=True)
         for extra in r["floor_notes"]:
             if r.get("design_bound_ms") is not None and extra.startswith("a kernel that only reads"):
                 continue  # its time is the row's tighter bound, in the table
@@ -1524,7 +1524,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     common = [("kernel", "final kernel"), ("median", "median (slowest run), µs"),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
               ("binding", "card's floor (µs)"), ("pct", "× card's floor"),
-              ("bound", "tighter bound (µs)"), ("over_bound", "× tighter bound")]
+              ("bound", "own-work yardstick (µs)"), ("over_bound", "× yardstick")]
     lead_columns = common if one_card else [("card", "card")] + common
     for r, c in first_rows:  # the lead table's chapter cell names the shape: the kernel cell does not repeat it
         kernel, _, shape = c["kernel"].partition("; ")

@@ -148,7 +148,7 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     # a chapter reads in one line: its time, rival, speedup, the card's floor (a number and its kind) and the ×, then
     # the tighter bound its own work sets, where one is measured, and the × over it: two quantities, two columns
     header = next(ln for ln in lead.splitlines() if ln.startswith("| chapter"))
-    for column in ("strongest rival (µs)", "card's floor (µs)", "× card's floor", "tighter bound (µs)", "× tighter bound"):
+    for column in ("strongest rival (µs)", "card's floor (µs)", "× card's floor", "own-work yardstick (µs)", "× yardstick"):
         assert f"| {column} |" in header, column
     # the re-run's p99 is a column of its own folded table only, under a plain name; a decode loop has none
     assert "p99" not in header and "p99" not in loops and "p99" not in rest
@@ -675,8 +675,8 @@ def test_the_latency_floor_is_the_cards_fastest_empty_kernel_and_the_masked_step
     (line,) = [c for c in _table_rows(table.split("**Decode loops")[0])
                if c["chapter: shape"].startswith("[02. Masked LM head]")]
     assert line["× card's floor"] == f"**{step['median_ms'] / card_floor:.1f}×**"
-    assert line["tighter bound (µs)"] == f"{step['design_bound_ms'] * 1e3:.1f}, the bitmask's copy + 2 launches"
-    assert line["× tighter bound"] == f"{step['median_ms'] / step['design_bound_ms']:.1f}×"
+    assert line["own-work yardstick (µs)"] == f"{step['design_bound_ms'] * 1e3:.1f}, the bitmask's copy + 2 launches"
+    assert line["× yardstick"] == f"{step['median_ms'] / step['design_bound_ms']:.1f}×"
     assert "× the chapter's floor" not in table and "leaves out the copy from host memory" not in table
     # the empty kernel's time per card is How we measure's to give: the page links it, not repeats it
     assert f"{fastest * 1e3:.2f} µs on the H200" not in table and "how_we_measure.md#ceilings-and-floors" in table
@@ -1290,8 +1290,8 @@ def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_
             read = r["read_only_ms"]
             assert cells["× card's floor"] == f"**{100 / r['pct_of_floor']:.1f}×**", cells
             assert cells["card's floor (µs)"].endswith(", byte floor"), cells
-            assert cells["tighter bound (µs)"] == f"{read * 1e3:,.1f}, a read of the weights alone", cells
-            assert cells["× tighter bound"] == f"{r['median_ms'] / read:.1f}×", cells
+            assert cells["own-work yardstick (µs)"] == f"{read * 1e3:,.1f}, a read of the weights alone", cells
+            assert cells["× yardstick"] == f"{r['median_ms'] / read:.1f}×", cells
     assert seen >= 4  # chapter 05's rows on the two cards
     assert "(ours: " not in page and "a read-only pass)" not in page
     assert page.count(sb.READ_ONLY_WHAT) == 1  # what the bound is: once, in chapter 05's notes
