@@ -502,7 +502,9 @@ def test_part_2_says_where_to_quantise_x_at_bitnets_shapes(results):
     # where we lose: the shapes where the other place beats the default, counted from the same numbers
     beaten = [s for s, r in waves.items() if (r["gain"] > 1) == (r["default"] == "staged") and r["gain"] != 1]
     assert len(beaten) >= len(waves) // 2
-    assert "of BitNet's {len(place_runs)} shapes quantising x in every \"\n        \"block is faster" in code
+    assert "of BitNet's \"\n        f\"{len(place_runs)} shapes quantising x in every block is faster" in code  # folded
+    headline = next("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"] if c["id"] == "c383ddc8")
+    assert "Step 23's default place to quantise x" in headline and "min(beaten.values())" in headline  # open, sized
 
 
 def test_part_2s_result_opens_with_bitnet_and_the_eager_caveat_and_it_ends_with_a_choice():
