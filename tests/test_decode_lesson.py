@@ -937,23 +937,43 @@ def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
     assert "cj['8b']['x_step3']" in lose and "cj['smollm2']['same']" in lose
 
 
-def test_the_result_sets_the_character_level_jumps_in_its_table_beside_our_steps():
-    """No outside peer is measured, so the result is titled against the baseline loop; its table's last row is chapter
-    01's character-level jumps in step 3's place at the headline's case, marked not exact, with the ratios the prose
-    quotes from :func:`lesson.char_jump_numbers`; the opening gives the real model's ratio before the cost model's."""
+def test_the_result_sets_the_character_level_jumps_in_a_table_of_their_own():
+    """No outside peer is measured, so the result is titled against the baseline loop. Its table has short headers
+    (what they mean is said under it); chapter 01's character-level jumps, marked not exact, get a one-row table of
+    their own at the headline's case, with the ratios the prose quotes from :func:`lesson.char_jump_numbers`; the
+    opening gives the real model's ratio before the cost model's."""
     shown = lesson.committed() or lesson.earlier_run()
     text = _page_cells()
     assert "## The result, against the baseline loop" in text and not any("against the peers" in t for t in text)
     cj, case = lesson.char_jump_numbers(shown), lesson.char_jump_case(shown, "8b", 1)
     assert case["ratio"] == pytest.approx(cj["8b"]["x_step1"], rel=0.01)
     assert case["x_step3"] == pytest.approx(cj["8b"]["x_step3"], rel=0.01)
-    rows = _table_rows(lesson.result_table(shown))
-    assert len(rows) == len(lesson.result_rows(shown)) + 1
-    assert "character-level jumps" in rows[-1][0] and "not exact" in rows[-1][0] and rows[-1][1] == "1"
-    assert rows[-1][5] == f"{case['ratio']:.2f}× ({case['x_step3']:.2f}× step 3)"
-    assert len(_table_rows(lesson.result_table(shown, char_jumps=None))) == len(rows) - 1
+    main = lesson.result_table(shown)
+    head = [c.strip() for c in main.splitlines()[0].split("|")[1:-1]]
+    assert head == ["case", "batch", "requests", "step 1, µs", "step 3, µs", "step 1 / step 3", "per request",
+                    "Amdahl forecast"]
+    assert len(_table_rows(main)) == len(lesson.result_rows(shown)) and "jumps" not in main
+    jumps = lesson.char_jump_table(shown)
+    assert "not exact" in jumps.splitlines()[0]
+    (row,) = _table_rows(jumps)
+    assert row[1] == "1" and row[4] == f"{case['step3_us']:,.0f}"
+    assert row[-2:] == [f"{case['ratio']:.2f}×", f"**{case['x_step3']:.2f}×**"]
+    result = next(t for t in text if "say(lesson.result_table(shown))" in t)
+    assert "lesson.char_jump_table(shown)" in result and "*Per request*" in result
     opening = next(t for t in text if "make decoding faster than step 1" in t)
     assert opening.index("{real1['ratio']") < opening.index("{b8['ratio']")
+
+
+def test_the_result_says_why_the_loop_keeps_exact_jumps_and_what_llguidances_would_change():
+    """Chapter 01 ships llguidance's fast-forward tokens; this loop keeps exact jumps. The result says why (each output
+    is checked against step 1's) and gives the bound llguidance's policy would lift, from chapter 01's committed
+    forward counts, in the open, and says it is not measured."""
+    text = _page_cells()
+    result = next(t for t in text if "say(lesson.result_table(shown))" in t)
+    words = " ".join(result.split())
+    assert "keeps exact jumps" in words and "token for token against step 1's" in words
+    assert 'fsm_peers(whitespace="compact")' in result and "not measured in this loop" in words
+    assert ":::{{dropdown}}" not in result[:result.index("keeps exact jumps")].split("say(lesson.result_table")[-1]
 
 
 def test_the_kernel_exercise_folds_the_sweeps_recorded_answer():

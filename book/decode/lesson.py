@@ -26,7 +26,7 @@ from studylog.decode.model import model_config
 
 __all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "STEP03_CHAIN", "STEP_LABELS", "amdahl_table",
            "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
-           "bound_excess", "char_jump_case", "gemv_tile_answer", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
+           "bound_excess", "char_jump_case", "char_jump_table", "result_table", "gemv_tile_answer", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
            "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
            "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
@@ -800,9 +800,10 @@ def result_rows(results) -> list[dict]:
 
 def char_jump_case(results, model: str = "8b", batch: int = 1) -> dict | None:
     """Chapter 01's character-level jumps (``char_jump``, not exact) in step 3's place on one cost model's case, as
-    :func:`_case` gives step 3: medians over the JSON schemas of step 1's time per token (``step1_us``) and the
-    jumps' (``char_us``), their ratio (``ratio``), step 3's median over the jumps' (``x_step3``) and the schemas' own
-    ratios to step 1 (``slowest``, ``median_request``, ``fastest``). None where the case lacks a series."""
+    :func:`_case` gives step 3: medians over the JSON schemas of step 1's time per token (``step1_us``), step 3's
+    (``step3_us``) and the jumps' (``char_us``), step 1's over the jumps' (``ratio``), step 3's over the jumps'
+    (``x_step3``) and the schemas' own ratios to step 1 (``slowest``, ``median_request``, ``fastest``). None where
+    the case lacks a series."""
     ratios, one, three, char = [], [], [], []
     for r in _json_rows(results, "char_jump", model, batch):
         a, c = (report.rows_of(results.rows, model=model, batch=batch, config=k, whitespace="compact",
@@ -812,23 +813,19 @@ def char_jump_case(results, model: str = "8b", batch: int = 1) -> dict | None:
     if not ratios:
         return None
     a, b, c = _median(one), _median(three), _median(char)
-    return {"model": model, "batch": batch, "requests": len(ratios), "step1_us": a * 1e3, "char_us": c * 1e3,
-            "ratio": a / c, "x_step3": b / c, "slowest": min(ratios), "median_request": _median(ratios),
-            "fastest": max(ratios)}
+    return {"model": model, "batch": batch, "requests": len(ratios), "step1_us": a * 1e3, "step3_us": b * 1e3,
+            "char_us": c * 1e3, "ratio": a / c, "x_step3": b / c, "slowest": min(ratios),
+            "median_request": _median(ratios), "fastest": max(ratios)}
 
 
-def result_table(results, char_jumps=("8b", 1)) -> str:
+def result_table(results) -> str:
     """Step 3 against the fair baseline (step 1) on every case, with the chapters' Amdahl forecast (the median of the
     requests' own, :func:`~book.decode.results.median_bound`; host time held at step 1's, so a measurement can pass
-    it) (Markdown): the medians
-    of the time per token over the case's requests (the cost models' nine JSON schemas; the real model's requests),
-    their ratio (the statistic the headline uses), and the requests' own ratios: the smallest, the median and the
-    largest. A last row puts chapter 01's character-level jumps in step 3's place at ``char_jumps`` (model, batch;
-    :func:`char_jump_case`): the fastest policy measured, which does not keep step 1's tokens; None leaves it out."""
-    lines = [("| case | batch | requests | step 1 (µs per token, median) | step 3 (last row: the jumps), µs per "
-              "token, median | step 1 / step 3 (last row: / the jumps) | per request: least, median, most (the "
-              "extremes are short answers, whose time per token carries their prefill) | Amdahl forecast of chapters "
-              "01 and 02 (median of the requests') |"),
+    it) (Markdown): the medians of the time per token (µs) over the case's requests (the cost models' nine JSON
+    schemas; the real model's requests), their ratio (the statistic the headline uses), and the requests' own
+    ratios: the least, the median and the most. Short headers; the page explains the columns under the table.
+    Chapter 01's character-level jumps have a table of their own, :func:`char_jump_table`."""
+    lines = ["| case | batch | requests | step 1, µs | step 3, µs | step 1 / step 3 | per request | Amdahl forecast |",
              "|---|---|---|---|---|---|---|---|"]
     for r in result_rows(results):
         each = "–" if r["slowest"] is None else (f"{r['slowest']:.2f}×, {r['median_request']:.2f}×, "
@@ -836,14 +833,23 @@ def result_table(results, char_jumps=("8b", 1)) -> str:
         bound = "–" if r["bound"] is None else f"{r['bound']:.2f}×"
         lines.append(f"| {r['case']} | {r['batch']} | {r['requests']} | {r['step1_us']:,.0f} | {r['step3_us']:,.0f} | "
                      f"**{r['ratio']:.2f}×** | {each} | {bound} |")
-    cj = None if char_jumps is None or len(lines) == 2 else char_jump_case(results, *char_jumps)
-    if cj is not None:
-        label = next(label for label, m, b in CASES if (m, b) == tuple(char_jumps))
-        lines.append(f"| {label}: **character-level jumps** in step 3's place (chapter 01's step 3, SGLang's policy; "
-                     f"**not exact**) | {cj['batch']} | {cj['requests']} | {cj['step1_us']:,.0f} | "
-                     f"{cj['char_us']:,.0f} | {cj['ratio']:.2f}× ({cj['x_step3']:.2f}× step 3) | "
-                     f"{cj['slowest']:.2f}×, {cj['median_request']:.2f}×, {cj['fastest']:.2f}× | – |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
+
+
+def char_jump_table(results, model: str = "8b", batch: int = 1) -> str:
+    """Chapter 01's character-level jumps (SGLang's policy, not exact) in step 3's place on one cost model's case
+    (:func:`char_jump_case`), as a table of its own (Markdown, one row): the medians over the JSON schemas of step
+    1's, step 3's and the jumps' time per token (µs), and step 1's and step 3's over the jumps'. Empty where the
+    case has no ``char_jump`` series."""
+    cj = char_jump_case(results, model, batch)
+    if cj is None:
+        return ""
+    label = next(label for label, m, b in CASES if (m, b) == (model, batch))
+    head = ("| case | batch | requests | step 1, µs | step 3, µs | character-level jumps (not exact), µs | "
+            "step 1 / jumps | step 3 / jumps |")
+    row = (f"| {label} | {cj['batch']} | {cj['requests']} | {cj['step1_us']:,.0f} | {cj['step3_us']:,.0f} | "
+           f"{cj['char_us']:,.0f} | {cj['ratio']:.2f}× | **{cj['x_step3']:.2f}×** |")
+    return "\n".join([head, "|---|---|---|---|---|---|---|---|", row])
 
 
 def peer_numbers(results) -> dict[str, float] | None:
