@@ -826,13 +826,13 @@ def synthetic_words(card: Path) -> str:
 #: The landing table's rival column: whose code each answer is measured against, a library's, a published kernel or
 #: the course's own (where no library runs the same work), by chapter number ("5t": chapter 05's Triton part).
 RIVALS = {
-    2: "xgrammar's path, a library (every logit, then its mask)",
-    3: "our own corrected port of FastDeploy's GPU kernel (no library has one)",
-    4: "cuDNN, through torch",
-    "5t": "GemLite, a library",
-    5: "BitNet's own W2A8 kernel, published",
-    6: "FlashInfer, a library",
-    7: "our own loop: a dense head and xgrammar's mask (no serving engine measured)",
+    2: "xgrammar (a library): every logit, then its mask",
+    3: "our own port of FastDeploy's GPU kernel (no library has one)",
+    4: "cuDNN (a library, through torch)",
+    "5t": "GemLite (a library)",
+    5: "BitNet's W2A8 kernel (published)",
+    6: "FlashInfer (a library)",
+    7: "our own loop with xgrammar's mask (no serving engine measured)",
     8: "our own loop, chapter 07's (no serving engine measured)",
 }
 
@@ -1033,8 +1033,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if entry.number == 8:
                 served = re.search(r"median of (\d+) requests", row.get("shape") or "")
                 # the headline's requests, the ones that close their JSON: how many
-                landing[name] += (" per output token" + (f", the median of {served.group(1)} requests" if served
-                                                         else "") + ", on SmolLM2-135M")
+                landing[name] += (" per output token on SmolLM2-135M" + (
+                    f" (ratio of the medians over {served.group(1)} requests)" if served else ""))
                 gated = speculate_gated(card)
                 if gated is not None:
                     notes[name].append(f"{name}: with step 4's gate switched on, a guard against drafts that keep "
@@ -1072,8 +1072,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 landing[name] += " for the head-and-mask step at batch 1" + (
                     f", {allowed.group(1)} tokens allowed" if allowed else "")
                 wider = masked_head_batches(card)
-                if wider and abs(wider[max(wider)] - 1) < 0.01:  # where the lead ends, beside where it is largest
-                    landing[name] += f" (a tie at batch {max(wider)})"
+                # where the lead ends (a tie at the widest batch) is the results page's note, not the landing's cell
                 # what a kernel buys a whole step is each page's to say: the landing gives it for no row, so no row
                 # stands alone with it (chapter 06's whole pass, chapter 04's training step)
                 if wider:  # a tie within 1%, chapter 02's rule
@@ -1149,8 +1148,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
                                    f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']})")
                     cells[name] += f"; {lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases"
-                    landing[name] = (f"{row['vs_rival']:.2f}× at alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']} "
-                                     f"({lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases)")
+                    # the grid's range is the results page's cell, not the landing's
+                    landing[name] = f"{row['vs_rival']:.2f}× at alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']}"
                     if slow:
                         eager[name] = f"{slow} of the {of} cases wait on the host, by their median host times"
                     # what the eager call does is the line's "called eagerly" note, counted over the page's cases
@@ -1160,8 +1159,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"at {hi_at}")
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 synthetic = synthetic_words(card)
-                landing[name] += (f" on a synthetic 8B-shaped model, not a real one (random weights, "
-                                  f"{shared_layers_words(card)})")
+                landing[name] += " on a synthetic 8B-shaped model, not a real one"  # its weights: the chapter's
                 bound = decode_bound(card)
                 if bound is not None:
                     notes[name].append(f"{name}: from chapters 01 and 02's savings, each measured alone, Amdahl's "
@@ -2133,13 +2131,9 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
         # a shape where GemLite fails our check yet is faster: counted in brackets, its times on the results page
         faster = [k for k in part_one.get("failed_faster", []) if k in part_one["times"]]
         t = part_one["times"]
-        # another card where GemLite passes our check and is the faster at a shape: said in brackets, as chapter
-        # 02's tie is, its times on the results page
-        elsewhere = [f"on the {short_card(card_name(c))}, {x:.2f}× at {k.replace('x', ' × ')}"
-                     for c in cards(root) if c != folder
-                     for k, x in sorted(((part_one_answer(c) or {}).get("ratios") or {}).items()) if x < 1]
+        # another card's loss at a shape is the results page's (its fold of that card), not the landing's cell
         said = [f"{t[k]['rival_ms'] / t[k]['ms']:.2f}× at {k.replace('x', ' × ')}, where GemLite misses our error "
-                f"bound on the {card}" for k in faster] + elsewhere
+                f"bound on the {card}" for k in faster]
         out["notebooks/05_ternary_1_triton.ipynb"] = (
             f"{min(r.values()):.2f}–{max(r.values()):.2f}× at "
             + (f"{len(r)} shapes" if faster or not part_one["failed"] else
@@ -2260,10 +2254,11 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     """The landing page's table: each page in reading order with its question, one answer (the fair headline on
     ``card`` as one ratio or range and one clause; :func:`other_answers` for the pages that are no headline), whose
     code the answer is measured against (:data:`RIVALS`: a library's, a published kernel or the course's own) and
-    its reading time, of the prose and with code and listings. Under it, one short sentence says whose answer
-    holds or changes called eagerly, no CUDA graph (:func:`eager_headlines`; a changed answer says so in its own
-    cell), and points to the results page; then the other card's pages, the whole course's time and a short route's
-    (:data:`SHORT_ROUTE`)."""
+    its reading time, of the prose and with code and listings. Each cell is one short clause: its caveats are the
+    results page's notes and the chapter's. Under it, one sentence says whose answer holds or changes called
+    eagerly, no CUDA graph (:func:`eager_headlines`: the chapters the results page's eager paragraph names; a changed
+    answer says so in its own cell), and the other card's chapters, and points to the results page; then the whole
+    course's time and a short route's (:data:`SHORT_ROUTE`)."""
     link = link or (lambda nb: nb)
     by_notebook = {h["notebook"]: h for h in headlines(root)}
     lines = ["| page | the question | the answer | against | what it buys a step | reading time |",
@@ -2286,36 +2281,36 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         _, minutes[notebook] = reading_minutes(notebook)
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {rival} | {buys.get(notebook, '–')} | "
                      f"{minutes[notebook]} min |")
-    try:  # chapter 03's step is priced at a small batch: why, and the CPU loop the kernel replaced, in one note
-        priced = ngram_step(root, "nvidia-" + card.lower())
-    except (FileNotFoundError, KeyError, TypeError, ValueError, ZeroDivisionError):
-        priced = None
-    if priced and priced["lead"] and "notebooks/03_ngram_matching.ipynb" in buys:
-        b, t = priced["lead"]
-        lines += ["", f"Chapter 03 prices its step at {priced['batch']} slots of {priced['seq_len']} tokens, since at "
-                  f"its answer's {b} × {t:,} the KV cache alone would be {priced['lead_kv_bytes'] / 1e12:.1f} TB. At "
-                  f"that small batch the CPU loop that FastDeploy's kernel replaced takes {priced['cpu']:.1%} of the "
-                  "step."]
-
-    # under the table, one sentence: what a call made eagerly does to the answers, the other card, and a link
+    # under the table, one sentence: what a call made eagerly does to the answers whose calls wait on the host (the
+    # chapters the results page's eager paragraph names), the other card's chapters, and a link; chapter 03's
+    # pricing, the plan object and the other card's shapes are the chapters' and the results page's
     holds, changes = eager_headlines(root, card)
     said = []
+
+    def chapters(names: list[str]) -> list[str]:  # "05 part 1" and "05 part 2" said once, as "05"
+        out = []
+        for n in (x.split(" part ")[0] for x in names):
+            if n not in out:
+                out.append(n)
+        return out
+
+    def listed(xs: list[str]) -> str:
+        return ", ".join(xs[:-1]) + (" and " if len(xs) > 1 else "") + xs[-1]
+
     if holds or changes:
-        planned = _bitnet_planned(root, card)
         said.append("called eagerly (no CUDA graph), " + (
             "the answer of chapter " + " and ".join(changes) + " changes, as its cell says, and the others hold"
-            if changes else "every kernel's answer holds") + f" on the {card}"
-            + (" (05 part 2 through its plan object)" if planned and "05 part 2" in holds else ""))
-    also = [titles[n].split(". ")[0] + (" part 1" if n.startswith("notebooks/05_") and "triton" in n else "")
-            for n in also_timed(root, card)]
+            if changes else f"the answers of {listed(chapters(holds))}, whose calls take longer to issue than to "
+            "run, still hold") + f" on the {card}")
+    also = [titles[n].split(". ")[0] for n in also_timed(root, card)]
     board = scoreboard(root)
     llama = [b for b in board if b["number"] == 5 and b.get("ternary_case") == "llama" and "missing" not in b
              and short_card(b["card"]) != card and b.get("vs_rival") is not None]
-    if llama and "05" not in also:  # part 2's kernel ran on the other card too, at a Llama shape, not BitNet's
-        at = next((i for i, a in enumerate(also) if a > "05 part 1"), len(also))
-        also.insert(at, "05 part 2 (at 4096 × 14336, not BitNet's shapes)")
+    if llama:  # part 2's kernel ran on the other card too, at a Llama shape: chapter 05 is named once either way
+        also.append("05")
+    also = sorted(chapters(also))
     if also:
-        said.append(f"the H100 also ran {', '.join(also[:-1])}{' and ' if len(also) > 1 else ''}{also[-1]}")
+        said.append(f"the H100 also ran {listed(also)}")
     if said:
         text = "; ".join(said)
         lines += ["", text[0].upper() + text[1:] + ": the [headline results](results.md) give both."]
@@ -2453,8 +2448,7 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
 
     def ngram() -> str:  # against the answer's rival, the port, at the shape where a step is priced
         s = ngram_step(root, card)
-        return (f"the lookup is {s['ours']:.1%} of a Llama 3.1 8B step with ours, {s['port']:.1%} with the port: "
-                f"{s['gain']:.2f}× the step ({s['batch']} slots of {s['seq_len']} tokens)")
+        return f"at {s['batch']} slots × {s['seq_len']} tokens, {s['gain']:.2f}× a Llama 3.1 8B step"
 
     def ctc_step() -> str:
         from book.ctc import lesson
@@ -2466,8 +2460,7 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
         n = lesson.speedup_minima(res)[max(ctc.BENCH_A)][2]
         model = 6 * (30.7e6 + 256 * 5000) * ctc.BENCH_T * n / rate * 1e3  # chapter 04's Conformer-M step, ms
         theirs, ours = (res.ms(s, T=ctc.BENCH_T, A=5000, N=n) for s in ("torch-best", "ctc_loss"))
-        return (f"at most {(model + theirs) / (model + ours):.2f}× a Conformer-M training step (its model part "
-                "idealised as matmuls at the card's peak)")
+        return f"at most {(model + theirs) / (model + ours):.2f}× a Conformer-M training step"
 
     def ternary(part: int) -> str:
         from book.ternary import lesson
@@ -2480,7 +2473,7 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
             res = bitnet_results(res)
         view = lesson.amdahl_peer(res, T.CHAPTER.step(14 if part == 1 else 23).series, GEMLITE if part == 1
                                   else BITNET)
-        return f"about {view['end_to_end']:.2f}× a BitNet 2B4T decode step (an estimate from its bytes)"
+        return f"about {view['end_to_end']:.2f}× a BitNet 2B4T decode step"
 
     def multi_item() -> str:
         from book.multi_item import lesson
@@ -2490,9 +2483,8 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
         linear = lesson.amdahl(res, lesson.layouts(res))[report.MIXED_SHAPE]["linear_ms"]
         t = {s: lesson.ms(res, s, lesson.GQA_SHAPE) for s in (report.FLASHINFER, lesson.STEP[6].series)}
         layers = lesson.MODEL["layers"]
-        share = layers * t[report.FLASHINFER] / (linear + layers * t[report.FLASHINFER])
         gain = (linear + layers * t[report.FLASHINFER]) / (linear + layers * t[lesson.STEP[6].series])
-        return f"attention is {share:.0%} of the scoring pass: {gain:.2f}× the whole pass"
+        return f"{gain:.2f}× the whole scoring pass"
 
     attempt("notebooks/02_masked_lm_head.ipynb", masked_head)
     attempt("notebooks/03_ngram_matching.ipynb", ngram)
@@ -2504,7 +2496,7 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
         from book.fsm.lesson import amdahl_bound
 
         saved, _, _ = fsm_line(fsm_suite())
-        return f"at most {amdahl_bound(saved):.2f}× a request (its forwards saved, nothing else)"
+        return f"at most {amdahl_bound(saved):.2f}× a request"
 
     attempt("notebooks/01_fsm_compression.ipynb", fsm)
     for notebook in ("notebooks/07_constrained_decoding.ipynb", "notebooks/08_speculation_under_a_grammar.ipynb"):
