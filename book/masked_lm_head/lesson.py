@@ -812,8 +812,8 @@ def main_steps_table(results) -> str:
     """The page's table of steps, Markdown under its bold caption: one chain at :data:`MAIN_CASE`, the headline's
     case. One row per kept step (:data:`MAIN_LINE`) timed there, with "×" (the time of the row above over its own,
     :func:`chain_base`) and "× the card's floor". Steps 8 and 10 have no time there (:data:`NO_MAIN_TIME`): they are
-    in :func:`own_case_table`. Step 13's call starts from the bitmask in host memory: its "×" against step 12 says
-    what that costs; the rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path, which starts from the
+    in :func:`own_case_table`. Step 13's call starts from the bitmask in host memory and does more than step 12:
+    its cell says so, with no "×" against step 12, and gives it against xgrammar's path; the rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path, which starts from the
     bitmask) follow in a sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged where
     either side's repetitions spread past the page's threshold."""
     lines = [f"**The kept steps, one chain at batch {MAIN_CASE['batch']} with {MAIN_CASE['allowed']:,} "
@@ -832,6 +832,10 @@ def main_steps_table(results) -> str:
         if number in own_case_steps():
             change += " (its own case: the table below)"
         ratio = "–" if reference is None else f"{_vs(row, reference)} step {base}"
+        if number in FROM_HOST:  # more work than the row above: its ratio is against the rival of its contract
+            rival = _row(results, _base_series(STEP_CASES[number][1]), **MAIN_CASE)
+            ratio = (f"– (more work than step {base}); "
+                     + (PENDING if rival is None else f"{_vs(row, rival)} xgrammar's path, its contract's rival"))
         lines.append(f"| {number} | {change} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
                      f"{_over_floor(results, row, MAIN_CASE)} |")
     rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
@@ -843,6 +847,34 @@ def main_steps_table(results) -> str:
             f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
             for words, row in rivals) + "."]
     return "\n".join(lines)
+
+
+def tables_words(results) -> str:
+    """The sentence before the tables of steps: which kept steps the first table chains at :data:`MAIN_CASE`, which
+    the second holds at their own case, and why."""
+    return (f"The first table chains the steps timed at the headline's case, each against the row above. Steps "
+            f"{counts_words(own_case_steps())} were built for other cases, so the second table times each at its own.")
+
+
+def loss_lines(results) -> list[str]:
+    """Where we lose, one plain sentence a point (ties left out, :func:`is_tie`): the case, our series and time, how
+    much slower and than which rival, with its time; a point two rivals beat says both."""
+    lost = [q for q in _losses(results) if not is_tie(q)]
+    points: dict[tuple, list[dict]] = {}
+    for q in sorted(lost, key=lambda q: (q["params"]["batch"], q["params"]["kind"], q["params"]["allowed"],
+                                         q["rival"]["ms"])):
+        points.setdefault((q["mine"]["series"], tuple(sorted(q["params"].items()))), []).append(q)
+    lines = []
+    for (series, _), qs in points.items():
+        p, mine = qs[0]["params"], qs[0]["mine"]
+        step = next((st.number for st in CHAPTER.steps if st.series == series), None)
+        ours = f"step {step}" if step is not None else CHAPTER.label(series)
+        than = " and ".join(f"{q['mine']['ms'] / q['rival']['ms']:.2f}× slower than "
+                            f"{RIVAL_WORDS.get(q['rival']['series'], CHAPTER.label(q['rival']['series']))} "
+                            f"({q['rival']['ms'] * 1e3:,.1f} µs{capped(q['rival'])})" for q in qs)
+        lines.append(f"* Batch {p['batch']}, {p['allowed']:,} {p['kind']} each: {ours} "
+                     f"({mine['ms'] * 1e3:,.1f} µs{capped(mine)}) is {than}.")
+    return lines
 
 
 def own_case_steps() -> list[int]:
