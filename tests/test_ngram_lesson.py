@@ -11,12 +11,11 @@ pytestmark = pytest.mark.skipif(not result_files("ngram"), reason="no committed 
 
 
 def _step_rows(table: str) -> list[str]:
-    """The table of steps' rows (head, rule and the rows naming a path left out): every numbered step and the entry
-    point."""
+    """The table of steps' rows (head and rule left out): every numbered step and the entry point."""
     return [r for r in table.splitlines()[2:] if r.split("|")[1].strip()]
 
 
-#: The table's order of the steps: 1 to 6, then the path for long haystacks under a budget, then step 12's.
+#: The table's order of the steps: in number order, each with its role (main line, budget path or prerequisite).
 ORDER = [str(n) for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)] + ["entry point"]
 
 
@@ -25,13 +24,10 @@ def test_the_table_of_steps_has_every_step_and_the_entry_point():
     table = lesson.steps_table(results)
     rows = _step_rows(table)
     assert [r.split("|")[1].strip() for r in rows] == ORDER
-    paths = [r.split("|")[2].strip() for r in table.splitlines()[2:] if not r.split("|")[1].strip()]
-    assert paths == [lesson.path_row(i) for i in range(len(lesson.PATHS))]
-    assert paths == ["**path 1 from step 6: long haystacks under a budget (steps 7 to 11)**",
-                     "**path 2 from step 6: small batches and no budget (step 12)**"]
+    assert len(rows) == len(table.splitlines()) - 2  # no row of its own for a path: the role column says it
     assert [n for _, steps in lesson.PATHS for n in steps] == list(range(7, 13))
     for row in rows:
-        ratios = [c.strip() for c in row.split("|")[1:-1]][4:-1:3]  # the "× floor" columns
+        ratios = [c.strip() for c in row.split("|")[1:-1]][5::3]  # the "× floor" columns
         for cell in ratios:
             if cell != "–":
                 assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row
@@ -44,12 +40,12 @@ def test_no_ratio_across_clocks():
     results = load_results("ngram")
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(lesson.steps_table(results))]
     by_step = {r[0]: r for r in rows}
-    assert by_step["1"][2:-1] == ["host ¹", "–", "–"] * len(lesson.TABLE_CASES)
-    assert all(by_step["2"][3 + 3 * i] == "–" for i in range(len(lesson.TABLE_CASES)))  # not GPU over host
+    assert by_step["1"][3:] == ["host ¹", "–", "–"] * len(lesson.TABLE_CASES)
+    assert all(by_step["2"][4 + 3 * i] == "–" for i in range(len(lesson.TABLE_CASES)))  # not GPU over host
     head = [c.strip() for c in lesson.steps_table(results).splitlines()[0].split("|")[1:-1]]
-    assert all(h.endswith("µs, GPU clock") for h in head[2:-1:3]) and head[-1] == "why kept"
+    assert all(h.endswith("µs, GPU clock") for h in head[3::3]) and head[1] == "role"
     for r in rows:  # the floor is a GPU-clock time: only a GPU-clock row is divided by it
-        floor_cells = r[4:-1:3]
+        floor_cells = r[5::3]
         assert (r[0] != "1") == any(c not in ("–", "") for c in floor_cells), r
     note = lesson.host_note(results)
     for cfg in lesson.TABLE_CASES:  # the footnote gives step 1's own time at each case, from the file
@@ -60,18 +56,20 @@ def test_no_ratio_across_clocks():
 
 
 def test_why_kept_reads_each_path_steps_factors():
-    """The table's last column says why each step on a path ships: where it is faster than the step before on its
-    path, as the table rounds, read from the file (every long case, every case, or the ones it is faster at); a step
-    faster at no case gives its reason (step 7: its one launch, on the host). The steps before the paths leave it
-    empty."""
+    """The table's role column marks the main line (steps 1 to 6 and 12, in bold) and says why each step of the
+    budget path ships: where it is faster than the step before on its path, as the table rounds, read from the file
+    (every long case, every case, or the ones it is faster at); a step faster at no case is the path's prerequisite
+    and gives its reason (step 7: its one launch, on the host)."""
     results = load_results("ngram")
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]]
             for r in _step_rows(lesson.steps_table(results))}
     for number in range(1, 13):
-        said = rows[str(number)][-1]
-        if number < 7:
-            assert said == "", number
+        said = rows[str(number)][1]
+        if number < 7 or number == 12:
+            assert said == "**main line**", number
             continue
+        assert said.startswith(("budget path: ", "prerequisite of the budget path (")), number
+        said = said.split(": ", 1)[1] if said.startswith("budget path") else said.split(" (", 1)[1][:-1]
         pays = [round(f, 2) > 1 for f in lesson.step_factors(results, number)]
         if all(pays):
             assert said == "faster at every case", number
@@ -82,7 +80,7 @@ def test_why_kept_reads_each_path_steps_factors():
                                                          for (b, s, _), ok in zip(lesson.TABLE_CASES, pays)), number
         else:
             assert said == lesson.KEPT_FOR[number], number
-    assert rows["7"][-1] == "one launch: less host time"
+    assert rows["7"][1] == "prerequisite of the budget path (one launch: less host time)"
 
 
 def test_the_steps_figure_draws_the_tables_floor():
@@ -197,10 +195,10 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
     its path's heading, steps 7, 8, 11 and 12; no bundle words), except steps 9 and 10, two changes to how step 8
     loads, which share "### Steps 9 and 10: ...", a line each with its number; each section from step 3 on shows
     a diff for each of its steps (open or folded) and says a computed number, and steps 7, 11 and 12 say where they
-    pay (:func:`lesson.path_words`), the others in the table of steps' "why kept" column; a diff changes at most
+    pay (:func:`lesson.path_words`), the others in the table of steps' role column; a diff changes at most
     about 40 lines. Step 8's core is open, the one that changes the streaming kernel most; the small diffs of steps
-    7, 9 and 10 are folded; step 11's, the path's idea, is open. The paths' headings come in the order of
-    :data:`lesson.PATHS`, after step 6's section."""
+    7, 9 and 10 are folded; step 11's, the path's idea, is open. The main line comes first: step 12's heading right
+    after step 6's section, then the budget path's (steps 7 to 11)."""
     import json
     import re
 
@@ -210,7 +208,7 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
     text = ["".join(c["source"]) for c in cells]
     sections = [(list(range(int(m[1]), int(m[2] or m[1]) + 1)), i) for i, t in enumerate(text)
                 for m in [re.match(r"###? Steps? (\d+)(?: (?:to|and) (\d+))?: (.+)", t)] if m]
-    assert [n for ns, _ in sections for n in ns] == [s.number for s in ngram.CHAPTER.steps]
+    assert [n for ns, _ in sections for n in ns] == [1, 2, 3, 4, 5, 6, 12, 7, 8, 9, 10, 11]  # the main line first
     assert [ns for ns, _ in sections if len(ns) > 1] == [[9, 10]]
     at = {n: i for ns, i in sections for n in ns}
     for _, i in sections:
@@ -218,7 +216,9 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
         assert not re.search(r"\bplus\b|changes\)|prerequisite|tunings?", title), title
     path_heads = [i for i, t in enumerate(text) if t.startswith("## ") and " from step 6" not in t
                   and any(t.startswith(f"## {name[0].upper()}{name[1:]}") for name, _ in lesson.PATHS)]
-    assert len(path_heads) == len(lesson.PATHS) and at[6] < path_heads[0] < at[7] < path_heads[1] < at[12]
+    assert len(path_heads) == len(lesson.PATHS) and at[6] < path_heads[0] < at[12] < path_heads[1] < at[7]
+    name = lesson.PATHS[1][0]  # the main line's heading first, then the budget path's
+    assert text[path_heads[0]].startswith(f"## {name[0].upper()}{name[1:]}")
     measured = next(i for i, t in enumerate(text) if t.startswith("## The steps, measured"))
     ends = [i for _, i in sections[1:]] + [measured]
     for (numbers, start), end in zip(sections, ends):
@@ -352,11 +352,11 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
         assert labels == ORDER
         rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(table)}
         for step in ngram.CHAPTER.steps:
-            assert rows[str(step.number)][1] == lesson.SHORT_CHANGES[step.number], step
+            assert rows[str(step.number)][2] == lesson.SHORT_CHANGES[step.number], step
             assert len(lesson.SHORT_CHANGES[step.number].split()) <= 6, step
             if step.number < 3:
                 continue
-            for cell, cfg in zip(rows[str(step.number)][3::3], cases):
+            for cell, cfg in zip(rows[str(step.number)][4::3], cases):
                 before = _file_ms(results, lesson.builds_on(step.number), cfg)
                 want = "–" if before is None else f"{before / _file_ms(results, step.number, cfg):.2f}×"
                 if before is not None and lesson.builds_on(step.number) != step.number - 1:
@@ -529,9 +529,10 @@ def test_step_6s_chain_is_the_lab_runs_own_rows():
     assert lesson.chain_gap(results, rows) < 0.03
 
 
-def test_where_we_lose_names_the_dispatch_guess_and_the_real_text_acceptance():
-    """"Where we lose" says the entry point's rule is a guess between the measured shapes (its thresholds read from
-    the library) and how few drafted tokens real text accepts (computed from the benchmark), after "On real text"."""
+def test_where_we_lose_names_the_rules_misses_and_the_real_text_acceptance():
+    """"Where we lose" names the cases the entry point's rule misses, if any (:func:`lesson.rule_misses`), and how
+    few drafted tokens real text accepts (computed from the benchmark), after "On real text"; the rule itself (its
+    thresholds read from the library) is said over the table of steps, where the page names the main line."""
     import json
 
     from studylog import paths
@@ -541,7 +542,9 @@ def test_where_we_lose_names_the_dispatch_guess_and_the_real_text_acceptance():
     lose, real = cells.index("## Where we lose"), next(i for i, t in enumerate(cells) if t.startswith("## On real"))
     assert real < lose
     body = cells[lose + 1]
-    assert "The rule reads the shapes and the budget" in body and "kernels.STREAM_MIN_TOKENS" in body
+    assert "The rule between steps 11 and 12 misses" in body and "kernels.STREAM_MIN_TOKENS" not in body
+    above = cells[next(i for i, t in enumerate(cells) if t.startswith("## The steps, measured")) + 1]
+    assert "The main line is steps 1 to 6, then 12" in above and "kernels.STREAM_MIN_TOKENS" in above
     assert "{accepted:,} of {drafted:,} drafted tokens" in body
     assert "{accepted:,}" not in "".join(cells[real:lose])  # said once, in Where we lose
 
@@ -605,8 +608,7 @@ def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
     (computed by :func:`lesson.eager_host`, read here from the file itself), says that steps 8 to 11 add no host
     work to one another (one launch a call with the matcher's arguments from step 7 on, two in
     step 6, read from the step functions), and shows the launch's own swing: the same step's launch timed as the entry
-    point and as itself. The dispatch rule is said to rank the steps on the GPU clock, and it picks the step faster there
-    at the headline case."""
+    point and as itself. The dispatch rule picks the step faster on the GPU clock at the headline case."""
     import json
 
     from studylog import paths
@@ -618,7 +620,7 @@ def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
     body = cells[cells.index("## Where we lose") + 1]
     for text in ("eager = lesson.eager_host(results)", "{eager['entry_host']:.1f} µs of\n  host time a call",
                  "{eager['entry_gpu']:.1f} µs on the GPU clock", "Steps 8 to 11 take",
-                 "each is one launch of the same", "{len(kernels.SIGNATURE)} arguments", "as the GPU clock ranks them"):
+                 "each is one launch of the same", "{len(kernels.SIGNATURE)} arguments"):
         assert text in body, text
     results = load_results("ngram")
     rows = json.loads(results.path.read_text())["measurements"]
@@ -687,10 +689,9 @@ def test_the_open_steps_table_is_the_quoted_cases_and_the_fold_has_every_case():
     head = [c.strip() for c in main.splitlines()[0].split("|")[1:-1]]
     from studylog.ngram import NO_BUDGET
 
-    assert lesson.OPEN_CASES == (lesson.HEADLINE, lesson.RESULT_CASE) == (lesson.HEADLINE, (512, 16384, NO_BUDGET))
-    assert len(head) == 9 and head[:2] == ["step", "the one change"] and head[3] == head[6] == "× previous"
-    assert head[8] == "why kept"
-    for at, cfg in ((2, lesson.HEADLINE), (5, lesson.RESULT_CASE)):
+    assert lesson.OPEN_CASES == (lesson.RESULT_CASE, lesson.HEADLINE) == ((512, 16384, NO_BUDGET), lesson.HEADLINE)
+    assert len(head) == 9 and head[:3] == ["step", "role", "the one change"] and head[4] == head[7] == "× previous"
+    for at, cfg in ((3, lesson.RESULT_CASE), (6, lesson.HEADLINE)):
         assert head[at].startswith(f"{cfg[0]} × {cfg[1]}") and head[at + 2].startswith("× floor"), at
     note = lesson.host_note(results, lesson.OPEN_CASES)  # step 1's time, under the table
     assert main == lesson.steps_table(results, lesson.OPEN_CASES) + "\n\n" + note
@@ -702,9 +703,9 @@ def test_the_open_steps_table_is_the_quoted_cases_and_the_fold_has_every_case():
     for number in range(2, 13):
         timed = _file_ms(results, number, lesson.RESULT_CASE)
         assert (timed is None) == (number == 2), number
-        assert rows[str(number)][5] == ("– (too slow on one thread)" if timed is None else f"{timed * 1e3:,.1f}")
+        assert rows[str(number)][3] == ("– (too slow on one thread)" if timed is None else f"{timed * 1e3:,.1f}")
     assert fold.count("<tr>") == len(lesson.steps_table(results).splitlines()) - 1  # the head and every row
-    assert "<strong>path 1 from step 6" in fold and "*" not in fold  # the paths' rows bold there too
+    assert "<strong>main line</strong>" in fold and "*" not in fold  # the main line bold there too
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
     assert sum("lesson.steps_tables(results)" in c for c in code) == 1
@@ -733,7 +734,7 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     (512 × 16384, no budget, every active slot), then gives the deployed budget's ratio in the same sentence as how
     many of its 128 slots the budget lets search (:func:`lesson.budget_walk`, as the results page counts them) and
     that step 4 searches every active slot anyway; then the time it takes off a decoding step, the range over the
-    shapes with what its top is against, and the payoff speculation caps (the tokens a step from real text)."""
+    short prompts and over the few long slots, with what the latter is against, and the payoff speculation caps (the tokens a step from real text)."""
     import json
 
     from studylog import paths
@@ -750,7 +751,7 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     assert "many = (512, 16384, NO_BUDGET)" in code and "walk = lesson.budget_walk(results, lesson.HEADLINE)" in code
     assert "us(10, *lesson.HEADLINE) / us(11, *lesson.HEADLINE)" in lead
     rest = opening[opening.index("off every decoding step"):]
-    assert "min(ratios.values())" in rest and "max(ratios.values())" in rest and "one block a slot" in rest
+    assert "min(short)" in rest and "max(few)" in rest and "one block a slot" in rest  # no range over every shape
     assert "not a tuned kernel" in rest
     payoff = code[code.index("if real:"):code.index("lesson.result_tables(results, heads)")]
     assert "{1 + per_slot:.2f}× the tokens a step" in payoff
@@ -801,7 +802,8 @@ def test_the_budgeted_floor_says_what_it_counts():
     label = "an empty kernel; the 1 slot the budget lets search reads in less"
     head = lesson.steps_table(results).splitlines()[0].split(" | ")
     floors = [h for h in head if h.startswith("× floor")]
-    assert [label in h for h in floors] == [c == lesson.HEADLINE for c in lesson.TABLE_CASES]
+    assert [h.endswith(" ²") for h in floors] == [c == lesson.HEADLINE for c in lesson.TABLE_CASES]
+    assert label in lesson.floor_note(results) and label in lesson.host_note(results)  # the footnote says what it counts
     for cfg in lesson.TABLE_CASES:
         if cfg != lesson.HEADLINE:
             assert lesson.table_floor_us(results, cfg) == lesson.floor_us(results, cfg), cfg
@@ -824,30 +826,36 @@ def _trace(inputs, this_time, config) -> list[dict]:
     return trace
 
 
-def test_each_step_gives_one_number_at_the_tables_case():
-    """Every step's number is at the table of steps' case (:data:`lesson.HEADLINE`, index 1 of
-    :data:`lesson.BOEHM_CASES`): step 1 names that case once and links the table, step 2 gives its time there, steps
-    3 to 12 their factor there (:func:`lesson.step_factors` at index 1) with their time; no step's paragraph quotes a
-    time or factor at another case, or points to "the table" for a second number."""
+def test_each_step_gives_one_number_at_its_paths_case():
+    """The main line's steps (1 to 6 and 12) give their number at the result's case (:data:`lesson.RESULT_CASE`,
+    index 2 of :data:`lesson.TABLE_CASES`), the budget path's (7 to 11) at the deployed budget's
+    (:data:`lesson.HEADLINE`, index 1): step 1 names both cases and links the table; step 2, not timed at the
+    result's case, gives its time at the budget's; steps 3 to 12 their factor at their path's case
+    (:func:`lesson.step_factors`) with their time; no budget-path paragraph quotes another case, and no paragraph
+    points to "the table" for a second number."""
     import json
     import re
 
     from studylog import paths
 
-    assert lesson.BOEHM_CASES[1] == lesson.HEADLINE
+    assert lesson.BOEHM_CASES[1] == lesson.HEADLINE and lesson.TABLE_CASES[2] == lesson.RESULT_CASE
     cells = {c.get("id"): "".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]}
     assert "(#the-steps-measured)" in cells["cell-09"] and "H = lesson.HEADLINE" in cells["cell-09"]
+    assert "L = lesson.RESULT_CASE" in cells["cell-09"]
     assert "us(2, *H)" in cells["cell-12"]
-    for cid, step in (("cell-16", 3), ("cell-19", 4), ("cell-s5-say", 5), ("cell-s6-say", 6), ("cell-s11-say", 11),
-                      ("cell-s12-say", 12)):
+    assert "us(3, *L)" in cells["cell-16"] and "step_factors(results, 3)[1]" in cells["cell-16"]  # step 2's case
+    for cid, step in (("cell-19", 4), ("cell-s5-say", 5), ("cell-s6-say", 6), ("cell-s12-say", 12)):
         said = cells[cid]
-        assert f"step_factors(results, {step})" in said and f"us({step}, *H)" in said, step
+        assert f"step_factors(results, {step})[2]" in said and f"us({step}, *L)" in said, step
     assert "lesson.step_factors(results, 7)[1]" in cells["cell-s7-say"] and "us(7, *H)" in cells["cell-s7-say"]
     assert "lesson.step_factors(results, 8)[1]" in cells["cell-s8-say"] and "us(8, *H)" in cells["cell-s8-say"]
     assert "(lesson.step_factors(results, n)[1] for n in (9, 10))" in cells["cell-s9-say"]
+    assert "f11[1]" in cells["cell-s11-say"] and "us(11, *H)" in cells["cell-s11-say"]
     for cid in ("cell-09", "cell-12", "cell-16", "cell-19", "cell-s5-say", "cell-s6-say", "cell-s7-say",
                 "cell-s8-say", "cell-s9-say", "cell-s11-say", "cell-s12-say"):
         said = cells[cid]
         assert "× in the table" not in said, cid
-        assert not re.search(r"step_factors\(results, \d+\)\[[02]\]|us\(\d+, \d", said), cid  # no other case
+        assert not re.search(r"us\(\d+, \d", said), cid  # a case by name, never typed
+    for cid in ("cell-s7-say", "cell-s8-say", "cell-s9-say", "cell-s11-say"):  # the budget path: its case only
+        assert not re.search(r"step_factors\(results, \d+\)\[[02]\]|\*L\)", cells[cid]), cid

@@ -25,7 +25,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE", "OPEN_CASES", "TABLE_CASES",
            "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "KEPT_FOR", "path_row", "why_kept", "host_note", "steps_table", "path_words", "rival_ratios",
+           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "KEPT_FOR", "role", "why_kept", "host_note", "floor_note", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
            "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
@@ -218,8 +218,8 @@ HEADLINE = (128, 32768, 128)
 #: scoreboard's ``NGRAM_LEAD_CASE``). The lab runs of :data:`EXIT_RUNS` do not time it, so it is not in
 #: :data:`BOEHM_CASES`; the table of steps shows it beside :data:`HEADLINE`.
 RESULT_CASE = (512, 16384, NO_BUDGET)
-#: The table of steps' cases, open: the case every step is quoted at and the result's.
-OPEN_CASES = (HEADLINE, RESULT_CASE)
+#: The table of steps' cases, open: the result's, where the main line is quoted, and the budget path's.
+OPEN_CASES = (RESULT_CASE, HEADLINE)
 #: The table of steps' cases, folded, in order of size: :data:`BOEHM_CASES` with :data:`RESULT_CASE`; index 1 is
 #: :data:`HEADLINE`, as in :data:`BOEHM_CASES`.
 TABLE_CASES = (BOEHM_CASES[0], HEADLINE, RESULT_CASE, BOEHM_CASES[2])
@@ -465,20 +465,28 @@ SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread
                  4: "budget from prefix sums", 5: "one pass for every n", 6: "each slot over many blocks",
                  7: "phase 2 in the last block", 8: "no barrier: warps stream", 9: "16-byte loads",
                  10: "L2 evict-first hint", 11: "refused slots skip search", 12: "phase 2 launched early"}
-#: The two paths from step 6, each with the steps it takes, in the order the page and the table give them: the case
-#: each serves (its name in the table) -> steps.
-PATHS = (("long haystacks under a budget", (7, 8, 9, 10, 11)), ("small batches and no budget", (12,)))
+#: The two paths from step 6, each with the steps it takes: the budget path, for the case it serves, and the main
+#: line's last step (the page gives the second first, right after step 6): its name (its section's heading) -> steps.
+PATHS = (("long haystacks under a budget", (7, 8, 9, 10, 11)), ("the main line's last step", (12,)))
 #: Why a step that is faster at no case on the GPU clock ships anyway (:func:`why_kept`): step -> the reason, in a
 #: few words (its section gives the number).
 KEPT_FOR = {7: "one launch: less host time"}
+#: The table of steps' "role" column: a step is on the main line (the steps the entry point runs at most shapes
+#: builds on, and the one it runs), on the budget path (the steps of :data:`PATHS`' first path), or a prerequisite
+#: of that path (faster at no case, kept for what it gives the steps after it).
+MAIN_LINE, BUDGET_PATH, PREREQUISITE = "main line", "budget path", "prerequisite"
 
 
-def path_row(index: int) -> str:
-    """The row that opens path ``index`` (from 0) of :data:`PATHS` in the table of steps, in bold: its number, the
-    step it starts from, the cases it serves and its steps."""
-    name, numbers = PATHS[index]
-    span = f"steps {numbers[0]} to {numbers[-1]}" if len(numbers) > 1 else f"step {numbers[0]}"
-    return f"**path {index + 1} from step 6: {name} ({span})**"
+def role(results, number: int, cases=TABLE_CASES) -> str:
+    """Step ``number``'s role in the table of steps (:data:`MAIN_LINE`, :data:`BUDGET_PATH` or
+    :data:`PREREQUISITE`), with why a budget-path step ships (:func:`why_kept`): "budget path: faster at ..." or
+    "prerequisite of the budget path (one launch: less host time)"."""
+    if number not in PATHS[0][1]:
+        return MAIN_LINE
+    why = why_kept(results, number, cases)
+    if number in KEPT_FOR and why == KEPT_FOR[number]:
+        return f"{PREREQUISITE} of the {BUDGET_PATH} ({why})"
+    return f"{BUDGET_PATH}: {why}" if why else BUDGET_PATH
 
 
 def why_kept(results, number: int, cases=TABLE_CASES) -> str:
@@ -504,7 +512,16 @@ def host_note(results, cases=TABLE_CASES) -> str:
     rows are on the GPU clock, so none is divided by it."""
     times = [(cfg, grid_row(results, CHAPTER.step(1).series, cfg)) for cfg in cases]
     said = ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r)
-    return f"¹ Step 1 runs on the host, end to end: {said}; no GPU-clock row is divided by it."
+    return f"¹ Step 1 runs on the host, end to end: {said}; no GPU-clock row is divided by it." + floor_note(results, cases)
+
+
+def floor_note(results, cases=TABLE_CASES) -> str:
+    """The table of steps' footnote on its floors (``²`` in a "× floor" head): what the floor counts at each case of
+    ``cases`` where the budget lets fewer slots search than are active (:func:`floor_words`); empty where none."""
+    said = [f"at {case_name(cfg)}, budget {cfg[2]}, {floor_words(results, cfg)}" for cfg in cases
+            if floor_words(results, cfg)]
+    return ("" if not said else
+            " ² The floor under a budget counts what the operator itself must read: " + "; ".join(said) + ".")
 
 
 def _budget_bytes_floor(results, cfg: tuple[int, int, int]) -> bool:
@@ -544,36 +561,28 @@ def floor_words(results, cfg: tuple[int, int, int]) -> str:
 
 
 def steps_table(results, cases=TABLE_CASES) -> str:
-    """Markdown, the one table of steps: a row per numbered step (its :data:`SHORT_CHANGES`), steps 1 to 6 first, then
-    each path of :data:`PATHS` under a bold row naming it (:func:`path_row`), then the entry point; per case of
-    ``cases`` the time in µs on the GPU clock, × previous (over the step it builds on, :func:`builds_on`: the step
-    before on its path, named in the cell where it is not the row above) and × the floor (:func:`table_floor_us`,
-    given in that column's head, which says what it counts where the budget lets fewer slots search than are active:
-    :func:`floor_words`); last, why a path's step is kept (:func:`why_kept`, read at every case of
-    :data:`TABLE_CASES`). A step the benchmark did not time at a case (step 2, one thread, on long rows) says why. Step 1 is timed end to end
+    """Markdown, the one table of steps: a row per numbered step in order, its role (:func:`role`, read at every case
+    of :data:`TABLE_CASES`; the main line in bold) and its one change (:data:`SHORT_CHANGES`), then the entry point;
+    per case of ``cases`` the time in µs on the GPU clock, × previous (over the step it builds on, :func:`builds_on`:
+    the step before on its path, named in the cell where it is not the row above) and × the floor
+    (:func:`table_floor_us`, given in that column's head, marked ``²`` where the budget lets fewer slots search than
+    are active: :func:`floor_note` says what it counts there). A step the benchmark did not time at a case (step 2, one thread, on long rows) says why. Step 1 is timed end to end
     on the host: its cells point to the footnote that gives its times (:func:`host_note`), and no row is divided by
     it, so step 2's "× previous" is ``–``. The entry point builds on no step (it runs one), so its "× previous" is
     ``–``."""
     floors = [table_floor_us(results, cfg) for cfg in cases]
-    head = ["step", "the one change"]
+    head = ["step", "role", "the one change"]
     for (b, s, t), f in zip(cases, floors):
-        what = floor_words(results, (b, s, t))  # under a budget: what the operator itself must read
-        what = f": {what}" if what else ""
+        what = " ²" if floor_words(results, (b, s, t)) else ""  # under a budget: the footnote says what it counts
         head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs, GPU clock", "× previous",
-                 f"× floor ({f:,.2f} µs{what})" if f else "× floor"]
-    head.append("why kept")
+                 f"× floor ({f:,.2f} µs){what}" if f else "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step11_skip_refused, step12_early_phase2))
-    order = [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in range(1, 7)]
-    for index, (_, numbers) in enumerate(PATHS):
-        order.append(("", path_row(index), None))
-        order += [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in numbers]
+    order = [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in range(1, 13)]
     order.append(("entry point", f"`ngram_match`: step {rule} by a rule", "ngram_match"))
     for number, title, series in order:
-        cells = [number, title]
-        if series is None:  # a path's row: its name only
-            lines.append("| " + " | ".join(cells + [""] * (len(head) - 2)) + " |")
-            continue
+        kind = role(results, int(number)) if number.isdigit() else ""
+        cells = [number, f"**{kind}**" if kind == MAIN_LINE else kind, title]
         for i, cfg in enumerate(cases):
             row = grid_row(results, series, cfg)
             if row is None:
@@ -591,7 +600,6 @@ def steps_table(results, cases=TABLE_CASES) -> str:
                     if builds_on(int(number)) != int(number) - 1:  # not the row above: name the step it builds on
                         ratio += f" (vs {builds_on(int(number))})"
             cells += [us(row["ms"]), ratio, f"{t / floors[i]:,.1f}×" if floors[i] else "–"]
-        cells.append(why_kept(results, int(number)) if number.isdigit() else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -624,9 +632,9 @@ def fold_table(summary: str, markdown: str, note: str = "") -> str:
 
 
 def steps_tables(results) -> tuple[str, str]:
-    """The page's table of steps, in two parts: open, Markdown, each step at :data:`OPEN_CASES` (the case every step
-    is quoted at and the result's: step, its one change, then µs, × previous and × floor per case, why kept), its
-    footnote on step 1 (:func:`host_note`) under it; folded, HTML, :func:`steps_table` at every case of
+    """The page's table of steps, in two parts: open, Markdown, each step at :data:`OPEN_CASES` (the result's case,
+    where the main line is quoted, and the budget path's: step, role, its one change, then µs, × previous and × floor per case), its
+    footnotes (:func:`host_note`) under it; folded, HTML, :func:`steps_table` at every case of
     :data:`TABLE_CASES` and the footnote at those cases, under a ``<details>`` that names them."""
     names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in TABLE_CASES)
     fold = fold_table(f"Every step at all four cases ({names})", steps_table(results), host_note(results, TABLE_CASES))
