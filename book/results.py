@@ -737,17 +737,14 @@ def speculate_gated(card: Path) -> float | None:
     requests that close their JSON); None where the file lacks them."""
     import statistics
 
-    from studylog.speculate.report import closed_requests, rows_of
+    from book.speculate.lesson import closed_ratio
+    from studylog.plotting import Results
 
     data = load(card, "speculate")
-    if data is None:
+    try:
+        return None if data is None else closed_ratio(Results(None, data), "step04")
+    except statistics.StatisticsError:  # the file times neither loop on the headline's requests
         return None
-    kept = closed_requests(data["measurements"], "extraction")
-    ms = {s: [r["ms"] for r in rows_of(data["measurements"], batch=1, workload="extraction")
-              if r["series"] == s and r["params"]["request"] in kept] for s in ("step04", "ch7_step03")}
-    if not all(ms.values()):
-        return None
-    return statistics.median(ms["ch7_step03"]) / statistics.median(ms["step04"])
 
 
 def masked_head_batches(card: Path) -> dict[int, float]:

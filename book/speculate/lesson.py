@@ -129,10 +129,8 @@ def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[d
 
 def _faster(results, batch: int, workload: str, before: str, after: str) -> tuple[int, int]:
     """How many requests ``after`` ran faster than ``before`` (time per output token), of those both ran."""
-    was = {r["params"]["request"]: r["ms"] for r in _rows(results, batch, workload, before)}
-    now = [(was[r["params"]["request"]], r["ms"]) for r in _rows(results, batch, workload, after)
-           if r["params"]["request"] in was]
-    return sum(b < a for a, b in now), len(now)
+    ups = speedups(results.rows, batch, workload, after, over=before)
+    return sum(u > 1 for u in ups), len(ups)
 
 
 def _forwards(results, batch, workload, series) -> float:
@@ -442,7 +440,8 @@ def step3_over_step2() -> list[dict[str, Any]]:
     """Step 3 against step 2 in each run there is (the committed one, then :data:`SECOND_RUN`), at each batch and
     workload: the ratio of their median times per output token over every request timed (``ratio``, > 1: step 3 is
     faster)."""
-    runs = [("first", committed().rows)] + ([("second", second_run())] if second_run() is not None else [])
+    again = second_run()
+    runs = [("first", committed().rows)] + ([("second", again)] if again is not None else [])
     return [{"run": name, "batch": b, "workload": w,
              "ratio": report.median_ms(rows, b, w, "step02") / report.median_ms(rows, b, w, "step03")}
             for name, rows in runs for b in (1, 8) for w in report.WORKLOADS]
