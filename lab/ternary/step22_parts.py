@@ -7,6 +7,8 @@ position) are what that AND leaves to sum. The other two can: x quantised first 
 one row per variant:
 
 * ``step 21``: the library's step 21 (the anchor, float x; at one row only);
+* ``step 22's matmul alone (x given as int8)``: step 22's matmul launched by itself on x quantised beforehand (outside
+  the timed calls), the product of the int8 MMA with x handed over as int8, as BitNet's kernel takes it;
 * ``quantize_x``: the quantisation kernel alone (``w2a8_quantize``);
 * ``step 22, launched after``: step 22 with its matmul launched once ``quantize_x`` has ended (``early=False``);
 * ``step 22``: the library's step 22, its matmul launched early.
@@ -31,12 +33,34 @@ from studylog import ternary as T
 from studylog.ternary.w2a8 import w2a8_quantize
 
 CASES = ((4096, 14336, 1), (4096, 14336, 16), (2560, 6912, 1))
-VARIANTS = ("step 21", "quantize_x", "step 22, launched after", "step 22")
+MATMUL_ALONE = "step 22's matmul alone (x given as int8)"
+VARIANTS = ("step 21", MATMUL_ALONE, "quantize_x", "step 22, launched after", "step 22")
+
+
+def matmul_alone(x, w):
+    """Step 22's matmul by itself: x quantised here, once, then a call that launches only the int8 matmul (the library
+    launches it only behind quantize_x, so this reaches the module's private launch pieces, as lab scripts may)."""
+    from studylog.ternary import w2a8 as W
+
+    x2, vector, w, s, s_stride, z = W._w2a8_args(x, w, 1.0, None, None, W.W2A8Config, 22, "w2a8_kernel")
+    m = x2.shape[0]
+    launch = W._w2a8_launch(m, w, x2.dtype == torch.bfloat16, x2.device, None, "separate")
+    sums, counts = W.CUDA_WORKSPACE.get(x2.device, launch.grid[1] * m, w.n) if launch.grid[1] > 1 else (None, None)
+    partials = sums.view(torch.int32) if sums is not None else None
+    xq, x_scale, row_sum = W._quantize_x(x2)
+    args = launch.args(None, xq, x_scale, row_sum, w, z, s, partials, counts, m, x2.stride(0), s_stride)
+
+    def call():
+        launch.kernel(launch.grid, launch.block, *args, shared_mem=launch.smem, early=False)
+        return z
+    return call
 
 
 def call_of(variant: str, x, w):
     if variant == "step 21":
         return lambda: T.step21_magic_reg(x, w)
+    if variant == MATMUL_ALONE:
+        return matmul_alone(x, w)
     if variant == "quantize_x":
         return lambda: w2a8_quantize(x)
     return lambda: T.step22_w2a8(x, w, early=variant == "step 22")
@@ -46,7 +70,7 @@ def main() -> Path:
     from studylog.bench import BenchRun, write_lab_output
 
     run = BenchRun("ternary", command=" ".join(["python", *sys.argv]))
-    run.note("Series step22_parts: step 21, quantize_x alone, step 22 with its matmul launched after quantize_x "
+    run.note("Series step22_parts: step 21, step 22's matmul alone on x quantised beforehand, quantize_x alone, step 22 with its matmul launched after quantize_x "
              "(early=False) and step 22 (launched early); bf16 x ~ N(0, 1), ternary W uniform in {-1, 0, 1}, scale 1; "
              "GPU clock (CUDA-graph replay over copies of the packed weights past L2, fresh x a repetition).")
     gen = torch.Generator(device="cuda").manual_seed(22)
@@ -60,6 +84,8 @@ def main() -> Path:
         torch.cuda.synchronize()
         base = {"n": n, "k": k, "m": m}
         run.check("step 22 launched after = launched early, bit for bit", torch.equal(early, after), params=base)
+        alone = matmul_alone(x, w)().clone()
+        run.check("step 22's matmul alone = step 22, bit for bit", torch.equal(alone, early), params=base)
         err = ((early.double() - ref).abs().max() / ref.abs().max().clamp_min(1)).item()
         run.check("step 22 within 1e-5 of the float64 W2A8 reference (relative to the largest output)", err < 1e-5,
                   params=base, error=err)
