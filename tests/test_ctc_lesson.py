@@ -564,18 +564,28 @@ SECTION_NUMBERS = {"7a": "f7a['ratios'][mid_case]", "7b": "f7b['ratios'][mid_cas
 def test_each_step_has_one_section_with_its_code_and_its_number():
     """Steps 7a to 14: one heading "## Step N: ..." each, in order, naming one idea (no "plus"): step 7's three
     changes are steps 7a, 7b and 7c; under each, open, the core of the step's code or diff, and a sentence glued from
-    the JSON with the step's measured number. No folded cell holds a whole diff or listing. Steps 2 to 5 share one
-    section, each step one change; the page names the runs it reads in words (no repository path), and its cells
+    the JSON with the step's measured number. No folded cell holds a whole diff or listing but step 5's and step 6's:
+    steps 2, 3 and 5 gain nothing and sit in one fold of step 4's section, and step 6, a side branch, keeps its
+    lesson open and folds its diff. The page names the runs it reads in words (no repository path), and its cells
     read them."""
     cells = _page_cells()
     text = "".join("".join(c["source"]) for c in cells)
     heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step")]
     numbered = ["".join(cells[i]["source"]).split(":")[0].removeprefix("## Step ") for i in heads
                 if "".join(cells[i]["source"]).startswith("## Step ")]
-    assert numbered == ["1", "6", "7a", "7b", "7c", "8", "9", "10", "11", "12", "13", "14"]
-    assert "## Steps 2 to 5:" in text
+    assert numbered == ["1", "4", "6", "7a", "7b", "7c", "8", "9", "10", "11", "12", "13", "14"]
+    assert "## Steps 2 to 5" not in text and "only step 4 pays" not in text
+    four = cells[heads[1] + 1:heads[2]]
+    tried = [c for c in four if "lesson.tuning_table(results, (2, 3, 5))" in "".join(c["source"])]
+    assert len(tried) == 1 and "hide-output" in tried[0]["metadata"]["tags"]  # one fold: tried, no gain
+    assert "Tried, no gain: steps 2, 3 and 5" in "".join(tried[0]["source"])
+    six = cells[heads[2] + 1:heads[3]]
+    assert any("N['prob_lost']" in "".join(c["source"]) and "hide-output" not in c["metadata"].get("tags", [])
+               for c in six)  # its lesson, open
+    assert all("hide-output" in c["metadata"].get("tags", []) for c in six if c["cell_type"] == "code"
+               and re.search(r"step_diff|stress_inputs", "".join(c["source"])))  # its diff and its CPU model, folded
     heads = [i for i in heads if "".join(cells[i]["source"]).startswith("## Step ")]
-    for number, i in zip(numbered[2:], heads[2:]):
+    for number, i in zip(numbered[3:], heads[3:]):
         title = "".join(cells[i]["source"]).splitlines()[0]
         assert not any(w in title for w in (" plus ", "changes", "tuning")), title
         section = cells[i + 1:(heads + [len(cells)])[heads.index(i) + 1]]
@@ -587,10 +597,11 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
     assert not any(w in text for w in ("7d", "8a", "chain_table(", "chain_note(", "step07_chain",
                                        "step08_changes", "taken back"))
     assert text.count("no block version of them was built") == 1
-    for cell in cells:  # step 5's diff, one of the steps that do not help, is the one folded
+    for cell in cells:  # step 5's diff (a step that does not help) and step 6's (a side branch) are the ones folded
         if cell["cell_type"] == "code" and "hide-output" in cell["metadata"].get("tags", []):
-            assert ("ctc_alpha_step5" in "".join(cell["source"])
-                    or not re.search(r"show_diff|show_source|parts\(", "".join(cell["source"]))), cell["source"]
+            assert ("ctc_alpha_step5" in "".join(cell["source"]) or "lesson.step_diff(6)" in "".join(cell["source"])
+                    or not re.search(r"show_diff|show_source|step_diff|parts\(", "".join(cell["source"]))), \
+                cell["source"]
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
     assert not re.search(r"\.json|assets/|lab/|results/", where)
     for words in ("benchmark on the H200", "p50 / p99 run", "matmul rate", "benchmark on the H100"):
@@ -647,10 +658,11 @@ def test_the_diffs_split_in_two_are_each_whole_and_at_most_40_changed_lines():
 
 
 def test_steps_4_6_and_7a_show_their_whole_diff_after_the_signature_their_sentence_names():
-    """Steps 4, 6 and 7a show their whole comment-free diff open, at most 40 changed lines, after a change of signature
-    or names the page says in one sentence above it: the old side is the old function with the new one's signature
-    (its lines up to the body's brace) and the named replacements, nothing else; no fold follows it. Step 13 starts
-    from such a side too, then shows two parts (the test above)."""
+    """Steps 4, 6 and 7a show their whole comment-free diff, at most 40 changed lines, after a change of signature
+    or names the page says in one sentence above it (step 6's, a side branch, folded with its sentence; the others
+    open): the old side is the old function with the new one's signature (its lines up to the body's brace) and the
+    named replacements, nothing else; no fold follows it. Step 13 starts from such a side too, then shows two parts
+    (the test above)."""
     from studylog.source import source_of
 
     cells = _page_cells()
@@ -670,7 +682,9 @@ def test_steps_4_6_and_7a_show_their_whole_diff_after_the_signature_their_senten
         diff = lesson.step_diff(number)
         assert len(diff.added) + len(diff.removed) <= 40, number
         at = next(i for i, c in enumerate(cells) if f"lesson.step_diff({number})" in "".join(c["source"]))
-        sentence = "".join(cells[at - 1]["source"])
+        folded = "hide-output" in cells[at]["metadata"].get("tags", [])
+        assert folded == (number == 6), number
+        sentence = "".join(cells[at if folded else at - 1]["source"])  # folded: its sentence in its own cell
         assert "signature" in sentence or "renamed" in sentence, number
         assert "step_rest" not in "".join(cells[at + 1]["source"]), number
     assert lesson.step_diff(4).removed and not any("LDG" in ln for ln in lesson.step_diff(4).lines[2:])
@@ -711,16 +725,27 @@ def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay()
 
 def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
     """The table of steps and the result table are each read as two tables (the readers found 11 and 9 columns
-    cramped): every cell of the wide table is in one of them, each row keeps its label (step, or A and N), and the
-    floor row of the second table of steps is labelled."""
+    cramped, then nine): the open table of steps has seven columns, each case's time and "× prev." (the floor row
+    gives the case's floor), the folded one the large batch with its "× floor"; neither has the rows of the steps
+    that gain nothing (folded under step 4, with their speedups). Every other cell of the wide table is in one of them,
+    each row keeps its label (step, or A and N), and the floor row of the second table of steps is labelled."""
     results = plotting.load_results("ctc", "nvidia-h200")
     wide = [_cells(line) for line in lesson.boehm_table(results).split("\n\n")[0].splitlines()]
+    tried = {label for label, role in lesson.roles(results).items() if role == lesson.NO_GAIN}
+    assert tried == {"2", "3", "5"}  # the committed run
+    kept = [row for row in wide if row[0] not in tried]
     first, second = ([_cells(line) for line in t.split("\n\n")[0].splitlines()] for t in lesson.steps_tables(results))
-    assert len(first) == len(second) == len(wide) and len(first[0]) == 9 and len(second[0]) == 5
-    for row, a, b in zip(wide, first, second):
+    assert len(first) == len(second) == len(kept) and len(first[0]) == 7 and len(second[0]) == 5
+    for row, a, b in zip(kept, first, second):
         if set(row[0]) <= {"-"}:
             continue  # the separator
-        assert a == row[:9] and b[2:] == row[9:] and b[1] == row[1] and b[0] == (row[0] or "floor")
+        assert [a[i] for i in (0, 1, 2, 3, 5)] == [row[i] for i in (0, 1, 2, 3, 6)], row[0]
+        if row[0] not in ("4", "6"):
+            assert [a[4], a[6]] == [row[4], row[7]] and b[2:] == row[9:], row[0]
+        else:  # the row above is not the step built on: the ratio is the same, and says which step it is against
+            assert a[4] == row[4] + f" (vs step {int(row[0]) - 1})" and a[6] == row[7] + f" (vs step {int(row[0]) - 1})"
+        assert b[1] == row[1] and b[0] == (row[0] or "floor")
+    assert lesson.TRIED_UNDER == 4 and "folded under step 4" in lesson.line_words(results)
     assert "timed as its own series" in lesson.steps_tables(results)[0]
     wide = [_cells(line) for line in lesson.results_table(results).split("\n\n")[0].splitlines()]
     times, ratios = lesson.results_tables(results)

@@ -34,7 +34,11 @@ def main_clock(results) -> str:
 def step_words(series: str) -> str:
     """A step's series in the words of the lesson's table of steps (``step 11: the warp recursion without ...``);
     any other series as it is."""
+    from studylog.ctc.fused import PREFETCH_FRAMES
+
     for step in CHAPTER.steps:
+        if step.series == series and step.number == 7:  # the lesson's 7a, 7b and 7c: the series is after the last
+            return f"step 7c: emissions loaded {PREFETCH_FRAMES} frames ahead (after 7a and 7b)"
         if step.series == series:
             return f"step {step.number}: {step.title}"
     return series
@@ -186,7 +190,7 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         _shared_legend(fig, axes, ncol=1)
         base = clock_words(clock_of(results, "torch-best"))
         bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
-        steps = ", ".join(str(k) for k in SPEEDUP_STEPS[:-1]) + f" and {SPEEDUP_STEPS[-1]}"
+        steps = ", ".join(str(k) + ("c" if k == 7 else "") for k in SPEEDUP_STEPS[:-1]) + f" and {SPEEDUP_STEPS[-1]}"
         # the last step is not on top at every N: the entry point runs step 12 or step 14 by shape
         fig.suptitle(f"Speedup of steps {steps} over the faster torch call ({base}{bars})\nctc_loss runs step 12 "
                      "or step 14 by shape, so the last step is not on top at every N", fontsize=FONT + 1)

@@ -218,8 +218,8 @@ def steps_tables(results) -> list[str]:
     """:func:`boehm_table` as two narrower tables: each step's change and its time at one utterance of the small
     alphabet (where the chain of frames binds) and at the headline case, with the note under it (the page shows it);
     then its times at two batches of the large alphabet (where the bytes bind; the page folds it)."""
-    table = boehm_table(results)
-    first, = split_table(table, range(9))
+    table = boehm_table(results, shown=lambda role: role != NO_GAIN)
+    first, = split_table(table, [0, 1, 2, 3, 4, 6, 7])
     second, = split_table(table, [0, 1, *range(9, 12)], label="floor")
     return [first + "\n\n" + table.split("\n\n", 1)[1], second]
 
@@ -793,6 +793,8 @@ FLAT_WHY = {2: "the read-only loads compile to `ld.global.nc`, and loads were no
             5: "steps 6 and 7a build on it"}
 #: The table of steps' "role" column: each step is on the main line (the steps that pay, in order), or one of these.
 MAIN_LINE, NO_GAIN, PREREQUISITE, SIDE_BRANCH = "main line", "no gain", "prerequisite", "side branch"
+#: The section whose fold holds the steps that gain nothing (their rows leave the open table of steps).
+TRIED_UNDER = 4
 
 
 #: Step 7's first two changes, each a row of the table of steps between step 6 and step 7 (timed by the lab run
@@ -859,7 +861,8 @@ def line_words(results, changes: Results | None = None) -> str:
                                                                              SIDE_BRANCH)}
     rest = []
     if of[NO_GAIN]:
-        rest.append(f"{'step' if len(of[NO_GAIN]) == 1 else 'steps'} {_listed(of[NO_GAIN])} gain nothing")
+        rest.append(f"{'step' if len(of[NO_GAIN]) == 1 else 'steps'} {_listed(of[NO_GAIN])} gain nothing "
+                    f"(folded under step {TRIED_UNDER}, not in the table)")
     if of[PREREQUISITE]:
         rest.append(f"{_listed(of[PREREQUISITE])} cost time, but later steps build on "
                     + ("it" if len(of[PREREQUISITE]) == 1 else "them"))
@@ -868,7 +871,7 @@ def line_words(results, changes: Results | None = None) -> str:
     return f"The steps that pay run {' → '.join(of[MAIN_LINE])} (**{MAIN_LINE}** in the table); " + "; ".join(rest) + "."
 
 
-def boehm_table(results, changes: Results | None = None) -> str:
+def boehm_table(results, changes: Results | None = None, shown=lambda role: True) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: its role
     (:func:`roles`; the main line in bold), the one change, then per case of :data:`TABLE_CASES` the GPU-clock time
     in µs, × the step it builds on (:data:`PREVIOUS`, else the step before), × the case's one floor
@@ -876,7 +879,8 @@ def boehm_table(results, changes: Results | None = None) -> str:
     in its change what builds on it; a step that moves no case (:func:`flat`) says why it is there
     (:data:`FLAT_WHY`); a main-line step flat at the first case says where it pays. The entry point's row, right
     under step 14's, names the step it ran in each case and compares it with that step timed as a step (what the
-    choice costs), so the table ends on the chapter's result."""
+    choice costs), so the table ends on the chapter's result. ``shown(role)`` False leaves a step's row out (the page
+    folds the steps that gain nothing); a "× prev." against a step that is not the row above names that step."""
     head = ["step", "role", "the one change"]
     for A, N in TABLE_CASES:
         head += [f"A = {A:,}, N = {N}: µs", "× prev.", "× floor"]
@@ -895,8 +899,13 @@ def boehm_table(results, changes: Results | None = None) -> str:
         return f" (kept: {PREREQUISITES[number]})" if role.get(str(number)) == PREREQUISITE else ""
 
     def chosen(number: int) -> str:  # the last step pays only where the target needs several warps
-        return (" (`ctc_loss` runs it where the target needs several warps)"
-                if number == DISPATCH_STEPS[-1] else "")
+        if number != DISPATCH_STEPS[-1]:
+            return ""
+        last = CHAPTER.step(number).series
+        away = [(A, N, CHAPTER.step(r["step"]).number) for A, N in TABLE_CASES
+                if (r := _row(results, "ctc_loss", T=BENCH_T, A=A, N=N)) and r.get("step") not in (None, last)]
+        return (" (`ctc_loss` runs it where the target needs several warps"
+                + "".join(f"; at A = {A:,}, N = {N} it runs step {k} instead" for A, N, k in away) + ")")
 
     def no_gain(number: int) -> str:
         return f" ({FLAT_WHY[number]})" if role.get(str(number)) == NO_GAIN else ""
@@ -936,8 +945,10 @@ def boehm_table(results, changes: Results | None = None) -> str:
     role_cell = {"entry point": "the result", "torch": "the rival"}
     times: dict[str, list] = {}
     rows: list[list[str]] = []
+    above = None  # the label of the last step row shown
     for number, title, series in entries:
         kind = role.get(number, role_cell.get(number, MAIN_LINE))
+        hidden = number in role and not shown(kind)
         cells = [number, f"**{kind}**" if kind == MAIN_LINE else kind, title]
         times[series] = [None] * len(TABLE_CASES)
         lab = number in {label for label, *_ in STEP07_ROWS}  # read from the lab run, as is its row above
@@ -967,10 +978,13 @@ def boehm_table(results, changes: Results | None = None) -> str:
                 number_ = 7 if number == STEP07_LABEL else int(number)
                 before = PREVIOUS.get(number_, number_ - 1)
                 prev = times[CHAPTER.step(before).series][i]
-                against = f"vs step {before}" if before != number_ - 1 else ""
+                before_label = STEP07_LABEL if before == 7 and changes is not None else str(before)
+                against = f"vs step {before_label}" if before != number_ - 1 or before_label != above else ""
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
-        rows.append(cells)
+        if not hidden:
+            rows.append(cells)
+            above = number
     for cells in rows:
         lines.append("| " + " | ".join(cells) + " |")
     note = ("“× prev.”: the time of the step built on over this one's (above 1.00×, it pays); the entry point is "
@@ -1453,8 +1467,8 @@ def step07_prefetch_core():
     shift = len(_indent(cut[0])) - 4
     side = lambda lines: "\n".join(ln[shift:] if ln.startswith(" " * shift) else ln for ln in lines) + "\n"
     return show_diff(side(slots(0)), side(slots(PREFETCH_FRAMES)),
-                     names=("7b: a frame's emissions loaded by its update",
-                            f"step 7: loaded {PREFETCH_FRAMES} frames ahead"))
+                     names=("step 7b: a frame's emissions loaded by its update",
+                            f"step 7c: loaded {PREFETCH_FRAMES} frames ahead"))
 
 
 def comment_free_diff(old, new, *, old_function: str, new_function: str, names: tuple[str, str], context: int = 3):
