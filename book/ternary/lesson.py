@@ -422,9 +422,9 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
     columns round x to int8 a row first, so their speedup over cuBLAS is not like for like."""
     if results is None:
         return PENDING
-    lines = ["| N × K, M | cuBLAS bf16 (x @ W.T) | ours, bf16 x: cuBLAS's product | GemLite (bf16 x): cuBLAS's "
-             "product | ours, W2A8: another product, x rounded to int8 first | torch._int_mm (W8A8): another "
-             "product, x rounded to int8 first | floor |",
+    lines = ["| N × K, M | cuBLAS bf16 (x @ W.T) | ours, bf16 x (same product as cuBLAS) | GemLite, bf16 x (same "
+             "product as cuBLAS) | ours, W2A8 (x rounded to int8 first) | torch._int_mm, W8A8 (x rounded to int8 "
+             "first) | floor |",
              "|---|---|---|---|---|---|---|"]
     failed, marked = failed_peer_checks(results.data), False
     empty = latency_floor_ms(results) * 1e3  # the card's latency floor: no call ends sooner
