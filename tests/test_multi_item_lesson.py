@@ -552,3 +552,25 @@ def test_step_4s_diff_is_step_3s_loop_against_the_three_ranges():
     assert all(line in source.source_of(steps.attend_visible_tiles)[0] for line in ranges.added)
     for diff in (ranges, loop):
         assert len(diff.added) + len(diff.removed) <= 40
+
+
+def test_the_runs_line_sits_where_the_numbers_come_from_and_step_1_quotes_the_tables_case():
+    """The run's date and versions (:func:`lesson.caption`) are in the fold of "Where the numbers come from", not under
+    the steps table; the steps section has the title the other chapters use; step 1 quotes the mixed batch at 8 KV
+    heads, the case the steps table gives; step 4 says why its one idea is shown in three parts."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text())["cells"]
+    ids = [c["id"] for c in cells]
+    text = {c["id"]: "".join(c["source"]) for c in cells}
+    with_caption = [i for i, t in text.items() if "lesson.caption(results)" in t]
+    assert with_caption == ["ch06-where-runs"]
+    assert ids.index("ch06-where-runs") == ids.index("9047bcbd") + 1
+    assert text["9047bcbd"].startswith("## Where the numbers come from")
+    assert text["ch06-where-runs"].startswith('say(":::{dropdown} The runs\\n" + lesson.caption(results)')
+    assert text["ch06-33"].startswith("## The steps, measured\n")
+    assert "us(report.SDPA_DENSE, lesson.GQA_SHAPE)" in text["ch06-14"] and "8 KV heads" in text["ch06-14"]
+    assert "32 heads" not in text["ch06-14"]
+    assert "Step 4 is one idea" in " ".join(text["ch06-21"].split())
