@@ -236,21 +236,22 @@ def _ms_at(results, number: int, params: dict) -> dict | None:
 
 
 def test_the_table_of_steps_is_one_chain_at_the_headline_case():
-    """The page's table of steps gives every kept step timed at the headline's case once, in order, with its time there
-    (read from the run here), a "×" against the row above it (all rows but the first) and a time over the card's floor
-    there, one ratio, never under 1. Steps 8 and 10 have no time there: they are not in it."""
+    """The page's one table of steps gives the chain a reader follows, steps 0 to 5 at the headline's case, then, under
+    a divider row, the two steps that carry the headline (12 and 13), each with its time there (read from the run here),
+    a "×" (all rows but the first) and a time over the card's floor there, one ratio, never under 1. Steps 7, 8 and 10
+    are not in it: they are timed at their own cases in their section."""
     results = plotting.load_results("masked_lm_head")
     rows = _rows(results)
-    timed = [n for n in lesson.MAIN_LINE if _ms_at(results, n, lesson.MAIN_CASE) is not None]
-    assert [r[0] for r in rows] == [str(n) for n in timed] and not set(lesson.NO_MAIN_TIME) & set(timed)
-    assert [int(r[0]) for r in rows] == [0, 1, 2, 3, 4, 5, 7, 12, 13]
+    assert [int(r[0]) for r in rows] == [0, 1, 2, 3, 4, 5, 12, 13]
+    assert list(lesson.CHAIN) == [0, 1, 2, 3, 4, 5] and [n for n, _ in lesson.HEADLINE_ROWS] == [12, 13]
     for r in rows:
         assert r[2].rstrip(lesson.CAPPED) == lesson.table_us(_ms_at(results, int(r[0]), lesson.MAIN_CASE)["ms"]), r
-    assert rows[0][3] == "–" and all(r[3].split(" ")[0].endswith("×") for r in rows[1:] if int(r[0]) not in
-                                     lesson.FROM_HOST)
+    assert rows[0][3] == "–" and all(r[3].split(" ")[0].endswith("×") for r in rows[1:])
     by = {r[0]: r for r in rows}
-    assert "loses at" not in by["12"][1] and "Where we lose" not in by["12"][1] and "its gain is at" not in by["7"][1]
-    assert all("the table below" in by[str(n)][1] for n in (7, 12)) and "the table below" not in by["5"][1]
+    assert "loses at" not in by["12"][1] and "Where we lose" not in by["12"][1]
+    assert not any("the table below" in r[1] for r in rows)
+    divider = [r for r in _all_rows(results) if not r[0]]
+    assert len(divider) == 1 and "the headline" in divider[0][1]
     overs = [float(r[4].split("×")[0]) for r in rows]
     assert all(x >= 1.0 for x in overs) and all("(" not in r[4] for r in rows), overs
 
@@ -259,8 +260,8 @@ def _all_rows(results) -> list[list[str]]:
     """The cells of every row of the page's table of steps (its caption, header and the rivals' sentence under it left
     out)."""
     caption, table = lesson.main_steps_table(results).split("\n\n", 1)
-    assert caption.startswith("**") and "× against the row above" in caption
-    assert table.splitlines()[0] == "| step | the one change | µs | × the row above | × the card's floor |"
+    assert caption.startswith("**") and "× against the row above" in caption and "× against their rival" in caption
+    assert table.splitlines()[0] == "| step | the one change | µs | × against | × the card's floor |"
     return [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:] if r.startswith("|")]
 
 
@@ -270,9 +271,8 @@ def _rows(results) -> list[list[str]]:
 
 
 def _main_rows(results) -> list[list[str]]:
-    """The rows of the steps whose idea is about the main case (step 13, from the bitmask, left out)."""
-    return [r for r in _rows(results) if lesson.STEP_CASES[int(r[0])][0] == lesson.MAIN_CASE
-            and int(r[0]) not in lesson.FROM_HOST]
+    """The rows of the chain (steps 0 to 5), the headline's rows left out."""
+    return [r for r in _rows(results) if int(r[0]) in lesson.CHAIN]
 
 
 def _other_rows(results) -> list[list[str]]:
@@ -349,8 +349,9 @@ def test_the_kept_and_the_tried_steps_are_every_step_once():
 
 
 def _base_problems(results, rows: list[list[str]]) -> list[str]:
-    """What breaks the table's rule: a ratio on the first row; a "×" that is not the row above's time at the main case
-    over its own, the row above's step named."""
+    """What breaks the table's rule: a ratio on the first row; in the chain (steps 0 to 5) a "×" that is not the row
+    above's time at the main case over its own, the row above's step named; in the headline's rows a "×" that is not
+    its rival's time over its own, the rival named."""
     problems = []
 
     def ms(number):
@@ -358,24 +359,27 @@ def _base_problems(results, rows: list[list[str]]) -> list[str]:
 
     if rows[0][3] != "–":
         problems.append(f"the first row has a ratio: {rows[0][3]}")
-    for above, r in zip(rows, rows[1:]):
+    chain = [r for r in rows if int(r[0]) in lesson.CHAIN]
+    for above, r in zip(chain, chain[1:]):
         base, number = int(above[0]), int(r[0])
-        if number in lesson.FROM_HOST:  # more work than the row above: its ratio is against its contract's rival
-            continue
         if not r[3].startswith(f"{ms(base) / ms(number):.2f}× step {base}"):
             problems.append(f"step {number}: {r[3]}, not step {base} over it ({ms(base) / ms(number):.2f}×)")
+    for number, rival in lesson.HEADLINE_ROWS:
+        r = next(r for r in rows if r[0] == str(number))
+        theirs = results.select(rival, **lesson.MAIN_CASE)[0]["ms"]
+        if r[3] != f"{theirs / ms(number):.2f}× {lesson.HEADLINE_RIVAL_WORDS[rival]}":
+            problems.append(f"step {number}: {r[3]}, not its rival over it ({theirs / ms(number):.2f}×)")
     return problems
 
 
 def test_every_step_is_compared_with_the_row_above_it():
-    """In the chain every step is compared with the row above it (step 12 with step 7, steps 8 and 10 having no time
-    there; step 13 with step 12, whose kernel it runs after the copy and the union); a tampered table breaks the rule
-    (the check can fail)."""
+    """In the chain (steps 0 to 5) every step is compared with the row above it; the headline's rows (12, the kernel
+    given the ids; 13, from the bitmask) each with its rival, never with the row above; a tampered table breaks the
+    rule (the check can fail)."""
     results = plotting.load_results("masked_lm_head")
     rows = _rows(results)
     assert _base_problems(results, rows) == []
-    assert lesson.chain_base(results, 12) == 7 and lesson.chain_base(results, 13) == 12
-    assert lesson.chain_base(results, 0) is None and lesson.chain_base(results, 7) == 5
+    assert lesson.chain_base(results, 0) is None and lesson.chain_base(results, 5) == 4
     assert [n for n in lesson.MAIN_LINE if lesson.STEP_CASES[n][0] != lesson.MAIN_CASE] == [7, 8, 10, 12]
     five = next(r for r in rows if r[0] == "5")[3]
     bumped = f"{float(five.split('×')[0]) + 0.1:.2f}×" + five.split("×", 1)[1]
@@ -383,14 +387,14 @@ def test_every_step_is_compared_with_the_row_above_it():
     assert _base_problems(results, wrong)
     wrong = [r[:3] + ["1.00×"] + r[4:] if r[0] == "0" else r for r in rows]
     assert _base_problems(results, wrong)
-    wrong = [r[:3] + [r[3].replace("step 7", "step 5")] + r[4:] if r[0] == "12" else r for r in rows]
+    wrong = [r[:3] + ["1.01× step 5"] + r[4:] if r[0] == "12" else r for r in rows]
     assert _base_problems(results, wrong)
 
 
 def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
     """Step 13 starts from the grammar's packed bitmask (its copy and the union's build included), step 12 from the ids:
-    its row says it does more than step 12, the row above, and what it adds, with no ratio against it (one would read
-    as a regression), and gives its ratio against xgrammar's path, the rival with its contract, which is also said
+    its row says what it adds to step 12's kernel, with no ratio against step 12 (one would read as a regression), and
+    gives its ratio against xgrammar's path, the rival with its contract, which is also said
     under the table with its time; the result's table gives the headline's ratio. Step 13's parts are not rows of the
     table (their traced times are in its section)."""
     results = plotting.load_results("masked_lm_head")
@@ -400,7 +404,7 @@ def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
     twelve = results.select("step12", layout="vd", **params)[0]["ms"]
     assert "13" not in [r[0] for r in _main_rows(results)]
     row = next(r for r in _rows(results) if r[0] == "13")
-    assert row[3] == f"– (more work than step 12); {theirs / ours:.2f}× xgrammar's path, its contract's rival"
+    assert row[3] == f"{theirs / ours:.2f}× xgrammar's path"
     assert f"{twelve / ours:.2f}×" not in row[3]
     assert "from the packed bitmask" in row[1] and "copy" in row[1] and "step 12's kernel" in row[1]
     assert lesson.step_factor(results, 13) == pytest.approx(theirs / ours) and theirs / ours > 1
@@ -552,11 +556,13 @@ def test_step13s_bound_is_ours_and_is_said_above_the_table():
 
 
 def test_the_missing_step_numbers_are_said_once_under_the_tables():
-    """Under the table one footnote says why numbers are missing (the tried steps), and the key to the mark follows it: the notebook says the key nowhere else."""
+    """Under the table one footnote says which steps did not pay (the tried steps), and the key to the mark follows it:
+    the notebook says the key nowhere else. Between them the table of steps and the folded table of the other cases
+    hold every kept step."""
     results = plotting.load_results("masked_lm_head")
     note = lesson.steps_note(results)
     first = note.split("\n\n")[0]
-    assert first.startswith(f"Missing: {lesson.counts_words(list(lesson.TRIED))} did not pay")
+    assert first.startswith(f"Steps {lesson.counts_words(list(lesson.TRIED))} did not pay")
     assert sorted({int(r[0]) for r in _rows(results)} | {int(r[1]) for r in _other_rows(results)}) == list(
         lesson.MAIN_LINE)
     assert "did not pay (the fold below the figures)" in first
@@ -581,10 +587,11 @@ def test_dense_mask_two_speeds_are_said_and_cublas_fp32_quoted_instead():
 
 
 def test_the_page_shows_one_steps_table_and_one_tried_table():
-    """The page shows the table of the kept steps once, under the steps, with the table of the other cases after it,
-    and the tried steps' table once, folded with
-    what each tried step changes, after the tables; the tried steps have no section of their own, and the kept ones
-    each have one, in order: the batch-1 arc to step 8, then steps 10, 12 and 13 under *At batch and in a graph*."""
+    """The page shows the table of steps once, under the steps, and the table of the other cases once, folded at the
+    end of their section; the tried steps' table once, folded with what each tried step changes, after the table of
+    steps. The tried steps have no section of their own, and the kept ones each have one, in order: the chain, steps 0
+    to 5, then steps 7 to 13 in a section of their own, *Beyond the chain*, whose first cell is prose (no heading
+    follows a heading at once)."""
     nb = _notebook_cells()
     cells = ["".join(c["source"]) for c in nb]
     source = "\n".join(cells)
@@ -593,9 +600,17 @@ def test_the_page_shows_one_steps_table_and_one_tried_table():
     assert "boehm_table" not in source and "one_steps_table" not in source
     heads = [re.match(r"#+ Step (\d+)", c) for c in cells]
     assert [int(h.group(1)) for h in heads if h] == list(lesson.MAIN_LINE)
-    batch = cells.index(next(c for c in cells if c.startswith("## At batch and in a graph")))
-    assert [int(h.group(1)) for h in heads[:batch] if h] == [n for n in lesson.MAIN_LINE if n <= 8]
-    assert all(cells[k].startswith("### ") for k, h in enumerate(heads) if h and k > batch)
+    beyond = cells.index(next(c for c in cells if c.startswith("## Beyond the chain")))
+    assert [int(h.group(1)) for h in heads[:beyond] if h] == list(lesson.CHAIN)
+    assert all(cells[k].startswith("### ") for k, h in enumerate(heads) if h and k > beyond)
+    assert cells[beyond].count("\n\n") >= 1 and not cells[beyond + 1].startswith("## ")
+    assert any(re.match(r"## Step 3: .*slower here; kept as the dense path", c) for c in cells)
+    own = next(k for k, c in enumerate(cells) if "lesson.own_case_table(results)" in c)
+    table = next(k for k, c in enumerate(cells) if "lesson.main_steps_table(results)" in c)
+    assert beyond < own < table and "hide-output" in nb[own]["metadata"]["tags"]
+    for k, c in enumerate(cells):
+        if nb[k]["cell_type"] == "markdown" and c.startswith("#") and "\n\n" not in c.strip():
+            assert not cells[k + 1].startswith("#"), c
     tried = next(k for k, c in enumerate(cells) if "lesson.tried_steps_table(results)" in c)
     assert tried > cells.index(next(c for c in cells if "lesson.main_steps_table(results)" in c))
     assert "hide-output" in nb[tried]["metadata"]["tags"] and nb[tried]["metadata"]["mystnb"]["code_prompt_show"]
@@ -672,7 +687,7 @@ def test_the_capped_key_names_the_cap():
     key = lesson.page_capped_key(results)
     assert key == lesson.capped_key(rot) and f"{rot['max_copies']} copies" in key
     assert (f"at most {rot['capped_union']:,} rows" if rot["capped_union"] > 1 else "one row") in key
-    assert f"where both carry {lesson.CAPPED} L2 flatters neither" in key and "against them it can flatter ours" in key
+    assert "flatter ours against the paths that read the whole head" in key and key.count(". ") == 0
     points = {tuple(sorted((k, v) for k, v in r["params"].items() if k != "layout"))
               for r in results.rows if r.get("rotation_capped")}
     for r in results.rows:
@@ -928,13 +943,19 @@ def test_where_the_numbers_come_from_names_its_runs_in_words_and_reads_them():
 
 
 def test_where_we_lose_is_said_once_and_names_both_rivals_that_beat_us():
-    """The losses are said in their own section only (no summary at the top repeating it), and its table names both
-    kinds of loss: `index_select` + matmul where the union is small, dense + mask where it nears the vocabulary
-    (batch 256, the dispatch's cuBLAS path)."""
+    """The losses are said in their own section only (no summary at the top repeating it): the reason first, then the
+    worst point's account, the points one by one only in the fold; its table names both kinds of loss:
+    `index_select` + matmul where the union is small, dense + mask where it nears the vocabulary (batch 256, the
+    dispatch's cuBLAS path)."""
     results = plotting.load_results("masked_lm_head")
     table = lesson.losses_table(results)
     assert "index_select" in table and "masked_fill" in table
     assert not any("Where we lose, in short" in "".join(c["source"]) for c in _notebook_cells())
+    cells = {c["id"]: "".join(c["source"]) for c in _notebook_cells()}
+    said = cells["cell-43"]
+    assert "loss_lines" not in said and "all for our output" in said
+    assert said.index("all for our output") < said.index("At the worst point")
+    assert "lesson.losses_table(results)" in said and "display(Markdown(lost_table))" in cells["cell-43-table"]
 
 
 def test_paths_and_buckets_are_said_as_the_step_whose_kernel_runs():
@@ -996,7 +1017,8 @@ def test_the_timing_exercises_fold_a_recorded_answer():
         text = "".join(cells[ids.index(answer)]["source"])
         assert ":::{{dropdown}} The measured answer" in text and "lesson.batch1_ms(results" in text
         assert "remove-input" in cells[ids.index(answer)]["metadata"]["tags"]
-    assert "lesson.rows_sweep_us(" in "".join(cells[ids.index("cell-51-answer")]["source"])
+    answer = "".join(cells[ids.index("cell-51-answer")]["source"])
+    assert "lesson.rows_sweep_us(" in answer and ":.1f} µs" not in answer  # do_bench's times are not quoted
     sweep = lesson.rows_sweep_us(load_lab("masked_lm_head", lesson.CANDIDATES_FILE, gpu=lesson.CANDIDATES_GPU))
     assert list(sweep) == [1, 2, 4] and all(t > 0 for t in sweep.values())
     assert lesson.rows_sweep_us(None) == {}
@@ -1022,6 +1044,13 @@ def test_step_13_is_one_section_with_three_numbered_parts_and_one_table_of_their
     assert table > heads[-1] + 1
     rows = lesson.plan_timeline_table(_trace(), 20.25).splitlines()[2:5]
     assert [r.split("|")[1].strip()[:4] for r in rows] == ["13a:", "13b:", "13c:"]
+
+
+def test_the_result_says_chapter_07_runs_the_kernels_eagerly():
+    """The result says, with a link, that chapter 07's loop calls the kernels eagerly, not the graph-replayed step 13."""
+    cell = next("".join(c["source"]) for c in _notebook_cells() if c.get("id") == "cell-plan-host")
+    assert "[Chapter 07](07_constrained_decoding.ipynb)" in cell and "eagerly" in cell
+    assert "not the graph-replayed step 13" in cell
 
 
 def test_the_result_says_what_the_head_buys_a_decode_step():

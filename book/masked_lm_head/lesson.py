@@ -407,10 +407,8 @@ def capped_key(rot: dict[str, Any] | None) -> str | None:
         return None
     n = rot["capped_union"]
     union = "A union of one row" if n == 1 else f"A union of at most {n:,} rows"
-    return (f"{CAPPED} {union}: even the {rot['max_copies']} copies of the head that fit in memory do not flush L2, so "
-            "some rows may come from L2. Ours and `index_select` + matmul read the same rows, so where both carry "
-            f"{CAPPED} L2 flatters neither. The dense paths and xgrammar's path read the whole head, so against them it "
-            "can flatter ours.")
+    return (f"{CAPPED} {union}, which may stay in L2 even across the {rot['max_copies']} copies of the head: this can "
+            "flatter ours against the paths that read the whole head (dense, xgrammar's).")
 
 
 #: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
@@ -652,9 +650,9 @@ MAIN_LINE = (0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13)
 #: (the library and the results name them so).
 TRIED = (6, 9, 11)
 #: The case each step's idea is about and the step it is compared with there (None for step 0). The table of steps
-#: (:func:`main_steps_table`) chains every kept step timed at :data:`MAIN_CASE`, each against the row above; a second
-#: table (:func:`own_case_table`) gives 7, 8, 10 and 12 at their own case; 13 starts from the bitmask at the main
-#: case. The base is the kept step before it (step 7
+#: (:func:`main_steps_table`) chains steps 0 to 5 at :data:`MAIN_CASE`, each against the row above, then gives steps 12
+#: and 13 there against their rivals; the folded table of the other cases (:func:`own_case_table`) gives 7, 8, 10 and
+#: 12 at their own case; 13 starts from the bitmask at the main case. The base is the kept step before it (step 7
 #: builds on step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with
 #: step 3, the dispatch's dense path for batches. Step 12, a dispatch, runs step 7 at the main case; its gain is where
 #: it leaves step 10's path for a dense one, at batch 64 with 10,000 allowed each (step 10's section ends there). A step
@@ -795,47 +793,62 @@ PARTS = (("13a", "the packed bitmask copied, without waiting, into a device buff
          ("13c", "step 7's kernel reads the count from memory: one graph per bucket", ("row_kernel",)))
 #: Why a kept step has no time at :data:`MAIN_CASE`: it is in the table of the other cases (:data:`OWN_CHAINS`).
 NO_MAIN_TIME = {8: "eight ids at most", 10: "batches only"}
-#: The table of the other cases (:func:`own_case_table`): each case a step's idea is about, with the kept steps timed
-#: there in order, a chain of its own (each "×" against the row above it). Step 7's idea is about 10,000 allowed
-#: tokens, step 8's about one, step 10's about a batch's union at 1,000 each, step 12's about 10,000 each.
+#: The table of the other cases (:func:`own_case_table`, folded at the end of their section): each case a step's idea
+#: is about, with the kept steps timed there in order, a chain of its own (each "×" against the row above it). Step
+#: 7's idea is about 10,000 allowed tokens, step 8's about one, step 10's about a batch's union at 1,000 each, step
+#: 12's about 10,000 each.
 OWN_CHAINS = ((dict(batch=1, kind="random", allowed=10_000), (5, 7)),
               (dict(batch=1, kind="random", allowed=1), (7, 8)),
               (dict(batch=64, kind="random", allowed=1000), (3, 10, 12)),
               (dict(batch=64, kind="random", allowed=10_000), (3, 10, 12)))
-#: Step 13's words in the table of steps, whose call starts where xgrammar's does (:data:`FROM_HOST`): what it adds to
-#: step 12's call at :data:`MAIN_CASE`.
-CHANGES_FROM_HOST = ("the whole step from the packed bitmask in host memory, in one CUDA graph: the bitmask's copy "
-                     "and the union's build added to step 12's kernel")
+#: The page's one table of steps (:func:`main_steps_table`): the chain a reader follows at :data:`MAIN_CASE`, steps 0
+#: to 5, each against the row above; then the two steps that carry the headline, each against its rival there (step
+#: 12, the kernel given the ids, against ``index_select`` + matmul; step 13, from the packed bitmask, against
+#: xgrammar's path). Steps 7, 8 and 10 are timed at their own cases in their section (:func:`own_case_table`).
+CHAIN = (0, 1, 2, 3, 4, 5)
+HEADLINE_ROWS = ((12, "index_select"), (13, XGRAMMAR))
+#: The headline rows' words in the table of steps.
+HEADLINE_CHANGES = {12: "the kernel alone, given the ids: step 12's dispatch",
+                    13: "the whole step from the packed bitmask in host memory, in one CUDA graph: the bitmask's copy, "
+                        "the union's build and step 12's kernel"}
+#: Kept for the callers that name it: step 13's words, what it adds to step 12's call at :data:`MAIN_CASE`.
+CHANGES_FROM_HOST = HEADLINE_CHANGES[13]
+#: The rivals' names in the headline rows' "×" cells.
+HEADLINE_RIVAL_WORDS = {"index_select": "`index_select` + matmul", XGRAMMAR: "xgrammar's path"}
 
 
 def main_steps_table(results) -> str:
-    """The page's table of steps, Markdown under its bold caption: one chain at :data:`MAIN_CASE`, the headline's
-    case. One row per kept step (:data:`MAIN_LINE`) timed there, with "×" (the time of the row above over its own,
-    :func:`chain_base`) and "× the card's floor". Steps 8 and 10 have no time there (:data:`NO_MAIN_TIME`): they are
-    in :func:`own_case_table`. Step 13's call starts from the bitmask in host memory and does more than step 12:
-    its cell says so, with no "×" against step 12, and gives it against xgrammar's path; the rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path, which starts from the
-    bitmask) follow in a sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged where
-    either side's repetitions spread past the page's threshold."""
-    lines = [f"**The kept steps, one chain at batch {MAIN_CASE['batch']} with {MAIN_CASE['allowed']:,} "
-             f"{MAIN_CASE['kind']} tokens allowed** (µs, GPU clock, the [V, D] head; × against the row above)", "",
-             "| step | the one change | µs | × the row above | × the card's floor |",
+    """The page's one table of steps, Markdown under its bold caption, at :data:`MAIN_CASE`, the headline's case: the
+    chain of :data:`CHAIN`, each "×" the time of the row above over its own (:func:`chain_base`), then a divider row
+    and the headline's rows (:data:`HEADLINE_ROWS`), each "×" against its rival there, never against the row above
+    (step 13 does more work than step 12: its copy and the union's build). Every row has "× the card's floor". The
+    rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose
+    rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the
+    page's threshold."""
+    lines = [f"**The steps at batch {MAIN_CASE['batch']} with {MAIN_CASE['allowed']:,} {MAIN_CASE['kind']} tokens "
+             "allowed** (µs, GPU clock, the [V, D] head; steps 1 to 5 × against the row above, the headline's two "
+             "rows × against their rival)", "",
+             "| step | the one change | µs | × against | × the card's floor |",
              "|---|---|---|---|---|"]
-    for number in MAIN_LINE:
+    for number in CHAIN:
         row = _row(results, step_series(number), **MAIN_CASE)
         if row is None:
             continue
         base = chain_base(results, number)
         reference = None if base is None else _row(results, step_series(base), **MAIN_CASE)
-        change = CHANGES_FROM_HOST if number in FROM_HOST else CHANGES[number]
-        if number == 12 and row.get("path"):
-            change += f": {path_words(row['path'])} here"
-        if number in own_case_steps():
-            change += " (its own case: the table below)"
         ratio = "–" if reference is None else f"{_vs(row, reference)} step {base}"
-        if number in FROM_HOST:  # more work than the row above: its ratio is against the rival of its contract
-            rival = _row(results, _base_series(STEP_CASES[number][1]), **MAIN_CASE)
-            ratio = (f"– (more work than step {base}); "
-                     + (PENDING if rival is None else f"{_vs(row, rival)} xgrammar's path, its contract's rival"))
+        lines.append(f"| {number} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
+                     f"{_over_floor(results, row, MAIN_CASE)} |")
+    lines.append("| | *the headline: the last two steps of the section above, each against its rival* | | | |")
+    for number, rival_series in HEADLINE_ROWS:
+        row = _row(results, step_series(number), **MAIN_CASE)
+        if row is None:
+            continue
+        change = HEADLINE_CHANGES[number]
+        if number == 12 and row.get("path"):
+            change += f" runs {path_words(row['path'])} here"
+        rival = _row(results, rival_series, **MAIN_CASE)
+        ratio = PENDING if rival is None else f"{_vs(row, rival)} {HEADLINE_RIVAL_WORDS[rival_series]}"
         lines.append(f"| {number} | {change} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
                      f"{_over_floor(results, row, MAIN_CASE)} |")
     rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
@@ -850,10 +863,9 @@ def main_steps_table(results) -> str:
 
 
 def tables_words(results) -> str:
-    """The sentence before the tables of steps: which kept steps the first table chains at :data:`MAIN_CASE`, which
-    the second holds at their own case, and why."""
-    return (f"The first table chains the steps timed at the headline's case, each against the row above. Steps "
-            f"{counts_words(own_case_steps())} were built for other cases, so the second table times each at its own.")
+    """The sentence before the table of steps: what its rows are, and where the other kept steps are timed."""
+    return (f"Steps {counts_words([n for n in own_case_steps() if n != 12])} are timed at their own cases in the "
+            "section above.")
 
 
 def loss_lines(results) -> list[str]:
@@ -909,7 +921,7 @@ def own_case_table(results) -> str:
 def steps_note(results) -> str:
     """The footnote under the tables of steps: why step numbers are missing from them, and the key to
     :data:`CAPPED` (said once on the page) where the run marks rows."""
-    note = f"Missing: {counts_words(list(TRIED))} did not pay (the fold below the figures)."
+    note = f"Steps {counts_words(list(TRIED))} did not pay (the fold below the figures)."
     key = page_capped_key(results)
     return note if key is None else note + "\n\n" + key
 
