@@ -41,3 +41,66 @@ def test_bad_input(x, match):
 def test_step1_on_gpu_full_size():
     x = torch.randn(10_000_019, device="cuda")
     torch.testing.assert_close(tour.scale(x, 0.5), 0.5 * x, rtol=0, atol=0)
+
+
+def test_the_floor_exercise_accepts_the_answer_and_rejects_wrong_ones(capsys):
+    """Chapter 0's CPU exercise: the check accepts the answer in ``book/env/solutions.py`` and refuses a floor that
+    forgets the logits written, one that forgets the empty kernel, one in the wrong units; the stub is not written."""
+    from book.common import NOT_WRITTEN
+    from book.env import exercises, solutions
+
+    assert exercises.check_head_floor(solutions.reference_head_floor_us)
+
+    def no_logits(k, bw, e):
+        return max(k * 3072 * 2 / (bw * 1e3), e)
+
+    def no_launch(k, bw, e):
+        return (k * 3072 * 2 + 128256 * 4) / (bw * 1e3)
+
+    def in_ms(k, bw, e):
+        return solutions.reference_head_floor_us(k, bw, e) / 1e3
+
+    for wrong in (no_logits, no_launch, in_ms, lambda k, bw, e: 1 / 0):
+        assert not exercises.check_head_floor(wrong)
+    assert "differ from the chapter's answer" in capsys.readouterr().out
+
+    def stub(k, bw, e):
+        raise NotImplementedError
+
+    assert not exercises.check_head_floor(stub)
+    assert NOT_WRITTEN in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bandwidth_gbs, empty_kernel_us", [(4243.1, 0.561), (3300.0, 0.9), (100.0, 0.5), (8000.0, 3.0)])
+def test_the_floor_exercises_crossover_is_where_the_bytes_take_over(bandwidth_gbs, empty_kernel_us):
+    from book.env.solutions import reference_head_floor_us as floor
+    from book.env.solutions import reference_rows_where_bytes_set_the_floor as crossover
+
+    k = crossover(bandwidth_gbs, empty_kernel_us)
+    assert floor(k, bandwidth_gbs, empty_kernel_us) > empty_kernel_us
+    assert k == 0 or floor(k - 1, bandwidth_gbs, empty_kernel_us) == empty_kernel_us
+
+
+def test_chapter_0_sets_a_gpu_exercise_and_one_a_cpu_checks():
+    """The page opens with the two modes before it says how it was rendered, keeps "How the numbers are measured" to
+    two bullets and a link, gives its ceilings table a clock column, and sets two exercises: the second checked on a
+    CPU, with no answer on the page."""
+    import json
+    import re
+    from pathlib import Path
+
+    from book.results import exercise_count
+
+    page = Path(__file__).parents[1] / "notebooks" / "00_how_to_read.ipynb"
+    sources = ["".join(c["source"]) for c in json.loads(page.read_text())["cells"]]
+    modes = next(i for i, s in enumerate(sources) if s.startswith("## Two ways to run"))
+    banner = next(i for i, s in enumerate(sources) if "This page was rendered without a GPU" in s)
+    assert modes < banner
+    measured = next(s for s in sources if s.startswith("## How the numbers are measured"))
+    assert len(re.findall(r"^\* ", measured, re.M)) == 2 and "../how_we_measure.md" in measured
+    assert any("| clock |" in s for s in sources)
+    assert exercise_count(page.relative_to(page.parents[1])) == 2
+    start = next(i for i, s in enumerate(sources) if s.startswith("## Exercises"))
+    exercises = "\n".join(sources[start:])
+    assert "exercises.check_head_floor(head_floor_us)" in exercises and "def head_floor_us(" in exercises
+    assert not re.search(r"\bsolutions\b(?!\.py)|\breference_\w+", exercises)

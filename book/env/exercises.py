@@ -1,0 +1,56 @@
+"""Chapter 0's exercise that runs on a CPU: a floor computed from bytes and bandwidth.
+
+:func:`check_head_floor` runs the reader's ``head_floor_us(allowed, bandwidth_gbs, empty_kernel_us)`` over a range of
+allowed rows, bandwidths and empty-kernel times against the chapter's answer (:mod:`book.env.solutions`, which the
+notebook does not import; the check loads it only to compare) and prints the first cases where the two differ.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable
+
+from book.common import guarded
+
+__all__ = ["check_head_floor"]
+
+
+def _solutions():
+    from book.env import solutions  # the answer, loaded only to compare with the reader's
+
+    return solutions
+
+
+@guarded
+def check_head_floor(fn: Callable[[int, float, float], float], *, cases: int = 200, seed: int = 0,
+                     verbose: bool = True) -> bool:
+    """Exercise 2. ``fn(allowed, bandwidth_gbs, empty_kernel_us)`` returns the floor in µs of chapter 02's masked head
+    at batch 1: ``allowed`` bf16 rows of 3,072 read, one fp32 logit a token of its 128,256 written, at the copy
+    bandwidth, and never less than the empty kernel."""
+    solutions = _solutions()
+    rng = random.Random(seed)
+    inputs = [(1000, 4000.0, 0.6), (1, 4000.0, 0.6), (0, 3000.0, 2.0), (solutions.HEAD_ROWS, 3300.0, 0.6)]
+    inputs += [(rng.randint(0, solutions.HEAD_ROWS), rng.uniform(500.0, 8000.0), rng.uniform(0.3, 5.0))
+               for _ in range(cases)]
+    failures = []
+    for allowed, bandwidth, empty in inputs:
+        want = solutions.reference_head_floor_us(allowed, bandwidth, empty)
+        try:
+            got = float(fn(allowed, bandwidth, empty))
+        except NotImplementedError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the reader's code may fail in any way; say how
+            failures.append(f"allowed={allowed}, bandwidth_gbs={bandwidth:.0f}: {type(err).__name__}: {err}")
+            continue
+        if not math.isclose(got, want, rel_tol=1e-6):
+            failures.append(f"allowed={allowed}, bandwidth_gbs={bandwidth:.0f}, empty_kernel_us={empty:.2f}: "
+                            f"got {got:.4g} µs, expected {want:.4g} µs")
+    if failures:
+        print(f"check_head_floor: {len(failures)} of {len(inputs)} cases differ from the chapter's answer; the first ones:")
+        for f in failures[:3]:
+            print("  -", f)
+        return False
+    if verbose:
+        print(f"check_head_floor: all {len(inputs)} cases agree with the chapter's answer")
+    return True
