@@ -760,24 +760,33 @@ def test_the_page_names_no_result_files():
     assert "lesson.committed()" in code and "lesson.step03_chain_run()" in code
 
 
-def test_the_headline_says_at_first_mention_that_its_output_is_steered():
-    """The 8B headline rests on random weights whose output is steered: the cell that first names the headline says
-    so and prints the real model's ratio, read from the results, beside it; 3a's loss at the 8B shape is said once."""
+def test_the_answer_leads_with_the_real_model_and_the_8b_run_is_the_8b_cost_model_everywhere():
+    """The page's answer is the real model's ratio; the 8B-shaped run, random weights and steered output, is "the 8B
+    cost model" everywhere (prose, tables, figures), given after the real model as a large model's forecast; no
+    "headline" or "8B shape" is left on the page; 3a's loss on the 8B cost model is said once."""
     import json
 
     from studylog import paths
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "07_constrained_decoding.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
-    first = next(t for t in text if "headline" in t.lower())
-    assert "steered" in first and 'cases[("smollm2", 1)][\'ratio\']' in first
-    # both models on equal footing, the real one first; the cost model is not called what deployments run
+    first = next(t for t in text if 'cases[("8b", 1)][\'ratio\']' in t)
     words = " ".join(first.split())
-    assert 'cases[("8b", 1)][\'ratio\']' in first and "random weights" in words
+    assert "steered" in first and 'cases[("smollm2", 1)][\'ratio\']' in first and "random weights" in words
     assert first.index('cases[("smollm2", 1)]') < first.index('cases[("8b", 1)]')
-    assert "real deployments" not in "\n".join(text)
-    assert "how much faster does" not in text[0]
-    assert sum(t.count("does not pay at the 8B shape") for t in text) == 1
+    assert "**The answer:" in first and "the 8B cost model" in words and "forecasts" in words
+    page = "\n".join(text)
+    assert "real deployments" not in page and "how much faster does" not in text[0]
+    for gone in ("headline", "8B shape", "8B-shaped cost model", "1B shape"):
+        assert gone not in page, gone
+    assert sum(t.count("does not pay on the 8B cost model") for t in text) == 1
+    # the tables and figures name the cost models as the prose does
+    shown = lesson.committed() or lesson.earlier_run()
+    assert all(r["case"].startswith(("SmolLM2", "1B cost model", "8B cost model (forecast)"))
+               for r in lesson.result_rows(shown))
+    assert [label for label, _, _ in lesson.CHAIN_CASES] == ["1B cost model", "8B cost model"]
+    assert list(lesson.public_shapes()) == ["1B cost model (Llama 3.2 1B's shape, cl100k head)",
+                                            "8B cost model (Llama 3.1 8B's shape, cl100k head)"]
 
 
 def _page_cells() -> list[str]:
@@ -800,7 +809,7 @@ def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_mo
     saved = next(t for t in text if "{n['dec_fwd_saved']} fewer**" in t)
     words = " ".join(saved.split())
     assert "more than [chapter 01](01_fsm_compression.ipynb)'s count" in words and "pass on EOS" in words
-    headline = next(t for t in text if "The headline, the 8B-shaped cost model" in t)
+    headline = next(t for t in text if "**The 8B cost model is synthetic**" in t)
     assert "random weights, one layer's weights read by all" in " ".join(headline.split())
 
 
@@ -842,7 +851,8 @@ def test_the_eager_head_says_step_13_was_not_tried_and_each_configuration_has_on
 
     text = _page_cells()
     page = " ".join("\n".join(text).split())
-    assert "step 13 was not tried" in page and "as 3a does" in page
+    assert "step 13 is not used: this loop's head runs eagerly from sorted ids built ahead of time" in page
+    assert "as 3a does" in page and "graph_bound['smollm2']" in page  # what a graph could buy, at most
     assert "The 3a bars" not in page and "chain_note" not in page
     chain = next(t for t in text if "lesson.step03_chain_ratio_table(changes)" in t)
     fold = chain[chain.index(":::{{dropdown}}"):]
@@ -892,7 +902,7 @@ def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top(
     first = next(t for t in text if "per output token" in t and "s1['us']" in t)
     assert not any("µs** per output token" in t for t in text[:text.index(first)])
     assert "prefill included" in " ".join(first.split())
-    headline = next(t for t in text if "The headline, the 8B-shaped cost model" in t)
+    headline = next(t for t in text if "The 8B cost model's medians are over" in t)
     assert 'lesson.range_top(shown, "8b", 1)' in headline
     for key in ("schema", "tokens", "forwards_step1", "forwards_step3"):
         assert f"top['{key}']" in headline
@@ -913,14 +923,14 @@ def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top(
     assert lesson.range_top(shown, "8b", 1)["ratio"] == pytest.approx(case["fastest"])
 
 
-def test_the_steps_table_sets_the_headline_shape_beside_the_explained_one():
-    """The page's steps table gives the 1B shape (the steps' explanations) and the 8B shape (the headline) side by
-    side, each column group its own ratios; each 8B time is the steps_rows median."""
+def test_the_steps_table_sets_the_8b_cost_model_beside_the_explained_one():
+    """The page's steps table gives the 1B cost model (the steps' explanations) and the 8B cost model (the large
+    model's forecast) side by side, each column group its own ratios; each 8B time is the steps_rows median."""
     results = lesson.committed()
     assert any('lesson.steps_table(shown, "1b", 1, also="8b")' in t for t in _page_cells())
     table = lesson.steps_table(results, "1b", 1, also="8b")
     head = table.splitlines()[0]
-    assert head.count("µs per token") == 2 and "8B shape (the headline)" in head
+    assert head.count("µs per token") == 2 and "8B cost model: µs per token" in head
     for row, want in zip(_table_rows(table), lesson.steps_rows(results, "8b", 1)):
         assert row[5] == f"{want['us']:,.0f}"
 
@@ -933,8 +943,12 @@ def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
     cj = lesson.char_jump_numbers(shown)
     assert cj is not None and cj["8b"]["x_step3"] > 1 and cj["8b"]["x_step1"] > cj["8b"]["x_step3"]
     assert cj["smollm2"]["requests"] == 9 and 0 <= cj["smollm2"]["same"] <= 9
-    lose = next(t for t in _page_cells() if "lesson.char_jump_numbers(shown)" in t)
-    assert "cj['8b']['x_step3']" in lose and "cj['smollm2']['same']" in lose
+    text = _page_cells()
+    assert any("lesson.char_jump_numbers(shown)" in t for t in text)
+    result = next(t for t in text if "say(lesson.result_table(shown))" in t)
+    assert "cj['8b']['x_step3']" in result and "cj['smollm2']['same']" in result
+    lose = next(t for t in text if "The parts no chapter touches" in t)
+    assert "cj['8b']['x_step3']" in lose
 
 
 def test_the_result_sets_the_character_level_jumps_in_a_table_of_their_own():
@@ -964,16 +978,19 @@ def test_the_result_sets_the_character_level_jumps_in_a_table_of_their_own():
     assert opening.index("{real1['ratio']") < opening.index("{b8['ratio']")
 
 
-def test_the_result_says_why_the_loop_keeps_exact_jumps_and_what_llguidances_would_change():
-    """Chapter 01 ships llguidance's fast-forward tokens; this loop keeps exact jumps. The result says why (each output
-    is checked against step 1's) and gives the bound llguidance's policy would lift, from chapter 01's committed
-    forward counts, in the open, and says it is not measured."""
+def test_the_opening_says_once_why_the_loop_keeps_exact_jumps_and_where_the_inexact_policies_are_measured():
+    """Chapter 01 recommends llguidance's fast-forward tokens; this loop keeps exact jumps. The opening (the cell right
+    after the title's) says so once, in the open: why (each output is step 1's for any model, so a speedup is the same
+    output sooner), what llguidance's policy saves by chapter 01's committed forward counts (counted there, not timed
+    here), and how much faster the character-level jumps run, timed in the result's second table."""
     text = _page_cells()
-    result = next(t for t in text if "say(lesson.result_table(shown))" in t)
-    words = " ".join(result.split())
-    assert "keeps exact jumps" in words and "token for token against step 1's" in words
-    assert 'fsm_peers(whitespace="compact")' in result and "not measured in this loop" in words
-    assert ":::{{dropdown}}" not in result[:result.index("keeps exact jumps")].split("say(lesson.result_table")[-1]
+    opening = text[1]
+    words = " ".join(opening.split())
+    assert "keeps exact jumps, by design" in words and "for any model, checked token for token" in words
+    assert 'fsm_peers(whitespace="compact")' in opening and "counted there, not timed here" in words
+    assert "cj['8b']['x_step3']" in opening and "the result's second table" in words
+    assert ":::{{dropdown}}" not in opening
+    assert sum(" ".join(t.split()).count("keeps exact jumps") for t in text) == 1
 
 
 def test_the_kernel_exercise_folds_the_sweeps_recorded_answer():
@@ -987,3 +1004,19 @@ def test_the_kernel_exercise_folds_the_sweeps_recorded_answer():
     text = _page_cells()
     at = next(i for i, t in enumerate(text) if "exercises.check_gemv_tile(gemv_tile)" in t)
     assert "lesson.gemv_tile_answer()" in text[at + 1] and "{{dropdown}} The measured answer" in text[at + 1]
+
+
+def test_step_3c_says_what_sampling_needs_and_the_real_models_forecasts_sit_in_one_sentence():
+    """3c's pick among the allowed ids is greedy decoding's: the page says what sampling would need. The real model's
+    measured ratio and its two forecasts (Amdahl's, chunk-length's) are tied together in one open sentence after the
+    result table, each read from the results; the forecasts' fold no longer repeats the real model's."""
+    text = _page_cells()
+    chain = " ".join(next(t for t in text if "lesson.step03_chain_ratio_table(changes)" in t).split())
+    assert "because decoding here is greedy" in chain and "Gumbel noise" in chain and "top-k or top-p" in chain
+    result = next(t for t in text if "say(lesson.result_table(shown))" in t)
+    tied = next(p for p in result.split('say(f"""')
+                if "sits between two forecasts" in p)
+    for key in ("real1['ratio']", "real1['bound']", "n['dec_real_forecast_b1']"):
+        assert key in tied, key
+    fold = result[result.index("The forecasts: the table's last column"):]
+    assert "real1['bound']" not in fold and "dec_real_forecast_b1" not in fold

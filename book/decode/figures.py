@@ -38,7 +38,7 @@ NOT_A_STEP = ("char_jump",)
 NOT_A_STEP_ALPHA = 0.3
 #: How figure titles name the cost models' shapes (each a body of a public model's shape and a head of chapter 01's
 #: ``cl100k_base`` vocabulary).
-SHAPES = {"1b": "1B-shaped body, cl100k head", "8b": "8B-shaped body, cl100k head"}
+SHAPES = {"1b": "1B cost model, cl100k head", "8b": "8B cost model, cl100k head"}
 #: The smallest text of a figure, in points at its saved size.
 FONT = 9
 
@@ -250,7 +250,7 @@ def figure_notes(results) -> str:
         return f"{v * 1e3:+.0f}".replace("-", "−")
 
     spans = []
-    for model, name in (("1b", "the 1B shape"), ("8b", "the 8B shape")):
+    for model, name in (("1b", "the 1B cost model"), ("8b", "the 8B cost model")):
         panels = [{c: p for c, p in breakdown(results.rows, model, b).items() if c in DRAWN} for b in (1, 8)]
         panels = [p for p in panels if p]
         if panels:
@@ -265,8 +265,8 @@ def figure_notes(results) -> str:
 
 def figures(results, what: str = "") -> dict[str, Any]:
     """``breakdown_1b`` and ``breakdown_8b``: the stacked bars per configuration at batch 1 and 8 for each
-    shape measured; ``speedup``: steps 2 and 3 over step 1 per JSON schema, ~1B shape, batch 1, and
-    ``speedup_8b`` the same at the 8B shape (the headline's) where the file has it. ``what`` starts every title
+    shape measured; ``speedup``: steps 2 and 3 over step 1 per JSON schema, the 1B cost model, batch 1, and
+    ``speedup_8b`` the same on the 8B cost model where the file has it. ``what`` starts every title
     (the notebook names an earlier run there)."""
     out = {}
     for model in ("1b", "8b"):

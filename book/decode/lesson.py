@@ -63,12 +63,11 @@ def earlier_run():
 
 
 def public_shapes() -> dict[str, Any]:
-    """The chapter's two GPU shapes, and the public models they come from with Llama 3's own vocabulary
-    (Llama 3.2 1B: hidden 2048, 16 layers, tied head; Llama 3.1 8B: hidden 4096, 32 layers, untied head)."""
-    return {"1B shape (this chapter, cl100k head)": model_config("1b"),
-            "Llama 3.2 1B": model_config("1b", vocab_size=LLAMA3_VOCAB),
-            "8B shape (this chapter, cl100k head)": model_config("8b"),
-            "Llama 3.1 8B": model_config("8b", vocab_size=LLAMA3_VOCAB)}
+    """The chapter's two cost models, each a public model's shape (Llama 3.2 1B: hidden 2048, 16 layers, tied head;
+    Llama 3.1 8B: hidden 4096, 32 layers, untied head) with chapter 01's cl100k head. Llama 3's own vocabulary
+    (:data:`LLAMA3_VOCAB`) is in :func:`prose_numbers`, not in the page's table: the page uses these two."""
+    return {"1B cost model (Llama 3.2 1B's shape, cl100k head)": model_config("1b"),
+            "8B cost model (Llama 3.1 8B's shape, cl100k head)": model_config("8b")}
 
 
 def shapes_table() -> str:
@@ -611,7 +610,7 @@ STEP_LABELS = {"baseline": "step 1: the baseline loop", "jump_forward": "step 2:
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 01)",
                 "masked_head": "chapter 02's masked head, in three changes, 3a to 3c (step 3's section; 3a, a prerequisite, "
-                                "does not pay at the 8B shape)"}
+                                "does not pay on the 8B cost model)"}
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -635,7 +634,7 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
 
 
 #: How the steps table heads a shape's columns.
-STEPS_TABLE_SHAPES = {"1b": "1B shape", "8b": "8B shape (the headline)"}
+STEPS_TABLE_SHAPES = {"1b": "1B cost model", "8b": "8B cost model"}
 
 
 def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None) -> str:
@@ -784,8 +783,8 @@ def host_table(results, models=("1b", "8b"), batch: int = 1) -> str:
 
 #: The cases of the result table: (label, model, batch).
 CASES = (("SmolLM2-135M, real requests", REAL, 1), ("SmolLM2-135M, real requests", REAL, 8),
-         ("1B-shaped body, cl100k head, JSON schemas", "1b", 1), ("1B-shaped body, cl100k head, JSON schemas", "1b", 8),
-         ("8B-shaped body, cl100k head, JSON schemas", "8b", 1), ("8B-shaped body, cl100k head, JSON schemas", "8b", 8))
+         ("1B cost model, JSON schemas", "1b", 1), ("1B cost model, JSON schemas", "1b", 8),
+         ("8B cost model (forecast), JSON schemas", "8b", 1), ("8B cost model (forecast), JSON schemas", "8b", 8))
 
 
 def result_rows(results) -> list[dict]:
@@ -952,7 +951,7 @@ STEP03_CHAIN = (("step 2", "jump_forward", "jumps, dense head, xgrammar's bitmas
                 ("3b", "masked_full_argmax", "+ chapter 02's masked head: only the allowed rows' logits"),
                 ("3c = step 3", "masked_head", "+ the greedy token picked among the allowed ids only"))
 #: The chain table's cases: (column label, shape, batch): the steps table's case and the headline's.
-CHAIN_CASES = (("1B shape", "1b", 1), ("8B shape (headline)", "8b", 1))
+CHAIN_CASES = (("1B cost model", "1b", 1), ("8B cost model", "8b", 1))
 
 
 def step03_chain_run(gpu: str = "nvidia-h200") -> list[dict]:
