@@ -73,22 +73,27 @@ def test_steps_table_reads_the_pass_counts():
 
     rows = [Row("a", "default", 60, 50, 30), Row("b", "default", 40, 30, 20), Row("b", "compact", 10, 10, 1)]
     table = lesson.steps_table(rows)
-    # two suites: every column names the one it covers (the compact one holds only the JSON schemas)
+    # two suites, each column headed by the one it covers (the compact one holds only the JSON schemas); a cell is the
+    # passes and, in parentheses, the share of step 1's saved
     head = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
-    assert head[2:] == ["2 entries, default whitespace: passes", "2 entries, default whitespace: saved against step 1",
-                        "1 JSON schemas, compact: passes", "1 JSON schemas, compact: saved against step 1"]
+    assert head == ["step", "the one change", "suite: all 2 entries", "suite: 1 JSON schemas, compact"]
     lines = table.splitlines()[2:]
     assert len(lines) == len(fsm.CHAPTER.steps)
-    assert lines[0].endswith("| 100 | 0.0% | 10 | 0.0% |")
-    assert lines[1].endswith("| 80 | 20.0% | 10 | 0.0% |")
-    assert lines[2].endswith("| 50 | 50.0% | 1 | 90.0% |")
-    # llguidance's policy: a last row, labelled a peer, counted on the first suite only
+    assert lines[0].endswith("| 100 (0.0%) | 10 (0.0%) |")
+    assert lines[1].endswith("| 80 (20.0%) | 10 (0.0%) |")
+    assert lines[2].endswith("| 50 (50.0%) | 1 (90.0%) |")
+    # llguidance's policy: a row after the steps, labelled a peer, counted on the first suite only
     peer = {"none": 100, "policies": {"llguidance/tokens": {"passes": 60, "noncanonical": 0}}}
     last = lesson.steps_table(rows, peer).splitlines()[-1]
-    assert last.startswith("| *peer, not a step* |") and last.endswith("| 60 | 40.0% | – | – |")
-    # with the comparison on the compact suite, its cells are filled too
+    assert last.startswith("| *peer, not a step* |") and last.endswith("| 60 (40.0%) | – |")
+    # with the comparison on the compact suite, its cell is filled too
     compact = {"none": 10, "policies": {"llguidance/tokens": {"passes": 4, "noncanonical": 0}}}
-    assert lesson.steps_table(rows, peer, compact).splitlines()[-1].endswith("| 60 | 40.0% | 4 | 60.0% |")
+    assert lesson.steps_table(rows, peer, compact).splitlines()[-1].endswith("| 60 (40.0%) | 4 (60.0%) |")
+    # the real schemas: a last row, the share step 2's rule forces, in the compact column
+    table = lesson.steps_table(rows, peer, compact, real=(40, 0.023, 0.032)).splitlines()
+    assert table[-2].startswith("| *peer, not a step* |")
+    assert table[-1].startswith("| *real schemas* |") and "40 real SchemaStore schemas" in table[-1]
+    assert table[-1].endswith("| – | 2.3–3.2% forced |")
     with pytest.raises(ValueError):  # a count over other documents is refused
         lesson.steps_table(rows, {**peer, "none": 99})
     with pytest.raises(ValueError):
@@ -108,7 +113,7 @@ def test_the_peers_policy_has_its_place_beside_the_steps():
     place = next(i for i, s in enumerate(sources) if s.startswith("## Beside the steps: llguidance holds back"))
     step3 = next(i for i, s in enumerate(sources) if s.startswith("## Step 3"))
     table = next(i for i, s in enumerate(sources)
-                 if "lesson.steps_table(results, committed_peers, committed_compact)" in s)
+                 if "lesson.steps_table(results, committed_peers, committed_compact," in s)
     assert step3 < place < table
     assert "committed_peers = fsm_peers()" in sources[place + 1] and "held['passes']" in sources[place + 1]
     assert 'committed_compact = fsm_peers(whitespace="compact")' in sources[place + 1]
@@ -401,8 +406,17 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     source = {c.get("id"): "".join(c["source"]) for c in cells["cells"]}
     why = source["cell-03"]
     assert "| counted by |" in why and why.count("\n| ") == 4  # a head and three rows
-    assert "**{lesson.amdahl_bound(suite_saved):.2f}×**" in why and "suite_saved = lesson.saved_share(passes, 2)" in why
+    # the real schemas' bound leads in bold; the suite's follows, its regexes named
+    assert "**{lesson.amdahl_bound(real_lo):.2f}–{lesson.amdahl_bound(real_hi):.2f}×**" in why
+    assert "{lesson.amdahl_bound(suite_saved):.2f}×" in why and "suite_saved = lesson.saved_share(passes, 2)" in why
+    assert why.index("amdahl_bound(real_lo)") < why.index("amdahl_bound(suite_saved)") < why.index(":::")
+    assert "most of it in its {n_kind['regex']} regexes" in why
     opening = " ".join(source["cell-01"].split())
-    assert "On {n_common} real schemas, {100 * real_lo:.1f}–{100 * real_hi:.1f}% of tokens are forced" in opening
+    assert "On {n_common} real schemas, only **{100 * real_lo:.1f}–{100 * real_hi:.1f}%** of tokens are forced" in opening
+    # the suite's share comes second, with its regexes and the JSON schemas step 2 leaves alone
+    said = opening[opening.index("say(f"):]
+    assert said.index("of tokens are forced") < said.index("{peer_words}")
+    assert 'peer_words = (f"""{suite_words},' in opening and "{suite_words};" in opening
+    assert "most of it in its {n_kind['regex']} regexes" in opening and "nothing on {untouched} of its" in opening
     assert "by_kind" not in opening and "saved_share(passes, 3)" not in opening  # the breakdown waits for the table
     assert "by_kind['regex']" in why and "json_compact" in why and "the real schemas' whitespace" in why

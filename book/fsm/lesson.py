@@ -92,41 +92,47 @@ def saved_share(passes: dict[int, int], step: int) -> float:
     return 1.0 - passes[step] / passes[1]
 
 
-def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dict] = None) -> str:
-    """Markdown, one row per step: the one change, then for each of the chapter's two suites, each column's head
-    naming its own (every entry with outlines' default whitespace; the JSON schemas alone, compact), the forward
-    passes and the share of step 1's passes the step saves (:func:`saved_share`). ``peer``, llguidance's
-    fast-forward tokens on the first suite as the committed comparison keeps them (``book.results.fsm_peers()``:
-    ``none`` and ``policies["llguidance/tokens"]["passes"]``), adds a last row labelled as a peer, not a step;
-    ``compact_peer`` (``fsm_peers(whitespace="compact")``) fills its cells for the second suite, ``–`` without it.
-    A peer count over another number of passes without jumps than step 1's is refused (ValueError)."""
+def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dict] = None,
+                real: Optional[tuple[int, float, float]] = None) -> str:
+    """Markdown, one row per step: the one change, then for each of the chapter's two suites (every entry with
+    outlines' default whitespace; the JSON schemas alone, compact), a column headed by the suite, each cell the
+    forward passes and, in parentheses, the share of step 1's passes the step saves (:func:`saved_share`).
+    ``peer``, llguidance's fast-forward tokens on the first suite as the committed comparison keeps them
+    (``book.results.fsm_peers()``: ``none`` and ``policies["llguidance/tokens"]["passes"]``), adds a row labelled as a
+    peer, not a step; ``compact_peer`` (``fsm_peers(whitespace="compact")``) fills its cell for the second suite, ``–``
+    without it. ``real``, ``(schemas, lowest share, highest share)`` as :func:`common_forced_shares` gives them, adds a
+    last row: the share of the real schemas' tokens that step 2's rule forces, by engine, in the compact column (the
+    real schemas are followed compact). A peer count over another number of passes without jumps than step 1's is
+    refused (ValueError)."""
     from studylog.fsm import CHAPTER
 
     counts = {ws: suite_passes(results, ws) for ws in ("default", "compact")}
     # the compact suite holds the JSON schemas only (a regex has no whitespace to choose): each column names its suite
     entries = {ws: len({r.name for r in results if r.whitespace == ws}) for ws in ("default", "compact")}
-    suite = {"default": f"{entries['default']} entries, default whitespace",
-             "compact": f"{entries['compact']} JSON schemas, compact"}
-    lines = ["| step | the one change | " + " | ".join(f"{suite[ws]}: passes | {suite[ws]}: saved against step 1"
-                                                       for ws in ("default", "compact")) + " |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| step | the one change | suite: all {entries['default']} entries "
+             f"| suite: {entries['compact']} JSON schemas, compact |",
+             "|---|---|---|---|"]
     for step in CHAPTER.steps:
-        cells = [f"{counts[ws][step.number]:,} | {100 * saved_share(counts[ws], step.number):.1f}%"
+        cells = [f"{counts[ws][step.number]:,} ({100 * saved_share(counts[ws], step.number):.1f}%)"
                  for ws in ("default", "compact")]
         lines.append(f"| {step.number} | {step.title} | " + " | ".join(cells) + " |")
     if peer is not None:
         cells = []
         for ws, totals in (("default", peer), ("compact", compact_peer)):
             if totals is None:
-                cells.append("– | –")
+                cells.append("–")
                 continue
             if totals["none"] != counts[ws][1]:
                 raise ValueError(f"the peer's count ({ws} whitespace) is over {totals['none']} passes without jumps, "
                                  f"step 1's over {counts[ws][1]}: not the same suite")
             passes = totals["policies"]["llguidance/tokens"]["passes"]
-            cells.append(f"{passes:,} | {100 * (1 - passes / totals['none']):.1f}%")
-        lines.append("| *peer, not a step* | *llguidance's fast-forward tokens: the tokenizer's split of the forced "
-                     "bytes, the last token held back where a longer one could span it* | " + " | ".join(cells) + " |")
+            cells.append(f"{passes:,} ({100 * (1 - passes / totals['none']):.1f}%)")
+        lines.append("| *peer, not a step* | *llguidance's fast-forward tokens (Beside the steps)* | "
+                     + " | ".join(cells) + " |")
+    if real is not None:
+        schemas, lo, hi = real
+        lines.append(f"| *real schemas* | *step 2's rule on {schemas} real SchemaStore schemas, compact: the share of their "
+                     f"tokens it forces (by engine)* | – | {100 * lo:.1f}–{100 * hi:.1f}% forced |")
     return "\n".join(lines)
 
 
