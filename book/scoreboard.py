@@ -336,11 +336,11 @@ NGRAM_LEAD_CASE = {"batch": 512, "seq_len": 16384, "threshold": NGRAM_NO_BUDGET,
 
 
 def _ngram(data):
-    series = "ngram_match" if rows(data, "ngram_match") else "step11"
+    series = "ngram_match" if rows(data, "ngram_match") else "step12"
     ours = one(data, series, **NGRAM_CASE)
     if ours is None:
         return None
-    cpu, synced = one(data, "step01", **NGRAM_CASE), one(data, "synced_step11", **NGRAM_CASE)
+    cpu, synced = one(data, "step01", **NGRAM_CASE), one(data, "synced_step12", **NGRAM_CASE)
     ratio = cpu["ms"] / synced["ms"] if cpu and synced else None
     latency, what = _one_kernel(data)
     label = _entry_label("the GPU drafter", series, ours)

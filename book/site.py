@@ -143,10 +143,10 @@ class PostsDirective(SphinxDirective):
 PLAIN_NAMES = {
     "MaskedHeadPlan (step 13: the whole step from the packed bitmask)": "the whole masked step from the packed bitmask (step 13)",
     "step12_dispatch": "the masked head's dispatching entry point, allowed ids given (step 12)",
-    "n-gram matching, step11_skip_refused": "the GPU drafter (step 11)",
-    "n-gram matching, ngram_match (step12)": "the GPU drafter's entry point (running step 12)",
-    "n-gram matching, ngram_match (step11)": "the GPU drafter's entry point (running step 11)",
+    "n-gram matching, step12_skip_refused": "the GPU drafter (step 12)",
     "n-gram matching, ngram_match (step07)": "the GPU drafter's entry point (running step 7)",
+    "n-gram matching, ngram_match (step12)": "the GPU drafter's entry point (running step 12)",
+    "n-gram matching, ngram_match (step08)": "the GPU drafter's entry point (running step 8)",
     "n-gram matching, ngram_match (step06)": "the GPU drafter's entry point (running step 6)",
     "step14_warps_per_direction (CUDA C++)": "the fused CTC kernel (step 14, CUDA C++)",
     "step12_flush_to_zero (CUDA C++)": "the fused CTC kernel (step 12, CUDA C++)",
@@ -453,12 +453,12 @@ def headline_rival_rows(markdown: str) -> str:
                     "batch 1, 1,000 of 128,256 tokens allowed, the kernel alone", ours, rival)]
         data = load(folder, "ngram")
         if data is not None:
-            series = "ngram_match" if rows(data, "ngram_match") else "step11"
+            series = "ngram_match" if rows(data, "ngram_match") else "step12"
             ours, rival = one(data, series, **NGRAM_CASE), one(data, "step04", **NGRAM_CASE)
             if ours is not None and rival is not None and ours["clock"] == rival["clock"]:
                 step = re.search(r"\d+", ours.get("step") or "")
                 label = (f"the GPU drafter's entry point (running step {int(step.group(0))})" if step
-                         else "the GPU drafter (step 11)")
+                         else "the GPU drafter (step 12)")
                 extra[("ngram", gpu)] = [_pair_line(
                     label, "our corrected port of FastDeploy's revised GPU n-gram kernel, made exact (step 4)",
                     "128 slots x 32768 tokens, budget 128", ours, rival)]

@@ -19,8 +19,8 @@ from ngram_helpers import model_budget_scan
 STEPS = [s.function for s in ngram.CHAPTER.steps]  # every step, in order
 SPLIT_STEPS = STEPS[5:]  # steps 6 to 12: each slot split over blocks, the keys reset for the next call
 #: The steps split by chunk_tiles (fused_chunk_len); the others of SPLIT_STEPS by chunk_len
-TILED_STEPS = (ngram.step06_one_pass_split, ngram.step07_one_pass_fused, ngram.step12_early_phase2)
-WIDE_STEPS = (ngram.step09_wide_loads, ngram.step10_evict_first, ngram.step11_skip_refused)  # take vec=2
+TILED_STEPS = (ngram.step06_one_pass_split, ngram.step08_one_pass_fused, ngram.step07_early_phase2)
+WIDE_STEPS = (ngram.step10_wide_loads, ngram.step11_evict_first, ngram.step12_skip_refused)  # take vec=2
 I32, I64 = torch.int32, torch.int64
 POISON = -7  # draft_tokens entries nobody may write keep this value
 
@@ -256,7 +256,7 @@ def test_budget_scan_matches_the_sequential_rule(seeds):
 
 
 def test_budget_skip_is_exact(seeds):
-    """Step 7 skips the search of slots the bound refuses: the reference never searches them either,
+    """Step 8 skips the search of slots the bound refuses: the reference never searches them either,
     and phase 2 on keys with those slots emptied still gives the reference's answer."""
     skipped = 0
     for seed in seeds:
@@ -448,21 +448,21 @@ def test_kernels_compile_without_spills_and_use_64bit_atomics():
     one_pass = cuda.compile_source("ngram_one_pass")
     for name in ("ngram_one_pass_split", "ngram_one_pass_fused"):
         assert "atom.global.min.u64" in one_pass.ptx_function(name)
-    # step 6 ends at its search (phase 2 is a second launch); step 7's last block runs phase 2 after a fence
+    # step 6 ends at its search (phase 2 is a second launch); step 8's last block runs phase 2 after a fence
     assert "membar.gl" not in one_pass.ptx_function("ngram_one_pass_split")
     assert "membar.gl" in one_pass.ptx_function("ngram_one_pass_fused")
-    # step 12: the search lets phase 2 launch as it starts; phase 2 waits for the whole search before reading keys
+    # step 7: the search lets phase 2 launch as it starts; phase 2 waits for the whole search before reading keys
     early, scan = one_pass.ptx_function("ngram_one_pass_split_early"), one_pass.ptx_function("ngram_budget_scan_early")
     assert "griddepcontrol.launch_dependents" in early and "griddepcontrol" not in one_pass.ptx_function(
         "ngram_one_pass_split")
     assert scan.index("griddepcontrol.wait") < scan.index("ld.global")
-    # steps 8 to 11: the instances of ngram_stream, one per step and load width
+    # steps 9 to 12: the instances of ngram_stream, one per step and load width
     shipped = list(ngram.kernels.STREAM_INSTANCES)
     assert shipped == [f"ngram_stream<4, {vec}, {ef}, {skip}>" for ef, skip in
                        (("false", "false"), ("true", "false"), ("true", "true")) for vec in (2, 1)]
     stream = cuda.compile_source("ngram_stream", name_expressions=shipped)
     report = stream.ptxas_report()
-    # 16-byte evict-first loads without the skip (step 10's wide instance) keep 48 registers and spill one 4-byte
+    # 16-byte evict-first loads without the skip (step 11's wide instance) keep 48 registers and spill one 4-byte
     # value, reloaded in the tile loop (an L1 hit): that instance as measured; any other report is a change
     known = {"ngram_stream<4, 2, true, false>": (4, 4)}
     ptx = {}
@@ -494,12 +494,12 @@ def test_kernels_compile_without_spills_and_use_64bit_atomics():
 
 
 def test_steps_8_to_11_show_the_code_their_instance_compiles():
-    """Each of steps 8 to 11 shows ngram_stream.cu's functions with every ``if constexpr`` on a knob resolved
+    """Each of steps 9 to 12 shows ngram_stream.cu's functions with every ``if constexpr`` on a knob resolved
     (``kernels.stream_source``): that text, compiled alone, gives its instances' PTX (names aside), and each step's
     text differs from the one before by its knob's lines only."""
     steps = {s.number: s for s in ngram.CHAPTER.steps}
-    knobs = {8: ("1", "false", "false"), 9: ("VEC", "false", "false"), 10: ("VEC", "true", "false"),
-             11: ("VEC", "true", "true")}
+    knobs = {9: ("1", "false", "false"), 10: ("VEC", "false", "false"), 11: ("VEC", "true", "false"),
+             12: ("VEC", "true", "true")}
     library = cuda.compile_source("ngram_stream", name_expressions=list(ngram.kernels.STREAM_INSTANCES))
     for number, (vec, evict_first, skip) in knobs.items():
         text = steps[number].source
@@ -514,19 +514,19 @@ def test_steps_8_to_11_show_the_code_their_instance_compiles():
         for name in names:
             a, b = (_plain_ptx(c, name) for c in (shown, library))
             assert a == b, (number, name)
-    for old, new in ((8, 9), (9, 10), (10, 11)):
+    for old, new in ((9, 10), (10, 11), (11, 12)):
         diff = ngram.CHAPTER.show_diff(old, new)
         assert diff.lines and len(diff.added) + len(diff.removed) <= 40, (old, new, str(diff))
-    assert set(ngram.CHAPTER.show_diff(8, 9).added) >= {"    if constexpr (VEC == 2) {"}
-    assert "if (*(volatile int *)&s_refused) break;" in "\n".join(ngram.CHAPTER.show_diff(10, 11).added)
-    # steps 6, 7 and 12 show their shared search (search_chunk) with their own kernels: each diff is the change
-    assert [ln.strip() for ln in ngram.CHAPTER.show_diff(6, 7).added if ln.strip()] == [
+    assert set(ngram.CHAPTER.show_diff(9, 10).added) >= {"    if constexpr (VEC == 2) {"}
+    assert "if (*(volatile int *)&s_refused) break;" in "\n".join(ngram.CHAPTER.show_diff(11, 12).added)
+    # steps 6, 7 and 8 show their shared search (search_chunk) with their own kernels: each diff is the change
+    assert [ln.strip() for ln in ngram.CHAPTER.show_diff(6, 8).added if ln.strip()] == [
         "extern \"C\" __global__ void ngram_one_pass_fused(NGRAM_KERNEL_PARAMS) {", "__shared__ int s_last;",
         "// The last block to finish runs phase 2 (all keys are final once every block has counted).",
         "last_block_budget(s_last, NGRAM_KERNEL_ARGS);"]
-    added = [ln.strip() for ln in ngram.CHAPTER.show_diff(6, 12).added]
+    added = [ln.strip() for ln in ngram.CHAPTER.show_diff(6, 7).added]
     assert "asm volatile(\"griddepcontrol.launch_dependents;\");  // phase 2 may be scheduled now" in added
-    assert len(added) + len(ngram.CHAPTER.show_diff(6, 12).removed) <= 40
+    assert len(added) + len(ngram.CHAPTER.show_diff(6, 7).removed) <= 40
 
 
 def _plain_ptx(compiled, name):
@@ -611,7 +611,7 @@ def test_full_size_bench_inputs(batch, seq_len, threshold):
 
 
 def _check_stream(inputs, draft, this_time, config, expected, chunk_lens=(None,)):
-    """Steps 8 to 11 at both load widths (8- and 16-byte loads, where the rows allow 16), at several splits."""
+    """Steps 9 to 12 at both load widths (8- and 16-byte loads, where the rows allow 16), at several splits."""
     wide = ngram.kernels.stream_vec(inputs.prompt_ids, inputs.generated_ids) == 2
     runs = [(step, None) for step in ngram.kernels.STREAM_STEPS if step not in WIDE_STEPS] + \
         [(step, vec) for step in WIDE_STEPS for vec in ((1, 2) if wide else (1,))]
@@ -761,8 +761,8 @@ def test_a_matchers_block_sizes_are_positive():
         for bad in (0, -4):
             with pytest.raises(ValueError, match=f"{option} must be in"):
                 ngram.NgramMatcher(step, inputs, draft, this_time, **{option: bad})
-    with pytest.raises(ValueError, match=r"step08_stream takes no option \['vec'\]"):
-        ngram.NgramMatcher(ngram.step08_stream, inputs, draft, this_time, vec=2)  # 8-byte loads only
+    with pytest.raises(ValueError, match=r"step09_stream takes no option \['vec'\]"):
+        ngram.NgramMatcher(ngram.step09_stream, inputs, draft, this_time, vec=2)  # 8-byte loads only
 
 
 @pytest.mark.gpu
@@ -790,7 +790,7 @@ def test_step_one_sees_new_prompts_written_into_its_buffers():
 @pytest.mark.gpu
 def test_a_gpu_matcher_refuses_a_check_of_tensors_it_does_not_read():
     inputs, draft, this_time = ngram.make_batch(4, 100, 30, seed=2, device="cuda")
-    matcher = ngram.NgramMatcher(ngram.step11_skip_refused, inputs, draft, this_time)
+    matcher = ngram.NgramMatcher(ngram.step12_skip_refused, inputs, draft, this_time)
     matcher.check()
     inputs.step_idx = inputs.step_idx.clone()
     with pytest.raises(ValueError, match="inputs.step_idx was rebound"):
@@ -801,7 +801,7 @@ def test_the_final_step_is_never_slower_than_steps_6_to_12_on_a_measured_case():
     """ngram_match's rule (kernels.step_for_shape, shapes and budget) against every committed GPU file: at each case, synthetic grid
     and real text, where the step it picks and another of steps 6 to 12 were timed, the picked step is the fastest
     or within 3% of it (the target: never slower than any step). A file that predates a step (the H100's has no step
-    6 to 10 or 12) checks what it times."""
+    6, 7 or 9 to 11) checks what it times."""
     import json
 
     from studylog import paths
@@ -826,4 +826,4 @@ def test_the_final_step_is_never_slower_than_steps_6_to_12_on_a_measured_case():
             assert ms[picked] <= 1.03 * min(ms.values()), (f.parent.name, batch, seq_len, ms, picked)
             checked += 1
             picked_seen.add(picked)
-    assert checked >= 8 and picked_seen == {"step11", "step12"}, (checked, picked_seen)
+    assert checked >= 8 and picked_seen == {"step12", "step07"}, (checked, picked_seen)

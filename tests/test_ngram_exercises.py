@@ -138,7 +138,7 @@ def _no_stop_keeping_the_read(source):
     (_no_stop_keeping_the_read, "the read each tile is still there"),
     (lambda source: source.replace("ngram_stream(NGRAM_KERNEL_PARAMS)", "ngram_renamed(NGRAM_KERNEL_PARAMS)"),
      "does not compile"),
-    (lambda source: sol.no_stop_step11(source).replace("if (tile > last_end) break;", "if (tile > ) break;"),
+    (lambda source: sol.no_stop_step12(source).replace("if (tile > last_end) break;", "if (tile > ) break;"),
      "does not compile"),
 ])
 def test_the_stop_exercise_rejects_a_planted_wrong_answer(wrong, says, capsys):
@@ -154,9 +154,9 @@ def test_the_stop_exercise_accepts_the_answer(capsys):
 
     from studylog import paths
 
-    assert ex.check_no_stop(sol.no_stop_step11)
+    assert ex.check_no_stop(sol.no_stop_step12)
     out = capsys.readouterr().out
     assert "reads the slot's key" in out and ("no GPU" in out) is not torch.cuda.is_available()
-    variant = (paths.REPO_ROOT / "lab" / "ngram" / "variants" / "step11_changes.cu").read_text()
+    variant = (paths.REPO_ROOT / "lab" / "ngram" / "variants" / "step12_changes.cu").read_text()
     assert "if constexpr (EXIT) seen = load_shared_key(match_keys + b);" in variant
     assert "if (EXIT && seen <= tile_floor_key(top, src, tile)) break;" in variant

@@ -389,7 +389,7 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
     sweep = [r for r in rows if r["series"].startswith("chunk_sweep_")]
     assert {r["series"] for r in sweep} == {report.sweep_series(s) for s in report.CHUNK_SWEEPS}
     assert all(r["clock"] == "gpu" and r["params"]["batch"] == 16 for r in sweep)
-    # the real-text cases: every corpus, the CPU path and steps 5, 7 and 11, drafts and branches on step 11's row
+    # the real-text cases: every corpus, the CPU path and steps 5, 8 and 12, drafts and branches on step 12's row
     real = [r for r in rows if "corpus" in r["params"]]
     assert {r["params"]["corpus"] for r in real} == set(ngram.report.CORPORA)
     final = [r for r in real if r["series"] == ngram.CHAPTER.step(report.SYNCED_STEP).series]

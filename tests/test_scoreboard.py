@@ -835,7 +835,7 @@ def test_chapter_3s_page_row_is_the_case_the_results_page_leads_with():
         data = _raw(card, "ngram")
         params = {k: v for k, v in sb.NGRAM_LEAD_CASE.items() if v is not None}
         entry = [m for m in data["measurements"] if m["series"] == "ngram_match" and m["params"] == params]
-        ours = entry[0] if entry else _find(data, "step11", **params)
+        ours = entry[0] if entry else _find(data, "step12", **params)
         port = _find(data, "step04", **params)
         (row,) = [r for r in sb.scoreboard() if r["number"] == 3 and r["card"] == data["device"]["name"]
                   and r.get("page_lead")]

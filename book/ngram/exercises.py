@@ -10,8 +10,8 @@ the notebook does not import.
 2. :func:`check_one_pass`: the best window of one haystack for every ``n`` at once, from the common suffix at
    each end position (step 5's idea).
 3. :func:`check_budget_scan`: the batch budget from prefix sums instead of a serial loop (step 4's idea).
-4. :func:`check_refused_bound`: which slots the budget refuses whatever the searches find (step 11's skip).
-5. :func:`check_no_stop`: change step 11's kernel so that no thread stops early: it reads its whole chunk, with no
+4. :func:`check_refused_bound`: which slots the budget refuses whatever the searches find (step 12's skip).
+5. :func:`check_no_stop`: change step 12's kernel so that no thread stops early: it reads its whole chunk, with no
    read of the slot's key each tile (NVRTC compiles it on any machine and the PTX must lose that read; on a GPU the
    kernel also runs against the chapter's specification, bit for bit, and :func:`time_no_stop` times it).
 6. :func:`check_warp_min`: change step 6's kernel so that each warp folds its lanes' keys with warp-level minimums
@@ -391,7 +391,7 @@ def _against_specification(name: str, launcher: Callable, trials: int, seed: int
     return _report(name, failures, trials)
 
 
-__all__ = ["step6_source", "step6_matcher", "check_warp_min", "step11_source", "step11_matcher", "check_no_stop",
+__all__ = ["step6_source", "step6_matcher", "check_warp_min", "step12_source", "step12_matcher", "check_no_stop",
            "time_no_stop", "sequential_budget", "budget_facts", "best_window", "check_match_key", "check_one_pass", "check_budget_scan",
            "check_refused_bound", "time_my_step6"]
 
@@ -415,22 +415,22 @@ def time_my_step6(fn: Callable[[str], str]) -> None:
         print(f"16 × 131072, vocabulary {vocab:,}: step 6 {gpu_us(theirs):,.1f} µs, yours {gpu_us(mine):,.1f} µs")
 
 
-#: Step 11's kernel file and the instance of its template that step 11 launches (``VEC`` tokens a load, 1 or 2).
-STEP11_FILE = "ngram_stream.cu"
+#: Step 12's kernel file and the instance of its template that step 12 launches (``VEC`` tokens a load, 1 or 2).
+STEP12_FILE = "ngram_stream.cu"
 
 
-def step11_instance(vec: int) -> str:
-    """The name expression of step 11's kernel for ``vec`` tokens a load: ``ngram_stream<4, 2, true, true>``."""
+def step12_instance(vec: int) -> str:
+    """The name expression of step 12's kernel for ``vec`` tokens a load: ``ngram_stream<4, 2, true, true>``."""
     from studylog.ngram import kernels
 
     return f"ngram_stream<{kernels.STREAM_LOADS}, {vec}, true, true>"
 
 
-def step11_source() -> str:
-    """Step 11's kernel file (``ngram_stream.cu``), as text: what exercise 5 starts from."""
+def step12_source() -> str:
+    """Step 12's kernel file (``ngram_stream.cu``), as text: what exercise 5 starts from."""
     from studylog import cuda
 
-    return cuda.read_source(STEP11_FILE)
+    return cuda.read_source(STEP12_FILE)
 
 
 def _key_reads(ptx: str) -> int:
@@ -438,16 +438,16 @@ def _key_reads(ptx: str) -> int:
     return ptx.count("ld.volatile.global.u64")
 
 
-def step11_matcher(source: str, inputs: NgramInputs, draft_tokens, seq_lens_this_time,
+def step12_matcher(source: str, inputs: NgramInputs, draft_tokens, seq_lens_this_time,
                    config: NgramConfig = NgramConfig()):
-    """Step 11's launch (the grid, split and arguments of :func:`~studylog.ngram.kernels.step11_skip_refused`) on the
+    """Step 12's launch (the grid, split and arguments of :func:`~studylog.ngram.kernels.step12_skip_refused`) on the
     buffers, with its kernel compiled from ``source`` instead of the chapter's file: call it to run it in place (GPU
     only)."""
     from studylog import cuda
     from studylog.ngram import kernels
 
-    m = kernels.NgramMatcher(kernels.step11_skip_refused, inputs, draft_tokens, seq_lens_this_time, config=config)
-    name = step11_instance(m.vec)
+    m = kernels.NgramMatcher(kernels.step12_skip_refused, inputs, draft_tokens, seq_lens_this_time, config=config)
+    name = step12_instance(m.vec)
     kernel = cuda.load(source, name_expressions=[name]).kernel(name, kernels.SIGNATURE)
 
     def call():
@@ -457,41 +457,41 @@ def step11_matcher(source: str, inputs: NgramInputs, draft_tokens, seq_lens_this
 
 
 def check_no_stop(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0) -> bool:
-    """Exercise 5. ``fn(source)`` -> step 11's kernel file (``source``, :func:`step11_source`) without the early stop:
+    """Exercise 5. ``fn(source)`` -> step 12's kernel file (``source``, :func:`step12_source`) without the early stop:
     a thread no longer reads the slot's key with each tile, and leaves its loop only at the end of its chunk (or when
     the budget refuses the slot).
 
-    On any machine NVRTC compiles your source and the PTX of step 11's kernel must hold fewer volatile reads of the
-    slot's key than step 11's. On a GPU your kernel then runs in step 11's place on ``trials`` random batches and must
+    On any machine NVRTC compiles your source and the PTX of step 12's kernel must hold fewer volatile reads of the
+    slot's key than step 12's. On a GPU your kernel then runs in step 12's place on ``trials`` random batches and must
     give the specification's drafts and counts bit for bit; without a GPU that part is skipped (it says so)."""
     from studylog import cuda
 
     name = "check_no_stop"
-    original = step11_source()
+    original = step12_source()
     text, error = _call(fn, original)
     if error:
-        return _report(name, [f"fn(step 11's source) {error}"], 1)
+        return _report(name, [f"fn(step 12's source) {error}"], 1)
     if not isinstance(text, str) or text == original:
-        return _report(name, ["fn returned step 11's source unchanged: return the changed text"], 1)
+        return _report(name, ["fn returned step 12's source unchanged: return the changed text"], 1)
     reads = {}
-    for label, source in (("step 11", original), ("yours", text)):
+    for label, source in (("step 12", original), ("yours", text)):
         try:
-            compiled = cuda.compile_source(source, arch=cuda.DEFAULT_ARCH, name_expressions=[step11_instance(2)],
-                                           name=STEP11_FILE if label == "step 11" else "ngram_stream_exercise.cu")
-            reads[label] = _key_reads(compiled.ptx_function(step11_instance(2)))
+            compiled = cuda.compile_source(source, arch=cuda.DEFAULT_ARCH, name_expressions=[step12_instance(2)],
+                                           name=STEP12_FILE if label == "step 12" else "ngram_stream_exercise.cu")
+            reads[label] = _key_reads(compiled.ptx_function(step12_instance(2)))
         except Exception as exc:  # a compile error or a renamed kernel: show NVRTC's log
-            return _report(name, [f"your source does not compile to {step11_instance(2)}: {exc}"], 1)
-    if reads["yours"] >= reads["step 11"]:
-        return _report(name, [f"the PTX of {step11_instance(2)} reads the slot's key {reads['yours']} times, as step "
-                              f"11's does ({reads['step 11']}): the read each tile is still there"], 1)
+            return _report(name, [f"your source does not compile to {step12_instance(2)}: {exc}"], 1)
+    if reads["yours"] >= reads["step 12"]:
+        return _report(name, [f"the PTX of {step12_instance(2)} reads the slot's key {reads['yours']} times, as step "
+                              f"12's does ({reads['step 12']}): the read each tile is still there"], 1)
     print(f"{name}: compiles for {cuda.DEFAULT_ARCH}; the PTX reads the slot's key at {reads['yours']} places against "
-          f"step 11's {reads['step 11']}")
-    return _against_specification(name, lambda *args: step11_matcher(text, *args), trials, seed)
+          f"step 12's {reads['step 12']}")
+    return _against_specification(name, lambda *args: step12_matcher(text, *args), trials, seed)
 
 
 def time_no_stop(fn: Callable[[str], str]) -> None:
-    """Exercise 5, on a GPU: step 11 and the reader's kernel file (``fn`` applied to :func:`step11_source`, launched as
-    step 11 is, :func:`step11_matcher`) at 256 slots of 131,072 tokens with no budget, as the chapter's benchmark
+    """Exercise 5, on a GPU: step 12 and the reader's kernel file (``fn`` applied to :func:`step12_source`, launched as
+    step 12 is, :func:`step12_matcher`) at 256 slots of 131,072 tokens with no budget, as the chapter's benchmark
     builds that case, one line; on a CPU it says timing needs a GPU."""
     import torch
 
@@ -505,7 +505,7 @@ def time_no_stop(fn: Callable[[str], str]) -> None:
     inputs, draft, this_time = ngram.make_batch(batch, seq_len, ngram.gen_width_for(seq_len), seed=1000 + batch + seq_len,
                                                 device="cuda")  # the benchmark's batch at this case
     config = NgramConfig(threshold=NO_BUDGET)  # no budget: every slot scans, as in the lab's timing of the stop
-    times = [gpu_us(step11_matcher(text, inputs, draft, this_time, config)) for text in (step11_source(),
-                                                                                          fn(step11_source()))]
-    print(f"{batch} × {seq_len}, no budget: step 11 {times[0]:,.1f} µs, yours {times[1]:,.1f} µs "
-          f"(step 11 is {times[1] / times[0]:.2f}× as fast)")
+    times = [gpu_us(step12_matcher(text, inputs, draft, this_time, config)) for text in (step12_source(),
+                                                                                          fn(step12_source()))]
+    print(f"{batch} × {seq_len}, no budget: step 12 {times[0]:,.1f} µs, yours {times[1]:,.1f} µs "
+          f"(step 12 is {times[1] / times[0]:.2f}× as fast)")

@@ -12,8 +12,8 @@ from studylog.ngram.report import CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIE
 
 #: Colour and marker of each step's series, by step number: one colour per series across the chapter's figures.
 STYLE = {1: ("#7f7f7f", "s"), 2: ("#bcbd22", "v"), 3: ("#1f77b4", "o"), 4: ("#2ca02c", "o"),
-         5: ("#ff7f0e", "D"), 6: ("#e377c2", "D"), 7: ("#d62728", "D"), 8: ("#ff9896", "^"), 9: ("#98df8a", "^"),
-         10: ("#c5b0d5", "^"), 11: ("#9467bd", "*"), 12: ("#8c564b", "P")}
+         5: ("#ff7f0e", "D"), 6: ("#e377c2", "D"), 7: ("#8c564b", "P"), 8: ("#d62728", "D"), 9: ("#ff9896", "^"),
+         10: ("#98df8a", "^"), 11: ("#c5b0d5", "^"), 12: ("#9467bd", "*")}
 #: Colours of the series that are not steps (the end-to-end series, the floor, the drafts).
 OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c94", "accepted": "#7b4173"}
 #: Points, at the saved size: every label, tick and legend of the chapter's figures. The book scales a figure wider
@@ -23,9 +23,9 @@ FONT = 10
 #: CPU path, the pull request's kernel ported and corrected, the first one-pass kernel, and step 6, where the two paths
 #: start (the panel below reads each path's last step against it).
 FIGURE_STEPS = (1, 3, 4, 5, 6)
-#: The last step of each path from step 6 (long haystacks under a budget: 7 to 11; small batches: 12), drawn against
+#: The last step of each path from step 6 (long haystacks under a budget: 8 to 12; the main line: 7), drawn against
 #: step 6 in the figure's second panel.
-PATH_ENDS = (11, 12)
+PATH_ENDS = (12, 7)
 #: The colour of the entry point ``ngram_match`` (the steps keep theirs).
 ENTRY_COLOR = "#000080"
 
@@ -124,7 +124,7 @@ def figures(results) -> dict:
                   label=step_words(step) + ("" if clock == "gpu" else " (host clock)"), **host)
     if entry:
         _errorbar(ax, [i + offset(len(drawn)) for i, _ in entry], [r for _, r in entry], 1e3, marker="*",
-                  color=ENTRY_COLOR, ms=9, label="ngram_match: step 11 or 12, by its rule")
+                  color=ENTRY_COLOR, ms=9, label="ngram_match: step 7 or 12, by its rule")
     if synced:
         pts = [(i, grid_select(results, SYNCED_SERIES, c)) for i, c in enumerate(configs)]
         pts = [(i, rows[0]) for i, rows in pts if rows]
@@ -228,7 +228,7 @@ def figures(results) -> dict:
 
 def _real_text_figure(results, cases):
     """Two panels over the real-text cases (each a separate category: markers and bars, no lines): the CPU path
-    and step 11 end to end and step 11's GPU time; the drafts the batch got and those the true continuation
+    and step 12 end to end and step 12's GPU time; the drafts the batch got and those the true continuation
     accepts."""
     import matplotlib.pyplot as plt
 

@@ -1,7 +1,7 @@
 """What notebook 03 reads from a results file besides the figures: a grid case's row (the prose's numbers), the
 table of steps (each against the step it builds on and the floor), the summary of every step, the real-text table,
-and the targets' verdicts; the lab runs the page reads (step 6's changes one at a time, the splits of steps 7
-and 8); and the model of the published BlockScan budget that
+and the targets' verdicts; the lab runs the page reads (step 6's changes one at a time, the splits of steps 8
+and 9); and the model of the published BlockScan budget that
 the notebook shows departing from the sequential rule (:func:`published_blockscan_counts`). Every results function
 takes a :class:`studylog.plotting.Results` and reads it through the lookups the figures use
 (:mod:`book.ngram.results`); a file older than a series gives ``–`` (or leaves the line out) where it lacks one.
@@ -18,16 +18,16 @@ from book.common import ChainRow, us
 from book.ngram.figures import case_label, clock_words, shape_label
 from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
                                 same_clock_pair)
-from studylog.ngram import CHAPTER, step11_skip_refused, step12_early_phase2
+from studylog.ngram import CHAPTER, step12_skip_refused, step07_early_phase2
 from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE", "OPEN_CASES", "TABLE_CASES",
            "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "KEPT_FOR", "role", "why_kept", "host_note", "floor_note", "steps_table", "path_words", "rival_ratios",
+           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "host_note", "floor_note", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
-           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step12_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "case_words", "step_table",
+           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "GROUPS", "grouped_steps_table", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
 
@@ -109,7 +109,7 @@ def step_table(results, steps, configs=None) -> str:
 
 
 def real_text_table(results) -> str:
-    """Markdown: per real-text case, the CPU path (host clock, end to end), step 11 (GPU clock, and end to
+    """Markdown: per real-text case, the CPU path (host clock, end to end), step 12 (GPU clock, and end to
     end), the drafts found and accepted, and the branches the search took. Empty when the file has none."""
     cases = real_cases_in(results)
     if not cases:
@@ -224,10 +224,10 @@ OPEN_CASES = (RESULT_CASE, HEADLINE)
 #: :data:`HEADLINE`, as in :data:`BOEHM_CASES`.
 TABLE_CASES = (BOEHM_CASES[0], HEADLINE, RESULT_CASE, BOEHM_CASES[2])
 
-#: The lab runs of ``lab/ngram/step05_11_changes.py``: an early exit added to step 5 (``5b`` over ``5``, a frozen copy
-#: of step 5; the page's step 6 chain starts with it) and step 11 without the early exit it inherits (``11 no exit``
-#: over ``11``, a frozen copy of step 11): file -> (series, variant without the exit, variant with it).
-EXIT_RUNS = {"step05_changes": ("step05_changes", "5", "5b"), "step11_changes": ("step11_changes", "11 no exit", "11")}
+#: The lab runs of ``lab/ngram/step05_12_changes.py``: an early exit added to step 5 (``5b`` over ``5``, a frozen copy
+#: of step 5; the page's step 6 chain starts with it) and step 12 without the early exit it inherits (``12 no exit``
+#: over ``12``, a frozen copy of step 12): file -> (series, variant without the exit, variant with it).
+EXIT_RUNS = {"step05_changes": ("step05_changes", "5", "5b"), "step12_changes": ("step12_changes", "12 no exit", "12")}
 
 
 def lab_run(name: str, gpu: str = "nvidia-h200"):
@@ -331,7 +331,7 @@ def rival_ratios(results, rival: int = 4) -> dict[tuple[int, int, int], float]:
 
 
 #: Steps that build on another step than the one before them: step -> the step it changes.
-BUILDS_ON = {12: 6}
+BUILDS_ON = {8: 6}
 
 
 def builds_on(number: int) -> int:
@@ -463,50 +463,11 @@ def budget_walk(results, cfg: tuple[int, int, int]) -> dict:
 #: Each row's one change in the table of steps, in a few words (each step's section says it in full).
 SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread", 3: "a block a slot; serial budget",
                  4: "budget from prefix sums", 5: "one pass for every n", 6: "each slot over many blocks",
-                 7: "phase 2 in the last block", 8: "no barrier: warps stream", 9: "16-byte loads",
-                 10: "L2 evict-first hint", 11: "refused slots skip search", 12: "phase 2 launched early"}
+                 7: "phase 2 launched early", 8: "phase 2 in the last block", 9: "no barrier: warps stream",
+                 10: "16-byte loads", 11: "L2 evict-first hint", 12: "refused slots skip search"}
 #: The two paths from step 6, each with the steps it takes: the budget path, for the case it serves, and the main
 #: line's last step (the page gives the second first, right after step 6): its name (its section's heading) -> steps.
-PATHS = (("long haystacks under a budget", (7, 8, 9, 10, 11)), ("the main line's last step", (12,)))
-#: Why a step that is faster at no case on the GPU clock ships anyway (:func:`why_kept`): step -> the reason, in a
-#: few words (its section gives the number).
-KEPT_FOR = {7: "one launch: less host time"}
-#: The table of steps' "role" column: a step is on the main line (the steps the entry point runs at most shapes
-#: builds on, and the one it runs), on the budget path (the steps of :data:`PATHS`' first path), or a prerequisite
-#: of that path (faster at no case, kept for what it gives the steps after it).
-MAIN_LINE, BUDGET_PATH, PREREQUISITE = "main line", "budget path", "prerequisite"
-
-
-def role(results, number: int, cases=TABLE_CASES) -> str:
-    """Step ``number``'s role in the table of steps (:data:`MAIN_LINE`, :data:`BUDGET_PATH` or
-    :data:`PREREQUISITE`), with why a budget-path step ships (:func:`why_kept`): "budget path: faster at ..." or
-    "prerequisite of the budget path (one launch: less host time)"."""
-    if number not in PATHS[0][1]:
-        return MAIN_LINE
-    why = why_kept(results, number, cases)
-    if number in KEPT_FOR and why == KEPT_FOR[number]:
-        return f"{PREREQUISITE} of the {BUDGET_PATH} ({why})"
-    return f"{BUDGET_PATH}: {why}" if why else BUDGET_PATH
-
-
-def why_kept(results, number: int, cases=TABLE_CASES) -> str:
-    """Why step ``number`` of a path (:data:`PATHS`) is kept, in a few words, read from its "× previous" at
-    ``cases`` (:func:`step_factors`, rounded as the table rounds): faster at every case, at both long ones (the
-    cases after the first), or at the ones it is faster at; where it is faster at none, :data:`KEPT_FOR`'s reason.
-    Empty for the steps before the paths (each is faster in its own column)."""
-    if number not in {n for _, steps in PATHS for n in steps}:
-        return ""
-    pays = [f is not None and round(f, 2) > 1 for f in step_factors(results, number, cases)]
-    if all(pays):
-        return "faster at every case"
-    if len(pays) > 2 and all(pays[1:]):
-        return "faster at both long cases" if len(pays) == 3 else "faster at every long case"
-    if any(pays):
-        return "faster at " + _and([case_name(c) + (f", budget {c[2]}" if c[2] != NO_BUDGET else "")
-                                    for c, ok in zip(cases, pays) if ok])
-    return KEPT_FOR.get(number, "")
-
-
+PATHS = (("long haystacks under a budget", (8, 9, 10, 11, 12)), ("the main line's last step", (7,)))
 def host_note(results, cases=TABLE_CASES) -> str:
     """The table of steps' footnote on step 1: its time at each of ``cases``, on the host, end to end; the other
     rows are on the GPU clock, so none is divided by it."""
@@ -521,7 +482,7 @@ def floor_note(results, cases=TABLE_CASES) -> str:
     said = [f"at {case_name(cfg)}, budget {cfg[2]}, {floor_words(results, cfg)}" for cfg in cases
             if floor_words(results, cfg)]
     return ("" if not said else
-            " ² The floor under a budget counts what the operator itself must read: " + "; ".join(said) + ".")
+            " ² Under a budget the floor counts only what the operator itself must read: " + "; ".join(said) + ".")
 
 
 def _budget_bytes_floor(results, cfg: tuple[int, int, int]) -> bool:
@@ -554,15 +515,16 @@ def floor_words(results, cfg: tuple[int, int, int]) -> str:
     from book.common import latency_floor_ms
 
     n = budget_walk(results, cfg)["searched"]
-    slots = f"the {n} slot{'' if n == 1 else 's'} the budget lets search"
+    slots = f"{n} slot{'' if n == 1 else 's'}"
     if table_floor_us(results, cfg) <= latency_floor_ms(results) * 1e3:
-        return f"an empty kernel; {slots} read{'s' if n == 1 else ''} in less"
-    return f"{slots}, read once"
+        return (f"an empty kernel's time: the budget lets only {slots} search, and reading "
+                f"{'its haystack' if n == 1 else 'their haystacks'} once takes less than that")
+    return f"the haystacks of the {slots} the budget lets search, read once"
 
 
 def steps_table(results, cases=TABLE_CASES) -> str:
-    """Markdown, the one table of steps: a row per numbered step in order, its role (:func:`role`, read at every case
-    of :data:`TABLE_CASES`; the main line in bold) and its one change (:data:`SHORT_CHANGES`), then the entry point;
+    """Markdown, the table of every step at every case (folded under the page's table): a row per numbered step in
+    order and its one change (:data:`SHORT_CHANGES`), then the entry point;
     per case of ``cases`` the time in µs on the GPU clock, × previous (over the step it builds on, :func:`builds_on`:
     the step before on its path, named in the cell where it is not the row above) and × the floor
     (:func:`table_floor_us`, given in that column's head, marked ``²`` where the budget lets fewer slots search than
@@ -571,18 +533,17 @@ def steps_table(results, cases=TABLE_CASES) -> str:
     it, so step 2's "× previous" is ``–``. The entry point builds on no step (it runs one), so its "× previous" is
     ``–``."""
     floors = [table_floor_us(results, cfg) for cfg in cases]
-    head = ["step", "role", "the one change"]
+    head = ["step", "the one change"]
     for (b, s, t), f in zip(cases, floors):
         what = " ²" if floor_words(results, (b, s, t)) else ""  # under a budget: the footnote says what it counts
         head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs, GPU clock", "× previous",
                  f"× floor ({f:,.2f} µs){what}" if f else "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step11_skip_refused, step12_early_phase2))
+    rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step07_early_phase2, step12_skip_refused))
     order = [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in range(1, 13)]
     order.append(("entry point", f"`ngram_match`: step {rule} by a rule", "ngram_match"))
     for number, title, series in order:
-        kind = role(results, int(number)) if number.isdigit() else ""
-        cells = [number, f"**{kind}**" if kind == MAIN_LINE else kind, title]
+        cells = [number, title]
         for i, cfg in enumerate(cases):
             row = grid_row(results, series, cfg)
             if row is None:
@@ -631,14 +592,57 @@ def fold_table(summary: str, markdown: str, note: str = "") -> str:
             + (f"<p>{_inline(note)}</p>" if note else "") + "</details>")
 
 
+#: The table of steps' two row groups: each path's name, the case its steps are quoted at, and its rows (the budget
+#: path's first row is step 6, where it leaves the main line, so each "× previous" is over a row of its own group).
+GROUPS = (("the main line", RESULT_CASE, tuple(range(1, PATHS[1][1][-1] + 1))),
+          ("the budget path", HEADLINE, (6,) + PATHS[0][1]))
+
+
+def grouped_steps_table(results) -> str:
+    """Markdown, the page's one table of steps: two row groups (:data:`GROUPS`), the main line (steps 1 to 7) at the
+    result's case and the budget path (steps 8 to 12, after step 6 where it starts) at the deployed budget's case;
+    each row its one change (:data:`SHORT_CHANGES`), its time in µs on the GPU clock, × previous (over the step it
+    builds on, :func:`builds_on`, always a row of the same group) and × the floor (:func:`table_floor_us`, given in
+    the group's head, marked ``²`` where the budget lets fewer slots search than are active: :func:`floor_note`);
+    each group ends with the entry point at its case, naming the step it runs there."""
+    lines = ["| step | the one change | µs, GPU clock | × previous | × floor |", "|---|---|---|---|---|"]
+    for name, cfg, numbers in GROUPS:
+        f = table_floor_us(results, cfg)
+        mark = " ²" if floor_words(results, cfg) else ""
+        where = f"{cfg[0]} × {cfg[1]}, " + (f"budget {cfg[2]}" if cfg[2] != NO_BUDGET else "no budget")
+        lines.append(f"| **{name}** | **at {where}** | | | floor {f:,.2f} µs{mark} |")
+        for number in numbers:
+            row = grid_row(results, CHAPTER.step(number).series, cfg)
+            change = SHORT_CHANGES[number] if number in PATHS[0][1] or name == GROUPS[0][0] else \
+                "where the path leaves the main line"
+            if row is None:
+                lines.append(f"| {number} | {change} | – (too slow on one thread) | – | – |")
+                continue
+            if row.get("clock") != "gpu":  # step 1, on the host: its time is the footnote's
+                lines.append(f"| {number} | {change} | host ¹ | – | – |")
+                continue
+            t, ratio = row["ms"] * 1e3, "–"
+            base = grid_row(results, CHAPTER.step(builds_on(number)).series, cfg) if number > 1 else None
+            if number != numbers[0] and base and base.get("clock") == "gpu":
+                ratio = f"{base['ms'] * 1e3 / t:.2f}×"
+            lines.append(f"| {number} | {change} | {us(row['ms'])} | {ratio} | {t / f:,.1f}× |")
+        entry = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
+        if entry:
+            runs = CHAPTER.step(entry["step"]).number if entry.get("step") else None
+            lines.append(f"| entry point | `ngram_match`" + (f", running step {runs}" if runs else "")
+                         + f" | {us(entry['ms'])} | – | {entry['ms'] * 1e3 / f:,.1f}× |")
+    return "\n".join(lines)
+
+
 def steps_tables(results) -> tuple[str, str]:
     """The page's table of steps, in two parts: open, Markdown, each step at :data:`OPEN_CASES` (the result's case,
-    where the main line is quoted, and the budget path's: step, role, its one change, then µs, × previous and × floor per case), its
+    where the main line is quoted, and the budget path's: :func:`grouped_steps_table`), its
     footnotes (:func:`host_note`) under it; folded, HTML, :func:`steps_table` at every case of
     :data:`TABLE_CASES` and the footnote at those cases, under a ``<details>`` that names them."""
     names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in TABLE_CASES)
     fold = fold_table(f"Every step at all four cases ({names})", steps_table(results), host_note(results, TABLE_CASES))
-    return steps_table(results, OPEN_CASES) + "\n\n" + host_note(results, OPEN_CASES), fold
+    return (grouped_steps_table(results) + "\n\n" + host_note(results, (RESULT_CASE,))
+            + floor_note(results, (HEADLINE,)), fold)
 
 
 #: Lines of context the page shows around each change of a diff: one, an anchor each side, so a long diff shows the
@@ -658,7 +662,7 @@ CORE_DIFFS = {
         ("const i64 first_end =", "s_stop = next > last_end"), "the search"),
     4: (("walk_budget(NGRAM_KERNEL_ARGS", "return drafted;"),
         ("const int active = p.kind == SLOT_ACTIVE;", "else if (b == first)"), "phase 2"),
-    8: (("for (i64 tile = first_end;; tile += tile_len)", "s_stop = next > last_end"),
+    9: (("for (i64 tile = first_end;; tile += tile_len)", "s_stop = next > last_end"),
         ("for (;;) {", "load_tile<LOADS, VEC, EVICT_FIRST>(hay, tile, last_end, token);"), "the tile loop"),
     5: (("if (p.kind == SLOT_ACTIVE && p.cap >= 1) {", "if (best != NONE_KEY) key = make_key"),
         ("const int top = min(max_ngram, step);", "__syncthreads();  // every atomicMin"), "the search"),
@@ -814,8 +818,8 @@ def result_tables(results, headline_rows) -> tuple[str, str]:
                                                     table.strip())
 
 
-def step12_launches():
-    """Step 12's two launches as CUDA launch lines: the kernels' names read from its step function (the search, then
+def step07_launches():
+    """Step 7's two launches as CUDA launch lines: the kernels' names read from its step function (the search, then
     phase 2, launched with ``early=True``), their block sizes from :mod:`studylog.ngram.kernels`; phase 2 carries
     the launch attribute of a programmatic dependent launch, as ``cuLaunchKernelEx`` sets it."""
     import inspect
@@ -824,9 +828,9 @@ def step12_launches():
     from studylog.ngram import kernels
     from studylog.source import Code
 
-    search, phase2 = re.findall(r'_kernel\("[^"]+", "([^"]+)"', inspect.getsource(kernels.step12_early_phase2))
+    search, phase2 = re.findall(r'_kernel\("[^"]+", "([^"]+)"', inspect.getsource(kernels.step07_early_phase2))
     lines = [f"{search}<<<grid, {kernels.THREADS}>>>(args...);  // the search",
              "// phase 2: one block, launched with the attribute",
              "// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1",
              f"{phase2}<<<1, {kernels.SCAN_THREADS}>>>(args...);"]
-    return Code("\n".join(lines), "cuda", "step 12's two launches")
+    return Code("\n".join(lines), "cuda", "step 7's two launches")

@@ -82,7 +82,7 @@ def floor_of(results, row) -> float | None:
 
 
 def same_clock_pair(results, cfg):
-    """(CPU path row, kernel row, kernel label) on one clock at a grid config: step 11 end to end
+    """(CPU path row, kernel row, kernel label) on one clock at a grid config: step 12 end to end
     (:data:`SYNCED_SERIES`) where the file has it, else (files measured before it, where every row is a
     do_bench time) the fastest of the chapter's kernels. None when either is missing."""
     cpu = grid_select(results, CHAPTER.steps[0].series, cfg)

@@ -8,7 +8,7 @@ from typing import Sequence
 from studylog.ngram.formats import NONE_KEY
 from studylog.ngram.models import decode_key, match_key
 
-__all__ = ["one_pass", "budget_scan", "refused_bound", "no_stop_step11", "warp_min_step6"]
+__all__ = ["one_pass", "budget_scan", "refused_bound", "no_stop_step12", "warp_min_step6"]
 
 
 def one_pass(hay: Sequence[int], hay_len: int, gen: Sequence[int], top_n: int, min_n: int = 1):
@@ -71,20 +71,20 @@ def refused_bound(threshold: int, kinds: Sequence[str], counted: Sequence[bool],
     return refused
 
 
-#: Step 11's early stop (in ``ngram_stream``'s tile loop): the read of the slot's key with each tile, and the test that
+#: Step 12's early stop (in ``ngram_stream``'s tile loop): the read of the slot's key with each tile, and the test that
 #: leaves the loop once no later window can beat it; exercise 5 removes both.
 STEP11_KEY_READ = "                seen = load_shared_key(match_keys + b);  // in flight with the tile's loads\n"
 STEP11_STOP = "                if (tile > last_end || seen <= tile_floor_key(top, src, tile)) break;"
 
 
-def no_stop_step11(source: str) -> str:
-    """Exercise 5's answer: step 11 without the early stop it inherits from step 8. The read of the slot's key each
+def no_stop_step12(source: str) -> str:
+    """Exercise 5's answer: step 12 without the early stop it inherits from step 9. The read of the slot's key each
     tile goes, and a thread leaves its loop only past its chunk's end (or when the budget refuses the slot): every
     searching block reads its whole chunk. ``seen`` keeps its first value (a block whose chunk cannot beat the key
-    when it starts still skips it: that check is step 6's split), so the results stay step 11's bit for bit. It is
-    the lab's variant ``11 no exit``, whose time the page quotes in step 6's section."""
+    when it starts still skips it: that check is step 6's split), so the results stay step 12's bit for bit. It is
+    the lab's variant ``12 no exit``, whose time the page quotes in step 6's section."""
     if source.count(STEP11_KEY_READ) != 1 or source.count(STEP11_STOP) != 1:
-        raise ValueError("step 11's key read and stop were not found once in ngram_stream")
+        raise ValueError("step 12's key read and stop were not found once in ngram_stream")
     return source.replace(STEP11_KEY_READ, "").replace(STEP11_STOP, "                if (tile > last_end) break;")
 
 
@@ -103,7 +103,7 @@ WARP_MIN = """                // The warp's smallest key first: redux.sync works
 
 
 def warp_min_step6(source: str) -> str:
-    """Exercise 6's answer: in step 6's search (``search_chunk``, which steps 7 and 12 share), each warp takes the
+    """Exercise 6's answer: in step 6's search (``search_chunk``, which steps 7 and 8 share), each warp takes the
     minimum of its lanes' keys with two
     32-bit ``__reduce_min_sync`` (``redux.sync.min.u32`` on sm_80 and later: the high words, then the low words
     among the lanes holding the smallest high word), and lane 0 alone updates the block's ``s_best``. A lane without

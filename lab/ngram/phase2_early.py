@@ -1,13 +1,13 @@
-"""Chapter 3: step 6 with its phase 2 launched early (a programmatic dependent launch), beside steps 6 and 7.
+"""Chapter 3: step 6 with its phase 2 launched early (a programmatic dependent launch), beside steps 6 and 8.
 
-Step 6 runs phase 2 (the budget scan) as a second launch; step 7 fuses it into the search's last block, which costs
-the search kernel registers. On the GPU clock step 6 wins on synthetic batches and step 7 on real text under a
+Step 6 runs phase 2 (the budget scan) as a second launch; step 8 fuses it into the search's last block, which costs
+the search kernel registers. On the GPU clock step 6 wins on synthetic batches and step 8 on real text under a
 budget (about half a microsecond at 32 x 4096): what step 6 pays there is the gap between two dependent kernels.
 Both variants launch phase 2 early (``ngram_budget_scan_early``: ``griddepcontrol.wait`` before it reads the keys):
 
 * ``6 early``: step 6's search kernel unchanged (its blocks let phase 2 launch as they exit);
 * ``6 trigger``: the search kernel with ``griddepcontrol.launch_dependents`` first, ``ngram_one_pass_split_early``:
-  what the library kept as step 12 (``step12_early_phase2``).
+  what the library kept as step 7 (``step07_early_phase2``).
 
 The kernels are the library's (``ngram_one_pass.cu``); when this was measured they were a frozen copy in this folder,
 the same code.
@@ -18,7 +18,7 @@ Each variant takes the arguments, grid, split and scratch of the library's step 
     PYTHONPATH=$PWD python lab/ngram/phase2_early.py check     # GPU: bit-identical, keys reset, on random batches
     PYTHONPATH=$PWD python lab/ngram/phase2_early.py measure   # GPU: the bench grid and the real-text cases
 
-``measure`` times steps 6 and 7 (the library's, the anchors) and both variants on every case of the chapter's
+``measure`` times steps 6 and 8 (the library's, the anchors) and both variants on every case of the chapter's
 benchmark, synthetic grid and real text, as the benchmark times a step (GPU clock over rotated copies, host time
 per eager call), every row checked bit-identical to the CPU path; it writes ``results/<gpu>/phase2_early.json``.
 """
@@ -41,12 +41,12 @@ from studylog.ngram import SCAN_THREADS, NgramConfig, NgramInputs, NgramMatcher
 from studylog.ngram.kernels import SIGNATURE, THREADS
 from studylog.ngram.report import BENCH_GRID, MAX_COPIES, gen_width_for, real_batch, real_cases
 
-#: Variant -> its search kernel (None: the library's step 6 or 7 through its matcher) and what changed.
-VARIANTS = {"6": None, "7": None, "6 early": "ngram_one_pass_split", "6 trigger": "ngram_one_pass_split_early"}
-CHANGES = {"6": "step 6 (library)", "7": "step 7 (library)",
+#: Variant -> its search kernel (None: the library's step 6 or 8 through its matcher) and what changed.
+VARIANTS = {"6": None, "8": None, "6 early": "ngram_one_pass_split", "6 trigger": "ngram_one_pass_split_early"}
+CHANGES = {"6": "step 6 (library)", "8": "step 8 (library)",
            "6 early": "step 6, phase 2 launched early (griddepcontrol.wait), search unchanged",
            "6 trigger": "step 6, phase 2 launched early, the search lets it launch at its start"}
-STEPS = {"6": ngram.step06_one_pass_split, "7": ngram.step07_one_pass_fused}
+STEPS = {"6": ngram.step06_one_pass_split, "8": ngram.step08_one_pass_fused}
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,12 +1,12 @@
-"""Step 11's variants, side by side (GPU only; not run by the tests or the bench).
+"""Step 12's variants, side by side (GPU only; not run by the tests or the bench).
 
-Each variant differs from the library's step 11 (``ngram_stream<4, VEC, SKIP_LAZY, CACHE_EVICT_FIRST>`` here) in
+Each variant differs from the library's step 12 (``ngram_stream<4, VEC, SKIP_LAZY, CACHE_EVICT_FIRST>`` here) in
 one knob: loads in flight per thread per tile (2, 8), how slots the budget refuses skip their search (not
 at all, or the whole block first, behind two barriers), and the L2 policy of the haystack loads (default
 ``ld.global.nc``, or ``__ldcs``). The kernels come from the frozen source ``variants/ngram_stream_variants.cu``
 (the library's ``ngram_stream.cu`` before the variants left it), compiled with ``studylog.cuda.load``; each
-launch takes the arguments and the grid of the library's step 11 bound to the same batch
-(``NgramMatcher(step11_skip_refused, ...)``), at the split the default's 16-byte instance uses.
+launch takes the arguments and the grid of the library's step 12 bound to the same batch
+(``NgramMatcher(step12_skip_refused, ...)``), at the split the default's 16-byte instance uses.
 
     PYTHONPATH=$PWD python lab/ngram/stream_variants.py check     # every variant bit-identical to the reference
     PYTHONPATH=$PWD python lab/ngram/stream_variants.py measure   # the bench grid -> results/<gpu>/stream_variants.json
@@ -40,7 +40,7 @@ SOURCE = Path(__file__).resolve().parent / "variants" / "ngram_stream_variants.c
 SKIP = {"off": 0, "eager": 1, "lazy": 2}
 CACHE = {"ldg": 0, "ldcs": 1, "evict_first": 2}
 DEFAULT = {"loads": 4, "budget_skip": "lazy", "cache": "evict_first"}
-#: The library's step 11 first, then one knob changed at a time.
+#: The library's step 12 first, then one knob changed at a time.
 VARIANTS = [DEFAULT] + [DEFAULT | change for change in (
     {"loads": 2}, {"loads": 8}, {"budget_skip": "off"}, {"budget_skip": "eager"}, {"cache": "ldg"}, {"cache": "ldcs"})]
 
@@ -53,15 +53,15 @@ INSTANCES = [instance(v, vec) for v in VARIANTS for vec in (2, 1)]
 
 
 def launcher(variant: dict, vec: int, inputs, draft, this_time, config, chunk_len):
-    """A call of one variant on this batch: the library's step 11 bound to it gives the arguments and grid.
+    """A call of one variant on this batch: the library's step 12 bound to it gives the arguments and grid.
     ``chunk_len`` is rounded up to whole tiles of the variant, then of the library's instance."""
     p, g = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
     tile = kernels.THREADS * variant["loads"] * vec
     chunk_len = kernels.stream_chunk_len(inputs.batch, p, g, tile, chunk_len=chunk_len)
-    bound = ngram.NgramMatcher(ngram.step11_skip_refused, inputs, draft, this_time, config=config, check_values=False,
+    bound = ngram.NgramMatcher(ngram.step12_skip_refused, inputs, draft, this_time, config=config, check_values=False,
                                vec=vec, chunk_len=chunk_len)
     kernel = cuda.load(SOURCE, name_expressions=INSTANCES).kernel(instance(variant, vec), kernels.SIGNATURE)
-    grid = (bound.batch, bound.prompt_chunks + bound.gen_chunks)  # step11_skip_refused's grid
+    grid = (bound.batch, bound.prompt_chunks + bound.gen_chunks)  # step12_skip_refused's grid
     return bound, lambda: kernel(grid, (kernels.THREADS,), *bound.args)
 
 

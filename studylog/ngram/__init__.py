@@ -12,8 +12,8 @@ from studylog.ngram.cpu_path import CPU_SOURCE
 from studylog.ngram.formats import NGRAM_MAX, NgramConfig, NgramInputs, same_state, validate
 from studylog.ngram.kernels import (NgramMatcher, ngram_match, step01_cpu_path, step02_serial, step03_two_phase,
                                     step04_two_phase_scan, step05_one_pass, step06_one_pass_split,
-                                    step07_one_pass_fused, step08_stream, step09_wide_loads, step10_evict_first,
-                                    step11_skip_refused, step12_early_phase2, one_pass_source, stream_source)
+                                    step07_early_phase2, step08_one_pass_fused, step09_stream, step10_wide_loads,
+                                    step11_evict_first, step12_skip_refused, one_pass_source, stream_source)
 from studylog.ngram.models import SCAN_THREADS, match_key, model_budget_refused, model_one_pass_keys
 from studylog.ngram.reference import reference_ngram_match
 from studylog.ngram.report import (CHUNK_SWEEPS, NO_BUDGET, SYNCED_DESCRIPTION, SYNCED_SERIES, bench, gen_width_for,
@@ -37,22 +37,22 @@ CHAPTER = Chapter(
              _CSRC / "ngram_common.cuh", "budget_scan_block"),
         Step(5, "one_pass", "one pass over each haystack for every n", "cuda", step05_one_pass,
              _CSRC / "ngram_one_pass.cu", "ngram_search_one_pass"),
-        # steps 6, 7 and 12 share the search of one chunk (search_chunk): each shows it with its own kernels
+        # steps 6, 7 and 8 share the search of one chunk (search_chunk): each shows it with its own kernels
         Step(6, "one_pass_split", "each slot split over many blocks; phase 2 a second launch", "cuda",
              step06_one_pass_split, one_pass_source("search_chunk", "ngram_one_pass_split", "ngram_budget_scan_reset")),
-        Step(7, "one_pass_fused", "phase 2 in the last block to finish: one launch", "cuda", step07_one_pass_fused,
-             one_pass_source("search_chunk", "ngram_one_pass_fused")),
-        # steps 8 to 11 are instances of one template: each shows the code its instance compiles (stream_source)
-        Step(8, "stream", "every warp streams its own tiles: no barrier in the loop", "cuda", step08_stream,
-             stream_source(vec=1, evict_first=False, skip_refused=False)),
-        Step(9, "wide_loads", "16-byte loads where the rows allow", "cuda", step09_wide_loads,
-             stream_source(vec=None, evict_first=False, skip_refused=False)),
-        Step(10, "evict_first", "an L2 evict-first hint on the haystack loads", "cuda", step10_evict_first,
-             stream_source(vec=None, evict_first=True, skip_refused=False)),
-        Step(11, "skip_refused", "slots the budget refuses skip their search", "cuda", step11_skip_refused,
-             stream_source(vec=None, evict_first=True, skip_refused=True)),
-        Step(12, "early_phase2", "step 6 with phase 2 launched before the search ends", "cuda", step12_early_phase2,
+        Step(7, "early_phase2", "step 6 with phase 2 launched before the search ends", "cuda", step07_early_phase2,
              one_pass_source("search_chunk", "ngram_one_pass_split_early", "ngram_budget_scan_early")),
+        Step(8, "one_pass_fused", "phase 2 in the last block to finish: one launch", "cuda", step08_one_pass_fused,
+             one_pass_source("search_chunk", "ngram_one_pass_fused")),
+        # steps 9 to 12 are instances of one template: each shows the code its instance compiles (stream_source)
+        Step(9, "stream", "every warp streams its own tiles: no barrier in the loop", "cuda", step09_stream,
+             stream_source(vec=1, evict_first=False, skip_refused=False)),
+        Step(10, "wide_loads", "16-byte loads where the rows allow", "cuda", step10_wide_loads,
+             stream_source(vec=None, evict_first=False, skip_refused=False)),
+        Step(11, "evict_first", "an L2 evict-first hint on the haystack loads", "cuda", step11_evict_first,
+             stream_source(vec=None, evict_first=True, skip_refused=False)),
+        Step(12, "skip_refused", "slots the budget refuses skip their search", "cuda", step12_skip_refused,
+             stream_source(vec=None, evict_first=True, skip_refused=True)),
     ),
     bench=bench,
     headline=gpu_headline,
@@ -62,8 +62,8 @@ CHAPTER = Chapter(
 
 __all__ = [
     "CHAPTER", "ops", "step01_cpu_path", "step02_serial", "step03_two_phase", "step04_two_phase_scan",
-    "step05_one_pass", "step06_one_pass_split", "step07_one_pass_fused", "step08_stream", "step09_wide_loads",
-    "step10_evict_first", "step11_skip_refused", "step12_early_phase2", "ngram_match", "NgramMatcher",
+    "step05_one_pass", "step06_one_pass_split", "step07_early_phase2", "step08_one_pass_fused", "step09_stream",
+    "step10_wide_loads", "step11_evict_first", "step12_skip_refused", "ngram_match", "NgramMatcher",
     "NgramInputs", "NgramConfig", "validate", "same_state", "NGRAM_MAX", "reference_ngram_match", "match_key",
     "model_one_pass_keys", "model_budget_refused", "SCAN_THREADS", "make_batch", "corpus_batch", "gen_width_for",
     "NO_BUDGET",

@@ -166,7 +166,7 @@ def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ng
 
 def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> dict:
     """Which branches of the search a batch takes (budget ignored but for the skip rule): ``searching_slots``,
-    ``refused_slots`` (those step 11 skips), ``top_n_matches`` / ``shorter_matches`` / ``no_match`` (only a top-n
+    ``refused_slots`` (those step 12 skips), ``top_n_matches`` / ``shorter_matches`` / ``no_match`` (only a top-n
     match lets a scan stop early), ``newest_token_hits_per_1k`` (where the inner comparison loop runs),
     ``early_exit_fraction`` (what a perfect early exit reads over the floor's bytes)."""
     keys = model_one_pass_keys(inputs, config, seq_lens_this_time)  # a fraction of a second at the benchmark's sizes

@@ -1,5 +1,5 @@
 """Chapter 3's steps (each launches its own kernels, in place), :class:`NgramMatcher` (a step bound to one batch's
-buffers) and :func:`ngram_match` (step 11 or 12, by the batch's shapes and budget: :func:`final_step`)."""
+buffers) and :func:`ngram_match` (step 7 or 12, by the batch's shapes and budget: :func:`final_step`)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ TILE = THREADS * 4     # end positions per search tile: ITEMS = 4 per thread in 
 SIGNATURE = ["ptr", "ptr", "i64", "ptr", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64",
              "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
 
-#: Loads in flight per thread per tile in steps 8 to 11 (``LOADS`` of ``ngram_stream``).
+#: Loads in flight per thread per tile in steps 9 to 12 (``LOADS`` of ``ngram_stream``).
 STREAM_LOADS = 4
-#: The instances of ``ngram_stream<LOADS, VEC, EVICT_FIRST, SKIP_REFUSED>`` that steps 8 to 11 launch (``VEC``
-#: tokens per load, :func:`stream_vec`: 1 in step 8 and wherever a row is not 16-byte aligned).
+#: The instances of ``ngram_stream<LOADS, VEC, EVICT_FIRST, SKIP_REFUSED>`` that steps 9 to 12 launch (``VEC``
+#: tokens per load, :func:`stream_vec`: 1 in step 9 and wherever a row is not 16-byte aligned).
 STREAM_INSTANCES = tuple(f"ngram_stream<{STREAM_LOADS}, {vec}, {evict_first}, {skip}>"
                          for evict_first, skip in (("false", "false"), ("true", "false"), ("true", "true"))
                          for vec in (2, 1))
@@ -51,13 +51,13 @@ def _chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, min_til
 
 
 def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tiles: int | None = None) -> int:
-    """Haystack positions per block of steps 6, 7 and 12: about eight blocks per SM, 1 to 8 tiles of TILE."""
+    """Haystack positions per block of steps 6, 7 and 8: about eight blocks per SM, 1 to 8 tiles of TILE."""
     return _chunk_len(batch, prompt_width, gen_width, TILE, 1, 8, None if chunk_tiles is None else chunk_tiles * TILE)
 
 
 def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *,
                      chunk_len: int | None = None) -> int:
-    """Haystack positions per block of steps 8 to 11: about four blocks per SM, 2 to 8 tiles of ``tile``."""
+    """Haystack positions per block of steps 9 to 12: about four blocks per SM, 2 to 8 tiles of ``tile``."""
     return _chunk_len(batch, prompt_width, gen_width, tile, 2, 4, chunk_len)
 
 
@@ -73,7 +73,7 @@ _STREAM_SHOWN = (("evict_first_policy", "EVICT_FIRST"), ("load_tokens", None), (
 
 
 def stream_source(*, vec: int | None, evict_first: bool, skip_refused: bool) -> str:
-    """What an instance of ``ngram_stream`` (steps 8 to 11) compiles: the functions it calls, each ``if constexpr``
+    """What an instance of ``ngram_stream`` (steps 9 to 12) compiles: the functions it calls, each ``if constexpr``
     on a knob replaced by the branch it takes (``vec=None``: both load widths, as a step that picks by the rows),
     without the declarations only an off knob's branch uses."""
     from studylog.source import resolve_constexpr, source_of
@@ -109,8 +109,8 @@ class NgramMatcher:
     and ``config`` are fixed (pad with empty slots, ``seq_lens_decoder == 0``); values outside
     :func:`~studylog.ngram.formats.validate`'s ranges make the kernels read out of bounds (:meth:`check`).
 
-    Options: ``chunk_tiles`` (steps 6, 7, 12) and ``chunk_len`` (steps 8 to 11), the haystack positions a block
-    scans; ``vec`` (steps 9 to 11), tokens per load, 1 or 2 (the default where the rows allow 16-byte loads)."""
+    Options: ``chunk_tiles`` (steps 6, 7, 8) and ``chunk_len`` (steps 9 to 12), the haystack positions a block
+    scans; ``vec`` (steps 10 to 12), tokens per load, 1 or 2 (the default where the rows allow 16-byte loads)."""
 
     def __init__(self, step: Callable, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, *,
                  config: NgramConfig = NgramConfig(), check_values: bool = True, chunk_tiles: int | None = None,
@@ -249,49 +249,49 @@ def step06_one_pass_split(m: NgramMatcher) -> None:
 
 
 @_step("chunk_tiles")
-def step07_one_pass_fused(m: NgramMatcher) -> None:
-    """Step 7: step 6 with phase 2 in the last block to finish: one launch."""
-    _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)(m.grid, (THREADS,), *m.args)
-
-
-@_step("chunk_len")
-def step08_stream(m: NgramMatcher) -> None:
-    """Step 8: step 7 without barriers in its loop, every warp streaming its own tiles (:func:`stream_chunk_len`)."""
-    _kernel("ngram_stream", "ngram_stream<4, 1, false, false>", m.device)(m.grid, (THREADS,), *m.args)
-
-
-@_step("chunk_len", "vec")
-def step09_wide_loads(m: NgramMatcher) -> None:
-    """Step 9: step 8 with 16-byte loads (option ``vec`` = 2 tokens a load) where the rows allow."""
-    _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, false, false>", m.device)(m.grid, (THREADS,), *m.args)
-
-
-@_step("chunk_len", "vec")
-def step10_evict_first(m: NgramMatcher) -> None:
-    """Step 10: step 9 with an L2 evict-first hint on the haystack loads."""
-    _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, false>", m.device)(m.grid, (THREADS,), *m.args)
-
-
-@_step("chunk_len", "vec")
-def step11_skip_refused(m: NgramMatcher) -> None:
-    """Step 11: step 10 where the slots the batch budget refuses whatever the searches find skip their search."""
-    _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, true>", m.device)(m.grid, (THREADS,), *m.args)
-
-
-@_step("chunk_tiles")
-def step12_early_phase2(m: NgramMatcher) -> None:
-    """Step 12: step 6 with phase 2 launched early (a programmatic dependent launch): the gap between launches goes."""
+def step07_early_phase2(m: NgramMatcher) -> None:
+    """Step 7: step 6 with phase 2 launched early (a programmatic dependent launch): the gap between launches goes."""
     _kernel("ngram_one_pass", "ngram_one_pass_split_early", m.device)(m.grid, (THREADS,), *m.args)
     _kernel("ngram_one_pass", "ngram_budget_scan_early", m.device)((1,), (SCAN_THREADS,), *m.args, early=True)
 
 
+@_step("chunk_tiles")
+def step08_one_pass_fused(m: NgramMatcher) -> None:
+    """Step 8: step 6 with phase 2 in the last block to finish: one launch."""
+    _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)(m.grid, (THREADS,), *m.args)
+
+
+@_step("chunk_len")
+def step09_stream(m: NgramMatcher) -> None:
+    """Step 9: step 8 without barriers in its loop, every warp streaming its own tiles (:func:`stream_chunk_len`)."""
+    _kernel("ngram_stream", "ngram_stream<4, 1, false, false>", m.device)(m.grid, (THREADS,), *m.args)
+
+
+@_step("chunk_len", "vec")
+def step10_wide_loads(m: NgramMatcher) -> None:
+    """Step 10: step 9 with 16-byte loads (option ``vec`` = 2 tokens a load) where the rows allow."""
+    _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, false, false>", m.device)(m.grid, (THREADS,), *m.args)
+
+
+@_step("chunk_len", "vec")
+def step11_evict_first(m: NgramMatcher) -> None:
+    """Step 11: step 10 with an L2 evict-first hint on the haystack loads."""
+    _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, false>", m.device)(m.grid, (THREADS,), *m.args)
+
+
+@_step("chunk_len", "vec")
+def step12_skip_refused(m: NgramMatcher) -> None:
+    """Step 12: step 11 where the slots the batch budget refuses whatever the searches find skip their search."""
+    _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, true>", m.device)(m.grid, (THREADS,), *m.args)
+
+
 #: The steps that launch ``ngram_stream`` (split by :func:`stream_chunk_len`).
-STREAM_STEPS = (step08_stream, step09_wide_loads, step10_evict_first, step11_skip_refused)
+STREAM_STEPS = (step09_stream, step10_wide_loads, step11_evict_first, step12_skip_refused)
 
 
 #: The rule of :func:`final_step` (GPU clock): at least STREAM_MIN_TOKENS prompt positions (slots × width) in rows
-#: at least STREAM_MIN_WIDTH wide, under a budget that can refuse slots, run step 11 (barrier-free blocks pay once
-#: there is that much to stream, and refused slots skip their search); all else runs step 12 (step 7's fused phase 2
+#: at least STREAM_MIN_WIDTH wide, under a budget that can refuse slots, run step 12 (barrier-free blocks pay once
+#: there is that much to stream, and refused slots skip their search); all else runs step 7 (step 8's fused phase 2
 #: costs the search kernel registers and runs on THREADS threads, not SCAN_THREADS). The thresholds must keep the
 #: entry point within the spread of the fastest of steps 6 to 12 at every case of the committed benchmark.
 STREAM_MIN_WIDTH = 32_768
@@ -303,8 +303,8 @@ def step_for_shape(batch: int, prompt_width: int, config: NgramConfig = NgramCon
     can refuse a slot only below ``max_draft_tokens + 1`` tokens a slot, the most a slot counts)."""
     if (prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS
             and config.threshold < batch * (config.max_draft_tokens + 1)):
-        return step11_skip_refused
-    return step12_early_phase2
+        return step12_skip_refused
+    return step07_early_phase2
 
 
 def final_step(inputs: NgramInputs, config: NgramConfig = NgramConfig()) -> Callable:

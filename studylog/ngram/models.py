@@ -1,5 +1,5 @@
 """The GPU algorithms in plain Python, to check against the reference on any machine: step 5's one-pass search
-(:func:`model_one_pass_keys`) and step 11's skip rule (:func:`model_budget_refused`)."""
+(:func:`model_one_pass_keys`) and step 12's skip rule (:func:`model_budget_refused`)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig,
 
 
 def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[bool]:
-    """Step 11's skip rule (``budget_bound_part``, ``ngram_stream.cu``): an active slot is refused whatever the
+    """Step 12's skip rule (``budget_bound_part``, ``ngram_stream.cu``): an active slot is refused whatever the
     searches find when the smallest running total (each slot so far at its base) plus ``left`` reaches threshold - 1."""
     plans = slot_plans(inputs, config, seq_lens_this_time)
     left = sum(p[1] for p in plans)

@@ -13,7 +13,7 @@ from studylog.bench import Timing
 from studylog.ngram.batches import branch_stats, corpus_batch, draft_acceptance, haystack_bytes, make_batch
 from studylog.ngram.cpu_path import cpu_path_inplace
 from studylog.ngram.formats import NgramConfig, NgramInputs, same_state, validate
-from studylog.ngram.kernels import NgramMatcher, final_step, step02_serial, step07_one_pass_fused, step11_skip_refused
+from studylog.ngram.kernels import NgramMatcher, final_step, step02_serial, step08_one_pass_fused, step12_skip_refused
 from studylog.ngram.reference import reference_ngram_match
 
 NO_BUDGET = 1 << 30  # a threshold the batch never reaches: every active slot drafts
@@ -27,7 +27,7 @@ CORPORA = ("text", "code", "synthetic")
 REAL_SHAPES = [(32, 4096, 128), (32, 4096, NO_BUDGET), (16, 32768, NO_BUDGET)]
 QUICK_REAL_SHAPES = [(32, 4096, 128)]
 BENCH_DEVICE = "cuda"  # a test runs the bookkeeping on the CPU
-REAL_STEPS = (1, 5, 6, 7, 11, 12)
+REAL_STEPS = (1, 5, 6, 7, 8, 12)
 SERIAL_LIMIT_MS = 50.0     # skip the one-thread kernel where it would take longer than this per call
 SLOW_CALL_MS = 0.2         # calls longer than this: fewer calls per graph replay (GRAPH_BUDGET_MS of GPU work)
 GRAPH_BUDGET_MS = 20.0
@@ -37,15 +37,15 @@ MAX_COPIES = 512           # rotated copies of a batch at most (small batches wo
 FIRST_OWN_STEP = 4
 #: The step also timed end to end on the host (the call, then a sync), against the CPU path: the one the entry
 #: point runs at the headline's large cases. On real text its rows carry the drafts and the branches taken.
-SYNCED_STEP = 11
-SYNCED_SERIES = "synced_step11"
+SYNCED_STEP = 12
+SYNCED_SERIES = "synced_step12"
 ENTRY_SERIES = "ngram_match"  # the step final_step picks per case; the row's ``step`` says which
-SYNCED_DESCRIPTION = ("step11_skip_refused's call followed by torch.cuda.synchronize(), wall time per call (host "
+SYNCED_DESCRIPTION = ("step12_skip_refused's call followed by torch.cuda.synchronize(), wall time per call (host "
                       "clock, end to end): what a loop that waits for the drafts observes, the CPU path's clock")
 CLOCK_NOTE = ("Clocks: the GPU steps on the GPU clock (the call replayed in a CUDA graph over rotated copies of the "
               "batch, three repetitions; host_ms: host time per call, back to back, no sync). The CPU path (step01) "
               "cannot be captured: it is timed end to end on the host (clock host_e2e: the call, then "
-              f"torch.cuda.synchronize(), wall time per call), as is {SYNCED_SERIES}, step11_skip_refused's call "
+              f"torch.cuda.synchronize(), wall time per call), as is {SYNCED_SERIES}, step12_skip_refused's call "
               "with the same sync, which the headlines compare with it (its GPU time beside it: kernel_gpu_ms). "
               f"rotated_copies: the copies a GPU row's graph rotates over (four times the L2, at most {MAX_COPIES}: "
               f"less on the smallest batches); calls slower than {SLOW_CALL_MS} ms replay about "
@@ -69,8 +69,8 @@ def sweep_series(step) -> str:
 
 
 #: Step -> the option its chunk sweep sets, and the values (haystack positions per block come out of each).
-CHUNK_SWEEPS = {step07_one_pass_fused: ("chunk_tiles", (1, 2, 4, 8, 16)),
-                step11_skip_refused: ("chunk_len", (2048, 4096, 8192, 16384, 32768, 65536))}
+CHUNK_SWEEPS = {step08_one_pass_fused: ("chunk_tiles", (1, 2, 4, 8, 16)),
+                step12_skip_refused: ("chunk_len", (2048, 4096, 8192, 16384, 32768, 65536))}
 
 
 def gen_width_for(seq_len: int) -> int:
@@ -94,8 +94,8 @@ def real_batch(corpus: str, batch: int, seq_len: int, *, device=None):
 def sweeps_of(cfg) -> list:
     """The steps of :data:`CHUNK_SWEEPS` swept at grid case ``cfg``: the long rows."""
     batch, seq_len, _ = cfg
-    return ([step11_skip_refused] if batch * seq_len >= 16 * 131072 else []) + \
-        ([step07_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
+    return ([step12_skip_refused] if batch * seq_len >= 16 * 131072 else []) + \
+        ([step08_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
 
 
 def _make_calls(step, inputs, state0, config, copies, **options):
@@ -254,7 +254,7 @@ def bench(run) -> None:
              "kernel read less.")
     run.note("Real text: rows with a 'corpus' parameter: 'text' and 'code' are windows of the Python standard "
              "library's docstrings and source in cl100k tokens (assets/data/ngram_corpus.npz), with the grid's slot "
-             "plan and no planted repeats; 'synthetic' is the grid's generator at the same shape. On the step-11 "
+             "plan and no planted repeats; 'synthetic' is the grid's generator at the same shape. On the step-12 "
              "row, 'drafts' counts the batch's drafts (the same for every step) and those a greedy verifier accepts "
              "against the document's true continuation (random on synthetic batches: chance), and 'branches' the "
              "branches the search takes (studylog.ngram.batches.branch_stats).")

@@ -1,10 +1,10 @@
-// Step 11's kernel (ngram_stream <<<(batch, chunks), 256>>>) with more values of its knobs than the
+// Step 12's kernel (ngram_stream <<<(batch, chunks), 256>>>) with more values of its knobs than the
 // library compiles, frozen as measured (the library's ngram_stream.cu before these values left it).
 //
-// Step 7 reads each haystack at most once and is one launch, yet on the H200 it moved bytes at
+// Step 8 reads each haystack at most once and is one launch, yet on the H200 it moved bytes at
 // about half the copy bandwidth. What changes here (the knobs are template parameters, so that
 // one benchmark run measures them side by side):
-//   * No barrier in the loop. In step 7 every tile ends with two __syncthreads (a shared best key,
+//   * No barrier in the loop. In step 8 every tile ends with two __syncthreads (a shared best key,
 //     then a shared stop flag), so each warp waits for the block's slowest load before its next
 //     loads go out, and the memory pipe drains once per tile. Here every thread runs on its own:
 //     it publishes a candidate itself (a global atomicMin, rare: only where the newest token
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(256) ngram_stream(NGRAM_KERNEL_PARAMS) {
             if (mine != NONE_KEY) __threadfence();  // published before this block counts itself done
         }
     }
-    // The last block to finish runs phase 2, as in step 7.
+    // The last block to finish runs phase 2, as in step 8.
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();

@@ -1,24 +1,24 @@
-"""Chapter 3: a change tried on step 5 and not kept (5b), and two changes taken back from step 11, each timed alone.
+"""Chapter 3: a change tried on step 5 and not kept (5b), and two changes taken back from step 12, each timed alone.
 
 * ``5b``: an early exit added to step 5 (``step05_one_pass``): the block stops once no later window can beat the
   slot's best key, which every thread must see: two barriers a tile. ``variants/step05_exit.cu`` is a frozen copy
   of step 5's kernel with a knob for it, ``one_pass_search<EARLY_EXIT>``; at ``false`` (variant ``5``) it is the
   library's ``ngram_search_one_pass``, the same PTX, names aside. Phase 2 is the library's ``ngram_budget_scan``.
-* Step 11 (``step11_skip_refused``) without the early exit it inherits (``11 no exit``: no per-tile read of the
-  slot's key), without its fused phase 2 (``11 unfused``: phase 2 a second launch, ``budget_scan_reset``, as in
-  step 6), or without both (``11 neither``): ``variants/step11_changes.cu``, a frozen copy of ``ngram_stream.cu``
+* Step 12 (``step12_skip_refused``) without the early exit it inherits (``12 no exit``: no per-tile read of the
+  slot's key), without its fused phase 2 (``12 unfused``: phase 2 a second launch, ``budget_scan_reset``, as in
+  step 6), or without both (``12 neither``): ``variants/step12_changes.cu``, a frozen copy of ``ngram_stream.cu``
   with a knob for each, ``stream_changes<LOADS, VEC, SKIP_LAZY, CACHE_EVICT_FIRST, EXIT, FUSED>``; at
-  ``true, true`` (variant ``11``) it is the library's ``ngram_stream<4, VEC, true, true>``, the same PTX.
+  ``true, true`` (variant ``12``) it is the library's ``ngram_stream<4, VEC, true, true>``, the same PTX.
 
 Each launch takes the arguments, grid, split and scratch of the library's step bound to the same batch
-(``NgramMatcher(step05_one_pass | step11_skip_refused, ...)``), so every variant is bit-identical to it.
+(``NgramMatcher(step05_one_pass | step12_skip_refused, ...)``), so every variant is bit-identical to it.
 
-    PYTHONPATH=$PWD python lab/ngram/step05_11_changes.py check --compile-only   # CPU: NVRTC, spills, the PTX
-    PYTHONPATH=$PWD python lab/ngram/step05_11_changes.py check                  # GPU: bit-identical
-    PYTHONPATH=$PWD python lab/ngram/step05_11_changes.py measure --step 5       # GPU: 5 and 5b, as JSON
-    PYTHONPATH=$PWD python lab/ngram/step05_11_changes.py measure --step 11      # GPU: step 11's take-backs
+    PYTHONPATH=$PWD python lab/ngram/step05_12_changes.py check --compile-only   # CPU: NVRTC, spills, the PTX
+    PYTHONPATH=$PWD python lab/ngram/step05_12_changes.py check                  # GPU: bit-identical
+    PYTHONPATH=$PWD python lab/ngram/step05_12_changes.py measure --step 5       # GPU: 5 and 5b, as JSON
+    PYTHONPATH=$PWD python lab/ngram/step05_12_changes.py measure --step 12      # GPU: step 12's take-backs
 
-``measure`` times the variants beside the library's steps (the anchors: steps 4 and 5, or 7 and 11) at the table of
+``measure`` times the variants beside the library's steps (the anchors: steps 4 and 5, or 8 and 12) at the table of
 steps' three cases (``book.ngram.lesson.BOEHM_CASES``) as the chapter's benchmark times a step
 (``studylog.ngram.report``): the benchmark's batch, the GPU clock (CUDA-graph replay over rotated copies of the
 batch, three repetitions), fewer calls a replay when a call is slow, and the host time per eager call; every row
@@ -47,40 +47,40 @@ from studylog.ngram.kernels import SIGNATURE, STREAM_INSTANCES, THREADS
 from studylog.ngram.report import BENCH_GRID, GRAPH_BUDGET_MS, MAX_COPIES, SLOW_CALL_MS, gen_width_for
 
 SOURCE5 = Path(__file__).resolve().parent / "variants" / "step05_exit.cu"
-SOURCE11 = Path(__file__).resolve().parent / "variants" / "step11_changes.cu"
+SOURCE12 = Path(__file__).resolve().parent / "variants" / "step12_changes.cu"
 #: Variant -> its search kernel, its phase 2 ((source, kernel), or None: fused), the library step that binds it.
 VARIANTS = {
     "5": ("one_pass_search<false>", ("ngram_two_phase", "ngram_budget_scan"), ngram.step05_one_pass),
     "5b": ("one_pass_search<true>", ("ngram_two_phase", "ngram_budget_scan"), ngram.step05_one_pass),
-    "11": ("stream_changes<4, {vec}, 2, 2, true, true>", None, ngram.step11_skip_refused),
-    "11 unfused": ("stream_changes<4, {vec}, 2, 2, true, false>", (SOURCE11, "budget_scan_reset"),
-                   ngram.step11_skip_refused),
-    "11 no exit": ("stream_changes<4, {vec}, 2, 2, false, true>", None, ngram.step11_skip_refused),
-    "11 neither": ("stream_changes<4, {vec}, 2, 2, false, false>", (SOURCE11, "budget_scan_reset"),
-                   ngram.step11_skip_refused),
+    "12": ("stream_changes<4, {vec}, 2, 2, true, true>", None, ngram.step12_skip_refused),
+    "12 unfused": ("stream_changes<4, {vec}, 2, 2, true, false>", (SOURCE12, "budget_scan_reset"),
+                   ngram.step12_skip_refused),
+    "12 no exit": ("stream_changes<4, {vec}, 2, 2, false, true>", None, ngram.step12_skip_refused),
+    "12 neither": ("stream_changes<4, {vec}, 2, 2, false, false>", (SOURCE12, "budget_scan_reset"),
+                   ngram.step12_skip_refused),
 }
 CHANGES = {"5": "step 4 + one pass for every n: step 5 (frozen copy)",
            "5b": "step 5 + the early exit behind two barriers a tile (5b, not kept)",
-           "11": "step 11 (frozen copy)", "11 unfused": "step 11, phase 2 launched apart",
-           "11 no exit": "step 11, no per-tile read of the slot's key (no early exit)",
-           "11 neither": "step 11, no early exit and phase 2 launched apart"}
-KNOBS = {"5": {"early_exit": False}, "5b": {"early_exit": True}, "11": {"early_exit": True, "fused": True},
-         "11 unfused": {"early_exit": True, "fused": False}, "11 no exit": {"early_exit": False, "fused": True},
-         "11 neither": {"early_exit": False, "fused": False}}
+           "12": "step 12 (frozen copy)", "12 unfused": "step 12, phase 2 launched apart",
+           "12 no exit": "step 12, no per-tile read of the slot's key (no early exit)",
+           "12 neither": "step 12, no early exit and phase 2 launched apart"}
+KNOBS = {"5": {"early_exit": False}, "5b": {"early_exit": True}, "12": {"early_exit": True, "fused": True},
+         "12 unfused": {"early_exit": True, "fused": False}, "12 no exit": {"early_exit": False, "fused": True},
+         "12 neither": {"early_exit": False, "fused": False}}
 #: ``measure --step N``: the variants, the library's steps timed beside them (the anchors), the file and series.
-RUNS = {5: (("5", "5b"), (4, 5), "step05_changes"), 11: (("11", "11 unfused", "11 no exit", "11 neither"), (7, 11),
-                                                        "step11_changes")}
+RUNS = {5: (("5", "5b"), (4, 5), "step05_changes"), 12: (("12", "12 unfused", "12 no exit", "12 neither"), (8, 12),
+                                                        "step12_changes")}
 INSTANCES5 = tuple(VARIANTS[v][0] for v in RUNS[5][0])
-INSTANCES11 = tuple(VARIANTS[v][0].format(vec=vec) for v in RUNS[11][0] for vec in (2, 1))
+INSTANCES12 = tuple(VARIANTS[v][0].format(vec=vec) for v in RUNS[12][0] for vec in (2, 1))
 #: The instances at the library's setting, and the library kernel each must compile to.
 LIBRARY_TWINS = {"one_pass_search<false>": ("ngram_one_pass", "ngram_search_one_pass"),
-                 **{VARIANTS["11"][0].format(vec=vec): ("ngram_stream", f"ngram_stream<4, {vec}, true, true>")
+                 **{VARIANTS["12"][0].format(vec=vec): ("ngram_stream", f"ngram_stream<4, {vec}, true, true>")
                     for vec in (2, 1)}}
 
 
 @functools.lru_cache(maxsize=None)
 def kernel(source, name: str, device: int) -> cuda.CudaKernel:
-    names = {SOURCE5: INSTANCES5, SOURCE11: INSTANCES11, "ngram_stream": STREAM_INSTANCES}.get(source, ())
+    names = {SOURCE5: INSTANCES5, SOURCE12: INSTANCES12, "ngram_stream": STREAM_INSTANCES}.get(source, ())
     module = cuda.load(source, name_expressions=names, device=device)
     return module.kernel(name, SIGNATURE)
 
@@ -92,7 +92,7 @@ def bind(variant: str, inputs: NgramInputs, draft, this_time, config: NgramConfi
     m = NgramMatcher(step, inputs, draft, this_time, config=config, check_values=False)
     dev = torch.cuda.current_device()
     grid = (m.batch,) if step is ngram.step05_one_pass else (m.batch, m.prompt_chunks + m.gen_chunks)
-    k = kernel(SOURCE5 if step is ngram.step05_one_pass else SOURCE11, search.format(vec=m.vec), dev)
+    k = kernel(SOURCE5 if step is ngram.step05_one_pass else SOURCE12, search.format(vec=m.vec), dev)
     launches = [lambda: k(grid, (THREADS,), *m.args)]
     if phase2 is not None:
         p2 = kernel(*phase2, dev)
@@ -137,7 +137,7 @@ def compile_check() -> int:
     start = time.perf_counter()
     library = {"ngram_one_pass": cuda.compile_source("ngram_one_pass", arch="sm_90"),
                "ngram_stream": cuda.compile_source("ngram_stream", arch="sm_90", name_expressions=STREAM_INSTANCES)}
-    for source, exprs in ((SOURCE5, INSTANCES5), (SOURCE11, INSTANCES11 + ("budget_scan_reset",))):
+    for source, exprs in ((SOURCE5, INSTANCES5), (SOURCE12, INSTANCES12 + ("budget_scan_reset",))):
         ours = cuda.compile_source(source, arch="sm_90", name_expressions=[e for e in exprs if "<" in e])
         report = ours.ptxas_report()
         for expr in exprs:
@@ -161,10 +161,10 @@ def compile_check() -> int:
 
 def check_batch(inputs, draft, this_time, config, expected) -> int:
     """Each variant, called twice (the state written back between, as a serving loop does): drafts and counts equal
-    ``expected`` and the library step's; step 5's variants leave the library step 5's keys; step 11's leave the keys
+    ``expected`` and the library step's; step 5's variants leave the library step 5's keys; step 12's leave the keys
     reset and no ticket."""
     library = {}
-    for step in (ngram.step05_one_pass, ngram.step11_skip_refused):
+    for step in (ngram.step05_one_pass, ngram.step12_skip_refused):
         d, t = draft.clone(), this_time.clone()
         m = NgramMatcher(step, inputs, d, t, config=config, check_values=False)
         m()
@@ -286,7 +286,7 @@ def measure(step: int) -> Path:
             params = base | ({"step": function.__name__} if variant is None else
                              {"variant": variant, "change": CHANGES[variant], **KNOBS[variant],
                               "launches": 1 + (VARIANTS[variant][1] is not None)}
-                             | ({"chunk_len": m.chunk_len} if step == 11 else {}))
+                             | ({"chunk_len": m.chunk_len} if step == 12 else {}))
             state = (m.draft_tokens, m.seq_lens_this_time)
             run.check("bit-identical to the CPU path", ngram.same_state(state, expected), params=params)
             slow = first_ms > SLOW_CALL_MS
@@ -312,7 +312,7 @@ def measure(step: int) -> Path:
             twins[variant or function.__name__] = row
             made.clear()  # the copies and their matchers go before the next row
         anchor, frozen = (ngram.step05_one_pass.__name__, "5") if step == 5 else \
-            (ngram.step11_skip_refused.__name__, "11")
+            (ngram.step12_skip_refused.__name__, "12")
         a, f = twins[anchor], twins[frozen]
         overlap = a["spread_ms"][0] <= f["spread_ms"][2] and f["spread_ms"][0] <= a["spread_ms"][2]
         run.note(f"{batch}x{seq_len} threshold {threshold}: {anchor} {a['ms'] * 1e3:.2f} µs, its frozen copy "
@@ -337,7 +337,7 @@ if __name__ == "__main__":
     parser.add_argument("what", choices=("check", "measure"))
     parser.add_argument("--compile-only", action="store_true", help="check: NVRTC, spills and PTX only (no GPU)")
     parser.add_argument("--step", type=int, choices=sorted(RUNS), default=5,
-                        help="measure: 5 and 5b (5, the default), or step 11's take-backs (11)")
+                        help="measure: 5 and 5b (5, the default), or step 12's take-backs (12)")
     args = parser.parse_args()
     if args.what == "check":
         sys.exit(1 if (compile_check() if args.compile_only else check()) else 0)

@@ -1,12 +1,12 @@
-// Step 11 of chapter 3 (the library's ngram_stream.cu), with two compile-time knobs that take back
-// two changes it inherits, so that step 11 can be timed without them:
+// Step 12 of chapter 3 (the library's ngram_stream.cu), with two compile-time knobs that take back
+// two changes it inherits, so that step 12 can be timed without them:
 //
 //   stream_changes<LOADS, VEC, SKIP_LAZY, CACHE_EVICT_FIRST, EXIT, FUSED> <<<(batch, chunks), 256>>>
 //     EXIT:  each thread reads the slot's global key with every tile and stops once no later window
-//            can beat it (step 8's loop: one load a tile and no barrier; added to step 5 the exit
+//            can beat it (step 9's loop: one load a tile and no barrier; added to step 5 the exit
 //            costs two barriers a tile). false: a block scans its whole chunk (a block whose chunk
 //            cannot beat the key when it starts still skips it: that check is step 6's split).
-//     FUSED: the last block to finish runs phase 2 (a ticket after a fence: step 7). false: phase 2
+//     FUSED: the last block to finish runs phase 2 (a ticket after a fence: step 8). false: phase 2
 //            is budget_scan_reset <<<1, 1024>>>, a second launch, keys reset as in step 6.
 //
 // At EXIT = FUSED = true the kernel compiles to the library's ngram_stream<LOADS, VEC, true, true>
@@ -85,7 +85,7 @@ __device__ __forceinline__ void add_bound_part(int b, unsigned long long *s_lazy
 
 template <int LOADS, int VEC, int BUDGET_SKIP, int CACHE, bool EXIT, bool FUSED>
 __global__ void __launch_bounds__(256) stream_changes(NGRAM_KERNEL_PARAMS) {
-    static_assert(BUDGET_SKIP == SKIP_LAZY && CACHE == CACHE_EVICT_FIRST, "step 11's values only");
+    static_assert(BUDGET_SKIP == SKIP_LAZY && CACHE == CACHE_EVICT_FIRST, "step 12's values only");
     const int b = blockIdx.x;
     const int chunk = blockIdx.y;
     const int src = chunk >= prompt_chunks;  // 0: a prompt chunk, 1: a chunk of generated tokens
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(256) stream_changes(NGRAM_KERNEL_PARAMS) {
             if (mine != NONE_KEY) __threadfence();  // published before this block counts itself done
         }
     }
-    // The last block to finish runs phase 2, as in step 7. Unfused: phase 2 is budget_scan_reset, launched after.
+    // The last block to finish runs phase 2, as in step 8. Unfused: phase 2 is budget_scan_reset, launched after.
     if constexpr (FUSED) last_block_budget(s_last, NGRAM_KERNEL_ARGS);
 }
 
