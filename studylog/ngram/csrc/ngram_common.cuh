@@ -223,7 +223,7 @@ __device__ void budget_scan_block(NGRAM_KERNEL_PARAMS, int reset_keys) {
     }
 }
 
-// The end of a fused launch (steps 7 to 11): the last block to finish runs phase 2, once every
+// The end of a fused launch (steps 8 to 12): the last block to finish runs phase 2, once every
 // block has counted itself done (all keys are final then). `s_last` is the caller's shared flag.
 __device__ __forceinline__ void last_block_budget(int &s_last, NGRAM_KERNEL_PARAMS) {
     __syncthreads();

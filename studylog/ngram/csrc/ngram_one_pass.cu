@@ -5,11 +5,11 @@
 // (ngram_common.cuh) rank candidates, so one atomicMin keeps the best.
 //   step 5, ngram_search_one_pass <<<batch, 256>>>: a block per slot, no barrier in the loop, then
 //       ngram_budget_scan. (Stopping once nothing left can beat the best key costs two barriers a tile
-//       here, more than the bytes it saves; steps 8 to 11 stop with one load a tile instead.)
+//       here, more than the bytes it saves; steps 9 to 12 stop with one load a tile instead.)
 //   step 6, ngram_one_pass_split <<<(batch, chunks), 256>>>: a block per chunk of each slot's haystacks,
 //       so a few long slots still fill the GPU; phase 2 is a second launch, ngram_budget_scan_reset.
-//   step 7, ngram_one_pass_fused: step 6's kernel, whose last block to finish runs phase 2: one launch.
-//   step 12, ngram_one_pass_split_early, then ngram_budget_scan_early: step 6 with phase 2 launched early.
+//   step 7, ngram_one_pass_split_early, then ngram_budget_scan_early: step 6 with phase 2 launched early.
+//   step 8, ngram_one_pass_fused: step 6's kernel, whose last block to finish runs phase 2: one launch.
 #include "ngram_common.cuh"
 
 #define ITEMS 4  // end positions per thread per tile: independent loads in flight
@@ -69,7 +69,7 @@ extern "C" __global__ void ngram_search_one_pass(NGRAM_KERNEL_PARAMS) {
     if (threadIdx.x == 0) match_keys[b] = s_best;
 }
 
-// One block's chunk of one slot's haystack (steps 6, 7 and 12): each slot's haystacks are split into chunks, one
+// One block's chunk of one slot's haystack (steps 6, 7 and 8): each slot's haystacks are split into chunks, one
 // block each; the block publishes its best key with a global atomicMin and stops once the slot's key beats anything
 // left in its chunk.
 __device__ __forceinline__ void search_chunk(NGRAM_KERNEL_PARAMS) {
@@ -139,7 +139,7 @@ extern "C" __global__ void ngram_one_pass_fused(NGRAM_KERNEL_PARAMS) {
     last_block_budget(s_last, NGRAM_KERNEL_ARGS);
 }
 
-// Step 12: step 6 with phase 2 launched early (a programmatic dependent launch, Hopper). Step 6's second launch
+// Step 7: step 6 with phase 2 launched early (a programmatic dependent launch, Hopper). Step 6's second launch
 // costs a captured graph the gap between two dependent kernels; launched early, phase 2's block is scheduled once
 // every search block has started and waits at griddepcontrol.wait, which returns when the search grid has finished
 // and its writes are visible. Without an early launch, both instructions do nothing.

@@ -1,13 +1,13 @@
-// Steps 8 to 11: step 7's fused one-pass search as a streaming read (ngram_stream <<<(batch, chunks), 256>>>).
+// Steps 9 to 12: step 8's fused one-pass search as a streaming read (ngram_stream <<<(batch, chunks), 256>>>).
 // One template, ngram_stream<LOADS, VEC, EVICT_FIRST, SKIP_REFUSED>; each step turns one more knob on:
-//   step 8, <4, 1, false, false>: no barrier in the loop. In step 7 every tile ends with two __syncthreads
+//   step 9, <4, 1, false, false>: no barrier in the loop. In step 8 every tile ends with two __syncthreads
 //     (a shared best key, then a shared stop flag), so each warp waits for the block's slowest load and the
 //     memory pipe drains once per tile. Here each thread publishes its own candidate (a global atomicMin,
 //     rare: only where the newest token matches) and reads the slot's key with each tile to know when to
 //     stop. LOADS loads of one token per thread per tile; the one token compared with is in a register.
-//   step 9, <4, VEC, false, false>: VEC = 2 tokens a load (16 bytes) where every row is 16-byte aligned.
-//   step 10, <4, VEC, true, false>: haystack lines are loaded evict-first (load_tokens).
-//   step 11, <4, VEC, true, true>: a slot the batch budget refuses whatever the searches find is not
+//   step 10, <4, VEC, false, false>: VEC = 2 tokens a load (16 bytes) where every row is 16-byte aligned.
+//   step 11, <4, VEC, true, false>: haystack lines are loaded evict-first (load_tokens).
+//   step 12, <4, VEC, true, true>: a slot the batch budget refuses whatever the searches find is not
 //     searched (the serial loop never searched it either). The bound needs only per-slot facts.
 #include "ngram_common.cuh"
 
@@ -151,6 +151,6 @@ __global__ void __launch_bounds__(256) ngram_stream(NGRAM_KERNEL_PARAMS) {
             if (mine != NONE_KEY) __threadfence();  // published before this block counts itself done
         }
     }
-    // The last block to finish runs phase 2, as in step 7.
+    // The last block to finish runs phase 2, as in step 8.
     last_block_budget(s_last, NGRAM_KERNEL_ARGS);
 }
