@@ -70,8 +70,8 @@ FIGURE_ALT = {
                                                     "number of allowed tokens",
     "assets/figures/ngram_latency.png": "Time per call of the n-gram entry point beside the CPU path, the ported "
                                         "FastDeploy kernels, steps 5 and 6 and the byte floor at every shape; below, "
-                                        "steps 11 and 12 against step 6",
-    "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7, 10, 12, 13 and 14 over the faster of "
+                                        "the two paths' last steps (7 and 12) against step 6",
+    "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7c, 10, 12, 13 and 14 over the faster of "
                                       "torch's CTC calls, against the number of utterances, for two alphabet sizes",
     "assets/figures/ternary_steps.png": "GPU time of the Triton steps of the ternary matmul at the Llama weight "
                                         "shapes (steps 4 and 13 at 4096 x 14336 only), one row of activations, "
@@ -87,7 +87,7 @@ FIGURE_ALT = {
     "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
                                            "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
     "assets/figures/decode_breakdown_8b.png": "Where each step of the decode loop spends its time per output token at "
-                                              "the 8B shape: the whole step at batch 1, then everything but the "
+                                              "the 8B cost model: the whole step at batch 1, then everything but the "
                                               "model body (LM head, mask, sampling, host) at batch 1 and 8",
     "assets/figures/speculate_speedup.png": "Per request, the speculative loop's speedup per output token over "
                                             "chapter 07's loop, against how many forwards it saves",
