@@ -3,7 +3,7 @@
 
 #include "ctc_common.cuh"   // NEG_INF, NEG_INF_D, log_plus, row_max
 #include "ctc_warpctc.cuh"  // the pieces of steps 1 to 6 that no step changes
-#include "ctc_blocked.cuh"  // position<VT, BLOCKED>
+#include "ctc_blocked.cuh"  // position<VT, BLOCKED>, thread_labels
 
 // Step 4: each thread owns VT positions for the whole utterance, their labels and skip flags in registers, and
 // the VT updates of a frame are independent instructions. Layout of a thread's positions: ctc_blocked.cuh.
@@ -13,12 +13,7 @@ __global__ void ctc_alpha_step4(ALPHA_PARAMS(log_probs)) {
     __shared__ float warp_maxima[2][32];
     int label[VT];
     bool skip[VT];  // position s may also be reached from s - 2
-#pragma unroll
-    for (int i = 0; i < VT; ++i) {
-        const int s = position<VT, BLOCKED>(i);
-        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
-        skip[i] = s < S && (s & 1) && s >= 3 && label[i] != __ldg(labels + n * Lmax + (s >> 1) - 1);
-    }
+    thread_labels<VT, BLOCKED, false>(labels, n, Lmax, S, label, skip);
     float* a = alphas + (size_t)n * T * Smax;
     double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift
     float prev_max = 0.0f;    // maximum of row t - 1, subtracted while reading it
@@ -63,12 +58,7 @@ __global__ void ctc_beta_grad_step4(BETA_POINTERS(log_probs), BETA_SIZES) {
     if (no_alignment(__ldg(log_likelihood + n), loss, grad, zero_infinity, Tn, T, n, N, A)) return;
     int label[VT];
     bool skip[VT];  // position s may also go on to s + 2
-#pragma unroll
-    for (int i = 0; i < VT; ++i) {
-        const int s = position<VT, BLOCKED>(i);
-        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
-        skip[i] = (s & 1) && s + 2 < S && label[i] != __ldg(labels + n * Lmax + (s >> 1) + 1);
-    }
+    thread_labels<VT, BLOCKED, true>(labels, n, Lmax, S, label, skip);
     const float* a = alphas + (size_t)n * T * Smax;
     const int U = __ldg(num_slots + n);
     float next_max = 0.0f;    // maximum of row t + 1, subtracted while reading it
@@ -120,12 +110,7 @@ __global__ void ctc_alpha_step5(ALPHA_PARAMS(log_probs)) {
     __shared__ float warp_maxima[2][32];
     int label[VT];
     bool skip[VT];  // position s may also be reached from s - 2
-#pragma unroll
-    for (int i = 0; i < VT; ++i) {
-        const int s = position<VT, BLOCKED>(i);
-        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
-        skip[i] = s < S && (s & 1) && s >= 3 && label[i] != __ldg(labels + n * Lmax + (s >> 1) - 1);
-    }
+    thread_labels<VT, BLOCKED, false>(labels, n, Lmax, S, label, skip);
     float* a = alphas + (size_t)n * T * Smax;
     double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift
     float prev_max = 0.0f;    // maximum of row t - 1, subtracted while reading it

@@ -2,7 +2,7 @@
 
 #include "ctc_common.cuh"   // NEG_INF_D, warp_sum
 #include "ctc_warpctc.cuh"  // fill_frames, slot_sum
-#include "ctc_blocked.cuh"  // position<VT, BLOCKED>
+#include "ctc_blocked.cuh"  // position<VT, BLOCKED>, thread_labels
 
 // Step 6: step 5 with products and sums in place of log_plus, each row divided by the previous row's sum
 // (Graves). A probability below float's normal range relative to the row's sum keeps a few bits, or becomes 0
@@ -26,12 +26,7 @@ __global__ void ctc_alpha_step6(ALPHA_PARAMS(probs)) {
     __shared__ float warp_sums[2][32];
     int label[VT];
     bool skip[VT];  // position s may also be reached from s - 2
-#pragma unroll
-    for (int i = 0; i < VT; ++i) {
-        const int s = position<VT, BLOCKED>(i);
-        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
-        skip[i] = s < S && (s & 1) && s >= 3 && label[i] != __ldg(labels + n * Lmax + (s >> 1) - 1);
-    }
+    thread_labels<VT, BLOCKED, false>(labels, n, Lmax, S, label, skip);
     float* a = alphas + (size_t)n * T * Smax;
     double shift = 0.0;       // alpha_t(s) = a[t][s] * exp(shift)
     float prev_scale = 1.0f;  // 1 / (sum of row t - 1), applied while reading it
@@ -98,12 +93,7 @@ __global__ void ctc_beta_grad_step6(BETA_POINTERS(probs), float* __restrict__ er
     }
     int label[VT];
     bool skip[VT];  // position s may also go on to s + 2
-#pragma unroll
-    for (int i = 0; i < VT; ++i) {
-        const int s = position<VT, BLOCKED>(i);
-        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
-        skip[i] = (s & 1) && s + 2 < S && label[i] != __ldg(labels + n * Lmax + (s >> 1) + 1);
-    }
+    thread_labels<VT, BLOCKED, true>(labels, n, Lmax, S, label, skip);
     const float* a = alphas + (size_t)n * T * Smax;
     const int U = __ldg(num_slots + n);
     float next_scale = 1.0f;  // 1 / (sum of row t + 1), applied while reading it
