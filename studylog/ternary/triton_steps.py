@@ -59,18 +59,25 @@ BASE3_DOT_CONFIGS_MANY = [triton_config(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_
                           triton_config(BLOCK_N=128, BLOCK_KB=64, SPLIT_K=1, num_stages=1, num_warps=8)]
 
 
-# The program of steps 1 to 4
+# The programs of the row-wise kernels (steps 1 to 5 and 7): a block of weight rows for one row of x
 
 @triton.jit
-def row_program(x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N: tl.constexpr):
-    # A program of steps 1 to 4 (grid: N blocks, M): its row m of x, its BLOCK_N weight rows and their mask, and
-    # pointers to those rows of W and to its row of x. A mask, not a modulo: rows past N are neither read nor written.
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
+def row_block(pid_n, m, x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N: tl.constexpr):
+    # Weight rows [pid_n * BLOCK_N, ...) and their mask, and pointers to those rows of W and to row m of x. A mask,
+    # not a modulo: rows past N are neither read nor written.
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     x_row = x_ptr + m.to(tl.int64) * stride_xm
+    return rows, row_mask, w_rows, x_row
+
+
+@triton.jit
+def row_program(x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N: tl.constexpr):
+    # A program of steps 1 to 4 (grid: N blocks, M): its row m of x and its row_block.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    rows, row_mask, w_rows, x_row = row_block(pid_n, m, x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N)
     return m, rows, row_mask, w_rows, x_row
 
 
@@ -196,15 +203,12 @@ step04_and_decode_tuned = autotune(TWO_BIT_CONFIGS, key=["N", "K"])(step04_and_d
 
 @triton.jit
 def gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N: tl.constexpr):
-    # A program of the M = 1 kernels (steps 5 and 7; grid: N blocks, K slices, M): its slice of K, its row of
-    # x, its BLOCK_N weight rows and their mask, and pointers to those rows of W and to its row of x.
+    # A program of the M = 1 kernels (steps 5 and 7; grid: N blocks, K slices, M): its slice of K, its row m of
+    # x and its row_block.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    rows, row_mask, p_rows, x_row = row_block(pid_n, m, x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
     return pid_k, m, rows, row_mask, p_rows, x_row
 
 
