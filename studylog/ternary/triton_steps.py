@@ -59,18 +59,36 @@ BASE3_DOT_CONFIGS_MANY = [triton_config(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_
                           triton_config(BLOCK_N=128, BLOCK_KB=64, SPLIT_K=1, num_stages=1, num_warps=8)]
 
 
+# The programs of the row-wise kernels (steps 1 to 5 and 7): a block of weight rows for one row of x
+
+@triton.jit
+def row_block(pid_n, m, x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N: tl.constexpr):
+    # Weight rows [pid_n * BLOCK_N, ...) and their mask, and pointers to those rows of W and to row m of x. A mask,
+    # not a modulo: rows past N are neither read nor written.
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    return rows, row_mask, w_rows, x_row
+
+
+@triton.jit
+def row_program(x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N: tl.constexpr):
+    # A program of steps 1 to 4 (grid: N blocks, M): its row m of x and its row_block.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    rows, row_mask, w_rows, x_row = row_block(pid_n, m, x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N)
+    return m, rows, row_mask, w_rows, x_row
+
+
 # Step 1: the first attempt's idea, made correct
 
 @triton.jit
 def step01_sign_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # One program: BLOCK_N outputs for one row of x. W is (N, K), dense, values -1, 0, +1.
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N  # a mask, not a modulo: rows past N are neither read nor written
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    # One program: BLOCK_N outputs for one row of x (rows past N masked, not wrapped). W is (N, K), dense, values
+    # -1, 0, +1.
+    m, rows, row_mask, w_rows, x_row = row_program(x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # reduced over K once, after the loop
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -90,12 +108,7 @@ def step01_sign_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_w
 def step02_int8_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x. W is (N, K), int8, values -1, 0, +1.
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N  # a mask, not a modulo: rows past N are neither read nor written
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    m, rows, row_mask, w_rows, x_row = row_program(x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # reduced over K once, after the loop
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -118,12 +131,7 @@ step02_int8_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(step02_int8_kernel)
 def step03_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
                        BLOCK_N: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x, one group (16 words, 256 weights) a step.
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    m, rows, row_mask, p_rows, x_row = row_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
     word = tl.arange(0, 16)  # word t of a group
     field = tl.arange(0, 16)  # field j of a word: bits 2j, 2j+1, the code of weight 16 j + t
     acc = tl.zeros([BLOCK_N, 16, 16], dtype=tl.float32)
@@ -173,12 +181,7 @@ def step04_and_decode_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm
                              scale_stride, BLOCK_N: tl.constexpr):
     # Step 3's program (BLOCK_N outputs for one row of x, one group a step), step 4's decode: no shift by 2j,
     # no compare, no select; one AND and one multiply-add a weight.
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    m, rows, row_mask, p_rows, x_row = row_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
     word = tl.arange(0, 16)  # word t of a group
     f8 = tl.arange(0, 8)  # field f of the low half of a word (weight 16 f + t), f + 8 of the high half
     acc_lo = tl.zeros([BLOCK_N, 8, 16], dtype=tl.float32)
@@ -200,15 +203,12 @@ step04_and_decode_tuned = autotune(TWO_BIT_CONFIGS, key=["N", "K"])(step04_and_d
 
 @triton.jit
 def gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N: tl.constexpr):
-    # A program of the M = 1 kernels (steps 5 and 7; grid: N blocks, K slices, M): its slice of K, its row of
-    # x, its BLOCK_N weight rows and their mask, and pointers to those rows of W and to its row of x.
+    # A program of the M = 1 kernels (steps 5 and 7; grid: N blocks, K slices, M): its slice of K, its row m of
+    # x and its row_block.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    rows, row_mask, p_rows, x_row = row_block(pid_n, m, x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
     return pid_k, m, rows, row_mask, p_rows, x_row
 
 
