@@ -453,7 +453,7 @@ def test_part_1s_steps_run_1_to_14_down_the_page_and_in_its_table(results):
     heads = [("".join(c["source"]).splitlines() or [""])[0] for c in cells if c["cell_type"] == "markdown"]
     numbered = [(h, int(re.match(r"## Step (\d+):", h)[1])) for h in heads if re.match(r"## Step \d+:", h)]
     assert [n for _, n in numbered] == [1, 2, 3, 4, 5, 6, 13, 14]
-    grouped = "## Steps 10 to 12: what step 13 needs"
+    grouped = "## Steps 10 to 12, one step: what step 13 needs"
     assert grouped in heads and heads.index(grouped) < heads.index(next(h for h, n in numbered if n == 13))
     assert not any("did not pay" in h for h, _ in numbered)
     tried = [h for h in heads if h.startswith("## Tried")]
@@ -1019,11 +1019,15 @@ def test_every_cuda_diff_on_part_2_is_device_code():
 
 
 def test_step_11_and_13_say_one_thing_about_step_11():
-    """Steps 10 to 12 bring 1-5% each at one row: their section says why they stay (step 13 needs them) and gives
-    their numbers in one sentence; step 13 no longer says that step 11 does not pay."""
+    """Steps 10 to 12 bring 1-5% each at one row: they are one step, "what step 13 needs", with one visible diff
+    (step 11's core) and one number (step 12 over step 6); each change alone is timed in a fold below it; step 13
+    no longer says that step 11 does not pay."""
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[0].read_text())["cells"]}
-    assert "Steps 10 to 12 are its prerequisites" in cells["984fc1d0"]
-    assert "for n in (10, 11, 12)" in cells["95bad76e"] and "((10, 6), (11, 10), (12, 11))" in cells["95bad76e"]
+    assert cells["984fc1d0"].startswith("## Steps 10 to 12, one step: what step 13 needs")
+    assert "core(11)" in cells["95bad76e"] and "x(us(6), us(12))" in cells["95bad76e"]
+    folded = json.loads(LESSONS[0].read_text())["cells"]
+    fold = next(c for c in folded if c["id"] == "f75f917b")
+    assert "hide-output" in fold["metadata"]["tags"] and "((10, 6), (11, 10), (12, 11))" in cells["f75f917b"]
     assert "does not pay alone" not in cells["46a9996e"]
 
 
@@ -1206,7 +1210,7 @@ def test_the_whole_step_against_gemlite_sums_the_layers_both_ran(results):
 def test_part_1_says_what_steps_10_to_12_are_for_and_quotes_the_eager_cost_beside_the_result():
     nb = json.loads(LESSONS[0].read_text())["cells"]
     text = ["".join(c["source"]) for c in nb]
-    assert "Steps 10 to 12 are its prerequisites" in _sections(LESSONS[0])[10]
+    assert "it needs three changes\nfirst, which bring little alone" in _sections(LESSONS[0])[10]
     result = next(i for i, t in enumerate(text) if t.startswith("## The result"))
     lose = next(i for i, t in enumerate(text) if t.startswith("## Where we lose"))
     eager = [i for i, t in enumerate(text) if "**Called eagerly**" in t or "Called eagerly, step 14" in t]

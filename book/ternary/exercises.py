@@ -24,8 +24,8 @@ Lesson 2 (CUDA C++):
 12. :func:`check_magic_literal`: step 21's kernel file with its decode's constant written as a literal, compiled by
     NVRTC and its SASS counted against steps 20 and 21 (on a Hopper GPU, also run against step 21).
 
-Exercises 5 (step 14's tile) and 11 (step 25's tiles) change a kernel's launch and time it on a GPU
-(:func:`book.common.gpu_us`); on a CPU, exercise 5 checks the reader's tile in Triton's interpreter.
+Part 1's exercise 5 (step 14's tile) and part 2's exercise 5 (step 25's tiles) change a kernel's launch and time it on
+a GPU (:func:`book.common.gpu_us`); on a CPU, part 1's exercise 5 checks the reader's tile in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -349,7 +349,7 @@ STEP21_FILE, STEP21_INSTANCE = SASS_INSTANCES[21]
 
 
 def step21_source() -> str:
-    """Step 21's kernel file (``ternary_bulk.cu``), as text: what exercise 12 starts from."""
+    """Step 21's kernel file (``ternary_bulk.cu``), as text: what part 2's exercise 6 starts from."""
     from studylog import cuda
 
     return cuda.read_source(STEP21_FILE)
@@ -384,7 +384,7 @@ def step21_with(source: str) -> Callable[[Tensor, PackedTernary], Tensor]:
 
 @guarded
 def check_magic_literal(fn: Callable[[str], str]) -> bool:
-    """Exercise 12. ``fn(source)`` -> step 21's kernel file (:func:`step21_source`) with the decode's constant no
+    """Part 2, exercise 6. ``fn(source)`` -> step 21's kernel file (:func:`step21_source`) with the decode's constant no
     longer read from shared memory but written as a literal (``0x43004300u`` for bf16 x).
 
     On any machine NVRTC compiles the file for :data:`STEP21_INSTANCE`, and the check prints the SASS's counts

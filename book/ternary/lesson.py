@@ -534,7 +534,7 @@ def sass_counts(step: int, source: Optional[str] = None) -> Optional[dict[str, i
 
 def magic_literal_counts() -> Optional[dict[str, int]]:
     """:func:`sass_counts` of step 21 with its decode's constant written as a literal instead of read from shared
-    memory (exercise 12's answer): what the read alone saves."""
+    memory (part 2's exercise 6 answer): what the read alone saves."""
     from book.ternary.solutions import magic_literal
     from studylog import cuda
 
@@ -1059,7 +1059,7 @@ def triton_core(step: int, old: Optional[int] = None):
 
 #: The lines of a CUDA C++ step that the page shows as a listing beside its diffs, as (file, (start, stop) markers,
 #: ...): step 18's ring (the producer's fill and the consumers' take, on the two mbarriers of a stage, which
-#: exercise 10 asks about) and step 22's four accumulators brought to one sum (exercise 8).
+#: part 2's exercise 4 asks about) and step 22's four accumulators brought to one sum (part 2's exercise 2).
 EXCERPTS = {
     18: ("ternary_ring.cuh", ("// The producer: chunk c into stage", "                      w + ((size_t)min(tile0"),
          ("    __device__ int take_from(", "return ng;")),
