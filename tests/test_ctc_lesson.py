@@ -383,7 +383,8 @@ def test_every_case_has_one_floor_on_the_page():
     assert lesson.case_floor(h100, 5000, 8)[0] == pytest.approx(lesson.floor_us(h100, 5000, 8))
     text = "".join("".join(c["source"]) for c in _page_cells())
     assert "tighter bound" not in text and "own_chain" not in text  # no second floor named beside the tables
-    assert text.count("timed per case") == 1  # the rule, said once where the floor is defined
+    assert text.count("the measured time of a minimal") == 1  # the rule, said once, open, where the floor is defined
+    assert text.count("over the case's longest target") == 1
     results_rows = {tuple(int(c.strip().replace(",", "")) for c in line.split("|")[1:3]): line
                     for line in lesson.results_table(results).splitlines()[2:] if line[2:3].isdigit()}
     floor_row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | | floor"))
@@ -596,7 +597,9 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
         assert SECTION_NUMBERS[number] in said, number
     assert not any(w in text for w in ("7d", "8a", "chain_table(", "chain_note(", "step07_chain",
                                        "step08_changes", "taken back"))
-    assert text.count("no block version of them was built") == 1
+    ten = "".join(cells[heads[numbered.index("10")]]["source"])  # what 7b and 9 are for, said once, in step 10
+    assert "Steps 7b and 9 lose alone" in ten and "step 10 needs both" in ten
+    assert text.count("lose alone") == 1 and text.count("; step 10 needs it.") + text.count(";\nstep 10 needs it.") == 2
     for cell in cells:  # step 5's diff (a step that does not help) and step 6's (a side branch) are the ones folded
         if cell["cell_type"] == "code" and "hide-output" in cell["metadata"].get("tags", []):
             assert ("ctc_alpha_step5" in "".join(cell["source"]) or "lesson.step_diff(6)" in "".join(cell["source"])
@@ -726,26 +729,36 @@ def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay()
 def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
     """The table of steps and the result table are each read as two tables (the readers found 11 and 9 columns
     cramped, then nine): the open table of steps has seven columns, each case's time and "× prev." (the floor row
-    gives the case's floor), the folded one the large batch with its "× floor"; neither has the rows of the steps
-    that gain nothing (folded under step 4, with their speedups). Every other cell of the wide table is in one of them,
-    each row keeps its label (step, or A and N), and the floor row of the second table of steps is labelled."""
+    gives the case's floor), the folded one the large batch with its "× floor"; both grey the rows of the steps that
+    gain nothing (their detail folded under step 4), so that every "× prev." is against a row shown. Every cell of
+    the wide table is in one of them, each row keeps its label (step, or A and N), and the floor row of the second
+    table of steps is labelled."""
     results = plotting.load_results("ctc", "nvidia-h200")
     wide = [_cells(line) for line in lesson.boehm_table(results).split("\n\n")[0].splitlines()]
     tried = {label for label, role in lesson.roles(results).items() if role == lesson.NO_GAIN}
     assert tried == {"2", "3", "5"}  # the committed run
-    kept = [row for row in wide if row[0] not in tried]
     first, second = ([_cells(line) for line in t.split("\n\n")[0].splitlines()] for t in lesson.steps_tables(results))
-    assert len(first) == len(second) == len(kept) and len(first[0]) == 7 and len(second[0]) == 5
-    for row, a, b in zip(kept, first, second):
+    assert len(first) == len(second) == len(wide) and len(first[0]) == 7 and len(second[0]) == 5
+    grey = re.compile(r'<span style="color: grey">(.*)</span>')
+    for row, a, b in zip(wide, first, second):
         if set(row[0]) <= {"-"}:
             continue  # the separator
+        if row[0] in tried:  # a greyed row: every cell greyed, the same cell inside
+            assert all(grey.fullmatch(c) for c in a + b if c), row[0]
+            a = [grey.sub(r"\1", c) for c in a]
+            b = [grey.sub(r"\1", c) for c in b]
+        else:
+            assert not any("<span" in c for c in a + b), row[0]
         assert [a[i] for i in (0, 1, 2, 3, 5)] == [row[i] for i in (0, 1, 2, 3, 6)], row[0]
-        if row[0] not in ("4", "6"):
-            assert [a[4], a[6]] == [row[4], row[7]] and b[2:] == row[9:], row[0]
-        else:  # the row above is not the step built on: the ratio is the same, and says which step it is against
-            assert a[4] == row[4] + f" (vs step {int(row[0]) - 1})" and a[6] == row[7] + f" (vs step {int(row[0]) - 1})"
+        assert [a[4], a[6]] == [row[4], row[7]] and b[2:] == row[9:], row[0]
         assert b[1] == row[1] and b[0] == (row[0] or "floor")
-    assert lesson.TRIED_UNDER == 4 and "folded under step 4" in lesson.line_words(results)
+    shown = [grey.sub(r"\1", r[0]) for r in first[2:]]  # a "× prev." names a step only where it is not the row
+    # above, and that step is a row shown
+    for r in first[2:]:
+        for cell in (r[4], r[6]) if r[0] not in ("entry point", "torch") else ():
+            if m := re.search(r"\(vs step (\w+)\)", cell):
+                assert m.group(1) in shown and shown[shown.index(r[0]) - 1] != m.group(1), r[0]
+    assert lesson.TRIED_UNDER == 4 and "see step 4" in lesson.line_words(results)
     assert "timed as its own series" in lesson.steps_tables(results)[0]
     wide = [_cells(line) for line in lesson.results_table(results).split("\n\n")[0].splitlines()]
     times, ratios = lesson.results_tables(results)
@@ -883,7 +896,7 @@ def test_the_main_line_is_marked_in_the_table_and_named_over_it():
     at = next(i for i, c in enumerate(cells) if "lesson.steps_tables(results)" in "".join(c["source"]))
     source = "".join(cells[at]["source"])
     assert source.index("say(lesson.line_words(results))") < source.index("display(Markdown(steps_first))")
-    assert "## Step 7b: alpha and beta in one kernel, a prerequisite" in "".join(
+    assert "## Step 7b: alpha and beta in one kernel, for step 10" in "".join(
         "".join(c["source"]) for c in cells)
 
 

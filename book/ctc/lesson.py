@@ -217,8 +217,9 @@ def split_table(table: str, *groups: Iterable[int], label: str = "") -> list[str
 def steps_tables(results) -> list[str]:
     """:func:`boehm_table` as two narrower tables: each step's change and its time at one utterance of the small
     alphabet (where the chain of frames binds) and at the headline case, with the note under it (the page shows it);
-    then its times at two batches of the large alphabet (where the bytes bind; the page folds it)."""
-    table = boehm_table(results, shown=lambda role: role != NO_GAIN)
+    then its times at two batches of the large alphabet (where the bytes bind; the page folds it). The steps that gain
+    nothing are greyed rows, so that every "× prev." is against a row the reader sees."""
+    table = boehm_table(results, greyed=lambda role: role == NO_GAIN)
     first, = split_table(table, [0, 1, 2, 3, 4, 6, 7])
     second, = split_table(table, [0, 1, *range(9, 12)], label="floor")
     return [first + "\n\n" + table.split("\n\n", 1)[1], second]
@@ -788,8 +789,8 @@ WHY_SHOWN = {6: "it tests the guess that cuDNN is fast in probability space; on 
                 "infinite"}
 #: Why a step that moves no case of the table (every "× prev." between 0.99× and 1.01×, as the table rounds it) is in
 #: the chain: said in its row, after the change.
-FLAT_WHY = {2: "the read-only loads compile to `ld.global.nc`, and loads were not what costs",
-            3: "it compiles to step 2's loads",
+FLAT_WHY = {2: "the loads become `ld.global.nc`; loads were not what costs",
+            3: "the same loads as step 2",
             5: "steps 6 and 7a build on it"}
 #: The table of steps' "role" column: each step is on the main line (the steps that pay, in order), or one of these.
 MAIN_LINE, NO_GAIN, PREREQUISITE, SIDE_BRANCH = "main line", "no gain", "prerequisite", "side branch"
@@ -862,16 +863,16 @@ def line_words(results, changes: Results | None = None) -> str:
     rest = []
     if of[NO_GAIN]:
         rest.append(f"{'step' if len(of[NO_GAIN]) == 1 else 'steps'} {_listed(of[NO_GAIN])} gain nothing "
-                    f"(folded under step {TRIED_UNDER}, not in the table)")
+                    f"(the greyed rows; see step {TRIED_UNDER})")
     if of[PREREQUISITE]:
-        rest.append(f"{_listed(of[PREREQUISITE])} cost time, but later steps build on "
+        rest.append(f"{_listed(of[PREREQUISITE])} cost time alone, but step 10 builds on "
                     + ("it" if len(of[PREREQUISITE]) == 1 else "them"))
     if of[SIDE_BRANCH]:
         rest.append(f"step {_listed(of[SIDE_BRANCH])} is a side branch")
     return f"The steps that pay run {' → '.join(of[MAIN_LINE])} (**{MAIN_LINE}** in the table); " + "; ".join(rest) + "."
 
 
-def boehm_table(results, changes: Results | None = None, shown=lambda role: True) -> str:
+def boehm_table(results, changes: Results | None = None, shown=lambda role: True, greyed=lambda role: False) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: its role
     (:func:`roles`; the main line in bold), the one change, then per case of :data:`TABLE_CASES` the GPU-clock time
     in µs, × the step it builds on (:data:`PREVIOUS`, else the step before), × the case's one floor
@@ -880,7 +881,8 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
     (:data:`FLAT_WHY`); a main-line step flat at the first case says where it pays. The entry point's row, right
     under step 14's, names the step it ran in each case and compares it with that step timed as a step (what the
     choice costs), so the table ends on the chapter's result. ``shown(role)`` False leaves a step's row out (the page
-    folds the steps that gain nothing); a "× prev." against a step that is not the row above names that step."""
+    folds the steps that gain nothing); ``greyed(role)`` True greys a step's row (the page's open table greys them
+    instead); a "× prev." against a step that is not the row above names that step."""
     head = ["step", "role", "the one change"]
     for A, N in TABLE_CASES:
         head += [f"A = {A:,}, N = {N}: µs", "× prev.", "× floor"]
@@ -983,6 +985,8 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         if not hidden:
+            if number in role and greyed(kind):
+                cells = [f'<span style="color: grey">{c}</span>' if c else c for c in cells]
             rows.append(cells)
             above = number
     for cells in rows:
