@@ -18,7 +18,8 @@ to compare.
    (a change of the kernel's text, :func:`step06_source`), checked on the interpreter against step 6 bit for bit;
    :func:`step06_matcher` launches it as step 6 is launched, for timing on a GPU (:func:`time_rows_first`).
 
-The page's exercise 4 runs step 7 with another tile through :func:`try_rows_per_program`.
+The page's exercise 4 runs step 7 with a tile the reader sets, through :func:`check_tiles` (and
+:func:`try_rows_per_program`, the same for a number of rows per program).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from book.common import guarded, report
 from studylog.masked_lm_head.formats import AllowedTokens, check_logits, pack_bitmask
 
 __all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold",
-           "step06_source", "step06_matcher", "check_rows_first", "try_rows_per_program", "time_rows_first"]
+           "step06_source", "step06_matcher", "check_rows_first", "check_tiles", "try_rows_per_program", "time_rows_first"]
 
 
 def _solutions():
@@ -330,6 +331,37 @@ def try_rows_per_program(rows: int, allowed_count: int = 1000) -> str:
     ok = check_logits(run(), h, weight, allowed)["passed"]
     timed = f", {gpu_us(run):.1f} µs" if torch.cuda.is_available() else ""  # a CPU run checks the output only
     return f"{rows} row{'s' if rows > 1 else ''} per program: output {'ok' if ok else 'WRONG'}{timed}"
+
+
+def check_tiles(fn: Callable, allowed_count: int = 1000) -> bool:
+    """Exercise 4: step 7 run with the reader's tiles, ``fn(default)`` for step 7's default
+    :class:`~studylog.masked_lm_head.formats.Tiles` (e.g. another ``block_v``, rows per program, or ``num_warps``), at
+    ``allowed_count`` allowed ids, its output checked against the contract; on a GPU it is also timed beside the
+    default. Prints one line; returns whether the output is right."""
+    from book.common import gpu_us
+    from studylog import masked_lm_head as mlh
+
+    h, weight, allowed = _head(allowed_count)
+    default = mlh.formats.stream_tiles(allowed_count)
+    tiles = fn(default)
+
+    def run(t):
+        return mlh.step07_stream(h, weight, allowed, tiles=t)
+
+    try:
+        ok = check_logits(run(tiles), h, weight, allowed)["passed"]
+    except Exception as exc:  # a tile the kernel cannot take: say why, no traceback
+        print(f"check_tiles: step 7 did not run with {tiles}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+        return False
+    said = f"{tiles.block_v} row{'s' if tiles.block_v > 1 else ''} per program, {tiles.num_warps} warps"
+    if not ok:
+        print(f"check_tiles: wrong output with {said}")
+        return False
+    same = " (the default: change a field)" if tiles == default else ""
+    timed = (f"; {gpu_us(lambda: run(tiles)):.2f} µs, the default {gpu_us(lambda: run(default)):.2f} µs"
+             if torch.cuda.is_available() else "; timing needs a GPU")
+    print(f"check_tiles: output ok with {said}{same}{timed}")
+    return True
 
 
 def time_rows_first(fn: Callable[[str], str]) -> None:

@@ -28,8 +28,8 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "MAIN_CASE",
            "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "tried_steps_table",
-           "own_case_steps", "steps_note", "table_us", "chain_base", "PARTS", "bitmask_copy_ms", "own_case_table",
-           "NO_MAIN_TIME", "CHANGES_FROM_HOST", "rows_sweep_us",
+           "own_case_steps", "steps_note", "table_us", "chain_base", "PARTS", "bitmask_copy_ms", "OWN_STEPS",
+           "CHANGES_FROM_HOST", "rows_sweep_us",
            "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
            "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
@@ -256,7 +256,7 @@ def prose_numbers(results) -> dict[str, Any]:
     else:
         n["mlh_dispatch_min_vs_fp32"] = n["mlh_dispatch_min_at"] = PENDING
     n["mlh_fp32_1000"] = _us(batch1_ms(results, "cublas_fp32_mask", 1000))
-    n["mlh_step00_vs_fp32"] = _x(_ratio(batch1_ms(results, "cublas_fp32_mask", 1000), batch1_ms(results, s[0], 1000)))
+    n["mlh_step00_vs_fp32"] = _change(batch1_ms(results, "cublas_fp32_mask", 1000), batch1_ms(results, s[0], 1000))
     n["mlh_dispatch_vs_index_10000"] = _x(_ratio(batch1_ms(results, "index_select", 10_000), batch1_ms(results, s[12], 10_000)))
     # the kernel alone against the fastest same-shape rival, at the headline's point (the scoreboard's second row)
     n["mlh_index_1000"] = _us(batch1_ms(results, "index_select", 1000))
@@ -650,9 +650,8 @@ MAIN_LINE = (0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13)
 #: (the library and the results name them so).
 TRIED = (6, 9, 11)
 #: The case each step's idea is about and the step it is compared with there (None for step 0). The table of steps
-#: (:func:`main_steps_table`) chains steps 0 to 5 at :data:`MAIN_CASE`, each against the row above, then gives steps 12
-#: and 13 there against their rivals; the folded table of the other cases (:func:`own_case_table`) gives 7, 8, 10 and
-#: 12 at their own case; 13 starts from the bitmask at the main case. The base is the kept step before it (step 7
+#: (:func:`main_steps_table`) chains steps 0 to 5 at :data:`MAIN_CASE`, each against the row above, then gives 7, 8,
+#: 10, 12 and 13 each at its own case against its base there; 13 starts from the bitmask at the main case. The base is the kept step before it (step 7
 #: builds on step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with
 #: step 3, the dispatch's dense path for batches. Step 12, a dispatch, runs step 7 at the main case; its gain is where
 #: it leaves step 10's path for a dense one, at batch 64 with 10,000 allowed each (step 10's section ends there). A step
@@ -791,22 +790,9 @@ def chain_base(results, number: int) -> int | None:
 PARTS = (("13a", "the packed bitmask copied, without waiting, into a device buffer the graph reads", ("copy",)),
          ("13b", "the union's ids and count built from the buffer on the device", ("count_zero", "union_kernel")),
          ("13c", "step 7's kernel reads the count from memory: one graph per bucket", ("row_kernel",)))
-#: Why a kept step has no time at :data:`MAIN_CASE`: it is in the table of the other cases (:data:`OWN_CHAINS`).
-NO_MAIN_TIME = {8: "eight ids at most", 10: "batches only"}
-#: The table of the other cases (:func:`own_case_table`, folded at the end of their section): each case a step's idea
-#: is about, with the kept steps timed there in order, a chain of its own (each "×" against the row above it). Step
-#: 7's idea is about 10,000 allowed tokens, step 8's about one, step 10's about a batch's union at 1,000 each, step
-#: 12's about 10,000 each.
-OWN_CHAINS = ((dict(batch=1, kind="random", allowed=10_000), (5, 7)),
-              (dict(batch=1, kind="random", allowed=1), (7, 8)),
-              (dict(batch=64, kind="random", allowed=1000), (3, 10, 12)),
-              (dict(batch=64, kind="random", allowed=10_000), (3, 10, 12)))
 #: The page's one table of steps (:func:`main_steps_table`): the chain a reader follows at :data:`MAIN_CASE`, steps 0
-#: to 5, each against the row above; then the two steps that carry the headline, each against its rival there (step
-#: 12, the kernel given the ids, against ``index_select`` + matmul; step 13, from the packed bitmask, against
-#: xgrammar's path). Steps 7, 8 and 10 are timed at their own cases in their section (:func:`own_case_table`).
+#: to 5, each against the row above; then the other kept steps (:data:`OWN_STEPS`), each at its own case.
 CHAIN = (0, 1, 2, 3, 4, 5)
-HEADLINE_ROWS = ((12, "index_select"), (13, XGRAMMAR))
 #: The headline rows' words in the table of steps.
 HEADLINE_CHANGES = {12: "the kernel alone, given the ids: step 12's dispatch",
                     13: "the whole step from the packed bitmask in host memory, in one CUDA graph: the bitmask's copy, "
@@ -815,21 +801,23 @@ HEADLINE_CHANGES = {12: "the kernel alone, given the ids: step 12's dispatch",
 CHANGES_FROM_HOST = HEADLINE_CHANGES[13]
 #: The rivals' names in the headline rows' "×" cells.
 HEADLINE_RIVAL_WORDS = {"index_select": "`index_select` + matmul", XGRAMMAR: "xgrammar's path"}
+#: The kept steps after the chain, in the table of steps each at its own case (:data:`STEP_CASES`).
+OWN_STEPS = (7, 8, 10, 12, 13)
 
 
 def main_steps_table(results) -> str:
-    """The page's one table of steps, Markdown under its bold caption, at :data:`MAIN_CASE`, the headline's case: the
-    chain of :data:`CHAIN`, each "×" the time of the row above over its own (:func:`chain_base`), then a divider row
-    and the headline's rows (:data:`HEADLINE_ROWS`), each "×" against its rival there, never against the row above
-    (step 13 does more work than step 12: its copy and the union's build). Every row has "× the card's floor". The
-    rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose
-    rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the
-    page's threshold."""
-    lines = [f"**The steps at batch {MAIN_CASE['batch']} with {MAIN_CASE['allowed']:,} {MAIN_CASE['kind']} tokens "
-             "allowed** (µs, GPU clock, the [V, D] head; steps 1 to 5 × against the row above, the headline's two "
-             "rows × against their rival)", "",
-             "| step | the one change | µs | × against | × the card's floor |",
-             "|---|---|---|---|---|"]
+    """The page's one table of steps, Markdown under its bold caption, each row with its case: first the chain of
+    :data:`CHAIN` at :data:`MAIN_CASE`, each "×" the time of the row above over its own (:func:`chain_base`); then,
+    under a divider row, the other kept steps (:func:`own_case_steps`, then step 13), each at the case its idea is
+    about and against the step it builds on there (:data:`STEP_CASES`; step 13 against xgrammar's path, the rival with
+    its contract), that step's time in the cell, since its row is not in the table. Rows 0 to 2 name the head's layout
+    (step 2's section also times [D, V]). Every row has "× the card's floor" at its own case. The rivals at
+    :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose rotation was capped
+    carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the page's threshold."""
+    lines = [f"**The steps** (µs, GPU clock; steps 0 to 5 at {_case(MAIN_CASE)}, each × against the row above; the "
+             "others each at the case its idea is about, × against the step it builds on there)", "",
+             "| step | case | the one change | µs | × against | × the card's floor |",
+             "|---|---|---|---|---|---|"]
     for number in CHAIN:
         row = _row(results, step_series(number), **MAIN_CASE)
         if row is None:
@@ -837,20 +825,24 @@ def main_steps_table(results) -> str:
         base = chain_base(results, number)
         reference = None if base is None else _row(results, step_series(base), **MAIN_CASE)
         ratio = "–" if reference is None else f"{_vs(row, reference)} step {base}"
-        lines.append(f"| {number} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
+        case = _case(MAIN_CASE) + (", [V, D] head" if number <= 2 else "")
+        lines.append(f"| {number} | {case} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
                      f"{_over_floor(results, row, MAIN_CASE)} |")
-    lines.append("| | *the headline: the last two steps of the section above, each against its rival* | | | |")
-    for number, rival_series in HEADLINE_ROWS:
-        row = _row(results, step_series(number), **MAIN_CASE)
+    lines.append("| | | *each step below at its own case, against the step it builds on there* | | | |")
+    for number in OWN_STEPS:
+        params, base = STEP_CASES[number]
+        row = _row(results, step_series(number), **params)
         if row is None:
             continue
-        change = HEADLINE_CHANGES[number]
+        change = HEADLINE_CHANGES[13] if number == 13 else CHANGES[number]
         if number == 12 and row.get("path"):
-            change += f" runs {path_words(row['path'])} here"
-        rival = _row(results, rival_series, **MAIN_CASE)
-        ratio = PENDING if rival is None else f"{_vs(row, rival)} {HEADLINE_RIVAL_WORDS[rival_series]}"
-        lines.append(f"| {number} | {change} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
-                     f"{_over_floor(results, row, MAIN_CASE)} |")
+            change += f": {path_words(row['path'])} here"
+        reference = _row(results, _base_series(base), **params)
+        name = HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
+        ratio = (PENDING if reference is None else
+                 f"{_vs(row, reference)} {name} ({table_us(reference['ms'])} µs{capped(reference)})")
+        lines.append(f"| {number} | {_case(params)} | {change} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
+                     f"{_over_floor(results, row, params)} |")
     rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
     xgr = _row(results, XGRAMMAR, **MAIN_CASE)
     if xgr is not None:
@@ -860,12 +852,6 @@ def main_steps_table(results) -> str:
             f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
             for words, row in rivals) + "."]
     return "\n".join(lines)
-
-
-def tables_words(results) -> str:
-    """The sentence before the table of steps: what its rows are, and where the other kept steps are timed."""
-    return (f"Steps {counts_words([n for n in own_case_steps() if n != 12])} are timed at their own cases in the "
-            "section above.")
 
 
 def loss_lines(results) -> list[str]:
@@ -894,34 +880,10 @@ def own_case_steps() -> list[int]:
     return [n for n in MAIN_LINE if STEP_CASES[n][0] != MAIN_CASE]
 
 
-def own_case_table(results) -> str:
-    """The second table of steps, Markdown under its bold caption: the steps whose idea is about another case
-    (:func:`own_case_steps`), at that case, one chain per case (:data:`OWN_CHAINS`: each "×" the time of the row above
-    over its own, the first row of a case "–"). Step 12's row names the kernel the dispatch runs there."""
-    lines = [f"**Steps {counts_words(own_case_steps())} at the case their idea is about** (µs, GPU clock; × against "
-             "the row above)", "",
-             "| case | step | the one change | µs | × the row above |",
-             "|---|---|---|---|---|"]
-    for params, numbers in OWN_CHAINS:
-        above = None
-        for i, number in enumerate(numbers):
-            row = _row(results, step_series(number), **params)
-            if row is None:
-                continue
-            change = "the base at this case" if above is None else CHANGES[number]
-            if number == 12 and row.get("path"):
-                change += f": {path_words(row['path'])} here"
-            ratio = "–" if above is None else f"{_vs(row, above[1])} step {above[0]}"
-            lines.append(f"| {_case(params) if above is None else ''} | {number} | {change} | "
-                         f"{table_us(row['ms'])}{capped(row)} | {ratio} |")
-            above = (number, row)
-    return "\n".join(lines)
-
-
 def steps_note(results) -> str:
     """The footnote under the tables of steps: why step numbers are missing from them, and the key to
     :data:`CAPPED` (said once on the page) where the run marks rows."""
-    note = f"Steps {counts_words(list(TRIED))} did not pay (the fold below the figures)."
+    note = f"Steps {counts_words(list(TRIED))} were tried and did not pay (folded below the figures)."
     key = page_capped_key(results)
     return note if key is None else note + "\n\n" + key
 
