@@ -194,7 +194,7 @@ def test_the_entry_point_row_is_its_own_series_beside_the_step_it_ran():
         (e_lo, _, e_hi), (s_lo, _, s_hi) = entry["spread_ms"], step["spread_ms"]
         assert got["overlap"] == (max(e_lo, s_lo) <= min(e_hi, s_hi))
     table = lesson.boehm_table(results)
-    assert "timed as its own series" in table
+    assert "the step it ran over the call (what the choice costs)" in table
     assert lesson.entry_point(results, 28, 3) is None  # no such point
 
 
@@ -759,7 +759,7 @@ def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
             if m := re.search(r"\(vs step (\w+)\)", cell):
                 assert m.group(1) in shown and shown[shown.index(r[0]) - 1] != m.group(1), r[0]
     assert lesson.TRIED_UNDER == 4 and "see step 4" in lesson.line_words(results)
-    assert "timed as its own series" in lesson.steps_tables(results)[0]
+    assert "the step it ran over the call (what the choice costs)" in lesson.steps_tables(results)[0]
     wide = [_cells(line) for line in lesson.results_table(results).split("\n\n")[0].splitlines()]
     times, ratios = lesson.results_tables(results)
     times = [_cells(line) for line in times.split("\n\n")[0].splitlines()]

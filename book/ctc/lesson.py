@@ -991,8 +991,8 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
             above = number
     for cells in rows:
         lines.append("| " + " | ".join(cells) + " |")
-    note = ("“× prev.”: the time of the step built on over this one's (above 1.00×, it pays); the entry point is "
-            "timed as its own series.")
+    note = ("“× prev.”: the time of the step built on over this one's (above 1.00×, it pays); for the entry point, "
+            "the step it ran over the call (what the choice costs).")
     if changes is not None:  # where rows 7a and 7b come from is said under "Where the numbers come from"
         untimed = [f"A = {A:,}, N = {N}" for A, N in TABLE_CASES if not _row(changes, "step07a", T=BENCH_T, A=A, N=N)]
         if untimed:
