@@ -104,3 +104,20 @@ def test_chapter_0_sets_a_gpu_exercise_and_one_a_cpu_checks():
     exercises = "\n".join(sources[start:])
     assert "exercises.check_head_floor(head_floor_us)" in exercises and "def head_floor_us(" in exercises
     assert not re.search(r"\bsolutions\b(?!\.py)|\breference_\w+", exercises)
+
+
+def test_chapter_0_says_once_that_it_ran_without_a_gpu_and_why_the_ceilings_use_do_bench():
+    """The GPU-less rendering is said once (the banner); before the ceilings table, one line says why the copy's rate
+    is the one ``do_bench`` number the floors take; the answers' path is given in the course's one form."""
+    import json
+    from pathlib import Path
+
+    page = Path(__file__).parents[1] / "notebooks" / "00_how_to_read.ipynb"
+    cells = json.loads(page.read_text())["cells"]
+    sources = ["".join(c["source"]) for c in cells]
+    assert sum("rendered without a gpu" in s.lower() for s in sources) == 1
+    measured = next(i for i, s in enumerate(sources) if s.startswith("## How the numbers are measured"))
+    table = next(i for i, s in enumerate(sources) if "| measurement | size | clock |" in s)
+    assert measured < table and "the floors take one number from\nit, the copy's rate" in sources[measured]
+    assert "The headlines never use" not in sources[table]
+    assert "Answers:\n`book/env/solutions.py`." in "\n".join(sources)
