@@ -89,11 +89,12 @@ def test_steps_table_reads_the_pass_counts():
     # with the comparison on the compact suite, its cell is filled too
     compact = {"none": 10, "policies": {"llguidance/tokens": {"passes": 4, "noncanonical": 0}}}
     assert lesson.steps_table(rows, peer, compact).splitlines()[-1].endswith("| 60 (40.0%) | 4 (60.0%) |")
-    # the real schemas: a last row, the share step 2's rule forces, in the compact column
-    table = lesson.steps_table(rows, peer, compact, real=(40, 0.023, 0.032)).splitlines()
-    assert table[-2].startswith("| *peer, not a step* |")
-    assert table[-1].startswith("| *real schemas* |") and "40 real SchemaStore schemas" in table[-1]
-    assert table[-1].endswith("| – | 2.3–3.2% forced |")
+    # every row counts passes on the suite: the peer's row is the last, and no share of forced tokens joins them
+    table = lesson.steps_table(rows, peer, compact).splitlines()
+    assert len(table) == 2 + len(fsm.CHAPTER.steps) + 1 and table[-1].startswith("| *peer, not a step* |")
+    assert "% forced" not in "\n".join(table) and "SchemaStore" not in "\n".join(table)
+    with pytest.raises(TypeError):  # the real schemas' row is gone for good
+        lesson.steps_table(rows, peer, compact, real=(40, 0.023, 0.032))
     with pytest.raises(ValueError):  # a count over other documents is refused
         lesson.steps_table(rows, {**peer, "none": 99})
     with pytest.raises(ValueError):
@@ -113,7 +114,7 @@ def test_the_peers_policy_has_its_place_beside_the_steps():
     place = next(i for i, s in enumerate(sources) if s.startswith("## Beside the steps: llguidance holds back"))
     step3 = next(i for i, s in enumerate(sources) if s.startswith("## Step 3"))
     table = next(i for i, s in enumerate(sources)
-                 if "lesson.steps_table(results, committed_peers, committed_compact," in s)
+                 if "lesson.steps_table(results, committed_peers, committed_compact)" in s)
     assert step3 < place < table
     assert "committed_peers = fsm_peers()" in sources[place + 1] and "held['passes']" in sources[place + 1]
     assert 'committed_compact = fsm_peers(whitespace="compact")' in sources[place + 1]
@@ -412,7 +413,10 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     assert why.index("amdahl_bound(real_lo)") < why.index("amdahl_bound(suite_saved)") < why.index(":::")
     assert "most of it in its {n_kind['regex']} regexes" in why
     opening = " ".join(source["cell-01"].split())
-    assert "On {n_common} real schemas, only **{100 * real_lo:.1f}–{100 * real_hi:.1f}%** of tokens are forced" in opening
+    assert ("On the {n_common} real schemas all three engines compile, only **{100 * real_lo:.1f}–{100 * real_hi:.1f}%** "
+            "of tokens are forced") in opening
+    # a forced-token share, read as a bound on passes saved, and why the engines differ, in the open text
+    assert "at most that share of passes can be skipped" in opening and "building its own" in opening
     # the suite's share comes second, with its regexes and the JSON schemas step 2 leaves alone
     said = opening[opening.index("say(f"):]
     assert said.index("of tokens are forced") < said.index("{peer_words}")
@@ -420,3 +424,37 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     assert "most of it in its {n_kind['regex']} regexes" in opening and "nothing on {untouched} of its" in opening
     assert "by_kind" not in opening and "saved_share(passes, 3)" not in opening  # the breakdown waits for the table
     assert "by_kind['regex']" in why and "json_compact" in why and "the real schemas' whitespace" in why
+
+
+def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_in_reader_words():
+    """The steps table counts passes only; the opening's real-schema share is not restated in "Why it matters"; the
+    Real schemas paragraph says in the open why the engines' counts differ; the result says, beside llguidance's
+    "none", that the writer writes the tokenizer's own split; the allowed-tokens histogram folds under step 1, not
+    under further reading; "Where the numbers come from" and the exercises speak as the course's other pages do."""
+    import json
+    import re
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    ids = [c.get("id") for c in cells["cells"]]
+    source = {c.get("id"): "".join(c["source"]) for c in cells["cells"]}
+    text = "\n".join(source.values())
+    assert "real=" not in source["cell-25"]
+    why = source["cell-03"]
+    assert "On the {n_common} real schemas" not in why and why.count("{100 * real_lo:.1f}") == 2  # prose and table
+    real = source["cell-34"]
+    flat = " ".join(real.split())
+    assert flat.index("engines differ because each builds its own grammar") < flat.index(":::")
+    assert "an engine refusing" not in real
+    result = " ".join(source["cell-29"].split())
+    assert re.search(r"llguidance's none, partly by design: the writer always writes the tokenizer's own split", result)
+    assert "our writer always writes it" not in source["cea7eb19"]
+    # the histogram of allowed tokens: folded right after step 1's count, before step 2
+    assert ids.index("cell-36") == ids.index("cell-12") + 1 < ids.index("cell-13")
+    assert "hide-output" in cells["cells"][ids.index("cell-36")]["metadata"]["tags"]
+    assert "(folded below)" in source["cell-12"]
+    reading = source["cell-45"]
+    assert "folded below the list" not in reading and ids.index("cell-45") == len(ids) - 1
+    where = source["0ebfc179"]
+    assert not re.search(r"recorded|The runs|ceilings run", where)
+    assert "answers:\n`book/fsm/solutions.py`" in source["cell-37"] and "the chapter's\n`solutions.py`" not in text

@@ -92,17 +92,15 @@ def saved_share(passes: dict[int, int], step: int) -> float:
     return 1.0 - passes[step] / passes[1]
 
 
-def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dict] = None,
-                real: Optional[tuple[int, float, float]] = None) -> str:
+def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dict] = None) -> str:
     """Markdown, one row per step: the one change, then for each of the chapter's two suites (every entry with
     outlines' default whitespace; the JSON schemas alone, compact), a column headed by the suite, each cell the
     forward passes and, in parentheses, the share of step 1's passes the step saves (:func:`saved_share`).
     ``peer``, llguidance's fast-forward tokens on the first suite as the committed comparison keeps them
     (``book.results.fsm_peers()``: ``none`` and ``policies["llguidance/tokens"]["passes"]``), adds a row labelled as a
     peer, not a step; ``compact_peer`` (``fsm_peers(whitespace="compact")``) fills its cell for the second suite, ``–``
-    without it. ``real``, ``(schemas, lowest share, highest share)`` as :func:`common_forced_shares` gives them, adds a
-    last row: the share of the real schemas' tokens that step 2's rule forces, by engine, in the compact column (the
-    real schemas are followed compact). A peer count over another number of passes without jumps than step 1's is
+    without it. Every cell counts passes on the suite: the real schemas' share of forced tokens, another measure on
+    other documents, is not a row here. A peer count over another number of passes without jumps than step 1's is
     refused (ValueError)."""
     from studylog.fsm import CHAPTER
 
@@ -129,10 +127,6 @@ def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dic
             cells.append(f"{passes:,} ({100 * (1 - passes / totals['none']):.1f}%)")
         lines.append("| *peer, not a step* | *llguidance's fast-forward tokens (Beside the steps)* | "
                      + " | ".join(cells) + " |")
-    if real is not None:
-        schemas, lo, hi = real
-        lines.append(f"| *real schemas* | *step 2's rule on {schemas} real SchemaStore schemas, compact: the share of their "
-                     f"tokens it forces (by engine)* | – | {100 * lo:.1f}–{100 * hi:.1f}% forced |")
     return "\n".join(lines)
 
 
