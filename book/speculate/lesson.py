@@ -399,9 +399,18 @@ def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[st
     step_ms = rest / sum(len(r["chunk_lengths"]) - 1 for r in rows)
     verify = next(d for d in layer_table(results, batch) if d["chunk"] == 2)
     verify_us = verify[verify["used"]]
+    tokens = sum(r["tokens"] for r in rows)
+    steps = sum(len(r["chunk_lengths"]) - 1 for r in rows)  # the decode steps, after each request's prefill
+    prefill = sum(r["first_step_ms"] for r in rows)
+    wall = sum(r["breakdown_ms_per_token"]["wall"] * r["tokens"] for r in rows)
     return {"call_us": call["host_ms"] * 1e3, "loop_us": loop_ms * 1e3, "bookkeeping_us": plain / plain_steps * 1e3,
             "step_us": step_ms * 1e3, "verify_us": verify_us, "loop_share": loop_ms / step_ms,
-            "forward_share": loop_ms * 1e3 / verify_us}
+            "forward_share": loop_ms * 1e3 / verify_us,
+            # how a decode step's time becomes the time per token: the steps, drafting included, and the prefills,
+            # each spread over every token the requests write (together: the pooled time per token)
+            "decode_step_us": (wall - prefill) / steps * 1e3, "tokens_per_step": tokens / steps,
+            "decode_us_per_token": (wall - prefill) / tokens * 1e3, "prefill_us_per_token": prefill / tokens * 1e3,
+            "pooled_us_per_token": wall / tokens * 1e3}
 
 
 #: Where the runs the page cites beside the committed one keep their files, from the repository's root.
@@ -533,6 +542,21 @@ def agreement(results) -> dict[str, Any]:
             "identical": sum(c["identical"] for c in checks), "divergences": len(divs),
             "all_inside": all(d["inside"] for d in divs) and all(c["passed"] for c in checks),
             "largest_gap_over_bound": max((d["gap"] / d["bound"] for d in divs if d["bound"]), default=0.0)}
+
+
+def at_par(results, request: str, workload: str = "low_copy", batch: int = 1) -> dict[str, float]:
+    """How far one request can move its workload's ratio (chapter 07's step 3 over the shipped step, the median
+    requests'): ``ratio`` as measured, ``at_par`` with that request's shipped time set to chapter 07's (a speedup of
+    1.00x), ``without`` with the request left out of both loops."""
+    ref = {r["params"]["request"]: r["ms"] for r in _rows(results, batch, workload, "ch7_step03")}
+    mine = {r["params"]["request"]: r["ms"] for r in _rows(results, batch, workload, SHIPPED)}
+
+    def ratio(theirs: dict, ours: dict) -> float:
+        return statistics.median(theirs.values()) / statistics.median(ours.values())
+
+    rest = [n for n in ref if n != request]
+    return {"ratio": ratio(ref, mine), "at_par": ratio(ref, mine | {request: ref[request]}),
+            "without": ratio({n: ref[n] for n in rest}, {n: mine[n] for n in rest})}
 
 
 def validity(results) -> dict[str, int]:
