@@ -195,9 +195,10 @@ def test_the_cores_of_steps_4_5_6_and_9_show_open():
 
 
 def test_every_step_has_its_section_with_its_diff_and_its_number():
-    """One section a step, in number order, headed "## Step N: <the one idea>" (the main line, steps 1 to 7) or
-    "### Step N: ..." (under the budget path's heading, steps 8, 9 and 12; no bundle words), except steps 10 and 11,
-    two changes to how step 9 loads, which share "### Steps 10 and 11: ...", a line each with its number; each
+    """One section a step, in number order, headed "## Step N: <the one idea>" (the main line, steps 1 to 7); the
+    budget path is one short section whose steps open with a bold "**Step N: ...**" (steps 8, 9 and 12; no bundle
+    words), except steps 10 and 11, two changes to how step 9 loads, which share "**Steps 10 and 11: ...**", a line
+    each with its number; each
     section from step 3 on shows a diff for each of its steps (open or folded) and says a computed number, and steps
     7, 8 and 12 say where they pay (:func:`lesson.path_words`); a diff changes at most about 40 lines. Step 9's core
     is open, the one that changes the streaming kernel most; the small diffs of steps 8, 10 and 11 are folded; step
@@ -211,7 +212,7 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     sections = [(list(range(int(m[1]), int(m[2] or m[1]) + 1)), i) for i, t in enumerate(text)
-                for m in [re.match(r"###? Steps? (\d+)(?: (?:to|and) (\d+))?: (.+)", t)] if m]
+                for m in [re.match(r"(?:## |\*\*)Steps? (\d+)(?: (?:to|and) (\d+))?: (.+)", t)] if m]
     assert [n for ns, _ in sections for n in ns] == list(range(1, 13))  # reading order is step order
     assert [ns for ns, _ in sections if len(ns) > 1] == [[10, 11]]
     at = {n: i for ns, i in sections for n in ns}
@@ -235,7 +236,7 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
             assert any(re.search(rf"show_diff|step_diff\(\d+, {n}\)|parts\(|core_diff\({n}\)", t) for t in body), n
             if n in (7, 8, 12):
                 assert any(f"lesson.path_words(results, {n})" in t for t in body), n
-                assert text[start].startswith("### " if n > 7 else "## "), n
+                assert text[start].startswith("**" if n > 7 else "## "), n
         for c, t in zip(cells[start:end], body):
             m = re.fullmatch(r"lesson\.(?:step|core)_diff\((?:(\d+), )?(\d+)\)", t.strip())
             if m:
@@ -455,8 +456,8 @@ def test_step_8_says_what_its_one_launch_buys():
     assert lesson.path_words(results, 8).startswith("pays at no case")
     cells = ["".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
-    at = next(i for i, t in enumerate(cells) if t.startswith("### Step 8:"))
-    end = next(i for i, t in enumerate(cells) if i > at and t.startswith("### "))
+    at = next(i for i, t in enumerate(cells) if t.startswith("**Step 8:"))
+    end = next(i for i, t in enumerate(cells) if i > at and t.startswith("**Step"))
     body = "\n".join(cells[at:end])
     assert "lesson.path_words(results, 8)" in body and "lesson.host_us(results, n, lesson.HEADLINE)" in body
 
@@ -501,10 +502,13 @@ def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():
     page = "\n".join(cells)
     assert not re.search(r"(separate|further|second|another) run|20\d\d-\d\d-\d\d|percent or two", page)
     assert "one change at a time" not in page and not re.search(r"\b\d[a-d]\b", page)
+    assert not re.search(r"their run has no|[Tt]imed apart from the table", page)  # bookkeeping stays off the page
+    assert "answers: `book/ngram/solutions.py`" in page  # the answers' path, as every page gives it
+    assert "`plan_slot`" in next(t for t in cells if t.startswith("## The operation"))  # defined where it is named
     chains = [i for i, t in enumerate(cells) if "chain_table(" in t]
     assert len(chains) == 1 and "lesson.step6_chain()" in cells[chains[0]]
     step6 = next(i for i, t in enumerate(cells) if t.startswith("## Step 6:"))
-    step7 = next(i for i, t in enumerate(cells) if t.startswith("### Step 8:"))
+    step7 = next(i for i, t in enumerate(cells) if t.startswith("**Step 8:"))
     assert step6 < chains[0] < step7
 
 
@@ -716,7 +720,9 @@ def test_the_open_steps_table_is_the_quoted_cases_and_the_fold_has_every_case():
         for number, row in rows.items():
             timed = _file_ms(results, int(number), cfg)
             assert (timed is None) == (number == "2"), number
-            assert row[2] == ("– (too slow on one thread)" if timed is None else f"{timed * 1e3:,.1f}")
+            assert row[2] == (lesson.untimed_cell(results, 2) if timed is None else f"{timed * 1e3:,.1f}")
+    step2 = _file_ms(results, 2, lesson.HEADLINE)  # where step 2 was timed, said in its open row
+    assert lesson.untimed_cell(results, 2) == f"– (one thread: timed at 128 × 32768 only, {step2 * 1e3:,.1f} µs)"
     for number in range(2, 13):  # every step but step 2 is timed at the result's case
         assert (_file_ms(results, number, lesson.RESULT_CASE) is None) == (number == 2), number
     assert fold.count("<tr>") == len(lesson.steps_table(results).splitlines()) - 1  # the head and every row
@@ -738,7 +744,7 @@ def test_why_it_matters_weighs_the_lookup_against_acceptance():
     why = "".join(next(c for c in cells if c.get("id") == "cell-03")["source"])
     assert '"accepted_tokens"' in why and '"active_slots"' in why and "What acceptance does to the payoff" in why
     assert "net(a['cpu'])" in why and "net(a['gpu'])" in why
-    table = why[why.index("display(Markdown("):]  # the two lookups' shares and bounds: a table, not a sentence
+    table = why[why.index("display(HTML(lesson.fold_table("):]  # the shares and bounds: a folded table
     assert "| CPU path (step 1) | {a['cpu']:.1%} | {net(a['cpu']):.2f}× |" in table
     assert "| ours (`ngram_match`) | {a['gpu']:.2%} | {net(a['gpu']):.2f}× |" in table
 

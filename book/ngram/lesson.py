@@ -616,7 +616,7 @@ def grouped_steps_table(results) -> str:
             change = SHORT_CHANGES[number] if number in PATHS[0][1] or name == GROUPS[0][0] else \
                 "where the path leaves the main line"
             if row is None:
-                lines.append(f"| {number} | {change} | – (too slow on one thread) | – | – |")
+                lines.append(f"| {number} | {change} | {untimed_cell(results, number)} | – | – |")
                 continue
             if row.get("clock") != "gpu":  # step 1, on the host: its time is the footnote's
                 lines.append(f"| {number} | {change} | host ¹ | – | – |")
@@ -632,6 +632,35 @@ def grouped_steps_table(results) -> str:
             lines.append(f"| entry point | `ngram_match`" + (f", running step {runs}" if runs else "")
                          + f" | {us(entry['ms'])} | – | {entry['ms'] * 1e3 / f:,.1f}× |")
     return "\n".join(lines)
+
+
+def untimed_cell(results, number: int) -> str:
+    """The open table's time cell for a step the benchmark did not time at its group's case (step 2, one thread,
+    too slow on long rows): where it was timed, and its time there (the budget path's case, :data:`HEADLINE`)."""
+    row = grid_row(results, CHAPTER.step(number).series, HEADLINE)
+    if row is None:
+        return "– (too slow on one thread)"
+    return f"– (one thread: timed at {case_name(HEADLINE)} only, {us(row['ms'])} µs)"
+
+
+def real_text_caveat(results) -> dict | None:
+    """What real text does to the synthetic picture, for the page's opening: ``accepted`` (the share of drafted
+    tokens the documents continue with, over the real-text cases) and ``slower`` (the most step 12's time on real
+    tokens exceeds its time on uniform ids at the same shape, as a fraction); None where the file has no real text."""
+    from book.ngram import results as ngram_results
+
+    last = CHAPTER.step(SYNCED_STEP).series
+    cases = [c for c in ngram_results.real_cases_in(results) if c[0] != "synthetic"]
+    drafts = [d for c in cases for d in [((ngram_results.real_row(results, last, c) or {}).get("drafts") or {})]
+              if d.get("drafted_tokens")]
+    factors = [ngram_results.real_row(results, last, c)["ms"] / ngram_results.real_row(results, last,
+                                                                                        ("synthetic", *c[1:]))["ms"]
+               for c in cases if ngram_results.real_row(results, last, c)
+               and ngram_results.real_row(results, last, ("synthetic", *c[1:]))]
+    if not drafts or not factors:
+        return None
+    return {"accepted": sum(d["accepted_tokens"] for d in drafts) / sum(d["drafted_tokens"] for d in drafts),
+            "slower": max(factors) - 1}
 
 
 def steps_tables(results) -> tuple[str, str]:
