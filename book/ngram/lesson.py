@@ -266,8 +266,8 @@ def exit_factor(run, name: str, cfg: tuple[int, int, int], clock: str = "ms") ->
 STEP6_CHAIN = (("step 5", "one pass for every n", "5", 5),
                ("+ stop", "a block stops once no later window can win", "5b", None),
                ("step 6", "+ the split over a column of blocks", "6", 6))
-#: The case step 6's chain is shown at, open: the table of steps' (:data:`HEADLINE`); the lab run has all three cases
-#: of :data:`BOEHM_CASES`, which the page folds under it (:func:`fold_table`).
+#: The case step 6's chain is shown at, its one table: the budget path's (:data:`HEADLINE`); the lab run also has the
+#: other cases of :data:`BOEHM_CASES`, which the page does not show.
 CHAIN_CASES = (HEADLINE,)
 
 
