@@ -1039,7 +1039,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     " forced on", " forced (skipped exactly) on", 1).replace(", skipped with the output unchanged", "")
                     .replace(" on the course's ", " on the ", 1))
                 if ratios[name] is not None:
-                    landing[name] = brief[name] = answer
+                    brief[name] = answer
+                    landing[name] = (f"{100 * real[1]:.1f}–{100 * real[2]:.1f}% of forward passes skipped, output "
+                                     f"unchanged, on {real[0]} real schemas" if real is not None else answer)
                 if peer and ratios[name] is not None:  # the strongest peer beside ours, in the line itself: ours
                     # not bolded as a win where the peer saves more
                     cells[name] += "; **behind** " + peer_bare(peer).replace(": ", " on the suite: ", 1)
@@ -1124,7 +1126,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 loads = speculate_workloads(card)
                 low = loads.get("low_copy")
                 landing[name] += (" per output token on SmolLM2-135M, copying documents" + (
-                    f"; {low['ratio']:.2f}× on low-copy requests" if low else "") + " (ratios of the medians)")
+                    f"; {low['ratio']:.2f}× on low-copy requests" if low else ""))
                 if low:  # the notes from the run's ratio are the copying documents': said so
                     notes[name] = [n.replace("the line's ratio divides", "each ratio divides")
                                    + (" (copying documents)" if "each of these" in n else "") for n in notes[name]]
@@ -1209,9 +1211,14 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     lo, hi, shapes = beaten
                     ratios[name] = lo
                     cells[name] = f"**{lo:.2f}–{hi:.2f}×** at its {shapes} shapes"
+                    tied = bitnet_tie_words(card)
+                    if tied is not None:  # a tie is not the low end of a win
+                        cells[name] = f"**{tied[0]}**, the tie at {tied[1]}"
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's kernel (2-bit weights, 8-bit x) at its {shapes} "
                                    "decode shapes")
-                    landing[name] = f"{lo:.2f}–{hi:.2f}× at the {shapes} decode shapes BitNet's kernel is built for"
+                    landing[name] = (f"over the {shapes} decode shapes BitNet's kernel is built for, {tied[0]}"
+                                     if tied is not None else
+                                     f"{lo:.2f}–{hi:.2f}× at the {shapes} decode shapes BitNet's kernel is built for")
                     eager[name] = bitnet_eager_words(card)
                     flips = bitnet_eager(card)
                     # through step 23's plan the lead holds eagerly too: the cell needs no caveat
@@ -1269,9 +1276,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 cost = row["vs_rival"]
                 notes[name] = [n for n in notes[name] if "the line's ratio divides" not in n]
                 if real7 is not None:
-                    landing[name] = (f"{real7['ratio']:.2f}× on SmolLM2-135M, a real model, over its "
-                                     f"{real7['requests']} requests; {cost:.2f}× on the 8B cost model, a forecast "
-                                     "for a large model")
+                    landing[name] = f"{real7['ratio']:.2f}× per output token on SmolLM2-135M, a real model"
                     cells[name] = (f"**{real7['ratio']:.2f}×** on SmolLM2-135M ({us(real7['step3_us'] / 1e3)} "
                                    f"against {us(real7['step1_us'] / 1e3)} µs, medians over {real7['requests']} "
                                    f"requests); {cost:.2f}× on the 8B cost model, a forecast for a large model"
@@ -2207,6 +2212,35 @@ def bitnet_range(card: Path) -> tuple[float, float, int] | None:
     return (table["worst"], table["best"], len(table["rows"])) if table else None
 
 
+NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine",
+                10: "ten"}
+
+
+def bitnet_tie_words(card: Path) -> tuple[str, str] | None:
+    """Chapter 05 part 2's range over BitNet's shapes said so that a tie (a ratio within :data:`TIE_WITHIN` of 1) is
+    not the low end of a win: ("a tie (1.03×) at one shape, faster at the other nine (up to 2.62×)", the shapes of
+    the ties, "4800 × 3200"); None where the card has no such run or no shape ties (the plain range then)."""
+    from book.scoreboard import bitnet_run
+    from book.ternary import results as ternary
+    from studylog.plotting import Results
+
+    data = bitnet_run(Path(card).name)
+    table = ternary.bitnet_table(Results(None, data)) if data is not None else None
+    if not table:
+        return None
+    ratios = {shape: peer / ours for shape, peer, ours, _, _ in table["rows"]}
+    ties = [k for k, x in ratios.items() if abs(x - 1) < TIE_WITHIN]
+    won = [x for k, x in ratios.items() if k not in ties and x > 1]
+    if not ties or len(won) + len(ties) != len(ratios):
+        return None
+    n, m = len(ties), len(won)
+    tie = (f"a tie ({ratios[ties[0]]:.2f}×) at one shape" if n == 1 else
+           f"a tie ({min(ratios[k] for k in ties):.2f}–{max(ratios[k] for k in ties):.2f}×) at "
+           f"{NUMBER_WORDS.get(n, n)} shapes")
+    return (f"{tie}, faster at the other {NUMBER_WORDS.get(m, m)} (up to {max(won):.2f}×)",
+            " and ".join(k.replace("x", " × ") for k in ties))
+
+
 def bitnet_rows(card: Path) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
     """Chapter 05's one-row W2A8 kernel (step 23) against BitNet's W2A8 kernel on ``card`` at every shape of
     :func:`book.ternary.results.bitnet_table`, as the folded tables list them: (our step's label, the case, our row,
@@ -2407,7 +2441,9 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         question = OTHER_PAGES.get(notebook) or (h["question"] if h else "–")
         rival = RIVALS.get("5t" if stem.startswith("05_") and "triton" in stem else int(stem[:2]), "–")
         if stem.startswith("01_"):  # the strongest peer saves more than ours: its number stands beside ours
-            rival = (peer_bare(peer).replace(": ", " (a library) save more on the suite: ", 1)
+            suite = fsm_suite()
+            ours = f" against our {suite['default']['saved']['token']:.1%}" if suite is not None else ""
+            rival = (peer_bare(peer).replace(": ", " (a library) save more on the course's suite: ", 1) + ours
                      + (", output unchanged too" if "its output too" in peer else "") if peer else "decoding every token")
         title = titles[notebook]
         _, minutes[notebook] = reading_minutes(notebook)
@@ -2429,12 +2465,14 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     def listed(xs: list[str]) -> str:
         return ", ".join(xs[:-1]) + (" and " if len(xs) > 1 else "") + xs[-1]
 
-    if holds or changes:
-        said.append("called eagerly (no CUDA graph), " + (
-            "the answer of chapter " + " and ".join(changes) + " changes, as its cell says, and the others hold"
-            if changes else f"the answers of {listed(chapters(holds))}, whose calls take longer to issue than to "
-            "run, still hold" + (" (05 part 2 through its plan object)" if "05 part 2" in holds
-                                 and _bitnet_planned(root, card) else "")) + f" on the {card}")
+    if changes:
+        said.append(f"Called one at a time without a CUDA graph on the {card}, the answer of chapter "
+                    + " and ".join(changes) + " changes, as its cell says; the others hold.")
+    elif holds:
+        said.append(f"The calls of {listed(chapters(holds))} take longer to issue than to run, yet called one at a "
+                    f"time without a CUDA graph their answers still hold on the {card}" + (
+                        " (05 part 2's through its plan object)" if "05 part 2" in holds
+                        and _bitnet_planned(root, card) else "") + ".")
     also = [titles[n].split(". ")[0] for n in also_timed(root, card)]
     board = scoreboard(root)
     llama = [b for b in board if b["number"] == 5 and b.get("ternary_case") == "llama" and "missing" not in b
@@ -2443,10 +2481,11 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         also.append("05")
     also = sorted(chapters(also))
     if also:
-        said.append(f"the H100 also ran {listed(also)}")
+        said.append(f"The H100 also ran {listed(also)}; the [headline results](results.md) give both cards.")
+    elif said:
+        said.append("The [headline results](results.md) give each answer's caveats.")
     if said:
-        text = "; ".join(said)
-        lines += ["", text[0].upper() + text[1:] + ": the [headline results](results.md) give both."]
+        lines += ["", " ".join(said)]
     lines += ["", reading_path_words()]
     return "\n".join(lines)
 
@@ -2541,7 +2580,7 @@ def ngram_step(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[st
     many = ngram_many(Path(root) / card)
     return {"batch": batch, "seq_len": seq_len, "step_us": step, "cpu": cpu / (step + cpu),
             "port": port / (step + port), "ours": ours / (step + ours), "gain": (step + port) / (step + ours),
-            "vs_port": port / ours,
+            "vs_port": port / ours, "port_us": port, "ours_us": ours, "saved_us": port - ours,
             "lead": many[0][:2] if many else None,
             "lead_kv_bytes": many[0][0] * many[0][1] * kv_per_token if many else None}
 
@@ -2582,8 +2621,10 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
 
     def ngram() -> str:  # against the answer's rival, the port, at the shape where a step is priced
         s = ngram_step(root, card)
-        return (f"at most {s['gain']:.2f}× a Llama 3.1 8B step at {s['batch']} slots × {s['seq_len']} tokens, where "
-                f"ours is {s['vs_port']:.2f}× the port (a bound)")
+        saved = s["gain"] - 1  # the share of a step ours saves against the port: too small for a ratio to show
+        return (f"{'under 0.1%' if saved < 0.001 else f'{saved:.1%}'} of a Llama 3.1 8B step at {s['batch']} slots × "
+                f"{s['seq_len']} tokens, {s['saved_us']:.1f} µs of {s['step_us']:,.0f} saved against "
+                "the port (a bound)")
 
     def ctc_step() -> str:
         from book.ctc import lesson

@@ -1,6 +1,6 @@
 """Sphinx extension that makes the Jupyter Book read like a blog.
 
-* ``{studylog-posts}`` lists the chapters in the course's order (00, 01, ...): title, date, tags, a one-paragraph
+* ``{studylog-posts}`` lists the chapters in the course's order (00, 01, ...): title, what to read first, a one-paragraph
   summary and a teaser figure. Post metadata lives in ``posts.yml`` at the book root; titles come from
   each notebook's first heading, so they are never written twice.
 * every post page but chapter 00's ends with a one-line note on opening its notebook in JupyterLab locally,
@@ -121,14 +121,10 @@ class PostsDirective(SphinxDirective):
         lines: list[str] = []
         for post in posts:
             doc = post["notebook"]
-            tags = " ".join(f"`{t}`" for t in post["tags"])
-            lines += [
-                f"### [{names.get(doc, post['title'])}]({doc})",
-                "",
-                (f"*{post['title']}*  \n" if post["title"] not in names.get(doc, "") else "") + tags
-                + (f"  \nRead after: {READ_AFTER[doc]}." if doc in READ_AFTER else ""),
-                "",
-            ]
+            # a post's tags go to the feed's categories, not onto its card: a list of keywords reads as noise there
+            under = ([f"*{post['title']}*"] if post["title"] not in names.get(doc, "") else []) + (
+                [f"Read after: {READ_AFTER[doc]}."] if doc in READ_AFTER else [])
+            lines += [f"### [{names.get(doc, post['title'])}]({doc})", ""] + (["  \n".join(under), ""] if under else [])
             lines += [post["summary"].strip(), ""]
             if post.get("teaser") and (Path(self.env.srcdir) / post["teaser"]).is_file():
                 alt = post.get("alt") or FIGURE_ALT.get(post["teaser"]) or f"The main figure of {post['title']}"
