@@ -49,6 +49,22 @@ def report(name: str, ok: bool, problem: str | None, cases: int) -> bool:
     return ok
 
 
+def report_failures(name: str, failures: list[str], cases: int, verbose: bool = True) -> bool:
+    """Print an exercise check's verdict over ``cases`` inputs from the list of its failures (the first three shown,
+    or :func:`not_written` where the reader's function is still a stub) and return whether there were none."""
+    if failures and all("NotImplementedError" in f for f in failures):
+        not_written(name)
+        return False
+    if failures:
+        print(f"{name}: {len(failures)} of {cases} cases differ from the chapter's answer; the first ones:")
+        for f in failures[:3]:
+            print("  -", f)
+        return False
+    if verbose:
+        print(f"{name}: all {cases} cases agree with the chapter's answer")
+    return True
+
+
 def say(text: str) -> None:
     """Show ``text`` (Markdown, usually an f-string with measured numbers) as a paragraph of the page."""
     from IPython.display import Markdown, display

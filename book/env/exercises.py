@@ -11,7 +11,7 @@ import math
 import random
 from typing import Callable
 
-from book.common import guarded
+from book.common import guarded, report_failures
 
 __all__ = ["check_head_floor"]
 
@@ -46,11 +46,4 @@ def check_head_floor(fn: Callable[[int, float, float], float], *, cases: int = 2
         if not math.isclose(got, want, rel_tol=1e-6):
             failures.append(f"allowed={allowed}, bandwidth_gbs={bandwidth:.0f}, empty_kernel_us={empty:.2f}: "
                             f"got {got:.4g} µs, expected {want:.4g} µs")
-    if failures:
-        print(f"check_head_floor: {len(failures)} of {len(inputs)} cases differ from the chapter's answer; the first ones:")
-        for f in failures[:3]:
-            print("  -", f)
-        return False
-    if verbose:
-        print(f"check_head_floor: all {len(inputs)} cases agree with the chapter's answer")
-    return True
+    return report_failures("check_head_floor", failures, len(inputs), verbose)

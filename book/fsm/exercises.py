@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from book.common import not_written
+from book.common import report_failures
 from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.decoding import NextLogits, decode
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, make_vocabulary
@@ -73,20 +73,6 @@ def toy_model(vocab: TokenVocabulary, seed: int = 0, close_bias: float = 0.25) -
 
 
 Transitions = Mapping[int, Mapping[int, int]]
-
-
-def _report(name: str, failures: list[str], cases: int, verbose: bool) -> bool:
-    if failures and all("NotImplementedError" in f for f in failures):
-        not_written(name)
-        return False
-    if failures:
-        print(f"{name}: {len(failures)} of {cases} cases differ from the chapter's answer; the first ones:")
-        for f in failures[:3]:
-            print("  -", f)
-        return False
-    if verbose:
-        print(f"{name}: all {cases} cases agree with the chapter's answer")
-    return True
 
 
 def _solutions():
@@ -168,7 +154,7 @@ def check_token_jumps(fn: Callable[[Transitions, frozenset[int]], Mapping], *, c
             s = wrong[0]
             failures.append(f"on {trans} (finals {sorted(finals)}): state {s}: got {got.get(s)}, "
                             f"expected {want.get(s)} ({len(wrong)} states differ)")
-    return _report("check_token_jumps", failures, len(inputs), verbose)
+    return report_failures("check_token_jumps", failures, len(inputs), verbose)
 
 
 # --- step 2's decode loop, and 4. the held-back loop --------------------------------------------------------------
@@ -240,7 +226,7 @@ def check_jump_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool 
                     failures.append(f"{regex!r}, model seed {seed}, max_tokens {cap}: {passes} forward passes, "
                                     f"expected {want_passes} (one pass per token needs "
                                     f"{decode(model, fsm, 'none', max_tokens=cap).forward_passes})")
-    return _report("check_jump_decode", failures, cases, verbose)
+    return report_failures("check_jump_decode", failures, cases, verbose)
 
 
 def check_ff_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool = True) -> bool:
@@ -270,7 +256,7 @@ def check_ff_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool = 
                     failures.append(f"{where}: ids {ids}, expected {want.ids}")
                 elif passes != want.forward_passes:
                     failures.append(f"{where}: {passes} forward passes, expected {want.forward_passes}")
-    return _report("check_ff_decode", failures, cases, verbose)
+    return report_failures("check_ff_decode", failures, cases, verbose)
 
 
 # --- 2. what a retokenization costs ---------------------------------------------------------------------------
@@ -304,7 +290,7 @@ def check_replaced_tokens(fn: Callable[[list[int], list[int]], tuple[int, int]],
             failures.append(f"emitted {old}, retokenized {new}: {err}")
         elif got != want:
             failures.append(f"emitted {old}, retokenized {new}: got (replaced, fed) = {got}, expected {want}")
-    return _report("check_replaced_tokens", failures, len(inputs), verbose)
+    return report_failures("check_replaced_tokens", failures, len(inputs), verbose)
 
 
 # --- 3. llguidance's safe fast-forward tokens --------------------------------------------------------------------
@@ -347,4 +333,4 @@ def check_ff_tokens(fn: Callable[[bytes, TokenVocabulary], Sequence[int]], *, ve
             show = lambda ids: [vocab.show(t) for t in ids]  # noqa: E731
             failures.append(f"{forced!r} ({vocab.name}): got {show(got)}, expected {show(want)} "
                             f"(the tokenizer's split: {show(vocab.encode(forced))})")
-    return _report("check_ff_tokens", failures, len(cases), verbose)
+    return report_failures("check_ff_tokens", failures, len(cases), verbose)
