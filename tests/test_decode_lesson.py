@@ -923,22 +923,33 @@ def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top(
     assert lesson.range_top(shown, "8b", 1)["ratio"] == pytest.approx(case["fastest"])
 
 
-def test_the_steps_table_sets_the_8b_cost_model_beside_the_explained_one():
-    """The page's steps table gives the 1B cost model (the steps' explanations) and the 8B cost model (the large
-    model's forecast) side by side, each column group its own ratios; each 8B time is the steps_rows median."""
+def test_the_steps_table_sets_the_8b_cost_model_and_the_real_model_beside_the_explained_one():
+    """The page's steps table gives the 1B cost model (the steps' explanations), the 8B cost model (the large
+    model's forecast) and the real model (the answer's) side by side, each column group its own ratios; each 8B time
+    is the steps_rows median, and the real model's first and last times are the result table's step 1 and step 3."""
     results = lesson.committed()
-    assert any('lesson.steps_table(shown, "1b", 1, also="8b")' in t for t in _page_cells())
-    table = lesson.steps_table(results, "1b", 1, also="8b")
+    assert any('lesson.steps_table(shown, "1b", 1, also="8b", real=True)' in t for t in _page_cells())
+    table = lesson.steps_table(results, "1b", 1, also="8b", real=True)
     head = table.splitlines()[0]
-    assert head.count("µs per token") == 2 and "8B cost model: µs per token" in head
-    for row, want in zip(_table_rows(table), lesson.steps_rows(results, "8b", 1)):
+    assert head.count("µs per token") == 3 and "8B cost model: µs per token" in head
+    assert "SmolLM2-135M (13 requests): µs per token | × previous |" in head
+    rows = _table_rows(table)
+    assert all(len(r) == len(rows[0]) == 10 for r in rows)
+    for row, want in zip(rows, lesson.steps_rows(results, "8b", 1)):
         assert row[5] == f"{want['us']:,.0f}"
+    real = lesson.real_steps_rows(results, 1)
+    case = {(r["model"], r["batch"]): r for r in lesson.result_rows(results)}[("smollm2", 1)]
+    assert [r[8] for r in rows] == [f"{x['us']:,.0f}" for x in real]
+    assert real[0]["us"] == pytest.approx(case["step1_us"]) and real[-1]["us"] == pytest.approx(case["step3_us"])
+    for a, b in zip(real, real[1:]):
+        assert b["x_previous"] == pytest.approx(a["us"] / b["us"])
+    assert lesson.steps_table(results, "1b", 1, also="8b").splitlines()[0].count("µs per token") == 2
 
 
 def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
     """The figures' greyed bar (chapter 01's character-level jumps) is faster than step 3: 'Where we lose' gives its
-    time and ratios from :func:`lesson.char_jump_numbers` (the figures' timed totals) and its cost, the real model's
-    requests that wrote step 1's tokens."""
+    ratio from :func:`lesson.char_jump_numbers` (the figures' timed totals), its cost (the real model's requests that
+    wrote step 1's tokens) and its one-row table; the result section no longer carries them."""
     shown = lesson.committed() or lesson.earlier_run()
     cj = lesson.char_jump_numbers(shown)
     assert cj is not None and cj["8b"]["x_step3"] > 1 and cj["8b"]["x_step1"] > cj["8b"]["x_step3"]
@@ -946,16 +957,16 @@ def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
     text = _page_cells()
     assert any("lesson.char_jump_numbers(shown)" in t for t in text)
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
-    assert "cj['8b']['x_step3']" in result and "cj['smollm2']['same']" in result
+    assert "cj[" not in result and "char_jump_table" not in result
     lose = next(t for t in text if "The parts no chapter touches" in t)
-    assert "cj['8b']['x_step3']" in lose
+    assert "cj['8b']['x_step3']" in lose and "cj['smollm2']['same']" in lose and "lesson.char_jump_table(shown)" in lose
 
 
-def test_the_result_sets_the_character_level_jumps_in_a_table_of_their_own():
+def test_the_character_level_jumps_get_a_table_of_their_own():
     """No outside peer is measured, so the result is titled against the baseline loop. Its table has short headers
     (what they mean is said under it); chapter 01's character-level jumps, marked not exact, get a one-row table of
-    their own at the headline's case, with the ratios the prose quotes from :func:`lesson.char_jump_numbers`; the
-    opening gives the real model's ratio before the cost model's."""
+    their own at the 8B cost model's case (under Where we lose), with the ratios the prose quotes from
+    :func:`lesson.char_jump_numbers`; the result's opening gives the real model's ratio before the cost model's."""
     shown = lesson.committed() or lesson.earlier_run()
     text = _page_cells()
     assert "## The result, against the baseline loop" in text and not any("against the peers" in t for t in text)
@@ -973,23 +984,27 @@ def test_the_result_sets_the_character_level_jumps_in_a_table_of_their_own():
     assert row[1] == "1" and row[4] == f"{case['step3_us']:,.0f}"
     assert row[-2:] == [f"{case['ratio']:.2f}×", f"**{case['x_step3']:.2f}×**"]
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
-    assert "lesson.char_jump_table(shown)" in result and "*Per request*" in result
+    assert "*Per request*" in result
+    assert any("lesson.char_jump_table(shown)" in t and "The parts no chapter touches" in t for t in text)
     opening = next(t for t in text if "make decoding faster than step 1" in t)
     assert opening.index("{real1['ratio']") < opening.index("{b8['ratio']")
 
 
-def test_the_opening_says_once_why_the_loop_keeps_exact_jumps_and_where_the_inexact_policies_are_measured():
+def test_the_opening_says_once_why_the_loop_keeps_exact_jumps_and_the_answer_carries_the_inexact_policys_speed():
     """Chapter 01 recommends llguidance's fast-forward tokens; this loop keeps exact jumps. The opening (the cell right
     after the title's) says so once, in the open: why (each output is step 1's for any model, so a speedup is the same
-    output sooner), what llguidance's policy saves by chapter 01's committed forward counts (counted there, not timed
-    here), and how much faster the character-level jumps run, timed in the result's second table."""
+    output sooner) and what llguidance's policy saves by chapter 01's committed forward counts (counted there, not
+    timed here). The answer carries the caveat: exact output only, and how much faster the character-level jumps
+    run, timed under Where we lose."""
     text = _page_cells()
     opening = text[1]
     words = " ".join(opening.split())
     assert "keeps exact jumps, by design" in words and "for any model, checked token for token" in words
     assert 'fsm_peers(whitespace="compact")' in opening and "counted there, not timed here" in words
-    assert "cj['8b']['x_step3']" in opening and "the result's second table" in words
     assert ":::{{dropdown}}" not in opening
+    answer = next(t for t in text if "**The answer:" in t)
+    tail = " ".join(answer[answer.index("**The answer:"):].split())
+    assert "exact output only" in tail and "cj['8b']['x_step3']" in tail and "*Where we lose*" in tail
     assert sum(" ".join(t.split()).count("keeps exact jumps") for t in text) == 1
 
 
@@ -1008,15 +1023,26 @@ def test_the_kernel_exercise_folds_the_sweeps_recorded_answer():
 
 def test_step_3c_says_what_sampling_needs_and_the_real_models_forecasts_sit_in_one_sentence():
     """3c's pick among the allowed ids is greedy decoding's: the page says what sampling would need. The real model's
-    measured ratio and its two forecasts (Amdahl's, chunk-length's) are tied together in one open sentence after the
-    result table, each read from the results; the forecasts' fold no longer repeats the real model's."""
+    measured ratio and its two forecasts (Amdahl's, chunk-length's) are tied together in one sentence, each read from
+    the results, in the forecasts' fold under the result table."""
     text = _page_cells()
     chain = " ".join(next(t for t in text if "lesson.step03_chain_ratio_table(changes)" in t).split())
     assert "because decoding here is greedy" in chain and "Gumbel noise" in chain and "top-k or top-p" in chain
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
-    tied = next(p for p in result.split('say(f"""')
-                if "sits between two forecasts" in p)
+    fold = result[result.index("The forecasts: the table's last column"):]
+    tied = next(p for p in fold.split("\n\n") if "sits between two forecasts" in p)
     for key in ("real1['ratio']", "real1['bound']", "n['dec_real_forecast_b1']"):
         assert key in tied, key
-    fold = result[result.index("The forecasts: the table's last column"):]
-    assert "real1['bound']" not in fold and "dec_real_forecast_b1" not in fold
+    assert result.count("sits between two forecasts") == 1
+
+
+def test_the_reader_meets_the_answers_path_and_no_dangling_lead_in_or_library_names():
+    """The exercises name their answers' file in the course's one form; "Where the numbers come from" opens with a
+    sentence, not a colon before a fold; the step 3 prose names no library variables (the sampler's steering)."""
+    text = _page_cells()
+    page = "\n".join(text)
+    assert "answers:\n`book/decode/solutions.py`" in page or "answers: `book/decode/solutions.py`" in page
+    where = next(t for t in text if t.startswith("## Where the numbers come from"))
+    assert "describes:" not in where and where.split("\n\n")[1].rstrip().endswith(".")
+    prose = [t for t in text if not t.lstrip().startswith(("def ", "from ", "import ", "step", "for "))]
+    assert not any(re.search(r"`steer`|`STEER`", t) for t in prose)

@@ -28,7 +28,7 @@ __all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHA
            "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
            "bound_excess", "char_jump_case", "char_jump_table", "result_table", "gemv_tile_answer", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
-           "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
+           "steps_rows", "real_steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
            "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
 
 #: ``lab/decode/results/<gpu>/<name>.json``: the quick benchmark from before the body was fused.
@@ -609,8 +609,7 @@ STEP_LABELS = {"baseline": "step 1: the baseline loop", "jump_forward": "step 2:
                "masked_head": "step 3: the masked head"}
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 01)",
-                "masked_head": "chapter 02's masked head, in three changes, 3a to 3c (step 3's section; 3a, a prerequisite, "
-                                "does not pay on the 8B cost model)"}
+                "masked_head": "chapter 02's masked head, in three changes, 3a to 3c (step 3's section)"}
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -637,10 +636,26 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
 STEPS_TABLE_SHAPES = {"1b": "1B cost model", "8b": "8B cost model"}
 
 
-def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None) -> str:
+def real_steps_rows(results, batch: int = 1) -> list[dict]:
+    """The three steps on the real model's requests at ``batch`` (the result table's requests, regexes included):
+    the median of each step's time per output token (µs) and its ratio to the previous row's (``x_previous``)."""
+    rows, prev = [], None
+    real = _real_rows(results, batch)
+    for i, config in enumerate(STEP_CONFIGS, start=1):
+        ms = _median(r[i]["ms"] for r in real)
+        if ms is None:
+            continue
+        rows.append({"label": STEP_LABELS[config], "us": ms * 1e3, "x_previous": prev / ms if prev else None})
+        prev = ms
+    return rows
+
+
+def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None, real: bool = False) -> str:
     """:func:`steps_rows` as the page's one steps table (Markdown): one row per step, no sub-rows (step 3's changes
     have their own table, :func:`step03_chain_rows`). ``also``: a second model whose three columns follow, each
-    group headed by its shape (the page's headline shape beside the shape its steps are explained on)."""
+    group headed by its shape (the page's headline shape beside the shape its steps are explained on). ``real``:
+    two more columns, the real model's (:func:`real_steps_rows`), without a byte floor: its step is mostly host
+    work and launches."""
     cols = "µs per token | × previous | × floor (its forwards' weight bytes)"
     shapes = [model] + ([also] if also else [])
     rows = {m: steps_rows(results, m, batch) for m in shapes}
@@ -648,18 +663,25 @@ def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = N
         head = " | ".join(f"{STEPS_TABLE_SHAPES.get(m, m)}: {cols}" for m in shapes)
     else:
         head = cols
-    lines = [f"| step | what changes | {head} |", "|---|---|" + "---|---|---|" * len(shapes)]
+    reals = real_steps_rows(results, batch) if real else []
+    if reals:
+        head += f" | SmolLM2-135M ({len(_real_rows(results, batch))} requests): µs per token | × previous"
+    lines = [f"| step | what changes | {head} |",
+             "|---|---|" + "---|---|---|" * len(shapes) + ("---|---|" if reals else "")]
     if not rows[model]:
         return f"({PENDING}: this file holds no decode series)"
     for i, r in enumerate(rows[model]):
         cells = [r["label"], r["change"]]
-        for m in shapes:
-            if i >= len(rows[m]):
+        for x in [rows[m][i] if i < len(rows[m]) else None for m in shapes]:
+            if x is None:
                 cells += ["–", "–", "–"]
                 continue
-            x = rows[m][i]
             cells += [f"{x['us']:,.0f}", "–" if x["x_previous"] is None else f"{x['x_previous']:.2f}×",
                       f"{x['x_floor']:.2f}×"]
+        if reals:
+            x = reals[i] if i < len(reals) else None
+            cells += ["–", "–"] if x is None else [
+                f"{x['us']:,.0f}", "–" if x["x_previous"] is None else f"{x['x_previous']:.2f}×"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
