@@ -768,11 +768,13 @@ PART1_ROWS = (
 #: beats the step before it and both lose to part 1's step 14.
 PART2_ROWS = (
     (14, 1, None, "part 1's last Triton step"),
-    (15, 1, 14, "the loop by hand on `mma.sync`, K in one slice (loses; step 16 needs it)"),
-    (16, 1, 15, "K split across blocks, the slices summed in a fixed order"),
+    (15, 1, 14, "`mma.sync` with K split, first half: the loop by hand, K in one slice (loses; step 16 needs it)"),
+    (16, 1, 15, "`mma.sync` with K split, second half: K split across blocks, the slices summed in a fixed order"),
     (17, 1, 16, "x copied once into shared memory"),
-    (18, 1, 17, "the weights by the TMA into a ring, sums still through L2 (loses; step 19 needs it)"),
-    (19, 1, 18, "the warps of a block share its K, sums in shared memory"),
+    (18, 1, 17, "a TMA ring, sums in shared memory, first half: the weights by the TMA into a ring, sums still "
+                "through L2 (loses; step 19 needs it)"),
+    (19, 1, 18, "a TMA ring, sums in shared memory, second half: the warps of a block share its K, the sums in "
+                "shared memory"),
     (20, 1, 19, "one copy a stage and tile, not one a warp"),
     (21, 1, 20, "the decode's constant kept in a register"),
     (22, 1, 21, "int8 x on the int8 tensor cores (22a), x quantised by a kernel of its own (22b) launched early "
