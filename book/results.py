@@ -695,6 +695,32 @@ def ngram_ratios(card: Path) -> dict[tuple[int, int, int], tuple[dict[str, Any],
     return out
 
 
+def ngram_kernel_words(card: Path, folders: dict[str, Path]) -> str:
+    """For chapter 03's fold of ``card`` whose run timed no entry point (its rows are step 12's at every shape): which
+    kernel it times, and where another card's entry point runs another step at the chapter's lead shape
+    (:func:`ngram_many`), so that the two cards' ratios there are not read as one kernel's; empty otherwise."""
+    many = ngram_many(card)
+    if many is None:
+        return ""
+    mine, _ = ngram_ratios(card)[many[0]]
+    if mine.get("series") == "ngram_match":
+        return ""
+    step = int(mine["series"].removeprefix("step"))
+    b, t, _ = many[0]
+    for name, other in folders.items():
+        if other == card:
+            continue
+        theirs = (ngram_ratios(other).get(many[0]) or ({},))[0]
+        ran = theirs.get("step") if theirs.get("series") == "ngram_match" else None
+        if ran and int(ran.removeprefix("step")) != step:
+            short = short_card(name)
+            k = int(ran.removeprefix("step"))
+            return (f"On this card the drafter was timed as step {step} at every shape; step {k} and the entry point "
+                    f"were not measured here. At {b} × {t:,} the {short}'s entry point runs step {k}, so there the two "
+                    "cards' ratios are of different kernels, not one kernel on two cards.")
+    return ""
+
+
 def ngram_range(card: Path) -> tuple[float, float, int] | None:
     """Chapter 03's GPU drafter against step 4 on ``card`` over every shape measured (:func:`ngram_ratios`), the
     chapter's own basis: (lowest, highest ratio, how many shapes), the rival's GPU time over ours; None without."""
@@ -1135,9 +1161,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                    f"({us(low['ms'])} against {us(low['rival_ms'])} µs)")
                 gated = speculate_gated(card)
                 if gated is not None:
-                    notes[name].append(f"{name}: with step 4's gate switched on, a guard against drafts that keep "
-                                       f"failing (off by default: it pays on neither of the chapter's workloads), the "
-                                       f"loop is {gated:.2f}× faster on the copying documents")
+                    notes[name].append(f"{name}: with a draft gate switched on, one the chapter tried and did not "
+                                       "ship (a guard against drafts that keep failing; it pays on neither of the "
+                                       f"chapter's workloads), the loop is {gated:.2f}× faster on the copying documents")
                 brief[name] = (f"{row['vs_rival']:.2f}× our own loop, chapter 07's (no serving engine measured), "
                                "on SmolLM2-135M")
             if entry.number == 3 and wait is not None and (wait.get("rival_gpu_ms") or 0) > wait["host_ms"]:
@@ -1213,7 +1239,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     cells[name] = f"**{lo:.2f}–{hi:.2f}×** at its {shapes} shapes"
                     tied = bitnet_tie_words(card)
                     if tied is not None:  # a tie is not the low end of a win
-                        cells[name] = f"**{tied[0]}**, the tie at {tied[1]}"
+                        cells[name] = re.sub(r"(\(|up to )(\d\.\d\d×)", r"\1**\2**", tied[0].replace(
+                            " at one shape", f" at {tied[1]}", 1) if tied[1].count(" × ") == 1 else tied[0])
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's kernel (2-bit weights, 8-bit x) at its {shapes} "
                                    "decode shapes")
                     landing[name] = (f"over the {shapes} decode shapes BitNet's kernel is built for, {tied[0]}"
@@ -1509,9 +1536,8 @@ def rival_items(number: int, part: int = 0, root: Path = BENCH_RESULTS,
             m = re.search(rf"(?i)\b{re.escape(lib)} (\d[\w.+-]*\w)", notes)
             name = {"flashinfer": "FlashInfer"}.get(lib, lib)
             pin = re.search(rf'"{re.escape(lib)}>=([\w.]+)"', (REPO_ROOT / "pyproject.toml").read_text())
-            # a run that records no version: the least one the course's requirements allow, said as such
-            said.append(f"{name} {m.group(1)}" if m else f"{name} ≥ {pin.group(1)}, as the course requires" if pin
-                        else name)
+            # a run that records no version says so: no version is implied for it
+            said.append(f"{name} {m.group(1)}" if m else f"{name}, its version not recorded by the run")
         if key in TORCH_RIVALS:
             return said, TORCH_RIVALS[key], (data.get("versions") or {}).get("torch") or ""
     return said, "", ""
@@ -1589,8 +1615,8 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = [n for n in dict.fromkeys(n for h in found for n in h["cells"]) if card is None or n == card]
-    lines = ["| chapter | the question | case; strongest rival | "
-             + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
+    lines = ["| chapter | the question | case | strongest rival | "
+             + " | ".join(names) + " |", "|" + "---|" * (4 + len(names))]
     notes: list[str] = []
     part_one = part_one_line(root)
     timed_elsewhere = {n for c in names for n in also_timed(root, c)} if card is not None else set()
@@ -1599,8 +1625,9 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
              versions: str = "") -> None:
         if card is not None and notebook not in timed_elsewhere and not notebook.startswith("notebooks/01_"):
             # the folds below hold no other card's number (chapter 01 counts passes: no card's)
-            what += f"; {card} only"
-        lines.append(f"| [{title}]({link(notebook)}) | {question} | {what} | "
+            what = what.replace("; vs ", f"; {card} only; vs ", 1)
+        case, _, rival = what.partition("; vs ")
+        lines.append(f"| [{title}]({link(notebook)}) | {question} | {case} | {rival} | "
                      + " | ".join(cells.get(n, NOT_MEASURED) for n in names) + " |")
         if said:  # one short bullet per clause, under the line's title
             notes.append(f"- **{title}**")
@@ -1621,6 +1648,18 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
 
     found = [one_card(h) for h in found]
     part_one = part_one and one_card(part_one)
+    if part_one and card is not None and part_one["cells"].get(card, VOID) != VOID:
+        # another card's range and where it loses, in the visible line, not only in the folds
+        for c in cards(root):
+            other = short_card(card_name(c))
+            answer = part_one_answer(c) if other != card else None
+            if not answer:
+                continue
+            r = answer["ratios"]
+            lost = [k.replace("x", " × ") for k, v in r.items() if v < 1]
+            part_one["cells"] = dict(part_one["cells"])
+            part_one["cells"][card] += (f"; on the {other}, {min(r.values()):.2f}–{max(r.values()):.2f}×"
+                                        + (f", slower at {' and '.join(lost)}" if lost else ""))
     eager_lines = {k: [v] for k, v in host_bound_by_chapter(root).items()}
     for h in found:
         if h["number"] == 5 and part_one is not None:  # part 1 (Triton) first, as the book reads
@@ -1798,6 +1837,9 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
                 (chapter, name) in moved for name in folders):
             continue  # a difference from a run that is not comparable says nothing about the cards
         out.append(line)
+        if chapter == 3 and card in folders and line.startswith("**NVIDIA"):
+            words = ngram_kernel_words(folders[card], folders)
+            out += ["", words] if words else []
         last = i + 1 == len(source) or not source[i + 1].startswith("|")  # a table's last row
         if chapter == 3 and card in folders and line.startswith("| ") and last:  # the rows behind the range
             extra = ngram_range_table(folders[card])
