@@ -809,7 +809,11 @@ def _decode(data):
     if real:
         notes.append(f"the chapter's answer is on a real model, SmolLM2-135M: over its {len(real)} requests at batch 1, "
                      f"the same two loops give {unpadded['real_ratio']:.2f}× (the ratio of the two medians); this row "
-                     "is the 8B cost model, a forecast for a large model")
+                     "is the 8B cost model, a forecast for a large model" + (
+                         ", because chapter 07's run counts a forward's kernels on its cost models only: on "
+                         "SmolLM2-135M this page could bound the loop by the bytes it reads alone, a bound far below "
+                         "its forwards' time" if (one(data, "body", model="smollm2", batch=1, chunk=1) or {}).get(
+                             "kernels_per_forward") is None else ""))
     return unpadded | {"no_tail_why": LOOP_NO_TAIL, "loop_bound": True} | _row("the loop with chapters 01 and 02 (step 3)",
                            f"the 8B cost model, batch 1, per output token (median of {len(pairs)} JSON schemas)",
                            ours[0]["clock"], summary, "the same loop, dense head and mask (step 1)", rival_row,
