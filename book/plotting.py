@@ -334,7 +334,7 @@ def readme_results_block(root: Path = DEFAULT_OUT) -> str:
     lines = [README_START, "", "**Each chapter in one line**: the question, and the answer against the strongest "
              "rival measured at the same shape in the same run.", "", summary_markdown(root), "",
              "**How close to the limit** (the book's *Scoreboard* page): each final kernel's time against its "
-             "byte, compute and latency floors.", "", scoreboard_markdown(root), "", "**Every headline row**", ""]
+             "byte, compute and latency floors.", "", scoreboard_markdown(root), "", "**Every row, card by card**", ""]
     for f in result_files("env", root):
         env = Results(f, json.loads(f.read_text()))
         mm, ceilings = env.select("matmul_bfloat16", n=8192), env.data["ceilings"]
