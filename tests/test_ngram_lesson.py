@@ -755,14 +755,15 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     (512 × 16384, no budget, every active slot), then gives the deployed budget's ratio in the same sentence as how
     many of its 128 slots the budget lets search (:func:`lesson.budget_walk`, as the results page counts them) and
     that step 4 searches every active slot anyway; then the time it takes off a decoding step, the range over the
-    short prompts and over the few long slots, with what the latter is against, and the payoff speculation caps (the tokens a step from real text)."""
+    short prompts and over the few long slots, with what the latter is against ("Why it matters" gives the payoff
+    speculation caps)."""
     import json
 
     from studylog import paths
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     code = "".join(next(c for c in cells if c.get("id") == "cell-34")["source"])
-    first = code[code.index('say(f"""'):code.index("if real:")]
+    first = code[code.index('say(f"""'):code.index("gpu_table, host_fold")]
     opening = first.split("\n", 1)[1]
     assert opening.startswith("No library runs this operator on the GPU")
     lead = opening[:opening.index("off every decoding step")]
@@ -774,8 +775,7 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     rest = opening[opening.index("off every decoding step"):]
     assert "min(short)" in rest and "max(few)" in rest and "one block a slot" in rest  # no range over every shape
     assert "not a tuned kernel" in rest
-    payoff = code[code.index("if real:"):code.index("lesson.result_tables(results, heads)")]
-    assert "{1 + per_slot:.2f}× the tokens a step" in payoff
+    assert "per_slot" not in code  # the payoff speculation caps is said once, in "Why it matters"
     assert "off every decoding step at that\nshape" in opening  # the saving holds at the table's case only
     assert "display(Markdown(gpu_table))" in code and "display(HTML(host_fold))" in code  # the CPU loop folded
     results = load_results("ngram")
@@ -851,7 +851,7 @@ def _trace(inputs, this_time, config) -> list[dict]:
 def test_each_step_gives_one_number_at_its_paths_case():
     """The main line's steps (1 to 7) give their number at the result's case (:data:`lesson.RESULT_CASE`,
     index 2 of :data:`lesson.TABLE_CASES`), the budget path's (8 to 12) at the deployed budget's
-    (:data:`lesson.HEADLINE`, index 1): step 1 names both cases and links the table; step 2, not timed at the
+    (:data:`lesson.HEADLINE`, index 1): step 2, not timed at the
     result's case, gives its time at the budget's; steps 3 to 12 their factor at their path's case
     (:func:`lesson.step_factors`) with their time; no budget-path paragraph quotes another case, and no paragraph
     points to "the table" for a second number."""
@@ -863,7 +863,6 @@ def test_each_step_gives_one_number_at_its_paths_case():
     assert lesson.BOEHM_CASES[1] == lesson.HEADLINE and lesson.TABLE_CASES[2] == lesson.RESULT_CASE
     cells = {c.get("id"): "".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]}
-    assert "(#the-steps-measured)" in cells["cell-09"]
     assert "L, H, P = lesson.RESULT_CASE, lesson.HEADLINE, (32, 512, 128)" in cells["cell-01"]
     assert "us(2, *H)" in cells["cell-12"]
     assert "us(3, *L)" in cells["cell-16"] and "step_factors(results, 3)[1]" in cells["cell-16"]  # step 2's case
