@@ -487,7 +487,7 @@ def test_the_opening_claims_a_common_job_and_the_8b_forecast_carries_this_pages_
     answer = " ".join(text[2].split())  # right under the title and the imports
     assert text[2].startswith("ans_ext, ans_low = ") and "**The answer**, on SmolLM2-135M at batch 1" in answer
     for key in ("**{ans_ext['ratio']:.2f}×** on *extraction*",
-                "**{ans_low['ratio']:.2f}×** as fast as chapter 07's on *low-copy*",
+                "**{ans_low['ratio']:.2f}×** as fast as chapter 07's on {n_low} *low-copy*",
                 "low_steps['step03_forced_draft']['x_previous']", "by_step['step02_ngram_draft']['x_previous']"):
         assert key in answer, key
     tried = " ".join(next(t for t in text if "Tried, not shipped: step 4" in t).split())
