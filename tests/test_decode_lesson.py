@@ -1024,13 +1024,16 @@ def test_the_kernel_exercise_folds_the_sweeps_recorded_answer():
 def test_step_3c_says_what_sampling_needs_and_the_real_models_forecasts_sit_in_one_sentence():
     """3c's pick among the allowed ids is greedy decoding's: the page says what sampling would need. The real model's
     measured ratio and its two forecasts (Amdahl's, chunk-length's) are tied together in one sentence, each read from
-    the results, in the forecasts' fold under the result table."""
+    the results, shown under the result table (not in the forecasts' fold): why the Amdahl forecast sits far above."""
     text = _page_cells()
     chain = " ".join(next(t for t in text if "lesson.step03_chain_ratio_table(changes)" in t).split())
     assert "because decoding here is greedy" in chain and "Gumbel noise" in chain and "top-k or top-p" in chain
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
-    fold = result[result.index("The forecasts: the table's last column"):]
-    tied = next(p for p in fold.split("\n\n") if "sits between two forecasts" in p)
+    at = result.index("The forecasts: the table's last column")
+    shown, fold = result[:at], result[at:]
+    assert "sits between two forecasts" not in fold
+    tied = next(p for p in shown.split("\n\n") if "sits between two forecasts" in p)
+    assert "counts a jumped forward as free" in " ".join(tied.split())
     for key in ("real1['ratio']", "real1['bound']", "n['dec_real_forecast_b1']"):
         assert key in tied, key
     assert result.count("sits between two forecasts") == 1
