@@ -1252,3 +1252,20 @@ def test_part_2_ends_its_story_on_step_23_and_folds_the_tried_path_and_the_tunin
     place = next(i for i, t in text.items() if "| N × K | staged | every block |" in t)
     assert "hide-output" in cells[place]["metadata"]["tags"]
     assert "display(" not in text["812e9119"]
+
+
+def test_the_tried_section_names_where_step_25_wins_and_both_shares_are_given(results):
+    """Part 2's "Tried" section says step 25 wins at one row at BitNet's largest-N shapes: the file's wins are the
+    shapes of largest N among BitNet's. Both parts give the ternary layers' share in bf16 and in 2 bits."""
+    from book.ternary import results as tables
+
+    run = tables.bitnet_results(results)
+    wins = L.step25_wins(run)
+    if wins:
+        shapes = sorted((s for s, *_ in tables.bitnet_table(run)["rows"]), key=lambda s: -int(s.split("x")[0]))
+        assert set(wins) == set(shapes[:len(wins)])
+    tried = "".join(next(c for c in json.loads(LESSONS[1].read_text())["cells"] if c["id"] == "b9e91fe2")["source"])
+    assert "largest-N" in tried and "no entry point picks it" in tried
+    for path, cell in ((LESSONS[0], "ff5c35bc"), (LESSONS[1], "5519d543")):
+        text = "".join(next(c for c in json.loads(path.read_text())["cells"] if c["id"] == cell)["source"])
+        assert "view['share']" in text and "in 2 bits" in text and "the estimates use the bf16 share" in text
