@@ -754,7 +754,8 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     corrected port of FastDeploy's revision (step 4). The answer leads with the shape where the most slots search
     (512 × 16384, no budget, every active slot), then gives the deployed budget's ratio in the same sentence as how
     many of its 128 slots the budget lets search (:func:`lesson.budget_walk`, as the results page counts them) and
-    that step 4 searches every active slot anyway; then the time it takes off a decoding step, the range over the
+    that step 4 searches every active slot anyway; then the time it saves a decoding step at the priced shape
+    (32 × 512; none at a shape whose KV cache would not fit on the card), the range over the
     short prompts and over the few long slots, with what the latter is against ("Why it matters" gives the payoff
     speculation caps)."""
     import json
@@ -766,17 +767,17 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     first = code[code.index('say(f"""'):code.index("gpu_table, host_fold")]
     opening = first.split("\n", 1)[1]
     assert opening.startswith("No library runs this operator on the GPU")
-    lead = opening[:opening.index("off every decoding step")]
+    lead = opening[:opening.index("At the priced 32 × 512 it saves")]
     assert "our corrected port of FastDeploy's revision, step 4" in " ".join(lead.split())
     assert lead.index("ratios[many]") < lead.index("ratios[lesson.HEADLINE]") < lead.index("walk['searched']")
     assert "lesson.active_slots(results, many)" in lead and "lesson.active_slots(results, lesson.HEADLINE)" in lead
     assert "many = (512, 16384, NO_BUDGET)" in code and "walk = lesson.budget_walk(results, lesson.HEADLINE)" in code
     assert "us(11, *lesson.HEADLINE) / us(12, *lesson.HEADLINE)" in lead
-    rest = opening[opening.index("off every decoding step"):]
+    rest = opening[opening.index("At the priced 32 × 512 it saves"):]
     assert "min(short)" in rest and "max(few)" in rest and "one block a slot" in rest  # no range over every shape
     assert "not a tuned kernel" in rest
     assert "per_slot" not in code  # the payoff speculation caps is said once, in "Why it matters"
-    assert "off every decoding step at that\nshape" in opening  # the saving holds at the table's case only
+    assert "a['port_us']" in rest and "would not fit" not in opening  # the saving priced where the step is priced
     assert "display(Markdown(gpu_table))" in code and "display(HTML(host_fold))" in code  # the CPU loop folded
     results = load_results("ngram")
     from studylog.ngram import NO_BUDGET
@@ -820,8 +821,7 @@ def test_the_budgeted_floor_says_what_it_counts():
     empty = latency_floor_ms(results) * 1e3
     assert lesson.table_floor_us(results, lesson.HEADLINE) == pytest.approx(floor_ms(results, one[0]) * 1e3) == empty
     assert lesson.floor_us(results, lesson.HEADLINE) > 5 * empty  # the book's floor counts every active slot
-    label = ("an empty kernel's time: the budget lets only 1 slot search, and reading its haystack once takes less "
-             "than that")
+    label = "is an empty kernel's time: the budget lets only 1 slot search, and reading its haystack takes less"
     head = lesson.steps_table(results).splitlines()[0].split(" | ")
     floors = [h for h in head if h.startswith("× floor")]
     assert [h.endswith(" ²") for h in floors] == [c == lesson.HEADLINE for c in lesson.TABLE_CASES]

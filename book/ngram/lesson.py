@@ -479,10 +479,8 @@ def host_note(results, cases=TABLE_CASES) -> str:
 def floor_note(results, cases=TABLE_CASES) -> str:
     """The table of steps' footnote on its floors (``²`` in a "× floor" head): what the floor counts at each case of
     ``cases`` where the budget lets fewer slots search than are active (:func:`floor_words`); empty where none."""
-    said = [f"at {case_name(cfg)}, budget {cfg[2]}, {floor_words(results, cfg)}" for cfg in cases
-            if floor_words(results, cfg)]
-    return ("" if not said else
-            " ² Under a budget the floor counts only what the operator itself must read: " + "; ".join(said) + ".")
+    said = [f"at {case_name(cfg)} {floor_words(results, cfg)}" for cfg in cases if floor_words(results, cfg)]
+    return "" if not said else " ² The floor " + "; ".join(said) + "."
 
 
 def _budget_bytes_floor(results, cfg: tuple[int, int, int]) -> bool:
@@ -517,9 +515,9 @@ def floor_words(results, cfg: tuple[int, int, int]) -> str:
     n = budget_walk(results, cfg)["searched"]
     slots = f"{n} slot{'' if n == 1 else 's'}"
     if table_floor_us(results, cfg) <= latency_floor_ms(results) * 1e3:
-        return (f"an empty kernel's time: the budget lets only {slots} search, and reading "
-                f"{'its haystack' if n == 1 else 'their haystacks'} once takes less than that")
-    return f"the haystacks of the {slots} the budget lets search, read once"
+        return (f"is an empty kernel's time: the budget lets only {slots} search, and reading "
+                f"{'its haystack' if n == 1 else 'theirs'} takes less")
+    return f"is reading the haystacks of the {slots} the budget lets search"
 
 
 def steps_table(results, cases=TABLE_CASES) -> str:
