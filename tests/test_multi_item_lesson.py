@@ -576,9 +576,9 @@ def test_the_runs_line_sits_where_the_numbers_come_from_and_step_1_quotes_the_ta
     assert "Step 4 is one idea" in " ".join(text["ch06-21"].split())
 
 
-def test_step_5_quotes_the_steps_tables_case_and_heaviest_first_is_a_detail_of_5b():
+def test_step_5_quotes_the_steps_tables_case_and_heaviest_first_is_noise_not_counted():
     """Step 5's opening ratio is the steps table's (the mixed batch with 8 KV heads); its chain names two changes and
-    calls its last row, the heaviest tiles first, a detail of 5b's order; how the chain's run sits against the steps
+    marks its last row, the heaviest tiles first, as noise, not counted; how the chain's run sits against the steps
     table is said in the runs' fold, not in the step's prose."""
     import json
 
@@ -589,9 +589,9 @@ def test_step_5_quotes_the_steps_tables_case_and_heaviest_first_is_a_detail_of_5
     opening = " ".join(text["1f024a39"].split())
     assert "lesson.GQA_SHAPE" in opening and "with 8 KV heads, the steps table's case" in opening
     assert not any("Three changes" in t for t in text.values())
-    assert "a detail of 5b's order" in text["ch06-29-chain"] and "gap_words" not in text["ch06-29-chain"]
+    assert "noise, not counted" in text["ch06-29-chain"] and "gap_words" not in text["ch06-29-chain"]
     assert "gap_words(chain5.gap(results))" in text["ch06-where-runs"]
     assert not any("these runs" in t for t in text.values())
     chain = lesson.step5_chain()
     if chain is not None:
-        assert "a detail of 5b's order" in chain.rows[-1].change
+        assert "(noise, not counted)" in chain.rows[-1].change
