@@ -1199,13 +1199,13 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 # where the lead ends (a tie at the widest batch) is the results page's note, not the landing's cell
                 # what a kernel buys a whole step is each page's to say: the landing gives it for no row, so no row
                 # stands alone with it (chapter 06's whole pass, chapter 04's training step)
-                if wider:  # a tie within 1%, chapter 02's rule
-                    brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < 0.01 else f"{x:.2f}× at {b}"
+                if wider:  # a tie within TIE_WITHIN, the course's rule (How we measure)
+                    brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < TIE_WITHIN else f"{x:.2f}× at {b}"
                                                      for b, x in wider.items()) + ")")
                     # the lead narrows as the batch grows: said beside the batch-1 headline, not left to the fold
                     notes[name].append(f"{name}: the same whole step at larger batches, as many tokens allowed "
                                        "per sequence: " + ", ".join(
-                                           f"a tie at batch {b} ({x:.2f}×)" if abs(x - 1) < 0.01
+                                           f"a tie at batch {b} ({x:.2f}×)" if abs(x - 1) < TIE_WITHIN
                                            else f"{x:.2f}× at batch {b}" for b, x in wider.items()))
                 alone = next((b for b in board if b["number"] == 2 and short_card(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
@@ -1219,7 +1219,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 # the like-for-like figure and where the lead ends, in the cell beside the headline
                 cells[name] += "".join(
                     [f"; {alone['vs_rival']:.2f}× for the kernel alone, given the ids"] if alone is not None else []) + "".join(
-                    f"; a tie at batch {b}" for b, x in (wider or {}).items() if abs(x - 1) < 0.01)
+                    f"; a tie at batch {b}" for b, x in (wider or {}).items() if abs(x - 1) < TIE_WITHIN)
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
                 beaten = bitnet_range(card)
                 llama = next((b for b in board if b["number"] == 5 and short_card(b["card"]) == name
