@@ -49,6 +49,12 @@ def report(name: str, ok: bool, problem: str | None, cases: int) -> bool:
     return ok
 
 
+def and_list(items) -> str:
+    """Items in words, as a sentence lists them: "a", "a and b", "a, b and c"."""
+    items = list(items)
+    return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + (items[-1] if items else "")
+
+
 def report_failures(name: str, failures: list[str], cases: int, verbose: bool = True) -> bool:
     """Print an exercise check's verdict over ``cases`` inputs from the list of its failures (the first three shown,
     or :func:`not_written` where the reader's function is still a stub) and return whether there were none."""

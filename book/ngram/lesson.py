@@ -14,7 +14,7 @@ import re
 import torch
 from torch import Tensor
 
-from book.common import ChainRow, us
+from book.common import ChainRow, and_list, us
 from book.ngram.figures import case_label, clock_words, shape_label
 from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
                                 same_clock_pair)
@@ -299,11 +299,6 @@ def chain_gap(results, rows: list[ChainRow]) -> float:
                for row in rows if row.label in steps for cfg in row.us)
 
 
-def _and(words: list[str]) -> str:
-    """Words joined as a sentence lists them: ``a``, ``a and b``, ``a, b and c``."""
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
 def path_words(results, number: int, cases=TABLE_CASES) -> str:
     """Where step ``number`` pays against the step before it on its path (:func:`step_factors`, rounded as the table
     rounds: above 1.00× it pays), in words: "pays at 128 × 32768 and 256 × 131072, not at 32 × 512", "pays at every
@@ -315,7 +310,7 @@ def path_words(results, number: int, cases=TABLE_CASES) -> str:
         return "pays at every case"
     if not pays:
         return "pays at no case"
-    return f"pays at {_and(pays)}, not at {_and(loses)}"
+    return f"pays at {and_list(pays)}, not at {and_list(loses)}"
 
 
 def rival_ratios(results, rival: int = 4) -> dict[tuple[int, int, int], float]:

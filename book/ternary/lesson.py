@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
-from book.common import PENDING, fmt, lab_or_none, latency_floor_ms
+from book.common import PENDING, and_list, fmt, lab_or_none, latency_floor_ms
 from book.ternary.results import failed_peer_checks, series_label, step_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
@@ -1229,12 +1229,6 @@ def gemlite_check(results, shape: str = MAIN) -> Optional[dict]:
             "passed_at": [c["params"]["shape"] for c in checks if c["passed"]],
             "worst": worst["relative_error"], "worst_shape": worst["params"]["shape"],
             "partials": None if block_k is None else -(-k // (2 * int(block_k[1])))}
-
-
-def and_list(items) -> str:
-    """Items in words: "a", "a and b", "a, b and c"."""
-    items = list(items)
-    return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + (items[-1] if items else "")
 
 
 def shape_words(shape: str) -> str:
