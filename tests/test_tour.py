@@ -83,8 +83,8 @@ def test_the_floor_exercises_crossover_is_where_the_bytes_take_over(bandwidth_gb
 
 def test_chapter_0_sets_a_gpu_exercise_and_one_a_cpu_checks():
     """The page opens with the two modes and says how it was rendered only in "Running it yourself", keeps "How the
-    numbers are measured" to two bullets and a link, gives its ceilings table a clock column, and sets two
-    exercises: the second checked on a CPU, with no answer on the page."""
+    numbers are measured" to two bullets and a link, gives its ceilings table a clock column, and sets three
+    exercises: the second and third checked on a CPU, with no answer on the page."""
     import json
     import re
     from pathlib import Path
@@ -100,10 +100,11 @@ def test_chapter_0_sets_a_gpu_exercise_and_one_a_cpu_checks():
     measured = next(s for s in sources if s.startswith("## How the numbers are measured"))
     assert len(re.findall(r"^\* ", measured, re.M)) == 2 and "../how_we_measure.md" in measured
     assert any("| clock |" in s for s in sources)
-    assert exercise_count(page.relative_to(page.parents[1])) == 2
+    assert exercise_count(page.relative_to(page.parents[1])) == 3
     start = next(i for i, s in enumerate(sources) if s.startswith("## Exercises"))
     exercises = "\n".join(sources[start:])
     assert "exercises.check_head_floor(head_floor_us)" in exercises and "def head_floor_us(" in exercises
+    assert "exercises.check_two_launches(scale_two_launches)" in exercises
     assert not re.search(r"\bsolutions\b(?!\.py)|\breference_\w+", exercises)
 
 
@@ -121,4 +122,4 @@ def test_chapter_0_says_once_that_it_ran_without_a_gpu_and_why_the_ceilings_use_
     table = next(i for i, s in enumerate(sources) if "| measurement | size | clock |" in s)
     assert measured < table and "the floors take one number from\nit, the copy's rate" in sources[measured]
     assert "The headlines never use" not in sources[table]
-    assert "Answers:\n`book/env/solutions.py`." in "\n".join(sources)
+    assert "Answers:\n`book/env/solutions.py` in the repository." in "\n".join(sources)
