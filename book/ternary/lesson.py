@@ -739,7 +739,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
 #: built for several rows of x, so they are measured at M = 16 against the step they build on, and at M = 1 too.
 PART1_ROWS = (
     (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
-    (2, 1, 1, "int8 weights"),
+    (2, 1, 1, "int8 weights (a tie: bytes alone do not set the time)"),
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
     (4, 1, 3, "the decode in one AND: a field under a float exponent"),
     (5, 1, 4, "8 rows a program, one load of x for the 8"),
@@ -775,8 +775,9 @@ PART2_ROWS = (
                 "through L2 (loses; step 19 needs it)"),
     (19, 1, 18, "a TMA ring, sums in shared memory, second half: the warps of a block share its K, the sums in "
                 "shared memory"),
-    (20, 1, 19, "one copy a stage and tile, not one a warp"),
-    (21, 1, 20, "the decode's constant kept in a register"),
+    (20, 1, 19, "one copy a stage and tile, not one a warp (kept: step 21 builds on it)"),
+    (21, 1, 20, "the decode's constant kept in a register (kept: the bf16-x kernel the result sets against "
+                "cuBLAS)"),
     (22, 1, 21, "int8 x on the int8 tensor cores (22a), x quantised by a kernel of its own (22b) launched early "
                 "(22c); loses, step 23 needs it"),
     (23, 1, 22, "x quantised inside the matmul"),
@@ -833,21 +834,36 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_
     return "\n\n".join(tables)
 
 
+def is_tie(r: Optional[float]) -> bool:
+    """The course's tie rule: a ratio from 0.97× to 1.03×, as printed at two decimals."""
+    return r is not None and 0.97 <= float(f"{r:.2f}") <= 1.03
+
+
+def vs(before: Optional[float], t: Optional[float], previous) -> str:
+    """A step table's × previous cell: "1.65× (vs 6)", or "1.03× (vs 20; tie)" by :func:`is_tie`."""
+    r = ratio(before, t)
+    return f"{fmt(r, '.2f', '×')} (vs {previous}{'; tie' if is_tie(r) else ''})"
+
+
 def _beside_table(results, rows, shape: str, m: int, other: int) -> str:
-    """:func:`boehm_table` at ``m`` rows of x with the time and × previous at ``other`` rows beside each step."""
+    """:func:`boehm_table` at ``m`` rows of x with the time and × previous at ``other`` rows beside each step, put
+    first: the steps that have them are built for ``other`` rows."""
     there = {n: p for n, rows_of_x, p, _ in rows if rows_of_x == other}
     lines = _boehm_rows(results, [r for r in rows if r[1] == m], shape).splitlines()
-    head = lines[0].replace("| µs |", f"| µs, M = {m} |", 1)
-    out = [head + f" µs, M = {other} | × previous, M = {other} |", lines[1] + "---|---|"]
+    out = [f"| step | the change | µs, M = {other} | × previous, M = {other} | µs, M = {m} | × previous | "
+           "× the 2-bit floor |", "|---|---|---|---|---|---|---|"]
     for line, (number, _, _, _) in zip(lines[2:], [r for r in rows if r[1] == m]):
+        cells = line.strip().strip("|").split(" | ")
         if number not in there:
-            out.append(line + " – | – |")
-            continue
-        t, previous = us(results, SERIES[number], shape, other), there[number]
-        speed = f"– (the first at {other} rows)" if previous is None else \
-            f"{fmt(ratio(us(results, SERIES[previous], shape, other), t), '.2f', '×')} (vs {previous})"
-        out.append(line + f" {fmt(t, '.1f')} | {speed} |")
-    caption = f"**{shape.replace('x', ' × ')}, {card(results)}, GPU clock, M = {m} and M = {other}**"
+            ahead = "– | –"
+        else:
+            t, previous = us(results, SERIES[number], shape, other), there[number]
+            speed = f"– (the first at {other} rows)" if previous is None else \
+                vs(us(results, SERIES[previous], shape, other), t, previous)
+            ahead = f"{fmt(t, '.1f')} | {speed}"
+        cells = [c.strip() for c in cells]
+        out.append(f"| {cells[0]} | {cells[1]} | {ahead} | " + " | ".join(cells[2:]) + " |")
+    caption = f"**{shape.replace('x', ' × ')}, {card(results)}, GPU clock, M = {other} and M = {m}**"
     return caption + "\n\n" + "\n".join(out) + f"\n\nAt {other} rows, –: a one-row kernel, not timed."
 
 
@@ -861,7 +877,7 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
         own = (f" (its 1.6-bit floor: {fmt(ratio(t, floor_us(results, shape, m, 'base3')), '.1f')})"
                if number in (7, 8) else "")
         before = None if previous is None else us(results, SERIES[previous], shape, m)
-        speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f', '×')} (vs {previous})"
+        speed = "–" if previous is None else vs(before, t, previous)
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
         lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | "
                      f"{fmt(ratio(t, floor), '.1f')}{own} |{extra}")
