@@ -447,6 +447,9 @@ def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_
     real = source["cell-34"]
     flat = " ".join(real.split())
     assert flat.index("engines differ because each builds its own grammar") < flat.index(":::")
+    # why the other schemas drop out (each engine's failures) and how their size compares, from the committed file
+    assert "fail to compile in at least one engine" in flat and 'schema_bytes' in real
+    assert flat.index("fail to compile") < flat.index("the small ones") < flat.index(":::")
     assert "an engine refusing" not in real
     result = " ".join(source["cell-29"].split())
     assert re.search(r"llguidance's none, partly by design: the writer always writes the tokenizer's own split", result)
@@ -459,4 +462,4 @@ def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_
     assert "folded below the list" not in reading and ids.index("cell-45") == len(ids) - 1
     where = source["0ebfc179"]
     assert not re.search(r"recorded|The runs|ceilings run", where)
-    assert "answers:\n`book/fsm/solutions.py`" in source["cell-37"] and "the chapter's\n`solutions.py`" not in text
+    assert "answers:\n`book/fsm/solutions.py` in the repository." in source["cell-37"] and "the chapter's\n`solutions.py`" not in text
