@@ -235,30 +235,61 @@ def _ms_at(results, number: int, params: dict) -> dict | None:
     return found[0] if found else None
 
 
-def test_the_table_of_steps_is_one_chain_at_the_headline_case():
-    """The page's one table of steps holds every kept step, each with its case: the chain a reader follows, steps 0 to
-    5 at the headline's case, then, under a divider row, steps 7, 8, 10, 12 and 13, each at the case its idea is about,
-    with its time there (read from the run here), a "×" (all rows but the first and step 13, whose ratio is against a
-    rival) and a time over the card's floor
-    there, one ratio, never under 1. Rows 0 to 2 name the head's layout."""
+def test_the_steps_are_two_tables_the_chain_and_the_tools_for_other_regimes():
+    """The page's tables of steps hold every kept step: the chain a reader follows, steps 0 to 5 and 7 at the
+    headline's case, then the tools for other regimes, steps 8, 10, 12 and 13, each with its case; each timed row with
+    its time there (read from the run here), a "×" (all rows but the first) and a time over the card's floor there,
+    one ratio, never under 1. Step 12, the entry point, is not timed at one case: its row says what it runs where."""
     results = plotting.load_results("masked_lm_head")
-    rows = _rows(results)
+    rows = _all_rows(results)
     assert [int(r[0]) for r in rows] == list(lesson.MAIN_LINE)
     assert list(lesson.CHAIN) + list(lesson.OWN_STEPS) == list(lesson.MAIN_LINE)
-    for r in rows:
+    assert 7 in lesson.CHAIN and 12 in lesson.OWN_STEPS
+    for r in _rows(results):
         params = _params(int(r[0]))
         assert r[1].startswith(lesson._case(params)), r
         assert r[3].rstrip(lesson.CAPPED) == lesson.table_us(_ms_at(results, int(r[0]), params)["ms"]), r
-    assert [r[0] for r in rows if "[V, D] head" in r[1]] == ["0", "1", "2"]
-    assert rows[0][4] == "–" and rows[-1][4] == "–"  # step 13's ratio is against a rival: in its change cell
-    assert all(r[4].split(" ")[0].rstrip(lesson.CAPPED).endswith("×") for r in rows[1:-1])
+    assert rows[0][4] == "–"
+    assert all(r[4].split(" ")[0].rstrip(lesson.CAPPED).endswith("×") for r in rows[1:])
     by = {r[0]: r for r in rows}
     assert "loses at" not in by["12"][2] and "Where we lose" not in by["12"][2]
+    assert by["12"][3] == "–" and by["12"][5] == "–" and by["12"][2].startswith("the entry point")
     assert not any("the table below" in r[2] for r in rows)
-    divider = [r for r in _all_rows(results) if not r[0]]
-    assert len(divider) == 1 and "its own case" in divider[0][2]
-    overs = [float(r[5].split("×")[0]) for r in rows]
+    assert not [r for r in rows if not r[0]]  # no divider row: two tables
+    overs = [float(r[5].split("×")[0]) for r in _rows(results)]
     assert all(x >= 1.0 for x in overs) and all("(" not in r[5] for r in rows), overs
+
+
+def test_a_tie_says_so_in_its_row():
+    """A ratio from 0.97× to 1.03× as printed is a tie: its row says "tie" and, in the chain, why the step is kept."""
+    results = plotting.load_results("masked_lm_head")
+    for r in _all_rows(results)[1:]:
+        x = float(r[4].split("×")[0])
+        assert ("tie" in r[4]) == (0.97 <= x <= 1.03), r
+    chain = {r[0]: r[4] for r in _main_rows(results)}
+    for n, why in lesson.KEPT_FOR.items():
+        if "(tie" in chain[str(n)]:
+            assert why in chain[str(n)], (n, chain[str(n)])
+    assert lesson.tie_mark(1.03) and lesson.tie_mark(0.97) and not lesson.tie_mark(1.04) and not lesson.tie_mark(0.96)
+
+
+def test_step_12_is_the_entry_point_over_every_case():
+    """Step 12's row gives its worst and best ratio to the fastest kernel it chooses from at each case measured
+    (computed here by hand), over every case, and what it runs where, from the paths its rows record."""
+    results = plotting.load_results("masked_lm_head")
+    rows = [r for r in results.select("step12", layout="vd") if r["clock"] == "gpu"]
+    ratios = []
+    for r in rows:
+        p = {k: v for k, v in r["params"].items() if k != "layout"}
+        times = [x["ms"] for s in ("step07", "step08", "step10", "step03", "cublas_fp32_mask")
+                 for x in results.select(s, layout="vd", **p) if x["clock"] == "gpu"]
+        ratios.append(min(times) / r["ms"])
+    row = next(r for r in _all_rows(results) if r[0] == "12")
+    assert row[1] == f"all {len(rows)} cases"
+    assert row[4].startswith(f"{min(ratios):.2f}× to {max(ratios):.2f}× the fastest kernel it chooses from")
+    assert ("tie at every case" in row[4]) == all(0.97 <= round(x, 2) <= 1.03 for x in ratios)
+    for path in {r["path"] for r in rows}:
+        assert dict(lesson.DISPATCH_PATHS)[path] + " at batch" in row[2], path
 
 
 def _params(number: int) -> dict:
@@ -267,22 +298,29 @@ def _params(number: int) -> dict:
 
 
 def _all_rows(results) -> list[list[str]]:
-    """The cells of every row of the page's table of steps (its caption, header and the rivals' sentence under it left
-    out)."""
-    caption, table = lesson.main_steps_table(results).split("\n\n", 1)
-    assert caption.startswith("**The steps**") and "× against the row above" in caption
-    assert "× against the step it builds on there" in caption
-    assert table.splitlines()[0] == "| step | case | the one change | µs | × against | × the card's floor |"
-    return [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:] if r.startswith("|")]
+    """The cells of every row of the page's two tables of steps (their captions, headers and the rivals' sentence under
+    them left out), the chain's rows given its one case in a second cell, as the second table gives each row's."""
+    cap1, chain, cap2, tools, _ = lesson.main_steps_table(results).split("\n\n")
+    assert cap1.startswith("**The chain**") and "× against the row above" in cap1
+    assert lesson._case(lesson.MAIN_CASE) in cap1
+    assert cap2.startswith("**Tools for other regimes**") and "× against what it replaces there" in cap2
+    assert chain.splitlines()[0] == "| step | the one change | µs | × against | × the card's floor |"
+    assert tools.splitlines()[0] == "| step | case | the one change | µs | × against | × the card's floor |"
+
+    def cells(r):
+        return [c.strip() for c in r.split("|")[1:-1]]
+
+    return ([[c[0], lesson._case(lesson.MAIN_CASE)] + c[1:] for c in map(cells, chain.splitlines()[2:])]
+            + [cells(r) for r in tools.splitlines()[2:]])
 
 
 def _rows(results) -> list[list[str]]:
-    """The rows of the kept steps in the table of steps."""
-    return [r for r in _all_rows(results) if r[0].isdigit()]
+    """The rows of the kept steps timed at one case (step 12, over every case, left out)."""
+    return [r for r in _all_rows(results) if r[0].isdigit() and r[0] != "12"]
 
 
 def _main_rows(results) -> list[list[str]]:
-    """The rows of the chain (steps 0 to 5)."""
+    """The rows of the chain (steps 0 to 5 and 7)."""
     return [r for r in _rows(results) if int(r[0]) in lesson.CHAIN]
 
 
@@ -297,14 +335,11 @@ def test_the_steps_after_the_chain_are_each_at_their_own_case_against_their_base
     cell, since the base's row at that case is not in the table."""
     results = plotting.load_results("masked_lm_head")
     own = _own(results)
-    assert list(own) == ["7", "8", "10", "12", "13"]
-    change = {r[0]: r[2] for r in _rows(results)}
+    assert list(own) == ["8", "10", "13"]
     for n, (_, ratio) in own.items():
         params, base = lesson.STEP_CASES[int(n)]
         mine = _ms_at(results, int(n), params)["ms"]
-        if isinstance(base, str):  # a rival's ratio is in the change cell, after its words
-            assert ratio == "–"
-            ratio = change[n].rsplit("; ", 1)[1]
+        if isinstance(base, str):  # step 13: against the rival with its contract
             theirs, name = results.select(base, **params)[0]["ms"], lesson.HEADLINE_RIVAL_WORDS[base]
         else:
             theirs, name = _ms_at(results, base, params)["ms"], f"step {base}"
@@ -357,12 +392,12 @@ def _base_problems(results, rows: list[list[str]]) -> list[str]:
             problems.append(f"step {number}: {r[4]}, not step {base} over it ({ms(base) / ms(number):.2f}×)")
     for r in rows:
         number = int(r[0])
-        if number not in lesson.OWN_STEPS:
+        if number not in lesson.OWN_STEPS or number == 12:
             continue
         params, base = lesson.STEP_CASES[number]
         theirs = results.select(base, **params)[0]["ms"] if isinstance(base, str) else ms(base, params)
         name = lesson.HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
-        said = r[2].rsplit("; ", 1)[-1] if isinstance(base, str) and r[4] == "–" else r[4]  # a rival's: in the change
+        said = r[4]
         if not said.startswith(f"{theirs / ms(number, params):.2f}× {name} ("):
             problems.append(f"step {number}: {said}, not {name} over it ({theirs / ms(number, params):.2f}×)")
     return problems
@@ -383,7 +418,7 @@ def test_every_step_is_compared_with_the_row_above_it():
     assert _base_problems(results, wrong)
     wrong = [r[:4] + ["1.00×"] + r[5:] if r[0] == "0" else r for r in rows]
     assert _base_problems(results, wrong)
-    wrong = [r[:4] + ["1.01× step 7 (4.05 µs)"] + r[5:] if r[0] == "12" else r for r in rows]
+    wrong = [r[:4] + ["1.01× step 7 (4.05 µs)"] + r[5:] if r[0] == "10" else r for r in rows]
     assert _base_problems(results, wrong)
 
 
@@ -401,8 +436,8 @@ def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
     twelve = results.select("step12", layout="vd", **params)[0]["ms"]
     assert "13" not in [r[0] for r in _main_rows(results)]
     row = next(r for r in _rows(results) if r[0] == "13")
-    assert row[4] == "–"  # the × column is against steps; the rival's ratio goes with the change
-    assert row[2].endswith(f"; {theirs / ours:.2f}× xgrammar's path ({lesson.table_us(theirs)} µs)")
+    assert row[4] == f"{theirs / ours:.2f}× xgrammar's path ({lesson.table_us(theirs)} µs)"
+    assert "xgrammar" not in row[2]
     assert f"{twelve / ours:.2f}×" not in row[2]
     assert "from the packed bitmask" in row[2] and "copy" in row[2] and "step 12's kernel" in row[2]
     assert lesson.step_factor(results, 13) == pytest.approx(theirs / ours) and theirs / ours > 1
@@ -471,7 +506,8 @@ def test_a_step_ratio_in_the_prose_is_the_tables():
     assert numbers["mlh_step08_1"] == own["8"][0].replace(lesson.CAPPED, "") + " µs"
     assert own["10"][1].startswith(f"{numbers['mlh_step10_b64_vs_step03'].removesuffix(' faster')} step 3 (")
     assert numbers["mlh_step10_b64"] == own["10"][0] + " µs"
-    assert numbers["mlh_step07_10000"] == own["7"][0] + " µs"
+    seven = next(r for r in _main_rows(results) if r[0] == "7")
+    assert seven[3] == lesson.table_us(lesson.batch1_ms(results, "step07", 1000))
 
 
 def test_close_times_print_apart():
@@ -557,7 +593,7 @@ def test_the_missing_step_numbers_are_said_once_under_the_tables():
     note = lesson.steps_note(results)
     first = note.split("\n\n")[0]
     assert first == f"Steps {lesson.counts_words(list(lesson.TRIED))} were tried and did not pay (folded below the figures)."
-    assert sorted(int(r[0]) for r in _rows(results)) == list(lesson.MAIN_LINE)
+    assert sorted(int(r[0]) for r in _all_rows(results)) == list(lesson.MAIN_LINE)
     key = lesson.page_capped_key(results)
     assert key is None or note.endswith(key)
     source = "\n".join("".join(c["source"]) for c in _notebook_cells())
@@ -584,7 +620,7 @@ def test_the_page_shows_one_steps_table_and_one_tried_table():
     """The page shows the table of steps once, under the steps, every kept step in it (no second table of steps); the
     tried steps' table once, folded with what each tried step changes, after the table of
     steps. The tried steps have no section of their own, and the kept ones each have one, in order: the chain, steps 0
-    to 5, then steps 7 to 13 in a section of their own, *Beyond the chain*, whose first cell is prose (no heading
+    to 5 and 7, then steps 8 to 13 in a section of their own, *Tools for other regimes*, whose first cell is prose (no heading
     follows a heading at once)."""
     nb = _notebook_cells()
     cells = ["".join(c["source"]) for c in nb]
@@ -594,11 +630,11 @@ def test_the_page_shows_one_steps_table_and_one_tried_table():
     assert "boehm_table" not in source and "one_steps_table" not in source
     heads = [re.match(r"#+ Step (\d+)", c) for c in cells]
     assert [int(h.group(1)) for h in heads if h] == list(lesson.MAIN_LINE)
-    beyond = cells.index(next(c for c in cells if c.startswith("## Beyond the chain")))
+    beyond = cells.index(next(c for c in cells if c.startswith("## Tools for other regimes")))
     assert [int(h.group(1)) for h in heads[:beyond] if h] == list(lesson.CHAIN)
     assert all(cells[k].startswith("### ") for k, h in enumerate(heads) if h and k > beyond)
     assert cells[beyond].count("\n\n") >= 1 and not cells[beyond + 1].startswith("## ")
-    assert any(re.match(r"## Step 3: .*slower here; kept as the dense path", c) for c in cells)
+    assert any(re.match(r"## Step 3: .*a tie here; kept as the dense path", c) for c in cells)
     table = next(k for k, c in enumerate(cells) if "lesson.main_steps_table(results)" in c)
     assert beyond < table and "hide-output" not in nb[table]["metadata"]["tags"]
     for k, c in enumerate(cells):

@@ -102,7 +102,7 @@ def figures(results) -> dict[str, Any]:
 #: The figures' legends: each step by its number and its idea in plain words, and the rivals as the prose names them.
 PLAIN_NAMES: dict[str, str] = {
     "step00": "step 0: the tutorial's matmul, then the mask", "step01": "step 1: skip blocks with nothing allowed",
-    "step02": "step 2: skip disallowed columns too", "step03": "step 3 (tried): step 2 written for [V, D] rows",
+    "step02": "step 2: skip disallowed columns too", "step03": "step 3: step 2 written for [V, D] rows (the dense path)",
     "step04": "step 4: only the allowed ids", "step05": "step 5: one wait per row",
     "step06": "step 6: the fill programs first", "step07": "step 7: an L2 evict-first hint",
     "step08": "step 8: a few ids as launch arguments", "step09": "step 9: the batch's union read once",

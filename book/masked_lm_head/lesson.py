@@ -408,8 +408,10 @@ def capped_key(rot: dict[str, Any] | None) -> str | None:
         return None
     n = rot["capped_union"]
     union = "A union of one row" if n == 1 else f"A union of at most {n:,} rows"
-    return (f"{CAPPED} {union}, which may stay in L2 even across the {rot['max_copies']} copies of the head: this can "
-            "flatter ours against the paths that read the whole head (dense, xgrammar's).")
+    where = (f"its {rot['max_copies']} copies fit in the {rot['l2_mib']:.0f} MiB L2" if rot.get("capped_fit_l2") else
+             f"it may stay in L2 even across the {rot['max_copies']} copies of the head")
+    return (f"{CAPPED} {union}: {where}, which can flatter ours against the paths that read the whole head (dense, "
+            "xgrammar's); the run does not measure by how much.")
 
 
 #: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
@@ -670,8 +672,7 @@ STEP_CASES = {
 CHANGES = {0: "the Triton tutorial's matmul: all logits, then `-inf` over the disallowed",
            1: "blocks with nothing allowed return at once",
            2: "disallowed tokens' weights not loaded",
-           3: "a row-tile kernel for [V, D] on the tensor cores (slower at batch 1; kept as the dense path of "
-              "large batches)",
+           3: "a row-tile kernel for [V, D] on the tensor cores",
            4: "programs walk the list of allowed ids",
            5: "each row one tile, one wait for memory",
            6: "the fill programs first",
@@ -791,9 +792,9 @@ def chain_base(results, number: int) -> int | None:
 PARTS = (("13a", "the packed bitmask copied, without waiting, into a device buffer the graph reads", ("copy",)),
          ("13b", "the union's ids and count built from the buffer on the device", ("count_zero", "union_kernel")),
          ("13c", "step 7's kernel reads the count from memory: one graph per bucket", ("row_kernel",)))
-#: The page's one table of steps (:func:`main_steps_table`): the chain a reader follows at :data:`MAIN_CASE`, steps 0
-#: to 5, each against the row above; then the other kept steps (:data:`OWN_STEPS`), each at its own case.
-CHAIN = (0, 1, 2, 3, 4, 5)
+#: The first table of steps (:func:`main_steps_table`): the chain a reader follows at :data:`MAIN_CASE`, each step
+#: against the row above (step 7 ties step 5 and is kept: steps 8 and 13 build on it, the dispatch runs it at batch 1).
+CHAIN = (0, 1, 2, 3, 4, 5, 7)
 #: The headline rows' words in the table of steps.
 HEADLINE_CHANGES = {12: "the kernel alone, given the ids: step 12's dispatch",
                     13: "the whole step from the packed bitmask in host memory, in one CUDA graph: the bitmask's copy, "
@@ -802,48 +803,106 @@ HEADLINE_CHANGES = {12: "the kernel alone, given the ids: step 12's dispatch",
 CHANGES_FROM_HOST = HEADLINE_CHANGES[13]
 #: The rivals' names in the headline rows' "×" cells.
 HEADLINE_RIVAL_WORDS = {"index_select": "`index_select` + matmul", XGRAMMAR: "xgrammar's path"}
-#: The kept steps after the chain, in the table of steps each at its own case (:data:`STEP_CASES`).
-OWN_STEPS = (7, 8, 10, 12, 13)
+#: The kept steps after the chain, tools for other regimes, in the second table of steps each at its own case
+#: (:data:`STEP_CASES`); step 12, the entry point, over every case measured (:func:`dispatch_range`).
+OWN_STEPS = (8, 10, 12, 13)
+#: Why a kept step that ties the row above stays, in its "×" cell.
+KEPT_FOR = {3: "kept as the dense path of large batches", 7: "kept: steps 8 and 13 build on it"}
+#: The kernels step 12 chooses from: a compacted one (steps 7, 8, 10) and a dense one (step 3's, or cuBLAS with fp32
+#: output and ``masked_fill``).
+DISPATCH_KERNELS = ("step07", "step08", "step10", "step03", "cublas_fp32_mask")
+#: The order the second table names step 12's paths in, and their words there.
+DISPATCH_PATHS = (("few_ids", "step 8"), ("stream", "step 7"), ("batched", "step 10"), ("row_skip", "step 3's kernel"),
+                  ("cublas", "cuBLAS"))
+
+
+def tie_mark(ratio: float) -> str:
+    """`` (tie)`` where ``ratio``, as printed at two decimals, is a tie by the course's rule (0.97× to 1.03×)."""
+    return " (tie)" if 1 - TIE <= round(ratio, 2) <= 1 + TIE else ""
+
+
+def dispatch_range(results) -> dict[str, Any] | None:
+    """Step 12 over every case the run measured it at: at each, the fastest of the kernels it chooses from
+    (:data:`DISPATCH_KERNELS`) measured there over step 12's time; ``worst`` and ``best`` of those ratios, ``cases``
+    (how many) and ``paths`` (path -> its cases' params, in :data:`DISPATCH_PATHS`' order). None without step 12."""
+    rows = [r for r in results.select(step_series(12), layout="vd") if r["clock"] == "gpu"]
+    ratios, paths = [], {}
+    for r in rows:
+        p = {k: v for k, v in r["params"].items() if k != "layout"}
+        best = min((t for s in DISPATCH_KERNELS if (t := _ms(results, s, **p)) is not None), default=None)
+        if best is not None:
+            ratios.append(best / r["ms"])
+        paths.setdefault(r.get("path"), []).append(p)
+    if not ratios:
+        return None
+    order = [k for k, _ in DISPATCH_PATHS]
+    return {"worst": min(ratios), "best": max(ratios), "cases": len(rows),
+            "paths": dict(sorted(paths.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99))}
+
+
+def _span(values) -> str:
+    values = list(values)
+    lo, hi = min(values), max(values)
+    return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+
+
+def dispatch_words(rng: dict[str, Any]) -> str:
+    """What step 12 runs where, from :func:`dispatch_range`: ``step 8 at batch 1, 1–8 allowed; ...``."""
+    words = dict(DISPATCH_PATHS)
+    parts = []
+    for path, ps in rng["paths"].items():
+        batches, allowed = _span(p["batch"] for p in ps), _span(p["allowed"] for p in ps)
+        parts.append(f"{words.get(path, path)} at batch {batches}, {allowed} allowed")
+    return "; ".join(parts)
 
 
 def main_steps_table(results) -> str:
-    """The page's one table of steps, Markdown under its bold caption, each row with its case: first the chain of
-    :data:`CHAIN` at :data:`MAIN_CASE`, each "×" the time of the row above over its own (:func:`chain_base`); then,
-    under a divider row, the other kept steps (:func:`own_case_steps`, then step 13), each at the case its idea is
-    about and against the step it builds on there (:data:`STEP_CASES`; step 13 against xgrammar's path, the rival with
-    its contract), that step's time in the cell, since its row is not in the table. Rows 0 to 2 name the head's layout
-    (step 2's section also times [D, V]). Every row has "× the card's floor" at its own case. The rivals at
-    :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose rotation was capped
-    carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the page's threshold."""
-    lines = [f"**The steps** (µs, GPU clock; steps 0 to 5 at {_case(MAIN_CASE)}, each × against the row above; the "
-             "others each at the case its idea is about, × against the step it builds on there)", "",
-             "| step | case | the one change | µs | × against | × the card's floor |",
-             "|---|---|---|---|---|---|"]
+    """The page's two tables of steps, Markdown, each under its bold caption. First the chain of :data:`CHAIN` at
+    :data:`MAIN_CASE`, each "×" the time of the row above over its own (:func:`chain_base`), a tie marked (with why
+    the step is kept, :data:`KEPT_FOR`). Then the tools for other regimes (:data:`OWN_STEPS`), each at the case its
+    idea is about, "×" against what it replaces there (:data:`STEP_CASES`; step 13 against xgrammar's path, the rival
+    with its contract), that time in the cell; step 12, the entry point, gives what it runs where and its worst and
+    best ratio to the faster of its kernels over every case (:func:`dispatch_range`). Every timed row has "× the card's
+    floor" at its own case. The rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a
+    sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's
+    repetitions spread past the page's threshold."""
+    lines = [f"**The chain** (µs, GPU clock, {_case(MAIN_CASE)}, the [V, D] head; × against the row above)", "",
+             "| step | the one change | µs | × against | × the card's floor |", "|---|---|---|---|---|"]
     for number in CHAIN:
         row = _row(results, step_series(number), **MAIN_CASE)
         if row is None:
             continue
         base = chain_base(results, number)
         reference = None if base is None else _row(results, step_series(base), **MAIN_CASE)
-        ratio = "–" if reference is None else f"{_vs(row, reference)} step {base}"
-        case = _case(MAIN_CASE) + (", [V, D] head" if number <= 2 else "")
-        lines.append(f"| {number} | {case} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
+        ratio = "–"
+        if reference is not None:
+            tie = tie_mark(reference["ms"] / row["ms"])
+            why = f"; {KEPT_FOR[number]}" if tie and number in KEPT_FOR else ""
+            ratio = f"{_vs(row, reference)} step {base}" + (tie[:-1] + why + ")" if tie else "")
+        lines.append(f"| {number} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
                      f"{_over_floor(results, row, MAIN_CASE)} |")
-    lines.append("| | | *each step below at its own case, against the step it builds on there* | | | |")
+    lines += ["", "**Tools for other regimes** (µs, GPU clock; each at its own case, × against what it replaces there)",
+              "", "| step | case | the one change | µs | × against | × the card's floor |", "|---|---|---|---|---|---|"]
     for number in OWN_STEPS:
         params, base = STEP_CASES[number]
+        if number == 12:
+            rng = dispatch_range(results)
+            if rng is None:
+                continue
+            span = f"{rng['worst']:.2f}× to {rng['best']:.2f}×"
+            tie = " (tie at every case)" if tie_mark(rng["worst"]) and tie_mark(rng["best"]) else ""
+            lines.append(f"| 12 | all {rng['cases']} cases | the entry point, a dispatch by shape: "
+                         f"{dispatch_words(rng)} | – | {span} the fastest kernel it chooses from{tie} | – |")
+            continue
         row = _row(results, step_series(number), **params)
         if row is None:
             continue
         change = HEADLINE_CHANGES[13] if number == 13 else CHANGES[number]
-        if number == 12 and row.get("path"):
-            change += f": {path_words(row['path'])} here"
         reference = _row(results, _base_series(base), **params)
         name = HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
         ratio = (PENDING if reference is None else
-                 f"{_vs(row, reference)} {name} ({table_us(reference['ms'])} µs{capped(reference)})")
-        if isinstance(base, str):  # a rival, not a step: its ratio goes with the change, the × column stays steps'
-            change, ratio = f"{change}; {ratio}", "–"
+                 f"{_vs(row, reference)} {name} ({table_us(reference['ms'])} µs{capped(reference)})"
+                 + tie_mark(reference["ms"] / row["ms"]))
         lines.append(f"| {number} | {_case(params)} | {change} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
                      f"{_over_floor(results, row, params)} |")
     rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
