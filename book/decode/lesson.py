@@ -806,7 +806,8 @@ def host_table(results, models=("1b", "8b"), batch: int = 1) -> str:
 #: The cases of the result table: (label, model, batch).
 CASES = (("SmolLM2-135M, real requests", REAL, 1), ("SmolLM2-135M, real requests", REAL, 8),
          ("1B cost model, JSON schemas", "1b", 1), ("1B cost model, JSON schemas", "1b", 8),
-         ("8B cost model (forecast), JSON schemas", "8b", 1), ("8B cost model (forecast), JSON schemas", "8b", 8))
+         ("8B cost model (synthetic weights), JSON schemas", "8b", 1),
+         ("8B cost model (synthetic weights), JSON schemas", "8b", 8))
 
 
 def result_rows(results) -> list[dict]:
@@ -1017,9 +1018,16 @@ def step03_chain_rows(changes, cases=CHAIN_CASES) -> list[ChainRow]:
     return [ChainRow(r["row"], r["change"], dict(r["us"])) for r in step03_chain(changes, cases)]
 
 
+def _tie_or(factor, before: float, after: float) -> str:
+    """``factor(before, after)``, or "x.xx× (tie)" where the ratio as printed is from 0.97× to 1.03×."""
+    x = before / after
+    return f"{x:.2f}× (tie)" if 0.97 <= round(x, 2) <= 1.03 else factor(before, after)
+
+
 def step03_chain_ratio_table(changes, cases=CHAIN_CASES) -> str:
     """Step 3's chain as the page's open table (Markdown): per link its label, its one change and, per case, its
-    "× previous" only (:func:`book.common.chain_factor`, "does not pay" where it costs time). The chain's own times
+    "× previous" only (:func:`book.common.chain_factor`, "does not pay" where it costs time; "(tie)" from 0.97× to
+    1.03× as printed, the course's tie rule). The chain's own times
     are another run's, so its step 2 and step 3 sit a little off the steps table's; the page folds them
     (:func:`step03_chain_rows`), so each configuration shows one time in the open text."""
     from book.common import chain_factor
@@ -1029,7 +1037,7 @@ def step03_chain_ratio_table(changes, cases=CHAIN_CASES) -> str:
     lines = ["| row | the one change | " + " | ".join(f"{label}: × previous" for label in labels) + " |",
              "|---|---|" + "---|" * len(labels)]
     for i, row in enumerate(rows):
-        cells = ["anchor" if i == 0 else chain_factor(rows[i - 1].us[c], row.us[c]) for c in labels]
+        cells = ["anchor" if i == 0 else _tie_or(chain_factor, rows[i - 1].us[c], row.us[c]) for c in labels]
         lines.append("| " + " | ".join([row.label, row.change] + cells) + " |")
     return "\n".join(lines)
 
