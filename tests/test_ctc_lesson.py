@@ -163,6 +163,13 @@ def test_the_chain_floor_the_grid_range_and_the_kernel_parts_read_the_committed_
     assert lesson.chain_floor_us(plotting.load_results("ctc", "nvidia-h100-80gb-hbm3"), T) is None
     mins = lesson.speedup_minima(results)
     assert mins["all"][0] <= mins[max(ctc.BENCH_A)][0] <= mins["max"][0]
+    # the least lead names every case that prints it (the result table shows them all), in the opening and the result
+    low = f"{mins['all'][0]:.2f}"
+    tied = [(A, N) for A in ctc.BENCH_A for N in ctc.BENCH_N
+            if f"{_raw('torch-best', A, N)['ms'] / _raw('ctc_loss', A, N)['ms']:.2f}" == low]
+    assert lesson.least_cases(results) == lesson.where(tied) and (mins["all"][1], mins["all"][2]) in tied
+    code = "".join("".join(c["source"]) for c in _page_cells() if c["id"] in ("opening-ctc", "result-first-ctc"))
+    assert code.count("lesson.least_cases(results)") == 2 and "low[2]" not in code
     for k in range(7, 15):
         parts = lesson.kernel_parts_us(results, ctc.CHAPTER.step(k).series, 28, 1)
         assert set(parts) == {"first pass", "recursion", "last pass"} and min(parts.values()) > 0, k
@@ -198,6 +205,13 @@ def test_the_entry_point_row_is_its_own_series_beside_the_step_it_ran():
     assert lesson.entry_point(results, 28, 3) is None  # no such point
 
 
+def _tied(ratio: float, against: str = "") -> str:
+    """A "× prev." cell as the table of steps prints it: the ratio, what it is against where that is not the row
+    above, and "tie" where it is one (0.97× to 1.03× at two decimals, the course's rule)."""
+    notes = [w for w in (against, "tie" if 0.97 <= round(ratio, 2) <= 1.03 else "") if w]
+    return f"{ratio:.2f}×" + (f" ({', '.join(notes)})" if notes else "")
+
+
 def test_the_entry_point_row_sits_under_step_14_with_the_step_it_ran_and_its_factor_over_that_step():
     """Step 14's row shows its own factors, plain (a loss where one warp holds the target included); the entry
     point's row follows it at once, each case's time naming the step it ran there and that step's time (timed as a
@@ -209,11 +223,11 @@ def test_the_entry_point_row_sits_under_step_14_with_the_step_it_ran_and_its_fac
     assert entry[0] == "entry point" and entry[1] == "the result" and "`ctc_loss`" in entry[2]
     for i, (A, N) in enumerate(lesson.TABLE_CASES):
         step14, step13, row = _raw("step14", A, N), _raw("step13", A, N), _raw("ctc_loss", A, N)
-        assert last[4 + 3 * i] == f"{step13['ms'] / step14['ms']:.2f}×", (A, N)
+        assert last[4 + 3 * i] == _tied(step13['ms'] / step14['ms']), (A, N)
         ran = int(row["step"].removeprefix("step"))
         assert ran in (12, 14) and entry[3 + 3 * i] == f"{row['ms'] * 1e3:,.1f} (step {ran})", (A, N)
         own = _raw(f"step{ran:02d}", A, N)
-        assert entry[4 + 3 * i] == f"{own['ms'] / row['ms']:.2f}× (vs step {ran})", (A, N)
+        assert entry[4 + 3 * i] == _tied(own['ms'] / row['ms'], f"vs step {ran}"), (A, N)
     assert any(_raw("step14", A, N)["warps"] == 1 for A, N in lesson.TABLE_CASES)  # a column where it loses
     assert "†" not in "\n".join(lines)
 
@@ -275,17 +289,19 @@ def test_the_results_caption_names_torch_best_at_every_point_and_the_kernel_cloc
 
 
 def test_the_tuning_steps_get_one_table_of_ratios_over_the_step_before():
-    """Steps 2 to 5, one row each: every cell is the step before's time over the step's, at the points where the
-    lesson timed steps 1 to 6, read straight from the JSON."""
+    """The steps tried and dropped (2, 3 and 6), one row each: every cell is the step before's time over the step's,
+    at the points where the lesson timed steps 1 to 6, read straight from the JSON; the last cell says why it was
+    dropped (2 and 3: a tie at every case)."""
     results = plotting.load_results("ctc", "nvidia-h200")
     rows = lesson.tuning_table(results).splitlines()
     points = [(A, N) for A in ctc.BENCH_A for N in (1, 16, 256)]
-    assert len(rows) == 2 + 4 and [r.split("|")[1].strip() for r in rows[2:]] == ["2", "3", "4", "5"]
+    assert len(rows) == 2 + 3 and [r.split("|")[1].strip() for r in rows[2:]] == ["2", "3", "6"]
     assert "`__restrict__`" in rows[2] and "`__ldg`" in rows[3]
-    for k, row in zip((2, 3, 4, 5), rows[2:]):
+    for k, row in zip((2, 3, 6), rows[2:]):
         cells = [c.strip() for c in row.split("|")[3:-1]]
         want = [f"{_raw(f'step0{k - 1}', A, N)['ms'] / _raw(f'step0{k}', A, N)['ms']:.2f}×" for A, N in points]
-        assert cells == want, k
+        assert cells[:-1] == want, k
+        assert cells[-1].startswith("a tie at every case") == (k != 6), k
 
 
 def test_the_grain_rule_and_sweep_summary_match_the_sweeps_own_targets():
@@ -419,8 +435,9 @@ def _cells(line: str) -> list[str]:
 
 def test_each_step_is_one_row_against_the_step_it_builds_on():
     """The table of steps is the chain: one row per step, its library title (code words marked), and every
-    "× previous" the step it builds on over this step, read straight from the JSON: step 7 against step 5 (step 6 is
-    a side branch, said in the cell), every other step against the one before. No row bundles changes."""
+    "× previous" the step it builds on over this step, read straight from the JSON: step 4 against step 1 and step 7
+    against step 5 (steps 2, 3 and 6 were tried and dropped; the whole table names those two), every other step
+    against the one before, a tie marked. No row bundles changes."""
     results = plotting.load_results("ctc", "nvidia-h200")
     rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                               if line.startswith("| "))}
@@ -434,21 +451,21 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
         assert not any(w in row[2] for w in ("plus", "changes:", "tuning", "and a prerequisite")), row[2]
         if step.number == 1:
             continue
-        before = 5 if step.number == 7 else step.number - 1
+        before = {4: 1, 7: 5}.get(step.number, step.number - 1)
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
             if not _has(step.series, A, N):  # steps 1 to 6 are not timed at the headline case
                 assert row[3 + 3 * i:6 + 3 * i] == ["–", "–", "–"], (step.number, A, N)
                 continue
             if step.number == 7 and _lab("step07", A, N):  # against 7b, in the run that timed both
-                want = f"{_lab('step07b', A, N)['ms'] / _lab('step07', A, N)['ms']:.2f}×"
+                want = _tied(_lab('step07b', A, N)['ms'] / _lab('step07', A, N)['ms'])
                 assert row[4 + 3 * i] == want, (A, N)
                 continue
             if not _has(f"step{before:02d}", A, N):  # step 7 at the headline case: step 5 not timed there
                 assert row[4 + 3 * i] == "–", (step.number, A, N)
                 continue
-            want = f"{_raw(f'step{before:02d}', A, N)['ms'] / _raw(step.series, A, N)['ms']:.2f}×"
-            against = {7: " (vs step 5)"}.get(step.number, "")  # step 6 is a side branch
-            assert row[4 + 3 * i] == want + against, (step.number, A, N)
+            against = {4: "vs step 1", 7: "vs step 5"}.get(step.number, "")  # the tried steps' rows stand between
+            want = _tied(_raw(f'step{before:02d}', A, N)['ms'] / _raw(step.series, A, N)['ms'], against)
+            assert row[4 + 3 * i] == want, (step.number, A, N)
     assert rows["7c"][2] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
     for label, series, base in (("7a", "step07a", "step05"), ("7b", "step07b", "step07a")):
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
@@ -457,8 +474,8 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
                 assert rows[label][3 + 3 * i:6 + 3 * i] == ["–", "–", "–"], (label, A, N)
                 continue
             assert rows[label][3 + 3 * i] == f"{now['ms'] * 1e3:,.1f}", (label, A, N)
-            want = f"{_lab(base, A, N)['ms'] / now['ms']:.2f}×"
-            assert rows[label][4 + 3 * i] == want + (" (vs step 5)" if base == "step05" else ""), (label, A, N)
+            want = _tied(_lab(base, A, N)['ms'] / now['ms'], "vs step 5" if base == "step05" else "")
+            assert rows[label][4 + 3 * i] == want, (label, A, N)
     slower = [(A, N) for A, N in lesson.TABLE_CASES if _lab("step07b", A, N)
               and round(_lab("step07a", A, N)["ms"] / _lab("step07b", A, N)["ms"], 2) < 1]
     assert ("step 10 runs both directions in one kernel" in rows["7b"][2]) == bool(slower)
@@ -471,7 +488,7 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
 def test_the_prerequisite_says_where_it_costs_time_in_the_table():
     """Step 9 (one warp per direction) stays for what builds on it: where it is slower than step 8 at a case of the
     table (from the JSON), its role is "prerequisite" and its change says what builds on it; only 7b (slower than 7a
-    in the lab run) shares that role."""
+    in the lab run) and step 5 (a tie at every case; 7a builds on it) share that role."""
     results = plotting.load_results("ctc", "nvidia-h200")
     rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                               if line.startswith("| "))}
@@ -480,7 +497,9 @@ def test_the_prerequisite_says_where_it_costs_time_in_the_table():
     assert (rows["9"][1] == lesson.PREREQUISITE) == bool(slower)
     assert rows["9"][2].endswith("(kept: steps 10 to 14 build on the warp)") == bool(slower)
     assert "slower at" not in lesson.boehm_table(results)  # the "× prev." cells say where
-    assert {k for k, r in rows.items() if r[1] == lesson.PREREQUISITE} <= {"9", "7b"}
+    assert {k for k, r in rows.items() if r[1] == lesson.PREREQUISITE} <= {"5", "9", "7b"}
+    assert (rows["5"][1] == lesson.PREREQUISITE) == lesson.flat(results, 5)
+    assert rows["5"][2].endswith("(kept: step 7a builds on its rows)") == lesson.flat(results, 5)
     assert lesson.where([(28, 1), (5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape"
     assert lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape but A = 28, N = 1"
     assert (lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES, complement=False)
@@ -490,18 +509,16 @@ def test_the_prerequisite_says_where_it_costs_time_in_the_table():
 
 
 def test_a_step_flat_at_the_first_case_says_where_it_pays():
-    """A step that the table rounds to 1.00× or less at A = 28, N = 1 but above 1.00× at both cases of the large
-    alphabet says "(pays at A = 5,000)" in its change cell, read from the JSON; no other row says it."""
+    """A main-line step that ties at A = 28, N = 1 (0.97× to 1.03× as printed) but pays (above 1.03×) at a case of
+    the large alphabet says where in its change cell ("(pays at A = 5,000)" at both, else the case), read from the
+    JSON; no other row says it."""
     results = plotting.load_results("ctc", "nvidia-h200")
     cells = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                                if line.startswith("| "))}
     rows = {k: r[2] for k, r in cells.items()}
     for number in range(2, 14):
-        if number in (6, 9):  # the counterexample and the prerequisite have their own words
-            continue
-        if number in lesson.FLAT_WHY and lesson.flat(results, number):  # "no gain" says it: none pays at 5,000
-            assert "pays at" not in rows[str(number)] and cells[str(number)][1] == lesson.NO_GAIN, number
-            assert rows[str(number)].endswith(f"({lesson.FLAT_WHY[number]})"), number
+        if number in (*lesson.TRIED_STEPS, *lesson.PREREQUISITES):  # tried, or kept: their own words
+            assert "pays at" not in rows[str(number)], number
             continue
         before = lesson.PREVIOUS.get(number, number - 1)
         pairs = [(_raw(f"step{before:02d}", A, N), _raw(f"step{number:02d}", A, N)) for A, N in lesson.TABLE_CASES
@@ -511,13 +528,16 @@ def test_a_step_flat_at_the_first_case_says_where_it_pays():
             continue
         ratios = [round(b["ms"] / a["ms"], 2) for b, a in pairs]
         label = lesson.STEP07_LABEL if number == 7 else str(number)
-        assert ("(pays at A = 5,000)" in rows[label]) == (ratios[0] <= 1 and min(ratios[1:]) > 1), number
+        pays = [f"A = {A:,}, N = {N}" for (A, N), r in zip(lesson.TABLE_CASES[1:], ratios[1:]) if r > 1.03]
+        words = "" if not (0.97 <= ratios[0] <= 1.03 and pays) else (
+            " (pays at A = 5,000)" if len(pays) == len(ratios) - 1 else f" (pays at {' and '.join(pays)})")
+        assert ("pays at" in rows[label]) == bool(words) and words in rows[label], number
     assert all("pays at" not in rows[k] for k in ("1", "6", "9", "14"))
 
 
 def test_the_prose_numbers_of_the_new_steps_read_their_two_series():
     """Each of steps 7 to 12 gets one measured number, its speedup range over the step it builds on (step 7: at the six
-    points where steps 1 to 6 ran; the others: the whole grid), and where it is slower."""
+    points where steps 1 to 6 ran; the others: the whole grid), and where it is slower (below the tie band)."""
     results = plotting.load_results("ctc", "nvidia-h200")
     numbers = lesson.prose_numbers(results)
     points = {7: [(A, N) for A in ctc.BENCH_A for N in ctc.report.LESSON_N]}
@@ -531,7 +551,7 @@ def test_the_prose_numbers_of_the_new_steps_read_their_two_series():
         fmt = lambda x: f"{x:.2f}×" if x < 3 else f"{x:.1f}×"  # noqa: E731
         assert numbers[key] == (fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)} to {fmt(hi)}"), key
         if k > 7:
-            slower = [p for p, r in zip(grid, ratios) if round(r, 2) < 1]
+            slower = [p for p, r in zip(grid, ratios) if round(r, 2) < 0.97]  # a tie (0.97× to 1.03×) is no loss
             assert numbers[f"{key}_slower"] == lesson.where(slower), key
             A, N = grid[ratios.index(max(ratios))]
             assert numbers[f"{key}_most"] == f"A = {A:,}, N = {N}", key
@@ -565,10 +585,11 @@ SECTION_NUMBERS = {"7a": "f7a['ratios'][mid_case]", "7b": "f7b['ratios'][mid_cas
 def test_each_step_has_one_section_with_its_code_and_its_number():
     """Steps 7a to 14: one heading "## Step N: ..." each, in order, naming one idea (no "plus"): step 7's three
     changes are steps 7a, 7b and 7c; under each, open, the core of the step's code or diff, and a sentence glued from
-    the JSON with the step's measured number. No folded cell holds a whole diff or listing but step 5's and step 6's:
-    steps 2, 3 and 5 gain nothing and sit in one fold of step 4's section, and step 6, a side branch, keeps its
-    lesson open and folds its diff. The page names the runs it reads in words (no repository path), and its cells
-    read them."""
+    the JSON with the step's measured number. No folded cell holds a whole diff or listing but step 5's, step 6's and
+    step 11's backward half: step 5 (kept for 7a) has its sentence, its diff and steps 2 and 3's loads in one fold of
+    step 4's section (its row in the table of steps says why it is kept), the steps tried and dropped (2, 3 and 6)
+    are one folded table under the table of steps, and step 6 keeps its lesson open and folds its diff. The page
+    names the runs it reads in words (no repository path), and its cells read them."""
     cells = _page_cells()
     text = "".join("".join(c["source"]) for c in cells)
     heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step")]
@@ -577,9 +598,12 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
     assert numbered == ["1", "4", "6", "7a", "7b", "7c", "8", "9", "10", "11", "12", "13", "14"]
     assert "## Steps 2 to 5" not in text and "only step 4 pays" not in text
     four = cells[heads[1] + 1:heads[2]]
-    tried = [c for c in four if "lesson.tuning_table(results, (2, 3, 5))" in "".join(c["source"])]
-    assert len(tried) == 1 and "hide-output" in tried[0]["metadata"]["tags"]  # one fold: tried, no gain
-    assert "Tried, no gain: steps 2, 3 and 5" in "".join(tried[0]["source"])
+    five = [c for c in four if "ctc_alpha_step5" in "".join(c["source"])]
+    assert len(five) == 1 and "hide-output" in five[0]["metadata"]["tags"]  # step 5 and the loads: one fold
+    assert "**Step 5**" in "".join(five[0]["source"]) and "step 7a builds on it" in "".join(five[0]["source"])
+    tried = [c for c in cells if "lesson.tuning_table(results)" in "".join(c["source"])]
+    assert len(tried) == 1 and "hide-output" in tried[0]["metadata"]["tags"]
+    assert "steps_tables" in "".join(cells[cells.index(tried[0]) - 1]["source"])  # right under the table
     six = cells[heads[2] + 1:heads[3]]
     assert any("N['prob_lost']" in "".join(c["source"]) and "hide-output" not in c["metadata"].get("tags", [])
                for c in six)  # its lesson, open
@@ -600,11 +624,11 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
     ten = "".join(cells[heads[numbered.index("10")]]["source"])  # what 7b and 9 are for, said once, in step 10
     assert "Steps 7b and 9 lose alone" in ten and "step 10 needs both" in ten
     assert text.count("lose alone") == 1 and text.count("; step 10 needs it.") + text.count(";\nstep 10 needs it.") == 2
-    for cell in cells:  # step 5's diff (a step that does not help) and step 6's (a side branch) are the ones folded
+    for cell in cells:  # step 5's diff, step 6's (tried) and step 11's mirror half are the ones folded
         if cell["cell_type"] == "code" and "hide-output" in cell["metadata"].get("tags", []):
-            assert ("ctc_alpha_step5" in "".join(cell["source"]) or "lesson.step_diff(6)" in "".join(cell["source"])
-                    or not re.search(r"show_diff|show_source|step_diff|parts\(", "".join(cell["source"]))), \
-                cell["source"]
+            assert any(w in "".join(cell["source"]) for w in ("ctc_alpha_step5", "lesson.step_diff(6)",
+                                                              "lesson.step_diff(11, 2)")) \
+                or not re.search(r"show_diff|show_source|step_diff|parts\(", "".join(cell["source"])), cell["source"]
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
     assert not re.search(r"\.json|assets/|lab/|results/", where)
     for words in ("benchmark on the H200", "p50 / p99 run", "matmul rate", "benchmark on the H100"):
@@ -617,11 +641,12 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
 
 
 def test_the_diffs_split_in_two_are_each_whole_and_at_most_40_changed_lines():
-    """Steps 11 and 13 show their change as two diffs, each open, each under a sentence of its own and each at most
-    40 changed lines: the first starts at the old function (step 13's with the signature and g its sentence names),
-    the second ends at the new one, comments left out, and the second starts where the first ends. Step 11's middle
-    is its forward direction with step 10's backward one. Step 14's core is one frame, forward, against one frame of
-    the one-warp recursion; step 9's frame update is its forward half."""
+    """Steps 11 and 13 show their change as two diffs, each under a sentence of its own, at most 40 changed lines
+    shown open per step: the first starts at the old function (step 13's with the signature and g its sentence
+    names), the second ends at the new one, comments left out, and the second starts where the first ends. Step 11's
+    middle is its forward direction with step 10's backward one, and its second part (the mirror image) is folded;
+    step 13's second part shows the two lines it moves unchanged as grey lines. Step 14's core is one frame, forward,
+    against one frame of the one-warp recursion; step 9's frame update is its forward half."""
     from studylog.source import source_of
 
     cells = _page_cells()
@@ -636,13 +661,20 @@ def test_the_diffs_split_in_two_are_each_whole_and_at_most_40_changed_lines():
             assert "lse3_select" in middle[:middle.index("} else {")]
         else:
             assert old == lesson.preamble_sides(number)[0]
+        shown = 0
         for part in (1, 2):
             diff = lesson.step_diff(number, part)
             assert diff.added and len(diff.added) + len(diff.removed) <= 40, (number, part)
             assert not any(ln[1:].lstrip().startswith("//") for ln in diff.lines[2:]), (number, part)
             at = next(i for i, c in enumerate(cells) if f"lesson.step_diff({number}, {part})" in "".join(c["source"]))
-            assert "hide-output" not in cells[at]["metadata"].get("tags", []), (number, part)
-            assert cells[at - 1]["cell_type"] == "markdown", (number, part)  # its own sentence
+            folded = "hide-output" in cells[at]["metadata"].get("tags", [])
+            assert folded == ((number, part) == (11, 2)), (number, part)
+            if folded:  # its sentence in its own cell
+                assert "mirror image" in "".join(cells[at]["source"])
+            else:
+                assert cells[at - 1]["cell_type"] == "markdown", (number, part)  # its own sentence
+                shown += len(diff.added) + len(diff.removed)
+        assert shown <= 40, number
         assert lesson.step_diff(number, 1).new_name == lesson.step_diff(number, 2).old_name, number
     text = "".join("".join(c["source"]) for c in cells)
     assert "step_core" not in text and "step_rest" not in text  # no diff is cut into a core and a fold
@@ -694,8 +726,8 @@ def test_steps_4_6_and_7a_show_their_whole_diff_after_the_signature_their_senten
 
 
 def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay():
-    """The table of steps is one row per step in step order, no group rows: a step that moves no case of the table
-    says "no gain" and why it is there; step 6 says it is a side branch; 7a says it is against step 5. The folded
+    """The whole table of steps is one row per step in step order, no group rows: steps 2, 3 and 6 are "tried", step 5
+    (a tie at every case) a prerequisite; 4 and 7a say they are against steps 1 and 5. The folded
     ranges give each step's least and most "× prev." over every case, read from the JSON, and each section quotes
     one case's factor as the table prints it."""
     results = plotting.load_results("ctc", "nvidia-h200")
@@ -708,10 +740,11 @@ def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay()
         ratios = [round(_raw(f"step{lesson.PREVIOUS.get(number, number - 1):02d}", A, N)["ms"]
                         / _raw(f"step{number:02d}", A, N)["ms"], 2) for A, N in lesson.TABLE_CASES]
         label = lesson.STEP07_LABEL if number == 7 else str(number)
-        assert lesson.flat(results, number) == all(0.99 <= r <= 1.01 for r in ratios), number
-        assert (rows[label][1] == lesson.NO_GAIN) == (number in lesson.FLAT_WHY and lesson.flat(results, number))
+        assert lesson.flat(results, number) == all(0.97 <= r <= 1.03 for r in ratios), number
+        assert (rows[label][1] == lesson.TRIED_ROLE) == (number in lesson.TRIED_STEPS), number
     assert all(lesson.flat(results, n) for n in lesson.FLAT_WHY)  # the committed run: steps 2, 3 and 5 move nothing
-    assert rows["6"][1] == lesson.SIDE_BRANCH and rows["7a"][4].endswith("(vs step 5)")
+    assert rows["5"][1] == lesson.PREREQUISITE and rows["7a"][4].endswith("(vs step 5)")
+    assert rows["4"][4].startswith(lesson.factor(results, 4, lesson.TABLE_CASES[0]) + " (vs step 1")
     ranges = {_cells(line)[0]: _cells(line) for line in lesson.ranges_table(results).splitlines()[2:]}
     assert list(ranges) == [str(n) for n in range(2, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
     grid = [(A, N) for A in ctc.BENCH_A for N in ctc.BENCH_N]
@@ -729,36 +762,27 @@ def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay()
 def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
     """The table of steps and the result table are each read as two tables (the readers found 11 and 9 columns
     cramped, then nine): the open table of steps has seven columns, each case's time and "× prev." (the floor row
-    gives the case's floor), the folded one the large batch with its "× floor"; both grey the rows of the steps that
-    gain nothing (their detail folded under step 4), so that every "× prev." is against a row shown. Every cell of
-    the wide table is in one of them, each row keeps its label (step, or A and N), and the floor row of the second
-    table of steps is labelled."""
+    gives the case's floor), the folded one the large batch with its "× floor"; both leave out the steps tried and
+    dropped (2, 3 and 6, one folded table under it), so that every step's "× prev." is against the row above. Every
+    cell of the chain's table is in one of them, each row keeps its label (step, or A and N), and the floor row of
+    the second table of steps is labelled."""
     results = plotting.load_results("ctc", "nvidia-h200")
-    wide = [_cells(line) for line in lesson.boehm_table(results).split("\n\n")[0].splitlines()]
-    tried = {label for label, role in lesson.roles(results).items() if role == lesson.NO_GAIN}
-    assert tried == {"2", "3", "5"}  # the committed run
+    chain = lesson.boehm_table(results, shown=lambda role: role != lesson.TRIED_ROLE)
+    wide = [_cells(line) for line in chain.split("\n\n")[0].splitlines()]
+    tried = {label for label, role in lesson.roles(results).items() if role == lesson.TRIED_ROLE}
+    assert tried == {"2", "3", "6"}
     first, second = ([_cells(line) for line in t.split("\n\n")[0].splitlines()] for t in lesson.steps_tables(results))
     assert len(first) == len(second) == len(wide) and len(first[0]) == 7 and len(second[0]) == 5
-    grey = re.compile(r'<span style="color: grey">(.*)</span>')
+    assert not tried & {r[0] for r in first} and "<span" not in chain
     for row, a, b in zip(wide, first, second):
         if set(row[0]) <= {"-"}:
             continue  # the separator
-        if row[0] in tried:  # a greyed row: every cell greyed, the same cell inside
-            assert all(grey.fullmatch(c) for c in a + b if c), row[0]
-            a = [grey.sub(r"\1", c) for c in a]
-            b = [grey.sub(r"\1", c) for c in b]
-        else:
-            assert not any("<span" in c for c in a + b), row[0]
         assert [a[i] for i in (0, 1, 2, 3, 5)] == [row[i] for i in (0, 1, 2, 3, 6)], row[0]
         assert [a[4], a[6]] == [row[4], row[7]] and b[2:] == row[9:], row[0]
         assert b[1] == row[1] and b[0] == (row[0] or "floor")
-    shown = [grey.sub(r"\1", r[0]) for r in first[2:]]  # a "× prev." names a step only where it is not the row
-    # above, and that step is a row shown
-    for r in first[2:]:
-        for cell in (r[4], r[6]) if r[0] not in ("entry point", "torch") else ():
-            if m := re.search(r"\(vs step (\w+)\)", cell):
-                assert m.group(1) in shown and shown[shown.index(r[0]) - 1] != m.group(1), r[0]
-    assert lesson.TRIED_UNDER == 4 and "see step 4" in lesson.line_words(results)
+    for r in first[2:] + second[2:]:  # every step's "× prev." is against the row above: none names a step
+        assert not any("vs step" in c for c in r) or r[0] == "entry point", r[0]
+    assert "tried and dropped (folded below)" in lesson.line_words(results)
     assert "the step it ran over the call (what the choice costs)" in lesson.steps_tables(results)[0]
     wide = [_cells(line) for line in lesson.results_table(results).split("\n\n")[0].splitlines()]
     times, ratios = lesson.results_tables(results)
@@ -875,23 +899,26 @@ def test_whole_diffs_and_the_baseline_listing_leave_comment_lines_out():
 
 
 def test_the_main_line_is_marked_in_the_table_and_named_over_it():
-    """The table of steps has a role column: the steps that pay (the main line) in bold, the steps that move no case
-    "no gain", the slower steps kept for what builds on them "prerequisite", step 6 "side branch"; the sentence over
-    the table names the main line in order from the same roles, and the page says it right before the table."""
+    """The table of steps has a role column: the steps that pay (the main line) in bold, the steps that gain nothing
+    alone but are kept for what builds on them "prerequisite", the steps tried and dropped (2, 3 and 6) "tried"; the
+    sentence over the table names the chain (main line and prerequisites) in order from the same roles, and the page
+    says it right before the table."""
     results = plotting.load_results("ctc", "nvidia-h200")
     roles = lesson.roles(results)
     assert list(roles) == [str(n) for n in range(1, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
     main = [k for k, v in roles.items() if v == lesson.MAIN_LINE]
     assert main == ["1", "4", "7a", "7c", "8", "10", "11", "12", "13", "14"]  # the committed runs
-    assert [k for k, v in roles.items() if v == lesson.NO_GAIN] == ["2", "3", "5"]
-    assert [k for k, v in roles.items() if v == lesson.PREREQUISITE] == ["7b", "9"]
+    assert [k for k, v in roles.items() if v == lesson.TRIED_ROLE] == ["2", "3", "6"]
+    assert [k for k, v in roles.items() if v == lesson.PREREQUISITE] == ["5", "7b", "9"]
+    chain = [k for k, v in roles.items() if v != lesson.TRIED_ROLE]
     rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                               if line.startswith("| "))}
     for label, role in roles.items():
         assert rows[label][1] == (f"**{role}**" if role == lesson.MAIN_LINE else role), label
     assert rows["entry point"][1] == "the result" and rows["torch"][1] == "the rival"
     words = lesson.line_words(results)
-    assert " → ".join(main) in words and "2, 3 and 5 gain nothing" in words and "6 is a side branch" in words
+    assert " → ".join(chain) in words and "5, 7b and 9 gain nothing alone" in words
+    assert "Steps 2, 3 and 6 were tried and dropped" in words
     cells = _page_cells()
     at = next(i for i, c in enumerate(cells) if "lesson.steps_tables(results)" in "".join(c["source"]))
     source = "".join(cells[at]["source"])

@@ -124,8 +124,16 @@ def _largest_change(values: list[float]) -> str:
 # Tables (Markdown, printed by the notebook)
 # --------------------------------------------------------------------------------------
 
-#: The step each step is compared with in its table (step 7 builds on step 5, not on the counterexample).
-PREVIOUS = {7: 5}
+#: The step each step is compared with in its table: the main line's row above it (step 4 against step 1, steps 2
+#: and 3 being tried and dropped; step 7 against step 5, not the counterexample).
+PREVIOUS = {4: 1, 7: 5}
+#: The course's tie rule: a ratio from 0.97× to 1.03× as printed (two decimals) is a tie.
+TIE = (0.97, 1.03)
+
+
+def tie(ratio: float) -> bool:
+    """Whether ``ratio``, printed at two decimals, is a tie (:data:`TIE`)."""
+    return TIE[0] <= round(ratio, 2) <= TIE[1]
 
 
 def step_table(results, number: int) -> str:
@@ -217,9 +225,10 @@ def split_table(table: str, *groups: Iterable[int], label: str = "") -> list[str
 def steps_tables(results) -> list[str]:
     """:func:`boehm_table` as two narrower tables: each step's change and its time at one utterance of the small
     alphabet (where the chain of frames binds) and at the headline case, with the note under it (the page shows it);
-    then its times at two batches of the large alphabet (where the bytes bind; the page folds it). The steps that gain
-    nothing are greyed rows, so that every "× prev." is against a row the reader sees."""
-    table = boehm_table(results, greyed=lambda role: role == NO_GAIN)
+    then its times at two batches of the large alphabet (where the bytes bind; the page folds it). The steps tried
+    and dropped (:data:`TRIED_STEPS`) are left out (:func:`tuning_table` folds them), so that every "× prev." is
+    against the row above."""
+    table = boehm_table(results, shown=lambda role: role != TRIED_ROLE)
     first, = split_table(table, [0, 1, 2, 3, 4, 6, 7])
     second, = split_table(table, [0, 1, *range(9, 12)], label="floor")
     return [first + "\n\n" + table.split("\n\n", 1)[1], second]
@@ -327,7 +336,7 @@ def step07_changes(gpu: str = "nvidia-h200", root=None) -> Results | None:
 def step07_factor(changes: Results, before: str, after: str) -> dict:
     """One change of step 7's chain in the lab run: ``before``'s time over ``after``'s at every case it measured,
     ``ratios`` {(A, N): ratio}; ``range``, ``1.38× to 5.89×`` (two decimals each, ``pending`` without rows);
-    ``slower``, the cases where the change costs time as a table rounds it (below 1.00×)."""
+    ``slower``, the cases where the change costs time as a table rounds it (below 0.97×: a tie is no loss)."""
     cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select(after, T=BENCH_T)})
     ratios = {}
     for A, N in cases:
@@ -338,7 +347,7 @@ def step07_factor(changes: Results, before: str, after: str) -> dict:
         return {"ratios": {}, "range": PENDING, "slower": []}
     lo, hi = f"{min(ratios.values()):.2f}×", f"{max(ratios.values()):.2f}×"
     return {"ratios": ratios, "range": lo if lo == hi else f"{lo} to {hi}",
-            "slower": [p for p, r in ratios.items() if round(r, 2) < 1]}
+            "slower": [p for p, r in ratios.items() if round(r, 2) < TIE[0]]}
 
 
 def step07_verdict(changes: Results) -> str:
@@ -570,10 +579,10 @@ def most(results, number: int) -> str:
 
 def losing(results, number: int, points: Iterable[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
     """The grid's (A, N) points (``points``: those only) where step ``number`` is slower than the step it builds on,
-    as the tables round it (below 1.00×)."""
+    as the tables round it: below 0.97×, a tie (:func:`tie`) being no loss."""
     step, before = CHAPTER.step(number), CHAPTER.step(PREVIOUS.get(number, number - 1))
     return [p for p in (_all_points() if points is None else points)
-            if [r for r in _ratios(results, before.series, step.series, [p]) if round(r, 2) < 1]]
+            if [r for r in _ratios(results, before.series, step.series, [p]) if round(r, 2) < TIE[0]]]
 
 
 def prose_numbers(results) -> dict[str, str]:
@@ -629,6 +638,18 @@ def speedup_minima(results) -> dict | None:
         if mine:
             out[A] = min(mine)
     return out
+
+
+def least_cases(results, key="all") -> str:
+    """Where the smallest speedup of :func:`speedup_minima` (``key``: "all" or an alphabet) is, every case that
+    prints the same two decimals named ("A = 28, N = 2 and 4")."""
+    mins = speedup_minima(results)
+    final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else CHAPTER.final.series
+    low = round(mins[key][0], 2)
+    cases = [(A, N) for A, N in _all_points(None if key == "all" else key)
+             if (b := _ms(results, "torch-best", T=BENCH_T, A=A, N=N))
+             and (a := _ms(results, final, T=BENCH_T, A=A, N=N)) and round(b / a, 2) == low]
+    return where(cases)
 
 
 #: The steps the entry point chooses between (12, 14) and the step before its choice (13).
@@ -782,8 +803,11 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
     return parts
 
 
-#: Steps kept although they cost time somewhere: what builds on them (said in the table of steps, after the change).
-PREREQUISITES = {9: "steps 10 to 14 build on the warp"}
+#: Steps kept although they gain nothing or cost time somewhere: what builds on them (said in the table of steps,
+#: after the change).
+PREREQUISITES = {5: "step 7a builds on its rows", 9: "steps 10 to 14 build on the warp"}
+#: The steps tried and dropped: neither on the main line nor built on by it (the page folds them under the table).
+TRIED_STEPS = (2, 3, 6)
 #: Why a step that loses has a row: said in its row of the table of steps.
 WHY_SHOWN = {6: "it tests the guess that cuDNN is fast in probability space; on long targets its loss turns "
                 "infinite"}
@@ -793,9 +817,8 @@ FLAT_WHY = {2: "the loads become `ld.global.nc`; loads were not what costs",
             3: "the same loads as step 2",
             5: "steps 6 and 7a build on it"}
 #: The table of steps' "role" column: each step is on the main line (the steps that pay, in order), or one of these.
-MAIN_LINE, NO_GAIN, PREREQUISITE, SIDE_BRANCH = "main line", "no gain", "prerequisite", "side branch"
-#: The section whose fold holds the steps that gain nothing (their rows leave the open table of steps).
-TRIED_UNDER = 4
+MAIN_LINE, NO_GAIN, PREREQUISITE, SIDE_BRANCH, TRIED_ROLE = ("main line", "no gain", "prerequisite", "side branch",
+                                                             "tried")
 
 
 #: Step 7's first two changes, each a row of the table of steps between step 6 and step 7 (timed by the lab run
@@ -812,11 +835,11 @@ STEP07_LAST = "emissions loaded {prefetch} frames ahead"
 
 
 def flat(results, number: int) -> bool:
-    """Whether step ``number`` moves no case of :data:`TABLE_CASES`: its "× prev." rounds to 0.99× to 1.01× at every
+    """Whether step ``number`` moves no case of :data:`TABLE_CASES`: its "× prev." is a tie (:func:`tie`) at every
     one (False where a case is not timed)."""
     before = CHAPTER.step(PREVIOUS.get(number, number - 1)).series
     ratios = [_ratios(results, before, CHAPTER.step(number).series, [case]) for case in TABLE_CASES]
-    return all(ratios) and all(0.99 <= round(r[0], 2) <= 1.01 for r in ratios)
+    return all(ratios) and all(tie(r[0]) for r in ratios)
 
 
 def _labels() -> list[str]:
@@ -827,20 +850,18 @@ def _labels() -> list[str]:
 
 
 def roles(results, changes: Results | None = None) -> dict[str, str]:
-    """Each step row of the table of steps (:func:`_labels`) and its role: :data:`SIDE_BRANCH` for a step of
-    :data:`WHY_SHOWN`; :data:`NO_GAIN` for a step of :data:`FLAT_WHY` that moves no case (:func:`flat`);
-    :data:`PREREQUISITE` for a step of :data:`PREREQUISITES` (and 7b) slower than the row it builds on at a case of
-    :data:`TABLE_CASES`; else :data:`MAIN_LINE`, the steps that pay, in order."""
+    """Each step row of the table of steps (:func:`_labels`) and its role: :data:`TRIED_ROLE` for a step of
+    :data:`TRIED_STEPS` (tried and dropped); :data:`PREREQUISITE` for a step of :data:`PREREQUISITES` (and 7b) that
+    ties (:func:`flat`) or is slower than the row it builds on at a case of :data:`TABLE_CASES`; else
+    :data:`MAIN_LINE`, the steps that pay, in order. The main line with its prerequisites is one chain."""
     if changes is None:
         changes = step07_changes(results.path.parent.name)
     out = {}
     for label in _labels():
         number = int(label) if label.isdigit() else None
-        if number in WHY_SHOWN:
-            out[label] = SIDE_BRANCH
-        elif number in FLAT_WHY and flat(results, number):
-            out[label] = NO_GAIN
-        elif number in PREREQUISITES and losing(results, number, TABLE_CASES):
+        if number in TRIED_STEPS:
+            out[label] = TRIED_ROLE
+        elif number in PREREQUISITES and (losing(results, number, TABLE_CASES) or flat(results, number)):
             out[label] = PREREQUISITE
         elif label == STEP07_ROWS[1][0] and changes is not None and any(
                 c in TABLE_CASES for c in step07_factor(changes, STEP07_ROWS[0][2], STEP07_ROWS[1][2])["slower"]):
@@ -858,18 +879,15 @@ def line_words(results, changes: Results | None = None) -> str:
     """The sentence over the table of steps that names its main line and what each other role means, from
     :func:`roles`."""
     r = roles(results, changes)
-    of = {role: [label for label, x in r.items() if x == role] for role in (MAIN_LINE, NO_GAIN, PREREQUISITE,
-                                                                             SIDE_BRANCH)}
-    rest = []
-    if of[NO_GAIN]:
-        rest.append(f"{'step' if len(of[NO_GAIN]) == 1 else 'steps'} {_listed(of[NO_GAIN])} gain nothing "
-                    f"(the greyed rows; see step {TRIED_UNDER})")
-    if of[PREREQUISITE]:
-        rest.append(f"{_listed(of[PREREQUISITE])} cost time alone, but step 10 builds on "
-                    + ("it" if len(of[PREREQUISITE]) == 1 else "them"))
-    if of[SIDE_BRANCH]:
-        rest.append(f"step {_listed(of[SIDE_BRANCH])} is a side branch")
-    return f"The steps that pay run {' → '.join(of[MAIN_LINE])} (**{MAIN_LINE}** in the table); " + "; ".join(rest) + "."
+    chain = [label for label, x in r.items() if x in (MAIN_LINE, PREREQUISITE)]
+    kept = [label for label, x in r.items() if x == PREREQUISITE]
+    tried = [label for label, x in r.items() if x == TRIED_ROLE]
+    words = f"The steps run {' → '.join(chain)}, each row against the one above"
+    if kept:
+        words += f"; {_listed(kept)} gain nothing alone, and their rows say what builds on them"
+    if tried:
+        words += f". Steps {_listed(tried)} were tried and dropped (folded below)"
+    return words + "."
 
 
 def boehm_table(results, changes: Results | None = None, shown=lambda role: True, greyed=lambda role: False) -> str:
@@ -917,9 +935,11 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
             return ""
         before = CHAPTER.step(PREVIOUS.get(number, number - 1)).series
         ratios = [_ratios(results, before, CHAPTER.step(number).series, [case]) for case in TABLE_CASES]
-        if not all(ratios) or round(ratios[0][0], 2) > 1.00 or min(round(r[0], 2) for r in ratios[1:]) <= 1.00:
+        if not all(ratios) or not tie(ratios[0][0]) or all(round(r[0], 2) <= TIE[1] for r in ratios[1:]):
             return ""
-        return f" (pays at A = {', '.join(sorted({f'{A:,}' for A, _ in TABLE_CASES[1:]}))})"
+        pays = [case for case, r in zip(TABLE_CASES[1:], ratios[1:]) if round(r[0], 2) > TIE[1]]
+        return f" (pays at {where(pays, TABLE_CASES[1:], complement=False)})" if len(pays) < len(ratios) - 1 else \
+            f" (pays at A = {', '.join(sorted({f'{A:,}' for A, _ in TABLE_CASES[1:]}))})"
 
     from studylog.ctc.fused import PREFETCH_FRAMES
 
@@ -972,7 +992,7 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
             elif lab:  # against the row it builds on in the same run
                 base = next(b for label, _, _, b in STEP07_ROWS if label == number)
                 prev = _ms(changes, base, T=BENCH_T, A=A, N=N) * 1e3
-                against = "vs step 5" if base == "step05" else ""
+                against = f"vs step {base[4:].lstrip('0')}" if base[4:].lstrip("0") != above else ""
             elif number == STEP07_LABEL and _ms(changes, "step07", T=BENCH_T, A=A, N=N):
                 # against 7b, in the run that timed both (the benchmark has no 7b)
                 prev = _ms(changes, "step07b", T=BENCH_T, A=A, N=N) / _ms(changes, "step07", T=BENCH_T, A=A, N=N) * t
@@ -981,7 +1001,9 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
                 before = PREVIOUS.get(number_, number_ - 1)
                 prev = times[CHAPTER.step(before).series][i]
                 before_label = STEP07_LABEL if before == 7 and changes is not None else str(before)
-                against = f"vs step {before_label}" if before != number_ - 1 or before_label != above else ""
+                against = f"vs step {before_label}" if before_label != above else ""
+            if prev and tie(prev / t):
+                against += ", tie" if against else "tie"
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         if not hidden:
@@ -991,8 +1013,8 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
             above = number
     for cells in rows:
         lines.append("| " + " | ".join(cells) + " |")
-    note = ("“× prev.”: the time of the step built on over this one's (above 1.00×, it pays); for the entry point, "
-            "the step it ran over the call (what the choice costs).")
+    note = ("“× prev.”: the time of the step built on over this one's (above 1.03×, it pays; 0.97× to 1.03×, a "
+            "tie); for the entry point, the step it ran over the call (what the choice costs).")
     if changes is not None:  # where rows 7a and 7b come from is said under "Where the numbers come from"
         untimed = [f"A = {A:,}, N = {N}" for A, N in TABLE_CASES if not _row(changes, "step07a", T=BENCH_T, A=A, N=N)]
         if untimed:
@@ -1055,13 +1077,13 @@ def entry_point(results, A: int, N: int) -> dict | None:
             "overlap": spread[0][0] <= spread[1][2] and spread[1][0] <= spread[0][2]}
 
 
-def tuning_table(results, numbers: Iterable[int] = (2, 3, 4, 5)) -> str:
-    """Markdown, one row per step of ``numbers`` (steps that change what a frame loads, not the structure): what it
-    changes, then its speedup over the step before it at every point where the lesson timed steps 1 to 6 (both
-    alphabets, ``LESSON_N``); above 1 the step is faster."""
+def tuning_table(results, numbers: Iterable[int] = TRIED_STEPS) -> str:
+    """Markdown, one row per step of ``numbers`` (the steps tried and dropped): what it changes, then its speedup
+    over the step before it at every point where the lesson timed steps 1 to 6 (both alphabets, ``LESSON_N``); above
+    1 the step is faster, a tie (:func:`tie`) marked."""
     points = _lesson_points()
-    head = "| step | the one change | " + " | ".join(f"A = {a:,}, N = {n}" for a, n in points) + " |"
-    lines = [head, "|---|---|" + "---|" * len(points)]
+    head = "| step | the one change | " + " | ".join(f"A = {a:,}, N = {n}" for a, n in points) + " | why dropped |"
+    lines = [head, "|---|---|" + "---|" * (len(points) + 1)]
     for number in numbers:
         step, before = CHAPTER.step(number), CHAPTER.step(number - 1)
         cells = []
@@ -1069,7 +1091,9 @@ def tuning_table(results, numbers: Iterable[int] = (2, 3, 4, 5)) -> str:
             ratio = _ratios(results, before.series, step.series, [point])
             cells.append(f"{ratio[0]:.2f}×" if ratio else "–")
         title = step.title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
-        lines.append(f"| {number} | {title} | " + " | ".join(cells) + " |")
+        why = (f"a tie at every case: {FLAT_WHY[number]}" if number in FLAT_WHY and all(tie(r) for p in points
+               for r in _ratios(results, before.series, step.series, [p])) else WHY_SHOWN.get(number, ""))
+        lines.append(f"| {number} | {title} | " + " | ".join(cells) + f" | {why} |")
     return "\n".join(lines)
 
 
@@ -1214,14 +1238,16 @@ def off_grid_dispatch(results) -> list[dict]:
     return out
 
 
-def diff_excerpt(diff, what: str | None, *elide: tuple[str, str | None, str], left_out: bool = False):
+def diff_excerpt(diff, what: str | None, *elide: tuple[str, str | None, str], left_out: bool = False,
+                 folded: bool = True):
     """The core of a step's change the page shows open: ``diff`` with the runs of lines ``elide`` names left out,
     each replaced by one grey line that says what it holds and how many changed lines. A run is ``(first, last,
     words)``: from the first line (after the file names) that contains ``first`` to the next that contains
     ``last`` (None: to the end), both included. The shown lines keep their hunks, each under a header with its true
     line numbers and counts, so nothing left out reads as the whole change; titled ``new name: what`` (``what``
     None: the new name alone). ``left_out``: the opposite, the runs ``elide`` names and nothing else, each under a
-    grey line that says what it holds (the page folds them under the core)."""
+    grey line that says what it holds (the page folds them under the core). ``folded`` False: the grey lines do not
+    say "folded below" (lines moved unchanged, said where they go)."""
     import re
 
     numbered, old_no, new_no = [], 0, 0  # (line, its old and new line numbers) of every line but the headers
@@ -1239,8 +1265,8 @@ def diff_excerpt(diff, what: str | None, *elide: tuple[str, str | None, str], le
         b = len(numbered) - 1 if last is None else next(i for i in range(a, len(numbered))
                                                          if numbered[i][0] is not None and last in numbered[i][0])
         changed = sum(ln is not None and ln[:1] in "+-" for ln, _, _ in numbered[a:b + 1])
-        gaps[a] = (b, f"@@ ⋯ {words}: {changed} changed lines, folded below @@" if not left_out else
-                   f"@@ ⋯ {words} @@")
+        gaps[a] = (b, f"@@ ⋯ {words}: {changed} changed lines{', folded below' if folded else ''} @@"
+                   if not left_out else f"@@ ⋯ {words} @@")
     out, run, i = [], [], 0
 
     def close():  # the run of shown lines, under a header with its true numbers
@@ -1358,7 +1384,8 @@ def step_diff(number: int, part: int | None = None):
 
     if number in PARTS and part is not None:
         sides, names = step_stages(number), PARTS[number][2]
-        return diff_excerpt(show_diff(sides[part - 1], sides[part], names=names[part - 1]), None)
+        return diff_excerpt(show_diff(sides[part - 1], sides[part], names=names[part - 1]), None,
+                            *MOVED.get((number, part), ()), folded=False)
     old, new = preamble_sides(number)
     return diff_excerpt(show_diff(old, new, names=PREAMBLES[number][2], context=PREAMBLE_CONTEXT.get(number, 3)),
                         None)
@@ -1385,6 +1412,14 @@ PARTS = {
          (("steps 8 to 12's first pass, step 13's signature and g", "the softmax written as the gradient"),
           ("the softmax written as the gradient", "step 13's: the frame read once"))),
 }
+
+
+#: Lines a part of :data:`PARTS` moves unchanged, each run shown as one grey line that says where it goes, so
+#: that the step's open diffs stay within 40 changed lines together: (first, last, words) as :func:`diff_excerpt`.
+MOVED = {(13, 2): (("-    const float lse = frame_lse", "-    if (threadIdx.x == 0) row_lse",
+                    "the log-sum-exp and its store move unchanged to the path after the branch"),
+                   ("+    const float lse = frame_lse", "+    if (threadIdx.x == 0) row_lse",
+                    "the log-sum-exp and its store, moved here unchanged"))}
 
 
 def step_stages(number: int) -> tuple[str, str, str]:
