@@ -481,11 +481,14 @@ def test_the_opening_claims_a_common_job_and_the_8b_forecast_carries_this_pages_
     headline = " ".join(next(t for t in text if "the loop this chapter ships" in t).split())
     # both workloads in its first sentence, with equal weight: low-copy's, the more neutral test, first
     assert "**{s3_kept:.2f}×** as fast on extraction" in headline
-    assert "(**{b1['ratio']:.2f}×** with the capped requests, in brackets in the table below)" in headline
+    assert ("(**{b1['ratio']:.2f}×** with the {len(cap['rows'])} capped requests, whose gain is mostly repetition; "
+            "in brackets in the table below)") in headline
     assert "**{ans_low['ratio']:.2f}×** as fast as chapter 07's step 3 on low-copy requests" in headline
     assert headline.index("ans_low") < headline.index("s3_kept:")
     answer = " ".join(text[2].split())  # right under the title and the imports
     assert text[2].startswith("ans_ext, ans_low = ") and "**The answer**, on SmolLM2-135M at batch 1" in answer
+    assert "whose values the prompt does not hold (the neutral test)" in answer  # said once, at the headline
+    assert "neutral" not in headline
     for key in ("**{ans_ext['ratio']:.2f}×** on *extraction*",
                 "**{ans_low['ratio']:.2f}×** as fast as chapter 07's on {n_low} *low-copy*",
                 "low_steps['step03_forced_draft']['x_previous']", "by_step['step02_ngram_draft']['x_previous']"):
@@ -604,3 +607,31 @@ def test_the_low_copy_point_says_how_far_it_can_move_its_ratio():
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     exc = next("".join(c["source"]) for c in cells if ":::{{dropdown}} Exceptions" in "".join(c["source"]))
     assert "lesson.at_par(results, l[\"request\"], l[\"workload\"])" in exc
+
+
+def test_the_step_tables_mark_ties_and_the_result_counts_outputs_that_part_from_chapter_07s():
+    """The course's tie rule (0.97x to 1.03x as printed) marks a step table's ratio "(tie)"; the result table counts,
+    per row, the shipped step's outputs that part from chapter 07's step 3 (each at a near tie), over the row's
+    requests; step 3's repeat is said without the machines it ran on, and its ratios are per batch and workload,
+    not per request."""
+    assert [lesson.ratio_cell(x) for x in (0.9649, 0.97, 1.0, 1.03, 1.0351, None)] == [
+        "0.96×", "0.97× (tie)", "1.00× (tie)", "1.03× (tie)", "1.04×", "–"]
+    results = lesson.committed()
+    checks = [c for c in results.data["checks"] if c["name"].startswith("same tokens as chapter 7's step 3")
+              and c["params"]["series"] == "step03"]
+    kept = lesson.kept_requests(results)
+    for batch, workload, basis in ((1, "extraction", kept), (1, "low_copy", None), (8, "extraction", None)):
+        mine = [c for c in checks if c["params"]["batch"] == batch and c["params"]["workload"] == workload
+                and (basis is None or c["params"]["request"] in basis)]
+        d = lesson.differing(results, batch, workload, basis)
+        assert d["sequences"] == sum(c["sequences"] for c in mine) > 0
+        assert d["differ"] == sum(c["sequences"] - c["identical"] for c in mine)
+    assert lesson.differing(results, 1, "extraction", kept)["sequences"] == len(kept)
+    cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    table = next(t for t in text if "def result_row" in t)
+    assert "lesson.differing(" in table and "outputs not chapter 07's (near ties)" in table
+    steps = next(t for t in text if "shipped = [r for r in steps1" in t)
+    assert steps.count("lesson.ratio_cell(") == 2
+    three = " ".join(next(t for t in text if "lesson.step3_over_step2()" in t).split())
+    assert "H200" not in three and "on any request" not in three and "In this run and a repeat" in three

@@ -544,6 +544,29 @@ def agreement(results) -> dict[str, Any]:
             "largest_gap_over_bound": max((d["gap"] / d["bound"] for d in divs if d["bound"]), default=0.0)}
 
 
+def differing(results, batch: int, workload: str, requests: set[str] | None = None) -> dict[str, int]:
+    """The shipped step's outputs against chapter 07's step 3, at ``batch`` on ``workload`` (only ``requests``, when
+    given): ``sequences`` compared and ``differ``, those whose tokens part from chapter 07's (each at a near tie:
+    :func:`agreement`)."""
+    checks = [c for c in results.data["checks"] if c["name"].startswith("same tokens as chapter 7's step 3")
+              and c["params"]["batch"] == batch and c["params"]["workload"] == workload
+              and c["params"]["series"] == SHIPPED and (requests is None or c["params"]["request"] in requests)]
+    return {"sequences": sum(c["sequences"] for c in checks),
+            "differ": sum(c["sequences"] - c["identical"] for c in checks)}
+
+
+#: The course's tie rule (How we measure): a ratio that prints, at two decimals, from 0.97x to 1.03x is a tie.
+TIE_BAND = (0.97, 1.03)
+
+
+def ratio_cell(x: float | None) -> str:
+    """A step table's ratio as printed, with "(tie)" where the course's tie rule (:data:`TIE_BAND`) calls it one."""
+    if x is None:
+        return "–"
+    shown = f"{x:.2f}"
+    return f"{shown}×" + (" (tie)" if TIE_BAND[0] <= float(shown) <= TIE_BAND[1] else "")
+
+
 def at_par(results, request: str, workload: str = "low_copy", batch: int = 1) -> dict[str, float]:
     """How far one request can move its workload's ratio (chapter 07's step 3 over the shipped step, the median
     requests'): ``ratio`` as measured, ``at_par`` with that request's shipped time set to chapter 07's (a speedup of
