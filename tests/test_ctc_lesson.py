@@ -168,6 +168,10 @@ def test_the_chain_floor_the_grid_range_and_the_kernel_parts_read_the_committed_
     tied = [(A, N) for A in ctc.BENCH_A for N in ctc.BENCH_N
             if f"{_raw('torch-best', A, N)['ms'] / _raw('ctc_loss', A, N)['ms']:.2f}" == low]
     assert lesson.least_cases(results) == lesson.where(tied) and (mins["all"][1], mins["all"][2]) in tied
+    checks = [c for c in json.loads(results.path.read_text())["checks"] if c["name"].startswith("step12 ")]
+    ftz = lesson.float64_checks(results, 12)  # step 12's sentence: flushing subnormals moves no result past the check
+    assert ftz["passed"] == all(c["passed"] for c in checks) and ftz["shapes"] == len(
+        {tuple(sorted(c["params"].items())) for c in checks})
     code = "".join("".join(c["source"]) for c in _page_cells() if c["id"] in ("opening-ctc", "result-first-ctc"))
     assert code.count("lesson.least_cases(results)") == 2 and "low[2]" not in code
     for k in range(7, 15):

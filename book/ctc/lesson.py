@@ -585,6 +585,22 @@ def losing(results, number: int, points: Iterable[tuple[int, int]] | None = None
             if [r for r in _ratios(results, before.series, step.series, [p]) if round(r, 2) < TIE[0]]]
 
 
+def float64_checks(results, number: int) -> dict | None:
+    """Step ``number``'s float64 checks in the benchmark file: how many shapes, how many passed, and the largest
+    relative error of the loss and of the gradient over them; None without checks."""
+    import json
+
+    series = CHAPTER.step(number).series
+    rows = [c for c in json.loads(results.path.read_text()).get("checks", [])
+            if c["name"] == f"{series} matches the float64 reference"]
+    if not rows:
+        return None
+    shapes = {tuple(sorted(c["params"].items())) for c in rows}
+    return {"shapes": len(shapes), "passed": all(c["passed"] for c in rows),
+            "loss_rel": max(c.get("loss_rel", 0.0) for c in rows),
+            "grad_rel": max(c.get("grad_rel", 0.0) for c in rows)}
+
+
 def prose_numbers(results) -> dict[str, str]:
     """Every measured number notebook 04's prose quotes, formatted, by glue name; ``pending`` where the file
     does not have it."""
