@@ -1336,14 +1336,15 @@ def pays_table(results, steps=LATE_STEPS, cases=LATE_CASES) -> str:
              "|---|---|" + "---|" * len(cases)]
     for new, old in steps:
         change = next(c for n, m, p, c in PART1_ROWS if n == new and m == 1).split(" (")[0]
-        cells = [fmt(ratio(us(results, SERIES[old], *c), us(results, SERIES[new], *c)), ".2f", "×") for c in cases]
+        rs = [ratio(us(results, SERIES[old], *c), us(results, SERIES[new], *c)) for c in cases]
+        cells = [fmt(r, ".2f", "×") + (" (tie)" if is_tie(r) else "") for r in rs]
         lines.append(f"| {new} | {change} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def pays_words(results, steps=LATE_STEPS, cases=LATE_CASES) -> str:
     """:func:`pays_table` in a sentence: the steps that pay well at every case (× previous of 1.10 or more at each),
-    the most the others gain, and where each loses (× previous under 1.00 at two places)."""
+    the most the others gain, and where each loses (× previous under 0.97 at two places: nearer 1.00 is a tie)."""
     f = {new: {c: ratio(us(results, SERIES[old], *c), us(results, SERIES[new], *c)) for c in cases}
          for new, old in steps}
     if any(v is None for row in f.values() for v in row.values()):
@@ -1353,7 +1354,7 @@ def pays_words(results, steps=LATE_STEPS, cases=LATE_CASES) -> str:
     lose = {}
     for n in rest:
         for c in cases:
-            if round(f[n][c], 2) < 1:
+            if round(f[n][c], 2) < 1 and not is_tie(f[n][c]):
                 lose.setdefault(c, []).append(n)
     words = lambda ns: ("steps " + and_list(str(n) for n in ns)) if len(ns) > 1 else f"step {ns[0]}"  # noqa: E731
     head = "; ".join(f"{words([n])} pays at every case ({min(f[n].values()):.2f}× to {max(f[n].values()):.2f}×)"
