@@ -27,7 +27,7 @@ __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE
            "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "host_note", "floor_note", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
-           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "GROUPS", "grouped_steps_table", "case_words", "step_table",
+           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "GROUPS", "grouped_steps_table", "TIE", "ratio_cell", "launch_bound", "floor_cell", "kept_note", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
 
@@ -301,10 +301,10 @@ def chain_gap(results, rows: list[ChainRow]) -> float:
 
 def path_words(results, number: int, cases=TABLE_CASES) -> str:
     """Where step ``number`` pays against the step before it on its path (:func:`step_factors`, rounded as the table
-    rounds: above 1.00× it pays), in words: "pays at 128 × 32768 and 256 × 131072, not at 32 × 512", "pays at every
-    case" or "pays at no case". The factors are the table's; the sentence names the cases."""
+    rounds: above a tie, :data:`TIE`, it pays), in words: "pays at 128 × 32768 and 256 × 131072, not at 32 × 512",
+    "pays at every case" or "pays at no case". The factors are the table's; the sentence names the cases."""
     factors = step_factors(results, number, cases)
-    at = [(f"{b} × {s}", round(f, 2) > 1) for (b, s, _), f in zip(cases, factors) if f is not None]
+    at = [(f"{b} × {s}", round(f, 2) > TIE[1]) for (b, s, _), f in zip(cases, factors) if f is not None]
     pays, loses = [w for w, ok in at if ok], [w for w, ok in at if not ok]
     if not loses:
         return "pays at every case"
@@ -550,9 +550,8 @@ def steps_table(results, cases=TABLE_CASES) -> str:
             if series != "ngram_match" and int(number) > 1:  # the entry point runs one of the steps: it builds on none
                 base = grid_row(results, CHAPTER.step(builds_on(int(number))).series, cfg)
                 if base and base.get("clock") == row.get("clock"):  # never a GPU time over a host time
-                    ratio = f"{base['ms'] * 1e3 / t:.2f}×"
-                    if builds_on(int(number)) != int(number) - 1:  # not the row above: name the step it builds on
-                        ratio += f" (vs {builds_on(int(number))})"
+                    vs = builds_on(int(number))  # not the row above: the cell names the step it builds on
+                    ratio = ratio_cell(base['ms'] * 1e3 / t, *([f"vs {vs}"] if vs != int(number) - 1 else []))
             cells += [us(row["ms"]), ratio, f"{t / floors[i]:,.1f}×" if floors[i] else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -591,6 +590,54 @@ GROUPS = (("the main line", RESULT_CASE, tuple(range(1, PATHS[1][1][-1] + 1))),
           ("the budget path", HEADLINE, (6,) + PATHS[0][1]))
 
 
+#: A "× previous" from 0.97× to 1.03×, as the table prints it, is a tie: the row says so and no prose calls it a gain.
+TIE = (0.97, 1.03)
+
+
+def ratio_cell(factor: float, *notes: str) -> str:
+    """A "× previous" cell: the factor at two decimals, then in brackets ``notes`` and "tie" where it is one
+    (:data:`TIE`)."""
+    said = [*notes] + (["tie"] if TIE[0] <= round(factor, 2) <= TIE[1] else [])
+    return f"{factor:.2f}×" + (f" ({', '.join(said)})" if said else "")
+
+
+def launch_bound(results, cfg: tuple[int, int, int]) -> bool:
+    """Whether the table's floor at ``cfg`` (:func:`table_floor_us`) is an empty kernel's time: a time over it says
+    little, so the "× floor" cells read "launch-bound" there."""
+    from book.common import latency_floor_ms
+
+    f = table_floor_us(results, cfg)
+    return f is not None and f <= latency_floor_ms(results) * 1e3
+
+
+def floor_cell(results, cfg: tuple[int, int, int], t_us: float) -> str:
+    """A "× floor" cell of the open table: the time over the table's floor at ``cfg``, or "launch-bound" where that
+    floor is an empty kernel's (:func:`launch_bound`); the fold keeps every case's ratio."""
+    f = table_floor_us(results, cfg)
+    if not f:
+        return "–"
+    return "launch-bound" if launch_bound(results, cfg) else f"{t_us / f:,.1f}×"
+
+
+def kept_note(results, number: int, cfg: tuple[int, int, int]) -> str:
+    """Why the open table keeps step ``number`` where its "× previous" at ``cfg`` is no gain, read from the file:
+    step 8 (slower on the GPU clock) for its host time per eager call against step 6's; a tie (:data:`TIE`) because
+    the entry point runs it at ``cfg``, if it does, and for the case where it pays most, if any. Empty where the step
+    gains at ``cfg``."""
+    f = step_factors(results, number, (cfg,))[0]
+    if f is None or round(f, 2) > TIE[1]:
+        return ""
+    if number == 8:
+        return (f"kept for host time: {host_us(results, 8, cfg):,.1f} vs {host_us(results, builds_on(8), cfg):,.1f} µs"
+                " eager")
+    best = max(((g, c) for c, g in zip(TABLE_CASES, step_factors(results, number)) if g), default=None)
+    entry = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None}) or {}
+    said = ["`ngram_match` runs it"] if entry.get("step") == CHAPTER.step(number).series else []
+    if best is not None and round(best[0], 2) > TIE[1]:
+        said.append(f"{best[0]:.2f}× at {best[1][0]} × {best[1][1]}")
+    return "kept: " + "; ".join(said) if said else ""
+
+
 def grouped_steps_table(results) -> str:
     """Markdown, the page's one table of steps: two row groups (:data:`GROUPS`), the main line (steps 1 to 7) at the
     result's case and the budget path (steps 8 to 12, after step 6 where it starts) at the deployed budget's case;
@@ -617,13 +664,15 @@ def grouped_steps_table(results) -> str:
             t, ratio = row["ms"] * 1e3, "–"
             base = grid_row(results, CHAPTER.step(builds_on(number)).series, cfg) if number > 1 else None
             if number != numbers[0] and base and base.get("clock") == "gpu":
-                ratio = f"{base['ms'] * 1e3 / t:.2f}×"
-            lines.append(f"| {number} | {change} | {us(row['ms'])} | {ratio} | {t / f:,.1f}× |")
+                ratio = ratio_cell(base['ms'] * 1e3 / t)
+                kept = kept_note(results, number, cfg)
+                change += f" ({kept})" if kept else ""
+            lines.append(f"| {number} | {change} | {us(row['ms'])} | {ratio} | {floor_cell(results, cfg, t)} |")
         entry = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
         if entry:
             runs = CHAPTER.step(entry["step"]).number if entry.get("step") else None
             lines.append(f"| entry point | `ngram_match`" + (f", running step {runs}" if runs else "")
-                         + f" | {us(entry['ms'])} | – | {entry['ms'] * 1e3 / f:,.1f}× |")
+                         + f" | {us(entry['ms'])} | – | {floor_cell(results, cfg, entry['ms'] * 1e3)} |")
     return "\n".join(lines)
 
 
