@@ -947,6 +947,16 @@ RIVALS = {
 }
 
 
+def ctc_rival_words(card: Path) -> str:
+    """Chapter 04's rival on the landing page: torch's faster CTC path at each case (the file's ``torch-best``, its
+    ``picked`` call), named cuDNN where cuDNN is the faster at every case the card's file times, said once."""
+    data = load(card, "ctc")
+    picked = {r.get("picked") for r in rows(data, "torch-best") if r["clock"] == "gpu"} if data else set()
+    if picked == {"torch-cuDNN"}:
+        return "cuDNN (a library, through torch), the faster of torch's two CTC paths at every case"
+    return "torch's faster CTC path at each case, cuDNN or its native one"
+
+
 def replayed_one_copy(card: Path, chapter: str) -> bool | None:
     """Whether a card's run of ``chapter`` replayed each call on one copy of its input: True where no row records
     ``copies`` (what a call reads could stay in L2 between calls), False where its rows rotate over copies, None
@@ -1085,6 +1095,15 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                         # too"): no note repeats it; an output it changes is said here
                         if not split.startswith("its output too"):
                             notes[name].append(f"llguidance's output: {split}")
+                if real is not None and ratios[name] is not None and suite is not None and len(cells) == 1:
+                    # the cell: one number and its corpus; the suite, and the peer that saves more there, in the
+                    # line's first note
+                    cells[name] = f"{100 * real[1]:.1f}–{100 * real[2]:.1f}% of tokens forced, real schemas"
+                    regexes = fsm_suite_kinds().get("regex", 0)
+                    notes[name].insert(0, f"on the {suite['default']['entries']}-entry suite ours forces "
+                                          f"{suite['default']['saved']['token']:.1%} (most of it from its {regexes} "
+                                          "regexes)" + (", **behind** " + peer_bare(peer).replace(": ", " there: ", 1)
+                                                        if peer else ""))
                 continue
             row = next((b for b in board if b["number"] == entry.number and short_card(b["card"]) == name
                         and b["lead"]), None)
@@ -1219,7 +1238,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 # the like-for-like figure and where the lead ends, in the cell beside the headline
                 cells[name] += "".join(
                     [f"; {alone['vs_rival']:.2f}× for the kernel alone, given the ids"] if alone is not None else []) + "".join(
-                    f"; a tie at batch {b}" for b, x in (wider or {}).items() if abs(x - 1) < TIE_WITHIN)
+                    f"; a tie at batch {b} ({x:.2f}×)" for b, x in (wider or {}).items() if abs(x - 1) < TIE_WITHIN)
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
                 beaten = bitnet_range(card)
                 llama = next((b for b in board if b["number"] == 5 and short_card(b["card"]) == name
@@ -1296,7 +1315,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     notes[name].append(f"{name}: the smallest lead, {lo:.2f}×, is at {lo_at}, and the largest, {hi:.2f}× "
                                        f"({us(top['ours']['ms'])} against {us(top['ours']['ms'] * top['ratio'])} µs), "
                                        f"at {hi_at}")
-            if entry.number == 7:  # the real model leads; the 8B cost model is a forecast for a large model
+            if entry.number == 7:  # the real model leads; the 8B cost model is measured on synthetic weights
                 synthetic = synthetic_words(card)
                 bound = decode_bound(card)
                 real7, cost7 = decode_real(card), decode_real(card, "8b")
@@ -1306,14 +1325,14 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     landing[name] = f"{real7['ratio']:.2f}× per output token on SmolLM2-135M, a real model"
                     cells[name] = (f"**{real7['ratio']:.2f}×** on SmolLM2-135M ({us(real7['step3_us'] / 1e3)} "
                                    f"against {us(real7['step1_us'] / 1e3)} µs, medians over {real7['requests']} "
-                                   f"requests); {cost:.2f}× on the 8B cost model, a forecast for a large model"
+                                   f"requests); {cost:.2f}× on the 8B cost model (measured, synthetic weights)"
                                    + row_caveat(row))
                     notes[name].append(f"{name}: each ratio divides the two loops' median times, not a median of "
                                        "ratios; on SmolLM2-135M each request's own ratio runs from "
                                        f"{real7['slowest']:.2f}× to {real7['fastest']:.2f}×, median "
                                        f"{real7['median_request']:.2f}×")
                 else:
-                    landing[name] += " on the 8B cost model, a forecast for a large model, not a real one"
+                    landing[name] += " on the 8B cost model (measured, synthetic weights), not a real model"
                 said = f"{name}: the 8B cost model is {synthetic}"
                 per_schema = [c for c in clauses(row["ratio_note"])[1:] if c.startswith("each schema's own")]
                 if per_schema:  # the run's own words for the cost model's spread of per-schema ratios
@@ -1657,9 +1676,14 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
                 continue
             r = answer["ratios"]
             lost = [k.replace("x", " × ") for k, v in r.items() if v < 1]
-            part_one["cells"] = dict(part_one["cells"])
-            part_one["cells"][card] += (f"; on the {other}, {min(r.values()):.2f}–{max(r.values()):.2f}×"
-                                        + (f", slower at {' and '.join(lost)}" if lost else ""))
+            # in the line's notes, as every H100 number is on this page (a ratio within TIE_WITHIN is a tie)
+            lo = min(r.values())
+            low_at = [k.replace("x", " × ") for k, v in r.items() if f"{v:.2f}" == f"{lo:.2f}"]
+            kind = ("a tie" if abs(float(f"{lo:.2f}") - 1) <= TIE_WITHIN else "slower") if lo < 1 else ""
+            part_one["notes"] = dict(part_one["notes"])
+            part_one["notes"][card] = [f"on the {other}, {lo:.2f}–{max(r.values()):.2f}×"
+                                       + (f", {kind} ({lo:.2f}×) at {' and '.join(low_at)}" if kind else "")] + list(
+                part_one["notes"].get(card, []))
     eager_lines = {k: [v] for k, v in host_bound_by_chapter(root).items()}
     for h in found:
         if h["number"] == 5 and part_one is not None:  # part 1 (Triton) first, as the book reads
@@ -2482,6 +2506,18 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         number = h["answer"].get(card, "–") if h else others.get(notebook, "–")
         question = OTHER_PAGES.get(notebook) or (h["question"] if h else "–")
         rival = RIVALS.get("5t" if stem.startswith("05_") and "triton" in stem else int(stem[:2]), "–")
+        if stem.startswith("04_"):  # torch's faster path, named cuDNN where the file shows it faster at every case
+            rival = ctc_rival_words(_card(root, card))
+        if stem.startswith("05_ternary_2") and _bitnet_planned(root, card):  # eager, only the plan keeps the lead
+            number += ", in a graph or through W2A8Plan"
+        if stem.startswith("05_ternary_1"):  # the other card's lowest ratio where it is below 1, in a short note
+            other = next((c for c in cards(root) if short_card(card_name(c)) != card), None)
+            low = part_one_answer(other) if other else None
+            if low and min(low["ratios"].values()) < 1:
+                at, x = min(low["ratios"].items(), key=lambda kv: kv[1])
+                tie = " (a tie)" if abs(float(f"{x:.2f}") - 1) <= TIE_WITHIN else ""
+                tie = ", a tie" if tie else ""
+                number += f" (on the {short_card(card_name(other))}, {x:.2f}× at {at.replace('x', ' × ')}{tie})"
         if stem.startswith("01_"):  # the strongest peer saves more than ours: its number stands beside ours
             suite = fsm_suite()
             # the suite's numbers say their population where they stand: the answer's cell is on the real schemas
@@ -2492,7 +2528,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         title = titles[notebook]
         _, minutes[notebook] = reading_minutes(notebook)
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {rival} | {buys.get(notebook, '–')} | "
-                     f"{minutes[notebook]} min |")
+                     f"{rounded_minutes(minutes[notebook])} min |")
     # under the table, one sentence: what a call made eagerly does to the answers whose calls wait on the host (the
     # chapters the results page's eager paragraph names), the other card's chapters, and a link; chapter 03's
     # pricing, the plan object and the other card's shapes are the chapters' and the results page's
@@ -2512,11 +2548,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     if changes:
         said.append(f"Called one at a time without a CUDA graph on the {card}, the answer of chapter "
                     + " and ".join(changes) + " changes, as its cell says; the others hold.")
-    elif holds:
-        said.append(f"The calls of {listed(chapters(holds))} take longer to issue than to run, yet called one at a "
-                    f"time without a CUDA graph their answers still hold on the {card}" + (
-                        " (05 part 2's through its plan object)" if "05 part 2" in holds
-                        and _bitnet_planned(root, card) else "") + ".")
+    # where every answer holds called eagerly, the results page says so (05 part 2's plan is in its own cell)
     also = [titles[n].split(". ")[0] for n in also_timed(root, card)]
     board = scoreboard(root)
     llama = [b for b in board if b["number"] == 5 and b.get("ternary_case") == "llama" and "missing" not in b
@@ -2534,9 +2566,18 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     return "\n".join(lines)
 
 
+def rounded_minutes(m: int) -> int:
+    """A reading time as the landing page gives it: to the nearest 5 minutes under an hour, else the nearest 10 (a
+    count to the minute reads more precise than a reading pace is)."""
+    step = 5 if m < 60 else 10
+    return max(step, step * round(m / step))
+
+
 def hours(m: int) -> str:
-    """Minutes as the landing page writes a reading time: "4 h 27 min", or "49 min" under an hour."""
-    return f"{m // 60} h {m % 60} min" if m >= 60 else f"{m} min"
+    """Minutes as the landing page writes a reading time, rounded (:func:`rounded_minutes`): "4 h 30 min", or "50 min"
+    under an hour."""
+    m = rounded_minutes(m)
+    return (f"{m // 60} h" + (f" {m % 60} min" if m % 60 else "")) if m >= 60 else f"{m} min"
 
 
 def exercise_count(notebook: str | Path, root: Path = REPO_ROOT) -> int:
@@ -2589,7 +2630,7 @@ __all__ = ["LISTING_MINUTES", "TABLE_MINUTES", "OTHER_PAGES", "reading_order", "
            "case_label", "ctc_case_words",
            "fsm_peers", "fsm_peer_words", "fsm_peer_totals", "write_fsm_peers", "FSM_PEERS", "FSM_PEER", "summary_markdown", "other_answers", "other_eager", "eager_words",
            "bitnet_range", "bitnet_eager", "HOST_BOUND_TITLE", "GRID_HOST_CHAPTERS", "clauses",
-           "reading_path_words", "exercise_count", "hours", "also_timed", "ngram_range", "multi_item_loss",
+           "reading_path_words", "exercise_count", "hours", "rounded_minutes", "ctc_rival_words", "also_timed", "ngram_range", "multi_item_loss",
            "multi_item_loss_row", "MULTI_ITEM_LOSS", "shared_layers_words", "speculate_gated", "peer_bare",
            "fsm_note", "FOLD_WORDS", "rival_items", "versions_footnote", "ngram_step", "NGRAM_MODEL",
            "NGRAM_STEP_CASE"]
@@ -2666,9 +2707,8 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
     def ngram() -> str:  # against the answer's rival, the port, at the shape where a step is priced
         s = ngram_step(root, card)
         saved = s["gain"] - 1  # the share of a step ours saves against the port: too small for a ratio to show
-        return (f"{'under 0.1%' if saved < 0.001 else f'{saved:.1%}'} of a Llama 3.1 8B step at {s['batch']} slots × "
-                f"{s['seq_len']} tokens, {s['saved_us']:.1f} µs of {s['step_us']:,.0f} saved against "
-                "the port (a bound)")
+        return (f"at {s['batch']} slots × {s['seq_len']} tokens, {s['vs_port']:.2f}× the port, saving "
+                f"{'under 0.1%' if saved < 0.001 else f'{saved:.1%}'} of a Llama 3.1 8B step (a bound)")
 
     def ctc_step() -> str:
         from book.ctc import lesson

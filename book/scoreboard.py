@@ -751,7 +751,7 @@ def _per_request(ratios: list[float], what: str) -> str:
 #: Why a whole decode loop's row has no p99: the cell's short reason, and the sentence under the tables saying it in full.
 LOOP_NO_TAIL = ("– (a wall-clock loop)",
                 "A decode loop has none: its step is timed request by request on the wall clock, host work included, "
-                "with no such replay (the slowest run beside its median gives its spread over repeated runs)")
+                "with no such replay (the slowest repetition beside its median gives its spread)")
 
 
 def _decode(data):
@@ -777,8 +777,8 @@ def _decode(data):
     rival_row = {"ms": med([b["ms"] for b in rival]), "clock": rival[0]["clock"]} if rival else None
     kernels = body.get("kernels_per_forward") if body else None
     gaps: tuple[str, ...] = ()
-    notes = ["wall clock: the whole step, host included, per output token; the median and the slowest run are "
-             "medians over the JSON schemas of each request's median and slowest run",
+    notes = ["wall clock: the whole step, host included, per output token; the median and the slowest repetition are "
+             "medians over the JSON schemas of each request's median and slowest repetition",
              "our loop's bounds: the body's weights read once per forward, and its kernels' chain, per output "
              "token; the 8B cost model's 32 layers reuse one layer's weights, far larger than L2, so each layer's read is "
              "counted and comes from memory"]
@@ -809,15 +809,15 @@ def _decode(data):
     if real:
         notes.append(f"the chapter's answer is on a real model, SmolLM2-135M: over its {len(real)} requests at batch 1, "
                      f"the same two loops give {unpadded['real_ratio']:.2f}× (the ratio of the two medians); this row "
-                     "is the 8B cost model, a forecast for a large model" + (
+                     "is the 8B cost model (measured, synthetic weights)" + (
                          ", because chapter 07's run counts a forward's kernels on its cost models only: on "
                          "SmolLM2-135M this page could bound the loop by the bytes it reads alone, a bound far below "
                          "its forwards' time" if (one(data, "body", model="smollm2", batch=1, chunk=1) or {}).get(
                              "kernels_per_forward") is None else ""))
     return unpadded | {"no_tail_why": LOOP_NO_TAIL, "loop_bound": True} | _row("the loop with chapters 01 and 02 (step 3)",
-                           f"the 8B cost model's forecast, batch 1, per output token (median of {len(pairs)} JSON "
-                           "schemas)" + (f"; the chapter's measured answer, {unpadded['real_ratio']:.2f}× on "
-                                        "SmolLM2-135M, has no bound here" if unpadded["real_ratio"] else ""),
+                           f"the 8B cost model (measured, synthetic weights), batch 1, per output token (median of {len(pairs)} JSON "
+                           "schemas)" + ("; the chapter's answer, on SmolLM2-135M (speedup cell), has no bound "
+                                        "here" if unpadded["real_ratio"] else ""),
                            ours[0]["clock"], summary, "the same loop, dense head and mask (step 1)", rival_row,
                            byte_floor_ms=med(byte), latency_floor_ms=med(latency),
                            latency_what=(f"{kernels} dependent kernels a forward, each at least an empty kernel"
@@ -1422,6 +1422,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
         if r.get("rival_name") and r["vs_rival"] is not None:  # the rival in the ratio's own cell
             vs += f" vs {r['rival_name']}"
+        if r["number"] == 7 and r.get("real_ratio") and r["vs_rival"] is not None:  # the cell says its own model
+            vs += f" (8B cost model, measured, synthetic weights; {r['real_ratio']:.2f}× on SmolLM2-135M)"
         if r["ratio_note"] and r["rival_clock"] == r["clock"] and not r.get("loop_bound"):
             # less what the speedup cell's words already say; a decode loop's spread over its requests is the
             # results page's note (this page is about its bound)
@@ -1456,8 +1458,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             tail_cells.append((r, {"p99": p99}))
         binding, pct = _floor_cells(r)
         bound, over_bound = _bound_cells(r)
-        if r["number"] == 2 and over_bound != "–" and pct != "–":  # the whole step's copy and launches: its own
-            pct += f" ({over_bound} its own work)"  # work's ratio beside × floor, so 12× does not read as untuned
+        if r.get("design_bound_ms") is not None and over_bound != "–" and pct != "–":  # chapter 02's copy and
+            pct += f" ({over_bound} its own work)"  # launches, 05's weight read: beside × floor, so 12× reads tuned
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
             alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
                           and b is not r and b.get("pct_of_floor") is not None), None)
@@ -1561,7 +1563,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     rest = [rc for rc in cells if id(rc[0]) not in lead_ids and not rc[0].get("loop_bound")]
     one_card = all(r["card"] == lead_card for r, _ in first_rows + loops)
     # one floor column, the card's: a call's own-work yardstick is in its chapter's notes
-    common = [("kernel", "final kernel"), ("median", "median [slowest run], µs"),
+    common = [("kernel", "final kernel"), ("median", "median [slowest repetition], µs"),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
               ("binding", "floor, the card's or a chain's (µs)"), ("pct", "× floor")]
     lead_columns = common if one_card else [("card", "card")] + common
@@ -1598,6 +1600,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     caveat = ([f"Where one launch sets the card's floor, a × floor below about {blur:.1f}× cannot be told from "
                "the floor: the empty kernel it counts moves that much from run to run ([How we measure]"
                f"({link('how_we_measure.md')}#clocks-and-state))."] if blur else [])
+    # said under the table only where a row needs it (a launch-bound row that close to its floor), else in the notes
+    if caveat and not any(r["binding"] == "latency" and r["latency_what"] == ONE_KERNEL
+                          and r.get("pct_of_floor") and 100 / r["pct_of_floor"] < blur for r, _ in first_rows):
+        under_lead += caveat
+        caveat = []
     rule = ("Each row is at the chapter's headline case; where the answer is a range over shapes (chapter 05), at the "
             "shape of our least lead among those where the rival passes our check. The floor is the card's (bytes, "
             "compute or one launch) or, for chapter 04, the chain of dependent frames its recursion cannot shorten.")
