@@ -101,9 +101,16 @@ def versions() -> dict[str, str]:
 
     out = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
            "studylog": studylog.__version__}
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        out["cuda-bindings"] = importlib.metadata.version("cuda-bindings")
+    for name in ("cuda-bindings",) + PEER_DISTRIBUTIONS:  # each rival a run can time, where it is installed
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[name] = importlib.metadata.version(name)
     return out
+
+
+#: The rivals' distributions whose versions a results file records where they are installed (the chapters'
+#: benchmarks time whichever of them they find).
+PEER_DISTRIBUTIONS = ("xgrammar", "outlines-core", "llguidance", "flashinfer-python", "flashinfer", "gemlite", "transformers",
+                      "cupy-cuda12x", "cupy-cuda13x")
 
 
 #: The layout of a results file.
