@@ -109,8 +109,8 @@ def versions() -> dict[str, str]:
 
 #: The rivals' distributions whose versions a results file records where they are installed (the chapters'
 #: benchmarks time whichever of them they find).
-PEER_DISTRIBUTIONS = ("xgrammar", "outlines-core", "llguidance", "flashinfer-python", "flashinfer", "gemlite", "transformers",
-                      "cupy-cuda12x", "cupy-cuda13x")
+PEER_DISTRIBUTIONS = ("xgrammar", "outlines-core", "llguidance", "flashinfer-python", "flashinfer", "gemlite",
+                      "transformers", "cupy-cuda12x", "cupy-cuda13x")
 
 
 #: The layout of a results file.
