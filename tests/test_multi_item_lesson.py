@@ -594,3 +594,20 @@ def test_step_5_quotes_the_steps_tables_case_and_heaviest_first_is_noise_not_cou
     chain = lesson.step5_chain()
     if chain is not None:
         assert "(noise, not counted)" in chain.rows[-1].change
+
+
+def test_the_result_frames_step_6_with_the_whole_pass_and_calls_its_step_marginal():
+    """The result gives, beside step 6's lead over FlashInfer, the whole scoring pass's gain from Why it matters's
+    table (a tie says so); step 6's 1.04× over step 5 is called marginal, by the course's tie rule."""
+    results = plotting.load_results("multi_item")
+    lays = lesson.layouts(results)
+    gain = lesson.flashinfer_pass_gain(results, lays)
+    first = _rows(lesson.pass_table(results, lays))[0]
+    assert first[-1] == f"{gain:.2f}×"
+    assert lesson.is_tie(1.03) and lesson.is_tie(0.97) and not lesson.is_tie(1.04) and not lesson.is_tie(None)
+    assert lesson.margin_words(1.04) == ", marginal: just past the tie line" and lesson.margin_words(1.01) == ", a tie"
+    assert lesson.margin_words(1.25) == ""
+    from studylog.paths import REPO_ROOT
+
+    page = (REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text()
+    assert "lesson.flashinfer_pass_gain(results, lays)" in page and "lesson.margin_words(g5 / g6)" in page

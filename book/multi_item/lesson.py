@@ -221,6 +221,27 @@ def amdahl_table(view: dict[str, dict[str, float | None]], model: dict[str, Any]
     return "\n".join(lines)
 
 
+def is_tie(x: float | None) -> bool:
+    """The course's tie rule: a speed ratio from 0.97× to 1.03×, as printed at two decimals."""
+    return x is not None and 0.97 <= round(x, 2) <= 1.03
+
+
+def margin_words(x: float) -> str:
+    """What the page says after a step's speed ratio: a tie, a gain just past the tie line, or nothing."""
+    return ", a tie" if is_tie(x) else ", marginal: just past the tie line" if 1.03 < round(x, 2) < 1.10 else ""
+
+
+def flashinfer_pass_gain(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) -> float | None:
+    """How much faster a whole pass of ``model`` over the mixed batch is with step 6 than with FlashInfer (8 KV
+    heads, the model's own layout): the linear layers at the matmul floor, as in :func:`amdahl`, plus every layer's
+    measured attention. The first row of :func:`pass_table`, and the frame beside the chapter's result."""
+    linear = amdahl(results, lays, model)[MAIN_SHAPES[1]]["linear_ms"]
+    g = {s: ms(results, s, GQA_SHAPE) for s in (report.FLASHINFER, STEP[6].series)}
+    if linear is None or None in g.values():
+        return None
+    return ratio(linear + model["layers"] * g[report.FLASHINFER], linear + model["layers"] * g[STEP[6].series])
+
+
 def pass_table(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) -> str:
     """Markdown: "Why it matters" in two rows, one a rival: the shape it is compared on, attention's share of a
     whole pass of ``model`` with the rival and with the chapter's kernel there, and how much faster the whole pass
@@ -238,13 +259,10 @@ def pass_table(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) 
     def share(t: float | None, lin: float | None) -> float | None:
         return None if t is None or lin is None else layers * t / (lin + layers * t)
 
-    def total(t: float | None) -> float | None:
-        return None if t is None or linear is None else linear + layers * t
-
     rows = [
         ("FlashInfer's multi-item prefill", "8 prompts, mixed, 8 KV heads", 6,
          share(g[report.FLASHINFER], linear), share(g[STEP[6].series], linear),
-         ratio(total(g[report.FLASHINFER]), total(g[STEP[6].series]))),
+         flashinfer_pass_gain(results, lays, model)),
         ("SDPA with the dense mask", long_.split(",")[0], 5, a["dense_share"], a["step05_share"],
          a["pass_gain"]),
     ]
