@@ -235,9 +235,9 @@ def _ms_at(results, number: int, params: dict) -> dict | None:
     return found[0] if found else None
 
 
-def test_the_steps_are_two_tables_the_chain_and_the_tools_for_other_regimes():
-    """The page's tables of steps hold every kept step: the chain a reader follows, steps 0 to 5 and 7 at the
-    headline's case, then the tools for other regimes, steps 8, 10, 12 and 13, each with its case; each timed row with
+def test_the_steps_are_one_table_the_chain_then_the_steps_beyond_it():
+    """The page's one table of steps holds every kept step with its case: the chain a reader follows, steps 0 to 5 and
+    7 at the headline's case, then a divider row and the steps beyond the chain, 8, 10, 12 and 13; each timed row with
     its time there (read from the run here), a "×" (all rows but the first) and a time over the card's floor there,
     one ratio, never under 1. Step 12, the entry point, is not timed at one case: its row says what it runs where."""
     results = plotting.load_results("masked_lm_head")
@@ -255,7 +255,7 @@ def test_the_steps_are_two_tables_the_chain_and_the_tools_for_other_regimes():
     assert "loses at" not in by["12"][2] and "Where we lose" not in by["12"][2]
     assert by["12"][3] == "–" and by["12"][5] == "–" and by["12"][2].startswith("the entry point")
     assert not any("the table below" in r[2] for r in rows)
-    assert not [r for r in rows if not r[0]]  # no divider row: two tables
+    assert not [r for r in rows if not r[0]]  # the divider row is not a step's
     overs = [float(r[5].split("×")[0]) for r in _rows(results)]
     assert all(x >= 1.0 for x in overs) and all("(" not in r[5] for r in rows), overs
 
@@ -298,20 +298,22 @@ def _params(number: int) -> dict:
 
 
 def _all_rows(results) -> list[list[str]]:
-    """The cells of every row of the page's two tables of steps (their captions, headers and the rivals' sentence under
-    them left out), the chain's rows given its one case in a second cell, as the second table gives each row's."""
-    cap1, chain, cap2, tools, _ = lesson.main_steps_table(results).split("\n\n")
-    assert cap1.startswith("**The chain**") and "× against the row above" in cap1
-    assert lesson._case(lesson.MAIN_CASE) in cap1
-    assert cap2.startswith("**Tools for other regimes**") and "× against what it replaces there" in cap2
-    assert chain.splitlines()[0] == "| step | the one change | µs | × against | × the card's floor |"
-    assert tools.splitlines()[0] == "| step | case | the one change | µs | × against | × the card's floor |"
+    """The cells of every step's row of the page's one table of steps (its caption, header, the divider row between
+    the chain and the steps beyond it, and the rivals' sentence under it left out)."""
+    cap, table, _ = lesson.main_steps_table(results).split("\n\n")
+    assert cap.startswith("**The steps**") and "× against the row above in the chain" in cap
+    assert "against what the step replaces at its case" in cap
+    assert table.splitlines()[0] == "| step | case | the one change | µs | × against | × the card's floor |"
 
     def cells(r):
         return [c.strip() for c in r.split("|")[1:-1]]
 
-    return ([[c[0], lesson._case(lesson.MAIN_CASE)] + c[1:] for c in map(cells, chain.splitlines()[2:])]
-            + [cells(r) for r in tools.splitlines()[2:]])
+    rows = [cells(r) for r in table.splitlines()[2:]]
+    divider = [k for k, c in enumerate(rows) if not c[0]]
+    assert len(divider) == 1 and rows[divider[0]][2] == lesson.BEYOND
+    assert [int(c[0]) for c in rows[:divider[0]]] == list(lesson.CHAIN)
+    assert all(c[1] == lesson._case(lesson.MAIN_CASE) for c in rows[:divider[0]])
+    return rows[:divider[0]] + rows[divider[0] + 1:]
 
 
 def _rows(results) -> list[list[str]]:
@@ -598,7 +600,7 @@ def test_the_missing_step_numbers_are_said_once_under_the_tables():
     assert key is None or note.endswith(key)
     source = "\n".join("".join(c["source"]) for c in _notebook_cells())
     assert source.count("lesson.steps_note(results)") == 1 and "page_capped_key" not in source
-    assert "Step numbers follow the package's; steps 6, 9 and 11 were tried and did not pay (folded)." in source
+    assert "Steps 6, 9 and 11 were tried and did not pay (folded)." in source and "follow the package" not in source
     assert "library's numbers" not in source
 
 
@@ -620,7 +622,7 @@ def test_the_page_shows_one_steps_table_and_one_tried_table():
     """The page shows the table of steps once, under the steps, every kept step in it (no second table of steps); the
     tried steps' table once, folded with what each tried step changes, after the table of
     steps. The tried steps have no section of their own, and the kept ones each have one, in order: the chain, steps 0
-    to 5 and 7, then steps 8 to 13 in a section of their own, *Tools for other regimes*, whose first cell is prose (no heading
+    to 5 and 7, then steps 8 to 13 in a section of their own, *Beyond the chain*, whose first cell is prose (no heading
     follows a heading at once)."""
     nb = _notebook_cells()
     cells = ["".join(c["source"]) for c in nb]
@@ -630,11 +632,12 @@ def test_the_page_shows_one_steps_table_and_one_tried_table():
     assert "boehm_table" not in source and "one_steps_table" not in source
     heads = [re.match(r"#+ Step (\d+)", c) for c in cells]
     assert [int(h.group(1)) for h in heads if h] == list(lesson.MAIN_LINE)
-    beyond = cells.index(next(c for c in cells if c.startswith("## Tools for other regimes")))
+    beyond = cells.index(next(c for c in cells if c.startswith("## Beyond the chain: steps 8 to 13, each at its own case")))
     assert [int(h.group(1)) for h in heads[:beyond] if h] == list(lesson.CHAIN)
     assert all(cells[k].startswith("### ") for k, h in enumerate(heads) if h and k > beyond)
     assert cells[beyond].count("\n\n") >= 1 and not cells[beyond + 1].startswith("## ")
     assert any(re.match(r"## Step 3: .*a tie here; kept as the dense path", c) for c in cells)
+    assert any(c.startswith("## Step 7: ") and "(a tie; kept for steps 8 and 13)" in c.splitlines()[0] for c in cells)
     table = next(k for k, c in enumerate(cells) if "lesson.main_steps_table(results)" in c)
     assert beyond < table and "hide-output" not in nb[table]["metadata"]["tags"]
     for k, c in enumerate(cells):
@@ -942,7 +945,7 @@ def test_a_tie_is_one_rule_and_never_a_loss():
 
 def test_no_whole_listing_or_diff_is_folded_and_folds_render_code_as_html():
     """A step's code is shown open (its core), never folded whole: no code cell that shows a diff or a listing is
-    tagged ``hide-output`` or ``hide-input``, but 13b's new kernel, listed whole (13a's call and 13c's diff stay open); the HTML folds (every point) write inline code as ``<code>``
+    tagged ``hide-output`` or ``hide-input``, but step 13's union kernel, listed whole (its call and its diff stay open); the HTML folds (every point) write inline code as ``<code>``
     and apostrophes curly, never raw backticks; the losses and ties fold as a Markdown cell's output."""
     for c in _notebook_cells():  # step 3's diff is open in its own section, like every kept step's
         text = "".join(c["source"])
@@ -1071,24 +1074,28 @@ def test_exercise_4_is_a_tile_the_reader_sets_with_a_check(capsys):
     assert "(the default: change a field)" in capsys.readouterr().out
 
 
-def test_step_13_is_one_section_with_three_numbered_parts_and_one_table_of_their_times():
-    """Step 13 is one section: its three parts, 13a (the copy), 13b (the union built on the device) and 13c (step 7's
-    kernel reading the count), are run-in heads, not sections, each followed by its code; one table after them gives
-    their traced times, its rows named 13a to 13c."""
+def test_step_13_is_one_idea_whose_change_has_three_parts_and_one_table_of_their_times():
+    """Step 13 is one idea, the path made capturable in one CUDA graph, in one section: its change's three parts (the
+    copy, the union built on the device, step 7's kernel reading the count) are run-in heads, not sections nor
+    numbered sub-steps, each followed by its code; one table after them gives their traced times."""
     cells = _notebook_cells()
     start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("### Step 13"))
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
     text = ["".join(c["source"]) for c in cells[start:end]]
-    assert not any("### " in t for t in text[1:])
-    heads = [k for k, t in enumerate(text) if re.search(r"^\*\*13[abc]: ", t, re.M)]
-    assert [re.search(r"^\*\*(13[abc]): ", text[k], re.M).group(1) for k in heads] == ["13a", "13b", "13c"]
+    assert text[0].startswith("### Step 13: make the path capturable in one CUDA graph")
+    assert not any("### " in t for t in text[1:]) and not any(re.search(r"13[abc]", t) for t in text)
+    runs = ("**The bitmask into a buffer the graph reads.**", "**The union's ids built on the device.**",
+            "**Step 7's kernel reading the count from memory.**")
+    heads = [next(k for k, t in enumerate(text) if run in t) for run in runs]
+    assert heads == sorted(heads)
     shown = ("function_listing(mlh.step13_plan", "show_source(union_ids", "step_diff(CHAPTER, 7, 13)")
     for k, code in zip(heads, shown):
         assert code in text[k + 1], (k, code)
     table = next(k for k, t in enumerate(text) if "lesson.plan_timeline_table(trace, step_us)" in t)
     assert table > heads[-1] + 1
     rows = lesson.plan_timeline_table(_trace(), 20.25).splitlines()[2:5]
-    assert [r.split("|")[1].strip()[:4] for r in rows] == ["13a:", "13b:", "13c:"]
+    assert [r.split("|")[1].strip() for r in rows] == ["the bitmask to the device", "the union from the bitmask",
+                                                         "the bucket's graph"]
 
 
 def test_the_result_says_chapter_07_runs_the_kernels_eagerly():

@@ -746,7 +746,7 @@ def host_floor_ms(results) -> float | None:
 
 def bitmask_copy_ms(results) -> float | None:
     """The packed bitmask's copy from pinned host memory at batch 1, timed alone in the card's tails run, in ms (what
-    covers step 13a outside the trace); None where it was not timed."""
+    covers step 13's copy outside the trace); None where it was not timed."""
     from book.scoreboard import BITMASK_COPY, MASKED_HEAD_CASE, one
 
     tails = _tails(results)
@@ -788,24 +788,26 @@ def chain_base(results, number: int) -> int | None:
     return above[-1] if above else None
 
 
-#: Step 13's parts, as its section names them, each with the trace's activities it covers (:data:`TIMELINE_PARTS`).
-PARTS = (("13a", "the packed bitmask copied, without waiting, into a device buffer the graph reads", ("copy",)),
-         ("13b", "the union's ids and count built from the buffer on the device", ("count_zero", "union_kernel")),
-         ("13c", "step 7's kernel reads the count from memory: one graph per bucket", ("row_kernel",)))
+#: The parts of step 13's one change (the path made capturable in one CUDA graph), as its section names them, each with the trace's activities it covers (:data:`TIMELINE_PARTS`).
+PARTS = (("the copy", "the packed bitmask copied, without waiting, into a device buffer the graph reads", ("copy",)),
+         ("the union", "the union's ids and count built from the buffer on the device", ("count_zero", "union_kernel")),
+         ("the count from memory", "step 7's kernel reads the count from memory: one graph per bucket", ("row_kernel",)))
 #: The first table of steps (:func:`main_steps_table`): the chain a reader follows at :data:`MAIN_CASE`, each step
 #: against the row above (step 7 ties step 5 and is kept: steps 8 and 13 build on it, the dispatch runs it at batch 1).
 CHAIN = (0, 1, 2, 3, 4, 5, 7)
 #: The headline rows' words in the table of steps.
 HEADLINE_CHANGES = {12: "the kernel alone, given the ids: step 12's dispatch",
-                    13: "the whole step from the packed bitmask in host memory, in one CUDA graph: the bitmask's copy, "
-                        "the union's build and step 12's kernel"}
+                    13: "the whole step from the packed bitmask in host memory, made capturable in one CUDA graph: the "
+                        "bitmask's copy, the union's build and step 12's kernel"}
 #: Kept for the callers that name it: step 13's words, what it adds to step 12's call at :data:`MAIN_CASE`.
 CHANGES_FROM_HOST = HEADLINE_CHANGES[13]
 #: The rivals' names in the headline rows' "×" cells.
 HEADLINE_RIVAL_WORDS = {"index_select": "`index_select` + matmul", XGRAMMAR: "xgrammar's path"}
-#: The kept steps after the chain, tools for other regimes, in the second table of steps each at its own case
+#: The kept steps beyond the chain, below :data:`BEYOND` in the table of steps, each at its own case
 #: (:data:`STEP_CASES`); step 12, the entry point, over every case measured (:func:`dispatch_range`).
 OWN_STEPS = (8, 10, 12, 13)
+#: The table of steps' divider row between the chain and :data:`OWN_STEPS`, in its "the one change" cell.
+BEYOND = "*beyond the chain, each at its own case*"
 #: Why a kept step that ties the row above stays, in its "×" cell.
 KEPT_FOR = {3: "kept as the dense path of large batches", 7: "kept: steps 8 and 13 build on it"}
 #: The kernels step 12 chooses from: a compacted one (steps 7, 8, 10) and a dense one (step 3's, or cuBLAS with fp32
@@ -857,17 +859,19 @@ def dispatch_words(rng: dict[str, Any]) -> str:
 
 
 def main_steps_table(results) -> str:
-    """The page's two tables of steps, Markdown, each under its bold caption. First the chain of :data:`CHAIN` at
-    :data:`MAIN_CASE`, each "×" the time of the row above over its own (:func:`chain_base`), a tie marked (with why
-    the step is kept, :data:`KEPT_FOR`). Then the tools for other regimes (:data:`OWN_STEPS`), each at the case its
-    idea is about, "×" against what it replaces there (:data:`STEP_CASES`; step 13 against xgrammar's path, the rival
-    with its contract), that time in the cell; step 12, the entry point, gives what it runs where and its worst and
-    best ratio to the faster of its kernels over every case (:func:`dispatch_range`). Every timed row has "× the card's
-    floor" at its own case. The rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a
-    sentence. A time whose rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's
-    repetitions spread past the page's threshold."""
-    lines = [f"**The chain** (µs, GPU clock, {_case(MAIN_CASE)}, the [V, D] head; × against the row above)", "",
-             "| step | the one change | µs | × against | × the card's floor |", "|---|---|---|---|---|"]
+    """The page's table of steps, Markdown, under its bold caption, one row a kept step with its case. First the chain
+    of :data:`CHAIN` at :data:`MAIN_CASE`, each "×" the time of the row above over its own (:func:`chain_base`), a tie
+    marked (with why the step is kept, :data:`KEPT_FOR`). Then a divider row (:data:`BEYOND`) and the steps beyond
+    the chain (:data:`OWN_STEPS`), each at the case its idea is about, "×" against what it replaces there
+    (:data:`STEP_CASES`; step 13 against xgrammar's path, the rival with its contract), that time in the cell; step 12,
+    the entry point, gives what it runs where and its worst and best ratio to the faster of its kernels over every case
+    (:func:`dispatch_range`). Every timed row has "× the card's floor" at its own case. The rivals at
+    :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose rotation was
+    capped carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the page's
+    threshold."""
+    lines = ["**The steps** (µs, GPU clock, the [V, D] head; × against the row above in the chain, beyond it against "
+             "what the step replaces at its case)", "",
+             "| step | case | the one change | µs | × against | × the card's floor |", "|---|---|---|---|---|---|"]
     for number in CHAIN:
         row = _row(results, step_series(number), **MAIN_CASE)
         if row is None:
@@ -879,10 +883,9 @@ def main_steps_table(results) -> str:
             tie = tie_mark(reference["ms"] / row["ms"])
             why = f"; {KEPT_FOR[number]}" if tie and number in KEPT_FOR else ""
             ratio = f"{_vs(row, reference)} step {base}" + (tie[:-1] + why + ")" if tie else "")
-        lines.append(f"| {number} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
-                     f"{_over_floor(results, row, MAIN_CASE)} |")
-    lines += ["", "**Tools for other regimes** (µs, GPU clock; each at its own case, × against what it replaces there)",
-              "", "| step | case | the one change | µs | × against | × the card's floor |", "|---|---|---|---|---|---|"]
+        lines.append(f"| {number} | {_case(MAIN_CASE)} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | "
+                     f"{ratio} | {_over_floor(results, row, MAIN_CASE)} |")
+    lines.append(f"| | | {BEYOND} | | | |")
     for number in OWN_STEPS:
         params, base = STEP_CASES[number]
         if number == 12:
@@ -1227,11 +1230,11 @@ def plan_timeline_table(data: dict, step_us: float) -> str:
     s = data["summary"]
     took, start, gap = s["duration_us"], s["start_us"], s["gap_before_us"]
     union = took["count_zero"] + took["union_kernel"]
-    rows = [("13a: the bitmask to the device", "its host-to-device copy", took["copy"], "–", took["copy"]),
-            ("13b: the union from the bitmask", f"the count zeroed ({took['count_zero']:.1f}), then the union kernel "
+    rows = [("the bitmask to the device", "its host-to-device copy", took["copy"], "–", took["copy"]),
+            ("the union from the bitmask", f"the count zeroed ({took['count_zero']:.1f}), then the union kernel "
              f"({took['union_kernel']:.1f})", union, f"{gap['count_zero'] + gap['union_kernel']:.1f}",
              start["union_kernel"] + took["union_kernel"]),
-            ("13c: the bucket's graph", "the row kernel (step 7's)", took["row_kernel"], f"{gap['row_kernel']:.1f}",
+            ("the bucket's graph", "the row kernel (step 7's)", took["row_kernel"], f"{gap['row_kernel']:.1f}",
              start["row_kernel"] + took["row_kernel"])]
     lines = ["| part of one call | what runs | takes (µs) | idle before it (µs) | done at (µs after the copy starts) |",
              "|---|---|---|---|---|"]
