@@ -170,7 +170,7 @@ def test_the_page_and_the_scoreboard_give_the_loop_the_same_bound():
     kc = lesson.kernel_count_bound()
     assert kc["binds"] == "forward" and kc["us"] < bound and kc["bound_us"] == pytest.approx(bound)
     source = json.loads((REPO_ROOT / "notebooks/08_speculation_under_a_grammar.ipynb").read_text())
-    cell = next("".join(c["source"]) for c in source["cells"] if "lesson.kernel_count_bound()" in "".join(c["source"]))
+    cell = next("".join(c["source"]) for c in source["cells"] if "kernel_words = " in "".join(c["source"]))
     assert "It is the bound that binds" in cell and "{kernel_words}" in cell
 
 
@@ -555,10 +555,11 @@ def test_the_low_copy_workload_is_described_by_its_drafts_and_the_gate_by_what_i
     assert not any("the price of what it buys on low-copy" in t for t in text)
 
 
-def test_the_pages_steps_table_has_the_shipped_steps_in_seven_columns():
+def test_the_pages_steps_table_has_the_shipped_steps_in_eight_columns():
     """The steps section carries the title the other chapters use; its table holds chapter 07's step 3 and the shipped
-    steps 1 to 3 (step 4, not shipped, has its "Tried" fold) in seven columns: forwards per token and accepted per
-    draft sit in the drafts' fold, beside their counts; the drafts' sentence counts the loop the chapter ships."""
+    steps 1 to 3 (step 4, not shipped, has its "Tried" fold) in eight columns, one saying which workload each step
+    pays on: forwards per token and accepted per draft sit in the drafts' fold, beside their counts; the drafts'
+    sentence counts the loop the chapter ships."""
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     at = next(i for i, t in enumerate(text) if t.startswith("## The steps"))
@@ -567,7 +568,8 @@ def test_the_pages_steps_table_has_the_shipped_steps_in_seven_columns():
     assert 'shipped = [r for r in steps1 if r["step"] != "step04_gated_draft"]' in table and "for r in shipped]" in table
     fmt = table[table.index("say(lesson.markdown_table(rows, "):]
     fmt = fmt[:fmt.index("}))") + 1]
-    assert fmt.count('": "') == 7  # seven columns
+    assert fmt.count('": "') == 8  # eight columns
+    assert '"pays on": pays.get(r["step"], "–")' in table and '"step03_forced_draft": "low-copy"' in table
     assert '"forwards per token"' not in table and '"accepted per draft"' not in table
     drafts = text[at + 2]
     assert '"forwards per token": forwards[d["label"]]' in drafts
