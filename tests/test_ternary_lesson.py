@@ -324,7 +324,8 @@ def test_a_peer_bar_whisker_spans_that_peers_repetitions_alone(results):
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
     """One steps table open on a page, at one row of x. Part 1's gives its steps' times at 16 rows beside, in the
-    same table (steps 6 and 10 to 14 are built for several rows); part 2's table at 16 rows sits in a fold."""
+    same table (steps 6 and 10 to 14 are built for several rows); part 2's table at 16 rows sits in a fold, as do its
+    two halved steps' halves and its tried steps."""
     cells = json.loads(path.read_text())["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert "solutions" not in code and "glue(" not in code
@@ -337,7 +338,9 @@ def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
         assert "rows_of_x=1, beside=16)" in open_[0] and not [t for t, hidden in calls if hidden]
     else:
         assert "rows_of_x=1)" in open_[0]
-        assert [text.count("rows_of_x=16)") for text, hidden in calls if hidden] == [1]
+        hidden = [text for text, hidden in calls if hidden]
+        assert [text.count("rows_of_x=16)") for text in hidden] == [1, 0, 0]
+        assert "lesson.PART2_HALVES" in hidden[1] and "lesson.part2_tried(bitnet_run)" in hidden[2]
 
 
 ROW = re.compile(r"^\| (\d+) \|", flags=re.M)  # a steps table's row: "| 17 |"
@@ -357,27 +360,31 @@ def test_the_boehm_table_has_one_row_a_step(results):
 
 
 def test_part_2s_steps_table_gives_each_step_one_row_against_the_step_before_it(results):
-    """One step, one row, one number: every CUDA C++ step 15 to 25 has a row of its own at one row of x, measured
-    against the step before it (a step that loses alone says so, and which step needs it); at 16 rows steps 23 to 25
-    follow part 1's step 14. Steps 24 and 25, a tried path built for several rows of x, say so in their rows, never
-    "did not pay"."""
-    assert "did not pay" not in "".join(c for *_, c in L.PART2_ROWS)
+    """One step, one row, one number: the main table has a row for each step the page keeps at one row of x, each
+    measured against the step before it; steps 16 and 19, each one step in two halves, against the step before the
+    pair (each half in a folded table of its own, against the step before it). A step that loses alone says so, and
+    which step needs it; at 16 rows step 23 follows part 1's step 14. Steps 24 and 25, a tried path built for several
+    rows of x, sit in a table of their own and say so in their rows, never "did not pay"."""
+    assert "did not pay" not in "".join(c for *_, c in L.PART2_ROWS + L.PART2_TRIED)
     assert not hasattr(L, "PAIRS") and not hasattr(L, "pair_chain")
     one = [(n, p) for n, m, p, _ in L.PART2_ROWS if m == 1]
-    assert one == [(14, None)] + [(n, n - 1) for n in range(15, 26)]
-    assert [(n, p) for n, m, p, _ in L.PART2_ROWS if m == 16] == [(14, None), (23, 14), (24, 23), (25, 24)]
-    table = L.boehm_table(results, L.PART2_ROWS)
-    assert " + " not in "".join(ROW.findall(table))
-    lines = [line for line in table.splitlines() if ROW.match(line)]
-    assert len(lines) == len(L.PART2_ROWS)
-    for (number, m, previous, change), line in zip(L.PART2_ROWS, lines):
-        assert line.startswith(f"| {number} |"), line
-        if previous is not None:
-            t, before = L.us(results, T.SERIES[number], L.MAIN, m), L.us(results, T.SERIES[previous], L.MAIN, m)
-            assert f"| {before / t:.2f}× (vs {previous}{'; tie' if L.is_tie(before / t) else ''}) |" in line, line
-            if m == 1 and before < t and number not in (24, 25):  # loses alone: the row says which step needs it
-                assert f"step {number + 1} needs it" in change, line
-        assert change.startswith("tried, for several rows") == (number in (24, 25)), line
+    assert one == [(14, None), (16, 14), (17, 16), (19, 17), (20, 19), (21, 20), (22, 21), (23, 22)]
+    assert [(n, p) for n, m, p, _ in L.PART2_ROWS if m == 16] == [(14, None), (23, 14)]
+    assert [(n, p) for n, m, p, _ in L.PART2_HALVES] == [(15, 14), (16, 15), (18, 17), (19, 18)]
+    assert [(n, m, p) for n, m, p, _ in L.PART2_TRIED] == [(24, 1, 23), (25, 1, 24), (24, 16, 23), (25, 16, 24)]
+    for rows in (L.PART2_ROWS, L.PART2_HALVES, L.PART2_TRIED):
+        table = L.boehm_table(results, rows)
+        assert " + " not in "".join(ROW.findall(table))
+        lines = [line for line in table.splitlines() if ROW.match(line)]
+        assert len(lines) == len(rows)
+        for (number, m, previous, change), line in zip(rows, lines):
+            assert line.startswith(f"| {number} |"), line
+            if previous is not None:
+                t, before = L.us(results, T.SERIES[number], L.MAIN, m), L.us(results, T.SERIES[previous], L.MAIN, m)
+                assert f"| {before / t:.2f}× (vs {previous}{'; tie' if L.is_tie(before / t) else ''}) |" in line, line
+                if m == 1 and before < t and number not in (24, 25):  # loses alone: the row says which step needs it
+                    assert f"step {number + 1} needs it" in change, line
+            assert change.startswith("tried, for several rows") == (number in (24, 25)), line
 
 
 def test_the_chapter_lists_both_lessons():
@@ -1235,13 +1242,17 @@ def test_part_1_says_what_steps_10_to_12_are_for_and_quotes_the_eager_cost_besid
 
 
 def test_part_2_ends_its_story_on_step_23_and_folds_the_tried_path_and_the_tuning():
-    """Part 2 prices the decode with step 23 alone; its glossary is open; steps 24 and 25 sit under a "Tried"
+    """Part 2 prices the decode with step 23 alone; it defines its terms where they first appear, no glossary up
+    front (`2bit_tiles` at step 15, the magic constant at step 21, SASS where it is first quoted); steps 24 and 25 sit under a "Tried"
     heading whose opening says, from the file, that they lose at 16 rows to part 1's step 14 and at one row to step
     23; the eager result sits beside the graph's range; the place-of-x table is folded."""
     nb = json.loads(LESSONS[1].read_text())["cells"]
     cells = {c["id"]: c for c in nb}
     text = {i: "".join(c["source"]) for i, c in cells.items()}
-    assert ":open:" in text["81fd089c"].split(":::{dropdown}")[1].splitlines()[1]
+    assert ":::" not in text["81fd089c"]
+    assert "`2bit_tiles`: part 1's 2-bit words reordered" in text["75c26ba2"]
+    assert "magic constant of part 1's step 11 (bits that" in text["36ac457c"]
+    assert "In the SASS (the machine code)" in text["d431a826"]
     why = text["5519d543"]
     assert "lesson.amdahl(results, [STEP[23].series])" in why and "lesson.amdahl(results)" not in why
     assert "STEP[21]" not in why

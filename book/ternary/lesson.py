@@ -725,7 +725,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "PART1_ROWS", "PART2_ROWS", "amdahl_peer", "verdict", "place_times", "gemlite_table", "shape_words", "and_list", "part2_rows", "step25_wins", "further_run", "run_source", "lab_file",
+           "PART1_ROWS", "PART2_ROWS", "PART2_HALVES", "PART2_TRIED", "amdahl_peer", "verdict", "place_times", "gemlite_table", "shape_words", "and_list", "part2_tried", "step25_wins", "further_run", "run_source", "lab_file",
            "bench_file", "provenance", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
@@ -762,29 +762,39 @@ PART1_ROWS = (
     (14, 16, 13, "split K through a zeroed workspace, no memset"),
 )
 
-#: Part 2's rows, as :data:`PART1_ROWS`: one row a step, each against the step before it. Steps 15, 18 and 22 lose
-#: alone and exist for the step after them, which their rows say; steps 24 and 25, a tried path built for several
-#: rows of x: at one row of the headline shape they lose, at BitNet's largest shapes step 25 wins, at 16 rows each
-#: beats the step before it and both lose to part 1's step 14.
+#: Part 2's rows, as :data:`PART1_ROWS`: one row a step, each against the step before it. Steps 16 and 19 are each
+#: one step in two halves (:data:`PART2_HALVES`), measured against the step before the pair; step 22 loses alone and
+#: exists for step 23, which its row says. Steps 24 and 25, a tried path, have a table of their own
+#: (:data:`PART2_TRIED`).
 PART2_ROWS = (
     (14, 1, None, "part 1's last Triton step"),
-    (15, 1, 14, "`mma.sync` with K split, first half: the loop by hand, K in one slice (loses; step 16 needs it)"),
-    (16, 1, 15, "`mma.sync` with K split, second half: K split across blocks, the slices summed in a fixed order"),
+    (16, 1, 14, "`mma.sync` with K split: the loop by hand (15), K split across blocks, the slices summed in a "
+                "fixed order (16); loses, step 17 needs it"),
     (17, 1, 16, "x copied once into shared memory"),
-    (18, 1, 17, "a TMA ring, sums in shared memory, first half: the weights by the TMA into a ring, sums still "
-                "through L2 (loses; step 19 needs it)"),
-    (19, 1, 18, "a TMA ring, sums in shared memory, second half: the warps of a block share its K, the sums in "
-                "shared memory"),
+    (19, 1, 17, "a TMA ring (18), the warps of a block sharing its K, the sums in shared memory (19)"),
     (20, 1, 19, "one copy a stage and tile, not one a warp (kept: step 21 builds on it)"),
     (21, 1, 20, "the decode's constant kept in a register (kept: the bf16-x kernel the result sets against "
                 "cuBLAS)"),
     (22, 1, 21, "int8 x on the int8 tensor cores (22a), x quantised by a kernel of its own (22b) launched early "
                 "(22c); loses, step 23 needs it"),
     (23, 1, 22, "x quantised inside the matmul"),
-    (24, 1, 23, "tried, for several rows: one tile of weights a warp, a slice of K a block; loses here"),
-    (25, 1, 24, "tried, for several rows: x by the TMA; loses to step 23 here, wins at the largest BitNet shapes"),
     (14, 16, None, "part 1's step 14 at 16 rows of x"),
     (23, 16, 14, "step 23 at 16 rows (there x is quantised by a kernel of its own)"),
+)
+
+#: The halves of part 2's two paired steps, each against the step before it: the first half of each loses alone.
+PART2_HALVES = (
+    (15, 1, 14, "the loop by hand, K in one slice (loses; step 16 needs it)"),
+    (16, 1, 15, "K split across blocks, the slices summed in a fixed order"),
+    (18, 1, 17, "the weights by the TMA into a ring, sums still through L2 (loses; step 19 needs it)"),
+    (19, 1, 18, "the warps of a block share its K, the sums in shared memory"),
+)
+
+#: Part 2's tried path, built for several rows of x: at one row of the headline shape both lose, at BitNet's largest
+#: shapes step 25 wins; at 16 rows each beats the step before it and both lose to part 1's step 14.
+PART2_TRIED = (
+    (24, 1, 23, "tried, for several rows: one tile of weights a warp, a slice of K a block; loses here"),
+    (25, 1, 24, "tried, for several rows: x by the TMA; loses to step 23 here, wins at the largest BitNet shapes"),
     (24, 16, 23, "tried, for several rows: one tile of weights a warp, a slice of K a block"),
     (25, 16, 24, "tried, for several rows: x by the TMA; beats step 23, loses to step 14"),
 )
@@ -803,15 +813,15 @@ def step25_wins(bitnet_run) -> dict[str, float]:
     return out
 
 
-def part2_rows(bitnet_run) -> tuple:
-    """:data:`PART2_ROWS`, step 25's one-row cell saying where it wins, computed from BitNet's run."""
+def part2_tried(bitnet_run) -> tuple:
+    """:data:`PART2_TRIED`, step 25's one-row cell saying where it wins, computed from BitNet's run."""
     wins = step25_wins(bitnet_run)
     if not wins:
-        return PART2_ROWS
+        return PART2_TRIED
     where = (f"wins at {len(wins)} BitNet shapes, {', '.join(s.replace('x', ' × ') for s in wins)}, by "
              f"{min(wins.values()):.2f}× to {max(wins.values()):.2f}× step 23's speed")
     return tuple((n, m, p, c.replace("wins at the largest BitNet shapes", where) if (n, m) == (25, 1) else c)
-                 for n, m, p, c in PART2_ROWS)
+                 for n, m, p, c in PART2_TRIED)
 
 
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_of_x=None, beside=None) -> str:
@@ -1603,7 +1613,7 @@ def device_diff(step: int, helpers: bool = True, region: Optional[tuple[str, str
 
 
 #: The lines of a long device-code diff the page shows open (the whole diff folded beside it).
-DEVICE_CORE = {23: ("const int tid = threadIdx.x;", "consumer_barrier(warps);")}
+DEVICE_CORE = {23: ("if (warp == warps) {", "consumer_barrier(warps);")}
 
 
 def place_us(results, place: str, shape: str = MAIN, m: int = 1) -> Optional[float]:
