@@ -605,7 +605,7 @@ def test_the_result_frames_step_6_with_the_whole_pass_and_calls_its_step_margina
     first = _rows(lesson.pass_table(results, lays))[0]
     assert first[-1] == f"{gain:.2f}×"
     assert lesson.is_tie(1.03) and lesson.is_tie(0.97) and not lesson.is_tie(1.04) and not lesson.is_tie(None)
-    assert lesson.margin_words(1.04) == ", marginal: just past the tie line" and lesson.margin_words(1.01) == ", a tie"
+    assert lesson.margin_words(1.04) == ", a marginal gain" and lesson.margin_words(1.01) == ", a tie"
     assert lesson.margin_words(1.25) == ""
     from studylog.paths import REPO_ROOT
 

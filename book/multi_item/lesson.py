@@ -227,8 +227,8 @@ def is_tie(x: float | None) -> bool:
 
 
 def margin_words(x: float) -> str:
-    """What the page says after a step's speed ratio: a tie, a gain just past the tie line, or nothing."""
-    return ", a tie" if is_tie(x) else ", marginal: just past the tie line" if 1.03 < round(x, 2) < 1.10 else ""
+    """What the page says after a step's speed ratio: a tie, a marginal gain (just past the tie line), or nothing."""
+    return ", a tie" if is_tie(x) else ", a marginal gain" if 1.03 < round(x, 2) < 1.10 else ""
 
 
 def flashinfer_pass_gain(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) -> float | None:
