@@ -929,27 +929,48 @@ def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top(
     assert lesson.range_top(shown, "8b", 1)["ratio"] == pytest.approx(case["fastest"])
 
 
-def test_the_steps_table_sets_the_8b_cost_model_and_the_real_model_beside_the_explained_one():
-    """The page's steps table gives the 1B cost model (the steps' explanations), the 8B cost model (the large
-    model's forecast) and the real model (the answer's) side by side, each column group its own ratios; each 8B time
-    is the steps_rows median, and the real model's first and last times are the result table's step 1 and step 3."""
+def test_the_steps_table_leads_with_the_real_model_and_folds_the_cost_models():
+    """The page's open steps table is the real model's (the chapter's answer): step, time, × previous and forwards
+    per token in place of a byte floor; its first and last times are the result table's step 1 and step 3. The cost
+    models' columns (1B, where the steps are explained, and 8B, the large model's number) follow in a fold right
+    below, each group its own ratios; each 8B time is the steps_rows median."""
     results = lesson.committed()
-    assert any('lesson.steps_table(shown, "1b", 1, also="8b", real=True)' in t for t in _page_cells())
-    table = lesson.steps_table(results, "1b", 1, also="8b", real=True)
+    cell = next(t for t in _page_cells() if "lesson.real_steps_table(shown, 1)" in t)
+    assert cell.index("lesson.real_steps_table(shown, 1)") < cell.index(":::{{dropdown}} The cost models' steps")
+    assert cell.index(":::{{dropdown}}") < cell.index('lesson.steps_table(shown, "1b", 1, also="8b")')
+    assert "real=True" not in cell
+    table = lesson.real_steps_table(results, 1)
     head = table.splitlines()[0]
-    assert head.count("µs per token") == 3 and "8B cost model: µs per token" in head
-    assert "SmolLM2-135M (13 requests): µs per token | × previous |" in head
+    assert "SmolLM2-135M (13 requests): µs per token | × previous | forwards per token |" in head
     rows = _table_rows(table)
-    assert all(len(r) == len(rows[0]) == 10 for r in rows)
-    for row, want in zip(rows, lesson.steps_rows(results, "8b", 1)):
-        assert row[5] == f"{want['us']:,.0f}"
+    assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "step 3: the masked head"]
+    assert all(len(r) == 5 for r in rows)
     real = lesson.real_steps_rows(results, 1)
     case = {(r["model"], r["batch"]): r for r in lesson.result_rows(results)}[("smollm2", 1)]
-    assert [r[8] for r in rows] == [f"{x['us']:,.0f}" for x in real]
+    assert [r[2] for r in rows] == [f"{x['us']:,.0f}" for x in real]
+    assert [r[4] for r in rows] == [f"{x['forwards']:.2f}" for x in real]
     assert real[0]["us"] == pytest.approx(case["step1_us"]) and real[-1]["us"] == pytest.approx(case["step3_us"])
     for a, b in zip(real, real[1:]):
         assert b["x_previous"] == pytest.approx(a["us"] / b["us"])
-    assert lesson.steps_table(results, "1b", 1, also="8b").splitlines()[0].count("µs per token") == 2
+    # the jumps save forwards on the real model: the step 2 section explains its ratio with these counts
+    assert real[1]["forwards"] < real[0]["forwards"]
+    step2 = next(t for t in _page_cells() if "{n['dec_fwd_saved']} fewer**" in t)
+    assert "real2[1]['x_previous']" in step2 and "real2[0]['forwards']" in step2 and "real2[1]['forwards']" in step2
+    costs = lesson.steps_table(results, "1b", 1, also="8b")
+    assert costs.splitlines()[0].count("µs per token") == 2 and "8B cost model: µs per token" in costs
+    for row, want in zip(_table_rows(costs), lesson.steps_rows(results, "8b", 1)):
+        assert row[5] == f"{want['us']:,.0f}"
+
+
+def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening_says_which_number_to_take():
+    """The result gives the plain point (a jumped token is not a free forward) before the forecasts; the opening
+    names SmolLM2 the check on real weights and tells whoever serves a large model to take the 8B cost model's."""
+    text = _page_cells()
+    result = next(t for t in text if "say(lesson.result_table(shown))" in t)
+    assert result.index("**A jumped token is not a free forward.**") < result.index("sits between two forecasts")
+    assert not any("**A jump is not a free forward.**" in t for t in text)
+    opening = " ".join(next(t for t in text if "**The answer:" in t).split())
+    assert "the check on real weights" in opening and "Serving a large model, take **the 8B cost model**" in opening
 
 
 def test_where_we_lose_puts_numbers_on_the_character_level_jumps():

@@ -645,9 +645,26 @@ def real_steps_rows(results, batch: int = 1) -> list[dict]:
         ms = _median(r[i]["ms"] for r in real)
         if ms is None:
             continue
-        rows.append({"label": STEP_LABELS[config], "us": ms * 1e3, "x_previous": prev / ms if prev else None})
+        rows.append({"label": STEP_LABELS[config], "us": ms * 1e3, "x_previous": prev / ms if prev else None,
+                     "forwards": _median(r[i]["forwards"] / max(r[i]["tokens"], 1) for r in real)})
         prev = ms
     return rows
+
+
+def real_steps_table(results, batch: int = 1) -> str:
+    """:func:`real_steps_rows` as the page's open steps table (Markdown): the real model leads, one row per step,
+    its time, its ratio to the previous row ("(tie)" from 0.97× to 1.03× as printed, the course's tie rule) and
+    its forwards per output token (the median of the requests'), in place of a byte floor: its step is mostly host
+    work and launches. The cost models' columns follow in a fold (:func:`steps_table`)."""
+    reals = real_steps_rows(results, batch)
+    if not reals:
+        return f"({PENDING}: this file holds no real-model requests)"
+    lines = [f"| step | what changes | SmolLM2-135M ({len(_real_rows(results, batch))} requests): µs per token | "
+             "× previous | forwards per token |", "|---|---|---|---|---|"]
+    for config, x in zip(STEP_CONFIGS, reals):
+        ratio = "–" if x["x_previous"] is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x["x_previous"], 1.0)
+        lines.append(f"| {x['label']} | {STEP_CHANGES[config]} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |")
+    return "\n".join(lines)
 
 
 def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None, real: bool = False) -> str:
