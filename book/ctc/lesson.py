@@ -892,18 +892,38 @@ def _listed(labels: list[str]) -> str:
 
 
 def line_words(results, changes: Results | None = None) -> str:
-    """The sentence over the table of steps that names its main line and what each other role means, from
-    :func:`roles`."""
+    """The one-line legend over the table of steps: what its role words mean, from :func:`roles` and
+    :data:`CASHED_BY`."""
     r = roles(results, changes)
-    chain = [label for label, x in r.items() if x in (MAIN_LINE, PREREQUISITE)]
     kept = [label for label, x in r.items() if x == PREREQUISITE]
     tried = [label for label, x in r.items() if x == TRIED_ROLE]
-    words = f"The steps run {' → '.join(chain)}, each row against the one above"
+    words = f"Role: **pays**, above {TIE[1]:.2f}× the row above at a case shown"
     if kept:
-        words += f"; {_listed(kept)} gain nothing alone, and their rows say what builds on them"
+        words += (f"; *prerequisite of N*, a tie or a loss alone at a case shown ({_listed(kept)}), kept because "
+                  f"step N builds on it and pays")
     if tried:
         words += f". Steps {_listed(tried)} were tried and dropped (folded below)"
     return words + "."
+
+
+#: The step that cashes in each prerequisite (:func:`roles`): it builds on the prerequisite and pays. Step 7a
+#: builds on step 5's rows; step 10 runs 7b's one kernel for both directions, each on step 9's warp.
+CASHED_BY = {"5": "7a", "7b": "10", "9": "10"}
+
+
+def role_word(label: str, role: str) -> str:
+    """A step row's role cell in the table of steps: "baseline" (step 1), "pays" (bold; "pays by shape" for the last
+    step, which the entry point runs only where the target needs several warps), with the prerequisites it cashes
+    in (:data:`CASHED_BY`); "prerequisite of N"; else the role as it is."""
+    if role == PREREQUISITE:
+        return f"prerequisite of {CASHED_BY[label]}"
+    if role != MAIN_LINE:
+        return role
+    if label == "1":
+        return "**baseline**"
+    word = "**pays** by shape" if label == str(DISPATCH_STEPS[-1]) else "**pays**"
+    cashed = [k for k, v in CASHED_BY.items() if v == label]
+    return word + (f"; cashes in {_listed(cashed)}" if cashed else "")
 
 
 def boehm_table(results, changes: Results | None = None, shown=lambda role: True, greyed=lambda role: False) -> str:
@@ -937,11 +957,7 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
     def chosen(number: int) -> str:  # the last step pays only where the target needs several warps
         if number != DISPATCH_STEPS[-1]:
             return ""
-        last = CHAPTER.step(number).series
-        away = [(A, N, CHAPTER.step(r["step"]).number) for A, N in TABLE_CASES
-                if (r := _row(results, "ctc_loss", T=BENCH_T, A=A, N=N)) and r.get("step") not in (None, last)]
-        return (" (`ctc_loss` runs it where the target needs several warps"
-                + "".join(f"; at A = {A:,}, N = {N} it runs step {k} instead" for A, N, k in away) + ")")
+        return " (`ctc_loss` runs it where the target needs several warps)"  # its "× prev." says where not
 
     def no_gain(number: int) -> str:
         return f" ({FLAT_WHY[number]})" if role.get(str(number)) == NO_GAIN else ""
@@ -987,7 +1003,7 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
     for number, title, series in entries:
         kind = role.get(number, role_cell.get(number, MAIN_LINE))
         hidden = number in role and not shown(kind)
-        cells = [number, f"**{kind}**" if kind == MAIN_LINE else kind, title]
+        cells = [number, role_word(number, kind) if number in role else kind, title]
         times[series] = [None] * len(TABLE_CASES)
         lab = number in {label for label, *_ in STEP07_ROWS}  # read from the lab run, as is its row above
         for i, (A, N) in enumerate(TABLE_CASES):
@@ -1020,6 +1036,9 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
                 against = f"vs step {before_label}" if before_label != above else ""
             if prev and tie(prev / t):
                 against += ", tie" if against else "tie"
+            elif number == str(DISPATCH_STEPS[-1]) and (r := _row(results, "ctc_loss", T=BENCH_T, A=A, N=N)) and \
+                    r.get("step") not in (None, series):  # the last step loses where the entry point runs another
+                against += f"the entry point runs step {CHAPTER.step(r['step']).number} here"
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         if not hidden:
