@@ -155,7 +155,9 @@ def test_layer_and_loss_words_name_each_faster_step_and_the_ties():
 
 def test_the_page_says_where_step_14_is_not_the_fastest_and_why_it_stays():
     """"Why it matters" shows the fastest step at each layer beside step 14, names the steps ahead of it, says why
-    the estimates keep step 14 and what the fastest step would give; "Where we lose" gives their times; the
+    the estimates keep step 14 and what the fastest step would give; "Where we lose" gives their times first, and says
+    why step 14 stays (one kernel for every layer and row count, latency-bound small layers, the faster steps' cost
+    at 128 rows); the
     steps' section says why they are timed at the Llama shape."""
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(PAGE.read_text())["cells"]}
     why = cells["ff5c35bc"] + cells["why-layers"]  # the open cell, then the fold under it
@@ -164,7 +166,9 @@ def test_the_page_says_where_step_14_is_not_the_fastest_and_why_it_stays():
     assert "The estimates keep step 14" in why and "alt['gemlite_step']" in why and "alt['cublas_step']" in why
     assert why.index("Against cuBLAS bf16") < why.index("Step 14 is not the fastest step")
     lose = cells["446885d6"]
-    assert "part1.loss_words(layers)" in lose and "#why-it-matters-the-linear-layers-of-a-decode-step" in lose
+    assert "part1.loss_words(layers)" in lose and "**Step 14 stays at every shape**" in lose and "{keep14}" in lose
+    assert lose.index("part1.loss_words(layers)") < lose.index("At M = 128")  # the first item: the result's link lands on it
+    assert "keep14 = why" in why and "(#where-we-lose)" in cells["38fdca9c"]
     assert "So the steps are timed at 4096 × 14336" in cells["8f00d3f5"] and "down projection" in cells["8f00d3f5"]
 
 

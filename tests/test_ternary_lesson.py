@@ -324,7 +324,8 @@ def test_a_peer_bar_whisker_spans_that_peers_repetitions_alone(results):
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
     """One steps table open on a page, at one row of x. Part 1's gives its steps' times at 16 rows beside, in the
-    same table (steps 6 and 10 to 14 are built for several rows); part 2's table at 16 rows sits in a fold, as do its
+    same table (steps 6 and 10 to 14 are built for several rows), the tried steps 7 to 9 in a folded table under it;
+    part 2's table at 16 rows sits in a fold, as do its
     two halved steps' halves and its tried steps."""
     cells = json.loads(path.read_text())["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
@@ -335,7 +336,9 @@ def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
     open_ = [text for text, hidden in calls if not hidden]
     assert len(open_) == 1 and open_[0].count("lesson.boehm_table(") == 1
     if path == LESSONS[0]:
-        assert "rows_of_x=1, beside=16)" in open_[0] and not [t for t, hidden in calls if hidden]
+        assert "rows_of_x=1, beside=16)" in open_[0] and "r not in tried_rows" in open_[0]
+        assert [t for t, hidden in calls if hidden] == [
+            "display(Markdown(lesson.boehm_table(results, tried_rows, rows_of_x=1, beside=16)))"]
     else:
         assert "rows_of_x=1)" in open_[0]
         hidden = [text for text, hidden in calls if hidden]
