@@ -51,38 +51,44 @@ def test_no_ratio_across_clocks():
     for cfg in lesson.TABLE_CASES:  # the footnote gives step 1's own time at each case, from the file
         ms = lesson.grid_row(results, ngram.CHAPTER.step(1).series, cfg)["ms"]
         assert f"{ms * 1e3:,.1f} µs at {cfg[0]} × {cfg[1]}" in note, cfg
-    main, fold = lesson.steps_tables(results)
-    assert main.endswith(lesson.host_note(results, (lesson.RESULT_CASE,)) + lesson.floor_note(results, (lesson.HEADLINE,)))
+    main, budget, fold = lesson.steps_tables(results)
+    assert main.endswith(lesson.host_note(results, (lesson.RESULT_CASE,))) and "¹" not in budget
     assert note.split(":", 1)[1] in fold
 
 
-def test_the_table_groups_each_path_at_its_own_case():
-    """The page's table has no role column: two row groups, the main line (steps 1 to 7 and the entry point) at the
-    result's case and the budget path (step 6, where it starts, steps 8 to 12 and the entry point) at the deployed
-    budget's; each "× previous" is over a row of its own group (step 8's over step 6's at the budget's case), the
-    first row of each group has none, and each entry-point row names the step it runs there, read from the file."""
+def test_each_path_has_its_own_table_at_its_own_case():
+    """The page has two tables of steps, no role column: the main line (steps 1 to 7 and the entry point) at the
+    result's case, and right below it a smaller one, the budget path (step 6, where it starts, steps 8 to 12 and the
+    entry point) at the deployed budget's; each caption states its case once, and the budget path's says once that
+    every row is launch-bound (no "× floor" column, no "launch-bound" cell). Each "× previous" is over a row of its
+    own table (step 8's over step 6's at the budget's case), the first row has none, and each entry-point row names
+    the step it runs there, read from the file. Step 2, not timed at the main line's case, has empty cells: the
+    caption says so once."""
     results = load_results("ngram")
-    table = lesson.grouped_steps_table(results)
-    lines = [[c.strip() for c in ln.split("|")[1:-1]] for ln in table.splitlines()]
-    assert lines[0] == ["step", "the one change", "µs, GPU clock", "× previous", "× floor"] and "role" not in table
-    heads = [i for i, r in enumerate(lines) if r[0].startswith("**")]
-    assert [lines[i][0] for i in heads] == ["**the main line**", "**the budget path**"]
-    main = [r[0] for r in lines[heads[0] + 1:heads[1]]]
-    budget = [r[0] for r in lines[heads[1] + 1:]]
-    assert main == [str(n) for n in range(1, 8)] + ["entry point"]
-    assert budget == ["6", "8", "9", "10", "11", "12", "entry point"]
-    assert lines[heads[0]][1] == "**at 512 × 16384, no budget**" and lines[heads[1]][1] == "**at 128 × 32768, budget 128**"
-    six, eight = lines[heads[1] + 1], lines[heads[1] + 2]
+    main, budget = lesson.main_line_table(results), lesson.budget_path_table(results)
+    rows = lambda t: [[c.strip() for c in ln.split("|")[1:-1]] for ln in t.splitlines()]
+    m, g = rows(main), rows(budget)
+    assert m[0] == ["step", "the one change", "µs, GPU clock", "× previous", "× floor"] and "role" not in main
+    assert g[0] == ["step", "the one change", "µs, GPU clock", "× previous"] and "launch-bound" not in budget
+    assert [r[0] for r in m[2:]] == [str(n) for n in range(1, 8)] + ["entry point"]
+    assert [r[0] for r in g[2:]] == ["6", "8", "9", "10", "11", "12", "entry point"]
+    assert not any(r[0].startswith("**") for r in m + g)  # no group rows: each table is one path
+    six, eight = g[2], g[3]
     assert six[3] == "–" and six[1] == "where the path leaves the main line"
     want = (lesson.grid_row(results, ngram.CHAPTER.step(6).series, lesson.HEADLINE)["ms"]
             / lesson.grid_row(results, ngram.CHAPTER.step(8).series, lesson.HEADLINE)["ms"])
-    assert eight[3] == f"{want:.2f}×" and "(vs" not in table
-    for (_, cfg, _), at in zip(lesson.GROUPS, heads):
+    assert eight[3] == f"{want:.2f}×" and "(vs" not in main + budget
+    for (_, cfg, _), table in zip(lesson.GROUPS, (m, g)):
         entry = lesson.entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
         runs = ngram.CHAPTER.step(entry["step"]).number
-        row = next(r for r in lines[at + 1:] if r[0] == "entry point")
+        row = next(r for r in table if r[0] == "entry point")
         assert row[1] == f"`ngram_match`, running step {runs}"
-    assert "¹" in lines[heads[0] + 1][2] and "²" in lines[heads[1]][4]
+    assert m[2][2] == "host ¹" and m[3][2:] == ["–", "–", "–"]  # step 1 on the host; step 2 untimed here
+    cap_main, cap_budget = lesson.main_line_caption(results), lesson.budget_path_caption(results)
+    assert "512 × 16384 with no budget" in cap_main and cap_main.count("too slow to time here") == 1
+    assert f"{lesson.active_slots(results, lesson.RESULT_CASE)} of 512 slots search" in cap_main
+    assert "128 × 32768, budget 128" in cap_budget and cap_budget.count("launch-bound") == 1
+    assert "lets only 1 slot search" in cap_budget
     note = lesson.floor_note(results, (lesson.HEADLINE,))
     assert "lets only 1 slot search" in note and "reads in less" not in note
 
@@ -544,10 +550,10 @@ def test_step_6s_chain_is_the_lab_runs_own_rows():
 
 
 def test_where_we_lose_names_the_rules_misses_and_the_real_text_acceptance():
-    """"Where we lose" names the cases the entry point's rule misses, if any (:func:`lesson.rule_misses`), and how
-    few drafted tokens real text accepts (computed from the benchmark), after "On real text"; how much slower real
-    text runs than the synthetic batches; the rule itself (its thresholds read from the library) is said over the
-    table of steps, where the page names the main line."""
+    """"Where we lose" names the cases the entry point's rule misses, if any (:func:`lesson.rule_misses`), after
+    "On real text", and how much slower real text runs than the synthetic batches; how few drafted tokens real text
+    accepts is said once, before the steps, in "Why it matters" (not in the opening, not here); the rule itself (its
+    thresholds read from the library) is said over the table of steps, where the page names the main line."""
     import json
 
     from studylog import paths
@@ -560,8 +566,11 @@ def test_where_we_lose_names_the_rules_misses_and_the_real_text_acceptance():
     assert "The rule between steps 7 and 12 misses" in body and "kernels.STREAM_MIN_TOKENS" not in body
     above = cells[next(i for i, t in enumerate(cells) if t.startswith("## The steps, measured")) + 1]
     assert "The main line is steps 1 to 7" in above and "kernels.STREAM_MIN_TOKENS" in above
-    assert "{accepted:,} of {drafted:,} drafted tokens" in body
-    assert "{accepted:,}" not in "".join(cells[real:lose])  # said once, in Where we lose
+    page = "".join(cells)
+    assert "accepted" not in body and "{accepted:,}" not in page
+    why = next(i for i, t in enumerate(cells) if t.startswith("## Why it matters"))
+    assert page.count("{accepted / drafted:.0%} of drafted tokens are accepted") == 1
+    assert "{accepted / drafted:.0%} of drafted tokens are accepted" in cells[why + 1]  # said once, before the steps
     # how far real text moves the synthetic times is a loss, said there too
     assert "the synthetic times above run up to" in body and "run up to" not in "".join(cells[real:lose])
 
@@ -693,41 +702,35 @@ def test_rule_misses_are_every_case_where_a_step_beats_the_entry_point_by_over_3
 
 
 def test_the_open_steps_table_is_the_quoted_cases_and_the_fold_has_every_case():
-    """The page's table of steps reads step | the one change | µs | × previous | × floor at the case every step is
-    quoted at (the deployed budget over 128 long slots) and at the result's (512 × 16384, no budget, where the most
-    slots search); every case's columns sit in a fold under it, the same cells. Every step but step 2 (one thread,
-    too slow on long rows, which its cell says) is timed at the result's case."""
+    """The page's tables of steps read step | the one change | µs | × previous (| × floor) at the result's case
+    (512 × 16384, no budget, where the most slots search: the main line) and at the deployed budget over 128 long
+    slots (the budget path), each under its caption; every case's columns sit in a fold under them, the same cells.
+    Every step but step 2 (one thread, too slow on long rows, which the caption says) is timed at the result's
+    case."""
     import json
 
     from studylog import paths
 
     results = load_results("ngram")
-    main, fold = lesson.steps_tables(results)
-    head = [c.strip() for c in main.splitlines()[0].split("|")[1:-1]]
+    main, budget, fold = lesson.steps_tables(results)
     from studylog.ngram import NO_BUDGET
 
     assert lesson.OPEN_CASES == (lesson.RESULT_CASE, lesson.HEADLINE) == ((512, 16384, NO_BUDGET), lesson.HEADLINE)
-    assert head == ["step", "the one change", "µs, GPU clock", "× previous", "× floor"]
-    groups = [r for r in main.split("\n\n")[0].splitlines() if r.startswith("| **")]
-    for row, cfg in zip(groups, lesson.OPEN_CASES):
-        assert f"{cfg[0]} × {cfg[1]}" in row, row
-    note = lesson.host_note(results, (lesson.RESULT_CASE,)) + lesson.floor_note(results, (lesson.HEADLINE,))
-    assert main == lesson.grouped_steps_table(results) + "\n\n" + note  # step 1's time and the floor, under it
+    note = lesson.host_note(results, (lesson.RESULT_CASE,))
+    assert main == lesson.main_line_caption(results) + "\n\n" + lesson.main_line_table(results) + "\n\n" + note
+    assert budget == lesson.budget_path_caption(results) + "\n\n" + lesson.budget_path_table(results)
     assert fold.startswith("<details><summary>") and fold.endswith("</details>") and "|" not in fold
     assert set(lesson.BOEHM_CASES) | {lesson.RESULT_CASE} == set(lesson.TABLE_CASES)
     for cfg in lesson.TABLE_CASES:
         assert f"{cfg[0]} × {cfg[1]}" in fold.split("</summary>")[0]
-    lines = main.split("\n\n")[0].splitlines()
-    budget_at = next(i for i, r in enumerate(lines) if r.startswith("| **the budget path**"))
-    for part, cfg in ((lines[:budget_at], lesson.RESULT_CASE), (lines[budget_at:], lesson.HEADLINE)):
-        rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in part[1:]
+    for table, cfg in ((lesson.main_line_table(results), lesson.RESULT_CASE),
+                       (lesson.budget_path_table(results), lesson.HEADLINE)):
+        rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]
                 if r.split("|")[1].strip().isdigit() and r.split("|")[1].strip() != "1"}  # step 1: host, its note
         for number, row in rows.items():
             timed = _file_ms(results, int(number), cfg)
             assert (timed is None) == (number == "2"), number
-            assert row[2] == (lesson.untimed_cell(results, 2) if timed is None else f"{timed * 1e3:,.1f}")
-    step2 = _file_ms(results, 2, lesson.HEADLINE)  # where step 2 was timed, said in its open row
-    assert lesson.untimed_cell(results, 2) == f"– (one thread: timed at 128 × 32768 only, {step2 * 1e3:,.1f} µs)"
+            assert row[2] == ("–" if timed is None else f"{timed * 1e3:,.1f}")
     for number in range(2, 13):  # every step but step 2 is timed at the result's case
         assert (_file_ms(results, number, lesson.RESULT_CASE) is None) == (number == 2), number
     assert fold.count("<tr>") == len(lesson.steps_table(results).splitlines()) - 1  # the head and every row
@@ -754,15 +757,16 @@ def test_why_it_matters_weighs_the_lookup_against_acceptance():
     assert "| ours (`ngram_match`) | {a['gpu']:.2%} | {net(a['gpu']):.2f}× |" in table
 
 
-def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and_its_one_searching_slot():
+def test_the_result_leads_with_the_deployed_budget_then_the_stress_case():
     """The rival is named in the result's first sentence: no library runs the operator on the GPU, so it is our
-    corrected port of FastDeploy's revision (step 4). The answer leads with the shape where the most slots search
-    (512 × 16384, no budget, every active slot), in one sentence; then one short line per other case: the deployed
-    budget's ratio with how many of its 128 slots the budget lets search (:func:`lesson.budget_walk`, as the results
-    page counts them) and that step 4 searches every active slot anyway; the range over the short prompts with the
-    time it saves a decoding step at the priced shape (32 × 512; none at a shape whose KV cache would not fit on the
-    card); the range over the few long slots, with what it is against ("Why it matters" gives the payoff
-    speculation caps)."""
+    corrected port of FastDeploy's revision (step 4). The answer leads with the deployed budget's shape where a step
+    is priced (32 × 512, budget 128), its ratio and the time it saves a decoding step, then the stress case, the
+    shape where the most slots search (512 × 16384, no budget, every active slot); then one short line per other
+    case: the deployed budget's ratio over long rows with how many of its 128 slots the budget lets search
+    (:func:`lesson.budget_walk`, as the results page counts them) and that step 4 searches every active slot anyway;
+    the range over the short prompts; the range over the few long slots, with what it is against ("Why it matters"
+    gives the payoff speculation caps). The page's opening says the same order: the port already removes the CPU
+    cost, ours saves under 0.1% of a step there, and the stress case's ratio."""
     import json
 
     from studylog import paths
@@ -774,16 +778,20 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     assert opening.startswith("No library runs this operator on the GPU")
     lead, *lines = opening.split("\n* ")
     assert "our corrected port of FastDeploy's revision, step 4" in " ".join(lead.split())
-    assert "ratios[many]" in lead and "lesson.active_slots(results, many)" in lead and "ratios[" not in lead.split(
-        "ratios[many]")[1]  # the headline and its case, one sentence
+    assert lead.index("ratios[P]") < lead.index("a['port_us']") < lead.index("ratios[many]")  # deployed, then stress
+    assert "lesson.active_slots(results, many)" in lead
     budget, short, few = lines
     assert budget.index("ratios[lesson.HEADLINE]") < budget.index("walk['searched']")
     assert "lesson.active_slots(results, lesson.HEADLINE)" in budget
     assert "many = (512, 16384, NO_BUDGET)" in code and "walk = lesson.budget_walk(results, lesson.HEADLINE)" in code
-    assert "min(short)" in short and "At the priced 32 × 512 it saves" in short and "a['port_us']" in short
+    assert "min(short)" in short and "max(short)" in short
     rest = few
     assert "max(few)" in rest and "one block a slot" in rest  # no range over every shape
     assert "not a tuned kernel" in " ".join(rest.split())
+    top = "".join(next(c for c in cells if c.get("id") == "cell-01")["source"])
+    said = top[top.index('say(f"""'):]
+    assert "already removes the CPU path's cost" in said and "under 0.1%" in said
+    assert said.index("lead[P]") < said.index("lead[L]") and "stress case" in said
     assert "per_slot" not in code  # the payoff speculation caps is said once, in "Why it matters"
     assert "would not fit" not in opening  # the saving priced where the step is priced
     assert "display(Markdown(gpu_table))" in code and "display(HTML(host_fold))" in code  # the CPU loop folded
@@ -802,15 +810,13 @@ def test_the_result_leads_with_many_searching_slots_then_the_deployed_budget_and
     assert book_results.ngram_searching(card) == walk["searched"]  # the results page counts them the same way
 
 
-
-
 def test_the_budgeted_floor_says_what_it_counts():
     """Where the budget lets fewer slots search than are active and their bytes would set the floor (the headline
     case), the table divides by the floor of what the operator must read: the haystacks of the slots the budget lets
     search, read once, or an empty kernel where larger (there: one slot, under an empty kernel), and the "× floor"
-    head says so; at the other cases it is the book's floor. Where that floor is an empty kernel's, the open table's
-    "× floor" cells say "launch-bound". "Why it matters" prices the step against the GPU rival (step 4) as well as
-    the CPU path."""
+    head says so; at the other cases it is the book's floor. Where that floor is an empty kernel's, the budget path's
+    open table has no "× floor" column: its caption says once that every row is launch-bound. "Why it matters"
+    prices the step against the GPU rival (step 4) as well as the CPU path."""
     import json
 
     from studylog import paths
@@ -837,9 +843,9 @@ def test_the_budgeted_floor_says_what_it_counts():
     for cfg in lesson.TABLE_CASES:
         if cfg != lesson.HEADLINE:
             assert lesson.table_floor_us(results, cfg) == lesson.floor_us(results, cfg), cfg
-    budget = lesson.grouped_steps_table(results).split("| **the budget path**")[1].splitlines()[1:]
+    budget = lesson.budget_path_table(results)
     assert lesson.launch_bound(results, lesson.HEADLINE) and not lesson.launch_bound(results, lesson.RESULT_CASE)
-    assert all(r.rstrip(" |").endswith("launch-bound") for r in budget)  # no ratio over an empty kernel's time
+    assert "× floor" not in budget and "launch-bound" in lesson.budget_path_caption(results)  # no ratio over it
     cells = ["".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
     why = next(i for i, t in enumerate(cells) if t.startswith("## Why it matters"))

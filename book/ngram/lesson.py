@@ -27,7 +27,7 @@ __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE
            "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "host_note", "floor_note", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
-           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "GROUPS", "grouped_steps_table", "TIE", "ratio_cell", "launch_bound", "floor_cell", "kept_note", "case_words", "step_table",
+           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "GROUPS", "main_line_table", "budget_path_table", "main_line_caption", "budget_path_caption", "TIE", "ratio_cell", "launch_bound", "floor_cell", "kept_note", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
 
@@ -584,8 +584,8 @@ def fold_table(summary: str, markdown: str, note: str = "") -> str:
             + (f"<p>{_inline(note)}</p>" if note else "") + "</details>")
 
 
-#: The table of steps' two row groups: each path's name, the case its steps are quoted at, and its rows (the budget
-#: path's first row is step 6, where it leaves the main line, so each "× previous" is over a row of its own group).
+#: The two tables of steps: each path's name, the case its steps are quoted at, and its rows (the budget
+#: path's first row is step 6, where it leaves the main line, so each "× previous" is over a row of its own table).
 GROUPS = (("the main line", RESULT_CASE, tuple(range(1, PATHS[1][1][-1] + 1))),
           ("the budget path", HEADLINE, (6,) + PATHS[0][1]))
 
@@ -638,82 +638,86 @@ def kept_note(results, number: int, cfg: tuple[int, int, int]) -> str:
     return "kept: " + "; ".join(said) if said else ""
 
 
-def grouped_steps_table(results) -> str:
-    """Markdown, the page's one table of steps: two row groups (:data:`GROUPS`), the main line (steps 1 to 7) at the
-    result's case and the budget path (steps 8 to 12, after step 6 where it starts) at the deployed budget's case;
-    each row its one change (:data:`SHORT_CHANGES`), its time in µs on the GPU clock, × previous (over the step it
-    builds on, :func:`builds_on`, always a row of the same group) and × the floor (:func:`table_floor_us`, given in
-    the group's head, marked ``²`` where the budget lets fewer slots search than are active: :func:`floor_note`);
-    each group ends with the entry point at its case, naming the step it runs there."""
-    lines = ["| step | the one change | µs, GPU clock | × previous | × floor |", "|---|---|---|---|---|"]
-    for name, cfg, numbers in GROUPS:
-        f = table_floor_us(results, cfg)
-        mark = " ²" if floor_words(results, cfg) else ""
-        where = f"{cfg[0]} × {cfg[1]}, " + (f"budget {cfg[2]}" if cfg[2] != NO_BUDGET else "no budget")
-        lines.append(f"| **{name}** | **at {where}** | | | floor {f:,.2f} µs{mark} |")
-        for number in numbers:
-            row = grid_row(results, CHAPTER.step(number).series, cfg)
-            change = SHORT_CHANGES[number] if number in PATHS[0][1] or name == GROUPS[0][0] else \
-                "where the path leaves the main line"
-            if row is None:
-                lines.append(f"| {number} | {change} | {untimed_cell(results, number)} | – | – |")
-                continue
-            if row.get("clock") != "gpu":  # step 1, on the host: its time is the footnote's
-                lines.append(f"| {number} | {change} | host ¹ | – | – |")
-                continue
-            t, ratio = row["ms"] * 1e3, "–"
-            base = grid_row(results, CHAPTER.step(builds_on(number)).series, cfg) if number > 1 else None
-            if number != numbers[0] and base and base.get("clock") == "gpu":
-                ratio = ratio_cell(base['ms'] * 1e3 / t)
-                kept = kept_note(results, number, cfg)
-                change += f" ({kept})" if kept else ""
-            lines.append(f"| {number} | {change} | {us(row['ms'])} | {ratio} | {floor_cell(results, cfg, t)} |")
-        entry = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
-        if entry:
-            runs = CHAPTER.step(entry["step"]).number if entry.get("step") else None
-            lines.append(f"| entry point | `ngram_match`" + (f", running step {runs}" if runs else "")
-                         + f" | {us(entry['ms'])} | – | {floor_cell(results, cfg, entry['ms'] * 1e3)} |")
+def _path_table(results, cfg: tuple[int, int, int], numbers: tuple[int, ...], first_words: str = "",
+                with_floor: bool = True) -> str:
+    """Markdown, one path's table of steps at ``cfg``: a row per step of ``numbers`` and its one change
+    (:data:`SHORT_CHANGES`, or ``first_words`` for the first row where given), its time in µs on the GPU clock,
+    × previous (over the step it builds on, :func:`builds_on`, always a row of the same table) and, ``with_floor``,
+    × the floor (:func:`table_floor_us`); then the entry point at ``cfg``, naming the step it runs there. A step the
+    benchmark did not time at ``cfg`` (step 2, one thread) has empty cells: the caption says why."""
+    head = ["step", "the one change", "µs, GPU clock", "× previous"] + (["× floor"] if with_floor else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    tail = lambda t: [floor_cell(results, cfg, t)] if with_floor else []
+    for number in numbers:
+        row = grid_row(results, CHAPTER.step(number).series, cfg)
+        change = first_words if first_words and number == numbers[0] else SHORT_CHANGES[number]
+        if row is None or row.get("clock") != "gpu":  # step 2 untimed (the caption); step 1 on the host (¹)
+            cells = [str(number), change, "host ¹" if row else "–", "–"] + (["–"] if with_floor else [])
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        t, ratio = row["ms"] * 1e3, "–"
+        base = grid_row(results, CHAPTER.step(builds_on(number)).series, cfg) if number > 1 else None
+        if number != numbers[0] and base and base.get("clock") == "gpu":
+            ratio = ratio_cell(base["ms"] * 1e3 / t)
+            kept = kept_note(results, number, cfg)
+            change += f" ({kept})" if kept else ""
+        lines.append("| " + " | ".join([str(number), change, us(row["ms"]), ratio] + tail(t)) + " |")
+    entry = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
+    if entry:
+        runs = CHAPTER.step(entry["step"]).number if entry.get("step") else None
+        cells = ["entry point", "`ngram_match`" + (f", running step {runs}" if runs else ""), us(entry["ms"]), "–"]
+        lines.append("| " + " | ".join(cells + tail(entry["ms"] * 1e3)) + " |")
     return "\n".join(lines)
 
 
-def untimed_cell(results, number: int) -> str:
-    """The open table's time cell for a step the benchmark did not time at its group's case (step 2, one thread,
-    too slow on long rows): where it was timed, and its time there (the budget path's case, :data:`HEADLINE`)."""
-    row = grid_row(results, CHAPTER.step(number).series, HEADLINE)
-    if row is None:
-        return "– (too slow on one thread)"
-    return f"– (one thread: timed at {case_name(HEADLINE)} only, {us(row['ms'])} µs)"
+def main_line_table(results) -> str:
+    """Markdown, the page's open table of the main line (:data:`GROUPS`' first: steps 1 to 7, then the entry point)
+    at the result's case (:data:`RESULT_CASE`), with × the floor (:func:`_path_table`)."""
+    _, cfg, numbers = GROUPS[0]
+    return _path_table(results, cfg, numbers)
 
 
-def real_text_caveat(results) -> dict | None:
-    """What real text does to the synthetic picture, for the page's opening: ``accepted`` (the share of drafted
-    tokens the documents continue with, over the real-text cases) and ``slower`` (the most step 12's time on real
-    tokens exceeds its time on uniform ids at the same shape, as a fraction); None where the file has no real text."""
-    from book.ngram import results as ngram_results
-
-    last = CHAPTER.step(SYNCED_STEP).series
-    cases = [c for c in ngram_results.real_cases_in(results) if c[0] != "synthetic"]
-    drafts = [d for c in cases for d in [((ngram_results.real_row(results, last, c) or {}).get("drafts") or {})]
-              if d.get("drafted_tokens")]
-    factors = [ngram_results.real_row(results, last, c)["ms"] / ngram_results.real_row(results, last,
-                                                                                        ("synthetic", *c[1:]))["ms"]
-               for c in cases if ngram_results.real_row(results, last, c)
-               and ngram_results.real_row(results, last, ("synthetic", *c[1:]))]
-    if not drafts or not factors:
-        return None
-    return {"accepted": sum(d["accepted_tokens"] for d in drafts) / sum(d["drafted_tokens"] for d in drafts),
-            "slower": max(factors) - 1}
+def budget_path_table(results) -> str:
+    """Markdown, the page's smaller table of the budget path (:data:`GROUPS`' second: step 6, where it leaves the
+    main line, steps 8 to 12, then the entry point) at the deployed budget's case (:data:`HEADLINE`). Where the floor
+    there is an empty kernel's (:func:`launch_bound`) it has no "× floor" column: its caption says so once."""
+    _, cfg, numbers = GROUPS[1]
+    return _path_table(results, cfg, numbers, "where the path leaves the main line",
+                       with_floor=not launch_bound(results, cfg))
 
 
-def steps_tables(results) -> tuple[str, str]:
-    """The page's table of steps, in two parts: open, Markdown, each step at :data:`OPEN_CASES` (the result's case,
-    where the main line is quoted, and the budget path's: :func:`grouped_steps_table`), its
-    footnotes (:func:`host_note`) under it; folded, HTML, :func:`steps_table` at every case of
-    :data:`TABLE_CASES` and the footnote at those cases, under a ``<details>`` that names them."""
+def main_line_caption(results) -> str:
+    """The main line's table's caption: its case, how many slots search there, and that step 2 (one thread) is too
+    slow to time there (its section gives its time at the budget path's case)."""
+    b, s, _ = RESULT_CASE
+    slow = (" Step 2 is too slow to time here." if grid_row(results, CHAPTER.step(2).series, RESULT_CASE) is None
+            else "")
+    return (f"**Steps 1 to 7** at {b} × {s} with no budget, where {active_slots(results, RESULT_CASE)} of {b} slots "
+            f"search.{slow}")
+
+
+def budget_path_caption(results) -> str:
+    """The budget path's table's caption, said once: its case, what "× previous" is over, and, where the floor there
+    is an empty kernel's (:func:`launch_bound`), why (:func:`budget_walk`) and that every row is launch-bound."""
+    b, s, t = HEADLINE
+    n = budget_walk(results, HEADLINE)["searched"]
+    said = (f" The budget lets only {n} slot{'' if n == 1 else 's'} search, so the floor is an empty kernel's "
+            f"{table_floor_us(results, HEADLINE):.2f} µs: every row is launch-bound."
+            if launch_bound(results, HEADLINE) else "")
+    return f"**Steps 8 to 12** at {b} × {s}, budget {t}, step 8 over step 6.{said}"
+
+
+def steps_tables(results) -> tuple[str, str, str]:
+    """The page's tables of steps: open, Markdown, the main line at the result's case (:data:`RESULT_CASE`) under its
+    caption (:func:`main_line_caption`) with step 1's footnote (:func:`host_note`) under it; open, Markdown, the
+    budget path at the deployed budget's (:data:`HEADLINE`) under its caption (:func:`budget_path_caption`); folded,
+    HTML, :func:`steps_table` at every case of :data:`TABLE_CASES` and the footnotes at those cases, under a
+    ``<details>`` that names them."""
     names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in TABLE_CASES)
     fold = fold_table(f"Every step at all four cases ({names})", steps_table(results), host_note(results, TABLE_CASES))
-    return (grouped_steps_table(results) + "\n\n" + host_note(results, (RESULT_CASE,))
-            + floor_note(results, (HEADLINE,)), fold)
+    main = (main_line_caption(results) + "\n\n" + main_line_table(results) + "\n\n"
+            + host_note(results, (RESULT_CASE,)))
+    return main, budget_path_caption(results) + "\n\n" + budget_path_table(results), fold
 
 
 #: Lines of context the page shows around each change of a diff: one, an anchor each side, so a long diff shows the
