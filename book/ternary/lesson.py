@@ -1612,7 +1612,8 @@ def device_diff(step: int, helpers: bool = True, region: Optional[tuple[str, str
     return source.show_diff(*texts, names=(what(step - 1), what(step)))
 
 
-#: The lines of a long device-code diff the page shows open (the whole diff folded beside it).
+#: The lines of a long device-code diff the page shows open: step 23's producer copying x and its consumers
+#: quantising it (the rest of its diff reads the row's sum and scale from shared memory, not from quantize_x).
 DEVICE_CORE = {23: ("if (warp == warps) {", "consumer_barrier(warps);")}
 
 
