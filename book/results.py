@@ -125,6 +125,21 @@ def decode_real(card: Path, model: str = "smollm2") -> dict[str, Any] | None:
     return next((r for r in result_rows(Results(None, data)) if r["model"] == model and r["batch"] == 1), None)
 
 
+def decode_step_ratio(card: Path | None, step: str, model: str = "smollm2") -> float | None:
+    """Chapter 07's step ``step`` against its baseline loop (step 1) on ``card``: the ratio of the two median times
+    per output token over the batch-1 requests with compact whitespace, as its steps table gives it; None without
+    them."""
+    import statistics
+
+    from book.scoreboard import rows
+
+    data = load(card, "decode") if card is not None else None
+    if data is None:
+        return None
+    ms = {s: [r["ms"] for r in rows(data, s, model=model, batch=1, whitespace="compact")] for s in ("step01", step)}
+    return statistics.median(ms["step01"]) / statistics.median(ms[step]) if all(ms.values()) else None
+
+
 def speculate_workloads(card: Path) -> dict[str, dict[str, Any]]:
     """Chapter 08's answer on ``card`` on each workload, as the chapter computes it
     (:func:`book.speculate.lesson.closed_ratio`: chapter 07's loop over ours, the ratio of the median times per
@@ -1149,6 +1164,13 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     landing[name] = f"{x:.2f}× at {b} slots of {t:,} tokens"
                     cells[name] = (f"**{x:.2f}×** at {b} × {t:,} ({us(mine['ms'])} against {us(port['ms'])} µs)"
                                    + caveat(spread(*mine["spread_ms"]), spread(*port["spread_ms"])))
+                    try:  # the deployed budget's shape, where a step is priced, leads; the stress shape follows
+                        st = ngram_step(Path(card).parent, Path(card).name)
+                        cells[name] = (f"**{st['vs_port']:.2f}×** at {st['batch']} × {st['seq_len']:,}, budget "
+                                       f"{NGRAM_STEP_CASE[2]} ({us(st['ours_us'] / 1e3)} against "
+                                       f"{us(st['port_us'] / 1e3)} µs); no budget: " + cells[name])
+                    except (KeyError, TypeError, ValueError, FileNotFoundError, StopIteration):
+                        pass
                     said = f"{name}: at {b} × {t:,}, {k} of the {b} slots search"
                     deployed = ngram_deployed(card)
                     if deployed is not None and deployed[0] != many[0]:
@@ -1176,13 +1198,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     notes[name] = [n.replace("the line's ratio divides", "each ratio divides")
                                    + (" (copying documents)" if "each of these" in n else "") for n in notes[name]]
                     cells[name] = (f"**{row['vs_rival']:.2f}×** copying documents ({us(ours)} against {us(theirs)} "
-                                   f"µs, medians){row_caveat(row)}; **{low['ratio']:.2f}×** on low-copy requests "
-                                   f"({us(low['ms'])} against {us(low['rival_ms'])} µs)")
-                gated = speculate_gated(card)
-                if gated is not None:
-                    notes[name].append(f"{name}: with a draft gate switched on, one the chapter tried and did not "
-                                       "ship (a guard against drafts that keep failing; it pays on neither of the "
-                                       f"chapter's workloads), the loop is {gated:.2f}× faster on the copying documents")
+                                   f"µs, medians){row_caveat(row)}")
+                    notes[name].append(f"{name}: on low-copy requests, {low['ratio']:.2f}× ({us(low['ms'])} against "
+                                       f"{us(low['rival_ms'])} µs)")
                 brief[name] = (f"{row['vs_rival']:.2f}× our own loop, chapter 07's (no serving engine measured), "
                                "on SmolLM2-135M")
             if entry.number == 3 and wait is not None and (wait.get("rival_gpu_ms") or 0) > wait["host_ms"]:
@@ -1193,8 +1211,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                 and "missing" not in b and b.get("vs_rival") is not None), None)
                 if grouped is not None:
                     cells[name] = (f"**{grouped['vs_rival']:.2f}×** ({us(grouped['median_ms'])} against "
-                                   f"{us(grouped['rival_ms'])} µs){row_caveat(grouped)}; {row['vs_rival']:.2f}× with "
-                                   f"32 heads{row_caveat(row)}")
+                                   f"{us(grouped['rival_ms'])} µs){row_caveat(grouped)}")
+                    notes[name].append(f"{name}: with 32 query heads each with its own key/value head, "
+                                       f"{row['vs_rival']:.2f}×{row_caveat(row)}")
                     brief[name] = (f"{grouped['vs_rival']:.2f}× {entry.rival_short} with Llama 3.1 8B's grouped-query "
                                    f"heads (step 6); {row['vs_rival']:.2f}× with 32 heads (step 5)")
                     landing[name] = f"{grouped['vs_rival']:.2f}× with Llama 3.1 8B's grouped-query heads"
@@ -1236,9 +1255,6 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"({us(alone['median_ms'])} against {us(alone['rival_ms'])} µs; it writes the "
                                        "whole row, masked, the gather only the allowed logits)")
                 # the like-for-like figure and where the lead ends, in the cell beside the headline
-                cells[name] += "".join(
-                    [f"; {alone['vs_rival']:.2f}× for the kernel alone, given the ids"] if alone is not None else []) + "".join(
-                    f"; a tie at batch {b} ({x:.2f}×)" for b, x in (wider or {}).items() if abs(x - 1) < TIE_WITHIN)
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
                 beaten = bitnet_range(card)
                 llama = next((b for b in board if b["number"] == 5 and short_card(b["card"]) == name
@@ -1300,7 +1316,6 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     slow, of = ctc_host_bound(card)
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
                                    f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']})")
-                    cells[name] += f"; {lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases"
                     # the grid's range is the results page's cell, not the landing's
                     landing[name] = f"{row['vs_rival']:.2f}× at alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']}"
                     if slow:
@@ -1312,9 +1327,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                              for t in tied):  # one alphabet, several batches: all named
                         lo_at = (tied[0].rsplit(", batch ", 1)[0] + ", batches "
                                  + " and ".join(t.rsplit(", batch ", 1)[1] for t in tied))
-                    notes[name].append(f"{name}: the smallest lead, {lo:.2f}×, is at {lo_at}, and the largest, {hi:.2f}× "
-                                       f"({us(top['ours']['ms'])} against {us(top['ours']['ms'] * top['ratio'])} µs), "
-                                       f"at {hi_at}")
+                    notes[name].append(f"{name}: over {len(ctc_cases(card))} cases, from {lo:.2f}× at {lo_at} to "
+                                       f"{hi:.2f}× ({us(top['ours']['ms'])} against "
+                                       f"{us(top['ours']['ms'] * top['ratio'])} µs) at {hi_at}")
             if entry.number == 7:  # the real model leads; the 8B cost model is measured on synthetic weights
                 synthetic = synthetic_words(card)
                 bound = decode_bound(card)
@@ -1325,15 +1340,15 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     landing[name] = f"{real7['ratio']:.2f}× per output token on SmolLM2-135M, a real model"
                     cells[name] = (f"**{real7['ratio']:.2f}×** on SmolLM2-135M ({us(real7['step3_us'] / 1e3)} "
                                    f"against {us(real7['step1_us'] / 1e3)} µs, medians over {real7['requests']} "
-                                   f"requests); {cost:.2f}× on the 8B cost model (measured, synthetic weights)"
-                                   + row_caveat(row))
+                                   f"requests)" + row_caveat(row))
                     notes[name].append(f"{name}: each ratio divides the two loops' median times, not a median of "
                                        "ratios; on SmolLM2-135M each request's own ratio runs from "
                                        f"{real7['slowest']:.2f}× to {real7['fastest']:.2f}×, median "
                                        f"{real7['median_request']:.2f}×")
                 else:
                     landing[name] += " on the 8B cost model (measured, synthetic weights), not a real model"
-                said = f"{name}: the 8B cost model is {synthetic}"
+                said = (f"{name}: on the 8B cost model, {synthetic}, {cost:.2f}× (measured)"
+                        if real7 is not None else f"{name}: the 8B cost model is {synthetic}")
                 per_schema = [c for c in clauses(row["ratio_note"])[1:] if c.startswith("each schema's own")]
                 if per_schema:  # the run's own words for the cost model's spread of per-schema ratios
                     said += f"; {per_schema[0]}, on the 8B cost model"
@@ -1634,8 +1649,10 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = [n for n in dict.fromkeys(n for h in found for n in h["cells"]) if card is None or n == card]
+    # one card: its column holds the answer, a GPU time's ratio where one is timed (chapter 01's is a count)
     lines = ["| chapter | the question | case | strongest rival | "
-             + " | ".join(names) + " |", "|" + "---|" * (4 + len(names))]
+             + " | ".join(f"answer ({n} where timed)" if card is not None else n for n in names) + " |",
+             "|" + "---|" * (4 + len(names))]
     notes: list[str] = []
     part_one = part_one_line(root)
     timed_elsewhere = {n for c in names for n in also_timed(root, c)} if card is not None else set()
@@ -2509,7 +2526,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         if stem.startswith("04_"):  # torch's faster path, named cuDNN where the file shows it faster at every case
             rival = ctc_rival_words(_card(root, card))
         if stem.startswith("05_ternary_2") and _bitnet_planned(root, card):  # eager, only the plan keeps the lead
-            number += ", in a graph or through W2A8Plan"
+            number += ", in a CUDA graph or with its per-layer plan"
         if stem.startswith("05_ternary_1"):  # the other card's lowest ratio where it is below 1, in a short note
             other = next((c for c in cards(root) if short_card(card_name(c)) != card), None)
             low = part_one_answer(other) if other else None
@@ -2521,10 +2538,15 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         if stem.startswith("01_"):  # the strongest peer saves more than ours: its number stands beside ours
             suite = fsm_suite()
             # the suite's numbers say their population where they stand: the answer's cell is on the real schemas
-            ours = (f" against our {suite['default']['saved']['token']:.1%}, both on the course's suite"
-                    if suite is not None else " on the course's suite")
-            rival = (peer_bare(peer).replace(": ", " (a library) save more: ", 1) + ours
-                     + (", output unchanged too" if "its output too" in peer else "") if peer else "decoding every token")
+            saved = suite["default"]["saved"] if suite is not None else None
+            rival = ("on the course's suite, " + (f"exact jumps (ours) {saved['token']:.1%}; step 3, retokenizing, "
+                                                   f"{saved['char']:.1%}; " if saved else "")
+                     + peer_bare(peer).replace(": ", " (a library) ", 1)
+                     if peer else "decoding every token")
+            step2 = decode_step_ratio(_card(root, card), "step02")
+            if step2 is not None:  # chapter 07's requests save more than the bound on the real schemas says
+                rival += (f"; chapter 07's requests, compact and ending in EOS, save more: its step 2 is {step2:.2f}× "
+                          "on SmolLM2-135M")
         title = titles[notebook]
         _, minutes[notebook] = reading_minutes(notebook)
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {rival} | {buys.get(notebook, '–')} | "
