@@ -34,7 +34,8 @@ def test_the_checks_accept_the_solutions(capsys):
     assert exercises.check_masked_logits(solutions.masked_logits_rows)
     assert exercises.check_compact_threshold(solutions.compact_threshold)
     assert exercises.check_rows_first(solutions.rows_first)
-    assert capsys.readouterr().out.count("agree") == 5
+    assert exercises.check_masked_logits(solutions.fill_then_rows)
+    assert capsys.readouterr().out.count("agree") == 6
 
 
 def test_rows_first_keeps_step_6s_launch_and_changes_only_the_order():
@@ -945,13 +946,15 @@ def test_a_tie_is_one_rule_and_never_a_loss():
 
 def test_no_whole_listing_or_diff_is_folded_and_folds_render_code_as_html():
     """A step's code is shown open (its core), never folded whole: no code cell that shows a diff or a listing is
-    tagged ``hide-output`` or ``hide-input``, but step 13's union kernel, listed whole (its call and its diff stay open); the HTML folds (every point) write inline code as ``<code>``
+    tagged ``hide-output`` or ``hide-input``, but the two ties' diffs (steps 3 and 7, each under a one-line section) and
+    step 13's union kernel, listed whole (its call and its diff stay open); the HTML folds (every point) write inline code as ``<code>``
     and apostrophes curly, never raw backticks; the losses and ties fold as a Markdown cell's output."""
-    for c in _notebook_cells():  # step 3's diff is open in its own section, like every kept step's
+    for c in _notebook_cells():
         text = "".join(c["source"])
         tags = set(c.get("metadata", {}).get("tags", []))
         if c["cell_type"] == "code" and re.search(r"show_source|step_diff|function_diff|listing\(", text):
-            folded = "dot_rows (step 3)" in text or "show_source(union_ids_kernel" in text
+            folded = ("dot_rows (step 3)" in text or "step_diff(CHAPTER, 5, 7)" in text
+                      or "show_source(union_ids_kernel" in text)
             assert folded or not tags & {"hide-output", "hide-input"}, text
     assert lesson.inline_html("`index_select` + matmul's") == "<code>index_select</code> + matmul’s"
     results = plotting.load_results("masked_lm_head")
@@ -1136,3 +1139,18 @@ def test_the_worst_loss_is_accounted_for_from_the_run():
                             and less["params"]["allowed"] == p["allowed"] and less["path"] == worst["mine"]["path"])
     cell = next("".join(c["source"]) for c in _notebook_cells() if c.get("id") == "cell-43")
     assert "lesson.loss_account(results)" in cell and "µs" in cell
+
+
+def test_exercise_seven_fills_everything_then_runs_the_row_programs(capsys):
+    """Exercise 7's answer is two launches: a plain ``-inf`` fill, then step 10's row programs alone; it honours the
+    contract on the interpreter (exercise 3's check), a fill alone does not, and its timing says it needs a GPU here."""
+    assert exercises.check_masked_logits(solutions.fill_then_rows)
+    assert not exercises.check_masked_logits(lambda h, weight, allowed, out: out.fill_(float("-inf")))
+    cells = {c["id"]: "".join(c["source"]) for c in _notebook_cells()}
+    assert "fill_then_rows(h, weight, allowed, out)" in cells["cell-ex7"]
+    assert "exercises.time_fill_then_rows(fill_then_rows)" in cells["cell-ex7-code"]
+    assert "tried in the lab" not in cells["cell-43"] and "exercise 7" in cells["cell-43"]
+    if not torch.cuda.is_available():
+        capsys.readouterr()
+        exercises.time_fill_then_rows(solutions.fill_then_rows)
+        assert "timing needs a GPU" in capsys.readouterr().out

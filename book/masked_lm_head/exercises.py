@@ -18,6 +18,9 @@ to compare.
    (a change of the kernel's text, :func:`step06_source`), checked on the interpreter against step 6 bit for bit;
    :func:`step06_matcher` launches it as step 6 is launched, for timing on a GPU (:func:`time_rows_first`).
 
+6. :func:`time_fill_then_rows` (the page's exercise 7): the reader's two-launch step 10 (``-inf`` everywhere, then
+   the row programs alone), checked against the contract by :func:`check_masked_logits` and timed on a GPU.
+
 The page's exercise 4 runs step 7 with a tile the reader sets, through :func:`check_tiles` (and
 :func:`try_rows_per_program`, the same for a number of rows per program).
 """
@@ -35,7 +38,8 @@ from book.common import guarded, report
 from studylog.masked_lm_head.formats import AllowedTokens, check_logits, pack_bitmask
 
 __all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold",
-           "step06_source", "step06_matcher", "check_rows_first", "check_tiles", "try_rows_per_program", "time_rows_first"]
+           "step06_source", "step06_matcher", "check_rows_first", "check_tiles", "try_rows_per_program", "time_rows_first",
+           "time_fill_then_rows"]
 
 
 def _solutions():
@@ -380,3 +384,27 @@ def time_rows_first(fn: Callable[[str], str]) -> None:
         five, six = (gpu_us(lambda f=f: f(h, weight, allowed, out=out))
                      for f in (mlh.step05_one_wait, mlh.step06_fill_first))
         print(f"{n:,} allowed: step 5 {five:.2f} µs, step 6 {six:.2f} µs, yours {gpu_us(mine):.2f} µs")
+
+
+def time_fill_then_rows(fn: Callable[[Tensor, Tensor, AllowedTokens, Tensor], Tensor]) -> None:
+    """Exercise 7, on a GPU: step 10 and the reader's ``fn(h, weight, allowed, out)`` at the page's worst loss shape
+    (batch 256, 80 ids a sequence drawn from one 111-token union, the chapter's head), after checking ``fn``'s
+    output there; on a CPU it says timing needs a GPU."""
+    from book.common import gpu_us
+    from studylog import masked_lm_head as mlh
+
+    if not torch.cuda.is_available():
+        print("timing needs a GPU: here the kernels ran in Triton's interpreter, which checks correctness only")
+        return
+    rng = np.random.default_rng(2024)
+    pool = rng.choice(mlh.VOCAB, size=111, replace=False)
+    allowed = AllowedTokens.from_ids([np.sort(rng.choice(pool, size=80, replace=False)) for _ in range(256)],
+                                     mlh.VOCAB, device="cuda")
+    weight = (torch.randn(mlh.VOCAB, mlh.HIDDEN, device="cuda") * mlh.HIDDEN ** -0.5).to(torch.bfloat16)
+    h = torch.randn(256, mlh.HIDDEN, device="cuda").to(torch.bfloat16)
+    out = torch.full((256, mlh.VOCAB), float("nan"), device="cuda")
+    if not check_logits(fn(h, weight, allowed, out), h, weight, allowed)["passed"]:
+        print("time_fill_then_rows: wrong output at batch 256, not timed")
+        return
+    ten = gpu_us(lambda: mlh.step10_batched(h, weight, allowed, out=out))
+    print(f"batch 256, 80 of a 111-token union: step 10 {ten:.1f} µs, yours {gpu_us(lambda: fn(h, weight, allowed, out)):.1f} µs")

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from studylog.masked_lm_head.formats import AllowedTokens
 
-__all__ = ["active_fraction", "union_from_bitmask", "masked_logits_rows", "compact_threshold", "rows_first"]
+__all__ = ["active_fraction", "union_from_bitmask", "masked_logits_rows", "compact_threshold", "rows_first",
+           "fill_then_rows"]
 
 
 def _log_comb(n: int, k: int) -> float:
@@ -73,3 +74,27 @@ def rows_first(source: str) -> str:
             raise ValueError(f"step 6's kernel changed: {old.strip()!r} is not there once")
         source = source.replace(old, new)
     return source
+
+
+def fill_then_rows(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Tensor) -> Tensor:
+    """Exercise 7: ``-inf`` over every output in one launch (no mask read, no test per output), then step 10's row
+    programs alone in a second launch: its grid stops before the first fill program, and the row programs overwrite
+    the union's outputs (``-inf`` where a sequence does not allow a union token)."""
+    import triton
+
+    from studylog.masked_lm_head.compact import batched_union_kernel
+    from studylog.masked_lm_head.formats import default_tiles, dot_dtype
+
+    batch, hidden = h.shape
+    out.fill_(float("-inf"))  # launch 1: a plain fill, nothing read
+    n_union = allowed.union_count
+    if n_union == 0:
+        return out
+    t = default_tiles(10, batch, n_union)
+    n_compute = triton.cdiv(n_union, t.block_v) * triton.cdiv(batch, t.block_b)
+    batched_union_kernel[(n_compute,)](  # launch 2: the row programs only
+        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_union, batch, out.shape[1], n_compute,
+        h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0),
+        D=hidden, BLOCK_B=t.block_b, BLOCK_V=t.block_v, BLOCK_D=t.block_d, FILL_BLOCK=t.fill_block,
+        num_warps=t.num_warps, num_stages=t.num_stages, DOT_DTYPE=dot_dtype(h.dtype))
+    return out
