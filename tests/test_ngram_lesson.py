@@ -551,9 +551,10 @@ def test_step_6s_chain_is_the_lab_runs_own_rows():
 
 def test_where_we_lose_names_the_rules_misses_and_the_real_text_acceptance():
     """"Where we lose" names the cases the entry point's rule misses, if any (:func:`lesson.rule_misses`), after
-    "On real text", and how much slower real text runs than the synthetic batches; how few drafted tokens real text
-    accepts is said once, before the steps, in "Why it matters" (not in the opening, not here); the rule itself (its
-    thresholds read from the library) is said over the table of steps, where the page names the main line."""
+    "On real text", and points back to it for how much slower real text runs; how few drafted tokens real text
+    accepts and how far real text moves the synthetic times are said once, under the real-text figure ("Why it
+    matters" uses the accepted tokens a slot and step); the rule itself (its thresholds read from the library) is
+    said over the table of steps, where the page names the main line."""
     import json
 
     from studylog import paths
@@ -569,10 +570,11 @@ def test_where_we_lose_names_the_rules_misses_and_the_real_text_acceptance():
     page = "".join(cells)
     assert "accepted" not in body and "{accepted:,}" not in page
     why = next(i for i, t in enumerate(cells) if t.startswith("## Why it matters"))
-    assert page.count("{accepted / drafted:.0%} of drafted tokens are accepted") == 1
-    assert "{accepted / drafted:.0%} of drafted tokens are accepted" in cells[why + 1]  # said once, before the steps
-    # how far real text moves the synthetic times is a loss, said there too
-    assert "the synthetic times above run up to" in body and "run up to" not in "".join(cells[real:lose])
+    assert page.count("of drafted tokens are accepted") == 1 and "of drafted tokens are accepted" in cells[real + 1]
+    assert "drafts add {per_slot:.2f} accepted tokens a slot and step" in cells[why + 1]
+    # how far real text moves the synthetic times: said under the figure, pointed to from here
+    assert page.count("the synthetic times above run up to") == 1
+    assert "the synthetic times above run up to" in cells[real + 1] and "(#on-real-text)" in body
 
 
 def test_the_page_says_rows_and_changes_not_links():
