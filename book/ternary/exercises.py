@@ -369,7 +369,7 @@ def step21_with(source: str) -> Callable[[Tensor, PackedTernary], Tensor]:
     kernel.set_max_dynamic_shared_memory(C.SMEM_LIMIT)
 
     def run(x: Tensor, w: PackedTernary) -> Tensor:
-        x2, _, w, s, s_stride, z = C.cuda_call_args(x, w, 1.0, None, None, C.TmaConfig, "exercise 12")
+        x2, _, w, s, s_stride, z = C.cuda_call_args(x, w, 1.0, None, None, C.TmaConfig, "exercise 6")
         m, k = x2.shape
         if m != 1 or x2.dtype != torch.bfloat16 or k % 8:
             raise ValueError(f"x must be one row of bf16 with K a multiple of 8, got {tuple(x2.shape)} {x2.dtype}")

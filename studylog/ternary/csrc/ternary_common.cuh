@@ -60,7 +60,7 @@ __device__ __forceinline__ u32 decode_pair(u32 src, int p) {
 // in by the same LOP3 that keeps the codes, (src & mask) | magic. Steps 15 to 20 write the C++ AND
 // src & (mask | magic), and ptxas rebuilds the 32-bit constant in a fresh register (an IMAD.MOV) before each
 // LOP3; this inline LOP3 takes the constant as a register operand, so ptxas builds it once, not per LOP3.
-// `magic` is also read from shared memory, so ptxas cannot build it at all (exercise 12 writes it as a literal).
+// `magic` is also read from shared memory, so ptxas cannot build it at all (exercise 6 writes it as a literal).
 template <bool BF16>
 __device__ __forceinline__ u32 decode_pair_reg(u32 src, int p, u32 magic) {
     u32 v;
