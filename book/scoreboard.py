@@ -233,6 +233,22 @@ def empty_kernel_range(root: Path = BENCH_RESULTS) -> dict[str, tuple[float, flo
 LAUNCH_BOUND_RUNS = ("masked_lm_head", "ngram", "ternary")
 
 
+def ngram_row_words(root: Path = BENCH_RESULTS) -> str:
+    """Why chapter 03's row is its stress shape, not the least lead the rule above it names: its least lead, over
+    the shapes the lead card measured, is at short prompts; empty without the file."""
+    from book.results import ngram_many, ngram_ratios
+
+    folder = next((c for c in cards(root) if short_card(card_name(c)) == LEAD_CARD), None)
+    pairs = ngram_ratios(folder) if folder is not None else {}
+    many = ngram_many(folder) if folder is not None else None
+    if not pairs or many is None:
+        return ""
+    (b, t, _), x, _ = many
+    (lb, lt, _), (ours, theirs) = min(pairs.items(), key=lambda kv: kv[1][1]["ms"] / kv[1][0]["ms"])
+    return (f" Chapter 03's row is its stress shape, {b} × {t:,} with no budget, where most slots search; its least "
+            f"lead, {theirs['ms'] / ours['ms']:.2f}× at {lb} × {lt:,}, is where prompts are short and little is searched.")
+
+
 def launch_floor_blur(root: Path = BENCH_RESULTS) -> float | None:
     """How far a one-launch "× card's floor" can sit above 1 from the empty kernel's drift alone: on the card whose
     empty kernel moves most between runs, the slowest empty kernel of the runs of :data:`LAUNCH_BOUND_RUNS` over the
@@ -1648,6 +1664,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     rule = ("Each row is at the chapter's headline case; where the answer is a range over shapes (chapter 05), at the "
             "shape of our least lead among those where the rival passes our check. The floor is the card's (bytes, "
             "compute or one launch) or, for chapter 04, the chain of dependent frames its recursion cannot shorten.")
+    rule += ngram_row_words(root)
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
                   first_rows, lead_columns, [rule] + caveat)
     if under_lead:
