@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from book.common import prose_words, read_table, us
+from book.common import and_list, prose_words, read_table, us
 from book.scoreboard import (CTC_CASE, ENTRIES, NGRAM_CASE, NOT_MEASURED, card_name, cards, load, rows, short_card,
                              scoreboard)
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
@@ -967,8 +967,14 @@ def ctc_rival_words(card: Path) -> str:
     ``picked`` call), named cuDNN where cuDNN is the faster at every case the card's file times, said once."""
     data = load(card, "ctc")
     picked = {r.get("picked") for r in rows(data, "torch-best") if r["clock"] == "gpu"} if data else set()
-    if picked == {"torch-cuDNN"}:
+    # torch's native path cannot be captured in a graph: it meets cuDNN only on the kernel clock ("torch-best span")
+    native = [r["params"] for r in rows(data, "torch-best span") if r.get("picked") == "torch-native"] if data else []
+    if picked == {"torch-cuDNN"} and not native:
         return "cuDNN (a library, through torch), the faster of torch's two CTC paths at every case"
+    if picked == {"torch-cuDNN"}:
+        where = and_list([f"A = {p['A']:,}, N = {p['N']}" for p in native])
+        return (f"cuDNN (a library, through torch), torch's faster CTC path except at {where}, where its native "
+                "path is faster on the kernel clock")
     return "torch's faster CTC path at each case, cuDNN or its native one"
 
 
@@ -2527,7 +2533,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         number = h["answer"].get(card, "–") if h else others.get(notebook, "–")
         question = OTHER_PAGES.get(notebook) or (h["question"] if h else "–")
         rival = RIVALS.get("5t" if stem.startswith("05_") and "triton" in stem else int(stem[:2]), "–")
-        if stem.startswith("04_"):  # torch's faster path, named cuDNN where the file shows it faster at every case
+        if stem.startswith("04_"):  # torch's faster path: cuDNN, and where the kernel clock found its native path faster
             rival = ctc_rival_words(_card(root, card))
         if stem.startswith("05_ternary_2") and _bitnet_planned(root, card):  # eager, only the plan keeps the lead
             number += ", in a CUDA graph or with its per-layer plan"

@@ -855,3 +855,19 @@ def test_part_one_cell_names_a_loss_on_the_other_card_at_a_shape_where_gemlite_f
             others = [o for o, a in answers.items() if o != name and a and a["ratios"].get(k, 2) < 1]
             said = f"on the {' and '.join(others)} it passes there and is faster too"
             assert (said in line["cells"][name]) == bool(others), line["cells"][name]
+
+
+def test_ctc_rival_words_name_every_case_where_torch_native_is_faster():
+    """torch's native CTC path cannot be captured in a graph, so it meets cuDNN only on the kernel clock: the
+    landing's rival cell must not call cuDNN the faster path at every case where a kernel-clock row says otherwise."""
+    for card in sorted(p for p in BENCH_RESULTS.iterdir() if (p / "ctc.json").is_file()):
+        data = json.loads((card / "ctc.json").read_text())
+        native = [r["params"] for r in data["measurements"]
+                  if r["series"] == "torch-best span" and r.get("picked") == "torch-native"]
+        words = results.ctc_rival_words(card)
+        if native:
+            assert "every case" not in words
+            for p in native:
+                assert f"A = {p['A']:,}, N = {p['N']}" in words, (card.name, words)
+        else:
+            assert "native" not in words or "each case" in words
