@@ -1579,7 +1579,6 @@ def rival_items(number: int, part: int = 0, root: Path = BENCH_RESULTS,
                 continue
             m = re.search(rf"(?i)\b{re.escape(lib)} (\d[\w.+-]*\w)", notes)
             name = {"flashinfer": "FlashInfer"}.get(lib, lib)
-            pin = re.search(rf'"{re.escape(lib)}>=([\w.]+)"', (REPO_ROOT / "pyproject.toml").read_text())
             if m:  # only a version the run recorded is listed: none is implied for a run that records none
                 said.append(f"{name} {m.group(1)}")
         if key in TORCH_RIVALS:
