@@ -168,7 +168,7 @@ def test_step6_both_rules_empty_prefixes_and_one_token_items(rule, heads, kv_hea
 
 def test_step6_plans_token_tiles_of_block_m_over_the_group():
     """The table row BLOCK_M selects holds step 5's order over key/value heads at BLOCK_M // group tokens; step
-    5's tables (and their cache keys) are unchanged."""
+    5's tables are unchanged."""
     batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
     table, programs = mi.tiles.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4, rows_per_token=3)
     for row, block_m in ((0, 16), (1, 32)):
@@ -178,7 +178,6 @@ def test_step6_plans_token_tiles_of_block_m_over_the_group():
     plain = mi.tiles.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4)
     assert torch.equal(plain[0], mi.tiles.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4,
                                                          rows_per_token=1)[0])
-    assert (2, "head_groups", (16, 32), 2 * 16 * 4, mi.DEFAULT_RULE) in batch.schedules
     with pytest.raises(ValueError, match=r"rows_per_token must be an int from 1 to the smallest tile height \(16\)"):
         mi.tiles.schedule_table(batch, 2, block_ms=(16, 32), rows_per_token=17)
 

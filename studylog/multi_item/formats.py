@@ -47,9 +47,7 @@ def _as_int_list(x: Any, name: str) -> list[int]:
     if isinstance(x, Tensor):
         if x.dtype.is_floating_point or x.dtype == torch.bool:
             raise TypeError(f"{name} must hold integers, got a {x.dtype} tensor")
-        if x.ndim != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
-        return [int(v) for v in x.detach().cpu().to(torch.int64).tolist()]
+        x = x.detach().cpu().to(torch.int64).tolist()  # a 2-D tensor fails below: its entries are lists
     if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
         raise TypeError(f"{name} must be a sequence of integers, got {type(x).__name__}")
     out = []
@@ -90,12 +88,10 @@ class MultiItemBatch:
             raise ValueError(f"mismatched batch metadata: {len(prefix)} prefix_lens but {len(item_lens)} "
                              "lists of item_lens")
         items = [_as_int_list(lens, f"item_lens[{b}]") for b, lens in enumerate(item_lens)]
-        for b, p in enumerate(prefix):
-            if p < 0:
-                raise ValueError(f"prefix_lens[{b}] must be >= 0, got {p}")
-            for i, n in enumerate(items[b]):
-                if n < 1:
-                    raise ValueError(f"item_lens[{b}][{i}] must be >= 1 (an item needs a token to score), got {n}")
+        for b, its in enumerate(items):
+            if min(its, default=1) < 1:
+                raise ValueError(f"item_lens[{b}][{its.index(min(its))}] must be >= 1 (an item needs a token to "
+                                 f"score), got {min(its)}")
         return cls._build(prefix, items, None, device)
 
     @classmethod
@@ -107,36 +103,29 @@ class MultiItemBatch:
         ``[B, L]``), and its longest item."""
         prefix = _as_int_list(prefix_lens, "prefix_lens")
         max_items = _as_int_list(max_item_lens, "max_item_lens")
+        seqs = None if seq_lens is None else _as_int_list(seq_lens, "seq_lens")
         batch = len(prefix)
-        if len(max_items) != batch:
-            raise ValueError(f"mismatched batch metadata: {batch} prefix_lens but {len(max_items)} max_item_lens")
+        for name, given in (("max_item_lens", max_items), ("seq_lens", seqs)):
+            if given is not None and len(given) != batch:
+                raise ValueError(f"mismatched batch metadata: {batch} prefix_lens but {len(given)} {name}")
         pos = torch.as_tensor(token_pos_in_items)
         if pos.dtype.is_floating_point or pos.dtype == torch.bool:
             raise TypeError(f"token_pos_in_items must hold integers, got {pos.dtype}")
         pos = pos.detach().cpu().to(torch.int64)
         if pos.ndim == 1:
-            if token_pos_in_items_len is None:
-                if batch != 1:
-                    raise ValueError("token_pos_in_items is 1-D for a batch of several prompts: pass "
-                                     "token_pos_in_items_len, the padded length of each prompt's row")
-                token_pos_in_items_len = pos.numel()
-            if token_pos_in_items_len < 1 or pos.numel() != batch * token_pos_in_items_len:
+            if token_pos_in_items_len is None and batch != 1:
+                raise ValueError("token_pos_in_items is 1-D for a batch of several prompts: pass "
+                                 "token_pos_in_items_len, the padded length of each prompt's row")
+            width = pos.numel() if token_pos_in_items_len is None else token_pos_in_items_len
+            if width < 1 or pos.numel() != batch * width:
                 raise ValueError(f"mismatched batch metadata: token_pos_in_items has {pos.numel()} entries, "
-                                 f"not {batch} prompts x token_pos_in_items_len={token_pos_in_items_len}")
-            pos = pos.reshape(batch, token_pos_in_items_len)
-        elif pos.ndim == 2:
-            if pos.shape[0] != batch:
-                raise ValueError(f"mismatched batch metadata: token_pos_in_items has {pos.shape[0]} rows for "
-                                 f"{batch} prompts")
-        else:
-            raise ValueError(f"token_pos_in_items must be 1-D or 2-D, got shape {tuple(pos.shape)}")
-        seqs = None if seq_lens is None else _as_int_list(seq_lens, "seq_lens")
-        if seqs is not None and len(seqs) != batch:
-            raise ValueError(f"mismatched batch metadata: {batch} prefix_lens but {len(seqs)} seq_lens")
+                                 f"not {batch} prompts x token_pos_in_items_len={width}")
+            pos = pos.reshape(batch, width)
+        if pos.ndim != 2 or pos.shape[0] != batch:
+            raise ValueError(f"mismatched batch metadata: token_pos_in_items must be 1-D or have a row per prompt "
+                             f"({batch}), got shape {tuple(pos.shape)}")
         items: list[list[int]] = []
         for b in range(batch):
-            if prefix[b] < 0:
-                raise ValueError(f"prefix_lens[{b}] must be >= 0, got {prefix[b]}")
             if seqs is not None and prefix[b] >= seqs[b]:
                 raise ValueError(f"prefix_lens[{b}]={prefix[b]} does not fit its sequence (seq_lens[{b}]={seqs[b]}):"
                                  " a prompt holds its prefix and at least the delimiter after it")
@@ -154,6 +143,8 @@ class MultiItemBatch:
         device = torch.device(device) if device is not None else runtime.device()
         if not prefix:
             raise ValueError("a batch needs at least one prompt")
+        if min(prefix) < 0:
+            raise ValueError(f"prefix_lens[{prefix.index(min(prefix))}] must be >= 0, got {min(prefix)}")
         seq_lens = [p + sum(it) + len(it) + 1 for p, it in zip(prefix, items)]
         width = max(s - p for s, p in zip(seq_lens, prefix))
         pos = torch.zeros(len(prefix), width, dtype=torch.int32)
@@ -228,28 +219,22 @@ def _items_from_positions(row: list[int], b: int, max_item_len: int) -> list[int
         raise ValueError(f"{name} must start with 0, the delimiter right after the prefix; got {row[:4]}")
     if max_item_len < 0:
         raise ValueError(f"max_item_lens[{b}] must be >= 0, got {max_item_len}")
-    items, end = [], None
-    for j in range(1, len(row)):
-        p = row[j]
-        if end is not None:
-            if p != 0:
-                raise ValueError(f"{name}[{j}]={p} comes after the final delimiter (column {end}): two delimiters "
-                                 "in a row would make an empty item, and the padding must be zeros")
-            continue
-        if p == 0:
-            if row[j - 1] == 0:  # two delimiters in a row: the first one was the last
-                end = j - 1
-                continue
-            items.append(row[j - 1])
-        elif p != row[j - 1] + 1:
-            raise ValueError(f"{name}[{j}]={p} does not fit: a position inside an item must follow "
-                             f"{row[j - 1]} with {row[j - 1] + 1}, or be 0 at a delimiter")
-        elif p > max_item_len:
-            raise ValueError(f"{name}[{j}]={p} does not fit: it is past max_item_lens[{b}]={max_item_len}")
-    if end is None and row[-1] != 0:
+    # the final delimiter: the first of two zeros in a row (the padding after it), else the row's last column
+    end = next((j - 1 for j in range(1, len(row)) if row[j] == row[j - 1] == 0), len(row) - 1)
+    if row[end] != 0:
         raise ValueError(f"{name} must end with the delimiter (0) that closes the last item; it ends with "
-                         f"{row[-1]} (is token_pos_in_items_len too small?)")
-    return items
+                         f"{row[end]} (is token_pos_in_items_len too small?)")
+    if any(row[end + 1:]):
+        j = next(j for j in range(end + 1, len(row)) if row[j] != 0)
+        raise ValueError(f"{name}[{j}]={row[j]} comes after the final delimiter (column {end}): two delimiters "
+                         "in a row would make an empty item, and the padding must be zeros")
+    for j in range(1, end + 1):
+        if row[j] not in (0, row[j - 1] + 1):
+            raise ValueError(f"{name}[{j}]={row[j]} does not fit: a position inside an item must follow "
+                             f"{row[j - 1]} with {row[j - 1] + 1}, or be 0 at a delimiter")
+        if row[j] > max_item_len:
+            raise ValueError(f"{name}[{j}]={row[j]} does not fit: it is past max_item_lens[{b}]={max_item_len}")
+    return [row[j - 1] for j in range(1, end + 1) if row[j] == 0]  # the position before each delimiter
 
 
 # The mask, the reference, the checks the steps share, the scores

@@ -7,14 +7,16 @@ from __future__ import annotations
 import math
 import os
 from functools import partial
+from itertools import accumulate
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from studylog import runtime
 from studylog.multi_item.config import config_name, config_names
-from studylog.multi_item.formats import DEFAULT_RULE, RULES, MultiItemBatch, dense_mask, score_items
+from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, RULES, MultiItemBatch, dense_mask, score_items
 from studylog.multi_item.plan import MultiItemPlan
 from studylog.multi_item.steps import STEPS, step01_dense_sdpa
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, planned_key_tiles, tile_stats
@@ -98,21 +100,17 @@ def pinned_configs(results) -> dict[tuple[str, str], str]:
 def _naive_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, rule: str = DEFAULT_RULE):
     """The one-pass-per-item baseline's inputs: per prompt, right-padded ``[N, H, length, D]`` copies of each
     item's sequence (``prefix item_i``, or ``prefix <d> item_i``), and per item its rows' packed indices."""
-    first = 1 if rule == "flashinfer" else 0  # the delimiter is not part of the item's pass
+    first = ITEM_KEYS_FROM[rule]  # under FlashInfer's rule the delimiter is not part of the item's pass
     inputs, rows = [], []
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
         p, lens = batch.prefix_lens[b], batch.item_lens[b]
         if not lens:
             continue
-        idx = torch.full((len(lens), p + 1 - first + max(lens)), start + s - 1, dtype=torch.long)
-        cursor = start + p  # the delimiter that opens the item
-        item_rows = []
-        for i, n in enumerate(lens):
-            idx[i, :p] = torch.arange(start, start + p)
-            idx[i, p:p + n + 1 - first] = torch.arange(cursor + first, cursor + n + 1)
-            item_rows.append(idx[i, p:p + n + 1 - first].clone())
-            cursor += n + 1
-        idx = idx.to(q.device)
+        opens = accumulate((n + 1 for n in lens), initial=start + p)  # the delimiter that opens each item
+        item_rows = [torch.arange(d + first, d + n + 1) for d, n in zip(opens, lens)]
+        pad = max(map(len, item_rows))  # each item's rows, then the prompt's last token up to the longest
+        idx = torch.stack([torch.cat([torch.arange(start, start + p), r, torch.full((pad - len(r),), start + s - 1)])
+                           for r in item_rows]).to(q.device)
         inputs.append([x[:, idx].transpose(0, 1).contiguous() for x in (q, k, v)])
         rows.append((b, item_rows))
     return inputs, rows
@@ -304,20 +302,13 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
     def padded(qq, kk, vv):
         if single:
             return qq[None], kk[None], vv[None]
-        out = [torch.zeros(batch.batch_size, x.shape[0], batch.max_seq_len, head_dim, dtype=dtype, device=dev)
-               for x in (qq, kk, vv)]
-        for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
-            for dst, src in zip(out, (qq, kk, vv)):
-                dst[b, :, :s] = src[:, start:start + s]
-        return out
+        return [pad_sequence([x[:, a:a + s].transpose(0, 1) for a, s in zip(batch.seq_starts, batch.seq_lens)],
+                             batch_first=True).transpose(1, 2).contiguous() for x in (qq, kk, vv)]
 
-    if single:
-        mask = dense_mask(batch, 0)
-    else:
-        mask = torch.eye(batch.max_seq_len, dtype=torch.bool, device=dev).repeat(batch.batch_size, 1, 1)  # padding
-        for b, s in enumerate(batch.seq_lens):
-            mask[b, :s, :s] = dense_mask(batch, b)
-        mask = mask[:, None]
+    mask = torch.eye(batch.max_seq_len, dtype=torch.bool, device=dev).repeat(batch.batch_size, 1, 1)  # padding
+    for b, s in enumerate(batch.seq_lens):
+        mask[b, :s, :s] = dense_mask(batch, b)
+    mask = mask[0] if single else mask[:, None]
 
     def sdpa_calls(**kwargs):
         return rotated(lambda *qkv: partial(F.scaled_dot_product_attention, *padded(*qkv), scale=sm_scale,

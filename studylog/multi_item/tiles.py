@@ -80,9 +80,7 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
     Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]``; entry ``i`` is program ``i``'s ``(prompt, query tile,
     head, seq_begin, seq_len, prefix_len, 0, 0)``. ``rows_per_token`` (step 6's group of query heads): row
     ``BLOCK_M`` holds tiles of ``BLOCK_M // rows_per_token`` tokens."""
-    key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token, check_rule(rule))
-    if rows_per_token != 1:  # step 5's keys stay as they were
-        key += (rows_per_token,)
+    key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token, check_rule(rule), rows_per_token)
     if key not in batch.schedules:
         if not key[2] or any(h not in SCHEDULE_BLOCK_MS for h in key[2]):
             raise ValueError(f"block_ms must be among {SCHEDULE_BLOCK_MS}, got {block_ms!r}")
