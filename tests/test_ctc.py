@@ -839,7 +839,7 @@ def test_agrees_with_both_torch_paths_on_gpu(rng):
     x = torch.randn(50, 6, 29, generator=gen).cuda()
     tl = [len(l) for l in lists]
     ours, our_grad = ctc.ctc_loss(x, ctc.padded(lists).cuda(), [50] * 6, tl)
-    for targets in (ctc.peers.concatenated(lists, torch.int32), ctc.padded(lists).cuda()):  # cuDNN, native
+    for targets in (ctc.peers.concatenated(lists), ctc.padded(lists).cuda()):  # cuDNN, native
         loss, grad = torch_ctc(x, targets, [50] * 6, tl)
         # torch's float32 gradient is itself only ~1e-4 accurate: this is a sanity check, the
         # strict comparison is against the float64 reference above

@@ -56,22 +56,11 @@ def test_plan_refuses_what_it_cannot_hold():
         plan(torch.zeros(10, 3, 5))
     with pytest.raises(ValueError, match="max_target_length"):
         ctc.CTCPlan(10, 2, 5, ctc.MAX_TARGET_LENGTH + 1, device="cpu")
-    with pytest.raises(TypeError, match="takes no option"):
-        ctc.CTCPlan(10, 2, 5, 4, step=7, grain=2, device="cpu")
-    with pytest.raises(ValueError, match="grain must be one of"):
-        ctc.CTCPlan(10, 2, 5, 4, step=14, grain=3, device="cpu")
-    for step in (7, 8, 9, 10, 11):  # one recursion each: no options
-        with pytest.raises(TypeError, match="takes no option"):
-            ctc.CTCPlan(10, 2, 5, 4, step=step, recursion="branch-free", device="cpu")
-    with pytest.raises(ValueError, match="recursion must be one of"):
-        ctc.CTCPlan(10, 2, 5, 4, step=12, recursion="fastest", device="cpu")
-    with pytest.raises(ValueError, match="only a step 6 plan"):
-        plan.untrusted()
-    six = ctc.CTCPlan(10, 2, 5, 4, step=6, device="cpu")
-    assert six.estimate.shape == (2,)
-    # never called: its loss and estimate are uninitialised memory, not an answer
-    with pytest.raises(ValueError, match="has not been called .* since its targets were last set"):
-        six.untrusted()
+    for step in (6, 15):  # a plan runs one of steps 7 to 14
+        with pytest.raises(ValueError, match="step"):
+            ctc.CTCPlan(10, 2, 5, 4, step=step, device="cpu")
+    with pytest.raises(TypeError):
+        ctc.CTCPlan(10, 2, 5, 4, step=14, grain=2, device="cpu")  # each step at its default options
 
 
 # --------------------------------------------------------------------------------------
@@ -337,11 +326,10 @@ def _random_batch(rng, T, N, A, max_target):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("step", [14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 1])
+@pytest.mark.parametrize("step", [14, 13, 12, 11, 10, 9, 8, 7])
 def test_plan_replays_in_a_cuda_graph_over_changing_inputs(step, rng):
     """Captured once; then new activations in the captured buffer and new targets and lengths (a different
-    longest target each time) through set_targets; every replay against the float64 reference. Step 6 runs
-    its capturable form (no warning): its estimate is read after the replay."""
+    longest target each time) through set_targets; every replay against the float64 reference."""
     T, N, A, L = 48, 5, 13, 20
     plan = ctc.CTCPlan(T, N, A, L, step=step, device="cuda")
     x = torch.randn(T, N, A, device="cuda")
@@ -368,13 +356,6 @@ def test_plan_replays_in_a_cuda_graph_over_changing_inputs(step, rng):
         ref_loss, ref_grad = ctc.reference_ctc(x, targets, il, tl)
         assert loss.data_ptr() == plan.loss.data_ptr() and not (loss == SENTINEL).any()
         assert not (grad == SENTINEL).any()
-        if step == 6:  # probability space may lose an answer, never silently: the estimate flags it
-            wrong = ctc.reference.wrong_utterances(loss, grad, ref_loss, ref_grad)
-            assert not (wrong & ~plan.untrusted()).any(), max_target
-            plan.set_targets(targets, il, tl)  # new targets, no replay yet: the old answer is not theirs
-            with pytest.raises(ValueError, match="has not been called"):
-                plan.untrusted()
-            continue
         err = ctc.errors(loss, grad, ref_loss, ref_grad)
         assert err["mismatched"] == 0 and err["loss_rel"] <= ctc.LOSS_TOLERANCE, (max_target, err)
         assert err["grad_rel"] <= ctc.GRAD_TOLERANCE, (max_target, err)

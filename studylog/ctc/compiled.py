@@ -16,8 +16,8 @@ def compile_step(step: int, *, grains: Sequence[int] = (), layouts: Sequence[boo
         names = [n for s in ((2, 3) if step > 1 else (1,)) for n in warpctc.kernel_names(s) if "<" in n]
         return cuda.compile_source(warpctc.SOURCES[step], arch=arch, name_expressions=names)
     if step in (4, 5, 6):
-        names = [n for vt in grains for b in layouts for n in warpctc.kernel_names(step, vt, b)]
-        return cuda.compile_source(warpctc.SOURCES[step], arch=arch, name_expressions=list(dict.fromkeys(names)))
+        return cuda.compile_source(warpctc.SOURCES[step], arch=arch,
+                                   name_expressions=warpctc.instance_names(step, grains, layouts))
     if step in range(7, 15):
         names = [fused.fused_kernel_names(step, v, option)[1] for v in grains
                  for option in (recursions if step in (12, 13) else (None,))]

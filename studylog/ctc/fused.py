@@ -8,7 +8,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from studylog import checks, cuda
-from studylog.ctc.launch import kernels, prepare_call, workspace_addresses, workspace_bytes
+from studylog.ctc.launch import kernels, run_step, workspace_addresses, workspace_bytes
 from studylog.ctc.targets import CTCTargets
 from studylog.ctc.warpctc import block_threads, default_grain
 
@@ -153,14 +153,14 @@ def scratch_sizes(step: int, T: int, N: int, A: int, label_stride: int, row_stri
     return ([T * N * A * 4] if step == 7 else [T * N * 4, N * T * (label_stride + 1) * 4]) + rows
 
 
-def scratch_bytes(step: int, T: int, N: int, A: int, label_stride: int, grain: int | None = None) -> int:
+def scratch_bytes(step: int, T: int, N: int, A: int, label_stride: int) -> int:
     """Bytes of a preallocated workspace for step ``step`` (7 to 14; see :class:`studylog.ctc.CTCPlan`)."""
-    v, threads = launch_shape(step, 2 * label_stride + 1, grain)
+    v, threads = launch_shape(step, 2 * label_stride + 1)
     return workspace_bytes(scratch_sizes(step, T, N, A, label_stride, threads * v))
 
 
 def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool, step: int,
-           recursion: str | None, grain: int | None = None, scratch: Tensor | None = None) -> None:
+           recursion: str | None = None, grain: int | None = None, scratch: Tensor | None = None) -> None:
     """Launch step ``step`` (7 to 14) on checked inputs (nothing here is checked again)."""
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
@@ -197,59 +197,52 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     del buffer  # queued: the memory may be reused by the next allocation on this stream
 
 
-def _run(step: int, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
-         recursion: str | None = None, grain: int | None = None):
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, zero_infinity, step, recursion, grain)
-    return loss, grad
-
-
 def step07_gradient_pass(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                          out_loss=None, out_grad=None):
     """Step 7: the gradient a pass of its own, a block per frame, after alpha then beta on a block per utterance
     (step 5's grain) write every row. Arguments as :func:`step01_baseline`."""
-    return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad, zero_infinity, 7)
 
 
 def step08_fused_softmax(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                          out_loss=None, out_grad=None):
     """Step 8: step 7 with no softmax written: the first pass keeps each frame's log-sum-exp and the target's
     emissions, the last recomputes the softmax."""
-    return _run(8, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad, zero_infinity, 8)
 
 
 def step09_one_warp(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                     out_loss=None, out_grad=None):
     """Step 9: step 8's recursion on one warp per utterance, positions in registers, neighbours by shuffles."""
-    return _run(9, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad, zero_infinity, 9)
 
 
 def step10_side_by_side(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                         out_loss=None, out_grad=None):
     """Step 10: step 9 with alpha's warp and beta's side by side."""
-    return _run(10, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad, zero_infinity, 10)
 
 
 def step11_branch_free(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                        out_loss=None, out_grad=None):
     """Step 11: step 10's warp recursion without its divergent branch."""
-    return _run(11, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad, zero_infinity, 11)
 
 
 def step12_flush_to_zero(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                          recursion: str | None = None, out_loss=None, out_grad=None):
     """Step 12: step 11's recursion with flush-to-zero ``ex2``/``lg2``; ``recursion``: a key of
     ``RECURSION_OPTIONS`` (``DEFAULT_RECURSION`` when None)."""
-    return _run(12, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
-                check_recursion(recursion))
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad,
+                    zero_infinity, 12, check_recursion(recursion))
 
 
 def step13_two_passes(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                       recursion: str | None = None, out_loss=None, out_grad=None):
     """Step 13: the first pass also writes the softmax as the gradient, the last corrects the target's classes in
     place: the activations cross DRAM once."""
-    return _run(13, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
-                check_recursion(recursion))
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad,
+                    zero_infinity, 13, check_recursion(recursion))
 
 
 def step14_warps_per_direction(activations, targets, input_lengths=None, target_lengths=None, *,
@@ -258,8 +251,8 @@ def step14_warps_per_direction(activations, targets, input_lengths=None, target_
     thread (one of ``BLOCK_GRAINS``, ``DEFAULT_BLOCK_GRAIN`` when None)."""
     if grain is not None and grain not in BLOCK_GRAINS:
         raise ValueError(f"grain must be one of {BLOCK_GRAINS} for step 14, got {grain!r}")
-    return _run(14, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
-                grain=grain)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad,
+                    zero_infinity, 14, None, grain)
 
 
 #: :func:`final_step`'s rule: step 14's warps pay where many classes or a mid-size batch keep the GPU busy; with few

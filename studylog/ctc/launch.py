@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Sequence
 
 import torch
@@ -24,23 +25,27 @@ def kernels(source: str, wanted: Sequence[tuple[str, Sequence[str]]]) -> list:
     return [_KERNELS[(source, name)] for name, _ in wanted]
 
 
+def _aligned(nbytes: Sequence[int]) -> list[int]:
+    return [-(-size // 256) * 256 for size in nbytes]
+
+
 def workspace_bytes(parts: Sequence[int]) -> int:
     """Bytes of one allocation holding segments of ``parts`` bytes, each 256-byte aligned."""
-    return max(sum(-(-size // 256) * 256 for size in parts), 1)
+    return max(sum(_aligned(parts)), 1)
 
 
 def workspace_addresses(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None = None
                         ) -> tuple[Tensor, list[int]]:
     """The addresses of 256-byte aligned segments of ``nbytes`` (views would cost microseconds a call) in a new
     allocation or the caller's ``buffer``, which the caller keeps alive until the launches are queued."""
-    total, sizes = workspace_bytes(nbytes), [-(-size // 256) * 256 for size in nbytes]
+    total = workspace_bytes(nbytes)
     if buffer is None:
         buffer = torch.empty((total,), dtype=torch.uint8, device=device)
     elif buffer.dtype != torch.uint8 or buffer.device != device or not buffer.is_contiguous() or buffer.numel() < total:
         raise ValueError(f"workspace must be a contiguous uint8 tensor of at least {total} bytes on {device}")
     elif buffer.data_ptr() % 256:
         raise ValueError("workspace must be 256-byte aligned")
-    return buffer, [buffer.data_ptr() + sum(sizes[:i]) for i in range(len(sizes))]
+    return buffer, list(accumulate(_aligned(nbytes), initial=buffer.data_ptr()))[:len(nbytes)]
 
 
 def output(out: Tensor | None, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -81,3 +86,11 @@ def prepare_call(activations, targets, input_lengths, target_lengths, out_loss, 
     if batch.device != activations.device:
         raise ValueError(f"targets were prepared on {batch.device} but activations are on {activations.device}")
     return batch, loss, grad
+
+
+def run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad, *options
+             ) -> tuple[Tensor, Tensor]:
+    """A step's call: :func:`prepare_call`, then ``launch(activations, batch, loss, grad, *options)``."""
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    launch(activations, batch, loss, grad, *options)
+    return loss, grad

@@ -70,7 +70,7 @@ def _(activations, labels, input_lengths, target_lengths, slot_class, slot_start
                              slot_class=slot_class, slot_start=slot_start, slot_members=slot_members,
                              num_slots=num_slots, label_stride=labels.shape[1], slot_stride=slot_class.shape[1],
                              max_positions=2 * labels.shape[1] + 1)
-    launch(activations, packed, loss, grad, zero_infinity, STEP, None)
+    launch(activations, packed, loss, grad, zero_infinity, STEP)
     return loss, grad
 
 

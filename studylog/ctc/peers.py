@@ -48,18 +48,17 @@ def takes_cudnn_path(log_probs: Tensor, targets: Tensor, input_lengths, target_l
     return bool(cudnn_eligible(input_lengths, target_lengths, log_probs.shape[0]).all())
 
 
-def concatenated(lists: Sequence[np.ndarray], dtype=torch.int32) -> Tensor:
-    """Label lists as one 1-D tensor (CPU)."""
-    flat = np.concatenate([np.asarray(labels, np.int64) for labels in lists] + [np.zeros(0, np.int64)])
-    return torch.from_numpy(flat).to(dtype)
+def concatenated(lists: Sequence[np.ndarray]) -> Tensor:
+    """Label lists as one int32 1-D tensor (CPU)."""
+    return torch.from_numpy(np.concatenate([np.asarray(labels, np.int32) for labels in lists]
+                                           + [np.zeros(0, np.int32)]))
 
 
-def padded(lists: Sequence[np.ndarray], dtype=torch.int64) -> Tensor:
-    """Label lists as an (N, L_max) tensor padded with the blank (CPU)."""
-    width = max([len(l) for l in lists] + [1])
-    out = torch.zeros((len(lists), width), dtype=dtype)
+def padded(lists: Sequence[np.ndarray]) -> Tensor:
+    """Label lists as an int64 (N, L_max) tensor padded with the blank (CPU)."""
+    out = torch.zeros((len(lists), max([len(l) for l in lists] + [1])), dtype=torch.int64)
     for i, labels in enumerate(lists):
-        out[i, :len(labels)] = torch.from_numpy(np.asarray(labels, np.int64)).to(dtype)
+        out[i, :len(labels)] = torch.from_numpy(np.asarray(labels, np.int64))
     return out
 
 
@@ -103,11 +102,8 @@ def device_work(fn: Callable[[], object], calls: int = 1) -> dict[str, float]:
         torch.cuda.synchronize()
     times: dict[str, float] = {}
     for event in prof.key_averages():
-        if getattr(event, "device_type", DeviceType.CUDA) == DeviceType.CUDA and not re.match(r"cu(da)?[A-Z]",
-                                                                                              event.key):
-            total = getattr(event, "device_time_total", None)
-            total = getattr(event, "cuda_time_total", 0.0) if total is None else total
-            times[event.key] = times.get(event.key, 0.0) + total / calls
+        if event.device_type == DeviceType.CUDA and not re.match(r"cu(da)?[A-Z]", event.key):
+            times[event.key] = times.get(event.key, 0.0) + event.device_time_total / calls
     return times
 
 

@@ -216,9 +216,9 @@ def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: 
                 fallback: set, clock: str = "gpu") -> dict[str, dict]:
     """torch's calls at one point, each checked and timed on the GPU clock where a graph captures it, else in the
     kernel clock's pass (``fallback``: the series whose capture failed here); ``users_path``: also F.ctc_loss's."""
-    factories = {"torch-cuDNN": lambda xi: peers.cudnn_direct(xi, lists),
-                 "torch-cuDNN F.ctc_loss": lambda xi: peers.functional(xi, lists, "cudnn"),
-                 "torch-native": lambda xi: peers.functional(xi, lists, "native")}
+    factories = {"torch-cuDNN": lambda xi, **_: peers.cudnn_direct(xi, lists),
+                 "torch-cuDNN F.ctc_loss": lambda xi, **how: peers.functional(xi, lists, "cudnn", **how),
+                 "torch-native": lambda xi, **how: peers.functional(xi, lists, "native", **how)}
     if not users_path:
         del factories["torch-cuDNN F.ctc_loss"]
     rows = {}
@@ -226,10 +226,8 @@ def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: 
         ok, why = capture.get(series, (False, "not probed"))
         if (clock == "gpu") != (ok and (series, params["A"], params["N"]) not in fallback):
             continue  # timed in the other pass
-        checked = peers.cudnn_direct(x, lists) if series == "torch-cuDNN" else \
-            peers.functional(x, lists, "cudnn" if "cuDNN" in series else "native", reduction="none")
         try:
-            loss, grad = checked()
+            loss, grad = factory(x, reduction="none")()
         except Exception as exc:  # a torch build without this path: say so, keep the run
             run.note(f"{series} failed at {params}: {type(exc).__name__}: {str(exc)[:200]}")
             continue

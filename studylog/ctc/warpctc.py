@@ -12,7 +12,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from studylog import checks, cuda
-from studylog.ctc.launch import kernels, prepare_call, workspace_addresses, workspace_bytes
+from studylog.ctc.launch import kernels, prepare_call, run_step, workspace_addresses
 from studylog.ctc.reference import UNDERFLOW_TOLERANCE, untrusted
 from studylog.ctc.targets import CTCTargets
 
@@ -52,10 +52,14 @@ def _signatures(step: int, names: Sequence[str]) -> list[tuple[str, list[str]]]:
     return [(n, _SIG_ALPHA if "alpha" in n else (_SIG_BETA_STEP6 if step == 6 else _SIG_BETA)) for n in names]
 
 
+def instance_names(step: int, grains: Sequence[int], layouts: Sequence[bool] = (False,)) -> list[str]:
+    """The kernels of step 4, 5 or 6 at the grain sizes ``grains`` in the ``layouts``, each once."""
+    return list(dict.fromkeys(n for vt in grains for blocked in layouts for n in kernel_names(step, vt, blocked)))
+
+
 def preload_blocked(step: int, grains: Sequence[int], layouts: Sequence[bool] = (False,)) -> None:
-    """Compile the grain sizes ``grains`` of step 4, 5 or 6 (in the ``layouts``) in one NVRTC call."""
-    names = [n for vt in grains for blocked in layouts for n in kernel_names(step, vt, blocked)]
-    kernels(SOURCES[step], _signatures(step, list(dict.fromkeys(names))))
+    """Compile :func:`instance_names` in one NVRTC call."""
+    kernels(SOURCES[step], _signatures(step, instance_names(step, grains, layouts)))
 
 
 def default_grain(max_positions: int) -> int:
@@ -68,22 +72,13 @@ def block_threads(max_positions: int, grain: int) -> int:
     return 32 * math.ceil(math.ceil(max_positions / grain) / 32)
 
 
-def scratch_sizes(T: int, N: int, A: int, max_positions: int) -> list[int]:
-    """Bytes of each scratch array of steps 1 to 6: the (log-)probabilities, alpha and the float64 log-likelihoods."""
-    return [T * N * A * 4, N * T * max_positions * 4, N * 8]
-
-
-def scratch_bytes(T: int, N: int, A: int, max_positions: int) -> int:
-    """Bytes of a preallocated workspace for steps 1 to 6 (see :class:`studylog.ctc.CTCPlan`)."""
-    return workspace_bytes(scratch_sizes(T, N, A, max_positions))
-
-
 def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, zero_infinity: bool,
-           grain: int | None, blocked: bool, estimate: Tensor | None = None, scratch: Tensor | None = None) -> None:
+           grain: int | None = None, blocked: bool = False, estimate: Tensor | None = None) -> None:
     """Launch step ``step`` (1 to 6) on checked inputs (nothing here is checked again)."""
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
-    buffer, (probs, alphas, log_likelihood) = workspace_addresses(x.device, scratch_sizes(T, N, A, smax), scratch)
+    scratch = [T * N * A * 4, N * T * smax * 4, N * 8]  # float32 bytes, but the float64 log-likelihoods
+    buffer, (probs, alphas, log_likelihood) = workspace_addresses(x.device, scratch)
     (softmax,) = kernels(SOFTMAX_SOURCE, [("ctc_softmax_rows" if step == 6 else "ctc_log_softmax_rows", _SIG_SOFTMAX)])
     softmax(((T * N + 7) // 8,), (256,), x, probs, T * N, A)
     if step <= 3:
@@ -115,13 +110,6 @@ def untrusted_answers(loss: Tensor, estimate: Tensor, batch: CTCTargets) -> Tens
     return untrusted(estimate, judged, batch.input_lengths_host, batch.label_lists)
 
 
-def _run(step: int, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
-         grain: int | None = None, blocked: bool = False):
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, step, zero_infinity, grain, blocked)
-    return loss, grad
-
-
 def step01_baseline(
     activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
     target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
@@ -133,34 +121,34 @@ def step01_baseline(
     the caller's buffers. Every step takes these arguments; with prepared targets a call can be captured in a CUDA
     graph after one eager call (which compiles the kernels).
     """
-    return _run(1, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad, 1, zero_infinity)
 
 
 def step02_restrict(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                     out_loss=None, out_grad=None):
     """Step 2: step 1's kernels with every pointer ``__restrict__``."""
-    return _run(2, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad, 2, zero_infinity)
 
 
 def step03_ldg(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                out_loss=None, out_grad=None):
     """Step 3: step 2 with read-only loads through ``__ldg``."""
-    return _run(3, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad, 3, zero_infinity)
 
 
 def step04_register_blocking(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                              grain: int | None = None, blocked: bool = False, out_loss=None, out_grad=None):
     """Step 4: each thread keeps ``grain`` positions (labels, skip flags) in registers (one of ``GRAIN_SIZES``;
     :func:`default_grain` when None); ``blocked`` lays a thread's positions out consecutively."""
-    return _run(4, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
-                check_grain(grain), blocked)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad,
+                    4, zero_infinity, check_grain(grain), blocked)
 
 
 def step05_shared_rows(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                        grain: int | None = None, blocked: bool = False, out_loss=None, out_grad=None):
     """Step 5: step 4 with the alpha kernel's two live rows in shared memory."""
-    return _run(5, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
-                check_grain(grain), blocked)
+    return run_step(launch, activations, targets, input_lengths, target_lengths, out_loss, out_grad,
+                    5, zero_infinity, check_grain(grain), blocked)
 
 
 def step06_probability_space(activations, targets, input_lengths=None, target_lengths=None, *,
@@ -173,7 +161,7 @@ def step06_probability_space(activations, targets, input_lengths=None, target_le
     warns (:class:`UnderflowWarning`) of the answers it cannot trust, else judge them with :func:`untrusted_answers`.
     """
     grain = check_grain(grain)
-    if out_estimate is not None:
+    if out_estimate is not None:  # before the call's own checks, which need a GPU
         checks.check_tensor("out_estimate", out_estimate, dtype=torch.float32, ndim=1, contiguous=True)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     N = activations.shape[1]
