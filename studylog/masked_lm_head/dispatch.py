@@ -128,29 +128,22 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
 def dispatch_rule() -> DispatchRule:
     """:func:`masked_logits`'s rule: this GPU's committed results, else any GPU's newest, else :data:`FALLBACK_RULE`."""
     from studylog import plotting
+    from studylog.bench import gpu_slug
 
-    try:
-        results = None
-        if torch.cuda.is_available():
-            from studylog.bench import gpu_slug
-
-            try:
-                results = plotting.load_results("masked_lm_head", gpu=gpu_slug(torch.cuda.get_device_name()))
-            except FileNotFoundError:
-                pass
-        return rule_from_results(results or plotting.load_results("masked_lm_head"))
-    except FileNotFoundError:
-        return FALLBACK_RULE
+    for gpu in ([gpu_slug(torch.cuda.get_device_name())] if torch.cuda.is_available() else []) + [None]:
+        try:
+            return rule_from_results(plotting.load_results("masked_lm_head", gpu=gpu))
+        except FileNotFoundError:
+            continue
+    return FALLBACK_RULE
 
 
 def _for_batch(table: Mapping[int, Any], batch: int) -> Any:
-    """The entry at the largest batch size not above ``batch``; a batch above 1 never takes batch 1's."""
-    batched = sorted(k for k in table if k > 1)
-    if batch > 1 and batched:
-        below = [k for k in batched if k <= batch]
-        return table[below[-1] if below else batched[0]]
-    keys = [k for k in sorted(table) if k <= batch]
-    return table[keys[-1] if keys else min(table)]
+    """The entry at the largest batch size not above ``batch`` (else the smallest); a batch above 1 never takes
+    batch 1's while there are others."""
+    keys = sorted(k for k in table if (k > 1) == (batch > 1)) or sorted(table)
+    below = [k for k in keys if k <= batch]
+    return table[below[-1] if below else keys[0]]
 
 
 def choose_path(batch: int, vocab: int, union_count: int, rule: DispatchRule | None = None) -> str:
@@ -172,22 +165,15 @@ def cublas_masked(h: Hidden, weight: Weight, allowed: AllowedTokens, *, out: Log
 
 
 def dense_logits(h: Hidden, weight: Weight, out: Logits) -> None:
-    """``out = h @ weight.T`` in fp32, never rounded to bf16 (on the CPU the operands are widened first)."""
-    global _MM_OUT_DTYPE
-    if h.is_cuda and _MM_OUT_DTYPE is not False:
-        try:
-            torch.mm(h, weight.t(), out_dtype=torch.float32, out=out)
-            _MM_OUT_DTYPE = True
-            return
-        except (RuntimeError, TypeError):
-            if _MM_OUT_DTYPE:  # it worked before: this is a real error
-                raise
-            _MM_OUT_DTYPE = False
-    # the CPU, or no fp32-output mm in this torch: widen the operands (exact, slower), never round to bf16
-    torch.mm(h.float(), weight.float().t(), out=out)
+    """``out = h @ weight.T`` in fp32, never rounded to bf16: cuBLAS with fp32 output where torch has that ``mm``,
+    else (and on the CPU) the operands widened first (exact, slower)."""
+    if h.is_cuda and _MM_FP32_OUT:
+        torch.mm(h, weight.t(), out_dtype=torch.float32, out=out)
+    else:
+        torch.mm(h.float(), weight.float().t(), out=out)
 
 
-_MM_OUT_DTYPE: bool | None = None  # whether CUDA torch.mm takes out_dtype (found on first use)
+_MM_FP32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")  # torch.mm's out_dtype (torch 2.8 on)
 # Step 12's host time is its lesson: steps 3, 7, 8 and 10's kernels through their compiled launchers (.launch).
 _ROW_SKIP, _STREAM, _FEW, _BATCHED = (FastKernel(k) for k in (row_skip_kernel, compact_stream_kernel, few_ids_kernel,
                                                                batched_union_kernel))

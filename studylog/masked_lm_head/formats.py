@@ -92,10 +92,9 @@ class AllowedTokens:
                                 "(for a boolean mask use AllowedTokens.from_mask)")
             if arr.ndim != 1:
                 raise ValueError(f"ids_per_sequence[{b}] must be 1-D, got shape {arr.shape}")
-            low, high = int(arr.min()), int(arr.max())
-            if low < 0 or high >= vocab_size:
-                bad = low if low < 0 else high
-                raise ValueError(f"ids_per_sequence[{b}] holds token id {bad}, outside [0, vocab_size={vocab_size})")
+            bad = arr[(arr < 0) | (arr >= vocab_size)]
+            if bad.size:
+                raise ValueError(f"ids_per_sequence[{b}] holds token id {bad[0]}, outside [0, vocab_size={vocab_size})")
             mask[b, torch.from_numpy(arr.astype(np.int64))] = True
         return cls._build(mask.to(device))
 
@@ -319,28 +318,24 @@ def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: 
     return logits.masked_fill(~allowed.mask.to(logits.device), float("-inf"))
 
 
-FP32_UNIT_ROUNDOFF = 2.0**-24  # round to nearest
-#: How a path adds a logit's products: ``"dot"`` (``tl.dot``, cuBLAS) or ``"row"`` (one program reduces a row:
-#: steps 4-9 and the plan's batch-1 kernel).
-SUMMATIONS = ("dot", "row")
-
-
 def accumulation_depth(hidden: int, summation: str = "dot") -> int:
     """The depth ``k`` of :func:`error_bound`: how many fp32 additions, at most, one product ``h_i w_i`` goes
-    through into a logit. ``"dot"``: ``tl.dot`` (and cuBLAS) adds 16 products at a time into one accumulator,
+    through into a logit, by how the path adds a logit's products (``summation``). ``"dot"``: ``tl.dot`` (and
+    cuBLAS) adds 16 products at a time into one accumulator,
     ``ceil(D / 16)`` in a chain plus at most 4 levels inside an instruction, and tensor cores may truncate when they
-    align the addends (``2u``): ``k = 2 (ceil(D / 16) + 4)``. ``"row"``: 128 threads reduce at most two rows padded
-    to ``D' = next_power_of_2(D)``, a chain of ``2 D' / 128`` each, then a tree of 7 levels: ``k = 2 D' / 128 + 7``."""
+    align the addends (``2u``): ``k = 2 (ceil(D / 16) + 4)``. ``"row"`` (one program reduces a row: steps 4-9 and
+    the plan's batch-1 kernel): 128 threads reduce at most two rows padded to ``D' = next_power_of_2(D)``, a chain of
+    ``2 D' / 128`` each, then a tree of 7 levels: ``k = 2 D' / 128 + 7``."""
     if summation == "row":
         return 2 * -(-triton.next_power_of_2(int(hidden)) // 128) + 7
     if summation != "dot":
-        raise ValueError(f"summation must be one of {SUMMATIONS}, got {summation!r}")
+        raise ValueError(f"summation must be 'dot' or 'row', got {summation!r}")
     return 2 * (-(-int(hidden) // 16) + 4)
 
 
 def fp32_gamma(hidden: int, summation: str = "dot") -> float:
-    """``gamma_k = k u / (1 - k u)`` for ``k`` = :func:`accumulation_depth` and ``u`` = :data:`FP32_UNIT_ROUNDOFF`."""
-    ku = accumulation_depth(hidden, summation) * FP32_UNIT_ROUNDOFF
+    """``gamma_k = k u / (1 - k u)`` for ``k`` = :func:`accumulation_depth` and fp32's unit roundoff ``u = 2^-24``."""
+    ku = accumulation_depth(hidden, summation) * 2.0**-24
     return ku / (1 - ku)
 
 

@@ -45,20 +45,16 @@ class FastKernel:
         self.kernel = kernel
         self._compiled: dict[tuple, Any] = {}
         self._memo: dict[tuple, Any] = {}
-        params = getattr(kernel, "params", None)
-        if params is not None:
-            runtime_params = [p for p in params if not p.is_constexpr]
-            self._skip = frozenset(i for i, p in enumerate(runtime_params) if p.do_not_specialize)
-            n = len(runtime_params)
-            self._trailing = all(p.is_constexpr for p in params[n:]) and not any(p.is_constexpr for p in params[:n])
-            self._n_runtime = n
-            self._n_constexpr = len(params) - n
-        else:  # the interpreter's kernel object: never used on the fast path
-            self._skip, self._trailing, self._n_runtime, self._n_constexpr = frozenset(), False, -1, 0
+        params = getattr(kernel, "params", [])  # the interpreter's kernel object has none
+        runtime_params = [p for p in params if not p.is_constexpr]
+        self._skip = frozenset(i for i, p in enumerate(runtime_params) if p.do_not_specialize)
+        self._n_runtime, self._n_constexpr = len(runtime_params), len(params) - len(runtime_params)
+        # the fast path: on the GPU, with every constexpr after the runtime parameters
+        self._fast = _GPU and bool(params) and all(p.is_constexpr for p in params[self._n_runtime:])
 
     def __call__(self, grid: int, args: tuple, constexprs: dict[str, Any]) -> None:
-        if not _GPU or not self._trailing or (_HOOKS is not None and (_installed(_HOOKS.launch_enter_hook)
-                                                                     or _installed(_HOOKS.launch_exit_hook))):
+        if not self._fast or (_HOOKS is not None and (_installed(_HOOKS.launch_enter_hook)
+                                                      or _installed(_HOOKS.launch_exit_hook))):
             self.kernel[(grid,)](*args, **constexprs)
             return
         values = [a if type(a) is int else a.data_ptr() for a in args]

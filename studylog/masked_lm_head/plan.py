@@ -5,6 +5,7 @@ its capacity, a power of two (at least 16)."""
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Sequence
 
 import numpy as np
@@ -211,14 +212,10 @@ def xgrammar_peer():
     """xgrammar's ``apply_token_bitmask_inplace`` and its version, or None and the reason it is missing."""
     try:
         import xgrammar
-        from importlib.metadata import version
+
+        return xgrammar.apply_token_bitmask_inplace, version("xgrammar")
     except Exception as exc:  # ImportError, or a broken install: the peer is optional
         return None, f"{type(exc).__name__}: {exc}"
-    try:
-        found = version("xgrammar")
-    except Exception:
-        found = getattr(xgrammar, "__version__", "unknown")
-    return xgrammar.apply_token_bitmask_inplace, found
 
 
 class MaskedHeadPlan:
