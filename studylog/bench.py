@@ -94,6 +94,12 @@ def device_info() -> dict[str, Any]:
     return info
 
 
+#: The rivals' distributions whose versions a results file records where they are installed (the chapters'
+#: benchmarks time whichever of them they find).
+PEER_DISTRIBUTIONS = ("xgrammar", "outlines-core", "llguidance", "flashinfer-python", "flashinfer", "gemlite",
+                      "transformers", "cupy-cuda12x", "cupy-cuda13x")
+
+
 def versions() -> dict[str, str]:
     import triton
 
@@ -101,16 +107,10 @@ def versions() -> dict[str, str]:
 
     out = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
            "studylog": studylog.__version__}
-    for name in ("cuda-bindings",) + PEER_DISTRIBUTIONS:  # each rival a run can time, where it is installed
+    for name in ("cuda-bindings",) + PEER_DISTRIBUTIONS:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[name] = importlib.metadata.version(name)
     return out
-
-
-#: The rivals' distributions whose versions a results file records where they are installed (the chapters'
-#: benchmarks time whichever of them they find).
-PEER_DISTRIBUTIONS = ("xgrammar", "outlines-core", "llguidance", "flashinfer-python", "flashinfer", "gemlite",
-                      "transformers", "cupy-cuda12x", "cupy-cuda13x")
 
 
 #: The layout of a results file.
@@ -396,8 +396,6 @@ def read_only(t: torch.Tensor, sink: torch.Tensor | None = None) -> Callable[[],
 # Command line
 
 def run_chapters(chapters: list[str], *, out_dir: Path, command: str, quick: bool = False) -> list[Path]:
-    if not torch.cuda.is_available():
-        raise NoGPUError(CPU_REFUSAL)
     from studylog import chapter as registry
 
     paths, failures = [], []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
@@ -20,8 +21,6 @@ LANGUAGES = ("python", "triton", "cuda", "c", "torch")
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a lesson."""
-
     number: int
     slug: str
     title: str
@@ -56,8 +55,6 @@ class Step:
 
 @dataclass(frozen=True)
 class Chapter:
-    """What a chapter declares (see the module docstring)."""
-
     name: str
     number: int
     title: str
@@ -130,19 +127,9 @@ BENCHMARKS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    """A benchmark that is not a chapter: what the harness reads of a :class:`Chapter` (name, bench, headline)."""
-
-    name: str
-    bench: Callable[["BenchRun"], None]
-    headline: None = None
-
-
 def get(name: str) -> Chapter:
-    """The chapter called ``name`` (its ``CHAPTER``)."""
     if name not in CHAPTERS:
-        raise ValueError(f"unknown chapter {name!r}; choose from {list(CHAPTERS)}")
+        raise ValueError(f"unknown chapter {name!r}; choose from {', '.join(CHAPTERS)}")
     chapter = importlib.import_module(CHAPTERS[name]).CHAPTER
     if chapter.name != name:
         raise RuntimeError(f"{CHAPTERS[name]}.CHAPTER is named {chapter.name!r}, registered as {name!r}")
@@ -156,13 +143,13 @@ def chapters() -> list[Chapter]:
 
 def select(names: list[str] | tuple[str, ...], *, need: str | None = None) -> list[Chapter]:
     """Chapters named on a command line (``["all"]``: every one that declares ``need``; a named one without it is an
-    error). A name of :data:`BENCHMARKS` gives a :class:`Benchmark`."""
+    error). A name of :data:`BENCHMARKS` gives what the harness reads of a chapter: its name and bench."""
     if list(names) == ["all"]:
         return [c for c in chapters() if need is None or getattr(c, need) is not None]
     out = []
     for name in names:
-        if name in BENCHMARKS:  # not a chapter: only its bench
-            chapter = Benchmark(name, importlib.import_module(BENCHMARKS[name]).bench)
+        if name in BENCHMARKS:
+            chapter = SimpleNamespace(name=name, bench=importlib.import_module(BENCHMARKS[name]).bench, headline=None)
         else:
             chapter = get(name)
         if need is not None and getattr(chapter, need) is None:

@@ -17,11 +17,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def check_tensor(name: str, t: Any, *, dtype: torch.dtype | Sequence[torch.dtype] | None = None,
                  ndim: int | Sequence[int] | None = None, shape: Sequence[int | None] | None = None,
-                 device: str | torch.device | None = None, like: Tensor | None = None, contiguous: bool = False,
-                 last_dim_contiguous: bool = False) -> Tensor:
+                 like: Tensor | None = None, contiguous: bool = False, last_dim_contiguous: bool = False) -> Tensor:
     """Check ``t`` and return it. ``dtype`` and ``ndim`` take one value or several; ``shape`` each dimension's size
-    (``None``: any); ``device`` a device or its type; ``like`` a tensor that ``t`` must share a device with;
-    ``last_dim_contiguous`` asks only for stride 1 along the last dimension."""
+    (``None``: any); ``like`` a tensor that ``t`` must share a device with; ``last_dim_contiguous`` asks only for
+    stride 1 along the last dimension."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtype is not None:
@@ -38,10 +37,6 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype | Sequence[torch.dtype
         if t.ndim != len(shape) or any(s is not None and s != got for s, got in zip(shape, t.shape)):
             want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
             raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
-    if device is not None:
-        want_dev = torch.device(device)
-        if t.device.type != want_dev.type or (want_dev.index is not None and t.device != want_dev):
-            raise ValueError(f"{name} must be on {want_dev}, got {t.device}")
     if like is not None and t.device != like.device:
         raise ValueError(f"{name} is on {t.device}, but the other inputs are on {like.device}")
     if contiguous and not t.is_contiguous():
@@ -83,9 +78,8 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if (low is not None and value < low) or (high is not None and value > high):
-        lo = "-inf" if low is None else low
-        hi = "inf" if high is None else high
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+        raise ValueError(f"{name} must be in [{'-inf' if low is None else low}, {'inf' if high is None else high}], "
+                         f"got {value}")
     return value
 
 

@@ -272,8 +272,11 @@ class CudaKernel:
     def _launch(self, grid: tuple, block: tuple, shared_mem: int, params_address: int, early: bool,
                 cluster: int | None) -> None:
         """Launch with the argument block at ``params_address`` on torch's current stream."""
-        cu_stream = self.stream()
         driver = _driver()
+        # the stream's raw handle: the private call Triton uses, microseconds cheaper per launch
+        handle = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        if (cu_stream := self._streams.get(handle)) is None:
+            cu_stream = self._streams[handle] = driver.CUstream(handle)
         if early or cluster is not None:
             err = driver.cuLaunchKernelEx(self._launch_config(grid, block, shared_mem, cu_stream, early, cluster),
                                           self.function, params_address, 0)
@@ -312,15 +315,6 @@ class CudaKernel:
         except struct.error as exc:
             raise TypeError(f"{self.name}: arguments {args!r} do not fit {self.signature}: {exc}") from None
         return packed, len(packed)
-
-    def stream(self):
-        """Torch's current stream as the driver's handle (cached per stream)."""
-        # the raw handle: the private call Triton uses, microseconds cheaper per launch
-        handle = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
-        cu_stream = self._streams.get(handle)
-        if cu_stream is None:
-            cu_stream = self._streams[handle] = _driver().CUstream(handle)
-        return cu_stream
 
     def bind(self, grid, block, *args, shared_mem: int = 0, early: bool = False) -> "BoundLaunch":
         """This launch with its arguments checked and packed once, for a loop that launches it again and again; the

@@ -24,7 +24,6 @@ MODE = "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "gpu"
 
 
 def mode() -> str:
-    """Return ``"gpu"`` or ``"interpreter"``."""
     return MODE
 
 

@@ -175,7 +175,6 @@ class Checkpoint:
     _tensors: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     def tensor_names(self) -> list[str]:
-        """The Hugging Face names of every tensor in the file."""
         return list(self._tensors)
 
     def tensor(self, name: str) -> np.ndarray:

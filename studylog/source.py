@@ -142,9 +142,7 @@ class Code:
         head, _, rest = body.partition("<pre")
         tag, _, code = rest.partition(">")
         code, _, tail = code.rpartition("</pre>")
-        lines = code.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
+        lines = code.removesuffix("\n").split("\n")
         code = "".join(f'<span style="display: block; {_hanging(html.unescape(re.sub("<[^>]*>", "", line)), "0px")}">'
                        f'{line}\n</span>' for line in lines)
         body = f"{head}<pre{tag}>{code}</pre>{tail}"

@@ -194,11 +194,9 @@ def count_forward_kernels(run) -> None:
     """Adds ``kernels_per_forward`` to the SmolLM2 forward's row: the kernels one call launches (torch's profiler)."""
     from studylog.decode.report import count_kernels
 
-    if not any(row["series"] == FORWARD_SERIES for row in run.rows):
-        return
-    n = sum(count_kernels(_smollm2_decoder().body_call(1)).values())
-    for row in run.rows:
-        if row["series"] == FORWARD_SERIES:
+    if rows := [row for row in run.rows if row["series"] == FORWARD_SERIES]:
+        n = sum(count_kernels(_smollm2_decoder().body_call(1)).values())
+        for row in rows:
             row.update(kernels_per_forward=n, kernels_per_layer=n / SMOLLM2_SHAPE["layers"])
 
 
