@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 from book.common import not_written
 from studylog.ngram.formats import NGRAM_MAX, NONE_KEY, NgramConfig, NgramInputs
-from studylog.ngram.models import decode_key, match_key, model_one_pass_keys, slot_plan
+from studylog.ngram.models import decode_key, model_one_pass_keys, slot_plan
 from studylog.ngram.report import NO_BUDGET
 
 # =========================================================================================

@@ -85,7 +85,7 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
     put(prompt, in_prompt)
     put(gen, in_gen)
 
-    return _assemble(kinds, prompt, gen, prompt_lens, step_idx, draft_width, capped_fraction, hybrid, rand, rng)
+    return _assemble(kinds, prompt, gen, prompt_lens, step_idx, draft_width, rand, rng, capped_fraction, hybrid)
 
 
 def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, draft_width: int = 11, seed: int = 0,
@@ -114,11 +114,10 @@ def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, dr
         gen[b] = stream[plen:plen + gen_width]
         prompt_lens.append(plen)
         step_idx.append(rand(max(0, gen_width // 2 - 1), gen_width - draft_width))
-    return _assemble(kinds, prompt.to(device), gen.to(device), prompt_lens, step_idx, draft_width,
-                     capped_fraction=0.1, hybrid=False, rand=rand, rng=rng)
+    return _assemble(kinds, prompt.to(device), gen.to(device), prompt_lens, step_idx, draft_width, rand, rng)
 
 
-def _assemble(kinds, prompt, gen, prompt_lens, step_idx, draft_width, capped_fraction, hybrid, rand, rng):
+def _assemble(kinds, prompt, gen, prompt_lens, step_idx, draft_width, rand, rng, capped_fraction=0.1, hybrid=False):
     """The batch's inputs and initial state, each slot's lengths drawn by its kind."""
     encoder, decoder, this_time, dtn, max_dec = [], [], [], [], []
     for b, kind in enumerate(kinds):

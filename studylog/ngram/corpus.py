@@ -138,8 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     path, built = args.out, build_corpus()
     path.parent.mkdir(parents=True, exist_ok=True)  # ids as int32, the metadata as JSON
     np.savez_compressed(path, **{k: built[k] for k in KINDS}, meta=np.array(json.dumps(built["meta"], indent=1)))
-    corpus = load_corpus(path)
-    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): "
-          + ", ".join(f"{k} {tuple(corpus.tokens[k].shape)} from a stream of {corpus.meta['stream_tokens'][k]:,} tokens"
-                      for k in KINDS))
+    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): {WINDOWS} windows of {WINDOW} tokens per kind, from "
+          f"streams of {built['meta']['stream_tokens']} tokens")
     return 0

@@ -21,14 +21,13 @@ CPU_SOURCE = chapter_csrc("ngram") / "ngram_cpu_path.c"
 
 
 def _cache_dir() -> Path:
-    for root in filter(None, (os.environ.get("XDG_CACHE_HOME"), str(Path.home() / ".cache"), tempfile.gettempdir())):
-        folder = Path(root) / "studylog"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            return folder
-        except OSError:
-            pass
-    raise RuntimeError("no writable cache folder for the compiled CPU path")
+    """``$XDG_CACHE_HOME/studylog`` (else ``~/.cache/studylog``), or the temporary folder where that is read-only."""
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "studylog"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    except OSError:
+        return Path(tempfile.gettempdir())
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,15 +62,15 @@ def cpu_path_inplace(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_ti
 
 def _run_c_loop(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
     """The C loop over CPU tensors checked already (the matcher checked them when built)."""
-    ts = [inputs.prompt_ids, inputs.prompt_lens, inputs.generated_ids, inputs.step_idx, inputs.draft_token_num,
-          inputs.max_dec_len, inputs.seq_lens_encoder, inputs.seq_lens_decoder, seq_lens_this_time, draft_tokens]
-    if any(t.device.type != "cpu" for t in ts):
+    if inputs.prompt_ids.device.type != "cpu":  # validate put every tensor on prompt_ids' device
         raise ValueError("the C loop takes CPU tensors; step01_cpu_path does the copies")
-    ptr = [t.data_ptr() for t in ts]
+    i, c = inputs, config
     return int(cpu_library().ngram_match_cpu(
-        ptr[0], ptr[1], inputs.prompt_ids.shape[1], ptr[2], ptr[3], inputs.generated_ids.shape[1],
-        ptr[4], ptr[5], ptr[6], ptr[7], ptr[8], ptr[9], draft_tokens.shape[1], inputs.batch,
-        config.max_ngram_size, config.min_ngram_size, config.threshold, int(config.hybrid), config.max_draft_tokens))
+        i.prompt_ids.data_ptr(), i.prompt_lens.data_ptr(), i.prompt_ids.shape[1], i.generated_ids.data_ptr(),
+        i.step_idx.data_ptr(), i.generated_ids.shape[1], i.draft_token_num.data_ptr(), i.max_dec_len.data_ptr(),
+        i.seq_lens_encoder.data_ptr(), i.seq_lens_decoder.data_ptr(), seq_lens_this_time.data_ptr(),
+        draft_tokens.data_ptr(), draft_tokens.shape[1], i.batch, c.max_ngram_size, c.min_ngram_size, c.threshold,
+        int(c.hybrid), c.max_draft_tokens))
 
 
 class CpuPathCall:
