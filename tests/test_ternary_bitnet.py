@@ -90,8 +90,9 @@ def test_bad_weights_are_named():
 def test_a_checkout_without_the_kernel_is_refused(tmp_path, monkeypatch):
     monkeypatch.delenv(bitnet.BITNET_ENV, raising=False)
     assert bitnet.bitnet_checkout() is None
+    monkeypatch.setenv(bitnet.BITNET_ENV, str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no gpu/bitnet_kernels/bitnet_kernels.cu"):
-        bitnet.bitnet_checkout(str(tmp_path))
+        bitnet.bitnet_checkout()
 
 
 @pytest.mark.skipif(not os.environ.get(bitnet.BITNET_ENV), reason="no checkout of microsoft/BitNet given")

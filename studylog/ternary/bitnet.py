@@ -31,9 +31,9 @@ BITNET_WEIGHT_SCALES = 6
 KERNEL_FILE = Path("gpu") / "bitnet_kernels" / "bitnet_kernels.cu"
 
 
-def bitnet_checkout(path: Optional[str] = None) -> Optional[Path]:
-    """The checkout that holds :data:`KERNEL_FILE`, from ``path`` or :data:`BITNET_ENV`; None where none is given."""
-    path = path if path is not None else os.environ.get(BITNET_ENV)
+def bitnet_checkout() -> Optional[Path]:
+    """The checkout that holds :data:`KERNEL_FILE`, from :data:`BITNET_ENV`; None where none is given."""
+    path = os.environ.get(BITNET_ENV)
     if not path:
         return None
     root = Path(path).expanduser().resolve()

@@ -295,12 +295,11 @@ def require_hopper(device: torch.device, step: int) -> None:
 PROBES = {1: "copies only", 2: "arithmetic only", 3: "launch only"}
 
 
-def step21_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
-                 config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
+def step21_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int) -> Callable[[], Tensor]:
     """A step-21 launch with parts left out (a number of :data:`PROBES`), to time (its output means nothing)."""
     check_choice("probe", probe, PROBES)
-    x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-21 probe", tma=True)
-    cfg = config or tma_config(x2.shape[0], w.n, x2.shape[1])
+    x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, None, TmaConfig, "a step-21 probe", tma=True)
+    cfg = tma_config(x2.shape[0], w.n, x2.shape[1])
     return lambda: _launch_tma(x2, w, s, s_stride, z, cfg, probe=probe)
 
 

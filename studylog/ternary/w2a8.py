@@ -243,21 +243,18 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, q
     launch = _w2a8_launch(m, w, x2.dtype == torch.bfloat16, x2.device, config, quantize, build)
     if trace is not None:
         check_timeline_grid(launch.grid)
+    separate = launch.quant == Quant.SEPARATE  # (only its K is split: the fused launches take all of K)
     sums, counts = CUDA_WORKSPACE.get(x2.device, launch.grid[1] * m, w.n) if launch.grid[1] > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
     traced = (trace,) if trace is not None else ()
 
     def call() -> Tensor:
-        if launch.quant == Quant.SEPARATE:
-            xq, x_scale, row_sum = _quantize_x(x2, build, trace)
-            # launched early (programmatic dependent launch): its weights stream in while x is quantised
-            launch.kernel(launch.grid, launch.block, *launch.args(None, xq, x_scale, row_sum, w, z, s, partials, counts,
-                                                                  m, x2.stride(0), s_stride),
-                          *traced, shared_mem=launch.smem, early=early)
-        else:
-            launch.kernel(launch.grid, launch.block, *launch.args(x2, None, None, None, w, z, s, None, None, m,
-                                                                  x2.stride(0), s_stride),
-                          *traced, shared_mem=launch.smem)
+        # separate: x quantised by quantize_x, then the matmul launched early (programmatic dependent launch): its
+        # weights stream in while x is quantised; fused: x itself, quantised in the matmul
+        quantized = _quantize_x(x2, build, trace) if separate else (None, None, None)
+        launch.kernel(launch.grid, launch.block, *launch.args(None if separate else x2, *quantized, w, z, s, partials,
+                                                              counts, m, x2.stride(0), s_stride),
+                      *traced, shared_mem=launch.smem, early=separate and early)
         return z[0] if vector else z
     return call
 
@@ -282,8 +279,7 @@ class W2A8Plan:
     launches on torch's current stream: two streams at once need two plans."""
 
     def __init__(self, w: PackedTernary, scale: Scale = 1.0, *, m: Optional[int] = 1,
-                 dtype: torch.dtype = torch.bfloat16, quantize: Optional[str] = None,
-                 config: Optional[W2A8Config] = None):
+                 dtype: torch.dtype = torch.bfloat16, quantize: Optional[str] = None):
         if m is not None:
             check_int("m", m, low=1)
         if dtype not in MMA_X_DTYPES:
@@ -294,31 +290,27 @@ class W2A8Plan:
         # a zero x of the plan's shape, its rows 16-byte aligned (K padded to a multiple of 8): the checks of a call
         # of step 23 made once, on it; the plan then takes x whose rows lie the same way
         like = torch.zeros(self.m, -(-w.k // 8) * 8, dtype=dtype, device=w.data.device)[:, :w.k]
-        x2, _, self.w, s, s_stride, self.out = _w2a8_args(like, w, scale, None, config, W2A8Config, 23, "w2a8_kernel")
+        x2, _, self.w, s, s_stride, self.out = _w2a8_args(like, w, scale, None, None, W2A8Config, 23, "w2a8_kernel")
         self.k, self.x_stride, self.device = w.k, x2.stride(0), x2.device
-        launch = _w2a8_launch(self.m, w, dtype == torch.bfloat16, self.device, config, quantize)
+        launch = _w2a8_launch(self.m, w, dtype == torch.bfloat16, self.device, None, quantize)
         self.quant, self.config = launch.quant, launch.cfg
-        bind = functools.partial(launch.kernel.bind, launch.grid, launch.block, shared_mem=launch.smem)
-        if self.quant == Quant.SEPARATE:  # quantize_x, then the matmul launched early (step 22's pair)
-            # its own split-K scratch (zeros, restored by each launch) and quantised x: no other call shares them
-            sums, counts = SplitWorkspace().get(self.device, launch.grid[1] * self.m, w.n) \
-                if launch.grid[1] > 1 else (None, None)
-            self._xq = torch.empty(self.m, launch.groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=self.device)
-            self._x_scale = torch.empty(self.m, dtype=torch.float32, device=self.device)
-            self._row_sum = torch.empty(self.m, dtype=torch.int32, device=self.device)
-            self._scratch = (sums, counts)
-            self._launches = [
-                launch.quantize_x.bind((self.m,), (1024,), x2, self._xq, self._x_scale, self._row_sum, w.k,
-                                       self.x_stride, launch.groups),
-                bind(*launch.args(None, self._xq, self._x_scale, self._row_sum, w, self.out, s,
-                                  None if sums is None else sums.view(torch.int32), counts, self.m, self.x_stride,
-                                  s_stride), early=True)]
-            self._x_slots = [(self._launches[0], 0)]
-        else:
-            self._launches = [bind(*launch.args(x2, None, None, None, w, self.out, s, None, None, self.m,
-                                                self.x_stride, s_stride))]
-            self._x_slots = [(self._launches[0], 1)]
-        self._scale, self._aligned = s, x2  # the kernel reads the scale: kept alive with the plan
+        separate = self.quant == Quant.SEPARATE  # quantize_x, then the matmul launched early (step 22's pair)
+        # its own split-K scratch (zeros, restored by each launch) and quantised x: no other call shares them
+        sums, counts = SplitWorkspace().get(self.device, launch.grid[1] * self.m, w.n) \
+            if launch.grid[1] > 1 else (None, None)
+        xq = (torch.empty(self.m, launch.groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=self.device),
+              torch.empty(self.m, dtype=torch.float32, device=self.device),
+              torch.empty(self.m, dtype=torch.int32, device=self.device)) if separate else (None,) * 3
+        matmul = launch.kernel.bind(launch.grid, launch.block, *launch.args(
+            None if separate else x2, *xq, w, self.out, s, None if sums is None else sums.view(torch.int32), counts,
+            self.m, self.x_stride, s_stride), shared_mem=launch.smem, early=separate)
+        self._launches = [matmul]
+        if separate:
+            self._launches.insert(0, launch.quantize_x.bind((self.m,), (1024,), x2, *xq, w.k, self.x_stride,
+                                                            launch.groups))
+        # the launch that reads x, and where: quantize_x's first argument, or the fused matmul's second
+        self._x_slots = [(self._launches[0], 0 if separate else 1)]
+        self._scale, self._aligned, self._scratch, self._quantized = s, x2, (sums, counts), xq  # what they read
         if self.vector:
             self.out = self.out[0]
 
@@ -350,11 +342,10 @@ def w2a8_grid(m: int, n: int, k: int, cfg: RingConfig, fused: bool = False) -> t
     return per_slice, (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
 
 
-def step23_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
-                 config: Optional[W2A8Config] = None) -> Callable[[], Tensor]:
+def step23_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int) -> Callable[[], Tensor]:
     """As :func:`~studylog.ternary.cuda_steps.step21_probe`, for step 23 (x's quantisation kept in full)."""
     check_choice("probe", probe, PROBES)
-    return _w2a8_call(x, w, scale, None, config, build=(f"-DW2A8_PROBE={int(probe)}",))
+    return _w2a8_call(x, w, scale, None, None, build=(f"-DW2A8_PROBE={int(probe)}",))
 
 
 def step23_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, trace: Tensor, *,
