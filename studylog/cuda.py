@@ -261,40 +261,36 @@ class CudaKernel:
         self._streams: dict[int, object] = {}
         self._launch_configs: dict[tuple, object] = {}
 
-    def __call__(self, grid, block, *args, shared_mem: int = 0, early: bool = False, cluster: int | None = None):
+    def __call__(self, grid, block, *args, shared_mem: int = 0, early: bool = False):
         """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (the kernel must run
-        ``griddepcontrol.wait`` before reading what the previous one writes). ``cluster``: blocks ``cluster`` at a time
-        along x form a thread block cluster (a kernel that uses cluster barriers needs one, of 1 too)."""
-        grid, block = self._dims(grid, block, args, cluster)
+        ``griddepcontrol.wait`` before reading what the previous one writes)."""
+        grid, block = self._dims(grid, block, args)
         ctypes.memmove(self._block, *self._pack(args))
-        self._launch(grid, block, shared_mem, self._params_address, early, cluster)
+        self._launch(grid, block, shared_mem, self._params_address, early)
 
-    def _launch(self, grid: tuple, block: tuple, shared_mem: int, params_address: int, early: bool,
-                cluster: int | None) -> None:
+    def _launch(self, grid: tuple, block: tuple, shared_mem: int, params_address: int, early: bool) -> None:
         """Launch with the argument block at ``params_address`` on torch's current stream."""
         driver = _driver()
         # the stream's raw handle: the private call Triton uses, microseconds cheaper per launch
         handle = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
         if (cu_stream := self._streams.get(handle)) is None:
             cu_stream = self._streams[handle] = driver.CUstream(handle)
-        if early or cluster is not None:
-            err = driver.cuLaunchKernelEx(self._launch_config(grid, block, shared_mem, cu_stream, early, cluster),
-                                          self.function, params_address, 0)
+        if early:
+            err = driver.cuLaunchKernelEx(self._launch_config(grid, block, shared_mem, cu_stream), self.function,
+                                          params_address, 0)
         else:
             err = driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, cu_stream, params_address, 0)
         if err[0] != driver.CUresult.CUDA_SUCCESS:
             _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
 
-    def _dims(self, grid, block, args, cluster: int | None = None) -> tuple[tuple, tuple]:
-        """The launch's grid and block as 3-tuples, checked with the arguments' count and the cluster."""
+    def _dims(self, grid, block, args) -> tuple[tuple, tuple]:
+        """The launch's grid and block as 3-tuples, checked with the arguments' count."""
         if len(args) != len(self.signature):
             raise TypeError(f"{self.name} takes {len(self.signature)} arguments ({self.signature}), got {len(args)}")
         grid = tuple(grid) + (1,) * (3 - len(grid))
         block = tuple(block) + (1,) * (3 - len(block))
         if min(grid) < 1 or min(block) < 1:
             raise ValueError(f"{self.name}: grid {grid} and block {block} must be positive")
-        if cluster is not None and (cluster not in (1, 2, 4, 8) or grid[0] % cluster):
-            raise ValueError(f"{self.name}: cluster must be 1, 2, 4 or 8 and divide grid x {grid[0]}, got {cluster}")
         return grid, block
 
     def _pack(self, args) -> tuple[bytes, int]:
@@ -322,30 +318,21 @@ class CudaKernel:
         grid, block = self._dims(grid, block, args)
         return BoundLaunch(self, grid, block, self._pack(args)[0], shared_mem, early)
 
-    def _launch_config(self, grid, block, shared_mem: int, cu_stream, early: bool, cluster: int | None):
-        """An early or clustered launch's configuration, built once per shape and stream (costlier than a launch)."""
-        key = (grid, block, shared_mem, int(cu_stream), early, cluster)
-        cache = self._launch_configs
-        if key not in cache:
+    def _launch_config(self, grid, block, shared_mem: int, cu_stream):
+        """An early launch's configuration, built once per shape and stream (costlier than a launch)."""
+        key = (grid, block, shared_mem, int(cu_stream))
+        if key not in self._launch_configs:
             driver = _driver()
-            attrs = []
-            if early:
-                attr = driver.CUlaunchAttribute()
-                attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-                attr.value.programmaticStreamSerializationAllowed = 1
-                attrs.append(attr)
-            if cluster is not None:
-                attr = driver.CUlaunchAttribute()
-                attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
-                attrs.append(attr)
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
             config = driver.CUlaunchConfig()
             config.gridDimX, config.gridDimY, config.gridDimZ = grid
             config.blockDimX, config.blockDimY, config.blockDimZ = block
             config.sharedMemBytes, config.hStream = shared_mem, cu_stream
-            config.attrs, config.numAttrs = attrs, len(attrs)
-            cache[key] = config
-        return cache[key]
+            config.attrs, config.numAttrs = [attr], 1
+            self._launch_configs[key] = config
+        return self._launch_configs[key]
 
     def set_max_dynamic_shared_memory(self, nbytes: int) -> None:
         """Allow more than 48 KiB of dynamic shared memory for this kernel."""
@@ -369,7 +356,7 @@ class BoundLaunch:
         self._pointers[i].value = tensor.data_ptr()
 
     def __call__(self) -> None:
-        self.kernel._launch(self.grid, self.block, self.shared_mem, self._params_address, self.early, None)
+        self.kernel._launch(self.grid, self.block, self.shared_mem, self._params_address, self.early)
 
 
 def _argument_block(packed: bytes, n: int):
