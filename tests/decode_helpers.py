@@ -1,15 +1,17 @@
 """What the chapter 7 and 8 tests share: a recorder like ``studylog.bench.BenchRun`` without a GPU, and a Hugging Face
-Llama checkpoint folder written and read (the layout conversion the real model's loader and the peer go through)."""
+Llama checkpoint folder or module read into a model (the layout conversion the real model's loader and the peer go
+through)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from studylog.decode.model import LlamaModel, config_from_hf, hf_config, load_state_dict_hf, state_dict_hf
+from studylog.decode.model import LlamaModel, ModelConfig, hf_config, load_state_dict_hf, state_dict_hf
 
 
 class LocalRun:
@@ -68,3 +70,52 @@ def load_checkpoint(folder: str | Path, *, device=None, dtype: torch.dtype | Non
         tensors.update(load_file(str(f)))
     model = LlamaModel(cfg, device=device, dtype=dtype, seed=None)
     return load_state_dict_hf(model, tensors, where=str(folder))
+
+
+def config_from_hf(hf: dict[str, Any], name: str = "checkpoint") -> ModelConfig:
+    """A :class:`ModelConfig` from a Hugging Face Llama ``config.json``; refuses what this model lacks."""
+    if hf.get("model_type") != "llama":
+        raise ValueError(f"config.json: model_type must be 'llama', got {hf.get('model_type')!r}")
+    scaling = hf.get("rope_scaling")
+    if scaling not in (None, {}):
+        raise ValueError(f"config.json: rope_scaling {scaling!r} is not implemented by this model")
+    rope = hf.get("rope_parameters") or {}  # newer transformers keep rope_theta here
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"config.json: rope_type {rope['rope_type']!r} is not implemented by this model")
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key):
+            raise ValueError(f"config.json: {key}=true is not implemented by this model")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config.json: hidden_act must be 'silu', got {hf.get('hidden_act')!r}")
+    try:
+        return ModelConfig(
+            name=hf.get("studylog_name", name), vocab_size=hf["vocab_size"], hidden=hf["hidden_size"],
+            layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
+            kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]), intermediate=hf["intermediate_size"],
+            head_dim=hf.get("head_dim") or 0, rope_theta=theta,
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+    except KeyError as exc:
+        raise ValueError(f"config.json has no {exc.args[0]!r}") from None
+
+
+
+
+def from_module(module: nn.Module, *, device=None, dtype: torch.dtype | None = None) -> LlamaModel:
+    """A :class:`LlamaModel` with the weights of a Hugging Face ``LlamaForCausalLM`` (or a module with its names)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    inner = getattr(module, "model", None)
+    missing = [n for n, ok in (("model", inner is not None),
+                               ("model.embed_tokens", hasattr(inner, "embed_tokens")),
+                               ("model.layers", hasattr(inner, "layers")), ("model.norm", hasattr(inner, "norm")),
+                               ("lm_head", hasattr(module, "lm_head"))) if not ok]
+    if missing:
+        raise ValueError(f"{type(module).__name__} is not a Llama-style causal LM: it has no {', '.join(missing)}")
+    hf = getattr(getattr(module, "config", None), "to_dict", lambda: None)()
+    if hf is None:
+        raise ValueError(f"{type(module).__name__} has no Hugging Face config (module.config.to_dict())")
+    cfg = config_from_hf(hf, name=type(module).__name__)
+    first = next(module.parameters())
+    model = LlamaModel(cfg, device=device or first.device, dtype=dtype or first.dtype, seed=None)
+    return load_state_dict_hf(model, dict(module.state_dict()), where=type(module).__name__)

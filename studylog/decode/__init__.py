@@ -13,8 +13,8 @@ from studylog.decode.generation import CONFIGS, DecodeConfig, Generation, check_
 from studylog.decode.loop import COMPONENTS, Decoder
 from studylog.decode import report
 from studylog.fsm.decoding import Writer
-from studylog.decode.model import (CONFIGS as MODEL_CONFIGS, LlamaModel, ModelConfig, describe, from_module,
-                                   load_smollm2, model_config)
+from studylog.decode.model import (CONFIGS as MODEL_CONFIGS, LlamaModel, ModelConfig, describe, load_smollm2,
+                                   model_config)
 
 
 def step01_baseline(decoder: Decoder, grammar: Grammar, prompts: Sequence, **options) -> Generation:
@@ -68,6 +68,6 @@ CHAPTER = Chapter(
 )
 
 __all__ = ["CHAPTER", "COMPONENTS", "CONFIGS", "DecodeConfig", "Decoder", "Generation", "Grammar", "LlamaModel",
-           "MODEL_CONFIGS", "ModelConfig", "Writer", "ascii_regex", "check_model", "describe", "from_module",
-           "load_smollm2", "model_config", "schema_regex", "step01_baseline", "step02_jump_forward",
-           "step03_masked_head", "suite_names", "suite_sample"]
+           "MODEL_CONFIGS", "ModelConfig", "Writer", "ascii_regex", "check_model", "describe", "load_smollm2",
+           "model_config", "schema_regex", "step01_baseline", "step02_jump_forward", "step03_masked_head",
+           "suite_names", "suite_sample"]

@@ -95,8 +95,7 @@ def check_model(model: Any) -> LlamaModel:
     parts = ("embed_tokens", "layers", "norm", "lm_head", "new_cache")
     missing = [p for p in parts if not hasattr(model, p)]
     raise TypeError(f"model must be a studylog.decode.LlamaModel, got {type(model).__name__}"
-                    + (f", which has no {', '.join(missing)}" if missing else "")
-                    + "; convert a Hugging Face Llama with studylog.decode.from_module")
+                    + (f", which has no {', '.join(missing)}" if missing else ""))
 
 
 def positive_int(name: str, v: Any) -> int:

@@ -93,9 +93,6 @@ class Decoder:
             hint = f" (pass vocab.padded({V}) for a head padded past the vocabulary)" if V > vocab.vocab_size else ""
             raise ValueError(f"the vocabulary {vocab.name!r} has {vocab.vocab_size} ids but the model's LM head has "
                              f"{V} rows: they must match{hint}")
-        if tuple(self.model.lm_head.shape) != (V, self.model.config.hidden):
-            raise ValueError(f"the model's lm_head has shape {tuple(self.model.lm_head.shape)}, its config says "
-                             f"({V}, {self.model.config.hidden})")
         positive_int("batch", batch)
         positive_int("max_seq", max_seq)
         self.chunk_sizes = tuple(sorted(set(int(c) for c in chunk_sizes)))

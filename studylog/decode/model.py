@@ -1,4 +1,4 @@
-"""A Llama-style decoder with a static KV cache (random weights, :func:`from_module` or :func:`load_smollm2`).
+"""A Llama-style decoder with a static KV cache (random weights, or :func:`load_smollm2`).
 
 As in a serving engine, q/k/v and gate/up are one weight each. Shapes depend only on ``(B, T)``, so a forward per
 chunk length can be captured in a CUDA graph; padded tokens write keys past the sequence's end, which a real token
@@ -151,15 +151,12 @@ GEMV_MAX_TOKENS = 16
 class LlamaModel(nn.Module):
     """A Llama-style decoder: ``forward`` runs the body on a chunk; :meth:`logits` is the dense LM head (fp32)."""
 
-    def __init__(self, cfg: ModelConfig, *, device=None, dtype=torch.bfloat16, seed: int | None = 0,
-                 fused: bool | None = None):
+    def __init__(self, cfg: ModelConfig, *, device=None, dtype=torch.bfloat16, seed: int | None = 0):
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"LlamaModel's dtype must be a floating-point torch.dtype (torch.bfloat16, torch.float32, "
                             f"...), got dtype={dtype!r}: weights are trained and stored as floats")
         super().__init__()
         self.config = cfg
-        #: Which body :meth:`forward` runs by default (True: fused; None: fused on a CUDA device).
-        self.fused = fused
         kw = dict(device=device, dtype=dtype)
         self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **kw))
         n_own = 1 if cfg.shared_layers else cfg.layers
@@ -169,19 +166,13 @@ class LlamaModel(nn.Module):
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **kw)))
         self._rope: dict[tuple, tuple[Tensor, Tensor]] = {}
         self.requires_grad_(False)  # inference only: no autograd graph is ever built
-        if seed is not None:
-            self.randomize(seed)
-
-    @torch.no_grad()
-    def randomize(self, seed: int = 0, std: float = 0.02) -> "LlamaModel":
-        """Random weights (normal, ``std``; norms at one), drawn on the weights' device from ``seed``."""
+        if seed is None:  # the caller loads weights
+            return
+        # random weights (normal, std 0.02; norms at one), drawn on the weights' device from ``seed``
         gen = torch.Generator(device=self.embed_tokens.device).manual_seed(seed)
         for name, p in self.named_parameters():
-            if name.endswith("norm"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32).mul_(std))
-        return self
+            if not name.endswith("norm"):
+                p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32).mul_(0.02))
 
     @property
     def device(self) -> torch.device:
@@ -211,7 +202,8 @@ class LlamaModel(nn.Module):
         return self._rope[key]
 
     def uses_fused(self, device: torch.device | None = None) -> bool:
-        return self.fused if self.fused is not None else torch.device(device or self.device).type == "cuda"
+        """Whether :meth:`forward` runs the fused body by default: on a CUDA device."""
+        return torch.device(device or self.device).type == "cuda"
 
     def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache, *,
                 fused: bool | None = None, gemv: bool | None = None, every: bool = False) -> Tensor:
@@ -320,10 +312,8 @@ _LAYER_KEYS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k
 
 
 def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """``config.json`` of a Hugging Face ``LlamaForCausalLM`` with this shape."""
-    if cfg.shared_layers:
-        raise ValueError(f"config {cfg.name!r} shares one layer's weights among its layers (a cost model); "
-                         "a Llama checkpoint has no such layout")
+    """``config.json`` of a Hugging Face ``LlamaForCausalLM`` with this shape (not a shared-layers one: see
+    :func:`state_dict_hf`)."""
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
@@ -332,33 +322,6 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         "hidden_act": "silu", "max_position_embeddings": 8192, "attention_bias": False, "mlp_bias": False,
         "torch_dtype": str(dtype).removeprefix("torch."), "studylog_name": cfg.name,
     }
-
-
-def config_from_hf(hf: dict[str, Any], name: str = "checkpoint") -> ModelConfig:
-    """A :class:`ModelConfig` from a Hugging Face Llama ``config.json``; refuses what this model lacks."""
-    if hf.get("model_type") != "llama":
-        raise ValueError(f"config.json: model_type must be 'llama', got {hf.get('model_type')!r}")
-    scaling = hf.get("rope_scaling")
-    if scaling not in (None, {}):
-        raise ValueError(f"config.json: rope_scaling {scaling!r} is not implemented by this model")
-    rope = hf.get("rope_parameters") or {}  # newer transformers keep rope_theta here
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"config.json: rope_type {rope['rope_type']!r} is not implemented by this model")
-    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
-    for key in ("attention_bias", "mlp_bias"):
-        if hf.get(key):
-            raise ValueError(f"config.json: {key}=true is not implemented by this model")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"config.json: hidden_act must be 'silu', got {hf.get('hidden_act')!r}")
-    try:
-        return ModelConfig(
-            name=hf.get("studylog_name", name), vocab_size=hf["vocab_size"], hidden=hf["hidden_size"],
-            layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
-            kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]), intermediate=hf["intermediate_size"],
-            head_dim=hf.get("head_dim") or 0, rope_theta=theta,
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
-    except KeyError as exc:
-        raise ValueError(f"config.json has no {exc.args[0]!r}") from None
 
 
 def _hf_views(model: LlamaModel) -> dict[str, Tensor]:
@@ -403,26 +366,6 @@ def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str
     for k, view in views.items():
         view.copy_(tensors[k])
     return model
-
-
-def from_module(module: nn.Module, *, device=None, dtype: torch.dtype | None = None) -> LlamaModel:
-    """A :class:`LlamaModel` with the weights of a Hugging Face ``LlamaForCausalLM`` (or a module with its names)."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    inner = getattr(module, "model", None)
-    missing = [n for n, ok in (("model", inner is not None),
-                               ("model.embed_tokens", hasattr(inner, "embed_tokens")),
-                               ("model.layers", hasattr(inner, "layers")), ("model.norm", hasattr(inner, "norm")),
-                               ("lm_head", hasattr(module, "lm_head"))) if not ok]
-    if missing:
-        raise ValueError(f"{type(module).__name__} is not a Llama-style causal LM: it has no {', '.join(missing)}")
-    hf = getattr(getattr(module, "config", None), "to_dict", lambda: None)()
-    if hf is None:
-        raise ValueError(f"{type(module).__name__} has no Hugging Face config (module.config.to_dict())")
-    cfg = config_from_hf(hf, name=type(module).__name__)
-    first = next(module.parameters())
-    model = LlamaModel(cfg, device=device or first.device, dtype=dtype or first.dtype, seed=None)
-    return load_state_dict_hf(model, dict(module.state_dict()), where=type(module).__name__)
 
 
 def load_smollm2(*, device=None, dtype: torch.dtype | None = None, path: str | Path | None = None) -> LlamaModel:

@@ -30,7 +30,8 @@ def hf_model(model: LlamaModel):
 
     model = check_model(model)
     cfg = model.config
-    config = transformers.LlamaConfig(**hf_config(cfg, model.dtype))  # ValueError for a shared-layers config
+    tensors = state_dict_hf(model)  # ValueError for a shared-layers config
+    config = transformers.LlamaConfig(**hf_config(cfg, model.dtype))
     # the generation defaults of a bare LlamaConfig (bos 1, eos 2) mean nothing for this vocabulary
     config.bos_token_id = config.eos_token_id = config.pad_token_id = None
     theta = _rope_theta(config)
@@ -46,7 +47,6 @@ def hf_model(model: LlamaModel):
     with torch.device(model.device), no_init_weights():
         hf = transformers.LlamaForCausalLM._from_config(config, **kwargs)
     hf.tie_weights()  # no_init_weights also skips the tying that initialisation does (a no-op when untied)
-    tensors = state_dict_hf(model)
     if cfg.tie_embeddings:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     missing, unexpected = hf.load_state_dict(tensors, strict=False)
@@ -63,8 +63,8 @@ def hf_model(model: LlamaModel):
     return hf.eval()
 
 
-def _request(hf: Any, grammar: Any, prompt_ids: Any, max_new_tokens: Any, eos_id: Any) -> tuple[list[int], int]:
-    """The checked prompt ids and EOS id of one request of ``hf`` under ``grammar``."""
+def _request(hf: Any, grammar: Any, prompt_ids: Any, max_new_tokens: Any) -> list[int]:
+    """The checked prompt ids of one request of ``hf`` under ``grammar``."""
     import transformers
 
     if not isinstance(hf, transformers.PreTrainedModel) or not hasattr(hf, "generate"):
@@ -84,40 +84,33 @@ def _request(hf: Any, grammar: Any, prompt_ids: Any, max_new_tokens: Any, eos_id
             f"model's LM head has {rows} rows: they must match (a grammar of another vocabulary allows other ids; "
             "and over a head padded past the vocabulary, xgrammar's processor masks only the first "
             f"{V} logits and leaves the padded ids allowed)")
-    prompt_ids = token_ids("prompt_ids", prompt_ids, rows)
     positive_int("max_new_tokens", max_new_tokens)
-    eos_id = grammar.vocab.eos_id if eos_id is None else eos_id
-    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < rows:
-        raise ValueError(f"eos_id must be a token id in [0, {rows}), got {eos_id!r}")
-    return prompt_ids, eos_id
+    return token_ids("prompt_ids", prompt_ids, rows)
 
 
-def hf_generate(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int,
-                eos_id: int | None = None) -> list[int]:
-    """The greedy constrained output ids of ``hf`` for one prompt, EOS excluded (a new xgrammar processor per call:
-    it holds the matchers' state); ``eos_id`` defaults to the grammar's vocabulary's EOS."""
-    ids, eos_id = _request(hf, grammar, prompt_ids, max_new_tokens, eos_id)
-    return _generate(hf, grammar, ids, max_new_tokens, eos_id)
-
-
-@torch.no_grad()
-def _generate(hf, grammar: Grammar, ids: list[int], max_new_tokens: int, eos_id: int,
-              inputs: tuple | None = None) -> list[int]:
-    input_ids, mask, processor = inputs or _inputs(hf, grammar, ids)
-    out = hf.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                      logits_processor=[processor], eos_token_id=eos_id, pad_token_id=eos_id)
-    new = out[0, len(ids):].tolist()
-    if eos_id in new:
-        new = new[:new.index(eos_id)]
-    return new
+def hf_generate(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
+    """The greedy constrained output ids of ``hf`` for one prompt, EOS (the grammar's vocabulary's) excluded."""
+    ids = _request(hf, grammar, prompt_ids, max_new_tokens)
+    return _generate(hf, grammar, ids, max_new_tokens, _inputs(hf, grammar, ids))
 
 
 def _inputs(hf, grammar: Grammar, ids: list[int]) -> tuple:
-    """The prompt and its attention mask on the model's device, and a new xgrammar processor (one per call)."""
+    """The prompt and its attention mask on the model's device, and a new xgrammar processor (it holds the matchers'
+    state: one per call)."""
     from xgrammar.contrib.hf import LogitsProcessor
 
     input_ids = torch.tensor([ids], dtype=torch.int64, device=next(hf.parameters()).device)
     return input_ids, torch.ones_like(input_ids), LogitsProcessor(grammar.xgrammar)
+
+
+@torch.no_grad()
+def _generate(hf, grammar: Grammar, ids: list[int], max_new_tokens: int, inputs: tuple) -> list[int]:
+    input_ids, mask, processor = inputs
+    eos = grammar.vocab.eos_id
+    out = hf.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                      logits_processor=[processor], eos_token_id=eos, pad_token_id=eos)
+    new = out[0, len(ids):].tolist()
+    return new[:new.index(eos)] if eos in new else new
 
 
 class HFTiming(NamedTuple):
@@ -130,16 +123,15 @@ class HFTiming(NamedTuple):
     repeatable: bool = True
 
 
-def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int, repeats: int = 3,
-            eos_id: int | None = None) -> HFTiming:
+def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int, repeats: int = 3) -> HFTiming:
     """Milliseconds per output token of :func:`hf_generate` (prefill included, the processor built before the clock):
     a warm-up, then ``repeats`` timed with Python's collector paused."""
     from studylog.bench import collector_paused
 
-    ids, eos_id = _request(hf, grammar, prompt_ids, max_new_tokens, eos_id)
+    ids = _request(hf, grammar, prompt_ids, max_new_tokens)
     positive_int("repeats", repeats)
     cuda = next(hf.parameters()).device.type == "cuda"
-    hf_generate(hf, grammar, ids, max_new_tokens=max_new_tokens, eos_id=eos_id)  # a warm-up
+    hf_generate(hf, grammar, ids, max_new_tokens=max_new_tokens)  # a warm-up
     per_repeat, outputs = [], []
     with collector_paused():
         for _ in range(repeats):
@@ -147,7 +139,7 @@ def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: 
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            out = _generate(hf, grammar, ids, max_new_tokens, eos_id, inputs)
+            out = _generate(hf, grammar, ids, max_new_tokens, inputs)
             if cuda:
                 torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) * 1e3
@@ -155,4 +147,3 @@ def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: 
             outputs.append(out)
     # on a GPU greedy generate need not repeat itself (bf16 logits): each repeat is timed over its own tokens
     return HFTiming(statistics.median(per_repeat), per_repeat, outputs[0], all(o == outputs[0] for o in outputs))
-

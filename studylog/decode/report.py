@@ -9,10 +9,11 @@ import statistics
 from collections import Counter
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from studylog.decode.grammar import Grammar, suite_names, suite_sample
-from studylog.decode import kernels, peers
+from studylog.decode import agreement, kernels, peers, pieces
 from studylog.decode.generation import STEER, Generation
 from studylog.decode.loop import Decoder
 from studylog.decode import requests as real_requests
@@ -149,8 +150,6 @@ def hf_peer(run, hf, grammar: Grammar, prompt: list[int], step01: Generation, *,
 
 def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_tokens: int, params: dict) -> None:
     """Steps 2 and 3 against step 1, unsteered: the same tokens, or a divergence inside the rounding bound."""
-    from studylog.decode import agreement
-
     outs = {c: decoder.generate(grammar, prompts, c, max_new_tokens=max_new_tokens, instrument=False, record=True)
             for c in ("baseline", "jump_forward", "masked_head")}
     for c in ("jump_forward", "masked_head"):
@@ -200,10 +199,7 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
 def components(run, decoder: Decoder, shape: str) -> None:
     """Each component alone on the GPU clock: the bodies (the fused one with its floor), both heads (with their host
     time per call), the bitmask's application and both samplings (the masked ones checked)."""
-    import numpy as np
     import xgrammar as xgr
-
-    from studylog.decode import pieces
 
     B, V = decoder.batch, decoder.V
     model = decoder.model
@@ -228,10 +224,10 @@ def components(run, decoder: Decoder, shape: str) -> None:
         run.measure("dense_head_unpadded", lambda: [odd], params={**base, "rows": CL100K_SIZE}, role="baseline",
                     host=odd, host_calls=100)
     rng = np.random.default_rng(0)
+    head = pieces.masked_head_kernel if decoder.head_impl == "kernel" else pieces.masked_head_torch
     for n in HEAD_COUNTS:
         sets = [np.sort(rng.choice(V, n, replace=False)) for _ in range(B)]
         allowed = pieces.AllowedTokens.from_ids(sets, V, device=decoder.device)
-        head = pieces.masked_head_kernel if decoder.head_impl == "kernel" else pieces.masked_head_torch
         masked = lambda allowed=allowed: head(hidden, model.lm_head, allowed, logits)  # noqa: E731
         row = run.measure("masked_logits", lambda masked=masked: [masked], params={**base, "allowed": n},
                           role="baseline", host=masked, host_calls=100, union=allowed.union_count)
