@@ -148,7 +148,7 @@ def test_step6_orders_unequal_blocks_and_tile_counts(order, heads, kv_heads, blo
     assert out is poisoned and not torch.isnan(out).any()
     torch.testing.assert_close(out.double().cpu(), gqa_reference(q, k, v, batch), rtol=1e-5, atol=1e-5)
     tokens = blocks[0] // (heads // kv_heads)
-    assert (info.step, info.block_m, info.block_n) == (6, *blocks)
+    assert (info.block_m, info.block_n) == blocks
     assert info.tile_counts == mi.planned_key_tiles(batch, tokens, blocks[1])
     assert [len(c) for c in info.tile_counts] == [-(-s // tokens) for s in batch.seq_lens]
 

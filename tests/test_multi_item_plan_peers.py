@@ -159,7 +159,6 @@ def test_pinned_configs_are_read_from_this_benchmarks_results():
             {"series": report.FLUSH, "params": {"what": "ceiling"}}]
     new = plotting.Results(None, {"schema": 2, "measurements": rows})
     assert report.pinned_configs(new) == {("step05", "a"): name}
-    assert report.pinned_configs(None) == {}
 
 
 def bench_plan(quick: bool, flashinfer: bool) -> dict[str, list[str]]:

@@ -55,7 +55,6 @@ def size_bucket(tokens: int) -> int:
 class LaunchInfo:
     """What a kernel step ran with, and (when asked) the key tiles each query tile visited."""
 
-    step: int
     block_m: int
     block_n: int
     tile_counts: list[list[int]] | None = None

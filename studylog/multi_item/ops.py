@@ -43,8 +43,7 @@ def _check(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Tensor,
                  like=q)
     check_tensor("token_pos", token_pos, dtype=torch.int32, ndim=2, like=q, last_dim_contiguous=True)
     check_rule(rule)
-    if len(programs) != len(SCHEDULE_BLOCK_MS) or any(isinstance(p, bool) or not isinstance(p, int) or p < 0
-                                                      for p in programs):
+    if len(programs) != len(SCHEDULE_BLOCK_MS) or min(programs) < 0:
         raise ValueError(f"programs must be {len(SCHEDULE_BLOCK_MS)} counts >= 0 (one per tile height "
                          f"{SCHEDULE_BLOCK_MS}), got {programs!r}")
     missing = [h for h in HEIGHTS if programs[SCHEDULE_BLOCK_MS.index(h)] == 0 and q.shape[1] > 0]

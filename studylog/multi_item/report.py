@@ -90,8 +90,6 @@ def within_bf16(got: Tensor, want: Tensor) -> tuple[int, float]:
 
 def pinned_configs(results) -> dict[tuple[str, str], str]:
     """``{(series, shape): config}`` from committed results' rows with a ``config_source``."""
-    if results is None:
-        return {}
     names = set(config_names())
     return {(r["series"], r["params"]["shape"]): r["config"] for r in results.rows
             if r.get("config_source") and r.get("config") in names and "shape" in r["params"]}

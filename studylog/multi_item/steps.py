@@ -102,7 +102,7 @@ def tile_count_buffer(batch: MultiItemBatch, tile_tokens: int, count_tiles: bool
     return torch.full((batch.batch_size * max_tiles,), -1, dtype=torch.int32, device=device), max_tiles
 
 
-def step_result(number: int, out: Tensor, launched: tuple[int, int, str], return_info: bool, batch: MultiItemBatch,
+def step_result(out: Tensor, launched: tuple[int, int, str], return_info: bool, batch: MultiItemBatch,
                 counts: Tensor | None = None, rows_per_token: int = 1) -> QKV | tuple[QKV, LaunchInfo]:
     """``out``, or ``(out, LaunchInfo)`` with ``counts`` (:func:`tile_count_buffer`'s) as the key tiles each query
     tile of ``BLOCK_M // rows_per_token`` tokens visited."""
@@ -111,17 +111,16 @@ def step_result(number: int, out: Tensor, launched: tuple[int, int, str], return
     block_m, block_n, name = launched
     tile_counts = None if counts is None else [row[: triton.cdiv(s, block_m // rows_per_token)] for row, s in
                                                zip(counts.view(batch.batch_size, -1).tolist(), batch.seq_lens)]
-    return out, LaunchInfo(number, block_m, block_n, tile_counts, name)
+    return out, LaunchInfo(block_m, block_n, tile_counts, name)
 
 
-def _one_prompt(number: int, kernel, q: Tensor, out: Tensor, batch: MultiItemBatch, args: list,
-                common: dict[str, Any], blocks: tuple[int, int] | None, config: str | None, counts: Tensor | None,
+def _one_prompt(kernel, q: Tensor, out: Tensor, batch: MultiItemBatch, args: list, common: dict[str, Any],
+                blocks: tuple[int, int] | None, config: str | None, counts: Tensor | None,
                 return_info: bool) -> QKV | tuple[QKV, LaunchInfo]:
     """Launch one of steps 2 to 4 over a grid of (query tile, head); ``counts`` as :func:`tile_count_buffer`'s."""
-    seq_len = batch.seq_lens[0]
-    grid = lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), q.shape[0])  # noqa: E731
+    grid = lambda meta: (triton.cdiv(batch.seq_lens[0], meta["BLOCK_M"]), q.shape[0])  # noqa: E731
     launched = launch(kernel, grid, args, common, blocks, find_config(config, blocks))
-    return step_result(number, out, launched, return_info, batch, counts)
+    return step_result(out, launched, return_info, batch, counts)
 
 
 def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None,
@@ -253,7 +252,7 @@ def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
                                            one_prompt=True)
     mask = dense_mask(batch, 0, rule).view(torch.uint8)  # same bytes as bool, a type Triton loads everywhere
     args = [q, k, v, out, mask, *strides(q, k, v, out), batch.seq_lens[0], qk_scale]
-    return _one_prompt(2, attn_fwd_dense_mask, q, out, batch, args, common, blocks, config, None, return_info)
+    return _one_prompt(attn_fwd_dense_mask, q, out, batch, args, common, blocks, config, None, return_info)
 
 
 # Step 3: the mask from the metadata
@@ -293,7 +292,7 @@ def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_
     common["SKIP_DELIMITER"] = ITEM_KEYS_FROM[rule]
     args = [q, k, v, out, batch.token_pos[0], *strides(q, k, v, out), batch.seq_lens[0], batch.prefix_lens[0],
             qk_scale]
-    return _one_prompt(3, attn_fwd_mask_on_the_fly, q, out, batch, args, common, blocks, config, None, return_info)
+    return _one_prompt(attn_fwd_mask_on_the_fly, q, out, batch, args, common, blocks, config, None, return_info)
 
 
 # Step 4: tile skipping
@@ -405,7 +404,7 @@ def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale:
     args = [q, k, v, out, batch.token_pos[0], counts, *strides(q, k, v, out), seq_len, batch.prefix_lens[0],
             qk_scale, size_bucket(seq_len)]
     common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
-    return _one_prompt(4, attn_fwd_tile_skip, q, out, batch, args, common, blocks, config,
+    return _one_prompt(attn_fwd_tile_skip, q, out, batch, args, common, blocks, config,
                        counts if count_tiles else None, return_info)
 
 
@@ -458,16 +457,16 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
                    return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Step 5: every prompt of the batch in one launch, programs in the order the host planned (``order``, one
     of :data:`~studylog.multi_item.tiles.SCHEDULE_ORDERS`); ``count_tiles`` as in step 4, per prompt."""
-    return launch_scheduled(5, attn_fwd_batched, q, k, v, batch, sm_scale, out, blocks, config, rule, count_tiles,
-                            order, return_info)
+    return launch_scheduled(attn_fwd_batched, q, k, v, batch, sm_scale, out, blocks, config, rule, count_tiles, order,
+                            return_info)
 
 
-def launch_scheduled(number: int, kernel, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any,
-                     blocks: Any, config: str | None, rule: Any, count_tiles: bool, order: str, return_info: bool, *,
+def launch_scheduled(kernel, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
+                     config: str | None, rule: Any, count_tiles: bool, order: str, return_info: bool, *,
                      pack_heads: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Steps 5 and 6: plan the program table (cached on the batch), launch ``kernel`` a program per (prompt, query
     tile, head), with ``pack_heads`` (step 6) per (prompt, token tile, key/value head)."""
-    qk_scale, out, common = prepare_launch(f"step{number:02d}", q, k, v, batch, sm_scale, out, blocks, rule,
+    qk_scale, out, common = prepare_launch("launch_scheduled", q, k, v, batch, sm_scale, out, blocks, rule,
                                            one_prompt=False)
     cfg = find_config(config, blocks)
     heights = tile_heights(cfg, blocks)
@@ -486,7 +485,7 @@ def launch_scheduled(number: int, kernel, q: Any, k: Any, v: Any, batch: Any, sm
             *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
     common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
     launched = launch(kernel, grid, args, common, blocks, cfg)
-    return step_result(number, out, launched, return_info, batch, counts if count_tiles else None, rows_per_token)
+    return step_result(out, launched, return_info, batch, counts if count_tiles else None, rows_per_token)
 
 
 # Step 6: under grouped-query attention, the query heads that share a key/value head computed in one tile, so
@@ -540,8 +539,8 @@ def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sca
     """Step 6: step 5 with a program per (prompt, token tile, key/value head), its ``BLOCK_M`` rows the (token,
     query head) pairs of ``BLOCK_M // KV_GROUP`` tokens: each key/value tile loaded once for the group. Takes what
     step 5 takes (``BLOCK_M >= KV_GROUP``); ``count_tiles`` counts per token tile (``LaunchInfo.block_m`` in rows)."""
-    return launch_scheduled(6, attn_fwd_packed_heads, q, k, v, batch, sm_scale, out, blocks, config, rule,
-                            count_tiles, order, return_info, pack_heads=True)
+    return launch_scheduled(attn_fwd_packed_heads, q, k, v, batch, sm_scale, out, blocks, config, rule, count_tiles,
+                            order, return_info, pack_heads=True)
 
 
 def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
