@@ -44,7 +44,7 @@ def assert_matches(z, x, w, scale=1.0):
 
 def unpack_data(packed, k, fmt):
     """The first ``k`` weights of every row of ``packed`` in ``fmt`` as int8 (2bit_tiles: every row of every tile)."""
-    check_packed_data(packed, k, fmt, "packed")
+    check_packed_data(packed, k, fmt, "packed", n=len(packed) * (TILE_ROWS if fmt == "2bit_tiles" else 1))
     if fmt == "2bit_tiles":  # back to the 2bit_mma words, one row a weight row
         tiles, groups = packed.shape[0], packed.shape[1] // (TILE_ROWS * GROUP_WORDS)
         words = packed.view(tiles, groups, 2, 8, GROUP_WORDS).permute(0, 2, 3, 1, 4)

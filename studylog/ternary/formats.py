@@ -144,12 +144,11 @@ def base3_table(device: str) -> Int32[Tensor, " 256"]:
     return torch.tensor(base3_table_values(), dtype=torch.int32, device=device)
 
 
-def check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] = None) -> None:
-    """``data`` as the packed tensor of K = ``k`` weights a row in ``fmt``: dtype, shape, contiguous (not its codes:
+def check_packed_data(data: Any, k: int, fmt: str, name: str, n: int) -> None:
+    """``data`` as the packed tensor of an (``n``, ``k``) matrix in ``fmt``: dtype, shape, contiguous (not its codes:
     that would wait for the GPU)."""
     check_choice("fmt", fmt, FORMATS)
-    if n is not None:
-        check_int("n", n, low=1)
+    check_int("n", n, low=1)
     if not isinstance(data, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(data).__name__}")
     want = torch.int32 if fmt in INT32_FORMATS else torch.uint8
@@ -159,10 +158,10 @@ def check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] =
     if data.ndim != 2:
         raise ValueError(f"{name} must be 2-D (N, packed columns), got shape {tuple(data.shape)}")
     cols = packed_cols(k, fmt)
-    rows = n if n is None or fmt != "2bit_tiles" else triton.cdiv(n, TILE_ROWS)  # 2bit_tiles: one row a tile
-    if data.shape[1] != cols or (rows is not None and data.shape[0] != rows):
-        raise ValueError(f"{name} has shape {tuple(data.shape)}, but N={n if n is not None else 'any'}, "
-                         f"K={k} in the {fmt} format need ({rows if rows is not None else 'N'}, {cols})")
+    rows = triton.cdiv(n, TILE_ROWS) if fmt == "2bit_tiles" else n  # 2bit_tiles: one row a tile
+    if data.shape != (rows, cols):
+        raise ValueError(f"{name} has shape {tuple(data.shape)}, but N={n}, K={k} in the {fmt} format need "
+                         f"({rows}, {cols})")
     if not data.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
 
