@@ -119,46 +119,46 @@ def errors(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> di
     """How far a result is from the reference: ``mismatched`` utterances (finite in one only, or a finite loss with a
     NaN gradient), the largest ``loss_rel`` (over ``max(1, |ref|)``) and ``grad_rel`` (``||grad - ref|| / ||ref||``)
     over utterances finite in both, and the count of :func:`silently_wrong`."""
-    loss, grad = loss.detach().double().cpu(), grad.detach().double()
-    ref_loss, ref_grad = ref_loss.detach().double().cpu(), ref_grad.detach().double()
-    finite = torch.isfinite(ref_loss) & torch.isfinite(loss)
-    mismatched = int((torch.isfinite(loss) != torch.isfinite(ref_loss)).sum())
-    if finite.any():
-        loss_rel = float(((loss[finite] - ref_loss[finite]).abs() / ref_loss[finite].abs().clamp(min=1.0)).max())
-        cols = finite.to(grad.device)
-        g, r = grad[:, cols], ref_grad.to(grad.device)[:, cols]
-        mismatched += int(torch.isnan(g).any(dim=0).any(dim=1).sum())
+    u = _per_utterance(loss, grad, ref_loss, ref_grad)
+    both = u["finite"] & u["ref_finite"]
+    loss_rel, grad_rel = 0.0, 0.0
+    if both.any():
+        grad, cols = grad.detach().double(), both.to(grad.device)
+        g, r = grad[:, cols], ref_grad.detach().to(grad.device, torch.float64)[:, cols]
+        loss_rel = float(u["loss_off"][both].max())
         grad_rel = float(torch.linalg.vector_norm(g - r)) / max(float(torch.linalg.vector_norm(r)), 1e-300)
-    else:
-        loss_rel, grad_rel = 0.0, 0.0
-    silent = int(silently_wrong(loss, grad, ref_loss, ref_grad).sum())
-    return {"loss_rel": loss_rel, "grad_rel": grad_rel, "mismatched": mismatched, "silently_wrong": silent}
+    return {"loss_rel": loss_rel, "grad_rel": grad_rel,
+            "mismatched": int((u["finite"] != u["ref_finite"]).sum() + (both & u["nan"]).sum()),
+            "silently_wrong": int(u["silent"].sum())}
 
 
-def _per_utterance(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor):
-    """Per utterance, on the CPU: whether the loss is finite and the reference's, a NaN in the gradient, the loss's
-    error over ``max(1, |ref|)`` and the gradient's norm-relative error (a NaN in it counts as infinite)."""
+def _per_utterance(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> dict[str, Tensor]:
+    """Per utterance, on the CPU: whether the loss is ``finite`` and the reference's, a ``nan`` in the gradient, the
+    loss's error over ``max(1, |ref|)`` (``loss_off``), the gradient's norm-relative one (``grad_off``; a NaN in it
+    counts as infinite), and whether the answer is ``wrong`` (:func:`wrong_utterances`) and ``silent``ly so."""
     loss, ref_loss = loss.detach().double().cpu(), ref_loss.detach().double().cpu()
     grad = grad.detach().double()
     ref_grad = ref_grad.detach().to(grad.device, torch.float64)
     diff = torch.linalg.vector_norm((grad - ref_grad).nan_to_num(math.inf), dim=(0, 2))
     norm = torch.linalg.vector_norm(ref_grad.nan_to_num(0.0), dim=(0, 2))
-    return (torch.isfinite(loss), torch.isfinite(ref_loss), torch.isnan(grad).any(2).any(0).cpu(),
-            (loss - ref_loss).abs() / ref_loss.abs().clamp(min=1.0), (diff / norm.clamp(min=1e-300)).cpu())
+    u = {"finite": torch.isfinite(loss), "ref_finite": torch.isfinite(ref_loss),
+         "nan": torch.isnan(grad).any(2).any(0).cpu(), "grad_off": (diff / norm.clamp(min=1e-300)).cpu(),
+         "loss_off": (loss - ref_loss).abs() / ref_loss.abs().clamp(min=1.0)}
+    u["wrong"] = (u["finite"] != u["ref_finite"]) | (u["finite"] & u["ref_finite"] & (
+        u["nan"] | (u["loss_off"] > LOSS_TOLERANCE) | (u["grad_off"] > GRAD_TOLERANCE)))
+    u["silent"] = u["wrong"] & u["finite"] & ~u["nan"]
+    return u
 
 
 def wrong_utterances(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
     """A bool per utterance: finite where the reference is not (or the reverse), a NaN in the gradient of a
     finite loss, or a loss or gradient outside ``LOSS_TOLERANCE`` / ``GRAD_TOLERANCE`` (as in :func:`errors`)."""
-    finite, ref_finite, nan, loss_off, grad_off = _per_utterance(loss, grad, ref_loss, ref_grad)
-    return (finite != ref_finite) | (finite & ref_finite & (nan | (loss_off > LOSS_TOLERANCE)
-                                                            | (grad_off > GRAD_TOLERANCE)))
+    return _per_utterance(loss, grad, ref_loss, ref_grad)["wrong"]
 
 
 def silently_wrong(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
     """:func:`wrong_utterances` with nothing to show it: a finite loss and a gradient without NaN."""
-    nan = torch.isnan(grad.detach()).any(2).any(0).cpu()
-    return wrong_utterances(loss, grad, ref_loss, ref_grad) & torch.isfinite(loss.detach().cpu()) & ~nan
+    return _per_utterance(loss, grad, ref_loss, ref_grad)["silent"]
 
 
 #: An answer *far* from float64 (loss and gradient errors as in :func:`errors`): what losing alignments to
@@ -170,12 +170,11 @@ def outcomes(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> 
     """What happened to each utterance, counted: ``utterances``, ``impossible`` (the reference's loss is
     infinite), and of the others ``infinite``, ``nan`` (a NaN loss or gradient), ``finite_wrong``
     (:func:`silently_wrong`), ``far`` (of those, beyond ``FAR_LOSS`` / ``FAR_GRAD``) and ``right``."""
-    finite, possible, nan_grad, loss_off, grad_off = _per_utterance(loss, grad, ref_loss, ref_grad)
-    loss_c = loss.detach().double().cpu()
-    silent = possible & silently_wrong(loss, grad, ref_loss, ref_grad)
-    far = silent & ((loss_off > FAR_LOSS) | (grad_off > FAR_GRAD))
-    wrong = possible & wrong_utterances(loss, grad, ref_loss, ref_grad)
+    u = _per_utterance(loss, grad, ref_loss, ref_grad)
+    possible, loss_c = u["ref_finite"], loss.detach().double().cpu()
+    silent = possible & u["silent"]
+    far = silent & ((u["loss_off"] > FAR_LOSS) | (u["grad_off"] > FAR_GRAD))
     return {"utterances": int(loss_c.numel()), "impossible": int((~possible).sum()),
             "infinite": int((possible & torch.isinf(loss_c)).sum()),
-            "nan": int((possible & (torch.isnan(loss_c) | (finite & nan_grad))).sum()),
-            "finite_wrong": int(silent.sum()), "far": int(far.sum()), "right": int((possible & ~wrong).sum())}
+            "nan": int((possible & (torch.isnan(loss_c) | (u["finite"] & u["nan"]))).sum()),
+            "finite_wrong": int(silent.sum()), "far": int(far.sum()), "right": int((possible & ~u["wrong"]).sum())}
