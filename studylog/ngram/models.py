@@ -42,15 +42,14 @@ def slot_plan(b: int, config: NgramConfig, step_idx, draft_token_num, max_dec_le
     return kind, decoder[b] > 0, ori, min(room, dec_room)
 
 
-def slot_plans(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor | None = None) -> list[tuple]:
-    """:func:`slot_plan` of every slot (``seq_lens_this_time`` None: all 0)."""
-    this_time = seq_lens_this_time.tolist() if seq_lens_this_time is not None else [0] * inputs.batch
+def slot_plans(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[tuple]:
+    """:func:`slot_plan` of every slot."""
     lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
-             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), this_time)
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
     return [slot_plan(b, config, *lists) for b in range(inputs.batch)]
 
 
-def searching_slots(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor | None = None):
+def searching_slots(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor):
     """(slot, step_idx, prompt length) of each slot that searches this step: active, with room for a draft."""
     step_idx, prompt_lens = inputs.step_idx.tolist(), inputs.prompt_lens.tolist()
     for b, (kind, _, _, cap) in enumerate(slot_plans(inputs, config, seq_lens_this_time)):
@@ -58,7 +57,7 @@ def searching_slots(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time
             yield b, step_idx[b], prompt_lens[b]
 
 
-def pattern_slots(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor | None = None):
+def pattern_slots(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor):
     """(slot, step_idx, top n, haystacks) of each searching slot whose pattern reaches ``min_ngram_size``; the
     haystacks are (row, length) of the prompt, then of the generated tokens."""
     for b, step, prompt_len in searching_slots(inputs, config, seq_lens_this_time):
@@ -67,8 +66,7 @@ def pattern_slots(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: 
             yield b, step, top, ((inputs.prompt_ids[b], prompt_len), (inputs.generated_ids[b], step))
 
 
-def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig,
-                        seq_lens_this_time: Tensor | None = None) -> list[int]:
+def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[int]:
     """Phase 1 of step 5: for every end e of each haystack, the common suffix of ``hay[:e+1]`` and the generated
     tokens (up to the top n) names the best candidate ending there; the smallest key over all ends wins."""
     keys = [NONE_KEY] * inputs.batch
