@@ -44,9 +44,9 @@ class Results:
         return [row for row in self.rows if (series is None or row["series"] == series)
                 and (role is None or row["role"] == role) and all(row["params"].get(k) == v for k, v in params.items())]
 
-    def series(self, role: str | None = None) -> list[str]:
+    def series(self) -> list[str]:
         """Series names in the order they were first recorded."""
-        return list(dict.fromkeys(row["series"] for row in self.rows if role is None or row["role"] == role))
+        return list(dict.fromkeys(row["series"] for row in self.rows))
 
     def ms(self, series: str, **params: Any) -> float:
         """The time of exactly one matching row."""

@@ -335,9 +335,9 @@ class Tokenizer:
         out += "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """The ids of :meth:`chat_prompt`, its control tokens as single ids (what the model reads)."""
-        return self.encode_special(self.chat_prompt(messages, add_generation_prompt))
+        return self.encode_special(self.chat_prompt(messages))
 
     def __repr__(self) -> str:
         return f"Tokenizer(smollm2, {self.vocab_size} ids, bos={self.bos_id}, eos={self.eos_id})"
@@ -357,10 +357,10 @@ def tokenizer(path: str | Path | None = None) -> Tokenizer:
 END_OF_TURN = "<|im_end|>"
 
 
-def vocabulary(path: str | Path | None = None):
+def vocabulary():
     """SmolLM2's vocabulary as the automaton sees it (a ``TokenVocabulary`` named ``"smollm2"``). Its EOS is
     ``<|im_end|>``, which ends a chat turn, not ``<|endoftext|>``, which separates pretraining documents."""
-    return _vocabulary(Path(path).resolve() if path is not None else gguf_path())
+    return _vocabulary(gguf_path())
 
 
 @functools.lru_cache(maxsize=2)

@@ -174,13 +174,13 @@ SMOLLM2_SHAPE = {"vocab_size": 49152, "hidden": 576, "layers": 30, "heads": 9, "
 FORWARD_SERIES = "smollm2 forward, one token (kernels counted)"
 
 
-def _smollm2_decoder(device="cuda"):
+def _smollm2_decoder():
     from studylog.decode.loop import Decoder
     from studylog.decode.model import CL100K_PADDED, LlamaModel, ModelConfig
 
     # the decoder pairs a model with the cl100k vocabulary; the body, all that is timed here, does not read the head
     shape = SMOLLM2_SHAPE | {"vocab_size": CL100K_PADDED}
-    model = LlamaModel(ModelConfig("smollm2", **shape), device=device, dtype=torch.bfloat16, seed=0)
+    model = LlamaModel(ModelConfig("smollm2", **shape), device="cuda", dtype=torch.bfloat16, seed=0)
     return Decoder(model, batch=1, max_seq=64)
 
 
