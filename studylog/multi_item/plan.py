@@ -47,10 +47,9 @@ class MultiItemPlan:
         self.max_tokens, self.max_prompts = max_tokens, max_prompts
         self.rule, self.order = rule, order
         self.sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-        device = torch.device(device) if device is not None else runtime.device()
-        if device.type == "cuda" and device.index is None:  # "cuda" means the current device: name it
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
+        self.device = torch.device(device) if device is not None else runtime.device()
+        if self.device == torch.device("cuda"):  # "cuda" means the current device: name it
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.config = self._cfg = self.batch = self._table = None  # set by _pin and set_layout
         self._pos = torch.zeros(max_prompts, self.max_width, dtype=torch.int32, device=self.device)
         if config is not None or runtime.mode() != "gpu":  # else the first run picks it
@@ -82,7 +81,7 @@ class MultiItemPlan:
         if self._table is None:  # the config is picked on the first run; the table is sized then
             return
         # the keys and values one query head reads, per token: a group of query heads shares them
-        kv_bytes = 2 * self.head_dim * torch.empty(0, dtype=self.dtype).element_size() * self.kv_heads // self.heads
+        kv_bytes = 2 * self.head_dim * self.dtype.itemsize * self.kv_heads // self.heads
         table, programs = schedule_table(batch, self.heads, self.order, (self.block_m,), kv_bytes, self.rule)
         n = programs[self.block_m]
         self._table[:n].copy_(table[SCHEDULE_BLOCK_MS.index(self.block_m), :n])
