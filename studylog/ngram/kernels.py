@@ -115,11 +115,12 @@ class NgramMatcher:
     def __init__(self, step: Callable, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, *,
                  config: NgramConfig = NgramConfig(), check_values: bool = True, chunk_tiles: int | None = None,
                  chunk_len: int | None = None, vec: int | None = None):
-        if step not in _OPTIONS:
-            names = ", ".join(f.__name__ for f in _OPTIONS)
+        if step not in _STEPS:
+            names = ", ".join(f.__name__ for f in _STEPS)
             raise ValueError(f"step must be one of the chapter's step functions ({names}), got {step!r}")
-        name, options = step.__name__, {"chunk_tiles": chunk_tiles, "chunk_len": chunk_len, "vec": vec}
-        if extra := sorted(k for k, v in options.items() if v is not None and k not in _OPTIONS[step]):
+        (takes, self._launches), name = _STEPS[step], step.__name__
+        options = {"chunk_tiles": chunk_tiles, "chunk_len": chunk_len, "vec": vec}
+        if extra := sorted(k for k, v in options.items() if v is not None and k not in takes):
             raise ValueError(f"{name} takes no option {extra}")
         for option in ("chunk_tiles", "chunk_len"):
             if options[option] is not None:
@@ -140,7 +141,7 @@ class NgramMatcher:
         self.device = torch.cuda.current_device()  # the device whose loaded kernels the step launches
         prompt_width, gen_width = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
         if step in STREAM_STEPS:
-            auto_vec = stream_vec(inputs.prompt_ids, inputs.generated_ids) if "vec" in _OPTIONS[step] else 1
+            auto_vec = stream_vec(inputs.prompt_ids, inputs.generated_ids) if "vec" in takes else 1
             if vec not in (None, 1, 2) or (vec == 2 and auto_vec == 1):
                 raise ValueError(f"vec must be None, 1, or 2 with 16-byte aligned rows of even width, got {vec!r}")
             self.vec = vec or auto_vec
@@ -161,7 +162,8 @@ class NgramMatcher:
                      c.threshold, int(c.hybrid), c.max_draft_tokens, self.prompt_chunks, self.chunk_len)
 
     def __call__(self) -> None:
-        self.step(self.inputs, self.draft_tokens, self.seq_lens_this_time, bound=self)
+        if self.batch:
+            self._launches(self)
 
     def check(self) -> None:
         """Check the bound tensors' current values (a device sync), and that no field of ``inputs`` was rebound."""
@@ -185,25 +187,23 @@ SeqLens = Int32[Tensor, " batch"]
 Drafts = tuple[DraftTokens, SeqLens]
 
 
-#: The step functions, in order, and the keyword options each takes (what :class:`NgramMatcher` accepts).
-_OPTIONS: dict[Callable, tuple[str, ...]] = {}
+#: The step functions, in order: the keyword options each takes (what :class:`NgramMatcher` accepts), its launches.
+_STEPS: dict[Callable, tuple[tuple[str, ...], Callable]] = {}
 
 
 def _step(*options: str) -> Callable:
     """A step function from its kernel launches on an :class:`NgramMatcher` ``m``: ``step(inputs, draft_tokens,
-    seq_lens_this_time, *, config, bound=None, **options)`` drafts in place (``bound``: a matcher built already)."""
+    seq_lens_this_time, *, config, **options)`` builds the matcher and drafts in place."""
     def wrap(launches: Callable[[NgramMatcher], None]) -> Callable:
         def step(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
-                 config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None, **options) -> Drafts:
-            m = bound or NgramMatcher(step, inputs, draft_tokens, seq_lens_this_time, config=config, **options)
-            if m.batch:
-                launches(m)
+                 config: NgramConfig = NgramConfig(), **options) -> Drafts:
+            NgramMatcher(step, inputs, draft_tokens, seq_lens_this_time, config=config, **options)()
             return draft_tokens, seq_lens_this_time
 
         signature = inspect.signature(step)
         functools.update_wrapper(step, launches)
         step.__signature__ = signature  # the call's, not the launches'
-        _OPTIONS[step] = options
+        _STEPS[step] = options, launches
         return step
     return wrap
 
