@@ -80,10 +80,6 @@ class SpecGeneration(Generation):
         """Draft tokens accepted per step that verified a draft."""
         return sum(self.accepted) / max(sum(self.drafts), 1)
 
-    @property
-    def forwards_per_token(self) -> float:
-        return self.forwards / max(self.tokens, 1)
-
 
 class SpeculativeDecoder(Decoder):
     """Chapter 7's :class:`~studylog.decode.loop.Decoder` whose body returns every position's hidden state, with
@@ -93,8 +89,7 @@ class SpeculativeDecoder(Decoder):
 
     def __init__(self, model: LlamaModel, vocab: pieces.TokenVocabulary | None = None, *, batch: int = 1,
                  max_seq: int = 512, draft_len: int = 8, chunk_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
-                 graphs: bool | None = None, head_impl: str | None = None, drafter: Callable | None = None,
-                 min_accepted: float | None = None):
+                 graphs: bool | None = None, head_impl: str | None = None, drafter: Callable | None = None):
         super().__init__(model, vocab, batch=batch, max_seq=max_seq, chunk_sizes=chunk_sizes, graphs=graphs,
                          head_impl=head_impl)
         check_int("draft_len", draft_len, low=1)
@@ -102,9 +97,9 @@ class SpeculativeDecoder(Decoder):
             raise ValueError(f"draft_len={draft_len} does not fit the largest chunk ({self.max_chunk} tokens, one of "
                              f"them the token sampled last): use at most {self.max_chunk - 1}, or larger chunk_sizes")
         self.draft_len = draft_len
-        #: The gate's threshold (step 4). None: a verifying forward's extra cost in one-token forwards (:meth:`tune`).
-        self.min_accepted = min_accepted
-        self._derived_min_accepted = 0.5
+        #: The accepted tokens per draft below which step 4's gate stops drafting: a verifying forward's extra cost
+        #: in one-token forwards once :meth:`tune` has measured it.
+        self.gate_threshold = 0.5
         #: Chunk lengths whose verifying forward runs the six-launch layer (:meth:`tune` measures them).
         self.gemv_chunks = frozenset(T for T in self.chunk_sizes if batch * T == 1)
         self.ngram = NgramDrafter(batch, max_seq, max_seq, draft_len, self.device) if drafter is None else None
@@ -115,11 +110,6 @@ class SpeculativeDecoder(Decoder):
         self._vlogits = torch.empty(R, self.V, dtype=torch.float32, device=self.device)
         self._vtok_host, self._vtok = staged(3, R, dtype=torch.int64, device=self.device)
         self._no_steer = torch.full((R,), -1, dtype=torch.int64, device=self.device)
-
-    @property
-    def gate_threshold(self) -> float:
-        """The accepted tokens per draft below which step 4's gate stops drafting."""
-        return self.min_accepted if self.min_accepted is not None else self._derived_min_accepted
 
     def _body_eager(self, T: int) -> Tensor:
         return self.verify_call(T)()
@@ -160,7 +150,7 @@ class SpeculativeDecoder(Decoder):
         self.gemv_chunks = frozenset(T for T, t in times.items() if t["gemv"] < t["cublas"])
         if 1 in times and 2 in times:
             one, two = min(times[1].values()), min(times[2].values())
-            self._derived_min_accepted = max(0.0, two / one - 1.0)
+            self.gate_threshold = max(0.0, two / one - 1.0)
         return times
 
     def capture(self) -> None:
@@ -299,9 +289,8 @@ class SpeculativeDecoder(Decoder):
             times["draft"] += (t_draft - t_step) * 1e3
             if instrument:
                 m = marks.ms()
-                times["body"] += m[1] - m[0]
-                times["head"] += m[2] - m[1]
-                times["sampling"] += m[3] - m[2]
+                for i, part in enumerate(SPEC_COMPONENTS[1:4]):  # body, head, sampling: between the marks
+                    times[part] += m[i + 1] - m[i]
         if instrument:
             times["host"] = times["wall"] - sum(times[k] for k in SPEC_COMPONENTS[:-1])
         return SpecGeneration(cfg.name, [r.ids for r in rows], [bytes(r.text) for r in rows],

@@ -2,7 +2,7 @@
 
 ``bench(run)``: SmolLM2-135M-Instruct (bf16), batch 1 and 8, on :data:`WORKLOADS`: every request in every step's
 configuration and in chapter 7's steps 3 and 1 on its own decoder; beside them, on the GPU clock, the body at every
-chunk length (``verify``) and one drafting call (``draft_call``), from which :func:`bound` forecasts."""
+chunk length (``verify``) and one drafting call (``draft_call``), from which the page's bound forecasts."""
 
 from __future__ import annotations
 
@@ -138,9 +138,8 @@ def agreement(run, name: str, ch7: Decoder, spec: SpeculativeDecoder, grammar, p
 
 
 def _draft_fields(g: SpecGeneration) -> dict[str, Any]:
-    return {"proposed": sum(g.proposed), "cut": sum(g.cut), "forced_drafted": sum(g.forced_drafted),
-            "verified": sum(g.verified), "accepted": sum(g.accepted), "drafts": sum(g.drafts),
-            "draft_calls": g.draft_calls, "mean_accepted": g.mean_accepted}
+    counts = {k: sum(getattr(g, k)) for k in ("proposed", "cut", "forced_drafted", "verified", "accepted", "drafts")}
+    return {**counts, "draft_calls": g.draft_calls, "mean_accepted": g.mean_accepted}
 
 
 def costs(run, decoder: SpeculativeDecoder, batch: int) -> None:
