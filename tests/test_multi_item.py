@@ -552,7 +552,7 @@ def test_bad_batched_positions():
         mi.MultiItemBatch.from_token_positions([5, 2], pos, [4, 4], token_pos_in_items_len=10, device="cpu")
     with pytest.raises(ValueError, match="pass token_pos_in_items_len"):
         mi.MultiItemBatch.from_token_positions([5, 2], pos, [4, 4], device="cpu")
-    with pytest.raises(ValueError, match="mismatched batch metadata: token_pos_in_items must be 1-D or have a row per prompt"):
+    with pytest.raises(ValueError, match="token_pos_in_items must be 1-D or have a row per prompt"):
         mi.MultiItemBatch.from_token_positions([5, 2], torch.tensor([pos]), [4, 4], device="cpu")
 
 

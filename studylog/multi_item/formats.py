@@ -277,11 +277,9 @@ def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
     for name, x in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, x, dtype=SUPPORTED_DTYPES)
+        check_tensor(name, x, dtype=SUPPORTED_DTYPES, like=batch.cu_seqlens)  # on the batch layout's device
         if x.ndim != 3:
             raise ValueError(f"{name} must be [heads, tokens, head_dim], got shape {tuple(x.shape)}")
-        if x.device != batch.device:
-            raise ValueError(f"{name} is on {x.device} but the batch layout is on {batch.device}")
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in head_dim (stride 1 on its last dimension), "
                              f"got strides {x.stride()}")
@@ -322,11 +320,8 @@ def score_items(hidden: Float[Tensor, "t d_model"], lm_head: Float[Tensor, "voca
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
     for name, x in (("hidden", hidden), ("lm_head", lm_head)):
-        check_tensor(name, x, ndim=2)
-        if not x.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
-        if x.device != batch.device:
-            raise ValueError(f"{name} is on {x.device} but the batch layout is on {batch.device}")
+        check_tensor(name, x, ndim=2, dtype=(torch.float16, torch.bfloat16, torch.float32, torch.float64),
+                     like=batch.cu_seqlens)  # on the batch layout's device
     if hidden.shape[0] != batch.total_tokens:
         raise ValueError(f"mismatched batch metadata: hidden has {hidden.shape[0]} rows but the batch layout "
                          f"describes {batch.total_tokens} tokens")

@@ -11,7 +11,7 @@ import triton
 from torch import Tensor
 
 from studylog import runtime
-from studylog.checks import check_choice, check_out
+from studylog.checks import check_choice, check_int, check_out
 from studylog.multi_item.config import INTERPRETER_BLOCKS, find_config, strides
 from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS,
                                          MultiItemBatch, check_rule)
@@ -38,8 +38,7 @@ class MultiItemPlan:
         self.max_width = max_tokens if max_width is None else max_width
         for name, value in (("heads", heads), ("max_tokens", max_tokens), ("max_prompts", max_prompts),
                             ("max_width", self.max_width), ("kv_heads", self.kv_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value, low=1)
         if heads % self.kv_heads:
             raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({self.kv_heads}): each key/value head "
                              "serves a group of query heads")
