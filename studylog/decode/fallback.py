@@ -90,9 +90,7 @@ def _witness(vocab: pieces.TokenVocabulary, pending: bytes) -> int:
 class MatcherAutomaton:
     """:class:`~studylog.decode.pieces.Automaton`'s interface over one xgrammar ``CompiledGrammar``: xgrammar's
     bitmask less the tokens that leave the text invalid UTF-8 and the dead ends of its byte-level matching (chapter
-    1's set where both engines compile a grammar). No ``char_jump`` (nor ``fsm``)."""
-
-    fsm = None
+    1's set where both engines compile a grammar). No ``char_jump``."""
 
     def __init__(self, compiled: Any, vocab: pieces.TokenVocabulary, name: str = ""):
         import xgrammar as xgr
