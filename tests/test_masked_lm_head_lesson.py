@@ -236,11 +236,12 @@ def _ms_at(results, number: int, params: dict) -> dict | None:
     return found[0] if found else None
 
 
-def test_the_steps_are_one_table_the_chain_then_the_steps_beyond_it():
-    """The page's one table of steps holds every kept step with its case: the chain a reader follows, steps 0 to 5 and
-    7 at the headline's case, then a divider row and the steps beyond the chain, 8, 10, 12 and 13; each timed row with
-    its time there (read from the run here), a "×" (all rows but the first) and a time over the card's floor there,
-    one ratio, never under 1. Step 12, the entry point, is not timed at one case: its row says what it runs where."""
+def test_the_steps_are_two_tables_the_chain_then_the_steps_beyond_it():
+    """The page's two tables of steps hold every kept step with its case: the chain a reader follows, steps 0 to 5 and
+    7 at the headline's case (said once, in its caption), then the steps beyond the chain, 8, 10, 12 and 13, each with
+    its case; each timed row with its time there (read from the run here), a "×" (all rows but the first) and a time
+    over the card's floor there, one ratio, never under 1. Step 12, the entry point, is not timed at one case: its row
+    is one clause, what the section says of it not repeated."""
     results = plotting.load_results("masked_lm_head")
     rows = _all_rows(results)
     assert [int(r[0]) for r in rows] == list(lesson.MAIN_LINE)
@@ -254,29 +255,28 @@ def test_the_steps_are_one_table_the_chain_then_the_steps_beyond_it():
     assert all(r[4].split(" ")[0].rstrip(lesson.CAPPED).endswith("×") for r in rows[1:])
     by = {r[0]: r for r in rows}
     assert "loses at" not in by["12"][2] and "Where we lose" not in by["12"][2]
-    assert by["12"][3] == "–" and by["12"][5] == "–" and by["12"][2].startswith("the entry point")
+    assert by["12"][3] == "–" and by["12"][5] == "–" and by["12"][2] == "the entry point: a dispatch by shape"
     assert not any("the table below" in r[2] for r in rows)
-    assert not [r for r in rows if not r[0]]  # the divider row is not a step's
     overs = [float(r[5].split("×")[0]) for r in _rows(results)]
     assert all(x >= 1.0 for x in overs) and all("(" not in r[5] for r in rows), overs
 
 
 def test_a_tie_says_so_in_its_row():
-    """A ratio from 0.97× to 1.03× as printed is a tie: its row says "tie" and, in the chain, why the step is kept."""
+    """A ratio from 0.97× to 1.03× as printed is a tie: its row says "tie" and why the step is kept."""
     results = plotting.load_results("masked_lm_head")
     for r in _all_rows(results)[1:]:
         x = float(r[4].split("×")[0])
         assert ("tie" in r[4]) == (0.97 <= x <= 1.03), r
-    chain = {r[0]: r[4] for r in _main_rows(results)}
+    said = {r[0]: r[4] for r in _all_rows(results)}
     for n, why in lesson.KEPT_FOR.items():
-        if "(tie" in chain[str(n)]:
-            assert why in chain[str(n)], (n, chain[str(n)])
+        if "(tie" in said[str(n)]:
+            assert why in said[str(n)], (n, said[str(n)])
     assert lesson.tie_mark(1.03) and lesson.tie_mark(0.97) and not lesson.tie_mark(1.04) and not lesson.tie_mark(0.96)
 
 
 def test_step_12_is_the_entry_point_over_every_case():
     """Step 12's row gives its worst and best ratio to the fastest kernel it chooses from at each case measured
-    (computed here by hand), over every case, and what it runs where, from the paths its rows record."""
+    (computed here by hand), over every case; its section says what it runs where."""
     results = plotting.load_results("masked_lm_head")
     rows = [r for r in results.select("step12", layout="vd") if r["clock"] == "gpu"]
     ratios = []
@@ -287,10 +287,9 @@ def test_step_12_is_the_entry_point_over_every_case():
         ratios.append(min(times) / r["ms"])
     row = next(r for r in _all_rows(results) if r[0] == "12")
     assert row[1] == f"all {len(rows)} cases"
-    assert row[4].startswith(f"{min(ratios):.2f}× to {max(ratios):.2f}× the fastest kernel it chooses from")
-    assert ("tie at every case" in row[4]) == all(0.97 <= round(x, 2) <= 1.03 for x in ratios)
-    for path in {r["path"] for r in rows}:
-        assert dict(lesson.DISPATCH_PATHS)[path] + " at batch" in row[2], path
+    assert row[4].startswith(f"{min(ratios):.2f}× to {max(ratios):.2f}×")
+    assert row[6] == "the fastest kernel it chooses from, at each case"
+    assert ("(tie" in row[4]) == all(0.97 <= round(x, 2) <= 1.03 for x in ratios)
 
 
 def _params(number: int) -> dict:
@@ -299,22 +298,25 @@ def _params(number: int) -> dict:
 
 
 def _all_rows(results) -> list[list[str]]:
-    """The cells of every step's row of the page's one table of steps (its caption, header, the divider row between
-    the chain and the steps beyond it, and the rivals' sentence under it left out)."""
-    cap, table, _ = lesson.main_steps_table(results).split("\n\n")
-    assert cap.startswith("**The steps**") and "× against the row above in the chain" in cap
-    assert "against what the step replaces at its case" in cap
-    assert table.splitlines()[0] == "| step | case | the one change | µs | × against | × the card's floor |"
+    """The cells of every step's row of the page's two tables of steps (captions, headers and the rivals' sentence
+    under them left out), each as ``[step, case, change, µs, ×, × floor, against]``: a chain row takes its case from
+    its table's caption, and its "against" is the row above."""
+    chain_cap, chain, beyond_cap, beyond, _ = lesson.main_steps_table(results).split("\n\n")
+    assert chain_cap.startswith("**The chain** (batch 1, 1,000 random ids allowed;")
+    assert beyond_cap.startswith("**Beyond the chain** (each at its own case;")
+    assert chain.splitlines()[0] == "| step | the one change | µs | × previous | × the card's floor |"
+    assert beyond.splitlines()[0] == "| step | case | the one change | µs | against (µs) | × | × the card's floor |"
 
     def cells(r):
         return [c.strip() for c in r.split("|")[1:-1]]
 
-    rows = [cells(r) for r in table.splitlines()[2:]]
-    divider = [k for k, c in enumerate(rows) if not c[0]]
-    assert len(divider) == 1 and rows[divider[0]][2] == lesson.BEYOND
-    assert [int(c[0]) for c in rows[:divider[0]]] == list(lesson.CHAIN)
-    assert all(c[1] == lesson._case(lesson.MAIN_CASE) for c in rows[:divider[0]])
-    return rows[:divider[0]] + rows[divider[0] + 1:]
+    first = [cells(r) for r in chain.splitlines()[2:]]
+    assert [int(c[0]) for c in first] == list(lesson.CHAIN) and all(len(c) == 5 for c in first)
+    second = [cells(r) for r in beyond.splitlines()[2:]]
+    assert [int(c[0]) for c in second] == list(lesson.OWN_STEPS) and all(len(c) == 7 for c in second)
+    return ([[n, lesson._case(lesson.MAIN_CASE), change, t, x, floor, "the row above"]
+             for n, change, t, x, floor in first]
+            + [[n, case, change, t, x, floor, against] for n, case, change, t, against, x, floor in second])
 
 
 def _rows(results) -> list[list[str]]:
@@ -327,26 +329,28 @@ def _main_rows(results) -> list[list[str]]:
     return [r for r in _rows(results) if int(r[0]) in lesson.CHAIN]
 
 
-def _own(results) -> dict[str, tuple[str, str]]:
-    """Each step after the chain, at its own case in the table of steps: its time and "×"."""
-    return {r[0]: (r[3], r[4]) for r in _rows(results) if int(r[0]) in lesson.OWN_STEPS}
+def _own(results) -> dict[str, tuple[str, str, str]]:
+    """Each step after the chain, at its own case in the second table of steps: its time, "×" and what it is set
+    against."""
+    return {r[0]: (r[3], r[4], r[6]) for r in _rows(results) if int(r[0]) in lesson.OWN_STEPS}
 
 
 def test_the_steps_after_the_chain_are_each_at_their_own_case_against_their_base():
     """Steps 7, 8, 10, 12 and 13 are each at the case their idea is about, against the step they build on there
     (STEP_CASES; step 13 against xgrammar's path), the ratio computed here by hand and the base's time given in the
-    cell, since the base's row at that case is not in the table."""
+    "against" cell, since the base's row at that case is not in the tables."""
     results = plotting.load_results("masked_lm_head")
     own = _own(results)
     assert list(own) == ["8", "10", "13"]
-    for n, (_, ratio) in own.items():
+    for n, (_, ratio, against) in own.items():
         params, base = lesson.STEP_CASES[int(n)]
         mine = _ms_at(results, int(n), params)["ms"]
         if isinstance(base, str):  # step 13: against the rival with its contract
             theirs, name = results.select(base, **params)[0]["ms"], lesson.HEADLINE_RIVAL_WORDS[base]
         else:
             theirs, name = _ms_at(results, base, params)["ms"], f"step {base}"
-        assert ratio.startswith(f"{theirs / mine:.2f}× {name} ({lesson.table_us(theirs)} µs"), (n, ratio)
+        assert ratio.startswith(f"{theirs / mine:.2f}×"), (n, ratio)
+        assert against.replace(lesson.CAPPED, "") == f"{name} ({lesson.table_us(theirs)})", (n, against)
 
 
 def test_the_kept_and_the_tried_steps_are_every_step_once():
@@ -378,9 +382,9 @@ def test_the_kept_and_the_tried_steps_are_every_step_once():
 
 
 def _base_problems(results, rows: list[list[str]]) -> list[str]:
-    """What breaks the table's rule: a ratio on the first row; in the chain (steps 0 to 5) a "×" that is not the row
-    above's time at the main case over its own, the row above's step named; after it a "×" that is not its base's time
-    at its own case over its own, the base named."""
+    """What breaks the tables' rule: a ratio on the first row; in the chain (steps 0 to 5 and 7) a "×" that is not the
+    row above's time at the main case over its own; after it a "×" that is not its base's time at its own case over
+    its own, the base named in its "against" cell."""
     problems = []
 
     def ms(number, params=lesson.MAIN_CASE):
@@ -391,7 +395,7 @@ def _base_problems(results, rows: list[list[str]]) -> list[str]:
     chain = [r for r in rows if int(r[0]) in lesson.CHAIN]
     for above, r in zip(chain, chain[1:]):
         base, number = int(above[0]), int(r[0])
-        if not r[4].startswith(f"{ms(base) / ms(number):.2f}× step {base}"):
+        if not r[4].startswith(f"{ms(base) / ms(number):.2f}×"):
             problems.append(f"step {number}: {r[4]}, not step {base} over it ({ms(base) / ms(number):.2f}×)")
     for r in rows:
         number = int(r[0])
@@ -400,9 +404,9 @@ def _base_problems(results, rows: list[list[str]]) -> list[str]:
         params, base = lesson.STEP_CASES[number]
         theirs = results.select(base, **params)[0]["ms"] if isinstance(base, str) else ms(base, params)
         name = lesson.HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
-        said = r[4]
-        if not said.startswith(f"{theirs / ms(number, params):.2f}× {name} ("):
-            problems.append(f"step {number}: {said}, not {name} over it ({theirs / ms(number, params):.2f}×)")
+        if not (r[4].startswith(f"{theirs / ms(number, params):.2f}×") and r[6].startswith(f"{name} (")):
+            problems.append(f"step {number}: {r[4]} against {r[6]}, not {name} over it "
+                            f"({theirs / ms(number, params):.2f}×)")
     return problems
 
 
@@ -421,17 +425,16 @@ def test_every_step_is_compared_with_the_row_above_it():
     assert _base_problems(results, wrong)
     wrong = [r[:4] + ["1.00×"] + r[5:] if r[0] == "0" else r for r in rows]
     assert _base_problems(results, wrong)
-    wrong = [r[:4] + ["1.01× step 7 (4.05 µs)"] + r[5:] if r[0] == "10" else r for r in rows]
+    wrong = [r[:4] + ["1.20×"] + r[5:6] + ["step 7 (4.05)"] if r[0] == "10" else r for r in rows]
     assert _base_problems(results, wrong)
 
 
 def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
     """Step 13 starts from the grammar's packed bitmask (its copy and the union's build included), step 12 from the ids:
-    its row says what it adds to step 12's kernel, with no ratio against step 12 (one would read as a regression), and
-    gives its ratio against xgrammar's path, the rival with its contract, in its change cell (the × column is against
-    steps), the rival also said
-    under the table with its time; the result's table gives the headline's ratio. Step 13's parts are not rows of the
-    table (their traced times are in its section)."""
+    its row says its change is one in three parts, timed as one, and why, with no ratio against step 12 (one would read
+    as a regression); it is set against xgrammar's path, the rival with its contract, the rival also said under the
+    tables with its time; the result's table gives the headline's ratio. Step 13's parts are not rows of the table
+    (their traced times are in its section)."""
     results = plotting.load_results("masked_lm_head")
     params, base = lesson.STEP_CASES[13]
     assert base == mlh.report.XGRAMMAR and params == lesson.MAIN_CASE
@@ -439,10 +442,11 @@ def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
     twelve = results.select("step12", layout="vd", **params)[0]["ms"]
     assert "13" not in [r[0] for r in _main_rows(results)]
     row = next(r for r in _rows(results) if r[0] == "13")
-    assert row[4] == f"{theirs / ours:.2f}× xgrammar's path ({lesson.table_us(theirs)} µs)"
+    assert row[4] == f"{theirs / ours:.2f}×" and row[6] == f"xgrammar's path ({lesson.table_us(theirs)})"
     assert "xgrammar" not in row[2]
     assert f"{twelve / ours:.2f}×" not in row[2]
-    assert "from the packed bitmask" in row[2] and "copy" in row[2] and "step 12's kernel" in row[2]
+    assert "from the packed bitmask" in row[2] and "one change in three parts" in row[2] and "copy" in row[2]
+    assert "step 7's kernel reading the count" in row[2] and "timed as one, since" in row[2]
     assert lesson.step_factor(results, 13) == pytest.approx(theirs / ours) and theirs / ours > 1
     said = lesson.main_steps_table(results).split("\n\n")[-1]
     assert f"xgrammar's path (step 13's contract), {theirs * 1e3:.1f} µs" in said
@@ -503,11 +507,11 @@ def test_a_step_ratio_in_the_prose_is_the_tables():
     numbers = lesson.prose_numbers(results)
     table = {r[0]: r for r in _main_rows(results)}
     own = _own(results)
-    assert numbers["mlh_step04_vs_step03"] == f"{table['4'][4].removesuffix(' step 3')} faster"
+    assert numbers["mlh_step04_vs_step03"] == f"{table['4'][4]} faster"
     assert numbers["mlh_step04_1000"] == f"{table['4'][3]} µs"
-    assert own["8"][1].startswith(f"{numbers['mlh_step08_vs_step07_1'].removesuffix(' faster')} step 7 (")
+    assert own["8"][1] == numbers['mlh_step08_vs_step07_1'].removesuffix(' faster') and own["8"][2].startswith("step 7 (")
     assert numbers["mlh_step08_1"] == own["8"][0].replace(lesson.CAPPED, "") + " µs"
-    assert own["10"][1].startswith(f"{numbers['mlh_step10_b64_vs_step03'].removesuffix(' faster')} step 3 (")
+    assert own["10"][1] == numbers['mlh_step10_b64_vs_step03'].removesuffix(' faster') and own["10"][2].startswith("step 3 (")
     assert numbers["mlh_step10_b64"] == own["10"][0] + " µs"
     seven = next(r for r in _main_rows(results) if r[0] == "7")
     assert seven[3] == lesson.table_us(lesson.batch1_ms(results, "step07", 1000))
@@ -620,8 +624,8 @@ def test_dense_mask_two_speeds_are_said_and_cublas_fp32_quoted_instead():
 
 
 def test_the_page_shows_one_steps_table_and_one_tried_table():
-    """The page shows the table of steps once, under the steps, every kept step in it (no second table of steps); the
-    tried steps' table once, folded with what each tried step changes, after the table of
+    """The page shows the tables of steps once, under the steps, every kept step in them (the chain, then the steps
+    beyond it, from one call); the tried steps' table once, folded with what each tried step changes, after the table of
     steps. The tried steps have no section of their own, and the kept ones each have one, in order: the chain, steps 0
     to 5 and 7, then steps 8 to 13 in a section of their own, *Beyond the chain*, whose first cell is prose (no heading
     follows a heading at once)."""

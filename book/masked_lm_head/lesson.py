@@ -652,10 +652,10 @@ MAIN_LINE = (0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13)
 #: The steps tried that did not pay, shown together in one section (:func:`tried_steps_table`); they keep their numbers
 #: (the library and the results name them so).
 TRIED = (6, 9, 11)
-#: The case each step's idea is about and the step it is compared with there (None for step 0). The table of steps
-#: (:func:`main_steps_table`) chains steps 0 to 5 at :data:`MAIN_CASE`, each against the row above, then gives 7, 8,
-#: 10, 12 and 13 each at its own case against its base there; 13 starts from the bitmask at the main case. The base is the kept step before it (step 7
-#: builds on step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with
+#: The case each step's idea is about and the step it is compared with there (None for step 0). The tables of steps
+#: (:func:`main_steps_table`) chain steps 0 to 5 and 7 at :data:`MAIN_CASE`, each against the row above, then give 8,
+#: 10, 12 and 13 each at its own case against its base there; 13 starts from the bitmask at the main case. The base is
+#: the kept step before it (step 7 builds on step 5: step 6 did not pay), except step 10's: no kept step before it takes a batch, so it is compared with
 #: step 3, the dispatch's dense path for batches. Step 12, a dispatch, runs step 7 at the main case; its gain is where
 #: it leaves step 10's path for a dense one, at batch 64 with 10,000 allowed each (step 10's section ends there). A step
 #: of :data:`TRIED` is compared with the step it modifies (step 11: step 3's kernel over a reordered vocabulary; step 9:
@@ -795,27 +795,24 @@ PARTS = (("the copy", "the packed bitmask copied, without waiting, into a device
 #: The first table of steps (:func:`main_steps_table`): the chain a reader follows at :data:`MAIN_CASE`, each step
 #: against the row above (step 7 ties step 5 and is kept: steps 8 and 13 build on it, the dispatch runs it at batch 1).
 CHAIN = (0, 1, 2, 3, 4, 5, 7)
-#: The headline rows' words in the table of steps.
-HEADLINE_CHANGES = {12: "the kernel alone, given the ids: step 12's dispatch",
-                    13: "the whole step from the packed bitmask in host memory, made capturable in one CUDA graph: the "
-                        "bitmask's copy, the union's build and step 12's kernel"}
+#: Step 13's words in the second table of steps: its one change, in the three parts its section names, and why the
+#: parts are timed as one.
+HEADLINE_CHANGES = {13: "the whole step from the packed bitmask in one CUDA graph: one change in three parts (the "
+                        "bitmask's copy into the graph's buffer, the union built on the device, step 7's kernel "
+                        "reading the count), timed as one, since no part alone lets a graph replay the step"}
 #: Kept for the callers that name it: step 13's words, what it adds to step 12's call at :data:`MAIN_CASE`.
 CHANGES_FROM_HOST = HEADLINE_CHANGES[13]
-#: The rivals' names in the headline rows' "×" cells.
+#: The rivals' names in the second table's "against" cells.
 HEADLINE_RIVAL_WORDS = {"index_select": "`index_select` + matmul", XGRAMMAR: "xgrammar's path"}
-#: The kept steps beyond the chain, below :data:`BEYOND` in the table of steps, each at its own case
-#: (:data:`STEP_CASES`); step 12, the entry point, over every case measured (:func:`dispatch_range`).
+#: The kept steps beyond the chain, in the second table of steps, each at its own case (:data:`STEP_CASES`); step 12,
+#: the entry point, over every case measured (:func:`dispatch_range`).
 OWN_STEPS = (8, 10, 12, 13)
-#: The table of steps' divider row between the chain and :data:`OWN_STEPS`, in its "the one change" cell.
-BEYOND = "*beyond the chain, each at its own case*"
-#: Why a kept step that ties the row above stays, in its "×" cell.
-KEPT_FOR = {3: "kept as the dense path of large batches", 7: "kept: steps 8 and 13 build on it"}
+#: Why a kept step that ties what it is compared with stays, in its "×" cell.
+KEPT_FOR = {3: "kept as the dense path of large batches", 7: "kept: steps 8 and 13 build on it",
+            12: "kept: one entry point for every case"}
 #: The kernels step 12 chooses from: a compacted one (steps 7, 8, 10) and a dense one (step 3's, or cuBLAS with fp32
 #: output and ``masked_fill``).
 DISPATCH_KERNELS = ("step07", "step08", "step10", "step03", "cublas_fp32_mask")
-#: The order the second table names step 12's paths in, and their words there.
-DISPATCH_PATHS = (("few_ids", "step 8"), ("stream", "step 7"), ("batched", "step 10"), ("row_skip", "step 3's kernel"),
-                  ("cublas", "cuBLAS"))
 
 
 def tie_mark(ratio: float) -> str:
@@ -823,91 +820,76 @@ def tie_mark(ratio: float) -> str:
     return " (tie)" if 1 - TIE <= round(ratio, 2) <= 1 + TIE else ""
 
 
+def _tie_why(ratio_cell: str, tie: str, number: int) -> str:
+    """``ratio_cell`` with the tie mark, and why step ``number`` is kept (:data:`KEPT_FOR`) where it ties."""
+    why = f"; {KEPT_FOR[number]}" if tie and number in KEPT_FOR else ""
+    return ratio_cell + (tie[:-1] + why + ")" if tie else "")
+
+
 def dispatch_range(results) -> dict[str, Any] | None:
     """Step 12 over every case the run measured it at: at each, the fastest of the kernels it chooses from
-    (:data:`DISPATCH_KERNELS`) measured there over step 12's time; ``worst`` and ``best`` of those ratios, ``cases``
-    (how many) and ``paths`` (path -> its cases' params, in :data:`DISPATCH_PATHS`' order). None without step 12."""
+    (:data:`DISPATCH_KERNELS`) measured there over step 12's time; ``worst`` and ``best`` of those ratios and
+    ``cases`` (how many). None without step 12."""
     rows = [r for r in results.select(step_series(12), layout="vd") if r["clock"] == "gpu"]
-    ratios, paths = [], {}
+    ratios = []
     for r in rows:
         p = {k: v for k, v in r["params"].items() if k != "layout"}
         best = min((t for s in DISPATCH_KERNELS if (t := _ms(results, s, **p)) is not None), default=None)
         if best is not None:
             ratios.append(best / r["ms"])
-        paths.setdefault(r.get("path"), []).append(p)
     if not ratios:
         return None
-    order = [k for k, _ in DISPATCH_PATHS]
-    return {"worst": min(ratios), "best": max(ratios), "cases": len(rows),
-            "paths": dict(sorted(paths.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99))}
-
-
-def _span(values) -> str:
-    values = list(values)
-    lo, hi = min(values), max(values)
-    return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
-
-
-def dispatch_words(rng: dict[str, Any]) -> str:
-    """What step 12 runs where, from :func:`dispatch_range`: ``step 8 at batch 1, 1–8 allowed; ...``."""
-    words = dict(DISPATCH_PATHS)
-    parts = []
-    for path, ps in rng["paths"].items():
-        batches, allowed = _span(p["batch"] for p in ps), _span(p["allowed"] for p in ps)
-        parts.append(f"{words.get(path, path)} at batch {batches}, {allowed} allowed")
-    return "; ".join(parts)
+    return {"worst": min(ratios), "best": max(ratios), "cases": len(rows)}
 
 
 def main_steps_table(results) -> str:
-    """The page's table of steps, Markdown, under its bold caption, one row a kept step with its case. First the chain
-    of :data:`CHAIN` at :data:`MAIN_CASE`, each "×" the time of the row above over its own (:func:`chain_base`), a tie
-    marked (with why the step is kept, :data:`KEPT_FOR`). Then a divider row (:data:`BEYOND`) and the steps beyond
-    the chain (:data:`OWN_STEPS`), each at the case its idea is about, "×" against what it replaces there
-    (:data:`STEP_CASES`; step 13 against xgrammar's path, the rival with its contract), that time in the cell; step 12,
-    the entry point, gives what it runs where and its worst and best ratio to the faster of its kernels over every case
-    (:func:`dispatch_range`). Every timed row has "× the card's floor" at its own case. The rivals at
-    :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose rotation was
+    """The page's two tables of steps, Markdown, each under its bold caption, then the rivals' sentence; blocks
+    separated by blank lines. First the chain (:data:`CHAIN`) at :data:`MAIN_CASE`, said once in its caption, each
+    "×" the time of the row above over its own (:func:`chain_base`), a tie marked with why the step is kept
+    (:data:`KEPT_FOR`). Then the steps beyond the chain (:data:`OWN_STEPS`), each at the case its idea is about, with
+    what it is compared with there and that time in their own column (:data:`STEP_CASES`; step 13 against xgrammar's
+    path, the rival with its contract); step 12, the entry point, over every case, against the fastest kernel it
+    chooses from at each (:func:`dispatch_range`). Every timed row has "× the card's floor" at its own case. The rivals
+    at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose rotation was
     capped carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the page's
     threshold."""
-    lines = ["**The steps** (µs, GPU clock, the [V, D] head; × against the row above in the chain, beyond it against "
-             "what the step replaces at its case)", "",
-             "| step | case | the one change | µs | × against | × the card's floor |", "|---|---|---|---|---|---|"]
+    case = f"batch {MAIN_CASE['batch']}, {MAIN_CASE['allowed']:,} {MAIN_CASE['kind']} ids allowed"
+    lines = [f"**The chain** ({case}; µs, GPU clock, the [V, D] head)", "",
+             "| step | the one change | µs | × previous | × the card's floor |", "|---|---|---|---|---|"]
     for number in CHAIN:
         row = _row(results, step_series(number), **MAIN_CASE)
         if row is None:
             continue
         base = chain_base(results, number)
         reference = None if base is None else _row(results, step_series(base), **MAIN_CASE)
-        ratio = "–"
-        if reference is not None:
-            tie = tie_mark(reference["ms"] / row["ms"])
-            why = f"; {KEPT_FOR[number]}" if tie and number in KEPT_FOR else ""
-            ratio = f"{_vs(row, reference)} step {base}" + (tie[:-1] + why + ")" if tie else "")
-        lines.append(f"| {number} | {_case(MAIN_CASE)} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | "
-                     f"{ratio} | {_over_floor(results, row, MAIN_CASE)} |")
-    lines.append(f"| | | {BEYOND} | | | |")
+        ratio = "–" if reference is None else _tie_why(_vs(row, reference), tie_mark(reference["ms"] / row["ms"]),
+                                                       number)
+        lines.append(f"| {number} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
+                     f"{_over_floor(results, row, MAIN_CASE)} |")
+    lines += ["", "**Beyond the chain** (each at its own case; µs, GPU clock)", "",
+              "| step | case | the one change | µs | against (µs) | × | × the card's floor |",
+              "|---|---|---|---|---|---|---|"]
     for number in OWN_STEPS:
         params, base = STEP_CASES[number]
         if number == 12:
             rng = dispatch_range(results)
             if rng is None:
                 continue
-            span = f"{rng['worst']:.2f}× to {rng['best']:.2f}×"
-            tie = " (tie at every case)" if tie_mark(rng["worst"]) and tie_mark(rng["best"]) else ""
-            lines.append(f"| 12 | all {rng['cases']} cases | the entry point, a dispatch by shape: "
-                         f"{dispatch_words(rng)} | – | {span} the fastest kernel it chooses from{tie} | – |")
+            tie = " (tie)" if tie_mark(rng["worst"]) and tie_mark(rng["best"]) else ""
+            ratio = _tie_why(f"{rng['worst']:.2f}× to {rng['best']:.2f}×", tie, 12)
+            lines.append(f"| 12 | all {rng['cases']} cases | the entry point: a dispatch by shape | – | "
+                         f"the fastest kernel it chooses from, at each case | {ratio} | – |")
             continue
         row = _row(results, step_series(number), **params)
         if row is None:
             continue
-        change = HEADLINE_CHANGES[13] if number == 13 else CHANGES[number]
+        change = HEADLINE_CHANGES.get(number, CHANGES[number])
         reference = _row(results, _base_series(base), **params)
         name = HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
-        ratio = (PENDING if reference is None else
-                 f"{_vs(row, reference)} {name} ({table_us(reference['ms'])} µs{capped(reference)})"
-                 + tie_mark(reference["ms"] / row["ms"]))
-        lines.append(f"| {number} | {_case(params)} | {change} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
-                     f"{_over_floor(results, row, params)} |")
+        against = name if reference is None else f"{name} ({table_us(reference['ms'])}{capped(reference)})"
+        ratio = PENDING if reference is None else _vs(row, reference) + tie_mark(reference["ms"] / row["ms"])
+        lines.append(f"| {number} | {_case(params)} | {change} | {table_us(row['ms'])}{capped(row)} | {against} | "
+                     f"{ratio} | {_over_floor(results, row, params)} |")
     rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
     xgr = _row(results, XGRAMMAR, **MAIN_CASE)
     if xgr is not None:
