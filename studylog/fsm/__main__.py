@@ -20,8 +20,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     exp = sub.add_parser("export-masks", help="write assets/data/fsm_masks.npz from the suite's visited states")
     exp.add_argument("--out", type=Path, default=None, help="output file (default: assets/data/fsm_masks.npz)")
     exp.add_argument("--samples", type=int, default=8, help="samples per suite entry (default 8)")
-    exp.add_argument("--ascii-digits", action="store_true", help="write \\d as [0-9], as the chapter compiles the "
-                     "suite (the default reproduces the committed file, exported with outlines' Unicode \\d)")
     rep = sub.add_parser("report", help="print the suite's savings table")
     rep.add_argument("--samples", type=int, default=8)
     rep.add_argument("--json", type=Path, default=None, help="also write the suite's totals (report.suite_summary) to "
@@ -30,7 +28,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.command == "export-masks":
         from studylog import data
 
-        path = export_masks(args.out, n_samples=args.samples, ascii_digits=args.ascii_digits)
+        path = export_masks(args.out, n_samples=args.samples)
         ms = data.load_masks(path)
         print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): {len(ms)} masks over {ms.vocab_size} ids "
               f"({ms.tokenizer}), allowed tokens from {ms.counts().min()} to {ms.counts().max()}")

@@ -164,14 +164,9 @@ class ConstrainedFSM:
         t0 = time.perf_counter()
         self.index = _build_index(regex, vocab.outlines_vocabulary(), vocab.name)
         self.build_seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self.precompute_jumps()
-        self.precompute_seconds = time.perf_counter() - t0
         self._allowed: dict[int, np.ndarray] = {}
         self._count: dict[int, int] = {}
-
-    def precompute_jumps(self) -> None:
-        """Build the character-level automaton and both jump tables (run once, by the constructor)."""
+        t0 = time.perf_counter()  # the character-level automaton and both jump tables
         self.initial: int = self.index.get_initial_state()
         self.finals: frozenset[int] = frozenset(self.index.get_final_states())
         byte_index = _build_index(self.regex, byte_vocabulary(), "bytes")
@@ -197,6 +192,7 @@ class ConstrainedFSM:
                 t = allowed[0]
                 step[s] = ((t,), self.vocab.token_bytes[t], self.index.get_next_state(s, t))
         self.token_jumps: dict[int, Jump] = forced_chains(step)
+        self.precompute_seconds = time.perf_counter() - t0
 
     @property
     def states(self) -> list[int]:

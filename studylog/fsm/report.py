@@ -16,7 +16,7 @@ from studylog.fsm.decoding import MODES, decode, writer_model
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary
 
 #: The committed masks were exported from outlines' regexes (``\\d`` any Unicode digit), and chapter 2's benchmark
-#: read them: the default reproduces that file; ``--ascii-digits`` exports the suite as the chapter compiles it.
+#: read them: :func:`export_masks` reproduces that file byte for byte.
 COMMITTED_MASKS_ASCII_DIGITS = False
 
 
@@ -132,8 +132,7 @@ def select_masks(counts: Sequence[tuple[str, int, int]], per_bin: int = 24, max_
     return picked
 
 
-def export_masks(path: Optional[Path] = None, n_samples: int = 8,
-                 ascii_digits: bool = COMMITTED_MASKS_ASCII_DIGITS) -> Path:
+def export_masks(path: Optional[Path] = None, n_samples: int = 8) -> Path:
     """Write the masks of states the suite visits (cl100k_base), sampled across the distribution of allowed-token
     counts (:func:`select_masks`), in ``studylog.data``'s format, deterministically."""
     from studylog import data
@@ -149,7 +148,7 @@ def export_masks(path: Optional[Path] = None, n_samples: int = 8,
             all_counts.append((source, s, n))
             grabbed[(source, s)] = fsm.allowed_array(s).astype(np.int32)
 
-    run_suite(vocab, n_samples=n_samples, keep=keep, ascii_digits=ascii_digits)
+    run_suite(vocab, n_samples=n_samples, keep=keep, ascii_digits=COMMITTED_MASKS_ASCII_DIGITS)
     picked = select_masks(all_counts)
     return data.save_masks(Path(path) if path is not None else data.MASKS_FILE,
                            [grabbed[(src, s)] for src, s, _ in picked], [s for _, s, _ in picked],
