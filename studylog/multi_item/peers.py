@@ -4,7 +4,7 @@ each checked against the float32 reference, the best one measured."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -71,26 +71,11 @@ def flashinfer_backends(module) -> list[str]:
     return sorted(names, key=lambda b: b != "fa3") if hopper else names
 
 
-@dataclass
-class FlashInferInputs:
-    """One batch laid out as FlashInfer's paged prefill takes it (NHD: ``[tokens, heads, head_dim]``)."""
-
-    q: Tensor                 #: [T, H, D]
-    k_cache: Tensor           #: [pages, page_size, H_kv, D] (H_kv divides H)
-    v_cache: Tensor
-    qo_indptr: Tensor         #: [B + 1] int32: the queries of prompt b are rows qo_indptr[b]:qo_indptr[b + 1]
-    kv_indptr: Tensor         #: [B + 1] int32: its pages are kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
-    kv_indices: Tensor        #: [pages] int32
-    last_page_len: Tensor     #: [B] int32
-    prefix_len: Tensor        #: [B] uint32
-    token_pos_in_items: Tensor  #: [B * L] uint16, each prompt's positions zero-padded to L
-    token_pos_in_items_len: int
-    max_item_len: Tensor      #: [B] uint16
-    page_size: int
-
-
-def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, page_size: int = 1) -> FlashInferInputs:
-    """Our q, k, v and layout as FlashInfer's paged prefill takes them, each prompt in pages of its own."""
+def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, page_size: int = 1) -> SimpleNamespace:
+    """Our q, k, v and layout as FlashInfer's paged prefill takes them (NHD), each prompt in pages of its own:
+    ``q`` ``[T, H, D]``; ``k_cache``, ``v_cache`` ``[pages, page_size, H_kv, D]``; prompt ``b``'s queries are rows
+    ``qo_indptr[b]:qo_indptr[b + 1]``, its pages ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``, ``last_page_len[b]``
+    tokens in the last; ``token_pos_in_items`` each prompt's positions zero-padded to ``token_pos_in_items_len``."""
     dev, head_dim = q.device, q.shape[2]
     pages_per_prompt = [-(-s // page_size) for s in batch.seq_lens]
     slot = torch.cat([torch.arange(s, device=dev) + sum(pages_per_prompt[:b]) * page_size
@@ -104,7 +89,7 @@ def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, pa
 
     kv_indptr = torch.tensor([0] + pages_per_prompt, device=dev).cumsum(0).to(torch.int32)
     width = batch.token_pos.shape[1]
-    return FlashInferInputs(
+    return SimpleNamespace(
         q=q.transpose(0, 1).contiguous(), k_cache=paged(k), v_cache=paged(v),
         qo_indptr=batch.cu_seqlens.to(torch.int32), kv_indptr=kv_indptr,
         kv_indices=torch.arange(n_pages, dtype=torch.int32, device=dev),
@@ -116,7 +101,7 @@ def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, pa
         max_item_len=batch.max_item_lens_t.cpu().to(torch.uint16).to(dev), page_size=page_size)
 
 
-def flashinfer_prefill(module, inputs: FlashInferInputs, heads: int, sm_scale: float, backend: str = "auto",
+def flashinfer_prefill(module, inputs: SimpleNamespace, heads: int, sm_scale: float, backend: str = "auto",
                        workspace: Tensor | None = None) -> Any:
     """A ``BatchPrefillWithPagedKVCacheWrapper`` planned for the inputs' layout (on the host, once)."""
     if workspace is None:
