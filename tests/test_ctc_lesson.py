@@ -937,7 +937,8 @@ def test_the_main_line_is_marked_in_the_table_and_named_over_it():
     # step 14's loss at the small case says, in its cell, that the entry point runs step 12 there
     assert rows["14"][4].endswith("(the entry point runs step 12 here)") and "instead" not in rows["14"][2]
     words = lesson.line_words(results)
-    assert words.startswith("Role: **pays**") and "*prerequisite of N*" in words and "(5, 7b and 9)" in words
+    assert words.startswith("The numbers count every step tried: the main line **pays**")  # how to read the gaps
+    assert "*prerequisite of N* (5, 7b and 9)" in words and "7a to 7c split step 7" in words
     assert "Steps 2, 3 and 6 were tried and dropped" in words
     cells = _page_cells()
     at = next(i for i, c in enumerate(cells) if "lesson.steps_tables(results)" in "".join(c["source"]))

@@ -892,15 +892,18 @@ def _listed(labels: list[str]) -> str:
 
 
 def line_words(results, changes: Results | None = None) -> str:
-    """The one-line legend over the table of steps: what its role words mean, from :func:`roles` and
-    :data:`CASHED_BY`."""
+    """The one-line legend over the table of steps: how to read its numbers (every step tried is numbered, so the
+    rows skip those dropped; 7a to 7c split step 7) and what its role words mean, from :func:`roles` and
+    :data:`CASHED_BY` (the note under the table gives the threshold of "pays")."""
     r = roles(results, changes)
     kept = [label for label, x in r.items() if x == PREREQUISITE]
     tried = [label for label, x in r.items() if x == TRIED_ROLE]
-    words = f"Role: **pays**, above {TIE[1]:.2f}× the row above at a case shown"
+    words = "The numbers count every step tried: the main line **pays** at a case shown"
     if kept:
-        words += (f"; *prerequisite of N*, a tie or a loss alone at a case shown ({_listed(kept)}), kept because "
-                  f"step N builds on it and pays")
+        words += f"; a *prerequisite of N* ({_listed(kept)}) ties or loses alone, kept because step N builds on it"
+    split = [label for label, *_ in STEP07_ROWS if label in r] + ([STEP07_LABEL] if STEP07_LABEL in r else [])
+    if len(split) > 1:
+        words += f"; {split[0]} to {split[-1]} split step 7"
     if tried:
         words += f". Steps {_listed(tried)} were tried and dropped (folded below)"
     return words + "."
