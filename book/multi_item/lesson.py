@@ -13,7 +13,8 @@ Nothing here times anything.
   (:data:`PAGE_SHAPES`), or every shape (folded).
 * :func:`step4_ranges_diff`, :func:`step4_loop_diff`: step 4's one idea as a diff (step 3's loop against the three
   ranges), and the loop over one range against step 3's loop.
-* :func:`step5_chain`: the bundled step one change at a time (:class:`Chain`, one run); :func:`step4_same_config`:
+* :func:`step5_chain`: the bundled step one change at a time (:class:`Chain`, one run), and
+  :func:`heaviest_first_alone`, why its tied last change stays; :func:`step4_same_config`:
   whether step 4's larger set of configurations changes nothing on the long-prefix prompt.
 * :func:`step_table`: some steps' times against the compute floor, shape by shape.
 * :func:`result_table`, :func:`peers_table`, :func:`peer_settings`: the result against the baselines and the
@@ -513,9 +514,21 @@ def step5_chain(gpu: str = "nvidia-h200") -> Chain | None:
                       {shape: _row(data, first, shape)}),
              ChainRow("5b", "+ the heads in groups whose keys and values fit in L2",
                       {shape: _row(data, "step_changes", shape, order="head groups only")}),
-             ChainRow("step 5", "+ each group's heaviest query tiles first (noise, not counted)",
+             ChainRow("step 5", "+ each group's heaviest query tiles first (a tie, kept)",
                       {shape: _row(data, STEP[5].series, shape)})]
     return Chain(shape, rows, anchors, MIXED_LABEL)
+
+
+def heaviest_first_alone(gpu: str = "nvidia-h200") -> tuple[float, float] | None:
+    """Why step 5 keeps its heaviest-tiles-first order, a tie on top of the head groups: µs of one launch on the
+    mixed batch (32 heads) in 5a's tail-first order and in heaviest-first order without the groups, both from the
+    run of :func:`step5_chain`; ``None`` where neither file is committed."""
+    data = lab_or_none("multi_item", "step05_chain", gpu) or lab_or_none("multi_item", "step_changes", gpu)
+    if data is None:
+        return None
+    shape = report.MIXED_SHAPE
+    return (_row(data, "step_changes", shape, order="5a (first_run)"),
+            _row(data, "step_changes", shape, order="heaviest first only"))
 
 
 def entry_series(results, shape: str) -> str:
