@@ -325,8 +325,7 @@ def test_a_peer_bar_whisker_spans_that_peers_repetitions_alone(results):
 def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
     """One steps table open on a page, at one row of x. Part 1's gives its steps' times at 16 rows beside, in the
     same table (steps 6 and 10 to 14 are built for several rows), the tried steps 7 to 9 in a folded table under it;
-    part 2's table at 16 rows sits in a fold, as do its
-    two halved steps' halves and its tried steps."""
+    part 2's table, a role column beside each step, at 16 rows sits in a fold, as do its tried steps."""
     cells = json.loads(path.read_text())["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert "solutions" not in code and "glue(" not in code
@@ -340,10 +339,10 @@ def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
         assert [t for t, hidden in calls if hidden] == [
             "display(Markdown(lesson.boehm_table(results, tried_rows, rows_of_x=1, beside=16)))"]
     else:
-        assert "rows_of_x=1)" in open_[0]
+        assert "rows_of_x=1)" in open_[0] and "roles=lesson.part2_role" in open_[0]
         hidden = [text for text, hidden in calls if hidden]
-        assert [text.count("rows_of_x=16)") for text in hidden] == [1, 0, 0]
-        assert "lesson.PART2_HALVES" in hidden[1] and "lesson.part2_tried(bitnet_run)" in hidden[2]
+        assert [text.count("rows_of_x=16)") for text in hidden] == [1, 0]
+        assert "roles=lesson.part2_role" in hidden[0] and "lesson.part2_tried(bitnet_run)" in hidden[1]
 
 
 ROW = re.compile(r"^\| (\d+) \|", flags=re.M)  # a steps table's row: "| 17 |"
@@ -363,19 +362,19 @@ def test_the_boehm_table_has_one_row_a_step(results):
 
 
 def test_part_2s_steps_table_gives_each_step_one_row_against_the_step_before_it(results):
-    """One step, one row, one number: the main table has a row for each step the page keeps at one row of x, each
-    measured against the step before it; steps 16 and 19, each one step in two halves, against the step before the
-    pair (each half in a folded table of its own, against the step before it). A step that loses alone says so, and
-    which step needs it; at 16 rows step 23 follows part 1's step 14. Steps 24 and 25, a tried path built for several
-    rows of x, sit in a table of their own and say so in their rows, never "did not pay"."""
+    """One step, one row, one number: the main table has a row for each step the page keeps at one row of x, steps
+    15 to 23, each measured against the step before it, and a role column: a step slower than the step before it,
+    or (the second of a pair) than the step before the pair, is a "prerequisite of N", N the step that builds on it
+    and pays; a tie says why it is kept; a pair's second step gives its speed over the step before the pair. At 16
+    rows step 23 follows part 1's step 14. Steps 24 and 25, a tried path built for several rows of x, sit in a table
+    of their own and say so in their rows, never "did not pay"."""
     assert "did not pay" not in "".join(c for *_, c in L.PART2_ROWS + L.PART2_TRIED)
-    assert not hasattr(L, "PAIRS") and not hasattr(L, "pair_chain")
+    assert not hasattr(L, "PAIRS") and not hasattr(L, "pair_chain") and not hasattr(L, "PART2_HALVES")
     one = [(n, p) for n, m, p, _ in L.PART2_ROWS if m == 1]
-    assert one == [(14, None), (16, 14), (17, 16), (19, 17), (20, 19), (21, 20), (22, 21), (23, 22)]
+    assert one == [(14, None)] + [(n, n - 1) for n in range(15, 24)]
     assert [(n, p) for n, m, p, _ in L.PART2_ROWS if m == 16] == [(14, None), (23, 14)]
-    assert [(n, p) for n, m, p, _ in L.PART2_HALVES] == [(15, 14), (16, 15), (18, 17), (19, 18)]
     assert [(n, m, p) for n, m, p, _ in L.PART2_TRIED] == [(24, 1, 23), (25, 1, 24), (24, 16, 23), (25, 16, 24)]
-    for rows in (L.PART2_ROWS, L.PART2_HALVES, L.PART2_TRIED):
+    for rows in (L.PART2_ROWS, L.PART2_TRIED):
         table = L.boehm_table(results, rows)
         assert " + " not in "".join(ROW.findall(table))
         lines = [line for line in table.splitlines() if ROW.match(line)]
@@ -385,9 +384,28 @@ def test_part_2s_steps_table_gives_each_step_one_row_against_the_step_before_it(
             if previous is not None:
                 t, before = L.us(results, T.SERIES[number], L.MAIN, m), L.us(results, T.SERIES[previous], L.MAIN, m)
                 assert f"| {before / t:.2f}× (vs {previous}{'; tie' if L.is_tie(before / t) else ''}) |" in line, line
-                if m == 1 and before < t and number not in (24, 25):  # loses alone: the row says which step needs it
-                    assert f"step {number + 1} needs it" in change, line
             assert change.startswith("tried, for several rows") == (number in (24, 25)), line
+    table = L.boehm_table(results, L.PART2_ROWS, roles=L.part2_role, rows_of_x=1)
+    assert "| step | role | the change | µs | × previous | × the 2-bit floor |" in table
+    for number, m, previous, _ in L.PART2_ROWS[:10]:
+        role = next(line for line in table.splitlines() if line.startswith(f"| {number} |")).split(" | ")[1]
+        if previous is None:
+            assert role == "baseline"
+            continue
+        t = L.us(results, T.SERIES[number])
+        r = L.us(results, T.SERIES[previous]) / t
+        start = L.PART2_PAIRS.get(number)
+        whole = None if start is None else L.us(results, T.SERIES[start]) / t
+        if L.is_tie(r):
+            assert role == f"tie, kept because {L.PART2_TIES_KEPT[number]}", role
+        elif r < 1 or (whole is not None and whole < 1):  # slower alone, or the pair still behind: a prerequisite
+            assert role.startswith(f"prerequisite of {L.PART2_NEEDED_BY[number]}"), role
+        else:
+            assert role.startswith("**pays**"), role
+        if start is not None:
+            assert f"({whole:.2f}× step {start})" in role, role
+    assert [n for n in range(15, 24) if "prerequisite" in L.part2_role(results, n, 1, n - 1)] == [15, 16, 18, 22]
+    assert [n for n in range(15, 24) if L.part2_role(results, n, 1, n - 1).startswith("tie")] == [20, 21]
 
 
 def test_the_chapter_lists_both_lessons():
@@ -516,8 +534,12 @@ def test_part_2_says_where_to_quantise_x_at_bitnets_shapes(results):
     assert len(beaten) >= len(waves) // 2
     assert "of BitNet's \"\n        f\"{len(place_runs)} shapes quantising x in every block is faster" in code  # folded
     headline = next("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"] if c["id"] == "c383ddc8")
-    assert "Our step 23 quantises x in the place chosen on the Llama shapes, which is the" in headline  # first
+    assert "Step 23 quantises x where a rule fitted on the Llama shapes says, the slower" in headline  # first
     assert "max(beaten.values())" in headline  # open, sized
+    # our least lead, what the other place would make it, and why the rule stays, from the same numbers
+    assert "low[1] * 1e3 / place_runs[low[0]]['every block']" in headline
+    assert "The rule stays, one rule for every shape, not tuned to the peer's" in headline
+    assert "At 16 rows of x use part 1's \"\n        f\"step 14: step 23 runs at {x(us(14, m=16), us(23, m=16))}" in headline
 
 
 def test_part_2s_result_opens_with_bitnet_and_the_eager_caveat_and_it_ends_with_a_choice():
@@ -1084,8 +1106,8 @@ def test_tables_name_steps_by_number_and_what_they_are(results):
 
 
 def test_part_2_gives_each_step_its_heading_and_one_number(results):
-    """Steps 15 to 23 have headings in order, 15 and 16 one step ("mma.sync with K split") and 18 and 19 one ("a TMA
-    ring, sums in shared memory"), and each section quotes one bold number: the step's time from the benchmark the
+    """Steps 15 to 23 have headings in order, 15 and 16 one section ("mma.sync with K split") and 18 and 19 one ("a
+    TMA ring, sums in shared memory"), and each section quotes one bold number: the step's time from the benchmark the
     steps table reads, over the step before it (a pair's: its second half over the step before the pair, each
     half's own time in a fold). Steps 24 and 25, tried for several rows, share one "Tried" section after step 23:
     one bold number (step 24 at 16 rows), step 25's beside it, and their diffs folded. No section shows a table of
@@ -1093,10 +1115,10 @@ def test_part_2_gives_each_step_its_heading_and_one_number(results):
     cells = json.loads(LESSONS[1].read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     heads = [(i, int(m[2] or m[1])) for i, t in enumerate(text)
-             if (m := re.match(r"#+ Steps? (\d+)(?: and (\d+), one step)?:", t))]
+             if (m := re.match(r"#+ Steps? (\d+)(?: and (\d+))?:", t))]
     assert [n for _, n in heads] == [16, 17, 19, 20, 21, 22, 23]
-    assert text[heads[0][0]].startswith("## Steps 15 and 16, one step: `mma.sync` with K split")
-    assert text[heads[2][0]].startswith("## Steps 18 and 19, one step: a TMA ring, sums in shared memory")
+    assert text[heads[0][0]].startswith("## Steps 15 and 16: `mma.sync` with K split")
+    assert text[heads[2][0]].startswith("## Steps 18 and 19: a TMA ring, sums in shared memory")
     assert all(text[i].startswith("## ") for i, _ in heads)
     tried = next(i for i, t in enumerate(text) if t.startswith("## Tried: steps 24 and 25"))
     assert heads[-1][0] < tried

@@ -725,7 +725,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "PART1_ROWS", "PART2_ROWS", "PART2_HALVES", "PART2_TRIED", "amdahl_peer", "verdict", "place_times", "gemlite_table", "shape_words", "and_list", "part2_tried", "step25_wins", "further_run", "run_source", "lab_file",
+           "PART1_ROWS", "PART2_ROWS", "PART2_TRIED", "part2_role", "part2_roles_legend", "amdahl_peer", "verdict", "place_times", "gemlite_table", "shape_words", "and_list", "part2_tried", "step25_wins", "further_run", "run_source", "lab_file",
            "bench_file", "provenance", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
@@ -762,33 +762,62 @@ PART1_ROWS = (
     (14, 16, 13, "split K through a zeroed workspace, no memset"),
 )
 
-#: Part 2's rows, as :data:`PART1_ROWS`: one row a step, each against the step before it. Steps 16 and 19 are each
-#: one step in two halves (:data:`PART2_HALVES`), measured against the step before the pair; step 22 loses alone and
-#: exists for step 23, which its row says. Steps 24 and 25, a tried path, have a table of their own
-#: (:data:`PART2_TRIED`).
+#: Part 2's rows, as :data:`PART1_ROWS`: one row a step, each against the step before it, its role said in a column
+#: of its own (:func:`part2_role`). Steps 24 and 25, a tried path, have a table of their own (:data:`PART2_TRIED`).
 PART2_ROWS = (
     (14, 1, None, "part 1's last Triton step"),
-    (16, 1, 14, "`mma.sync` with K split: the loop by hand (15), K split across blocks, the slices summed in a "
-                "fixed order (16); loses, step 17 needs it"),
+    (15, 1, 14, "`mma.sync`: the loop by hand, K in one slice"),
+    (16, 1, 15, "K split across blocks, the slices summed in a fixed order"),
     (17, 1, 16, "x copied once into shared memory"),
-    (19, 1, 17, "a TMA ring (18), the warps of a block sharing its K, the sums in shared memory (19)"),
-    (20, 1, 19, "one copy a stage and tile, not one a warp (kept: step 21 builds on it)"),
-    (21, 1, 20, "the decode's constant kept in a register (kept: the bf16-x kernel the result sets against "
-                "cuBLAS)"),
+    (18, 1, 17, "the weights by the TMA into a ring, sums still through L2"),
+    (19, 1, 18, "the warps of a block share its K, the sums in shared memory"),
+    (20, 1, 19, "one copy a stage and tile, not one a warp"),
+    (21, 1, 20, "the decode's constant kept in a register"),
     (22, 1, 21, "int8 x on the int8 tensor cores (22a), x quantised by a kernel of its own (22b) launched early "
-                "(22c); loses, step 23 needs it"),
+                "(22c)"),
     (23, 1, 22, "x quantised inside the matmul"),
     (14, 16, None, "part 1's step 14 at 16 rows of x"),
     (23, 16, 14, "step 23 at 16 rows (there x is quantised by a kernel of its own)"),
 )
 
-#: The halves of part 2's two paired steps, each against the step before it: the first half of each loses alone.
-PART2_HALVES = (
-    (15, 1, 14, "the loop by hand, K in one slice (loses; step 16 needs it)"),
-    (16, 1, 15, "K split across blocks, the slices summed in a fixed order"),
-    (18, 1, 17, "the weights by the TMA into a ring, sums still through L2 (loses; step 19 needs it)"),
-    (19, 1, 18, "the warps of a block share its K, the sums in shared memory"),
-)
+#: Part 2's steps that are slower than the step before them, or than the step before their pair, kept because the
+#: step named builds on them and pays (one row of x): a role "prerequisite of N".
+PART2_NEEDED_BY = {15: 16, 16: 17, 18: 19, 22: 23}
+#: The second step of each of part 2's two pairs (one section each), and the step before the pair: its role cell
+#: gives its speed over that step too.
+PART2_PAIRS = {16: 14, 19: 17}
+#: Why a part 2 step that ties the step before it is kept, said in its role cell.
+PART2_TIES_KEPT = {20: "step 21 builds on it", 21: "the result sets this bf16-x kernel against cuBLAS"}
+
+
+def part2_role(results, number: int, m: int, previous, shape: str = MAIN) -> str:
+    """A part 2 step's role cell, from its "× previous" (:func:`is_tie`): "baseline" (no previous); "tie, kept
+    because …" (:data:`PART2_TIES_KEPT`); "**pays**" where it is faster than the step before it and, for a pair's
+    second step (:data:`PART2_PAIRS`), than the step before the pair too (that ratio given); "prerequisite of N"
+    (:data:`PART2_NEEDED_BY`) where it is slower than either; else "loses"."""
+    if previous is None:
+        return "baseline"
+    t = us(results, SERIES[number], shape, m)
+    r = ratio(us(results, SERIES[previous], shape, m), t)
+    if r is None:
+        return "pending"
+    start = PART2_PAIRS.get(number)
+    whole = None if start is None else ratio(us(results, SERIES[start], shape, m), t)
+    note = "" if whole is None else f" ({whole:.2f}× step {start})"
+    if is_tie(r):
+        return "tie" + (f", kept because {PART2_TIES_KEPT[number]}" if number in PART2_TIES_KEPT else "")
+    if r > 1 and (whole is None or (whole > 1 and not is_tie(whole))):
+        return "**pays**" + note
+    if m == 1 and number in PART2_NEEDED_BY:
+        return f"prerequisite of {PART2_NEEDED_BY[number]}" + note
+    return "loses"
+
+
+def part2_roles_legend() -> str:
+    """The one line over part 2's steps table that says what its role words mean."""
+    return ("Role: **pays**, above 1.03× the step before; *tie*, 0.97× to 1.03×; *prerequisite of N*, slower than "
+            "the step before or step 14, kept because step N builds on it and pays.")
+
 
 #: Part 2's tried path, built for several rows of x: at one row of the headline shape both lose, at BitNet's largest
 #: shapes step 25 wins; at 16 rows each beats the step before it and both lose to part 1's step 14.
@@ -824,7 +853,8 @@ def part2_tried(bitnet_run) -> tuple:
                  for n, m, p, c in PART2_TRIED)
 
 
-def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_of_x=None, beside=None) -> str:
+def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_of_x=None, beside=None,
+                roles=None) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
     speedup over the step it is measured against (named, > 1 is faster) and its multiple of the 2-bit weights'
@@ -832,7 +862,9 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_
     a kernel that only reads the same 2-bit weights (``read_weights``, timed at one row of x); "pending" where the
     file has no time. ``rows_of_x`` (a number or a tuple of them) keeps those tables alone: a page shows its one-row
     table open and folds the others. ``beside`` (a number of rows of x): one table at ``rows_of_x`` with that
-    number's time and × previous in two more columns ("–" for a step not timed there), its caption naming both."""
+    number's time and × previous in two more columns ("–" for a step not timed there), its caption naming both.
+    ``roles`` (a function of results, step, rows of x, the step it is measured against and the shape, such as
+    :func:`part2_role`): a "role" column after the step's number."""
     if beside is not None:
         return _beside_table(results, rows, shape, rows_of_x, beside)
     keep = None if rows_of_x is None else set(rows_of_x if isinstance(rows_of_x, (tuple, list)) else (rows_of_x,))
@@ -840,7 +872,7 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_
     for m in dict.fromkeys(m for _, m, _, _ in rows if keep is None or m in keep):
         caption = (f"**{'One row' if m == 1 else f'{m} rows'} of x (M = {m}), "
                    f"{shape.replace('x', ' × ')}, {card(results)}, GPU clock**")
-        tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == m], shape, read_only))
+        tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == m], shape, read_only, roles))
     return "\n\n".join(tables)
 
 
@@ -877,9 +909,10 @@ def _beside_table(results, rows, shape: str, m: int, other: int) -> str:
     return caption + "\n\n" + "\n".join(out) + f"\n\nAt {other} rows, –: a one-row kernel, not timed."
 
 
-def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
-    lines = ["| step | the change | µs | × previous | × the 2-bit floor |" + (" × read-only |" if read_only else ""),
-             "|---|---|---|---|---|" + ("---|" if read_only else "")]
+def _boehm_rows(results, rows, shape: str, read_only: bool = False, roles=None) -> str:
+    lines = ["| step |" + (" role |" if roles else "") + " the change | µs | × previous | × the 2-bit floor |"
+             + (" × read-only |" if read_only else ""),
+             "|---|---|---|---|---|" + ("---|" if roles else "") + ("---|" if read_only else "")]
     reader = us(results, "read_weights", shape, 1) if read_only else None
     for number, m, previous, change in rows:
         t = us(results, SERIES[number], shape, m)
@@ -889,7 +922,8 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
         before = None if previous is None else us(results, SERIES[previous], shape, m)
         speed = "–" if previous is None else vs(before, t, previous)
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
-        lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | "
+        role = f" {roles(results, number, m, previous, shape)} |" if roles else ""
+        lines.append(f"| {number} |{role} {change} | {fmt(t, '.1f')} | {speed} | "
                      f"{fmt(ratio(t, floor), '.1f')}{own} |{extra}")
     return "\n".join(lines)
 
