@@ -534,11 +534,11 @@ def test_part_2_says_where_to_quantise_x_at_bitnets_shapes(results):
     assert len(beaten) >= len(waves) // 2
     assert "of BitNet's \"\n        f\"{len(place_runs)} shapes quantising x in every block is faster" in code  # folded
     headline = next("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"] if c["id"] == "c383ddc8")
-    assert "Step 23 quantises x where a rule fitted on the Llama shapes says, the slower" in headline  # first
+    assert "Step 23 quantises x where a rule fitted on the Llama shapes puts it: the slower" in headline  # first
     assert "max(beaten.values())" in headline  # open, sized
     # our least lead, what the other place would make it, and why the rule stays, from the same numbers
     assert "low[1] * 1e3 / place_runs[low[0]]['every block']" in headline
-    assert "The rule stays, one rule for every shape, not tuned to the peer's" in headline
+    assert "The rule stays: one rule for every shape, not tuned to the peer's" in headline
     assert "At 16 rows of x use part 1's \"\n        f\"step 14: step 23 runs at {x(us(14, m=16), us(23, m=16))}" in headline
 
 
