@@ -52,38 +52,42 @@ def test_no_ratio_across_clocks():
         ms = lesson.grid_row(results, ngram.CHAPTER.step(1).series, cfg)["ms"]
         assert f"{ms * 1e3:,.1f} µs at {cfg[0]} × {cfg[1]}" in note, cfg
     main, budget, fold = lesson.steps_tables(results)
-    assert main.endswith(lesson.host_note(results, (lesson.RESULT_CASE,))) and "¹" not in budget
-    assert note.split(":", 1)[1] in fold
+    assert "¹" not in main + budget and note.split(":", 1)[1] in fold  # the open tables: step 1 in the caption
+    host = lesson.grid_row(results, ngram.CHAPTER.step(1).series, lesson.RESULT_CASE)["ms"] * 1e3
+    assert f"step 1 runs on the host ({host:,.0f} µs, end to end)" in lesson.main_line_caption(results)
 
 
 def test_each_path_has_its_own_table_at_its_own_case():
-    """The page has two tables of steps, no role column: the main line (steps 1 to 7 and the entry point) at the
-    result's case, and right below it a smaller one, the budget path (step 6, where it starts, steps 8 to 12 and the
-    entry point) at the deployed budget's; each caption states its case once, and the budget path's says once that
-    every row is launch-bound (no "× floor" column, no "launch-bound" cell). Each "× previous" is over a row of its
-    own table (step 8's over step 6's at the budget's case), the first row has none, and each entry-point row names
-    the step it runs there, read from the file. Step 2, not timed at the main line's case, has empty cells: the
-    caption says so once."""
+    """The page has two tables of steps, no role column: the main line (steps 3 to 7 and the entry point) at the
+    result's case, and right below it a smaller one, the budget path (step 6, where it starts, step 8, steps 9 to 11
+    as one row, step 12 and the entry point) at the deployed budget's; each caption states its case once, and the
+    budget path's says once that every row is launch-bound (no "× floor" column, no "launch-bound" cell). Each
+    "× previous" is over a row of its own table (step 8's over step 6's at the budget's case, steps 9 to 11's over
+    step 8's), the first row has none, and each entry-point row names the step it runs there, read from the file.
+    Steps 1 (on the host) and 2 (not timed at the main line's case) have no row: the caption says so once."""
     results = load_results("ngram")
     main, budget = lesson.main_line_table(results), lesson.budget_path_table(results)
     rows = lambda t: [[c.strip() for c in ln.split("|")[1:-1]] for ln in t.splitlines()]
     m, g = rows(main), rows(budget)
     assert m[0] == ["step", "the one change", "µs, GPU clock", "× previous", "× floor"] and "role" not in main
     assert g[0] == ["step", "the one change", "µs, GPU clock", "× previous"] and "launch-bound" not in budget
-    assert [r[0] for r in m[2:]] == [str(n) for n in range(1, 8)] + ["entry point"]
-    assert [r[0] for r in g[2:]] == ["6", "8", "9", "10", "11", "12", "entry point"]
+    assert [r[0] for r in m[2:]] == [str(n) for n in range(3, 8)] + ["entry point"]
+    assert [r[0] for r in g[2:]] == ["6", "8", "9–11", "12", "entry point"]
     assert not any(r[0].startswith("**") for r in m + g)  # no group rows: each table is one path
     six, eight = g[2], g[3]
     assert six[3] == "–" and six[1] == "where the path leaves the main line"
     want = (lesson.grid_row(results, ngram.CHAPTER.step(6).series, lesson.HEADLINE)["ms"]
             / lesson.grid_row(results, ngram.CHAPTER.step(8).series, lesson.HEADLINE)["ms"])
     assert eight[3] == f"{want:.2f}×" and "(vs" not in main + budget
+    small = (lesson.grid_row(results, ngram.CHAPTER.step(8).series, lesson.HEADLINE)["ms"]
+             / lesson.grid_row(results, ngram.CHAPTER.step(11).series, lesson.HEADLINE)["ms"])
+    assert g[4][1] == lesson.SMALL_STEPS_SHORT and g[4][3].startswith(f"{small:.2f}×")
     for (_, cfg, _), table in zip(lesson.GROUPS, (m, g)):
         entry = lesson.entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
         runs = ngram.CHAPTER.step(entry["step"]).number
         row = next(r for r in table if r[0] == "entry point")
         assert row[1] == f"`ngram_match`, running step {runs}"
-    assert m[2][2] == "host ¹" and m[3][2:] == ["–", "–", "–"]  # step 1 on the host; step 2 untimed here
+    assert m[2][2] != "–" and m[2][3] == "–"  # the first row, step 3, is timed; steps 1 and 2 are the caption's
     cap_main, cap_budget = lesson.main_line_caption(results), lesson.budget_path_caption(results)
     assert "512 × 16384 with no budget" in cap_main and cap_main.count("too slow to time here") == 1
     assert f"{lesson.active_slots(results, lesson.RESULT_CASE)} of 512 slots search" in cap_main
@@ -155,8 +159,8 @@ def test_the_shared_definitions_hold_what_the_listings_lean_on():
 def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
     """The page folds what a reader can skip: the definitions every listing leans on (the parameter list,
     ``plan_slot``), step 2's loop (the search and the slot walk), step 3's search kernel,
-    and the small diffs of steps 8, 10 and 11 (each a line's idea); every other diff is open, step 9's core (its own
-    section's idea) and step 12's (the path's idea) included. No folded output holds the
+    and the diffs of steps 8 to 11 (step 8's, step 9's core, and steps 10 and 11's, each a line's idea, steps 9 to 11
+    one line of the page); every other diff is open, step 12's (the path's idea) included. No folded output holds the
     specification, and no Markdown says "folded" (the fold's own button says what it holds)."""
     import json
 
@@ -171,7 +175,8 @@ def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
                       "display(lesson.step2_excerpt())",
                       'show_source("ngram_common.cuh", "walk_budget")  # the batch loop, shared with step 3\'s phase 2',
                       'show_source("ngram_two_phase.cu", "ngram_search_per_n")',
-                      "lesson.step_diff(6, 8)", "lesson.step_diff(9, 10)", "lesson.step_diff(10, 11)"]
+                      "lesson.step_diff(6, 8)", "lesson.core_diff(9)", "lesson.step_diff(9, 10)",
+                      "lesson.step_diff(10, 11)"]
     for c in cells:
         if "hide-output" in c["metadata"].get("tags", []):
             assert c["metadata"]["mystnb"]["code_prompt_show"].startswith("Show "), c["metadata"]
@@ -179,10 +184,11 @@ def test_the_folded_listings_are_the_loops_and_the_small_steps_diffs():
     assert not any("folded" in t for c, t in zip(cells, text) if c["cell_type"] == "markdown")
 
 
-def test_the_cores_of_steps_4_5_6_and_9_show_open():
-    """Steps 4, 5, 6 and 9 show their diff's core unfolded (at most 40 changed lines, each side from its step's
-    kernel), and not the whole diff, with their number under it; the result table says which step `ngram_match`
-    runs at each shape, and it runs step 7 at the small case."""
+def test_the_cores_of_steps_4_5_and_6_show_open_and_step_9s_folded():
+    """Steps 4, 5 and 6 show their diff's core unfolded (at most 40 changed lines, each side from its step's
+    kernel), and not the whole diff, with their number under it; step 9's core is folded under the one line of
+    steps 9 to 11; the result table says which step `ngram_match` runs at each shape, and it runs step 7 at the
+    small case."""
     import json
 
     from studylog import paths
@@ -190,8 +196,8 @@ def test_the_cores_of_steps_4_5_6_and_9_show_open():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     for step in (4, 5, 6, 9):
         at = [i for i, c in enumerate(cells) if "".join(c["source"]).strip() == f"lesson.core_diff({step})"]
-        assert len(at) == 1 and "hide-output" not in cells[at[0]]["metadata"].get("tags", []), step
-        near = "".join(cells[at[0] + 1]["source"])  # the step's number, not the whole diff
+        assert len(at) == 1 and ("hide-output" in cells[at[0]]["metadata"].get("tags", [])) == (step == 9), step
+        near = "".join(cells[at[0] + (-1 if step == 9 else 1)]["source"])  # the step's number, not the whole diff
         assert "say(f" in near and not any(w in near for w in ("parts(", "_diff(")), step
         d = lesson.core_diff(step)
         assert len(d.lines) <= 45 and len(d.added) + len(d.removed) <= 40 and d.added and d.removed, step
@@ -202,13 +208,12 @@ def test_the_cores_of_steps_4_5_6_and_9_show_open():
 
 def test_every_step_has_its_section_with_its_diff_and_its_number():
     """One section a step, in number order, headed "## Step N: <the one idea>" (the main line, steps 1 to 7); the
-    budget path is one short section whose steps open with a bold "**Step N: ...**" (steps 8, 9 and 12; no bundle
-    words), except steps 10 and 11, two changes to how step 9 loads, which share "**Steps 10 and 11: ...**", a line
-    each with its number; each
+    budget path is one short section whose steps open with a bold "**Step N: ...**" (steps 8 and 12, an idea each;
+    no bundle words), except steps 9 to 11, smaller changes to how the blocks stream, which share one line,
+    "**Steps 9 to 11: ...**", with the range of their numbers (each step's in a fold); each
     section from step 3 on shows a diff for each of its steps (open or folded) and says a computed number, and steps
     7, 8 and 12 say where they pay (:func:`lesson.path_words`); a diff changes at most about 40 lines. Step 9's core
-    is open, the one that changes the streaming kernel most; the small diffs of steps 8, 10 and 11 are folded; step
-    12's, the path's idea, is open. No heading of its own for the main line's last step: step 7 follows step 6, then
+    is folded with the small diffs of steps 8, 10 and 11; step 12's, the path's idea, is open. No heading of its own for the main line's last step: step 7 follows step 6, then
     the budget path's heading (steps 8 to 12)."""
     import json
     import re
@@ -217,13 +222,15 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
-    sections = [(list(range(int(m[1]), int(m[2] or m[1]) + 1)), i) for i, t in enumerate(text)
+    opens = 'say(f"""\n**Step'  # a line that opens with its numbers is a say() cell's paragraph
+    heads = [t[t.index(opens) + len('say(f"""\n'):] if opens in t else t for t in text]
+    sections = [(list(range(int(m[1]), int(m[2] or m[1]) + 1)), i) for i, t in enumerate(heads)
                 for m in [re.match(r"(?:## |\*\*)Steps? (\d+)(?: (?:to|and) (\d+))?: (.+)", t)] if m]
     assert [n for ns, _ in sections for n in ns] == list(range(1, 13))  # reading order is step order
-    assert [ns for ns, _ in sections if len(ns) > 1] == [[10, 11]]
+    assert [ns for ns, _ in sections if len(ns) > 1] == [[9, 10, 11]]
     at = {n: i for ns, i in sections for n in ns}
     for _, i in sections:
-        title = text[i].splitlines()[0]
+        title = heads[i].splitlines()[0]
         assert not re.search(r"\bplus\b|changes\)|prerequisite|tunings?", title), title
     path_heads = [i for i, t in enumerate(text) if t.startswith("## ") and " from step 6" not in t
                   and any(t.startswith(f"## {name[0].upper()}{name[1:]}") for name, _ in lesson.PATHS)]
@@ -255,8 +262,9 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
                     assert int(m[2]) in numbers and changed <= 40, (m[2], changed)
 
 
-#: The diffs the page folds: steps 8, 10 and 11, a few lines each.
-FOLDED_DIFFS = ("lesson.step_diff(6, 8)", "lesson.step_diff(9, 10)", "lesson.step_diff(10, 11)")
+#: The diffs the page folds: steps 8 to 11 (step 9's core), a few lines each.
+FOLDED_DIFFS = ("lesson.step_diff(6, 8)", "lesson.core_diff(9)", "lesson.step_diff(9, 10)",
+                "lesson.step_diff(10, 11)")
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():
@@ -718,8 +726,7 @@ def test_the_open_steps_table_is_the_quoted_cases_and_the_fold_has_every_case():
     from studylog.ngram import NO_BUDGET
 
     assert lesson.OPEN_CASES == (lesson.RESULT_CASE, lesson.HEADLINE) == ((512, 16384, NO_BUDGET), lesson.HEADLINE)
-    note = lesson.host_note(results, (lesson.RESULT_CASE,))
-    assert main == lesson.main_line_caption(results) + "\n\n" + lesson.main_line_table(results) + "\n\n" + note
+    assert main == lesson.main_line_caption(results) + "\n\n" + lesson.main_line_table(results)
     assert budget == lesson.budget_path_caption(results) + "\n\n" + lesson.budget_path_table(results)
     assert fold.startswith("<details><summary>") and fold.endswith("</details>") and "|" not in fold
     assert set(lesson.BOEHM_CASES) | {lesson.RESULT_CASE} == set(lesson.TABLE_CASES)
@@ -731,8 +738,7 @@ def test_the_open_steps_table_is_the_quoted_cases_and_the_fold_has_every_case():
                 if r.split("|")[1].strip().isdigit() and r.split("|")[1].strip() != "1"}  # step 1: host, its note
         for number, row in rows.items():
             timed = _file_ms(results, int(number), cfg)
-            assert (timed is None) == (number == "2"), number
-            assert row[2] == ("–" if timed is None else f"{timed * 1e3:,.1f}")
+            assert timed is not None and row[2] == f"{timed * 1e3:,.1f}", number  # step 2, untimed: no row
     for number in range(2, 13):  # every step but step 2 is timed at the result's case
         assert (_file_ms(results, number, lesson.RESULT_CASE) is None) == (number == 2), number
     assert fold.count("<tr>") == len(lesson.steps_table(results).splitlines()) - 1  # the head and every row
@@ -868,9 +874,10 @@ def test_each_step_gives_one_number_at_its_paths_case():
     """The main line's steps (1 to 7) give their number at the result's case (:data:`lesson.RESULT_CASE`,
     index 2 of :data:`lesson.TABLE_CASES`), the budget path's (8 to 12) at the deployed budget's
     (:data:`lesson.HEADLINE`, index 1): step 2, not timed at the
-    result's case, gives its time at the budget's; steps 3 to 12 their factor at their path's case
-    (:func:`lesson.step_factors`) with their time; no budget-path paragraph quotes another case, and no paragraph
-    points to "the table" for a second number."""
+    result's case, gives its time at the budget's; steps 3 to 8 and 12 their factor at their path's case
+    (:func:`lesson.step_factors`) with their time, steps 9 to 11 the range of theirs over the table's cases, in one
+    line; no other budget-path paragraph quotes another case, and no paragraph points to "the table" for a second
+    number."""
     import json
     import re
 
@@ -886,13 +893,15 @@ def test_each_step_gives_one_number_at_its_paths_case():
         said = cells[cid]
         assert f"step_factors(results, {step})[2]" in said and f"us({step}, *L)" in said, step
     assert "lesson.step_factors(results, 8)[1]" in cells["cell-s8-say"] and "us(8, *H)" in cells["cell-s8-say"]
-    assert "lesson.step_factors(results, 9)[1]" in cells["cell-s9-say"] and "us(9, *H)" in cells["cell-s9-say"]
-    assert "(lesson.step_factors(results, n)[1] for n in (10, 11))" in cells["cell-s10-say"]
+    assert "lesson.small_steps_range(results)" in cells["cell-s9-say"] and "cell-s10-say" not in cells
+    results = load_results("ngram")
+    factors = [round(f, 2) for n in (9, 10, 11) for f in lesson.step_factors(results, n)]
+    assert lesson.small_steps_range(results) == (min(factors), max(factors))
     assert "f12[1]" in cells["cell-s12-say"] and "us(12, *H)" in cells["cell-s12-say"]
     for cid in ("cell-09", "cell-12", "cell-16", "cell-19", "cell-s5-say", "cell-s6-say", "cell-s7-say",
-                "cell-s8-say", "cell-s9-say", "cell-s10-say", "cell-s12-say"):
+                "cell-s8-say", "cell-s9-say", "cell-s12-say"):
         said = cells[cid]
         assert "× in the table" not in said, cid
         assert not re.search(r"us\(\d+, \d", said), cid  # a case by name, never typed
-    for cid in ("cell-s8-say", "cell-s9-say", "cell-s10-say", "cell-s12-say"):  # the budget path: its case only
+    for cid in ("cell-s8-say", "cell-s9-say", "cell-s12-say"):  # the budget path: its case (steps 9 to 11: every case)
         assert not re.search(r"step_factors\(results, \d+\)\[[02]\]|\*L\)", cells[cid]), cid

@@ -27,7 +27,8 @@ __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE
            "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "host_note", "floor_note", "steps_table", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "step_diff", "core_diff",
-           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "GROUPS", "main_line_table", "budget_path_table", "main_line_caption", "budget_path_caption", "TIE", "ratio_cell", "launch_bound", "floor_cell", "kept_note", "case_words", "step_table",
+           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "GROUPS", "main_line_table", "budget_path_table", "main_line_caption", "budget_path_caption", "TIE", "ratio_cell", "SMALL_STEPS", "SMALL_STEPS_SHORT", "SMALL_CHANGES", "small_steps_range",
+           "small_steps_fold", "launch_bound", "floor_cell", "kept_note", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
 
@@ -290,13 +291,13 @@ def step6_chain(gpu: str = "nvidia-h200", cases=BOEHM_CASES) -> list[ChainRow] |
     return rows
 
 
-def chain_gap(results, rows: list[ChainRow]) -> float:
+def chain_gap(results, rows: list[ChainRow], cases=None) -> float:
     """The largest relative gap between a chain's anchors (the rows of :data:`STEP6_CHAIN` that re-time a step of
-    the library) and the same steps in ``results``, over the chain's cases: how far its run sits from the table of
-    steps."""
+    the library) and the same steps in ``results``, over ``cases`` (default: every case the chain has): how far its
+    run sits from the table of steps."""
     steps = {label: number for label, _, _, number in STEP6_CHAIN if number is not None}
     return max(abs(row.us[cfg] / (grid_row(results, CHAPTER.step(steps[row.label]).series, cfg)["ms"] * 1e3) - 1)
-               for row in rows if row.label in steps for cfg in row.us)
+               for row in rows if row.label in steps for cfg in (cases or row.us))
 
 
 def path_words(results, number: int, cases=TABLE_CASES) -> str:
@@ -584,10 +585,16 @@ def fold_table(summary: str, markdown: str, note: str = "") -> str:
             + (f"<p>{_inline(note)}</p>" if note else "") + "</details>")
 
 
+#: The budget path's three smaller steps, one row of its open table and one line of the page (their numbers in a
+#: fold, :func:`small_steps_fold`): each changes how step 8's blocks stream, and step 12 keeps them.
+SMALL_STEPS = (9, 10, 11)
+#: Their row's "the one change" in the budget path's open table.
+SMALL_STEPS_SHORT = "no barriers, 16-byte loads, L2 evict-first hint"
 #: The two tables of steps: each path's name, the case its steps are quoted at, and its rows (the budget
-#: path's first row is step 6, where it leaves the main line, so each "× previous" is over a row of its own table).
+#: path's first row is step 6, where it leaves the main line, so each "× previous" is over a row of its own table;
+#: a tuple is one row for those steps, timed as the last of them over the step the first builds on).
 GROUPS = (("the main line", RESULT_CASE, tuple(range(1, PATHS[1][1][-1] + 1))),
-          ("the budget path", HEADLINE, (6,) + PATHS[0][1]))
+          ("the budget path", HEADLINE, (6, 8, SMALL_STEPS, 12)))
 
 
 #: A "× previous" from 0.97× to 1.03×, as the table prints it, is a tie: the row says so and no prose calls it a gain.
@@ -638,30 +645,66 @@ def kept_note(results, number: int, cfg: tuple[int, int, int]) -> str:
     return "kept: " + "; ".join(said) if said else ""
 
 
+#: What each of :data:`SMALL_STEPS` changes, in full: its row of :func:`small_steps_fold`.
+SMALL_CHANGES = {
+    9: "no barriers (steps 6 and 8 fold a tile's finds into the block's key and decide together whether to stop, two "
+       "barriers a tile): each thread keeps its own best key, publishes it with a global `atomicMin` when it "
+       "improves and reads the slot's key each tile to stop on its own",
+    10: "16-byte loads (`VEC = 2`) on aligned rows: two tokens a load, half the load instructions",
+    11: "an L2 evict-first hint: haystack lines, read once, replace each other, not lines other work still needs"}
+
+
+def small_steps_range(results, cases=TABLE_CASES) -> tuple[float, float]:
+    """The least and the most "× previous" of :data:`SMALL_STEPS` over ``cases``, rounded as the tables print them."""
+    factors = [round(f, 2) for n in SMALL_STEPS for f in step_factors(results, n, cases) if f is not None]
+    return min(factors), max(factors)
+
+
+def small_steps_fold(results, notes: dict[int, str] | None = None) -> str:
+    """HTML, folded: a row per step of :data:`SMALL_STEPS`, its change in full (:data:`SMALL_CHANGES`, then
+    ``notes[n]`` where given), its time at the budget path's case (:data:`HEADLINE`) and its
+    "× previous" at every case of :data:`TABLE_CASES` (:func:`ratio_cell`: a tie says so)."""
+    names = [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") for b, s, t in TABLE_CASES]
+    head = ["step", "the change", f"µs at {names[TABLE_CASES.index(HEADLINE)]}"] + [f"× previous, {n}" for n in names]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n in SMALL_STEPS:
+        row = grid_row(results, CHAPTER.step(n).series, HEADLINE)
+        change = SMALL_CHANGES[n] + (f"; {notes[n]}" if notes and notes.get(n) else "")
+        ratios = [ratio_cell(f) if f is not None else "–" for f in step_factors(results, n)]
+        lines.append("| " + " | ".join([str(n), change, us(row["ms"]) if row else "–"] + ratios) + " |")
+    return fold_table(f"Steps {SMALL_STEPS[0]} to {SMALL_STEPS[-1]}, each change and its numbers", "\n".join(lines))
+
+
 def _path_table(results, cfg: tuple[int, int, int], numbers: tuple[int, ...], first_words: str = "",
                 with_floor: bool = True) -> str:
     """Markdown, one path's table of steps at ``cfg``: a row per step of ``numbers`` and its one change
     (:data:`SHORT_CHANGES`, or ``first_words`` for the first row where given), its time in µs on the GPU clock,
     × previous (over the step it builds on, :func:`builds_on`, always a row of the same table) and, ``with_floor``,
-    × the floor (:func:`table_floor_us`); then the entry point at ``cfg``, naming the step it runs there. A step the
-    benchmark did not time at ``cfg`` (step 2, one thread) has empty cells: the caption says why."""
+    × the floor (:func:`table_floor_us`); then the entry point at ``cfg``, naming the step it runs there. A tuple of
+    ``numbers`` is one row ("9–11"): their changes, the last one's time, over the step the first builds on. A step
+    with no GPU-clock time at ``cfg`` (step 1, on the host; step 2, one thread, untimed) has no row: the caption
+    says why."""
     head = ["step", "the one change", "µs, GPU clock", "× previous"] + (["× floor"] if with_floor else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tail = lambda t: [floor_cell(results, cfg, t)] if with_floor else []
     for number in numbers:
-        row = grid_row(results, CHAPTER.step(number).series, cfg)
-        change = first_words if first_words and number == numbers[0] else SHORT_CHANGES[number]
-        if row is None or row.get("clock") != "gpu":  # step 2 untimed (the caption); step 1 on the host (¹)
-            cells = [str(number), change, "host ¹" if row else "–", "–"] + (["–"] if with_floor else [])
-            lines.append("| " + " | ".join(cells) + " |")
+        group = number if isinstance(number, tuple) else None
+        first, last = (group[0], group[-1]) if group else (number, number)
+        row = grid_row(results, CHAPTER.step(last).series, cfg)
+        if row is None or row.get("clock") != "gpu":  # step 1 on the host, step 2 untimed: the caption says so
             continue
+        if group:
+            change = SMALL_STEPS_SHORT if group == SMALL_STEPS else ", ".join(SHORT_CHANGES[n] for n in group)
+        else:
+            change = first_words if first_words and number == numbers[0] else SHORT_CHANGES[number]
         t, ratio = row["ms"] * 1e3, "–"
-        base = grid_row(results, CHAPTER.step(builds_on(number)).series, cfg) if number > 1 else None
+        base = grid_row(results, CHAPTER.step(builds_on(first)).series, cfg) if first > 1 else None
         if number != numbers[0] and base and base.get("clock") == "gpu":
             ratio = ratio_cell(base["ms"] * 1e3 / t)
-            kept = kept_note(results, number, cfg)
+            kept = "" if group else kept_note(results, number, cfg)
             change += f" ({kept})" if kept else ""
-        lines.append("| " + " | ".join([str(number), change, us(row["ms"]), ratio] + tail(t)) + " |")
+        label = f"{first}–{last}" if group else str(number)
+        lines.append("| " + " | ".join([label, change, us(row["ms"]), ratio] + tail(t)) + " |")
     entry = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
     if entry:
         runs = CHAPTER.step(entry["step"]).number if entry.get("step") else None
@@ -672,14 +715,16 @@ def _path_table(results, cfg: tuple[int, int, int], numbers: tuple[int, ...], fi
 
 def main_line_table(results) -> str:
     """Markdown, the page's open table of the main line (:data:`GROUPS`' first: steps 1 to 7, then the entry point)
-    at the result's case (:data:`RESULT_CASE`), with × the floor (:func:`_path_table`)."""
+    at the result's case (:data:`RESULT_CASE`), with × the floor (:func:`_path_table`): its rows start at step 3,
+    the first with a GPU-clock time there (the caption gives step 1's and says step 2 is untimed)."""
     _, cfg, numbers = GROUPS[0]
     return _path_table(results, cfg, numbers)
 
 
 def budget_path_table(results) -> str:
     """Markdown, the page's smaller table of the budget path (:data:`GROUPS`' second: step 6, where it leaves the
-    main line, steps 8 to 12, then the entry point) at the deployed budget's case (:data:`HEADLINE`). Where the floor
+    main line, step 8, steps 9 to 11 as one row (:data:`SMALL_STEPS`), step 12, then the entry point) at the deployed
+    budget's case (:data:`HEADLINE`). Where the floor
     there is an empty kernel's (:func:`launch_bound`) it has no "× floor" column: its caption says so once."""
     _, cfg, numbers = GROUPS[1]
     return _path_table(results, cfg, numbers, "where the path leaves the main line",
@@ -687,13 +732,16 @@ def budget_path_table(results) -> str:
 
 
 def main_line_caption(results) -> str:
-    """The main line's table's caption: its case, how many slots search there, and that step 2 (one thread) is too
-    slow to time there (its section gives its time at the budget path's case)."""
+    """The main line's table's caption: its case, how many slots search there, step 1's time (on the host, end to
+    end, so not a row of a GPU-clock table) and that step 2 (one thread) is too slow to time there (its section gives
+    its time at the budget path's case): the table's rows start at step 3."""
     b, s, _ = RESULT_CASE
-    slow = (" Step 2 is too slow to time here." if grid_row(results, CHAPTER.step(2).series, RESULT_CASE) is None
-            else "")
+    host = grid_row(results, CHAPTER.step(1).series, RESULT_CASE)
+    said = [f"step 1 runs on the host ({host['ms'] * 1e3:,.0f} µs, end to end)"] if host else []
+    if grid_row(results, CHAPTER.step(2).series, RESULT_CASE) is None:
+        said.append("step 2 is too slow to time here")
     return (f"**Steps 1 to 7** at {b} × {s} with no budget, where {active_slots(results, RESULT_CASE)} of {b} slots "
-            f"search.{slow}")
+            f"search" + (f"; {' and '.join(said)}." if said else "."))
 
 
 def budget_path_caption(results) -> str:
@@ -709,14 +757,13 @@ def budget_path_caption(results) -> str:
 
 def steps_tables(results) -> tuple[str, str, str]:
     """The page's tables of steps: open, Markdown, the main line at the result's case (:data:`RESULT_CASE`) under its
-    caption (:func:`main_line_caption`) with step 1's footnote (:func:`host_note`) under it; open, Markdown, the
+    caption (:func:`main_line_caption`, which gives step 1's host time); open, Markdown, the
     budget path at the deployed budget's (:data:`HEADLINE`) under its caption (:func:`budget_path_caption`); folded,
     HTML, :func:`steps_table` at every case of :data:`TABLE_CASES` and the footnotes at those cases, under a
     ``<details>`` that names them."""
     names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in TABLE_CASES)
     fold = fold_table(f"Every step at all four cases ({names})", steps_table(results), host_note(results, TABLE_CASES))
-    main = (main_line_caption(results) + "\n\n" + main_line_table(results) + "\n\n"
-            + host_note(results, (RESULT_CASE,)))
+    main = main_line_caption(results) + "\n\n" + main_line_table(results)
     return main, budget_path_caption(results) + "\n\n" + budget_path_table(results), fold
 
 
