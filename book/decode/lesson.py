@@ -28,7 +28,8 @@ __all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHA
            "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
            "bound_excess", "char_jump_case", "char_jump_table", "result_table", "gemv_tile_answer", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
-           "steps_rows", "real_steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
+           "steps_rows", "real_steps_rows", "real_step03_parts", "grammar_setup", "steps_table", "padding_table",
+           "prose_numbers", "real_model_table",
            "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
 
 #: ``lab/decode/results/<gpu>/<name>.json``: the quick benchmark from before the body was fused.
@@ -665,6 +666,37 @@ def real_steps_table(results, batch: int = 1) -> str:
         ratio = "–" if x["x_previous"] is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x["x_previous"], 1.0)
         lines.append(f"| {x['label']} | {STEP_CHANGES[config]} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |")
     return "\n".join(lines)
+
+
+def real_step03_parts(results, batch: int = 1) -> dict | None:
+    """Step 3 on the real model split where the chapter's benchmark allows: it times 3a (``automaton_mask``) on the
+    real model's requests too, but not 3b alone (the chain's run, :func:`step03_chain_run`, builds random-weight
+    cost models only). Over :func:`real_steps_rows`' requests, with its statistic (the ratio of medians): 3a over
+    step 2 (``x_3a``) and step 3 over 3a, 3b and 3c together (``x_3bc``). None where a request lacks 3a."""
+    real = _real_rows(results, batch)
+    a = [report.rows_of(results.rows, model=REAL, batch=batch, config="automaton_mask", schema=name)
+         for name, *_ in real]
+    if not real or not all(a):
+        return None
+    two, three = (_median(r[i]["ms"] for r in real) for i in (2, 3))
+    mid = _median(x[0]["ms"] for x in a)
+    return {"x_3a": two / mid, "x_3bc": mid / three, "requests": len(real)}
+
+
+def grammar_setup(results, model: str = REAL, batch: int = 1) -> dict | None:
+    """What a grammar costs before a request's first step, on ``model``'s requests at ``batch`` (step 3's rows,
+    compact whitespace), medians in ms: the automaton's compile (outlines-core's index and the forced chains:
+    ``automaton_ms``), xgrammar's compile (step 1's: ``xgrammar_ms``), and a whole request's decode under step 3
+    (its time per token times its tokens, the prefill included: ``decode_ms``). Both compiles, and building every
+    state's allowed ids on the device (not timed), run before the timed steps. None where the rows lack the times."""
+    rows = [r for r in report.rows_of(results.rows, model=model, batch=batch, config="masked_head")
+            if r["params"].get("whitespace", "compact") == "compact" and r.get("compile_seconds")]
+    if not rows:
+        return None
+    sec = [r["compile_seconds"] for r in rows]
+    return {"automaton_ms": _median((s["automaton_index"] + s.get("automaton_jumps", 0.0)) * 1e3 for s in sec),
+            "xgrammar_ms": _median(s["xgrammar"] * 1e3 for s in sec),
+            "decode_ms": _median(r["ms"] * r["tokens"] for r in rows), "requests": len(rows)}
 
 
 def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None, real: bool = False) -> str:
