@@ -364,8 +364,9 @@ def test_policy_totals_are_the_peers_tables_totals_row():
 
 def test_exercise_3s_worked_example_is_the_answers_and_the_real_schemas_paragraph_backs_the_opening():
     """Exercise 3's example (`name"` keeps `name`, holds back `"`) is what the reference answer does; the Real schemas
-    paragraph reads the opening's range, its sample and each engine's share from the committed file and says why
-    MaskBench counts more (another rule, other documents); the Llama shapes are not said to use this vocabulary."""
+    paragraph reads the passes saved on real schemas beside the suite's, says what its documents are (mostly keys),
+    reads its sample and each engine's share from the committed file and says why MaskBench counts more (another
+    rule, other documents); the Llama shapes are not said to use this vocabulary."""
     import json
     from pathlib import Path
 
@@ -380,15 +381,20 @@ def test_exercise_3s_worked_example_is_the_answers_and_the_real_schemas_paragrap
     assert "For `name\"` the tokens are `name` and `\"`; `\"` starts the longer token `\":`" in flat
     real = next(s for s in sources if "**Real schemas.**" in s)
     for read in ("doc['schemas_measured']", "forced_share'", "e['compiled']", "run['n_docs']",
-                 "bench['forced_share']", "bench['forced_share_schemastore']", "another rule, fast-forward"):
+                 "bench['forced_share']", "bench['forced_share_schemastore']", "another rule, fast-forward",
+                 "real_saved['ours/tokens']", "real_saved['llguidance/tokens']", "real_saved['xgrammar/bytes']",
+                 "suite_saved_by['llguidance/tokens']", "mostly keys"):
         assert read in real, read
+    flat_real = " ".join(real.split())
+    assert flat_real.index("real_saved['ours/tokens']") < flat_real.index("step 2's rule forces")
     assert "this chapter's vocabulary)" not in flat and "rather than Llama's" in flat
 
 
 def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_rests_on():
-    """"Why it matters" sets MaskBench's count, the SchemaStore run and the suite in one table, each with its Amdahl
-    bound, the suite's bound being the landing's (:func:`book.results.fsm_line` through the same function), and says
-    under it, from the suite's own rows, why the suite saves more; the opening gives the decision and two numbers."""
+    """"Why it matters" sets MaskBench's count, the SchemaStore run, the passes saved on those schemas and the suite in
+    one table, each with its Amdahl bound, the suite's bound being the landing's (:func:`book.results.fsm_line`
+    through the same function), and says under it, from the suite's own rows, why the suite saves more; the opening
+    gives the real schemas' ceiling first, then the decision with the suite's two numbers and the real schemas'."""
     import json
     from pathlib import Path
 
@@ -406,28 +412,34 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
     source = {c.get("id"): "".join(c["source"]) for c in cells["cells"]}
     why = source["cell-03"]
-    assert "| counted by |" in why and why.count("\n| ") == 4  # a head and three rows
-    # the real schemas' bound leads in bold; the suite's follows, its regexes named
-    assert "**{lesson.amdahl_bound(real_lo):.2f}–{lesson.amdahl_bound(real_hi):.2f}×**" in why
+    assert "| counted by |" in why and why.count("\n| ") == 5  # a head and four rows
+    # the suite's bound in the open, its regexes named; the real schemas' counts in the table, each by its rule
     assert "{lesson.amdahl_bound(suite_saved):.2f}×" in why and "suite_saved = lesson.saved_share(passes, 2)" in why
-    assert why.index("amdahl_bound(real_lo)") < why.index("amdahl_bound(suite_saved)") < why.index(":::")
+    assert why.index("amdahl_bound(suite_saved)") < why.index(":::") < why.index("amdahl_bound(real_lo)")
     assert "most of it in its {n_kind['regex']} regexes" in why
+    assert "real_saved[k]" in why and why.index(":::") < why.index("real_saved[k]")
     # the chunk's cost that makes the bounds optimistic is quoted in the open text, not in the fold
     assert why.index("{chunk_ms[8]:.2f} ms") < why.index(":::")
     opening = " ".join(source["cell-01"].split())
-    # the answer is one sentence: the decision and two numbers (llguidance's and step 2's saving on the suite)
+    # the real schemas' ceiling (passes saved on the committed comparison) comes before the answer; the answer is
+    # one sentence: the decision, the suite's two numbers (llguidance's and step 2's) and the same two on real schemas
     said = opening[opening.index("say(f"):]
-    assert "saved_share(passes, 2)" in opening and "ff['saved']" in opening and "{opening}" in said
+    assert "fsm_peers_realworld.json" in opening and "lesson.amdahl_bound(real_max)" in said
+    assert said.index("amdahl_bound(real_max)") < said.index("**The chapter's answer") < said.index("{opening}")
+    assert "saved_share(passes, 2)" in opening and "ff['saved']" in opening
+    assert "real_saved['llguidance/tokens']" in opening and "real_saved['ours/tokens']" in opening
     assert "saved_share(passes, 3)" not in opening and "real_lo:.1f" not in said  # the rest waits for later sections
-    # the real schemas' share, and what it rests on, open Why it matters
-    assert "only {100 * real_lo:.1f}–{100 * real_hi:.1f}% of tokens are forced" in " ".join(why.split())
+    assert "noncanonical" not in opening  # the count of documents in another split is in the result's fold
+    # the step 2 forced share on the SchemaStore walks is named by its rule wherever it is given
+    assert "real_lo" not in why[:why.index(":::")]
+    assert "by step 2's rule: the mask allows it alone" in why
     assert "by_kind" not in opening and "untouched" not in opening  # the breakdown waits for Why it matters
     assert "by_kind['regex']" in why and "json_compact" in why and "the real schemas' whitespace" in why
 
 
 def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_in_reader_words():
-    """The steps table counts passes only; the real-schema share is said once in "Why it matters"'s prose; the
-    Real schemas paragraph says in the open why the engines' counts differ; the result says, beside llguidance's
+    """The steps table counts passes only; the real-schema forced share is a row of "Why it matters"'s table; the
+    Real schemas paragraph says in the open why the engines' counts differ; the result's fold says, beside llguidance's
     "none", that the writer writes the tokenizer's own split; the allowed-tokens histogram folds under step 1, not
     under further reading; "Where the numbers come from" and the exercises speak as the course's other pages do."""
     import json
@@ -440,7 +452,7 @@ def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_
     text = "\n".join(source.values())
     assert "real=" not in source["cell-25"]
     why = source["cell-03"]
-    assert "On the {n_common} real schemas" not in why and why.count("{100 * real_lo:.1f}") == 2  # prose and table
+    assert "On the {n_common} real schemas" not in why and why.count("{100 * real_lo:.1f}") == 1  # the table's row
     real = source["cell-34"]
     flat = " ".join(real.split())
     assert flat.index("engines differ because each builds its own grammar") < flat.index(":::")
@@ -449,7 +461,10 @@ def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_
     assert flat.index("fail to compile") < flat.index("the small ones") < flat.index(":::")
     assert "an engine refusing" not in real
     result = " ".join(source["cell-29"].split())
-    assert re.search(r"llguidance's none, partly by design: the writer always writes the tokenizer's own split", result)
+    # the count of documents in another split is not in the result's sentence (partly by construction): the fold's
+    # table has it, with the reason llguidance's is none
+    assert "x_str['noncanonical']" not in result and result.index(":::{{dropdown}}") < result.index("partly by design")
+    assert "real_saved['llguidance/tokens']" in result
     assert "our writer always writes it" not in source["cea7eb19"]
     # the histogram of allowed tokens: folded right after step 1's count, before step 2
     assert ids.index("cell-36") == ids.index("cell-12") + 1 < ids.index("cell-13")
@@ -460,3 +475,13 @@ def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_
     where = source["0ebfc179"]
     assert not re.search(r"recorded|The runs|ceilings run", where)
     assert "answers:\n`book/fsm/solutions.py` in the repository." in source["cell-37"] and "the chapter's\n`solutions.py`" not in text
+
+
+def test_real_policy_shares_count_the_documents_kept_and_each_policys_saving():
+    """The real-schema comparison's shares are the steps table's measure (passes saved against none); a schema with
+    no document is not counted, and a refused document is out of the count."""
+    record = {"totals": {"none": 200, "policies": {"ours/tokens": {"passes": 190, "noncanonical": 0},
+                                                    "llguidance/tokens": {"passes": 150, "noncanonical": 0}}},
+              "schemas": [{"schema": "a", "documents": 3, "refused": ["document 1: ..."]}, {"schema": "b", "documents": 0}]}
+    n, docs, shares = lesson.real_policy_shares(record)
+    assert (n, docs) == (1, 2) and shares == pytest.approx({"ours/tokens": 0.05, "llguidance/tokens": 0.25})

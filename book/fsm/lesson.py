@@ -15,7 +15,7 @@ from book.fsm.peers import LIBRARIES, PeerRow
 __all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes",
            "saved_share", "steps_table", "step_helpers", "step3_core",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "policy_totals", "agreement_table", "timing_table", "plot_peers",
-           "ENGINE_NAMES", "cpu_name", "common_forced_shares"]
+           "ENGINE_NAMES", "cpu_name", "common_forced_shares", "real_policy_shares"]
 
 #: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
 #: (single CPU thread of an AMD EPYC 7V13, Llama 3 tokenizer:
@@ -62,6 +62,17 @@ def common_forced_shares(doc: dict) -> tuple[int, dict[str, float]]:
         shares[e] = sum(s["engines"][e]["forced"] for s in common) / tokens if tokens else float("nan")
     return len(common), shares
 
+
+def real_policy_shares(record: dict) -> tuple[int, int, dict[str, float]]:
+    """The suite's comparison run on real schemas (``fsm_peers_realworld.json``, written by
+    ``lab/fsm/real_schema_passes.py``: the SchemaStore schemas all three engines compile, documents walked at random
+    from our automaton and written in the tokenizer's split): how many schemas and documents it counts, and per
+    ``library/policy`` the share of the passes without jumps it saves, the steps table's measure on those documents.
+    A document one library refused is out of every total."""
+    schemas = [s for s in record["schemas"] if s.get("documents")]
+    documents = sum(s["documents"] - len(s.get("refused", [])) for s in schemas)
+    none = record["totals"]["none"]
+    return len(schemas), documents, {key: 1 - p["passes"] / none for key, p in record["totals"]["policies"].items()}
 
 # --- the chapter's table of steps ----------------------------------------------------------------------------
 
