@@ -222,6 +222,45 @@ def fsm_peers(path: Path = FSM_PEERS, whitespace: str = "default") -> dict[str, 
 
 #: The peer policy chapter 01 calls the strongest: llguidance's fast-forward tokens.
 FSM_PEER = "llguidance/tokens"
+#: Chapter 01's comparison run again on the real SchemaStore schemas all three engines compile (compact JSON, on
+#: documents walked from our automaton): written by ``lab/fsm/real_schema_passes.py``, its totals laid out as
+#: :data:`FSM_PEERS`'s.
+FSM_PEERS_REAL = DATA / "fsm_peers_realworld.json"
+
+
+def fsm_peers_real(path: Path = FSM_PEERS_REAL) -> dict[str, Any] | None:
+    """The real schemas' totals, as :func:`fsm_peers` gives the suite's (``none``, and per ``library/policy`` its
+    ``passes``), with ``schemas``: how many schemas they cover; None where the file is missing."""
+    import json
+
+    if not Path(path).is_file():
+        return None
+    record = json.loads(Path(path).read_text())
+    return record["totals"] | {"schemas": len(record["schemas"])}
+
+
+def passes_saved(totals: dict[str, Any] | None, policy: str) -> float | None:
+    """The share of forward passes ``policy`` (``"ours/tokens"``, :data:`FSM_PEER`, ...) saves in ``totals``
+    (:func:`fsm_peers`, :func:`fsm_peers_real`); None where it is not there."""
+    if not totals or policy not in totals["policies"]:
+        return None
+    return 1 - totals["policies"][policy]["passes"] / totals["none"]
+
+
+def fsm_passes_pair(suite_totals: dict[str, Any] | None = None,
+                    real_totals: dict[str, Any] | None = None) -> str:
+    """Chapter 01's line in one metric, passes saved: ours (exact token jumps) against llguidance's fast-forward
+    tokens on the suite (where we lose), then the same two on the real SchemaStore schemas; empty without both
+    files (defaults: :func:`fsm_peers`, :func:`fsm_peers_real`)."""
+    suite_totals = suite_totals if suite_totals is not None else fsm_peers()
+    real_totals = real_totals if real_totals is not None else fsm_peers_real()
+    shares = [passes_saved(t, p) for t in (suite_totals, real_totals) for p in ("ours/tokens", FSM_PEER)]
+    if None in shares:
+        return ""
+    ours, theirs, ours_real, theirs_real = shares
+    return (f"passes saved on the suite: our exact token jumps {ours:.1%}, theirs {theirs:.1%}"
+            + (" (we lose)" if theirs > ours else "")
+            + f"; on {real_totals['schemas']} real SchemaStore schemas: ours {ours_real:.1%}, theirs {theirs_real:.1%}")
 
 
 def peer_bare(words: str) -> str:
@@ -1156,6 +1195,17 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     regexes = fsm_suite_kinds().get("regex", 0)
                     notes[name].insert(0, f"on the {suite['default']['entries']}-entry suite ours forces "
                                           f"{ours:.1%}, most of it from its {regexes} regexes")
+                pair = fsm_passes_pair()
+                if pair and ratios[name] is not None:
+                    # one metric, passes saved, on the suite and on real schemas: the chapter's decision first;
+                    # the forced-token share (step 2's rule alone) is the chapter's, not this line's
+                    landing[name] = brief[name] = f"ship llguidance's fast-forward tokens; {pair}"
+                if pair and ratios[name] is not None and len(cells) == 1:
+                    cells[name] = landing[name]
+                    notes[name] = [("keep exact token jumps only where outputs must match decoding without jumps "
+                                    "token for token, which ours guarantees") if n.startswith("llguidance's fast-"
+                                                                                          "forward tokens are the policy")
+                                   else n for n in notes[name]]
                 continue
             row = next((b for b in board if b["number"] == entry.number and short_card(b["card"]) == name
                         and b["lead"]), None)
@@ -1666,8 +1716,8 @@ def case_and_rival(number: int, part: int = 0, root: Path = BENCH_RESULTS) -> st
         smallest = " (our smallest lead at this alphabet)" if "where our lead is smallest" in why else ""
         return f"T = 150, A = {CTC_CASE['A']:,}, N = {CTC_CASE['N']}{smallest}; vs cuDNN"
     words = {
-        1: "the chapter's suite, then real SchemaStore schemas, forward passes; vs llguidance's fast-forward tokens "
-           "(on the suite)",
+        1: "the chapter's suite, then real SchemaStore schemas, forward passes; vs llguidance's fast-forward tokens"
+           + ("" if fsm_peers_real() else " (on the suite)"),
         2: "batch 1, 1,000 of 128,256 tokens allowed; vs xgrammar (cuBLAS logits, then its mask)",
         3: "its synthetic batches of slots and tokens; vs our corrected port of FastDeploy's kernel, step 4 (no "
            "library has one)",
@@ -2582,6 +2632,8 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
             rival = (peer_bare(peer) + " of passes on the suite"
                      + (f" against our exact jumps' {saved['token']:.1%} (we lose; ours keeps the model's own tokens)"
                         if saved else "") if peer else "decoding every token")
+            if peer and fsm_passes_pair():  # the answer gives both pairs in one metric: the rival named alone
+                rival = "llguidance's fast-forward tokens (ours keeps the model's own tokens)"
         title = titles[notebook]
         _, minutes[notebook] = reading_minutes(notebook)
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {rival} | {buys.get(notebook, '–')} | "
@@ -2687,7 +2739,7 @@ __all__ = ["LISTING_MINUTES", "TABLE_MINUTES", "OTHER_PAGES", "reading_order", "
            "case_label", "ctc_case_words",
            "fsm_peers", "fsm_peer_words", "fsm_peer_totals", "write_fsm_peers", "FSM_PEERS", "FSM_PEER", "summary_markdown", "other_answers", "other_eager", "eager_words",
            "bitnet_range", "bitnet_eager", "HOST_BOUND_TITLE", "GRID_HOST_CHAPTERS", "clauses",
-           "reading_path_words", "exercise_count", "hours", "rounded_minutes", "ctc_rival_words", "ctc_native_cases", "ctc_native_words", "also_timed", "ngram_range", "multi_item_loss",
+           "reading_path_words", "exercise_count", "hours", "rounded_minutes", "ctc_rival_words", "fsm_peers_real", "passes_saved", "fsm_passes_pair", "FSM_PEERS_REAL", "ctc_native_cases", "ctc_native_words", "also_timed", "ngram_range", "multi_item_loss",
            "multi_item_loss_row", "MULTI_ITEM_LOSS", "shared_layers_words", "speculate_gated", "peer_bare",
            "fsm_note", "FOLD_WORDS", "rival_items", "versions_footnote", "ngram_step", "NGRAM_MODEL",
            "NGRAM_STEP_CASE"]
@@ -2815,6 +2867,10 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
     def fsm() -> str:
         from book.fsm.lesson import amdahl_bound
 
+        shipped = passes_saved(fsm_peers_real(), FSM_PEER)
+        if shipped is not None:  # the answer's policy, llguidance's fast-forward tokens, on the real schemas
+            return (f"at most {amdahl_bound(shipped):.2f}× a request on real SchemaStore schemas, with llguidance's "
+                    "fast-forward tokens (a bound)")
         real = fsm_real()
         if real is None:
             saved, _, _ = fsm_line(fsm_suite())

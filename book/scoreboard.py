@@ -969,7 +969,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(1, "FSM compression", "notebooks/01_fsm_compression.ipynb",
           "How many forward passes can a grammar spare the model?", None,
           absent="no GPU kernel: the compression runs on the host, over the grammar's automaton; what it saves, forward "
-                 "passes, is counted over the chapter's suite and given on the results page",
+                 "passes, is counted over the chapter's suite and real schemas and given on the results page",
           headline="forward passes saved by jumping over forced tokens, against decoding every token"),
     Entry(2, "Masked LM head", "notebooks/02_masked_lm_head.ipynb",
           "If the grammar allows a thousand tokens, why compute all 128,256 logits?", "masked_lm_head",
