@@ -248,6 +248,10 @@ def test_lesson_on_the_committed_file():
     table = lesson.pass_table(results, lays)  # "Why it matters": a row a rival
     rows = _rows(table)
     assert len(rows) == 2 and "pending" not in table  # one pass per item, packing's gain, is a sentence instead
+    from studylog.paths import REPO_ROOT
+
+    page = (REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text()  # packing's gain: the whole pass
+    assert "makes the whole pass" in page and "(attention alone: {per_item_att:.2f}×)" in page
     assert rows[1][3] == f"{view[lesson.MAIN_SHAPES[0]]['pass_gain']:.2f}×"
     assert "one causal pass per item" not in table
     assert lesson.pass_table(None, lays) == "pending"
@@ -576,9 +580,9 @@ def test_the_runs_line_sits_where_the_numbers_come_from_and_step_1_quotes_the_ta
 
 
 def test_step_5_quotes_the_steps_tables_case_and_keeps_heaviest_first_as_a_tie():
-    """Step 5's opening ratio is the steps table's (the mixed batch with 8 KV heads); its chain names two changes and
-    the fold under it says step 5's kernel is 5b with the heaviest tiles first, a tie kept for what it does without
-    the groups; how the chain's anchors sit against the steps table's benchmark is said under the chain, once."""
+    """Step 5's opening ratio is the steps table's (the mixed batch with 8 KV heads); its chain shows every row, the
+    last step 5's kernel (5b with the heaviest tiles first), and the visible text under it says that order is a tie
+    kept for what it does without the groups; how the chain's anchors sit against the steps table is said once."""
     import json
 
     from studylog import paths
@@ -589,6 +593,7 @@ def test_step_5_quotes_the_steps_tables_case_and_keeps_heaviest_first_as_a_tie()
     assert "lesson.GQA_SHAPE" in opening and "with 8 KV heads, the steps table's case" in opening
     assert not any("Three changes" in t for t in text.values())
     assert "a tie, kept because" in text["ch06-29-chain"] and "not counted" not in text["ch06-29-chain"]
+    assert "chain_table(chain5.rows, " in text["ch06-29-chain"] and "dropdown" not in text["ch06-29-chain"]
     assert "gap_words(chain5.gap(results))" in text["ch06-29-chain"] and "gap_words" not in text["ch06-where-runs"]
     assert not any("these runs" in t for t in text.values())
     chain = lesson.step5_chain()
