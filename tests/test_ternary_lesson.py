@@ -1292,7 +1292,8 @@ def test_part_2_ends_its_story_on_step_23_and_folds_the_tried_path_and_the_tunin
 
 def test_the_tried_section_names_where_step_25_wins_and_both_shares_are_given(results):
     """Part 2's "Tried" section says step 25 wins at one row at BitNet's largest-N shapes: the file's wins are the
-    shapes of largest N among BitNet's. Both parts give the ternary layers' share in bf16 and in 2 bits."""
+    shapes of largest N among BitNet's. Part 1 gives the ternary layers' share in bf16 and in 2 bits; part 2 links
+    it, and sets its estimate (against BitNet's kernel) beside part 1's (against GemLite)."""
     from book.ternary import results as tables
 
     run = tables.bitnet_results(results)
@@ -1302,8 +1303,13 @@ def test_the_tried_section_names_where_step_25_wins_and_both_shares_are_given(re
         assert set(wins) == set(shapes[:len(wins)])
     tried = "".join(next(c for c in json.loads(LESSONS[1].read_text())["cells"] if c["id"] == "b9e91fe2")["source"])
     assert "largest-N" in tried and "no entry point picks it" in tried
-    for path, cell in ((LESSONS[0], "ff5c35bc"), (LESSONS[1], "5519d543")):
-        text = "".join(next(c for c in json.loads(path.read_text())["cells"] if c["id"] == cell)["source"])
-        assert "view['share']" in text and "in 2 bits" in text
-        assert "cuBLAS bf16 at every layer and replaces each ternary layer's time by the kernel's measured time" in \
-            " ".join(text.replace('"\n    "', "").split())
+    text = "".join(next(c for c in json.loads(LESSONS[0].read_text())["cells"] if c["id"] == "ff5c35bc")["source"])
+    assert "view['share']" in text and "in 2 bits" in text
+    assert "cuBLAS bf16 at every layer and replaces each ternary layer's time by the kernel's measured time" in \
+        " ".join(text.replace('"\n    "', "").split())
+    cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"]}
+    assert "05_ternary_1_triton.ipynb#why-it-matters-the-linear-layers-of-a-decode-step" in cells["why-it-matters-heading"]
+    assert "share of a decode step's bytes" in cells["why-it-matters-heading"]
+    why = cells["5519d543"]
+    assert "view['share']" not in why  # said once, in part 1
+    assert "lesson.amdahl_peer(results, STEP[14].series, GEMLITE)" in why and "against a different rival, GemLite" in why
