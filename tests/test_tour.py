@@ -82,9 +82,9 @@ def test_the_floor_exercises_crossover_is_where_the_bytes_take_over(bandwidth_gb
 
 
 def test_chapter_0_sets_a_gpu_exercise_and_one_a_cpu_checks():
-    """The page opens with the two modes and says how it was rendered only in "Running it yourself", keeps "How the
-    numbers are measured" to two bullets and a link, gives its ceilings table a clock column, and sets three
-    exercises: the second and third checked on a CPU, with no answer on the page."""
+    """The page opens with the two modes and says how it was rendered under the first output that shows the mode,
+    keeps "How the numbers are measured" to two bullets and a link, gives its ceilings table a clock column, and sets
+    three exercises: the second and third checked on a CPU, with no answer on the page."""
     import json
     import re
     from pathlib import Path
@@ -95,8 +95,9 @@ def test_chapter_0_sets_a_gpu_exercise_and_one_a_cpu_checks():
     sources = ["".join(c["source"]) for c in json.loads(page.read_text())["cells"]]
     modes = next(i for i, s in enumerate(sources) if s.startswith("## Two ways to run"))
     banner = next(i for i, s in enumerate(sources) if "This page was rendered without a GPU" in s)
-    running = next(i for i, s in enumerate(sources) if s.startswith("## Running it yourself"))
-    assert modes < running < banner and sources[banner + 1].startswith("## ")
+    printed = next(i for i, s in enumerate(sources) if "studylog.mode()" in s)
+    anatomy = next(i for i, s in enumerate(sources) if s.startswith("## Anatomy of a step"))
+    assert modes < printed < banner < anatomy
     measured = next(s for s in sources if s.startswith("## How the numbers are measured"))
     assert len(re.findall(r"^\* ", measured, re.M)) == 2 and "../how_we_measure.md" in measured
     assert any("| clock |" in s for s in sources)
