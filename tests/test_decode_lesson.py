@@ -1052,17 +1052,22 @@ def test_the_kernel_exercise_folds_the_sweeps_recorded_answer():
 
 
 def test_step_3c_says_what_sampling_needs_and_the_real_models_forecasts_sit_in_one_sentence():
-    """3c's pick among the allowed ids is greedy decoding's: the page says what sampling would need. The real model's
-    measured ratio and its two forecasts (Amdahl's, chunk-length's) are tied together in one sentence, each read from
-    the results, shown under the result table (not in the forecasts' fold): why the Amdahl forecast sits far above."""
+    """3c's pick among the allowed ids is greedy decoding's: the page says what sampling would need. One forecast
+    is in view, the chunk-length one, under step 2 (whose forwards it times); the real model's measured ratio and its
+    two forecasts (Amdahl's, chunk-length's) are tied together in one sentence in the forecasts' fold, each read from
+    the results: why the Amdahl forecast sits far above. Step 2's comparison with the cost models' forwards is folded."""
     text = _page_cells()
     chain = " ".join(next(t for t in text if "lesson.step03_chain_ratio_table(changes)" in t).split())
     assert "Decoding here is greedy" in chain and "Gumbel noise" in chain and "top-k or top-p" in chain
+    step2 = next(t for t in text if "real2[1]['x_previous']" in t)
+    at = step2.index(":::{{dropdown}}")
+    assert "n['dec_real_forecast_b1']" in step2[:at] and "n['dec_fwd_bound']" in step2[at:]
+    assert "forecast" not in step2[at:].replace("forecasts **", "")
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
     at = result.index("The forecasts: the table's last column")
     shown, fold = result[:at], result[at:]
-    assert "sits between two forecasts" not in fold
-    tied = next(p for p in shown.split("\n\n") if "sits between two forecasts" in p)
+    assert "sits between two forecasts" not in shown
+    tied = next(p for p in fold.split("\n\n") if "sits between two forecasts" in p)
     assert "counts a jumped forward as free" in " ".join(tied.split())
     for key in ("real1['ratio']", "real1['bound']", "n['dec_real_forecast_b1']"):
         assert key in tied, key
@@ -1082,9 +1087,10 @@ def test_the_reader_meets_the_answers_path_and_no_dangling_lead_in_or_library_na
 
 
 def test_step_3_says_what_runs_before_the_first_step_and_gives_its_parts_on_the_real_model():
-    """Step 3 says plainly that building every state's sorted allowed ids and compiling the automaton run before the
-    first step, outside the per-token times, with the compile's measured cost beside a whole request's decode (read
-    from the rows' compile times), and that outlines-core compiles only some real schemas (chapter 01's section).
+    """Step 3 points to Where we lose for what runs before the first step; Where we lose gives it as one item:
+    compiling the automaton (its measured cost beside xgrammar's and a whole request's decode, read from the rows'
+    compile times), the untimed build of the allowed ids, and how many of chapter 01's real schemas outlines-core
+    compiles (read from chapter 01's file, linked to its section).
     The chain is timed on the cost models only; the real model's 3a, and 3b with 3c together, come from the
     chapter's benchmark, their product step 3 over step 2. Character-level jumps' ratio says it is on steered
     synthetic output."""
@@ -1094,14 +1100,34 @@ def test_step_3_says_what_runs_before_the_first_step_and_gives_its_parts_on_the_
     parts = lesson.real_step03_parts(results)
     step3 = lesson.real_steps_rows(results, 1)[2]["x_previous"]
     assert parts["x_3a"] * parts["x_3bc"] == pytest.approx(step3)
+    assert lesson.outlines_coverage() == (14, 40)
     text = _page_cells()
     first = next(t for t in text if "{s3['x_previous']:.2f}×" in t)
-    words = " ".join(first.split())
-    assert "lesson.grammar_setup(shown)" in first and "outside the per-token times" in words
-    for key in ("automaton_ms", "xgrammar_ms", "decode_ms"):
-        assert f"setup['{key}']" in first, key
-    assert "01_fsm_compression.ipynb#the-result-beside-xgrammar-and-llguidance" in first
+    assert "*Where we lose*" in " ".join(first.split()) and "setup[" not in first
+    lose = next(t for t in text if "The parts no chapter touches" in t)
+    item = " ".join(lose[lose.index("**A new grammar costs more than its request.**"):].split("\n* ")[0].split())
+    assert "lesson.grammar_setup(shown)" in lose and "lesson.outlines_coverage()" in lose and "not timed" in item
+    for key in ("setup['automaton_ms']", "setup['xgrammar_ms']", "setup['decode_ms']", "{built}", "{schemas}"):
+        assert key in item, key
+    assert "01_fsm_compression.ipynb#the-result-beside-xgrammar-and-llguidance" in item
     chain = next(t for t in text if "lesson.step03_chain_ratio_table(changes)" in t)
     assert "lesson.real_step03_parts(shown)" in chain and "rp['x_3a']" in chain and "rp['x_3bc']" in chain
     lose = next(t for t in text if "The parts no chapter touches" in t)
     assert "faster on steered synthetic output" in lose
+
+
+def test_the_answer_and_the_steps_table_say_what_pays_in_step_3_on_the_real_model():
+    """On SmolLM2 chapter 02's head and argmax (3b with 3c) tie and 3a, the allowed sets precomputed from the
+    automaton, pays: the answer says so beside the 8B cost model's head (the chain's 3b), and the open steps table's
+    step 3 row gives both numbers, the tie marked; the opening says what each chapter buys in isolation."""
+    results = lesson.committed()
+    parts = lesson.real_step03_parts(results)
+    assert f"{parts['x_3bc']:.2f}×" == "0.97×" and parts["x_3a"] > 1.03
+    row = _table_rows(lesson.real_steps_table(results, 1))[2]
+    assert f"3a, the automaton's allowed sets as the mask: {parts['x_3a']:.2f}×" in row[1]
+    assert f"3b and 3c: {parts['x_3bc']:.2f}× (tie" in row[1]
+    text = _page_cells()
+    answer = next(t for t in text if "**The answer:" in t)
+    for key in ("rp['x_3a']", "rp['x_3bc']", "head8", "lesson.real_step03_parts(shown)"):
+        assert key in answer, key
+    assert "many times faster than\nits baseline" not in text[0] and "save a few per cent of forwards" in text[0]
