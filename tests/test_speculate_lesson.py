@@ -593,7 +593,9 @@ def test_where_we_lose_reconciles_a_step_with_the_time_per_token():
     for key in ("decode_step_us", "tokens_per_step", "decode_us_per_token", "prefill_us_per_token",
                 "pooled_us_per_token", "for the median request"):
         assert key in lose, key
-    assert "lesson.markdown_table" in lose[lose.index("No serving engine is compared"):]  # the sum, a table after the list
+    # the sum, a table right after the item that refers to it ("added up below"), before the next item
+    item = lose[lose.index("**Drafting is host work.**"):lose.index("**Short answers.**")]
+    assert "added up below" in item and "say(token_time)" in item
     assert "No serving engine is compared" in lose
     chain = " ".join(next(t for t in text if "lesson.step02_chain_ratio_table(chain)" in t).split())
     assert '"the same output, sooner"' in chain and "near tie" in chain
