@@ -905,3 +905,39 @@ def test_each_step_gives_one_number_at_its_paths_case():
         assert not re.search(r"us\(\d+, \d", said), cid  # a case by name, never typed
     for cid in ("cell-s8-say", "cell-s9-say", "cell-s12-say"):  # the budget path: its case (steps 9 to 11: every case)
         assert not re.search(r"step_factors\(results, \d+\)\[[02]\]|\*L\)", cells[cid]), cid
+
+
+def test_the_operation_works_the_budget_on_four_slots_and_the_excerpts_name_their_variables():
+    """"The operation" shows the budget on a small batch, walked by the specification (its trace), in a hidden
+    cell: every slot keeps its wants until the first slot where the budget bites (slot 2, as step 4 says), which gets
+    its room; `sum` is the exclusive prefix sum of `T` plus the base up to there; the counts are the serial rule's
+    (exercise 3's). Steps 4 and 6 name the excerpt's variables in the line above it; the result says how far real
+    text moves the times, from the file."""
+    import json
+
+    from book.ngram import exercises
+    from studylog import paths
+
+    wants, threshold = lesson.BUDGET_EXAMPLE
+    rows = lesson.budget_example()
+    first = next(r["slot"] for r in rows if r["drafted"] < r["wants"])
+    assert first == 2 and 2 <= rows[first]["room"] == rows[first]["drafted"]
+    assert all(r["drafted"] == 0 for r in rows[first + 1:])
+    assert all(r["before"] + 1 == r["sum"] and r["room"] == threshold - r["sum"] - r["left"] for r in rows[:first + 1])
+    n = len(wants)
+    assert [1 + r["drafted"] for r in rows] == exercises.sequential_budget(threshold, ["active"] * n, [True] * n,
+                                                                           [1] * n, list(wants))
+    assert "(the budget bites)" in lesson.budget_example_table().splitlines()[2 + first]
+    cells = {c.get("id"): c for c in
+             json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]}
+    ex = cells["cell-budget-example"]
+    assert "lesson.budget_example_table()" in "".join(ex["source"]) and "remove-input" in ex["metadata"]["tags"]
+    assert ex["metadata"]["jupyter"]["source_hidden"]
+    step4, step6 = "".join(cells["cell-17"]["source"]), "".join(cells["cell-s6-md"]["source"])
+    assert "slots 0 to 2 in [the table](#the-operation)" in step4
+    for name in ("drafted_t", "crossed", "total_before", "counted_total", "valid", "s_warp"):
+        assert f"`{name}`" in step4[step4.index("**The diff's core.**"):], name
+    for name in ("load_shared_key", "tile_floor_key", "`chunk`", "prompt_chunks"):
+        assert name in step6[step6.index("**The diff's core.**"):], name
+    result = "".join(cells["cell-34"]["source"])
+    assert "max(lesson.real_text_slower(results))" in result and "(#on-real-text)" in result

@@ -29,7 +29,8 @@ __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE
            "DIFF_CONTEXT", "step_diff", "core_diff",
            "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "GROUPS", "main_line_table", "budget_path_table", "main_line_caption", "budget_path_caption", "TIE", "ratio_cell", "SMALL_STEPS", "SMALL_STEPS_SHORT", "SMALL_CHANGES", "small_steps_range",
            "small_steps_fold", "launch_bound", "floor_cell", "kept_note", "case_words", "step_table",
-           "real_text_table", "summary_table", "target_verdicts"]
+           "real_text_table", "summary_table", "target_verdicts", "BUDGET_EXAMPLE", "budget_example",
+           "budget_example_table", "real_text_slower"]
 
 
 def published_blockscan_counts(inputs: NgramInputs, keys: list[int], seq_lens_this_time: Tensor,
@@ -455,6 +456,68 @@ def budget_walk(results, cfg: tuple[int, int, int]) -> dict:
             "drafting": sum(t["drafted"] > 0 for t in trace), "tokens": sum(t["drafted"] for t in trace),
             "starts": [t["start"] for t in trace if t["drafted"] > 0]}
 
+
+
+#: The worked example of the budget under "The operation": the drafts each of four active slots wants, and the
+#: budget that bites at the third.
+BUDGET_EXAMPLE = ((3, 4, 5, 2), 14)
+
+
+def budget_example(wants=BUDGET_EXAMPLE[0], threshold: int = BUDGET_EXAMPLE[1]) -> list[dict]:
+    """The budget on a small batch, as the specification walks it (:func:`studylog.ngram.reference_ngram_match`'s
+    trace): one active, counted slot per entry of ``wants``, each with base 1, whose pattern matches at the prompt's
+    start with ``wants[b]`` tokens after it, so that with no budget it drafts ``wants[b]``. Per slot: ``wants``,
+    ``T`` (its tentative count, base plus wants), ``before`` (the exclusive prefix sum of ``T``), the reference's
+    ``sum`` (tokens given so far plus the slot's base) and ``left``, ``room`` (``threshold - sum - left``) and
+    ``drafted``."""
+    import torch
+
+    from studylog.ngram import reference_ngram_match
+    from studylog.ngram.models import slot_plans
+
+    batch, pattern, width = len(wants), [7, 8, 9], 3 + max(wants) + 1
+    prompt = torch.tensor([pattern + [10 + k for k in range(width - 3)]] * batch, dtype=torch.int64)
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)
+    inputs = NgramInputs(prompt_ids=prompt, prompt_lens=i32([width] * batch),
+                         generated_ids=torch.tensor([pattern] * batch, dtype=torch.int64),
+                         step_idx=i32([len(pattern) - 1] * batch), draft_token_num=i32(list(wants)),
+                         max_dec_len=i32([1000] * batch), seq_lens_encoder=i32([0] * batch),
+                         seq_lens_decoder=i32([len(pattern)] * batch))
+    this_time, traces = i32([1] * batch), {}
+    for budget in (NO_BUDGET, threshold):
+        traces[budget] = []
+        reference_ngram_match(inputs, torch.zeros((batch, max(wants) + 1), dtype=torch.int64), this_time,
+                              NgramConfig(threshold=budget), trace=traces[budget])
+    tentative = [t["drafted"] for t in traces[NO_BUDGET]]
+    assert tentative == list(wants), (tentative, wants)
+    bases = [base for _, _, base, _ in slot_plans(inputs, NgramConfig(threshold=threshold), this_time)]
+    rows, before = [], 0
+    for b, (t, base) in enumerate(zip(traces[threshold], bases)):
+        rows.append({"slot": b, "wants": tentative[b], "T": base + tentative[b], "before": before, "sum": t["total"],
+                     "left": t["left"], "room": threshold - t["total"] - t["left"], "drafted": t["drafted"]})
+        before += base + tentative[b]
+    return rows
+
+
+def budget_example_table(wants=BUDGET_EXAMPLE[0], threshold: int = BUDGET_EXAMPLE[1]) -> str:
+    """:func:`budget_example` as the page's Markdown table, the first slot where the budget bites marked."""
+    rows = budget_example(wants, threshold)
+    first = next((r["slot"] for r in rows if r["drafted"] < r["wants"]), None)
+    lines = [f"| slot | wants | `T` (base + wants) | `T` before it | `sum` | `left` | room: {threshold} − `sum` − `left` "
+             "| drafts |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mark = " (the budget bites)" if r["slot"] == first else ""
+        lines.append(f"| {r['slot']} | {r['wants']} | {r['T']} | {r['before']} | {r['sum']} | {r['left']} | "
+                     f"{r['room']} | **{r['drafted']}**{mark} |")
+    return "\n".join(lines)
+
+
+def real_text_slower(results) -> list[float]:
+    """Step 12's time on each real-text case over its time on uniform ids at the same shape (the "On real text"
+    section's cases)."""
+    series = CHAPTER.step(12).series
+    return [real_row(results, series, c)["ms"] / real_row(results, series, ("synthetic", *c[1:]))["ms"]
+            for c in real_cases_in(results) if c[0] != "synthetic"]
 
 #: Each row's one change in the table of steps, in a few words (each step's section says it in full).
 SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread", 3: "a block a slot; serial budget",
