@@ -301,7 +301,8 @@ def _all_rows(results) -> list[list[str]]:
     """The cells of every step's row of the page's two tables of steps (captions, headers and the rivals' sentence
     under them left out), each as ``[step, case, change, µs, ×, × floor, against]``: a chain row takes its case from
     its table's caption, and its "against" is the row above."""
-    chain_cap, chain, beyond_cap, beyond, _ = lesson.main_steps_table(results).split("\n\n")
+    chain_cap, chain, tried, beyond_cap, beyond, _ = lesson.main_steps_table(results).split("\n\n")
+    assert tried == lesson.tried_note()
     assert chain_cap.startswith("**The chain** (batch 1, 1,000 random ids allowed;")
     assert beyond_cap.startswith("**Beyond the chain** (each at its own case;")
     assert chain.splitlines()[0] == "| step | the one change | µs | × previous | × the card's floor |"
@@ -445,8 +446,14 @@ def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
     assert row[4] == f"{theirs / ours:.2f}×" and row[6] == f"xgrammar's path ({lesson.table_us(theirs)})"
     assert "xgrammar" not in row[2]
     assert f"{twelve / ours:.2f}×" not in row[2]
-    assert "from the packed bitmask" in row[2] and "one change in three parts" in row[2] and "copy" in row[2]
-    assert "step 7's kernel reading the count" in row[2] and "timed as one, since" in row[2]
+    assert row[2].startswith("an integration, not a faster kernel: the whole step from the packed bitmask")
+    assert "in three parts, none capturable alone" in row[2] and "copy" in row[2]
+    assert "step 7's kernel reading the count" in row[2]
+    trace = lesson.plan_timeline()
+    if trace is not None:  # each part with its traced cost
+        part = lesson.plan_parts(trace)
+        for us in (part["copy"], part["count_zero"] + part["union_kernel"], part["row_kernel"]):
+            assert f", {us:.1f} µs" in row[2]
     assert lesson.step_factor(results, 13) == pytest.approx(theirs / ours) and theirs / ours > 1
     said = lesson.main_steps_table(results).split("\n\n")[-1]
     assert f"xgrammar's path (step 13's contract), {theirs * 1e3:.1f} µs" in said
@@ -592,20 +599,22 @@ def test_step13s_bound_is_ours_and_is_said_above_the_table():
     assert "{plan_ms / design:.1f}× it" in said
 
 
-def test_the_missing_step_numbers_are_said_once_under_the_tables():
-    """Under the table one footnote says which steps were tried and did not pay, and the key to the mark follows it:
-    the notebook says the key nowhere else. The table of steps holds every kept step; the opening says what the step
-    numbers follow."""
+def test_the_missing_step_numbers_are_said_once_under_the_chain():
+    """Right under the chain's table one line says which steps were tried and did not pay, and where they are (the
+    opening does not say it again); under the tables the footnote is the key to the mark alone: the notebook says the
+    key nowhere else. The table of steps holds every kept step."""
     results = plotting.load_results("masked_lm_head")
-    note = lesson.steps_note(results)
-    first = note.split("\n\n")[0]
-    assert first == f"Steps {lesson.counts_words(list(lesson.TRIED))} were tried and did not pay (folded below the figures)."
+    line = f"Steps {lesson.counts_words(list(lesson.TRIED))} were tried and did not pay (folded below the figures)."
+    assert lesson.tried_note() == line
+    blocks = lesson.main_steps_table(results).split("\n\n")
+    assert blocks[2] == line and blocks[1].startswith("| step |") and blocks[3].startswith("**Beyond the chain**")
     assert sorted(int(r[0]) for r in _all_rows(results)) == list(lesson.MAIN_LINE)
+    note = lesson.steps_note(results)
     key = lesson.page_capped_key(results)
-    assert key is None or note.endswith(key)
+    assert note == ("" if key is None else key) and "were tried" not in note
     source = "\n".join("".join(c["source"]) for c in _notebook_cells())
     assert source.count("lesson.steps_note(results)") == 1 and "page_capped_key" not in source
-    assert "Steps 6, 9 and 11 were tried and did not pay (folded)." in source and "follow the package" not in source
+    assert "were tried and did not pay" not in source and "follow the package" not in source
     assert "library's numbers" not in source
 
 
@@ -892,8 +901,8 @@ def test_plan_parts_give_each_part_its_own_time():
 
 
 def test_step_13s_section_names_its_one_idea_and_times_each_part():
-    """Step 13's section opens on its one idea (its rival's contract, from the bitmask to the logits, in one CUDA
-    graph) and names its three parts, and there, not in a later section, gives the step's own time (the benchmark's),
+    """Step 13's section opens saying plainly it is an integration, not a faster kernel (what lets one CUDA graph
+    replay the product path, from the bitmask to the logits) and names its three parts, each with its cost, and there, not in a later section, gives the step's own time (the benchmark's),
     its parts' traced times (the copy, the count zeroed, the union kernel, the row kernel) in the traced call's table,
     and the idle rest of the period between calls in words."""
     cells = _notebook_cells()
@@ -901,8 +910,10 @@ def test_step_13s_section_names_its_one_idea_and_times_each_part():
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
     section = ["".join(c["source"]) for c in cells[start:end]]
     opening = section[0].split("\n\n")[1]
-    assert opening.startswith("Step 13 takes xgrammar's contract, from the packed bitmask to the logits")
-    assert "in one CUDA graph" in opening.split(". ")[0] and "in three parts" in opening
+    assert opening.startswith("Step 13 is an integration, not a faster kernel: what lets one CUDA graph replay the "
+                              "product path")
+    assert "packed bitmask to the logits" in opening.split(". ")[0] and "Three parts" in opening
+    assert "Each part's cost in the trace" in "\n".join(section[1:])
     code = "\n".join(section[1:])
     assert "lesson.plan_parts(trace)" in code
     for key in ("idle", "period"):

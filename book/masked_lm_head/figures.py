@@ -80,7 +80,8 @@ def _style(ax, xlabel: str, ylabel: str, *, logy: bool):
 
 def figures(results) -> dict[str, Any]:
     """The chapter's figures, at most three panels each, one colour per series (:data:`SERIES_COLORS`):
-    ``speedup_b1`` (each step's speedup over cuBLAS's dense fp32 logits + masked_fill at batch 1, log axis), ``layout`` (steps 1 and 2
+    ``speedup_b1`` (each step's speedup over cuBLAS's dense fp32 logits + masked_fill at batch 1, log axis; the
+    caption names that divisor the weak rival and says why the ``index_select`` line dips), ``layout`` (steps 1 and 2
     on both layouts, bars), ``batched`` (time against allowed count at batches 8, 64 and 256),
     ``practitioners`` (the whole step against xgrammar's path) and ``host`` (host time per call); a figure
     whose series the file lacks is left out."""
@@ -168,8 +169,31 @@ def _speedup_figure(results, caption: str):
             " allowed only" if zero else "")
     fig.tight_layout()
     fig.text(0.01, -0.01, caption + "\n" + _spread_words(results) + "; random masks except step 11's (real grammar "
-             "masks); steps 9 and 10 run above batch 1; steps 6 and 7 lie on step 5's line (see the tables)" + zero, fontsize=FONT - 1, va="top", wrap=True)
+             "masks); steps 9 and 10 run above batch 1; steps 6 and 7 lie on step 5's line (see the tables)" + zero
+             + _index_select_words(results), fontsize=FONT - 1, va="top", wrap=True)
     return fig
+
+
+#: torch's ``index_select`` copies up to this many rows with its small-index kernel, each thread looping over the ids
+#: in turn, and more with a gather over every element at once (``index_select_out_cuda_impl`` in ATen's Indexing.cu).
+SMALL_INDEX = 16
+
+
+def _index_select_words(results) -> str:
+    """The caption's sentence on the divisor and the ``index_select`` line: the divisor computes every logit, the
+    weak rival; the kernel's rival is ``index_select`` + matmul, whose line dips at the largest count up to
+    :data:`SMALL_INDEX` ids, where torch copies the rows one after another, against the smallest count above it.
+    Empty where the run lacks either point."""
+    rows = {r["params"]["allowed"]: r["ms"] for r in results.select("index_select", batch=1, kind="random")
+            if r["params"].get("layout", "vd") == "vd"}
+    few = max((n for n in rows if 1 < n <= SMALL_INDEX), default=None)
+    many = min((n for n in rows if n > SMALL_INDEX), default=None)
+    if few is None or many is None or rows[few] <= rows[many]:
+        return ""
+    return ("\nThe divisor computes every logit, the weak rival; the kernel's rival is the dashed index_select line. "
+            f"It dips at {few:,} ids: up to {SMALL_INDEX} ids torch's index_select copies the rows one after another "
+            f"(its small-index kernel), above that all at once, so {few:,} ids take {rows[few] * 1e3:.1f} µs and "
+            f"{many:,} take {rows[many] * 1e3:.1f} µs.")
 
 
 def _layout_figure(results, caption: str):

@@ -795,11 +795,11 @@ PARTS = (("the copy", "the packed bitmask copied, without waiting, into a device
 #: The first table of steps (:func:`main_steps_table`): the chain a reader follows at :data:`MAIN_CASE`, each step
 #: against the row above (step 7 ties step 5 and is kept: steps 8 and 13 build on it, the dispatch runs it at batch 1).
 CHAIN = (0, 1, 2, 3, 4, 5, 7)
-#: Step 13's words in the second table of steps: its one change, in the three parts its section names, and why the
-#: parts are timed as one.
-HEADLINE_CHANGES = {13: "the whole step from the packed bitmask in one CUDA graph: one change in three parts (the "
-                        "bitmask's copy into the graph's buffer, the union built on the device, step 7's kernel "
-                        "reading the count), timed as one, since no part alone lets a graph replay the step"}
+#: Step 13's words in the second table of steps: an integration, not a faster kernel, in the three parts its section
+#: names, none capturable alone (:func:`step13_change` adds each part's traced cost).
+HEADLINE_CHANGES = {13: "an integration, not a faster kernel: the whole step from the packed bitmask in one CUDA graph, "
+                        "in three parts, none capturable alone (the bitmask's copy into the graph's buffer; the union "
+                        "built on the device; step 7's kernel reading the count)"}
 #: Kept for the callers that name it: step 13's words, what it adds to step 12's call at :data:`MAIN_CASE`.
 CHANGES_FROM_HOST = HEADLINE_CHANGES[13]
 #: The rivals' names in the second table's "against" cells.
@@ -846,7 +846,8 @@ def main_steps_table(results) -> str:
     """The page's two tables of steps, Markdown, each under its bold caption, then the rivals' sentence; blocks
     separated by blank lines. First the chain (:data:`CHAIN`) at :data:`MAIN_CASE`, said once in its caption, each
     "×" the time of the row above over its own (:func:`chain_base`), a tie marked with why the step is kept
-    (:data:`KEPT_FOR`). Then the steps beyond the chain (:data:`OWN_STEPS`), each at the case its idea is about, with
+    (:data:`KEPT_FOR`), with the tried steps' line under it (:func:`tried_note`). Then the steps beyond the chain
+    (:data:`OWN_STEPS`), each at the case its idea is about, with
     what it is compared with there and that time in their own column (:data:`STEP_CASES`; step 13 against xgrammar's
     path, the rival with its contract); step 12, the entry point, over every case, against the fastest kernel it
     chooses from at each (:func:`dispatch_range`). Every timed row has "× the card's floor" at its own case. The rivals
@@ -866,7 +867,7 @@ def main_steps_table(results) -> str:
                                                        number)
         lines.append(f"| {number} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
                      f"{_over_floor(results, row, MAIN_CASE)} |")
-    lines += ["", "**Beyond the chain** (each at its own case; µs, GPU clock)", "",
+    lines += ["", tried_note(), "", "**Beyond the chain** (each at its own case; µs, GPU clock)", "",
               "| step | case | the one change | µs | against (µs) | × | × the card's floor |",
               "|---|---|---|---|---|---|---|"]
     for number in OWN_STEPS:
@@ -883,7 +884,7 @@ def main_steps_table(results) -> str:
         row = _row(results, step_series(number), **params)
         if row is None:
             continue
-        change = HEADLINE_CHANGES.get(number, CHANGES[number])
+        change = step13_change() if number == 13 else CHANGES[number]
         reference = _row(results, _base_series(base), **params)
         name = HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
         against = name if reference is None else f"{name} ({table_us(reference['ms'])}{capped(reference)})"
@@ -899,6 +900,21 @@ def main_steps_table(results) -> str:
             f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
             for words, row in rivals) + "."]
     return "\n".join(lines)
+
+
+def step13_change() -> str:
+    """Step 13's cell in the second table of steps (:data:`HEADLINE_CHANGES`), each part with its cost in the traced
+    call (:func:`plan_timeline`, the union's count zeroing and kernel together) where that run is committed."""
+    words = HEADLINE_CHANGES[13]
+    trace = plan_timeline()
+    if trace is None:
+        return words
+    part = plan_parts(trace)
+    costs = {"the graph's buffer": part["copy"], "on the device": part["count_zero"] + part["union_kernel"],
+             "reading the count": part["row_kernel"]}
+    for name, us in costs.items():
+        words = words.replace(name, f"{name}, {us:.1f} µs")
+    return words.replace("alone (the", "alone (traced: the")
 
 
 def loss_lines(results) -> list[str]:
@@ -927,12 +943,16 @@ def own_case_steps() -> list[int]:
     return [n for n in MAIN_LINE if STEP_CASES[n][0] != MAIN_CASE]
 
 
+def tried_note() -> str:
+    """The line under the chain's table: why step numbers are missing from the tables, and where those steps are."""
+    return f"Steps {counts_words(list(TRIED))} were tried and did not pay (folded below the figures)."
+
+
 def steps_note(results) -> str:
-    """The footnote under the tables of steps: why step numbers are missing from them, and the key to
-    :data:`CAPPED` (said once on the page) where the run marks rows."""
-    note = f"Steps {counts_words(list(TRIED))} were tried and did not pay (folded below the figures)."
+    """The footnote under the tables of steps: the key to :data:`CAPPED` (said once on the page) where the run marks
+    rows, else empty. The missing step numbers are said under the chain's table (:func:`tried_note`)."""
     key = page_capped_key(results)
-    return note if key is None else note + "\n\n" + key
+    return "" if key is None else key
 
 
 def tried_steps_table(results) -> str:
