@@ -234,8 +234,8 @@ LAUNCH_BOUND_RUNS = ("masked_lm_head", "ngram", "ternary")
 
 
 def ngram_row_words(root: Path = BENCH_RESULTS) -> str:
-    """Why chapter 03's row is its stress shape, not the least lead the rule above it names: its least lead, over
-    the shapes the lead card measured, is at short prompts; empty without the file."""
+    """Chapter 03's two rows, its headline case then its stress shape, and its least lead, over the shapes the lead
+    card measured, at short prompts; empty without the file."""
     from book.results import ngram_many, ngram_ratios
 
     folder = next((c for c in cards(root) if short_card(card_name(c)) == LEAD_CARD), None)
@@ -245,8 +245,9 @@ def ngram_row_words(root: Path = BENCH_RESULTS) -> str:
         return ""
     (b, t, _), x, _ = many
     (lb, lt, _), (ours, theirs) = min(pairs.items(), key=lambda kv: kv[1][1]["ms"] / kv[1][0]["ms"])
-    return (f" Chapter 03's row is its stress shape, {b} × {t:,} with no budget, where most slots search; its least "
-            f"lead, {theirs['ms'] / ours['ms']:.2f}× at {lb} × {lt:,}, is where prompts are short and little is searched.")
+    return (f" Chapter 03 has two rows: its headline case, then its stress case, {b} × {t:,} with no budget, where "
+            f"most slots search; its least lead, {theirs['ms'] / ours['ms']:.2f}× at {lb} × {lt:,}, is where prompts "
+            "are short and little is searched.")
 
 
 def launch_floor_blur(root: Path = BENCH_RESULTS) -> float | None:
@@ -352,6 +353,8 @@ NGRAM_NO_BUDGET = 1 << 30
 #: Chapter 03's lead case, the one its result, the landing and the results pages lead with: 512 slots of 16,384
 #: tokens and no budget, where every active slot searches (``book.results.ngram_many``; a test checks they agree).
 NGRAM_LEAD_CASE = {"batch": 512, "seq_len": 16384, "threshold": NGRAM_NO_BUDGET, "corpus": None}
+#: Chapter 03's headline, the case its answer leads with: 32 slots of 512 tokens under the deployed budget of 128.
+NGRAM_HEADLINE_CASE = {"batch": 32, "seq_len": 512, "threshold": 128, "corpus": None}
 
 
 def _ngram(data):
@@ -394,6 +397,19 @@ def _ngram(data):
                                 "once at the card's copy bandwidth",)
                    if ours.get("haystack_bytes") else ())
     out = [gpu_row | {"tail_params": NGRAM_CASE, "deployed_budget": True}, row | {"floors_as_above": True}]
+    # the chapter's headline case, the entry point against the faster port at 32 slots of 512 tokens, budget 128: the
+    # page's first row for the chapter, its stress case after it
+    head = one(data, series, **NGRAM_HEADLINE_CASE)
+    found = {n: one(data, f"step0{n}", **NGRAM_HEADLINE_CASE) for n in ports}
+    found = {n: r for n, r in found.items() if r is not None and head is not None and r["clock"] == head["clock"]}
+    if found:
+        best = min(found, key=lambda n: found[n]["ms"])
+        out.append(_row(_entry_label("the GPU drafter", series, head),
+                        f"{NGRAM_HEADLINE_CASE['batch']} slots of {NGRAM_HEADLINE_CASE['seq_len']:,} tokens, budget "
+                        f"{NGRAM_HEADLINE_CASE['threshold']}", head["clock"], head, ports[best], found[best],
+                        byte_floor_ms=head.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
+                        short=_entry_short(series, head))
+                   | {"tail_params": None, "page_headline": True})
     # the page's row: the chapter's lead case, where every active slot searches (the rows above stay first, as the
     # results page reads them: the deployed budget's ratio and the end-to-end one)
     lead = one(data, series, **NGRAM_LEAD_CASE)
@@ -1307,6 +1323,8 @@ def on_page(r: dict[str, Any]) -> bool:
         return True
     if r.get("deployed_budget"):  # chapter 03's deployed budget: its lead case stands on the page, this in its notes
         return False
+    if r.get("page_headline"):  # chapter 03's headline case (no p99 run times it), before its stress case
+        return True
     return (r.get("ours_end_to_end_ms") is None and r.get("tail_params") is not None
             and r["tail_params"] != CTC_SMALL_CASE)
 
@@ -1392,6 +1410,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         """A row's shape as the chapter cell gives it; chapter 03's headline says how many of its slots the budget
         lets search, so its ratio is read as that many searches (:func:`book.results.ngram_searching`)."""
         shape = r.get("shape") or ""
+        if r.get("page_headline"):  # chapter 03's headline case, its answer's, before its stress case
+            return f"headline case, {shape}"
         if r["number"] == 3 and shape.endswith(f"budget {NGRAM_CASE['threshold']}"):
             from book.results import ngram_searching
 
@@ -1405,6 +1425,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if many is not None and many[0] == (NGRAM_LEAD_CASE["batch"], NGRAM_LEAD_CASE["seq_len"],
                                                 NGRAM_LEAD_CASE["threshold"]):
                 shape += f" ({many[2]} of them search)"
+            shape = f"stress case, {shape}"
         return shape
 
     folders = {card_name(c): c for c in cards(root)}
@@ -1415,8 +1436,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                                    (leads[r["number"]]["card"] != lead_card and r["card"] == lead_card)):
             leads[r["number"]] = r
     # chapter 05's Triton part, a page of its own, has its row on the lead card too
-    lead_ids = {id(r) for r in leads.values()} | {id(r) for r in board if r.get("part_notebook") and "missing" not in r
-                                                 and r["card"] == lead_card and on_page(r)}
+    lead_ids = {id(r) for r in leads.values()} | {id(r) for r in board if (r.get("part_notebook") or r.get("page_lead"))
+                                                 and "missing" not in r and r["card"] == lead_card and on_page(r)}
     # chapter 05's part 1 reads before its part 2, in every table: a stable sort that keeps each chapter's cards and
     # rows in their order otherwise
     chapter_at = {}
@@ -1516,11 +1537,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         own_empty = r.get("empty_kernel_ms")
         if (r["binding"] == "latency" and r["latency_what"] == ONE_KERNEL and own_empty and pct != "–"
                 and f"{own_empty * 1e3:.2f}" != f"{r['latency_floor_ms'] * 1e3:.2f}"):
-            # the floor is the card's fastest empty kernel, from another run: this run's own, beside it
-            pct += f" ({r['median_ms'] / own_empty:.1f}× its run's {_floor(own_empty)} µs empty kernel)"
-        if r.get("design_bound_ms") is not None and over_bound != "–" and pct != "–":  # chapter 02's copy and
-            pct += f" ({over_bound} its own work)"  # launches, 05's weight read: beside × floor, so 12× reads tuned
-            pct = pct.replace(") (", "; ")
+            # the floor is the card's fastest empty kernel, from another run: this run's own, in the notes (one
+            # yardstick a cell; the call's own work has a column of its own)
+            note(r, f"against its own run's empty kernel ({_floor(own_empty)} µs) rather than the card's fastest, "
+                    f"our median is {r['median_ms'] / own_empty:.1f}×")
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
             alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
                           and b is not r and b.get("pct_of_floor") is not None), None)
@@ -1558,7 +1578,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("forward_bound_ms") is not None:  # chapter 08: both of its loop's chain bounds, the larger in bold
             latency = (f"{mark('forward', r['forward_bound_ms'], NOT_MEASURED)} (forward-time bound, the one that "
                        f"binds); {latency} (kernel-count bound)")
-        kernel = r["ours"]
+        kernel = r["ours"] + (", headline case" if r.get("page_headline") else ", stress case" if r.get("page_lead")
+                              else "")  # chapter 03's two cases, told apart
         if r.get("loop_bound"):  # a decode loop's bounds are our loop's, not the card's: under the loops' table
             bounds = [(what, ms) for what, kind, ms in (
                 ("byte bound", "bytes", r["byte_floor_ms"]), ("kernel-count bound", "latency", r["latency_floor_ms"]),
@@ -1608,7 +1629,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             key = (r["number"], bool(r.get("part_notebook")))  # chapter 05's part 1 has a page, and a link, its own
             shape = c.get("shape") or (shape_words(r) if r.get("shape") else "")
             # a decode loop's later row is another model: its shape is said again
-            chapter = (again(r) + (f": {shape}" if shape and r.get("loop_bound") else "") if key in named
+            chapter = (again(r) + (f": {shape}" if shape and (r.get("loop_bound") or r.get("page_lead")) else "")
+                       if key in named
                        else chapter_link(r) + (f": {shape}" if shape else ""))
             named.add(key)
             row = [c.get(key_, "–") for key_, _ in columns]
@@ -1630,7 +1652,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     # one floor column, the card's: a call's own-work yardstick is in its chapter's notes
     common = [("kernel", "final kernel"), ("median", "median [slowest repetition], µs"),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
-              ("binding", "floor, the card's or a chain's (µs)"), ("pct", "× floor")]
+              ("binding", "floor, the card's or a chain's (µs)"), ("pct", "× floor"), ("over_bound", "× its own work")]
     lead_columns = common if one_card else [("card", "card")] + common
     for r, c in first_rows:  # the lead table's chapter cell names the shape: the kernel cell does not repeat it
         kernel, _, shape = c["kernel"].partition("; ")
@@ -1718,6 +1740,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                  and not any(r2 is r for r2, _ in tail_cells)]
         if unrun:  # a row of the first table at a shape the separate run did not replay: said, not left out silently
             line += " Part 1 of chapter 05 has no row: that run did not replay its case."
+        if any(r.get("page_headline") and short_card(r["card"]) in tail_on for r, _ in first_rows):
+            line += " Chapter 03 has its stress case only: that run did not replay its headline case."
         times += [""] + fold("How far one measurement lands above another (p99 − p50)",
                              table("", picked, spread_columns, [line])[2:])
     floor_lines = ["| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",

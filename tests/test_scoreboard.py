@@ -19,9 +19,9 @@ from studylog.paths import BENCH_RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "scoreboard.md", ROOT / "results.md", ROOT / "intro.md"]
-#: What a × floor cell may hold beside its ratio: where a launch's floor comes from another run, the row's own run's
-#: empty kernel; where a run times the call's own work, our median over it.
-BESIDE_FLOOR = r"( \(([\d.]+× its run's [\d.]+ µs empty kernel)?(; )?([\d.]+× its own work)?\))?"
+#: What a × floor cell may hold beside its ratio: nothing, one yardstick a cell (the run's own empty kernel is in the
+#: notes, our median over the call's own work a column of its own).
+BESIDE_FLOOR = ""
 H200 = BENCH_RESULTS / "nvidia-h200"
 H100 = BENCH_RESULTS / "nvidia-h100-80gb-hbm3"
 
@@ -135,8 +135,9 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     lead_rows = [ln for ln in lead.splitlines() if ln.startswith("| [") or ln.startswith(("|  |", "| *"))]
     # every lead row is on the lead card: the caption says so once, and the table has no card column
     assert f"all measured on the {sb.LEAD_CARD}**" in lead and "| card |" not in lead
-    assert all(ln.startswith("| [") for ln in lead_rows)
-    numbers = [int(ln[3:5]) for ln in lead_rows]
+    # chapter 03's stress case follows its headline case, in italics, its shape said again
+    assert all(ln.startswith("| [") or ln.startswith("| *03. N-gram matching*: stress case, ") for ln in lead_rows)
+    numbers = [int(ln[3:5]) if ln.startswith("| [") else 3 for ln in lead_rows]
     board = sb.scoreboard()
     apart = sb.not_comparable(board)
     measured = [r for r in board if "missing" not in r and (r["number"], r["card"]) not in apart and sb.on_page(r)]
@@ -147,7 +148,9 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     assert "SmolLM2" not in seven[1].split(" | ")[0] and "8B" not in seven[0].split(" | ")[0]
     # one row a chapter, and one for chapter 05's part 1, linked to its own page
     part_one = [ln for ln in lead_rows if ln.startswith(f"| [05. Ternary matmul, part 1]({sb.PART_ONE_NOTEBOOK})")]
-    assert len(part_one) == 1 and len(numbers) == len(set(numbers)) + 1
+    assert len(part_one) == 1 and len(numbers) == len(set(numbers)) + 2
+    three = [ln for ln in lead_rows if ln.startswith(("| [03.", "| *03."))]
+    assert len(three) == 2 and "headline case, 32 slots of 512 tokens, budget 128" in three[0]
     assert sorted(set(numbers) | {int(ln[3:5]) for ln in loop_rows}) == sorted({r["number"] for r in measured})
     assert sorted({int(ln[3:5]) for ln in loop_rows}) == sorted({r["number"] for r in measured if r.get("loop_bound")})
     others = [ln for ln in rest.splitlines() if ln.startswith("| [") or ln.startswith(("|  |", "| *"))]
@@ -155,7 +158,7 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     # a chapter reads in one line: its time, rival, speedup, the card's floor (a number and its kind) and the ×; one
     # floor column: the own-work yardstick, where a run times one, is in the chapter's notes
     header = next(ln for ln in lead.splitlines() if ln.startswith("| chapter"))
-    for column in ("strongest rival (µs)", "floor, the card's or a chain's (µs)", "× floor"):
+    for column in ("strongest rival (µs)", "floor, the card's or a chain's (µs)", "× floor", "× its own work"):
         assert f"| {column} |" in header, column
     assert "yardstick" not in header
     # the re-run's p99 is a column of its own folded table only, under a plain name; a decode loop has none
@@ -164,11 +167,9 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     for ln in lead_rows:
         # the card's floor: a number and its kind, nothing else
         # chapter 02's whole step (a copy from host memory and two launches) and chapter 05's calls (a read of their
-        # weights): their own work's ratio beside × floor
-        own = BESIDE_FLOOR if ("02. Masked" in ln or "05. Ternary" in ln) else ""
-        assert re.search(r"\| [\d.,]+, (byte|compute|latency) floor \| \*\*[\d.]+×\*\*" + own + r" \|$", ln), ln
-        if own:
-            assert "its own work)" in ln, ln
+        # weights): their own work's ratio in a column of its own, one yardstick a cell
+        own = r"[\d.]+×" if ("02. Masked" in ln or "05. Ternary" in ln) else "–"
+        assert re.search(r"\| [\d.,]+, (byte|compute|latency) floor \| \*\*[\d.]+×\*\* \| " + own + r" \|$", ln), ln
         assert "floor (" not in ln and "not the card's" not in ln  # the floor's chain is in the notes, not the cell
     for ln in loop_rows:
         assert re.search(r"our loop's (byte|kernel-count|forward-time) bound \|", ln), ln
@@ -698,8 +699,8 @@ def test_the_latency_floor_is_the_cards_fastest_empty_kernel_and_the_masked_step
     (line,) = [c for c in _table_rows(table.split("**Decode loops")[0])
                if c["chapter: shape"].startswith("[02. Masked LM head]")]
     # beside × floor, the row's own-work ratio, from the same times as the notes' yardstick sentence
-    assert line["× floor"] == (f"**{step['median_ms'] / card_floor:.1f}×** "
-                               f"({step['median_ms'] / step['design_bound_ms']:.1f}× its own work)")
+    assert line["× floor"] == f"**{step['median_ms'] / card_floor:.1f}×**"
+    assert line["× its own work"] == f"{step['median_ms'] / step['design_bound_ms']:.1f}×"
     assert (f"own-work yardstick takes {step['design_bound_ms'] * 1e3:.1f} µs, and our median is "
             f"{step['median_ms'] / step['design_bound_ms']:.1f}× it") in table
     assert "× the chapter's floor" not in table and "leaves out the copy from host memory" not in table
@@ -835,14 +836,16 @@ def test_chapter_3_leads_with_the_fastest_published_gpu_port():
         ports = {n: next(m for m in data["measurements"] if m["series"] == f"step0{n}" and all(
             m["params"].get(k) == v for k, v in sb.NGRAM_CASE.items())) for n in (3, 4)}
         best = min(ports, key=lambda n: ports[n]["ms"])
-        gpu = [r for r in rows_ if r["rival"].endswith(f"(step {best})") and not r.get("page_lead")]
+        gpu = [r for r in rows_ if r["rival"].endswith(f"(step {best})") and not r.get("page_lead")
+               and not r.get("page_headline")]
         assert len(gpu) == 1 and gpu[0]["lead"] and gpu[0]["rival_clock"] == gpu[0]["clock"] == "gpu"
         assert gpu[0]["vs_rival"] == pytest.approx(ports[best]["ms"] / gpu[0]["median_ms"])
         other = 7 - best
         assert any(f"(step {other}): {ports[other]['ms'] / gpu[0]['median_ms']:.2f}×" in n for n in gpu[0]["rival_notes"])
     board = sb.scoreboard_markdown()
     floors = board.split("Each row's three floors")[1].split("</details>")[0]
-    assert floors.count("[03. N-gram matching]") == 1 and len(re.findall(r"N-gram matching.*\| H200 \| step", floors)) == 1
+    # the headline case and the stress case, on each card
+    assert floors.count("[03. N-gram matching]") == 1 and len(re.findall(r"N-gram matching.*\| H200 \| step", floors)) == 2
 
 
 def test_chapter_3s_page_row_is_the_case_the_results_page_leads_with():
@@ -871,7 +874,7 @@ def test_chapter_3s_page_row_is_the_case_the_results_page_leads_with():
         assert row["vs_rival"] == pytest.approx(port["ms"] / ours["spread_ms"][1])
         assert row["byte_floor_ms"] == ours["floor_ms"] and row["binding"] == "bytes"
         assert f"{many[2]} of them search" in page
-    line = next(ln for ln in lead_table.splitlines() if ln.startswith("| [03. N-gram matching]"))
+    line = next(ln for ln in lead_table.splitlines() if ln.startswith("| *03. N-gram matching*: stress case, "))
     tails = _find(_raw(H200, sb.TAILS), "ngram_match", **{k: v for k, v in sb.NGRAM_LEAD_CASE.items() if v is not None})
     spread = f"+{(tails['p99_ms'] - tails['ms']) * 1e3:.1f} ({tails['p99_ms'] / tails['ms'] - 1:.1%})"
     fold = page.split("How far one measurement lands above another (p99 − p50)")[1]
@@ -1239,8 +1242,8 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
         assert re.fullmatch(rf"\*\*{ours['ms'] / floor:.1f}×\*\*{BESIDE_FLOOR}", cells["× floor"]), cells
         own_empty = sb.empty_kernel_ms(data)  # a launch's floor from another run: this run's own beside it
         if floor == sb.card_empty_kernel_ms(card) and f"{own_empty * 1e3:.2f}" != f"{floor * 1e3:.2f}":
-            assert (f"({ours['ms'] / own_empty:.1f}× its run's {own_empty * 1e3:.2f} µs empty kernel"
-                    in cells["× floor"]), cells
+            assert (f"Against its own run's empty kernel ({own_empty * 1e3:.2f} µs) rather than the card's fastest, "
+                    f"our median is {ours['ms'] / own_empty:.1f}×" in table), cells
         (fline,) = [ln for ln in floors.splitlines() if "part 1" in ln and f"| {short} | step {PART_ONE_STEP}, " in ln]
         # the floor that binds, in bold (a launch's floor, under a microsecond, to two places)
         assert any(f"**{floor * 1e3:{f}}**" in fline for f in (",.1f", ".2f")), fline
