@@ -652,6 +652,34 @@ def real_steps_rows(results, batch: int = 1) -> list[dict]:
     return rows
 
 
+def real_forced(results, batch: int = 1) -> dict | None:
+    """What step 2 skips on the real model's requests at ``batch`` (SmolLM2's vocabulary, its own answers): the
+    requests (JSON schemas and regexes), their output tokens, the tokens appended without a forward (``jumped``),
+    and the forwards saved (the jumped tokens plus, per request, the last forward, where only EOS is left)."""
+    from book.decode.results import suite_names
+
+    real = _real_rows(results, batch)
+    if not real:
+        return None
+    json_names = set(suite_names("json"))
+    return {"requests": len(real), "json": sum(name in json_names for name, *_ in real),
+            "tokens": sum(r2["tokens"] for _, _, r2, _ in real), "jumped": sum(r2["jumped"] for _, _, r2, _ in real),
+            "forwards_step1": sum(r1["forwards"] for _, r1, _, _ in real),
+            "saved": sum(r1["forwards"] - r2["forwards"] for _, r1, r2, _ in real),
+            "ch01_real_saved": _ch01_real_saved()}
+
+
+def _ch01_real_saved() -> float | None:
+    """Chapter 01's passes saved by exact token jumps on its SchemaStore sample (random walks, cl100k)."""
+    import json
+
+    from book.fsm import lesson as fsm_lesson
+    from studylog import paths
+
+    path = paths.DATA / "fsm_peers_realworld.json"
+    return fsm_lesson.real_policy_shares(json.loads(path.read_text()))[2]["ours/tokens"] if path.exists() else None
+
+
 def real_steps_table(results, batch: int = 1) -> str:
     """:func:`real_steps_rows` as the page's open steps table (Markdown): the real model leads, one row per step,
     its time, its ratio to the previous row ("(tie)" from 0.97× to 1.03× as printed, the course's tie rule) and
