@@ -61,6 +61,18 @@ def clock_words(clock: str) -> str:
     return {"gpu": "GPU clock", "do_bench": "do_bench", "kernel": "kernel clock"}.get(clock, clock)
 
 
+def best_torch_name(results, short: bool = False) -> str:
+    """What ``torch-best`` holds, named for the reader: the one call it picked at every point and how it was timed
+    (``torch-cuDNN (graph-captured)``; ``short``: the call alone), or "the faster torch call" where the pick varies."""
+    picks = {r.get("picked") for r in results.select("torch-best")}
+    if len(picks) != 1 or None in picks:
+        return "the faster torch call"
+    clock = clock_of(results, "torch-best")
+    if short:
+        return next(iter(picks))
+    return f"{next(iter(picks))} ({'graph-captured' if clock == 'gpu' else clock_words(clock)})"
+
+
 #: The series of step 4's grain sweep (warp-ctc's strided layout, one grain a row).
 GRAIN_SERIES = f"{CHAPTER.step(4).series} strided"
 
@@ -150,7 +162,7 @@ def _speedup_panel(ax, results, A: int) -> None:
     _n_axis(ax)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("N (utterances)", fontsize=FONT)
-    ax.set_ylabel("torch-best time / step time", fontsize=FONT)
+    ax.set_ylabel(f"{best_torch_name(results, short=True)} time / step time", fontsize=FONT)
     ax.set_title(f"A = {A:,}", fontsize=FONT + 1)
     ax.grid(True, alpha=0.3)
     ax.tick_params(labelsize=FONT - 1)
@@ -168,7 +180,7 @@ def _shared_legend(fig, axes, ncol: int) -> None:
 
 def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
     """``times`` (torch's paths and four of our steps against the floor), ``speedup`` (steps of
-    :data:`SPEEDUP_STEPS` over the faster torch call, linear axis, with the range of the repetitions) and ``grain`` (step 4's grain sweep),
+    :data:`SPEEDUP_STEPS` over :func:`best_torch_name`, linear axis, with the range of the repetitions) and ``grain`` (step 4's grain sweep),
     two panels each (A = 28 and 5,000); each series in its colour of :data:`COLOURS`."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import StrMethodFormatter
@@ -188,11 +200,10 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         for ax, A in zip(axes, BENCH_A):
             _speedup_panel(ax, results, A)
         _shared_legend(fig, axes, ncol=1)
-        base = clock_words(clock_of(results, "torch-best"))
-        bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
+        bars = " (bars: min–max over repetitions)" if any("spread_ms" in r for r in results.rows) else ""
         steps = ", ".join(str(k) + ("c" if k == 7 else "") for k in SPEEDUP_STEPS[:-1]) + f" and {SPEEDUP_STEPS[-1]}"
         # the last step is not on top at every N: the entry point runs step 12 or step 14 by shape
-        fig.suptitle(f"Speedup of steps {steps} over the faster torch call ({base}{bars})\nctc_loss runs step 12 "
+        fig.suptitle(f"Speedup of steps {steps} over {best_torch_name(results)}{bars}\nctc_loss runs step 12 "
                      "or step 14 by shape, so the last step is not on top at every N", fontsize=FONT + 1)
         figs["speedup"] = fig
     sweep = grain_sweep(results)

@@ -14,7 +14,7 @@ import statistics
 from typing import Iterable
 
 from book.common import PENDING, floor_ms, us
-from book.ctc.figures import clock_words, grain_sweep
+from book.ctc.figures import best_torch_name, clock_words, grain_sweep
 from studylog import paths
 from studylog.ctc import CHAPTER
 from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
@@ -172,7 +172,7 @@ def results_table(results) -> str:
     if not results.select(final, T=BENCH_T):
         return f"{name}: {PENDING}."
     lines = [f"| A | N | torch-cuDNN (µs) | torch-native (µs) | {name} (µs) | host per call (µs) | "
-             "speedup over torch-best | floor (µs) | "
+             f"speedup over {best_torch_name(results)} | floor (µs) | "
              "time / floor |",
              "|---|---|---|---|---|---|---|---|---|"]
     for A, N in _all_points():
@@ -266,7 +266,7 @@ def torch_best_words(results) -> str:
         return ", ".join(f"A = {a:,}, N = {n}" for a, n in sorted(points))
 
     clock = clock_words(clock_of(results, "torch-best"))
-    words = (f"`torch-best` is the faster of torch's calls timed on the {clock}: "
+    words = (f"The speedup is over the faster of torch's calls timed on the {clock}: "
              + "; ".join(f"{name} at {where(points)}" for name, points in picked.items()) + ".")
     if clock_of(results, "torch-native") == "kernel":
         pairs = [(_ms(results, "torch-native", T=BENCH_T, A=a, N=n), _ms(results, "torch-cuDNN", T=BENCH_T, A=a, N=n))
