@@ -1070,7 +1070,7 @@ CHAIN_FILE = "step03_changes"
 #: to the row above. The first row is step 2 (the anchor); the last adds 3c and is step 3 itself (``masked_head``,
 #: the library's step 3, timed in the same run).
 STEP03_CHAIN = (("step 2", "jump_forward", "jumps, dense head, xgrammar's bitmask"),
-                ("3a", "automaton_mask", "+ prerequisite: the automaton's allowed sets as the mask (dense head still)"),
+                ("3a", "automaton_mask", "+ the automaton's allowed sets as the mask (dense head still; host work only)"),
                 ("3b", "masked_full_argmax", "+ chapter 02's masked head: only the allowed rows' logits"),
                 ("3c = step 3", "masked_head", "+ the greedy token picked among the allowed ids only"))
 #: The chain table's cases: (column label, shape, batch): the steps table's case and the headline's.
