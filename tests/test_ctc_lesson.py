@@ -989,3 +989,16 @@ def _raw_gpu(series: str, A: int, N: int, gpu: str) -> dict | None:
     data = json.loads(plotting.load_results("ctc", gpu).path.read_text())
     return next((r for r in data["measurements"] if r["series"] == series
                  and r["params"] == {"T": ctc.BENCH_T, "N": N, "A": A}), None)
+
+
+def test_the_result_names_the_call_its_speedup_is_over_and_where_we_lose_names_the_largest_gap():
+    """The speedup column says which torch call it is over (not "torch-best"), and "Where we lose" quotes the case
+    farthest from its floor with the profiler's split, computed from the run."""
+    from book.ctc.figures import best_torch_name
+
+    results = plotting.load_results("ctc", "nvidia-h200")
+    header = lesson.results_table(results).splitlines()[0]
+    assert f"speedup over {best_torch_name(results)} |" in header and "torch-best" not in header
+    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "04_ctc_loss.ipynb").read_text())["cells"]
+    lose = "".join(next(c for c in cells if c.get("id") == "cell-44")["source"])
+    assert "The largest gap" in lose and "lesson.kernel_parts_us(results, w_ran" in lose and "{w_words}" in lose
