@@ -29,6 +29,11 @@ def us(ms: float | None, digits: int = 1, missing: str = "–") -> str:
     return missing if ms is None else f"{ms * 1e3:,.{digits}f}"
 
 
+def is_tie(x: float | None) -> bool:
+    """The course's tie rule (How we measure): a speed ratio from 0.97× to 1.03× as printed at two decimals."""
+    return x is not None and 0.97 <= round(x, 2) <= 1.03
+
+
 def param_values(results, name: str) -> list:
     """The values a results file's rows give parameter ``name``, each once, in the order measured."""
     seen: dict = {}

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from book.common import and_list, prose_words, read_table, us
+from book.common import and_list, is_tie, prose_words, read_table, us
 from book.scoreboard import (CTC_CASE, ENTRIES, NGRAM_CASE, NOT_MEASURED, card_name, cards, load, rows, short_card,
                              scoreboard)
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
@@ -155,7 +155,7 @@ def decode_split_words(split: dict[str, float], landing: bool = False) -> str:
     """:func:`decode_split` in words: the two parts that pay on SmolLM2-135M, the reuse they assume, and chapter 02's
     head, a tie there (the course's tie rule) that pays on the 8B cost model. ``landing``: the landing cell's shorter
     form."""
-    tied = round(abs(float(f"{split['head']:.2f}") - 1), 2) <= TIE_WITHIN
+    tied = is_tie(split["head"])
     head = (f"chapter 02's head {'ties' if tied else 'gives'} ({split['head']:.2f}×)"
             + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model"))
     if landing:
@@ -292,17 +292,14 @@ def passes_saved(totals: dict[str, Any] | None, policy: str) -> float | None:
     return 1 - totals["policies"][policy]["passes"] / totals["none"]
 
 
-def fsm_passes_pair(suite_totals: dict[str, Any] | None = None,
-                    real_totals: dict[str, Any] | None = None) -> str:
-    """Chapter 01's line in one metric, passes saved: ours (exact token jumps) against llguidance's fast-forward
-    tokens on the suite (where we lose), then the same two on the real SchemaStore schemas; empty without both
-    files (defaults: :func:`fsm_peers`, :func:`fsm_peers_real`)."""
-    suite_totals = suite_totals if suite_totals is not None else fsm_peers()
+def fsm_passes_pair(real_totals: dict[str, Any] | None = None) -> str:
+    """Chapter 01's answer cell in one metric, passes saved on the real SchemaStore schemas: llguidance's
+    fast-forward tokens against ours (exact token jumps), then the decision; empty without the file (default:
+    :func:`fsm_peers_real`). The suite's numbers are in the line's notes (:func:`fsm_suite_notes`)."""
     real_totals = real_totals if real_totals is not None else fsm_peers_real()
-    shares = [passes_saved(t, p) for t in (suite_totals, real_totals) for p in ("ours/tokens", FSM_PEER)]
-    if None in shares:
+    ours_real, theirs_real = (passes_saved(real_totals, p) for p in ("ours/tokens", FSM_PEER))
+    if ours_real is None or theirs_real is None:
         return ""
-    ours, theirs, ours_real, theirs_real = shares
     return (f"llguidance's fast-forward tokens save {theirs_real:.1%} of passes on {real_totals['schemas']} real "
             f"SchemaStore schemas; our exact token jumps {ours_real:.1%}; ship theirs")
 
@@ -1863,7 +1860,7 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
             # in the line's notes, as every H100 number is on this page (a ratio within TIE_WITHIN is a tie)
             lo = min(r.values())
             low_at = [k.replace("x", " × ") for k, v in r.items() if f"{v:.2f}" == f"{lo:.2f}"]
-            kind = ("a tie" if abs(float(f"{lo:.2f}") - 1) <= TIE_WITHIN else "slower") if lo < 1 else ""
+            kind = ("a tie" if is_tie(lo) else "slower") if lo < 1 else ""
             part_one["notes"] = dict(part_one["notes"])
             part_one["notes"][card] = [f"on the {other}, {lo:.2f}–{max(r.values()):.2f}×"
                                        + (f", {kind} ({lo:.2f}×) at {' and '.join(low_at)}" if kind else "")] + list(
@@ -1879,7 +1876,7 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
                     continue
                 mine, port = pairs[NGRAM_STEP_CASE]
                 x = port["ms"] / mine["ms"]
-                tie = " (a tie)" if round(abs(float(f"{x:.2f}") - 1), 2) <= TIE_WITHIN else ""
+                tie = " (a tie)" if is_tie(x) else ""
                 ran = ("" if mine.get("series") == "ngram_match"
                        else f", which timed step {int(mine['series'].removeprefix('step'))} only")
                 b, t, budget = NGRAM_STEP_CASE
@@ -2756,7 +2753,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
             low = part_one_answer(other) if other else None
             if low and min(low["ratios"].values()) < 1:
                 at, x = min(low["ratios"].items(), key=lambda kv: kv[1])
-                tie = " (a tie)" if round(abs(float(f"{x:.2f}") - 1), 2) <= TIE_WITHIN else ""
+                tie = " (a tie)" if is_tie(x) else ""
                 tie = ", a tie" if tie else ""
                 number += f" (on the {short_card(card_name(other))}, {x:.2f}× at {at.replace('x', ' × ')}{tie})"
         if stem.startswith("01_"):  # the strongest peer saves more than ours: one like-for-like pair, on the suite

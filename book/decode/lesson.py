@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from book.common import PENDING, ChainRow, fmt
+from book.common import PENDING, ChainRow, fmt, is_tie
 from book.decode.results import TARGET_SPEEDUP, amdahl, breakdown, median_bound, schema_bounds, target_report
 from studylog.decode import report
 from studylog.decode.grammar import suite_names
@@ -671,13 +671,9 @@ def real_forced(results, batch: int = 1) -> dict | None:
 
 def _ch01_real_saved() -> float | None:
     """Chapter 01's passes saved by exact token jumps on its SchemaStore sample (random walks, cl100k)."""
-    import json
+    from book.results import fsm_peers_real, passes_saved
 
-    from book.fsm import lesson as fsm_lesson
-    from studylog import paths
-
-    path = paths.DATA / "fsm_peers_realworld.json"
-    return fsm_lesson.real_policy_shares(json.loads(path.read_text()))[2]["ours/tokens"] if path.exists() else None
+    return passes_saved(fsm_peers_real(), "ours/tokens")
 
 
 def real_steps_table(results, batch: int = 1) -> str:
@@ -693,11 +689,10 @@ def real_steps_table(results, batch: int = 1) -> str:
     parts = real_step03_parts(results, batch)
     changes = dict(STEP_CHANGES)
     if parts is not None:  # what pays in step 3 on the real model: 3a, or the head and argmax (3b with 3c)
-        tie = lambda x: 0.97 <= round(x, 2) <= 1.03
         changes["masked_head"] = (
-            f"3a, the automaton's allowed sets as the mask: {parts['x_3a']:.2f}×{' (tie)' if tie(parts['x_3a']) else ''}; "
+            f"3a, the automaton's allowed sets as the mask: {parts['x_3a']:.2f}×{' (tie)' if is_tie(parts['x_3a']) else ''}; "
             f"chapter 02's masked head and argmax, 3b and 3c: {parts['x_3bc']:.2f}×"
-            + (" (tie; kept for the 8B cost model's gain, step 3's section)" if tie(parts["x_3bc"])
+            + (" (tie; kept for the 8B cost model's gain, step 3's section)" if is_tie(parts["x_3bc"])
                else " (step 3's section)"))
     for config, x in zip(STEP_CONFIGS, reals):
         ratio = "–" if x["x_previous"] is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x["x_previous"], 1.0)
@@ -1121,7 +1116,7 @@ def step03_chain_rows(changes, cases=CHAIN_CASES) -> list[ChainRow]:
 def _tie_or(factor, before: float, after: float) -> str:
     """``factor(before, after)``, or "x.xx× (tie)" where the ratio as printed is from 0.97× to 1.03×."""
     x = before / after
-    return f"{x:.2f}× (tie)" if 0.97 <= round(x, 2) <= 1.03 else factor(before, after)
+    return f"{x:.2f}× (tie)" if is_tie(x) else factor(before, after)
 
 
 def step03_chain_ratio_table(changes, cases=CHAIN_CASES) -> str:

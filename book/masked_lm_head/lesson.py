@@ -817,7 +817,7 @@ DISPATCH_KERNELS = ("step07", "step08", "step10", "step03", "cublas_fp32_mask")
 
 def tie_mark(ratio: float) -> str:
     """`` (tie)`` where ``ratio``, as printed at two decimals, is a tie by the course's rule (0.97× to 1.03×)."""
-    return " (tie)" if 1 - TIE <= round(ratio, 2) <= 1 + TIE else ""
+    return " (tie)" if common.is_tie(ratio) else ""
 
 
 def _tie_why(ratio_cell: str, tie: str, number: int) -> str:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from book.common import PENDING, ChainRow, fmt, lab_or_none, us
+from book.common import PENDING, ChainRow, fmt, is_tie, lab_or_none, us
 from book.multi_item.figures import approaches, series_label, shape_names, shape_title
 from studylog.multi_item import report
 from studylog.multi_item.formats import DEFAULT_RULE, MultiItemBatch
@@ -220,11 +220,6 @@ def amdahl_table(view: dict[str, dict[str, float | None]], model: dict[str, Any]
                      f"{fmt(v['step05_share'], '.0%')} | {fmt(v['pass_gain'], '.2f', '×')} | "
                      f"{fmt(v['per_item_total_ms'], ',.1f')} |")
     return "\n".join(lines)
-
-
-def is_tie(x: float | None) -> bool:
-    """The course's tie rule: a speed ratio from 0.97× to 1.03×, as printed at two decimals."""
-    return x is not None and 0.97 <= round(x, 2) <= 1.03
 
 
 def margin_words(x: float) -> str:

@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
-from book.common import PENDING, and_list, fmt, lab_or_none, latency_floor_ms
+from book.common import PENDING, and_list, fmt, is_tie, lab_or_none, latency_floor_ms
 from book.ternary.results import failed_peer_checks, series_label, step_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
@@ -874,11 +874,6 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_
                    f"{shape.replace('x', ' × ')}, {card(results)}, GPU clock**")
         tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == m], shape, read_only, roles))
     return "\n\n".join(tables)
-
-
-def is_tie(r: Optional[float]) -> bool:
-    """The course's tie rule: a ratio from 0.97× to 1.03×, as printed at two decimals."""
-    return r is not None and 0.97 <= float(f"{r:.2f}") <= 1.03
 
 
 def vs(before: Optional[float], t: Optional[float], previous) -> str:
