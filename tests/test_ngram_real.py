@@ -19,7 +19,21 @@ from studylog import ngram
 from studylog.ngram import NgramConfig, NgramInputs
 
 from ngram_helpers import model_budget_scan
+from studylog import paths
 from studylog.ngram import corpus as corpus_module
+
+
+def _make_corpus():
+    """``lab/ngram/make_corpus.py``, the script that builds the committed corpus, imported by path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_corpus", paths.REPO_ROOT / "lab" / "ngram" / "make_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_corpus = _make_corpus()
 
 STEPS = [s.function for s in ngram.CHAPTER.steps]
 I32, I64 = torch.int32, torch.int64
@@ -33,14 +47,14 @@ VOCAB = 100_277  # cl100k_base's ids are below this
 def test_committed_corpus_is_small_and_says_where_it_came_from():
     corpus = corpus_module.load_corpus()
     assert corpus_module.CORPUS_PATH.stat().st_size < 400_000
-    assert list(corpus.meta["files"]) == list(corpus_module.CORPUS_FILES) == sorted(corpus_module.CORPUS_FILES)
-    assert set(corpus.meta["sha256"]) == set(corpus_module.CORPUS_FILES) and corpus.meta["tokenizer"] == "cl100k_base"
+    assert list(corpus.meta["files"]) == list(make_corpus.CORPUS_FILES) == sorted(make_corpus.CORPUS_FILES)
+    assert set(corpus.meta["sha256"]) == set(make_corpus.CORPUS_FILES) and corpus.meta["tokenizer"] == "cl100k_base"
     for kind in corpus_module.KINDS:
         t = corpus.tokens[kind]
         assert t.shape == (corpus_module.WINDOWS, corpus_module.WINDOW) and t.dtype == I64
         assert 0 <= int(t.min()) and int(t.max()) < VOCAB
         starts = corpus.meta["window_starts"][kind]
-        assert starts == corpus_module.window_starts(corpus.meta["stream_tokens"][kind])
+        assert starts == make_corpus.window_starts(corpus.meta["stream_tokens"][kind])
         assert starts == sorted(starts) and starts[0] == 0
     # text and code are different documents, and real text repeats tokens (a Zipfian head)
     assert not torch.equal(corpus.tokens["text"], corpus.tokens["code"])
@@ -53,11 +67,11 @@ def test_committed_corpus_is_small_and_says_where_it_came_from():
 def test_corpus_rebuilds_to_the_committed_ids():
     pytest.importorskip("bpe_openai", reason="rebuilding the corpus needs the tokenizer package bpe-openai")
     committed = corpus_module.load_corpus()
-    differ = corpus_module.stdlib_differences(committed.meta)
+    differ = make_corpus.stdlib_differences(committed.meta)
     if differ:
         pytest.skip(f"this Python's standard library differs from the one the corpus was built from "
                     f"(Python {committed.meta['python']}) in {differ}")
-    fresh = corpus_module.build_corpus()
+    fresh = make_corpus.build_corpus()
     for kind in corpus_module.KINDS:
         assert torch.equal(torch.from_numpy(fresh[kind]).long(), committed.tokens[kind]), kind
     assert fresh["meta"]["window_starts"] == committed.meta["window_starts"]
@@ -67,14 +81,14 @@ def test_corpus_rebuilds_to_the_committed_ids():
 def test_docstrings_in_source_order():
     source = '"""Module."""\n\nclass A:\n    """Class A."""\n\n    def f(self):\n        """  Indented\n' \
              '        more."""\n\ndef g():\n    pass\n\nasync def h():\n    """H."""\n'
-    assert corpus_module.docstrings(source) == "Module.\n\nClass A.\n\nIndented\nmore.\n\nH."
+    assert make_corpus.docstrings(source) == "Module.\n\nClass A.\n\nIndented\nmore.\n\nH."
 
 
 def test_window_starts_spread_over_the_stream():
-    assert corpus_module.window_starts(10_000, 3, 1000) == [0, 4500, 9000]
-    assert corpus_module.window_starts(1000, 1, 1000) == [0]
+    assert make_corpus.window_starts(10_000, 3, 1000) == [0, 4500, 9000]
+    assert make_corpus.window_starts(1000, 1, 1000) == [0]
     with pytest.raises(ValueError, match="holds no window"):
-        corpus_module.window_starts(999, 2, 1000)
+        make_corpus.window_starts(999, 2, 1000)
 
 
 def test_corpus_stream_runs_on_through_the_windows():
