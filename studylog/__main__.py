@@ -23,8 +23,7 @@ from pathlib import Path
 
 #: The chapters' own command lines (``studylog/<chapter>/__main__.py``): module -> (arguments, what it does).
 CHAPTER_TOOLS = {
-    "studylog.fsm": ("export-masks | report", "chapter 1: the mask file, the suite's savings"),
-    "studylog.ngram": ("corpus [--out PATH] [--check]", "chapter 3: rebuild or check the real-text corpus"),
+    "studylog.fsm": ("report", "chapter 1: the suite's savings"),
 }
 
 #: The packages ``info`` reports: distribution name -> what it is for.

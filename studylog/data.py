@@ -1,6 +1,7 @@
-"""Real grammar masks, exported by the FSM chapter, read by the masked-LM-head chapter: ``assets/data/fsm_masks.npz``
-holds ``vocab_size``, ``offsets`` (mask ``i`` is ``ids[offsets[i]:offsets[i+1]]``), ``ids`` (int32, each mask sorted),
-``state`` and ``source`` (the FSM state and schema each mask comes from) and ``tokenizer`` (the vocabulary's name).
+"""Real grammar masks, exported by the FSM chapter (``lab/fsm/export_masks.py``), read by the masked-LM-head chapter:
+``assets/data/fsm_masks.npz`` holds ``vocab_size``, ``offsets`` (mask ``i`` is ``ids[offsets[i]:offsets[i+1]]``),
+``ids`` (int32, each mask sorted), ``state`` and ``source`` (the FSM state and schema each mask comes from) and
+``tokenizer`` (the vocabulary's name).
 """
 
 from __future__ import annotations
@@ -57,6 +58,6 @@ def save_masks(path: Path, masks: list[np.ndarray], states: list[int], sources: 
 def load_masks(path: Path = MASKS_FILE) -> MaskSet:
     """Read a mask file; raises FileNotFoundError (saying how to make it) when it is missing."""
     if not Path(path).is_file():
-        raise FileNotFoundError(f"{path} is missing; make it with `python -m studylog.fsm export-masks`")
+        raise FileNotFoundError(f"{path} is missing; make it with `python lab/fsm/export_masks.py`")
     z = np.load(path, allow_pickle=False)
     return MaskSet(int(z["vocab_size"]), z["offsets"], z["ids"], z["state"], z["source"], str(z["tokenizer"]))

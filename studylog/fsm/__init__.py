@@ -3,7 +3,7 @@
 A constrained decoder walks an automaton built from a regex (or a JSON schema's regex) over a tokenizer's
 vocabulary, and each token normally costs one forward pass. The chapter counts the passes two compressions save on
 cl100k_base; its steps are three decode loops (``CHAPTER.steps``). No GPU benchmark. Command line:
-``python -m studylog.fsm export-masks | report``."""
+``python -m studylog.fsm report``."""
 
 from __future__ import annotations
 

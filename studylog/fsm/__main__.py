@@ -1,5 +1,5 @@
-"""Chapter 1's tools: ``python -m studylog.fsm export-masks | report``. The SchemaStore survey is the book's:
-``python -m book.fsm.realworld``."""
+"""Chapter 1's tool: ``python -m studylog.fsm report``. The SchemaStore survey is the book's
+(``python -m book.fsm.realworld``), the mask file the lab's (``python lab/fsm/export_masks.py``)."""
 
 from __future__ import annotations
 
@@ -10,29 +10,18 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from studylog.fsm.report import export_masks, run_suite, savings_table, suite_summary
+from studylog.fsm.report import run_suite, savings_table, suite_summary
 from studylog.fsm.vocabulary import load_vocabulary
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studylog.fsm", description="Chapter 1 (FSM compression) tools.")
     sub = parser.add_subparsers(dest="command", required=True)
-    exp = sub.add_parser("export-masks", help="write assets/data/fsm_masks.npz from the suite's visited states")
-    exp.add_argument("--out", type=Path, default=None, help="output file (default: assets/data/fsm_masks.npz)")
-    exp.add_argument("--samples", type=int, default=8, help="samples per suite entry (default 8)")
     rep = sub.add_parser("report", help="print the suite's savings table")
     rep.add_argument("--samples", type=int, default=8)
     rep.add_argument("--json", type=Path, default=None, help="also write the suite's totals (report.suite_summary) to "
                      "this JSON file (the book's landing page reads assets/data/fsm_suite.json, written this way)")
     args = parser.parse_args(argv)
-    if args.command == "export-masks":
-        from studylog import data
-
-        path = export_masks(args.out, n_samples=args.samples)
-        ms = data.load_masks(path)
-        print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): {len(ms)} masks over {ms.vocab_size} ids "
-              f"({ms.tokenizer}), allowed tokens from {ms.counts().min()} to {ms.counts().max()}")
-        return 0
     results = run_suite(n_samples=args.samples, progress=True)
     print(savings_table(results))
     if args.json is not None:
