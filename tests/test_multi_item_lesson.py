@@ -618,3 +618,17 @@ def test_the_result_frames_step_6_with_the_whole_pass_and_calls_its_step_margina
 
     page = (REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text()
     assert "lesson.flashinfer_pass_gain(results, lays)" in page and "lesson.margin_words(g5 / g6)" in page
+
+
+def test_exercise_5s_table_counts_the_tiles_of_every_benchmark_batch(capsys):
+    """Exercise 5's cell calls one function of the exercises: no benchmark plumbing on the page."""
+    import json
+
+    from studylog import paths
+
+    exercises.tile_shapes(solutions.step5_at, tiles=((64, 64),))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "key tiles per head" in line]
+    assert len(lines) == len(report.bench_shapes()) and all("64 × 64" in line for line in lines)
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert "exercises.tile_shapes(step5_at)" in code and "bench_shapes" not in code

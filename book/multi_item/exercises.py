@@ -12,7 +12,8 @@ raises ``NotImplementedError`` (the page's stub) gets a note instead of a traceb
 3. :func:`check_key_tiles`: which key tiles a query tile must load (step 4's three ranges).
 4. :func:`check_max_programs`: the fixed grid of :class:`~studylog.multi_item.plan.MultiItemPlan`, the most
    programs any layout within a capacity can need.
-5. :func:`check_tile_shape`: step 5 launched at a tile shape the reader picks (then timed on a GPU).
+5. :func:`check_tile_shape`: step 5 launched at a tile shape the reader picks; :func:`tile_shapes` counts the key
+   tiles of each shape on the benchmark's batches and, on a GPU, times the reader's function.
 6. :func:`check_items_lo`: the kernel's own code changed: the Triton function that says where a query tile's
    item loop starts, rewritten to FlashInfer's coarser bound (``m_lo - max_item_len``), run inside a copy of step
    4's kernel (Triton's interpreter on a CPU), its tiles counted, and timed against step 5 on a GPU.
@@ -25,7 +26,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from book.common import guarded, report
+from book.common import gpu_us, guarded, report
 from studylog.multi_item.config import strides  # studylog first: it sets TRITON_INTERPRET on a CPU
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_rule, dense_mask
 from studylog.multi_item.steps import LOG2E, attend_key_tiles
@@ -34,7 +35,7 @@ import triton  # noqa: E402,I001
 import triton.language as tl  # noqa: E402
 
 __all__ = ["check_visible", "check_online_softmax", "check_key_tiles", "check_max_programs", "check_tile_shape",
-           "check_items_lo", "tile_map", "TILE_SKIPPED", "TILE_WHOLE", "TILE_MASKED"]
+           "check_items_lo", "tile_shapes", "tile_map", "TILE_SKIPPED", "TILE_WHOLE", "TILE_MASKED"]
 
 TILE_SKIPPED, TILE_WHOLE, TILE_MASKED = 0, 1, 2  # tile_map's codes
 
@@ -249,6 +250,35 @@ def check_tile_shape(fn: Callable, tiles: Sequence[tuple[int, int]] = CHECK_TILE
     finally:
         steps.launch = real
     return report("check_tile_shape", True, None, cases)
+
+
+def tile_shapes(fn: Callable, tiles: Sequence[tuple[int, int]] = ((64, 32), (64, 64), (128, 64), (128, 128))) -> None:
+    """Exercise 5's table: on each of the benchmark's batches, at each tile shape, the key tiles step 5 visits per
+    head and the share of their pairs that are visible; on a GPU, ``fn`` (``step5_at``) timed at that shape as well
+    (bf16, 32 heads of dimension 128, as the benchmark runs)."""
+    from studylog.multi_item.report import BENCH_DTYPE, BENCH_HEAD_DIM, BENCH_HEADS, bench_shapes
+    from studylog.multi_item.tiles import tile_stats
+
+    gpu = torch.cuda.is_available()
+    for name, prefixes, items in bench_shapes():
+        batch = MultiItemBatch.from_item_lens(prefixes, items, device="cpu")
+        if gpu:
+            on_gpu = MultiItemBatch.from_item_lens(prefixes, items, device="cuda")
+            q, k, v = (torch.randn(BENCH_HEADS, batch.total_tokens, BENCH_HEAD_DIM, device="cuda", dtype=BENCH_DTYPE)
+                       for _ in range(3))
+        for block_m, block_n in tiles:
+            s = tile_stats(batch, block_m, block_n)
+            line = (f"{name.replace(' x ', ' × ')}, {block_m} × {block_n}: {s.visited:,} key tiles per head, "
+                    f"{s.visible_pairs / (s.visited * block_m * block_n):.0%} of their pairs visible")
+            if gpu:
+                try:
+                    args = (q, k, v, on_gpu, block_m, block_n)
+                    line += f", {gpu_us(lambda args=args: fn(*args)):,.1f} µs"
+                except NotImplementedError:
+                    line += " (write step5_at above to time it)"
+            print(line)
+    if not gpu:
+        print("timing needs a GPU: on a CPU the tile counts are what this cell can give")
 
 
 # --------------------------------------------------------------------------------------
