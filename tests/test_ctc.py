@@ -399,7 +399,7 @@ def test_every_launch_passes_what_each_kernel_declares():
 
 @pytest.fixture(scope="module")
 def steps_1_to_3():
-    return ctc.compile_step(1), ctc.compile_step(2)  # step 1's file; steps 2 and 3 share one
+    return book_compiled.compile_step(1), book_compiled.compile_step(2)  # step 1's file; steps 2 and 3 share one
 
 
 def test_restrict_and_ldg_make_the_read_only_loads_non_coherent(steps_1_to_3):
@@ -420,9 +420,9 @@ def test_restrict_and_ldg_make_the_read_only_loads_non_coherent(steps_1_to_3):
 @pytest.fixture(scope="module")
 def blocked_kernels():
     """Steps 4 and 5 in one NVRTC call (step 4 at several grain sizes, step 5 at one), step 6 in another."""
-    four = ctc.compile_step(4, grains=TESTED_GRAINS)
-    five = ctc.compile_step(5, grains=[3], layouts=(False, True))
-    six = ctc.compile_step(6, grains=[2])
+    four = book_compiled.compile_step(4, grains=TESTED_GRAINS)
+    five = book_compiled.compile_step(5, grains=[3], layouts=(False, True))
+    six = book_compiled.compile_step(6, grains=[2])
     return None, (four, five, six)
 
 
@@ -569,7 +569,8 @@ def test_step07_parts_launch_alpha_then_beta():
 def recursions_at_v10():
     """Step 10's recursion and steps 11 and 12's (every option) for 32 x 10 positions, the benchmark's usual size."""
     options = list(ctc.fused.RECURSION_OPTIONS)
-    return ctc.compile_step(10, grains=[10]), ctc.compile_step(12, grains=[10], recursions=options)
+    return (book_compiled.compile_step(10, grains=[10]),
+            book_compiled.compile_step(12, grains=[10], recursions=options))
 
 
 def test_steps_11_to_14_compile_without_spills(recursions_at_v10):
@@ -577,11 +578,11 @@ def test_steps_11_to_14_compile_without_spills(recursions_at_v10):
     report = twelve.ptxas_report()
     names = [ctc.recursion_name(10, option) for option in ctc.fused.RECURSION_OPTIONS]
     assert {twelve.lowered_names[n] for n in names} <= set(report)
-    eleven = ctc.compile_step(11, grains=[10])
+    eleven = book_compiled.compile_step(11, grains=[10])
     assert set(eleven.lowered_names) == {ctc.recursion_name(10, "branch-free")}  # step 11's recursion, no option
-    report.update(ctc.compile_step(13).ptxas_report())
+    report.update(book_compiled.compile_step(13).ptxas_report())
     assert {"ctc_stats_softmax", "ctc_target_grad"} <= set(report)
-    fourteen = ctc.compile_step(14, grains=ctc.fused.BLOCK_GRAINS)
+    fourteen = book_compiled.compile_step(14, grains=ctc.fused.BLOCK_GRAINS)
     report.update(fourteen.ptxas_report())
     assert {fourteen.lowered_names[f"ctc_warps_recursion<{v}>"] for v in ctc.fused.BLOCK_GRAINS} <= set(report)
     assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in report.values()), report

@@ -90,13 +90,14 @@ CHAPTER_CALLS = textwrap.dedent('''
         ngram.corpus_batch("text", 2, 64, 32)       # the committed corpus
 
     def ctc():
-        from studylog import ctc
+        from studylog import ctc, cuda
 
         x = torch.randn(6, 2, 5, generator=g)
         loss, grad = ctc.reference_ctc(x, torch.tensor([[1, 2], [3, 0]]), [6, 4], [2, 1])
         assert bool(torch.isfinite(loss).all())
         assert "ctc_warps_direction" in ctc.CHAPTER.show_source(14).text
-        ctc.compile_step(7, grains=(4,))           # NVRTC over csrc/*.cu and its headers
+        name = ctc.fused.fused_kernel_names(7, 4)[1]  # NVRTC over csrc/*.cu and its headers
+        cuda.compile_source(ctc.fused.source_of(name), name_expressions=[name])
 
     def ternary():
         from studylog import ternary as T

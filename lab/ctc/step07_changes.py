@@ -21,8 +21,8 @@ lesson points step 7's number in the chapter spans (``report.LESSON_N``), among 
 N = 256) and the case its text names (A = 5,000, N = 1); ``--cases`` takes any point of the grid. The inputs are
 the benchmark's: its generator (``report.BENCH_SEED``) replayed over its grid in its order, so each case has the
 targets, and the launch shape, of the committed run.
-Each output is checked against the float64 reference first (``report._check_step``: the benchmark's tolerances),
-and 7a's and 7b's against step 7's bits; then each is timed as the benchmark times a step (``report._timed``: CUDA
+Each output is checked against the float64 reference first (``report.check_step``: the benchmark's tolerances),
+and 7a's and 7b's against step 7's bits; then each is timed as the benchmark times a step (``report.timed``: CUDA
 graph replay over rotated copies of the activations, repetitions with their spread kept, host time per call
 beside it), all four in the same run.
 
@@ -143,13 +143,13 @@ def measure(run, cases) -> None:
         x = x_cpu.to(device)
         del x_cpu
         params = {"T": T, "N": N, "A": A}
-        batch = report._prepared(lists, T, A, device)
-        ref = report._reference(x, lists)
+        batch = report.prepared_batch(lists, T, A, device)
+        ref = report.reference_of(x, lists)
         floor = run.floor_ms(report.dram_bytes(T, N, A))
         outputs, errors = {}, {}
         for label, (series, _) in VARIANTS.items():
             loss, grad = FUNCTIONS[label](x, batch)
-            errors[label] = report._check_step(run, SimpleNamespace(number=5 if label == "step 5" else 7,
+            errors[label] = report.check_step(run, SimpleNamespace(number=5 if label == "step 5" else 7,
                                                                     series=series), loss, grad, ref, batch, params)
             outputs[label] = (loss, grad)
         for label in ("7a", "7b"):
@@ -161,8 +161,8 @@ def measure(run, cases) -> None:
         line = []
         for label, (series, change) in VARIANTS.items():
             function = FUNCTIONS[label]
-            row = report._timed(run, series, lambda f=function: f(x, batch), params, x=x,
-                                calls_on=report._with_outputs(lambda xi, f=function, **out: f(xi, batch, **out)),
+            row = report.timed(run, series, lambda f=function: f(x, batch), params, x=x,
+                                calls_on=report.with_outputs(lambda xi, f=function, **out: f(xi, batch, **out)),
                                 floor_ms=floor, label=label, change=change, **shape, **errors[label])
             line.append(f"{label} {row['ms'] * 1e3:,.1f}")
         print(f"A = {A}, N = {N}, µs on the GPU clock: " + "  ".join(line), flush=True)
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     run = BenchRun("ctc", command=command)
     run.note("Step 7's three changes one at a time (lab/ctc/step07_changes.py): step 5, 7a (the gradient a pass of "
              "its own), 7b (+ alpha and beta in one kernel), step 7 (+ emissions prefetched); the benchmark's inputs "
-             "and clock (studylog.ctc.report._timed).")
+             "and clock (studylog.ctc.report.timed).")
     measure(run, cases)
     run.note(f"The run took {time.perf_counter() - started:.0f} s.")
     data = run.to_json()

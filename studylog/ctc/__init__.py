@@ -13,7 +13,6 @@ from studylog import runtime  # noqa: F401  (runtime: GPU or interpreter is chos
 from studylog.chapter import Chapter, Step
 from studylog.paths import chapter_csrc
 from studylog.ctc import report, results
-from studylog.ctc.compiled import compile_step
 from studylog.ctc.fused import (ctc_loss, recursion_name, step07_gradient_pass, step08_fused_softmax, step09_one_warp,
                                 step10_side_by_side, step11_branch_free, step12_flush_to_zero, step13_two_passes,
                                 step14_warps_per_direction, warp_grain)

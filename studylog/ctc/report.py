@@ -155,7 +155,7 @@ def estimate_ms(fn) -> float:
     return start.elapsed_time(end) / 3
 
 
-def _timed(run, series: str, fn, params: dict, *, calls_on=None, x: Tensor | None = None, role: str = "kernel",
+def timed(run, series: str, fn, params: dict, *, calls_on=None, x: Tensor | None = None, role: str = "kernel",
            host: bool = True, reps: int = GRAPH_REPS, **extra) -> dict:
     """Record ``fn`` on the GPU clock, its calls ``calls_on(x_i)`` over :func:`copies` of activations like ``x``
     (without ``calls_on``: on the kernel clock), and its host time."""
@@ -170,15 +170,15 @@ def _timed(run, series: str, fn, params: dict, *, calls_on=None, x: Tensor | Non
     return run.record(series, timing, params=params, role=role, host=host_timing, **extra)
 
 
-def _with_outputs(call):
-    """``calls_on`` for :func:`_timed`: ``call(x_i, out_loss=, out_grad=)`` with its own outputs on the copy."""
+def with_outputs(call):
+    """``calls_on`` for :func:`timed`: ``call(x_i, out_loss=, out_grad=)`` with its own outputs on the copy."""
     def on(xi):
         loss, grad = torch.empty((xi.shape[1],), device=xi.device), torch.empty_like(xi)
         return lambda: call(xi, out_loss=loss, out_grad=grad)
     return on
 
 
-def _check_step(run, step, loss, grad, ref, batch, params, estimate=None) -> dict:
+def check_step(run, step, loss, grad, ref, batch, params, estimate=None) -> dict:
     err = errors(loss, grad, *ref)
     err["infinite_losses"] = int((~torch.isfinite(loss)).sum())
     if step.number == 6:  # probability space is measured, not held to the log-space tolerances
@@ -196,19 +196,19 @@ def _check_step(run, step, loss, grad, ref, batch, params, estimate=None) -> dic
 def _time_step(run, number: int, x: Tensor, batch: CTCTargets, ref, params: dict, *, series: str | None = None,
                counted: bool = False, extra: dict | None = None, entry: bool = False, **how) -> dict:
     """Check step ``number`` (with ``entry``: ``ctc_loss``, which runs it here) against the reference (with
-    :func:`outcomes` when ``counted``), then time it; ``how``: the step's options and :func:`_timed`'s."""
+    :func:`outcomes` when ``counted``), then time it; ``how``: the step's options and :func:`timed`'s."""
     step = step_of(number)
     timing = {k: how.pop(k) for k in ("host", "floor_ms", "reps") if k in how}
     call = ctc_loss if entry else lambda xi, b, **out: _call(number, xi, b, **out, **how)
     estimate = torch.empty((x.shape[1],), device=x.device)
     loss, grad = call(x, batch, **({"out_estimate": estimate} if number == 6 else {}))
-    err = _check_step(run, step, loss, grad, ref, batch, params, estimate)
+    err = check_step(run, step, loss, grad, ref, batch, params, estimate)
     if counted:
         err.update(outcomes(loss, grad, *ref))
     del loss, grad
     label = {"step": step.series} if entry else {"title": step.title}
-    return _timed(run, "ctc_loss" if entry else series or step.series, lambda: call(x, batch), params, x=x,
-                  calls_on=_with_outputs(lambda xi, **out: call(xi, batch, **out)), **label, **timing,
+    return timed(run, "ctc_loss" if entry else series or step.series, lambda: call(x, batch), params, x=x,
+                  calls_on=with_outputs(lambda xi, **out: call(xi, batch, **out)), **label, **timing,
                   **(extra or {}), **err)
 
 
@@ -240,7 +240,7 @@ def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: 
         extra = {"role": "baseline", "floor_ms": floor, "runs": peers.TORCH_SERIES[series], **err}
         if clock == "gpu":
             try:
-                rows[series] = _timed(run, series, factory(x), params, x=x, calls_on=factory, **extra)
+                rows[series] = timed(run, series, factory(x), params, x=x, calls_on=factory, **extra)
             except Exception as exc:  # the probe said yes, this process says no: the kernel pass times it, and says so
                 run.note(f"{series} at {params}: captured in the probe, not here: {type(exc).__name__}: "
                          f"{str(exc)[:200]}")
@@ -248,7 +248,7 @@ def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: 
             continue
         if ok:
             why = "captured in the probe, not here"
-        rows[series] = _timed(run, series, factory(x), params, not_capturable=why, **extra)
+        rows[series] = timed(run, series, factory(x), params, not_capturable=why, **extra)
     return rows
 
 
@@ -271,12 +271,12 @@ def _dispatch_checks(run, x: Tensor, lists, params: dict) -> None:
               bool(names) and not any(peers.NATIVE_MARKER in n for n in names), params=params, kernels=names)
 
 
-def _prepared(lists, T: int, A: int, device) -> CTCTargets:
+def prepared_batch(lists, T: int, A: int, device) -> CTCTargets:
     return prepare_targets(padded(lists), (T,) * len(lists), tuple(len(l) for l in lists), num_classes=A,
                            max_time=T, device=device)
 
 
-def _reference(x: Tensor, lists):
+def reference_of(x: Tensor, lists):
     return reference_ctc(x, padded(lists).to(x.device), (x.shape[0],) * len(lists), tuple(len(l) for l in lists))
 
 
@@ -311,7 +311,7 @@ def bench(run) -> None:
         x = torch.randn((T, N, A), generator=generator).to(device)
         params = {"T": T, "N": N, "A": A}
         floor = run.floor_ms(dram_bytes(T, N, A))
-        ref = _reference(x, lists)
+        ref = reference_of(x, lists)
         rows = _torch_rows(run, x, lists, ref, params, capture, floor, users_path=(A, N) in PROFILE_CASES,
                            fallback=fallback)
         on_gpu = [r for r in rows.values() if r["clock"] == "gpu"]
@@ -321,7 +321,7 @@ def bench(run) -> None:
             run.record("torch-best", Timing.of(best["spread_ms"], "gpu"), params=params, role="baseline",
                        floor_ms=floor, host=Timing.of(best["host_spread_ms"], "host"), picked=best["series"],
                        note="the faster of torch's calls timed on the GPU clock in this run")
-        batch = _prepared(lists, T, A, device)
+        batch = prepared_batch(lists, T, A, device)
         for s in CHAPTER.steps:
             if s.number > 6 or (A, N) in grid["lesson"]:
                 _time_step(run, s.number, x, batch, ref, params, floor_ms=floor,
@@ -336,10 +336,10 @@ def bench(run) -> None:
         gen = torch.Generator().manual_seed(1000 + A)  # the same utterances at every grain
         lists = random_targets(T, SWEEP_N, A, gen)
         x = torch.randn((T, SWEEP_N, A), generator=gen).to(device)
-        batch = _prepared(lists, T, A, device)
+        batch = prepared_batch(lists, T, A, device)
         if block_threads(batch.max_positions, grain) > 1024:
             continue
-        _time_step(run, 4, x, batch, _reference(x, lists), {"T": T, "N": SWEEP_N, "A": A, "grain": grain},
+        _time_step(run, 4, x, batch, reference_of(x, lists), {"T": T, "N": SWEEP_N, "A": A, "grain": grain},
                    series=f"{step_of(4).series} strided", host=False, grain=grain,
                    extra={"threads": block_threads(batch.max_positions, grain)})
         del x, batch
@@ -354,14 +354,14 @@ def bench(run) -> None:
             _dispatch_checks(run, x, lists, params)
         floor = run.floor_ms(dram_bytes(T, N, A))
         on_gpu = gpu_points[(A, N)]
-        spans = [r for r in _torch_rows(run, x, lists, _reference(x, lists), params, capture, floor,
+        spans = [r for r in _torch_rows(run, x, lists, reference_of(x, lists), params, capture, floor,
                                         users_path=(A, N) in PROFILE_CASES, clock="kernel",
                                         fallback=fallback).values()]
-        batch = _prepared(lists, T, A, device)
+        batch = prepared_batch(lists, T, A, device)
         if spans and (N in LESSON_N or not on_gpu):  # one clock with the torch calls a graph cannot capture
-            _timed(run, f"{final.series} span", lambda: _call(final.number, x, batch), params, host=False)
+            timed(run, f"{final.series} span", lambda: _call(final.number, x, batch), params, host=False)
             if capture.get("torch-cuDNN", (False,))[0] and ("torch-cuDNN", A, N) not in fallback:
-                spans.append(_timed(run, "torch-cuDNN span", peers.cudnn_direct(x, lists), params, role="baseline",
+                spans.append(timed(run, "torch-cuDNN span", peers.cudnn_direct(x, lists), params, role="baseline",
                                     host=False))
             best = min(spans, key=lambda r: r["ms"])
             for series in ("torch-best span",) + (() if on_gpu else ("torch-best",)):
@@ -416,7 +416,7 @@ def _stress_case(run, name: str, x: Tensor, lists) -> None:
 
     T, N, A = x.shape
     lengths = tuple(len(l) for l in lists)
-    batch, ref = _prepared(lists, T, A, x.device), _reference(x, lists)
+    batch, ref = prepared_batch(lists, T, A, x.device), reference_of(x, lists)
     params = {"T": T, "N": N, "A": A, "inputs": name.split()[0]}
     for number in range(5, 15):
         _time_step(run, number, x, batch, ref, params, series=f"stress {step_of(number).series}", host=False,
@@ -425,7 +425,7 @@ def _stress_case(run, name: str, x: Tensor, lists) -> None:
     if keep.size == 0:
         return
     xs, sub = x[:, torch.as_tensor(keep, device=x.device)].contiguous(), [lists[i] for i in keep]
-    sub_ref, sub_batch = _reference(xs, sub), _prepared(sub, T, A, x.device)
+    sub_ref, sub_batch = reference_of(xs, sub), prepared_batch(sub, T, A, x.device)
     params = {**params, "N": len(sub), "of": N}
     calls = {"torch-cuDNN": peers.cudnn_direct(xs, sub),
              "torch-cuDNN F.ctc_loss": peers.functional(xs, sub, "cudnn", reduction="none"),
