@@ -854,7 +854,7 @@ def part2_tried(bitnet_run) -> tuple:
 
 
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_of_x=None, beside=None,
-                roles=None) -> str:
+                roles=None, at=None) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
     speedup over the step it is measured against (named, > 1 is faster) and its multiple of the 2-bit weights'
@@ -864,9 +864,10 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_
     table open and folds the others. ``beside`` (a number of rows of x): one table at ``rows_of_x`` with that
     number's time and × previous in two more columns ("–" for a step not timed there), its caption naming both.
     ``roles`` (a function of results, step, rows of x, the step it is measured against and the shape, such as
-    :func:`part2_role`): a "role" column after the step's number."""
+    :func:`part2_role`): a "role" column after the step's number. ``at`` (a shape, with ``beside``): a last column,
+    each step's one-row time and × previous at that shape ("–" where the benchmark does not time it there)."""
     if beside is not None:
-        return _beside_table(results, rows, shape, rows_of_x, beside)
+        return _beside_table(results, rows, shape, rows_of_x, beside, at)
     keep = None if rows_of_x is None else set(rows_of_x if isinstance(rows_of_x, (tuple, list)) else (rows_of_x,))
     tables = []
     for m in dict.fromkeys(m for _, m, _, _ in rows if keep is None or m in keep):
@@ -882,14 +883,15 @@ def vs(before: Optional[float], t: Optional[float], previous) -> str:
     return f"{fmt(r, '.2f', '×')} (vs {previous}{'; tie' if is_tie(r) else ''})"
 
 
-def _beside_table(results, rows, shape: str, m: int, other: int) -> str:
+def _beside_table(results, rows, shape: str, m: int, other: int, at=None) -> str:
     """:func:`boehm_table` at ``m`` rows of x with the time and × previous at ``other`` rows beside each step, put
-    first: the steps that have them are built for ``other`` rows."""
+    first: the steps that have them are built for ``other`` rows; with ``at``, a last column at that shape."""
     there = {n: p for n, rows_of_x, p, _ in rows if rows_of_x == other}
     lines = _boehm_rows(results, [r for r in rows if r[1] == m], shape).splitlines()
     out = [f"| step | the change | µs, M = {other} | × previous, M = {other} | µs, M = {m} | × previous | "
-           "× the 2-bit floor |", "|---|---|---|---|---|---|---|"]
-    for line, (number, _, _, _) in zip(lines[2:], [r for r in rows if r[1] == m]):
+           "× the 2-bit floor |" + (f" µs (× previous), {shape_words(at)}, M = {m} |" if at else ""),
+           "|---|---|---|---|---|---|---|" + ("---|" if at else "")]
+    for line, (number, _, before_m, _) in zip(lines[2:], [r for r in rows if r[1] == m]):
         cells = line.strip().strip("|").split(" | ")
         if number not in there:
             ahead = "– | –"
@@ -899,6 +901,12 @@ def _beside_table(results, rows, shape: str, m: int, other: int) -> str:
                 vs(us(results, SERIES[previous], shape, other), t, previous)
             ahead = f"{fmt(t, '.1f')} | {speed}"
         cells = [c.strip() for c in cells]
+        if at:
+            t = us(results, SERIES[number], at, m)
+            before = None if before_m is None else us(results, SERIES[before_m], at, m)
+            r = ratio(before, t)
+            cells.append("–" if t is None else f"{t:.1f}" + ("" if r is None else
+                                                             f" ({r:.2f}×{', tie' if is_tie(r) else ''})"))
         out.append(f"| {cells[0]} | {cells[1]} | {ahead} | " + " | ".join(cells[2:]) + " |")
     caption = f"**{shape.replace('x', ' × ')}, {card(results)}, GPU clock, M = {other} and M = {m}**"
     return caption + "\n\n" + "\n".join(out) + f"\n\nAt {other} rows, –: a one-row kernel, not timed."
@@ -988,7 +996,7 @@ def core_diff(step: int):
 
     old, (a0, a1), (b0, b1) = CORE_REGIONS[step]
     text = lambda number: without_instrumentation(  # noqa: E731
-        source.source_of(_STEPS[number - 1].source, _STEPS[number - 1].source_function)[0])
+        source.source_of(_STEPS[number - 1].shown, _STEPS[number - 1].source_function)[0])
     import textwrap
 
     return source.show_diff(wrapped(textwrap.dedent(_region(text(old), a0, a1)), 110),
@@ -1095,7 +1103,7 @@ def kernel_diff(old: int, new: int):
     and passes its knobs): the change the step makes, as the page shows it."""
     from studylog import source
 
-    texts = [source.source_of(s.source, s.source_function)[0].split("\n# its launch:")[0]
+    texts = [source.source_of(s.shown, s.source_function)[0].split("\n# its launch:")[0]
              for s in (STEPS[old - 1], STEPS[new - 1])]
     return source.show_diff(*texts, names=(STEPS[old - 1].name, STEPS[new - 1].name))
 
@@ -1110,7 +1118,7 @@ def triton_core(step: int, old: Optional[int] = None):
     texts = []
     for number, (start, stop) in zip((old, step), regions):
         s = STEPS[number - 1]
-        texts.append(_region(source.source_of(s.source, s.source_function)[0], start, stop))
+        texts.append(_region(source.source_of(s.shown, s.source_function)[0], start, stop))
     return source.show_diff(*texts, names=(STEPS[old - 1].name, f"{STEPS[step - 1].name} (the core)"))
 
 
@@ -1360,7 +1368,9 @@ def place_waves(results, shapes) -> dict[str, dict]:
 
 #: Part 1's steps on step 6's line, each against the step before it, and the cases the benchmark times them at.
 LATE_STEPS = ((10, 6), (11, 10), (12, 11), (13, 12), (14, 13))
-LATE_CASES = ((MAIN, 1), ("2560x6912", 1), (MAIN, 16))
+#: The BitNet b1.58 2B4T shape (its MLP's down projection) where the benchmark times steps 4 to 14 at one row of x.
+BITNET_STEPS = "2560x6912"
+LATE_CASES = ((MAIN, 1), (BITNET_STEPS, 1), (MAIN, 16))
 
 
 def _case_words(case) -> str:
