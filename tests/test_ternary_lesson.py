@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from book.common import gap_words
+from book.common import changed_lines, gap_words
 from book.ternary import exercises as E
 from book.ternary import lesson as L
 from book.ternary import solutions as S
@@ -335,7 +335,7 @@ def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
     open_ = [text for text, hidden in calls if not hidden]
     assert len(open_) == 1 and open_[0].count("lesson.boehm_table(") == 1
     if path == LESSONS[0]:
-        assert "rows_of_x=1, beside=16)" in open_[0] and "r not in tried_rows" in open_[0]
+        assert "rows_of_x=1, beside=16, at=at)" in open_[0] and "r not in tried_rows" in open_[0]
         assert [t for t, hidden in calls if hidden] == [
             "display(Markdown(lesson.boehm_table(results, tried_rows, rows_of_x=1, beside=16)))"]
     else:
@@ -475,14 +475,13 @@ def _openings(path) -> dict[int, str]:
 
 def test_part_1s_steps_run_1_to_14_down_the_page_and_in_its_table(results):
     """Steps 7 to 9 (tried, did not pay) share one section in their numeric place, between steps 6 and 10, their
-    table of times and one short diff in a fold; steps 10 to 12, step 13's prerequisites, share one section that
-    names step 6 as the step steps 10 to 14 build on; each steps table's rows run upward."""
+    table of times and one short diff in a fold; steps 10 to 12, step 13's prerequisites, each have a section of their
+    own, step 10's naming step 6 as the step steps 10 to 14 build on; each steps table's rows run upward."""
     cells = json.loads(LESSONS[0].read_text())["cells"]
     heads = [("".join(c["source"]).splitlines() or [""])[0] for c in cells if c["cell_type"] == "markdown"]
     numbered = [(h, int(re.match(r"## Step (\d+):", h)[1])) for h in heads if re.match(r"## Step \d+:", h)]
-    assert [n for _, n in numbered] == [1, 2, 3, 4, 5, 6, 13, 14]
-    grouped = "## Steps 10 to 12: three changes step 13 needs"
-    assert grouped in heads and heads.index(grouped) < heads.index(next(h for h, n in numbered if n == 13))
+    assert [n for _, n in numbered] == [1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14]
+    grouped = next(h for h, n in numbered if n == 10)
     assert not any("did not pay" in h for h, _ in numbered)
     tried = [h for h in heads if h.startswith("## Tried")]
     assert tried == ["## Tried, did not pay at 4096 × 14336: steps 7 to 9"]
@@ -1055,15 +1054,20 @@ def test_every_cuda_diff_on_part_2_is_device_code():
 
 
 def test_step_11_and_13_say_one_thing_about_step_11():
-    """Steps 10 to 12 bring 1-5% each at one row: they are one step, "what step 13 needs", with one visible diff
-    (step 11's core) and one number (step 12 over step 6); each change alone is timed in a fold below it; step 13
-    no longer says that step 11 does not pay."""
-    cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[0].read_text())["cells"]}
-    assert cells["984fc1d0"].startswith("## Steps 10 to 12: three changes step 13 needs")
-    assert "core(11)" in cells["95bad76e"] and "x(us(6), us(12))" in cells["95bad76e"]
-    folded = json.loads(LESSONS[0].read_text())["cells"]
-    fold = next(c for c in folded if c["id"] == "f75f917b")
-    assert "hide-output" in fold["metadata"]["tags"] and "((10, 6), (11, 10), (12, 11))" in cells["f75f917b"]
+    """Steps 10 to 12 each have a heading, a number (over the step before, at 16 rows and one row, a tie marked
+    with why the step is kept) and step 11 its core's diff, step 12 its whole diff, both open; step 13 no longer
+    says that step 11 does not pay."""
+    nb = json.loads(LESSONS[0].read_text())["cells"]
+    cells = {c["id"]: "".join(c["source"]) for c in nb}
+    assert cells["984fc1d0"].startswith("## Step 10: configs made for the tensor cores")
+    assert cells["step11-heading"].startswith("## Step 11: ") and cells["step12-heading"].startswith("## Step 12: ")
+    assert "def gain(n, b, why)" in cells["step10-number"] and "gain(10, 6," in cells["step10-number"]
+    assert "core(11)" in cells["95bad76e"] and "gain(11, 10," in cells["95bad76e"]
+    assert "show(11, 12)" in cells["f75f917b"] and "gain(12, 11," in cells["f75f917b"]
+    shown = [c for c in nb if c["id"] in ("95bad76e", "f75f917b")]
+    assert all("hide-output" not in c["metadata"]["tags"] for c in shown)
+    assert changed_lines(L.triton_core(11)) <= 40 and changed_lines(L.kernel_diff(11, 12)) <= 40
+    assert changed_lines(L.kernel_diff(5, 6)) <= 40
     assert "does not pay alone" not in cells["46a9996e"]
 
 
@@ -1258,7 +1262,7 @@ def test_the_whole_step_against_gemlite_sums_the_layers_both_ran(results):
 def test_part_1_says_what_steps_10_to_12_are_for_and_quotes_the_eager_cost_beside_the_result():
     nb = json.loads(LESSONS[0].read_text())["cells"]
     text = ["".join(c["source"]) for c in nb]
-    assert "it needs three changes\nfirst, which bring little alone" in _sections(LESSONS[0])[10]
+    assert "build on step 6 toward step 13's layout" in _sections(LESSONS[0])[10]
     result = next(i for i, t in enumerate(text) if t.startswith("## The result"))
     lose = next(i for i, t in enumerate(text) if t.startswith("## Where we lose"))
     eager = [i for i, t in enumerate(text) if "**Called eagerly**" in t or "Called eagerly, step 14" in t]
