@@ -89,12 +89,20 @@ def test_steps_table_reads_the_pass_counts():
     # with the comparison on the compact suite, its cell is filled too
     compact = {"none": 10, "policies": {"llguidance/tokens": {"passes": 4, "noncanonical": 0}}}
     assert lesson.steps_table(rows, peer, compact).splitlines()[-1].endswith("| 60 (40.0%) | 4 (60.0%) |")
-    # every row counts passes on the suite: the peer's row is the last, and no share of forced tokens joins them
+    # every row counts passes: the peer's row is the last, and no share of forced tokens joins them
     table = lesson.steps_table(rows, peer, compact).splitlines()
     assert len(table) == 2 + len(fsm.CHAPTER.steps) + 1 and table[-1].startswith("| *peer, not a step* |")
     assert "% forced" not in "\n".join(table) and "SchemaStore" not in "\n".join(table)
-    with pytest.raises(TypeError):  # the real schemas' row is gone for good
-        lesson.steps_table(rows, peer, compact, real=(40, 0.023, 0.032))
+    # the comparison on real schemas is a third column by the same measure: step 1 is its passes without jumps,
+    # step 2 our token jumps, step 3 our character jumps, the peer llguidance's; a schema without documents not counted
+    real = {"totals": {"none": 200, "policies": {"ours/tokens": {"passes": 190}, "ours/bytes": {"passes": 150},
+                                                  "xgrammar/bytes": {"passes": 150}, "llguidance/tokens": {"passes": 170}}},
+            "schemas": [{"schema": "a", "documents": 3}, {"schema": "b", "documents": 0}]}
+    table = lesson.steps_table(rows, peer, compact, real).splitlines()
+    assert table[0].endswith("| suite: 1 JSON schemas, compact | 1 real schemas (SchemaStore), compact |")
+    assert [ln.rsplit("|", 2)[1].strip() for ln in table[2:]] == ["200 (0.0%)", "190 (5.0%)", "150 (25.0%)",
+                                                                 "170 (15.0%)"]
+    assert len(table) == 2 + len(fsm.CHAPTER.steps) + 1 and "% forced" not in "\n".join(table)
     with pytest.raises(ValueError):  # a count over other documents is refused
         lesson.steps_table(rows, {**peer, "none": 99})
     with pytest.raises(ValueError):
@@ -114,7 +122,7 @@ def test_the_peers_policy_has_its_place_beside_the_steps():
     place = next(i for i, s in enumerate(sources) if s.startswith("## Beside the steps: llguidance holds back"))
     step3 = next(i for i, s in enumerate(sources) if s.startswith("## Step 3"))
     table = next(i for i, s in enumerate(sources)
-                 if "lesson.steps_table(results, committed_peers, committed_compact)" in s)
+                 if "lesson.steps_table(results, committed_peers, committed_compact, real_record)" in s)
     assert step3 < place < table
     assert "committed_peers = fsm_peers()" in sources[place + 1] and "held['passes']" in sources[place + 1]
     assert 'committed_compact = fsm_peers(whitespace="compact")' in sources[place + 1]
@@ -274,7 +282,7 @@ def test_the_real_schemas_paragraph_says_why_llguidance_compiles_few():
     page = Path(__file__).parents[1] / "notebooks" / "01_fsm_compression.ipynb"
     text = " ".join("".join(c["source"]) for c in json.loads(page.read_text())["cells"])
     assert "keyword it does not implement" in text and '"Unimplemented keys"' in text
-    assert "forced end of sequence" not in text and "passes per output token" in text
+    assert "forced end of sequence" not in text and "the pass where only EOS is left" in text
     assert prose_words(page) <= 2500
 
 
@@ -314,8 +322,9 @@ def test_the_exercises_come_in_an_order_each_can_be_done_in():
 
 
 def test_step_2s_saving_is_one_number_and_chapter_07s_count_is_a_pointer():
-    """The page gives step 2's saving once, over its own suite; chapter 07's count of the same jumps (other
-    documents, passes per output token) is a one-line pointer to that chapter, not a second share here."""
+    """The page gives step 2's saving once, over its own suite; chapter 07's answer for the same jumps is one
+    sentence with its number and its reasons (the model's own vocabulary and answers, the share of its output tokens
+    forced, the pass where only EOS is left, compact output), read from chapter 07's committed run."""
     import json
     from pathlib import Path
 
@@ -323,7 +332,11 @@ def test_step_2s_saving_is_one_number_and_chapter_07s_count_is_a_pointer():
     text = "\n".join("".join(c["source"]) for c in cells["cells"])
     assert "jump_counts" not in text and "ch7[" not in text
     flat = " ".join(text.split())
-    assert "[Chapter 07](07_constrained_decoding.ipynb) counts step 2's saving on its own documents" in flat
+    assert "[chapter 07](07_constrained_decoding.ipynb)'s step 2 runs **{ch07_jumps:.2f}×** its step 1" in flat
+    assert "decode_lesson.real_forced(ch07)" in text and "decode_lesson.real_steps_rows(ch07, 1)[1]" in text
+    for reason in ("own vocabulary and answers", "{ch07_forced['jumped'] / ch07_forced['tokens']:.0%} of output tokens",
+                   "the pass where only EOS is left", "the output is compact"):
+        assert reason in flat, reason
 
 
 def test_the_page_says_where_it_loses_to_llguidance_from_the_measured_rows():
@@ -384,7 +397,7 @@ def test_exercise_3s_worked_example_is_the_answers_and_the_real_schemas_paragrap
     real = next(s for s in sources if "**Real schemas.**" in s)
     for read in ("doc['schemas_measured']", "forced_share'", "e['compiled']", "run['n_docs']",
                  "bench['forced_share']", "bench['forced_share_schemastore']", "another rule, fast-forward",
-                 "*The result*'s last column gives their passes saved", "mostly keys"):
+                 "the steps table's last column gives their passes saved", "mostly keys"):
         assert read in real, read
     assert "suite_saved_by" not in real  # the six shares are the result's table, said once
     assert "this chapter's vocabulary)" not in flat and "rather than Llama's" in flat
@@ -467,10 +480,11 @@ def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_
     # the count of documents in another split is not in the result's sentence (partly by construction): the fold's
     # table has it, with the reason llguidance's is none
     assert "x_str['noncanonical']" not in result and result.index(":::{{dropdown}}") < result.index("partly by design")
-    # the answer is one sentence over a 3 x 2 table: each policy's passes saved on the suite and on the real schemas,
-    # read from the committed comparisons (fsm_peers.json, fsm_peers_realworld.json), so no share is said twice
-    assert "{100 * suite_saved_by[k]:.1f}% | {100 * real_saved[k]:.1f}% |" in result
-    assert "\"step 3, our character jumps = xgrammar's string\": \"xgrammar/bytes\"" in result
+    # the answer is one sentence over the steps table (one table of the steps: the suite, compact, the real schemas),
+    # checked against the committed comparisons (fsm_peers.json, fsm_peers_realworld.json), so no share is said twice
+    assert "| passes saved |" not in result and "in each column of the steps table" in result
+    assert "columns = (suite_saved_by, compact_saved_by, real_saved)" in result
+    assert 'd["ours/bytes"] == d["xgrammar/bytes"] for d in columns' in result
     assert "ff['saved']" not in result and "x_str" not in result
     assert "our writer always writes it" not in source["cea7eb19"]
     # the histogram of allowed tokens: folded right after step 1's count, before step 2

@@ -103,27 +103,37 @@ def saved_share(passes: dict[int, int], step: int) -> float:
     return 1.0 - passes[step] / passes[1]
 
 
-def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dict] = None) -> str:
+def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dict] = None,
+                real: Optional[dict] = None) -> str:
     """Markdown, one row per step: the one change, then for each of the chapter's two suites (every entry with
     outlines' default whitespace; the JSON schemas alone, compact), a column headed by the suite, each cell the
     forward passes and, in parentheses, the share of step 1's passes the step saves (:func:`saved_share`).
     ``peer``, llguidance's fast-forward tokens on the first suite as the committed comparison keeps them
     (``book.results.fsm_peers()``: ``none`` and ``policies["llguidance/tokens"]["passes"]``), adds a row labelled as a
     peer, not a step; ``compact_peer`` (``fsm_peers(whitespace="compact")``) fills its cell for the second suite, ``–``
-    without it. Every cell counts passes on the suite: the real schemas' share of forced tokens, another measure on
-    other documents, is not a row here. A peer count over another number of passes without jumps than step 1's is
-    refused (ValueError)."""
+    without it. ``real``, the same comparison on real SchemaStore schemas (``fsm_peers_realworld.json``, as
+    :func:`real_policy_shares` reads it), adds a third column by the same measure: step 1 is its passes without
+    jumps, step 2 our exact token jumps, step 3 our character jumps, the peer row llguidance's. A peer count over
+    another number of passes without jumps than step 1's is refused (ValueError)."""
     from studylog.fsm import CHAPTER
 
     counts = {ws: suite_passes(results, ws) for ws in ("default", "compact")}
     # the compact suite holds the JSON schemas only (a regex has no whitespace to choose): each column names its suite
     entries = {ws: len({r.name for r in results if r.whitespace == ws}) for ws in ("default", "compact")}
-    lines = [f"| step | the one change | suite: all {entries['default']} entries "
-             f"| suite: {entries['compact']} JSON schemas, compact |",
-             "|---|---|---|---|"]
+    head = [f"suite: all {entries['default']} entries", f"suite: {entries['compact']} JSON schemas, compact"]
+    real_cells: dict = {}
+    if real is not None:
+        n_real, _, _ = real_policy_shares(real)
+        none = real["totals"]["none"]
+        policy = real["totals"]["policies"]
+        head.append(f"{n_real} real schemas (SchemaStore), compact")
+        for row, passes in ((1, none), (2, policy["ours/tokens"]["passes"]), (3, policy["ours/bytes"]["passes"]),
+                            ("peer", policy["llguidance/tokens"]["passes"])):
+            real_cells[row] = f"{passes:,} ({100 * (1 - passes / none):.1f}%)"
+    lines = ["| step | the one change | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
     for step in CHAPTER.steps:
         cells = [f"{counts[ws][step.number]:,} ({100 * saved_share(counts[ws], step.number):.1f}%)"
-                 for ws in ("default", "compact")]
+                 for ws in ("default", "compact")] + ([real_cells[step.number]] if real_cells else [])
         lines.append(f"| {step.number} | {step.title} | " + " | ".join(cells) + " |")
     if peer is not None:
         cells = []
@@ -137,7 +147,7 @@ def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dic
             passes = totals["policies"]["llguidance/tokens"]["passes"]
             cells.append(f"{passes:,} ({100 * (1 - passes / totals['none']):.1f}%)")
         lines.append("| *peer, not a step* | *llguidance's fast-forward tokens (Beside the steps)* | "
-                     + " | ".join(cells) + " |")
+                     + " | ".join(cells + ([real_cells["peer"]] if real_cells else [])) + " |")
     return "\n".join(lines)
 
 
@@ -410,4 +420,4 @@ def step3_core():
 
     old, new = (_jump_branch(s) for s in (decoding.step02_token_jumps, decoding.step03_char_jumps))
     return Diff("\n".join(old), "\n".join(new), "step 2, the jump",
-                "step 3, its core (the cap and UTF-8 checks left out)", 1)
+                "step 3, its core (the cap, UTF-8 guard, end-state check, counters and events left out)", 1)
