@@ -230,6 +230,25 @@ def test_figures_three_panels_one_colour_per_series_readable_text(which):
     assert len(colours) == len(set(colours)), "two series share a colour"
 
 
+@pytest.mark.parametrize("which", ["one_clock", "first_run"])
+def test_the_speedup_figure_names_its_divisor_the_weak_rival_and_its_footnote_is_short(which):
+    """The speedup figure divides by cuBLAS's dense fp32 logits + masked_fill, which computes every logit: its title
+    names that divisor the weak rival; its footnote is at most three lines, each short enough not to wrap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = _one_clock() if which == "one_clock" else _first_run()
+    fig = figures.figures(results)["speedup_b1"]
+    title = fig._suptitle.get_text()
+    assert title.startswith("Each step's speedup over the weak rival, cuBLAS's fp32 logits for every token")
+    (foot,) = [t.get_text() for t in fig.texts if t is not fig._suptitle]
+    assert len(foot.splitlines()) <= 3 and all(len(line) <= 150 for line in foot.splitlines()), foot
+    assert "weak rival" not in foot
+    plt.close(fig)
+
+
 def _ms_at(results, number: int, params: dict) -> dict | None:
     """Step ``number``'s row of the run at ``params`` (our kernels on [V, D]), looked up here, not by the lesson."""
     found = [r for r in results.select(f"step{number:02d}", **params) if r["params"].get("layout", "vd") == "vd"]
@@ -600,12 +619,18 @@ def test_step13s_bound_is_ours_and_is_said_above_the_table():
 
 
 def test_the_missing_step_numbers_are_said_once_under_the_chain():
-    """Right under the chain's table one line says which steps were tried and did not pay, and where they are (the
-    opening does not say it again); under the tables the footnote is the key to the mark alone: the notebook says the
-    key nowhere else. The table of steps holds every kept step."""
+    """Right under the chain's table one legend line says which numbers it lacks: the kept steps beyond the chain (in
+    the fold under it) and the steps tried that did not pay (folded below the figures), each by number (the opening
+    does not say it again); under the tables the footnote is the key to the mark alone: the notebook says the key
+    nowhere else. The table of steps holds every kept step."""
     results = plotting.load_results("masked_lm_head")
-    line = f"Steps {lesson.counts_words(list(lesson.TRIED))} were tried and did not pay (folded below the figures)."
-    assert lesson.tried_note() == line
+    line = ("Missing numbers: steps 8, 10 and 12 are kept, each at its own case (the fold below); steps "
+            f"{lesson.counts_words(list(lesson.TRIED))} were tried and did not pay (folded below the figures).")
+    assert lesson.tried_note() == line and "6, 9 and 11 were tried" in line
+    shown = list(lesson.CHAIN) + [13]  # the numbers the page shows unfolded: the chain, then step 13's one line
+    missing = sorted(set(range(max(lesson.MAIN_LINE) + 1)) - set(shown))
+    assert missing == [6, 8, 9, 10, 11, 12]
+    assert all(re.search(rf"\b{n}\b", line) for n in missing), (missing, line)
     blocks = lesson.main_steps_table(results).split("\n\n")
     assert blocks[2] == line and blocks[1].startswith("| step |") and blocks[3].startswith("**Beyond the chain**")
     assert sorted(int(r[0]) for r in _all_rows(results)) == list(lesson.MAIN_LINE)
@@ -661,6 +686,48 @@ def test_the_page_shows_one_steps_table_and_one_tried_table():
     assert tried > cells.index(next(c for c in cells if "lesson.main_steps_table(results)" in c))
     assert "hide-output" in nb[tried]["metadata"]["tags"] and nb[tried]["metadata"]["mystnb"]["code_prompt_show"]
     assert all(f"**Step {n}**" in cells[tried] for n in lesson.TRIED)
+    shown = "chain, beyond, thirteen = lesson.steps_shown(results, steps)"
+    assert shown in cells[table] and "display(Markdown(steps))" not in cells[table]
+    assert cells[table].index("display(Markdown(chain))") < cells[table].index("display(HTML(beyond))") < cells[
+        table].index("display(Markdown(thirteen))")
+
+
+def test_steps_beyond_the_chain_are_folded_and_step_13_is_one_line():
+    """Under the chain and its legend line, steps 8 to 13 are one fold, each its own row with its case named (step
+    13's with its traced parts); step 13 stands in the open text as one line, the whole step in one graph with its
+    time from the run; then the rivals' sentence. Nothing of the second table is left unfolded."""
+    results = plotting.load_results("masked_lm_head")
+    table = lesson.main_steps_table(results)
+    chain, beyond, thirteen = lesson.steps_shown(results, table)
+    assert lesson.steps_shown(results) == (chain, beyond, thirteen)
+    blocks = table.split("\n\n")
+    assert chain == "\n\n".join(blocks[:3]) and chain.endswith(lesson.tried_note())
+    assert "Beyond the chain" not in chain and "Beyond the chain" not in thirteen and "<details>" not in thirteen
+    assert beyond.startswith("<details><summary>Steps 8 to 13, each at its own case") and beyond.endswith("</details>")
+    assert beyond == lesson.folded(re.search(r"<summary>(.*?)</summary>", beyond).group(1), blocks[4])
+    rows = re.findall(r"<tr><td>(\d+)</td><td>([^<]*)</td>", beyond)
+    assert [int(n) for n, _ in rows] == list(lesson.OWN_STEPS)
+    for n, case in rows:  # each row names its case
+        assert case == (f"all {lesson.dispatch_range(results)['cases']} cases" if n == "12"
+                        else lesson._case(lesson.STEP_CASES[int(n)][0])), (n, case)
+    trace = lesson.plan_timeline()
+    if trace is not None:  # step 13's trace is in the fold, not in the open line
+        part = lesson.plan_parts(trace)
+        assert f", {part['copy']:.1f} µs" in beyond and f"{part['copy']:.1f}" not in thirteen
+    line, rivals = thirteen.split("\n\n")
+    ms = results.select(mlh.report.PLAN, **lesson.MAIN_CASE)[0]["ms"]
+    assert line.startswith(f"**Step 13, the whole step in one graph: {lesson.table_us(ms)} µs**") and "\n" not in line
+    assert rivals == blocks[-1] and rivals.startswith("Rivals at ")
+
+
+def test_the_result_says_plainly_that_no_tuned_gather_kernel_was_raced():
+    """Near the result the page says once, plainly, that the kernel's rival is two torch launches and that no tuned
+    gather kernel was raced, with a named place for one sentence on a measured compiled gather rival."""
+    cells = ["".join(c["source"]) for c in _notebook_cells()]
+    lead = next(c for c in cells if "as a kernel, given the ids;" in c and "for the whole step**" in c)
+    assert "two torch launches, `index_select` then matmul.\nNo tuned gather kernel was raced.{compiled_gather}" in lead
+    assert "compiled_gather = " in lead
+    assert sum("No tuned gather kernel was raced" in c for c in cells) == 1
 
 
 def test_the_headline_gives_its_range_from_the_run():
@@ -1043,6 +1110,10 @@ def test_step_4_is_shown_as_its_diff_against_step_3():
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
     section = ["".join(c["source"]) for c in cells[start:end]]
     assert "Against step 3 a program owns a slice of the id list" in section[0] and "the block skip goes" in section[0]
+    last = section[0].replace("\n", " ").strip().rsplit(". ", 1)[1]  # the sentence right before the diff
+    assert last.startswith("The diff's one launch holds two kinds of program: *row programs*")
+    assert "*fill programs*" in last
+    assert last.endswith(":") and "`pid < n_compute`" in last and any("n_compute" in ln for ln in changed)
     code = "\n".join(section[1:])
     assert "step_diff(CHAPTER, 3, 4)" in code and "show_source(4)" not in code and "step4_core" not in code
 

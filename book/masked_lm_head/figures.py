@@ -81,8 +81,8 @@ def _style(ax, xlabel: str, ylabel: str, *, logy: bool):
 def figures(results) -> dict[str, Any]:
     """The chapter's figures, at most three panels each, one colour per series (:data:`SERIES_COLORS`):
     ``speedup_b1`` (each step's speedup over cuBLAS's dense fp32 logits + masked_fill at batch 1, log axis; the
-    caption names that divisor the weak rival and says why the ``index_select`` line dips), ``layout`` (steps 1 and 2
-    on both layouts, bars), ``batched`` (time against allowed count at batches 8, 64 and 256),
+    title names that divisor the weak rival, the footnote says why the ``index_select`` line dips), ``layout``
+    (steps 1 and 2 on both layouts, bars), ``batched`` (time against allowed count at batches 8, 64 and 256),
     ``practitioners`` (the whole step against xgrammar's path) and ``host`` (host time per call); a figure
     whose series the file lacks is left out."""
     figs: dict[str, Any] = {}
@@ -162,16 +162,21 @@ def _speedup_figure(results, caption: str):
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.set_title(title, fontsize=FONT + 1)
         ax.legend(fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
-    fig.suptitle(f"Each step's speedup over cuBLAS's dense fp32 logits + masked_fill, {results.gpu.replace('NVIDIA ', '')}",
-                 fontsize=FONT + 2)
+    fig.suptitle(f"Each step's speedup over the weak rival, cuBLAS's fp32 logits for every token + masked_fill, "
+                 f"{results.gpu.replace('NVIDIA ', '')}", fontsize=FONT + 2)
     zero = sorted({r["params"]["allowed"] for r in results.select(_s(0), batch=1, kind="random")})
-    zero = (f"; step 0 computes every logit whatever the count, so it is timed at {' and '.join(f'{c:,}' for c in zero)}"
-            " allowed only" if zero else "")
+    every = {r["params"]["allowed"] for r in results.select(DENSE, batch=1, kind="random")}
+    zero = f"; step 0 at {' and '.join(f'{c:,}' for c in zero)} only" if zero and len(zero) < len(every) else ""
     fig.tight_layout()
-    fig.text(0.01, -0.01, caption + "\n" + _spread_words(results) + "; random masks except step 11's (real grammar "
-             "masks); steps 9 and 10 run above batch 1; steps 6 and 7 lie on step 5's line (see the tables)" + zero
-             + _index_select_words(results), fontsize=FONT - 1, va="top", wrap=True)
+    fig.text(0.01, -0.01, speedup_footnote(results, caption, zero), fontsize=FONT - 1, va="top")
     return fig
+
+
+def speedup_footnote(results, caption: str, zero: str = "") -> str:
+    """The speedup figure's footnote, at most three lines: the run, what the panels leave out, and why the
+    ``index_select`` line dips (:func:`_index_select_words`, where the run shows it)."""
+    return (caption + "\n" + _spread_words(results) + "; random masks, real ones for step 11; steps 6, 7, 9 and 10 "
+            "are in the tables" + zero + _index_select_words(results))
 
 
 #: torch's ``index_select`` copies up to this many rows with its small-index kernel, each thread looping over the ids
@@ -180,8 +185,7 @@ SMALL_INDEX = 16
 
 
 def _index_select_words(results) -> str:
-    """The caption's sentence on the divisor and the ``index_select`` line: the divisor computes every logit, the
-    weak rival; the kernel's rival is ``index_select`` + matmul, whose line dips at the largest count up to
+    """The footnote's line on the kernel's rival, ``index_select`` + matmul, whose line dips at the largest count up to
     :data:`SMALL_INDEX` ids, where torch copies the rows one after another, against the smallest count above it.
     Empty where the run lacks either point."""
     rows = {r["params"]["allowed"]: r["ms"] for r in results.select("index_select", batch=1, kind="random")
@@ -190,10 +194,8 @@ def _index_select_words(results) -> str:
     many = min((n for n in rows if n > SMALL_INDEX), default=None)
     if few is None or many is None or rows[few] <= rows[many]:
         return ""
-    return ("\nThe divisor computes every logit, the weak rival; the kernel's rival is the dashed index_select line. "
-            f"It dips at {few:,} ids: up to {SMALL_INDEX} ids torch's index_select copies the rows one after another "
-            f"(its small-index kernel), above that all at once, so {few:,} ids take {rows[few] * 1e3:.1f} µs and "
-            f"{many:,} take {rows[many] * 1e3:.1f} µs.")
+    return (f"\nThe kernel's rival, index_select + matmul (dashed), dips at {few:,} ids: up to {SMALL_INDEX} ids torch "
+            f"copies rows one by one ({rows[few] * 1e3:.1f} µs; {many:,} ids {rows[many] * 1e3:.1f} µs).")
 
 
 def _layout_figure(results, caption: str):

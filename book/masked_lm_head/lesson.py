@@ -31,7 +31,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "own_case_steps", "steps_note", "table_us", "chain_base", "PARTS", "bitmask_copy_ms", "OWN_STEPS",
            "CHANGES_FROM_HOST", "rows_sweep_us",
            "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
-           "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
+           "paid_words", "rotation", "counts_words", "steps_shown", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "loss_account", "plan_timeline", "plan_parts", "plan_timeline_table", "mean_period",
            "TIMELINE_PARTS", "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied",
@@ -944,8 +944,26 @@ def own_case_steps() -> list[int]:
 
 
 def tried_note() -> str:
-    """The line under the chain's table: why step numbers are missing from the tables, and where those steps are."""
-    return f"Steps {counts_words(list(TRIED))} were tried and did not pay (folded below the figures)."
+    """The chain's legend line, under its table: which step numbers it lacks and where each is. The kept steps beyond
+    the chain are in the fold under it (step 13 also said in one line, :func:`steps_shown`); the tried ones did not pay
+    and are folded below the figures."""
+    kept = [n for n in OWN_STEPS if n != 13]
+    return (f"Missing numbers: steps {counts_words(kept)} are kept, each at its own case (the fold below); steps "
+            f"{counts_words(list(TRIED))} were tried and did not pay (folded below the figures).")
+
+
+def steps_shown(results, table: str | None = None) -> tuple[str, str, str]:
+    """The tables of steps (:func:`main_steps_table`, or ``table``, its output) as the page shows them: the chain
+    with its legend line (Markdown); the steps beyond the chain, each its own row with its case named and step 13's
+    with its traced parts, folded (HTML); then step 13 in one line, the whole step in one graph with its time, and the
+    rivals' sentence (Markdown)."""
+    blocks = (table or main_steps_table(results)).split("\n\n")
+    at = next(k for k, b in enumerate(blocks) if b.startswith("**Beyond the chain**"))
+    fold = folded("Steps 8 to 13, each at its own case against the step it builds on (µs, GPU clock)", blocks[at + 1])
+    row = _row(results, step_series(13), **STEP_CASES[13][0])
+    line = ("" if row is None else
+            f"**Step 13, the whole step in one graph: {table_us(row['ms'])} µs**{capped(row)} ({_case(MAIN_CASE)}).")
+    return "\n\n".join(blocks[:at]), fold, "\n\n".join(b for b in [line, *blocks[at + 2:]] if b)
 
 
 def steps_note(results) -> str:
