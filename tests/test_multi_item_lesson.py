@@ -245,14 +245,16 @@ def test_lesson_on_the_committed_file():
     for v in view.values():
         assert 0 < v["step05_share"] < v["dense_share"] < 1 and v["pass_gain"] > 1 and v["packing_gain"] > 1
     assert "pending" not in lesson.amdahl_table(view)
-    table = lesson.pass_table(results, lays)  # "Why it matters": a row a rival
+    table = lesson.pass_table(results, lays)  # "Why it matters": the strongest rival, in the model's own layout
     rows = _rows(table)
-    assert len(rows) == 2 and "pending" not in table  # one pass per item, packing's gain, is a sentence instead
+    # a dense mask (a rival nobody would ship) and one pass per item (packing's gain) are sentences instead
+    assert len(rows) == 1 and "pending" not in table and "SDPA" not in table
     from studylog.paths import REPO_ROOT
 
     page = (REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text()  # packing's gain: the whole pass
     assert "makes the whole pass" in page and "(attention alone: {per_item_att:.2f}×)" in page
-    assert rows[1][3] == f"{view[lesson.MAIN_SHAPES[0]]['pass_gain']:.2f}×"
+    assert "Against a dense mask, a rival nobody would ship" in page and "{1 - 1 / dense_gain:.0%} off" in page
+    assert rows[0][3] == f"{lesson.flashinfer_pass_gain(results, lays):.2f}×"
     assert "one causal pass per item" not in table
     assert lesson.pass_table(None, lays) == "pending"
     pairs, bounds = lesson.bounds_table(results, lays).split("\n\n")  # two narrow tables, a row a shape each
@@ -288,13 +290,13 @@ def test_the_steps_table_of_a_current_file_and_of_none():
     results = _current_file()
     table = lesson.steps_table(results)
     shape = report.bench_shapes()[0][0].split(",")[0]
-    assert table.splitlines()[0] == (f"| step | the one change | {shape}: µs | × prev. | × floor (100 µs) | "
-                                     f"8 prompts, 32 heads: µs | × prev. | × floor (100 µs) |")
-    # one row a numbered step: step 5 is the library's default order; steps 2 to 4 are absent from this file, so its
-    # × prev. is over the last step that runs there, named (step 1, 1.0 ms)
-    assert [r[0] for r in _rows(table)] == ["1", "2", "3", "4", "5", "6"]  # the floor in its column's heading
-    assert "| 5 | " in table and "| 200.0 | 5.00× step 1 | 2.0× |" in table
-    assert "| 1 | SDPA with the dense mask (a batch padded) | 1,000.0 | – | 10.0× |" in table
+    assert table.splitlines()[0] == (f"| step | the one change | {shape} (floor 100 µs): µs | × prev. | "
+                                     f"8 prompts, 32 heads (floor 100 µs): µs | × prev. |")
+    # one row a step or sub-step: 5c is the library's default order; steps 2 to 4 are absent from this file, so its
+    # × prev. is over the last step that runs there, named (step 1, 1.0 ms); 5a and 5b run in step 5's chain only
+    assert [r[0] for r in _rows(table)] == ["1", "2", "3", "4", "5a", "5b", "5c", "6"]  # floors in the headings
+    assert "| 5c | " in table and "| 200.0 | 5.00× step 1 |" in table
+    assert "| 1 | SDPA with the dense mask (a batch padded) | 1,000.0 | – |" in table
     # the folded table of every shape: this file's two
     assert lesson.steps_table(results, None).splitlines()[0].count(": µs") == 2
     assert lesson.steps_table(None) == "pending"
@@ -305,25 +307,30 @@ def test_the_steps_table_on_the_committed_file_has_one_row_a_step():
     results = plotting.load_results("multi_item")
     for shapes in (lesson.MAIN_SHAPES, None):
         rows = _rows(lesson.steps_table(results, shapes))
-        assert [r[0] for r in rows] == ["1", "2", "3", "4", "5", "6"]  # no lettered rows
+        assert [r[0] for r in rows] == ["1", "2", "3", "4", "5a", "5b", "5c", "6"]  # step 5's changes, a row each
         assert "pending" not in str(rows)
     table = lesson.steps_table(results)
     rows = {r[0]: r for r in _rows(table)}
     long_, gqa = lesson.MAIN_SHAPES
     assert table.splitlines()[0].count(": µs") == 2
     # one layout in the columns: the mixed batch with 32 heads, as every step's prose and step 5's chain
-    assert gqa == report.MIXED_SHAPE and "8 prompts, 32 heads: µs" in table.splitlines()[0]
+    assert gqa == report.MIXED_SHAPE and "8 prompts, 32 heads (floor" in table.splitlines()[0]
     t5 = lesson.ms(results, STEP5, gqa) * 1e3
     t4 = lesson.ms(results, report.STEP04_PER_PROMPT, gqa) * 1e3
-    assert rows["5"][5] == f"{t5:,.1f}" and rows["5"][6] == f"{t4 / t5:.2f}×"  # no blank: over step 4 per prompt
+    # without the chain, 5a and 5b are blank and 5c's × prev. is over step 4 per prompt, named
+    assert rows["5c"][4] == f"{t5:,.1f}" and rows["5c"][5] == f"{t4 / t5:.2f}× step 4"
+    assert set(rows["5a"][2:]) == set(rows["5b"][2:]) == {"–"}
     # step 6 runs on the grouped-query batch only: its cells are blank, its numbers in its change cell
     assert set(rows["6"][2:]) == {"–"}
     g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
-    assert rows["6"][1].endswith(f"8 KV heads {g6:,.1f} µs, {g5 / g6:.2f}× step 5's {g5:,.1f} µs there")
-    # step 5's cell says what it does in a few words (what it changes on one prompt is said above the page's table)
-    assert rows["5"][1] == "one launch, heads grouped to fit L2"
+    assert rows["6"][1].endswith(f"8 KV heads {g6:,.1f} µs, {g5 / g6:.2f}× step 5c's {g5:,.1f} µs there")
+    # each of step 5's rows says its one change in a few words: 5a a prerequisite of 5b, 5c a tie kept
+    assert rows["5a"][1].startswith("every prompt in one launch, tail first (a prerequisite of 5b")
+    assert rows["5b"][1] == "the heads in groups whose keys and values fit in L2"
+    assert rows["5c"][1].startswith("each group's heaviest query tiles first (a tie, kept")
+    assert rows["2"][1].endswith("(a tie, kept: steps 3 to 6 build on it)") and rows["2"][3] == "0.99× (tie)"
     assert "below" not in table
-    assert rows["5"][2] == f"{lesson.ms(results, STEP5, long_) * 1e3:,.1f}"
+    assert rows["5c"][2] == f"{lesson.ms(results, STEP5, long_) * 1e3:,.1f}"
 
 
 def _table(chain: lesson.Chain) -> str:
@@ -474,16 +481,19 @@ def test_the_page_names_orders_not_their_history_and_folds_no_code():
     for words in ("first version", "(?<!tail-)first order", "first run", "first_run`"):
         assert not re.search(words, text.lower()), words
     assert "tail-first order" in text and "tail-first" in _table(lesson.step5_chain())
-    for words in ("separate run", "step 5b", "a further run"):  # no run history, no 5b for step 5
+    for words in ("separate run", "a further run"):  # no run history
         assert words not in text.lower(), words
     # step 4's other diffs (the loop over one range, the kernel's call) are folded: its core, the three ranges, is
     # open right above them
     ids = [c["id"] for c in cells]
     assert ids.index("ch06-22-fold") == ids.index("ch06-22") + 2
     assert "lesson.step4_ranges_diff()" in "".join(cells[ids.index("ch06-22")]["source"])
+    # step 6's core, its body, is open; its signature (the table's arguments, as step 5's kernel) folded under it
+    assert ids.index("054a701b-fold") == ids.index("054a701b") + 1
+    assert "parts(body)" in "".join(cells[ids.index("054a701b")]["source"])
     for c in cells:
         code = "".join(c["source"])
-        if c["cell_type"] == "code" and c["id"] != "ch06-22-fold" and re.search(
+        if c["cell_type"] == "code" and c["id"] not in ("ch06-22-fold", "054a701b-fold") and re.search(
                 r"show_source|show_diff|function_diff|function_listing|without_docstring|_diff\(", code):
             assert not set(c["metadata"].get("tags", [])) & {"hide-output", "hide-input"}, code
     assert "softmax_update" in "".join(next(c for c in cells if "show_source(2)" in "".join(c["source"]))["source"])
@@ -516,23 +526,33 @@ def test_the_matmul_rate_is_named_this_runs_beside_chapter_00s():
 
 @pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
 def test_the_page_steps_table_runs_the_chain_to_the_headline():
-    """The page's one steps table (PAGE_SHAPES): the long-prefix prompt, steps 1 to 5, where all run, beside the
-    headline's case, the mixed batch with 8 KV heads, where steps 1, 4 (a launch per prompt), 5 and 6 run, step 4's
-    × prev. over step 1, named; the line under it gives FlashInfer there and the headline ratio, as the result does."""
+    """The page's one steps table (PAGE_SHAPES): the long-prefix prompt, steps 1 to 5, where all run; the mixed batch
+    with 32 heads, where step 5's three changes (5a to 5c) are timed one at a time in one run (:func:`step5_chain`),
+    5a a loss kept as 5b's prerequisite and 5c a tie; and the headline's case, the mixed batch with 8 KV heads, where
+    steps 1, 4 (a launch per prompt), 5 and 6 run, step 4's × prev. over step 1, named; the line under it gives
+    FlashInfer there and the headline ratio, as the result does."""
     results = plotting.load_results("multi_item")
     table = lesson.page_steps_table(results)
     head = table.splitlines()[0]
-    assert head.count(": µs") == 2 and "prefix 2048: µs" in head and "8 prompts, 8 KV heads: µs" in head
+    assert head.count(": µs") == 3 and "prefix 2048 (floor" in head and "8 prompts, 32 heads (floor" in head
+    assert "8 prompts, 8 KV heads (floor" in head
     rows = {r[0]: r for r in _rows(table)}
-    assert list(rows) == ["1", "2", "3", "4", "5", "6"]
-    assert all(rows[n][2] != "–" for n in "12345") and rows["6"][2] == "–"
+    assert list(rows) == ["1", "2", "3", "4", "5a", "5b", "5c", "6"]
+    assert all(rows[n][2] != "–" for n in ("1", "2", "3", "4", "5c")) and rows["6"][2] == "–"
+    chain = lesson.step5_chain()
+    times = chain.times
+    assert [rows[n][4] for n in ("4", "5a", "5b", "5c")] == [f"{times[k]:,.1f}" for k in ("step 4", "5a", "5b",
+                                                                                         "step 5")]
+    assert rows["5a"][5] == f"{times['step 4'] / times['5a']:.2f}×, does not pay"
+    assert rows["5b"][5] == f"{times['5a'] / times['5b']:.2f}×"
+    assert rows["5c"][5] == f"{times['5b'] / times['step 5']:.2f}× (tie)"
     gqa = {n: lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3
-           for n, s in (("1", report.SDPA_DENSE), ("4", report.STEP04_PER_PROMPT), ("5", STEP5),
+           for n, s in (("1", report.SDPA_DENSE), ("4", report.STEP04_PER_PROMPT), ("5c", STEP5),
                         ("6", report.STEP06.series))}
-    assert rows["2"][5] == rows["3"][5] == "–"
-    assert [rows[n][5] for n in "1456"] == [f"{gqa[n]:,.1f}" for n in "1456"]
-    assert rows["4"][6] == f"{gqa['1'] / gqa['4']:.2f}× step 1"
-    assert rows["5"][6] == f"{gqa['4'] / gqa['5']:.2f}×" and rows["6"][6] == f"{gqa['5'] / gqa['6']:.2f}×"
+    assert rows["2"][6] == rows["3"][6] == rows["5a"][6] == rows["5b"][6] == "–"
+    assert [rows[n][6] for n in gqa] == [f"{gqa[n]:,.1f}" for n in gqa]
+    assert rows["4"][7] == f"{gqa['1'] / gqa['4']:.2f}× step 1"
+    assert rows["5c"][7] == f"{gqa['4'] / gqa['5c']:.2f}× step 4" and rows["6"][7] == f"{gqa['5c'] / gqa['6']:.2f}×"
     peer, six, x = lesson.headline_link(results)
     assert six == pytest.approx(gqa["6"]) and x == pytest.approx(lesson.gqa_ratio(results))
     from studylog.paths import REPO_ROOT
@@ -579,10 +599,11 @@ def test_the_runs_line_sits_where_the_numbers_come_from_and_step_1_quotes_the_ta
     assert "Step 4 is one idea" in " ".join(text["ch06-21"].split())
 
 
-def test_step_5_quotes_the_steps_tables_case_and_keeps_heaviest_first_as_a_tie():
-    """Step 5's opening ratio is the steps table's (the mixed batch with 8 KV heads); its chain shows every row, the
-    last step 5's kernel (5b with the heaviest tiles first), and the visible text under it says that order is a tie
-    kept for what it does without the groups; how the chain's anchors sit against the steps table is said once."""
+def test_step_5_quotes_the_headlines_case_and_keeps_heaviest_first_as_a_tie():
+    """Step 5's opening ratio is the headline's case (the mixed batch with 8 KV heads); its three changes have a
+    heading each (5a, 5b, 5c) and a row each in the one steps table (no table of their own); the text under 5c says
+    that order is a tie kept for what it does without the groups; how the chain's times sit against the result
+    table is said once, under the steps table."""
     import json
 
     from studylog import paths
@@ -590,11 +611,13 @@ def test_step_5_quotes_the_steps_tables_case_and_keeps_heaviest_first_as_a_tie()
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text())["cells"]
     text = {c["id"]: "".join(c["source"]) for c in cells}
     opening = " ".join(text["1f024a39"].split())
-    assert "lesson.GQA_SHAPE" in opening and "with 8 KV heads, the steps table's case" in opening
-    assert not any("Three changes" in t for t in text.values())
-    assert "a tie, kept because" in text["ch06-29-chain"] and "not counted" not in text["ch06-29-chain"]
-    assert "chain_table(chain5.rows, " in text["ch06-29-chain"] and "dropdown" not in text["ch06-29-chain"]
-    assert "gap_words(chain5.gap(results))" in text["ch06-29-chain"] and "gap_words" not in text["ch06-where-runs"]
+    assert "lesson.GQA_SHAPE" in opening and "on the mixed batch with 8 KV heads" in opening
+    headings = [t.splitlines()[0] for c, t in zip(cells, text.values()) if c["cell_type"] == "markdown"
+                and t.startswith("## Step 5")]
+    assert [h.split(":")[0] for h in headings] == ["## Step 5a", "## Step 5b", "## Step 5c"]
+    assert "a tie, kept\nbecause" in text["ch06-29-chain"] and "chain_table(" not in "".join(text.values())
+    assert "gap_words(chain5.gap(results))" in text["ch06-34"] and "gap_words" not in text["ch06-where-runs"]
+    assert "prerequisite" in text["5f955607"] + text["ch06-26"] or "5b needs it" in text["ch06-26"]
     assert not any("these runs" in t for t in text.values())
     chain = lesson.step5_chain()
     if chain is not None:

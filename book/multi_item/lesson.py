@@ -8,12 +8,14 @@ Nothing here times anything.
 * :func:`layouts`: the benchmark's batches and their tile accounting at step 5's tiling.
 * :func:`bounds_table`: the pairs each approach computes, and the floors of each shape (two tables).
 * :func:`amdahl`: attention's share of a whole scoring pass of a model, before and after.
-* :func:`steps_table`: the lesson's one table of steps, one row a numbered step: the one change, µs, × the previous
-  step, × the compute floor, on the long-prefix prompt and the headline's case, the grouped-query batch
-  (:data:`PAGE_SHAPES`), or every shape (folded).
+* :func:`steps_table`: the lesson's one table of steps, one row a step or sub-step (5a to 5c): the one change, µs
+  and × the previous step, on the long-prefix prompt, the mixed batch with 32 heads (step 5's changes, from
+  :func:`step5_chain`) and the headline's case, the grouped-query batch (:data:`PAGE_SHAPES`), or every shape
+  (folded); each shape's compute floor in its heading.
 * :func:`step4_ranges_diff`, :func:`step4_loop_diff`: step 4's one idea as a diff (step 3's loop against the three
   ranges), and the loop over one range against step 3's loop.
-* :func:`step5_chain`: the bundled step one change at a time (:class:`Chain`, one run), and
+* :func:`step6_diffs`: step 6's body against step 5's program (open), and their signatures (folded).
+* :func:`step5_chain`: step 5's three changes one at a time (:class:`Chain`, one run), and
   :func:`heaviest_first_alone`, why its tied last change stays; :func:`step4_same_config`:
   whether step 4's larger set of configurations changes nothing on the long-prefix prompt.
 * :func:`step_table`: some steps' times against the compute floor, shape by shape.
@@ -239,35 +241,26 @@ def flashinfer_pass_gain(results, lays: dict[str, Layout], model: dict[str, Any]
 
 
 def pass_table(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) -> str:
-    """Markdown: "Why it matters" in two rows, one a rival: the shape it is compared on, attention's share of a
-    whole pass of ``model`` with the rival and with the chapter's kernel there, and how much faster the whole pass
-    is with ours. FlashInfer on the mixed batch with 8 KV heads against step 6 (the model's own layout); SDPA's dense
-    mask on the long-prefix prompt against step 5 (:func:`amdahl`). One pass per item, packing's gain rather than the
-    kernel's, is the page's sentence under the table (:func:`amdahl`'s ``packing_gain``)."""
+    """Markdown: "Why it matters" against the strongest rival: FlashInfer on the mixed batch with 8 KV heads against
+    step 6 (the model's own layout), attention's share of a whole pass of ``model`` with it and with the chapter's
+    kernel, and how much faster the whole pass is with ours. SDPA's dense mask (:func:`amdahl`'s ``pass_gain``, a
+    rival nobody would ship) and one pass per item (packing's gain rather than the kernel's) are the page's sentences
+    under the table."""
     if results is None:
         return PENDING
     view = amdahl(results, lays, model)
-    long_, mixed = MAIN_SHAPES
-    layers, linear = model["layers"], view[mixed]["linear_ms"]
+    layers, linear = model["layers"], view[MAIN_SHAPES[1]]["linear_ms"]
     g = {s: ms(results, s, GQA_SHAPE) for s in (report.FLASHINFER, STEP[6].series)}
-    a = view[long_]
 
-    def share(t: float | None, lin: float | None) -> float | None:
-        return None if t is None or lin is None else layers * t / (lin + layers * t)
+    def share(t: float | None) -> float | None:
+        return None if t is None or linear is None else layers * t / (linear + layers * t)
 
-    rows = [
-        ("FlashInfer's multi-item prefill", "8 prompts, mixed, 8 KV heads", 6,
-         share(g[report.FLASHINFER], linear), share(g[STEP[6].series], linear),
-         flashinfer_pass_gain(results, lays, model)),
-        ("SDPA with the dense mask", long_.split(",")[0], 5, a["dense_share"], a["step05_share"],
-         a["pass_gain"]),
-    ]
-    lines = ["| rival | shape (ours) | attention's share of the pass: rival → ours | whole pass faster with ours |",
-             "|---|---|---|---|"]
-    for rival, shape, ours, s_rival, s_ours, gain in rows:
-        lines.append(f"| {rival} | {shape} (step {ours}) | "
-                     f"{fmt(s_rival, '.0%')} → {fmt(s_ours, '.0%')} | {fmt(gain, '.2f', '×')} |")
-    return "\n".join(lines)
+    return "\n".join([
+        "| rival | shape (ours) | attention's share of the pass: rival → ours | whole pass faster with ours |",
+        "|---|---|---|---|",
+        (f"| FlashInfer's multi-item prefill | 8 prompts, mixed, 8 KV heads (step 6) | "
+         f"{fmt(share(g[report.FLASHINFER]), '.0%')} → {fmt(share(g[STEP[6].series]), '.0%')} | "
+         f"{fmt(flashinfer_pass_gain(results, lays, model), '.2f', '×')} |")])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,90 +289,106 @@ def step_table(results, numbers: list[int]) -> str:
     return "\n".join(lines)
 
 
-#: The lesson's steps as the table lists them, one row a numbered step: (label, the one change, the series per
-#: shape; a dict maps a shape to its series, "" every other shape). Step 5 bundles changes, taken one at a time in
-#: its chain table (:func:`step5_chain`).
-def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
+#: The lesson's steps as the table lists them, one row a step or sub-step: (label, the one change, the series per
+#: shape; a dict maps a shape to its series, "" every other shape, ``None`` not run there). Step 5's three changes
+#: (5a to 5c) are timed one at a time on the mixed batch with 32 heads (:func:`step5_chain`); 5c is the library's
+#: step 5, the benchmark's series on every other shape.
+def step_rows() -> list[tuple[str, str, dict[str, str | None] | str]]:
+    alone = heaviest_first_alone()
+    why_5c = "" if alone is None else f": alone, {alone[0] / alone[1]:.2f}× faster than tail first"
     return [
         ("1", "SDPA with the dense mask (a batch padded)", report.SDPA_DENSE),
-        ("2", "a Triton flash attention that reads the mask (a prerequisite: steps 3 to 6 build on it)",
-         STEP[2].series),
+        ("2", "a Triton flash attention that reads the mask (a tie, kept: steps 3 to 6 build on it)", STEP[2].series),
         ("3", "the mask computed from the metadata", STEP[3].series),
         ("4", "key tiles no row sees never loaded (a batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5", "one launch, heads grouped to fit L2", STEP[5].series),
+        ("5a", "every prompt in one launch, tail first (a prerequisite of 5b)", {"": None}),
+        ("5b", "the heads in groups whose keys and values fit in L2", {"": None}),
+        ("5c", f"each group's heaviest query tiles first (a tie, kept{why_5c})", STEP[5].series),
         ("6", "a key/value head's query heads in one tile (shared key/value heads only)", STEP[6].series),
     ]
 
 
+#: The rows of the steps table that :func:`step5_chain` times on its case, by the chain's labels: one run of its own
+CHAIN_ROWS = {"4": "step 4", "5a": "5a", "5b": "5b", "5c": "step 5"}
+
 #: The mixed batch in the multi-head layout as the tables name it, told apart from the grouped-query one (GQA_SHAPE)
 MIXED_LABEL = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS} heads"
 
-#: The steps table's default cases: the long-prefix prompt (steps 1 to 5) and the mixed batch with 32 heads (steps 1,
-#: 4 and 5), the layout of step 5's prose and chain; step 6, which needs shared key/value heads, gives its row the
-#: grouped-query batch's numbers in words. :func:`steps_table` with ``shapes=None`` gives every shape (folded).
+#: The steps table's default cases: the long-prefix prompt (steps 1 to 5c) and the mixed batch with 32 heads (steps
+#: 1, 4 and 5a to 5c); step 6, which needs shared key/value heads, gives its row the grouped-query batch's numbers in
+#: words. :func:`steps_table` with ``shapes=None`` gives every shape (folded).
 MAIN_SHAPES = ("prefix 2048, 32 items x 32", report.MIXED_SHAPE)
 
 
-#: The page's steps table: the long-prefix prompt, where steps 1 to 5 all run, beside the headline's case, the mixed
-#: batch with 8 KV heads (steps 1, 4 launched per prompt, 5 and 6), so the chain to the headline is one column.
-PAGE_SHAPES = (MAIN_SHAPES[0], GQA_SHAPE)
+#: The page's steps table: the long-prefix prompt, where steps 1 to 5 run, the mixed batch with 32 heads, where step
+#: 5's three changes are timed, and the headline's case, the mixed batch with 8 KV heads (steps 1, 4 launched per
+#: prompt, 5 and 6), so the chain to the headline is one column.
+PAGE_SHAPES = (MAIN_SHAPES[0], report.MIXED_SHAPE, GQA_SHAPE)
 
 
-def _is_tie(r: float) -> bool:
-    """The course's tie rule: a ratio that prints at two decimals from 0.97× to 1.03× is a tie."""
-    return 0.97 <= round(r, 2) <= 1.03
+def _factor(before: float, after: float, before_label: str, adjacent: bool) -> str:
+    """A "× prev." cell: the previous row's time over this one's, a tie or a loss said; over the last step run on
+    the shape, named, where the rows between do not run there."""
+    x = before / after
+    if not adjacent:
+        return f"{x:.2f}× step {before_label}"
+    return f"{x:.2f}×" + (" (tie)" if is_tie(x) else ", does not pay" if round(x, 2) < 1 else "")
 
 
-def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
-    """Markdown: the lesson's one table of steps (:func:`step_rows`), one row a numbered step, per shape (``shapes``,
-    or every shape of the file) the time (µs), the previous step's time on that shape over it (the last step run
-    there, named, where the steps between do not run on it) and the time over the compute floor, whose value (µs)
-    the column's heading gives."""
+def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES, chain: Chain | None = None) -> str:
+    """Markdown: the lesson's one table of steps (:func:`step_rows`), one row a step or sub-step, per shape
+    (``shapes``, or every shape of the file) the time (µs) and the previous row's time on that shape over it (the
+    last step run there, named, where the rows between do not run on it); the shape's compute floor (µs) in its
+    heading. On ``chain``'s case (:func:`step5_chain`) the rows of :data:`CHAIN_ROWS` read that run."""
     if results is None:
         return PENDING
     shapes = [s for s in shape_names(results) if shapes is None or s in shapes]
     short = {s: s.split(",")[0] + (", " + s.split(", ")[-1] if s == GQA_SHAPE else "") for s in shapes}
     if report.MIXED_SHAPE in short:  # the multi-head layout named, as the grouped-query one is
         short[report.MIXED_SHAPE] += f", {report.BENCH_HEADS} heads"
-    floor_us = {s: _whole_us(floors(results, s)[1]) for s in shapes}  # each shape's compute floor, in its heading
     head = ["step", "the one change"] + [c for s in shapes for c in
-                                         (f"{short[s]}: µs", "× prev.", f"× floor ({floor_us[s]} µs)")]
+                                         (f"{short[s]} (floor {_whole_us(floors(results, s)[1])} µs): µs", "× prev.")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    previous: dict[str, tuple[float, int] | None] = {s: None for s in shapes}  # the last step run there: (ms, step)
-    before_gqa = None  # the previous row's time on the grouped-query batch, for a row that runs only there
-    for label, change, series in step_rows():
+    rows = step_rows()
+    order = {label: i for i, (label, _, _) in enumerate(rows)}
+    previous: dict[str, tuple[float, str] | None] = {s: None for s in shapes}  # the last row run there: (ms, label)
+
+    def time(label: str, series, shape: str) -> float | None:
+        if chain is not None and shape == chain.case and label in CHAIN_ROWS:
+            return chain.times[CHAIN_ROWS[label]] / 1e3
+        name = series if isinstance(series, str) else series.get(shape, series[""])
+        return None if name is None else ms(results, name, shape)
+
+    before_gqa = None  # the previous row's (time, label) on the grouped-query batch, for a row that runs only there
+    for label, change, series in rows:
         cells = [label, change]
         for s in shapes:
-            name = series if isinstance(series, str) else series.get(s, series[""])
-            t, floor = ms(results, name, s), floors(results, s)[1]
+            t = time(label, series, s)
             if t is None:
-                cells += ["–", "–", "–"]
-            else:
-                before = previous[s]
-                if before is None:
-                    speedup = "–"
-                elif before[1] == int(label) - 1:
-                    speedup = f"{before[0] / t:.2f}×" + (" (tie)" if _is_tie(before[0] / t) else "")
-                else:  # the steps between do not run on this shape: over the last one that does, named
-                    speedup = f"{before[0] / t:.2f}× step {before[1]}"
-                cells += [f"{t * 1e3:,.1f}", speedup, "–" if floor is None else f"{t / floor:.1f}×"]
-                previous[s] = (t, int(label))
-        gqa = ms(results, series if isinstance(series, str) else series.get(GQA_SHAPE, series[""]), GQA_SHAPE)
+                cells += ["–", "–"]
+                continue
+            before = previous[s]
+            speedup = "–" if before is None else _factor(before[0], t, before[1],
+                                                          order[before[1]] == order[label] - 1)
+            cells += [f"{t * 1e3:,.1f}", speedup]
+            previous[s] = (t, label)
+        gqa = time(label, series, GQA_SHAPE)
         if set(cells[2:]) == {"–"} and GQA_SHAPE not in shapes and gqa is not None and before_gqa is not None:
             # a step that runs only on the grouped-query batch: its numbers in its cell, the columns kept to one layout
             cells[1] += (f"; on the mixed batch with {report.BENCH_HEADS // report.GQA_GROUP} KV heads "
-                         f"{gqa * 1e3:,.1f} µs, {before_gqa / gqa:.2f}× step {int(label) - 1}'s "
-                         f"{before_gqa * 1e3:,.1f} µs there")
-        before_gqa = gqa
+                         f"{gqa * 1e3:,.1f} µs, {before_gqa[0] / gqa:.2f}× step {before_gqa[1]}'s "
+                         f"{before_gqa[0] * 1e3:,.1f} µs there")
+        if gqa is not None:
+            before_gqa = (gqa, label)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def page_steps_table(results) -> str:
-    """The page's steps table: :func:`steps_table` on :data:`PAGE_SHAPES`, the long-prefix prompt (steps 1 to 5) and
-    the headline's case (steps 1, 4, 5 and 6)."""
-    return steps_table(results, PAGE_SHAPES)
+    """The page's steps table: :func:`steps_table` on :data:`PAGE_SHAPES`, step 5's changes from :func:`step5_chain`
+    on the mixed batch with 32 heads."""
+    return steps_table(results, PAGE_SHAPES, step5_chain())
 
 
 def headline_link(results) -> tuple[float, float, float] | None:
@@ -427,6 +436,24 @@ def step4_loop_diff():
 
     return source.show_diff(_step3_loop(), without_docstrings(source.source_of(steps.attend_key_tiles)[0]),
                             names=("step 3: one loop over every key tile", "step 4: attend_key_tiles, one range"))
+
+
+def step6_diffs() -> tuple:
+    """Step 6 against step 5's program (``attend_query_tile``, which step 5 runs after its table lookup): the bodies'
+    diff, the packing of a group's query heads into one tile (shown open), and the signatures' (folded: the table's
+    arguments and the autotuner's decorator, which step 5's kernel already has). Two ``studylog.source.Diff``."""
+    from book.common import without_docstrings
+    from studylog import source
+    from studylog.multi_item import steps
+
+    parts = []
+    for f in (steps.attend_query_tile, steps.attn_fwd_packed_heads):
+        lines = without_docstrings(source.source_of(f)[0]).splitlines()
+        end = next(i for i, line in enumerate(lines) if line.startswith("):")) + 1
+        parts.append(("\n".join(lines[:end]), "\n".join(lines[end:])))
+    names = (f"{STEP[5].name}'s program (attend_query_tile)", STEP[6].name)
+    return (source.show_diff(parts[0][1], parts[1][1], names=names),
+            source.show_diff(parts[0][0], parts[1][0], names=names))
 
 
 # ---------------------------------------------------------------------------------------------
