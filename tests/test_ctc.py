@@ -477,13 +477,19 @@ def _code(ptx: str) -> str:
     return re.sub(r"\$L__BB\d+_", "$L__BB_", re.sub(r"_Z\w+", "_Z", "\n".join(lines)))
 
 
-def _step07_parts_functions() -> dict:
-    """7a and 7b of ``fused.STEP07_PARTS``, as ``lab/ctc/step07_changes.py`` runs them."""
+def _step07_script():
+    """``lab/ctc/step07_changes.py``, which takes step 7 apart (its ``PARTS``, 7a and 7b)."""
     path = Path(__file__).resolve().parents[1] / "lab" / "ctc" / "step07_changes.py"
     spec = importlib.util.spec_from_file_location("step07_changes", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    return {part: script.FUNCTIONS[part] for part in ctc.fused.STEP07_PARTS}
+    return script
+
+
+def _step07_parts_functions() -> dict:
+    """7a and 7b, as ``lab/ctc/step07_changes.py`` runs them."""
+    script = _step07_script()
+    return {part: script.FUNCTIONS[part] for part in script.PARTS}
 
 
 @pytest.fixture(scope="module")
@@ -491,13 +497,15 @@ def step07_parts():
     """Step 7's recursion and its parts 7a and 7b (the knobs of ctc_block_recursion_knobs) at the smallest, the
     benchmark's and the largest grain, and step 7's and 8's kernels spelled out with the knobs at their values."""
     grains = (1, 3, 8)
-    names = [n for v in grains for part in (None, *ctc.fused.STEP07_PARTS)
-             for n in ctc.fused.fused_kernel_names(7, v, part) if "<" in n]
+    script = _step07_script()
+    names = [n for v in grains for n in ctc.fused.fused_kernel_names(7, v) if "<" in n]
+    names += [n for v in grains for part in script.PARTS for n in script.part_kernel_names(part, v) if "<" in n]
     names += ["ctc_block_recursion<3, false>"]
     knobbed = {f"ctc_block_recursion<3, {flag}>": f"ctc_block_recursion_knobs<3, {flag}, 3, "
                f"{ctc.fused.PREFETCH_FRAMES}>" for flag in ("true", "false")}
     names = list(dict.fromkeys(names + list(knobbed.values())))
-    return cuda.compile_source("ctc_step07_10_three_passes", arch="sm_90", name_expressions=names), names, knobbed
+    compiled = cuda.compile_source(script.SOURCE, arch="sm_90", name_expressions=names)
+    return compiled, names, knobbed, script
 
 
 def test_step07_parts_are_step_7s_kernel_with_knobs(step07_parts):
@@ -505,8 +513,8 @@ def test_step07_parts_are_step_7s_kernel_with_knobs(step07_parts):
     knobs at step 7's values (alpha then beta in one kernel, PREFETCH frames ahead) it compiles to step 7's and step
     8's recursion, instruction for instruction. Every part compiles without spills, as step 7 does; 7a's two launches
     hold between them the barriers of 7b's one kernel, and 7b unrolls fewer frames than step 7 (no prefetch)."""
-    compiled, names, knobbed = step07_parts
-    assert {ctc.fused.source_of(n) for n in names} == {"ctc_step07_10_three_passes"}
+    compiled, names, knobbed, script = step07_parts
+    assert script.SOURCE == ctc.fused.source_of("ctc_block_recursion") == "ctc_step07_10_three_passes"
     source = cuda.read_source("ctc_step07_10_three_passes")
     assert f"#define PREFETCH {ctc.fused.PREFETCH_FRAMES}\n" in source
     assert source.count("void block_direction_rows(") == 1 and source.count("__global__ void ctc_block_recursion") == 2
@@ -516,7 +524,8 @@ def test_step07_parts_are_step_7s_kernel_with_knobs(step07_parts):
     assert {compiled.lowered_names[n] for n in names} <= set(report)
     assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack_bytes"] == 0 for r in report.values())
     for v in (1, 3, 8):
-        seven, a, b = (ctc.fused.fused_kernel_names(7, v, part)[1:-1] for part in (None, "7a", "7b"))
+        seven = ctc.fused.fused_kernel_names(7, v)[1:-1]
+        a, b = (script.part_kernel_names(part, v)[1:-1] for part in ("7a", "7b"))
         assert len(seven) == len(b) == 1 and len(a) == 2
         bars = {k: sum(compiled.ptx_function(n).count("bar.sync") for n in names)
                 for k, names in (("7", seven), ("7a", a), ("7b", b))}
@@ -526,23 +535,34 @@ def test_step07_parts_are_step_7s_kernel_with_knobs(step07_parts):
 
 def test_step07_parts_launch_alpha_then_beta():
     """7a launches ctc_block_recursion_knobs twice, alpha's then beta's, between step 7's two passes; 7b once;
-    each with step 7's grid (N, 1), block and arguments."""
+    each with step 7's grid (N, 1), block and arguments (the lab script's launch against the library's step 7:
+    the same arguments but the workspace's addresses, which each call allocates anew)."""
     T, N, A, batch = _small_batch()
     calls = []
     Fake = functools.partial(_RecordingKernel, calls=calls)
+    script = _step07_script()
 
     saved = dict(ctc.fused._LAUNCH)
     v, threads = ctc.fused.launch_shape(7, batch.max_positions)
+    x, loss, grad = torch.randn(T, N, A), torch.empty(N), torch.empty(T, N, A)
     out = {}
     try:
-        for part in (None, *ctc.fused.STEP07_PARTS):
-            ctc.fused._LAUNCH[(7, v, part)] = [Fake(n) for n in ctc.fused.fused_kernel_names(7, v, part)]
+        ctc.fused._LAUNCH[(7, v, None)] = [Fake(n) for n in ctc.fused.fused_kernel_names(7, v)]
+        ctc.fused.launch(x, batch, loss, grad, False, 7, None)
+        out[None] = list(calls)
+        for part in script.PARTS:
+            script._LAUNCH[(part, v)] = [Fake(n) for n in script.part_kernel_names(part, v)]
             calls.clear()
-            ctc.fused.launch(torch.randn(T, N, A), batch, torch.empty(N), torch.empty(T, N, A), False, 7, part)
+            script.launch_part(x, batch, loss, grad, False, part)
             out[part] = list(calls)
     finally:
         ctc.fused._LAUNCH.clear()
         ctc.fused._LAUNCH.update(saved)
+
+    def same(a, b) -> bool:  # the same tensor, the same number, or both an address in a call's workspace
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            return a is b
+        return a == b or min(a, b) > 2**20
     assert [c[0] for c in out["7a"]] == ["ctc_log_softmax_frames", f"ctc_block_recursion_knobs<{v}, true, 1, 0>",
                                          f"ctc_block_recursion_knobs<{v}, true, 2, 0>", "ctc_grad_from_log_softmax"]
     assert [c[0] for c in out["7b"]] == ["ctc_log_softmax_frames", f"ctc_block_recursion_knobs<{v}, true, 3, 0>",
@@ -550,13 +570,16 @@ def test_step07_parts_launch_alpha_then_beta():
     recursion = out[None][1]
     for name, grid, block, args in out["7a"][1:-1] + out["7b"][1:-1]:
         assert grid == recursion[1] == (N, 1) and block == recursion[2] == (threads,)
-        assert len(args) == len(ctc.fused.SIGNATURES["ctc_block_recursion_knobs"]) == len(recursion[3])
-    for part in ctc.fused.STEP07_PARTS:  # the passes around the recursion are step 7's
-        assert [c[:3] for c in (out[part][0], out[part][-1])] == [c[:3] for c in (out[None][0], out[None][-1])]
+        assert len(args) == len(ctc.fused.SIGNATURES["ctc_block_recursion"]) == len(recursion[3])
+        assert all(same(a, b) for a, b in zip(args, recursion[3])), name
+    for part in script.PARTS:  # the passes around the recursion are step 7's, with step 7's arguments
+        for mine, library in ((out[part][0], out[None][0]), (out[part][-1], out[None][-1])):
+            assert mine[:3] == library[:3] and len(mine[3]) == len(library[3])
+            assert all(same(a, b) for a, b in zip(mine[3], library[3])), mine[0]
     with pytest.raises(ValueError, match="steps 12 and 13"):
-        ctc.fused.fused_kernel_names(8, 3, "7a")  # the parts are step 7's
+        ctc.fused.fused_kernel_names(7, 3, "7a")  # the library's step 7 has one recursion
     parts = _step07_parts_functions()
-    assert set(parts) == set(ctc.fused.STEP07_PARTS)
+    assert set(parts) == set(script.PARTS) == {"7a", "7b"}
     x = torch.randn(4, 2, 5)
     for function in parts.values():  # step 7's checks, before any launch
         with pytest.raises(ValueError, match="must be a positive int|input_lengths"):

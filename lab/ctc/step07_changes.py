@@ -50,7 +50,7 @@ import torch
 
 from studylog import ctc
 from studylog.ctc import fused, report
-from studylog.ctc.launch import prepare_call
+from studylog.ctc.launch import kernels, run_step, workspace_addresses
 
 NAME = "step07_changes"
 #: (A, N) at T = BENCH_T: both alphabets at the first and last of the lesson points' batch sizes.
@@ -64,12 +64,61 @@ VARIANTS = {
 }
 
 
+#: Step 7 taken apart: each part's launches of ``ctc_block_recursion_knobs`` (a ``DIRECTIONS`` mask each: 1 alpha,
+#: 2 beta, 3 both) and the frames they prefetch (``DEPTH``; 0: loaded when needed).
+PARTS: dict[str, tuple[tuple[int, ...], int]] = {"7a": ((1, 2), 0), "7b": ((3,), 0)}
+KNOBS = "ctc_block_recursion_knobs"
+#: Step 7's source, which holds its passes and the knob kernel (whose signature is step 7's recursion's).
+SOURCE = fused.SOURCES["ctc_block_recursion"]
+
+
+def part_kernel_names(part: str, v: int) -> tuple[str, ...]:
+    """Step 7's first pass, ``part``'s recursion launches at ``v`` positions per thread, step 7's last pass."""
+    first, _, last = fused.fused_kernel_names(7, v)
+    launches, depth = PARTS[part]
+    return first, *(f"{KNOBS}<{v}, true, {d}, {depth}>" for d in launches), last
+
+
+def _wanted(names) -> list[tuple[str, list[str]]]:
+    return [(n, fused.SIGNATURES["ctc_block_recursion" if n.startswith(KNOBS) else n]) for n in names]
+
+
+def preload_parts(grains) -> None:
+    """Compile every part's kernels at ``grains`` in one NVRTC call."""
+    kernels(SOURCE, _wanted(dict.fromkeys(n for v in grains for part in PARTS for n in part_kernel_names(part, v))))
+
+
+_LAUNCH: dict[tuple[str, int], list] = {}
+
+
+def launch_part(x, batch, loss, grad, zero_infinity: bool, part: str) -> None:
+    """Step 7's launch (``fused.launch`` at step 7: its passes, workspace and arguments) with its recursion as
+    ``part``'s launches of the knob kernel, in order on the stream (7a: alpha's, then beta's)."""
+    T, N, A = x.shape
+    v, recursion_threads = fused.launch_shape(7, batch.max_positions)
+    if (part, v) not in _LAUNCH:
+        _LAUNCH[(part, v)] = kernels(SOURCE, _wanted(part_kernel_names(part, v)))
+    first, *recursions, last = _LAUNCH[(part, v)]
+    vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
+    threads = 64 if A <= 512 else 256
+    row_stride = recursion_threads * v
+    buffer, (log_probs, rows, row_shift) = workspace_addresses(
+        x.device, fused.scratch_sizes(7, T, N, A, batch.label_stride, row_stride))
+    first((T * N,), (threads,), x, batch.input_lengths, log_probs, N, A, vectorised)
+    for recursion in recursions:
+        recursion((N, 1), (recursion_threads,), log_probs, batch.labels, batch.input_lengths, batch.target_lengths,
+                  rows, row_shift, T, N, batch.label_stride, A)
+    last((T * N,), (threads,), log_probs, rows, row_shift, batch.input_lengths, batch.target_lengths, batch.labels,
+         batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots, grad, loss, T, N, A,
+         batch.label_stride, batch.slot_stride, row_stride, vectorised, int(zero_infinity))
+    del buffer  # queued: the memory may be reused by the next allocation on this stream
+
+
 def step07_part(part: str, activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                 out_loss=None, out_grad=None):
-    """Step 7 with its recursion as ``fused.STEP07_PARTS[part]`` launches it (step 7's arguments and checks)."""
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    fused.launch(activations, batch, loss, grad, zero_infinity, 7, part)
-    return loss, grad
+    """Step 7 with its recursion as ``PARTS[part]`` launches it (step 7's arguments and checks)."""
+    return run_step(launch_part, activations, targets, input_lengths, target_lengths, out_loss, out_grad,
+                    zero_infinity, part)
 
 
 def step07a_gradient_pass_two_launches(*args, **kwargs):
@@ -125,7 +174,7 @@ def describe(A: int, N: int, lists) -> str:
     longest = max(len(l) for l in lists)
     positions = 2 * longest + 1
     v, threads = fused.launch_shape(7, positions)
-    names = {part: fused.fused_kernel_names(7, v, None if part == "step 7" else part)[1:-1]
+    names = {part: (fused.fused_kernel_names(7, v) if part == "step 7" else part_kernel_names(part, v))[1:-1]
              for part in ("7a", "7b", "step 7")}
     return (f"A = {A}, N = {N}: longest target {longest} ({positions} positions); step 5 and step 7's recursion: "
             f"{v} positions a thread, {threads} threads; recursions " +
@@ -137,7 +186,8 @@ def measure(run, cases) -> None:
     then every variant timed on the benchmark's clock."""
     device = torch.device("cuda")
     T = report.BENCH_T
-    fused.preload_fused(7, (1, 2, 3), recursions=(None, *fused.STEP07_PARTS))  # the grains T = 150 needs
+    fused.preload_fused(7, (1, 2, 3))  # the grains T = 150 needs
+    preload_parts((1, 2, 3))
     for A, N, x_cpu, lists in benchmark_inputs(cases):
         print(describe(A, N, lists), flush=True)
         x = x_cpu.to(device)

@@ -36,13 +36,10 @@ MAX_RECURSION_WARPS = 16
 IN_TURN = (7, 8, 9)
 #: Frames of emissions step 7's recursion loads ahead of the one it computes (the kernels' ``PREFETCH``).
 PREFETCH_FRAMES = 4
-#: Step 7 taken apart (``lab/ctc/step07_changes.py``): each part's ``ctc_block_recursion_knobs`` launches (a
-#: ``DIRECTIONS`` mask each: 1 alpha, 2 beta, 3 both) and frames prefetched (0: loaded when needed).
-STEP07_PARTS: dict[str, tuple[tuple[int, ...], int]] = {"7a": ((1, 2), 0), "7b": ((3,), 0)}
 #: The ``.cu`` file (in ``studylog/ctc/csrc``) of each kernel of steps 7 to 14.
 SOURCES = {**dict.fromkeys(("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_block_recursion",
-                            "ctc_block_recursion_knobs", "ctc_warp_recursion_in_turn", "ctc_fused_recursion",
-                            "ctc_grad_from_log_softmax", "ctc_fused_grad"), "ctc_step07_10_three_passes"),
+                            "ctc_warp_recursion_in_turn", "ctc_fused_recursion", "ctc_grad_from_log_softmax",
+                            "ctc_fused_grad"), "ctc_step07_10_three_passes"),
            "ctc_branchless_recursion": "ctc_step11_12_branch_free",
            "ctc_stats_softmax": "ctc_step13_two_passes", "ctc_target_grad": "ctc_step13_two_passes",
            "ctc_warps_recursion": "ctc_step14_warps"}
@@ -50,7 +47,7 @@ SOURCES = {**dict.fromkeys(("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_bl
 _SIG_RECURSION = ["ptr"] * 6 + ["i32"] * 3
 #: Signature of each kernel, by name without template arguments.
 SIGNATURES = {"ctc_log_softmax_frames": ["ptr"] * 3 + ["i32"] * 3, "ctc_fused_stats": ["ptr"] * 6 + ["i32"] * 5,
-              "ctc_block_recursion": _SIG_RECURSION + ["i32"], "ctc_block_recursion_knobs": _SIG_RECURSION + ["i32"],
+              "ctc_block_recursion": _SIG_RECURSION + ["i32"],
               "ctc_warp_recursion_in_turn": _SIG_RECURSION, "ctc_fused_recursion": _SIG_RECURSION,
               "ctc_grad_from_log_softmax": ["ptr"] * 12 + ["i32"] * 8, "ctc_fused_grad": ["ptr"] * 13 + ["i32"] * 8,
               "ctc_stats_softmax": ["ptr"] * 7 + ["i32"] * 5, "ctc_target_grad": ["ptr"] * 13 + ["i32"] * 7,
@@ -83,16 +80,11 @@ def recursion_name(v: int, option: str | None = None) -> str:
 
 def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple[str, ...]:
     """(first pass, recursion, last pass) of steps 7 to 14 with ``v`` positions per thread or lane; ``recursion``:
-    steps 12 and 13's option, or a key of ``STEP07_PARTS`` for step 7 (7a: two recursion kernels)."""
-    part = step == 7 and recursion in STEP07_PARTS
-    if recursion is not None and step not in (12, 13) and not part:
+    steps 12 and 13's option."""
+    if recursion is not None and step not in (12, 13):
         raise ValueError(f"step {step} has one recursion; recursion options apply to steps 12 and 13")
     if step in (7, 8):  # step 5's block, ``v`` positions per thread; step 7 gathers from the log-softmax
         checks.check_choice("positions per thread", v, THREAD_GRAINS)
-        if part:
-            launches, depth = STEP07_PARTS[recursion]
-            knobs = (f"ctc_block_recursion_knobs<{v}, true, {d}, {depth}>" for d in launches)
-            return "ctc_log_softmax_frames", *knobs, "ctc_grad_from_log_softmax"
         if step == 7:
             return "ctc_log_softmax_frames", f"ctc_block_recursion<{v}, true>", "ctc_grad_from_log_softmax"
         return "ctc_fused_stats", f"ctc_block_recursion<{v}, false>", "ctc_fused_grad"
@@ -169,7 +161,7 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     key = (step, v, recursion)
     if key not in _LAUNCH:
         _LAUNCH[key] = [kernels(source_of(n), _wanted([n]))[0] for n in fused_kernel_names(step, v, recursion)]
-    first, *recursion_kernels, last = _LAUNCH[key]  # step 7a: two recursion kernels, alpha's then beta's
+    first, recursion_kernel, last = _LAUNCH[key]
     vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
     threads = 64 if A <= 512 else 256  # a frame of A activations per block
     buffer, addresses = workspace_addresses(x.device, scratch_sizes(step, T, N, A, lmax, row_stride), scratch)
@@ -187,9 +179,8 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
               T, N, A, lmax, vectorised)
         last_reads = (x, row_lse, emissions, rows, row_shift, input_lengths, target_lengths)
     block_recursion = (A,) if step in (7, 8) else ()  # their block recursion: step 7's gathers from the log-softmax
-    for recursion_kernel in recursion_kernels:  # in order on the stream
-        recursion_kernel(grid, (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows,
-                         row_shift, T, N, lmax, *block_recursion)
+    recursion_kernel(grid, (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows, row_shift,
+                     T, N, lmax, *block_recursion)
     # from step 13 the last pass only corrects the target's classes in the softmax the first wrote: no vector flag
     last_threads, vector_flag = (64 if smax <= 256 else 128, ()) if step >= 13 else (threads, (vectorised,))
     last((T * N,), (last_threads,), *last_reads, *slots, grad, loss, T, N, A, lmax, umax, row_stride, *vector_flag,
@@ -284,7 +275,5 @@ def ctc_loss(
 
 cuda.declare_instances(SOURCES["ctc_block_recursion"], [n for step in (7, 8, 9, 10) for n in fused_kernel_names(step, 2)
                                                         if "<" in n])
-cuda.declare_instances(SOURCES["ctc_block_recursion"], [n for part in STEP07_PARTS
-                                                        for n in fused_kernel_names(7, 2, part) if "<" in n])
 cuda.declare_instances(SOURCES["ctc_branchless_recursion"], [recursion_name(10, o) for o in RECURSION_OPTIONS])
 cuda.declare_instances(SOURCES["ctc_warps_recursion"], [f"ctc_warps_recursion<{v}>" for v in BLOCK_GRAINS])
