@@ -558,42 +558,59 @@ def test_a_model_without_the_expected_modules_is_named(tmp_path, tiny):
         load_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("name", ["tool_call", "us_phone"])
-def test_the_masked_head_read_whole_writes_the_same_tokens(decoder, decoder2, name):
-    """``sample="all"``: the masked head's row read whole by the dense path's argmax (and its seeded sampling) picks
-    what the sampler over the allowed ids picks, on the torch head of a CPU, greedy and sampled."""
-    from dataclasses import replace
+def _step03_script():
+    """``lab/decode/step03_changes.py``, which runs step 3 without its last change on its own decoder."""
+    import importlib.util
+    from pathlib import Path
 
-    whole = replace(CONFIGS["masked_head"], name="masked_full_argmax", sample="all")
+    path = Path(__file__).resolve().parents[1] / "lab" / "decode" / "step03_changes.py"
+    spec = importlib.util.spec_from_file_location("step03_changes", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.mark.parametrize("name", ["tool_call", "us_phone"])
+def test_the_masked_head_read_whole_writes_the_same_tokens(tiny, name):
+    """The lab script's ``WholeRowDecoder`` with ``whole_row`` set: the masked head's row read whole by the dense
+    path's argmax (and its seeded sampling) picks what the sampler over the allowed ids picks, on the torch head of
+    a CPU, greedy and sampled; unset, it is the library's decoder."""
+    script = _step03_script()
+    decoder = script.WholeRowDecoder(tiny, batch=1, max_seq=200)
+    whole = script.MASKED_FULL_ARGMAX
+    assert whole.name == "masked_full_argmax" and script.knobs(whole)["sample"] == "all"
+    assert script.knobs(CONFIGS["masked_head"])["sample"] == "allowed"
     grammar = Grammar.from_suite(name, whitespace="compact")
     sample = suite_sample(name, seed=2, whitespace="compact")
     assert decoder.head_impl == "torch"
-    real = type(decoder)._sample
+    real = Decoder._sample
     given = []  # per sampling call: was the sampler handed the allowed sets (the knob's whole effect)?
 
     def recorded(self, temperature, seed, allowed=None):
         given.append(allowed is not None)
         return real(self, temperature, seed, allowed)
     for kw in (dict(max_new_tokens=24), dict(max_new_tokens=96, targets=[sample])):
-        type(decoder)._sample = recorded
+        Decoder._sample = recorded
         try:
+            decoder.whole_row = False
             a = decoder.generate(grammar, [PROMPT], CONFIGS["masked_head"], **kw)
             by_default, given[:] = list(given), []
+            decoder.whole_row = True
             b = decoder.generate(grammar, [PROMPT], whole, **kw)
         finally:
-            type(decoder)._sample = real
-        assert by_default and all(by_default) and given and not any(given), "sample='all' reads the whole row"
+            Decoder._sample = real
+        assert by_default and all(by_default) and given and not any(given), "whole_row reads the whole row"
         given.clear()
         assert b.config == "masked_full_argmax" and a.ids == b.ids and a.forwards == b.forwards, (name, kw)
-    a, b = (decoder2.generate(grammar, [PROMPT, PROMPT], c, max_new_tokens=24, temperature=0.8, seed=5)
-            for c in (CONFIGS["masked_head"], whole))
-    assert a.ids == b.ids, name
+    decoder2 = script.WholeRowDecoder(tiny, batch=2, max_seq=200)
+    out = []
+    for whole_row, c in ((False, CONFIGS["masked_head"]), (True, whole)):
+        decoder2.whole_row = whole_row
+        out.append(decoder2.generate(grammar, [PROMPT, PROMPT], c, max_new_tokens=24, temperature=0.8, seed=5))
+    assert out[0].ids == out[1].ids, name
 
 
 def test_configurations_refuse_what_they_cannot_do():
-    with pytest.raises(ValueError, match=r"DecodeConfig.sample must be one of \('allowed', 'all'\), got 'every'"):
-        CONFIGS["baseline"].__class__("x", "token", "masked", "automaton", sample="every")
-    assert all(c.sample == "allowed" for c in CONFIGS.values())
     with pytest.raises(ValueError, match="masked head reads allowed sets per automaton state"):
         CONFIGS["baseline"].__class__("x", "token", "masked", "xgrammar")
     with pytest.raises(ValueError, match="jump must be one of"):

@@ -27,11 +27,16 @@ def _rows(results, batch: int, workload: str, series: str) -> list[dict]:
     return [r for r in report.rows_of(results.rows, batch=batch, workload=workload) if r["series"] == series]
 
 
+def _median(rows: Sequence[dict], batch: int, workload: str, series: str) -> float:
+    """The median over a workload's requests of each request's milliseconds per output token."""
+    return statistics.median(r["ms"] for r in report.rows_of(rows, series=series, batch=batch, workload=workload))
+
+
 def median_ms(results, batch: int, workload: str, series: str) -> float:
-    """The median request's milliseconds per output token (:func:`studylog.speculate.report.median_ms`): the
-    statistic of the chapter's headline, its scoreboard row and its results row (which at batch 1 take it over the
-    requests that close their JSON: :func:`capped`)."""
-    return report.median_ms(results.rows, batch, workload, series)
+    """The median request's milliseconds per output token (:func:`_median`): the statistic of the chapter's
+    headline, its scoreboard row and its results row (which at batch 1 take it over the requests that close their
+    JSON: :func:`capped`)."""
+    return _median(results.rows, batch, workload, series)
 
 
 def body_ms(rows: Sequence[dict], batch: int) -> dict[int, float]:
@@ -303,7 +308,7 @@ def kept_requests(results, workload: str = "extraction") -> set[str]:
 def closed_median_ms(results, series: str, workload: str = "extraction") -> float:
     """The median request's milliseconds per output token of ``series`` at batch 1, over the requests the headline
     keeps (:func:`closed_rows`)."""
-    return report.median_ms(closed_rows(results, workload), 1, workload, series)
+    return _median(closed_rows(results, workload), 1, workload, series)
 
 
 def closed_ratio(results, series: str = SHIPPED, workload: str = "extraction") -> float:
@@ -442,7 +447,7 @@ def second_run() -> list[dict] | None:
 
 def _ratio(rows, batch: int, workload: str) -> float:
     """Chapter 07's step 3 over the shipped step: the ratio of their median times per output token, the headline's statistic."""
-    return report.median_ms(rows, batch, workload, "ch7_step03") / report.median_ms(rows, batch, workload, SHIPPED)
+    return _median(rows, batch, workload, "ch7_step03") / _median(rows, batch, workload, SHIPPED)
 
 
 def step3_over_step2() -> list[dict[str, Any]]:
@@ -452,7 +457,7 @@ def step3_over_step2() -> list[dict[str, Any]]:
     again = second_run()
     runs = [("first", committed().rows)] + ([("second", again)] if again is not None else [])
     return [{"run": name, "batch": b, "workload": w,
-             "ratio": report.median_ms(rows, b, w, "step02") / report.median_ms(rows, b, w, "step03")}
+             "ratio": _median(rows, b, w, "step02") / _median(rows, b, w, "step03")}
             for name, rows in runs for b in (1, 8) for w in report.WORKLOADS]
 
 

@@ -4,7 +4,9 @@ Step 3 (``masked_head``) changes three things against step 2 (``jump_forward``):
 chapter 1's automaton (each state's allowed set, precomputed) instead of xgrammar's matcher and bitmask; the LM head
 is chapter 2's masked head, which computes only the allowed rows' logits; and the greedy token is picked among the
 allowed ids alone (``kernels.allowed_argmax``) instead of by an argmax over the whole row. The configurations add
-them in that order, each differing from the one before in one knob of ``studylog.decode.DecodeConfig``:
+them in that order, each differing from the one before in one knob: ``jump``, ``head`` and ``mask`` are
+``studylog.decode.DecodeConfig``'s; ``sample`` is this script's (``WholeRowDecoder``, the library's decoder whose
+sampler is handed no allowed sets, so it reads the masked head's row whole as the dense path does):
 
 | configuration | jump | head | mask | sample | the change it adds |
 |---|---|---|---|---|---|
@@ -35,13 +37,16 @@ import json
 import sys
 import time
 
+from dataclasses import replace
+
 import torch
 
-from studylog.decode import DecodeConfig
+from studylog.decode import DecodeConfig, Decoder
 from studylog.decode.generation import CONFIGS
 
-#: The extra configuration: step 3 without its last change (the masked head's row read whole by the argmax).
-MASKED_FULL_ARGMAX = DecodeConfig("masked_full_argmax", "token", "masked", "automaton", sample="all")
+#: The extra configuration: step 3 without its last change (the masked head's row read whole by the argmax), run
+#: on a :class:`WholeRowDecoder` with ``whole_row`` set.
+MASKED_FULL_ARGMAX = replace(CONFIGS["masked_head"], name="masked_full_argmax")
 #: Step 1, then step 2 and step 3's changes added one at a time.
 VARIANTS = (CONFIGS["baseline"], CONFIGS["jump_forward"], CONFIGS["automaton_mask"], MASKED_FULL_ARGMAX,
             CONFIGS["masked_head"])
@@ -52,6 +57,16 @@ CHANGES = {"automaton_mask": "+ automaton masks", "masked_full_argmax": "+ maske
 SCHEMAS = ("classifier", "weather_call", "tool_call", "user_profile", "ticket_triage", "shopping_list", "product",
            "calendar_event", "article_summary")
 SERIES = "step03_changes"
+
+
+class WholeRowDecoder(Decoder):
+    """The library's decoder with one knob of this script's: with ``whole_row`` set, the sampler is handed no
+    allowed sets, so it reads the masked head's row whole (the dense path's argmax and seeded sampling)."""
+
+    whole_row = False
+
+    def _sample(self, temperature, seed, allowed=None):
+        super()._sample(temperature, seed, None if self.whole_row else allowed)
 
 
 class CpuRun:
@@ -75,14 +90,15 @@ class CpuRun:
 
 
 def knobs(cfg: DecodeConfig) -> dict:
-    return {"config": cfg.name, "jump": cfg.jump, "head": cfg.head, "mask": cfg.mask, "sample": cfg.sample}
+    return {"config": cfg.name, "jump": cfg.jump, "head": cfg.head, "mask": cfg.mask,
+            "sample": "all" if cfg is MASKED_FULL_ARGMAX else "allowed"}
 
 
 def sweep(run, *, device: str, shapes, batches, schemas, repeats: dict, max_new_tokens: int = 160,
           max_seq: int = 512, dtype: torch.dtype = torch.bfloat16) -> None:
     """Every variant on every request, each checked against step 1's tokens, then recorded with its breakdown."""
     from studylog.bench import Timing
-    from studylog.decode import Decoder, Grammar, LlamaModel, describe, model_config
+    from studylog.decode import Grammar, LlamaModel, describe, model_config
     from studylog.decode.report import measure, requests
 
     for shape in shapes:
@@ -91,13 +107,14 @@ def sweep(run, *, device: str, shapes, batches, schemas, repeats: dict, max_new_
         run.note(f"model {shape}: {describe(cfg)}")
         for batch in batches:
             t0 = time.perf_counter()
-            decoder = Decoder(model, batch=batch, max_seq=max_seq)
+            decoder = WholeRowDecoder(model, batch=batch, max_seq=max_seq)
             decoder.capture()
             for name in schemas:
                 grammar = Grammar.from_suite(name, decoder.vocab, whitespace="compact")
                 prompts, targets = requests(name, batch, decoder, "compact")
                 first = None
                 for variant in VARIANTS:
+                    decoder.whole_row = variant is MASKED_FULL_ARGMAX
                     runs, timed = measure(decoder, grammar, variant, prompts, targets,
                                           max_new_tokens=max_new_tokens, repeats=repeats[shape])
                     first = first or timed
@@ -144,8 +161,9 @@ def main() -> None:
     else:
         run = BenchRun("decode", command="python " + " ".join(sys.argv))
         run.note("Step 3's changes one at a time (lab/decode/step03_changes.py): each configuration differs from the "
-                 "one before in one knob of DecodeConfig (params: jump, head, mask, sample); timed as the chapter's "
-                 "benchmark times a request (studylog.decode.report.measure), steered to the same samples.")
+                 "one before in one knob (params: jump, head, mask of DecodeConfig; sample, the script's "
+                 "WholeRowDecoder); timed as the chapter's benchmark times a request "
+                 "(studylog.decode.report.measure), steered to the same samples.")
         sweep(run, device="cuda", shapes=args.shapes.split(","), batches=batches, schemas=schemas, repeats=repeats)
     bad = [c for c in run.checks if not c["passed"]]
     print(f"{len(run.rows)} rows, {len(run.checks)} checks ({len(bad)} failed) in {time.perf_counter() - t0:.0f} s")

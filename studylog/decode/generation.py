@@ -18,18 +18,17 @@ STEER = 1.0e4
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How a request is run: ``jump`` (forced chains of ``"token"``s, or ``"char"``s retokenized), ``head``, who
-    computes the allowed tokens (``mask``), and whether sampling reads only the allowed ids (``sample``)."""
+    """How a request is run: ``jump`` (forced chains of ``"token"``s, or ``"char"``s retokenized), ``head``, and who
+    computes the allowed tokens (``mask``)."""
 
     name: str
     jump: str = "none"
     head: str = "dense"
     mask: str = "xgrammar"
-    sample: str = "allowed"
 
     def __post_init__(self):
         for key, allowed in (("jump", ("none", "token", "char")), ("head", ("dense", "masked")),
-                             ("mask", ("xgrammar", "automaton")), ("sample", ("allowed", "all"))):
+                             ("mask", ("xgrammar", "automaton"))):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"DecodeConfig.{key} must be one of {allowed}, got {getattr(self, key)!r}")
         if self.head == "masked" and self.mask != "automaton":

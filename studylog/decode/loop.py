@@ -277,7 +277,7 @@ class Decoder:
 
                 xgr.apply_token_bitmask_inplace(self._logits, self._bits, vocab_size=V)
             marks()
-            self._sample(temperature, seed, allowed if cfg.sample == "allowed" else None)
+            self._sample(temperature, seed, allowed)
             if self._tok_host is not self._tok:
                 self._tok_host.copy_(self._tok, non_blocking=True)
             marks()

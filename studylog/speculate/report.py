@@ -177,11 +177,6 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
 
 # Reading the results
 
-def median_ms(rows: Sequence[dict], batch: int, workload: str, series: str) -> float:
-    """The median over a workload's requests of each request's milliseconds per output token."""
-    return statistics.median(r["ms"] for r in rows_of(rows, series=series, batch=batch, workload=workload))
-
-
 def closed_requests(rows: Sequence[dict], workload: str, series: str = SHIPPED) -> set[str]:
     """The batch-1 requests whose ``series`` output closed before the :data:`MAX_NEW`-token cap. A request that runs
     to the cap has looped (the model repeats a phrase); its drafts copy the loop, so its speedup says little."""
@@ -213,4 +208,4 @@ def headline(results) -> list[dict]:
 
 
 __all__ = ["CH7", "MAX_NEW", "SERIES", "SHIPPED", "WORKLOADS", "agreement", "batches_of", "bench", "closed_requests",
-           "costs", "headline", "median_ms", "plan", "rows_of", "sweep"]
+           "costs", "headline", "plan", "rows_of", "sweep"]
