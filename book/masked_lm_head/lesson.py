@@ -36,7 +36,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "html_table", "folded", "loss_account", "plan_timeline", "plan_parts", "plan_timeline_table", "mean_period",
            "TIMELINE_PARTS", "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied",
            "is_tie", "ties", "ties_words", "dispatch_step", "plan_step", "PATH_STEPS", "PATH_WORDS", "path_words",
-           "losses"]
+           "losses", "COMPILED_GATHER", "compiled_gather_leads", "compiled_gather_words"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with the streaming kernel's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "candidates_do_bench", "nvidia-h200"
@@ -1355,3 +1355,36 @@ def loss_account(results) -> dict[str, Any] | None:
     return {"q": q, "union": union, "rows_us": rows_us, "output_us": output_us,
             "rest_us": mine["ms"] * 1e3 - rows_us - output_us, "bandwidth_gbs": bandwidth,
             "write_gbs": call_bytes(p["batch"], union) / (mine["ms"] * 1e6), "smaller": smaller}
+
+
+#: ``lab/masked_lm_head/results/nvidia-h200/``: the kernel alone against torch.compile's fused gather, two machines.
+COMPILED_GATHER = ("compiled_gather", "compiled_gather_second_host")
+COMPILED_RIVALS = ("index_select_compiled", "gather_dot_compiled")
+
+
+def compiled_gather_leads(name: str) -> dict[int, float] | None:
+    """Allowed count -> step 12's lead over torch.compile's faster gather (max-autotune) in one committed lab run
+    (``lab/masked_lm_head/compiled_gather.py``), every output checked there; None where the run is not committed."""
+    data = lab_or_none("masked_lm_head", name)
+    if data is None:
+        return None
+    if not all(c["passed"] for c in data["checks"]):
+        raise ValueError(f"{name}: a check failed; its times are not a comparison")
+    by = {(r["series"], r["params"]["allowed"]): r["ms"] for r in data["measurements"]}
+    return {n: min(by[(s, n)] for s in COMPILED_RIVALS) / by[("step12", n)]
+            for n in sorted({a for _, a in by}) if ("step12", n) in by}
+
+
+def compiled_gather_words() -> tuple[str, str]:
+    """(lead, sentence): step 12's lead at 1,000 allowed over torch.compile's fused gather in the first run, and one
+    sentence with both counts on each machine that ran it; ("", "") where no run is committed."""
+    runs = [leads for leads in map(compiled_gather_leads, COMPILED_GATHER) if leads]
+    if not runs:
+        return "", ""
+    counts = sorted(runs[0])
+    lead = " and ".join(f"{_x(runs[0][n])} at {n:,}" for n in counts)
+    again = (f" (a second machine: {' and '.join(_x(runs[1][n]) for n in counts)})" if len(runs) > 1 else "")
+    return _x(runs[0][1000]), (
+        f"The strongest kernel rival is that expression through `torch.compile` (max-autotune), which fuses the "
+        f"gather into the matmul's loads: step 12 leads it by {lead} allowed{again}, and also writes `-inf` over "
+        f"every token not allowed.")
