@@ -720,14 +720,19 @@ def test_steps_beyond_the_chain_are_folded_and_step_13_is_one_line():
     assert rivals == blocks[-1] and rivals.startswith("Rivals at ")
 
 
-def test_the_result_says_plainly_that_no_tuned_gather_kernel_was_raced():
-    """Near the result the page says once, plainly, that the kernel's rival is two torch launches and that no tuned
-    gather kernel was raced, with a named place for one sentence on a measured compiled gather rival."""
+def test_the_kernel_alone_leads_with_its_strongest_rival_the_compiled_gather():
+    """The result names torch.compile's fused gather as the kernel's strongest rival, with step 12's lead computed from
+    the committed lab runs (every check passed there), and the eager pair after it."""
+    leads = lesson.compiled_gather_leads("compiled_gather")
+    data = plotting.load_lab("masked_lm_head", "compiled_gather")
+    by = {(r["series"], r["params"]["allowed"]): r["ms"] for r in data["measurements"]}
+    for n, lead in leads.items():
+        assert lead == pytest.approx(min(by[(s, n)] for s in lesson.COMPILED_RIVALS) / by[("step12", n)])
+    lead, words = lesson.compiled_gather_words()
+    assert lead == f"{leads[1000]:.2f}×" and "torch.compile" in words and f"{leads[10_000]:.2f}× at 10,000" in words
     cells = ["".join(c["source"]) for c in _notebook_cells()]
-    lead = next(c for c in cells if "as a kernel, given the ids;" in c and "for the whole step**" in c)
-    assert "two torch launches, `index_select` then matmul.\nNo tuned gather kernel was raced.{compiled_gather}" in lead
-    assert "compiled_gather = " in lead
-    assert sum("No tuned gather kernel was raced" in c for c in cells) == 1
+    cell = next(c for c in cells if "lesson.compiled_gather_words()" in c)
+    assert "{compiled_lead} as a kernel, given the ids**" in cell and "{compiled_words}" in cell
 
 
 def test_the_headline_gives_its_range_from_the_run():
