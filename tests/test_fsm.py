@@ -20,7 +20,7 @@ for _name in ("outlines_core", "outlines", "bpe_openai", "jsonschema", "pydantic
 import jsonschema  # noqa: E402
 import regex as regex_module  # noqa: E402  (current Unicode tables, see _check_valid)
 
-from book.fsm import drawing  # noqa: E402
+from book.fsm import drawing, events  # noqa: E402
 from book.fsm.exercises import toy_model  # noqa: E402
 from studylog import data, fsm, paths  # noqa: E402
 from studylog.fsm import schemas  # noqa: E402
@@ -340,7 +340,7 @@ def test_every_mode_writes_the_sample(automata, rng, vocab, case):
         canon = vocab.encode(sample)
         results = {}
         for mode in fsm.MODES:
-            out = fsm.decode(fsm.writer_model(vocab, sample), f, mode, record_events=True)
+            out = events.record(fsm.writer_model(vocab, sample), f, mode)
             assert out.finished and out.text == sample.encode(), (mode, out.text)
             assert sum(s.kind in ("pass", "eos") for s in out.events) == out.forward_passes
             results[mode] = out
@@ -355,7 +355,7 @@ def test_retokenization_rewrites_a_split_the_model_would_not_make(automata, voca
     the one token '":' the tokenizer prefers, dropping tokens already emitted."""
     _, f = automata[("weather_call", "default")]
     sample = '{"name": "get_weather", "arguments": {"location": "Paris", "unit": "celsius"}}'
-    out = fsm.decode(fsm.writer_model(vocab, sample), f, "char", record_events=True)
+    out = events.record(fsm.writer_model(vocab, sample), f, "char")
     quote, colon, quote_colon = (vocab.token_id(b) for b in (b'"', b":", b'":'))
     passes = [s.tokens[0] for s in out.events if s.kind == "pass"]
     assert colon in passes, "the writer never had to emit ':' on its own"
@@ -486,7 +486,7 @@ def test_token_jumps_stop_at_the_cap_on_the_smallest_case():
         assert len(none.ids) <= cap and token.ids == none.ids, (cap, none.ids, token.ids)
     # character mode: the forced "abc" is retokenized to [0, 1, 2] and cut to the cap
     for cap, ids in [(1, [0]), (2, [0, 1]), (3, [0, 1, 2])]:
-        char = fsm.decode(model, f, "char", max_tokens=cap, record_events=True)
+        char = events.record(model, f, "char", max_tokens=cap)
         assert char.ids == ids and char.text == b"abc"[:cap] and char.jumped_bytes == cap
         assert char.forward_passes == 0 and not char.finished
         assert [(e.kind, e.tokens, e.data) for e in char.events] == [("char-jump", tuple(ids), b"abc"[:cap])]
@@ -520,7 +520,7 @@ def test_token_jumps_give_the_ids_of_uncompressed_decoding_under_every_cap(autom
     cut = 0
     for model in (fsm.writer_model(vocab, sample), toy_model(vocab, seed=rng.seed_value)):
         full = fsm.decode(model, f, "none", max_tokens=300)
-        jumped = fsm.decode(model, f, "token", max_tokens=300, record_events=True)
+        jumped = events.record(model, f, "token", max_tokens=300)
         assert jumped.ids == full.ids
         caps = _caps(r, full, jumped)
         for cap in caps:

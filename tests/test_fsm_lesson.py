@@ -8,7 +8,7 @@ import pytest
 for _name in ("outlines_core", "outlines", "bpe_openai"):
     pytest.importorskip(_name)
 
-from book.fsm import drawing, lesson  # noqa: E402
+from book.fsm import drawing, events, lesson  # noqa: E402
 from studylog import fsm  # noqa: E402
 
 
@@ -199,12 +199,12 @@ def test_step_3s_core_diff_is_the_loops_own_code():
     assert not [ln for ln in core.added if ln.strip() not in sources["new"]]
     assert not [ln for ln in core.removed if ln.strip() not in sources["old"]]
     added = "\n".join(core.added)
-    assert "vocab.encode(" in added and "res.retokenized" in added and "record_events" not in added
+    assert "vocab.encode(" in added and "res.retokenized" in added and "res.events" not in added
 
 
 def test_the_folded_events_table_continues_the_first(classifier):
     """The first rows and the folded rest are together the whole table, the passes counted from the start."""
-    result = fsm.decode(fsm.writer_model(classifier.vocab, '"false"'), classifier, "char", record_events=True)
+    result = events.record(fsm.writer_model(classifier.vocab, '"false"'), classifier, "char")
     whole = drawing.events_table(result, classifier.vocab).splitlines()
     for cut in range(len(result.events) + 1):
         first = drawing.events_table(result, classifier.vocab, stop=cut).splitlines()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+from book.fsm.events import RecordedDecode
 from studylog.fsm.automaton import ConstrainedFSM, Jump
-from studylog.fsm.decoding import DecodeResult
 from studylog.fsm.vocabulary import TokenVocabulary
 
 
@@ -67,8 +67,8 @@ def state_table(fsm: ConstrainedFSM, max_tokens: int = 8) -> str:
     return "\n".join(lines)
 
 
-def events_table(result: DecodeResult, vocab: TokenVocabulary, start: int = 0, stop: Optional[int] = None) -> str:
-    """Markdown: the events ``start`` to ``stop`` (excluded) of a decode recorded with ``record_events=True``;
+def events_table(result: RecordedDecode, vocab: TokenVocabulary, start: int = 0, stop: Optional[int] = None) -> str:
+    """Markdown: the events ``start`` to ``stop`` (excluded) of a decode recorded by :func:`book.fsm.events.record`;
     the passes are counted from the first event, so a table of the later rows continues the first one's."""
     lines = ["| # | event | tokens appended | replaced tokens | passes so far |", "|---|---|---|---|---|"]
     passes = 0

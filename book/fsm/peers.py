@@ -20,7 +20,8 @@ import numpy as np
 
 from studylog.checks import check_choice, check_int
 from studylog.fsm.automaton import ConstrainedFSM
-from studylog.fsm.decoding import DecodeResult, Event, NextLogits, check_logits, writer_model
+from studylog.fsm.decoding import NextLogits, check_logits, writer_model
+from book.fsm.events import Event, RecordedDecode
 from book.fsm.matchers import (LIBRARIES, LIBRARY_POLICIES, POLICIES, Matcher, PeerError, library, mask_words,
                                    peer_versions, unpack_mask)  # noqa: F401  (peer_versions: the lesson reads it here)
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary
@@ -44,14 +45,14 @@ def only_eos_mask(vocab: TokenVocabulary) -> np.ndarray:
 
 
 def jump_forward_decode(next_logits: NextLogits, matcher: Matcher, vocab: TokenVocabulary, policy: str = "none", *,
-                        max_tokens: int = 256, record_events: bool = False) -> DecodeResult:
+                        max_tokens: int = 256, record_events: bool = False) -> RecordedDecode:
     """Greedy constrained decoding through any fresh :class:`Matcher`, in the order of the chapter's steps: end
     where the mask allows only EOS; else append what ``policy`` forces (``"tokens"``: ``forced_tokens()``;
     ``"bytes"``: ``forced_bytes()``, the whole text re-encoded, as step 3); else a forward pass picks the masked
     argmax. A jump is cut at ``max_tokens``; ``forward_passes`` counts the pass that picks EOS too."""
     check_choice("policy", policy, POLICIES)
     check_int("max_tokens", max_tokens, low=1)
-    res = DecodeResult([], b"", 0, False)
+    res = RecordedDecode([], b"", 0, False)
     ids, size, eos = res.ids, vocab.vocab_size, vocab.eos_id
     mask = np.zeros(mask_words(size), dtype=np.int32)
     end = only_eos_mask(vocab)

@@ -4,8 +4,8 @@ callable, one forward pass), :func:`decode` (the step a ``mode`` names) and a de
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -23,17 +23,6 @@ NextLogits = Callable[[list[int]], Float[Tensor, " vocab"]]
 
 
 @dataclass
-class Event:
-    """One event of a decode: a pass that picked ``tokens[0]``, a token jump, a character jump (``dropped``: emitted
-    tokens that retokenization replaced), EOS, or the end (a state allowing only EOS, reached without a pass)."""
-
-    kind: Literal["pass", "token-jump", "char-jump", "eos", "end"]
-    tokens: tuple[int, ...] = ()
-    data: bytes = b""
-    dropped: int = 0
-
-
-@dataclass
 class DecodeResult:
     ids: list[int]
     text: bytes
@@ -43,7 +32,6 @@ class DecodeResult:
     jumped_bytes: int = 0          # bytes emitted by character jumps
     retokenized: int = 0           # tokens already emitted that a retokenization replaced (KV entries to redo)
     skipped_jumps: int = 0         # character jumps not taken because the text ended inside a UTF-8 character
-    events: list[Event] = field(default_factory=list)  # filled with record_events=True
 
 
 def check_logits(logits: Any, vocab_size: int) -> Tensor:
@@ -80,18 +68,15 @@ def _finish(fsm: ConstrainedFSM, res: DecodeResult) -> DecodeResult:
     return res
 
 
-def _ends(fsm: ConstrainedFSM, states: list[int], res: DecodeResult, record: bool) -> bool:
+def _ends(fsm: ConstrainedFSM, states: list[int], res: DecodeResult) -> bool:
     """Whether the walk is in a state that allows EOS alone: the decode ends there without a pass."""
     if not fsm.only_eos(states[-1]):
         return False
     res.finished = True
-    if record:
-        res.events.append(Event("end"))
     return True
 
 
-def forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, states: list[int], res: DecodeResult,
-                 record: bool) -> bool:
+def forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, states: list[int], res: DecodeResult) -> bool:
     """One forward pass in the last state: the greedy token appended to ``res.ids`` and its state to ``states``;
     False (and finished) when it is EOS."""
     state = states[-1]
@@ -100,52 +85,43 @@ def forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, states: list[int]
     tok = greedy(fsm, state, logits)
     if tok == fsm.vocab.eos_id:
         res.finished = True
-        if record:
-            res.events.append(Event("eos", (tok,)))
         return False
     res.ids.append(tok)
     states.append(fsm.index.get_next_state(state, tok))
-    if record:
-        res.events.append(Event("pass", (tok,), fsm.vocab.token_bytes[tok]))
     return True
 
 
-def step01_uncompressed(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
-                        record_events: bool = False) -> DecodeResult:
+def step01_uncompressed(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256) -> DecodeResult:
     """Step 1: greedy constrained decoding, one forward pass (``next_logits(ids)``: the ``[vocab]`` logits of the
     token after ``ids``) per token, until EOS, a state where only EOS is allowed, or ``max_tokens`` ids."""
     res = _start(fsm, max_tokens)
     ids, states = res.ids, [fsm.initial]
-    while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
-        if not forward_pass(next_logits, fsm, states, res, record_events):
+    while len(ids) < max_tokens and not _ends(fsm, states, res):
+        if not forward_pass(next_logits, fsm, states, res):
             break
     return _finish(fsm, res)
 
 
-def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
-                       record_events: bool = False) -> DecodeResult:
+def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256) -> DecodeResult:
     """Step 2: token-level jumps. In a state that allows exactly one token, any pass would pick it, so the chain
     of such tokens is appended without a pass: the ids of :func:`step01_uncompressed` for any model and any
     ``max_tokens``. The pass after a jump feeds the jumped tokens together (a chunked prefill: one pass)."""
     res = _start(fsm, max_tokens)
     ids, states = res.ids, [fsm.initial]
-    while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
+    while len(ids) < max_tokens and not _ends(fsm, states, res):
         jump = fsm.token_jumps.get(states[-1])
         if jump is not None:
             tokens = jump.tokens[:max_tokens - len(ids)]  # cut at the cap, where step 1 stops too
             ids.extend(tokens)
             states.extend(fsm.walk(tokens, states[-1])[1:])
             res.jumped_tokens += len(tokens)
-            if record_events:
-                res.events.append(Event("token-jump", tokens, fsm.vocab.decode(tokens)))
             continue
-        if not forward_pass(next_logits, fsm, states, res, record_events):
+        if not forward_pass(next_logits, fsm, states, res):
             break
     return _finish(fsm, res)
 
 
-def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
-                      record_events: bool = False) -> DecodeResult:
+def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256) -> DecodeResult:
     """Step 3: character-level jumps with retokenization (SGLang's compressed FSM). In a state whose next bytes are
     forced, the forced string is appended and the whole text re-encoded, so the model sees the split it was trained
     on; that can replace tokens already emitted (``retokenized``: KV-cache entries to recompute). The text still
@@ -156,7 +132,7 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
     if vocab.encoder is None:
         raise ValueError(f"character-level jumps retokenize, and vocabulary {vocab.name!r} has no encoder")
     ids, states = res.ids, [fsm.initial]
-    while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
+    while len(ids) < max_tokens and not _ends(fsm, states, res):
         jump = fsm.char_jumps.get(states[-1])
         if jump is not None:
             text = vocab.decode(ids)
@@ -177,13 +153,10 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
                 res.retokenized += len(ids) - keep
                 res.jumped_tokens += len(new_ids) - keep
                 res.jumped_bytes += appended
-                if record_events:
-                    res.events.append(Event("char-jump", tuple(new_ids[keep:]), jump.data[:appended],
-                                            dropped=len(ids) - keep))
                 ids[:] = new_ids
                 states = new_states
                 continue
-        if not forward_pass(next_logits, fsm, states, res, record_events):
+        if not forward_pass(next_logits, fsm, states, res):
             break
     return _finish(fsm, res)
 
@@ -193,12 +166,12 @@ STEP_OF_MODE: dict[str, Callable[..., DecodeResult]] = {
     "none": step01_uncompressed, "token": step02_token_jumps, "char": step03_char_jumps}
 
 
-def decode(next_logits: NextLogits, fsm: ConstrainedFSM, mode: str = "none", *, max_tokens: int = 256,
-           record_events: bool = False) -> DecodeResult:
+def decode(next_logits: NextLogits, fsm: ConstrainedFSM, mode: str = "none", *, max_tokens: int = 256
+           ) -> DecodeResult:
     """Greedy constrained decoding by the step ``mode`` names: ``"token"`` writes the ids of ``"none"``, ``"char"``
     its text, possibly in other tokens; at most ``max_tokens`` ids in every mode."""
     check_choice("mode", mode, MODES)
-    return STEP_OF_MODE[mode](next_logits, fsm, max_tokens=max_tokens, record_events=record_events)
+    return STEP_OF_MODE[mode](next_logits, fsm, max_tokens=max_tokens)
 
 
 class Writer:
