@@ -343,10 +343,20 @@ def test_every_mode_writes_the_sample(automata, rng, vocab, case):
             out = events.record(fsm.writer_model(vocab, sample), f, mode)
             assert out.finished and out.text == sample.encode(), (mode, out.text)
             assert sum(s.kind in ("pass", "eos") for s in out.events) == out.forward_passes
+            assert _replay(out.events) == out.ids and sum(e.dropped for e in out.events) == out.retokenized
             results[mode] = out
         assert results["none"].ids == canon
         assert results["none"].forward_passes >= len(canon)
         assert results["token"].forward_passes <= results["none"].forward_passes
+
+
+def _replay(recorded) -> list[int]:
+    """The ids a decode's events add up to: a pass appends its pick, a jump replaces the tokens it dropped."""
+    ids: list[int] = []
+    for e in recorded:
+        if e.kind in ("pass", "token-jump", "char-jump"):
+            ids = ids[:len(ids) - e.dropped] + list(e.tokens)
+    return ids
 
 
 def test_retokenization_rewrites_a_split_the_model_would_not_make(automata, vocab):
