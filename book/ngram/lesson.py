@@ -25,10 +25,10 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE", "OPEN_CASES", "TABLE_CASES",
            "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "host_note", "floor_note", "steps_table", "path_words", "rival_ratios",
-           "DIFF_CONTEXT", "step_diff", "core_diff",
-           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "steps_tables", "GROUPS", "main_line_table", "budget_path_table", "main_line_caption", "budget_path_caption", "TIE", "ratio_cell", "SMALL_STEPS", "SMALL_STEPS_SHORT", "SMALL_CHANGES", "small_steps_range",
-           "small_steps_fold", "launch_bound", "floor_cell", "kept_note", "case_words", "step_table",
+           "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "path_words", "rival_ratios",
+           "DIFF_CONTEXT", "step_diff",
+           "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "TIE", "ratio_cell",
+           "launch_bound", "kept_note", "STEPS_CASES", "the_steps_table", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts", "BUDGET_EXAMPLE", "budget_example",
            "budget_example_table", "real_text_slower"]
 
@@ -457,7 +457,6 @@ def budget_walk(results, cfg: tuple[int, int, int]) -> dict:
             "starts": [t["start"] for t in trace if t["drafted"] > 0]}
 
 
-
 #: The worked example of the budget under "The operation": the drafts each of four active slots wants, and the
 #: budget that bites at the third.
 BUDGET_EXAMPLE = ((3, 4, 5, 2), 14)
@@ -512,10 +511,10 @@ def budget_example_table(wants=BUDGET_EXAMPLE[0], threshold: int = BUDGET_EXAMPL
     return "\n".join(lines)
 
 
-def real_text_slower(results) -> list[float]:
-    """Step 12's time on each real-text case over its time on uniform ids at the same shape (the "On real text"
-    section's cases)."""
-    series = CHAPTER.step(12).series
+def real_text_slower(results, number: int = 12) -> list[float]:
+    """Step ``number``'s time on each real-text case over its time on uniform ids at the same shape (the "On real
+    text" section's cases)."""
+    series = CHAPTER.step(number).series
     return [real_row(results, series, c)["ms"] / real_row(results, series, ("synthetic", *c[1:]))["ms"]
             for c in real_cases_in(results) if c[0] != "synthetic"]
 
@@ -527,19 +526,6 @@ SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread
 #: The two paths from step 6, each with the steps it takes: the budget path, for the case it serves, and the main
 #: line's last step (the page gives the second first, right after step 6): its name (its section's heading) -> steps.
 PATHS = (("long haystacks under a budget", (8, 9, 10, 11, 12)), ("the main line's last step", (7,)))
-def host_note(results, cases=TABLE_CASES) -> str:
-    """The table of steps' footnote on step 1: its time at each of ``cases``, on the host, end to end; the other
-    rows are on the GPU clock, so none is divided by it."""
-    times = [(cfg, grid_row(results, CHAPTER.step(1).series, cfg)) for cfg in cases]
-    said = ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r)
-    return f"¹ Step 1 runs on the host, end to end: {said}; no GPU-clock row is divided by it." + floor_note(results, cases)
-
-
-def floor_note(results, cases=TABLE_CASES) -> str:
-    """The table of steps' footnote on its floors (``²`` in a "× floor" head): what the floor counts at each case of
-    ``cases`` where the budget lets fewer slots search than are active (:func:`floor_words`); empty where none."""
-    said = [f"at {case_name(cfg)} {floor_words(results, cfg)}" for cfg in cases if floor_words(results, cfg)]
-    return "" if not said else " ² The floor " + "; ".join(said) + "."
 
 
 def _budget_bytes_floor(results, cfg: tuple[int, int, int]) -> bool:
@@ -579,48 +565,6 @@ def floor_words(results, cfg: tuple[int, int, int]) -> str:
     return f"is reading the haystacks of the {slots} the budget lets search"
 
 
-def steps_table(results, cases=TABLE_CASES) -> str:
-    """Markdown, the table of every step at every case (folded under the page's table): a row per numbered step in
-    order and its one change (:data:`SHORT_CHANGES`), then the entry point;
-    per case of ``cases`` the time in µs on the GPU clock, × previous (over the step it builds on, :func:`builds_on`:
-    the step before on its path, named in the cell where it is not the row above) and × the floor
-    (:func:`table_floor_us`, given in that column's head, marked ``²`` where the budget lets fewer slots search than
-    are active: :func:`floor_note` says what it counts there). A step the benchmark did not time at a case (step 2, one thread, on long rows) says why. Step 1 is timed end to end
-    on the host: its cells point to the footnote that gives its times (:func:`host_note`), and no row is divided by
-    it, so step 2's "× previous" is ``–``. The entry point builds on no step (it runs one), so its "× previous" is
-    ``–``."""
-    floors = [table_floor_us(results, cfg) for cfg in cases]
-    head = ["step", "the one change"]
-    for (b, s, t), f in zip(cases, floors):
-        what = " ²" if floor_words(results, (b, s, t)) else ""  # under a budget: the footnote says what it counts
-        head += [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") + ": µs, GPU clock", "× previous",
-                 f"× floor ({f:,.2f} µs){what}" if f else "× floor"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step07_early_phase2, step12_skip_refused))
-    order = [(str(n), SHORT_CHANGES[n], CHAPTER.step(n).series) for n in range(1, 13)]
-    order.append(("entry point", f"`ngram_match`: step {rule} by a rule", "ngram_match"))
-    for number, title, series in order:
-        cells = [number, title]
-        for i, cfg in enumerate(cases):
-            row = grid_row(results, series, cfg)
-            if row is None:
-                cells += ["– (too slow on one thread)" if series == CHAPTER.step(2).series else "–", "–", "–"]
-                continue
-            if row.get("clock") != "gpu":  # step 1, on the host: its time is the footnote's
-                cells += ["host ¹", "–", "–"]
-                continue
-            t = row["ms"] * 1e3
-            ratio = "–"
-            if series != "ngram_match" and int(number) > 1:  # the entry point runs one of the steps: it builds on none
-                base = grid_row(results, CHAPTER.step(builds_on(int(number))).series, cfg)
-                if base and base.get("clock") == row.get("clock"):  # never a GPU time over a host time
-                    vs = builds_on(int(number))  # not the row above: the cell names the step it builds on
-                    ratio = ratio_cell(base['ms'] * 1e3 / t, *([f"vs {vs}"] if vs != int(number) - 1 else []))
-            cells += [us(row["ms"]), ratio, f"{t / floors[i]:,.1f}×" if floors[i] else "–"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def _inline(text: str) -> str:
     """A table cell's Markdown as HTML: code, bold and italics kept (a fold's Markdown is not parsed)."""
     from html import escape
@@ -648,18 +592,6 @@ def fold_table(summary: str, markdown: str, note: str = "") -> str:
             + (f"<p>{_inline(note)}</p>" if note else "") + "</details>")
 
 
-#: The budget path's three smaller steps, one row of its open table and one line of the page (their numbers in a
-#: fold, :func:`small_steps_fold`): each changes how step 8's blocks stream, and step 12 keeps them.
-SMALL_STEPS = (9, 10, 11)
-#: Their row's "the one change" in the budget path's open table.
-SMALL_STEPS_SHORT = "no barriers, 16-byte loads, L2 evict-first hint"
-#: The two tables of steps: each path's name, the case its steps are quoted at, and its rows (the budget
-#: path's first row is step 6, where it leaves the main line, so each "× previous" is over a row of its own table;
-#: a tuple is one row for those steps, timed as the last of them over the step the first builds on).
-GROUPS = (("the main line", RESULT_CASE, tuple(range(1, PATHS[1][1][-1] + 1))),
-          ("the budget path", HEADLINE, (6, 8, SMALL_STEPS, 12)))
-
-
 #: A "× previous" from 0.97× to 1.03×, as the table prints it, is a tie: the row says so and no prose calls it a gain.
 TIE = (0.97, 1.03)
 
@@ -678,15 +610,6 @@ def launch_bound(results, cfg: tuple[int, int, int]) -> bool:
 
     f = table_floor_us(results, cfg)
     return f is not None and f <= latency_floor_ms(results) * 1e3
-
-
-def floor_cell(results, cfg: tuple[int, int, int], t_us: float) -> str:
-    """A "× floor" cell of the open table: the time over the table's floor at ``cfg``, or "launch-bound" where that
-    floor is an empty kernel's (:func:`launch_bound`); the fold keeps every case's ratio."""
-    f = table_floor_us(results, cfg)
-    if not f:
-        return "–"
-    return "launch-bound" if launch_bound(results, cfg) else f"{t_us / f:,.1f}×"
 
 
 def kept_note(results, number: int, cfg: tuple[int, int, int]) -> str:
@@ -708,126 +631,68 @@ def kept_note(results, number: int, cfg: tuple[int, int, int]) -> str:
     return "kept: " + "; ".join(said) if said else ""
 
 
-#: What each of :data:`SMALL_STEPS` changes, in full: its row of :func:`small_steps_fold`.
-SMALL_CHANGES = {
-    9: "no barriers (steps 6 and 8 fold a tile's finds into the block's key and decide together whether to stop, two "
-       "barriers a tile): each thread keeps its own best key, publishes it with a global `atomicMin` when it "
-       "improves and reads the slot's key each tile to stop on its own",
-    10: "16-byte loads (`VEC = 2`) on aligned rows: two tokens a load, half the load instructions",
-    11: "an L2 evict-first hint: haystack lines, read once, replace each other, not lines other work still needs"}
+#: The cases of the page's one table of steps, in its column order: the deployed shape (the headline), the stress
+#: case, and the long rows under the budget where the budget path (steps 8 to 12) pays.
+STEPS_CASES = ((32, 512, 128), RESULT_CASE, HEADLINE)
 
 
-def small_steps_range(results, cases=TABLE_CASES) -> tuple[float, float]:
-    """The least and the most "× previous" of :data:`SMALL_STEPS` over ``cases``, rounded as the tables print them."""
-    factors = [round(f, 2) for n in SMALL_STEPS for f in step_factors(results, n, cases) if f is not None]
-    return min(factors), max(factors)
+def _case_head(cfg: tuple[int, int, int]) -> str:
+    b, s, t = cfg
+    what = {STEPS_CASES[0]: "headline", RESULT_CASE: "stress", HEADLINE: "long rows"}.get(cfg)
+    return (f"{what}: " if what else "") + f"{b} × {s:,}, " + (f"budget {t}" if t != NO_BUDGET else "no budget")
 
 
-def small_steps_fold(results, notes: dict[int, str] | None = None) -> str:
-    """HTML, folded: a row per step of :data:`SMALL_STEPS`, its change in full (:data:`SMALL_CHANGES`, then
-    ``notes[n]`` where given), its time at the budget path's case (:data:`HEADLINE`) and its
-    "× previous" at every case of :data:`TABLE_CASES` (:func:`ratio_cell`: a tie says so)."""
-    names = [f"{b} × {s}" + (f", budget {t}" if t != NO_BUDGET else "") for b, s, t in TABLE_CASES]
-    head = ["step", "the change", f"µs at {names[TABLE_CASES.index(HEADLINE)]}"] + [f"× previous, {n}" for n in names]
+def the_steps_table(results, cases=STEPS_CASES) -> str:
+    """Markdown, the page's one table of steps: a row per step (1 to 12) and its one change (:data:`SHORT_CHANGES`,
+    with why a step that pays at no case of ``cases`` is kept, :func:`kept_note`), then the entry point and the floor;
+    per case of ``cases`` one cell, the time in µs on the GPU clock and in brackets its "× previous" (over the step it
+    builds on, :func:`builds_on`, named where it is not the row above; a tie says so, :func:`ratio_cell`). Step 1 runs
+    on the host end to end (the footnote gives its times, no row is divided by it); a step the file does not time at
+    a case reads "–" (the legend says why)."""
+    head = ["step", "the one change"] + [_case_head(cfg) for cfg in cases]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for n in SMALL_STEPS:
-        row = grid_row(results, CHAPTER.step(n).series, HEADLINE)
-        change = SMALL_CHANGES[n] + (f"; {notes[n]}" if notes and notes.get(n) else "")
-        ratios = [ratio_cell(f) if f is not None else "–" for f in step_factors(results, n)]
-        lines.append("| " + " | ".join([str(n), change, us(row["ms"]) if row else "–"] + ratios) + " |")
-    return fold_table(f"Steps {SMALL_STEPS[0]} to {SMALL_STEPS[-1]}, each change and its numbers", "\n".join(lines))
-
-
-def _path_table(results, cfg: tuple[int, int, int], numbers: tuple[int, ...], first_words: str = "",
-                with_floor: bool = True) -> str:
-    """Markdown, one path's table of steps at ``cfg``: a row per step of ``numbers`` and its one change
-    (:data:`SHORT_CHANGES`, or ``first_words`` for the first row where given), its time in µs on the GPU clock,
-    × previous (over the step it builds on, :func:`builds_on`, always a row of the same table) and, ``with_floor``,
-    × the floor (:func:`table_floor_us`); then the entry point at ``cfg``, naming the step it runs there. A tuple of
-    ``numbers`` is one row ("9–11"): their changes, the last one's time, over the step the first builds on. A step
-    with no GPU-clock time at ``cfg`` (step 1, on the host; step 2, one thread, untimed) has no row: the caption
-    says why."""
-    head = ["step", "the one change", "µs, GPU clock", "× previous"] + (["× floor"] if with_floor else [])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    tail = lambda t: [floor_cell(results, cfg, t)] if with_floor else []
-    for number in numbers:
-        group = number if isinstance(number, tuple) else None
-        first, last = (group[0], group[-1]) if group else (number, number)
-        row = grid_row(results, CHAPTER.step(last).series, cfg)
-        if row is None or row.get("clock") != "gpu":  # step 1 on the host, step 2 untimed: the caption says so
-            continue
-        if group:
-            change = SMALL_STEPS_SHORT if group == SMALL_STEPS else ", ".join(SHORT_CHANGES[n] for n in group)
-        else:
-            change = first_words if first_words and number == numbers[0] else SHORT_CHANGES[number]
-        t, ratio = row["ms"] * 1e3, "–"
-        base = grid_row(results, CHAPTER.step(builds_on(first)).series, cfg) if first > 1 else None
-        if number != numbers[0] and base and base.get("clock") == "gpu":
-            ratio = ratio_cell(base["ms"] * 1e3 / t)
-            kept = "" if group else kept_note(results, number, cfg)
-            change += f" ({kept})" if kept else ""
-        label = f"{first}–{last}" if group else str(number)
-        lines.append("| " + " | ".join([label, change, us(row["ms"]), ratio] + tail(t)) + " |")
-    entry = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
-    if entry:
-        runs = CHAPTER.step(entry["step"]).number if entry.get("step") else None
-        cells = ["entry point", "`ngram_match`" + (f", running step {runs}" if runs else ""), us(entry["ms"]), "–"]
-        lines.append("| " + " | ".join(cells + tail(entry["ms"] * 1e3)) + " |")
-    return "\n".join(lines)
-
-
-def main_line_table(results) -> str:
-    """Markdown, the page's open table of the main line (:data:`GROUPS`' first: steps 1 to 7, then the entry point)
-    at the result's case (:data:`RESULT_CASE`), with × the floor (:func:`_path_table`): its rows start at step 3,
-    the first with a GPU-clock time there (the caption gives step 1's and says step 2 is untimed)."""
-    _, cfg, numbers = GROUPS[0]
-    return _path_table(results, cfg, numbers)
-
-
-def budget_path_table(results) -> str:
-    """Markdown, the page's smaller table of the budget path (:data:`GROUPS`' second: step 6, where it leaves the
-    main line, step 8, steps 9 to 11 as one row (:data:`SMALL_STEPS`), step 12, then the entry point) at the deployed
-    budget's case (:data:`HEADLINE`). Where the floor
-    there is an empty kernel's (:func:`launch_bound`) it has no "× floor" column: its caption says so once."""
-    _, cfg, numbers = GROUPS[1]
-    return _path_table(results, cfg, numbers, "where the path leaves the main line",
-                       with_floor=not launch_bound(results, cfg))
-
-
-def main_line_caption(results) -> str:
-    """The main line's table's caption: its case, how many slots search there, step 1's time (on the host, end to
-    end, so not a row of a GPU-clock table) and that step 2 (one thread) is too slow to time there (its section gives
-    its time at the budget path's case): the table's rows start at step 3."""
-    b, s, _ = RESULT_CASE
-    host = grid_row(results, CHAPTER.step(1).series, RESULT_CASE)
-    said = [f"step 1 runs on the host ({host['ms'] * 1e3:,.0f} µs, end to end)"] if host else []
-    if grid_row(results, CHAPTER.step(2).series, RESULT_CASE) is None:
-        said.append("step 2 is too slow to time here")
-    return (f"**Steps 1 to 7** at {b} × {s} with no budget, where {active_slots(results, RESULT_CASE)} of {b} slots "
-            f"search" + (f"; {' and '.join(said)}." if said else "."))
-
-
-def budget_path_caption(results) -> str:
-    """The budget path's table's caption, said once: its case, what "× previous" is over, and, where the floor there
-    is an empty kernel's (:func:`launch_bound`), why (:func:`budget_walk`) and that every row is launch-bound."""
-    b, s, t = HEADLINE
-    n = budget_walk(results, HEADLINE)["searched"]
-    said = (f" The budget lets only {n} slot{'' if n == 1 else 's'} search, so the floor is an empty kernel's "
-            f"{table_floor_us(results, HEADLINE):.2f} µs: every row is launch-bound."
-            if launch_bound(results, HEADLINE) else "")
-    return f"**Steps 8 to 12** at {b} × {s}, budget {t}, step 8 over step 6.{said}"
-
-
-def steps_tables(results) -> tuple[str, str, str]:
-    """The page's tables of steps: open, Markdown, the main line at the result's case (:data:`RESULT_CASE`) under its
-    caption (:func:`main_line_caption`, which gives step 1's host time); open, Markdown, the
-    budget path at the deployed budget's (:data:`HEADLINE`) under its caption (:func:`budget_path_caption`); folded,
-    HTML, :func:`steps_table` at every case of :data:`TABLE_CASES` and the footnotes at those cases, under a
-    ``<details>`` that names them."""
-    names = "; ".join(f"{b} × {s}, " + (f"budget {t}" if t != NO_BUDGET else "no budget") for b, s, t in TABLE_CASES)
-    fold = fold_table(f"Every step at all four cases ({names})", steps_table(results), host_note(results, TABLE_CASES))
-    main = main_line_caption(results) + "\n\n" + main_line_table(results)
-    return main, budget_path_caption(results) + "\n\n" + budget_path_table(results), fold
+    missing = False
+    for n in range(1, 13):
+        series = CHAPTER.step(n).series
+        pays = n > 2 and any(f is not None and round(f, 2) > TIE[1] for f in step_factors(results, n, cases))
+        kept = kept_note(results, n, cases[0]) if n > 2 and not pays else ""  # no case of the table pays: say why
+        cells = [str(n), SHORT_CHANGES[n] + (f" ({kept})" if kept else "")]
+        for cfg in cases:
+            row = grid_row(results, series, cfg)
+            if row is None:
+                cells.append("–")
+                missing = True
+                continue
+            if row.get("clock") != "gpu":
+                cells.append("host ¹")
+                continue
+            base = grid_row(results, CHAPTER.step(builds_on(n)).series, cfg) if n > 1 else None
+            if base and base.get("clock") == "gpu":
+                f, vs = base["ms"] / row["ms"], builds_on(n)
+                said = [f"{f:.2f}×"] + (["tie"] if TIE[0] <= round(f, 2) <= TIE[1] else []) \
+                    + ([f"vs {vs}"] if vs != n - 1 else [])
+                cells.append(f"{us(row['ms'])} ({', '.join(said)})")
+            else:
+                cells.append(us(row["ms"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step07_early_phase2, step12_skip_refused))
+    cells = ["entry point", f"`ngram_match`: step {rule} by a rule"]
+    for cfg in cases:
+        entry = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
+        runs = CHAPTER.step(entry["step"]).number if entry and entry.get("step") else None
+        cells.append("–" if entry is None else us(entry["ms"]) + (f" (runs {runs})" if runs else ""))
+    lines.append("| " + " | ".join(cells) + " |")
+    floors = []
+    for cfg in cases:
+        f = table_floor_us(results, cfg)
+        floors.append("–" if not f else f"{f:,.2f}" + (" (an empty kernel)" if launch_bound(results, cfg) else ""))
+    lines.append("| " + " | ".join(["floor", "the least time possible"] + floors) + " |")
+    times = [(cfg, grid_row(results, CHAPTER.step(1).series, cfg)) for cfg in cases]
+    notes = ["Cells: µs on the GPU clock (× the step it builds on). ¹ Step 1 runs on the host, end to end: "
+             + ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r) + "."]
+    if missing:
+        notes.append("– not timed: one thread is too slow there.")
+    return "\n".join(lines) + "\n\n" + " ".join(notes)
 
 
 #: Lines of context the page shows around each change of a diff: one, an anchor each side, so a long diff shows the
@@ -838,45 +703,6 @@ DIFF_CONTEXT = 1
 def step_diff(old: int, new: int):
     """The diff from step ``old`` to step ``new`` as the page shows it: :data:`DIFF_CONTEXT` lines of context."""
     return CHAPTER.show_diff(old, new, context=DIFF_CONTEXT)
-
-
-#: The core of a step's diff, shown open under its section instead of the whole diff: per step, the lines of the
-#: step before's kernel and of its own between two markers each (first line containing, last line containing).
-CORE_DIFFS = {
-    6: (("    if (search) {", "if (mine != NONE_KEY) atomicMin(&s_best, mine);"),
-        ("const i64 first_end =", "s_stop = next > last_end"), "the search"),
-    4: (("walk_budget(NGRAM_KERNEL_ARGS", "return drafted;"),
-        ("const int active = p.kind == SLOT_ACTIVE;", "else if (b == first)"), "phase 2"),
-    9: (("for (i64 tile = first_end;; tile += tile_len)", "s_stop = next > last_end"),
-        ("for (;;) {", "load_tile<LOADS, VEC, EVICT_FIRST>(hay, tile, last_end, token);"), "the tile loop"),
-    5: (("if (p.kind == SLOT_ACTIVE && p.cap >= 1) {", "if (best != NONE_KEY) key = make_key"),
-        ("const int top = min(max_ngram, step);", "__syncthreads();  // every atomicMin"), "the search"),
-}
-#: Steps whose core is read from other kernels than the two steps' own (their ``source_function``): step 5's search
-#: replaces step 3's, which step 4 keeps (step 4's own function is phase 2): step -> ((file, kernel) before, after).
-CORE_KERNELS = {5: (("ngram_two_phase.cu", "ngram_search_per_n"), ("ngram_one_pass.cu", "ngram_search_one_pass"))}
-
-
-def core_diff(step: int):
-    """The core of step ``step``'s diff (:data:`CORE_DIFFS`): the lines of the step before's kernel and of the step's
-    (or of :data:`CORE_KERNELS`' two kernels) between their markers, diffed, each side named by its step; short
-    enough to read unfolded (at most 40 changed lines)."""
-    from book.common import cu_kernel
-    from studylog.source import show_diff, source_of
-
-    def cut(number: int, first: str, last: str) -> str:
-        st = CHAPTER.step(number)
-        if step in CORE_KERNELS:  # the search kernels, not the steps' own functions
-            lines = cu_kernel(*CORE_KERNELS[step][number == step]).splitlines()
-        else:
-            lines = source_of(st.source, st.source_function)[0].splitlines()
-        i = next(k for k, ln in enumerate(lines) if first in ln)
-        j = next(k for k in range(i, len(lines)) if last in lines[k])
-        return "\n".join(lines[i:j + 1]) + "\n"
-
-    (old_first, old_last), (new_first, new_last), what = CORE_DIFFS[step]
-    return show_diff(cut(step - 1, old_first, old_last), cut(step, new_first, new_last), context=DIFF_CONTEXT,
-                     names=(f"step {step - 1}: {what}", f"step {step}: {what}"))
 
 
 def step2_excerpt():
@@ -899,18 +725,23 @@ def step2_excerpt():
 
 
 def shared_definitions():
-    """The definitions every kernel's listing leans on, read from ``ngram_common.cuh``: the largest n and the "no
-    match" key, the one parameter list (``NGRAM_KERNEL_PARAMS``, passed on as ``NGRAM_KERNEL_ARGS``), a slot's facts
-    before any search (``plan_slot``, called with ``SLOT_ARGS``, into a ``SlotPlan``) and a match as one key
-    (``make_key``)."""
+    """What the listings use without defining it, read from ``ngram_common.cuh``: the "no match" key, a slot's plan
+    (the ``SLOT_*`` kinds and ``SlotPlan``, which ``plan_slot`` fills before any search) and a match as one key
+    (``make_key``). The parameter list every kernel takes (``NGRAM_KERNEL_PARAMS``) is one line of it: the batch's
+    tensors and sizes, as :mod:`studylog.ngram.kernels` passes them."""
     from studylog.source import Code
 
     lines = (CHAPTER.step(2).source.parent / "ngram_common.cuh").read_text().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("#define NGRAM_MAX"))
+    defines = [ln for ln in lines if ln.startswith(("#define NGRAM_MAX", "#define NONE_KEY"))]
+    kinds = next(i for i, ln in enumerate(lines) if ln.startswith("// What the batch loop does with a slot"))
+    plan = lines.index("};", kinds)
     key = next(i for i, ln in enumerate(lines) if "u64 make_key(" in ln)
-    end = lines.index("}", key)
-    return Code("\n".join(lines[start:end + 1]), "cuda",
-                "ngram_common.cuh: the parameter list, plan_slot and make_key (every step)")
+    comment = key
+    while lines[comment - 1].startswith("//"):
+        comment -= 1
+    out = [*defines, "// NGRAM_KERNEL_PARAMS: every kernel's one parameter list (the batch's tensors and sizes)", "",
+           *lines[kinds:plan + 1], "", *lines[comment:lines.index("}", key) + 1]]
+    return Code("\n".join(out), "cuda", "ngram_common.cuh: a slot's plan and a match's key (every step)")
 
 
 def entry_row(results, where: dict) -> dict | None:
@@ -966,13 +797,15 @@ def result_table(results, headline_rows) -> str:
     final = f"step {SYNCED_STEP}"
     ours_name = "`ngram_match`" if results.select("ngram_match") else final
     host = ["**End to end on the host** (a call, then a sync)", "",
-            f"| case | CPU loop (µs) | {final} (µs) | CPU loop ÷ {final} |", "|" + "---|" * 4]
+            f"| case | CPU loop (µs) | {final} (µs) | CPU loop ÷ {final} | the entry point runs |", "|" + "---|" * 5]
     gpu = [f"**On the GPU clock** (a ratio is the rival's time ÷ {ours_name}'s)", "",
            f"| case | {ours_name} (µs) | step 3 (µs) | ÷ step 3 | ÷ our FastDeploy port (step 4) |",
            "|" + "---|" * 5]
     for hd in headline_rows:
+        entry = entry_row(results, hd["where"]) if hd.get("where") else None
+        runs = f"step {CHAPTER.step(entry['step']).number}" if entry and entry.get("step") else "–"
         host.append("| " + " | ".join([case_words(hd["case"]), us(hd["baseline_ms"]), us(hd["kernel_ms"]),
-                                       f"{hd['speedup']:,.2f}×"]) + " |")
+                                       f"{hd['speedup']:,.2f}×", runs]) + " |")
     grid = [(f"{b} × {s}, " + ("no budget" if t == NO_BUDGET else f"budget {t}"),
              {"batch": b, "seq_len": s, "threshold": t, "corpus": None}) for b, s, t in grid_configs(results)]
     for name, where in grid:
@@ -999,7 +832,7 @@ def result_tables(results, headline_rows) -> tuple[str, str]:
     rivals the result names); folded, HTML, the end-to-end table against the CPU loop, under a ``<details>``."""
     host, gpu = result_table(results, headline_rows).split("\n\n**On the GPU clock**")
     title, _, table = host.partition("\n\n")
-    return "**On the GPU clock**" + gpu, fold_table("End to end against the CPU loop it replaces (a call, then a sync)",
+    return "**On the GPU clock**" + gpu, fold_table("End to end, step 12 against the CPU loop it replaces (a call, then a sync)",
                                                     table.strip())
 
 
