@@ -1110,41 +1110,35 @@ def test_tables_name_steps_by_number_and_what_they_are(results):
 
 
 def test_part_2_gives_each_step_its_heading_and_one_number(results):
-    """Steps 15 to 23 have headings in order, 15 and 16 one section ("mma.sync with K split") and 18 and 19 one ("a
-    TMA ring, sums in shared memory"), and each section quotes one bold number: the step's time from the benchmark the
-    steps table reads, over the step before it (a pair's: its second half over the step before the pair, each
-    half's own time in a fold). Steps 24 and 25, tried for several rows, share one "Tried" section after step 23:
-    one bold number (step 24 at 16 rows), step 25's beside it, and their diffs folded. No section shows a table of
-    two steps' times."""
+    """Steps 15 to 23 have headings in order, one a step and one each for step 22's parts (22a, 22b, 22c; no heading
+    covers two steps), and each section shows its diff or new code and quotes one bold number: a step's time from
+    the benchmark the steps table reads over the step before it, a part's from the run that times step 22 in parts.
+    Steps 24 and 25, tried for several rows, share one "Tried" section after step 23: one bold number (step 24 at
+    16 rows), step 25's beside it, and their diffs folded. No section shows a table of two steps' times."""
     cells = json.loads(LESSONS[1].read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
-    heads = [(i, int(m[2] or m[1])) for i, t in enumerate(text)
-             if (m := re.match(r"#+ Steps? (\d+)(?: and (\d+))?:", t))]
-    assert [n for _, n in heads] == [16, 17, 19, 20, 21, 22, 23]
-    assert text[heads[0][0]].startswith("## Steps 15 and 16: `mma.sync` with K split")
-    assert text[heads[2][0]].startswith("## Steps 18 and 19: a TMA ring, sums in shared memory")
+    heads = [(i, m[1] + m[2]) for i, t in enumerate(text) if (m := re.match(r"#+ Step (\d+)([a-c]?):", t))]
+    assert [n for _, n in heads] == ["15", "16", "17", "18", "19", "20", "21", "22a", "22b", "22c", "23"]
+    assert not any(re.match(r"#+ Steps \d+ and", t) for t in text)
     assert all(text[i].startswith("## ") for i, _ in heads)
     tried = next(i for i, t in enumerate(text) if t.startswith("## Tried: steps 24 and 25"))
     assert heads[-1][0] < tried
-    first = {16: 15, 19: 18}  # a pair's first half
-    for pair, half in first.items():
-        at = next(i for i, n in heads if n == pair)
-        end = next(i for i, n in heads if n == pair + 1)
-        folded = "".join(t for c, t in zip(cells[at:end], text[at:end])
-                         if c["cell_type"] == "code" and "hide-output" in c["metadata"]["tags"])
-        assert f"Step {half} alone takes {{t1(us({half}))}}" in folded and f"x(us({half}), us({pair}))" in folded
     code = "".join(t for c, t in zip(cells, text) if c["cell_type"] == "code")
     assert "pair_chain(" not in code and "case_ratios(" not in code
     steps = next(i for i, t in enumerate(text) if t.startswith("## The steps"))
     ends = [i for i, _ in heads[1:]] + [tried]
+    shows = ("show(", "core_diff(", "excerpt(", "group_mma_listing(", "w2a8_group_diff(", "show_source(", "_listing(")
     for (at, n), end in zip(heads, ends):
         section = "".join(t for c, t in zip(cells[at:end], text[at:end]) if c["cell_type"] == "code")
-        bold = re.findall(r"\*\*Steps? (?:\d+ and )?(\d+) takes? \{t1\(us\((\d+)\)\)\}, "
+        assert any(s in section for s in shows), n
+        if not n.isdigit():
+            assert section.count(f"**Step {n} takes") == 1, n
+            continue
+        bold = re.findall(r"\*\*Step (\d+) takes \{t1\(us\((\d+)\)\)\}, "
                           r"\{x\(us\((\d+)\), us\((\d+)\)\)\} step (\d+)'s speed", section)
         assert len(bold) == 1, (n, bold)
         said, timed, before, after, named = bold[0]
-        back = 2 if n in first else 1
-        assert int(said) == int(timed) == int(after) == n and int(before) == int(named) == n - back, (n, bold)
+        assert int(said) == int(timed) == int(after) == int(n) and int(before) == int(named) == int(n) - 1, (n, bold)
     section = list(zip(cells[tried + 1:steps], text[tried + 1:steps]))
     said = "".join(t for c, t in section if c["cell_type"] == "code" and "hide-output" not in c["metadata"]["tags"])
     assert said.count("**") == 2 and "**At 16 rows step 24 takes {t1(us(24, m=16))}, {x(us(23, m=16), us(24, m=16))} " \
@@ -1155,20 +1149,21 @@ def test_part_2_gives_each_step_its_heading_and_one_number(results):
 
 
 def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
-    """Step 22 shows its one idea (the int8 MMA, its decode and sums, which run only together) open and its two
-    mechanical changes in a fold; its number is the benchmark's, and the run that times its kernels apart is quoted
-    once, saying why, its table folded. Step 23 says where it quantises x, the places folded."""
+    """Step 22's parts each have a section: 22a its one idea (the int8 MMA, its decode and sums, which run only
+    together), 22b the kernel that quantises x, 22c the early launch, each with its number from the run that times
+    step 22 in parts (its table folded), 22c also the benchmark's step 22. Step 23 says where it quantises x, the
+    places folded."""
     nb = json.loads(LESSONS[1].read_text())["cells"]
     cells = {c["id"]: "".join(c["source"]) for c in nb}
-    assert "need each other" in cells["c05f0206"] and ":::{dropdown}" not in cells["c05f0206"]
-    named = cells["c05f0206"][cells["c05f0206"].index("need each other"):]
-    assert "(22a, the diff below)" in named and "22b and 22c, each timed in the table after it" in named
+    assert "are one change (the diff below)" in cells["c05f0206"] and ":::{dropdown}" not in cells["c05f0206"]
     assert 'load_lab("ternary", "step22_parts")' in cells["step22-gain"]
     assert "ALONE in parts" in cells["step22-gain"]  # 22a measured by itself where the run has it, else derived
-    said = cells["a586196e"]  # each part with its number, from the run of its own: a three-row chain, said once
-    assert "22a: the int8 MMA" in said and "22b: x quantised first by a kernel of its own" in said
-    assert "22c: the matmul launched early" in said and "one[b] / one[v]" in said
-    assert "links = ((matmul, \"step 21\"), (after, matmul), (early, after))" in said
+    # each part its number, from the run of its own, over the part before; the steps table gives each its row
+    assert "**Step 22a takes {one[matmul]:.1f} µs, {run[matmul]:.2f}× step 21's speed**" in cells["a586196e"]
+    assert "lesson.vs(one[matmul], one[after], '22a')" in cells["step22b-number"]
+    assert "lesson.vs(one[after], one[early], '22b')" in cells["step22c-number"] and "kept for step 23" in cells[
+        "step22c-number"]
+    assert all(f"| 22{p} |" in cells["74d3fbc1"] for p in "abc")
     assert "say(" not in cells["step22-gain"]  # 22a's number once, in the chain
     assert "one['step 21']" not in cells["a586196e"]  # step 21's time is the benchmark's, on the page once
     parts = next(c for c in nb if c["id"] == "step22-parts")
@@ -1296,8 +1291,8 @@ def test_part_2_ends_its_story_on_step_23_and_folds_the_tried_path_and_the_tunin
 
 def test_the_tried_section_names_where_step_25_wins_and_both_shares_are_given(results):
     """Part 2's "Tried" section says step 25 wins at one row at BitNet's largest-N shapes: the file's wins are the
-    shapes of largest N among BitNet's. Part 1 gives the ternary layers' share in bf16 and in 2 bits; part 2 links
-    it, and sets its estimate (against BitNet's kernel) beside part 1's (against GemLite)."""
+    shapes of largest N among BitNet's. Part 1 gives the ternary layers' share in bf16 and in 2 bits; part 2 opens
+    on the same share in one line, links part 1's table, and sets its estimate (against BitNet's kernel) beside part 1's (against GemLite)."""
     from book.ternary import results as tables
 
     run = tables.bitnet_results(results)
@@ -1312,8 +1307,7 @@ def test_the_tried_section_names_where_step_25_wins_and_both_shares_are_given(re
     assert "cuBLAS bf16 at every layer and replaces each ternary layer's time by the kernel's measured time" in \
         " ".join(text.replace('"\n    "', "").split())
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"]}
-    assert "05_ternary_1_triton.ipynb#why-it-matters-the-linear-layers-of-a-decode-step" in cells["why-it-matters-heading"]
-    assert "share of a decode step's bytes" in cells["why-it-matters-heading"]
-    why = cells["5519d543"]
-    assert "view['share']" not in why  # said once, in part 1
+    why = cells["5519d543"]  # part 2 opens on part 1's share, computed as part 1 does, and links part 1's table
+    assert "05_ternary_1_triton.ipynb#why-it-matters-the-linear-layers-of-a-decode-step" in why
+    assert "of a decode step's bytes" in why and "view14['share']" in why and "in 2 bits" in why
     assert "lesson.amdahl_peer(results, STEP[14].series, GEMLITE)" in why and "against a different rival, GemLite" in why

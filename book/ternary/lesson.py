@@ -721,7 +721,7 @@ def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of
 
 __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "faster",
            "device",
-           "BITNET_2B4T", "BITNET_LAYERS", "LAYER_RUN", "layer_run", "layers_note", "EXCERPTS", "excerpt", "amdahl", "amdahl_layers_table", "amdahl_table", "card", "core_diff",
+           "BITNET_2B4T", "BITNET_LAYERS", "LAYER_RUN", "layer_run", "layers_note", "EXCERPTS", "excerpt", "w2a8_launch_listing", "amdahl", "amdahl_layers_table", "amdahl_table", "card", "core_diff",
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
@@ -954,6 +954,15 @@ def _region(text: str, start: str, stop: str) -> str:
             continue
         n = next(e for e in range(n, j + 1) if cut in lines[e]) + 1
     return "\n".join(kept)
+
+
+def w2a8_launch_listing():
+    """Step 22's launch as a listing: x quantised by ``quantize_x``, then the matmul launched early (its call)."""
+    from studylog import source
+    from studylog.ternary import w2a8
+
+    text = _region(source.source_of(w2a8._w2a8_call)[0], "def call()", "return z[0]")
+    return source.show_source(text, title="step 22's launch")
 
 
 def _probe_test(m: re.Match) -> str:
