@@ -7,8 +7,9 @@ shape, its time over the run's repetitions, the strongest rival measured at the 
   ``floor_ms``, or ``floor_mem_ms`` where the file splits memory from compute);
 * the **compute floor**: the useful FLOPs at the run's measured matmul rate, where the file records one;
 * the **latency floor**: the GPU-clock time of the shortest chain of dependent work the call cannot avoid: for a
-  one-launch kernel the card's fastest empty kernel replayed in a CUDA graph (the smallest
-  ``ceilings.empty_launch_gpu_ms`` of the card's runs, :func:`card_empty_kernel_ms`); for chapter 04's recursion the
+  one-launch kernel the empty kernel replayed in a CUDA graph by the run that timed the row
+  (``ceilings.empty_launch_gpu_ms``; where that run timed none, the card's fastest, :func:`card_empty_kernel_ms`,
+  and the row is marked); for chapter 04's recursion the
   timed chain of its T dependent frames; for a decode step its forward's kernels, one after another.
 
 The case's **floor** is the largest of these, a yardstick from a simple model (a kernel passes it only by moving
@@ -176,7 +177,7 @@ TERNARY_WORDS = {"step14": "the ternary kernel on tensor cores, Triton", "step17
                  "step21": "the ternary kernel with TMA copies"}
 
 
-#: The latency floor of a single kernel: the fastest empty kernel timed on the card.
+#: The latency floor of a single kernel: the empty kernel timed by the row's own run.
 ONE_KERNEL = "one empty kernel, graph-replayed"
 
 
@@ -266,8 +267,15 @@ def launch_floor_blur(root: Path = BENCH_RESULTS) -> float | None:
 
 
 def _floor_empty_ms(data: dict[str, Any]) -> float | None:
-    """The empty kernel a latency floor counts: the card's smallest (set by :func:`scoreboard`), else the run's."""
-    return data.get("card_empty_kernel_ms", empty_kernel_ms(data))
+    """The empty kernel a latency floor counts: the run's own (the run that timed the row, as its byte floor uses
+    that run's copy bandwidth), else, where that run timed none, the card's smallest (set by :func:`scoreboard`;
+    the row is then marked, :data:`BORROWED_MARK`)."""
+    own = empty_kernel_ms(data)
+    return own if own is not None else data.get("card_empty_kernel_ms")
+
+
+#: The mark on a latency floor priced at the card's fastest empty kernel because the row's own run timed none.
+BORROWED_MARK = "†"
 
 
 def _one_kernel(data: dict[str, Any]) -> tuple[float | None, str]:
@@ -293,7 +301,8 @@ def _masked_lm_head(data):
     plan = one(data, "step13", **MASKED_HEAD_CASE)
     latency, what = _one_kernel(data)
     copy = one(data.get("tails_run") or {"measurements": []}, BITMASK_COPY, **MASKED_HEAD_CASE)
-    floor = bitmask_chain_ms(data.get("tails_run"), _floor_empty_ms(data))
+    # the own-work yardstick's launches at the card's fastest empty kernel, as chapter 02's page prices them
+    floor = bitmask_chain_ms(data.get("tails_run"), data.get("card_empty_kernel_ms", empty_kernel_ms(data)))
     if plan is not None:
         # the card's floors are those of any call (its bytes, one launch); the step's own design, a copy from host
         # memory then two dependent kernels, sets a tighter bound, given beside them, not in their place
@@ -1057,7 +1066,10 @@ def entry_rows(entry: Entry, root: Path = BENCH_RESULTS) -> list[dict[str, Any]]
             continue
         for i, row in enumerate(measured if isinstance(measured, list) else [measured]):
             row = base | {"date": data["date"][:10], "lead": i == 0, "run_date": data["date"],
-                          "run_code": data.get("git_commit"), "empty_kernel_ms": empty_kernel_ms(data)} | row
+                          "run_code": data.get("git_commit"), "empty_kernel_ms": empty_kernel_ms(data),
+                          # no empty kernel in the row's own run: its latency floor is the card's fastest, marked
+                          "latency_borrowed": empty_kernel_ms(data) is None
+                          and data.get("card_empty_kernel_ms") is not None} | row
             out.append(row)
     return out
 
@@ -1298,7 +1310,8 @@ def _kernel_label(r: dict[str, Any]) -> str:
 LOOP_BOUND_NOTE = ("Chapters 07 and 08 time a whole decode loop: their floors count the forward passes and kernels of "
                    "our own loop, so they are our loop's bounds, not the card's floors (a loop with fewer forwards or "
                    "kernels has lower ones), and their ratio says how close the loop runs to its own bound, not how "
-                   "much a better loop could gain.")
+                   "much a better loop could gain. The measured time per token includes the prompt's prefill, "
+                   "amortised over the answer; the bound does not.")
 
 
 #: Rivals whose full name would fill a cell: (the full name's start, the name in the cell). The cell's name says
@@ -1348,7 +1361,8 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
             kind = (floor_kind(r, short=True).replace("byte floor", "byte bound")
                     .replace("latency floor", "kernel-count bound"))
             return f"{_floor(r['binding_floor_ms'])}, our loop's {kind}", f"**{times:.1f}×**"
-        return f"{_floor(r['binding_floor_ms'])}, {floor_kind(r, short=True)}", f"**{times:.1f}×**"
+        mark = BORROWED_MARK if r["binding"] == "latency" and r.get("latency_borrowed") else ""
+        return f"{_floor(r['binding_floor_ms'])}{mark}, {floor_kind(r, short=True)}", f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
         return f"latency floor, {NOT_MEASURED} on this card", "–"
     return NOT_MEASURED, NOT_MEASURED
@@ -1534,13 +1548,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             tail_cells.append((r, {"p99": p99}))
         binding, pct = _floor_cells(r)
         bound, over_bound = _bound_cells(r)
-        own_empty = r.get("empty_kernel_ms")
-        if (r["binding"] == "latency" and r["latency_what"] == ONE_KERNEL and own_empty and pct != "–"
-                and f"{own_empty * 1e3:.2f}" != f"{r['latency_floor_ms'] * 1e3:.2f}"):
-            # the floor is the card's fastest empty kernel, from another run: this run's own, in the notes (one
-            # yardstick a cell; the call's own work has a column of its own)
-            note(r, f"against its own run's empty kernel ({_floor(own_empty)} µs) rather than the card's fastest, "
-                    f"our median is {r['median_ms'] / own_empty:.1f}×")
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
             alone = next((b for b in board if b["number"] == r["number"] and b["card"] == r["card"]
                           and b is not r and b.get("pct_of_floor") is not None), None)
@@ -1575,6 +1582,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             return f"**{text}**" if r["binding"] == kind else text  # the floor that binds, in bold
 
         latency = "–" if r["no_pct_why"] else mark("latency", r["latency_floor_ms"], f"{NOT_MEASURED} on this card")
+        if r.get("latency_borrowed") and r["latency_floor_ms"] is not None and latency != "–":
+            latency += BORROWED_MARK
         if r.get("forward_bound_ms") is not None:  # chapter 08: both of its loop's chain bounds, the larger in bold
             latency = (f"{mark('forward', r['forward_bound_ms'], NOT_MEASURED)} (forward-time bound, the one that "
                        f"binds); {latency} (kernel-count bound)")
@@ -1652,7 +1661,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     # one floor column, the card's: a call's own-work yardstick is in its chapter's notes
     common = [("kernel", "final kernel"), ("median", "median [slowest repetition], µs"),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
-              ("binding", "floor, the card's or a chain's (µs)"), ("pct", "× floor"), ("over_bound", "× its own work")]
+              ("binding", "floor, the card's or a chain's (µs)"), ("pct", "× floor")]
     lead_columns = common if one_card else [("card", "card")] + common
     for r, c in first_rows:  # the lead table's chapter cell names the shape: the kernel cell does not repeat it
         kernel, _, shape = c["kernel"].partition("; ")
@@ -1667,9 +1676,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                     "projection, GemLite fails the check on the H200" if why else ""), every_card=True)
     on = f", all measured on the {LEAD_CARD}" if one_card else ""
     under_lead.append("A floor's kind: bytes moved, useful work (compute) or a chain of dependent work (latency; for a "
-                      "one-launch kernel, one empty kernel's time, which [How we measure]"
-                      f"({link('how_we_measure.md')}#ceilings-and-floors) gives for each card); each chapter's notes "
-                      "say what its chain is.")
+                      "one-launch kernel, one empty kernel's time in the run that timed the row, as [How we measure]"
+                      f"({link('how_we_measure.md')}#ceilings-and-floors) says); each chapter's notes say what its "
+                      "chain is.")
     flash = {}  # chapter 06's rival as each card ran it: its fastest back end and page size there
     for r in board:
         m = re.match(r"FlashInfer \((\w+), page (\d+)\)", r.get("rival") or "")
@@ -1683,23 +1692,27 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     under_lead += [u for u in part_one_words if any(r.get("part_notebook") and short_card(r["card"]) in u
                                                     for r, _ in first_rows)]
     under += [u for u in part_one_words if u not in under_lead]
-    blur = launch_floor_blur(root)
-    caveat = ([f"Where one launch sets the card's floor, a × floor below about {blur:.1f}× cannot be told from "
-               "the floor: the empty kernel it counts moves that much from run to run ([How we measure]"
-               f"({link('how_we_measure.md')}#clocks-and-state))."] if blur else [])
-    # said under the table only where a row needs it (a launch-bound row that close to its floor), else in the notes
-    if caveat and not any(r["binding"] == "latency" and r["latency_what"] == ONE_KERNEL
-                          and r.get("pct_of_floor") and 100 / r["pct_of_floor"] < blur for r, _ in first_rows):
-        under_lead += caveat
-        caveat = []
+    # a row whose own run timed no empty kernel: its latency floor is the card's fastest, marked, said under its table
+    caveat = ([f"{BORROWED_MARK} The run that timed this row timed no empty kernel: its latency floor is the card's "
+               "fastest of its other runs."] if any(r.get("latency_borrowed") and r["binding"] == "latency"
+                                                     for r, _ in first_rows) else [])
     rule = ("Each row is at the chapter's headline case; where the answer is a range over shapes (chapter 05), at the "
             "shape of our least lead among those where the rival passes our check. The floor is the card's (bytes, "
             "compute or one launch) or, for chapter 04, the chain of dependent frames its recursion cannot shorten.")
     rule += ngram_row_words(root)
+    own_work = []  # each lead row's own-work yardstick (not a limit), named, in one line under the table
+    for r, c in first_rows:
+        if r.get("design_bound_ms") is None or c.get("over_bound", "–") == "–":
+            continue
+        what = ("the bitmask copy from host plus two launches" if r["number"] == 2 else "a read of its weights alone")
+        part = (" part 1" if r.get("part_notebook") else " part 2") if r["number"] == 5 else ""
+        own_work.append(f"chapter {r['number']:02d}{part}: {c['over_bound']} {what} "
+                        f"({_floor(r['design_bound_ms'])} µs)")
+    own_line = (["Our median over the work the call itself must do (a yardstick, not a limit): "
+                 + "; ".join(own_work) + "."] if own_work else [])
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
-                  first_rows, lead_columns, [rule] + caveat)
-    if under_lead:
-        times += [""] + fold("Notes", [f"- {u}" for u in under_lead])
+                  first_rows, lead_columns, [rule] + own_line + caveat)
+    notes_at = len(times)  # the one Notes fold, general notes then each chapter's, goes here once they are all said
     if loops:
         # their rows race our own earlier loop, not a rival: the column says baseline
         loop_columns = [(k, h.replace("floor, the card's or a chain's (µs)", "our loop's bound that binds (µs)")
@@ -1708,6 +1721,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                         for k, h in common if k not in ("bound", "over_bound")]
         times += [""] + table(f"**Decode loops: against our loop's own bound{on}**", loops,
                               loop_columns if one_card else [("card", "card")] + loop_columns, [LOOP_BOUND_NOTE])
+    if rest and any(r.get("latency_borrowed") and r["binding"] == "latency" for r, _ in rest):
+        under.append(f"{BORROWED_MARK} The run that timed this row timed no empty kernel: its latency floor is the "
+                     "card's fastest of its other runs.")
     if rest:
         times += [""] + fold("The headline cases on both cards, H100 and H200",
                              table("", rest, [("card", "card")] + common, under)[2:])
@@ -1751,10 +1767,12 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         key = (r["number"], bool(r.get("part_notebook")))  # chapter 05's two parts, each linked once
         floor_lines.append(f"| {again(r) if key in named else chapter_link(r)}{rest_cells}")
         named.add(key)
+    if any(BORROWED_MARK in cells_ for _, cells_ in floors):
+        floor_lines += ["", f"{BORROWED_MARK} The run that timed this row timed no empty kernel: its latency floor is "
+                            "the card's fastest of its other runs."]
     floor_lines = fold("Each row's three floors (the one that binds, the largest, in bold)", floor_lines)
 
-    definitions: list[str] = []
-    out_folds = []
+    chapter_notes: list[str] = []
     for entry in ENTRIES:
         said = notes.get(entry.number)
         if not said:
@@ -1767,9 +1785,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             every_card = None in where or sorted(where) == sorted(everyone) or len(everyone) < 2
             label = " and ".join(kernels) + ("" if every_card else f" ({' and '.join(short_card(c) for c in where)})")
             items.append((label, _sentence(text)))
-        title = f"Chapter {entry.number:02d}, {entry.title}: notes"
+        title = f"Chapter {entry.number:02d}, {entry.title}"
         if len({label for label, _ in items}) == 1:  # every note is on one row: named once, in the title
-            title += f" on {items[0][0]}"
+            title += f", {items[0][0]}"
             items = [("", text) for _, text in items]
         else:  # a row's notes in one item under its name, in the table's order
             merged: dict[str, list[str]] = {}
@@ -1779,17 +1797,12 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             items = [(label, " ".join(merged[label])) for label in sorted(
                 order, key=lambda lb: (0 if lb.endswith(f"({LEAD_CARD})") else 2 if lb.endswith(")") and
                                        re.search(r"\((H\d+)\)$", lb) else 1, order.index(lb)))]
-        if folds == "dropdown":
-            out_folds += ([f":::{{dropdown}} {title}"] + [f"- **{label}**: {text}" if label else f"- {text}"
-                                                         for label, text in items] + [":::", ""])
-        else:
-            out_folds.append(f"<details><summary>{escape(title, quote=False)}</summary><ul>"
-                             + "".join(f"<li><b>{escape(label, quote=False)}</b>: {escape(text, quote=False)}</li>"
-                                       if label else f"<li>{escape(text, quote=False)}</li>" for label, text in items)
-                             + "</ul></details>")
-            out_folds.append("")
-    return "\n".join(times + [""] + floor_lines + [""] + [d + "  " for d in definitions] + [""]
-                     + out_folds).rstrip() + "\n"
+        chapter_notes += ["", f"**{title}**", ""] + [f"- **{label}**: {text}" if label else f"- {text}"
+                                                       for label, text in items]
+    body = [f"- {u}" for u in under_lead] + chapter_notes
+    if body:
+        times[notes_at:notes_at] = [""] + fold("Notes", body)
+    return "\n".join(times + [""] + floor_lines).rstrip() + "\n"
 
 
 __all__ = ["BITMASK_CHAIN_KERNELS", "on_page", "ENTRIES", "Entry", "bitmask_chain_ms", "LEAD_CARD", "LOOP_NO_TAIL", "NOT_MEASURED", "PART_ONE_CASE", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
