@@ -861,8 +861,8 @@ def test_the_eager_head_says_step_13_was_not_tried_and_each_configuration_has_on
     assert "step 13 is not used: it starts from a packed bitmask" in page
     assert "as 3a does" in page and "graph_bound['smollm2']" in page  # what a graph could buy, at most
     assert "The 3a bars" not in page and "chain_note" not in page
-    chain = next(t for t in text if "lesson.step03_chain_ratio_table(changes)" in t)
-    fold = chain[chain.index(":::{{dropdown}}"):]
+    fold = next(t for t in text if "chain_table(lesson.step03_chain_rows(changes)" in t)  # 3c's cell, the chain's last
+    fold = fold[fold.index(":::{{dropdown}}"):]
     assert "chain_table(lesson.step03_chain_rows(changes)" in fold and "gap_words(" in fold
     table = lesson.step03_chain_ratio_table(lesson.step03_chain_run())
     assert "µs" not in table and "0.99× (tie)" in table  # 3a at the 8B shape: the course's tie rule
@@ -944,9 +944,12 @@ def test_the_steps_table_leads_with_the_real_model_and_folds_the_cost_models():
     head = table.splitlines()[0]
     assert "SmolLM2-135M (13 requests): µs per token | × previous | forwards per token |" in head
     rows = _table_rows(table)
-    assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "step 3: the masked head"]
+    assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "3a: allowed sets precomputed",
+                                    "step 3: the masked head"]
     assert all(len(r) == 5 for r in rows)
-    real = lesson.real_steps_rows(results, 1)
+    real = lesson.real_steps_rows_3a(results, 1)
+    three = lesson.real_steps_rows(results, 1)
+    assert [three[0], three[1]] == real[:2] and three[2]["us"] == real[3]["us"]
     case = {(r["model"], r["batch"]): r for r in lesson.result_rows(results)}[("smollm2", 1)]
     assert [r[2] for r in rows] == [f"{x['us']:,.0f}" for x in real]
     assert [r[4] for r in rows] == [f"{x['forwards']:.2f}" for x in real]
@@ -1057,8 +1060,8 @@ def test_step_3c_says_what_sampling_needs_and_the_real_models_forecasts_sit_in_o
     two forecasts (Amdahl's, chunk-length's) are tied together in one sentence in the forecasts' fold, each read from
     the results: why the Amdahl forecast sits far above. Step 2's comparison with the cost models' forwards is folded."""
     text = _page_cells()
-    chain = " ".join(next(t for t in text if "lesson.step03_chain_ratio_table(changes)" in t).split())
-    assert "Decoding here is greedy" in chain and "Gumbel noise" in chain and "top-k or top-p" in chain
+    three_c = " ".join(next(t for t in text if "The sampler picks the greedy token" in t).split())  # 3c's section
+    assert "Decoding here is greedy" in three_c and "Gumbel noise" in three_c and "top-k or top-p" in three_c
     step2 = next(t for t in text if "real2[1]['x_previous']" in t)
     at = step2.index(":::{{dropdown}}")
     assert "n['dec_real_forecast_b1']" in step2[:at] and "n['dec_fwd_bound']" in step2[at:]
@@ -1123,9 +1126,11 @@ def test_the_answer_and_the_steps_table_say_what_pays_in_step_3_on_the_real_mode
     results = lesson.committed()
     parts = lesson.real_step03_parts(results)
     assert f"{parts['x_3bc']:.2f}×" == "0.97×" and parts["x_3a"] > 1.03
-    row = _table_rows(lesson.real_steps_table(results, 1))[2]
-    assert f"3a, the automaton's allowed sets as the mask: {parts['x_3a']:.2f}×" in row[1]
-    assert f"3b and 3c: {parts['x_3bc']:.2f}× (tie" in row[1]
+    rows = _table_rows(lesson.real_steps_table(results, 1))
+    assert rows[2][0] == "3a: allowed sets precomputed" and "host work" in rows[2][1]
+    assert rows[2][3] == f"{parts['x_3a']:.2f}×"
+    assert rows[3][3] == f"{parts['x_3bc']:.2f}× (tie)" and "kept for the 8B cost model's gain" in rows[3][1]
+    assert "(3b, 3c)" in rows[3][1]
     text = _page_cells()
     answer = next(t for t in text if "**The answer:" in t)
     for key in ("rp['x_3a']", "rp['x_3bc']", "head8", "lesson.real_step03_parts(shown)"):

@@ -676,28 +676,97 @@ def _ch01_real_saved() -> float | None:
     return passes_saved(fsm_peers_real(), "ours/tokens")
 
 
-def real_steps_table(results, batch: int = 1) -> str:
-    """:func:`real_steps_rows` as the page's open steps table (Markdown): the real model leads, one row per step,
-    its time, its ratio to the previous row ("(tie)" from 0.97× to 1.03× as printed, the course's tie rule) and
-    its forwards per output token (the median of the requests'), in place of a byte floor: its step is mostly host
-    work and launches. The cost models' columns follow in a fold (:func:`steps_table`)."""
+#: The real model's steps table row for step 3's first change, timed on its own by the chapter's benchmark.
+STEP_3A = ("3a: allowed sets precomputed", "the automaton's allowed sets, built once per grammar, as the mask "
+           "instead of xgrammar's matcher (host work; head and sampler unchanged)")
+
+
+def real_steps_rows_3a(results, batch: int = 1) -> list[dict]:
+    """:func:`real_steps_rows` with 3a (``automaton_mask``, the allowed sets precomputed) between step 2 and step 3,
+    each row's ``x_previous`` over the row above it (step 3's is then over 3a: chapter 02's head and argmax, 3b
+    with 3c); without 3a's rows, :func:`real_steps_rows` as it is."""
     reals = real_steps_rows(results, batch)
+    real = _real_rows(results, batch)
+    a = [report.rows_of(results.rows, model=REAL, batch=batch, config="automaton_mask", schema=name)
+         for name, *_ in real]
+    if len(reals) < 3 or not all(a):
+        return reals
+    ms = _median(x[0]["ms"] for x in a)
+    mid = {"label": STEP_3A[0], "us": ms * 1e3, "x_previous": reals[1]["us"] / (ms * 1e3),
+           "forwards": _median(x[0]["forwards"] / max(x[0]["tokens"], 1) for x in a)}
+    last = dict(reals[2], x_previous=ms * 1e3 / reals[2]["us"])
+    return [reals[0], reals[1], mid, last]
+
+
+def real_steps_table(results, batch: int = 1) -> str:
+    """:func:`real_steps_rows_3a` as the page's open steps table (Markdown): the real model leads, one row per step
+    and 3a its own row, its time, its ratio to the previous row ("(tie)" from 0.97× to 1.03× as printed, the
+    course's tie rule) and its forwards per output token (the median of the requests'), in place of a byte floor.
+    The cost models' columns follow in a fold (:func:`steps_table`)."""
+    reals = real_steps_rows_3a(results, batch)
     if not reals:
         return f"({PENDING}: this file holds no real-model requests)"
     lines = [f"| step | what changes | SmolLM2-135M ({len(_real_rows(results, batch))} requests): µs per token | "
              "× previous | forwards per token |", "|---|---|---|---|---|"]
-    parts = real_step03_parts(results, batch)
-    changes = dict(STEP_CHANGES)
-    if parts is not None:  # what pays in step 3 on the real model: 3a, or the head and argmax (3b with 3c)
-        changes["masked_head"] = (
-            f"3a, the automaton's allowed sets as the mask: {parts['x_3a']:.2f}×{' (tie)' if is_tie(parts['x_3a']) else ''}; "
-            f"chapter 02's masked head and argmax, 3b and 3c: {parts['x_3bc']:.2f}×"
-            + (" (tie; kept for the 8B cost model's gain, step 3's section)" if is_tie(parts["x_3bc"])
-               else " (step 3's section)"))
-    for config, x in zip(STEP_CONFIGS, reals):
+    changes = [STEP_CHANGES[c] for c in STEP_CONFIGS]
+    if len(reals) == 4:
+        last = reals[3]["x_previous"]
+        changes[2:] = [STEP_3A[1], "chapter 02's masked head and the argmax over the allowed ids (3b, 3c)"
+                       + (", kept for the 8B cost model's gain (step 3's section)" if is_tie(last) else "")]
+    for change, x in zip(changes, reals):
         ratio = "–" if x["x_previous"] is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x["x_previous"], 1.0)
-        lines.append(f"| {x['label']} | {changes[config]} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |")
+        lines.append(f"| {x['label']} | {change} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |")
     return "\n".join(lines)
+
+
+def real_body(results) -> dict | None:
+    """What SmolLM2's body is, at batch 1: one token's forward on the GPU clock, graph replay (``us``, the
+    benchmark's ``body`` row), the kernels a forward launches (``kernels``, counted by chapter 08's run, its
+    scoreboard row) and, on the requests chapter 08 times again with this chapter's step 1 (its low-copy ones), the
+    share of step 1's time that is each request's prefill (``prefill_share``, pooled over ``prefill_requests``)."""
+    from book.speculate import lesson as spec
+
+    one = next((r["ms"] for r in results.rows if r["series"] == "body" and r["params"].get("model") == REAL
+                and r["params"].get("batch") == 1 and r["params"].get("chunk") == 1), None)
+    if one is None:
+        return None
+    count = spec.kernel_count_bound()
+    later = spec.committed()
+    rows = [r for r in report.rows_of(later.rows, batch=1, workload="low_copy") if r["series"] == "ch7_step01"] \
+        if later is not None else []
+    wall = sum(r["breakdown_ms_per_token"]["wall"] * r["tokens"] for r in rows)
+    return {"us": one * 1e3, "kernels": count["kernels"] if count else None,
+            "prefill_share": sum(r["first_step_ms"] for r in rows) / wall if wall else None,
+            "prefill_requests": len(rows)}
+
+
+def forced_table(results, batch: int = 1) -> str:
+    """Who counts the forwards exact token jumps save, and where (Markdown): chapter 01's real schemas and its suite
+    (its committed pass counts, cl100k), this chapter's cost models (the suite's JSON schemas, cl100k, steered) and
+    SmolLM2 (its own answers to the chapter's requests, in its vocabulary; with the share of its output tokens
+    forced)."""
+    from book.results import fsm_peers, fsm_peers_real, passes_saved
+
+    rows = []
+    real = fsm_peers_real()
+    if real is not None:
+        rows.append((f"chapter 01, {real['schemas']} real schemas (random walks)", "cl100k",
+                     f"{passes_saved(real, 'ours/tokens'):.1%}"))
+    suite = fsm_peers()
+    if suite is not None:
+        rows.append(("chapter 01, its suite (one document a schema)", "cl100k",
+                     f"{passes_saved(suite, 'ours/tokens'):.1%}"))
+    base, jump = forwards_per_token(results, "baseline"), forwards_per_token(results, "jump_forward")
+    if base and jump:
+        rows.append(("this chapter's cost models (the suite's JSON schemas, steered)", "cl100k",
+                     f"{1 - jump / base:.1%}"))
+    rf = real_forced(results, batch)
+    if rf is not None:
+        rows.append((f"SmolLM2-135M, its own answers to {rf['requests']} requests", "SmolLM2's",
+                     f"{rf['saved'] / rf['forwards_step1']:.0%} ({rf['jumped'] / rf['tokens']:.0%} of its output "
+                     "tokens forced, and the pass on EOS)"))
+    lines = ["| counted on | vocabulary | forwards exact token jumps save |", "|---|---|---|"]
+    return "\n".join(lines + [f"| {a} | {b} | {c} |" for a, b, c in rows])
 
 
 def real_step03_parts(results, batch: int = 1) -> dict | None:
