@@ -26,7 +26,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE", "OPEN_CASES", "TABLE_CASES",
            "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "path_words", "rival_ratios",
-           "DIFF_CONTEXT", "step_diff",
+           "DIFF_CONTEXT", "SEARCH_DIFFS", "step_diff",
            "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "TIE", "ratio_cell",
            "launch_bound", "kept_note", "STEPS_CASES", "the_steps_table", "case_words", "step_table",
            "real_text_table", "summary_table", "target_verdicts", "BUDGET_EXAMPLE", "budget_example",
@@ -644,7 +644,7 @@ def _case_head(cfg: tuple[int, int, int]) -> str:
 
 def the_steps_table(results, cases=STEPS_CASES) -> str:
     """Markdown, the page's one table of steps: a row per step (1 to 12) and its one change (:data:`SHORT_CHANGES`,
-    with why a step that pays at no case of ``cases`` is kept, :func:`kept_note`), then the entry point and the floor;
+    with why a step that pays at no case of ``cases`` is kept, at the last, :func:`kept_note`), then the entry point and the floor;
     per case of ``cases`` one cell, the time in µs on the GPU clock and in brackets its "× previous" (over the step it
     builds on, :func:`builds_on`, named where it is not the row above; a tie says so, :func:`ratio_cell`). Step 1 runs
     on the host end to end (the footnote gives its times, no row is divided by it); a step the file does not time at
@@ -655,7 +655,7 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
     for n in range(1, 13):
         series = CHAPTER.step(n).series
         pays = n > 2 and any(f is not None and round(f, 2) > TIE[1] for f in step_factors(results, n, cases))
-        kept = kept_note(results, n, cases[0]) if n > 2 and not pays else ""  # no case of the table pays: say why
+        kept = kept_note(results, n, cases[-1]) if n > 2 and not pays else ""  # no case of the table pays: say why
         cells = [str(n), SHORT_CHANGES[n] + (f" ({kept})" if kept else "")]
         for cfg in cases:
             row = grid_row(results, series, cfg)
@@ -700,8 +700,19 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
 DIFF_CONTEXT = 1
 
 
+#: Diffs read from other kernels than the two steps' own functions: step 5's search replaces step 3's, which step 4
+#: keeps (step 4's own function is phase 2): (old, new) -> ((file, kernel) before, after).
+SEARCH_DIFFS = {(4, 5): (("ngram_two_phase.cu", "ngram_search_per_n"), ("ngram_one_pass.cu", "ngram_search_one_pass"))}
+
+
 def step_diff(old: int, new: int):
-    """The diff from step ``old`` to step ``new`` as the page shows it: :data:`DIFF_CONTEXT` lines of context."""
+    """The diff from step ``old`` to step ``new`` as the page shows it: :data:`DIFF_CONTEXT` lines of context; from
+    step 4 to step 5, the search kernels' (:data:`SEARCH_DIFFS`)."""
+    if (old, new) in SEARCH_DIFFS:
+        from studylog.source import show_diff
+
+        (old_file, old_kernel), (new_file, new_kernel) = SEARCH_DIFFS[old, new]
+        return show_diff(old_file, new_file, old_function=old_kernel, new_function=new_kernel, context=DIFF_CONTEXT)
     return CHAPTER.show_diff(old, new, context=DIFF_CONTEXT)
 
 
