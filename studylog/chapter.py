@@ -7,7 +7,6 @@ the lesson's order, its benchmark (``bench(run)``) and headline (``headline(resu
 from __future__ import annotations
 
 import importlib
-import inspect
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -27,9 +26,7 @@ class Step:
     title: str
     language: str
     function: Callable[..., Any] | None = None
-    #: what show_source/show_diff read: a Triton/Python function, a .cu file's path, or a function of no arguments
-    #: that returns the text, called when a page shows it (:attr:`shown`)
-    source: Any = None
+    source: Any = None  # what show_source/show_diff read: a Triton/Python function, or a .cu file's path
     source_function: str | None = None  # with a .cu source: the one kernel (or function) of it that this step is
 
     def __post_init__(self):
@@ -39,14 +36,6 @@ class Step:
             raise ValueError(f"a step's slug must be lower-case letters, digits and '_', got {self.slug!r}")
         if self.language not in LANGUAGES:
             raise ValueError(f"a step's language must be one of {LANGUAGES}, got {self.language!r}")
-
-    @property
-    def shown(self) -> Any:
-        """What a page shows of the step: :attr:`source`, a function of no arguments called for its text."""
-        src = self.source
-        if inspect.isfunction(src) and not inspect.signature(src).parameters:
-            return src()
-        return src
 
     @property
     def name(self) -> str:
@@ -107,14 +96,14 @@ class Chapter:
         from studylog import source
 
         s = self.step(key)
-        return source.show_source(s.shown, s.source_function, title=title or s.label)
+        return source.show_source(s.source, s.source_function, title=title or s.label)
 
     def show_diff(self, old: int | str, new: int | str, *, context: int = 3) -> "Diff":
         """The diff from one step's source to another's: the lesson of the step."""
         from studylog import source
 
         a, b = self.step(old), self.step(new)
-        return source.show_diff(a.shown, b.shown, old_function=a.source_function,
+        return source.show_diff(a.source, b.source, old_function=a.source_function,
                                 new_function=b.source_function, context=context, names=(a.name, b.name))
 
 

@@ -60,8 +60,6 @@ def test_lookup_by_number_name_and_series():
         Chapter("demo", 9, "Demo", (), (s, Step(8, "mma", "MMA", "cuda")))
     with pytest.raises(ValueError, match="the same"):
         Chapter("demo", 9, "Demo", (), (s, s))
-    built = Step(7, "built", "a source built when shown", "cuda", source=lambda: "int built;\n")
-    assert built.shown == "int built;\n" and s.shown is None
     with pytest.raises(ValueError, match="slug"):
         Step(1, "Bad Name", "x", "cuda")
     with pytest.raises(ValueError, match="language"):

@@ -1005,7 +1005,7 @@ def core_diff(step: int):
 
     old, (a0, a1), (b0, b1) = CORE_REGIONS[step]
     text = lambda number: without_instrumentation(  # noqa: E731
-        source.source_of(_STEPS[number - 1].shown, _STEPS[number - 1].source_function)[0])
+        source.source_of(_STEPS[number - 1].source, _STEPS[number - 1].source_function)[0])
     import textwrap
 
     return source.show_diff(wrapped(textwrap.dedent(_region(text(old), a0, a1)), 110),
@@ -1112,7 +1112,7 @@ def kernel_diff(old: int, new: int):
     and passes its knobs): the change the step makes, as the page shows it."""
     from studylog import source
 
-    texts = [source.source_of(s.shown, s.source_function)[0].split("\n# its launch:")[0]
+    texts = [source.source_of(s.source, s.source_function)[0].split("\n# its launch:")[0]
              for s in (STEPS[old - 1], STEPS[new - 1])]
     return source.show_diff(*texts, names=(STEPS[old - 1].name, STEPS[new - 1].name))
 
@@ -1127,7 +1127,7 @@ def triton_core(step: int, old: Optional[int] = None):
     texts = []
     for number, (start, stop) in zip((old, step), regions):
         s = STEPS[number - 1]
-        texts.append(_region(source.source_of(s.shown, s.source_function)[0], start, stop))
+        texts.append(_region(source.source_of(s.source, s.source_function)[0], start, stop))
     return source.show_diff(*texts, names=(STEPS[old - 1].name, f"{STEPS[step - 1].name} (the core)"))
 
 

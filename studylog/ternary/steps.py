@@ -16,6 +16,7 @@ from studylog.ternary import w2a8 as W
 from studylog.ternary.cuda_steps import (step15_cuda_mma, step16_split_k, step17_x_smem, step18_tma_ring,
                                          step19_shared_k, step20_tile_copies, step21_magic_reg)
 from studylog.ternary.formats import PackedTernary, Scale
+from studylog.ternary.sources import cuda_step_source, triton_step_source
 from studylog.ternary.triton_mma import step14_workspace
 from studylog.ternary.triton_steps import step05_gemv, step06_dot, step07_base3_gemv, step08_base3_dot
 
@@ -39,14 +40,21 @@ def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.
     return (step05_gemv if one_row else step06_dot)(x, w, scale, out=out)
 
 
-def _shown(builder: str, *args):
-    """Steps 10 to 25 share their kernels with their neighbours: what a page shows of one (the kernel with its
-    knobs' branches taken, then its launch) is built when shown, by ``book/ternary/sources.py``."""
-    def text() -> str:
-        from book.ternary import sources
+_MMA_CU, _BULK_CU, _W2A8_CU = "ternary_mma.cu", "ternary_bulk.cu", "ternary_w2a8.cu"
 
-        return getattr(sources, builder)(*args)
-    return text
+
+def _pair(knobs: dict, launch) -> str:  # steps 11 to 13
+    return triton_step_source((TM.pair_dot_kernel, TM.pair_step), knobs, launch)
+
+
+def _mma(x_smem: bool, launch) -> str:  # steps 15 to 17
+    return cuda_step_source(_MMA_CU, "cuda_mma_kernel", {"X_SMEM": x_smem}, launch,
+                            helpers=() if x_smem else ("load_x_group_global",))
+
+
+def _ring(warp_copies: bool, magic_reg: bool, launch) -> str:  # steps 18 to 21
+    return cuda_step_source(_BULK_CU, "tma_kernel", {"WARP_COPIES": warp_copies, "MAGIC_REG": magic_reg}, launch,
+                            helpers=("fill_per_warp",) if warp_copies else ())
 
 
 STEPS = (
@@ -64,37 +72,36 @@ STEPS = (
     Step(9, "w2a8_dot", "int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores", "triton",
          TM.step09_w2a8_dot, TM.step09_w2a8_dot_kernel),
     Step(10, "dot_configs", "step 6's tl.dot at configs made for the tensor cores", "triton", TM.step10_dot_configs,
-         _shown("triton_step_source", (TS.step06_dot_kernel,), {}, TM.step10_dot_configs)),
+         triton_step_source((TS.step06_dot_kernel,), {}, TM.step10_dot_configs)),
     Step(11, "pair_decode", "two weights an AND and a packed FMA, on the 2bit layout", "triton",
-         TM.step11_pair_decode, _shown("pair", {"NO_MASK": False, "MMA_LAYOUT": False}, TM.step11_pair_decode)),
+         TM.step11_pair_decode, _pair({"NO_MASK": False, "MMA_LAYOUT": False}, TM.step11_pair_decode)),
     Step(12, "unmasked", "no masks in the loop: rows clamped, x unmasked below K", "triton", TM.step12_unmasked,
-         _shown("pair", {"NO_MASK": True, "MMA_LAYOUT": False}, TM.step12_unmasked)),
+         _pair({"NO_MASK": True, "MMA_LAYOUT": False}, TM.step12_unmasked)),
     Step(13, "mma_layout", "the 2bit_mma layout: a word's two halves are K-neighbours", "triton", TM.step13_mma_layout,
-         _shown("pair", {"NO_MASK": True, "MMA_LAYOUT": True}, TM.step13_mma_layout)),
+         _pair({"NO_MASK": True, "MMA_LAYOUT": True}, TM.step13_mma_layout)),
     Step(14, "workspace", "split K through a zeroed workspace, no memset", "triton", step14_workspace,
-         _shown("triton_step_source", (TM.step14_workspace_kernel, TM.pair_step), {"MMA_LAYOUT": True},
-                step14_workspace)),
+         triton_step_source((TM.step14_workspace_kernel, TM.pair_step), {"MMA_LAYOUT": True}, step14_workspace)),
     Step(15, "cuda_mma", "the loop by hand in CUDA C++ on mma.sync, loads two groups ahead", "cuda",
-         step15_cuda_mma, _shown("mma", False, step15_cuda_mma)),
+         step15_cuda_mma, _mma(False, step15_cuda_mma)),
     Step(16, "split_k", "K split across blocks, the slices summed in a fixed order", "cuda", step16_split_k,
-         _shown("mma", False, step16_split_k)),
-    Step(17, "x_smem", "x copied once into shared memory", "cuda", step17_x_smem, _shown("mma", True, step17_x_smem)),
+         _mma(False, step16_split_k)),
+    Step(17, "x_smem", "x copied once into shared memory", "cuda", step17_x_smem, _mma(True, step17_x_smem)),
     Step(18, "tma_ring", "the weights brought by the copy engine (TMA) into a ring, a producer warp", "cuda",
-         step18_tma_ring, _shown("ring", True, False, step18_tma_ring)),
+         step18_tma_ring, _ring(True, False, step18_tma_ring)),
     Step(19, "shared_k", "the warps of a block share its K, their sums meet in shared memory", "cuda",
-         step19_shared_k, _shown("ring", True, False, step19_shared_k)),
+         step19_shared_k, _ring(True, False, step19_shared_k)),
     Step(20, "tile_copies", "one copy a stage and tile, not one a warp", "cuda", step20_tile_copies,
-         _shown("ring", False, False, step20_tile_copies)),
+         _ring(False, False, step20_tile_copies)),
     Step(21, "magic_reg", "the decode's constant kept in a register", "cuda", step21_magic_reg,
-         _shown("ring", False, True, step21_magic_reg)),
+         _ring(False, True, step21_magic_reg)),
     Step(22, "w2a8", "W2A8 on the int8 tensor cores, x quantised by a kernel of its own", "cuda", W.step22_w2a8,
-         _shown("w2a8", "w2a8_kernel", {}, W.step22_w2a8)),
+         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, W.step22_w2a8)),
     Step(23, "w2a8_fused", "x quantised inside the matmul", "cuda", W.step23_w2a8_fused,
-         _shown("w2a8", "w2a8_kernel", {}, W.step23_w2a8_fused)),
+         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, W.step23_w2a8_fused)),
     Step(24, "w2a8_tiles", "several rows of x: one tile of weights a warp, a slice of K a block", "cuda",
-         W.step24_w2a8_tiles, _shown("w2a8", "w2a8_tiles_kernel", {"X_TMA": False}, W.step24_w2a8_tiles)),
+         W.step24_w2a8_tiles, cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": False}, W.step24_w2a8_tiles)),
     Step(25, "x_tma", "x brought by the copy engine (TMA)", "cuda", W.step25_x_tma,
-         _shown("w2a8", "w2a8_tiles_kernel", {"X_TMA": True}, W.step25_x_tma)),
+         cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": True}, W.step25_x_tma)),
 )
 
 #: Where the series live: step number -> its benchmark series.

@@ -1,7 +1,6 @@
 """What a page shows of a step whose kernel it shares with its neighbours (one CUDA C++ template, or one Triton
 kernel, whose compile-time knobs are the steps' changes): the kernel with each knob's branch taken, then the
-step's launch (its Python function). ``CHAPTER.show_diff(n - 1, n)`` then shows the one change of step n: the
-chapter's steps 10 to 25 name :func:`shown` as their source, which builds the text when a page shows it."""
+step's launch (its Python function). ``CHAPTER.show_diff(n - 1, n)`` then shows the one change of step n."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ import textwrap
 from typing import Any, Callable
 
 from studylog.source import resolve_constexpr, source_of
-
-_MMA_CU, _BULK_CU, _W2A8_CU = "ternary_mma.cu", "ternary_bulk.cu", "ternary_w2a8.cu"
 
 
 def _resolve_python(lines: list[str], knobs: dict[str, bool]) -> list[str]:
@@ -55,23 +52,3 @@ def triton_step_source(kernels: tuple[Any, ...], knobs: dict[str, bool], launch:
     """The text of a Triton step: ``kernels`` (its kernel and the helpers its knobs reach) at ``knobs``, its launch."""
     parts = ["\n".join(_resolve_python(source_of(k)[0].splitlines(), knobs)) for k in kernels]
     return "\n\n".join(parts + ["# its launch:\n" + textwrap.dedent(inspect.getsource(launch))])
-
-
-def pair(knobs: dict, launch) -> str:  # steps 11 to 13
-    from studylog.ternary import triton_mma as TM
-
-    return triton_step_source((TM.pair_dot_kernel, TM.pair_step), knobs, launch)
-
-
-def mma(x_smem: bool, launch) -> str:  # steps 15 to 17
-    return cuda_step_source(_MMA_CU, "cuda_mma_kernel", {"X_SMEM": x_smem}, launch,
-                            helpers=() if x_smem else ("load_x_group_global",))
-
-
-def ring(warp_copies: bool, magic_reg: bool, launch) -> str:  # steps 18 to 21
-    return cuda_step_source(_BULK_CU, "tma_kernel", {"WARP_COPIES": warp_copies, "MAGIC_REG": magic_reg}, launch,
-                            helpers=("fill_per_warp",) if warp_copies else ())
-
-
-def w2a8(kernel: str, knobs: dict, launch) -> str:  # steps 22 to 25
-    return cuda_step_source(_W2A8_CU, kernel, knobs, launch)
