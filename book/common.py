@@ -212,13 +212,13 @@ def without_docstrings(text: str) -> str:
 
 
 def latency_floor_ms(results) -> float:
-    """The card's latency floor, in ms: the smallest empty-kernel GPU time of any committed run on the card of
-    ``results`` (the scoreboard's, :func:`book.scoreboard.card_empty_kernel_ms`), else this run's (a run read from no
-    card's folder), else 0. One value a card, so every page gives a kernel the same floor."""
+    """The run's latency floor, in ms: the empty kernel's GPU time measured in the run of ``results``, as its byte
+    floors use that run's copy bandwidth (the scoreboard's rule); else the smallest of any committed run on its card
+    (:func:`book.scoreboard.card_empty_kernel_ms`: a run that timed no empty kernel), else 0."""
     from book.scoreboard import card_empty_kernel_ms, empty_kernel_ms
 
     card = card_empty_kernel_ms(results.path.parent) if getattr(results, "path", None) else None
-    return card or empty_kernel_ms(results.data) or 0.0
+    return empty_kernel_ms(results.data) or card or 0.0
 
 
 def floor_ms(results, nbytes: float) -> float:

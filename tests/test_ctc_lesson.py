@@ -368,14 +368,14 @@ def test_the_dispatch_rows_pick_by_the_rule_and_compare_with_the_fastest_step():
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():
-    """One floor a card on every page: the bytes at the run's copy bandwidth, or the card's fastest empty kernel (the
-    smallest of all its committed runs, as the scoreboard takes it) where that is larger."""
+    """One floor a run on every page: the bytes at the run's copy bandwidth, or the run's own empty kernel (as the
+    scoreboard takes it) where that is larger."""
     from book import scoreboard
     from studylog.ctc.report import dram_bytes
 
     for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
         results = plotting.load_results("ctc", gpu)
-        empty = scoreboard.card_empty_kernel_ms(results.path.parent)
+        empty = scoreboard.empty_kernel_ms(results.data)
         bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
         for A, N in ((28, 1), (5000, 256)):
             by_bytes = dram_bytes(lesson.BENCH_T, N, A) / bandwidth * 1e6

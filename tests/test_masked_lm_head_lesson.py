@@ -900,14 +900,14 @@ def test_the_committed_runs_say_how_they_replayed():
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():
-    """One floor a card on every page: the bytes at the run's copy bandwidth, or the card's fastest empty kernel (the
-    smallest of all its committed runs, as the scoreboard takes it) where that is larger; and the scoreboard's own
+    """One floor a run on every page: the bytes at the run's copy bandwidth, or the run's own empty kernel (as the
+    scoreboard takes it) where that is larger; and the scoreboard's own
     row for step 12's kernel alone gives the same number."""
     from book import scoreboard
 
     for f in plotting.result_files("masked_lm_head"):
         results = plotting.load_results("masked_lm_head", f.parent.name)
-        empty = scoreboard.card_empty_kernel_ms(results.path.parent)
+        empty = scoreboard.empty_kernel_ms(results.data)
         bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
         for batch, union in ((1, 1), (1, 1000), (64, 5000)):
             by_bytes = (union * mlh.HIDDEN * 2 + batch * mlh.VOCAB * 4) / bandwidth * 1e3

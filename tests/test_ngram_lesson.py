@@ -227,14 +227,14 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():
-    """One floor a card on every page: the active slots' haystack bytes at the run's copy bandwidth, or the card's
-    fastest empty kernel (the smallest of all its committed runs, as the scoreboard takes it) where that is larger."""
+    """One floor a run on every page: the active slots' haystack bytes at the run's copy bandwidth, or the run's
+    own empty kernel (as the scoreboard takes it) where that is larger."""
     from book import scoreboard
     from book.ngram.results import grid_configs
 
     for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
         results = load_results("ngram", gpu)
-        empty_us = scoreboard.card_empty_kernel_ms(results.path.parent) * 1e3
+        empty_us = scoreboard.empty_kernel_ms(results.data) * 1e3
         bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
         for cfg in grid_configs(results):
             row = lesson.grid_row(results, ngram.CHAPTER.step(1).series, cfg)
