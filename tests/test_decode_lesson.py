@@ -415,8 +415,15 @@ def test_the_steps_table_is_its_own_ratios(earlier):
     table = lesson.steps_table(earlier)
     assert table.startswith("| step | what changes | µs per token | × previous | "
                             "× floor (its forwards' weight bytes) |")
-    # step 3 bundles three changes (each in step03_changes_table): its row says so, not "the one change"
-    assert "three changes" in table.splitlines()[-1] and "one change" not in table
+    # 3a (the allowed sets precomputed, timed on its own) has its own row; step 3's row is 3b and 3c, over 3a
+    rows3a = lesson.steps_rows(earlier, "1b", 1, with_3a=True)
+    assert [r["label"] for r in rows3a] == ["step 1: the baseline loop", "step 2: jump forward",
+                                           "3a: allowed sets precomputed", "step 3: the masked head"]
+    assert [rows3a[i] for i in (0, 1)] == rows[:2] and rows3a[3]["us"] == pytest.approx(rows[2]["us"])
+    for a, b in zip(rows3a, rows3a[1:]):
+        assert b["x_previous"] == pytest.approx(a["us"] / b["us"])
+    assert "(3b, 3c)" in table.splitlines()[-1] and "one change" not in table
+    assert table.splitlines()[-2].startswith("| 3a: allowed sets precomputed | ")
     assert lesson.PENDING in lesson.steps_table(Results(earlier.path, {**earlier.data, "measurements": []}))
 
 
@@ -594,14 +601,23 @@ def _table_rows(table: str) -> list[list[str]]:
     return [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
 
 
-def test_the_steps_table_has_one_row_per_step_and_no_lettered_rows():
-    """The main table: the three steps, nothing else (step 3's changes have their own chain table)."""
+def test_the_steps_table_has_one_row_per_step_and_3a_its_own():
+    """The cost models' table: the three steps and 3a, timed on its own, its own row (as in the page's open table);
+    3b and 3c stay in step 3's row (they have their own chain table), and a tie says so."""
+    from book.common import is_tie
+
     for results in (lesson.committed(), lesson.earlier_run()):
         if results is None:
             continue
-        rows = _table_rows(lesson.steps_table(results, "1b", 1))
+        table = lesson.steps_table(results, "1b", 1, also="8b")
+        rows = _table_rows(table)
         # the reader's labels, "step N: short name", as the sections are titled: no library function names
-        assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "step 3: the masked head"]
+        assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward",
+                                        "3a: allowed sets precomputed", "step 3: the masked head"]
+        for m, col in (("1b", 3), ("8b", 6)):
+            for row, x in zip(rows[1:], lesson.steps_rows(results, m, 1, with_3a=True)[1:]):
+                assert row[col].startswith(f"{x['x_previous']:.2f}×")
+                assert row[col].endswith("(tie)") == is_tie(x["x_previous"])
         assert "`step0" not in lesson.steps_table(results, "1b", 1)
         assert not any(re.fullmatch(r"\d+[a-z]", r[0].strip("`")) for r in rows)
 
@@ -962,8 +978,10 @@ def test_the_steps_table_leads_with_the_real_model_and_folds_the_cost_models():
     assert "real2[1]['x_previous']" in step2 and "real2[0]['forwards']" in step2 and "real2[1]['forwards']" in step2
     costs = lesson.steps_table(results, "1b", 1, also="8b")
     assert costs.splitlines()[0].count("µs per token") == 2 and "8B cost model: µs per token" in costs
-    for row, want in zip(_table_rows(costs), lesson.steps_rows(results, "8b", 1)):
-        assert row[5] == f"{want['us']:,.0f}"
+    want = lesson.steps_rows(results, "8b", 1, with_3a=True)
+    assert len(_table_rows(costs)) == len(want) == 4
+    for row, x in zip(_table_rows(costs), want):
+        assert row[5] == f"{x['us']:,.0f}"
 
 
 def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening_says_which_number_to_take():

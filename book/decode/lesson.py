@@ -613,19 +613,29 @@ STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per tok
                 "masked_head": "chapter 02's masked head, in three changes, 3a to 3c (step 3's section)"}
 
 
-def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
+#: Step 3's other changes, in a table where 3a has its own row (:func:`real_steps_table`, :func:`steps_table`).
+STEP_3BC = "chapter 02's masked head and the argmax over the allowed ids (3b, 3c)"
+
+
+def steps_rows(results, model: str = "1b", batch: int = 1, with_3a: bool = False) -> list[dict]:
     """One row per step at ``model`` and ``batch`` (``label``: "step N: short name", the table's row label): the
     median over the JSON schemas of the time per output token (µs), its ratio to the previous row's (``x_previous``:
     the ratio of the table's own column), and its ratio to the step's floor (its forwards per output token, each
-    reading the body's weights, and the head's for a dense head, once at the run's copy bandwidth)."""
+    reading the body's weights, and the head's for a dense head, once at the run's copy bandwidth). ``with_3a``: 3a
+    (``automaton_mask``, the allowed sets precomputed; dense head) its own row between step 2 and step 3, where the
+    run timed it, step 3's ratio then over 3a."""
+    has_3a = with_3a and bool(_json_rows(results, "automaton_mask", model, batch))
+    configs = STEP_CONFIGS[:2] + ("automaton_mask",) + STEP_CONFIGS[2:] if has_3a else STEP_CONFIGS
+    labels = {**STEP_LABELS, "automaton_mask": STEP_3A[0]}
+    changes = {**STEP_CHANGES, "automaton_mask": STEP_3A[1]} | ({"masked_head": STEP_3BC} if has_3a else {})
     rows, prev = [], None
-    for config in STEP_CONFIGS:
+    for config in configs:
         ms = _median(r["ms"] for r in _json_rows(results, config, model, batch))
         if ms is None:
             continue
         fwd = forwards_per_token(results, config, model, batch)
         floor = fwd * _floor_ms(results, model, head=config != "masked_head")
-        rows.append({"step": report.series_label(config), "label": STEP_LABELS[config], "change": STEP_CHANGES[config],
+        rows.append({"step": report.series_label(config), "label": labels[config], "change": changes[config],
                      "us": ms * 1e3,
                      "x_previous": prev / ms if prev else None, "x_floor": ms / floor, "floor_us": floor * 1e3,
                      "forwards": fwd})
@@ -711,8 +721,8 @@ def real_steps_table(results, batch: int = 1) -> str:
     changes = [STEP_CHANGES[c] for c in STEP_CONFIGS]
     if len(reals) == 4:
         last = reals[3]["x_previous"]
-        changes[2:] = [STEP_3A[1], "chapter 02's masked head and the argmax over the allowed ids (3b, 3c)"
-                       + (", kept for the 8B cost model's gain (step 3's section)" if is_tie(last) else "")]
+        changes[2:] = [STEP_3A[1], STEP_3BC + (", kept for the 8B cost model's gain (step 3's section)"
+                                               if is_tie(last) else "")]
     for change, x in zip(changes, reals):
         ratio = "–" if x["x_previous"] is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x["x_previous"], 1.0)
         lines.append(f"| {x['label']} | {change} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |")
@@ -814,38 +824,30 @@ def outlines_coverage() -> tuple[int, int] | None:
     return s["compiled"], s["schemas"]
 
 
-def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None, real: bool = False) -> str:
-    """:func:`steps_rows` as the page's one steps table (Markdown): one row per step, no sub-rows (step 3's changes
-    have their own table, :func:`step03_chain_rows`). ``also``: a second model whose three columns follow, each
-    group headed by its shape (the page's headline shape beside the shape its steps are explained on). ``real``:
-    two more columns, the real model's (:func:`real_steps_rows`), without a byte floor: its step is mostly host
-    work and launches."""
+def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None) -> str:
+    """:func:`steps_rows` as the cost models' steps table (Markdown): one row per step, and 3a its own row where the
+    run timed it on every shape shown (3b and 3c, timed one at a time in :func:`step03_chain_rows`, stay in step
+    3's row). ``also``: a second model whose three columns follow, each group headed by its shape. "× previous" says
+    "(tie)" from 0.97× to 1.03× as printed (the course's tie rule)."""
     cols = "µs per token | × previous | × floor (its forwards' weight bytes)"
     shapes = [model] + ([also] if also else [])
-    rows = {m: steps_rows(results, m, batch) for m in shapes}
+    rows = {m: steps_rows(results, m, batch, with_3a=True) for m in shapes}
+    if len({len(r) for r in rows.values()}) > 1:  # 3a timed on one shape only: no 3a row
+        rows = {m: steps_rows(results, m, batch) for m in shapes}
     if also:
         head = " | ".join(f"{STEPS_TABLE_SHAPES.get(m, m)}: {cols}" for m in shapes)
     else:
         head = cols
-    reals = real_steps_rows(results, batch) if real else []
-    if reals:
-        head += f" | SmolLM2-135M ({len(_real_rows(results, batch))} requests): µs per token | × previous"
-    lines = [f"| step | what changes | {head} |",
-             "|---|---|" + "---|---|---|" * len(shapes) + ("---|---|" if reals else "")]
+    lines = [f"| step | what changes | {head} |", "|---|---|" + "---|---|---|" * len(shapes)]
     if not rows[model]:
         return f"({PENDING}: this file holds no decode series)"
     for i, r in enumerate(rows[model]):
         cells = [r["label"], r["change"]]
-        for x in [rows[m][i] if i < len(rows[m]) else None for m in shapes]:
-            if x is None:
-                cells += ["–", "–", "–"]
-                continue
-            cells += [f"{x['us']:,.0f}", "–" if x["x_previous"] is None else f"{x['x_previous']:.2f}×",
-                      f"{x['x_floor']:.2f}×"]
-        if reals:
-            x = reals[i] if i < len(reals) else None
-            cells += ["–", "–"] if x is None else [
-                f"{x['us']:,.0f}", "–" if x["x_previous"] is None else f"{x['x_previous']:.2f}×"]
+        if r["step"] == "automaton_mask" and any(round(rows[m][i]["x_previous"], 2) <= 1.03 for m in shapes):
+            cells[1] += "; kept where it does not pay: step 3's masked head reads these sets"
+        for x in (rows[m][i] for m in shapes):
+            cells += [f"{x['us']:,.0f}", "–" if x["x_previous"] is None else _tie_or(
+                lambda a, b: f"{a / b:.2f}×", x["x_previous"], 1.0), f"{x['x_floor']:.2f}×"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
