@@ -363,18 +363,22 @@ def _file_ms(results, number: int, cfg) -> float | None:
 
 def test_where_a_step_pays_in_words():
     """Each step on a path says where it pays against the step before it on that path, as the table rounds: a tie
-    (0.97× to 1.03×) is no gain."""
+    (0.97× to 1.03×) is no gain. It names only the cases that are the columns of the page's one table of steps."""
+    import re
+
     results = load_results("ngram")
     for number in range(7, 13):
         words = lesson.path_words(results, number)
-        pays = [round(f, 2) > 1.03 for f in lesson.step_factors(results, number)]
+        pays = [round(f, 2) > 1.03 for f in lesson.step_factors(results, number, lesson.STEPS_CASES)]
         if all(pays) or not any(pays):
             assert words == ("pays at every case" if all(pays) else "pays at no case"), words
             continue
         yes, no = words.removeprefix("pays at ").split(", not at ")
-        assert len(pays) == len(lesson.TABLE_CASES)
-        for (b, s, _), ok in zip(lesson.TABLE_CASES, pays):
+        assert len(pays) == len(lesson.STEPS_CASES)
+        for (b, s, _), ok in zip(lesson.STEPS_CASES, pays):
             assert f"{b} × {s}" in (yes if ok else no), (number, words)
+        named = {m for m in re.findall(r"\d+ × \d+", words)}
+        assert named <= {f"{b} × {s}" for b, s, _ in lesson.STEPS_CASES}, (number, words)
 
 
 def test_the_early_exit_is_read_from_its_lab_runs():
@@ -810,10 +814,11 @@ def _trace(inputs, this_time, config) -> list[dict]:
 
 
 def test_each_step_gives_one_number_at_its_paths_case():
-    """The main line's steps (1 to 7) give their number at the result's case (:data:`lesson.RESULT_CASE`,
-    index 2 of :data:`lesson.TABLE_CASES`), the budget path's (8 to 12) at the deployed budget's
+    """Steps 3 to 7 give their number at the headline case, the table's first column (32 × 512, budget 128: index 0
+    of :data:`lesson.TABLE_CASES` and of :data:`lesson.STEPS_CASES`); step 1 at the stress case
+    (:data:`lesson.RESULT_CASE`); the budget path's (8 to 12) at the long rows under the budget
     (:data:`lesson.HEADLINE`, index 1): step 2, not timed at the
-    result's case, gives its time at the budget's; steps 3 to 12 their factor at their path's case
+    stress case, gives its time there; steps 3 to 12 their factor at their case
     (:func:`lesson.step_factors`) with their time (steps 9 to 11 each its own); no other budget-path paragraph quotes another case, and no paragraph points to "the table" for a second
     number."""
     import json
@@ -826,10 +831,12 @@ def test_each_step_gives_one_number_at_its_paths_case():
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]}
     assert "L, H, P = lesson.RESULT_CASE, lesson.HEADLINE, (32, 512, 128)" in cells["cell-01"]
     assert "us(2, *H)" in cells["cell-12"]
-    assert "us(3, *L)" in cells["cell-16"] and "step_factors(results, 3)[1]" in cells["cell-16"]  # step 2's case
-    for cid, step in (("cell-19", 4), ("cell-s5-say", 5), ("cell-s6-say", 6), ("cell-s7-say", 7)):
+    assert lesson.TABLE_CASES[0] == lesson.STEPS_CASES[0] == (32, 512, 128)
+    assert "step_factors(results, 3)[1]" in cells["cell-16"]  # and at step 2's case
+    for cid, step in (("cell-16", 3), ("cell-19", 4), ("cell-s5-say", 5), ("cell-s6-say", 6), ("cell-s7-say", 7)):
         said = cells[cid]
-        assert f"step_factors(results, {step})[2]" in said and f"us({step}, *L)" in said, step
+        assert f"step_factors(results, {step})[0]" in said and f"us({step}, *P)" in said, step
+        assert f"us({step}, *L)" not in said, step
     assert "lesson.step_factors(results, 8)[1]" in cells["cell-s8-say"] and "us(8, *H)" in cells["cell-s8-say"]
     assert "lesson.step_factors(results, n, (H,))[0]" in cells["cell-s9-say"] and "us(n, *H)" in cells["cell-s9-say"]
     for cid, step in (("cell-s9-say", 9), ("cell-s10-say", 10), ("cell-s11-say", 11)):

@@ -301,10 +301,12 @@ def chain_gap(results, rows: list[ChainRow], cases=None) -> float:
                for row in rows if row.label in steps for cfg in (cases or row.us))
 
 
-def path_words(results, number: int, cases=TABLE_CASES) -> str:
+def path_words(results, number: int, cases=None) -> str:
     """Where step ``number`` pays against the step before it on its path (:func:`step_factors`, rounded as the table
-    rounds: above a tie, :data:`TIE`, it pays), in words: "pays at 128 × 32768 and 256 × 131072, not at 32 × 512",
-    "pays at every case" or "pays at no case". The factors are the table's; the sentence names the cases."""
+    rounds: above a tie, :data:`TIE`, it pays), in words: "pays at 128 × 32768, not at 32 × 512 and 512 × 16384",
+    "pays at every case" or "pays at no case". The cases are the columns of the page's one table of steps
+    (:data:`STEPS_CASES`) unless given, so the sentence names only cases the reader sees there."""
+    cases = STEPS_CASES if cases is None else cases
     factors = step_factors(results, number, cases)
     at = [(f"{b} × {s}", round(f, 2) > TIE[1]) for (b, s, _), f in zip(cases, factors) if f is not None]
     pays, loses = [w for w, ok in at if ok], [w for w, ok in at if not ok]
