@@ -474,24 +474,34 @@ def _openings(path) -> dict[int, str]:
 
 
 def test_part_1s_steps_run_1_to_14_down_the_page_and_in_its_table(results):
-    """Steps 7 to 9 (tried, did not pay) share one section in their numeric place, between steps 6 and 10, their
-    table of times and one short diff in a fold; steps 10 to 12, step 13's prerequisites, each have a section of their
-    own, step 10's naming step 6 as the step steps 10 to 14 build on; each steps table's rows run upward."""
+    """Steps 7, 8 and 9 (tried, did not pay) each have a heading of their own in their numeric place, between steps 6
+    and 10 (no heading covers two steps), and one bold number said open; step 7's format and short diff sit in a fold;
+    steps 10 to 12, step 13's prerequisites, each have a section of their own, step 10's naming step 6 as the step
+    steps 10 to 14 build on; each steps table's rows run upward."""
     cells = json.loads(LESSONS[0].read_text())["cells"]
     heads = [("".join(c["source"]).splitlines() or [""])[0] for c in cells if c["cell_type"] == "markdown"]
     numbered = [(h, int(re.match(r"## Step (\d+):", h)[1])) for h in heads if re.match(r"## Step \d+:", h)]
     assert [n for _, n in numbered] == [1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14]
     grouped = next(h for h, n in numbered if n == 10)
     assert not any("did not pay" in h for h, _ in numbered)
-    tried = [h for h in heads if h.startswith("## Tried")]
-    assert tried == ["## Tried, did not pay at 4096 × 14336: steps 7 to 9"]
-    assert heads.index("## Step 6: several rows of x with `tl.dot`") < heads.index(tried[0]) < heads.index(grouped)
+    assert not any(h.startswith("## Tried") or re.match(r"## Steps \d+", h) for h in heads)
+    tried = [h for h in heads if re.match(r"## Step \d+, tried: ", h)]
+    assert [int(re.match(r"## Step (\d+)", h)[1]) for h in tried] == [7, 8, 9]
+    assert heads.index("## Step 6: several rows of x with `tl.dot`") < heads.index(tried[0])
+    assert heads.index(tried[-1]) < heads.index(grouped)
     text = ["".join(c["source"]) for c in cells]
-    at = text.index(next(t for t in text if t.startswith("## Tried")))
-    section = text[at:next(i for i in range(at + 1, len(text)) if text[i].startswith("## "))]
-    code = "\n".join(section[1:])
-    assert code.count("core(") + code.count("show(") == 1 and "for n, b, why in tried" in code
-    assert all("hide-output" in c["metadata"]["tags"] for c in cells[at + 1:at + len(section)])  # folded
+    shown = 0
+    for number, head in zip((7, 8, 9), tried):
+        at = text.index(head)
+        end = next(i for i in range(at + 1, len(text)) if text[i].startswith("## "))
+        said = "".join(t for c, t in zip(cells[at + 1:end], text[at + 1:end])
+                       if c["cell_type"] == "code" and "hide-output" not in c["metadata"]["tags"])
+        assert said.count("**") == 2 and f"us({number}" in said and f"say(f\"Step {number} " in said, number
+        folded = "".join(t for c, t in zip(cells[at + 1:end], text[at + 1:end])
+                         if c["cell_type"] == "code" and "hide-output" in c["metadata"]["tags"])
+        assert "core(" not in said and "show(" not in said
+        shown += folded.count("core(") + folded.count("show(")
+    assert shown == 1  # step 7's diff, folded
     assert "build on step 6" in _sections(LESSONS[0])[10]
     for m in (1, 16):
         steps = [n for n, rows_of_x, _, _ in L.PART1_ROWS if rows_of_x == m]
@@ -553,7 +563,7 @@ def test_part_2s_result_opens_with_bitnet_and_the_eager_caveat_and_it_ends_with_
     assert "**Which kernel to use.**" in text[exercises - 1]
 
 
-#: Part 1's cells whose diffs sit in a fold: steps 7 to 9 (tried), steps 11 and 12 (step 13's prerequisites, 1-5%
+#: Part 1's cells whose diffs sit in a fold: step 7 (tried), steps 11 and 12 (step 13's prerequisites, 1-5%
 #: each) and step 14 (1.04x), so that step 13, which carries the result, gets the space.
 PART1_FOLDED_DIFFS = ("33cd022c", "f75f917b", "55be03ee")
 #: Part 2's folded diffs besides the tried steps': the halves of its two paired steps (16, 18 from 17, and 19).
@@ -580,7 +590,7 @@ def test_a_page_shows_each_steps_core_open_and_folds_no_listing(path):
             assert c["metadata"].get("mystnb", {}).get("code_prompt_show", "").startswith("Show ")
             # a fold holds no diff and no listing but the first attempt's, which is short, and the diffs of part 2's
             # tried steps 24 and 25, which lose at the headline case
-            tried = (src.strip() == "display(lesson.core_diff(24))\nshow(25)" and path == LESSONS[1]) or (
+            tried = (src.strip() in ("display(lesson.core_diff(24))", "show(25)") and path == LESSONS[1]) or (
                 c["id"] in PART2_FOLDED_DIFFS and path == LESSONS[1]) or (
                 c["id"] in PART1_FOLDED_DIFFS and path == LESSONS[0])
             assert tried or not SHOWS.search(src.replace("first_attempt_excerpt(", "")), src[:80]
@@ -1113,16 +1123,18 @@ def test_part_2_gives_each_step_its_heading_and_one_number(results):
     """Steps 15 to 23 have headings in order, one a step and one each for step 22's parts (22a, 22b, 22c; no heading
     covers two steps), and each section shows its diff or new code and quotes one bold number: a step's time from
     the benchmark the steps table reads over the step before it, a part's from the run that times step 22 in parts.
-    Steps 24 and 25, tried for several rows, share one "Tried" section after step 23: one bold number (step 24 at
-    16 rows), step 25's beside it, and their diffs folded. No section shows a table of two steps' times."""
+    Steps 24 and 25, tried for several rows, each have a "tried" heading after step 23: one bold number each (at 16
+    rows, over the step before), their diffs folded. No section shows a table of two steps' times."""
     cells = json.loads(LESSONS[1].read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     heads = [(i, m[1] + m[2]) for i, t in enumerate(text) if (m := re.match(r"#+ Step (\d+)([a-c]?):", t))]
     assert [n for _, n in heads] == ["15", "16", "17", "18", "19", "20", "21", "22a", "22b", "22c", "23"]
     assert not any(re.match(r"#+ Steps \d+ and", t) for t in text)
     assert all(text[i].startswith("## ") for i, _ in heads)
-    tried = next(i for i, t in enumerate(text) if t.startswith("## Tried: steps 24 and 25"))
-    assert heads[-1][0] < tried
+    tried = next(i for i, t in enumerate(text) if t.startswith("## Step 24, tried: "))
+    tried25 = next(i for i, t in enumerate(text) if t.startswith("## Step 25, tried: "))
+    assert heads[-1][0] < tried < tried25
+    assert not any(t.startswith("## Tried") for t in text)
     code = "".join(t for c, t in zip(cells, text) if c["cell_type"] == "code")
     assert "pair_chain(" not in code and "case_ratios(" not in code
     steps = next(i for i, t in enumerate(text) if t.startswith("## The steps"))
@@ -1139,13 +1151,14 @@ def test_part_2_gives_each_step_its_heading_and_one_number(results):
         assert len(bold) == 1, (n, bold)
         said, timed, before, after, named = bold[0]
         assert int(said) == int(timed) == int(after) == int(n) and int(before) == int(named) == int(n) - 1, (n, bold)
-    section = list(zip(cells[tried + 1:steps], text[tried + 1:steps]))
-    said = "".join(t for c, t in section if c["cell_type"] == "code" and "hide-output" not in c["metadata"]["tags"])
-    assert said.count("**") == 2 and "**At 16 rows step 24 takes {t1(us(24, m=16))}, {x(us(23, m=16), us(24, m=16))} " \
-        "step 23's speed**" in said and "{x(us(24, m=16), us(25, m=16))} step 24's" in said
-    folded = "".join(t for c, t in section if c["cell_type"] == "code" and "hide-output" in c["metadata"]["tags"])
-    assert "lesson.core_diff(24)" in folded and "show(25)" in folded
-    assert "core_diff(" not in said and "show(" not in said
+    for n, (start, end) in ((24, (tried, tried25)), (25, (tried25, steps))):
+        section = list(zip(cells[start + 1:end], text[start + 1:end]))
+        said = "".join(t for c, t in section if c["cell_type"] == "code" and "hide-output" not in c["metadata"]["tags"])
+        assert said.count("**") == 2 and f"**At 16 rows step {n} takes {{t1(us({n}, m=16))}}, " \
+            f"{{x(us({n - 1}, m=16), us({n}, m=16))}} step {n - 1}'s speed**" in said, n
+        folded = "".join(t for c, t in section if c["cell_type"] == "code" and "hide-output" in c["metadata"]["tags"])
+        assert ("lesson.core_diff(24)" if n == 24 else "show(25)") in folded
+        assert "core_diff(" not in said and "show(" not in said
 
 
 def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
@@ -1267,9 +1280,9 @@ def test_part_1_says_what_steps_10_to_12_are_for_and_quotes_the_eager_cost_besid
 
 def test_part_2_ends_its_story_on_step_23_and_folds_the_tried_path_and_the_tuning():
     """Part 2 prices the decode with step 23 alone; it defines its terms where they first appear, no glossary up
-    front (`2bit_tiles` at step 15, the magic constant at step 21, SASS where it is first quoted); steps 24 and 25 sit under a "Tried"
-    heading whose opening says, from the file, that they lose at 16 rows to part 1's step 14 and at one row to step
-    23; the eager result sits beside the graph's range; the place-of-x table is folded."""
+    front (`2bit_tiles` at step 15, the magic constant at step 21, SASS where it is first quoted); steps 24 and 25 each sit under a
+    "tried" heading whose number says, from the file, that they lose at 16 rows to part 1's step 14 and at one row to
+    step 23; the eager result sits beside the graph's range; the place-of-x table is folded."""
     nb = json.loads(LESSONS[1].read_text())["cells"]
     cells = {c["id"]: c for c in nb}
     text = {i: "".join(c["source"]) for i, c in cells.items()}
@@ -1280,8 +1293,8 @@ def test_part_2_ends_its_story_on_step_23_and_folds_the_tried_path_and_the_tunin
     why = text["5519d543"]
     assert "lesson.amdahl(results, [STEP[23].series])" in why and "lesson.amdahl(results)" not in why
     assert "STEP[21]" not in why
-    assert text["b9e91fe2"].startswith("## Tried: steps 24 and 25")
-    assert "us(25, m=16)" in text["tried-24-25"] and "us(14, m=16)" in text["tried-24-25"]
+    assert text["b9e91fe2"].startswith("## Step 24, tried: ") and text["step25-heading"].startswith("## Step 25, tried: ")
+    assert "us(25, m=16)" in text["tried-25"] and "us(14, m=16)" in text["tried-24-25"]
     assert "us(23))" in text["tried-24-25"]
     assert "eager['medians'][0]" in text["c383ddc8"] and "eager['medians'][0]" not in text["67ad7289"]
     place = next(i for i, t in text.items() if "| N × K | staged | every block |" in t)
@@ -1290,7 +1303,7 @@ def test_part_2_ends_its_story_on_step_23_and_folds_the_tried_path_and_the_tunin
 
 
 def test_the_tried_section_names_where_step_25_wins_and_both_shares_are_given(results):
-    """Part 2's "Tried" section says step 25 wins at one row at BitNet's largest-N shapes: the file's wins are the
+    """Part 2's step 25 section says step 25 wins at one row at BitNet's largest-N shapes: the file's wins are the
     shapes of largest N among BitNet's. Part 1 gives the ternary layers' share in bf16 and in 2 bits; part 2 opens
     on the same share in one line, links part 1's table, and sets its estimate (against BitNet's kernel) beside part 1's (against GemLite)."""
     from book.ternary import results as tables
@@ -1300,7 +1313,7 @@ def test_the_tried_section_names_where_step_25_wins_and_both_shares_are_given(re
     if wins:
         shapes = sorted((s for s, *_ in tables.bitnet_table(run)["rows"]), key=lambda s: -int(s.split("x")[0]))
         assert set(wins) == set(shapes[:len(wins)])
-    tried = "".join(next(c for c in json.loads(LESSONS[1].read_text())["cells"] if c["id"] == "b9e91fe2")["source"])
+    tried = "".join(next(c for c in json.loads(LESSONS[1].read_text())["cells"] if c["id"] == "step25-heading")["source"])
     assert "largest-N" in tried and "no entry point picks it" in tried
     text = "".join(next(c for c in json.loads(LESSONS[0].read_text())["cells"] if c["id"] == "ff5c35bc")["source"])
     assert "view['share']" in text and "in 2 bits" in text
