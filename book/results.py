@@ -1438,6 +1438,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if alone is not None and compiled:
                     brief[name] += (f"; the kernel alone {compiled[1000]:.2f}× torch.compile's fused gather "
                                     "(max-autotune)")
+                    landing[name] += f" (the kernel alone: {compiled[1000]:.2f}× torch.compile's fused gather)"
                     notes[name].append(f"{name}: the kernel alone, given the allowed ids like its rivals, against "
                                        "index_select then matmul through torch.compile (max-autotune; a separate run "
                                        f"with both): {compiled[1000]:.2f}× at 1,000 allowed, "

@@ -2,16 +2,15 @@
 compiled code (PTX loads, registers). GPU: every step against the reference."""
 
 import functools
-import importlib.util
 import math
 import re
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import lab_scripts
 from book.ctc import compiled as book_compiled
 from book.ctc.lesson import bank_ways
 from book.ctc.model import probability_space_ctc
@@ -479,11 +478,7 @@ def _code(ptx: str) -> str:
 
 def _step07_script():
     """``lab/ctc/step07_changes.py``, which takes step 7 apart (its ``PARTS``, 7a and 7b)."""
-    path = Path(__file__).resolve().parents[1] / "lab" / "ctc" / "step07_changes.py"
-    spec = importlib.util.spec_from_file_location("step07_changes", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return lab_scripts.load("ctc", "step07_changes")
 
 
 def _step07_parts_functions() -> dict:

@@ -13,6 +13,7 @@ import torch
 from book.ctc import exercises, lesson, solutions
 from studylog import ctc, plotting
 
+import lab_scripts
 from test_ctc_bench import new_results
 
 
@@ -176,7 +177,10 @@ def test_the_chain_floor_the_grid_range_and_the_kernel_parts_read_the_committed_
     opening, result = cells["opening-ctc"], cells["result-first-ctc"]
     assert "lesson.least_cases(results, strongest=True)" in opening
     assert "speedup_minima(results, strongest=True)" in opening
-    assert "lesson.least_cases(results)" in result and "Against PyTorch's cuDNN path" in result
+    # the result section gives the opening's range first, then the figure's (GPU clock alone), each named
+    assert "lesson.least_cases(results, strongest=True)" in result and "speedup_minima(results, strongest=True)" in result
+    assert "Against the faster of PyTorch's two CTC paths" in result and "the same range as at the top" in result
+    assert "gpu_only = lesson.speedup_minima(results)" in result and "GPU clock alone" in result
     assert "low[2]" not in opening + result
     # the opening's range is against the faster of torch's two paths at each case (native on its kernel clock)
     strong = lesson.speedup_minima(results, strongest=True)
@@ -879,12 +883,7 @@ def test_step07_cells_read_the_lab_run_or_say_it_is_not_measured():
 def test_step07_changes_script_dry_run_replays_the_benchmarks_targets(capsys):
     """lab/ctc/step07_changes.py --dry-run (CPU): its cases are points of the benchmark's grid, its inputs the
     benchmark's (the committed run's launch shapes), and its variants the library's."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "lab" / "ctc" / "step07_changes.py"
-    spec = importlib.util.spec_from_file_location("step07_changes", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = lab_scripts.load("ctc", "step07_changes")
     assert script.parse_cases("5000x256,28x1,5000x256") == [(5000, 256), (28, 1)]
     with pytest.raises(SystemExit):
         script.parse_cases("5000x3")

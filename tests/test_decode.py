@@ -14,6 +14,7 @@ import torch
 from studylog.decode import (CONFIGS, Decoder, Grammar, LlamaModel, model_config, step01_baseline, step02_jump_forward,
                              step03_masked_head, suite_names, suite_sample)
 from studylog.decode import pieces, report
+import lab_scripts
 from decode_helpers import LocalRun, from_module, load_checkpoint, save_checkpoint
 from studylog.decode.grammar import ascii_regex
 from studylog.decode.generation import gumbel_noise
@@ -560,14 +561,7 @@ def test_a_model_without_the_expected_modules_is_named(tmp_path, tiny):
 
 def _step03_script():
     """``lab/decode/step03_changes.py``, which runs step 3 without its last change on its own decoder."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "lab" / "decode" / "step03_changes.py"
-    spec = importlib.util.spec_from_file_location("step03_changes", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return lab_scripts.load("decode", "step03_changes")
 
 
 @pytest.mark.parametrize("name", ["tool_call", "us_phone"])

@@ -4,7 +4,6 @@ The suite's automata are built once per module (outlines-core needs about a seco
 100k-token vocabulary). Every decode uses fresh random seeds from the ``rng`` fixture.
 """
 
-import importlib.util
 import json
 import random
 import re
@@ -20,9 +19,10 @@ for _name in ("outlines_core", "outlines", "bpe_openai", "jsonschema", "pydantic
 import jsonschema  # noqa: E402
 import regex as regex_module  # noqa: E402  (current Unicode tables, see _check_valid)
 
+import lab_scripts  # noqa: E402
 from book.fsm import drawing, events  # noqa: E402
 from book.fsm.exercises import toy_model  # noqa: E402
-from studylog import data, fsm, paths  # noqa: E402
+from studylog import data, fsm  # noqa: E402
 from studylog.fsm import schemas  # noqa: E402
 
 SUITE = schemas.suite()
@@ -406,10 +406,7 @@ def test_suite_summary_totals_each_whitespace(automata, vocab):
 
 def _export_script():
     """lab/fsm/export_masks.py, the script that writes the committed mask file (run from the repository root)."""
-    spec = importlib.util.spec_from_file_location("export_masks", paths.REPO_ROOT / "lab" / "fsm" / "export_masks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return lab_scripts.load("fsm", "export_masks")
 
 
 def test_select_masks_spans_bins_within_budget():

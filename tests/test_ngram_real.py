@@ -18,19 +18,14 @@ from book.ngram import results as book_results
 from studylog import ngram
 from studylog.ngram import NgramConfig, NgramInputs
 
+import lab_scripts
 from ngram_helpers import model_budget_scan
-from studylog import paths
 from studylog.ngram import corpus as corpus_module
 
 
 def _make_corpus():
     """``lab/ngram/make_corpus.py``, the script that builds the committed corpus, imported by path."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_corpus", paths.REPO_ROOT / "lab" / "ngram" / "make_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return lab_scripts.load("ngram", "make_corpus")
 
 
 make_corpus = _make_corpus()
