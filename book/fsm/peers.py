@@ -308,3 +308,23 @@ def compare_peers(entries=None, vocab: Optional[TokenVocabulary] = None, *, libr
                     row.noncanonical[policy] = row.noncanonical.get(policy, 0) + (res.ids != canon)
         out.extend(rows.values())
     return out
+
+
+def tally(rows: Sequence[PeerRow], totals: dict, record: dict) -> None:
+    """Add one document's :func:`compare_peers` rows to a run's ``totals`` (``none``: passes without jumps;
+    ``policies``: per library and policy, passes and documents in a split the tokenizer would not write) and to the
+    record of its schema or request (``none``, ``tokens`` and passes per library and policy)."""
+    by = {r.library: r for r in rows}
+    none = by["ours"].passes["none"]
+    totals["none"] += none
+    record["none"] += none
+    record["tokens"] += by["ours"].tokens
+    for lib, row in by.items():
+        for policy, passes in row.passes.items():
+            if policy == "none":
+                continue
+            key = f"{lib}/{policy}"
+            slot = totals["policies"].setdefault(key, {"passes": 0, "noncanonical": 0})
+            slot["passes"] += passes
+            slot["noncanonical"] += row.noncanonical[policy]
+            record[key] = record.get(key, 0) + passes

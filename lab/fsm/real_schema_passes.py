@@ -74,20 +74,7 @@ def main(vocab_name: str = "cl100k_base", out: str = "assets/data/fsm_peers_real
             except peers.PeerError as exc:  # a document one library's language lacks: out of the totals
                 rec["refused"].append(f"document {i}: {str(exc)[:160]}")
                 continue
-            by = {r.library: r for r in rows}
-            none = by["ours"].passes["none"]
-            totals["none"] += none
-            rec["none"] += none
-            rec["tokens"] += by["ours"].tokens
-            for lib, row in by.items():
-                for policy, passes in row.passes.items():
-                    if policy == "none":
-                        continue
-                    key = f"{lib}/{policy}"
-                    slot = totals["policies"].setdefault(key, {"passes": 0, "noncanonical": 0})
-                    slot["passes"] += passes
-                    slot["noncanonical"] += row.noncanonical[policy]
-                    rec[key] = rec.get(key, 0) + passes
+            peers.tally(rows, totals, rec)
         per_schema.append(rec)
         print(name, rec, f"{time.time() - t0:.0f}s", flush=True)
     for key, slot in totals["policies"].items():

@@ -59,22 +59,10 @@ def main() -> None:
             except peers.PeerError as exc:  # an answer one library's language lacks: out of the totals
                 refused.append(f"{key} answer {i}: {str(exc)[:160]}")
                 continue
-            by = {r.library: r for r in rows}
-            none = by["ours"].passes["none"]
             rec["answers"] += 1
-            rec["none"] += none
-            rec["tokens"] += by["ours"].tokens
-            for lib, row in by.items():
-                for policy, passes in row.passes.items():
-                    if policy == "none":
-                        continue
-                    k = f"{lib}/{policy}"
-                    slot = totals["policies"].setdefault(k, {"passes": 0, "noncanonical": 0})
-                    slot["passes"] += passes
-                    slot["noncanonical"] += row.noncanonical[policy]
-                    rec[k] = rec.get(k, 0) + passes
-        for f in ("answers", "tokens", "none"):
-            totals[f] += rec[f]
+            peers.tally(rows, totals, rec)
+        totals["answers"] += rec["answers"]
+        totals["tokens"] += rec["tokens"]
         per_request.append(rec)
         print(key, rec, f"{time.time() - t0:.0f}s", flush=True)
     for k, slot in totals["policies"].items():
