@@ -301,8 +301,8 @@ def _masked_lm_head(data):
     plan = one(data, "step13", **MASKED_HEAD_CASE)
     latency, what = _one_kernel(data)
     copy = one(data.get("tails_run") or {"measurements": []}, BITMASK_COPY, **MASKED_HEAD_CASE)
-    # the own-work yardstick's launches at the card's fastest empty kernel, as chapter 02's page prices them
-    floor = bitmask_chain_ms(data.get("tails_run"), data.get("card_empty_kernel_ms", empty_kernel_ms(data)))
+    # the own-work yardstick's launches at the run's empty kernel, as every row's floor and chapter 02's page price them
+    floor = bitmask_chain_ms(data.get("tails_run"), _floor_empty_ms(data))
     if plan is not None:
         # the card's floors are those of any call (its bytes, one launch); the step's own design, a copy from host
         # memory then two dependent kernels, sets a tighter bound, given beside them, not in their place
