@@ -162,9 +162,9 @@ def decode_split_words(split: dict[str, float], landing: bool = False) -> str:
     if landing:  # the results line's parenthesis: what pays, then chapter 02's head
         return (f"chapter 01's jumps {split['jumps']:.2f}× and precomputed allowed sets; chapter 02's head "
                 + ("ties" if tied else f"gives {split['head']:.2f}×"))
-    return (f"on SmolLM2-135M chapter 01's jumps give {split['jumps']:.2f}× and the allowed sets precomputed from "
-            f"the automaton {split['sets']:.2f}×, which assume a grammar compiled once and reused (a median "
-            f"{split['compile_ms']:.0f} ms to compile, against {split['request_ms']:.0f} ms to decode a request); "
+    return (f"on SmolLM2-135M, each against the step before, chapter 01's jumps give {split['jumps']:.2f}× and the "
+            f"allowed sets precomputed from the automaton {split['sets']:.2f}×, which assume a grammar compiled once "
+            f"and reused (a median {split['compile_ms']:.0f} ms to compile, against {split['request_ms']:.0f} ms to decode a request); "
             f"chapter 02's head and argmax {'tie' if tied else 'give'} there ({split['head']:.2f}×)"
             + ("" if split["head_8b"] is None else f", and its head gives {split['head_8b']:.2f}× on the 8B cost "
                "model"))
@@ -1444,7 +1444,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"with both): {compiled[1000]:.2f}× at 1,000 allowed, "
                                        f"{compiled[10_000]:.2f}× at 10,000; against the two eager torch launches "
                                        f"{alone['vs_rival']:.2f}× ({us(alone['median_ms'])} against "
-                                       f"{us(alone['rival_ms'])} µs). It writes the whole row, masked, the gathers "
+                                       f"{us(alone['rival_ms'])} µs). It writes the whole row, masked; the gathers write "
                                        "only the allowed logits")
                 elif alone is not None:  # the kernel against a rival that reads only the allowed rows too: a note
                     brief[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× two torch launches, index_select "
@@ -1453,7 +1453,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"{alone['vs_rival']:.2f}× faster than two torch launches, index_select then "
                                        "matmul, not a tuned gather kernel "
                                        f"({us(alone['median_ms'])} against {us(alone['rival_ms'])} µs; it writes the "
-                                       "whole row, masked, the gather only the allowed logits)")
+                                       "whole row, masked; the gather writes only the allowed logits)")
                 # the like-for-like figure and where the lead ends, in the cell beside the headline
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
                 beaten = bitnet_range(card)
