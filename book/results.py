@@ -1444,7 +1444,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"with both): {compiled[1000]:.2f}× at 1,000 allowed, "
                                        f"{compiled[10_000]:.2f}× at 10,000; against the two eager torch launches "
                                        f"{alone['vs_rival']:.2f}× ({us(alone['median_ms'])} against "
-                                       f"{us(alone['rival_ms'])} µs). It writes the whole row, masked; the gathers write "
+                                       f"{us(alone['rival_ms'])} µs). It writes the whole row, masked, while the gathers write "
                                        "only the allowed logits")
                 elif alone is not None:  # the kernel against a rival that reads only the allowed rows too: a note
                     brief[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× two torch launches, index_select "
