@@ -2870,10 +2870,10 @@ def rounded_minutes(m: int) -> int:
     return max(step, step * round(m / step))
 
 
-def hours(m: int) -> str:
-    """Minutes as the landing page writes a reading time, rounded (:func:`rounded_minutes`): "4 h 30 min", or "50 min"
-    under an hour."""
-    m = rounded_minutes(m)
+def hours(m: int, exact: bool = False) -> str:
+    """Minutes as the landing page writes a reading time, rounded (:func:`rounded_minutes`) unless ``exact`` (a sum of
+    times already rounded): "4 h 30 min", or "50 min" under an hour."""
+    m = m if exact else rounded_minutes(m)
     return (f"{m // 60} h" + (f" {m % 60} min" if m % 60 else "")) if m >= 60 else f"{m} min"
 
 
@@ -2909,10 +2909,12 @@ def reading_path_words(root: Path = REPO_ROOT) -> str:
                                            else "")
 
     route = [n for n in SHORT_ROUTE if n in minutes]
-    out = (f"The course reads in {hours(sum(minutes.values()))}; "
+    # the sums of the times the table shows (each rounded), so that a reader who adds the column gets the same
+    shown = {n: rounded_minutes(m) for n, m in minutes.items()}
+    out = (f"The course reads in {hours(sum(shown.values()), exact=True)}; "
            + (f"the {exercises} exercises come on top." if exercises else "the exercises come on top.")
            + " With an afternoon, read " + ", then ".join(short(n) for n in route)
-            + f" ({hours(sum(minutes[n] for n in route))}): how a chapter is measured, the simplest kernel, and the "
+            + f" ({hours(sum(shown[n] for n in route), exact=True)}): how a chapter is measured, the simplest kernel, and the "
             "longest chain of dependent work.")
     return out
 

@@ -186,11 +186,16 @@ class Diff:
                '</span></div>']
         styles = {"@": "color: #6a737d; background: #eef1f4;", "+": "background: #d7f5dd;",
                   "-": "background: #fbdada;"}
+        # the lines are code: one <pre> (what a reader's tools, a screen reader or a copy, take as code), each line
+        # a block of its own, so that a wrapped line hangs under its indentation and keeps its colour
+        lines = []
         for line in self.lines[2:]:  # a hunk header (@@), an added line, a removed one, or context
             line = plain_markup(line)
-            out.append(f'<div style="white-space: pre; padding: 0 12px; {_hanging(line[1:])}'
-                       f'{styles.get(line[:1], "")}">{html.escape(line)}\n</div>')
-        out.append("</div>")
+            lines.append(f'<span style="display: block; padding: 0 12px; {_hanging(line[1:])}'
+                         f'{styles.get(line[:1], "")}">{html.escape(line)}\n</span>')
+        out.append('<pre class="studylog-diff" style="margin: 0; padding: 0; border: 0; background: transparent; '
+                   'font-family: inherit; font-size: inherit; line-height: inherit; white-space: pre;">'
+                   + "".join(lines) + "</pre></div>")
         return "\n".join(out)
 
 

@@ -615,6 +615,9 @@ def test_reading_times_follow_the_prose_then_a_allowance_per_listing_and_table()
     assert max(times.values()) <= 2 * min(times.values()), times
     (line,) = [ln for ln in table.splitlines() if ln.startswith("The course reads in ")]
     assert "words a minute" not in table and "With an afternoon, read 00, then 02, then 04" in line
+    # the course's time is the column's sum, as a reader adding it up gets it
+    total = sum(summary.rounded_minutes(t) for t in times.values())
+    assert line.startswith(f"The course reads in {summary.hours(total, exact=True)};"), (line, total)
     assert "held to" not in table  # a rule for the authors, not news for the reader
     for entry in sb.ENTRIES:
         assert f"]({entry.notebook}) | {entry.question} |" in table

@@ -385,7 +385,7 @@ def test_listing_html_keeps_its_lines_and_shows_docstring_markup_as_code():
                                   "    return x"]
     assert pre.count('<span style="display: block;') == 4
     diff = Diff(text, text.replace("return x", "return -x"), "a", "b", 3)._repr_html_()
-    assert ":func:" not in diff and "``" not in diff and diff.count("\n</div>") >= 4
+    assert ":func:" not in diff and "``" not in diff and diff.count("\n</span>") >= 4 and diff.count("<pre") == 1
     assert "&nbsp;<" not in diff.replace("&nbsp;<span", "") and "&#8203;" not in page
 
 
