@@ -449,8 +449,10 @@ def test_steps_22_and_23_launch_heuristic_fits_shared_memory(m, n, k):
     smem = T.w2a8_smem_bytes(planned, min(m, 8 if m <= 8 else 16), planned_slice, staged=quant == T.Quant.STAGED)
     assert T.w2a8_refusal(m, k, quant, planned) is None and smem <= T.SMEM_LIMIT
     assert quant == T.W2A8_QUANTIZE[T.w2a8_default_quantize(m, n, k, 132)]
-    if m == 1 and k <= 32768:  # one row of x: staged, wherever K fits the consumers' registers (no wave lost here)
+    if m == 1 and T.W2A8_STAGED_MIN_K <= k <= 32768:  # one long row of x: staged (no wave lost at these shapes)
         assert quant == T.Quant.STAGED and smem == T.w2a8_smem_bytes(planned, 1, -(-k // 256), staged=True)
+    if m == 1 and k < T.W2A8_STAGED_MIN_K and T.w2a8_takes(m, n, k, "every block", sms=132):  # a short row
+        assert quant == T.Quant.EVERY_BLOCK
     assert grid[0] * planned.rows >= n and grid[2] * (8 if m <= 8 else 16) >= m
     groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
     per_slice = min(-(-groups // cfg.slices), T.w2a8_max_groups_per_slice(cfg, rows_x))
@@ -527,7 +529,7 @@ def test_step23_staged_launch(m, n, k):
         assert (cfg.row_tiles, cfg.warps, cfg.stages, blocks) == (2, 8, 4, 128)
     if (m, n, k) == (1, 8192, 28672):  # 128 blocks of 4 tiles
         assert (cfg.row_tiles, cfg.warps, cfg.stages, blocks) == (4, 8, 4, 128)
-    assert T.w2a8_default_quantize(m, n, k, 132) == ("staged" if m == 1 else "every block")
+    assert T.w2a8_default_quantize(m, n, k, 132) == ("staged" if m == 1 and k >= T.W2A8_STAGED_MIN_K else "every block")
 
 
 @pytest.mark.parametrize("n, k", [(5120, 27648), (4096, 14336), (13824, 2560), (20480, 3200), (8192, 28672)])
@@ -540,7 +542,7 @@ def test_step23_stages_x_only_where_it_costs_no_wave(n, k):
         blocks = T.w2a8_grid(1, n, k, cfg, fused=True)[1][0]
         per_sm = T.w2a8_blocks_per_sm(cfg, 1, -(-k // 256), staged=where == "staged")
         assert (waves[where] - 1) * 132 * per_sm < blocks <= waves[where] * 132 * per_sm
-    expect = "staged" if waves["staged"] <= waves["every block"] else "every block"
+    expect = "staged" if waves["staged"] <= waves["every block"] and k >= T.W2A8_STAGED_MIN_K else "every block"
     assert T.w2a8_default_quantize(1, n, k, 132) == expect
     assert (n, k) != (5120, 27648) or expect == "every block"
     assert (n, k) != (4096, 14336) or expect == "staged"
@@ -560,7 +562,8 @@ def test_step23_staged_refuses_what_it_cannot_hold():
     # with no place asked for, a config that staging cannot take gets the next default
     assert T.w2a8_choose(1, 17, 300, T.W2A8Config(1, 1, 4, 2), None, 132)[0] == T.Quant.EVERY_BLOCK
     assert T.w2a8_choose(1, 4096, 8192, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == T.Quant.EVERY_BLOCK  # K past 1 warp's 4096
-    assert T.w2a8_choose(1, 17, 300, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == T.Quant.STAGED
+    assert T.w2a8_choose(1, 17, 12288, T.W2A8Config(1, 8, 4, 1), None, 132)[0] == T.Quant.STAGED  # a long row
+    assert T.w2a8_choose(1, 17, 300, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == T.Quant.EVERY_BLOCK  # a short one
     with pytest.raises(ValueError, match="no quantize given"):  # a staged-only shape, 2 rows of x: every block's
         T.w2a8_choose(2, 4096, 4096, T.W2A8Config(2, 8, 3, 1), None, 132)
 

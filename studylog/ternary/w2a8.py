@@ -395,13 +395,20 @@ def w2a8_takes(m: int, n: int, k: int, quantize: str, config: Optional[W2A8Confi
     return w2a8_refusal(m, k, W2A8_QUANTIZE[check_choice("quantize", quantize, W2A8_QUANTIZE)], cfg) is None
 
 
+#: One row of x at least this long is staged (where every block's launch takes the problem too): a short row is read
+#: by each block's own loads sooner than the copy engine's staged copy lands and lets the weights follow it. The
+#: chapter's benchmark times the other place beside step 23 at every shape (`step23_every_block`, `step23_staged`).
+W2A8_STAGED_MIN_K = 12288
+
+
 def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
-    """Where step 23 quantises x by default: "staged" for one row of x where it fits in no more waves than "every
-    block" (a second wave costs more than the early copy of x saves), else "every block" where it fits, else
-    "separate"."""
+    """Where step 23 quantises x by default: "staged" for one long row of x (K >= :data:`W2A8_STAGED_MIN_K`) where it
+    fits in no more waves than "every block" (a second wave costs more than the early copy of x saves), or where
+    every block's launch does not take the problem; else "every block" where it fits, else "separate"."""
     every = w2a8_takes(m, n, k, "every block", sms=sms)
     if staged and m == 1 and w2a8_takes(m, n, k, "staged", sms=sms) and \
-            (not every or w2a8_waves(m, n, k, "staged", sms) <= w2a8_waves(m, n, k, "every block", sms)):
+            (not every or (k >= W2A8_STAGED_MIN_K
+                           and w2a8_waves(m, n, k, "staged", sms) <= w2a8_waves(m, n, k, "every block", sms))):
         return "staged"
     return "every block" if every else "separate"
 
