@@ -1323,4 +1323,7 @@ def test_the_tried_section_names_where_step_25_wins_and_both_shares_are_given(re
     why = cells["5519d543"]  # part 2 opens on part 1's share, computed as part 1 does, and links part 1's table
     assert "05_ternary_1_triton.ipynb#why-it-matters-the-linear-layers-of-a-decode-step" in why
     assert "of a decode step's bytes" in why and "view14['share']" in why and "in 2 bits" in why
-    assert "lesson.amdahl_peer(results, STEP[14].series, GEMLITE)" in why and "against a different rival, GemLite" in why
+    # the open paragraph is the share and the estimate; part 1's rival sits in the fold under it, the host times
+    # under Where we lose
+    assert "lesson.amdahl_peer(results, STEP[14].series, GEMLITE)" in why and "W2A8Plan" not in why
+    assert "against a different rival, GemLite" in cells["why-sums-2"]
