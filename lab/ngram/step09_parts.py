@@ -18,8 +18,9 @@ every variant is bit-identical to steps 8 and 9.
     PYTHONPATH=$PWD python lab/ngram/step09_parts.py check                  # GPU: bit-identical
     PYTHONPATH=$PWD python lab/ngram/step09_parts.py measure                # GPU: the sub-steps, as JSON
 
-``measure`` times the variants beside the library's steps 8 and 9 (the anchors) at the table of steps' three cases
-(``book.ngram.lesson.BOEHM_CASES``) as the chapter's benchmark times a step (``studylog.ngram.report``), and writes
+``measure`` times the variants beside the library's steps 8 and 9 (the anchors) at the table of steps' cases
+(``book.ngram.lesson.BOEHM_CASES`` and ``RESULT_CASE``) as the chapter's benchmark times a step
+(``studylog.ngram.report``), and writes
 ``results/<gpu>/step09_parts.json`` (series ``step09_parts``; and under ``$OUT/<gpu>/`` when ``$OUT`` is set).
 """
 
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from book.ngram.lesson import BOEHM_CASES as CASES
+from book.ngram.lesson import BOEHM_CASES, RESULT_CASE
 from studylog import cuda, ngram, paths, runtime
 from studylog.ngram import NgramConfig, NgramInputs, NgramMatcher
 from studylog.ngram.kernels import SIGNATURE, STREAM_INSTANCES, THREADS, fused_chunk_len
@@ -47,6 +48,8 @@ from studylog.ngram.report import BENCH_GRID, GRAPH_BUDGET_MS, MAX_COPIES, SLOW_
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "variants" / "step09_parts.cu"
 NAME = "step09_parts"
+#: The table of steps' cases: the lab's three (``BOEHM_CASES``) and the stress case the table shows beside them.
+CASES = (*BOEHM_CASES, RESULT_CASE)
 #: Variant -> its kernel ((source, name expression)), the library step whose binding it launches on, and whether
 #: that binding takes step 8's split (``chunk_len`` of step 9 set to step 8's).
 VARIANTS = {
