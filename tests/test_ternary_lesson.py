@@ -1163,9 +1163,10 @@ def test_part_2_gives_each_step_its_heading_and_one_number(results):
 
 def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
     """Step 22's parts each have a section: 22a its one idea (the int8 MMA, its decode and sums, which run only
-    together), 22b the kernel that quantises x, 22c the early launch, each with its number from the run that times
-    step 22 in parts (its table folded), 22c also the benchmark's step 22. Step 23 says where it quantises x, the
-    places folded."""
+    together), 22b the kernel that quantises x, each with its number from the run that times step 22 in parts (its
+    table folded; the steps table's legend says so once), 22c the early launch, step 22 whole: the benchmark's step
+    22 over step 21, and the share of the quantising the early launch hides, from the run in parts. Step 23 says
+    where it quantises x, the places folded."""
     nb = json.loads(LESSONS[1].read_text())["cells"]
     cells = {c["id"]: "".join(c["source"]) for c in nb}
     assert "are one change (the diff below)" in cells["c05f0206"] and ":::{dropdown}" not in cells["c05f0206"]
@@ -1173,10 +1174,13 @@ def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
     assert "ALONE in parts" in cells["step22-gain"]  # 22a measured by itself where the run has it, else derived
     # each part its number, from the run of its own, over the part before; the steps table gives each its row
     assert "**Step 22a takes {one[matmul]:.1f} µs, {run[matmul]:.2f}× step 21's speed**" in cells["a586196e"]
-    assert "lesson.vs(one[matmul], one[after], '22a')" in cells["step22b-number"]
-    assert "lesson.vs(one[after], one[early], '22b')" in cells["step22c-number"] and "kept for step 23" in cells[
-        "step22c-number"]
+    assert "{x(one[matmul], one[after])} 22a's speed**" in cells["step22b-number"]
+    assert "**Step 22c takes {t1(us(22))}, {x(us(21), us(22))} step 21's speed**" in cells["step22c-number"]
+    assert "(one[after] - one[early]) / one[\"quantize_x\"]" in cells["step22c-number"]
+    assert "kept for step 23" in cells["step22c-number"] and "in the benchmark" not in cells["step22c-number"]
     assert all(f"| 22{p} |" in cells["74d3fbc1"] for p in "abc")
+    assert "timed in a run of their own" in cells["74d3fbc1"] and "timed apart" not in cells["74d3fbc1"]
+    assert "run of its own" not in cells["a586196e"]  # the legend says it once, not the prose
     assert "say(" not in cells["step22-gain"]  # 22a's number once, in the chain
     assert "one['step 21']" not in cells["a586196e"]  # step 21's time is the benchmark's, on the page once
     parts = next(c for c in nb if c["id"] == "step22-parts")
