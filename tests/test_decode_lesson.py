@@ -798,7 +798,11 @@ def test_the_answer_leads_with_the_real_model_and_the_8b_run_is_the_8b_cost_mode
     assert "real deployments" not in page and "how much faster does" not in text[0]
     for gone in ("headline", "8B shape", "8B-shaped cost model", "1B shape"):
         assert gone not in page, gone
-    assert sum(t.count("ties on both cost models") for t in text) == 1
+    # 3a's result on the cost models: the steps tables' ratios (the fold's rows), then the chain's, one sentence
+    three_a = next(t for t in text if "#### 3a" in t)
+    said = " ".join(text[text.index(three_a) + 1].split())
+    assert "tie(sa['1b'])" in said and "tie(sa['8b'])" in said and "the steps tables" in said
+    assert "tie(a['x_previous'][one])" in said and "ties on both cost models" not in "\n".join(text)
     # the tables and figures name the cost models as the prose does
     shown = lesson.committed() or lesson.earlier_run()
     assert all(r["case"].startswith(("SmolLM2", "1B cost model", "8B cost model (synthetic weights)"))
@@ -818,8 +822,9 @@ def _page_cells() -> list[str]:
 
 
 def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_model():
-    """Forwards saved: per output token everywhere, first given at step 2; the sentence that gives the share says in
-    half a sentence why it is larger than chapter 01's count and points there; the models section's first sentence
+    """Forwards saved: per output token everywhere, first given at step 2, beside the table that names what each count
+    of forced tokens counts (chapter 01's, the cost models', SmolLM2's: passes, tokens or forwards, the pass on EOS
+    included or not), and why SmolLM2's answers force about 100× the real schemas' share; the models section's first sentence
     says what the cost models are (measured, random weights, one layer read by all the 8B's layers)."""
     text = _page_cells()
     page = "\n".join(text)
@@ -827,7 +832,11 @@ def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_mo
     assert "This page counts forwards per output token" not in page
     saved = next(t for t in text if "{n['dec_fwd_saved']}** of their forwards" in t)
     words = " ".join(saved.split())
-    assert "more than [chapter 01](01_fsm_compression.ipynb)'s count" in words and "pass on EOS" in words
+    assert "{lesson.forced_table(shown)}" in words and "the real schemas' share" in words
+    table = lesson.forced_table(lesson.committed())
+    for named in ("chapter 01's", "cost models", "its tokenizer's split of their text", "the model's own tokens",
+                  "the pass on EOS included", "medians of the requests", "passes saved", "tokens forced"):
+        assert named in table, named
     assert "real2[1]['us']" in saved  # step 2's section, not before the first step
     at = text.index("## The models\n")
     first = " ".join(text[at + 1].split())
@@ -986,13 +995,16 @@ def test_the_steps_table_leads_with_the_real_model_and_folds_the_cost_models():
 
 def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening_says_which_number_to_take():
     """The result gives the plain point (a jumped token is not a free forward) before the forecasts; the opening
-    names SmolLM2 the check on real weights and tells whoever serves a large model to take the 8B cost model's."""
+    gives SmolLM2's factors one by one (3a's host work its own), names the fastest loop there (3a) and why step 3
+    is shipped, and tells whoever serves a large model to take the 8B cost model's."""
     text = _page_cells()
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
     assert result.index("**A jumped token is not a free forward.**") < result.index("sits between two forecasts")
     assert not any("**A jump is not a free forward.**" in t for t in text)
     opening = " ".join(next(t for t in text if "**The answer:" in t).split())
-    assert "the check on real weights" in opening and "Serving a large model, take **the 8B cost model**" in opening
+    assert "The fastest loop on SmolLM2 is therefore 3a" in opening and "neither chapter's kernel" in opening
+    assert "serving a large model, take **the 8B cost model**" in opening and "We ship step 3" in opening
+    assert opening.index("{r3a[1]['x_previous']") < opening.index("{rp['x_3a']") < opening.index("{rp['x_3bc']")
 
 
 def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
@@ -1035,7 +1047,7 @@ def test_the_character_level_jumps_get_a_table_of_their_own():
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
     assert "*Per request*" in result
     assert any("lesson.char_jump_table(shown)" in t and "The parts no chapter touches" in t for t in text)
-    opening = next(t for t in text if "make decoding faster than step 1" in t)
+    opening = next(t for t in text if "step 3 runs {real1['ratio']:.2f}× step 1" in t)
     assert opening.index("{real1['ratio']") < opening.index("{b8['ratio']")
 
 
