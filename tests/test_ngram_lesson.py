@@ -16,9 +16,10 @@ def _cells(table: str) -> list[list[str]]:
     return [[c.strip() for c in r.split("|")[1:-1]] for i, r in enumerate(rows) if i != 1]
 
 
-#: The one table's rows: every step in number order (9a, step 8 without its barriers, before step 9), then the entry
-#: point and the floor.
-ORDER = [str(n) for n in range(1, 9)] + ["9a"] + [str(n) for n in range(9, 13)] + ["entry point", "floor"]
+#: The one table's rows: every step in number order, each two-idea step's first idea before it (6a, a stop added to
+#: step 5, before step 6; 9a, step 8 without its barriers, before step 9), then the entry point and the floor.
+ORDER = ([str(n) for n in range(1, 6)] + ["6a"] + [str(n) for n in range(6, 9)] + ["9a"]
+         + [str(n) for n in range(9, 13)] + ["entry point", "floor"])
 
 
 def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths_case():
@@ -42,16 +43,19 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
         ms = lesson.grid_row(results, ngram.CHAPTER.step(1).series, cfg)["ms"]
         assert f"{ms * 1e3:,.1f} µs at {cfg[0]} × {cfg[1]}" in notes, cfg
     assert all("(" not in c for c in by["2"][2:])  # never a GPU time over a host time
-    parts = all(lesson.step9_times(cfg) for cfg in lesson.STEPS_CASES)  # 9a's run, when committed
     for i, cfg in enumerate(lesson.STEPS_CASES):
-        if parts:  # 9a against step 8, step 9 (9b) against 9a, both from the run that times them side by side
-            t = lesson.step9_times(cfg)
-            assert by["9a"][2 + i] .startswith(f"{t['9a']:,.1f} ({t['8'] / t['9a']:.2f}×"), by["9a"]
-            assert f"({t['9a'] / t['9']:.2f}×" in by["9"][2 + i] and "9a is timed beside steps 8 and 9" in notes
-        else:
-            assert by["9a"][2 + i] == "–" and "9a, not measured" in notes
+        # 6a against step 5 and 6b (step 6) against 6a; 9a against step 8 and 9b (step 9) against 9a: each from the
+        # lab run that times them side by side, where it has the case; "–" for the lettered row where it has not
+        for part, step in (("6a", 6), ("9a", 9)):
+            first, second = lesson.part_factor(part, cfg), lesson.part_factor(f"{step}b", cfg)
+            if first is None:
+                assert by[part][2 + i] == "–" and f"{part} not measured" in notes, (part, cfg)
+                assert by[str(step)][2 + i].endswith(f", vs {step - 1})") or second is None
+                continue
+            assert by[part][2 + i].startswith(f"{lesson.part_us(part, cfg):,.1f} ({first:.2f}×"), (part, cfg)
+            assert f"({second:.2f}×" in by[str(step)][2 + i] and "timed beside the steps around" in notes
         for n in range(3, 13):
-            if n == 9 and parts:
+            if n in (6, 9) and lesson.part_factor(f"{n}b", cfg) is not None:
                 continue
             row = lesson.grid_row(results, ngram.CHAPTER.step(n).series, cfg)
             base = lesson.grid_row(results, ngram.CHAPTER.step(lesson.builds_on(n)).series, cfg)
@@ -66,7 +70,7 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
             f = base["ms"] / row["ms"]
             assert f"({f:.2f}×" in cell, (n, cfg, cell)
             assert ("tie" in cell) == (lesson.TIE[0] <= round(f, 2) <= lesson.TIE[1]), (n, cfg, cell)
-            assert ("vs 6" in cell) == (n == 8)
+            assert ("vs 6" in cell) == (n == 8) and ("vs 5" in cell) == (n == 6)
         entry = lesson.entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
         assert by["entry point"][2 + i].endswith(f"(runs {ngram.CHAPTER.step(entry['step']).number})")
         floor = lesson.table_floor_us(results, cfg)
@@ -197,6 +201,12 @@ def test_step_4_shows_its_core_and_steps_5_and_6_the_helper_each_adds_and_fold_t
     for step, (file, function) in HELPERS.items():
         i = text.index(f'show_source("{file}", "{function}")')
         assert "hide-output" not in cells[i]["metadata"].get("tags", [])
+        if step == 6:  # two ideas: 6a's diff open under the helper, then 6b in words, then the whole diff
+            assert text[i + 1] == "lesson.step6a_diff()" and "hide-output" not in cells[i + 1]["metadata"]["tags"]
+            d = lesson.step6a_diff()
+            assert 0 < len(d.added) + len(d.removed) <= 40 and "__syncthreads();" in "".join(d.added)
+            assert text[i + 2].startswith("**6b, the split**")
+            i += 2
         assert text[i + 1] == f"lesson.step_diff({step - 1}, {step})"
         assert "hide-output" in cells[i + 1]["metadata"]["tags"] and "say(f" in text[i + 2]
         body = source_of(csrc / file, function)[0]
@@ -349,7 +359,7 @@ def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_mat
 
 def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step():
     """The quoted case is a column of the table of steps; the table has one row per numbered step and one lettered
-    row, 9a (step 9's first idea, timed apart; step 9's row is its second, 9b), each naming its step's one change in a few words, and each "× previous" is the step it builds on (the step
+    rows, 6a and 9a (the first idea of steps 6 and 9, timed apart; the step's row is its second, 6b or 9b), each naming its step's one change in a few words, and each "× previous" is the step it builds on (the step
     before on its path) over it, read here from the committed file itself; a factor from 0.97× to 1.03× says "tie"."""
     import re
 
@@ -361,11 +371,12 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
     for cases in (lesson.STEPS_CASES, lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
         table = lesson.the_steps_table(results, cases)
         labels = [r[0] for r in _cells(table)[1:]]
-        assert [label for label in labels if re.fullmatch(r"\d+[a-z]", label)] == ["9a"], labels
+        assert [label for label in labels if re.fullmatch(r"\d+[a-z]", label)] == ["6a", "9a"], labels
         assert labels == ORDER
         rows = {r[0]: r for r in _cells(table)[1:]}
-        parts = all(lesson.step9_times(cfg) for cfg in cases)
-        assert rows["9a"][1].startswith(lesson.SHORT_CHANGES["9a"]) and lesson.SHORT_CHANGES[9].startswith("9b: ")
+        for part in ("6a", "9a"):
+            assert rows[part][1].startswith(lesson.SHORT_CHANGES[part])
+            assert lesson.SHORT_CHANGES[int(part[0])].startswith(f"{part[0]}b: ")
         for step in ngram.CHAPTER.steps:
             assert rows[str(step.number)][1].startswith(lesson.SHORT_CHANGES[step.number]), step
             assert len(lesson.SHORT_CHANGES[step.number].split()) <= 6, step
@@ -375,9 +386,12 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
                 before = _file_ms(results, lesson.builds_on(step.number), cfg)
                 this = _file_ms(results, step.number, cfg)
                 want = f"{this * 1e3:,.1f}"
-                if step.number == 9 and parts:  # its time, over 9a in the run that times them side by side
-                    t = lesson.step9_times(cfg)
-                    assert cell.startswith(f"{want} ({t['9a'] / t['9']:.2f}×"), (cfg, cell)
+                second = lesson.part_factor(f"{step.number}b", cfg) if step.number in (6, 9) else None
+                if second is not None:  # its time, over 6a or 9a in the run that times them side by side
+                    assert cell.startswith(f"{want} ({second:.2f}×"), (cfg, cell)
+                    continue
+                if step.number in (6, 9):  # the row above is not timed here: against the step before it, named
+                    assert cell.endswith(f", vs {step.number - 1})"), (cfg, cell)
                     continue
                 if before is not None:
                     notes = [f"{before / this:.2f}×"]
@@ -501,10 +515,10 @@ def test_the_page_names_its_runs_in_words_and_its_cells_read_them():
     for i, t in enumerate(text):
         if cells[i]["cell_type"] == "markdown":
             assert not re.search(r"\w\.json`|assets/bench|lab/ngram|/results/", t), i
-    assert all(w in text[at] for w in ("benchmark", "empty kernel", "step 6's two changes one at a time",
+    assert all(w in text[at] for w in ("benchmark", "empty kernel", "step 6's two ideas one at a time",
                                        "step 9's split", "9a, step 8 without its barriers"))
     code = "\n".join(t for c, t in zip(cells, text) if c["cell_type"] == "code")
-    assert 'load_results("ngram")' in code and "lesson.step6_chain()" in code
+    assert 'load_results("ngram")' in code and 'lesson.part_factor(part, H) for part in ("6a", "6b")' in code
     assert '(8, "step05_changes"), (9, "step12_changes")' in code  # the splits of steps 8 and 9
     assert "lesson.step9_times(H)" in code and 'lesson.step9_factor("9a", H)' in code  # 9a's run, when committed
     for name in ("step05_changes", "step12_changes"):
@@ -512,10 +526,10 @@ def test_the_page_names_its_runs_in_words_and_its_cells_read_them():
     assert (paths.REPO_ROOT / "assets" / "bench" / "nvidia-h200" / "ngram.json").is_file()
 
 
-def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():
-    """No run history in the prose (a separate, further or second run, a date), and no lettered row names. The one
-    table timing a step's changes one at a time is step 6's (the stop, then the split), in its section, read from the
-    lab run; every other step is one change, and the table of steps is the chain."""
+def test_the_page_tells_no_run_history_and_shows_no_table_beside_the_steps_table():
+    """No run history in the prose (a separate, further or second run, a date), and no lettered names but the
+    sub-steps (6a, 6b, 9a, 9b). Step 6's two ideas are said in its section, each with its number, read from the lab
+    run (``lesson.part_factor``); no chain table sits beside the one table of steps."""
     import json
     import re
 
@@ -525,15 +539,14 @@ def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
     page = "\n".join(cells)
     assert not re.search(r"(separate|further|second|another) run|20\d\d-\d\d-\d\d|percent or two", page)
-    assert "one change at a time" not in page and set(re.findall(r"\b\d[a-d]\b", page)) <= {"9a", "9b"}
+    assert "one change at a time" not in page and set(re.findall(r"\b\d[a-d]\b", page)) <= {"6a", "6b", "9a", "9b"}
     assert not re.search(r"their run has no|[Tt]imed apart from the table", page)  # bookkeeping stays off the page
     assert "answers: `book/ngram/solutions.py`" in page  # the answers' path, as every page gives it
     assert "`plan_slot`" in next(t for t in cells if t.startswith("## The operation"))  # defined where it is named
-    chains = [i for i, t in enumerate(cells) if "chain_table(" in t]
-    assert len(chains) == 1 and "lesson.step6_chain()" in cells[chains[0]]
+    assert not any("chain_table(" in t or "step6_chain()" in t for t in cells)
     step6 = next(i for i, t in enumerate(cells) if t.startswith("## Step 6:"))
-    path = next(i for i, t in enumerate(cells) if t.startswith("## Long haystacks under a budget"))
-    assert step6 < chains[0] < path
+    said = next(t for t in cells[step6:] if "say(f" in t)
+    assert 'lesson.part_factor(part, H) for part in ("6a", "6b")' in said
 
 
 def test_step_6s_chain_is_the_lab_runs_own_rows():

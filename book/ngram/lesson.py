@@ -1,7 +1,7 @@
 """What notebook 03 reads from a results file besides the figures: a grid case's row (the prose's numbers), the
 table of steps (each against the step it builds on and the floor), the summary of every step, the real-text table,
-and the targets' verdicts; the lab runs the page reads (step 6's changes one at a time, the splits of steps 8
-and 9); and the model of the published BlockScan budget that
+and the targets' verdicts; the lab runs the page reads (the two ideas of steps 6 and 9 one at a time, the splits
+of steps 8 and 9); and the model of the published BlockScan budget that
 the notebook shows departing from the sequential rule (:func:`published_blockscan_counts`). Every results function
 takes a :class:`studylog.plotting.Results` and reads it through the lookups the figures use
 (:mod:`book.ngram.results`); a file older than a series gives ``–`` (or leaves the line out) where it lacks one.
@@ -25,7 +25,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE", "OPEN_CASES", "TABLE_CASES",
            "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "STEP9_RUN", "STEP9_PARTS", "step9_times", "step9_factor", "step9_diff", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "path_words", "rival_ratios",
+           "exit_factor", "STEP9_RUN", "STEP9_PARTS", "step9_times", "step9_factor", "PARTS", "part_us", "part_factor", "step6a_diff", "step9_diff", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "SEARCH_DIFFS", "step_diff", "CORES", "step_core",
            "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "TIE", "ratio_cell",
            "launch_bound", "kept_note", "STEPS_CASES", "the_steps_table", "case_words", "step_table",
@@ -303,13 +303,41 @@ def step9_times(cfg: tuple[int, int, int], gpu: str = "nvidia-h200") -> dict[str
     return out
 
 
+#: The sub-steps of steps 6 and 9, each timed in a lab run beside the rows around it: part -> (the run, the row's
+#: variant in it or the library step it re-times, and the row it is against). 6a is a stop added to step 5 (the frozen
+#: step 5 with the early exit, ``step05_changes``), 6b the split with that stop kept (step 6); 9a and 9b are
+#: :data:`STEP9_PARTS`.
+PARTS = {"6a": ("step05_changes", "5b", "5"), "6b": ("step05_changes", "6", "5b"),
+         "9a": ("step09_parts", "9a", 8), "9b": ("step09_parts", 9, "9a")}
+
+
+def part_us(part: str, cfg: tuple[int, int, int], which: int = 0, gpu: str = "nvidia-h200") -> float | None:
+    """Sub-step ``part``'s row (``which`` 0) or the row it is against (1) at ``cfg``, µs on the GPU clock, from its
+    lab run (:data:`PARTS`); None where the run is not committed or lacks the case."""
+    name, *rows = PARTS[part]
+    run = lab_run(name, gpu)
+    if run is None:
+        return None
+    what = rows[which]
+    if isinstance(what, int):
+        b, s, t = cfg
+        found = run.select(CHAPTER.step(what).series, batch=b, seq_len=s, threshold=t)
+        row = found[0] if found else None
+    else:
+        row = variant_row(run, name, what, cfg)
+    return None if row is None else row["ms"] * 1e3
+
+
+def part_factor(part: str, cfg: tuple[int, int, int], gpu: str = "nvidia-h200") -> float | None:
+    """Sub-step ``part`` at ``cfg``: the row it is against over its own, in its lab run on ``gpu`` (above 1 it
+    pays)."""
+    row, against = part_us(part, cfg, gpu=gpu), part_us(part, cfg, 1, gpu=gpu)
+    return None if row is None or against is None else against / row
+
+
 def step9_factor(part: str, cfg: tuple[int, int, int]) -> float | None:
     """Sub-step ``part`` of :data:`STEP9_PARTS` at ``cfg``: the row it is against over its own (above 1 it pays)."""
-    t = step9_times(cfg)
-    if t is None:
-        return None
-    row, against = STEP9_PARTS[part]
-    return t[against] / t[row]
+    return part_factor(part, cfg)
 
 
 def _crop(text: str, start: str) -> str:
@@ -317,6 +345,30 @@ def _crop(text: str, start: str) -> str:
     lines = text.splitlines()
     i = next(k for k, ln in enumerate(lines) if start in ln)
     return "\n".join(ln for ln in lines[i:] if not ln.lstrip().startswith("//")) + "\n"
+
+
+def step6a_diff():
+    """6a as the page shows it: step 5's search against the same kernel with the stop (the frozen copy of step 5,
+    ``one_pass_search<EARLY_EXIT>``, each ``if constexpr`` resolved): the loop's test and its two barriers a tile."""
+    from studylog import paths
+    from studylog.source import Diff, resolve_constexpr, source_of
+
+    text = source_of(paths.REPO_ROOT / "lab" / "ngram" / "variants" / "step05_exit.cu", "one_pass_search")[0]
+
+    def resolved(exit_: bool) -> str:
+        out = []
+        for ln in resolve_constexpr(text.splitlines(), {"EARLY_EXIT": exit_}):
+            if ln.startswith("template <"):
+                continue
+            m = re.match(r"(\s*)if constexpr \((!?)EARLY_EXIT\) (.*)", ln)  # a one-line `if constexpr`
+            if m:
+                if (m[2] == "!") != exit_:
+                    out.append(m[1] + m[3])
+                continue
+            out.append(ln.replace("one_pass_search", "ngram_search_one_pass"))
+        return "\n".join(out) + "\n"
+
+    return Diff(resolved(False), resolved(True), "step05_one_pass", "6a", DIFF_CONTEXT)
 
 
 def step9_diff(part: str):
@@ -594,7 +646,8 @@ def real_text_slower(results, number: int = 12) -> list[float]:
 
 #: Each row's one change in the table of steps, in a few words (each step's section says it in full).
 SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread", 3: "a block a slot; serial budget",
-                 4: "budget from prefix sums", 5: "one pass for every n", 6: "each slot over many blocks",
+                 4: "budget from prefix sums", 5: "one pass for every n", "6a": "a block stops once beaten",
+                 6: "6b: each slot over many blocks",
                  7: "phase 2 launched early", 8: "phase 2 in the last block", "9a": "no barrier in the loop",
                  9: "9b: longer chunks per block",
                  10: "16-byte loads", 11: "L2 evict-first hint", 12: "refused slots skip search"}
@@ -727,19 +780,35 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
     head = ["step", "the one change"] + [_case_head(cfg) for cfg in cases]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     missing = False
-    parts = all(step9_times(cfg) is not None for cfg in cases)  # step 9's two ideas, timed apart
-    for n in [*range(1, 9), "9a", *range(9, 13)]:
-        if n == "9a" or (n == 9 and parts):
-            part = "9a" if n == "9a" else "9b"
-            factors = [step9_factor(part, cfg) for cfg in cases] if parts else []
-            cells = [str(n), SHORT_CHANGES[n] + ("" if any(f and round(f, 2) > TIE[1] for f in factors) else
-                                                 " (kept: steps 10 to 12 build on it)" if factors else "")]
-            for cfg, f in zip(cases, factors or [None] * len(cases)):
-                if f is None:
-                    cells.append("–")
-                    missing = True
-                    continue
-                t = step9_times(cfg)["9a"] if n == "9a" else grid_row(results, CHAPTER.step(9).series, cfg)["ms"] * 1e3
+    unmeasured = []  # (sub-step, case) its lab run does not time
+    gpu = results.path.parent.name if results.path is not None else "nvidia-h200"  # the lab runs of the same card
+    for n in [*range(1, 6), "6a", *range(6, 9), "9a", *range(9, 13)]:
+        if n in ("6a", "9a") or (n in (6, 9) and any(part_factor(f"{n}b", cfg, gpu) for cfg in cases)):
+            part = n if isinstance(n, str) else f"{n}b"
+            factors = [part_factor(part, cfg, gpu) for cfg in cases]
+            why = {"6a": "kept: 6b needs it", "9a": "kept: 9b builds on it", "9b": "kept: steps 10 to 12 build on it"}
+            pays = any(f and round(f, 2) > TIE[1] for f in factors)
+            kept = not pays and part != "6b" and any(f is not None for f in factors)
+            cells = [str(n), SHORT_CHANGES[n] + (f" ({why[part]})" if kept else "")]
+            for cfg, f in zip(cases, factors):
+                if isinstance(n, str):
+                    if f is None:
+                        cells.append("–")
+                        unmeasured.append((n, cfg))
+                        continue
+                    t = part_us(n, cfg, gpu=gpu)
+                else:
+                    row = grid_row(results, CHAPTER.step(n).series, cfg)
+                    if row is None:
+                        cells.append("–")
+                        missing = True
+                        continue
+                    t = row["ms"] * 1e3
+                    if f is None:  # the row above is not timed here: against the step before it, named
+                        f = grid_row(results, CHAPTER.step(n - 1).series, cfg)["ms"] / row["ms"]
+                        cells.append(f"{t:,.1f} ({f:.2f}×" + (", tie" if TIE[0] <= round(f, 2) <= TIE[1] else "")
+                                     + f", vs {n - 1})")
+                        continue
                 cells.append(f"{t:,.1f} ({f:.2f}×" + (", tie" if TIE[0] <= round(f, 2) <= TIE[1] else "") + ")")
             lines.append("| " + " | ".join(cells) + " |")
             continue
@@ -760,7 +829,7 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
             if base and base.get("clock") == "gpu":
                 f, vs = base["ms"] / row["ms"], builds_on(n)
                 said = [f"{f:.2f}×"] + (["tie"] if TIE[0] <= round(f, 2) <= TIE[1] else []) \
-                    + ([f"vs {vs}"] if vs != n - 1 else [])
+                    + ([f"vs {vs}"] if vs != n - 1 or n in (6, 9) else [])  # 6 and 9: 6a, 9a between
                 cells.append(f"{us(row['ms'])} ({', '.join(said)})")
             else:
                 cells.append(us(row["ms"]))
@@ -780,12 +849,18 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
     times = [(cfg, grid_row(results, CHAPTER.step(1).series, cfg)) for cfg in cases]
     notes = ["Cells: µs on the GPU clock (× the step it builds on). ¹ Step 1 runs on the host, end to end: "
              + ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r) + "."]
-    if parts:
-        notes.append("9a is timed beside steps 8 and 9: its ratio over step 8 and step 9's over it are from those "
-                     "times.")
-    if missing:
-        notes.append("– not timed: one thread is too slow there" + ("" if parts else
-                                                                   "; 9a, not measured") + ".")
+    timed = [p for p in ("6a", "9a") if any(part_factor(p, cfg, gpu) for cfg in cases)]
+    if timed:
+        one = len(timed) == 1
+        notes.append(f"{and_list(timed)} {'is' if one else 'are'} timed beside the steps around {'it' if one else 'them'}"
+                     f": {'its' if one else 'their'} ratios, and those of step{'' if one else 's'} "
+                     f"{and_list([p[0] for p in timed])} over {'it' if one else 'them'}, are from those times.")
+    gaps = sorted({n for n, _ in unmeasured})
+    if missing or gaps:
+        said = (["one thread is too slow there"] if missing else []) + [
+            f"{n} not measured" + ("" if n not in timed else " at " + and_list(
+                [case_name(c) for m, c in unmeasured if m == n])) for n in gaps]
+        notes.append("– not timed: " + "; ".join(said) + ".")
     return "\n".join(lines) + "\n\n" + " ".join(notes)
 
 
