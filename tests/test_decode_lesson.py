@@ -246,7 +246,7 @@ def test_figures_keep_to_the_rules(earlier):
 
     figs = figures.figures(earlier, what=lesson.EARLIER_WHAT)
     assert {"breakdown_1b", "breakdown_8b", "speedup"} <= set(figs) <= {"breakdown_1b", "breakdown_8b", "speedup",
-                                                                        "speedup_8b"}
+                                                                        "speedup_8b", "breakdown_smollm2"}
     for name, fig in figs.items():
         axes = [ax for ax in fig.axes if ax.has_data()]
         assert 1 <= len(axes) <= 3, name
@@ -752,7 +752,7 @@ def test_the_breakdown_bars_put_3a_before_step_3():
     parts = {c: dict(part) for c in ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")}
     ax = decode_figures.plot_breakdown(parts)
     labels = [t.get_text() for t in ax.get_yticklabels()]  # top to bottom
-    assert labels == ["step 1: the baseline loop", "step 2: jump forward", "3a: the automaton's masks",
+    assert labels == ["step 1: the baseline loop", "step 2: jump forward", "3a: allowed sets precomputed",
                       "step 3: the masked head", "not a step: character-level jumps"]
     plt.close(ax.figure)
 
@@ -873,8 +873,8 @@ def test_step3_over_step2_says_why_it_passes_the_heads_bound_where_it_first_appe
 def test_the_eager_head_says_step_13_was_not_tried_and_each_configuration_has_one_time_in_the_open_text():
     """Where we lose says plainly that chapter 02's graph-replayed step 13 was not tried in this loop and what it
     would take. Step 3's chain, a run of its own, gives only its ratios in the open text; its times (step 2's and
-    step 3's a little off the steps table's) sit in a fold, and the figures draw no 3a bar from the chapter's
-    benchmark, so 3a's one number is the chain's. What a bar's end less its tick is, and the run, are said under
+    step 3's a little off the steps table's) sit in a fold; the cost models' figures draw no 3a bar, and the real
+    model's draws its 3a bar at its steps table's time (the same run). What a bar's end less its tick is, and the run, are said under
     "Where the numbers come from", not inside the figures."""
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
@@ -896,11 +896,17 @@ def test_the_eager_head_says_step_13_was_not_tried_and_each_configuration_has_on
     assert any("lesson.host_table(shown)" in t for t in text[where:])
     shown = lesson.committed()
     figs = decode_figures.figures(shown)
+    real = lesson.real_steps_rows_3a(shown, 1)
     for name, fig in figs.items():
         words = " ".join(t.get_text() for t in fig.findobj(Text))
         assert "Measured on" not in words and "Bar end" not in words, name
-        assert "3a" not in words, name
+        assert ("3a" in words) == (name == "breakdown_smollm2"), name
         plt.close(fig)
+    from book.decode.results import breakdown
+
+    bars = breakdown(shown.rows, "smollm2", 1, kind=None)  # the real model's figure: its steps table's times
+    assert [bars[c]["wall"] * 1e3 for c in ("baseline", "jump_forward", "automaton_mask", "masked_head")] == \
+        pytest.approx([r["us"] for r in real])
     assert "Measured on" in decode_figures.figure_notes(shown)
 
 
@@ -931,7 +937,7 @@ def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top(
     """Where the page first gives a time per output token it says the prompt's prefill is in it; the headline's
     per-schema range names the schema at its top with its output tokens and forwards, read from the rows."""
     text = _page_cells()
-    first = next(t for t in text if "per output token" in t and "s1['us']" in t)
+    first = next(t for t in text if "per output token" in t and "real[0]['us']" in t)
     assert not any("µs** per output token" in t for t in text[:text.index(first)])
     assert "prefill included" in " ".join(first.split())
     headline = next(t for t in text if "The 8B cost model's medians are over" in t)
