@@ -25,7 +25,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "RESULT_CASE", "OPEN_CASES", "TABLE_CASES",
            "table_floor_us", "floor_words", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "STEP9_RUN", "STEP9_PARTS", "step9_times", "step9_factor", "PARTS", "part_us", "part_factor", "step6a_diff", "step9_diff", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "path_words", "rival_ratios",
+           "exit_factor", "STEP9_RUN", "STEP9_PARTS", "step9_times", "step9_factor", "PARTS", "part_us", "part_factor", "part_best", "step6a_diff", "step9_diff", "STEP6_CHAIN", "CHAIN_CASES", "step6_chain", "chain_gap", "case_name", "step_factors", "host_us", "launches", "eager_host", "SHORT_CHANGES", "PATHS", "path_words", "rival_ratios",
            "DIFF_CONTEXT", "SEARCH_DIFFS", "step_diff", "CORES", "step_core",
            "RULE_SPREAD", "rule_misses", "early_exit_share", "active_slots", "step07_launches", "shared_definitions", "entry_row", "floor_us", "grid_row", "result_table", "result_tables", "fold_table", "TIE", "ratio_cell",
            "launch_bound", "kept_note", "STEPS_CASES", "the_steps_table", "case_words", "step_table",
@@ -333,6 +333,13 @@ def part_factor(part: str, cfg: tuple[int, int, int], gpu: str = "nvidia-h200") 
     pays)."""
     row, against = part_us(part, cfg, gpu=gpu), part_us(part, cfg, 1, gpu=gpu)
     return None if row is None or against is None else against / row
+
+
+def part_best(part: str, gpu: str = "nvidia-h200") -> tuple[float, tuple[int, int, int]] | None:
+    """Where sub-step ``part`` pays most over every case its lab run times (:data:`BOEHM_CASES` and
+    :data:`RESULT_CASE`): ``(factor, case)``; None where the run is not committed."""
+    found = [(f, cfg) for cfg in (*BOEHM_CASES, RESULT_CASE) if (f := part_factor(part, cfg, gpu)) is not None]
+    return max(found) if found else None
 
 
 def step9_factor(part: str, cfg: tuple[int, int, int]) -> float | None:
@@ -789,6 +796,8 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
             why = {"6a": "kept: 6b needs it", "9a": "kept: 9b builds on it", "9b": "kept: steps 10 to 12 build on it"}
             pays = any(f and round(f, 2) > TIE[1] for f in factors)
             kept = not pays and part != "6b" and any(f is not None for f in factors)
+            if kept and (best := part_best(part, gpu)) and round(best[0], 2) > TIE[1]:  # pays off the table's cases
+                why[part] = f"kept: {best[0]:.2f}× at {case_name(best[1])}"
             cells = [str(n), SHORT_CHANGES[n] + (f" ({why[part]})" if kept else "")]
             for cfg, f in zip(cases, factors):
                 if isinstance(n, str):
