@@ -1319,7 +1319,26 @@ LOOP_BOUND_NOTE = ("Chapters 07 and 08 time a whole decode loop: their floors co
 RIVAL_SHORT = (("our corrected port of FastDeploy's", "FastDeploy's revised kernel, our corrected port (step 4)"),
                ("BitNet's W2A8 kernel", "BitNet's W2A8 kernel (x already int8)"),
                ("the same loop, dense head and mask", "step 1's loop (dense head and mask)"),
-               ("chapter 07's loop (", "chapter 07's loop (its step 3)"))
+               ("chapter 07's loop (", "chapter 07's loop (its step 3)"),
+               ("xgrammar (cuBLAS logits, then its mask kernel)",
+                "the path engines ship, xgrammar's (cuBLAS logits, then its mask kernel)"))
+
+
+#: Chapter 02's kernel alone against torch.compile's fused gathers, a lab run on the H200 (read here as JSON).
+COMPILED_GATHER_FILE = BENCH_RESULTS.parent.parent / "lab" / "masked_lm_head" / "results" / "nvidia-h200" / "compiled_gather.json"
+
+
+def compiled_gather_pair(allowed: int) -> tuple[float, float] | None:
+    """(step 12's ms, the faster torch.compile gather's ms) at ``allowed`` in :data:`COMPILED_GATHER_FILE`, where
+    every check passed; None where the file or the case is missing."""
+    if not COMPILED_GATHER_FILE.is_file():
+        return None
+    data = json.loads(COMPILED_GATHER_FILE.read_text())
+    if not all(c["passed"] for c in data.get("checks", [])):
+        return None
+    by = {(r["series"], r["params"].get("allowed")): r["ms"] for r in data["measurements"]}
+    theirs = [by[(s, allowed)] for s in ("index_select_compiled", "gather_dot_compiled") if (s, allowed) in by]
+    return (by[("step12", allowed)], min(theirs)) if ("step12", allowed) in by and theirs else None
 
 
 def short_rival(label: str) -> str | None:
@@ -1465,6 +1484,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     under: list[str] = []
     shown: set[int] = set()
     tail_cells: list[tuple[dict[str, Any], dict[str, str]]] = []  # the re-run's rows: its median and p99
+    unbound: list[str] = []  # each decode loop's bounds that do not bind, said once in the notes
     off: list[tuple[dict[str, Any], float]] = []  # rows whose p50 / p99 run lands off the chapter's median
 
     for r in board:
@@ -1569,9 +1589,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, extra, every_card=True)
         if r.get("design_bound_ms") is not None:  # the own-work yardstick: what it is, its time, ours over it
             note(r, f"own-work yardstick (not a limit): {r['design_bound_what']}", every_card=True)
-            if bound != "–":  # its time on this card, and ours over it
-                note(r, f"the own-work yardstick takes {_floor(r['design_bound_ms'])} µs, and our median is "
-                        f"{over_bound} it")
+            # its time on this card, and ours over it, are the table's two own-work columns
         for extra in r["floor_notes"]:
             if r.get("design_bound_ms") is not None and extra.startswith("a kernel that only reads"):
                 continue  # its time is the row's tighter bound, in the table
@@ -1593,9 +1611,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             bounds = [(what, ms) for what, kind, ms in (
                 ("byte bound", "bytes", r["byte_floor_ms"]), ("kernel-count bound", "latency", r["latency_floor_ms"]),
                 ("forward-time bound", "forward", r.get("forward_bound_ms"))) if ms is not None and kind != r["binding"]]
-            if bounds:  # the bounds that do not bind: in the chapter's notes, not under the table
-                note(r, "our loop's other bounds are lower and do not bind: "
-                        + " and ".join(f"its {what} ({_floor(ms)} µs)" for what, ms in bounds), every_card=True)
+            if bounds:  # the bounds that do not bind: one note for every loop row, said once
+                model = (", " + r["ours"].split(", ")[-1]) if r["number"] == 7 else ""
+                unbound.append(f"chapter {r['number']:02d}{model}: " + " and ".join(
+                    f"its {what} ({_floor(ms)} µs)" for what, ms in bounds))
             continue
         floors.append((r, f" | {card} | {kernel} | {mark('bytes', r['byte_floor_ms'], NOT_MEASURED)} | "
                           f"{mark('compute', r['compute_floor_ms'], '–')} | {latency} |"))
@@ -1614,13 +1633,21 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r4 is not None:
             note(r4, small, every_card=True)
 
+    no_row: dict[tuple[str, str], list[tuple[dict[str, Any], str]]] = {}  # (card, other cards) -> chapters, why
     for (number, card), why in sorted(apart.items()):  # said per chapter and card, not as a catch-all
         r = next(b for b in every if b["number"] == number)
         others = " and the ".join(short_card(b["card"]) for b in board if b["number"] == number and b["lead"]
                                   and "missing" not in b)
-        card_ = short_card(card)
-        under.append(f"{chapter_link(r)} has no {card_} row: the {card_}'s benchmark does not time this case the way "
-                     f"the {others or 'other card'}'s does (on the {card_} {why}).")
+        no_row.setdefault((short_card(card), others or "other card"), []).append((r, why))
+    for (card_, others), found in no_row.items():  # one sentence a card: its chapters, each with its reason
+        if len(found) == 1:
+            r, why = found[0]
+            under.append(f"{chapter_link(r)} has no {card_} row: the {card_}'s benchmark does not time this case the "
+                         f"way the {others}'s does (on the {card_} {why}).")
+        else:
+            under.append(" and ".join(chapter_link(r) for r, _ in found) + f" have no {card_} row: the {card_}'s "
+                         f"benchmarks do not time their cases the way the {others}'s do (on the {card_}, "
+                         + "; ".join(f"chapter {r['number']:02d}: {why}" for r, why in found) + ").")
     part_one_words = part_one_rival_words(board, link)
 
     def again(r: dict[str, Any]) -> str:
@@ -1658,10 +1685,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     first_rows = [rc for rc in cells if id(rc[0]) in lead_ids and not rc[0].get("loop_bound")]
     rest = [rc for rc in cells if id(rc[0]) not in lead_ids and not rc[0].get("loop_bound")]
     one_card = all(r["card"] == lead_card for r, _ in first_rows + loops)
-    # one floor column, the card's: a call's own-work yardstick is in its chapter's notes
+    # the card's floor, then beside it the call's own-work yardstick where a run times one (a yardstick, not a limit)
     common = [("kernel", "final kernel"), ("median", "median [slowest repetition], µs"),
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
-              ("binding", "floor, the card's or a chain's (µs)"), ("pct", "× floor")]
+              ("binding", "floor, the card's or a chain's (µs)"), ("pct", "× floor"),
+              ("bound", "own work (µs)"), ("over_bound", "× own work")]
     lead_columns = common if one_card else [("card", "card")] + common
     for r, c in first_rows:  # the lead table's chapter cell names the shape: the kernel cell does not repeat it
         kernel, _, shape = c["kernel"].partition("; ")
@@ -1679,6 +1707,16 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                       "one-launch kernel, one empty kernel's time in the run that timed the row, as [How we measure]"
                       f"({link('how_we_measure.md')}#ceilings-and-floors) says); each chapter's notes say what its "
                       "chain is.")
+    two = next((b for b in board if b["number"] == 2 and b["lead"] and "missing" not in b and on_page(b)
+                and short_card(b["card"]) == LEAD_CARD), None)
+    if two is not None:  # the whole step's rival is the path engines ship; the kernel's strongest rival, said beside it
+        c = compiled_gather_pair(1000)
+        if c is not None:
+            note(two, "the whole step's rival is the path engines ship, the only one that starts from the bitmask; "
+                      f"the kernel alone, given the ids, leads its strongest rival, torch.compile's fused gather, "
+                      f"{c[1] / c[0]:.2f}× ({us(c[0])} against {us(c[1])} µs; the results page)")
+    if unbound:
+        under_lead.append("Our loops' other bounds are lower and do not bind: " + "; ".join(unbound) + ".")
     flash = {}  # chapter 06's rival as each card ran it: its fastest back end and page size there
     for r in board:
         m = re.match(r"FlashInfer \((\w+), page (\d+)\)", r.get("rival") or "")
@@ -1700,16 +1738,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             "shape of our least lead among those where the rival passes our check. The floor is the card's (bytes, "
             "compute or one launch) or, for chapter 04, the chain of dependent frames its recursion cannot shorten.")
     rule += ngram_row_words(root)
-    own_work = []  # each lead row's own-work yardstick (not a limit), named, in one line under the table
-    for r, c in first_rows:
-        if r.get("design_bound_ms") is None or c.get("over_bound", "–") == "–":
-            continue
-        what = ("the bitmask copy from host plus two launches" if r["number"] == 2 else "a read of its weights alone")
-        part = (" part 1" if r.get("part_notebook") else " part 2") if r["number"] == 5 else ""
-        own_work.append(f"chapter {r['number']:02d}{part}: {c['over_bound']} {what} "
-                        f"({_floor(r['design_bound_ms'])} µs)")
-    own_line = (["Our median over the work the call itself must do (a yardstick, not a limit): "
-                 + "; ".join(own_work) + "."] if own_work else [])
+    # the own-work yardstick is two columns of the table (its time and our median over it); what it is, in a clause
+    own_line = (["Own work: the work the call itself must do, timed where a run times it (a yardstick, not a "
+                 "limit; each chapter's notes say what it is)."]
+                if any(c.get("over_bound", "–") != "–" for _, c in first_rows) else [])
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
                   first_rows, lead_columns, [rule] + own_line + caveat)
     notes_at = len(times)  # the one Notes fold, general notes then each chapter's, goes here once they are all said

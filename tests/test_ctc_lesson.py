@@ -175,15 +175,27 @@ def test_the_chain_floor_the_grid_range_and_the_kernel_parts_read_the_committed_
         {tuple(sorted(c["params"].items())) for c in checks})
     cells = {c["id"]: "".join(c["source"]) for c in _page_cells()}
     opening, result = cells["opening-ctc"], cells["result-first-ctc"]
+    strong = lesson.speedup_minima(results, strongest=True)
+    strong_max = strong["max"][0]
     assert "lesson.least_cases(results, strongest=True)" in opening
     assert "speedup_minima(results, strongest=True)" in opening
     # the result section gives the opening's range first, then the figure's (GPU clock alone), each named
     assert "lesson.least_cases(results, strongest=True)" in result and "speedup_minima(results, strongest=True)" in result
-    assert "Against the faster of PyTorch's two CTC paths" in result and "the same range as at the top" in result
+    assert "Against the faster of PyTorch's two CTC paths" in result
     assert "gpu_only = lesson.speedup_minima(results)" in result and "GPU clock alone" in result
+    # one sentence reconciles the two ranges: where torch-native (kernel clock) is faster than cuDNN, the range uses it
+    assert "native = lesson.native_faster(results)" in result and "the range above uses it there" in result
+    native = lesson.native_faster(results)
+    assert [(r["A"], r["N"]) for r in native] == [
+        (A, N) for A in ctc.BENCH_A for N in ctc.BENCH_N
+        if _raw("torch-native", A, N)["ms"] < _raw("torch-best", A, N)["ms"]]
+    for r in native:
+        assert r["over_native"] == pytest.approx(_raw("torch-native", r["A"], r["N"])["ms"]
+                                                 / _raw("ctc_loss", r["A"], r["N"])["ms"])
+        assert r["over_native"] < r["over_cudnn"]
+    assert any(r["over_cudnn"] == pytest.approx(mins["max"][0]) for r in native) == (mins["max"][0] > strong_max)
     assert "low[2]" not in opening + result
     # the opening's range is against the faster of torch's two paths at each case (native on its kernel clock)
-    strong = lesson.speedup_minima(results, strongest=True)
     rival = {(A, N): min(_raw("torch-best", A, N)["ms"], _raw("torch-native", A, N)["ms"])
              / _raw("ctc_loss", A, N)["ms"] for A in ctc.BENCH_A for N in ctc.BENCH_N}
     assert strong["max"][0] == pytest.approx(max(rival.values())) and strong["max"][0] < mins["max"][0]
@@ -611,8 +623,8 @@ SECTION_NUMBERS = {"7a": "f7a['ratios'][mid_case]", "7b": "f7b['ratios'][mid_cas
 def test_each_step_has_one_section_with_its_code_and_its_number():
     """Steps 7a to 14: one heading "Step N: ..." each, naming one idea (no "plus"): step 7's three changes are steps
     7a, 7b and 7c; under each, open, the core of the step's code or diff, and a sentence glued from the JSON with the
-    step's measured number. Steps 7b and 9, which lose alone, come inside step 10's section as what it needs
-    ("### Step 7b", "### Step 9"), then "### Step 10 itself". No folded cell holds a whole diff or listing but step 5's, step 6's and
+    step's measured number. The sections run in step order, each its own "## Step" heading; steps 7b and 9, which lose
+    alone, come before step 10 and each says what it enables there. No folded cell holds a whole diff or listing but step 5's, step 6's and
     step 11's backward half: step 5 (kept for 7a) has its sentence, its diff and steps 2 and 3's loads in one fold of
     step 4's section (its row in the table of steps says why it is kept), the steps tried and dropped (2, 3 and 6)
     are one folded table under the table of steps, and step 6 keeps its lesson open and folds its diff. The page
@@ -621,7 +633,8 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
     text = "".join("".join(c["source"]) for c in cells)
     heads = [i for i, c in enumerate(cells) if re.match(r"#{2,3} Step ", "".join(c["source"]))]
     numbered = [re.sub(r"^#+ Step ", "", "".join(cells[i]["source"]).splitlines()[0]).split(":")[0] for i in heads]
-    assert numbered == ["1", "4", "6", "7a", "7c", "8", "10", "7b", "9", "10 itself", "11", "12", "13", "14"]
+    assert numbered == ["1", "4", "6", "7a", "7b", "7c", "8", "9", "10", "11", "12", "13", "14"]
+    assert all("".join(cells[i]["source"]).startswith("## Step ") for i in heads)  # no step inside another's section
     assert "## Steps 2 to 5" not in text and "only step 4 pays" not in text
     four = cells[heads[1] + 1:heads[2]]
     five = [c for c in four if "ctc_alpha_step5" in "".join(c["source"])]
@@ -635,10 +648,7 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
                for c in six)  # its lesson, open
     assert all("hide-output" in c["metadata"].get("tags", []) for c in six if c["cell_type"] == "code"
                and re.search(r"step_diff|stress_inputs", "".join(c["source"])))  # its diff and its CPU model, folded
-    ten_at = numbered.index("10")
     for number, i in zip(numbered[3:], heads[3:]):
-        if i == heads[ten_at]:
-            continue  # its section is what it needs (7b, 9), then step 10 itself
         title = "".join(cells[i]["source"]).splitlines()[0]
         assert not any(w in title for w in (" plus ", "changes", "tuning")), title
         section = cells[i + 1:(heads + [len(cells)])[heads.index(i) + 1]]
@@ -646,13 +656,16 @@ def test_each_step_has_one_section_with_its_code_and_its_number():
         shows = r"show_diff|show_source|_core\(|_diff\(|listing\("
         assert any(re.search(shows, "".join(c["source"])) for c in shown), number
         said = "".join("".join(c["source"]) for c in section if c["cell_type"] == "code")
-        assert SECTION_NUMBERS[number.removesuffix(" itself")] in said, number
+        assert SECTION_NUMBERS[number] in said, number
     assert not any(w in text for w in ("7d", "8a", "chain_table(", "chain_note(", "step07_chain",
                                        "step08_changes", "taken back"))
-    ten = "".join(cells[heads[ten_at]]["source"])  # what 7b and 9 are for, said once, in step 10
-    assert "What it needs comes first: steps 7b and 9, which lose alone" in ten
-    assert all("".join(cells[heads[j]]["source"]).startswith("### ") for j in range(ten_at + 1, ten_at + 4))
-    assert text.count("lose alone") == 1 and text.count("; step 10 needs it.") + text.count(";\nstep 10 needs it.") == 2
+    for number in ("7b", "9"):  # each prerequisite says, before step 10, what it enables there, and that it loses alone
+        i = heads[numbered.index(number)]
+        assert "step 10" in "".join(cells[i]["source"]), number
+        section = "".join("".join(c["source"]) for c in cells[i + 1:heads[numbered.index(number) + 1]])
+        assert "Alone it loses" in section, number
+    ten = "".join(cells[heads[numbered.index("10")]]["source"])  # step 10 names what it cashes in
+    assert "step 9's warp" in ten and "7b's one kernel" in ten
     for cell in cells:  # step 5's diff, step 6's (tried) and step 11's mirror half are the ones folded
         if cell["cell_type"] == "code" and "hide-output" in cell["metadata"].get("tags", []):
             assert any(w in "".join(cell["source"]) for w in ("ctc_alpha_step5", "lesson.step_diff(6)",
@@ -958,8 +971,11 @@ def test_the_main_line_is_marked_in_the_table_and_named_over_it():
     cells = _page_cells()
     at = next(i for i, c in enumerate(cells) if "lesson.steps_tables(results)" in "".join(c["source"]))
     source = "".join(cells[at]["source"])
-    assert source.index("say(lesson.line_words(results))") < source.index("display(Markdown(steps_first))")
-    assert "### Step 7b: alpha and beta in one kernel" in "".join("".join(c["source"]) for c in cells)
+    assert source.index("lesson.line_words(results)") < source.index("display(Markdown(steps_first))")
+    # the legend says once why the table's second case is N = 16, not the headline's N = 8
+    assert "not at the headline's N = {head_N}, because steps 1 to 6, 7a and 7b" in source
+    assert "stands in for" not in "".join("".join(c["source"]) for c in cells)
+    assert "## Step 7b: alpha and beta in one kernel" in "".join("".join(c["source"]) for c in cells)
 
 
 def test_the_timing_exercise_folds_a_recorded_answer_off_the_grid():
@@ -996,7 +1012,12 @@ def test_the_headline_lead_holds_eagerly_each_call_at_the_larger_of_its_two_time
         torch_ = _raw_gpu("torch-best", 5000, 8, gpu)
         want = max(torch_["ms"], torch_["host_ms"]) / max(ours["ms"], ours["host_ms"])
         assert lesson.eager_lead(5000, 8)[card] == pytest.approx(want)
-    assert "lesson.eager_lead(head_A, head_N)" in "".join("".join(c["source"]) for c in _page_cells())
+    page = "".join("".join(c["source"]) for c in _page_cells())
+    assert "lesson.eager_lead(head_A, head_N)" in page
+    # the headline's host time per call beside its GPU time, in the main text (not only in the folded table)
+    at = next(c for c in _page_cells() if "lesson.eager_lead(head_A, head_N)" in "".join(c["source"]))
+    assert "hide-output" not in at["metadata"].get("tags", [])
+    assert "{here['host_us']:.1f} µs" in "".join(at["source"]) and "{here['gpu_us']:.1f} µs" in "".join(at["source"])
 
 
 def _raw_gpu(series: str, A: int, N: int, gpu: str) -> dict | None:

@@ -246,7 +246,7 @@ def test_figures_keep_to_the_rules(earlier):
 
     figs = figures.figures(earlier, what=lesson.EARLIER_WHAT)
     assert {"breakdown_1b", "breakdown_8b", "speedup"} <= set(figs) <= {"breakdown_1b", "breakdown_8b", "speedup",
-                                                                        "speedup_8b"}
+                                                                        "speedup_8b", "breakdown_smollm2"}
     for name, fig in figs.items():
         axes = [ax for ax in fig.axes if ax.has_data()]
         assert 1 <= len(axes) <= 3, name
@@ -752,7 +752,7 @@ def test_the_breakdown_bars_put_3a_before_step_3():
     parts = {c: dict(part) for c in ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")}
     ax = decode_figures.plot_breakdown(parts)
     labels = [t.get_text() for t in ax.get_yticklabels()]  # top to bottom
-    assert labels == ["step 1: the baseline loop", "step 2: jump forward", "3a: the automaton's masks",
+    assert labels == ["step 1: the baseline loop", "step 2: jump forward", "3a: allowed sets precomputed",
                       "step 3: the masked head", "not a step: character-level jumps"]
     plt.close(ax.figure)
 
@@ -798,7 +798,11 @@ def test_the_answer_leads_with_the_real_model_and_the_8b_run_is_the_8b_cost_mode
     assert "real deployments" not in page and "how much faster does" not in text[0]
     for gone in ("headline", "8B shape", "8B-shaped cost model", "1B shape"):
         assert gone not in page, gone
-    assert sum(t.count("ties on both cost models") for t in text) == 1
+    # 3a's result on the cost models: the steps tables' ratios (the fold's rows), then the chain's, one sentence
+    three_a = next(t for t in text if "#### 3a" in t)
+    said = " ".join(text[text.index(three_a) + 1].split())
+    assert "tie(sa['1b'])" in said and "tie(sa['8b'])" in said and "the steps tables" in said
+    assert "tie(a['x_previous'][one])" in said and "ties on both cost models" not in "\n".join(text)
     # the tables and figures name the cost models as the prose does
     shown = lesson.committed() or lesson.earlier_run()
     assert all(r["case"].startswith(("SmolLM2", "1B cost model", "8B cost model (synthetic weights)"))
@@ -818,8 +822,9 @@ def _page_cells() -> list[str]:
 
 
 def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_model():
-    """Forwards saved: per output token everywhere, first given at step 2; the sentence that gives the share says in
-    half a sentence why it is larger than chapter 01's count and points there; the models section's first sentence
+    """Forwards saved: per output token everywhere, first given at step 2, beside the table that names what each count
+    of forced tokens counts (chapter 01's, the cost models', SmolLM2's: passes, tokens or forwards, the pass on EOS
+    included or not), and why SmolLM2's answers force about 100× the real schemas' share; the models section's first sentence
     says what the cost models are (measured, random weights, one layer read by all the 8B's layers)."""
     text = _page_cells()
     page = "\n".join(text)
@@ -827,7 +832,11 @@ def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_mo
     assert "This page counts forwards per output token" not in page
     saved = next(t for t in text if "{n['dec_fwd_saved']}** of their forwards" in t)
     words = " ".join(saved.split())
-    assert "more than [chapter 01](01_fsm_compression.ipynb)'s count" in words and "pass on EOS" in words
+    assert "{lesson.forced_table(shown)}" in words and "the real schemas' share" in words
+    table = lesson.forced_table(lesson.committed())
+    for named in ("chapter 01's", "cost models", "its tokenizer's split of their text", "the model's own tokens",
+                  "the pass on EOS included", "medians of the requests", "passes saved", "tokens forced"):
+        assert named in table, named
     assert "real2[1]['us']" in saved  # step 2's section, not before the first step
     at = text.index("## The models\n")
     first = " ".join(text[at + 1].split())
@@ -864,8 +873,8 @@ def test_step3_over_step2_says_why_it_passes_the_heads_bound_where_it_first_appe
 def test_the_eager_head_says_step_13_was_not_tried_and_each_configuration_has_one_time_in_the_open_text():
     """Where we lose says plainly that chapter 02's graph-replayed step 13 was not tried in this loop and what it
     would take. Step 3's chain, a run of its own, gives only its ratios in the open text; its times (step 2's and
-    step 3's a little off the steps table's) sit in a fold, and the figures draw no 3a bar from the chapter's
-    benchmark, so 3a's one number is the chain's. What a bar's end less its tick is, and the run, are said under
+    step 3's a little off the steps table's) sit in a fold; the cost models' figures draw no 3a bar, and the real
+    model's draws its 3a bar at its steps table's time (the same run). What a bar's end less its tick is, and the run, are said under
     "Where the numbers come from", not inside the figures."""
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
@@ -887,11 +896,17 @@ def test_the_eager_head_says_step_13_was_not_tried_and_each_configuration_has_on
     assert any("lesson.host_table(shown)" in t for t in text[where:])
     shown = lesson.committed()
     figs = decode_figures.figures(shown)
+    real = lesson.real_steps_rows_3a(shown, 1)
     for name, fig in figs.items():
         words = " ".join(t.get_text() for t in fig.findobj(Text))
         assert "Measured on" not in words and "Bar end" not in words, name
-        assert "3a" not in words, name
+        assert ("3a" in words) == (name == "breakdown_smollm2"), name
         plt.close(fig)
+    from book.decode.results import breakdown
+
+    bars = breakdown(shown.rows, "smollm2", 1, kind=None)  # the real model's figure: its steps table's times
+    assert [bars[c]["wall"] * 1e3 for c in ("baseline", "jump_forward", "automaton_mask", "masked_head")] == \
+        pytest.approx([r["us"] for r in real])
     assert "Measured on" in decode_figures.figure_notes(shown)
 
 
@@ -922,7 +937,7 @@ def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top(
     """Where the page first gives a time per output token it says the prompt's prefill is in it; the headline's
     per-schema range names the schema at its top with its output tokens and forwards, read from the rows."""
     text = _page_cells()
-    first = next(t for t in text if "per output token" in t and "s1['us']" in t)
+    first = next(t for t in text if "per output token" in t and "real[0]['us']" in t)
     assert not any("µs** per output token" in t for t in text[:text.index(first)])
     assert "prefill included" in " ".join(first.split())
     headline = next(t for t in text if "The 8B cost model's medians are over" in t)
@@ -986,13 +1001,16 @@ def test_the_steps_table_leads_with_the_real_model_and_folds_the_cost_models():
 
 def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening_says_which_number_to_take():
     """The result gives the plain point (a jumped token is not a free forward) before the forecasts; the opening
-    names SmolLM2 the check on real weights and tells whoever serves a large model to take the 8B cost model's."""
+    gives SmolLM2's factors one by one (3a's host work its own), names the fastest loop there (3a) and why step 3
+    is shipped, and tells whoever serves a large model to take the 8B cost model's."""
     text = _page_cells()
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
     assert result.index("**A jumped token is not a free forward.**") < result.index("sits between two forecasts")
     assert not any("**A jump is not a free forward.**" in t for t in text)
     opening = " ".join(next(t for t in text if "**The answer:" in t).split())
-    assert "the check on real weights" in opening and "Serving a large model, take **the 8B cost model**" in opening
+    assert "The fastest loop on SmolLM2 is therefore 3a" in opening and "neither chapter's kernel" in opening
+    assert "serving a large model, take **the 8B cost model**" in opening and "We ship step 3" in opening
+    assert opening.index("{r3a[1]['x_previous']") < opening.index("{rp['x_3a']") < opening.index("{rp['x_3bc']")
 
 
 def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
@@ -1035,7 +1053,7 @@ def test_the_character_level_jumps_get_a_table_of_their_own():
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
     assert "*Per request*" in result
     assert any("lesson.char_jump_table(shown)" in t and "The parts no chapter touches" in t for t in text)
-    opening = next(t for t in text if "make decoding faster than step 1" in t)
+    opening = next(t for t in text if "step 3 runs {real1['ratio']:.2f}× step 1" in t)
     assert opening.index("{real1['ratio']") < opening.index("{b8['ratio']")
 
 

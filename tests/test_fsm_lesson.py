@@ -194,6 +194,9 @@ def test_step_3s_core_diff_is_the_loops_own_code():
     assert "lesson.step3_core()" in code and "step_diff(fsm.CHAPTER, 2, 3)" not in code
     core = lesson.step3_core()
     assert len(core.added) + len(core.removed) <= 40
+    # the label gives the whole change's size, itself within the course's ~40 changed lines
+    assert f"({lesson.step3_changed_lines()} changed lines in all)" in core.new_name
+    assert len(core.added) + len(core.removed) < lesson.step3_changed_lines() <= 40
     sources = {s: {line.split("  #", 1)[0].strip() for line in inspect.getsource(f).splitlines()}
                for s, f in (("old", fsm.step02_token_jumps), ("new", fsm.step03_char_jumps))}
     assert not [ln for ln in core.added if ln.strip() not in sources["new"]]
@@ -282,7 +285,7 @@ def test_the_real_schemas_paragraph_says_why_llguidance_compiles_few():
     page = Path(__file__).parents[1] / "notebooks" / "01_fsm_compression.ipynb"
     text = " ".join("".join(c["source"]) for c in json.loads(page.read_text())["cells"])
     assert "keyword it does not implement" in text and '"Unimplemented keys"' in text
-    assert "forced end of sequence" not in text and "the pass where only EOS is left" in text
+    assert "forced end of sequence" not in text  # the pass on EOS in plain words: chapter 07's table names it
     assert prose_words(page) <= 2500
 
 
@@ -322,9 +325,10 @@ def test_the_exercises_come_in_an_order_each_can_be_done_in():
 
 
 def test_step_2s_saving_is_one_number_and_chapter_07s_count_is_a_pointer():
-    """The page gives step 2's saving once, over its own suite; chapter 07's answer for the same jumps is one
-    sentence with its number and its reasons (the model's own vocabulary and answers, the share of its output tokens
-    forced, the pass where only EOS is left, compact output), read from chapter 07's committed run."""
+    """The page gives step 2's saving once, over its own suite; chapter 07's answer for the same jumps is its number,
+    then chapter 07's table naming what each count of forced tokens counts (documents, whose tokens, passes or tokens
+    or forwards, the pass on EOS), and one sentence on why SmolLM2's answers force about 100× the real schemas'
+    share, read from chapter 07's committed run and chapter 01's count on the same answers."""
     import json
     from pathlib import Path
 
@@ -334,9 +338,18 @@ def test_step_2s_saving_is_one_number_and_chapter_07s_count_is_a_pointer():
     flat = " ".join(text.split())
     assert "[chapter 07](07_constrained_decoding.ipynb)'s step 2 runs **{ch07_jumps:.2f}×** its step 1" in flat
     assert "decode_lesson.real_forced(ch07)" in text and "decode_lesson.real_steps_rows(ch07, 1)[1]" in text
-    for reason in ("own vocabulary and answers", "{ch07_forced['jumped'] / ch07_forced['tokens']:.0%} of output tokens",
-                   "the pass where only EOS is left", "the output is compact"):
+    assert 'decode_lesson.forced_table(ch07, cost_models=False, chapter01="the ")' in text
+    for reason in (("{ch07_forced['jumped'] / ch07_forced['tokens'] / ch07_forced['ch01_real_saved']:.0f}× the real "
+                    "schemas' share"), "enum values and fixed-width fields",
+                   "{ch07_forced['tokens']} tokens where its tokenizer writes {split['tokens']}"):
         assert reason in flat, reason
+    from book.decode import lesson as decode_lesson
+
+    table = decode_lesson.forced_table(decode_lesson.committed(), cost_models=False, chapter01="the ")
+    for named in ("random walks of our automaton", "its tokenizer's split of their text", "the model's own tokens",
+                  "tokens forced", "the pass on EOS included", "medians of the requests"):
+        assert named in table, named
+    assert "cost models" not in table and "chapter 01" not in table
 
 
 def test_the_page_says_where_it_loses_to_llguidance_from_the_measured_rows():
@@ -478,8 +491,10 @@ def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_
     assert "an engine refusing" not in real
     result = " ".join(source["cell-29"].split())
     # the count of documents in another split is not in the result's sentence (partly by construction): the fold's
-    # table has it, with the reason llguidance's is none
-    assert "x_str['noncanonical']" not in result and result.index(":::{{dropdown}}") < result.index("partly by design")
+    # table has it, and the fold's title, its visible legend, gives the reason llguidance's is none
+    assert "x_str['noncanonical']" not in result
+    title = next(line for line in source["cell-29"].splitlines() if line.startswith(":::{{dropdown}}"))
+    assert "partly by design" in title and "in a split the tokenizer would not write" in title
     # the answer is one sentence over the steps table (one table of the steps: the suite, compact, the real schemas),
     # checked against the committed comparisons (fsm_peers.json, fsm_peers_realworld.json), so no share is said twice
     assert "| passes saved |" not in result and "in each column of the steps table" in result

@@ -255,37 +255,82 @@ def _ms_at(results, number: int, params: dict) -> dict | None:
     return found[0] if found else None
 
 
-def test_the_steps_are_two_tables_the_chain_then_the_steps_beyond_it():
-    """The page's two tables of steps hold every kept step with its case: the chain a reader follows, steps 0 to 5 and
-    7 at the headline's case (said once, in its caption), then the steps beyond the chain, 8, 10, 12 and 13, each with
-    its case; each timed row with its time there (read from the run here), a "×" (all rows but the first) and a time
-    over the card's floor there, one ratio, never under 1. Step 12, the entry point, is not timed at one case: its row
-    is one clause, what the section says of it not repeated."""
+def _params(number: int) -> dict:
+    """The case of step ``number``'s row in the table of steps, by hand: steps 0 to 7 at the main case, each later
+    step at its own."""
+    return lesson.MAIN_CASE if number <= 7 else lesson.STEP_CASES[number][0]
+
+
+def _expected_base(number: int):
+    """What step ``number``'s row is set against, by hand: in steps 0 to 7 the kept step above it (step 6, tried, and
+    step 7 both against step 5), after them the step it builds on at its own case (13: xgrammar's path)."""
+    if number <= 7:
+        kept = [n for n in range(number) if n not in lesson.TRIED]
+        return kept[-1] if kept else None
+    return lesson.STEP_CASES[number][1]
+
+
+def _blocks(results) -> list[str]:
+    """The table of steps' blocks: caption, legend line, table, rivals' sentence."""
+    blocks = lesson.main_steps_table(results).split("\n\n")
+    assert len(blocks) == 4, blocks
+    return blocks
+
+
+def _all_rows(results) -> list[list[str]]:
+    """The cells of every row of the page's one table of steps, each ``[step, change, case, µs, × against, × floor]``."""
+    caption, legend, table, _ = _blocks(results)
+    assert caption.startswith("**The steps** (µs, GPU clock") and legend == lesson.STEPS_LEGEND
+    assert table.splitlines()[0] == lesson.STEPS_HEADER
+    assert lesson.STEPS_HEADER == "| step | the one change | case | µs | × against | × the card's floor |"
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
+    assert all(len(r) == 6 for r in rows), rows
+    return rows
+
+
+def _rows(results) -> list[list[str]]:
+    """The rows timed at one case (step 12, over every case, left out)."""
+    return [r for r in _all_rows(results) if r[0] != "12"]
+
+
+def _kept(results) -> dict[str, list[str]]:
+    """The kept steps' rows timed at one case, by number."""
+    return {r[0]: r for r in _rows(results) if int(r[0]) not in lesson.TRIED}
+
+
+def test_the_steps_are_one_table_every_step_a_row_with_its_case():
+    """The page's one table of steps holds every step, in order, the tried ones marked "tried, not kept" in their
+    change: each timed row with its case named (steps 0 to 7 at the main case, each later one at its own), its time
+    there (read from the run here), a ratio against a named step (all rows but the first) and a time over the card's
+    floor there, one ratio, never under 1. Step 12, the entry point, is not timed at one case: its row says so."""
     results = plotting.load_results("masked_lm_head")
     rows = _all_rows(results)
-    assert [int(r[0]) for r in rows] == list(lesson.MAIN_LINE)
-    assert list(lesson.CHAIN) + list(lesson.OWN_STEPS) == list(lesson.MAIN_LINE)
-    assert 7 in lesson.CHAIN and 12 in lesson.OWN_STEPS
+    assert [int(r[0]) for r in rows] == sorted(lesson.MAIN_LINE + lesson.TRIED) == list(range(14))
+    for r in rows:
+        assert r[1].startswith(f"*{lesson.TRIED_MARK}*") == (int(r[0]) in lesson.TRIED), r
+    assert lesson.TRIED_MARK == "tried, not kept:"
     for r in _rows(results):
         params = _params(int(r[0]))
-        assert r[1].startswith(lesson._case(params)), r
+        assert r[2] == lesson._case(params), r
         assert r[3].rstrip(lesson.CAPPED) == lesson.table_us(_ms_at(results, int(r[0]), params)["ms"]), r
     assert rows[0][4] == "–"
-    assert all(r[4].split(" ")[0].rstrip(lesson.CAPPED).endswith("×") for r in rows[1:])
+    assert all(re.match(r"\d+\.\d\d× ", r[4]) for r in rows[1:]), rows
     by = {r[0]: r for r in rows}
-    assert "loses at" not in by["12"][2] and "Where we lose" not in by["12"][2]
-    assert by["12"][3] == "–" and by["12"][5] == "–" and by["12"][2] == "the entry point: a dispatch by shape"
-    assert not any("the table below" in r[2] for r in rows)
+    assert by["12"][3] == "–" and by["12"][5] == "–" and by["12"][1] == "the entry point: a dispatch by shape"
+    assert "loses at" not in by["12"][4] and "Where we lose" not in by["12"][4]
     overs = [float(r[5].split("×")[0]) for r in _rows(results)]
     assert all(x >= 1.0 for x in overs) and all("(" not in r[5] for r in rows), overs
 
 
 def test_a_tie_says_so_in_its_row():
-    """A ratio from 0.97× to 1.03× as printed is a tie: its row says "tie" and why the step is kept."""
+    """A ratio from 0.97× to 1.03× as printed is a tie: its row says "tie" and why the step is kept (a tried step: why
+    it is not)."""
     results = plotting.load_results("masked_lm_head")
     for r in _all_rows(results)[1:]:
         x = float(r[4].split("×")[0])
         assert ("tie" in r[4]) == (0.97 <= x <= 1.03), r
+        if "(tie" in r[4] and int(r[0]) in lesson.TRIED:
+            assert "not kept: " in r[4], r
     said = {r[0]: r[4] for r in _all_rows(results)}
     for n, why in lesson.KEPT_FOR.items():
         if "(tie" in said[str(n)]:
@@ -305,86 +350,22 @@ def test_step_12_is_the_entry_point_over_every_case():
                  for x in results.select(s, layout="vd", **p) if x["clock"] == "gpu"]
         ratios.append(min(times) / r["ms"])
     row = next(r for r in _all_rows(results) if r[0] == "12")
-    assert row[1] == f"all {len(rows)} cases"
-    assert row[4].startswith(f"{min(ratios):.2f}× to {max(ratios):.2f}×")
-    assert row[6] == "the fastest kernel it chooses from, at each case"
+    assert row[2] == f"all {len(rows)} cases"
+    assert row[4].startswith(f"{min(ratios):.2f}× to {max(ratios):.2f}× the fastest kernel it chooses from")
     assert ("(tie" in row[4]) == all(0.97 <= round(x, 2) <= 1.03 for x in ratios)
 
 
-def _params(number: int) -> dict:
-    """The case of step ``number``'s row in the table of steps: the main case in the chain, else its own."""
-    return lesson.MAIN_CASE if number in lesson.CHAIN else lesson.STEP_CASES[number][0]
-
-
-def _all_rows(results) -> list[list[str]]:
-    """The cells of every step's row of the page's two tables of steps (captions, headers and the rivals' sentence
-    under them left out), each as ``[step, case, change, µs, ×, × floor, against]``: a chain row takes its case from
-    its table's caption, and its "against" is the row above."""
-    chain_cap, chain, tried, beyond_cap, beyond, _ = lesson.main_steps_table(results).split("\n\n")
-    assert tried == lesson.tried_note()
-    assert chain_cap.startswith("**The chain** (batch 1, 1,000 random ids allowed;")
-    assert beyond_cap.startswith("**Beyond the chain** (each at its own case;")
-    assert chain.splitlines()[0] == "| step | the one change | µs | × previous | × the card's floor |"
-    assert beyond.splitlines()[0] == "| step | case | the one change | µs | against (µs) | × | × the card's floor |"
-
-    def cells(r):
-        return [c.strip() for c in r.split("|")[1:-1]]
-
-    first = [cells(r) for r in chain.splitlines()[2:]]
-    assert [int(c[0]) for c in first] == list(lesson.CHAIN) and all(len(c) == 5 for c in first)
-    second = [cells(r) for r in beyond.splitlines()[2:]]
-    assert [int(c[0]) for c in second] == list(lesson.OWN_STEPS) and all(len(c) == 7 for c in second)
-    return ([[n, lesson._case(lesson.MAIN_CASE), change, t, x, floor, "the row above"]
-             for n, change, t, x, floor in first]
-            + [[n, case, change, t, x, floor, against] for n, case, change, t, against, x, floor in second])
-
-
-def _rows(results) -> list[list[str]]:
-    """The rows of the kept steps timed at one case (step 12, over every case, left out)."""
-    return [r for r in _all_rows(results) if r[0].isdigit() and r[0] != "12"]
-
-
-def _main_rows(results) -> list[list[str]]:
-    """The rows of the chain (steps 0 to 5 and 7)."""
-    return [r for r in _rows(results) if int(r[0]) in lesson.CHAIN]
-
-
-def _own(results) -> dict[str, tuple[str, str, str]]:
-    """Each step after the chain, at its own case in the second table of steps: its time, "×" and what it is set
-    against."""
-    return {r[0]: (r[3], r[4], r[6]) for r in _rows(results) if int(r[0]) in lesson.OWN_STEPS}
-
-
-def test_the_steps_after_the_chain_are_each_at_their_own_case_against_their_base():
-    """Steps 7, 8, 10, 12 and 13 are each at the case their idea is about, against the step they build on there
-    (STEP_CASES; step 13 against xgrammar's path), the ratio computed here by hand and the base's time given in the
-    "against" cell, since the base's row at that case is not in the tables."""
-    results = plotting.load_results("masked_lm_head")
-    own = _own(results)
-    assert list(own) == ["8", "10", "13"]
-    for n, (_, ratio, against) in own.items():
-        params, base = lesson.STEP_CASES[int(n)]
-        mine = _ms_at(results, int(n), params)["ms"]
-        if isinstance(base, str):  # step 13: against the rival with its contract
-            theirs, name = results.select(base, **params)[0]["ms"], lesson.HEADLINE_RIVAL_WORDS[base]
-        else:
-            theirs, name = _ms_at(results, base, params)["ms"], f"step {base}"
-        assert ratio.startswith(f"{theirs / mine:.2f}×"), (n, ratio)
-        assert against.replace(lesson.CAPPED, "") == f"{name} ({lesson.table_us(theirs)})", (n, against)
-
-
 def test_the_kept_and_the_tried_steps_are_every_step_once():
-    """The page keeps the steps that paid where their idea applies and shows the others together as tried, each step
-    once and in order; in the committed run every tried step loses to its base or ties it (step 11, which beats step 3,
-    loses to step 7 on its own mask, and its row says by how much), and every kept step from 1 to 10 pays at its own
-    case but step 7, which ties step 5 there (the dispatch runs it)."""
+    """The page keeps the steps that paid where their idea applies and marks the others tried, each step once and in
+    order; in the committed run every tried step loses to its base or ties it (step 11, which beats step 3, loses to
+    step 7 on its own mask, and its row says by how much), and every kept step from 1 to 10 pays at its own case but
+    step 7, which ties step 5 there (the dispatch runs it)."""
     results = plotting.load_results("masked_lm_head")
     numbers = [s.number for s in mlh.CHAPTER.steps]
     assert sorted(lesson.MAIN_LINE + lesson.TRIED) == numbers and not set(lesson.MAIN_LINE) & set(lesson.TRIED)
     assert list(lesson.MAIN_LINE) == sorted(lesson.MAIN_LINE) and list(lesson.TRIED) == sorted(lesson.TRIED)
-    tried = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.tried_steps_table(results).splitlines()[2:]]
-    assert [r[0] for r in tried] == [str(n) for n in lesson.TRIED]
-    by = {int(r[0]): r for r in tried}
+    by = {int(r[0]): r for r in _rows(results) if int(r[0]) in lesson.TRIED}
+    assert sorted(by) == list(lesson.TRIED)
     for n in lesson.TRIED:
         factor = lesson.step_factor(results, n)
         base = lesson.STEP_CASES[n][1]
@@ -393,7 +374,7 @@ def test_the_kept_and_the_tried_steps_are_every_step_once():
             assert lesson.paid_words(factor) != "paid", (n, factor)
     params = lesson.STEP_CASES[11][0]
     seven, eleven = (results.select(f"step{n:02d}", layout="vd", **params)[0]["ms"] for n in (7, 11))
-    assert seven < eleven and f"step 7 is {eleven / seven:.2f}× as fast" in by[11][5]
+    assert seven < eleven and f"step 7 is {eleven / seven:.2f}× as fast" in by[11][4]
     assert lesson.paid_words(lesson.step_factor(results, 7)) != "did not pay"  # within the course's tie at 10,000
     for n in (1, 2, 4, 5, 8, 10):
         assert lesson.paid_words(lesson.step_factor(results, n)) == "paid", n
@@ -402,42 +383,36 @@ def test_the_kept_and_the_tried_steps_are_every_step_once():
 
 
 def _base_problems(results, rows: list[list[str]]) -> list[str]:
-    """What breaks the tables' rule: a ratio on the first row; in the chain (steps 0 to 5 and 7) a "×" that is not the
-    row above's time at the main case over its own; after it a "×" that is not its base's time at its own case over
-    its own, the base named in its "against" cell."""
+    """What breaks the table's rule: a ratio on the first row; a "×" that is not the named base's time at the row's
+    case over its own (the base by hand, :func:`_expected_base`), or a base at another case than its own row's
+    without its time in brackets."""
     problems = []
-
-    def ms(number, params=lesson.MAIN_CASE):
-        return _ms_at(results, number, params)["ms"]
-
     if rows[0][4] != "–":
         problems.append(f"the first row has a ratio: {rows[0][4]}")
-    chain = [r for r in rows if int(r[0]) in lesson.CHAIN]
-    for above, r in zip(chain, chain[1:]):
-        base, number = int(above[0]), int(r[0])
-        if not r[4].startswith(f"{ms(base) / ms(number):.2f}×"):
-            problems.append(f"step {number}: {r[4]}, not step {base} over it ({ms(base) / ms(number):.2f}×)")
-    for r in rows:
+    for r in rows[1:]:
         number = int(r[0])
-        if number not in lesson.OWN_STEPS or number == 12:
-            continue
-        params, base = lesson.STEP_CASES[number]
-        theirs = results.select(base, **params)[0]["ms"] if isinstance(base, str) else ms(base, params)
-        name = lesson.HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
-        if not (r[4].startswith(f"{theirs / ms(number, params):.2f}×") and r[6].startswith(f"{name} (")):
-            problems.append(f"step {number}: {r[4]} against {r[6]}, not {name} over it "
-                            f"({theirs / ms(number, params):.2f}×)")
+        params, base = _params(number), _expected_base(number)
+        mine = _ms_at(results, number, params)["ms"]
+        if isinstance(base, str):
+            theirs, name = results.select(base, **params)[0]["ms"], lesson.HEADLINE_RIVAL_WORDS[base]
+        else:
+            theirs, name = _ms_at(results, base, params)["ms"], f"step {base}"
+        if not r[4].startswith(f"{theirs / mine:.2f}× {name}"):
+            problems.append(f"step {number}: {r[4]}, not {name} over it ({theirs / mine:.2f}×)")
+        if (number > 7 or isinstance(base, str)) and f"{name} ({lesson.table_us(theirs)} µs" not in r[4]:
+            problems.append(f"step {number}: {r[4]} lacks {name}'s time at its case")
     return problems
 
 
-def test_every_step_is_compared_with_the_row_above_it():
-    """In the chain (steps 0 to 5) every step is compared with the row above it; after it each step with its base at
-    its own case (13 with its rival), never with the row above; a tampered table breaks the rule (the check can
-    fail)."""
+def test_every_step_is_compared_with_a_named_base():
+    """Steps 0 to 7 are each compared with the kept step above (6 and 7 with 5), each later one with its base at its
+    own case (13 with its rival), the base named in the cell and its time given where its own row is at another case;
+    a tampered table breaks the rule (the check can fail)."""
     results = plotting.load_results("masked_lm_head")
     rows = _rows(results)
     assert _base_problems(results, rows) == []
     assert lesson.chain_base(results, 0) is None and lesson.chain_base(results, 5) == 4
+    assert lesson.chain_base(results, 7) == 5
     assert [n for n in lesson.MAIN_LINE if lesson.STEP_CASES[n][0] != lesson.MAIN_CASE] == [7, 8, 10, 12]
     five = next(r for r in rows if r[0] == "5")[4]
     bumped = f"{float(five.split('×')[0]) + 0.1:.2f}×" + five.split("×", 1)[1]
@@ -445,36 +420,30 @@ def test_every_step_is_compared_with_the_row_above_it():
     assert _base_problems(results, wrong)
     wrong = [r[:4] + ["1.00×"] + r[5:] if r[0] == "0" else r for r in rows]
     assert _base_problems(results, wrong)
-    wrong = [r[:4] + ["1.20×"] + r[5:6] + ["step 7 (4.05)"] if r[0] == "10" else r for r in rows]
+    ten = next(r for r in rows if r[0] == "10")[4]
+    wrong = [r[:4] + [ten.replace("step 3", "step 7")] + r[5:] if r[0] == "10" else r for r in rows]
+    assert _base_problems(results, wrong)
+    wrong = [r[:4] + [ten.split(" (")[0]] + r[5:] if r[0] == "10" else r for r in rows]
     assert _base_problems(results, wrong)
 
 
 def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
     """Step 13 starts from the grammar's packed bitmask (its copy and the union's build included), step 12 from the ids:
-    its row says its change is one in three parts, timed as one, and why, with no ratio against step 12 (one would read
-    as a regression); it is set against xgrammar's path, the rival with its contract, the rival also said under the
-    tables with its time; the result's table gives the headline's ratio. Step 13's parts are not rows of the table
-    (their traced times are in its section)."""
+    its row says its change is an integration, not a faster kernel, with no ratio against step 12 (one would read as a
+    regression); it is set against xgrammar's path, the rival with its contract, also said under the table with its
+    time; the result's table gives the headline's ratio. Step 13's parts are not rows of the table, nor their traced
+    times in its cell (its section gives them)."""
     results = plotting.load_results("masked_lm_head")
     params, base = lesson.STEP_CASES[13]
     assert base == mlh.report.XGRAMMAR and params == lesson.MAIN_CASE
     ours, theirs = (results.select(s, **params)[0]["ms"] for s in (mlh.report.PLAN, base))
     twelve = results.select("step12", layout="vd", **params)[0]["ms"]
-    assert "13" not in [r[0] for r in _main_rows(results)]
     row = next(r for r in _rows(results) if r[0] == "13")
-    assert row[4] == f"{theirs / ours:.2f}×" and row[6] == f"xgrammar's path ({lesson.table_us(theirs)})"
-    assert "xgrammar" not in row[2]
-    assert f"{twelve / ours:.2f}×" not in row[2]
-    assert row[2].startswith("an integration, not a faster kernel: the whole step from the packed bitmask")
-    assert "in three parts, none capturable alone" in row[2] and "copy" in row[2]
-    assert "step 7's kernel reading the count" in row[2]
-    trace = lesson.plan_timeline()
-    if trace is not None:  # each part with its traced cost
-        part = lesson.plan_parts(trace)
-        for us in (part["copy"], part["count_zero"] + part["union_kernel"], part["row_kernel"]):
-            assert f", {us:.1f} µs" in row[2]
+    assert row[4] == f"{theirs / ours:.2f}× xgrammar's path ({lesson.table_us(theirs)} µs)"
+    assert "xgrammar" not in row[1] and f"{twelve / ours:.2f}×" not in row[1] and "µs" not in row[1]
+    assert row[1].startswith("an integration, not a faster kernel: the whole step from the packed bitmask")
     assert lesson.step_factor(results, 13) == pytest.approx(theirs / ours) and theirs / ours > 1
-    said = lesson.main_steps_table(results).split("\n\n")[-1]
+    said = _blocks(results)[-1]
     assert f"xgrammar's path (step 13's contract), {theirs * 1e3:.1f} µs" in said
     assert not any(r[0].startswith("13") and r[0] != "13" for r in _all_rows(results))
     first = lesson.result_table(results).splitlines()[2].split("|")
@@ -484,9 +453,12 @@ def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
 
 def test_the_result_table_gives_the_kernel_alone_and_the_whole_step_at_every_headline_point():
     """One row per headline point: step 12 against the fastest rival given the ids there, step 13 against xgrammar's
-    path, each ratio computed here by hand (a tie within TIE, a loss said as slower)."""
+    path, each ratio computed here by hand (a tie within TIE, a loss said as slower). Those rivals are graph-replayed,
+    not launched eagerly: the header does not call them eager."""
     results = plotting.load_results("masked_lm_head")
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.result_table(results).splitlines()[2:]]
+    header, _, *lines = lesson.result_table(results).splitlines()
+    assert "eager" not in header
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lines]
     assert [int(r[0]) for r in rows] == [b for b, _, _ in lesson.HEADLINE_POINTS]
     for r, (batch, kind, allowed) in zip(rows, lesson.HEADLINE_POINTS):
         p = dict(batch=batch, kind=kind, allowed=allowed)
@@ -499,10 +471,10 @@ def test_the_result_table_gives_the_kernel_alone_and_the_whole_step_at_every_hea
 
 
 def test_the_dense_rival_at_batch_1_is_cublas_fp32():
-    """Under the chain the rivals at the main case are said, the dense one cuBLAS with fp32 output (the chapter's
+    """Under the table the rivals at the main case are said, the dense one cuBLAS with fp32 output (the chapter's
     contract, steady), and the prose's step 0 ratio is its time over step 0's, computed here by hand."""
     results = plotting.load_results("masked_lm_head")
-    said = lesson.main_steps_table(results).split("\n\n")[-1]
+    said = _blocks(results)[-1]
     params = lesson.MAIN_CASE
     fp32 = results.select("cublas_fp32_mask", layout="vd", **params)[0]["ms"]
     index = results.select("index_select", **params)[0]["ms"]
@@ -527,24 +499,24 @@ def test_at_least_is_the_smallest_ratio_and_names_its_point():
     assert numbers["mlh_dispatch_min_vs_fp32"] == f"{ratios[least]:.0f}×"
     assert numbers["mlh_dispatch_min_at"] == least
 
+
 def test_a_step_ratio_in_the_prose_is_the_tables():
-    """The prose quotes a step's speedup and time with the tables' digits (one number, not a rounded twin)."""
+    """The prose quotes a step's speedup and time with the table's digits (one number, not a rounded twin)."""
     results = plotting.load_results("masked_lm_head")
     numbers = lesson.prose_numbers(results)
-    table = {r[0]: r for r in _main_rows(results)}
-    own = _own(results)
-    assert numbers["mlh_step04_vs_step03"] == f"{table['4'][4]} faster"
-    assert numbers["mlh_step04_1000"] == f"{table['4'][3]} µs"
-    assert own["8"][1] == numbers['mlh_step08_vs_step07_1'].removesuffix(' faster') and own["8"][2].startswith("step 7 (")
-    assert numbers["mlh_step08_1"] == own["8"][0].replace(lesson.CAPPED, "") + " µs"
-    assert own["10"][1] == numbers['mlh_step10_b64_vs_step03'].removesuffix(' faster') and own["10"][2].startswith("step 3 (")
-    assert numbers["mlh_step10_b64"] == own["10"][0] + " µs"
-    seven = next(r for r in _main_rows(results) if r[0] == "7")
-    assert seven[3] == lesson.table_us(lesson.batch1_ms(results, "step07", 1000))
+    kept = _kept(results)
+    ratio = {n: r[4].split(" ")[0] for n, r in kept.items()}
+    assert numbers["mlh_step04_vs_step03"] == f"{ratio['4']} faster"
+    assert numbers["mlh_step04_1000"] == f"{kept['4'][3]} µs"
+    assert ratio["8"] == numbers['mlh_step08_vs_step07_1'].removesuffix(' faster') and "step 7 (" in kept["8"][4]
+    assert numbers["mlh_step08_1"] == kept["8"][3].replace(lesson.CAPPED, "") + " µs"
+    assert ratio["10"] == numbers['mlh_step10_b64_vs_step03'].removesuffix(' faster') and "step 3 (" in kept["10"][4]
+    assert numbers["mlh_step10_b64"] == kept["10"][3] + " µs"
+    assert kept["7"][3] == lesson.table_us(lesson.batch1_ms(results, "step07", 1000))
 
 
 def test_close_times_print_apart():
-    """Under 10 µs the tables of steps print two decimals, so that step 12 (the kernel alone) and step 13's bound (the
+    """Under 10 µs the table of steps prints two decimals, so that step 12 (the kernel alone) and step 13's bound (the
     bitmask's copy, then two kernels), a few hundredths apart, do not read as one number; the bound is said above the
     table in those digits."""
     results = plotting.load_results("masked_lm_head")
@@ -580,12 +552,12 @@ def test_capped_rows_carry_the_mark_and_no_other_does():
 
 def test_the_steps_table_gives_each_row_the_cards_floor():
     """Each row's "× the card's floor" is its time over the card's floor at its case (its union there: the bytes, or
-    the empty kernel), one ratio a cell: step 13's included."""
+    the empty kernel), one ratio a cell: step 13's and the tried steps' included."""
     results = plotting.load_results("masked_lm_head")
     for cells in _rows(results):
         params = _params(int(cells[0]))
         row = _ms_at(results, int(cells[0]), params)
-        floor = lesson.floor_ms(results, params["batch"], row["union"])
+        floor = lesson.floor_ms(results, params["batch"], row.get("union", params["allowed"]))
         assert cells[5] == f"{row['ms'] / floor:.1f}×", (cells, row["ms"] / floor)
 
 
@@ -594,8 +566,6 @@ def test_step13s_bound_is_ours_and_is_said_above_the_table():
     our design's bound, the bitmask's copy, timed alone in the card's tails run (read here from the raw file), then two
     kernels at the card's empty kernel, as the scoreboard's latency floor for the same row, is said above the table,
     named as ours, with step 13's ratio to it."""
-    import json
-
     from book import common
     from book.scoreboard import BITMASK_COPY
     from studylog.plotting import load_results
@@ -618,29 +588,28 @@ def test_step13s_bound_is_ours_and_is_said_above_the_table():
     assert "{plan_ms / design:.1f}× it" in said
 
 
-def test_the_missing_step_numbers_are_said_once_under_the_chain():
-    """Right under the chain's table one legend line says which numbers it lacks: the kept steps beyond the chain (in
-    the fold under it) and the steps tried that did not pay (folded below the figures), each by number (the opening
-    does not say it again); under the tables the footnote is the key to the mark alone: the notebook says the key
-    nowhere else. The table of steps holds every kept step."""
+def test_the_tried_steps_are_said_once_before_any_heading_skips_them():
+    """The opening, before the first step's heading, says once that steps 6, 9 and 11 were tried and not kept (so the
+    headings skip them), each by number; no other text says it (no "Missing numbers" line); in the table each tried
+    row is marked. Under the table the footnote is the key to the mark alone: the notebook says the key nowhere
+    else."""
     results = plotting.load_results("masked_lm_head")
-    line = ("Missing numbers: steps 8, 10 and 12 are kept, each at its own case (the fold below); steps "
-            f"{lesson.counts_words(list(lesson.TRIED))} were tried and did not pay (folded below the figures).")
-    assert lesson.tried_note() == line and "6, 9 and 11 were tried" in line
-    shown = list(lesson.CHAIN) + [13]  # the numbers the page shows unfolded: the chain, then step 13's one line
-    missing = sorted(set(range(max(lesson.MAIN_LINE) + 1)) - set(shown))
-    assert missing == [6, 8, 9, 10, 11, 12]
-    assert all(re.search(rf"\b{n}\b", line) for n in missing), (missing, line)
-    blocks = lesson.main_steps_table(results).split("\n\n")
-    assert blocks[2] == line and blocks[1].startswith("| step |") and blocks[3].startswith("**Beyond the chain**")
-    assert sorted(int(r[0]) for r in _all_rows(results)) == list(lesson.MAIN_LINE)
+    cells = _notebook_cells()
+    texts = ["".join(c["source"]) for c in cells]
+    first_step = next(k for k, t in enumerate(texts) if re.match(r"#+ Step \d+", t))
+    opening = texts[0]
+    assert f"steps {lesson.counts_words(list(lesson.TRIED))} were tried and not kept" in opening.replace("\n", " ")
+    assert first_step > 0 and lesson.counts_words(list(lesson.TRIED)) == "6, 9 and 11"
+    source = "\n".join(texts)
+    assert source.count("were tried") == 1 and "Missing numbers" not in source
+    assert "Missing numbers" not in lesson.main_steps_table(results)
+    heads = [int(m.group(1)) for t in texts if (m := re.match(r"#+ Step (\d+)", t))]
+    assert sorted(set(range(14)) - set(heads)) == list(lesson.TRIED)
     note = lesson.steps_note(results)
     key = lesson.page_capped_key(results)
     assert note == ("" if key is None else key) and "were tried" not in note
-    source = "\n".join("".join(c["source"]) for c in _notebook_cells())
     assert source.count("lesson.steps_note(results)") == 1 and "page_capped_key" not in source
-    assert "were tried and did not pay" not in source and "follow the package" not in source
-    assert "library's numbers" not in source
+    assert "follow the package" not in source and "library's numbers" not in source
 
 
 def test_dense_mask_two_speeds_are_said_and_cublas_fp32_quoted_instead():
@@ -657,17 +626,16 @@ def test_dense_mask_two_speeds_are_said_and_cublas_fp32_quoted_instead():
         assert two["fast_ms"] < two["slow_ms"]
 
 
-def test_the_page_shows_one_steps_table_and_one_tried_table():
-    """The page shows the tables of steps once, under the steps, every kept step in them (the chain, then the steps
-    beyond it, from one call); the tried steps' table once, folded with what each tried step changes, after the table of
-    steps. The tried steps have no section of their own, and the kept ones each have one, in order: the chain, steps 0
-    to 5 and 7, then steps 8 to 13 in a section of their own, *Beyond the chain*, whose first cell is prose (no heading
-    follows a heading at once)."""
+def test_the_page_shows_one_steps_table_unfolded():
+    """The page shows the table of steps once, under the steps, unfolded, every step in it (one call); what the tried
+    steps changed is said once, folded, after it, with no table of their own. The tried steps have no section, the
+    kept ones each have one, in order: steps 0 to 5 and 7, then steps 8 to 13 in a section of their own, *Beyond the
+    chain*, whose first cell is prose (no heading follows a heading at once)."""
     nb = _notebook_cells()
     cells = ["".join(c["source"]) for c in nb]
     source = "\n".join(cells)
     assert source.count("lesson.main_steps_table(results)") == 1 and "own_case_table" not in source
-    assert "main_steps_table(results, part)" not in source and source.count("lesson.tried_steps_table(results)") == 1
+    assert "steps_shown" not in source and "tried_steps_table" not in source and "tried_note" not in source
     assert "boehm_table" not in source and "one_steps_table" not in source
     heads = [re.match(r"#+ Step (\d+)", c) for c in cells]
     assert [int(h.group(1)) for h in heads if h] == list(lesson.MAIN_LINE)
@@ -679,45 +647,27 @@ def test_the_page_shows_one_steps_table_and_one_tried_table():
     assert any(c.startswith("## Step 7: ") and "(a tie; kept for steps 8 and 13)" in c.splitlines()[0] for c in cells)
     table = next(k for k, c in enumerate(cells) if "lesson.main_steps_table(results)" in c)
     assert beyond < table and "hide-output" not in nb[table]["metadata"]["tags"]
+    assert "display(Markdown(steps))" in cells[table]
     for k, c in enumerate(cells):
         if nb[k]["cell_type"] == "markdown" and c.startswith("#") and "\n\n" not in c.strip():
             assert not cells[k + 1].startswith("#"), c
-    tried = next(k for k, c in enumerate(cells) if "lesson.tried_steps_table(results)" in c)
-    assert tried > cells.index(next(c for c in cells if "lesson.main_steps_table(results)" in c))
-    assert "hide-output" in nb[tried]["metadata"]["tags"] and nb[tried]["metadata"]["mystnb"]["code_prompt_show"]
-    assert all(f"**Step {n}**" in cells[tried] for n in lesson.TRIED)
-    shown = "chain, beyond, thirteen = lesson.steps_shown(results, steps)"
-    assert shown in cells[table] and "display(Markdown(steps))" not in cells[table]
-    assert cells[table].index("display(Markdown(chain))") < cells[table].index("display(HTML(beyond))") < cells[
-        table].index("display(Markdown(thirteen))")
+    tried = next(k for k, c in enumerate(cells) if all(f"**Step {n}**" in c for n in lesson.TRIED))
+    assert tried > table and "hide-output" in nb[tried]["metadata"]["tags"]
+    assert nb[tried]["metadata"]["mystnb"]["code_prompt_show"] == "Show what steps 6, 9 and 11 tried"
+    assert "<details>" not in lesson.main_steps_table(plotting.load_results("masked_lm_head"))
 
 
-def test_steps_beyond_the_chain_are_folded_and_step_13_is_one_line():
-    """Under the chain and its legend line, steps 8 to 13 are one fold, each its own row with its case named (step
-    13's with its traced parts); step 13 stands in the open text as one line, the whole step in one graph with its
-    time from the run; then the rivals' sentence. Nothing of the second table is left unfolded."""
+def test_step_13s_parts_are_traced_in_its_section_not_in_the_table():
+    """Step 13's three parts and their traced costs are said in its section (from the committed trace), not packed
+    into its row of the table."""
     results = plotting.load_results("masked_lm_head")
-    table = lesson.main_steps_table(results)
-    chain, beyond, thirteen = lesson.steps_shown(results, table)
-    assert lesson.steps_shown(results) == (chain, beyond, thirteen)
-    blocks = table.split("\n\n")
-    assert chain == "\n\n".join(blocks[:3]) and chain.endswith(lesson.tried_note())
-    assert "Beyond the chain" not in chain and "Beyond the chain" not in thirteen and "<details>" not in thirteen
-    assert beyond.startswith("<details><summary>Steps 8 to 13, each at its own case") and beyond.endswith("</details>")
-    assert beyond == lesson.folded(re.search(r"<summary>(.*?)</summary>", beyond).group(1), blocks[4])
-    rows = re.findall(r"<tr><td>(\d+)</td><td>([^<]*)</td>", beyond)
-    assert [int(n) for n, _ in rows] == list(lesson.OWN_STEPS)
-    for n, case in rows:  # each row names its case
-        assert case == (f"all {lesson.dispatch_range(results)['cases']} cases" if n == "12"
-                        else lesson._case(lesson.STEP_CASES[int(n)][0])), (n, case)
     trace = lesson.plan_timeline()
-    if trace is not None:  # step 13's trace is in the fold, not in the open line
+    row = next(r for r in _rows(results) if r[0] == "13")
+    if trace is not None:
         part = lesson.plan_parts(trace)
-        assert f", {part['copy']:.1f} µs" in beyond and f"{part['copy']:.1f}" not in thirteen
-    line, rivals = thirteen.split("\n\n")
-    ms = results.select(mlh.report.PLAN, **lesson.MAIN_CASE)[0]["ms"]
-    assert line.startswith(f"**Step 13, the whole step in one graph: {lesson.table_us(ms)} µs**") and "\n" not in line
-    assert rivals == blocks[-1] and rivals.startswith("Rivals at ")
+        assert f"{part['copy']:.1f}" not in row[1] and "traced" not in row[1]
+    cells = ["".join(c["source"]) for c in _notebook_cells()]
+    assert any("{part['copy']:.1f} µs" in c and "lesson.plan_parts" not in c for c in cells)
 
 
 def test_the_kernel_alone_leads_with_its_strongest_rival_the_compiled_gather():
@@ -730,9 +680,17 @@ def test_the_kernel_alone_leads_with_its_strongest_rival_the_compiled_gather():
         assert lead == pytest.approx(min(by[(s, n)] for s in lesson.COMPILED_RIVALS) / by[("step12", n)])
     lead, words = lesson.compiled_gather_words()
     assert lead == f"{leads[1000]:.2f}×" and "torch.compile" in words and f"{leads[10_000]:.2f}× at 10,000" in words
+    for n in leads:  # each lead with its two times beside it, read here from the file
+        ours, theirs = by[("step12", n)], min(by[(s, n)] for s in lesson.COMPILED_RIVALS)
+        assert f"({lesson.table_us(ours)} against {lesson.table_us(theirs)} µs)" in words, (n, words)
+        assert lesson.compiled_gather_times("compiled_gather")[n] == (ours, theirs)
     cells = ["".join(c["source"]) for c in _notebook_cells()]
     cell = next(c for c in cells if "{compiled_words}" in c)
     assert "{compiled_lead} as a kernel, given the ids**" in cell and "lesson.compiled_gather_words()" in cell
+    # the index_select pair is graph-replayed: unfused, not "eager" (that word is for host time)
+    assert "unfused (two launches)" in cell and "eagerly is" not in cell
+    source = "\n".join(cells)
+    assert "What it buys" not in source and source.count("{bound['3B']:.2f}×") == 1  # said once, in Why it matters
     lead = next(c for c in cells if "The lead shrinks with batch" in c)  # the chapter's first numbers say it too
     assert "compiled_gather_words()[0]" in lead and "fused gather" in lead
 
@@ -1201,15 +1159,16 @@ def test_the_result_says_chapter_07_runs_the_kernels_eagerly():
     assert "not the graph-replayed step 13" in cell
 
 
-def test_the_result_says_what_the_head_buys_a_decode_step():
-    """Under the result's table the page repeats the Amdahl payoff of Why it matters, in its words: if the head and mask
-    took 1/k of their time (k the whole step's batch-1 ratio), the decode step is at most the bound, for both shapes."""
+def test_what_the_head_buys_a_decode_step_is_said_once():
+    """Why it matters gives the Amdahl payoff once: if the head and mask took 1/k of their time (k the whole step's
+    batch-1 ratio), the decode step is at most the bound, for both shapes; the result does not say it again."""
     cells = ["".join(c["source"]) for c in _notebook_cells()]
     why = next(c for c in cells if "share = {name: cfg.head_share()" in c)
     result = next(c for c in cells if "lesson.result_table(results)" in c)
-    for cell in (why, result):
-        assert "if the head and mask took 1/{k:.2f} of their time" in cell
-        assert "{bound['3B']:.2f}×" in cell and "{bound['8B']:.2f}×" in cell
+    assert "if the head and mask took 1/{k:.2f} of their time" in why
+    assert "{bound['3B']:.2f}×" in why and "{bound['8B']:.2f}×" in why
+    assert "{bound['3B']:.2f}×" not in result and "took 1/{k:.2f}" not in result
+    assert sum("took 1/{k:.2f} of their time" in c for c in cells) == 1
     assert "made {k:.2f}× faster" not in why
 
 

@@ -287,19 +287,19 @@ def _rows(table: str) -> list[list[str]]:
 
 
 def test_the_steps_table_of_a_current_file_and_of_none():
+    """The fold's table: every step and sub-step a row, one µs column per shape (its compute floor in its heading),
+    no ratios (the page's table has them, each over a named step)."""
     results = _current_file()
     table = lesson.steps_table(results)
     shape = report.bench_shapes()[0][0].split(",")[0]
-    assert table.splitlines()[0] == (f"| step | the one change | {shape} (floor 100 µs): µs | × prev. | "
-                                     f"8 prompts, 32 heads (floor 100 µs): µs | × prev. |")
-    # one row a step or sub-step: 5c is the library's default order; steps 2 to 4 are absent from this file, so its
-    # × prev. is over the last step that runs there, named (step 1, 1.0 ms); 5a and 5b run in step 5's chain only
-    assert [r[0] for r in _rows(table)] == ["1", "2", "3", "4", "5a", "5b", "5c", "6"]  # floors in the headings
-    assert "| 5c | " in table and "| 200.0 | 5.00× step 1 |" in table
-    assert "| 1 | SDPA with the dense mask (a batch padded) | 1,000.0 | – |" in table
-    # the folded table of every shape: this file's two
+    assert table.splitlines()[0] == (f"| step | the one change | {shape} (floor 100 µs): µs | "
+                                     f"8 prompts, 32 heads (floor 100 µs): µs |")
+    assert [r[0] for r in _rows(table)] == ["1", "2", "3", "4a", "4b", "4c", "5a", "5b", "5c", "6"]
+    assert "| 1 | SDPA with the dense mask (a batch padded) | 1,000.0 | 3,000.0 |" in table
+    assert "| 5c | each group's heaviest query tiles first | 200.0 | 600.0 |" in table
+    assert "×" not in table
     assert lesson.steps_table(results, None).splitlines()[0].count(": µs") == 2
-    assert lesson.steps_table(None) == "pending"
+    assert lesson.steps_table(None) == "pending" and lesson.page_steps_table(None) == "pending"
 
 
 @pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
@@ -307,30 +307,25 @@ def test_the_steps_table_on_the_committed_file_has_one_row_a_step():
     results = plotting.load_results("multi_item")
     for shapes in (lesson.MAIN_SHAPES, None):
         rows = _rows(lesson.steps_table(results, shapes))
-        assert [r[0] for r in rows] == ["1", "2", "3", "4", "5a", "5b", "5c", "6"]  # step 5's changes, a row each
+        assert [r[0] for r in rows] == ["1", "2", "3", "4a", "4b", "4c", "5a", "5b", "5c", "6"]
         assert "pending" not in str(rows)
     table = lesson.steps_table(results)
     rows = {r[0]: r for r in _rows(table)}
-    long_, gqa = lesson.MAIN_SHAPES
-    assert table.splitlines()[0].count(": µs") == 2
-    # one layout in the columns: the mixed batch with 32 heads, as every step's prose and step 5's chain
-    assert gqa == report.MIXED_SHAPE and "8 prompts, 32 heads (floor" in table.splitlines()[0]
-    t5 = lesson.ms(results, STEP5, gqa) * 1e3
-    t4 = lesson.ms(results, report.STEP04_PER_PROMPT, gqa) * 1e3
-    # without the chain, 5a and 5b are blank and 5c's × prev. is over step 4 per prompt, named
-    assert rows["5c"][4] == f"{t5:,.1f}" and rows["5c"][5] == f"{t4 / t5:.2f}× step 4"
-    assert set(rows["5a"][2:]) == set(rows["5b"][2:]) == {"–"}
-    # step 6 runs on the grouped-query batch only: its cells are blank, its numbers in its change cell
-    assert set(rows["6"][2:]) == {"–"}
-    g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
-    assert rows["6"][1].endswith(f"8 KV heads {g6:,.1f} µs, {g5 / g6:.2f}× step 5c's {g5:,.1f} µs there")
-    # each of step 5's rows says its one change in a few words: 5a a prerequisite of 5b, 5c a tie kept
-    assert rows["5a"][1].startswith("every prompt in one launch, tail first (a prerequisite of 5b")
-    assert rows["5b"][1] == "the heads in groups whose keys and values fit in L2"
-    assert rows["5c"][1].startswith("each group's heaviest query tiles first (a tie, kept")
-    assert rows["2"][1].endswith("(a tie, kept: steps 3 to 6 build on it)") and rows["2"][3] == "0.99× (tie)"
-    assert "below" not in table
+    long_, mixed = lesson.MAIN_SHAPES
+    assert table.splitlines()[0].count(": µs") == 2 and "×" not in table
+    assert mixed == report.MIXED_SHAPE and "8 prompts, 32 heads (floor" in table.splitlines()[0]
+    # without the chain, 5a and 5b are blank on the batch and 4c is step 4 launched per prompt
+    t4 = lesson.ms(results, report.STEP04_PER_PROMPT, mixed) * 1e3
+    assert rows["4c"][3] == f"{t4:,.1f}" and rows["5a"][3] == rows["5b"][3] == "–"
     assert rows["5c"][2] == f"{lesson.ms(results, STEP5, long_) * 1e3:,.1f}"
+    assert rows["4c"][2] == f"{lesson.ms(results, report.STEP04.series, long_) * 1e3:,.1f}"
+    parts = lesson.step4_parts()
+    if parts is not None:  # 4a and 4b from their own run, on the one-prompt shapes
+        assert [rows[n][2] for n in ("4a", "4b")] == [f"{parts[n] * 1e3:,.1f}" for n in ("4a", "4b")]
+    # step 6 runs on the grouped-query batch only, not in these columns
+    assert set(rows["6"][2:]) == {"–"}
+    assert rows["5b"][1] == "the heads in groups whose keys and values fit in L2"
+    assert "tie" not in table and "kept" not in table  # a step's change only; why a tie stays is the page's
 
 
 def _table(chain: lesson.Chain) -> str:
@@ -375,8 +370,8 @@ def test_step_4_is_one_change_on_the_committed_run():
     within step 3's two: the same kernel at the same configuration, so the page gives step 4 no chain (one change)."""
     results = plotting.load_results("multi_item")
     assert lesson.step4_same_config() is True
-    cell = {r[0]: r for r in _rows(lesson.steps_table(results))}["4"][1]
-    assert cell.startswith("key tiles no row sees never loaded") and "changes" not in cell and "tuner" not in cell
+    cell = {r[0]: r for r in _rows(lesson.steps_table(results))}["4c"][1]
+    assert cell.startswith("whole prefix tiles without the mask") and "changes" not in cell and "tuner" not in cell
 
 
 def test_step_4s_configuration_check_reads_the_tuners_pick(monkeypatch):
@@ -483,11 +478,13 @@ def test_the_page_names_orders_not_their_history_and_folds_no_code():
     assert "tail-first order" in text and "tail-first" in _table(lesson.step5_chain())
     for words in ("separate run", "a further run"):  # no run history
         assert words not in text.lower(), words
-    # step 4's other diffs (the loop over one range, the kernel's call) are folded: its core, the three ranges, is
-    # open right above them
+    # step 4's other diffs (the loop over one range, the kernel's call) are folded: 4a's core, its one range, is
+    # open right above them; 4b and 4c each show theirs open
     ids = [c["id"] for c in cells]
     assert ids.index("ch06-22-fold") == ids.index("ch06-22") + 2
-    assert "lesson.step4_ranges_diff()" in "".join(cells[ids.index("ch06-22")]["source"])
+    assert 'parts(part_diffs["4a"])' in "".join(cells[ids.index("ch06-22")]["source"])
+    assert 'parts(part_diffs["4b"])' in "".join(cells[ids.index("ch06-22-4b")]["source"])
+    assert 'parts(part_diffs["4c"])' in "".join(cells[ids.index("ch06-22-4c")]["source"])
     # step 6's core, its body, is open; its signature (the table's arguments, as step 5's kernel) folded under it
     assert ids.index("054a701b-fold") == ids.index("054a701b") + 1
     assert "parts(body)" in "".join(cells[ids.index("054a701b")]["source"])
@@ -525,40 +522,65 @@ def test_the_matmul_rate_is_named_this_runs_beside_chapter_00s():
 
 
 @pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
-def test_the_page_steps_table_runs_the_chain_to_the_headline():
-    """The page's one steps table (PAGE_SHAPES): the long-prefix prompt, steps 1 to 5, where all run; the mixed batch
-    with 32 heads, where step 5's three changes (5a to 5c) are timed one at a time in one run (:func:`step5_chain`),
-    5a a loss kept as 5b's prerequisite and 5c a tie; and the headline's case, the mixed batch with 8 KV heads, where
-    steps 1, 4 (a launch per prompt), 5 and 6 run, step 4's × prev. over step 1, named; the line under it gives
-    FlashInfer there and the headline ratio, as the result does."""
+def test_the_page_steps_table_gives_each_step_one_case_and_names_its_base():
+    """The page's one steps table: each step or sub-step a row on one case (steps 1 to 4c on the long-prefix prompt,
+    5a to 5c on the mixed batch with 32 heads from :func:`step5_chain`, 6 on the headline's case); its × is the
+    time of the step named in "against" over its own, the row above where the case is the same (named), else named
+    with its µs; a tie or a loss says so; the change cell holds only the change. The line under it gives FlashInfer
+    on the headline's case and the ratio, and why step 6 is the headline's kernel; no bookkeeping."""
     results = plotting.load_results("multi_item")
     table = lesson.page_steps_table(results)
-    head = table.splitlines()[0]
-    assert head.count(": µs") == 3 and "prefix 2048 (floor" in head and "8 prompts, 32 heads (floor" in head
-    assert "8 prompts, 8 KV heads (floor" in head
+    assert table.splitlines()[0] == "| step | the one change | case | µs | × | against |"
     rows = {r[0]: r for r in _rows(table)}
-    assert list(rows) == ["1", "2", "3", "4", "5a", "5b", "5c", "6"]
-    assert all(rows[n][2] != "–" for n in ("1", "2", "3", "4", "5c")) and rows["6"][2] == "–"
+    assert list(rows) == ["1", "2", "3", "4a", "4b", "4c", "5a", "5b", "5c", "6"]
+    cases = {n: rows[n][2] for n in rows}
+    assert {cases[n] for n in ("1", "2", "3", "4a", "4b", "4c")} == {"prefix 2048"}
+    assert {cases[n] for n in ("5a", "5b", "5c")} == {"8 prompts, 32 heads"} and cases["6"] == "8 prompts, 8 KV heads"
+    us_ = {n: None if rows[n][3] == "–" else float(rows[n][3].replace(",", "")) for n in rows}
+    long_ = lesson.MAIN_SHAPES[0]
+    for n, series in (("1", report.SDPA_DENSE), ("2", lesson.STEP[2].series), ("3", lesson.STEP[3].series),
+                      ("4c", report.STEP04.series)):
+        assert us_[n] == pytest.approx(lesson.ms(results, series, long_) * 1e3, abs=0.05)
     chain = lesson.step5_chain()
     times = chain.times
-    assert [rows[n][4] for n in ("4", "5a", "5b", "5c")] == [f"{times[k]:,.1f}" for k in ("step 4", "5a", "5b",
-                                                                                         "step 5")]
-    assert rows["5a"][5] == f"{times['step 4'] / times['5a']:.2f}×, does not pay"
-    assert rows["5b"][5] == f"{times['5a'] / times['5b']:.2f}×"
-    assert rows["5c"][5] == f"{times['5b'] / times['step 5']:.2f}× (tie)"
-    gqa = {n: lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3
-           for n, s in (("1", report.SDPA_DENSE), ("4", report.STEP04_PER_PROMPT), ("5c", STEP5),
-                        ("6", report.STEP06.series))}
-    assert rows["2"][6] == rows["3"][6] == rows["5a"][6] == rows["5b"][6] == "–"
-    assert [rows[n][6] for n in gqa] == [f"{gqa[n]:,.1f}" for n in gqa]
-    assert rows["4"][7] == f"{gqa['1'] / gqa['4']:.2f}× step 1"
-    assert rows["5c"][7] == f"{gqa['4'] / gqa['5c']:.2f}× step 4" and rows["6"][7] == f"{gqa['5c'] / gqa['6']:.2f}×"
+    assert [rows[n][3] for n in ("5a", "5b", "5c")] == [f"{times[k]:,.1f}" for k in ("5a", "5b", "step 5")]
+    assert rows["5a"][5] == f"step 4 launched per prompt, {times['step 4']:,.1f} µs"
+    g5 = lesson.ms(results, STEP5, lesson.GQA_SHAPE) * 1e3
+    assert rows["6"][5] == f"5c on this case, {g5:,.1f} µs"
+    assert rows["6"][3] == f"{lesson.ms(results, report.STEP06.series, lesson.GQA_SHAPE) * 1e3:,.1f}"
+    # every × is the named base's µs over the row's, as printed (a reader can divide the cells)
+    base = {"5a": times["step 4"], "6": g5}
+    for n in rows:
+        if rows[n][4] == "–":
+            continue
+        against = rows[n][5]
+        b = base.get(n) or us_[against.removeprefix("step ")]
+        if n not in base:
+            assert against in (f"step {list(rows)[list(rows).index(n) - 1]}", list(rows)[list(rows).index(n) - 1]) \
+                or us_[list(rows)[list(rows).index(n) - 1]] is None
+        x = b / us_[n]
+        assert rows[n][4].startswith(f"{x:.2f}×")
+        assert ("(tie)" in rows[n][4]) == lesson.is_tie(x)
+        assert ("does not pay" in rows[n][4]) == (round(x, 2) < 1 and not lesson.is_tie(x))
+    assert rows["2"][4] == "0.99× (tie)" and rows["5a"][4].endswith(", does not pay") and "(tie)" in rows["5c"][4]
+    for n in rows:  # the change only: no tie, no reason, no case in it
+        assert not any(w in rows[n][1] for w in ("tie", "kept", "prerequisite", "(")), rows[n][1]
+    parts = lesson.step4_parts()
+    if parts is not None:
+        assert [rows[n][3] for n in ("4a", "4b")] == [f"{parts[n] * 1e3:,.1f}" for n in ("4a", "4b")]
+        assert rows["4a"][5] == "step 3" and rows["4b"][5] == "4a" and rows["4c"][5] == "4b"
     peer, six, x = lesson.headline_link(results)
-    assert six == pytest.approx(gqa["6"]) and x == pytest.approx(lesson.gqa_ratio(results))
+    assert x == pytest.approx(lesson.gqa_ratio(results))
+    import json
+
     from studylog.paths import REPO_ROOT
 
-    page = (REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text()
-    assert "lesson.page_steps_table(results)" in page and "lesson.headline_link(results)" in page
+    cells = json.loads((REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text())["cells"]
+    under = " ".join("".join(next(c for c in cells if c["id"] == "ch06-34")["source"]).split())
+    assert "lesson.page_steps_table(results)" in under and "lesson.headline_link(results)" in under
+    assert "which step 6 needs" in under
+    for word in ("within", "gap", "timed together", "run"):
+        assert word not in under, word
 
 
 def test_step_4s_diff_is_step_3s_loop_against_the_three_ranges():
@@ -580,7 +602,7 @@ def test_step_4s_diff_is_step_3s_loop_against_the_three_ranges():
 def test_the_runs_line_sits_where_the_numbers_come_from_and_step_1_quotes_the_tables_case():
     """The run's date and versions (:func:`lesson.caption`) are in the fold of "Where the numbers come from", not under
     the steps table; the steps section has the title the other chapters use; step 1 quotes the mixed batch at 8 KV
-    heads, the case the steps table gives; step 4 says why its one idea is shown in three parts."""
+    heads, the case the steps table gives; step 4's three changes have a heading each (4a, 4b, 4c)."""
     import json
 
     from studylog import paths
@@ -596,14 +618,16 @@ def test_the_runs_line_sits_where_the_numbers_come_from_and_step_1_quotes_the_ta
     assert text["ch06-33"].startswith("## The steps, measured\n")
     assert "us(report.SDPA_DENSE, lesson.GQA_SHAPE)" in text["ch06-14"] and "8 KV heads" in text["ch06-14"]
     assert "32 heads" not in text["ch06-14"]
-    assert "Step 4 is one idea" in " ".join(text["ch06-21"].split())
+    headings = [t.splitlines()[0].split(":")[0] for c, t in zip(cells, text.values()) if c["cell_type"] == "markdown"
+                and t.startswith("## Step 4")]
+    assert headings == ["## Step 4a", "## Step 4b", "## Step 4c"]
 
 
 def test_step_5_quotes_the_headlines_case_and_keeps_heaviest_first_as_a_tie():
     """Step 5's opening ratio is the headline's case (the mixed batch with 8 KV heads); its three changes have a
     heading each (5a, 5b, 5c) and a row each in the one steps table (no table of their own); the text under 5c says
-    that order is a tie kept for what it does without the groups; how the chain's times sit against the result
-    table is said once, under the steps table."""
+    that order is a tie kept for what it does without the groups; the line under the steps table says nothing of
+    how the runs' times sit against each other."""
     import json
 
     from studylog import paths
@@ -616,7 +640,7 @@ def test_step_5_quotes_the_headlines_case_and_keeps_heaviest_first_as_a_tie():
                 and t.startswith("## Step 5")]
     assert [h.split(":")[0] for h in headings] == ["## Step 5a", "## Step 5b", "## Step 5c"]
     assert "a tie, kept\nbecause" in text["ch06-29-chain"] and "chain_table(" not in "".join(text.values())
-    assert "gap_words(chain5.gap(results))" in text["ch06-34"] and "gap_words" not in text["ch06-where-runs"]
+    assert "gap" not in text["ch06-34"] and "gap_words" not in text["ch06-where-runs"]
     assert "prerequisite" in text["5f955607"] + text["ch06-26"] or "5b needs it" in text["ch06-26"]
     assert not any("these runs" in t for t in text.values())
     chain = lesson.step5_chain()
@@ -655,3 +679,22 @@ def test_exercise_5s_table_counts_the_tiles_of_every_benchmark_batch(capsys):
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text())["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert "exercises.tile_shapes(step5_at)" in code and "bench_shapes" not in code
+
+
+@pytest.mark.skipif(lesson.step4_parts() is None, reason="no committed step04_parts.json")
+def test_step_4s_parts_sit_between_the_benchmarks_steps_3_and_4():
+    """4a and 4b come from their own run and sit in the steps table between the benchmark's steps 3 and 4: that run's
+    own steps 3 and 4 are within 3% of the benchmark's on both one-prompt shapes, and on each the parts fall between
+    them, 4a slower than 4b; each part's diff stays within the book's 40 changed lines."""
+    results = plotting.load_results("multi_item")
+    for shape in (lesson.MAIN_SHAPES[0], report.bench_shapes()[1][0]):
+        parts = lesson.step4_parts(shape=shape)
+        for n in (3, 4):
+            assert parts[f"step {n}"] == pytest.approx(lesson.ms(results, lesson.STEP[n].series, shape), rel=0.03)
+        assert parts["step 3"] > parts["4a"] > parts["4b"] > parts["step 4"]
+    diffs = lesson.step4_part_diffs()
+    assert list(diffs) == ["4a", "4b", "4c"]
+    for diff in diffs.values():
+        assert 0 < len(diff.added) + len(diff.removed) <= 40
+    assert diffs["4a"].removed[0].lstrip().startswith("for start_n")  # step 3's loop, as its kernel writes it
+    assert sum("attend_key_tiles(" in line for line in diffs["4c"].added + diffs["4c"].removed) >= 1

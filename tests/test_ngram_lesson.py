@@ -16,8 +16,10 @@ def _cells(table: str) -> list[list[str]]:
     return [[c.strip() for c in r.split("|")[1:-1]] for i, r in enumerate(rows) if i != 1]
 
 
-#: The one table's rows: every step in number order, then the entry point and the floor.
-ORDER = [str(n) for n in range(1, 13)] + ["entry point", "floor"]
+#: The one table's rows: every step in number order, each two-idea step's first idea before it (6a, a stop added to
+#: step 5, before step 6; 9a, step 8 without its barriers, before step 9), then the entry point and the floor.
+ORDER = ([str(n) for n in range(1, 6)] + ["6a"] + [str(n) for n in range(6, 9)] + ["9a"]
+         + [str(n) for n in range(9, 13)] + ["entry point", "floor"])
 
 
 def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths_case():
@@ -42,7 +44,19 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
         assert f"{ms * 1e3:,.1f} µs at {cfg[0]} × {cfg[1]}" in notes, cfg
     assert all("(" not in c for c in by["2"][2:])  # never a GPU time over a host time
     for i, cfg in enumerate(lesson.STEPS_CASES):
+        # 6a against step 5 and 6b (step 6) against 6a; 9a against step 8 and 9b (step 9) against 9a: each from the
+        # lab run that times them side by side, where it has the case; "–" for the lettered row where it has not
+        for part, step in (("6a", 6), ("9a", 9)):
+            first, second = lesson.part_factor(part, cfg), lesson.part_factor(f"{step}b", cfg)
+            if first is None:
+                assert by[part][2 + i] == "–" and f"{part} not measured" in notes, (part, cfg)
+                assert by[str(step)][2 + i].endswith(f", vs {step - 1})") or second is None
+                continue
+            assert by[part][2 + i].startswith(f"{lesson.part_us(part, cfg):,.1f} ({first:.2f}×"), (part, cfg)
+            assert f"({second:.2f}×" in by[str(step)][2 + i] and "timed beside the steps around" in notes
         for n in range(3, 13):
+            if n in (6, 9) and lesson.part_factor(f"{n}b", cfg) is not None:
+                continue
             row = lesson.grid_row(results, ngram.CHAPTER.step(n).series, cfg)
             base = lesson.grid_row(results, ngram.CHAPTER.step(lesson.builds_on(n)).series, cfg)
             cell = by[str(n)][2 + i]
@@ -56,7 +70,7 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
             f = base["ms"] / row["ms"]
             assert f"({f:.2f}×" in cell, (n, cfg, cell)
             assert ("tie" in cell) == (lesson.TIE[0] <= round(f, 2) <= lesson.TIE[1]), (n, cfg, cell)
-            assert ("vs 6" in cell) == (n == 8)
+            assert ("vs 6" in cell) == (n == 8) and ("vs 5" in cell) == (n == 6)
         entry = lesson.entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
         assert by["entry point"][2 + i].endswith(f"(runs {ngram.CHAPTER.step(entry['step']).number})")
         floor = lesson.table_floor_us(results, cfg)
@@ -128,13 +142,15 @@ def test_the_shared_definitions_hold_what_the_listings_lean_on():
 
 #: The page's folded listings, in page order: what a reader may skip (the shared definitions, step 2's and 3's
 #: loops) and every whole diff of more than a few lines (steps 4 to 6 show the helper each adds instead) or of the
-#: budget path's smaller steps (8 to 11).
+#: budget path's steps (8 to 12, each folded under the path's one section).
 FOLDED = ["display(lesson.shared_definitions())  # ngram_common.cuh, which every step's kernel includes",
           "display(lesson.step2_excerpt())",
           'show_source("ngram_common.cuh", "walk_budget")  # the batch loop, shared with step 3\'s phase 2',
           'show_source("ngram_two_phase.cu", "ngram_search_per_n")',
           "lesson.step_diff(3, 4)", "lesson.step_diff(4, 5)", "lesson.step_diff(5, 6)",
-          "lesson.step_diff(6, 8)", "lesson.step_diff(8, 9)", "lesson.step_diff(9, 10)", "lesson.step_diff(10, 11)"]
+          "lesson.step_diff(6, 8)", 'lesson.step9_diff("9a")', 'lesson.step9_diff("9b")',
+          'lesson.step9_diff("9b kernel")', "lesson.step_diff(9, 10)", "lesson.step_diff(10, 11)",
+          "lesson.step_diff(11, 12)"]
 
 
 def test_the_folded_listings_are_the_loops_and_the_long_or_small_diffs():
@@ -157,15 +173,16 @@ def test_the_folded_listings_are_the_loops_and_the_long_or_small_diffs():
     assert not any("folded" in t for c, t in zip(cells, text) if c["cell_type"] == "markdown")
 
 
-#: The helper each of steps 4 to 6 adds, shown open (its whole diff folded under it): step -> (file, function).
-HELPERS = {4: ("ngram_common.cuh", "block_inclusive_scan"), 5: ("ngram_one_pass.cu", "scan_tile"),
-           6: ("ngram_common.cuh", "tile_floor_key")}
+#: The helper each of steps 5 and 6 adds, shown open (its whole diff folded under it): step -> (file, function).
+HELPERS = {5: ("ngram_one_pass.cu", "scan_tile"), 6: ("ngram_common.cuh", "tile_floor_key")}
 
 
-def test_steps_4_5_and_6_show_the_helper_each_adds_and_fold_the_whole_diff():
-    """Steps 4, 5 and 6 show, open, the one helper each adds, whole (no listing cut mid-block, at most 40 lines),
-    with the step's whole diff folded right under it and its number after; each helper is new at its step (absent
-    from the step before's kernel source) and used by the step's kernel; the entry point runs step 7 at the
+def test_step_4_shows_its_core_and_steps_5_and_6_the_helper_each_adds_and_fold_the_whole_diff():
+    """Step 4 shows, open, the core of its diff (at most 40 changed lines: the sums, the room and the first slot
+    where the budget bites) with its whole diff folded right under it, and its number after with the size of the
+    folded rest; steps 5 and 6 show, open, the one helper each adds, whole (no listing cut mid-block, at most 40
+    lines), with the step's whole diff folded right under it and its number after; each helper is new at its step
+    (absent from the step before's kernel source) and used by the step's kernel; the entry point runs step 7 at the
     headline case."""
     import json
 
@@ -175,9 +192,21 @@ def test_steps_4_5_and_6_show_the_helper_each_adds_and_fold_the_whole_diff():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     text = ["".join(c["source"]).strip() for c in cells]
     csrc = ngram.CHAPTER.step(2).source.parent
+    i = text.index("lesson.step_core(4)")
+    assert "hide-output" not in cells[i]["metadata"].get("tags", []) and text[i + 1] == "lesson.step_diff(3, 4)"
+    assert "hide-output" in cells[i + 1]["metadata"]["tags"] and "The rest of its diff (+{" in text[i + 2]
+    core, whole = lesson.step_core(4), lesson.step_diff(3, 4)
+    assert len(core.added) + len(core.removed) <= 40 < len(whole.added) + len(whole.removed)
+    assert set(core.added) <= set(whole.added) and "block_inclusive_scan(" in "".join(core.added)
     for step, (file, function) in HELPERS.items():
         i = text.index(f'show_source("{file}", "{function}")')
         assert "hide-output" not in cells[i]["metadata"].get("tags", [])
+        if step == 6:  # two ideas: 6a's diff open under the helper, then 6b in words, then the whole diff
+            assert text[i + 1] == "lesson.step6a_diff()" and "hide-output" not in cells[i + 1]["metadata"]["tags"]
+            d = lesson.step6a_diff()
+            assert 0 < len(d.added) + len(d.removed) <= 40 and "__syncthreads();" in "".join(d.added)
+            assert text[i + 2].startswith("**6b, the split**")
+            i += 2
         assert text[i + 1] == f"lesson.step_diff({step - 1}, {step})"
         assert "hide-output" in cells[i + 1]["metadata"]["tags"] and "say(f" in text[i + 2]
         body = source_of(csrc / file, function)[0]
@@ -189,10 +218,12 @@ def test_steps_4_5_and_6_show_the_helper_each_adds_and_fold_the_whole_diff():
 
 
 def test_every_step_has_its_section_with_its_diff_and_its_number():
-    """One heading a step, in number order and never two steps: "## Step N: <the one idea>" on the main line (1 to
-    7), "### Step N: ..." under the budget path's one section (8 to 12, after step 7). Each section from step 3 on
-    shows its step's diff or helper (open or folded) and says a computed number; steps 7, 8 and 12 say where they
-    pay (:func:`lesson.path_words`). An open diff changes at most 40 lines; a longer one is folded."""
+    """One heading a step on the main line, in number order and never two steps: "## Step N: <the one idea>" (1 to
+    7). The budget path (8 to 12, after step 7) is one short section: a sentence a step, 9a and 9b each their own,
+    each with its computed number, and every diff of the path folded after them, in step order. Each main-line
+    section from step 3 on shows its step's diff, core or helper (open or folded) and says a computed number; steps
+    7, 8 and 12 say where they pay (:func:`lesson.path_words`). An open diff changes at most 40 lines; a longer one is
+    folded."""
     import json
     import re
 
@@ -202,28 +233,41 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
     text = ["".join(c["source"]) for c in cells]
     sections = [(int(m[2]), i, m[1]) for i, t in enumerate(text) if cells[i]["cell_type"] == "markdown"
                 for m in [re.match(r"(#+) Steps? (\d+)\b", t)] if m]
-    assert [n for n, _, _ in sections] == list(range(1, 13))  # reading order is step order
-    assert all(h == ("##" if n <= 7 else "###") for n, _, h in sections)
-    assert not any(re.match(r"#+ Steps \d", t) for t in text)
+    assert [n for n, _, _ in sections] == list(range(1, 8))  # reading order is step order
+    assert all(h == "##" for _, _, h in sections)
+    assert not any(re.match(r"#+ Steps \d", t) or t.startswith("### ") for t in text)
     at = {n: i for n, i, _ in sections}
     path_heads = [i for i, t in enumerate(text) if t.startswith("## ")
                   and any(t.startswith(f"## {name[0].upper()}{name[1:]}") for name, _ in lesson.PATHS)]
-    assert len(path_heads) == 1 and at[7] < path_heads[0] < at[8]
+    assert len(path_heads) == 1 and at[7] < path_heads[0]
     measured = next(i for i, t in enumerate(text) if t.startswith("## The steps, measured"))
-    ends = [i for _, i, _ in sections[1:]] + [measured]
+    ends = [i for _, i, _ in sections[1:]] + [path_heads[0]]
     for (n, start, _), end in zip(sections, ends):
         if n < 3:
             continue
         body = text[start:end]
         assert any("say(f" in t and "{" in t for t in body), n
-        assert any(re.search(rf"step_diff\(\d+, {n}\)", t) for t in body), n
-        if n in (7, 8, 12):
+        assert any(re.search(rf"step_(diff\(\d+, |core\(){n}\)", t) for t in body), n
+        if n == 7:
             assert any(f"lesson.path_words(results, {n})" in t for t in body), n
         for c, t in zip(cells[start:end], body):
             m = re.fullmatch(r"lesson\.step_diff\((\d+), (\d+)\)", t.strip())
             if m and "hide-output" not in c["metadata"].get("tags", []):
                 d = lesson.step_diff(int(m[1]), int(m[2]))
                 assert len(d.added) + len(d.removed) <= 40, (n, t)
+    path = text[path_heads[0] + 1:measured]
+    said, folds = path[0], [t.strip() for t in path[1:]]
+    for words in ("**Step 8, phase 2 in the last block.**", "**9a, no barriers.**", "**9b, longer chunks (step 9).**",
+                  "**Step 10, 16-byte loads**", "**Step 11, an L2 evict-first hint**",
+                  "**Step 12, refused slots skip their search.**"):
+        assert words in said, words
+    for n in (8, 12):
+        assert f"lesson.path_words(results, {n})" in said, n
+    assert folds == FOLDED[-7:]
+    assert all("hide-output" in c["metadata"]["tags"] for c in cells[path_heads[0] + 2:measured])
+    for part in ("9a", "9b"):
+        d = lesson.step9_diff(part)
+        assert len(d.added) + len(d.removed) <= 40, part
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():
@@ -265,7 +309,7 @@ def test_the_result_table_times_the_entry_point_as_the_headline_does():
 
     host_head = next(r for r in host_part.splitlines() if r.startswith("| case"))
     gpu_head = next(r for r in gpu_part.splitlines() if r.startswith("| case"))
-    assert f"step {ngram.report.SYNCED_STEP} (µs)" in host_head and "ngram_match" not in host_head
+    assert "the kernel timed" in host_head and "ngram_match" not in host_head and "entry point" not in host_head
     assert "CPU loop" not in gpu_head  # no column of the GPU table is on the host clock
     host_rows, gpu_rows = rows(host_part), rows(gpu_part)
     from book.ngram.results import grid_configs
@@ -279,7 +323,7 @@ def test_the_result_table_times_the_entry_point_as_the_headline_does():
         assert cells[3] == f"{head['speedup']:,.2f}×", (cells, head["speedup"])
         # the end-to-end column times step 12 in every row, whichever step the entry point runs
         host = host_rows[lesson.case_words(head["case"])]
-        assert host[2][0].isdigit() and "runs step" not in host[2], host
+        assert host[2][0].isdigit() and host[2].endswith(f"(step {ngram.report.SYNCED_STEP})"), host
 
 
 def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_match():
@@ -314,8 +358,8 @@ def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_mat
 
 
 def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step():
-    """The quoted case is a column of the table of steps; the table has one row per numbered step (no lettered
-    row), each naming its step's one change in a few words, and each "× previous" is the step it builds on (the step
+    """The quoted case is a column of the table of steps; the table has one row per numbered step and one lettered
+    rows, 6a and 9a (the first idea of steps 6 and 9, timed apart; the step's row is its second, 6b or 9b), each naming its step's one change in a few words, and each "× previous" is the step it builds on (the step
     before on its path) over it, read here from the committed file itself; a factor from 0.97× to 1.03× says "tie"."""
     import re
 
@@ -327,9 +371,12 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
     for cases in (lesson.STEPS_CASES, lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
         table = lesson.the_steps_table(results, cases)
         labels = [r[0] for r in _cells(table)[1:]]
-        assert not [label for label in labels if re.fullmatch(r"\d+[a-z]", label)], labels
+        assert [label for label in labels if re.fullmatch(r"\d+[a-z]", label)] == ["6a", "9a"], labels
         assert labels == ORDER
         rows = {r[0]: r for r in _cells(table)[1:]}
+        for part in ("6a", "9a"):
+            assert rows[part][1].startswith(lesson.SHORT_CHANGES[part])
+            assert lesson.SHORT_CHANGES[int(part[0])].startswith(f"{part[0]}b: ")
         for step in ngram.CHAPTER.steps:
             assert rows[str(step.number)][1].startswith(lesson.SHORT_CHANGES[step.number]), step
             assert len(lesson.SHORT_CHANGES[step.number].split()) <= 6, step
@@ -339,6 +386,13 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
                 before = _file_ms(results, lesson.builds_on(step.number), cfg)
                 this = _file_ms(results, step.number, cfg)
                 want = f"{this * 1e3:,.1f}"
+                second = lesson.part_factor(f"{step.number}b", cfg) if step.number in (6, 9) else None
+                if second is not None:  # its time, over 6a or 9a in the run that times them side by side
+                    assert cell.startswith(f"{want} ({second:.2f}×"), (cfg, cell)
+                    continue
+                if step.number in (6, 9):  # the row above is not timed here: against the step before it, named
+                    assert cell.endswith(f", vs {step.number - 1})"), (cfg, cell)
+                    continue
                 if before is not None:
                     notes = [f"{before / this:.2f}×"]
                     if 0.97 <= round(before / this, 2) <= 1.03:
@@ -440,10 +494,9 @@ def test_step_8_says_what_its_one_launch_buys():
     assert lesson.path_words(results, 8).startswith("pays at no case")
     cells = ["".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
-    at = next(i for i, t in enumerate(cells) if t.startswith("### Step 8:"))
-    end = next(i for i, t in enumerate(cells) if i > at and t.startswith("### Step"))
-    body = "\n".join(cells[at:end])
-    assert "lesson.path_words(results, 8)" in body and "lesson.host_us(results, n, lesson.HEADLINE)" in body
+    at = next(i for i, t in enumerate(cells) if t.startswith("## Long haystacks under a budget"))
+    body = cells[at + 1]
+    assert "lesson.path_words(results, 8)" in body and "lesson.host_us(results, n, H)" in body
 
 
 def test_the_page_names_its_runs_in_words_and_its_cells_read_them():
@@ -462,20 +515,21 @@ def test_the_page_names_its_runs_in_words_and_its_cells_read_them():
     for i, t in enumerate(text):
         if cells[i]["cell_type"] == "markdown":
             assert not re.search(r"\w\.json`|assets/bench|lab/ngram|/results/", t), i
-    assert all(w in text[at] for w in ("benchmark", "empty kernel", "step 6's two changes one at a time",
-                                       "step 9's split"))
+    assert all(w in text[at] for w in ("benchmark", "empty kernel", "step 6's two ideas one at a time",
+                                       "step 9's split", "9a, step 8 without its barriers"))
     code = "\n".join(t for c, t in zip(cells, text) if c["cell_type"] == "code")
-    assert 'load_results("ngram")' in code and "lesson.step6_chain()" in code
+    assert 'load_results("ngram")' in code and 'lesson.part_factor(part, H) for part in ("6a", "6b")' in code
     assert '(8, "step05_changes"), (9, "step12_changes")' in code  # the splits of steps 8 and 9
+    assert "lesson.step9_times(H)" in code and 'lesson.step9_factor("9a", H)' in code  # 9a's run, when committed
     for name in ("step05_changes", "step12_changes"):
         assert lesson.lab_run(name) is not None, name
     assert (paths.REPO_ROOT / "assets" / "bench" / "nvidia-h200" / "ngram.json").is_file()
 
 
-def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():
-    """No run history in the prose (a separate, further or second run, a date), and no lettered row names. The one
-    table timing a step's changes one at a time is step 6's (the stop, then the split), in its section, read from the
-    lab run; every other step is one change, and the table of steps is the chain."""
+def test_the_page_tells_no_run_history_and_shows_no_table_beside_the_steps_table():
+    """No run history in the prose (a separate, further or second run, a date), and no lettered names but the
+    sub-steps (6a, 6b, 9a, 9b). Step 6's two ideas are said in its section, each with its number, read from the lab
+    run (``lesson.part_factor``); no chain table sits beside the one table of steps."""
     import json
     import re
 
@@ -485,15 +539,14 @@ def test_the_page_tells_no_run_history_and_shows_one_chain_table_for_step_6():
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
     page = "\n".join(cells)
     assert not re.search(r"(separate|further|second|another) run|20\d\d-\d\d-\d\d|percent or two", page)
-    assert "one change at a time" not in page and not re.search(r"\b\d[a-d]\b", page)
+    assert "one change at a time" not in page and set(re.findall(r"\b\d[a-d]\b", page)) <= {"6a", "6b", "9a", "9b"}
     assert not re.search(r"their run has no|[Tt]imed apart from the table", page)  # bookkeeping stays off the page
     assert "answers: `book/ngram/solutions.py`" in page  # the answers' path, as every page gives it
     assert "`plan_slot`" in next(t for t in cells if t.startswith("## The operation"))  # defined where it is named
-    chains = [i for i, t in enumerate(cells) if "chain_table(" in t]
-    assert len(chains) == 1 and "lesson.step6_chain()" in cells[chains[0]]
+    assert not any("chain_table(" in t or "step6_chain()" in t for t in cells)
     step6 = next(i for i, t in enumerate(cells) if t.startswith("## Step 6:"))
-    step7 = next(i for i, t in enumerate(cells) if t.startswith("### Step 8:"))
-    assert step6 < chains[0] < step7
+    said = next(t for t in cells[step6:] if "say(f" in t)
+    assert 'lesson.part_factor(part, H) for part in ("6a", "6b")' in said
 
 
 def test_step_6s_chain_is_the_lab_runs_own_rows():
@@ -539,7 +592,8 @@ def test_where_we_lose_names_the_rules_misses_and_the_real_text_acceptance():
     body = cells[lose + 1]
     assert "The rule between steps 7 and 12 misses" in body and "kernels.STREAM_MIN_TOKENS" not in body
     above = cells[next(i for i, t in enumerate(cells) if t.startswith("## The steps, measured")) + 1]
-    assert "The main line is steps 1 to 7" in above and "kernels.STREAM_MIN_TOKENS" in above
+    assert "The main line is steps 1 to 7" in above and "only on long rows under a budget" in above
+    assert "kernels.STREAM_MIN" not in "".join(cells)  # the rule's thresholds are the library's, not the page's
     page = "".join(cells)
     assert "accepted" not in body and "{accepted:,}" not in page
     why = next(i for i, t in enumerate(cells) if t.startswith("## Why it matters"))
@@ -705,10 +759,16 @@ def test_why_it_matters_weighs_the_lookup_against_acceptance():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     why = "".join(next(c for c in cells if c.get("id") == "cell-03")["source"])
     assert '"accepted_tokens"' in why and '"active_slots"' in why and "What acceptance does to the payoff" in why
-    assert "net(a['cpu'])" in why and "net(a['gpu'])" in why
-    table = why[why.index("display(HTML(lesson.fold_table("):]  # the shares and bounds: a folded table
-    assert "| CPU path (step 1) | {a['cpu']:.1%} | {net(a['cpu']):.2f}× |" in table
-    assert "| ours (`ngram_match`) | {a['gpu']:.2%} | {net(a['gpu']):.2f}× |" in table
+    # the shares are said once: one open table, a row a lookup (the CPU path, the port, ours), with the bound
+    table = why[why.index("rows = ["):]
+    for row in ('("CPU path (step 1)", a["cpu"]', '("our FastDeploy port (step 4)", a["port"]',
+                '("ours (`ngram_match`)", a["gpu"]'):
+        assert row in table, row
+    assert "net(share)" in table and "fold_table" not in why
+    prose = why[:why.index("rows = [")]
+    assert "a['cpu']" not in prose and "a['gpu']" not in prose and "a['port']" not in prose
+    lead = "".join(next(c for c in cells if c.get("id") == "cell-01")["source"])
+    assert "price['cpu']" not in lead and "price['port']" not in lead  # the lead gives no share either
 
 
 def test_the_result_leads_with_the_deployed_budget_then_the_stress_case():
@@ -744,7 +804,7 @@ def test_the_result_leads_with_the_deployed_budget_then_the_stress_case():
     assert "not a tuned kernel" in " ".join(rest.split())
     top = "".join(next(c for c in cells if c.get("id") == "cell-01")["source"])
     said = top[top.index('say(f"""'):]
-    assert "already removes the CPU path's cost" in said and "under 0.1%" in said
+    assert "already removes most of the CPU path's cost" in said and "under 0.1%" in said
     assert said.index("lead[P]") < said.index("lead[L]") and "stress case" in said
     assert "per_slot" not in code  # the payoff speculation caps is said once, in "Why it matters"
     assert "would not fit" not in opening  # the saving priced where the step is priced
@@ -837,18 +897,19 @@ def test_each_step_gives_one_number_at_its_paths_case():
         said = cells[cid]
         assert f"step_factors(results, {step})[0]" in said and f"us({step}, *P)" in said, step
         assert f"us({step}, *L)" not in said, step
-    assert "lesson.step_factors(results, 8)[1]" in cells["cell-s8-say"] and "us(8, *H)" in cells["cell-s8-say"]
-    assert "lesson.step_factors(results, n, (H,))[0]" in cells["cell-s9-say"] and "us(n, *H)" in cells["cell-s9-say"]
-    for cid, step in (("cell-s9-say", 9), ("cell-s10-say", 10), ("cell-s11-say", 11)):
-        assert f"{{gain({step})}}" in cells[cid], step  # each its own number, at the budget path's case
-    assert "f12[1]" in cells["cell-s12-say"] and "us(12, *H)" in cells["cell-s12-say"]
+    path = cells["cell-s8-say"]  # the budget path's one paragraph: a sentence a step, each its own number
+    assert "lesson.step_factors(results, 8, (H,))[0]" in path and "us(8, *H)" in path
+    assert 'lesson.step9_factor("9a", H), nine and nine["9a"]' in path  # 9a: its own time, against step 8
+    assert 'lesson.step9_factor("9b", H), us(9, *H)' in path  # 9b: step 9's time, against 9a
+    assert "lesson.step_factors(results, n, (H,))[0], us(n, *H)) for n in (10, 11, 12)" in path
+    for step in (10, 11, 12):
+        assert f"{{step[{step}]}}" in path, step
     for cid in ("cell-09", "cell-12", "cell-16", "cell-19", "cell-s5-say", "cell-s6-say", "cell-s7-say",
-                "cell-s8-say", "cell-s9-say", "cell-s12-say"):
+                "cell-s8-say"):
         said = cells[cid]
         assert "× in the table" not in said, cid
         assert not re.search(r"us\(\d+, \d", said), cid  # a case by name, never typed
-    for cid in ("cell-s8-say", "cell-s9-say", "cell-s10-say", "cell-s11-say", "cell-s12-say"):  # the budget path's case
-        assert not re.search(r"step_factors\(results, \d+\)\[[02]\]|\*L\)", cells[cid]), cid
+    assert not re.search(r"step_factors\(results, \d+\)\[\d\]|\*L\)", path)  # only the budget path's case
 
 
 def test_the_operation_works_the_budget_on_four_slots_and_the_excerpts_name_their_variables():
@@ -879,6 +940,6 @@ def test_the_operation_works_the_budget_on_four_slots_and_the_excerpts_name_thei
     assert ex["metadata"]["jupyter"]["source_hidden"]
     step4, step6 = "".join(cells["cell-17"]["source"]), "".join(cells["cell-s6-md"]["source"])
     assert "slots 0 to 2 in [the table](#the-operation)" in step4
-    assert "The helper step 4 adds" in step4 and "The helper step 6 adds" in step6  # the listing under each line
+    assert "Its core, for a block of slots" in step4 and "The helper step 6 adds" in step6  # the listing under each
     result = "".join(cells["cell-34"]["source"])
     assert "max(lesson.real_text_slower(results))" in result and "(#on-real-text)" in result

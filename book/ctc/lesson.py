@@ -266,7 +266,7 @@ def torch_best_words(results) -> str:
         return ", ".join(f"A = {a:,}, N = {n}" for a, n in sorted(points))
 
     clock = clock_words(clock_of(results, "torch-best"))
-    words = (f"The speedup is over the faster of torch's calls timed on the {clock}: "
+    words = (f"The speedup column is over the faster of torch's calls timed on the {clock}: "
              + "; ".join(f"{name} at {where(points)}" for name, points in picked.items()) + ".")
     if clock_of(results, "torch-native") == "kernel":
         pairs = [(_ms(results, "torch-native", T=BENCH_T, A=a, N=n), _ms(results, "torch-cuDNN", T=BENCH_T, A=a, N=n))
@@ -642,6 +642,22 @@ def rival_ms(results, A: int, N: int, strongest: bool = False) -> float | None:
     best = _ms(results, "torch-best", T=BENCH_T, A=A, N=N)
     native = _ms(results, "torch-native", T=BENCH_T, A=A, N=N) if strongest else None
     return best if best is None or native is None else min(best, native)
+
+
+def native_faster(results) -> list[dict]:
+    """The cases where torch-native, on its kernel clock, reads faster than ``torch-best`` (torch's faster call on the
+    GPU clock), so that :func:`rival_ms` with ``strongest`` picks it: per case, A, N, both torch times (µs) and the
+    entry point's speedup over each. Empty where cuDNN is the faster path at every case."""
+    final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else CHAPTER.final.series
+    out = []
+    for A, N in _all_points():
+        best = _ms(results, "torch-best", T=BENCH_T, A=A, N=N)
+        native = _ms(results, "torch-native", T=BENCH_T, A=A, N=N)
+        ours = _ms(results, final, T=BENCH_T, A=A, N=N)
+        if None not in (best, native, ours) and native < best:
+            out.append({"A": A, "N": N, "native_us": native * 1e3, "cudnn_us": best * 1e3,
+                        "over_native": native / ours, "over_cudnn": best / ours})
+    return out
 
 
 def speedup_minima(results, strongest: bool = False) -> dict | None:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from studylog.decode.loop import COMPONENTS
 from book.decode.results import breakdown
-from book.decode.lesson import STEP_LABELS
+from book.decode.lesson import REAL, STEP_3A, STEP_LABELS
 from studylog.decode.report import rows_of
 
 #: Each component's legend label and colour in the stacked bars.
@@ -25,12 +25,13 @@ CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head"
 #: lists step 3's changes, then chapter 01's character-level jumps, which are not a step.
 BAR_ORDER = ("baseline", "jump_forward", "automaton_mask", "masked_head", "char_jump")
 #: The configurations the page's breakdown figures draw: the steps and, greyed, the character-level jumps. 3a alone
-#: is left out: its one number on the page is its chain's "× previous", from the chain's own run, and a bar from the
-#: chapter's benchmark would give it a second.
+#: is drawn on the real model only, whose open steps table gives it a row from the same run (:data:`DRAWN_REAL`).
 DRAWN = ("baseline", "jump_forward", "masked_head", "char_jump")
+#: The real model's bars: its steps table's rows, 3a included, and the character-level jumps greyed.
+DRAWN_REAL = ("baseline", "jump_forward", "automaton_mask", "masked_head", "char_jump")
 #: Each bar's label: a step's as the steps table gives it ("step N: short name"), step 3's first change as its chain
 #: table labels it, and chapter 01's character-level jumps, which are not a step.
-BAR_LABELS = {**STEP_LABELS, "automaton_mask": "3a: the automaton's masks",
+BAR_LABELS = {**STEP_LABELS, "automaton_mask": STEP_3A[0],
               "char_jump": "not a step: character-level jumps"}
 #: Configurations drawn greyed out (faded bars): chapter 01's character-level jumps change what a model writes, so
 #: they are shown for scale, not as a step.
@@ -38,7 +39,8 @@ NOT_A_STEP = ("char_jump",)
 NOT_A_STEP_ALPHA = 0.3
 #: How figure titles name the cost models' shapes (each a body of a public model's shape and a head of chapter 01's
 #: ``cl100k_base`` vocabulary).
-SHAPES = {"1b": "1B cost model, cl100k head", "8b": "8B cost model, cl100k head"}
+SHAPES = {"1b": "1B cost model, cl100k head", "8b": "8B cost model, cl100k head",
+          REAL: "SmolLM2-135M, real weights, its own answers"}
 #: The smallest text of a figure, in points at its saved size.
 FONT = 9
 
@@ -153,13 +155,16 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     """One figure per model shape, three panels side by side sharing the configurations' axis: the whole step at
     batch 1 (batch 8 where only it was measured), then the parts other than the model body at batch 1 and at batch
     8, where the chapters' changes are large enough to read (at most three panels; two where one batch size is
-    missing); None when the rows hold neither batch size."""
+    missing); None when the rows hold neither batch size. The cost models' bars are medians over the JSON schemas;
+    the real model's over all its requests, regexes included, with 3a its own bar, as its steps table gives them."""
     import matplotlib.pyplot as plt
 
-    batches = [b for b in (1, 8) if breakdown(rows, model, b)]
+    kind, drawn = (None, DRAWN_REAL) if model == REAL else ("json", DRAWN)
+    batches = [b for b in (1, 8) if breakdown(rows, model, b, kind=kind)]
     if not batches:
         return None
-    parts = {b: {c: p for c, p in breakdown(rows, model, b).items() if c in DRAWN} for b in batches}
+    parts = {b: {c: p for c, p in breakdown(rows, model, b, kind=kind).items() if c in drawn} for b in batches}
+    n_requests = len({r["params"]["schema"] for r in rows_of(rows, model=model, batch=batches[0], config="baseline")})
     panels = [(batches[0], True)] + [(b, False) for b in batches]
     fig, axes = plt.subplots(1, len(panels), figsize=(9.6, 4.6), squeeze=False,
                              gridspec_kw={"width_ratios": [1.15] + [1] * (len(panels) - 1)})
@@ -189,8 +194,9 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     fig.legend([handles[k] for k in order], order, fontsize=FONT, loc="lower center",
                bbox_to_anchor=(0.5, text_in / height), ncol=3, frameon=False,
                title="bar: instrumented run, parts stacked", title_fontsize=FONT)
-    fig.suptitle(f"{what}{SHAPES.get(model, model + ' shape')}: time per output token by part "
-                 "(median of the JSON schemas)", fontsize=FONT + 1)
+    over = f"median of its {n_requests} requests" if model == REAL else "median of the JSON schemas"
+    fig.suptitle(f"{what}{SHAPES.get(model, model + ' shape')}: time per output token by part ({over})",
+                 fontsize=FONT + 1)
     if lines:
         fig.text(0.01, 0.005, "\n".join(lines), fontsize=FONT, ha="left", va="bottom")
     fig.tight_layout(rect=(0, (text_in + legend_in + 0.1) / height, 1, 1))
@@ -250,26 +256,28 @@ def figure_notes(results) -> str:
         return f"{v * 1e3:+.0f}".replace("-", "−")
 
     spans = []
-    for model, name in (("1b", "the 1B cost model"), ("8b", "the 8B cost model")):
-        panels = [{c: p for c, p in breakdown(results.rows, model, b).items() if c in DRAWN} for b in (1, 8)]
+    for model, name in ((REAL, "on SmolLM2-135M"), ("1b", "at the 1B cost model"), ("8b", "at the 8B cost model")):
+        kind, drawn = (None, DRAWN_REAL) if model == REAL else ("json", DRAWN)
+        panels = [{c: p for c, p in breakdown(results.rows, model, b, kind=kind).items() if c in drawn}
+                  for b in (1, 8)]
         panels = [p for p in panels if p]
         if panels:
             lo, hi = instrumentation_cost(panels)
-            spans.append(f"{signed(lo)} to {signed(hi)} µs per token at {name}")
+            spans.append(f"{signed(lo)} to {signed(hi)} µs per token {name}")
     bars = ("" if not spans else
             "In the breakdown figures a bar stacks the parts measured in a run with CUDA events between them, "
             "and its tick is the total timed without the events; a bar's end less its tick (the events' cost, and "
-            f"noise) is {' and '.join(spans)}. ")
+            f"noise) is {', '.join(spans[:-1]) + ' and ' * (len(spans) > 1) + spans[-1]}. ")
     return bars + results.caption()
 
 
 def figures(results, what: str = "") -> dict[str, Any]:
-    """``breakdown_1b`` and ``breakdown_8b``: the stacked bars per configuration at batch 1 and 8 for each
-    shape measured; ``speedup``: steps 2 and 3 over step 1 per JSON schema, the 1B cost model, batch 1, and
+    """``breakdown_smollm2`` (the real model's), ``breakdown_1b`` and ``breakdown_8b``: the stacked bars per
+    configuration at batch 1 and 8 for each model measured; ``speedup``: steps 2 and 3 over step 1 per JSON schema, the 1B cost model, batch 1, and
     ``speedup_8b`` the same on the 8B cost model where the file has it. ``what`` starts every title
     (the notebook names an earlier run there)."""
     out = {}
-    for model in ("1b", "8b"):
+    for model in (REAL, "1b", "8b"):
         fig = breakdown_figure(results.rows, model, "", what)
         if fig is not None:
             out[f"breakdown_{model}"] = fig
@@ -280,6 +288,6 @@ def figures(results, what: str = "") -> dict[str, Any]:
     return out
 
 
-__all__ = ["BAR_LABELS", "BAR_ORDER", "COLORS", "CONFIG_COLORS", "DRAWN", "FONT", "figure_notes", "LABELS", "SHAPES", "TICK_LABEL",
+__all__ = ["BAR_LABELS", "BAR_ORDER", "COLORS", "CONFIG_COLORS", "DRAWN", "DRAWN_REAL", "FONT", "figure_notes", "LABELS", "SHAPES", "TICK_LABEL",
            "breakdown_figure", "figures", "hidden_parts", "instrumentation_caption", "instrumentation_cost", "plot_breakdown",
            "speedup_figure", "too_short", "unattributed", "VISIBLE_SHARE"]

@@ -13,7 +13,7 @@ from book.fsm.figures import SERIES_COLORS
 from book.fsm.peers import LIBRARIES, PeerRow
 
 __all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes",
-           "saved_share", "steps_table", "step_helpers", "step3_core",
+           "saved_share", "steps_table", "step_helpers", "step3_changed_lines", "step3_core",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "policy_totals", "agreement_table", "timing_table", "plot_peers",
            "ENGINE_NAMES", "cpu_name", "common_forced_shares", "real_policy_shares"]
 
@@ -412,12 +412,28 @@ def _jump_branch(step) -> list[str]:
     return out
 
 
+def step3_changed_lines() -> int:
+    """How many lines step 3's whole change to step 2's function changes (removed plus added, docstrings left out):
+    the size of what :func:`step3_core` shows the core of."""
+    import difflib
+    import inspect
+
+    from book.common import without_docstrings
+    from studylog.fsm import decoding
+
+    old, new = (without_docstrings(inspect.getsource(s)).splitlines()
+                for s in (decoding.step02_token_jumps, decoding.step03_char_jumps))
+    return sum(ln[:1] in "+-" and not ln.startswith(("+++", "---"))
+               for ln in difflib.unified_diff(old, new, lineterm="", n=0))
+
+
 def step3_core():
     """Step 3's change to step 2's loop, its core only: the jump branch of each (:func:`_jump_branch`), as a
-    ``studylog.source.Diff`` of at most about twenty changed lines."""
+    ``studylog.source.Diff`` of at most about twenty changed lines, its label giving the whole change's size
+    (:func:`step3_changed_lines`)."""
     from studylog.fsm import decoding
     from studylog.source import Diff
 
     old, new = (_jump_branch(s) for s in (decoding.step02_token_jumps, decoding.step03_char_jumps))
     return Diff("\n".join(old), "\n".join(new), "step 2, the jump",
-                "step 3, its core (the cap, UTF-8 guard, end-state check and counters left out)", 1)
+                f"step 3, its core ({step3_changed_lines()} changed lines in all)", 1)

@@ -27,16 +27,16 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "MAIN_CASE",
-           "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "tried_steps_table",
+           "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "step_base", "TRIED_MARK",
            "own_case_steps", "steps_note", "table_us", "chain_base", "PARTS", "bitmask_copy_ms", "OWN_STEPS",
            "CHANGES_FROM_HOST", "rows_sweep_us",
            "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
-           "paid_words", "rotation", "counts_words", "steps_shown", "HEADLINE_POINTS",
+           "paid_words", "rotation", "counts_words", "STEPS_LEGEND", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "loss_account", "plan_timeline", "plan_parts", "plan_timeline_table", "mean_period",
            "TIMELINE_PARTS", "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied",
            "is_tie", "ties", "ties_words", "dispatch_step", "plan_step", "PATH_STEPS", "PATH_WORDS", "path_words",
-           "losses", "COMPILED_GATHER", "compiled_gather_leads", "compiled_gather_words"]
+           "losses", "COMPILED_GATHER", "compiled_gather_leads", "compiled_gather_times", "compiled_gather_words"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with the streaming kernel's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "candidates_do_bench", "nvidia-h200"
@@ -649,7 +649,7 @@ MAIN_CASE = dict(batch=1, kind="random", allowed=1000)
 #: The steps the page keeps on its main line, in order: each paid at the case its idea is about, except step 3, which
 #: ties step 2 at batch 1 and is kept as the dispatch's dense path (step 12) and the base of step 10.
 MAIN_LINE = (0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13)
-#: The steps tried that did not pay, shown together in one section (:func:`tried_steps_table`); they keep their numbers
+#: The steps tried that did not pay: rows of the table of steps, marked :data:`TRIED_MARK`; they keep their numbers
 #: (the library and the results name them so).
 TRIED = (6, 9, 11)
 #: The case each step's idea is about and the step it is compared with there (None for step 0). The tables of steps
@@ -792,27 +792,30 @@ def chain_base(results, number: int) -> int | None:
 PARTS = (("the copy", "the packed bitmask copied, without waiting, into a device buffer the graph reads", ("copy",)),
          ("the union", "the union's ids and count built from the buffer on the device", ("count_zero", "union_kernel")),
          ("the count from memory", "step 7's kernel reads the count from memory: one graph per bucket", ("row_kernel",)))
-#: The first table of steps (:func:`main_steps_table`): the chain a reader follows at :data:`MAIN_CASE`, each step
-#: against the row above (step 7 ties step 5 and is kept: steps 8 and 13 build on it, the dispatch runs it at batch 1).
+#: The steps timed at :data:`MAIN_CASE` in the table of steps, each against the kept step above it (step 7 ties step
+#: 5 and is kept: steps 8 and 13 build on it, the dispatch runs it at batch 1); step 6, tried, sits among them.
 CHAIN = (0, 1, 2, 3, 4, 5, 7)
-#: Step 13's words in the second table of steps: an integration, not a faster kernel, in the three parts its section
-#: names, none capturable alone (:func:`step13_change` adds each part's traced cost).
-HEADLINE_CHANGES = {13: "an integration, not a faster kernel: the whole step from the packed bitmask in one CUDA graph, "
-                        "in three parts, none capturable alone (the bitmask's copy into the graph's buffer; the union "
-                        "built on the device; step 7's kernel reading the count)"}
-#: Kept for the callers that name it: step 13's words, what it adds to step 12's call at :data:`MAIN_CASE`.
-CHANGES_FROM_HOST = HEADLINE_CHANGES[13]
-#: The rivals' names in the second table's "against" cells.
+#: Step 13's "one change" cell: an integration, not a faster kernel; its three parts are traced in its section.
+CHANGES_FROM_HOST = ("an integration, not a faster kernel: the whole step from the packed bitmask in one CUDA graph "
+                     "(the copy, the union, the row kernel)")
+#: The rivals' names in the table's "× against" cells.
 HEADLINE_RIVAL_WORDS = {"index_select": "`index_select` + matmul", XGRAMMAR: "xgrammar's path"}
-#: The kept steps beyond the chain, in the second table of steps, each at its own case (:data:`STEP_CASES`); step 12,
-#: the entry point, over every case measured (:func:`dispatch_range`).
+#: The kept steps after the chain, each at its own case (:data:`STEP_CASES`); step 12, the entry point, over every
+#: case measured (:func:`dispatch_range`).
 OWN_STEPS = (8, 10, 12, 13)
+#: The marker of a tried step's row in the table of steps (its "one change" cell starts with it).
+TRIED_MARK = "tried, not kept:"
 #: Why a kept step that ties what it is compared with stays, in its "×" cell.
 KEPT_FOR = {3: "kept as the dense path of large batches", 7: "kept: steps 8 and 13 build on it",
             12: "kept: one entry point for every case"}
 #: The kernels step 12 chooses from: a compacted one (steps 7, 8, 10) and a dense one (step 3's, or cuBLAS with fp32
 #: output and ``masked_fill``).
 DISPATCH_KERNELS = ("step07", "step08", "step10", "step03", "cublas_fp32_mask")
+#: The table's header (:func:`main_steps_table`).
+STEPS_HEADER = "| step | the one change | case | µs | × against | × the card's floor |"
+#: The line under the table's caption: why the cases differ.
+STEPS_LEGEND = ("Steps 0 to 7 share one case and read down the table; each later step is timed at the case its idea "
+                "is about, against the step it builds on there (that step's time in brackets).")
 
 
 def tie_mark(ratio: float) -> str:
@@ -842,55 +845,64 @@ def dispatch_range(results) -> dict[str, Any] | None:
     return {"worst": min(ratios), "best": max(ratios), "cases": len(rows)}
 
 
+def step_base(results, number: int) -> tuple[dict, int | str | None]:
+    """(case, base) of step ``number``'s row in the table of steps: a step of :data:`CHAIN` at :data:`MAIN_CASE`
+    against the kept step above it (:func:`chain_base`); step 6, tried at that case, against step 5; every other step
+    at its own case against its base there (:data:`STEP_CASES`; step 13 against xgrammar's path)."""
+    if number in CHAIN:
+        return MAIN_CASE, chain_base(results, number)
+    return STEP_CASES[number]
+
+
 def main_steps_table(results) -> str:
-    """The page's two tables of steps, Markdown, each under its bold caption, then the rivals' sentence; blocks
-    separated by blank lines. First the chain (:data:`CHAIN`) at :data:`MAIN_CASE`, said once in its caption, each
-    "×" the time of the row above over its own (:func:`chain_base`), a tie marked with why the step is kept
-    (:data:`KEPT_FOR`), with the tried steps' line under it (:func:`tried_note`). Then the steps beyond the chain
-    (:data:`OWN_STEPS`), each at the case its idea is about, with
-    what it is compared with there and that time in their own column (:data:`STEP_CASES`; step 13 against xgrammar's
-    path, the rival with its contract); step 12, the entry point, over every case, against the fastest kernel it
-    chooses from at each (:func:`dispatch_range`). Every timed row has "× the card's floor" at its own case. The rivals
-    at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose rotation was
-    capped carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the page's
-    threshold."""
-    case = f"batch {MAIN_CASE['batch']}, {MAIN_CASE['allowed']:,} {MAIN_CASE['kind']} ids allowed"
-    lines = [f"**The chain** ({case}; µs, GPU clock, the [V, D] head)", "",
-             "| step | the one change | µs | × previous | × the card's floor |", "|---|---|---|---|---|"]
-    for number in CHAIN:
-        row = _row(results, step_series(number), **MAIN_CASE)
-        if row is None:
-            continue
-        base = chain_base(results, number)
-        reference = None if base is None else _row(results, step_series(base), **MAIN_CASE)
-        ratio = "–" if reference is None else _tie_why(_vs(row, reference), tie_mark(reference["ms"] / row["ms"]),
-                                                       number)
-        lines.append(f"| {number} | {CHANGES[number]} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
-                     f"{_over_floor(results, row, MAIN_CASE)} |")
-    lines += ["", tried_note(), "", "**Beyond the chain** (each at its own case; µs, GPU clock)", "",
-              "| step | case | the one change | µs | against (µs) | × | × the card's floor |",
-              "|---|---|---|---|---|---|---|"]
-    for number in OWN_STEPS:
-        params, base = STEP_CASES[number]
+    """The page's one table of steps, Markdown, under its bold caption and the legend line (:data:`STEPS_LEGEND`),
+    then the rivals' sentence; blocks separated by blank lines. Every step is a row, in order: the kept ones and the
+    tried ones (:data:`TRIED`, their change marked :data:`TRIED_MARK`), each with its case named, its time there, its
+    ratio against a named step or rival (:func:`step_base`; the base's time given where its own row is at another
+    case) and its time over the card's floor there. A tie says so and why the step is kept (:data:`KEPT_FOR`); step
+    12, the entry point, is one row over every case, against the fastest kernel it chooses from at each
+    (:func:`dispatch_range`); step 11, which beats the step it modifies, says how much faster step 7 is on its mask.
+    The rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose
+    rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the
+    page's threshold."""
+    lines = ["**The steps** (µs, GPU clock, the [V, D] head)", "", STEPS_LEGEND, "", STEPS_HEADER,
+             "|---|---|---|---|---|---|"]
+    for number in sorted(MAIN_LINE + TRIED):
+        change = CHANGES_FROM_HOST if number == 13 else CHANGES[number]
+        if number in TRIED:
+            change = f"*{TRIED_MARK}* {change}"
         if number == 12:
             rng = dispatch_range(results)
             if rng is None:
                 continue
             tie = " (tie)" if tie_mark(rng["worst"]) and tie_mark(rng["best"]) else ""
-            ratio = _tie_why(f"{rng['worst']:.2f}× to {rng['best']:.2f}×", tie, 12)
-            lines.append(f"| 12 | all {rng['cases']} cases | the entry point: a dispatch by shape | – | "
-                         f"the fastest kernel it chooses from, at each case | {ratio} | – |")
+            ratio = _tie_why(f"{rng['worst']:.2f}× to {rng['best']:.2f}× the fastest kernel it chooses from", tie, 12)
+            lines.append(f"| 12 | the entry point: a dispatch by shape | all {rng['cases']} cases | – | {ratio} | – |")
             continue
+        params, base = step_base(results, number)
         row = _row(results, step_series(number), **params)
         if row is None:
             continue
-        change = step13_change() if number == 13 else CHANGES[number]
-        reference = _row(results, _base_series(base), **params)
-        name = HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
-        against = name if reference is None else f"{name} ({table_us(reference['ms'])}{capped(reference)})"
-        ratio = PENDING if reference is None else _vs(row, reference) + tie_mark(reference["ms"] / row["ms"])
-        lines.append(f"| {number} | {_case(params)} | {change} | {table_us(row['ms'])}{capped(row)} | {against} | "
-                     f"{ratio} | {_over_floor(results, row, params)} |")
+        ratio = "–"
+        if base is not None:
+            reference = _row(results, _base_series(base), **params)
+            name = HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
+            if reference is None:
+                ratio = f"{PENDING} {name}"
+            else:
+                at = "" if params == MAIN_CASE and not isinstance(base, str) else \
+                    f" ({table_us(reference['ms'])} µs{capped(reference)})"
+                ratio = _tie_why(f"{_vs(row, reference)} {name}{at}", tie_mark(reference["ms"] / row["ms"]), number)
+        if number == 6:  # a tie at its case: why it is not kept, from the run
+            one = step_factor_at(results, 6, dict(params, allowed=1))
+            why = f"{_pct(1 / one - 1)} slower at 1 allowed" if one and one < 1 else ""
+            ratio = (ratio[:-1] + f"; not kept: {why})" if ratio.endswith("(tie)") else f"{ratio}; {why}") if why \
+                else ratio
+        if number == 11:
+            seven = _row(results, step_series(7), **params)
+            ratio += f"; step 7 is {row['ms'] / seven['ms']:.2f}× as fast on this mask" if seven else ""
+        lines.append(f"| {number} | {change} | {_case(params)} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
+                     f"{_over_floor(results, row, params)} |")
     rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
     xgr = _row(results, XGRAMMAR, **MAIN_CASE)
     if xgr is not None:
@@ -900,21 +912,6 @@ def main_steps_table(results) -> str:
             f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
             for words, row in rivals) + "."]
     return "\n".join(lines)
-
-
-def step13_change() -> str:
-    """Step 13's cell in the second table of steps (:data:`HEADLINE_CHANGES`), each part with its cost in the traced
-    call (:func:`plan_timeline`, the union's count zeroing and kernel together) where that run is committed."""
-    words = HEADLINE_CHANGES[13]
-    trace = plan_timeline()
-    if trace is None:
-        return words
-    part = plan_parts(trace)
-    costs = {"the graph's buffer": part["copy"], "on the device": part["count_zero"] + part["union_kernel"],
-             "reading the count": part["row_kernel"]}
-    for name, us in costs.items():
-        words = words.replace(name, f"{name}, {us:.1f} µs")
-    return words.replace("alone (the", "alone (traced: the")
 
 
 def loss_lines(results) -> list[str]:
@@ -943,60 +940,11 @@ def own_case_steps() -> list[int]:
     return [n for n in MAIN_LINE if STEP_CASES[n][0] != MAIN_CASE]
 
 
-def tried_note() -> str:
-    """The chain's legend line, under its table: which step numbers it lacks and where each is. The kept steps beyond
-    the chain are in the fold under it (step 13 also said in one line, :func:`steps_shown`); the tried ones did not pay
-    and are folded below the figures."""
-    kept = [n for n in OWN_STEPS if n != 13]
-    return (f"Missing numbers: steps {counts_words(kept)} are kept, each at its own case (the fold below); steps "
-            f"{counts_words(list(TRIED))} were tried and did not pay (folded below the figures).")
-
-
-def steps_shown(results, table: str | None = None) -> tuple[str, str, str]:
-    """The tables of steps (:func:`main_steps_table`, or ``table``, its output) as the page shows them: the chain
-    with its legend line (Markdown); the steps beyond the chain, each its own row with its case named and step 13's
-    with its traced parts, folded (HTML); then step 13 in one line, the whole step in one graph with its time, and the
-    rivals' sentence (Markdown)."""
-    blocks = (table or main_steps_table(results)).split("\n\n")
-    at = next(k for k, b in enumerate(blocks) if b.startswith("**Beyond the chain**"))
-    fold = folded("Steps 8 to 13, each at its own case against the step it builds on (µs, GPU clock)", blocks[at + 1])
-    row = _row(results, step_series(13), **STEP_CASES[13][0])
-    line = ("" if row is None else
-            f"**Step 13, the whole step in one graph: {table_us(row['ms'])} µs**{capped(row)} ({_case(MAIN_CASE)}).")
-    return "\n\n".join(blocks[:at]), fold, "\n\n".join(b for b in [line, *blocks[at + 2:]] if b)
-
-
 def steps_note(results) -> str:
-    """The footnote under the tables of steps: the key to :data:`CAPPED` (said once on the page) where the run marks
-    rows, else empty. The missing step numbers are said under the chain's table (:func:`tried_note`)."""
+    """The footnote under the table of steps: the key to :data:`CAPPED` (said once on the page) where the run marks
+    rows, else empty."""
     key = page_capped_key(results)
     return "" if key is None else key
-
-
-def tried_steps_table(results) -> str:
-    """The steps tried that did not pay (:data:`TRIED`), Markdown: each at the case its idea is about, against the
-    step it modifies there (:data:`STEP_CASES`), and why it is not kept, from the run: a step that beats its base
-    (step 11 over step 3) is set against step 7 on the same mask."""
-    lines = ["| step | the one change | measured at | µs | × the step it modifies | why it is not kept |",
-             "|---|---|---|---|---|---|"]
-    why = {6: "the row programs start later; steps 7 and 8 keep step 5's order",
-           9: "64 reductions a row, in series; step 10 does them in one `tl.dot`"}
-    for number in TRIED:
-        params, base = STEP_CASES[number]
-        row = _row(results, step_series(number), **params)
-        if row is None:
-            continue
-        reference = _row(results, step_series(base), **params)
-        reason = why.get(number, "")
-        if number == 6:
-            one = step_factor_at(results, 6, dict(params, allowed=1))
-            reason = (f"{_pct(1 / one - 1)} slower at 1 allowed: " if one and one < 1 else "") + reason
-        if number == 11:
-            seven = _row(results, step_series(7), **params)
-            reason = f"step 7 is {row['ms'] / seven['ms']:.2f}× as fast on the same mask" if seven else PENDING
-        lines.append(f"| {number} | {CHANGES[number]} | {_case(params)} | {table_us(row['ms'])}{capped(row)} | "
-                     f"{_vs(row, reference)} step {base} | {reason} |")
-    return "\n".join(lines)
 
 
 def step_factor_at(results, number: int, params: dict) -> float | None:
@@ -1014,7 +962,8 @@ def result_table(results) -> str:
     """The result, Markdown: at each of :data:`HEADLINE_POINTS`, the kernel alone (step 12, given the ids) against the
     fastest rival given the ids there (:data:`KERNEL_RIVALS`), and the whole step from the packed bitmask (step 13)
     against xgrammar's path, side by side with equal weight; a ratio under one said as slower."""
-    head = ["batch (1,000 allowed each)", "kernel alone: step 12", "its fastest eager torch rival, given the ids", "step 12 is",
+    head = ["batch (1,000 allowed each)", "kernel alone: step 12", "its fastest uncompiled torch rival, given the ids",
+            "step 12 is",
             "whole step: step 13", "xgrammar's path", "step 13 is"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -1375,13 +1324,27 @@ def compiled_gather_leads(name: str) -> dict[int, float] | None:
             for n in sorted({a for _, a in by}) if ("step12", n) in by}
 
 
+def compiled_gather_times(name: str) -> dict[int, tuple[float, float]] | None:
+    """Allowed count -> (step 12's time, torch.compile's faster gather's time), in ms, in one committed lab run: the
+    two times whose ratio :func:`compiled_gather_leads` gives; None where the run is not committed."""
+    data = lab_or_none("masked_lm_head", name)
+    if data is None:
+        return None
+    by = {(r["series"], r["params"]["allowed"]): r["ms"] for r in data["measurements"]}
+    return {n: (by[("step12", n)], min(by[(s, n)] for s in COMPILED_RIVALS))
+            for n in sorted({a for _, a in by}) if ("step12", n) in by}
+
+
 def compiled_gather_words() -> tuple[str, str]:
     """(lead, sentence): step 12's lead at 1,000 allowed over torch.compile's fused gather, and one sentence with
-    both counts, from the first run (the second machine's agrees: the lab README); ("", "") where none is committed."""
+    both counts, each ratio with its two times, from the first run (the second machine's agrees: the lab README);
+    ("", "") where none is committed."""
     leads = compiled_gather_leads(COMPILED_GATHER[0])
     if not leads:
         return "", ""
-    both = " and ".join(f"{_x(x)} at {n:,}" for n, x in sorted(leads.items()))
+    times = compiled_gather_times(COMPILED_GATHER[0])
+    both = " and ".join(f"{_x(x)} at {n:,}{' allowed' if k == 0 else ''} ({table_us(times[n][0])} against "
+                        f"{table_us(times[n][1])} µs)" for k, (n, x) in enumerate(sorted(leads.items())))
     return _x(leads[1000]), (
         f"Its strongest rival is `torch.compile` (max-autotune) of the same expression, which fuses the gather: step 12 "
-        f"leads it by {both} allowed, and also writes `-inf` elsewhere.")
+        f"leads it by {both}, and also writes `-inf` elsewhere.")

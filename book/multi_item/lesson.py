@@ -8,12 +8,13 @@ Nothing here times anything.
 * :func:`layouts`: the benchmark's batches and their tile accounting at step 5's tiling.
 * :func:`bounds_table`: the pairs each approach computes, and the floors of each shape (two tables).
 * :func:`amdahl`: attention's share of a whole scoring pass of a model, before and after.
-* :func:`steps_table`: the lesson's one table of steps, one row a step or sub-step (5a to 5c): the one change, µs
-  and × the previous step, on the long-prefix prompt, the mixed batch with 32 heads (step 5's changes, from
-  :func:`step5_chain`) and the headline's case, the grouped-query batch (:data:`PAGE_SHAPES`), or every shape
-  (folded); each shape's compute floor in its heading.
-* :func:`step4_ranges_diff`, :func:`step4_loop_diff`: step 4's one idea as a diff (step 3's loop against the three
-  ranges), and the loop over one range against step 3's loop.
+* :func:`page_steps_table`: the lesson's one table of steps, one row a step or sub-step (4a to 4c, 5a to 5c) on one
+  case, its × over the step named in its "against" cell (:func:`page_rows`); :func:`steps_table`: every step's µs on
+  every shape (folded), each shape's compute floor in its heading.
+* :func:`step4_part_diffs`, :func:`step4_parts`: step 4's three changes as diffs, each against the one before (4a and
+  4b read from ``lab/multi_item/step04_parts.py``), and their times from that script's run;
+  :func:`step4_ranges_diff`, :func:`step4_loop_diff`: step 3's loop against step 4's three ranges, and the loop over
+  one range against step 3's loop.
 * :func:`step6_diffs`: step 6's body against step 5's program (open), and their signatures (folded).
 * :func:`step5_chain`: step 5's three changes one at a time (:class:`Chain`, one run), and
   :func:`heaviest_first_alone`, why its tied last change stays; :func:`step4_same_config`:
@@ -289,106 +290,157 @@ def step_table(results, numbers: list[int]) -> str:
     return "\n".join(lines)
 
 
-#: The lesson's steps as the table lists them, one row a step or sub-step: (label, the one change, the series per
-#: shape; a dict maps a shape to its series, "" every other shape, ``None`` not run there). Step 5's three changes
-#: (5a to 5c) are timed one at a time on the mixed batch with 32 heads (:func:`step5_chain`); 5c is the library's
-#: step 5, the benchmark's series on every other shape.
+#: The lesson's steps as the fold's table lists them, one row a step or sub-step: (label, the one change, the series
+#: per shape; a dict maps a shape to its series, "" every other shape, ``None`` not run there). Step 4's three changes
+#: (4a to 4c) are timed one at a time on the one-prompt shapes (:func:`step4_parts`), step 5's (5a to 5c) on the
+#: mixed batch with 32 heads (:func:`step5_chain`); 4c and 5c are the library's steps 4 and 5, the benchmark's
+#: series on every shape (step 4 launched per prompt on a batch).
 def step_rows() -> list[tuple[str, str, dict[str, str | None] | str]]:
-    alone = heaviest_first_alone()
-    why_5c = "" if alone is None else f": alone, {alone[0] / alone[1]:.2f}× faster than tail first"
     return [
         ("1", "SDPA with the dense mask (a batch padded)", report.SDPA_DENSE),
-        ("2", "a Triton flash attention that reads the mask (a tie, kept: steps 3 to 6 build on it)", STEP[2].series),
+        ("2", "a Triton flash attention that reads the mask", STEP[2].series),
         ("3", "the mask computed from the metadata", STEP[3].series),
-        ("4", "key tiles no row sees never loaded (a batch: a launch per prompt)",
+        ("4a", STEP4_PARTS["4a"], {"": None}),
+        ("4b", STEP4_PARTS["4b"], {"": None}),
+        ("4c", STEP4_PARTS["4c"] + " (a batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5a", "every prompt in one launch, tail first (a prerequisite of 5b)", {"": None}),
-        ("5b", "the heads in groups whose keys and values fit in L2", {"": None}),
-        ("5c", f"each group's heaviest query tiles first (a tie, kept{why_5c})", STEP[5].series),
-        ("6", "a key/value head's query heads in one tile (shared key/value heads only)", STEP[6].series),
+        ("5a", STEP5_PARTS["5a"], {"": None}),
+        ("5b", STEP5_PARTS["5b"], {"": None}),
+        ("5c", STEP5_PARTS["5c"], STEP[5].series),
+        ("6", "a key/value head's query heads in one tile", STEP[6].series),
     ]
 
 
+#: step 4's three changes, as the table names them
+STEP4_PARTS = {"4a": "step 3's loop stopped at the diagonal",
+               "4b": "the key tiles between the prefix and a row's item never loaded",
+               "4c": "whole prefix tiles without the mask"}
+#: step 5's three changes, as the table names them
+STEP5_PARTS = {"5a": "every prompt in one launch, tail first",
+               "5b": "the heads in groups whose keys and values fit in L2",
+               "5c": "each group's heaviest query tiles first"}
+
 #: The rows of the steps table that :func:`step5_chain` times on its case, by the chain's labels: one run of its own
-CHAIN_ROWS = {"4": "step 4", "5a": "5a", "5b": "5b", "5c": "step 5"}
+CHAIN_ROWS = {"4c": "step 4", "5a": "5a", "5b": "5b", "5c": "step 5"}
 
 #: The mixed batch in the multi-head layout as the tables name it, told apart from the grouped-query one (GQA_SHAPE)
 MIXED_LABEL = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS} heads"
 
 #: The steps table's default cases: the long-prefix prompt (steps 1 to 5c) and the mixed batch with 32 heads (steps
-#: 1, 4 and 5a to 5c); step 6, which needs shared key/value heads, gives its row the grouped-query batch's numbers in
-#: words. :func:`steps_table` with ``shapes=None`` gives every shape (folded).
+#: 1, 4 and 5a to 5c). :func:`steps_table` with ``shapes=None`` gives every shape (folded).
 MAIN_SHAPES = ("prefix 2048, 32 items x 32", report.MIXED_SHAPE)
 
 
-#: The page's steps table: the long-prefix prompt, where steps 1 to 5 run, the mixed batch with 32 heads, where step
-#: 5's three changes are timed, and the headline's case, the mixed batch with 8 KV heads (steps 1, 4 launched per
-#: prompt, 5 and 6), so the chain to the headline is one column.
+#: The page's steps table's cases: the long-prefix prompt (steps 1 to 4c), the mixed batch with 32 heads (step 5's
+#: changes) and the headline's case, the mixed batch with 8 KV heads (step 6).
 PAGE_SHAPES = (MAIN_SHAPES[0], report.MIXED_SHAPE, GQA_SHAPE)
 
 
-def _factor(before: float, after: float, before_label: str, adjacent: bool) -> str:
-    """A "× prev." cell: the previous row's time over this one's, a tie or a loss said; over the last step run on
-    the shape, named, where the rows between do not run there."""
-    x = before / after
-    if not adjacent:
-        return f"{x:.2f}× step {before_label}"
+def _short(shape: str) -> str:
+    """A shape as the tables name it: its first words, and its heads on the mixed batch (two layouts of one batch)."""
+    if shape == GQA_SHAPE:
+        return f"{report.MIXED_SHAPE.split(',')[0]}, {report.BENCH_HEADS // report.GQA_GROUP} KV heads"
+    if shape == report.MIXED_SHAPE:
+        return f"{shape.split(',')[0]}, {report.BENCH_HEADS} heads"
+    return shape.split(",")[0]
+
+
+def _times_cell(x: float) -> str:
+    """A "×" cell: a tie or a loss said."""
     return f"{x:.2f}×" + (" (tie)" if is_tie(x) else ", does not pay" if round(x, 2) < 1 else "")
 
 
+def page_rows(results) -> list[tuple[str, str, str, float | None, float | None, str]]:
+    """The page's steps table as rows ``(label, the one change, case, µs, ×, against)``: each step on one case, its
+    × over the step named in "against" on that case (the row above where the case is the same, else named with its
+    µs). Steps 1 to 4c on the long-prefix prompt (4a, 4b from :func:`step4_parts`), 5a to 5c on the mixed batch with
+    32 heads (:func:`step5_chain`, whose first row, step 4 launched per prompt, is 5a's base), 6 on the mixed batch
+    with 8 KV heads over step 5 there."""
+    long_ = MAIN_SHAPES[0]
+    parts = step4_parts() or {}
+    chain = step5_chain()
+    t = {"1": ms(results, report.SDPA_DENSE, long_), "2": ms(results, STEP[2].series, long_),
+         "3": ms(results, STEP[3].series, long_), "4a": parts.get("4a"), "4b": parts.get("4b"),
+         "4c": ms(results, STEP[4].series, long_)}
+    if chain is not None:
+        t.update({label: chain.times[CHAIN_ROWS[label]] / 1e3 for label in ("5a", "5b", "5c")})
+    t["6"] = ms(results, STEP[6].series, GQA_SHAPE)
+    change = {"1": "SDPA with the dense mask", "2": "a Triton flash attention that reads the mask",
+              "3": "the mask computed from the metadata", **STEP4_PARTS, **STEP5_PARTS,
+              "6": "a key/value head's query heads in one tile"}
+    case = {**{n: long_ for n in ("1", "2", "3", "4a", "4b", "4c")},
+            **{n: report.MIXED_SHAPE for n in ("5a", "5b", "5c")}, "6": GQA_SHAPE}
+    rows, above = [], None  # above: the last row timed, (label, case, ms)
+    for label in change:
+        here = t.get(label)
+        if here is None:
+            rows.append((label, change[label], _short(case[label]), None, None, "–"))
+            continue
+        if label == "5a" and chain is not None:
+            base = chain.times["step 4"] / 1e3
+            against = f"step 4 launched per prompt, {base * 1e3:,.1f} µs"
+        elif label == "6":
+            base = ms(results, STEP[5].series, GQA_SHAPE)
+            against = f"5c on this case, {base * 1e3:,.1f} µs"
+        elif above is not None and above[1] == case[label]:
+            base, against = above[2], (f"step {above[0]}" if above[0].isdigit() else above[0])
+        else:
+            base, against = None, "–"
+        rows.append((label, change[label], _short(case[label]), here * 1e3,
+                     None if base is None else base / here, against))
+        above = (label, case[label], here)
+    return rows
+
+
+def page_steps_table(results) -> str:
+    """Markdown: the page's one table of steps (:func:`page_rows`), one row a step or sub-step on one case."""
+    if results is None:
+        return PENDING
+    lines = ["| step | the one change | case | µs | × | against |", "|---|---|---|---|---|---|"]
+    for label, change, case, t, x, against in page_rows(results):
+        lines.append(f"| {label} | {change} | {case} | {'–' if t is None else f'{t:,.1f}'} | "
+                     f"{'–' if x is None else _times_cell(x)} | {against} |")
+    return "\n".join(lines)
+
+
+def steps_kept(results) -> dict[str, float | None]:
+    """The ratios behind the note under the steps table, why each step that ties or loses is kept: step 2's and 5c's
+    × (ties), 5a's (a loss), and 5c's order alone, without the groups, over tail first
+    (:func:`heaviest_first_alone`)."""
+    x = {label: x for label, _, _, _, x, _ in page_rows(results)}
+    alone = heaviest_first_alone()
+    return {"2": x.get("2"), "5a": x.get("5a"), "5c": x.get("5c"),
+            "5c alone": None if alone is None else alone[0] / alone[1]}
+
+
 def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES, chain: Chain | None = None) -> str:
-    """Markdown: the lesson's one table of steps (:func:`step_rows`), one row a step or sub-step, per shape
-    (``shapes``, or every shape of the file) the time (µs) and the previous row's time on that shape over it (the
-    last step run there, named, where the rows between do not run on it); the shape's compute floor (µs) in its
-    heading. On ``chain``'s case (:func:`step5_chain`) the rows of :data:`CHAIN_ROWS` read that run."""
+    """Markdown: every step's and sub-step's time (µs) per shape (``shapes``, or every shape of the file), the
+    shape's compute floor (µs) in its heading; no ratios (the page's table, :func:`page_steps_table`, has them).
+    Steps 4a and 4b read :func:`step4_parts` on the shapes it timed; on ``chain``'s case (:func:`step5_chain`) the rows
+    of :data:`CHAIN_ROWS` read that run."""
     if results is None:
         return PENDING
     shapes = [s for s in shape_names(results) if shapes is None or s in shapes]
-    short = {s: s.split(",")[0] + (", " + s.split(", ")[-1] if s == GQA_SHAPE else "") for s in shapes}
-    if report.MIXED_SHAPE in short:  # the multi-head layout named, as the grouped-query one is
-        short[report.MIXED_SHAPE] += f", {report.BENCH_HEADS} heads"
-    head = ["step", "the one change"] + [c for s in shapes for c in
-                                         (f"{short[s]} (floor {_whole_us(floors(results, s)[1])} µs): µs", "× prev.")]
+    head = ["step", "the one change"] + [f"{_short(s)} (floor {_whole_us(floors(results, s)[1])} µs): µs"
+                                         for s in shapes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    rows = step_rows()
-    order = {label: i for i, (label, _, _) in enumerate(rows)}
-    previous: dict[str, tuple[float, str] | None] = {s: None for s in shapes}  # the last row run there: (ms, label)
+    parts = {s: step4_parts(shape=s) or {} for s in shapes}
 
     def time(label: str, series, shape: str) -> float | None:
         if chain is not None and shape == chain.case and label in CHAIN_ROWS:
             return chain.times[CHAIN_ROWS[label]] / 1e3
+        if label in ("4a", "4b"):
+            return parts[shape].get(label)
         name = series if isinstance(series, str) else series.get(shape, series[""])
         return None if name is None else ms(results, name, shape)
 
-    before_gqa = None  # the previous row's (time, label) on the grouped-query batch, for a row that runs only there
-    for label, change, series in rows:
+    for label, change, series in step_rows():
         cells = [label, change]
         for s in shapes:
             t = time(label, series, s)
-            if t is None:
-                cells += ["–", "–"]
-                continue
-            before = previous[s]
-            speedup = "–" if before is None else _factor(before[0], t, before[1],
-                                                          order[before[1]] == order[label] - 1)
-            cells += [f"{t * 1e3:,.1f}", speedup]
-            previous[s] = (t, label)
-        gqa = time(label, series, GQA_SHAPE)
-        if set(cells[2:]) == {"–"} and GQA_SHAPE not in shapes and gqa is not None and before_gqa is not None:
-            # a step that runs only on the grouped-query batch: its numbers in its cell, the columns kept to one layout
-            cells[1] += (f"; on the mixed batch with {report.BENCH_HEADS // report.GQA_GROUP} KV heads "
-                         f"{gqa * 1e3:,.1f} µs, {before_gqa[0] / gqa:.2f}× step {before_gqa[1]}'s "
-                         f"{before_gqa[0] * 1e3:,.1f} µs there")
-        if gqa is not None:
-            before_gqa = (gqa, label)
+            cells.append("–" if t is None else f"{t * 1e3:,.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def page_steps_table(results) -> str:
-    """The page's steps table: :func:`steps_table` on :data:`PAGE_SHAPES`, step 5's changes from :func:`step5_chain`
-    on the mixed batch with 32 heads."""
-    return steps_table(results, PAGE_SHAPES, step5_chain())
 
 
 def headline_link(results) -> tuple[float, float, float] | None:
@@ -454,6 +506,56 @@ def step6_diffs() -> tuple:
     names = (f"{STEP[5].name}'s program (attend_query_tile)", STEP[6].name)
     return (source.show_diff(parts[0][1], parts[1][1], names=names),
             source.show_diff(parts[0][0], parts[1][0], names=names))
+
+
+def _lab_body(name: str) -> str:
+    """The body of ``name``, a function of ``lab/multi_item/step04_parts.py``, as its source writes it (read, not
+    imported: the lab's kernels are not defined by the page), without its docstring."""
+    import ast
+
+    from book.common import without_docstrings
+    from studylog import paths
+
+    text = (paths.REPO_ROOT / "lab" / "multi_item" / "step04_parts.py").read_text()
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    lines = without_docstrings(ast.get_source_segment(text, node)).splitlines()
+    return "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("):")) + 1:])
+
+
+def step4_part_diffs() -> dict:
+    """Step 4's three changes as diffs (``studylog.source.Diff``), each against the one before: 4a, step 3's loop
+    against one range up to the diagonal; 4b, that range against the prefix's and the items'; 4c, those two against
+    the library's three (``attend_visible_tiles``, step 4). The parts' bodies are read from the lab script."""
+    from book.common import without_docstrings
+    from studylog import source
+    from studylog.multi_item import steps
+
+    lines = without_docstrings(source.source_of(steps.attend_visible_tiles)[0]).splitlines()
+    library = "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("):")) + 1:])
+    a, b = _lab_body("visible_tiles_4a"), _lab_body("visible_tiles_4b")
+    return {"4a": source.show_diff(_step3_loop(), a, names=("step 3: one loop over every key tile",
+                                                            "4a: one range, up to the diagonal")),
+            "4b": source.show_diff(a, b, names=("4a", "4b: the prefix, then the items")),
+            "4c": source.show_diff(b, library, names=("4b", "4c: whole prefix tiles first (step 4)"))}
+
+
+def step4_parts(gpu: str = "nvidia-h200", shape: str | None = None) -> dict[str, float] | None:
+    """4a's and 4b's ms on ``shape`` (the long-prefix prompt by default) from ``step04_parts.json``, one run, and
+    the run's own steps 3 and 4 under "step 3", "step 4"; ``None`` where the run is not committed or did not time
+    that shape."""
+    data = lab_or_none("multi_item", "step04_parts", gpu)
+    if data is None:
+        return None
+    shape = shape or MAIN_SHAPES[0]
+    got = {}
+    for r in data["measurements"]:
+        if r["params"].get("shape") != shape:
+            continue
+        if r["series"] == "step04 part":
+            got[r["params"]["part"]] = r["ms"]
+        elif r["series"] in (STEP[3].series, STEP[4].series):
+            got[f"step {3 if r['series'] == STEP[3].series else 4}"] = r["ms"]
+    return got or None
 
 
 # ---------------------------------------------------------------------------------------------
