@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from book.common import and_list, is_tie, prose_words, read_table, us
-from book.masked_lm_head.lesson import compiled_gather_leads
+from book.masked_lm_head.lesson import COMPILED_RIVALS, compiled_gather_leads
 from book.scoreboard import (CTC_CASE, ENTRIES, NGRAM_CASE, NOT_MEASURED, card_name, cards, load, rows, short_card,
                              scoreboard)
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
@@ -159,15 +159,14 @@ def decode_split_words(split: dict[str, float], landing: bool = False) -> str:
     tied = is_tie(split["head"])
     head = (f"chapter 02's head {'ties' if tied else 'gives'} ({split['head']:.2f}×)"
             + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model"))
-    if landing:  # the results line's parenthesis: what pays, then chapter 02's head
-        return (f"chapter 01's jumps {split['jumps']:.2f}× and precomputed allowed sets; chapter 02's head "
-                + ("ties" if tied else f"gives {split['head']:.2f}×"))
-    return (f"on SmolLM2-135M, each against the step before, chapter 01's jumps give {split['jumps']:.2f}× and the "
-            f"allowed sets precomputed from the automaton {split['sets']:.2f}×, which assume a grammar compiled once "
-            f"and reused (a median {split['compile_ms']:.0f} ms to compile, against {split['request_ms']:.0f} ms to decode a request); "
-            f"chapter 02's head and argmax {'tie' if tied else 'give'} there ({split['head']:.2f}×)"
-            + ("" if split["head_8b"] is None else f", and its head gives {split['head_8b']:.2f}× on the 8B cost "
-               "model"))
+    if landing:  # each part against the step before: chapter 01's jumps, the cached sets (host work), chapter
+        # 02's head (a tie on SmolLM2, its gain on the 8B cost model)
+        return (f"on SmolLM2-135M, chapter 01's exact jumps {split['jumps']:.2f}×; caching the grammar's allowed "
+                f"sets, a further {split['sets']:.2f}× (host work); chapter 02's head "
+                + (f"a tie there ({split['head']:.2f}×)" if tied else f"{split['head']:.2f}× there")
+                + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model"))
+    return (f"the cached allowed sets ({split['sets']:.2f}×) assume a grammar compiled once and reused (a median "
+            f"{split['compile_ms']:.0f} ms to compile, against {split['request_ms']:.0f} ms to decode a request)")
 
 
 def decode_step_ratio(card: Path | None, step: str, model: str = "smollm2") -> float | None:
@@ -521,6 +520,10 @@ def _grid_host_bound(listed: list[dict[str, Any]], root: Path = BENCH_RESULTS) -
 TIE_WITHIN = 0.03
 
 
+#: The host-time fold's cell where the rival's file records no host time per call.
+NO_HOST = "not recorded"
+
+
 #: The host-time table's scope, its first words: every case of the page's tables, not only the chapters' leads.
 HOST_BOUND_TITLE = ("These are the cases on this page, in the headline table or in the folded tables above, whose "
                     "host time per call exceeds their GPU time.")
@@ -581,11 +584,9 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         if r.get("rival_host_ms") is not None:
             eager = f"ours stays faster than {r['rival']}"
             if abs(max(r["rival_host_ms"], r["rival_ms"]) / r["host_ms"] - 1) < TIE_WITHIN:
-                eager = (f"a tie with {r['rival']} ({us(r['rival_host_ms'])} µs of host time a call, "
-                         f"{us(r['rival_ms'])} µs on the GPU)")
+                eager = f"a tie with {r['rival']}"
             elif max(r["rival_host_ms"], r["rival_ms"]) < r["host_ms"]:
-                eager = (f"{r['rival']} would be faster ({us(r['rival_host_ms'])} µs of host time a call, "
-                         f"{us(r['rival_ms'])} µs on the GPU)")
+                eager = f"{r['rival']} would be faster"
             if r.get("dense") and max(r["dense"]) < r["host_ms"]:
                 eager += (f"; cuBLAS bf16 on the dense matrix would be faster than ours ({us(r['dense'][0])} µs of "
                           f"host time a call, {us(r['dense'][1])} µs on the GPU)")
@@ -610,9 +611,11 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         count = (r.get("shapes", 1) + (1 if "; cuBLAS bf16" in eager else 0),
                  ("would be faster" in first) + ("; cuBLAS bf16" in eager and "would be faster than ours" in eager),
                  int(first.startswith("a tie")))
+        theirs = (f"{us(r['rival_host_ms'])} / {us(r['rival_ms'])}" if r.get("rival_host_ms") is not None else
+                  f"{NO_HOST} / {us(r['rival_gpu_ms'])}" if r.get("rival_gpu_ms") is not None else NO_HOST)
         lines.append(((r["number"], part, r["card"]),
                       f"| {case_label(r['number'], r.get('step', ''), part)} on the {r['card']}{at}"
-                      + f" | {us(r['host_ms'])} | {us(r['gpu_ms'])} | {eager} |", count))
+                      + f" | {us(r['host_ms'])} / {us(r['gpu_ms'])} | {theirs} | {eager} |", count))
     def span(xs: list[float]) -> str:
         return f"{us(min(xs))}–{us(max(xs))}"
 
@@ -643,7 +646,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         lines.append(((5, 2, short_card(card_name(folder))),
                       f"| {case_label(5, _step_of(pairs[0][0].replace('step', 'step ')), 2)} on the {short_card(card_name(folder))} at "
                       f"BitNet's {len(pairs)} shapes | "
-                      f"{span([o['host_ms'] for _, _, o, _ in pairs])} | {span([o['ms'] for _, _, o, _ in pairs])} | "
+                      f"{span([o['host_ms'] for _, _, o, _ in pairs])} / {span([o['ms'] for _, _, o, _ in pairs])} | "
+                      f"{span([t['host_ms'] for _, _, _, t in pairs])} / {span([t['ms'] for _, _, _, t in pairs])} | "
                       f"{said} |", (len(pairs), (eager or {}).get("slower_eager") or 0, 0)))
     for folder in cards(root):  # chapter 03's range against step 4: the shapes where our call waits on the host
         waits = [(o, t) for o, t in ngram_ratios(folder).values() if o.get("host_ms") and o["host_ms"] > o["ms"]
@@ -669,9 +673,9 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
                 f"{port} would be faster{on} at {behind} of the {len(ngram_ratios(folder))} shapes ("
                 + ", and ".join(lost) + ")")
         lines.append(((3, 0, name), f"| {case_label(3, 'its entry point', 0)} on the {name} against our FastDeploy port at {n} of "
-                      f"the range's shapes | {span([o['host_ms'] for o, _ in waits])} | "
-                      f"{span([o['ms'] for o, _ in waits])} | {said} (its host time "
-                      f"{span([t['host_ms'] for _, t in waits])} µs a call) |", (n, behind, tied)))
+                      f"the range's shapes | {span([o['host_ms'] for o, _ in waits])} / "
+                      f"{span([o['ms'] for o, _ in waits])} | {span([t['host_ms'] for _, t in waits])} / "
+                      f"{span([t['ms'] for _, t in waits])} | {said} |", (n, behind, tied)))
     for folder in cards(root):  # chapter 05 part 1's answer, step 14 against GemLite where GemLite passes our check
         part_one = part_one_answer(folder)
         eager = (part_one or {}).get("eager") or {}
@@ -684,9 +688,11 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
                                                      "shapes")
         lines.append(((5, 1, short_card(card_name(folder))),  # part 1 before part 2, as the book reads
                       f"| {case_label(5, f'step {PART_ONE_STEP}', 1)} on the {short_card(card_name(folder))} at "
-                      f"GemLite's {len(eager)} shapes | {span([e['host_ms'] for e in eager.values()])} | "
+                      f"GemLite's {len(eager)} shapes | {span([e['host_ms'] for e in eager.values()])} / "
                       f"{span([e['ms'] for e in eager.values()])} | "
-                      f"{eager_words(eager, len(eager))} |",
+                      f"{span([e['rival_host_ms'] for e in eager.values()])} / "
+                      f"{span([part_one['times'][k]['rival_ms'] for k in eager])} | "
+                      f"{eager_words(eager, len(eager)).split(' (GemLite')[0]} |",
                       (len(eager), sum(1 for e in eager.values() if e["ratio"] < 1), 0)))
     if not lines:
         if chapters:
@@ -734,13 +740,15 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
                 f"ours stays ahead in {n - lost_here - tied_here}" + (f", ties in {tied_here}" if tied_here else "")
                 + (f" and loses in {lost_here}" if lost_here else ""))
         grouped += [f"**{name}**: {n} comparison{'' if n == 1 else 's'}, {said}.", "",
-                    "| case | host per call (µs) | GPU (µs) | called eagerly, one call at a time |",
+                    "| case | ours: host per call / GPU (µs) | the rival: host per call / GPU (µs) | called eagerly, "
+                    "one call at a time |",
                     "|---|---|---|---|", *[text for text, _ in mine], ""]
     # the rows folded under a plain title: the sentence above the results table already gives the counts
     return "\n".join([
         ":::{dropdown} Calls that wait on the host",
         "", HOST_BOUND_TITLE + " A row may hold several shapes or two rivals; called eagerly, a call takes the "
-        "longer of its two times, and the last column says which side is then the faster.", "",
+        "longer of its two times, and the last column says which side is then the faster. Where a rival's file "
+        f"records no host time (\"{NO_HOST}\"), the row rests on its GPU time alone, longer than our host time.", "",
         *grouped, ":::"])
 
 def ctc_cases(card: Path) -> list[dict[str, Any]]:
@@ -1010,6 +1018,44 @@ def speculate_gated(card: Path) -> float | None:
         return None
 
 
+def compiled_gather_rows() -> dict[int, dict[str, Any]]:
+    """Allowed count -> step 12 (the kernel alone, given the ids) and torch.compile's faster fused gather
+    (max-autotune) in the committed lab run on the H200 (``lab/masked_lm_head/compiled_gather.py``, every output
+    checked there, :func:`compiled_gather_leads`): ``ours`` and ``theirs`` (each the file's row: ``ms``,
+    ``spread_ms``, ``host_ms``), ``ratio``; {} where the run is not committed."""
+    from book.common import lab_or_none
+
+    data = lab_or_none("masked_lm_head", "compiled_gather")
+    leads = compiled_gather_leads("compiled_gather")
+    if data is None or not leads:
+        return {}
+    by = {(r["series"], r["params"]["allowed"]): r for r in data["measurements"]}
+    out = {}
+    for n, x in leads.items():
+        theirs = min((by[(s, n)] for s in COMPILED_RIVALS if (s, n) in by), key=lambda r: r["ms"])
+        out[n] = {"ours": by[("step12", n)], "theirs": theirs, "ratio": x}
+    return out
+
+
+def compiled_gather_table_rows() -> list[str]:
+    """Chapter 02's rows against its kernel's strongest rival, torch.compile's fused gather (:func:`compiled_gather_rows`),
+    for the results page's fold of every row, and one line under them that says they are the H200's only; [] where the
+    run is not committed."""
+    found = compiled_gather_rows()
+    out = []
+    for n, c in sorted(found.items()):
+        o, t = c["ours"], c["theirs"]
+        out.append(f"| the masked head's kernel alone, allowed ids given (step 12) | torch.compile (max-autotune) of "
+                   f"index_select then matmul: one fused gather | batch 1, {n:,} of 128,256 tokens allowed, the kernel "
+                   f"alone | **{c['ratio']:.2f}×**{caveat(spread(*o['spread_ms']), spread(*t['spread_ms']))} | "
+                   f"{us(o['ms'])} ({us(o['spread_ms'][0])}–{us(o['spread_ms'][2])}) | {us(t['ms'])} "
+                   f"({us(t['spread_ms'][0])}–{us(t['spread_ms'][2])}) | {us(o['host_ms'])} |")
+    if out:
+        out += ["", "The two torch.compile rows, the kernel's strongest rival, were timed on the H200 only, each "
+                "beside its own time of step 12."]
+    return out
+
+
 def masked_head_batches(card: Path) -> dict[int, float]:
     """Chapter 02's whole step against xgrammar's path at the larger batches its page gives beside the headline
     (:data:`book.masked_lm_head.lesson.HEADLINE_POINTS`): batch -> xgrammar's GPU time over ours (only the batches
@@ -1086,7 +1132,8 @@ def synthetic_words(card: Path) -> str:
 #: The landing table's rival column: whose code each answer is measured against, a library's, a published kernel or
 #: the course's own (where no library runs the same work), by chapter number ("5t": chapter 05's Triton part).
 RIVALS = {
-    2: "xgrammar (a library): every logit, then its mask",
+    2: ("torch.compile's fused gather (the kernel alone); xgrammar's dense logits, then its mask: the path engines "
+        "ship (the whole step)"),
     3: "our own port of FastDeploy's GPU kernel (no library has one)",
     4: "cuDNN (a library, through torch)",
     "5t": "GemLite (a library)",
@@ -1433,19 +1480,31 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                            else f"{x:.2f}× at batch {b}" for b, x in wider.items()))
                 alone = next((b for b in board if b["number"] == 2 and short_card(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
-                # the kernel's strongest rival, torch.compile's fused gather, ran in a lab run on the H200 only
-                compiled = compiled_gather_leads("compiled_gather") if name == "H200" else None
-                if alone is not None and compiled:
-                    brief[name] += (f"; the kernel alone {compiled[1000]:.2f}× torch.compile's fused gather "
-                                    "(max-autotune)")
-                    landing[name] += f" (the kernel alone: {compiled[1000]:.2f}× torch.compile's fused gather)"
-                    notes[name].append(f"{name}: the kernel alone, given the allowed ids like its rivals, against "
-                                       "index_select then matmul through torch.compile (max-autotune; a separate run "
-                                       f"with both): {compiled[1000]:.2f}× at 1,000 allowed, "
-                                       f"{compiled[10_000]:.2f}× at 10,000; against the two eager torch launches "
+                # the kernel's strongest rival, torch.compile's fused gather, ran in a lab run on the H200 only: the
+                # line leads with the kernel against it, then the whole step against the path engines ship
+                compiled = compiled_gather_rows() if name == "H200" else {}
+                if alone is not None and 1000 in compiled:
+                    c = compiled[1000]
+                    pair = f"{us(c['ours']['ms'])} against {us(c['theirs']['ms'])} µs"
+                    step = f"{us(ours)} against {us(theirs)} µs"
+                    brief[name] = (f"{c['ratio']:.2f}× torch.compile's fused gather, the kernel alone; "
+                                   + brief[name].replace(entry.rival_short, "the path engines ship (xgrammar's), "
+                                                         "the whole step", 1))
+                    landing[name] = (f"batch 1, {allowed.group(1) if allowed else '1,000'} allowed: the kernel "
+                                     f"alone, given the ids, {c['ratio']:.2f}× ({pair}); the whole step from the "
+                                     f"bitmask, {row['vs_rival']:.2f}× ({step})")
+                    cells[name] = (f"the kernel alone: **{c['ratio']:.2f}×** ({pair}); the whole step: "
+                                   f"**{row['vs_rival']:.2f}×** ({step}){row_caveat(row)}")
+                    if 10_000 in compiled:
+                        c10 = compiled[10_000]
+                        notes[name].append(f"{name}: the kernel alone against torch.compile's fused gather at 10,000 "
+                                           f"allowed: {c10['ratio']:.2f}× ({us(c10['ours']['ms'])} against "
+                                           f"{us(c10['theirs']['ms'])} µs)")
+                    notes[name].append(f"{name}: the kernel alone at 1,000 allowed against index_select then "
+                                       "matmul, unfused (two launches): "
                                        f"{alone['vs_rival']:.2f}× ({us(alone['median_ms'])} against "
-                                       f"{us(alone['rival_ms'])} µs). It writes the whole row, masked, while the gathers write "
-                                       "only the allowed logits")
+                                       f"{us(alone['rival_ms'])} µs). Ours writes the whole row, masked, while the "
+                                       "gathers write only the allowed logits")
                 elif alone is not None:  # the kernel against a rival that reads only the allowed rows too: a note
                     brief[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× two torch launches, index_select "
                                     "then matmul")
@@ -1530,12 +1589,17 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                         lo_at = (tied[0].rsplit(", batch ", 1)[0] + ", batches "
                                  + " and ".join(t.rsplit(", batch ", 1)[1] for t in tied))
                     # where torch's native path reads faster than cuDNN (kernel clock), that case against it too
-                    notes[name].append(f"{name}: over {len(ctc_cases(card))} cases against the faster of cuDNN and "
-                                       f"torch's native path at each, from {lo:.2f}× at {lo_at} to {hi:.2f}× "
+                    native = [c for c in ctc_native_cases(card) if c["ratio"]]
+                    notes[name].append(f"{name}: over {len(ctc_cases(card))} cases against cuDNN, "
+                                       f"from {lo:.2f}× at {lo_at} to {hi:.2f}× "
                                        f"({us(top['ours']['ms'])} against {top['best_rival']}'s "
                                        f"{us(top['best_ms'])} µs) at {hi_at}"
                                        + (", where torch's native path reads on the kernel clock, which favours it"
                                           if top["best_rival"] != "cuDNN" else ""))
+                    for c in native:  # the one kind of case the card tables do not show: torch's native path faster
+                        notes[name].append(f"{name}: at {c['where'].replace('A = ', 'alphabet ').replace(', N = ', ', batch ')}"
+                                           f", torch's native path reads faster than cuDNN on the kernel clock "
+                                           f"({us(c['native_ms'])} µs), and ours is {c['ratio']:.2f}× faster than it")
             if entry.number == 7:  # the real model leads; the 8B cost model is measured on synthetic weights
                 synthetic = synthetic_words(card)
                 bound = decode_bound(card)
@@ -1545,13 +1609,14 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if real7 is not None:
                     split = decode_split(card)
                     # the landing cell: chapter 01's jumps (always available), then with a cached grammar
-                    landing[name] = ((f"{split['jumps']:.2f}× per output token on SmolLM2-135M with chapter 01's "
-                                      f"exact jumps; {real7['ratio']:.2f}× with a cached grammar") if split else
+                    landing[name] = (decode_split_words(split, landing=True) if split else
                                      f"{real7['ratio']:.2f}× per output token on SmolLM2-135M, a real model")
-                    cells[name] = (f"**{real7['ratio']:.2f}×** on SmolLM2-135M"
-                                   + (f" ({decode_split_words(split, landing=True)})" if split else "")
-                                   + f", {us(real7['step3_us'] / 1e3)} against {us(real7['step1_us'] / 1e3)} µs, "
-                                   f"medians over {real7['requests']} requests" + row_caveat(row))
+                    cells[name] = (f"**{real7['ratio']:.2f}×** on SmolLM2-135M ({us(real7['step3_us'] / 1e3)} "
+                                   f"against {us(real7['step1_us'] / 1e3)} µs, medians over {real7['requests']} "
+                                   f"requests){row_caveat(row)}"
+                                   + (f"; {decode_split_words(split, landing=True)}".replace(
+                                       "; on SmolLM2-135M, ", "; ", 1).replace(" a tie there (", " a tie (", 1)
+                                      if split else ""))
                     notes[name].append(f"{name}: on SmolLM2-135M each request's own ratio runs from "
                                        f"{real7['slowest']:.2f}× to {real7['fastest']:.2f}×, median "
                                        f"{real7['median_request']:.2f}× (the line's divides the two loops' median "
@@ -1737,7 +1802,7 @@ RIVAL_LIBRARIES = {1: ("fsm", ("llguidance",)), 2: ("masked_lm_head", ("xgrammar
                    4: ("ctc", ()), (5, 1): ("ternary", ("GemLite",)), (5, 2): ("ternary", ("BitNet", "GemLite")),
                    6: ("multi_item", ("flashinfer",)), 7: ("decode", ("xgrammar",)), 8: ("speculate", ())}
 #: What each chapter's rivals take from torch, named beside its version.
-TORCH_RIVALS = {2: "cuBLAS and index_select", 4: "cuDNN", (5, 1): "cuBLAS", (5, 2): "cuBLAS", 6: "causal SDPA"}
+TORCH_RIVALS = {2: "cuBLAS, index_select and torch.compile", 4: "cuDNN", (5, 1): "cuBLAS", (5, 2): "cuBLAS", 6: "causal SDPA"}
 #: The chapters whose rival is the course's own code: no version to give.
 OWN_RIVALS = {3: "our own port of FastDeploy's kernel and our CPU loop (this course's code)",
               7: "our own loop (this course's code)", 8: "our own loop (chapter 07's)"}
@@ -1839,7 +1904,8 @@ def case_and_rival(number: int, part: int = 0, root: Path = BENCH_RESULTS) -> st
     words = {
         1: "real SchemaStore schemas, then the course's suite, forward passes; vs llguidance's fast-forward tokens"
            + ("" if fsm_peers_real() else " (on the suite)"),
-        2: "batch 1, 1,000 of 128,256 tokens allowed; vs xgrammar (cuBLAS logits, then its mask)",
+        2: ("batch 1, 1,000 of 128,256 tokens allowed; vs torch.compile's fused gather (the kernel alone, given the "
+            "ids); xgrammar's cuBLAS logits, then its mask: the path engines ship (the whole step, from the bitmask)"),
         3: "its synthetic batches of slots and tokens; vs our corrected port of FastDeploy's kernel, step 4 (no "
            "library has one)",
         5: ("one row of x, GemLite's shapes; vs GemLite" if part == 1 else
@@ -1866,7 +1932,7 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
     found = headlines(root)
     names = [n for n in dict.fromkeys(n for h in found for n in h["cells"]) if card is None or n == card]
     # one card: its column holds the answer, a GPU time's ratio where one is timed (chapter 01's is a count)
-    lines = ["| chapter | the question | case | strongest rival | "
+    lines = ["| chapter | the question | case | against | "
              + " | ".join(f"answer ({n} where timed)" if card is not None else n for n in names) + " |",
              "|" + "---|" * (4 + len(names))]
     notes: list[str] = []
@@ -2075,6 +2141,14 @@ def part_one_failed_rows(card: Path, above: str) -> list[str]:
 CTC_STEPS_WORDS = "On this card each row times the step the entry point picks at its case."
 
 
+#: Chapter 03's two ports in the results page's folds, one label per rival (the scoreboard's words for step 4).
+NGRAM_PORT_LABELS = {
+    "our port of FastDeploy's first GPU n-gram kernel, two-phase (step 3)": "FastDeploy's first kernel, our port (step 3)",
+    "our corrected port of FastDeploy's revised GPU n-gram kernel, made exact (step 4)":
+        "FastDeploy's revised kernel, our corrected port (step 4)",
+}
+
+
 def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
     """The results page's folded tables (:func:`book.site.headlines_page_markdown`), without the tables of a card
     whose run is not comparable with the other card's (:func:`not_comparable_runs`; a sentence at the top of the
@@ -2128,6 +2202,8 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
         if (chapter == 5 and card in folders and line.startswith("| ") and "Triton" in line.split(" | ")[0]
                 and "GemLite" in line and (last or "GemLite" not in source[i + 1])):
             out += part_one_failed_rows(folders[card], line)
+        if chapter == 2 and "H200" in card and line.startswith("| ") and last:  # the kernel's strongest rival
+            out += compiled_gather_table_rows()
         if chapter == 6 and card in folders and "| causal SDPA (superset) |" in line:
             extra = multi_item_loss_row(folders[card], line)
             out += [extra] if extra else []
@@ -2136,6 +2212,8 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
             out += ["", CTC_STEPS_WORDS]
     text = re.sub(r"(?:(?<=[\dNK])|(?<=slots)|(?<=slot)|(?<=items)|(?<=heads)) x (?=[\dNK])", " × ",
                   "\n".join(out))  # shapes read 4096 × 14336
+    for long, short in NGRAM_PORT_LABELS.items():  # chapter 03's two rivals, one short label each on both cards
+        text = text.replace(f"| {long} |", f"| {short} |")
     return "\n".join(re.sub(r"\n{3,}", "\n\n", bitnet_first(tidy_tables(split_ternary(text)))).splitlines())
 
 
@@ -2371,12 +2449,17 @@ def table_count(notebook: str | Path, root: Path = REPO_ROOT) -> int:
         except SyntaxError:
             continue
         drawn: set[int] = set()  # each table once, however many wrappers (display(Markdown(...))) it sits in
+        # names the cell binds to what a function named for tables returns (steps_first, steps_second = ...tables())
+        bound = {t.id for a in ast.walk(tree) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                 and "table" in str(getattr(a.value.func, "id", getattr(a.value.func, "attr", "")))
+                 for target in a.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call)
                     and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("say", "Markdown", "display")):
                 continue
             drawn |= {id(n) for arg in node.args for n in ast.walk(arg)
                       if (isinstance(n, ast.Call) and "table" in str(getattr(n.func, "id", getattr(n.func, "attr", ""))))
+                      or (isinstance(n, ast.Name) and n.id in bound)
                       or (isinstance(n, ast.Constant) and isinstance(n.value, str)
                           and _TABLE_RULE.search(_FOLDED.sub(" ", n.value)))}
             # a table the cell builds line by line (its rule line a string in the cell), shown by name or joined
@@ -2650,8 +2733,14 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
     env = load(folder, "env") if folder else None
     c = env.get("ceilings", {}) if env else {}
     if "empty_launch_gpu_ms" in c and "copy_bandwidth_gbs" in c:  # an older card's run may lack the GPU-clock one
-        out["notebooks/00_how_to_read.ipynb"] = (f"an empty kernel {c['empty_launch_gpu_ms'] * 1e3:.2f} µs; copies at "
-                                                 f"{c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s (read + write)")
+        from book.scoreboard import empty_kernel_range
+
+        top = empty_kernel_range().get(card, (None, None, None))[1]  # the card's slowest empty kernel over its runs
+        out["notebooks/00_how_to_read.ipynb"] = (f"an empty kernel {c['empty_launch_gpu_ms'] * 1e3:.2f} µs"
+                                                 + (f" in this run (up to {top:.2f} µs in others)" if top and
+                                                    top > c["empty_launch_gpu_ms"] * 1e3 * (1 + TIE_WITHIN) else "")
+                                                 + f"; copies at {c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s (read + "
+                                                 "write)")
     part_one = part_one_answer(folder) if folder else None
     if part_one:
         r = part_one["ratios"]
@@ -2766,7 +2855,8 @@ def eager_sentence(root: Path = BENCH_RESULTS, card: str = "H200") -> str:
                  for h in holds]
         out += (" Those whose calls take longer to issue than to run, chapter" + ("s " if len(holds) > 1 else " ")
                 + (", ".join(holds[:-1]) + " and " if len(holds) > 1 else "") + holds[-1] + ", still hold; each "
-                "line's notes above name the cases where the rival would then be the faster.")
+                "line's notes above name the cases where the rival would then be the faster, and the fold below "
+                "gives both sides' host and GPU times per call.")
     return out
 
 

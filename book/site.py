@@ -86,12 +86,20 @@ FIGURE_ALT = {
                                          "step 23's at the ten shapes BitNet's kernel is built for",
     "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
                                            "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
-    "assets/figures/decode_breakdown_8b.png": "The 8B cost model (measured, synthetic weights; the chapter's answer is "
-                                              "on SmolLM2-135M): where each step of the decode loop spends its time "
+    "assets/figures/decode_breakdown_8b.png": "Bars of the 8B cost model (measured, synthetic weights; the chapter's "
+                                              "answer is on SmolLM2-135M): where each step of the decode loop spends its time "
                                               "per output token, the whole step at batch 1, then everything but the "
                                               "model body (LM head, mask, sampling, host) at batch 1 and 8",
     "assets/figures/speculate_speedup.png": "Per request, the speculative loop's speedup per output token over "
                                             "chapter 07's loop, against how many forwards it saves",
+}
+
+
+#: A line under a card's figure where the figure is not of the chapter's answer (chapter 07's answer is on
+#: SmolLM2-135M; no figure of that model is drawn).
+FIGURE_CAPTION = {
+    "assets/figures/decode_breakdown_8b.png": "The bars are the 8B cost model (synthetic weights), not SmolLM2-135M, "
+                                              "the model the chapter's answer is on.",
 }
 
 
@@ -130,6 +138,8 @@ class PostsDirective(SphinxDirective):
             if post.get("teaser") and (Path(self.env.srcdir) / post["teaser"]).is_file():
                 alt = post.get("alt") or FIGURE_ALT.get(post["teaser"]) or f"The main figure of {post['title']}"
                 lines += [f"[![{alt}](/{post['teaser']})]({doc})", ""]
+                if post["teaser"] in FIGURE_CAPTION:
+                    lines += [f"*{FIGURE_CAPTION[post['teaser']]}*", ""]
             lines += ["---", ""]
         container = nodes.container(classes=["studylog-posts"])
         self.state.nested_parse(StringList(lines, source="posts.yml"), self.content_offset, container)
