@@ -1213,10 +1213,9 @@ def test_part_one_rival_other_than_gemlite_is_said_under_the_table():
 def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
     """Chapter 05's part 1 (its last Triton step, book.results.PART_ONE_STEP) has a row on each card at
     :data:`book.scoreboard.PART_ONE_CASE`, by the page's one rule the shape of our least lead on the lead card among
-    those where GemLite passes our float64 check (BitNet 2B4T's query and output projections, 2560 x 2560), linked to
+    those where GemLite passes our float64 check (Llama 3 8B's gate and up projections, 14336 x 4096), linked to
     its own page, against GemLite where GemLite passes there, else cuBLAS bf16 (the rule of part 1's answer), with
-    the same columns, its floors and × floor. At 4096 x 14336, the chapter's working shape, GemLite fails the check
-    on the H200, so the row is not there: its rival would be cuBLAS, not part 1's peer."""
+    the same columns, its floors and × floor."""
     from book.results import PART_ONE_STEP, part_one_answer
 
     series = f"step{PART_ONE_STEP:02d}"
@@ -1226,7 +1225,7 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
     for card in (H100, H200):
         data = _raw(card, "ternary")
         shape = sb.PART_ONE_CASE
-        assert shape == {"shape": "2560x2560", "m": 1}
+        assert shape == {"shape": "14336x4096", "m": 1}
         if short_lead := (sb.short_card(data["device"]["name"]) == sb.LEAD_CARD):  # the least lead there, by the rule
             passed = part_one_answer(card)["ratios"]
             assert min(passed, key=passed.get) == shape["shape"], passed
@@ -1247,10 +1246,10 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
                              r"matmul, part 1\*)", c["chapter: shape"]) and c.get("card", sb.LEAD_CARD) == short]
         (cells,) = found
         assert cells["final kernel"].startswith(f"step {PART_ONE_STEP}, bf16 x")
-        assert "2560 × 2560" in cells["final kernel"] + cells["chapter: shape"]
+        assert "14336 × 4096" in cells["final kernel"] + cells["chapter: shape"]
         if short == sb.LEAD_CARD:  # the lead row's shape is short; which layer this is and why, in its notes
-            assert short_lead and cells["chapter: shape"].endswith("M = 1, N × K = 2560 × 2560"), cells
-            assert ("Its shape is BitNet 2B4T's query and output projections, where our lead over GemLite is least "
+            assert short_lead and cells["chapter: shape"].endswith("M = 1, N × K = 14336 × 4096"), cells
+            assert ("Its shape is Llama 3 8B's gate and up projections, where our lead over GemLite is least "
                     "of the shapes where GemLite passes our check") in table
         assert cells["median [slowest repetition], µs"].startswith(f"**{ours['ms'] * 1e3:,.1f}** [")
         assert cells["speedup (rival ÷ ours)"].startswith(f"{ratio:.2f}×")
@@ -1359,7 +1358,7 @@ def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_
             seen += 1
             read = r["read_only_ms"]
             assert re.fullmatch(rf"\*\*{100 / r['pct_of_floor']:.1f}×\*\*{BESIDE_FLOOR}", cells["× floor"]), cells
-            # the floor that binds: its bytes, or at a call this short (part 1's 2560 x 2560) its one launch
+            # the floor that binds: its bytes, or at a call this short (part 1's 14336 x 4096) its one launch
             assert cells["floor, the card's or a chain's (µs)"].endswith((", byte floor", ", latency floor")), cells
             assert cells["own work (µs)"].startswith(f"{read * 1e3:,.1f}, "), cells
             assert cells["× own work"] == f"{r['median_ms'] / read:.1f}×", cells
