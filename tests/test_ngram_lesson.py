@@ -16,10 +16,26 @@ def _cells(table: str) -> list[list[str]]:
     return [[c.strip() for c in r.split("|")[1:-1]] for i, r in enumerate(rows) if i != 1]
 
 
-#: The one table's rows: every step in number order, each two-idea step's first idea before it (6a, a stop added to
-#: step 5, before step 6; 9a, step 8 without its barriers, before step 9), then the entry point and the floor.
-ORDER = ([str(n) for n in range(1, 6)] + ["6a"] + [str(n) for n in range(6, 9)] + ["9a"]
-         + [str(n) for n in range(9, 13)] + ["entry point", "floor"])
+#: The table's rows: every step in number order, each two-idea step's first idea before it (6a, a stop added to
+#: step 5, before step 6; 9a, step 8 without its barriers, before step 9), its second idea labelled with the step it
+#: is; the open table is the main line (1 to 7), then the entry point and the floor; the budget path's rows (8 to
+#: 12) are the fold's under it.
+MAIN_ORDER = [str(n) for n in range(1, 6)] + ["6a", "6b (step 6)", "7", "entry point", "floor"]
+BUDGET_ORDER = ["8", "9a", "9b (step 9)", "10", "11", "12"]
+ORDER = MAIN_ORDER[:-2] + BUDGET_ORDER + MAIN_ORDER[-2:]
+
+
+def _both(results, cases=None) -> str:
+    """The open table of steps with the budget path's rows (the fold's) in step order, before the entry point."""
+    cases = cases or lesson.STEPS_CASES
+    main, notes = lesson.the_steps_table(results, cases).split("\n\n", 1)
+    lines = main.splitlines()
+    budget, more = lesson.the_steps_table(results, cases, lesson.BUDGET_ROWS).split("\n\n", 1)
+    return "\n".join(lines[:-2] + budget.splitlines()[2:] + lines[-2:]) + "\n\n" + notes + " " + more
+
+
+def _label(n) -> str:
+    return f"{n}b (step {n})" if n in (6, 9) else str(n)
 
 
 def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths_case():
@@ -30,7 +46,11 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
     the file does not time at a case reads "–", under a legend; the entry point names the step it runs, read from
     the file."""
     results = load_results("ngram")
-    table = lesson.the_steps_table(results)
+    assert [r[0] for r in _cells(lesson.the_steps_table(results))[1:]] == MAIN_ORDER
+    assert [r[0] for r in _cells(lesson.the_steps_table(results, rows=lesson.BUDGET_ROWS))[1:]] == BUDGET_ORDER
+    fold = lesson.budget_path_fold(results)
+    assert fold.startswith("<details><summary>Steps 8 to 12, the budget path") and "<td>9b (step 9)</td>" in fold
+    table = _both(results)
     head, *rows = _cells(table)
     by = {r[0]: r for r in rows}
     assert [r[0] for r in rows] == ORDER
@@ -50,16 +70,17 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
             first, second = lesson.part_factor(part, cfg), lesson.part_factor(f"{step}b", cfg)
             if first is None:
                 assert by[part][2 + i] == "–" and f"{part} not measured" in notes, (part, cfg)
-                assert by[str(step)][2 + i].endswith(f", vs {step - 1})") or second is None
+                assert by[_label(step)][2 + i].endswith(f", vs {step - 1})") or second is None
                 continue
             assert by[part][2 + i].startswith(f"{lesson.part_us(part, cfg):,.1f} ({first:.2f}×"), (part, cfg)
-            assert f"({second:.2f}×" in by[str(step)][2 + i] and "timed beside the steps around" in notes
+            assert f"({second:.2f}×" in by[_label(step)][2 + i]
+            assert f"{part} is timed beside the steps around" in notes or f"and {part} are timed beside" in notes
         for n in range(3, 13):
             if n in (6, 9) and lesson.part_factor(f"{n}b", cfg) is not None:
                 continue
             row = lesson.grid_row(results, ngram.CHAPTER.step(n).series, cfg)
             base = lesson.grid_row(results, ngram.CHAPTER.step(lesson.builds_on(n)).series, cfg)
-            cell = by[str(n)][2 + i]
+            cell = by[_label(n)][2 + i]
             if row is None:
                 assert cell == "–" and "– not timed" in notes
                 continue
@@ -369,20 +390,20 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
     assert lesson.builds_on(7) == lesson.builds_on(8) == 6 and lesson.builds_on(12) == 11
     results = load_results("ngram")
     for cases in (lesson.STEPS_CASES, lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
-        table = lesson.the_steps_table(results, cases)
+        table = _both(results, cases)
         labels = [r[0] for r in _cells(table)[1:]]
         assert [label for label in labels if re.fullmatch(r"\d+[a-z]", label)] == ["6a", "9a"], labels
-        assert labels == ORDER
+        assert labels == ORDER  # one label a row: "6b (step 6)", never "6" beside a "6b: ..." change
         rows = {r[0]: r for r in _cells(table)[1:]}
         for part in ("6a", "9a"):
             assert rows[part][1].startswith(lesson.SHORT_CHANGES[part])
-            assert lesson.SHORT_CHANGES[int(part[0])].startswith(f"{part[0]}b: ")
+            assert not lesson.SHORT_CHANGES[int(part[0])].startswith(f"{part[0]}b")
         for step in ngram.CHAPTER.steps:
-            assert rows[str(step.number)][1].startswith(lesson.SHORT_CHANGES[step.number]), step
+            assert rows[_label(step.number)][1].startswith(lesson.SHORT_CHANGES[step.number]), step
             assert len(lesson.SHORT_CHANGES[step.number].split()) <= 6, step
             if step.number < 3:
                 continue
-            for cell, cfg in zip(rows[str(step.number)][2:], cases):
+            for cell, cfg in zip(rows[_label(step.number)][2:], cases):
                 before = _file_ms(results, lesson.builds_on(step.number), cfg)
                 this = _file_ms(results, step.number, cfg)
                 want = f"{this * 1e3:,.1f}"
@@ -592,7 +613,8 @@ def test_where_we_lose_names_the_rules_misses_and_the_real_text_acceptance():
     body = cells[lose + 1]
     assert "The rule between steps 7 and 12 misses" in body and "kernels.STREAM_MIN_TOKENS" not in body
     above = cells[next(i for i, t in enumerate(cells) if t.startswith("## The steps, measured")) + 1]
-    assert "The main line is steps 1 to 7" in above and "only on long rows under a budget" in above
+    assert "The table is the main line, steps 1 to 7" in above and "they serve long rows under a budget" in above
+    assert "display(HTML(lesson.budget_path_fold(results)))" in above  # the budget path's rows, folded under it
     assert "kernels.STREAM_MIN" not in "".join(cells)  # the rule's thresholds are the library's, not the page's
     page = "".join(cells)
     assert "accepted" not in body and "{accepted:,}" not in page

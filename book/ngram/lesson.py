@@ -654,9 +654,9 @@ def real_text_slower(results, number: int = 12) -> list[float]:
 #: Each row's one change in the table of steps, in a few words (each step's section says it in full).
 SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread", 3: "a block a slot; serial budget",
                  4: "budget from prefix sums", 5: "one pass for every n", "6a": "a block stops once beaten",
-                 6: "6b: each slot over many blocks",
+                 6: "each slot over many blocks",
                  7: "phase 2 launched early", 8: "phase 2 in the last block", "9a": "no barrier in the loop",
-                 9: "9b: longer chunks per block",
+                 9: "longer chunks per block",
                  10: "16-byte loads", 11: "L2 evict-first hint", 12: "refused slots skip search"}
 #: The two paths from step 6, each with the steps it takes: the budget path, for the case it serves, and the main
 #: line's last step (the page gives the second first, right after step 6): its name (its section's heading) -> steps.
@@ -777,8 +777,30 @@ def _case_head(cfg: tuple[int, int, int]) -> str:
     return (f"{what}: " if what else "") + f"{b} × {s:,}, " + (f"budget {t}" if t != NO_BUDGET else "no budget")
 
 
-def the_steps_table(results, cases=STEPS_CASES) -> str:
-    """Markdown, the page's one table of steps: a row per step (1 to 12) and its one change (:data:`SHORT_CHANGES`,
+#: The rows of the open table of steps, the chain a reader follows (the main line, which ``ngram_match`` runs at every
+#: shape but long rows under a budget), and of the budget path's table, folded under it (steps 8 to 12, which serve
+#: that one shape): a step's number, or a sub-step timed apart ("6a", "9a"; the step's own row is its second idea).
+MAIN_ROWS = (1, 2, 3, 4, 5, "6a", 6, 7)
+BUDGET_ROWS = (8, "9a", 9, 10, 11, 12)
+
+
+def row_label(n) -> str:
+    """A row's one label: the step's number, or, for a step whose first idea is its own row (6a, 9a), its second
+    idea's name with the step it is: "6b (step 6)"."""
+    return f"{n}b (step {n})" if n in (6, 9) else str(n)
+
+
+def budget_path_fold(results, cases=STEPS_CASES) -> str:
+    """The budget path's rows of the table of steps (:data:`BUDGET_ROWS`, :func:`the_steps_table`), folded as HTML
+    under the open table: the same columns, step 8 against step 6, named."""
+    table = the_steps_table(results, cases, BUDGET_ROWS)
+    md, _, notes = table.partition("\n\n")
+    return fold_table("Steps 8 to 12, the budget path (long rows under a budget), at the same cases", md, notes)
+
+
+def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
+    """Markdown, the page's table of steps, ``rows`` of it (the main line by default; :func:`budget_path_fold` gives
+    the budget path's): a row per step (:func:`row_label`) and its one change (:data:`SHORT_CHANGES`,
     with why a step that pays at no case of ``cases`` is kept, at the last, :func:`kept_note`), then the entry point and the floor;
     per case of ``cases`` one cell, the time in µs on the GPU clock and in brackets its "× previous" (over the step it
     builds on, :func:`builds_on`, named where it is not the row above; a tie says so, :func:`ratio_cell`). Step 1 runs
@@ -789,7 +811,7 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
     missing = False
     unmeasured = []  # (sub-step, case) its lab run does not time
     gpu = results.path.parent.name if results.path is not None else "nvidia-h200"  # the lab runs of the same card
-    for n in [*range(1, 6), "6a", *range(6, 9), "9a", *range(9, 13)]:
+    for n in rows:
         if n in ("6a", "9a") or (n in (6, 9) and any(part_factor(f"{n}b", cfg, gpu) for cfg in cases)):
             part = n if isinstance(n, str) else f"{n}b"
             factors = [part_factor(part, cfg, gpu) for cfg in cases]
@@ -798,7 +820,7 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
             kept = not pays and part != "6b" and any(f is not None for f in factors)
             if kept and (best := part_best(part, gpu)) and round(best[0], 2) > TIE[1]:  # pays off the table's cases
                 why[part] = f"kept: {best[0]:.2f}× at {case_name(best[1])}"
-            cells = [str(n), SHORT_CHANGES[n] + (f" ({why[part]})" if kept else "")]
+            cells = [row_label(n), SHORT_CHANGES[n] + (f" ({why[part]})" if kept else "")]
             for cfg, f in zip(cases, factors):
                 if isinstance(n, str):
                     if f is None:
@@ -843,6 +865,11 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
             else:
                 cells.append(us(row["ms"]))
         lines.append("| " + " | ".join(cells) + " |")
+    if 1 not in rows:  # the budget path's rows: the entry point and the floor are the open table's
+        notes = ["Cells: µs on the GPU clock (× the step it builds on; step 8 builds on step 6)."]
+        if "9a" in rows and any(part_factor("9a", cfg, gpu) for cfg in cases):
+            notes.append("9a is timed beside the steps around it: its ratio, and step 9's over it, are from those times.")
+        return "\n".join(lines) + "\n\n" + " ".join(notes)
     rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step07_early_phase2, step12_skip_refused))
     cells = ["entry point", f"`ngram_match`: step {rule} by a rule"]
     for cfg in cases:
@@ -858,7 +885,7 @@ def the_steps_table(results, cases=STEPS_CASES) -> str:
     times = [(cfg, grid_row(results, CHAPTER.step(1).series, cfg)) for cfg in cases]
     notes = ["Cells: µs on the GPU clock (× the step it builds on). ¹ Step 1 runs on the host, end to end: "
              + ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r) + "."]
-    timed = [p for p in ("6a", "9a") if any(part_factor(p, cfg, gpu) for cfg in cases)]
+    timed = [p for p in ("6a", "9a") if p in rows and any(part_factor(p, cfg, gpu) for cfg in cases)]
     if timed:
         one = len(timed) == 1
         notes.append(f"{and_list(timed)} {'is' if one else 'are'} timed beside the steps around {'it' if one else 'them'}"
