@@ -626,8 +626,8 @@ def test_the_runs_line_sits_where_the_numbers_come_from_and_step_1_quotes_the_ta
 def test_step_5_quotes_the_headlines_case_and_keeps_heaviest_first_as_a_tie():
     """Step 5's opening ratio is the headline's case (the mixed batch with 8 KV heads); its three changes have a
     heading each (5a, 5b, 5c) and a row each in the one steps table (no table of their own); the text under 5c says
-    that order is a tie kept for what it does without the groups; the line under the steps table says nothing of
-    how the runs' times sit against each other."""
+    that order is a tie kept for what it does without the groups; the line under the steps table gives 5c's time
+    beside step 5's in the result table, in one clause (5a to 5c timed back to back), and no bookkeeping words."""
     import json
 
     from studylog import paths
@@ -641,6 +641,10 @@ def test_step_5_quotes_the_headlines_case_and_keeps_heaviest_first_as_a_tie():
     assert [h.split(":")[0] for h in headings] == ["## Step 5a", "## Step 5b", "## Step 5c"]
     assert "a tie, kept\nbecause" in text["ch06-29-chain"] and "chain_table(" not in "".join(text.values())
     assert "gap" not in text["ch06-34"] and "gap_words" not in text["ch06-where-runs"]
+    under = " ".join(text["ch06-34"].split())
+    assert ("5c, timed back to back with 5a and 5b, takes {chained['step 5']:,.1f} µs, and {t5:,.1f} µs beside the "
+            "rivals in the result table." in under)
+    assert "t5, t4 = us(STEP[5].series, MIXED)" in text["1f024a39"]  # the result table's step 5, the mixed batch
     assert "prerequisite" in text["5f955607"] + text["ch06-26"] or "5b needs it" in text["ch06-26"]
     assert not any("these runs" in t for t in text.values())
     chain = lesson.step5_chain()
