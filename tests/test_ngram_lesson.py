@@ -169,7 +169,7 @@ FOLDED = ["display(lesson.shared_definitions())  # ngram_common.cuh, which every
           'show_source("ngram_common.cuh", "walk_budget")  # the batch loop, shared with step 3\'s phase 2',
           'show_source("ngram_two_phase.cu", "ngram_search_per_n")',
           "lesson.step_diff(3, 4)", "lesson.step_diff(4, 5)", "lesson.step_diff(5, 6)",
-          "lesson.step_diff(6, 8)", 'lesson.step9_diff("9a")', 'lesson.step9_diff("9b")',
+          "lesson.step_diff(6, 8)", 'lesson.step9_diff("9a")',
           'lesson.step9_diff("9b kernel")', "lesson.step_diff(9, 10)", "lesson.step_diff(10, 11)",
           "lesson.step_diff(11, 12)"]
 
@@ -241,7 +241,8 @@ def test_step_4_shows_its_core_and_steps_5_and_6_the_helper_each_adds_and_fold_t
 def test_every_step_has_its_section_with_its_diff_and_its_number():
     """One heading a step on the main line, in number order and never two steps: "## Step N: <the one idea>" (1 to
     7). The budget path (8 to 12, after step 7) is one short section: a sentence a step, 9a and 9b each their own,
-    each with its computed number, and every diff of the path folded after them, in step order. Each main-line
+    each with its computed number; 9b's own change (the split) open under its sentence, the rest of step 9
+    said to change no time, and every other diff of the path folded after them, in step order. Each main-line
     section from step 3 on shows its step's diff, core or helper (open or folded) and says a computed number; steps
     7, 8 and 12 say where they pay (:func:`lesson.path_words`). An open diff changes at most 40 lines; a longer one is
     folded."""
@@ -277,15 +278,20 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
                 d = lesson.step_diff(int(m[1]), int(m[2]))
                 assert len(d.added) + len(d.removed) <= 40, (n, t)
     path = text[path_heads[0] + 1:measured]
-    said, folds = path[0], [t.strip() for t in path[1:]]
+    # steps 8 to 9b, then 9b's own change open (the split: a few lines), then steps 10 to 12; every other diff folded
+    assert path[1].strip() == 'lesson.step9_diff("9b")' and "hide-output" not in cells[path_heads[0] + 2]["metadata"]["tags"]
+    d = lesson.step9_diff("9b")
+    assert 0 < len(d.added) + len(d.removed) <= 40 and "(below)" in path[0].split("**9b,")[1]
+    assert "changes no time" in path[0] and 'lesson.step9_times(c)' in path[0] and '"9 short"' in path[0]
+    said, folds = path[0] + path[2], [t.strip() for t in path[3:]]
     for words in ("**Step 8, phase 2 in the last block.**", "**9a, no barriers.**", "**9b, longer chunks (step 9).**",
                   "**Step 10, 16-byte loads**", "**Step 11, an L2 evict-first hint**",
                   "**Step 12, refused slots skip their search.**"):
         assert words in said, words
     for n in (8, 12):
         assert f"lesson.path_words(results, {n})" in said, n
-    assert folds == FOLDED[-7:]
-    assert all("hide-output" in c["metadata"]["tags"] for c in cells[path_heads[0] + 2:measured])
+    assert folds == FOLDED[-6:]
+    assert all("hide-output" in c["metadata"]["tags"] for c in cells[path_heads[0] + 4:measured])
     for part in ("9a", "9b"):
         d = lesson.step9_diff(part)
         assert len(d.added) + len(d.removed) <= 40, part
@@ -919,7 +925,7 @@ def test_each_step_gives_one_number_at_its_paths_case():
         said = cells[cid]
         assert f"step_factors(results, {step})[0]" in said and f"us({step}, *P)" in said, step
         assert f"us({step}, *L)" not in said, step
-    path = cells["cell-s8-say"]  # the budget path's one paragraph: a sentence a step, each its own number
+    path = cells["cell-s8-say"] + cells["cell-s10-say"]  # the budget path: a sentence a step, each its own number
     assert "lesson.step_factors(results, 8, (H,))[0]" in path and "us(8, *H)" in path
     assert 'lesson.step9_factor("9a", H), nine and nine["9a"]' in path  # 9a: its own time, against step 8
     assert 'lesson.step9_factor("9b", H), us(9, *H)' in path  # 9b: step 9's time, against 9a
@@ -927,7 +933,7 @@ def test_each_step_gives_one_number_at_its_paths_case():
     for step in (10, 11, 12):
         assert f"{{step[{step}]}}" in path, step
     for cid in ("cell-09", "cell-12", "cell-16", "cell-19", "cell-s5-say", "cell-s6-say", "cell-s7-say",
-                "cell-s8-say"):
+                "cell-s8-say", "cell-s10-say"):
         said = cells[cid]
         assert "× in the table" not in said, cid
         assert not re.search(r"us\(\d+, \d", said), cid  # a case by name, never typed
