@@ -326,9 +326,10 @@ def test_the_exercises_come_in_an_order_each_can_be_done_in():
 
 def test_step_2s_saving_is_one_number_and_chapter_07s_count_is_a_pointer():
     """The page gives step 2's saving once, over its own suite; chapter 07's answer for the same jumps is its number,
-    then chapter 07's table naming what each count of forced tokens counts (documents, whose tokens, passes or tokens
-    or forwards, the pass on EOS), and one sentence on why SmolLM2's answers force about 100× the real schemas'
-    share, read from chapter 07's committed run and chapter 01's count on the same answers."""
+    set in one clause against the suite's bound (what each counts), then, folded, the page's table naming what each
+    count of forced tokens counts (documents, whose tokens, passes or tokens or forwards, the pass on EOS, forwards a
+    token) and one sentence on why SmolLM2's answers force about 100× the real schemas' share, read from chapter 07's
+    committed run and chapter 01's count on the same answers."""
     import json
     from pathlib import Path
 
@@ -338,16 +339,19 @@ def test_step_2s_saving_is_one_number_and_chapter_07s_count_is_a_pointer():
     flat = " ".join(text.split())
     assert "[chapter 07](07_constrained_decoding.ipynb)'s step 2 runs **{ch07_jumps:.2f}×** its step 1" in flat
     assert "decode_lesson.real_forced(ch07)" in text and "decode_lesson.real_steps_rows(ch07, 1)[1]" in text
-    assert 'decode_lesson.forced_table(ch07, cost_models=False, chapter01="the ")' in text
+    assert "above the suite's bound ({lesson.amdahl_bound(suite_saved):.2f}×)" in flat
+    assert flat.index("**{ch07_jumps:.2f}×**") < flat.index(":::{{dropdown}} Each count") < flat.index(
+        "{lesson.forced_counts_table(ch07)}") < flat.index("the real schemas' share")
     for reason in (("{ch07_forced['jumped'] / ch07_forced['tokens'] / ch07_forced['ch01_real_saved']:.0f}× the real "
                     "schemas' share"), "enum values and fixed-width fields",
                    "{ch07_forced['tokens']} tokens where its tokenizer writes {split['tokens']}"):
         assert reason in flat, reason
     from book.decode import lesson as decode_lesson
 
-    table = decode_lesson.forced_table(decode_lesson.committed(), cost_models=False, chapter01="the ")
+    table = lesson.forced_counts_table(decode_lesson.committed())
     for named in ("random walks of our automaton", "its tokenizer's split of their text", "the model's own tokens",
-                  "tokens forced", "the pass on EOS included", "medians of the requests"):
+                  "tokens forced", "the pass on EOS included", "forwards a token, the requests' median",
+                  "without jumps", "llguidance's policy"):
         assert named in table, named
     assert "cost models" not in table and "chapter 01" not in table
 
@@ -468,7 +472,8 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
 
 def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_in_reader_words():
     """The steps table counts passes only; the real-schema forced share is a row of "Why it matters"'s table; the
-    Real schemas paragraph says in the open why the engines' counts differ; the result's fold says, beside llguidance's
+    Real schemas section says the engines' compile failures in a sentence of their own, and in its fold each engine's
+    forced share and why the engines' counts differ; the result's fold says, beside llguidance's
     "none", that the writer writes the tokenizer's own split; the allowed-tokens histogram folds under step 1, not
     under further reading; "Where the numbers come from" and the exercises speak as the course's other pages do."""
     import json
@@ -484,7 +489,9 @@ def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_
     assert "On the {n_common} real schemas" not in why and why.count("{100 * real_lo:.1f}") == 1  # the table's row
     real = source["cell-34"]
     flat = " ".join(real.split())
-    assert flat.index("engines differ because each builds its own grammar") < flat.index(":::")
+    assert flat.index(":::") < flat.index("engines differ because each builds its own grammar")
+    assert "**The other {len(dropped)} schemas fail to compile in at least one engine**" in flat
+    assert "real_lo" not in real and "{common}" in real[real.index(":::"):]
     # why the other schemas drop out (each engine's failures) and how their size compares, from the committed file
     assert "fail to compile in at least one engine" in flat and 'schema_bytes' in real
     assert flat.index("fail to compile") < flat.index("the small ones") < flat.index(":::")

@@ -15,7 +15,7 @@ from book.fsm.peers import LIBRARIES, PeerRow
 __all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes",
            "saved_share", "steps_table", "step_helpers", "step3_changed_lines", "step3_core",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "policy_totals", "agreement_table", "timing_table", "plot_peers",
-           "ENGINE_NAMES", "cpu_name", "common_forced_shares", "real_policy_shares"]
+           "ENGINE_NAMES", "cpu_name", "common_forced_shares", "real_policy_shares", "forced_counts_table"]
 
 #: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
 #: (single CPU thread of an AMD EPYC 7V13, Llama 3 tokenizer:
@@ -73,6 +73,44 @@ def real_policy_shares(record: dict) -> tuple[int, int, dict[str, float]]:
     documents = sum(s["documents"] - len(s.get("refused", [])) for s in schemas)
     none = record["totals"]["none"]
     return len(schemas), documents, {key: 1 - p["passes"] / none for key, p in record["totals"]["policies"].items()}
+
+def forced_counts_table(decode_results, batch: int = 1) -> str:
+    """Every count of what exact token jumps (step 2) save that the page names, one row each, with its documents,
+    whose tokens it counts and what (Markdown): passes saved on the real schemas' walks and on the suite (cl100k,
+    the tokenizer's split, the committed comparisons), then SmolLM2-135M's answers at ``batch`` from chapter 7's
+    committed run: passes saved in its tokenizer's split (llguidance's beside), then in the model's own tokens the
+    tokens forced, the forwards saved (the pass on EOS included) and the forwards a token, the median over the
+    requests without jumps and with them."""
+    from book.decode import lesson as decode_lesson
+    from book.decode.results import suite_names
+    from book.results import fsm_peers, fsm_peers_real, passes_saved
+
+    rows = []
+    real, suite = fsm_peers_real(), fsm_peers()
+    if real is not None:
+        rows.append((f"the {real['schemas']} real schemas: random walks of our automaton, mostly keys",
+                     "cl100k, the tokenizer's split", "passes saved", f"{passes_saved(real, 'ours/tokens'):.1%}"))
+    if suite is not None:
+        rows.append((f"the suite: {len(suite_names(None))} entries", "cl100k, the tokenizer's split", "passes saved",
+                     f"{passes_saved(suite, 'ours/tokens'):.1%}"))
+    split, rf = decode_lesson.smollm2_split(batch), decode_lesson.real_forced(decode_results, batch)
+    reals = decode_lesson.real_steps_rows(decode_results, batch)
+    if split is not None and rf is not None:
+        rows.append((f"SmolLM2-135M's answers to the suite's {rf['requests']} entries",
+                     f"its tokenizer's split of their text: {split['tokens']} tokens",
+                     f"passes saved (llguidance's policy: {split['saved']['llguidance/tokens']:.1%})",
+                     f"{split['saved']['ours/tokens']:.1%}"))
+    if rf is not None:
+        rows += [("the same answers", f"the model's own tokens: {rf['tokens']}", "tokens forced",
+                  f"{rf['jumped'] / rf['tokens']:.0%}"),
+                 ("the same answers", "the model's own tokens", "forwards saved, the pass on EOS included",
+                  f"{rf['saved'] / rf['forwards_step1']:.0%}")]
+        if len(reals) > 1:
+            rows.append(("the same answers", "the model's own tokens",
+                         f"forwards a token, the requests' median: {reals[0]['forwards']:.2f} without jumps, "
+                         f"{reals[1]['forwards']:.2f} with them", f"{1 - reals[1]['forwards'] / reals[0]['forwards']:.0%} fewer"))
+    lines = ["| documents | their tokens | counted | exact token jumps save |", "|---|---|---|---|"]
+    return "\n".join(lines + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows])
 
 # --- the chapter's table of steps ----------------------------------------------------------------------------
 
