@@ -342,6 +342,14 @@ def test_the_result_table_times_the_entry_point_as_the_headline_does():
     from book.ngram.results import grid_configs
 
     assert len(gpu_rows) == 1 + len(grid_configs(results))  # the head, and every shape measured on the GPU clock
+    from book.results import NGRAM_UNTUNED
+
+    for b, t, _ in grid_configs(results):  # the results page's weaker comparisons, labelled as it labels them
+        weak = b <= NGRAM_UNTUNED["most_slots"] and t >= NGRAM_UNTUNED["least_tokens"]
+        cells = next(c for k, c in gpu_rows.items() if k.startswith(f"{b} × {t}, "))
+        assert all(c.endswith("× (weaker rival)") == weak for c in (cells[3], cells[4])), cells
+    assert ("Weaker rival: with 1 or 16 long slots" in gpu_part) == any(
+        b <= NGRAM_UNTUNED["most_slots"] and t >= NGRAM_UNTUNED["least_tokens"] for b, t, _ in grid_configs(results))
     for head in gpu_headline(results):
         cells = gpu_rows[lesson.case_words(head["case"])]
         assert head["kernel"].startswith("n-gram matching, ngram_match (step")  # the headline times the entry point
