@@ -467,11 +467,14 @@ def step3_changed_lines() -> int:
 
 def step3_core():
     """Step 3's change to step 2's loop, its core only: the jump branch of each (:func:`_jump_branch`), as a
-    ``studylog.source.Diff`` of at most about twenty changed lines, its label giving the whole change's size
-    (:func:`step3_changed_lines`)."""
+    ``studylog.source.Diff`` of at most about twenty changed lines, its label giving how many changed lines of the
+    whole change (:func:`step3_changed_lines`) it leaves out, so that the header's one count (+ / −) is of the
+    lines shown."""
     from studylog.fsm import decoding
     from studylog.source import Diff
 
     old, new = (_jump_branch(s) for s in (decoding.step02_token_jumps, decoding.step03_char_jumps))
+    core = Diff("\n".join(old), "\n".join(new), "step 2, the jump", "step 3, its core", 1)
+    rest = step3_changed_lines() - len(core.added) - len(core.removed)
     return Diff("\n".join(old), "\n".join(new), "step 2, the jump",
-                f"step 3, its core ({step3_changed_lines()} changed lines in all)", 1)
+                f"step 3, its core; {rest} more changed lines not shown", 1)
