@@ -483,7 +483,7 @@ def test_the_opening_claims_a_common_job_and_the_8b_forecast_carries_this_pages_
     assert "**{s3_kept:.2f}×** as fast on extraction" in headline
     assert ("(**{b1['ratio']:.2f}×** with the {len(cap['rows'])} capped requests, whose gain is mostly repetition; "
             "in brackets in the table below)") in headline
-    assert "**{ans_low['ratio']:.2f}×** as fast as chapter 07's step 3 on low-copy requests" in headline
+    assert "**{ans_low['ratio']:.2f}×** as fast as chapter 07's step 3 on the {n_low} low-copy requests" in headline
     assert headline.index("ans_low") < headline.index("s3_kept:")
     answer = " ".join(text[2].split())  # right under the title and the imports
     assert text[2].startswith("ans_ext, ans_low = ") and "**The answer**, on SmolLM2-135M at batch 1" in answer
@@ -501,6 +501,10 @@ def test_the_opening_claims_a_common_job_and_the_8b_forecast_carries_this_pages_
     assert "torch" not in rival  # no excuse from the environment
     lose = next(t for t in text if "$(a+1)/c$ would bound" in t)
     assert "lesson.forecasts(results)" in lose and "overshoot the measured speedup" in lose
+    assert "an unmeasured upper bound, not a forecast of the gain" in " ".join(lose.split())
+    assert "**{(a + 1) / c8:.1f}×**" not in lose  # the bound is not set in bold beside measured numbers
+    why = " ".join(next(t for t in text if t.startswith("## Why it matters")).split())
+    assert "the last point of where we lose gives an upper bound, unmeasured" in why and "forecast" not in why
     over = [f["value"] / f["measured"] for f in lesson.forecasts(lesson.committed()) if f["unit"] == "x"]
     assert len(over) >= 2 and all(v > 1 for v in over)
     # one number for the four-token forward: "Why it matters" quotes the start-up timing, as step 2b's prose does
@@ -514,7 +518,7 @@ def test_chapter_07s_loop_has_one_time_in_the_open_text():
     """Chapter 07's loop shows one time in the open text, the median request the ratios use: step 2's chain gives
     only its ratios openly (its times, another run's, in a fold), the table of where a token's time goes (pooled
     totals) is folded, and the loop's other counts (pooled, chapter 07's own requests, the chain's step 1) share
-    one fold of one sentence."""
+    one fold of one sentence; the steps table's caption gives chapter 07's own page's time and why it differs."""
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     chain = next(t for t in text if "lesson.step02_chain_ratio_table(chain)" in t)
@@ -530,6 +534,21 @@ def test_chapter_07s_loop_has_one_time_in_the_open_text():
         assert key in fold
     opening = next(t for t in text if "the share drafting can save" in t)
     assert "ch7['total']:,.0f}" not in opening and "prefill" in opening
+    # chapter 07's own page's time, where it differs from this page's row, is said with its reason under the steps
+    # table: its requests' answers are shorter (checked here from both runs), spreading the prefill over fewer tokens
+    caption = " ".join(next(t for t in text if "Batch 1, extraction but for the low-copy column" in t).split())
+    assert "{ch7_page['step3_us']:,.0f} µs on its own page" in caption
+    assert "shorter answers spread the \" \"prefill over fewer tokens" in caption
+    from statistics import median
+
+    from book.decode import lesson as decode_lesson
+    own = [r["tokens"] for r in decode_lesson.committed().rows if r["series"] == "step03"
+           and r["params"].get("model") == "smollm2" and r["params"].get("batch") == 1]
+    kept = lesson.kept_results(lesson.committed())
+    here = [r["tokens"] for r in kept.rows if r["series"] == "ch7_step03" and r["params"].get("batch") == 1
+            and r["params"].get("workload") == "extraction"]
+    assert own and here and median(own) < median(here)
+    assert not any("its page's {ch7_own['step3_us']" in t for t in text)  # said once, in the caption
 
 
 def test_the_low_copy_workload_is_described_by_its_drafts_and_the_gate_by_what_it_paused():
