@@ -822,17 +822,18 @@ def _page_cells() -> list[str]:
 
 
 def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_model():
-    """Forwards saved: per output token everywhere, first given at step 2, beside the table that names what each count
-    of forced tokens counts (chapter 01's, the cost models', SmolLM2's: passes, tokens or forwards, the pass on EOS
-    included or not), and why SmolLM2's answers force about 100× the real schemas' share; the models section's first sentence
-    says what the cost models are (measured, random weights, one layer read by all the 8B's layers)."""
+    """Forwards saved: per output token everywhere, first given at step 2, which links to chapter 01's table of what
+    each count of forced tokens counts (chapter 01's, the cost models', SmolLM2's: passes, tokens or forwards, the pass
+    on EOS included or not) and why SmolLM2's answers force more, instead of repeating it; the models section's first
+    sentence says what the cost models are (measured, random weights, one layer read by all the 8B's layers)."""
     text = _page_cells()
     page = "\n".join(text)
     assert "ch1_saved" not in page and "jump_counts" not in page and "fsm_suite" not in page
     assert "This page counts forwards per output token" not in page
     saved = next(t for t in text if "{n['dec_fwd_saved']}** of their forwards" in t)
     words = " ".join(saved.split())
-    assert "{lesson.forced_table(shown)}" in words and "the real schemas' share" in words
+    assert "lesson.forced_table(" not in page and "01_fsm_compression.ipynb#the-steps-measured" in words
+    assert "real2[0]['forwards']" in words and "real2[1]['forwards']" in words  # the one count this page measures
     table = lesson.forced_table(lesson.committed())
     for named in ("chapter 01's", "cost models", "its tokenizer's split of their text", "the model's own tokens",
                   "the pass on EOS included", "medians of the requests", "passes saved", "tokens forced"):
@@ -1010,7 +1011,9 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     opening = " ".join(next(t for t in text if "**The answer:" in t).split())
     assert "The fastest loop on SmolLM2 is therefore 3a" in opening and "neither chapter's kernel" in opening
     assert "serving a large model, take **the 8B cost model**" in opening and "We ship step 3" in opening
-    assert opening.index("{r3a[1]['x_previous']") < opening.index("{rp['x_3a']") < opening.index("{rp['x_3bc']")
+    # one sentence a model: SmolLM2's jumps, its head's tie beside them, then the cached sets (host work)
+    assert opening.index("{r3a[1]['x_previous']") < opening.index("{rp['x_3bc']") < opening.index("{rp['x_3a']")
+    assert "it does not pay on the real model" in opening and "on that synthetic result" in opening
 
 
 def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
@@ -1091,8 +1094,9 @@ def test_the_kernel_exercise_folds_the_sweeps_recorded_answer():
 
 
 def test_step_3c_says_what_sampling_needs_and_the_real_models_forecasts_sit_in_one_sentence():
-    """3c's pick among the allowed ids is greedy decoding's: the page says what sampling would need. One forecast
-    is in view, the chunk-length one, under step 2 (whose forwards it times); the real model's measured ratio and its
+    """3c's pick among the allowed ids is greedy decoding's: the page says what sampling would need. The only
+    forecasts in view are Why it matters' Amdahl bounds: step 2 gives none (the chunk-length one is in the result's
+    forecasts fold), step 3 folds why the 1B cost model passes the head's; the real model's measured ratio and its
     two forecasts (Amdahl's, chunk-length's) are tied together in one sentence in the forecasts' fold, each read from
     the results: why the Amdahl forecast sits far above. Step 2's comparison with the cost models' forwards is folded."""
     text = _page_cells()
@@ -1100,12 +1104,17 @@ def test_step_3c_says_what_sampling_needs_and_the_real_models_forecasts_sit_in_o
     assert "Decoding here is greedy" in three_c and "Gumbel noise" in three_c and "top-k or top-p" in three_c
     step2 = next(t for t in text if "real2[1]['x_previous']" in t)
     at = step2.index(":::{{dropdown}}")
-    assert "n['dec_real_forecast_b1']" in step2[:at] and "n['dec_fwd_bound']" in step2[at:]
+    assert "n['dec_real_forecast_b1']" not in step2 and "forecast" not in step2[:at]
+    assert "n['dec_fwd_bound']" in step2[at:]
+    step3 = next(t for t in text if "{s3['x_previous']:.2f}×" in t)
+    assert "forecast" not in step3[:step3.index(":::{{dropdown}}")]
+    opening = next(t for t in text if "the 8B cost model**" in t)
+    assert "forecast" not in opening[opening.index("**The answer:"):]
     assert "forecast" not in step2[at:].replace("forecasts **", "")
     result = next(t for t in text if "say(lesson.result_table(shown))" in t)
     at = result.index("The forecasts: the table's last column")
     shown, fold = result[:at], result[at:]
-    assert "sits between two forecasts" not in shown
+    assert "sits between two forecasts" not in shown and "forecast" not in shown[:shown.index("result_table")]
     tied = next(p for p in fold.split("\n\n") if "sits between two forecasts" in p)
     assert "counts a jumped forward as free" in " ".join(tied.split())
     for key in ("real1['ratio']", "real1['bound']", "n['dec_real_forecast_b1']"):
@@ -1131,7 +1140,8 @@ def test_step_3_says_what_runs_before_the_first_step_and_gives_its_parts_on_the_
     compile times), the untimed build of the allowed ids, and how many of chapter 01's real schemas outlines-core
     compiles (read from chapter 01's file, linked to its section).
     The chain is timed on the cost models only; the real model's 3a, and 3b with 3c together, come from the
-    chapter's benchmark, their product step 3 over step 2. Character-level jumps' ratio says it is on steered
+    chapter's benchmark, their product step 3 over step 2; 3a's section says once which timing each of its numbers
+    comes from. Character-level jumps' ratio says it is on steered
     synthetic output."""
     results = lesson.committed()
     setup = lesson.grammar_setup(results)
@@ -1150,7 +1160,10 @@ def test_step_3_says_what_runs_before_the_first_step_and_gives_its_parts_on_the_
         assert key in item, key
     assert "01_fsm_compression.ipynb#the-result-beside-xgrammar-and-llguidance" in item
     chain = next(t for t in text if "lesson.step03_chain_ratio_table(changes)" in t)
-    assert "lesson.real_step03_parts(shown)" in chain and "rp['x_3a']" in chain and "rp['x_3bc']" in chain
+    assert "rp[" not in chain  # SmolLM2's 3a is said once, in 3a's own section, beside the cost models' timings
+    three_a = text[text.index(next(t for t in text if "#### 3a" in t)) + 1]
+    assert "rp['x_3a']" in three_a and "Timed with the steps tables" in three_a and "timed with the chain" in three_a
+    assert "rp['x_3bc']" in first and "lesson.real_step03_parts(shown)" in "\n".join(text)
     lose = next(t for t in text if "The parts no chapter touches" in t)
     assert "faster on steered synthetic output" in lose
 
