@@ -1535,6 +1535,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
         if r.get("rival_name") and r["vs_rival"] is not None:  # the rival in the ratio's own cell
             vs += f" vs {r['rival_name']}"
+        if r["number"] == 7 and r["vs_rival"] is not None and "SmolLM2" in r["ours"]:
+            # what the loop's ratio is made of: chapter 01's jumps, the cached sets (host work), chapter 02's head
+            from book.common import is_tie
+            from book.results import decode_split
+
+            split = decode_split(folders[r["card"]])
+            if split:
+                head = (f"a tie ({split['head']:.2f}×)" if is_tie(split["head"]) else f"{split['head']:.2f}×")
+                vs += f": {split['jumps']:.2f}× jumps, {split['sets']:.2f}× cached sets, {head} for the head"
         if r["ratio_note"] and r["rival_clock"] == r["clock"] and not r.get("loop_bound"):
             # less what the speedup cell's words already say; a decode loop's spread over its requests is the
             # results page's note (this page is about its bound)
