@@ -163,7 +163,7 @@ def decode_split_words(split: dict[str, float], landing: bool = False, whole: fl
     if landing:  # each part against the step before; their product is the shipped loop's ratio
         jumps = f"{split['jumps']:.2f}×"
         return (f"on SmolLM2-135M, chapter 01's exact jumps {f'**{jumps}**' if bold else jumps}; chapter 02's head "
-                + (f"a tie there ({split['head']:.2f}×)" if tied else f"{split['head']:.2f}× there")
+                + (f"a tie ({split['head']:.2f}×)" if tied else f"{split['head']:.2f}×")
                 + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model")
                 + f"; with the grammar's allowed sets cached (host work, {split['sets']:.2f}×)"
                 + ("" if whole is None else f", {whole:.2f}× in all"))

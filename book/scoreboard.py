@@ -1397,6 +1397,79 @@ def _bound_cells(r: dict[str, Any]) -> tuple[str, str]:
     return f"{_floor(ms)}, {r['design_bound_words']}", f"{r['median_ms'] / ms:.1f}×"
 
 
+#: Run bookkeeping a note may carry, cut before the reader sees it: (pattern, replacement); a note left empty is
+#: dropped. The kernel cell names the step an entry point ran, so a note saying only that goes.
+_BOOKKEEPING = [
+    (r"^timed through the chapter's entry point, which runs step \w+ at this shape\.?$", ""),
+    (r"\s*This card's benchmark predates the chapter's entry point[^.]*\.", ""),
+    (r", timed alone in a separate run,", ", timed alone,"),
+    (r" \(chapter 08's row takes the same bound from its run\)", ""),
+    (r" \(counted in a separate run\)", ""),
+    (r" \(chapter 07's run prices its bytes\)", ""),
+    (r" in chapter 07's own run", ""),
+    (r"not measured: chapter 07's run counts a forward's kernels on its cost models only", "not measured on this model"),
+]
+
+
+def _plain(text: str) -> str:
+    """``text`` without the run bookkeeping in :data:`_BOOKKEEPING`."""
+    for pattern, repl in _BOOKKEEPING:
+        text = re.sub(pattern, repl, text, flags=re.IGNORECASE)
+    return text.strip()
+
+
+def _room(r: dict[str, Any]) -> tuple[float, str] | None:
+    """How much room a lead row leaves: our median over its own-work yardstick where a run times one (the nearer
+    mark), else over the card's floor; with that in a few words. None where neither is given."""
+    if r.get("floors_as_above") or r.get("loop_bound"):
+        return None
+    if r.get("design_bound_ms"):
+        x = r["median_ms"] / r["design_bound_ms"]
+        return x, f"{x:.1f}× its own work"
+    if r["binding"] and not r["no_pct_why"] and r.get("pct_of_floor"):
+        x = 100 / r["pct_of_floor"]
+        kind = {"latency": "one launch" if r["number"] != 4 else "its chain of frames", "bytes": "its bytes",
+                "compute": "its compute"}.get(r["binding"], r["binding"])
+        return x, f"{x:.1f}× its floor, {kind}"
+    return None
+
+
+def room_words(first_rows: list[tuple[dict[str, Any], dict[str, str]]], root: Path = BENCH_RESULTS) -> str:
+    """The paragraph under the lead table: which kernels have most room and which are near their mark, by our
+    median over the own-work yardstick where a run times one, else over the floor; and, where a one-launch row's
+    floor is an empty kernel, how far that kernel moves from run to run on the card."""
+    def label(r: dict[str, Any]) -> str:
+        if r.get("part_notebook"):
+            return "chapter 05 part 1"
+        if r["notebook"].startswith("notebooks/05_ternary_2"):
+            return "chapter 05 part 2"
+        if r["number"] == 3:
+            return "chapter 03's " + ("headline case" if r.get("page_headline") else "stress case")
+        return f"chapter {r['number']:02d}"
+
+    rated = sorted(((x, words, label(r), r) for r, _ in first_rows if (got := _room(r)) for x, words in [got]),
+                   key=lambda t: -t[0])
+    if len(rated) < 4:
+        return ""
+    k = 3 if len(rated) >= 6 else 2
+    most, least = rated[:k], rated[-k:][::-1]
+
+    def listed(xs: list[tuple[float, str, str, dict[str, Any]]]) -> str:
+        said = [f"{lab} ({words})" for _, words, lab, _ in xs]
+        return ", ".join(said[:-1]) + " and " + said[-1]
+
+    out = (f"Where room is left, by our median over its own work where a run times it, else over its floor: most in "
+           f"{listed(most)}; least in {listed(least)}.")
+    one_launch = [r for _, _, _, r in rated if r["binding"] == "latency" and r["number"] != 4]
+    lo, hi, _ = empty_kernel_range(root).get(LEAD_CARD, (None, None, ""))
+    if one_launch and lo and hi:
+        r = one_launch[0]
+        out += (f" A one-launch floor is an empty kernel, which on the {LEAD_CARD} takes {lo:.2f} to {hi:.2f} µs "
+                f"from run to run: against the fastest, {label(r)} would read {r['median_ms'] * 1e3 / lo:.1f}× its "
+                "floor, so its place in this list is firmer than its figure.")
+    return out
+
+
 def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
                         folds: str = "html") -> str:
     """The scoreboard as Markdown tables: first one row per chapter (its final kernel at its headline shape on
@@ -1427,7 +1500,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     notes: dict[int, dict[str, list[tuple[str, str | None]]]] = {}
 
     def note(r: dict[str, Any], text: str, every_card: bool = False) -> None:
-        """A note under chapter ``r``'s fold, naming ``r``'s kernel and, unless it holds on every card, its card."""
+        """A note under chapter ``r``'s fold, naming ``r``'s kernel and, unless it holds on every card, its card;
+        without how the runs were made (:func:`_plain`), and not at all where that is all it says."""
+        text = _plain(text)
+        if not text:
+            return
         on = notes.setdefault(r["number"], {}).setdefault(text.rstrip(".") + ".", [])
         key = (_kernel_label(r), None if every_card else r["card"])
         if key not in on:
@@ -1757,6 +1834,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                 if any(c.get("over_bound", "–") != "–" for _, c in first_rows) else [])
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
                   first_rows, lead_columns, [rule] + own_line + caveat)
+    room = room_words(first_rows, root)
+    if room:  # which kernels still have room, from the rows' own × columns
+        times += ["", room]
     notes_at = len(times)  # the one Notes fold, general notes then each chapter's, goes here once they are all said
     if loops:
         # their rows race our own earlier loop, not a rival: the column says baseline
@@ -1799,10 +1879,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                 f"and not how close the call runs to its floor.{drift} {LOOP_NO_TAIL[1]}.")
         unrun = [r for r, _ in first_rows if short_card(r["card"]) in tail_on and r.get("part_notebook")
                  and not any(r2 is r for r2, _ in tail_cells)]
-        if unrun:  # a row of the first table at a shape the separate run did not replay: said, not left out silently
-            line += " Part 1 of chapter 05 has no row: that run did not replay its case."
-        if any(r.get("page_headline") and short_card(r["card"]) in tail_on for r, _ in first_rows):
-            line += " Chapter 03 has its stress case only: that run did not replay its headline case."
+        missing = (["part 1 of chapter 05"] if unrun else []) + (
+            ["chapter 03's headline case"] if any(r.get("page_headline") and short_card(r["card"]) in tail_on
+                                                  for r, _ in first_rows) else [])
+        if missing:  # a row of the first table this run did not replay: said in a clause, not left out silently
+            line += f" It did not replay {' or '.join(missing)}."
         times += [""] + fold("How far one measurement lands above another (p99 − p50)",
                              table("", picked, spread_columns, [line])[2:])
     floor_lines = ["| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) |",
@@ -1829,7 +1910,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             where = list(dict.fromkeys(c for _, c in on_rows))
             every_card = None in where or sorted(where) == sorted(everyone) or len(everyone) < 2
             label = " and ".join(kernels) + ("" if every_card else f" ({' and '.join(short_card(c) for c in where)})")
-            items.append((label, _sentence(text)))
+            if _plain(text):
+                items.append((label, _sentence(_plain(text))))
         title = f"Chapter {entry.number:02d}, {entry.title}"
         if len({label for label, _ in items}) == 1:  # every note is on one row: named once, in the title
             title += f", {items[0][0]}"

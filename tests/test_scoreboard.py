@@ -908,8 +908,10 @@ def test_no_marks_in_the_tables_and_the_notes_folded_under_the_first():
     FlashInfer's settings, part 1's rival) is folded under Notes."""
     page = sb.scoreboard_markdown(folds="dropdown")
     lead = page.split("**Decode loops")[0]
-    table, under, after = lead.split("\n\n")[1:4]
+    table, under, room, after = lead.split("\n\n")[1:5]
     assert table.startswith("| chapter") and after.startswith(":::{dropdown} Notes")
+    # which kernels still have room, from the rows, between the table's words and the notes
+    assert room.startswith("Where room is left, by our median over its own work") and "; least in " in room, room
     # each one-launch floor is its own run's empty kernel, so no caveat on the drift between runs
     assert under.startswith("Each row is at the chapter's headline case; where the answer is a range"), under
     assert "cannot be told from the floor" not in page
@@ -1418,3 +1420,25 @@ def test_a_p50_p99_run_off_the_chapters_median_is_said_once_under_its_table():
     assert re.search(r"between \d+\.\d% (below|above) and \d+\.\d% (below|above) the chapters' own", line), line
     assert "how_we_measure.md#clocks-and-state" in line
     assert "04 on the H200" not in page and "a gap over" not in page
+
+
+def test_room_left_is_said_from_the_rows_and_the_notes_carry_no_run_bookkeeping():
+    """Under the lead table, one paragraph names the kernels with most room and those nearest their mark, each figure
+    our median over its own work where a run times it, else over its floor, from the rows; the one-launch floor's
+    swing over the card's runs is said beside it; the Notes say no run's history."""
+    page = sb.scoreboard_markdown(folds="dropdown")
+    room = next(p for p in page.split("\n\n") if p.startswith("Where room is left"))
+    rated = []
+    for r in sb.scoreboard():
+        if r.get("lead") and "missing" not in r and sb.short_card(r["card"]) == sb.LEAD_CARD and sb.on_page(r):
+            got = sb._room(r)
+            if got:
+                rated.append(got[0])
+    if len(rated) >= 4:
+        assert f"{max(rated):.1f}×" in room.split("; least in ")[0], room
+        assert f"{min(rated):.1f}×" in room.split("; least in ")[1], room
+    lo, hi, _ = sb.empty_kernel_range()[sb.LEAD_CARD]
+    assert "one launch" not in room or f"{lo:.2f} to {hi:.2f} µs" in room, room
+    for said in ("predates the chapter's entry point", "timed alone in a separate run", "takes the same bound from its run",
+                 "counted in a separate run", "did not replay its"):
+        assert said not in page, said
