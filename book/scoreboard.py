@@ -1466,7 +1466,8 @@ def room_words(first_rows: list[tuple[dict[str, Any], dict[str, str]]], root: Pa
         r = one_launch[0]
         out += (f" A one-launch floor is an empty kernel, which on the {LEAD_CARD} takes {lo:.2f} to {hi:.2f} µs "
                 f"from run to run: against the fastest, {label(r)} would read {r['median_ms'] * 1e3 / lo:.1f}× its "
-                "floor, so its place in this list is firmer than its figure.")
+                "floor" + (", so either way it has the most room." if r is rated[0][3] else
+                           ", so its figure holds to within that swing."))
     return out
 
 
@@ -1837,7 +1838,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     room = room_words(first_rows, root)
     if room:  # which kernels still have room, from the rows' own × columns
         times += ["", room]
-    notes_at = len(times)  # the one Notes fold, general notes then each chapter's, goes here once they are all said
     if loops:
         # their rows race our own earlier loop, not a rival: the column says baseline
         loop_columns = [(k, h.replace("floor, the card's or a chain's (µs)", "our loop's bound that binds (µs)")
@@ -1846,6 +1846,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                         for k, h in common if k not in ("bound", "over_bound")]
         times += [""] + table(f"**Decode loops: against our loop's own bound{on}**", loops,
                               loop_columns if one_card else [("card", "card")] + loop_columns, [LOOP_BOUND_NOTE])
+    notes_at = len(times)  # the one Notes fold, after both tables (it covers the loops too), goes here once said
     if rest and any(r.get("latency_borrowed") and r["binding"] == "latency" for r, _ in rest):
         under.append(f"{BORROWED_MARK} The run that timed this row timed no empty kernel: its latency floor is the "
                      "card's fastest of its other runs.")
