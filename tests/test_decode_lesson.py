@@ -834,10 +834,6 @@ def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_mo
     words = " ".join(saved.split())
     assert "lesson.forced_table(" not in page and "01_fsm_compression.ipynb#the-steps-measured" in words
     assert "real2[0]['forwards']" in words and "real2[1]['forwards']" in words  # the one count this page measures
-    table = lesson.forced_table(lesson.committed())
-    for named in ("chapter 01's", "cost models", "its tokenizer's split of their text", "the model's own tokens",
-                  "the pass on EOS included", "medians of the requests", "passes saved", "tokens forced"):
-        assert named in table, named
     assert "real2[1]['us']" in saved  # step 2's section, not before the first step
     at = text.index("## The models\n")
     first = " ".join(text[at + 1].split())

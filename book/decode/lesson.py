@@ -774,58 +774,6 @@ def smollm2_split(batch: int = 1) -> dict | None:
             "forced": none - sum(r["ours/tokens"] for r in reqs)}
 
 
-def forced_table(results, batch: int = 1, cost_models: bool = True, chapter01: str = "chapter 01's ") -> str:
-    """Every count of what exact token jumps save on this course's pages, one row each, naming its documents, whose
-    tokens it counts and what it counts, so that the counts can be set side by side (Markdown): chapter 01's real
-    schemas and its suite (passes saved, cl100k, the tokenizer's split), this chapter's cost models (forwards a token,
-    medians of the schemas; ``cost_models``), then SmolLM2's answers at ``batch``: in the tokenizer's split (chapter
-    01's count, with llguidance's), then as the model wrote them: its tokens forced, its forwards saved (the pass on
-    EOS included) and its forwards a token (medians of the requests, the steps table's column). ``chapter01``: how
-    the rows name chapter 01's documents (``"the "`` on chapter 01's own page)."""
-    from book.results import fsm_peers, fsm_peers_real, passes_saved
-
-    rows = []
-    real = fsm_peers_real()
-    if real is not None:
-        rows.append((f"{chapter01}{real['schemas']} real schemas: random walks of our automaton, mostly keys",
-                     "cl100k, the tokenizer's split", "passes saved", f"{passes_saved(real, 'ours/tokens'):.1%}"))
-    suite = fsm_peers()
-    if suite is not None:
-        import json
-
-        from book.decode.results import suite_names
-        from book.results import FSM_PEERS
-
-        entries, samples = len(suite_names(None)), json.loads(FSM_PEERS.read_text())["samples"]
-        rows.append((f"{chapter01}suite: {entries} entries, {samples} documents each", "cl100k, the tokenizer's split",
-                     "passes saved", f"{passes_saved(suite, 'ours/tokens'):.1%}"))
-    base, jump = forwards_per_token(results, "baseline"), forwards_per_token(results, "jump_forward")
-    if cost_models and base and jump:
-        rows.append(("this chapter's cost models: the suite's JSON schemas, steered", "cl100k",
-                     "forwards a token saved (medians of the schemas)", f"{1 - jump / base:.1%}"))
-    split = smollm2_split(batch)
-    rf = real_forced(results, batch)
-    reals = real_steps_rows(results, batch)
-    if split is not None and rf is not None:
-        how = "as the steps table counts" if chapter01 == "the " else "as chapter 01 counts"
-        rows.append((f"SmolLM2-135M's answers to the suite's {rf['requests']} entries",
-                     f"its tokenizer's split of their text: {split['tokens']} tokens",
-                     f"passes saved ({how}; llguidance's policy: {split['saved']['llguidance/tokens']:.1%})",
-                     f"{split['saved']['ours/tokens']:.1%}"))
-    if rf is not None:
-        rows += [("the same answers", f"the model's own tokens: {rf['tokens']}", "tokens forced",
-                  f"{rf['jumped'] / rf['tokens']:.0%}"),
-                 ("the same answers", "the model's own tokens", "forwards saved, the pass on EOS included",
-                  f"{rf['saved'] / rf['forwards_step1']:.0%}")]
-        if len(reals) > 1:
-            fewer = (f"forwards a token saved (medians of the requests: {reals[0]['forwards']:.2f} to "
-                     f"{reals[1]['forwards']:.2f})")
-            rows.append(("the same answers", "the model's own tokens", fewer,
-                         f"{1 - reals[1]['forwards'] / reals[0]['forwards']:.0%}"))
-    lines = ["| documents | their tokens | counted | exact token jumps save |", "|---|---|---|---|"]
-    return "\n".join(lines + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows])
-
-
 def real_step03_parts(results, batch: int = 1) -> dict | None:
     """Step 3 on the real model split where the chapter's benchmark allows: it times 3a (``automaton_mask``) on the
     real model's requests too, but not 3b alone (the chain's run, :func:`step03_chain_run`, builds random-weight
