@@ -881,7 +881,7 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
     for cfg in cases:
         f = table_floor_us(results, cfg)
         floors.append("–" if not f else f"{f:,.2f}" + (" (an empty kernel)" if launch_bound(results, cfg) else ""))
-    lines.append("| " + " | ".join(["floor", "the least time possible"] + floors) + " |")
+    lines.append("| " + " | ".join(["floor", "a yardstick: the bytes at copy speed, or one empty kernel"] + floors) + " |")
     times = [(cfg, grid_row(results, CHAPTER.step(1).series, cfg)) for cfg in cases]
     notes = ["Cells: µs on the GPU clock (× the step it builds on). ¹ Step 1 runs on the host, end to end: "
              + ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r) + "."]
