@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run a queue of GPU jobs in the background on the lent machine, so that a sweep longer than one call's limit
 # still finishes: later calls only wait and collect. Jobs run one after another (never two on the GPU at once).
-#   tools/gpu_queue.sh start JOB ...   JOB: a chapter name (its benchmark), test:<chapter> (its gpu tests) or
+#   tools/gpu_queue.sh start JOB ...   JOB: a chapter name (its benchmark), quick:<chapter> (its reduced sweep,
+#                                      --quick), test:<chapter> (its gpu tests) or
 #                                      lab:<script under lab/> (run with --out, its files in $OUT/lab.tgz)
 #   tools/gpu_queue.sh wait SECONDS    wait until the queue is done or SECONDS pass; pack what exists into $OUT
 # Results: $OUT/results.tgz (<gpu>/<chapter>.json as `python -m studylog bench` wrote them) and $OUT/logs.tgz.
@@ -23,6 +24,8 @@ run)
         case "$job" in
             lab:*) python3 lab/"${job#lab:}" --out "$Q/lab" >"$Q/logs/$(basename "$job").log" 2>&1 ;;
             test:*) python3 -m pytest -m gpu tests/test_"${job#test:}"*.py -q -p no:cacheprovider -rfE -x \
+                        >"$Q/logs/$job.log" 2>&1 ;;
+            quick:*) python3 -m studylog bench "${job#quick:}" --quick --out "$Q/res/quick" \
                         >"$Q/logs/$job.log" 2>&1 ;;
             *) python3 -m studylog bench "$job" --out "$Q/res" >"$Q/logs/$job.log" 2>&1 ;;
         esac
