@@ -59,8 +59,8 @@ def _ring(warp_copies: bool, magic_reg: bool, launch) -> str:  # steps 18 to 21
 
 STEPS = (
     Step(1, "sign", "dense weights, sign selection instead of a multiply", "triton", TS.step01_sign,
-         TS.step01_sign_kernel),
-    Step(2, "int8", "int8 weights", "triton", TS.step02_int8, TS.step02_int8_kernel),
+         triton_step_source((TS.dense_kernel,), {"FLOAT_W": True})),
+    Step(2, "int8", "int8 weights", "triton", TS.step02_int8, triton_step_source((TS.dense_kernel,), {"FLOAT_W": False})),
     Step(3, "2bit", "2-bit packing, decoded with shifts and masks", "triton", TS.step03_2bit, TS.step03_2bit_kernel),
     Step(4, "and_decode", "the decode in one AND: a field under a float exponent", "triton", TS.step04_and_decode,
          TS.step04_and_decode_kernel),
