@@ -1098,7 +1098,7 @@ def w2a8_group_diff():
 TRITON_CORE = {
     5: (("word = tl.arange(0, 16)", "acc_hi += "), ("kw_start, kw_end = k_slice", "acc += _field_to_float(high, f)")),
     7: (("for kw0 in range", "acc += _field_to_float(high, f)"), ("for kb0 in range", "acc += _field_to_float(fields, d)")),
-    11: (("kw_start, kw_end = k_slice", "store_tile("), ("kw_start, kw_end = k_slice", "return acc")),
+    11: (("offs_w = tl.arange", "store_tile("), ("offs_w = tl.arange", "return acc")),
     14: (("scale = tl.load", "store_tile("), ("scale = tl.load", "tl.atomic_xchg(count_ptr")),
 }
 

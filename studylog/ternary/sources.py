@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import re
 import textwrap
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from studylog.source import resolve_constexpr, source_of
 
@@ -48,7 +48,9 @@ def cuda_step_source(file: str, kernel: str, knobs: dict[str, bool], launch: Cal
     return body + "\n\n// its launch (Python):\n" + launch_lines
 
 
-def triton_step_source(kernels: tuple[Any, ...], knobs: dict[str, bool], launch: Callable) -> str:
-    """The text of a Triton step: ``kernels`` (its kernel and the helpers its knobs reach) at ``knobs``, its launch."""
+def triton_step_source(kernels: tuple[Any, ...], knobs: dict[str, bool], launch: Optional[Callable] = None) -> str:
+    """The text of a Triton step: ``kernels`` (its kernel and the helpers its knobs reach) at ``knobs``, then its
+    launch where one is given."""
     parts = ["\n".join(_resolve_python(source_of(k)[0].splitlines(), knobs)) for k in kernels]
-    return "\n\n".join(parts + ["# its launch:\n" + textwrap.dedent(inspect.getsource(launch))])
+    launches = ["# its launch:\n" + textwrap.dedent(inspect.getsource(launch))] if launch else []
+    return "\n\n".join(parts + launches)

@@ -44,7 +44,8 @@ _MMA_CU, _BULK_CU, _W2A8_CU = "ternary_mma.cu", "ternary_bulk.cu", "ternary_w2a8
 
 
 def _pair(knobs: dict, launch) -> str:  # steps 11 to 13
-    return triton_step_source((TM.pair_dot_kernel, TM.pair_step), knobs, launch)
+    unmasked = (TM.pair_tiles_unmasked,) if knobs["NO_MASK"] else ()
+    return triton_step_source((TM.pair_program, TM.pair_dot_kernel, *unmasked, TM.pair_step), knobs, launch)
 
 
 def _mma(x_smem: bool, launch) -> str:  # steps 15 to 17
@@ -59,8 +60,9 @@ def _ring(warp_copies: bool, magic_reg: bool, launch) -> str:  # steps 18 to 21
 
 STEPS = (
     Step(1, "sign", "dense weights, sign selection instead of a multiply", "triton", TS.step01_sign,
-         TS.step01_sign_kernel),
-    Step(2, "int8", "int8 weights", "triton", TS.step02_int8, TS.step02_int8_kernel),
+         triton_step_source((TS.dense_kernel,), {"FLOAT_W": True})),
+    Step(2, "int8", "int8 weights", "triton", TS.step02_int8,
+         triton_step_source((TS.dense_kernel,), {"FLOAT_W": False})),
     Step(3, "2bit", "2-bit packing, decoded with shifts and masks", "triton", TS.step03_2bit, TS.step03_2bit_kernel),
     Step(4, "and_decode", "the decode in one AND: a field under a float exponent", "triton", TS.step04_and_decode,
          TS.step04_and_decode_kernel),
@@ -80,7 +82,8 @@ STEPS = (
     Step(13, "mma_layout", "the 2bit_mma layout: a word's two halves are K-neighbours", "triton", TM.step13_mma_layout,
          _pair({"NO_MASK": True, "MMA_LAYOUT": True}, TM.step13_mma_layout)),
     Step(14, "workspace", "split K through a zeroed workspace, no memset", "triton", step14_workspace,
-         triton_step_source((TM.step14_workspace_kernel, TM.pair_step), {"MMA_LAYOUT": True}, step14_workspace)),
+         triton_step_source((TM.pair_program, TM.step14_workspace_kernel, TM.pair_tiles_unmasked, TM.pair_step),
+                            {"NO_MASK": True, "MMA_LAYOUT": True}, step14_workspace)),
     Step(15, "cuda_mma", "the loop by hand in CUDA C++ on mma.sync, loads two groups ahead", "cuda",
          step15_cuda_mma, _mma(False, step15_cuda_mma)),
     Step(16, "split_k", "K split across blocks, the slices summed in a fixed order", "cuda", step16_split_k,

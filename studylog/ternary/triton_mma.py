@@ -150,13 +150,11 @@ def pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, 
     return acc
 
 
-@triton.jit(do_not_specialize=["M"])
-def pair_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
-                    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                    MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    NO_MASK: tl.constexpr, MMA_LAYOUT: tl.constexpr):
-    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K (added into z, zeroed
-    # by the config's pre_hook), in tiles of BLOCK_KW words a row.
+@triton.jit
+def pair_program(x_ptr, p_ptr, M, N, KW, stride_xm, stride_pn, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+                 SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, NO_MASK: tl.constexpr):
+    # A program of steps 11 to 14 (grid: N blocks, K slices, M blocks), a BLOCK_N x BLOCK_M tile of z transposed:
+    # its blocks, its weight rows (rows_in: those it reads) and rows of x, their masks and pointers, its slice of K.
     tl.static_assert(BLOCK_KW % 16 == 0)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -172,6 +170,35 @@ def pair_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stri
     p_rows = p_ptr + rows_in.to(tl.int64)[:, None] * stride_pn
     x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
     kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
+    return pid_n, pid_m, rows, row_mask, rows_in, cols, col_mask, p_rows, x_cols, kw_start, kw_end
+
+
+@triton.jit
+def pair_tiles_unmasked(acc, p_rows, x_cols, offs_w, kw_start, full_end, kw_end, K, col_mask, r_k,
+                        BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, MMA_LAYOUT: tl.constexpr):
+    # The tiles [kw_start, kw_end) of rows read unmasked: those below full_end with no mask at all, the rest masked.
+    for kw0 in range(kw_start, full_end, BLOCK_KW):
+        words = tl.load(p_rows + (kw0 + offs_w)[None, :])
+        acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
+                        DOT_PRECISION, MMA_LAYOUT)
+    for kw0 in range(tl.maximum(kw_start, full_end), kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=(kw < kw_end)[None, :], other=0x55555555)
+        acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
+                        DOT_PRECISION, MMA_LAYOUT)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def pair_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    NO_MASK: tl.constexpr, MMA_LAYOUT: tl.constexpr):
+    # One program: its tile of z over its slice of K (added into z, zeroed by the config's pre_hook), in tiles of
+    # BLOCK_KW words a row.
+    _, _, rows, row_mask, rows_in, cols, col_mask, p_rows, x_cols, kw_start, kw_end = pair_program(
+        x_ptr, p_ptr, M, N, KW, stride_xm, stride_pn, BLOCK_N, BLOCK_KW, SPLIT_K, BLOCK_M, NO_MASK)
     offs_w = tl.arange(0, BLOCK_KW)
     r = tl.arange(0, 2 * BLOCK_KW)
     if MMA_LAYOUT:
@@ -182,15 +209,8 @@ def pair_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stri
     if NO_MASK:
         # Tiles whose k all lie below K need no mask on x: every tile but the last one or two.
         full_end = tl.minimum(kw_end, (K // (16 * BLOCK_KW)) * BLOCK_KW)
-        for kw0 in range(kw_start, full_end, BLOCK_KW):
-            words = tl.load(p_rows + (kw0 + offs_w)[None, :])
-            acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
-                            DOT_PRECISION, MMA_LAYOUT)
-        for kw0 in range(tl.maximum(kw_start, full_end), kw_end, BLOCK_KW):
-            kw = kw0 + offs_w
-            words = tl.load(p_rows + kw[None, :], mask=(kw < kw_end)[None, :], other=0x55555555)
-            acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
-                            DOT_PRECISION, MMA_LAYOUT)
+        acc = pair_tiles_unmasked(acc, p_rows, x_cols, offs_w, kw_start, full_end, kw_end, K, col_mask, r_k, BLOCK_N,
+                                  BLOCK_KW, MAGIC, DOT_DTYPE, DOT_PRECISION, MMA_LAYOUT)
         scale = tl.load(scale_ptr + rows_in * scale_stride)
     else:
         for kw0 in range(kw_start, kw_end, BLOCK_KW):
@@ -214,35 +234,17 @@ def step14_workspace_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M
                             stride_zm, scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
                             SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, MAGIC: tl.constexpr,
                             DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K, in tiles
-    # of BLOCK_KW words a row (whole groups: the activations of a pair are runs of 32 k).
-    tl.static_assert(BLOCK_KW % 16 == 0)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    rows_in = tl.minimum(rows, N - 1)  # rows past N read row N-1 (no mask, no select) and are not stored
-    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    col_mask = cols < M
-    p_rows = p_ptr + rows_in.to(tl.int64)[:, None] * stride_pn
-    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
-    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
+    # One program: step 13's (the activations of a pair are runs of 32 k), its slices of K summed in a workspace.
+    pid_n, pid_m, rows, row_mask, rows_in, cols, col_mask, p_rows, x_cols, kw_start, kw_end = pair_program(
+        x_ptr, p_ptr, M, N, KW, stride_xm, stride_pn, BLOCK_N, BLOCK_KW, SPLIT_K, BLOCK_M, True)
     # Tiles whose k all lie below K need no mask on x: every tile but the last one or two.
     full_end = tl.minimum(kw_end, (K // (16 * BLOCK_KW)) * BLOCK_KW)
     offs_w = tl.arange(0, BLOCK_KW)
     r = tl.arange(0, 2 * BLOCK_KW)
     r_k = (r // 32) * 256 + r % 32  # column r of a pair's dot: word r // 2, half r % 2
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for kw0 in range(kw_start, full_end, BLOCK_KW):
-        words = tl.load(p_rows + (kw0 + offs_w)[None, :])
-        acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
-                        DOT_PRECISION, True)
-    for kw0 in range(tl.maximum(kw_start, full_end), kw_end, BLOCK_KW):
-        kw = kw0 + offs_w
-        words = tl.load(p_rows + kw[None, :], mask=(kw < kw_end)[None, :], other=0x55555555)
-        acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
-                        DOT_PRECISION, True)
+    acc = pair_tiles_unmasked(acc, p_rows, x_cols, offs_w, kw_start, full_end, kw_end, K, col_mask, r_k, BLOCK_N,
+                              BLOCK_KW, MAGIC, DOT_DTYPE, DOT_PRECISION, True)
     scale = tl.load(scale_ptr + rows_in * scale_stride)
     z = acc / scale[:, None]
     out_mask = row_mask[:, None] & col_mask[None, :]

@@ -81,11 +81,11 @@ def row_program(x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N: tl.constexpr):
     return m, rows, row_mask, w_rows, x_row
 
 
-# Step 1: the first attempt's idea, made correct
+# Steps 1 and 2: the first attempt's idea, made correct, on dense float weights (FLOAT_W), then on int8 weights
 
 @triton.jit
-def step01_sign_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def dense_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FLOAT_W: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x (rows past N masked, not wrapped). W is (N, K), dense, values
     # -1, 0, +1.
     m, rows, row_mask, w_rows, x_row = row_program(x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N)
@@ -94,35 +94,19 @@ def step01_sign_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_w
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        w = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        w = w.to(tl.float32)  # any float type: the sign test is exact (and right in the interpreter)
+        if FLOAT_W:
+            w = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            w = w.to(tl.float32)  # any float type: the sign test is exact (and right in the interpreter)
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0)
         acc += tl.where(w > 0, x, tl.where(w < 0, -x, 0.0))  # sign selection: no multiply
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = tl.sum(acc, axis=1) / scale
     tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)  # float32 out
 
 
-# Step 2: int8 weights
-
-@triton.jit
-def step02_int8_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # One program: BLOCK_N outputs for one row of x. W is (N, K), int8, values -1, 0, +1.
-    m, rows, row_mask, w_rows, x_row = row_program(x_ptr, w_ptr, N, stride_xm, stride_wn, BLOCK_N)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # reduced over K once, after the loop
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        w = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0)
-        acc += tl.where(w > 0, x, tl.where(w < 0, -x, 0.0))  # sign selection: no multiply
-    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
-    z = tl.sum(acc, axis=1) / scale
-    tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)  # float32 out
-
-
-step01_sign_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(step01_sign_kernel)
-step02_int8_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(step02_int8_kernel)
+step01_sign_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(dense_kernel)
+step02_int8_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(dense_kernel)
 
 
 # Steps 3 to 5: 2-bit packing. First the direct decode, then a decode in one AND, then a kernel built for M=1.
@@ -395,7 +379,8 @@ def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], me
 
 
 def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
-             dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False, check_values=False):
+             dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False, check_values=False,
+             meta: Optional[dict] = None):
     """Steps 1 to 5 and 7: one program column a row of x; ``check_values`` waits for the GPU (dense weights)."""
     x2, vector = check_x(x, weights_k(w))
     m, k = x2.shape
@@ -413,7 +398,7 @@ def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config
     args = (x2, data, z, s, *table, n, k, *extra, x2.stride(0), data.stride(0), z.stride(0), s_stride)
     grid = (lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], m)) if split else \
         (lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), m))
-    launch_tuned(kernel, grid, args, config, {})
+    launch_tuned(kernel, grid, args, config, meta or {})
     return z[0] if vector else z
 
 
@@ -422,14 +407,16 @@ def step01_sign(x: Float[Tensor, "*m k"], w: Float[Tensor, "n k"], scale: Scale 
                 check_values: bool = True) -> Float[Tensor, "*m n"]:
     """Step 1: dense float weights, each -1, 0 or +1, x selected by their sign. The weights are checked first (a pass
     that waits for the GPU); ``check_values=False`` is the form a CUDA graph can capture."""
-    return _rowwise(step01_sign_tuned, x, w, scale, out, config, dense_dtypes=X_DTYPES, check_values=check_values)
+    return _rowwise(step01_sign_tuned, x, w, scale, out, config, dense_dtypes=X_DTYPES, check_values=check_values,
+                    meta={"FLOAT_W": True})
 
 
 def step02_int8(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[dict] = None,
                 check_values: bool = True) -> Float[Tensor, "*m n"]:
     """Step 2: int8 weights, each -1, 0 or +1, checked as :func:`step01_sign` checks its own."""
-    return _rowwise(step02_int8_tuned, x, w, scale, out, config, dense_dtypes=(torch.int8,), check_values=check_values)
+    return _rowwise(step02_int8_tuned, x, w, scale, out, config, dense_dtypes=(torch.int8,), check_values=check_values,
+                    meta={"FLOAT_W": False})
 
 
 def step03_2bit(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
