@@ -174,7 +174,7 @@ def dense_logits(h: Hidden, weight: Weight, out: Logits) -> None:
 
 
 _MM_FP32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")  # torch.mm's out_dtype (torch 2.8 on)
-# Step 12's host time is its lesson: steps 3, 7, 8 and 10's kernels through their compiled launchers (.launch).
+# Step 12's host time is its lesson: steps 3, 7, 8 and 10's kernels through their compiled launchers (launch.py).
 _ROW_SKIP, _STREAM, _FEW, _BATCHED = (FastKernel(k) for k in (row_skip_kernel, compact_stream_kernel, few_ids_kernel,
                                                                batched_union_kernel))
 

@@ -1,5 +1,6 @@
 """Launching Triton kernels with little host time (steps 12 and 13): :class:`FastKernel` reduces the arguments to
-the facts ``kernel[grid]`` specialises on in one pass and calls the kept compiled kernel's launcher. It needs the
+the facts ``kernel[grid]`` specialises on in one pass and calls the kept compiled kernel's launcher. Kept on purpose:
+host time is what steps 12 and 13 teach (dispatch and plan); steps 0-11 launch with ``kernel[grid]``. It needs the
 constexpr parameters after the runtime ones and no launch hook (else, and in the interpreter: ``kernel[grid]``)."""
 
 from __future__ import annotations

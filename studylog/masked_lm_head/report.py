@@ -85,14 +85,16 @@ def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = 
             for c in cap(counts)]
 
 
-def steps_at(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[int]:
-    """The steps measured at a case, in order (``few``: the union fits step 8's slots; steps 11 and 13 are apart)."""
+def steps_at(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[tuple[int, str]]:
+    """The (step, weight layout) pairs measured at a case, in order: ``"vd"`` the ``[V, D]`` weight, ``"dv"`` the
+    post's ``[D, V]`` (``few``: the union fits step 8's slots; steps 11 and 13 are apart)."""
     random, target = kind == "random", count in (1000, 10_000)
     if batch > 1:
         union = random and batch <= UNION_MAX_BATCH and batch * count <= UNION_MAX_ALLOWED
-        return [n for n, on in ((3, random and target), (9, union), (10, True), (12, True)) if on]
-    return [n for n, on in ((0, random and target), (1, kind != third_kind), (2, random and count >= 100), (3, True),
-                            (4, random), (5, random), (6, random), (7, True), (8, few), (12, True)) if on]
+        return [(n, "vd") for n, on in ((3, random and target), (9, union), (10, True), (12, True)) if on]
+    return [(n, "vd") for n, on in ((0, random and target), (1, kind != third_kind), (2, random and count >= 100),
+                                    (3, True), (4, random), (5, random), (6, random), (7, True), (8, few), (12, True))
+            if on] + [(n, "dv") for n in (1, 2) if random and target]
 
 
 def _pick_structured(sets: list[np.ndarray], target: int, batch: int, gen: np.random.Generator) -> list[int] | None:
@@ -238,7 +240,6 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
             extra = {"allowed_actual": float(np.mean(allowed.counts)), "union": n_union}
             # the bytes, or an empty kernel's GPU time (both on the GPU clock, as the rows are)
             floor = max(run.floor_ms(n_union * row_bytes + batch * vocab * 4), run.empty_launch_gpu.median)
-            first = kind == "random"
 
             # torch baselines
             disallowed, union = allowed.disallowed, allowed.union_ids
@@ -250,7 +251,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                  floor=floor, long=True, **extra)
 
             # the steps (step 0 has no floor: it computes every logit)
-            for n in steps_at(batch, kind, count, third_kind, allowed.few_ids is not None):
+            for n, layout in steps_at(batch, kind, count, third_kind, allowed.few_ids is not None):
                 step = CHAPTER.step(n).function
                 kw = {"floor": floor} if n else {}
                 nbytes = union_bytes if n else whole
@@ -260,13 +261,10 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                     nbytes = whole if path == "cublas" else union_bytes  # cuBLAS computes every logit
                 elif n in ROW_STEPS:
                     kw["summation"] = "row"
-                ours(S[n], lambda w, out, step=step: step(h, w, allowed, out=out), weight, nbytes, vd,
-                     long=n <= 3 or n == 9, **kw, **extra)
-            if batch == 1 and first and count in (1000, 10_000):  # the post's [D, V] layout
-                for n in (1, 2):
-                    step = CHAPTER.step(n).function
-                    ours(S[n], lambda w, out, step=step: step(h, w, allowed, layout="dv", out=out), weight_dv,
-                         union_bytes, params | {"layout": "dv"}, floor=floor, long=True, **extra)
+                on_dv = {"layout": "dv"} if layout == "dv" else {}  # steps 8 and 12 take no layout: [V, D] only
+                ours(S[n], lambda w, out, step=step, on_dv=on_dv: step(h, w, allowed, out=out, **on_dv),
+                     weight_dv if on_dv else weight, nbytes, params | {"layout": layout}, long=n <= 3 or n == 9,
+                     **kw, **extra)
             if kind == third_kind and batch == 1:  # step 11: the same set on a reordered vocabulary, built here
                 block = default_tiles(11, batch).block_v
                 other = 1 - fold[picked[0]]  # the order fitted on the other fold's grammars
@@ -307,7 +305,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                 run.check(f"{XGRAMMAR} and {PLAN} agree", _same_masked(logits, plan.out), params=params)
                 measure(XGRAMMAR, xgrammar_step, weight, whole, params, role="peer", long=True,
                         host=lambda: xgrammar_step(weight), **extra)
-                if first and (batch, count) in ((1, 1000), (64, 100), (256, 100)):
+                if kind == "random" and (batch, count) in ((1, 1000), (64, 100), (256, 100)):
                     measure(XGRAMMAR_BF16, lambda w: xgrammar_step(w, logits_bf16), weight, whole, params,
                             role="peer", long=True, host=lambda: xgrammar_step(weight, logits_bf16), **extra)
             copies.release()  # the next case needs its own number of copies
