@@ -232,11 +232,11 @@ def _case(run, case: Case, speed: dict) -> None:
     drafts = draft_acceptance(host, this0.cpu(), *expected, config)
     extra = {"haystack_bytes": nbytes, "windows_compared_by_cpu_loop": windows,
              "drafted_tokens": drafts["drafted_tokens"]}
-    from studylog.ngram import CHAPTER as chapter  # the package defines it after importing this module
+    from studylog.ngram import CHAPTER  # the package defines it after importing this module
 
-    final = chapter.step(SYNCED_STEP)
+    final = CHAPTER.step(SYNCED_STEP)
     state0 = (draft0, this0)
-    for step in chapter.steps if case.steps is None else [chapter.step(n) for n in case.steps]:
+    for step in CHAPTER.steps if case.steps is None else [CHAPTER.step(n) for n in case.steps]:
         role = "baseline" if step.number < FIRST_OWN_STEP else "kernel"
         if step.number == 1:  # not capturable: the host clock only
             matcher, first_ms = _first_call(run, step.function, inputs, state0, config, expected, params)
@@ -284,10 +284,10 @@ HEADLINE_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
 def gpu_headline(results) -> list[dict]:
     """The headline rows on the GPU clock (the book compares with the CPU path end to end): the entry point (else
     the last step) against step 3, the pull request's two-phase kernel, at :data:`HEADLINE_CASES`."""
-    from studylog.ngram import CHAPTER as chapter
+    from studylog.ngram import CHAPTER
     from studylog.plotting import headline_row
 
-    final, two_phase = chapter.step(SYNCED_STEP), chapter.step(3)
+    final, two_phase = CHAPTER.step(SYNCED_STEP), CHAPTER.step(3)
     ours = ENTRY_SERIES if results.select(ENTRY_SERIES) else final.series
     out = []
     for batch, seq_len, threshold in HEADLINE_CASES:
