@@ -218,6 +218,8 @@ def _case(run, case: Case, speed: dict) -> None:
     """The steps of ``case`` checked and timed, :data:`SYNCED_STEP` also end to end, then the entry point, then the
     chunk sweeps. ``speed`` carries the one-thread kernel's slowest time per window so far (to skip it where too
     slow)."""
+    from studylog.ngram import CHAPTER  # the package defines it after importing this module
+
     params, config = case.params, NgramConfig(threshold=case.params["threshold"])
     inputs, draft0, this0 = case.batch()
     validate(inputs, draft0, this0, config)
@@ -232,8 +234,6 @@ def _case(run, case: Case, speed: dict) -> None:
     drafts = draft_acceptance(host, this0.cpu(), *expected, config)
     extra = {"haystack_bytes": nbytes, "windows_compared_by_cpu_loop": windows,
              "drafted_tokens": drafts["drafted_tokens"]}
-    from studylog.ngram import CHAPTER  # the package defines it after importing this module
-
     final = CHAPTER.step(SYNCED_STEP)
     state0 = (draft0, this0)
     for step in CHAPTER.steps if case.steps is None else [CHAPTER.step(n) for n in case.steps]:
