@@ -145,9 +145,10 @@ def bench(run) -> None:
         run.note(note)
 
 
-def _make_calls(step, inputs, state0, config, copies, **options):
-    """(make_calls, made): matchers of ``step`` over ``copies`` copies of the batch for each repetition; ``made``
-    holds the last repetition's, to check their drafts."""
+def _make_calls(run, step, inputs, state0, config, limit, **options):
+    """(make_calls, made, copies): matchers of ``step`` over copies of the batch for each repetition, enough to exceed
+    four times the L2 (run.rotation), at most ``limit``; ``made`` holds the last repetition's, to check their drafts."""
+    copies = max(1, min(run.rotation((inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8), limit))
     made = []
 
     def make_calls() -> list:
@@ -157,12 +158,7 @@ def _make_calls(step, inputs, state0, config, copies, **options):
                                 **options) for c in batches]
         return list(made)
 
-    return make_calls, made
-
-
-def _copies_for(run, inputs: NgramInputs, limit: int) -> int:
-    """Enough rotated copies to exceed four times the L2 (run.rotation), at most ``limit``."""
-    return max(1, min(run.rotation((inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8), limit))
+    return make_calls, made, copies
 
 
 def _record_synced(run, series, calls, first_ms, **kw):
@@ -201,8 +197,7 @@ def _measure_step(run, step, inputs, state0, config, expected, *, params, role, 
     matcher, first_ms = _first_call(run, step, inputs, state0, config, expected, params)
     slow = first_ms > SLOW_CALL_MS
     per_replay = max(1, int(GRAPH_BUDGET_MS / first_ms)) if slow else None
-    copies = _copies_for(run, inputs, per_replay or MAX_COPIES)
-    make_calls, made = _make_calls(step, inputs, state0, config, copies)
+    make_calls, made, copies = _make_calls(run, step, inputs, state0, config, per_replay or MAX_COPIES)
     # a slow call: about GRAPH_BUDGET_MS of work per replay, five replays per repetition, fewer host calls
     policy = dict(min_calls=per_replay, reps=5, host_calls=max(3, min(per_replay, 50)), graph_calls=per_replay) \
         if slow else {}
@@ -267,8 +262,7 @@ def _case(run, case: Case, speed: dict) -> None:
     for step in case.sweeps:
         option, values = CHUNK_SWEEPS[step]
         for value in values:
-            make_calls, made = _make_calls(step, inputs, state0, config, _copies_for(run, inputs, MAX_COPIES),
-                                           **{option: value})
+            make_calls, made, _ = _make_calls(run, step, inputs, state0, config, MAX_COPIES, **{option: value})
             timing = run.gpu_time(make_calls, repeats=1)
             torch.cuda.synchronize()
             chunk_len = made[0].chunk_len
