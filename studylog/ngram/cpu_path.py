@@ -52,16 +52,12 @@ def cpu_library() -> ctypes.CDLL:
     return lib
 
 
-def cpu_path_inplace(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor,
-                     config: NgramConfig) -> int:
-    """Run the C loop on CPU tensors, in place; returns the windows it compared. Validated first, values included:
-    the loop trusts every length and dtype it is given."""
-    validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=True)
-    return _run_c_loop(inputs, draft_tokens, seq_lens_this_time, config)
-
-
-def _run_c_loop(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
-    """The C loop over CPU tensors checked already (the matcher checked them when built)."""
+def cpu_path_inplace(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig, *,
+                     checked: bool = False) -> int:
+    """Run the C loop on CPU tensors, in place; returns the windows it compared. Validated first, values included
+    (the loop trusts every length and dtype it is given), unless ``checked`` (a matcher checked them when built)."""
+    if not checked:
+        validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=True)
     if inputs.prompt_ids.device.type != "cpu":  # validate put every tensor on prompt_ids' device
         raise ValueError("the C loop takes CPU tensors; step01_cpu_path does the copies")
     i, c = inputs, config
@@ -92,7 +88,7 @@ class CpuPathCall:
     def __call__(self) -> None:
         i, draft, this_time = self.inputs, self.draft_tokens, self.seq_lens_this_time
         if i.prompt_ids.device.type == "cpu":
-            _run_c_loop(i, draft, this_time, self.config)
+            cpu_path_inplace(i, draft, this_time, self.config, checked=True)
             return
         p, lens, versions = self._copied
         if i.prompt_ids is not p or i.prompt_lens is not lens or (p._version, lens._version) != versions:
@@ -102,6 +98,6 @@ class CpuPathCall:
                            i.draft_token_num.cpu(), i.max_dec_len.cpu(), i.seq_lens_encoder.cpu(),
                            i.seq_lens_decoder.cpu())
         host_draft, host_this_time = draft.cpu(), this_time.cpu()
-        _run_c_loop(host, host_draft, host_this_time, self.config)
+        cpu_path_inplace(host, host_draft, host_this_time, self.config, checked=True)
         draft.copy_(host_draft)
         this_time.copy_(host_this_time)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import Callable
 
 import torch
 
@@ -13,7 +15,8 @@ from studylog.bench import Timing
 from studylog.ngram.batches import branch_stats, corpus_batch, draft_acceptance, haystack_bytes, make_batch
 from studylog.ngram.cpu_path import cpu_path_inplace
 from studylog.ngram.formats import NgramConfig, NgramInputs, same_state, validate
-from studylog.ngram.kernels import NgramMatcher, final_step, step02_serial, step08_one_pass_fused, step12_skip_refused
+from studylog.ngram.kernels import (NgramMatcher, final_step, step01_cpu_path, step02_serial, step08_one_pass_fused,
+                                    step12_skip_refused)
 from studylog.ngram.reference import reference_ngram_match
 
 NO_BUDGET = 1 << 30  # a threshold the batch never reaches: every active slot drafts
@@ -51,12 +54,17 @@ CLOCK_NOTE = ("Clocks: the GPU steps on the GPU clock (the call replayed in a CU
               f"less on the smallest batches); calls slower than {SLOW_CALL_MS} ms replay about "
               f"{GRAPH_BUDGET_MS:.0f} ms of work per replay (graph_calls), five replays per repetition.")
 END_TO_END = "end to end: the call, then torch.cuda.synchronize(); wall time per call"
-
-
-def _chapter():
-    from studylog.ngram import CHAPTER  # the package defines it after importing this module
-
-    return CHAPTER
+NOTES = (CLOCK_NOTE,
+         "The CPU path keeps the prompt on the host (copied once, as deployed) and copies the generated tokens, "
+         "lengths and draft buffers each call; its loop is the C port of the deployed operator.",
+         "Floors: the active slots' haystack bytes read once at this run's copy bandwidth; early exit lets a kernel "
+         "read less.",
+         "Real text: rows with a 'corpus' parameter: 'text' and 'code' are windows of the Python standard library's "
+         "docstrings and source in cl100k tokens (assets/data/ngram_corpus.npz), with the grid's slot plan and no "
+         "planted repeats; 'synthetic' is the grid's generator at the same shape. On the step-12 row, 'drafts' "
+         "counts the batch's drafts (the same for every step) and those a greedy verifier accepts against the "
+         "document's true continuation (random on synthetic batches: chance), and 'branches' the branches the "
+         "search takes (studylog.ngram.batches.branch_stats).")
 
 
 def series_of(step) -> str:
@@ -98,9 +106,49 @@ def sweeps_of(cfg) -> list:
         ([step08_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
 
 
-def _make_calls(step, inputs, state0, config, copies, **options):
-    """(make_calls, made): matchers of ``step`` over ``copies`` copies of the batch for each repetition; ``made``
-    holds the last repetition's, to check their drafts."""
+@dataclass(frozen=True)
+class Case:
+    """One case: its rows' ``params`` (``threshold``: the budget), its batch, the steps timed (None: all), the steps
+    whose chunk is swept, and whether the CPU path is first checked against the Python reference."""
+
+    params: dict
+    batch: Callable[[], tuple]  # (inputs, draft_tokens, seq_lens_this_time)
+    steps: tuple[int, ...] | None = None
+    sweeps: tuple = ()
+    reference_check: bool = False
+
+
+def bench_cases(quick: bool) -> dict[str, list[Case]]:
+    """The benchmark's sections and their cases, in the order they run: the synthetic grid, then the real text."""
+    grid = [Case({"batch": batch, "seq_len": seq_len, "threshold": threshold},
+                 partial(make_batch, batch, seq_len, gen_width_for(seq_len), seed=1000 + batch + seq_len,
+                         kinds=["short"] if batch == 1 else None,  # one slot that scans everything
+                         device=BENCH_DEVICE),
+                 sweeps=() if quick else tuple(sweeps_of((batch, seq_len, threshold))),
+                 reference_check=batch * seq_len <= 128 * 512)
+            for batch, seq_len, threshold in (QUICK_GRID if quick else BENCH_GRID)]
+    real = [Case({"corpus": corpus, "batch": batch, "seq_len": seq_len, "threshold": threshold},
+                 partial(real_batch, corpus, batch, seq_len), steps=REAL_STEPS)
+            for corpus, batch, seq_len, threshold in real_cases(quick)]
+    return {"grid": grid, "real text": real}
+
+
+def bench(run) -> None:
+    """Every step of every case of :func:`bench_cases`, each result checked bit-identical to the CPU path before
+    timing and after the graph replays."""
+    speed = {"serial_ms_per_window": 0.0}
+    for section, cases in bench_cases(run.quick).items():
+        for case in run.progress(cases, section):
+            _case(run, case, speed)
+            torch.cuda.empty_cache()
+    for note in NOTES:
+        run.note(note)
+
+
+def _make_calls(run, step, inputs, state0, config, limit, **options):
+    """(make_calls, made, copies): matchers of ``step`` over copies of the batch for each repetition, enough to exceed
+    four times the L2 (run.rotation), at most ``limit``; ``made`` holds the last repetition's, to check their drafts."""
+    copies = max(1, min(run.rotation((inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8), limit))
     made = []
 
     def make_calls() -> list:
@@ -110,20 +158,7 @@ def _make_calls(step, inputs, state0, config, copies, **options):
                                 **options) for c in batches]
         return list(made)
 
-    return make_calls, made
-
-
-def _copies_for(run, inputs: NgramInputs, limit: int) -> int:
-    """Enough rotated copies to exceed four times the L2 (run.rotation), at most ``limit``."""
-    return max(1, min(run.rotation((inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8), limit))
-
-
-def _first_call_ms(fn) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
+    return make_calls, made, copies
 
 
 def _record_synced(run, series, calls, first_ms, **kw):
@@ -142,50 +177,64 @@ def _same(matchers, expected) -> bool:
     return all(same_state((m.draft_tokens, m.seq_lens_this_time), expected) for m in matchers)
 
 
+def _first_call(run, step, inputs, state0, config, expected, params):
+    """(matcher, ms): a matcher of ``step`` on copies of the initial state, and its first call's time (a GPU step
+    called once before, untimed: its first call compiles and loads its kernels), checked against the CPU path."""
+    matcher = NgramMatcher(step, inputs, state0[0].clone(), state0[1].clone(), config=config, check_values=False)
+    if step is not step01_cpu_path:
+        matcher()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    matcher()
+    torch.cuda.synchronize()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    run.check("bit-identical to the CPU path", _same([matcher], expected), params=params | {"step": step.__name__})
+    return matcher, first_ms
+
+
 def _measure_step(run, step, inputs, state0, config, expected, *, params, role, floor, extra, series=None):
     """One GPU step checked, then timed on the case: (row, the last repetition's matchers, first call ms)."""
-    matcher = NgramMatcher(step, inputs, state0[0].clone(), state0[1].clone(), config=config, check_values=False)
-    matcher()  # untimed: a step's first call compiles and loads its kernels
-    first_ms = _first_call_ms(matcher)
-    where = params | {"step": step.__name__}
-    run.check("bit-identical to the CPU path", _same([matcher], expected), params=where)
+    matcher, first_ms = _first_call(run, step, inputs, state0, config, expected, params)
     slow = first_ms > SLOW_CALL_MS
     per_replay = max(1, int(GRAPH_BUDGET_MS / first_ms)) if slow else None
-    copies = _copies_for(run, inputs, per_replay or MAX_COPIES)
-    make_calls, made = _make_calls(step, inputs, state0, config, copies)
+    make_calls, made, copies = _make_calls(run, step, inputs, state0, config, per_replay or MAX_COPIES)
     # a slow call: about GRAPH_BUDGET_MS of work per replay, five replays per repetition, fewer host calls
     policy = dict(min_calls=per_replay, reps=5, host_calls=max(3, min(per_replay, 50)), graph_calls=per_replay) \
         if slow else {}
     row = run.measure(series or series_of(step), make_calls, params=params, role=role, host=matcher, floor_ms=floor,
                       **policy, **extra, rotated_copies=copies)
     torch.cuda.synchronize()
-    run.check("bit-identical after graph replays", _same((made[0], made[-1], matcher), expected), params=where)
+    run.check("bit-identical after graph replays", _same((made[0], made[-1], matcher), expected),
+              params=params | {"step": step.__name__})
     return row, made, first_ms
 
 
-def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference_check=False, real=False):
-    """Every step of ``steps`` checked and timed on one case, :data:`SYNCED_STEP` also end to end, then the entry
-    point. ``speed`` carries the one-thread kernel's slowest time per window so far (to skip it where too slow)."""
+def _case(run, case: Case, speed: dict) -> None:
+    """The steps of ``case`` checked and timed, :data:`SYNCED_STEP` also end to end, then the entry point, then the
+    chunk sweeps. ``speed`` carries the one-thread kernel's slowest time per window so far (to skip it where too
+    slow)."""
+    from studylog.ngram import CHAPTER  # the package defines it after importing this module
+
+    params, config = case.params, NgramConfig(threshold=case.params["threshold"])
+    inputs, draft0, this0 = case.batch()
     validate(inputs, draft0, this0, config)
     nbytes = haystack_bytes(inputs, this0, config)
     floor = run.floor_ms(nbytes)
     host = inputs.to("cpu")
     expected = (draft0.cpu(), this0.cpu())
     windows = cpu_path_inplace(host, *expected, config)
-    if reference_check:
+    if case.reference_check:
         ref = reference_ngram_match(host, draft0.cpu(), this0.cpu(), config)
         run.check("cpu path == python reference", same_state(ref, expected), params=params)
     drafts = draft_acceptance(host, this0.cpu(), *expected, config)
     extra = {"haystack_bytes": nbytes, "windows_compared_by_cpu_loop": windows,
              "drafted_tokens": drafts["drafted_tokens"]}
-    final = _chapter().step(SYNCED_STEP)
-    for step in steps:
+    final = CHAPTER.step(SYNCED_STEP)
+    state0 = (draft0, this0)
+    for step in CHAPTER.steps if case.steps is None else [CHAPTER.step(n) for n in case.steps]:
         role = "baseline" if step.number < FIRST_OWN_STEP else "kernel"
         if step.number == 1:  # not capturable: the host clock only
-            matcher = NgramMatcher(step.function, inputs, draft0.clone(), this0.clone(), config=config,
-                                   check_values=False)
-            first_ms = _first_call_ms(matcher)
-            run.check("bit-identical to the CPU path", _same([matcher], expected), params=params | {"step": step.name})
+            matcher, first_ms = _first_call(run, step.function, inputs, state0, config, expected, params)
             _record_synced(run, step.series, [matcher], first_ms, params=params, role=role, floor_ms=floor, **extra)
             continue
         if step.function is step02_serial:
@@ -196,10 +245,10 @@ def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference
                          f"inputs of this run")
                 continue
         row_extra = dict(extra)
-        if step is final and real:
+        if step is final and "corpus" in params:
             row_extra |= {"drafts": drafts, "branches": branch_stats(inputs, this0, config)}
-        row, made, first_ms = _measure_step(run, step.function, inputs, (draft0, this0), config, expected,
-                                            params=params, role=role, floor=floor, extra=row_extra)
+        row, made, first_ms = _measure_step(run, step.function, inputs, state0, config, expected, params=params,
+                                            role=role, floor=floor, extra=row_extra)
         if step.function is step02_serial and windows:
             speed["serial_ms_per_window"] = max(speed["serial_ms_per_window"], row["ms"] / windows)
         if step is final:
@@ -208,56 +257,18 @@ def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference
                       params=params | {"step": step.name})
         del made
     picked = final_step(inputs, config)  # the entry point as a reader calls it
-    _measure_step(run, picked, inputs, (draft0, this0), config, expected, params=params, role="kernel", floor=floor,
+    _measure_step(run, picked, inputs, state0, config, expected, params=params, role="kernel", floor=floor,
                   extra=extra | {"step": series_of(picked)}, series=ENTRY_SERIES)
-    return expected, floor
-
-
-def bench(run) -> None:
-    """Every step on the synthetic grid, then :data:`REAL_STEPS` on :data:`CORPORA`; each result checked
-    bit-identical to the CPU path before timing and after the graph replays."""
-    speed = {"serial_ms_per_window": 0.0}
-    chapter = _chapter()
-    for batch, seq_len, threshold in run.progress(QUICK_GRID if run.quick else BENCH_GRID, "grid"):
-        config = NgramConfig(threshold=threshold)
-        inputs, draft0, this0 = make_batch(batch, seq_len, gen_width_for(seq_len),
-                                           kinds=["short"] if batch == 1 else None,  # one slot that scans everything
-                                           seed=1000 + batch + seq_len, device=BENCH_DEVICE)
-        params = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
-        expected, floor = _case(run, inputs, draft0, this0, config, params, chapter.steps, speed,
-                                reference_check=batch * seq_len <= 128 * 512)
-        for step in sweeps_of((batch, seq_len, threshold)) if not run.quick else ():
-            option, values = CHUNK_SWEEPS[step]
-            for value in values:
-                make_calls, made = _make_calls(step, inputs, (draft0, this0), config,
-                                               _copies_for(run, inputs, MAX_COPIES), **{option: value})
-                timing = run.gpu_time(make_calls, repeats=1)
-                torch.cuda.synchronize()
-                chunk_len = made[0].chunk_len
-                run.check("bit-identical to the CPU path", _same(made[:1], expected),
-                          params=params | {"step": step.__name__, "chunk_len": chunk_len})
-                run.record(sweep_series(step), timing, params=params | {"chunk_len": chunk_len}, floor_ms=floor)
-                del made
-        del inputs, draft0, this0
-        torch.cuda.empty_cache()
-    real_steps = [chapter.step(n) for n in REAL_STEPS]
-    for corpus, batch, seq_len, threshold in run.progress(real_cases(run.quick), "real text"):
-        inputs, draft0, this0 = real_batch(corpus, batch, seq_len)
-        params = {"corpus": corpus, "batch": batch, "seq_len": seq_len, "threshold": threshold}
-        _case(run, inputs, draft0, this0, NgramConfig(threshold=threshold), params, real_steps, speed, real=True)
-        del inputs, draft0, this0
-        torch.cuda.empty_cache()
-    run.note(CLOCK_NOTE)
-    run.note("The CPU path keeps the prompt on the host (copied once, as deployed) and copies the generated tokens, "
-             "lengths and draft buffers each call; its loop is the C port of the deployed operator.")
-    run.note("Floors: the active slots' haystack bytes read once at this run's copy bandwidth; early exit lets a "
-             "kernel read less.")
-    run.note("Real text: rows with a 'corpus' parameter: 'text' and 'code' are windows of the Python standard "
-             "library's docstrings and source in cl100k tokens (assets/data/ngram_corpus.npz), with the grid's slot "
-             "plan and no planted repeats; 'synthetic' is the grid's generator at the same shape. On the step-12 "
-             "row, 'drafts' counts the batch's drafts (the same for every step) and those a greedy verifier accepts "
-             "against the document's true continuation (random on synthetic batches: chance), and 'branches' the "
-             "branches the search takes (studylog.ngram.batches.branch_stats).")
+    for step in case.sweeps:
+        option, values = CHUNK_SWEEPS[step]
+        for value in values:
+            make_calls, made, _ = _make_calls(run, step, inputs, state0, config, MAX_COPIES, **{option: value})
+            timing = run.gpu_time(make_calls, repeats=1)
+            torch.cuda.synchronize()
+            chunk_len = made[0].chunk_len
+            run.check("bit-identical to the CPU path", _same(made[:1], expected),
+                      params=params | {"step": step.__name__, "chunk_len": chunk_len})
+            run.record(sweep_series(step), timing, params=params | {"chunk_len": chunk_len}, floor_ms=floor)
 
 
 #: The headline's cases: the deployed budget at a small and a mid-size batch, the largest batch with no budget.
@@ -267,10 +278,10 @@ HEADLINE_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
 def gpu_headline(results) -> list[dict]:
     """The headline rows on the GPU clock (the book compares with the CPU path end to end): the entry point (else
     the last step) against step 3, the pull request's two-phase kernel, at :data:`HEADLINE_CASES`."""
+    from studylog.ngram import CHAPTER
     from studylog.plotting import headline_row
 
-    chapter = _chapter()
-    final, two_phase = chapter.step(SYNCED_STEP), chapter.step(3)
+    final, two_phase = CHAPTER.step(SYNCED_STEP), CHAPTER.step(3)
     ours = ENTRY_SERIES if results.select(ENTRY_SERIES) else final.series
     out = []
     for batch, seq_len, threshold in HEADLINE_CASES:

@@ -1,13 +1,8 @@
-/* Step 1, the CPU path: the serial n-gram matcher that speculative decoding ran on the host.
+/* Step 1, the CPU path: the serial n-gram matcher that speculative decoding ran on the host, as the C loop a
+ * serving engine would ship. It must stay bit-identical to studylog.ngram.reference_ngram_match, the specification.
  *
- * The same rules as studylog.ngram.reference_ngram_match, written as the C loop a serving
- * engine would ship (the Python reference is the specification; this is its fast twin, tested
- * bit-identical to it). studylog.ngram compiles it with the system C compiler at first use and
- * calls it through ctypes; the benchmark wraps it in the device<->host copies it needs.
- *
- * All sums are int64, so no input the wrapper accepts can overflow them.
- * Returns the number of windows compared, which the benchmark uses to predict how long the
- * one-thread GPU kernel (step 2, the same loop) will take before launching it.
+ * All sums are int64, so no input the wrapper accepts can overflow them. Returns the number of windows compared:
+ * the benchmark predicts from it how long the one-thread GPU kernel (step 2, the same loop) would take.
  */
 #include <stdint.h>
 

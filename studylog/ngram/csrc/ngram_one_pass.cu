@@ -1,4 +1,4 @@
-// Steps 5 to 7 and 12: one pass over each haystack for every n at once. A window of size n ending at e
+// Steps 5 to 8: one pass over each haystack for every n at once. A window of size n ending at e
 // matches the last n generated tokens exactly when hay[.. e] and the generated tokens share a suffix of
 // length >= n, so a thread measures that suffix at its end positions (one comparison almost everywhere: the
 // newest token rarely matches), and the largest n it allows is that end's candidate. Keys
