@@ -42,6 +42,25 @@ def select_masks(counts: Sequence[tuple[str, int, int]], per_bin: int = 24, max_
     return picked
 
 
+def save_masks(path: Path, masks: list[np.ndarray], states: list[int], sources: list[str], vocab_size: int,
+               tokenizer: str) -> Path:
+    """Write masks (each an array of allowed ids) in ``studylog.data``'s format."""
+    if not (len(masks) == len(states) == len(sources)):
+        raise ValueError("masks, states and sources must have the same length")
+    ids = [np.unique(np.asarray(m, dtype=np.int64)) for m in masks]
+    for m in ids:
+        if m.size and (m[0] < 0 or m[-1] >= vocab_size):
+            raise ValueError(f"mask holds ids outside [0, {vocab_size})")
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([m.size for m in ids])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, vocab_size=np.int64(vocab_size), offsets=offsets,
+                        ids=np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32),
+                        state=np.asarray(states, dtype=np.int64), source=np.asarray(sources, dtype=str),
+                        tokenizer=np.asarray(tokenizer))
+    return path
+
+
 def export_masks(path: Optional[Path] = None, n_samples: int = 8) -> Path:
     """Write the masks of states the suite visits (cl100k_base), sampled across the distribution of allowed-token
     counts (:func:`select_masks`), in ``studylog.data``'s format, deterministically."""
@@ -58,9 +77,9 @@ def export_masks(path: Optional[Path] = None, n_samples: int = 8) -> Path:
 
     run_suite(vocab, n_samples=n_samples, keep=keep, ascii_digits=COMMITTED_MASKS_ASCII_DIGITS)
     picked = select_masks(all_counts)
-    return data.save_masks(Path(path) if path is not None else data.MASKS_FILE,
-                           [grabbed[(src, s)] for src, s, _ in picked], [s for _, s, _ in picked],
-                           [src for src, _, _ in picked], vocab.vocab_size, vocab.name)
+    return save_masks(Path(path) if path is not None else data.MASKS_FILE,
+                      [grabbed[(src, s)] for src, s, _ in picked], [s for _, s, _ in picked],
+                      [src for src, _, _ in picked], vocab.vocab_size, vocab.name)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
