@@ -41,6 +41,11 @@ def check_rule(rule: Any) -> str:
     return check_choice("rule", rule, RULES)
 
 
+def check_batch(batch: Any) -> None:
+    if not isinstance(batch, MultiItemBatch):
+        raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
+
+
 # The batch layout: where the prefix, the delimiters and the items lie, checked once per batch
 
 def _as_int_list(x: Any, name: str) -> list[int]:
@@ -274,8 +279,7 @@ def reference_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v:
 def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
     """``q``, ``k``, ``v`` (and ``out``): one dtype, ``[heads, tokens, head_dim]``, unit stride on ``head_dim``, on
     the batch's device; ``q``'s heads a multiple of ``k``'s."""
-    if not isinstance(batch, MultiItemBatch):
-        raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
+    check_batch(batch)
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, dtype=SUPPORTED_DTYPES, like=batch.cu_seqlens)  # on the batch layout's device
         if x.ndim != 3:
@@ -317,8 +321,7 @@ def score_items(hidden: Float[Tensor, "t d_model"], lm_head: Float[Tensor, "voca
                 label_ids: Int[Tensor, " k"] | Sequence[int], batch: MultiItemBatch) -> list[Float[Tensor, "n k"]]:
     """Log-probabilities of the labels at every item's last token, one ``[N_b, K]`` matrix per prompt; only the
     scored rows go through the LM head, the log-softmax in float32."""
-    if not isinstance(batch, MultiItemBatch):
-        raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
+    check_batch(batch)
     for name, x in (("hidden", hidden), ("lm_head", lm_head)):
         check_tensor(name, x, ndim=2, dtype=(torch.float16, torch.bfloat16, torch.float32, torch.float64),
                      like=batch.cu_seqlens)  # on the batch layout's device

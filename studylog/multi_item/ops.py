@@ -13,7 +13,7 @@ from torch import Tensor
 
 from studylog.checks import check_tensor
 from studylog.multi_item.config import size_bucket, strides
-from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, MultiItemBatch,
+from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, MultiItemBatch, check_batch,
                                          check_heads, check_interpretable, check_rule)
 from studylog.multi_item.steps import LOG2E, attn_fwd_batched, constexprs, launch, tile_heights
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, schedule_table
@@ -25,8 +25,7 @@ HEIGHTS = tile_heights(None, None)
 def layout(batch: MultiItemBatch, q: Tensor, rule: str = DEFAULT_RULE,
            kv_heads: Optional[int] = None) -> tuple[Tensor, Tensor, list[int]]:
     """The operator's layout arguments (program table, positions, programs); ``kv_heads`` sizes head groups."""
-    if not isinstance(batch, MultiItemBatch):
-        raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
+    check_batch(batch)
     group = q.shape[0] // (kv_heads or q.shape[0])
     table, programs = schedule_table(batch, q.shape[0], DEFAULT_ORDER, HEIGHTS,
                                      2 * q.shape[-1] * q.element_size() // max(group, 1), check_rule(rule))

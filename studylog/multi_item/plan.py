@@ -14,7 +14,7 @@ from studylog import runtime
 from studylog.checks import check_choice, check_int, check_out
 from studylog.multi_item.config import INTERPRETER_BLOCKS, find_config, strides
 from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS,
-                                         MultiItemBatch, check_rule)
+                                         MultiItemBatch, check_batch, check_rule)
 from studylog.multi_item.steps import LOG2E, attn_fwd_batched, constexprs, launch, no_counts, step05_batched
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, SCHEDULE_ORDERS, schedule_table
 
@@ -67,8 +67,7 @@ class MultiItemPlan:
 
     def set_layout(self, batch: MultiItemBatch) -> None:
         """Put ``batch``'s layout in the plan's buffers, in stream order. Not capturable: call it between replays."""
-        if not isinstance(batch, MultiItemBatch):
-            raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
+        check_batch(batch)
         if batch.device != self.device:
             raise ValueError(f"the batch layout is on {batch.device}, the plan on {self.device}")
         width = batch.token_pos.shape[1]

@@ -1,9 +1,10 @@
-"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only) and its headline. Each Triton step's
-tile config is fixed per shape before timing, so no timed call autotunes: pinned from this GPU's committed results
-when they hold one (``config_source``), else autotuned on that shape (``STUDYLOG_RETUNE=1``)."""
+"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only) and its headline. No timed call
+autotunes: each Triton step's tile config is pinned from this GPU's committed results (``config_source``), else
+autotuned on the shape first (``STUDYLOG_RETUNE=1``)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from functools import partial
@@ -38,7 +39,6 @@ FLUSH = "do_bench's L2 flush (256 MB memset)"
 
 
 def order_series(order: str = DEFAULT_ORDER) -> str:
-    """The series of step 5 in one program order: the step's own series for the default order."""
     return STEP05.series if order == DEFAULT_ORDER else f"{STEP05.series} ({order} order)"
 
 
@@ -64,6 +64,7 @@ def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[in
 
 BENCH_HEADS, BENCH_HEAD_DIM, BENCH_DTYPE = 32, 128, torch.bfloat16
 GQA_GROUP = 4  # query heads a key/value head serves in the model the chapter cites (Llama 3.1 8B: 32 over 8)
+CEILING_MATMUL_N = 8192  # the matmul whose rate is the run's compute ceiling
 
 
 def gqa_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]], int]]:
@@ -72,9 +73,6 @@ def gqa_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]
     name, prefixes, items = bench_shapes()[-1]
     kv_heads = max(1, BENCH_HEADS // GQA_GROUP)
     return [(f"{name}, {kv_heads} KV heads", prefixes, items, kv_heads)]
-
-
-CEILING_MATMUL_N = 8192  # the matmul whose rate is the run's compute ceiling
 
 
 def graph_calls_for(ms_per_call: float) -> int:
@@ -145,11 +143,9 @@ def bench(run) -> None:
     run.note("clock: every series is GPU time (CUDA-graph replay, inputs rotated past L2, 3 repetitions); steps 4 "
              "and 5 are also timed by do_bench, beside its 256 MB memset and the host time per call")
     pins = {}
-    if os.environ.get("STUDYLOG_RETUNE") != "1":  # else every step tunes on every shape
-        try:  # this GPU's committed results
+    with contextlib.suppress(FileNotFoundError):  # this GPU's committed results, unless every step re-tunes
+        if os.environ.get("STUDYLOG_RETUNE") != "1":
             pins = pinned_configs(load_results("multi_item", gpu=gpu_slug(run.device["name"])))
-        except FileNotFoundError:
-            pass
     run.note("tile configs: " + (f"{len(pins)} (step, shape) configs pinned from this GPU's committed results"
                                  if pins else "autotuned on each shape in this run") +
              " (config_source in each row; STUDYLOG_RETUNE=1 re-tunes)")
@@ -195,8 +191,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
                          max_abs_err=err, bad_elements=bad)
 
     def rotated(make_call: Callable) -> Callable[[], list]:
-        """Calls over fresh q, k, v and copies of them enough to exceed L2 together, ``make_call(q, k, v)`` building
-        each."""
+        """``make_call(q, k, v)`` over fresh q, k, v and enough copies of them to exceed L2 together."""
         def calls() -> list:
             qkv = torch.randn((heads + 2 * kv_heads) * T * head_dim, dtype=dtype, device=dev)
             sizes = [heads * T * head_dim, kv_heads * T * head_dim, kv_heads * T * head_dim]

@@ -35,7 +35,6 @@ GPU_BLOCK_MS = tuple(sorted({cfg.kwargs["BLOCK_M"] for cfg in GPU_CONFIGS}))
 # Step 1: the dense reference
 
 def _scale(sm_scale: Any, q: Tensor) -> float:
-    """``sm_scale``, checked, or ``1 / sqrt(head_dim)``."""
     if sm_scale is None:
         return 1.0 / math.sqrt(q.shape[-1])
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
@@ -81,8 +80,7 @@ def prepare_launch(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: floa
 
 
 def constexprs(q: Tensor, k: Tensor, **more: Any) -> dict[str, Any]:
-    """The constexprs every kernel takes (head dim, query heads per key/value head, ``tl.dot``'s precision), and
-    ``more``."""
+    """The constexprs every kernel takes, and ``more``."""
     return {"HEAD_DIM": int(q.shape[-1]), "KV_GROUP": int(q.shape[0] // k.shape[0]),
             "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", **more}
 
@@ -104,23 +102,13 @@ def tile_count_buffer(batch: MultiItemBatch, tile_tokens: int, count_tiles: bool
 
 def step_result(out: Tensor, launched: tuple[int, int, str], return_info: bool, batch: MultiItemBatch,
                 counts: Tensor | None = None, rows_per_token: int = 1) -> QKV | tuple[QKV, LaunchInfo]:
-    """``out``, or ``(out, LaunchInfo)`` with ``counts`` (:func:`tile_count_buffer`'s) as the key tiles each query
-    tile of ``BLOCK_M // rows_per_token`` tokens visited."""
+    """``out``, or ``(out, LaunchInfo)`` with ``counts`` per query tile of ``BLOCK_M // rows_per_token`` tokens."""
     if not return_info:
         return out
     block_m, block_n, name = launched
     tile_counts = None if counts is None else [row[: triton.cdiv(s, block_m // rows_per_token)] for row, s in
                                                zip(counts.view(batch.batch_size, -1).tolist(), batch.seq_lens)]
     return out, LaunchInfo(block_m, block_n, tile_counts, name)
-
-
-def _one_prompt(kernel, q: Tensor, out: Tensor, batch: MultiItemBatch, args: list, common: dict[str, Any],
-                blocks: tuple[int, int] | None, config: str | None, counts: Tensor | None,
-                return_info: bool) -> QKV | tuple[QKV, LaunchInfo]:
-    """Launch one of steps 2 to 4 over a grid of (query tile, head); ``counts`` as :func:`tile_count_buffer`'s."""
-    grid = lambda meta: (triton.cdiv(batch.seq_lens[0], meta["BLOCK_M"]), q.shape[0])  # noqa: E731
-    launched = launch(kernel, grid, args, common, blocks, find_config(config, blocks))
-    return step_result(out, launched, return_info, batch, counts)
 
 
 def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None,
@@ -144,7 +132,7 @@ def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] |
 
 
 def tile_heights(cfg: "triton.Config | None", blocks: tuple[int, int] | None) -> tuple[int, ...]:
-    """The tile heights (``BLOCK_M``) a batched launch may run at, for its schedule table."""
+    """The tile heights (``BLOCK_M``) a batched launch may run at: its schedule table needs a row for each."""
     if cfg is not None or blocks is not None:
         return (cfg.kwargs["BLOCK_M"] if cfg is not None else blocks[0],)
     return GPU_BLOCK_MS if runtime.mode() == "gpu" else (INTERPRETER_BLOCKS[0],)
@@ -252,7 +240,9 @@ def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
                                            one_prompt=True)
     mask = dense_mask(batch, 0, rule).view(torch.uint8)  # same bytes as bool, a type Triton loads everywhere
     args = [q, k, v, out, mask, *strides(q, k, v, out), batch.seq_lens[0], qk_scale]
-    return _one_prompt(attn_fwd_dense_mask, q, out, batch, args, common, blocks, config, None, return_info)
+    grid = lambda meta: (triton.cdiv(batch.seq_lens[0], meta["BLOCK_M"]), q.shape[0])  # noqa: E731
+    launched = launch(attn_fwd_dense_mask, grid, args, common, blocks, find_config(config, blocks))
+    return step_result(out, launched, return_info, batch)
 
 
 # Step 3: the mask from the metadata
@@ -292,7 +282,9 @@ def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_
     common["SKIP_DELIMITER"] = ITEM_KEYS_FROM[rule]
     args = [q, k, v, out, batch.token_pos[0], *strides(q, k, v, out), batch.seq_lens[0], batch.prefix_lens[0],
             qk_scale]
-    return _one_prompt(attn_fwd_mask_on_the_fly, q, out, batch, args, common, blocks, config, None, return_info)
+    grid = lambda meta: (triton.cdiv(batch.seq_lens[0], meta["BLOCK_M"]), q.shape[0])  # noqa: E731
+    launched = launch(attn_fwd_mask_on_the_fly, grid, args, common, blocks, find_config(config, blocks))
+    return step_result(out, launched, return_info, batch)
 
 
 # Step 4: tile skipping
@@ -404,8 +396,9 @@ def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale:
     args = [q, k, v, out, batch.token_pos[0], counts, *strides(q, k, v, out), seq_len, batch.prefix_lens[0],
             qk_scale, size_bucket(seq_len)]
     common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
-    return _one_prompt(attn_fwd_tile_skip, q, out, batch, args, common, blocks, config,
-                       counts if count_tiles else None, return_info)
+    grid = lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), q.shape[0])  # noqa: E731
+    launched = launch(attn_fwd_tile_skip, grid, args, common, blocks, find_config(config, blocks))
+    return step_result(out, launched, return_info, batch, counts if count_tiles else None)
 
 
 # Step 5: a batch of prompts in one launch
@@ -547,10 +540,9 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
                          out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                          rule: str = DEFAULT_RULE) -> QKV:
     """Multi-item scoring attention over a packed batch: :func:`step05_batched`, or under grouped-query attention
-    (groups of up to 16 query heads) ``step06_packed_heads``. ``config``: a name of
-    :func:`~studylog.multi_item.config.config_names` (default: the GPU autotunes, the interpreter uses 16 x 16).
-    After a first eager call on ``batch`` a call syncs nothing and allocates only ``out``, so a CUDA graph can hold
-    it, layout baked in (``MultiItemPlan`` takes new layouts)."""
+    (groups of up to 16 query heads) ``step06_packed_heads``. ``config``: a name of ``config.config_names()``
+    (default: the GPU autotunes, the interpreter uses 16 x 16). After a first eager call on ``batch`` a call syncs
+    nothing and allocates only ``out``: a CUDA graph can hold it (``MultiItemPlan`` takes new layouts)."""
     heads, kv_heads = (x.shape[0] if isinstance(x, Tensor) and x.dim() == 3 else 0 for x in (q, k))
     # a group fits the smallest tile (16 rows) whole; anything else, bad input included, goes to step 5's checks
     grouped = kv_heads > 0 and heads % kv_heads == 0 and 1 < heads // kv_heads <= 16
