@@ -41,6 +41,14 @@ PROFILE_CASES = ((28, 1), (28, 256), (5000, 2), (5000, 256))
 #: repetitions of the kernel clock; STRESS_REPS: graph replays per repetition on the stress set (kept for its counts).
 GRAPH_REPLAY_MS, GRAPH_REPS, HOST_BUDGET_MS, MAX_COPIES = 1.0, 10, 10.0, 16
 SPAN_REPS, STRESS_REPS = 20, 3
+#: The steps each section times at each of its points (:func:`grids`), in this order: steps 1 to 6 only at the
+#: lesson's points, before the others; ``kernels``: per-kernel device times at PROFILE_CASES.
+SECTION_STEPS = {"lesson": tuple(range(1, 7)), "main": tuple(range(7, 15)), "grain": (4,),
+                 "stress": tuple(range(5, 15)), "kernels": tuple(range(7, 15))}
+#: torch's calls each section checks and times (series of :data:`peers.TORCH_SERIES`); in ``main``, F.ctc_loss on
+#: its cuDNN path only at PROFILE_CASES; ``cudnn-set``: on the utterances of a stress input that its cuDNN path takes.
+SECTION_TORCH = {"main": tuple(peers.TORCH_SERIES), "cudnn-set": tuple(peers.TORCH_SERIES),
+                 "kernels": ("torch-cuDNN", "torch-native")}
 
 
 def random_targets(T: int, N: int, A: int, generator: torch.Generator, max_length: int = 255) -> list[np.ndarray]:
@@ -128,16 +136,6 @@ def copies(l2_bytes: int, nbytes: int) -> int:
     """Copies of the activations to rotate among: 4x L2 together, or 1 where that takes more than MAX_COPIES."""
     n = max(1, -(-4 * l2_bytes // max(nbytes, 1)))
     return n if n <= MAX_COPIES else 1
-
-
-#: The steps each section times at each of its points (:func:`grids`), in this order: steps 1 to 6 only at the
-#: lesson's points, before the others; ``kernels``: per-kernel device times at PROFILE_CASES.
-SECTION_STEPS = {"lesson": tuple(range(1, 7)), "main": tuple(range(7, 15)), "grain": (4,),
-                 "stress": tuple(range(5, 15)), "kernels": tuple(range(7, 15))}
-#: torch's calls each section checks and times (series of :data:`peers.TORCH_SERIES`); in ``main``, F.ctc_loss on
-#: its cuDNN path only at PROFILE_CASES; ``cudnn-set``: on the utterances of a stress input that its cuDNN path takes.
-SECTION_TORCH = {"main": tuple(peers.TORCH_SERIES), "cudnn-set": tuple(peers.TORCH_SERIES),
-                 "kernels": ("torch-cuDNN", "torch-native")}
 
 
 # How one row is measured
