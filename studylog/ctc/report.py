@@ -302,13 +302,6 @@ def reference_of(x: Tensor, lists):
     return reference_ctc(x, padded(lists).to(x.device), (x.shape[0],) * len(lists), tuple(len(l) for l in lists))
 
 
-def drawn_inputs(generator: torch.Generator, N: int, A: int, device) -> tuple[list, Tensor, dict]:
-    """A point's target lists and activations (drawn in this order), and its params."""
-    lists = random_targets(BENCH_T, N, A, generator)
-    x = torch.randn((BENCH_T, N, A), generator=generator).to(device)
-    return lists, x, {"T": BENCH_T, "N": N, "A": A}
-
-
 # The benchmark
 
 def bench(run) -> None:
@@ -320,8 +313,15 @@ def bench(run) -> None:
     device = torch.device("cuda")
     grid = grids(run.quick)
     generator = torch.Generator().manual_seed(BENCH_SEED)
-    final = CHAPTER.final
+    T, final = BENCH_T, CHAPTER.final
     torch.backends.cudnn.enabled = True
+
+    def drawn_inputs(generator: torch.Generator, N: int, A: int) -> tuple[list, Tensor, dict]:
+        """A point's target lists, then its activations (the generator draws them in this order), and its params."""
+        lists = random_targets(T, N, A, generator)
+        x = torch.randn((T, N, A), generator=generator).to(device)
+        return lists, x, {"T": T, "N": N, "A": A}
+
     capture = peers.capturable()
     for series, (ok, why) in capture.items():
         run.note(f"CUDA-graph capture of {series} ({peers.TORCH_SERIES[series]}): "
@@ -336,8 +336,8 @@ def bench(run) -> None:
     # Every GPU-clock timing first, then the profiler's pass over the same inputs: once torch's profiler has
     # attached, every later launch in the process runs slower, so nothing that a headline reads may follow it.
     for A, N in run.progress(grid["main"], "T = 150 grid"):
-        lists, x, params = drawn_inputs(generator, N, A, device)
-        floor = run.floor_ms(dram_bytes(BENCH_T, N, A))
+        lists, x, params = drawn_inputs(generator, N, A)
+        floor = run.floor_ms(dram_bytes(T, N, A))
         ref = reference_of(x, lists)
         rows = _torch_rows(run, x, lists, ref, params, capture, floor, users_path=(A, N) in PROFILE_CASES,
                            fallback=fallback)
@@ -348,11 +348,11 @@ def bench(run) -> None:
             run.record("torch-best", Timing.of(best["spread_ms"], "gpu"), params=params, role="baseline",
                        floor_ms=floor, host=Timing.of(best["host_spread_ms"], "host"), picked=best["series"],
                        note="the faster of torch's calls timed on the GPU clock in this run")
-        batch = prepared_batch(lists, BENCH_T, A, device)
+        batch = prepared_batch(lists, T, A, device)
         for number in (SECTION_STEPS["lesson"] if (A, N) in grid["lesson"] else ()) + SECTION_STEPS["main"]:
             _time_step(run, number, x, batch, ref, params, floor_ms=floor,
                        extra=recursion_shape(number, batch.max_positions) if number >= 7 else None)
-        _time_step(run, final_step(BENCH_T, N, A), x, batch, ref, params, floor_ms=floor, entry=True)
+        _time_step(run, final_step(T, N, A), x, batch, ref, params, floor_ms=floor, entry=True)
         _plan_host(run, final.number, x, lists, params)
         del x, ref, batch
         torch.cuda.empty_cache()
@@ -361,8 +361,8 @@ def bench(run) -> None:
     preload_blocked(number, sorted({grain for _, grain in grid["grain"]}))  # one NVRTC call for the sweep
     for A, grain in run.progress(grid["grain"], "grain sweep"):  # step 4, strided (warp-ctc's layout)
         # the same utterances at every grain
-        lists, x, params = drawn_inputs(torch.Generator().manual_seed(1000 + A), SWEEP_N, A, device)
-        batch = prepared_batch(lists, BENCH_T, A, device)
+        lists, x, params = drawn_inputs(torch.Generator().manual_seed(1000 + A), SWEEP_N, A)
+        batch = prepared_batch(lists, T, A, device)
         if block_threads(batch.max_positions, grain) > 1024:
             continue
         _time_step(run, number, x, batch, reference_of(x, lists), {**params, "grain": grain},
@@ -372,15 +372,15 @@ def bench(run) -> None:
 
     generator = torch.Generator().manual_seed(BENCH_SEED)  # the profiler's pass: the grid's inputs again
     for A, N in run.progress(grid["main"], "T = 150 grid, profiler"):
-        lists, x, params = drawn_inputs(generator, N, A, device)
+        lists, x, params = drawn_inputs(generator, N, A)
         if A not in checked:
             checked.add(A)
             _dispatch_checks(run, x, lists, params)
-        floor = run.floor_ms(dram_bytes(BENCH_T, N, A))
+        floor = run.floor_ms(dram_bytes(T, N, A))
         on_gpu = gpu_points[(A, N)]
         spans = list(_torch_rows(run, x, lists, reference_of(x, lists), params, capture, floor,
                                  users_path=(A, N) in PROFILE_CASES, clock="kernel", fallback=fallback).values())
-        batch = prepared_batch(lists, BENCH_T, A, device)
+        batch = prepared_batch(lists, T, A, device)
         if spans and (N in LESSON_N or not on_gpu):  # one clock with the torch calls a graph cannot capture
             timed(run, f"{final.series} span", lambda: _call(final.number, x, batch), params, host=False)
             if capture.get("torch-cuDNN", (False,))[0] and ("torch-cuDNN", A, N) not in fallback:
