@@ -117,6 +117,37 @@ def test_the_benchmark_grids_and_settings():
     assert report.copies(l2, 1000) == 1 and report.copies(l2, l2) == 4 and report.copies(l2, 10 * l2) == 1
 
 
+def test_the_declared_sections_are_what_the_committed_run_measured():
+    """Each section's steps and torch calls (``SECTION_STEPS``, ``SECTION_TORCH``) at each of its points
+    (:func:`report.grids`) are the series the H200's results file (the run of this benchmark) holds there, no others."""
+    full = report.grids()
+    results = plotting.load_results("ctc", "nvidia-h200")
+
+    def points(series, *keys):
+        return {tuple(r["params"][k] for k in keys) for r in results.select(series)}
+
+    steps = {s.number: s.series for s in ctc.CHAPTER.steps}
+    for number in report.SECTION_STEPS["lesson"]:
+        assert points(steps[number], "A", "N") == set(full["lesson"]), number
+    for number in report.SECTION_STEPS["main"]:
+        assert points(steps[number], "A", "N") == set(full["main"]), number
+    (number,) = report.SECTION_STEPS["grain"]
+    assert points(f"{steps[number]} strided", "A", "grain") <= set(full["grain"])
+    stressed = {s.removeprefix("stress ") for s in results.series() if s.startswith("stress ")}
+    assert stressed == {steps[k] for k in report.SECTION_STEPS["stress"]}
+    for number in report.SECTION_STEPS["stress"]:
+        assert points(f"stress {steps[number]}", "T", "N") == set(full["stress"]), number
+    for series in report.SECTION_TORCH["main"]:
+        where = set(report.PROFILE_CASES) if series == "torch-cuDNN F.ctc_loss" else set(full["main"])
+        assert points(series, "A", "N") == where, series
+    in_set = {s.removeprefix("cudnn-set ") for s in results.series() if s.startswith("cudnn-set ")}
+    assert in_set == set(report.SECTION_TORCH["cudnn-set"]) | {steps[6], ctc.CHAPTER.final.series}
+    profiled = {s.removesuffix(" kernels") for s in results.series() if s.endswith(" kernels")}
+    assert profiled == set(report.SECTION_TORCH["kernels"]) | {steps[k] for k in report.SECTION_STEPS["kernels"]}
+    for series in profiled:
+        assert points(f"{series} kernels", "A", "N") == set(report.PROFILE_CASES), series
+
+
 def _measure_cost_s(estimate_ms: float, n_copies: int = 1, *, host: bool = True, repeats: int = 3,
                     reps: int = report.GRAPH_REPS) -> float:
     """GPU seconds one GPU-clock measurement of a call of ``estimate_ms`` costs (the model of the estimate)."""

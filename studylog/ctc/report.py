@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -40,6 +41,14 @@ PROFILE_CASES = ((28, 1), (28, 256), (5000, 2), (5000, 256))
 #: repetitions of the kernel clock; STRESS_REPS: graph replays per repetition on the stress set (kept for its counts).
 GRAPH_REPLAY_MS, GRAPH_REPS, HOST_BUDGET_MS, MAX_COPIES = 1.0, 10, 10.0, 16
 SPAN_REPS, STRESS_REPS = 20, 3
+#: The steps each section times at each of its points (:func:`grids`), in this order: steps 1 to 6 only at the
+#: lesson's points, before the others; ``kernels``: per-kernel device times at PROFILE_CASES.
+SECTION_STEPS = {"lesson": tuple(range(1, 7)), "main": tuple(range(7, 15)), "grain": (4,),
+                 "stress": tuple(range(5, 15)), "kernels": tuple(range(7, 15))}
+#: torch's calls each section checks and times (series of :data:`peers.TORCH_SERIES`); in ``main``, F.ctc_loss on
+#: its cuDNN path only at PROFILE_CASES; ``cudnn-set``: on the utterances of a stress input that its cuDNN path takes.
+SECTION_TORCH = {"main": tuple(peers.TORCH_SERIES), "cudnn-set": tuple(peers.TORCH_SERIES),
+                 "kernels": ("torch-cuDNN", "torch-native")}
 
 
 def random_targets(T: int, N: int, A: int, generator: torch.Generator, max_length: int = 255) -> list[np.ndarray]:
@@ -142,6 +151,13 @@ def _call(number: int, x: Tensor, batch: CTCTargets, **how):
     return step_of(number).function(x, batch, **({"warn": False} if number == 6 else {}), **how)
 
 
+def torch_call(series: str, x: Tensor, lists, **how):
+    """torch's call ``series`` (:data:`peers.TORCH_SERIES`) on ``x``; ``how``: F.ctc_loss's options."""
+    if series == "torch-cuDNN":
+        return peers.cudnn_direct(x, lists)
+    return peers.functional(x, lists, "native" if series == "torch-native" else "cudnn", **how)
+
+
 def estimate_ms(fn) -> float:
     """A first, rough time of ``fn`` (events around three eager calls), to size the measurements."""
     fn()
@@ -156,7 +172,7 @@ def estimate_ms(fn) -> float:
 
 
 def timed(run, series: str, fn, params: dict, *, calls_on=None, x: Tensor | None = None, role: str = "kernel",
-           host: bool = True, reps: int = GRAPH_REPS, **extra) -> dict:
+          host: bool = True, reps: int = GRAPH_REPS, **extra) -> dict:
     """Record ``fn`` on the GPU clock, its calls ``calls_on(x_i)`` over :func:`copies` of activations like ``x``
     (without ``calls_on``: on the kernel clock), and its host time."""
     estimate = estimate_ms(fn)
@@ -178,18 +194,28 @@ def with_outputs(call):
     return on
 
 
+def errors_of(loss: Tensor, grad: Tensor, ref) -> dict:
+    """:func:`errors` against the float64 reference ``ref``, and the count of infinite losses."""
+    return {**errors(loss, grad, *ref), "infinite_losses": int((~torch.isfinite(loss)).sum())}
+
+
+def check_within(run, name: str, err: dict, params: dict, loss_tolerance: float, grad_tolerance: float) -> dict:
+    run.check(name, err["mismatched"] == 0 and err["loss_rel"] <= loss_tolerance and err["grad_rel"] <= grad_tolerance,
+              params=params, **err)
+    return err
+
+
 def check_step(run, step, loss, grad, ref, batch, params, estimate=None) -> dict:
-    err = errors(loss, grad, *ref)
-    err["infinite_losses"] = int((~torch.isfinite(loss)).sum())
-    if step.number == 6:  # probability space is measured, not held to the log-space tolerances
-        wrong = wrong_utterances(loss, grad, *ref)
-        flagged = untrusted_answers(loss, estimate, batch)
-        err["flagged"], err["wrong"] = int(flagged.sum()), int(wrong.sum())
-        run.check(f"{step.series} flags every answer it gets wrong", not bool((wrong & ~flagged).any()),
-                  params=params, **err)
-    else:
-        run.check(f"{step.series} matches the float64 reference", err["mismatched"] == 0 and
-                  err["loss_rel"] <= LOSS_TOLERANCE and err["grad_rel"] <= GRAD_TOLERANCE, params=params, **err)
+    err = errors_of(loss, grad, ref)
+    if step.number != 6:
+        return check_within(run, f"{step.series} matches the float64 reference", err, params, LOSS_TOLERANCE,
+                            GRAD_TOLERANCE)
+    # probability space is measured, not held to the log-space tolerances
+    wrong = wrong_utterances(loss, grad, *ref)
+    flagged = untrusted_answers(loss, estimate, batch)
+    err["flagged"], err["wrong"] = int(flagged.sum()), int(wrong.sum())
+    run.check(f"{step.series} flags every answer it gets wrong", not bool((wrong & ~flagged).any()), params=params,
+              **err)
     return err
 
 
@@ -208,39 +234,35 @@ def _time_step(run, number: int, x: Tensor, batch: CTCTargets, ref, params: dict
     del loss, grad
     label = {"step": step.series} if entry else {"title": step.title}
     return timed(run, "ctc_loss" if entry else series or step.series, lambda: call(x, batch), params, x=x,
-                  calls_on=with_outputs(lambda xi, **out: call(xi, batch, **out)), **label, **timing,
-                  **(extra or {}), **err)
+                 calls_on=with_outputs(lambda xi, **out: call(xi, batch, **out)), **label, **timing,
+                 **(extra or {}), **err)
 
 
 def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: float, *, users_path: bool,
                 fallback: set, clock: str = "gpu") -> dict[str, dict]:
     """torch's calls at one point, each checked and timed on the GPU clock where a graph captures it, else in the
     kernel clock's pass (``fallback``: the series whose capture failed here); ``users_path``: also F.ctc_loss's."""
-    factories = {"torch-cuDNN": lambda xi, **_: peers.cudnn_direct(xi, lists),
-                 "torch-cuDNN F.ctc_loss": lambda xi, **how: peers.functional(xi, lists, "cudnn", **how),
-                 "torch-native": lambda xi, **how: peers.functional(xi, lists, "native", **how)}
-    if not users_path:
-        del factories["torch-cuDNN F.ctc_loss"]
     rows = {}
-    for series, factory in factories.items():
+    for series in SECTION_TORCH["main"]:
+        if series == "torch-cuDNN F.ctc_loss" and not users_path:
+            continue
         ok, why = capture.get(series, (False, "not probed"))
         if (clock == "gpu") != (ok and (series, params["A"], params["N"]) not in fallback):
             continue  # timed in the other pass
         try:
-            loss, grad = factory(x, reduction="none")()
+            loss, grad = torch_call(series, x, lists, reduction="none")()
         except Exception as exc:  # a torch build without this path: say so, keep the run
             run.note(f"{series} failed at {params}: {type(exc).__name__}: {str(exc)[:200]}")
             continue
-        err = errors(loss, grad, *ref)
-        err["infinite_losses"] = int((~torch.isfinite(loss)).sum())
-        run.check(f"{series} agrees with the float64 reference (float32 torch: loss within {FAR_LOSS:g}, gradient "
-                  f"within {FAR_GRAD:g})", err["mismatched"] == 0 and err["loss_rel"] <= FAR_LOSS
-                  and err["grad_rel"] <= FAR_GRAD, params=params, **err)
+        err = check_within(run, f"{series} agrees with the float64 reference (float32 torch: loss within "
+                           f"{FAR_LOSS:g}, gradient within {FAR_GRAD:g})", errors_of(loss, grad, ref), params,
+                           FAR_LOSS, FAR_GRAD)
         del loss, grad
         extra = {"role": "baseline", "floor_ms": floor, "runs": peers.TORCH_SERIES[series], **err}
         if clock == "gpu":
             try:
-                rows[series] = timed(run, series, factory(x), params, x=x, calls_on=factory, **extra)
+                rows[series] = timed(run, series, torch_call(series, x, lists), params, x=x,
+                                     calls_on=lambda xi: torch_call(series, xi, lists), **extra)
             except Exception as exc:  # the probe said yes, this process says no: the kernel pass times it, and says so
                 run.note(f"{series} at {params}: captured in the probe, not here: {type(exc).__name__}: "
                          f"{str(exc)[:200]}")
@@ -248,7 +270,7 @@ def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: 
             continue
         if ok:
             why = "captured in the probe, not here"
-        rows[series] = timed(run, series, factory(x), params, not_capturable=why, **extra)
+        rows[series] = timed(run, series, torch_call(series, x, lists), params, not_capturable=why, **extra)
     return rows
 
 
@@ -261,12 +283,12 @@ def _dispatch_checks(run, x: Tensor, lists, params: dict) -> None:
                                   ("torch-native", padded(lists).to(x.device), False)):
         aten = bool(torch._use_cudnn_ctc_loss(log_probs, targets, (T,) * N, lengths, BLANK))
         model = peers.takes_cudnn_path(log_probs, targets, (T,) * N, lengths)
-        names = peers.kernel_names(peers.functional(x, lists, "cudnn" if want else "native"))
+        names = peers.kernel_names(torch_call(series, x, lists))
         native = any(peers.NATIVE_MARKER in n for n in names)
         run.check(f"{series} takes torch's {'cuDNN' if want else 'native'} path (ATen's rule, the model of it, "
                   "and the kernels it launches)", aten == want and model == want and native != want, params=params,
                   use_cudnn_ctc_loss=aten, model=model, kernels=names)
-    names = peers.kernel_names(peers.cudnn_direct(x, lists))
+    names = peers.kernel_names(torch_call("torch-cuDNN", x, lists))
     run.check("torch-cuDNN (torch._cudnn_ctc_loss) launches no native CTC kernel",
               bool(names) and not any(peers.NATIVE_MARKER in n for n in names), params=params, kernels=names)
 
@@ -293,11 +315,18 @@ def bench(run) -> None:
     generator = torch.Generator().manual_seed(BENCH_SEED)
     T, final = BENCH_T, CHAPTER.final
     torch.backends.cudnn.enabled = True
+
+    def drawn_inputs(generator: torch.Generator, N: int, A: int) -> tuple[list, Tensor, dict]:
+        """A point's target lists, then its activations (the generator draws them in this order), and its params."""
+        lists = random_targets(T, N, A, generator)
+        x = torch.randn((T, N, A), generator=generator).to(device)
+        return lists, x, {"T": T, "N": N, "A": A}
+
     capture = peers.capturable()
     for series, (ok, why) in capture.items():
         run.note(f"CUDA-graph capture of {series} ({peers.TORCH_SERIES[series]}): "
                  f"{'captured' if ok else 'not capturable'}; {why}")
-    for number in range(7, 15):  # the grains the grid's targets need (T = 150: at most 301 positions)
+    for number in SECTION_STEPS["main"]:  # the grains the grid's targets need (T = 150: at most 301 positions)
         preload_fused(number, (1, 2, 3) if number in (7, 8) else (DEFAULT_BLOCK_GRAIN,) if number == 14 else
                       (4, 6, 8, 10))
     profile_points: list = []
@@ -307,9 +336,7 @@ def bench(run) -> None:
     # Every GPU-clock timing first, then the profiler's pass over the same inputs: once torch's profiler has
     # attached, every later launch in the process runs slower, so nothing that a headline reads may follow it.
     for A, N in run.progress(grid["main"], "T = 150 grid"):
-        lists = random_targets(T, N, A, generator)
-        x = torch.randn((T, N, A), generator=generator).to(device)
-        params = {"T": T, "N": N, "A": A}
+        lists, x, params = drawn_inputs(generator, N, A)
         floor = run.floor_ms(dram_bytes(T, N, A))
         ref = reference_of(x, lists)
         rows = _torch_rows(run, x, lists, ref, params, capture, floor, users_path=(A, N) in PROFILE_CASES,
@@ -322,47 +349,43 @@ def bench(run) -> None:
                        floor_ms=floor, host=Timing.of(best["host_spread_ms"], "host"), picked=best["series"],
                        note="the faster of torch's calls timed on the GPU clock in this run")
         batch = prepared_batch(lists, T, A, device)
-        for s in CHAPTER.steps:
-            if s.number > 6 or (A, N) in grid["lesson"]:
-                _time_step(run, s.number, x, batch, ref, params, floor_ms=floor,
-                           extra=recursion_shape(s.number, batch.max_positions) if s.number >= 7 else None)
+        for number in (SECTION_STEPS["lesson"] if (A, N) in grid["lesson"] else ()) + SECTION_STEPS["main"]:
+            _time_step(run, number, x, batch, ref, params, floor_ms=floor,
+                       extra=recursion_shape(number, batch.max_positions) if number >= 7 else None)
         _time_step(run, final_step(T, N, A), x, batch, ref, params, floor_ms=floor, entry=True)
         _plan_host(run, final.number, x, lists, params)
         del x, ref, batch
         torch.cuda.empty_cache()
 
-    preload_blocked(4, sorted({grain for _, grain in grid["grain"]}))  # one NVRTC call for the sweep
+    (number,) = SECTION_STEPS["grain"]
+    preload_blocked(number, sorted({grain for _, grain in grid["grain"]}))  # one NVRTC call for the sweep
     for A, grain in run.progress(grid["grain"], "grain sweep"):  # step 4, strided (warp-ctc's layout)
-        gen = torch.Generator().manual_seed(1000 + A)  # the same utterances at every grain
-        lists = random_targets(T, SWEEP_N, A, gen)
-        x = torch.randn((T, SWEEP_N, A), generator=gen).to(device)
+        # the same utterances at every grain
+        lists, x, params = drawn_inputs(torch.Generator().manual_seed(1000 + A), SWEEP_N, A)
         batch = prepared_batch(lists, T, A, device)
         if block_threads(batch.max_positions, grain) > 1024:
             continue
-        _time_step(run, 4, x, batch, reference_of(x, lists), {"T": T, "N": SWEEP_N, "A": A, "grain": grain},
-                   series=f"{step_of(4).series} strided", host=False, grain=grain,
+        _time_step(run, number, x, batch, reference_of(x, lists), {**params, "grain": grain},
+                   series=f"{step_of(number).series} strided", host=False, grain=grain,
                    extra={"threads": block_threads(batch.max_positions, grain)})
         del x, batch
 
     generator = torch.Generator().manual_seed(BENCH_SEED)  # the profiler's pass: the grid's inputs again
     for A, N in run.progress(grid["main"], "T = 150 grid, profiler"):
-        lists = random_targets(T, N, A, generator)
-        x = torch.randn((T, N, A), generator=generator).to(device)
-        params = {"T": T, "N": N, "A": A}
+        lists, x, params = drawn_inputs(generator, N, A)
         if A not in checked:
             checked.add(A)
             _dispatch_checks(run, x, lists, params)
         floor = run.floor_ms(dram_bytes(T, N, A))
         on_gpu = gpu_points[(A, N)]
-        spans = [r for r in _torch_rows(run, x, lists, reference_of(x, lists), params, capture, floor,
-                                        users_path=(A, N) in PROFILE_CASES, clock="kernel",
-                                        fallback=fallback).values()]
+        spans = list(_torch_rows(run, x, lists, reference_of(x, lists), params, capture, floor,
+                                 users_path=(A, N) in PROFILE_CASES, clock="kernel", fallback=fallback).values())
         batch = prepared_batch(lists, T, A, device)
         if spans and (N in LESSON_N or not on_gpu):  # one clock with the torch calls a graph cannot capture
             timed(run, f"{final.series} span", lambda: _call(final.number, x, batch), params, host=False)
             if capture.get("torch-cuDNN", (False,))[0] and ("torch-cuDNN", A, N) not in fallback:
-                spans.append(timed(run, "torch-cuDNN span", peers.cudnn_direct(x, lists), params, role="baseline",
-                                    host=False))
+                spans.append(timed(run, "torch-cuDNN span", torch_call("torch-cuDNN", x, lists), params,
+                                   role="baseline", host=False))
             best = min(spans, key=lambda r: r["ms"])
             for series in ("torch-best span",) + (() if on_gpu else ("torch-best",)):
                 run.record(series, best["ms"], params=params, role="baseline", clock="kernel", picked=best["series"],
@@ -410,7 +433,7 @@ def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:
 
 
 def _stress_case(run, name: str, x: Tensor, lists) -> None:
-    """Steps 5 to 14 on one input of the stress set, then torch's calls and steps 6 and 14 on the utterances its
+    """The stress steps on one input of the stress set, then torch's calls and steps 6 and 14 on the utterances its
     cuDNN path takes, each counted against float64 (:func:`outcomes`)."""
     from studylog.ctc import CHAPTER
 
@@ -418,7 +441,7 @@ def _stress_case(run, name: str, x: Tensor, lists) -> None:
     lengths = tuple(len(l) for l in lists)
     batch, ref = prepared_batch(lists, T, A, x.device), reference_of(x, lists)
     params = {"T": T, "N": N, "A": A, "inputs": name.split()[0]}
-    for number in range(5, 15):
+    for number in SECTION_STEPS["stress"]:
         _time_step(run, number, x, batch, ref, params, series=f"stress {step_of(number).series}", host=False,
                    counted=True, reps=STRESS_REPS)
     keep = np.flatnonzero(peers.cudnn_eligible((T,) * N, lengths, T))
@@ -427,10 +450,8 @@ def _stress_case(run, name: str, x: Tensor, lists) -> None:
     xs, sub = x[:, torch.as_tensor(keep, device=x.device)].contiguous(), [lists[i] for i in keep]
     sub_ref, sub_batch = reference_of(xs, sub), prepared_batch(sub, T, A, x.device)
     params = {**params, "N": len(sub), "of": N}
-    calls = {"torch-cuDNN": peers.cudnn_direct(xs, sub),
-             "torch-cuDNN F.ctc_loss": peers.functional(xs, sub, "cudnn", reduction="none"),
-             "torch-native": peers.functional(xs, sub, "native", reduction="none"),
-             **{step_of(k).series: (lambda k=k: _call(k, xs, sub_batch)) for k in (6, CHAPTER.final.number)}}
+    calls = {series: torch_call(series, xs, sub, reduction="none") for series in SECTION_TORCH["cudnn-set"]}
+    calls.update({step_of(k).series: partial(_call, k, xs, sub_batch) for k in (6, CHAPTER.final.number)})
     for series, fn in calls.items():
         try:
             loss, grad = fn()
@@ -451,9 +472,9 @@ def _stress_case(run, name: str, x: Tensor, lists) -> None:
 
 
 def _profile_point(run, x: Tensor, batch: CTCTargets, lists, params: dict) -> None:
-    """Per-kernel device times (profiler, no L2 flush) of steps 7 to 14 and torch's calls at one point."""
-    calls = {"torch-cuDNN": peers.cudnn_direct(x, lists), "torch-native": peers.functional(x, lists, "native")}
-    calls.update({step_of(k).series: (lambda k=k: _call(k, x, batch)) for k in range(7, 15)})
+    """Per-kernel device times (profiler, no L2 flush) of the fused steps and torch's calls at one point."""
+    calls = {series: torch_call(series, x, lists) for series in SECTION_TORCH["kernels"]}
+    calls.update({step_of(k).series: partial(_call, k, x, batch) for k in SECTION_STEPS["kernels"]})
     for series, fn in calls.items():
         try:
             kernels = kernel_times_us(fn)
