@@ -702,6 +702,51 @@ def probe_table(results, step: int, shapes=(MAIN, BIG)) -> tuple[str, str]:
     return "\n".join(lines), probe_clock(results, step, shapes)
 
 
+#: Nsight Compute's details page (CSV) of ``lab/ternary/w2a8_ncu.py``: the final kernels and cuBLAS at 4096 x 14336.
+NCU_TARGETS = "w2a8_ncu_targets.csv"
+#: Kernel name (its start) -> (what it is, rows of x) in that file, in the order the script launches them.
+NCU_KERNELS = (("void w2a8_kernel<", "step 23", 1), ("nvjet_", "cuBLAS bf16", 1), ("void quantize_x<", None, 16),
+               ("void w2a8_tiles_kernel<", "step 25", 16), ("step14_workspace_kernel", "step 14", 16),
+               ("nvjet_", "cuBLAS bf16", 16))
+
+
+def ncu_targets() -> list[dict]:
+    """Each profiled kernel of :data:`NCU_TARGETS` (cuBLAS's split-K reduce and step 25's ``quantize_x`` left out):
+    what it is, rows of x, and its counters as numbers (duration in µs, DRAM throughput as % of peak, cycles with no
+    eligible warp in %, active and eligible warps a scheduler, waves a SM)."""
+    import csv
+
+    text = plotting.load_lab("ternary", NCU_TARGETS, H200)
+    rows = list(csv.DictReader(line for line in text.splitlines() if line.startswith('"')))
+    by_id: dict[str, dict] = {}
+    for r in rows:
+        by_id.setdefault(r["ID"], {"kernel": r["Kernel Name"]})[r["Metric Name"]] = r["Metric Value"]
+    wanted = iter(NCU_KERNELS)
+    out = []
+    for _, k in sorted(by_id.items(), key=lambda kv: int(kv[0])):
+        if k["kernel"].startswith("void cublasLt::splitKreduce"):
+            continue
+        start, what, m = next(wanted)
+        if not k["kernel"].startswith(start):
+            raise ValueError(f"{NCU_TARGETS}: expected a kernel named {start}..., found {k['kernel'][:60]}")
+        if what is None:
+            continue
+        number = lambda name: float(k[name].replace(",", ""))  # noqa: E731
+        out.append({"what": what, "m": m, "us": number("Duration") / 1e3, "dram": number("DRAM Throughput"),
+                    "idle": number("No Eligible"), "active": number("Active Warps Per Scheduler"),
+                    "eligible": number("Eligible Warps Per Scheduler"), "waves": number("Waves Per SM")})
+    return out
+
+
+def ncu_targets_table(rows: list[dict]) -> str:
+    """Markdown: :func:`ncu_targets`' rows."""
+    lines = ["| kernel | rows of x | duration, one cold call (µs) | DRAM throughput (% of peak) | cycles no warp can "
+             "issue | warps a scheduler: active / eligible | waves |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['what']} | {r['m']} | {r['us']:.1f} | {r['dram']:.0f}% | {r['idle']:.0f}% | "
+              f"{r['active']:.2f} / {r['eligible']:.2f} | {r['waves']:.2f} |" for r in rows]
+    return "\n".join(lines)
+
+
 def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of_x=(1, 16)) -> str:
     """Markdown: Nsight Compute's counters of step 25 at 4096 x 14336 (lab/ternary/results/nvidia-h200)."""
     labels = ("Duration", "Elapsed Cycles", "SM Active Cycles", "DRAM Throughput", "Eligible Warps Per Scheduler",
@@ -728,7 +773,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "PART1_ROWS", "PART2_ROWS", "PART2_TRIED", "part2_role", "part2_roles_legend", "amdahl_peer", "verdict", "place_times", "gemlite_table", "shape_words", "and_list", "part2_tried", "step25_wins", "further_run", "run_source", "lab_file",
            "bench_file", "provenance", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
-           "probe_table", "ncu_table"]
+           "probe_table", "ncu_table", "NCU_TARGETS", "ncu_targets", "ncu_targets_table"]
 
 
 # ----------------------------------------------------------------------------------------------
