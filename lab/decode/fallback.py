@@ -253,7 +253,6 @@ class MatcherAutomaton:
         self._check(state)
 
 
-
 #: Who builds the automaton steps 2 and 3 read: chapter 1's (outlines-core), xgrammar's matcher, or the first
 #: where outlines-core refuses.
 ENGINES = ("outlines-core", "xgrammar", "auto")
