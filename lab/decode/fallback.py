@@ -282,17 +282,12 @@ def from_regex(regex: str, vocab: pieces.TokenVocabulary | None = None, name: st
             if engine == "outlines-core" or "automaton of chapter 1 cannot be built" not in str(exc):
                 raise
             seconds["automaton_refused"], refused = time.perf_counter() - t0, f"outlines-core: {exc.__cause__}"
-    if not isinstance(regex, str) or not regex:
-        raise ValueError(f"regex must be a non-empty str, got {regex!r}")
+    # xgrammar alone: its own errors, unwrapped (Grammar.from_regex names the grammar in them)
     vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
-    name = name or regex[:40]
-    regex = ascii_regex(regex)
-    t0 = time.perf_counter()
-    try:
-        compiled = xgrammar_compiler(vocab).compile_regex(regex)
-    except Exception as exc:  # xgrammar raises its own error types
-        raise ValueError(f"grammar {name!r}: xgrammar cannot compile its regex: {exc}") from exc
-    return on_xgrammar(name, regex, vocab, compiled, {"xgrammar": time.perf_counter() - t0, **seconds}, refused)
+    ascii_form, t0 = ascii_regex(regex), time.perf_counter()
+    compiled = xgrammar_compiler(vocab).compile_regex(ascii_form)
+    seconds = {"xgrammar": time.perf_counter() - t0, **seconds}
+    return on_xgrammar(name or regex[:40], ascii_form, vocab, compiled, seconds, refused)
 
 
 def schema_grammar(schema: Any, vocab: pieces.TokenVocabulary, whitespace: str):
