@@ -1,5 +1,5 @@
 """Chapter 7 on xgrammar alone: where outlines-core cannot build chapter 1's automaton, steps 2 and 3 read allowed
-sets and forced tokens from xgrammar's matcher (``studylog.decode.fallback``). On grammars both engines compile,
+sets and forced tokens from xgrammar's matcher (``lab/decode/fallback.py``). On grammars both engines compile,
 the matcher's automaton is checked against chapter 1's state by state (allowed ids, EOS, forced chains, refused
 tokens) and the steps on it write chapter 1's tokens; a real schema outlines refuses decodes with the three steps
 writing the same tokens; bad engines and schemas are refused with errors that name them."""
@@ -14,9 +14,12 @@ import torch
 
 from studylog.decode import (Decoder, Grammar, LlamaModel, model_config, pieces, schema_regex, step01_baseline,
                              step02_jump_forward, step03_masked_head, suite_sample)
-from studylog.decode.fallback import MatcherAutomaton
 from studylog.fsm import make_vocabulary
 from book.fsm.exercises import longest_match_encoder
+import lab_scripts
+
+fallback = lab_scripts.load("decode", "fallback")
+MatcherAutomaton = fallback.MatcherAutomaton
 
 STEPS = (step01_baseline, step02_jump_forward, step03_masked_head)
 PROMPT = "Give the answer in the required format."
@@ -63,9 +66,9 @@ def decoders(tiny):
 def _grammar(kind: str, vocab, engine: str) -> Grammar:
     """A suite entry (``name/whitespace``) or a regex (``re:...``), built by ``engine``."""
     if kind.startswith("re:"):
-        return Grammar.from_regex(kind[3:], vocab, engine=engine)
+        return fallback.from_regex(kind[3:], vocab, engine=engine)
     name, ws = kind.split("/")
-    return Grammar.from_suite(name, vocab, whitespace=ws, engine=engine)
+    return fallback.from_suite(name, vocab, whitespace=ws, engine=engine)
 
 
 def _walks(kind: str, vocab, seed: int) -> list[list[int] | None]:
@@ -153,7 +156,7 @@ def test_the_steps_write_chapter_1s_tokens_on_the_fallback(vocab, decoders, name
     """Greedy, batch 1 and 3, steered (realistic samples) and free: steps 1-3 on the fallback grammar write the
     same tokens as each other and as on chapter 1's grammar, with the same jumps and forwards."""
     ws = "compact"
-    fb = Grammar.from_suite(name, vocab, whitespace=ws, engine="xgrammar")
+    fb = fallback.from_suite(name, vocab, whitespace=ws, engine="xgrammar")
     ref = Grammar.from_suite(name, vocab, whitespace=ws)
     assert fb.engine == "xgrammar" and isinstance(fb.automaton, MatcherAutomaton) and ref.engine == "outlines-core"
     samples = [suite_sample(name, seed=s, whitespace=ws) for s in (0, 4, 9)]
@@ -185,9 +188,11 @@ def test_a_schema_outlines_refuses_decodes_on_xgrammar(vocab, decoders):
 
     with pytest.raises(ValueError, match="Unsupported JSON Schema"):
         schema_regex(JSON_PATCH, "compact")
-    with pytest.raises(ValueError, match="JSONPatch.*engine='auto'"):
+    with pytest.raises(ValueError, match="JSONPatch.*Unsupported JSON Schema"):
         Grammar.from_schema(JSON_PATCH, vocab, whitespace="compact")
-    grammar = Grammar.from_schema(JSON_PATCH, vocab, whitespace="compact", engine="auto")
+    with pytest.raises(ValueError, match="JSONPatch.*engine='auto'"):
+        fallback.from_schema(JSON_PATCH, vocab, whitespace="compact", engine="outlines-core")
+    grammar = fallback.from_schema(JSON_PATCH, vocab, whitespace="compact", engine="auto")
     assert grammar.engine == "xgrammar" and grammar.regex == "" and "Unsupported" in grammar.fallback_reason
     assert set(grammar.compile_seconds) == {"xgrammar"}
     with pytest.raises(ValueError, match="no automaton of chapter 1"):
@@ -209,7 +214,7 @@ def test_a_schema_outlines_refuses_decodes_on_xgrammar(vocab, decoders):
     ("default", '[{"path": "/a", "op": "remove"}]', '[{"path":  "/a", "op": "remove"}]')])
 def test_the_schemas_whitespace_is_chapter_1s_where_xgrammar_can_say_it(vocab, ws, good, bad):
     """compact: no whitespace; default: one optional whitespace character where outlines allows a space."""
-    auto = Grammar.from_schema(JSON_PATCH, vocab, whitespace=ws, engine="xgrammar").automaton
+    auto = fallback.from_schema(JSON_PATCH, vocab, whitespace=ws, engine="xgrammar").automaton
     assert vocab.eos_id in auto.allowed_ids(auto.walk(vocab.encode(good), auto.initial)[-1])
     compact = good.replace(" ", "")
     assert vocab.eos_id in auto.allowed_ids(auto.walk(vocab.encode(compact), auto.initial)[-1])
@@ -220,13 +225,13 @@ def test_the_schemas_whitespace_is_chapter_1s_where_xgrammar_can_say_it(vocab, w
 # --- engines ---------------------------------------------------------------------------------------------------
 
 def test_auto_keeps_chapter_1s_automaton_where_outlines_core_builds_it(vocab):
-    auto = Grammar.from_regex(r"[0-9]{3}-[0-9]{4}", vocab, engine="auto")
+    auto = fallback.from_regex(r"[0-9]{3}-[0-9]{4}", vocab, engine="auto")
     assert auto.engine == "outlines-core" and auto.fallback_reason == "" and "agreement" in auto.compile_seconds
-    fb = Grammar.from_regex(r"[0-9]{3}-[0-9]{4}", vocab, engine="xgrammar")
+    fb = fallback.from_regex(r"[0-9]{3}-[0-9]{4}", vocab, engine="xgrammar")
     assert fb.engine == "xgrammar" and set(fb.compile_seconds) == {"xgrammar"}
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 12}},
               "required": ["n"]}
-    assert Grammar.from_schema(schema, vocab, engine="xgrammar").regex == schema_regex(schema)  # outlines' regex
+    assert fallback.from_schema(schema, vocab, engine="xgrammar").regex == schema_regex(schema)  # outlines' regex
 
 
 def test_auto_falls_back_where_outlines_core_refuses_a_regex():
@@ -236,7 +241,7 @@ def test_auto_falls_back_where_outlines_core_refuses_a_regex():
     toy = make_vocabulary(table, eos_id=256, name="no-z", encoder=longest_match_encoder(table))
     with pytest.raises(ValueError, match="automaton of chapter 1 cannot be built"):
         Grammar.from_regex("az+", toy)
-    grammar = Grammar.from_regex("az+", toy, engine="auto")
+    grammar = fallback.from_regex("az+", toy, engine="auto")
     assert grammar.engine == "xgrammar" and "cannot write" in grammar.fallback_reason
     assert set(grammar.compile_seconds) == {"xgrammar", "automaton_refused"}
     auto = grammar.automaton
@@ -247,16 +252,16 @@ def test_auto_falls_back_where_outlines_core_refuses_a_regex():
 def test_bad_engines_and_schemas_are_refused(vocab):
     for bad in ("xgr", "", None, "Outlines-Core"):
         with pytest.raises(ValueError, match="engine must be one of"):
-            Grammar.from_regex("a+", vocab, engine=bad)
+            fallback.from_regex("a+", vocab, engine=bad)
         with pytest.raises(ValueError, match="engine must be one of"):
-            Grammar.from_schema({"type": "string"}, vocab, engine=bad)
+            fallback.from_schema({"type": "string"}, vocab, engine=bad)
     with pytest.raises(ValueError, match="engine must be one of"):
-        Grammar.from_suite("ipv4", vocab, engine="fast")
+        fallback.from_suite("ipv4", vocab, engine="fast")
     with pytest.raises(ValueError, match=r"schema 'schema' compiles with neither engine: outlines: .*not valid JSON.*"
                                          r"xgrammar cannot compile"):
-        Grammar.from_schema("{not json", vocab, engine="auto")
+        fallback.from_schema("{not json", vocab, engine="auto")
     missing = {"title": "dangling", "type": "object", "properties": {"a": {"$ref": "#/definitions/nowhere"}}}
     with pytest.raises(ValueError, match="schema 'dangling' compiles with neither engine.*outlines.*xgrammar"):
-        Grammar.from_schema(missing, vocab, engine="xgrammar")
+        fallback.from_schema(missing, vocab, engine="xgrammar")
     with pytest.raises(ValueError, match="whitespace must be one of"):
-        Grammar.from_schema(JSON_PATCH, vocab, whitespace="pretty", engine="auto")
+        fallback.from_schema(JSON_PATCH, vocab, whitespace="pretty", engine="auto")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import lab_scripts
 from book.speculate import lesson
 from studylog.decode import Decoder, Grammar, LlamaModel, model_config
 from studylog.decode import kernels
@@ -424,7 +425,8 @@ def test_the_walk_is_the_same_on_a_grammar_that_falls_back_to_xgrammar(spec):
     """A schema outlines-core cannot compile runs on xgrammar's matcher (``MatcherAutomaton``): the walk cuts and
     extends drafts there exactly as on chapter 1's automaton of the same grammar."""
     ours = Grammar.from_suite("user_profile", spec.vocab, whitespace="compact")
-    theirs = Grammar.from_suite("user_profile", spec.vocab, whitespace="compact", engine="xgrammar")
+    fallback = lab_scripts.load("decode", "fallback")
+    theirs = fallback.from_suite("user_profile", spec.vocab, whitespace="compact", engine="xgrammar")
     from studylog.decode.grammar import suite_sample
 
     ids = spec.vocab.encode(suite_sample("user_profile", seed=3, whitespace="compact"))

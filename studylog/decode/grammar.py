@@ -1,18 +1,15 @@
 """The constraint of a request, compiled twice: by xgrammar (the practitioners' baseline) and by chapter 1, from the
-**same regex** (:func:`ascii_regex`), so both allow the same tokens in every state (:meth:`Grammar.check_agreement`).
-Where chapter 1's automaton cannot be built, ``engine="auto"`` reads the sets from xgrammar's matcher
-(:class:`~studylog.decode.fallback.MatcherAutomaton`)."""
+**same regex** (:func:`ascii_regex`), so both allow the same tokens in every state (:meth:`Grammar.check_agreement`)."""
 
 from __future__ import annotations
 
 import codecs
 import functools
-import json
 import random
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -22,12 +19,6 @@ from studylog.decode import pieces
 from studylog.fsm import regex_from_schema
 from studylog.fsm.schemas import WHITESPACE, entry as suite_entry, suite
 
-if TYPE_CHECKING:  # fallback imports this module
-    from studylog.decode.fallback import MatcherAutomaton
-
-#: Who builds the automaton steps 2 and 3 read: chapter 1's (outlines-core), xgrammar's matcher, or the first
-#: where outlines-core refuses.
-ENGINES = ("outlines-core", "xgrammar", "auto")
 #: States whose allowed sets a grammar keeps where its automaton discovers states as decoding goes (xgrammar's):
 #: there every token makes a new state, and a set can hold the whole vocabulary.
 _LAZY_KEPT = 256
@@ -61,7 +52,7 @@ def ascii_regex(regex: str) -> str:
 
 
 @functools.lru_cache(maxsize=2)
-def _xgrammar_compiler(vocab: pieces.TokenVocabulary):
+def xgrammar_compiler(vocab: pieces.TokenVocabulary):
     """xgrammar's grammar compiler for a vocabulary; ids without text are empty strings, which it never allows."""
     import xgrammar as xgr
 
@@ -77,22 +68,6 @@ def schema_regex(schema: Any, whitespace: str = "default") -> str:
         return regex_from_schema(schema, whitespace_pattern=WHITESPACE[whitespace], integer_bounds=True)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"the schema does not compile to a grammar: {exc}") from exc
-
-
-#: xgrammar's JSON-schema options nearest chapter 1's whitespace patterns: ``"compact"`` is the same language;
-#: for outlines' ``[ ]?`` the nearest is at most one character of ``[ \n\r\t]`` at the same places.
-JSON_WHITESPACE: dict[str, dict[str, Any]] = {"default": {"any_whitespace": True, "max_whitespace_cnt": 1},
-                                              "compact": {"any_whitespace": False, "separators": (",", ":")}}
-
-
-def _schema_grammar(schema: Any, vocab: pieces.TokenVocabulary, whitespace: str):
-    """xgrammar's ``CompiledGrammar`` of a JSON schema, with :data:`JSON_WHITESPACE`."""
-    if isinstance(schema, dict):
-        schema = json.dumps(schema)
-    try:
-        return _xgrammar_compiler(vocab).compile_json_schema(schema, **JSON_WHITESPACE[whitespace])
-    except Exception as exc:  # xgrammar raises its own error types
-        raise ValueError(f"xgrammar cannot compile the schema: {str(exc).strip().splitlines()[-1]}") from exc
 
 
 #: The second byte a lead byte allows where it is not 0x80-0xBF (Unicode's table of well-formed UTF-8).
@@ -150,18 +125,19 @@ def continues_utf8(text: bytes | bytearray, new: int) -> bool:
 @dataclass
 class Grammar:
     """One constraint, compiled for the decode loop: xgrammar's compiled grammar (a :meth:`matcher` per sequence) and
-    an ``automaton``: chapter 1's, or read from xgrammar's matcher (``regex`` ``""``: a schema it compiled)."""
+    chapter 1's ``automaton`` (``lab/decode/fallback.py`` builds one with an automaton read from xgrammar's matcher
+    instead: ``engine`` ``"xgrammar"``)."""
 
     name: str
     regex: str
     vocab: pieces.TokenVocabulary
     xgrammar: Any
-    automaton: pieces.Automaton | MatcherAutomaton
+    automaton: pieces.Automaton
     compile_seconds: dict[str, float]
     #: States where xgrammar also allows tokens that leave the text invalid UTF-8 or that its own grammar cannot
     #: continue from (set by check_agreement).
     utf8_only_states: int = 0
-    #: Who built ``automaton``, and why outlines-core did not where ``"auto"`` fell back to xgrammar.
+    #: Who built ``automaton``, and why not outlines-core where it is not chapter 1's.
     engine: str = "outlines-core"
     fallback_reason: str = ""
     _allowed: dict[int, Any] = field(default_factory=dict, repr=False)
@@ -169,10 +145,9 @@ class Grammar:
 
     @classmethod
     def from_regex(cls, regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "",
-                   check: bool = True, engine: str = "outlines-core") -> "Grammar":
-        """Compile ``regex`` with xgrammar, and the automaton of steps 2 and 3 with ``engine``; ``check`` refuses a
-        grammar where the two engines allow different tokens."""
-        check_choice("engine", engine, ENGINES)
+                   check: bool = True) -> "Grammar":
+        """Compile ``regex`` with xgrammar, and chapter 1's automaton of it for steps 2 and 3; ``check`` refuses a
+        grammar where the two allow different tokens."""
         if not isinstance(regex, str) or not regex:
             raise ValueError(f"regex must be a non-empty str, got {regex!r}")
         vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
@@ -180,19 +155,13 @@ class Grammar:
         regex = ascii_regex(regex)
         t0 = time.perf_counter()
         try:
-            compiled = _xgrammar_compiler(vocab).compile_regex(regex)
+            compiled = xgrammar_compiler(vocab).compile_regex(regex)
         except Exception as exc:  # xgrammar raises its own error types
             raise ValueError(f"grammar {name!r}: xgrammar cannot compile its regex: {exc}") from exc
         seconds = {"xgrammar": time.perf_counter() - t0}
-        if engine == "xgrammar":
-            return cls._on_xgrammar(name, regex, vocab, compiled, seconds, "")
-        t0 = time.perf_counter()
         try:
             automaton = pieces.Automaton(regex, vocab, name)
         except ValueError as exc:
-            if engine == "auto":
-                seconds["automaton_refused"] = time.perf_counter() - t0
-                return cls._on_xgrammar(name, regex, vocab, compiled, seconds, f"outlines-core: {exc}")
             raise ValueError(f"grammar {name!r}: the automaton of chapter 1 cannot be built: {exc}") from exc
         seconds.update(automaton_index=automaton.build_seconds, automaton_jumps=automaton.precompute_seconds)
         grammar = cls(name, regex, vocab, compiled, automaton, seconds)
@@ -204,41 +173,21 @@ class Grammar:
 
     @classmethod
     def from_schema(cls, schema: Any, vocab: pieces.TokenVocabulary | None = None, name: str = "",
-                    whitespace: str = "default", check: bool = True, engine: str = "outlines-core") -> "Grammar":
-        """A JSON schema through outlines' regex of it; where outlines writes none, ``engine`` ``"auto"`` or
-        ``"xgrammar"`` compiles the schema with xgrammar directly."""
-        check_choice("engine", engine, ENGINES)
+                    whitespace: str = "default", check: bool = True) -> "Grammar":
+        """A JSON schema through outlines' regex of it."""
         check_choice("whitespace", whitespace, sorted(WHITESPACE))
         label = name or (schema.get("title") if isinstance(schema, dict) else None) or "schema"
         try:
             regex = schema_regex(schema, whitespace)
         except ValueError as exc:
-            if engine == "outlines-core":
-                raise ValueError(f"schema {label!r}: {exc} (engine='auto' tries xgrammar)") from exc
-            vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
-            t0 = time.perf_counter()
-            try:
-                compiled = _schema_grammar(schema, vocab, whitespace)
-            except ValueError as xexc:
-                raise ValueError(f"schema {label!r} compiles with neither engine: outlines: {exc}; {xexc}") from xexc
-            return cls._on_xgrammar(name or "schema", "", vocab, compiled, {"xgrammar": time.perf_counter() - t0},
-                                    f"outlines: {exc}")
-        return cls.from_regex(regex, vocab, name or "schema", check, engine)
-
-    @classmethod
-    def _on_xgrammar(cls, name: str, regex: str, vocab: pieces.TokenVocabulary, compiled: Any,
-                     seconds: dict[str, float], reason: str) -> "Grammar":
-        from studylog.decode.fallback import MatcherAutomaton
-
-        return cls(name, regex, vocab, compiled, MatcherAutomaton(compiled, vocab, name), seconds,
-                   engine="xgrammar", fallback_reason=reason)
+            raise ValueError(f"schema {label!r}: {exc}") from exc
+        return cls.from_regex(regex, vocab, name or "schema", check)
 
     @classmethod
     def from_suite(cls, name: str, vocab: pieces.TokenVocabulary | None = None,
-                   whitespace: str = "default", engine: str = "outlines-core") -> "Grammar":
-        """A grammar of chapter 1's suite, by name (compiled once per process and engine)."""
-        return _suite_grammar(name, vocab if vocab is not None else pieces.load_vocabulary("cl100k_base"), whitespace,
-                              engine)
+                   whitespace: str = "default") -> "Grammar":
+        """A grammar of chapter 1's suite, by name (compiled once per process)."""
+        return _suite_grammar(name, vocab if vocab is not None else pieces.load_vocabulary("cl100k_base"), whitespace)
 
     def matcher(self):
         """A fresh xgrammar matcher (one per sequence), able to roll back."""
@@ -370,12 +319,16 @@ class Grammar:
             del kept[next(iter(kept))]
 
 
-@functools.lru_cache(maxsize=32)
-def _suite_grammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str, engine: str) -> Grammar:
+def suite_regex(name: str, whitespace: str = "default") -> str:
+    """A suite entry's regex; a JSON entry's with its integers' bounds (schema_regex), so that every finished output
+    is valid."""
     entry = suite_entry(name)
-    # a JSON entry's regex with its integers' bounds (schema_regex), so that every finished output is valid
-    regex = schema_regex(entry.schema, whitespace) if entry.kind == "json" else entry.regex(whitespace)
-    return Grammar.from_regex(regex, vocab, name, engine=engine)
+    return schema_regex(entry.schema, whitespace) if entry.kind == "json" else entry.regex(whitespace)
+
+
+@functools.lru_cache(maxsize=32)
+def _suite_grammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str) -> Grammar:
+    return Grammar.from_regex(suite_regex(name, whitespace), vocab, name)
 
 
 def suite_names(kind: str | None = None) -> list[str]:

@@ -1,19 +1,29 @@
 """Chapter 1's automaton where outlines-core cannot build it (it refuses or runs for minutes on many real JSON
 schemas): the same interface, read from xgrammar's matcher, states discovered as decoding reaches them. A state is
 a token path from the start (0: the empty path): xgrammar does not say where its grammar is, so two paths to the
-same place are two states."""
+same place are two states.
+
+Beside the library, not part of it: the chapter's grammars are all chapter 1's (``studylog.decode.Grammar``).
+:func:`from_regex`, :func:`from_schema` and :func:`from_suite` build a ``Grammar`` on this automaton
+(``engine="xgrammar"``), or on chapter 1's where outlines-core builds it (``engine="auto"``); the decode loop runs
+either alike. Public API only; the tests load this file (``tests/lab_scripts.load("decode", "fallback")``)."""
 
 from __future__ import annotations
 
 import functools
+import json
+import time
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
+from studylog.checks import check_choice
 from studylog.decode import pieces
+from studylog.decode.grammar import (Grammar, ascii_regex, byte_tokens, continues_utf8, packed_bits, schema_regex,
+                                     suite_regex, xgrammar_compiler)
 from studylog.fsm import ConstrainedFSM, Jump
-from studylog.decode.grammar import byte_tokens, continues_utf8, packed_bits
+from studylog.fsm.schemas import WHITESPACE
 
 #: Matchers kept, each at a state (past it, a sequence's matcher is walked again from the start).
 MATCHERS = 64
@@ -242,3 +252,87 @@ class MatcherAutomaton:
         """None: forced-byte jumps need the character-level automaton enumerated."""
         self._check(state)
 
+
+#: Who builds the automaton steps 2 and 3 read: chapter 1's (outlines-core), xgrammar's matcher, or the first
+#: where outlines-core refuses.
+ENGINES = ("outlines-core", "xgrammar", "auto")
+#: xgrammar's JSON-schema options nearest chapter 1's whitespace patterns: ``"compact"`` is the same language;
+#: for outlines' ``[ ]?`` the nearest is at most one character of ``[ \n\r\t]`` at the same places.
+JSON_WHITESPACE: dict[str, dict[str, Any]] = {"default": {"any_whitespace": True, "max_whitespace_cnt": 1},
+                                              "compact": {"any_whitespace": False, "separators": (",", ":")}}
+
+
+def on_xgrammar(name: str, regex: str, vocab: pieces.TokenVocabulary, compiled: Any, seconds: dict[str, float],
+                reason: str) -> Grammar:
+    """A ``Grammar`` of xgrammar's ``compiled`` whose automaton is its matcher's (``regex`` ``""``: a schema)."""
+    return Grammar(name, regex, vocab, compiled, MatcherAutomaton(compiled, vocab, name), seconds,
+                   engine="xgrammar", fallback_reason=reason)
+
+
+def from_regex(regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "", check: bool = True,
+               engine: str = "auto") -> Grammar:
+    """``Grammar.from_regex`` with the automaton of steps 2 and 3 built by ``engine``."""
+    check_choice("engine", engine, ENGINES)
+    seconds, refused = {}, ""
+    if engine != "xgrammar":
+        t0 = time.perf_counter()
+        try:
+            return Grammar.from_regex(regex, vocab, name, check)
+        except ValueError as exc:
+            if engine == "outlines-core" or "automaton of chapter 1 cannot be built" not in str(exc):
+                raise
+            seconds["automaton_refused"], refused = time.perf_counter() - t0, f"outlines-core: {exc.__cause__}"
+    # xgrammar alone: its own errors, unwrapped (Grammar.from_regex names the grammar in them)
+    vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
+    ascii_form, t0 = ascii_regex(regex), time.perf_counter()
+    compiled = xgrammar_compiler(vocab).compile_regex(ascii_form)
+    seconds = {"xgrammar": time.perf_counter() - t0, **seconds}
+    return on_xgrammar(name or regex[:40], ascii_form, vocab, compiled, seconds, refused)
+
+
+def schema_grammar(schema: Any, vocab: pieces.TokenVocabulary, whitespace: str):
+    """xgrammar's ``CompiledGrammar`` of a JSON schema, with :data:`JSON_WHITESPACE`."""
+    if isinstance(schema, dict):
+        schema = json.dumps(schema)
+    try:
+        return xgrammar_compiler(vocab).compile_json_schema(schema, **JSON_WHITESPACE[whitespace])
+    except Exception as exc:  # xgrammar raises its own error types
+        raise ValueError(f"xgrammar cannot compile the schema: {str(exc).strip().splitlines()[-1]}") from exc
+
+
+def from_schema(schema: Any, vocab: pieces.TokenVocabulary | None = None, name: str = "",
+                whitespace: str = "default", check: bool = True, engine: str = "auto") -> Grammar:
+    """A JSON schema through outlines' regex of it; where outlines writes none, ``engine`` ``"auto"`` or
+    ``"xgrammar"`` compiles the schema with xgrammar directly."""
+    check_choice("engine", engine, ENGINES)
+    check_choice("whitespace", whitespace, sorted(WHITESPACE))
+    label = name or (schema.get("title") if isinstance(schema, dict) else None) or "schema"
+    try:
+        regex = schema_regex(schema, whitespace)
+    except ValueError as exc:
+        if engine == "outlines-core":
+            raise ValueError(f"schema {label!r}: {exc} (engine='auto' tries xgrammar)") from exc
+        vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
+        t0 = time.perf_counter()
+        try:
+            compiled = schema_grammar(schema, vocab, whitespace)
+        except ValueError as xexc:
+            raise ValueError(f"schema {label!r} compiles with neither engine: outlines: {exc}; {xexc}") from xexc
+        return on_xgrammar(name or "schema", "", vocab, compiled, {"xgrammar": time.perf_counter() - t0},
+                           f"outlines: {exc}")
+    return from_regex(regex, vocab, name or "schema", check, engine)
+
+
+def from_suite(name: str, vocab: pieces.TokenVocabulary | None = None, whitespace: str = "default",
+               engine: str = "auto") -> Grammar:
+    """A grammar of chapter 1's suite, by name (compiled once per process and engine)."""
+    check_choice("engine", engine, ENGINES)
+    vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
+    if engine == "xgrammar":
+        return _suite_on_xgrammar(name, vocab, whitespace)
+    return Grammar.from_suite(name, vocab, whitespace)  # outlines-core builds every suite entry
+
+
+@functools.lru_cache(maxsize=32)
+def _suite_on_xgrammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str) -> Grammar:
+    return from_regex(suite_regex(name, whitespace), vocab, name, engine="xgrammar")
