@@ -762,13 +762,12 @@ def ctc_cases(card: Path) -> list[dict[str, Any]]:
     data = load(card, "ctc")
     if data is None:
         return []
-    entry = bool(rows(data, "ctc_loss"))
     out = []
     for rival in rows(data, "torch-best"):
         if rival["clock"] != "gpu":
             continue
         p = rival["params"]
-        series = entry_series(T=p["T"], N=p["N"], A=p["A"], entry_timed=entry)
+        series = entry_series(data, T=p["T"], N=p["N"], A=p["A"])
         ours = [r for r in rows(data, series, **p) if r["clock"] == "gpu"]
         if len(ours) == 1:
             out.append({"ratio": rival["ms"] / ours[0]["ms"], "case": f"alphabet {p['A']:,}, batch {p['N']}",

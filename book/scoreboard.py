@@ -478,7 +478,7 @@ def _ctc_case_chains(card_folder: str | None) -> dict | None:
 
 
 def _ctc(data):
-    """Two rows of the chapter's final entry point, ``ctc_loss`` (it picks step 12 or step 14 by a measured rule),
+    """Two rows of the chapter's final entry point, ``ctc_loss`` (it picks step 12, 13 or 14 by a measured rule),
     on every card whose file times it, else of the step it runs at each case: the headline shape (an alphabet of
     5,000, bound by its bytes), then the small alphabet at batch 1, where the recursion's chain of frames, not the
     bytes, sets the pace. Each case's latency floor is its own chain: a kernel that does only the recursion's T
@@ -489,7 +489,6 @@ def _ctc(data):
 
     # a run without the entry point is shown, at each case, at the step the entry point runs there, so that every
     # card times the same kernel
-    entry = bool(rows(data, "ctc_loss"))
     # each case's own chain (T frames over its longest target's states), timed for every case by a lab run: the
     # chapter's latency floor, one rule for every case (book.ctc.lesson.case_floor): the larger of it and the bytes
     case_chains = _ctc_case_chains(data.get("card_folder"))
@@ -497,7 +496,7 @@ def _ctc(data):
     for case, shape in ((CTC_CASE, "T = 150, A = 5,000, N = 8"), (CTC_SMALL_CASE, "T = 150, A = 28, N = 1")):
         chain = one(case_chains, CTC_CASE_CHAIN, **case) if case_chains else None
         chain = chain if chain is not None and chain["params"].get("frames") == case["T"] else None
-        used = entry_series(**case, entry_timed=entry)
+        used = entry_series(data, **case)
         ours = one(data, used, **case)
         if ours is None:
             continue

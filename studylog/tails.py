@@ -152,7 +152,7 @@ def _ctc(run, rep: int, *, T: int, N: int, A: int):
         return lambda: ctc_loss(xi, targets, out_loss=loss, out_grad=grad)
     n = copies(run.device.get("l2_cache_bytes") or 64 * 2**20, x.numel() * 4)
     return ([call(torch.randn_like(x)) for _ in range(n)],
-            {"step": f"step{final_step(*x.shape):02d}", "targets": "the chapter's",
+            {"step": f"step{final_step(*x.shape, targets.max_positions):02d}", "targets": "the chapter's",
              "target_lengths": [len(l) for l in lists]})
 
 

@@ -286,10 +286,10 @@ def test_the_host_bound_cases_are_the_rows_whose_host_time_exceeds_their_gpu_tim
         if bound is None:
             continue
         data = json.loads(plotting.load_results("ctc", gpu).path.read_text())
-        entry = any(r["series"] == "ctc_loss" for r in data["measurements"])
+        results = plotting.load_results("ctc", gpu)
         rows = [r for r in data["measurements"] if r["params"].get("T") == ctc.BENCH_T and r.get("host_ms") is not None
-                and r["series"] == entry_series(T=ctc.BENCH_T, N=r["params"]["N"], A=r["params"]["A"],
-                                                entry_timed=entry)]
+                and set(r["params"]) == {"T", "N", "A"}
+                and r["series"] == entry_series(results, T=ctc.BENCH_T, N=r["params"]["N"], A=r["params"]["A"])]
         assert bound["of"] == len(rows) == len(ctc.BENCH_A) * len(ctc.BENCH_N)
         assert {(A, N) for A, N, _, _ in bound["cases"]} == {(r["params"]["A"], r["params"]["N"]) for r in rows
                                                              if r["host_ms"] > r["ms"]}
@@ -370,17 +370,22 @@ def test_the_dispatch_rows_pick_by_the_rule_and_compare_with_the_fastest_step():
 
     results = plotting.load_results("ctc", "nvidia-h200")
     rows = lesson.dispatch_rows(results)
-    assert len(rows) == len(ctc.BENCH_A) * len(ctc.BENCH_N)
+    grid = [r for r in rows if r["inputs"] == "random" and r["T"] == ctc.BENCH_T]
+    assert len(grid) == len(ctc.BENCH_A) * len(ctc.BENCH_N)
     data = json.loads(results.path.read_text())
-    ms = {(m["series"], m["params"]["A"], m["params"]["N"]): m["ms"] for m in data["measurements"]
-          if m["series"].startswith("step") and m.get("clock") == "gpu" and set(m["params"]) == {"T", "N", "A"}
-          and m["params"]["T"] == ctc.BENCH_T}
+    ms = {(m["series"].removeprefix("stress "), m["params"]["T"], m["params"]["A"], m["params"]["N"],
+           m["params"].get("inputs", "random")): m for m in data["measurements"]
+          if m.get("clock") == "gpu" and set(m["params"]) - {"inputs"} == {"T", "N", "A"}
+          and (m["series"].removeprefix("stress ").startswith("step") and " " not in m["series"].removeprefix("stress ")
+               or m["series"].removeprefix("stress ") == "ctc_loss")}
     for r in rows:
-        A, N = r["A"], r["N"]
-        timed = [t for (series, a, n), t in ms.items() if (a, n) == (A, N)]
-        assert r["picked"] == final_step(ctc.BENCH_T, N, A)
-        assert r["over_fastest"] == pytest.approx(ms[(f"step{r['picked']:02d}", A, N)] / min(timed))
-    assert lesson.dispatch_table(results).count("\n") == len(rows) + 1
+        key = (r["T"], r["A"], r["N"], r["inputs"])
+        timed = [m["ms"] for (series, *k), m in ms.items() if tuple(k) == key and series != "ctc_loss"]
+        assert r["picked"] == final_step(r["T"], r["N"], r["A"], r["positions"])
+        assert r["positions"] == ms[(f"step{r['picked']:02d}", *key)]["max_positions"]
+        mine = ms.get(("ctc_loss", *key)) or ms[(f"step{r['picked']:02d}", *key)]
+        assert r["over_fastest"] == pytest.approx(mine["ms"] / min(timed))
+    assert lesson.dispatch_table(results).count("\n") >= len(rows) + 1
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():

@@ -202,7 +202,7 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         _shared_legend(fig, axes, ncol=1)
         bars = " (bars: min–max over repetitions)" if any("spread_ms" in r for r in results.rows) else ""
         steps = ", ".join(str(k) + ("c" if k == 7 else "") for k in SPEEDUP_STEPS[:-1]) + f" and {SPEEDUP_STEPS[-1]}"
-        # the last step is not on top at every N: the entry point runs step 12 or step 14 by shape
+        # the last step is not on top at every N: the entry point runs step 12, 13 or 14 by shape and longest target
         fig.suptitle(f"Speedup of steps {steps} over {best_torch_name(results)}{bars}\nctc_loss runs step 12 "
                      "or step 14 by shape, so the last step is not on top at every N", fontsize=FONT + 1)
         figs["speedup"] = fig

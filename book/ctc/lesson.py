@@ -692,41 +692,49 @@ def least_cases(results, key="all", strongest: bool = False) -> str:
     return where(cases)
 
 
-#: The steps the entry point chooses between (12, 14) and the step before its choice (13).
+#: The steps the entry point chooses between.
 DISPATCH_STEPS = (12, 13, 14)
 
 
 def dispatch_rows(results) -> list[dict]:
-    """The entry point's rule on one card's grid: per (A, N) at the benchmark's T where steps 12, 13 and 14 were all
-    timed on the GPU clock, their µs, the step :func:`~studylog.ctc.fused.final_step` picks, and its time over the
-    fastest step timed there."""
+    """The entry point's rule on one card's measured cases: the grid (T = BENCH_T) and the stress set, each case
+    where steps 12, 13 and 14 were all timed on the GPU clock: its (T, N, A), inputs (``"random"`` on the grid), the
+    longest target's row of alpha (``positions``), those steps' µs, the step :func:`~studylog.ctc.fused.final_step`
+    picks and its time over the fastest step timed there (the entry point's own time where the file times it)."""
     from studylog.ctc.fused import final_step
 
     out = []
-    for A in BENCH_A:
-        for N in BENCH_N:
-            where = {"T": BENCH_T, "N": N, "A": A}
-            ms = {}
-            for s in CHAPTER.steps:
-                rows = [r for r in results.select(s.series, **where) if set(r["params"]) == set(where)]
-                if rows and rows[0].get("clock") == "gpu":
-                    ms[s.number] = rows[0]["ms"]
-            if not set(DISPATCH_STEPS) <= set(ms):
-                continue
-            picked = final_step(BENCH_T, N, A)
-            out.append({"A": A, "N": N, "us": {k: ms[k] * 1e3 for k in DISPATCH_STEPS}, "picked": picked,
-                        "over_fastest": ms[picked] / min(ms.values())})
+    cases = [("", {"T": BENCH_T, "N": N, "A": A}) for A in BENCH_A for N in BENCH_N]
+    cases += [("stress ", r["params"]) for r in results.select(f"stress {CHAPTER.step(DISPATCH_STEPS[0]).series}")]
+    for prefix, where in cases:
+        ms, positions = {}, None
+        for s in CHAPTER.steps:
+            rows = [r for r in results.select(prefix + s.series, **where) if set(r["params"]) == set(where)]
+            if rows and rows[0].get("clock") == "gpu":
+                ms[s.number] = rows[0]["ms"]
+                positions = rows[0].get("max_positions") or positions
+        if not set(DISPATCH_STEPS) <= set(ms) or positions is None:
+            continue
+        picked = final_step(where["T"], where["N"], where["A"], positions)
+        entry = [r for r in results.select(prefix + "ctc_loss", **where) if set(r["params"]) == set(where)]
+        out.append({**{k: where[k] for k in ("T", "N", "A")}, "inputs": where.get("inputs", "random"),
+                    "positions": positions, "us": {k: ms[k] * 1e3 for k in DISPATCH_STEPS}, "picked": picked,
+                    "over_fastest": (entry[0]["ms"] if entry else ms[picked]) / min(ms.values()),
+                    "entry_timed": bool(entry)})
     return out
 
 
 def dispatch_table(results) -> str:
-    """Markdown of :func:`dispatch_rows`: per (N, A), steps 12, 13 and 14 (GPU clock), the step ``ctc_loss`` runs
+    """Markdown of :func:`dispatch_rows`: per case, steps 12, 13 and 14 (GPU clock), the step ``ctc_loss`` runs
     and its time over the fastest step there."""
-    lines = ["| N | A | " + " | ".join(f"step {k} (µs)" for k in DISPATCH_STEPS)
-             + " | `ctc_loss` runs | its time / the fastest step |", "|---|---|---|---|---|---|---|"]
+    lines = ["| T | N | A | targets | longest row | " + " | ".join(f"step {k} (µs)" for k in DISPATCH_STEPS)
+             + " | `ctc_loss` runs | its time / the fastest step |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in dispatch_rows(results):
         cells = " | ".join(f"{r['us'][k]:,.1f}" for k in DISPATCH_STEPS)
-        lines.append(f"| {r['N']} | {r['A']:,} | {cells} | step {r['picked']} | {r['over_fastest']:.2f} |")
+        lines.append(f"| {r['T']} | {r['N']} | {r['A']:,} | {r['inputs']} | {r['positions']} | {cells} | "
+                     f"step {r['picked']} | {r['over_fastest']:.2f}{'' if r['entry_timed'] else '*'} |")
+    if any(not r["entry_timed"] for r in dispatch_rows(results)):
+        lines.append("\n*: the entry point is not timed there: the time of the step it picks.")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file times steps 12 to 14 nowhere)"
 
 
@@ -1017,7 +1025,8 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
                 entries.append((label, change, series))
             title = STEP07_LAST.format(prefetch=PREFETCH_FRAMES)
         entries.append((STEP07_LABEL if s.number == 7 and changes is not None else str(s.number), title, s.series))
-    entries.append(("entry point", "`ctc_loss`: step 12 or 14 by shape (the step it ran in brackets)", "ctc_loss"))
+    entries.append(("entry point", "`ctc_loss`: step 12, 13 or 14 by shape and longest target (the step it ran in "
+                    "brackets)", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
     entries.append(("torch", "torch's faster CTC call"
@@ -1175,10 +1184,9 @@ def host_bound(gpu: str = "nvidia-h200") -> dict | None:
         results = load_results("ctc", gpu)
     except FileNotFoundError:
         return None
-    entry = bool(results.select("ctc_loss", T=BENCH_T))
     cases, of = [], 0
     for A, N in _all_points():
-        row = _row(results, entry_series(T=BENCH_T, N=N, A=A, entry_timed=entry), T=BENCH_T, A=A, N=N)
+        row = _row(results, entry_series(results, T=BENCH_T, N=N, A=A), T=BENCH_T, A=A, N=N)
         if row is None or row.get("host_ms") is None:
             continue
         of += 1
@@ -1199,10 +1207,9 @@ def host_noise(gpu: str = "nvidia-h200") -> dict | None:
     if bound is None:
         return None
     results = load_results("ctc", gpu)
-    entry = bool(results.select("ctc_loss", T=BENCH_T))
     widest, medians = None, {}
     for A, N in _all_points():
-        row = _row(results, entry_series(T=BENCH_T, N=N, A=A, entry_timed=entry), T=BENCH_T, A=A, N=N)
+        row = _row(results, entry_series(results, T=BENCH_T, N=N, A=A), T=BENCH_T, A=A, N=N)
         if row is None or not row.get("host_spread_ms"):
             continue
         lo, med, hi = row["host_spread_ms"]
@@ -1213,7 +1220,7 @@ def host_noise(gpu: str = "nvidia-h200") -> dict | None:
         return None
     fragile = []
     for A, N, _, gpu_us in bound["cases"]:
-        row = _row(results, entry_series(T=BENCH_T, N=N, A=A, entry_timed=entry), T=BENCH_T, A=A, N=N)
+        row = _row(results, entry_series(results, T=BENCH_T, N=N, A=A), T=BENCH_T, A=A, N=N)
         if row.get("host_spread_ms") and row["host_spread_ms"][0] * 1e3 <= gpu_us:
             fragile.append((A, N))
     return {"widest": widest, "span": {A: (min(m), max(m)) for A, m in medians.items()},

@@ -3,8 +3,9 @@
 Activations ``(T, N, A)``, one target per utterance, input and target lengths, blank = 0; out come ``loss[N]`` and
 the gradient of ``loss.sum()`` (softmax included). Steps 1 to 6 (``warpctc``) follow warp-ctc's design, step 6 being
 the probability-space counterexample; steps 7 to 14 (``fused``) make the gradient a pass of its own and move the
-recursion onto warps. :func:`ctc_loss` runs step 12 or 14, as ``fused.final_step`` picks. Every log-space step
-renormalises its rows by their maximum every frame: plain float32 log space loses the whole error budget at T = 150.
+recursion onto warps. :func:`ctc_loss` runs step 12, 13 or 14, as ``fused.final_step`` picks. Every log-space
+step renormalises its rows by their maximum every frame: plain float32 log space loses the whole error budget at
+T = 150.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from studylog import checks, cuda
 from studylog.ctc.launch import kernels, run_step, workspace_addresses, workspace_bytes
-from studylog.ctc.targets import CTCTargets
+from studylog.ctc.targets import CTCTargets, prepare_targets
 from studylog.ctc.warpctc import block_threads, default_grain
 
 #: Positions per lane compiled for the warp recursions of steps 9 to 13 (even: a lane starts on a blank).
@@ -246,16 +246,27 @@ def step14_warps_per_direction(activations, targets, input_lengths=None, target_
                     zero_infinity, 14, None, grain)
 
 
-#: :func:`final_step`'s rule: step 14's warps pay where many classes or a mid-size batch keep the GPU busy; with few
-#: classes one utterance, or a full batch, runs as fast on step 12's one warp a direction. It must keep ``ctc_loss``
-#: within the spread of the fastest step.
+#: :func:`final_step`'s rule, set by ``lab/ctc/length_rule.py`` (steps 11 to 14 timed at T = 50 to 400, N = 1 to 256,
+#: A = 28 and 5,000, random and blank-heavy targets). What decides is the row of alpha, ``2 L_max + 1`` positions:
+#: where it fits one warp at 4 positions a lane, one warp a direction is fastest (step 14's extra warps only add
+#: barriers): step 13 where many classes make its softmax pass pay, else step 12. Longer rows go to step 14's
+#: several warps, except a full batch of few classes, whose utterances alone fill the GPU: it stays on step 12 while
+#: a row fits one warp at step 12's grain of 10. It must keep ``ctc_loss`` within the spread of the fastest step.
 SMALL_ALPHABET = 1024
 FULL_BATCH = 256
+ONE_WARP_POSITIONS = 32 * 4
+FULL_BATCH_POSITIONS = 32 * 10
 
 
-def final_step(max_time: int, batch_size: int, num_classes: int) -> int:
-    """The step :func:`ctc_loss` runs for activations of this shape (shapes only: no synchronisation)."""
-    if num_classes <= SMALL_ALPHABET and (batch_size == 1 or batch_size >= FULL_BATCH):
+def final_step(max_time: int, batch_size: int, num_classes: int, max_positions: int) -> int:
+    """The step :func:`ctc_loss` runs for activations of this shape and targets whose longest row of alpha has
+    ``max_positions`` entries (``CTCTargets.max_positions``: host values, no synchronisation)."""
+    for name, value in (("max_time", max_time), ("batch_size", batch_size), ("num_classes", num_classes),
+                        ("max_positions", max_positions)):
+        checks.check_int(name, value, low=1)
+    if max_positions <= ONE_WARP_POSITIONS:
+        return 13 if num_classes > SMALL_ALPHABET else 12
+    if num_classes <= SMALL_ALPHABET and batch_size >= FULL_BATCH and max_positions <= FULL_BATCH_POSITIONS:
         return 12
     return 14
 
@@ -265,10 +276,18 @@ def ctc_loss(
     target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
     out_grad: Float[Tensor, "t n a"] | None = None,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
-    """The chapter's CTC loss: step 12 or step 14, as :func:`final_step` picks for the shape; loss ``(N,)`` and the
-    gradient of its sum (arguments as :func:`step01_baseline`). To replay a graph over new targets: :class:`CTCPlan`."""
-    shape = tuple(getattr(activations, "shape", ()))  # a bad shape goes on to step 14, whose checks name it
-    step = step12_flush_to_zero if len(shape) == 3 and final_step(*shape) == 12 else step14_warps_per_direction
+    """The chapter's CTC loss: step 12, 13 or 14, as :func:`final_step` picks for the shape and the longest target;
+    loss ``(N,)`` and the gradient of its sum (arguments as :func:`step01_baseline`). To replay a graph over new
+    targets: :class:`CTCPlan`."""
+    shape = tuple(getattr(activations, "shape", ()))
+    if len(shape) == 3 and not isinstance(targets, CTCTargets):  # packed here, once: the rule reads the longest
+        T, N, A = shape
+        targets = prepare_targets(targets, input_lengths, target_lengths, num_classes=A, max_time=T,
+                                  device=activations.device, batch_size=N)
+        input_lengths = target_lengths = None
+    # a bad shape goes on to step 14, whose checks name it
+    number = final_step(*shape, targets.max_positions) if len(shape) == 3 and min(shape) > 0 else 14
+    step = {12: step12_flush_to_zero, 13: step13_two_passes, 14: step14_warps_per_direction}[number]
     return step(activations, targets, input_lengths, target_lengths, zero_infinity=zero_infinity, out_loss=out_loss,
                 out_grad=out_grad)
 

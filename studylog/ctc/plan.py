@@ -31,7 +31,8 @@ class CTCPlan:
                                  ("num_classes", num_classes, 2)):
             checks.check_int(name, value, low=low)
         checks.check_int("max_target_length", max_target_length, low=0, high=MAX_TARGET_LENGTH)
-        self.step = fused.final_step(max_time, batch_size, num_classes) if step is None else step
+        positions = 2 * max(1, max_target_length) + 1  # the longest row of alpha the plan holds
+        self.step = fused.final_step(max_time, batch_size, num_classes, positions) if step is None else step
         checks.check_int("step", self.step, low=7, high=14)  # the steps of one launcher, fused.launch
         self.shape = (max_time, batch_size, num_classes)
         self.zero_infinity = bool(zero_infinity)

@@ -233,7 +233,7 @@ def _time_step(run, number: int, x: Tensor, batch: CTCTargets, ref, params: dict
         err.update(outcomes(loss, grad, *ref))
     del loss, grad
     label = {"step": step.series} if entry else {"title": step.title}
-    return timed(run, "ctc_loss" if entry else series or step.series, lambda: call(x, batch), params, x=x,
+    return timed(run, series or ("ctc_loss" if entry else step.series), lambda: call(x, batch), params, x=x,
                  calls_on=with_outputs(lambda xi, **out: call(xi, batch, **out)), **label, **timing,
                  **(extra or {}), **err)
 
@@ -352,7 +352,7 @@ def bench(run) -> None:
         for number in (SECTION_STEPS["lesson"] if (A, N) in grid["lesson"] else ()) + SECTION_STEPS["main"]:
             _time_step(run, number, x, batch, ref, params, floor_ms=floor,
                        extra=recursion_shape(number, batch.max_positions) if number >= 7 else None)
-        _time_step(run, final_step(T, N, A), x, batch, ref, params, floor_ms=floor, entry=True)
+        _time_step(run, final_step(T, N, A, batch.max_positions), x, batch, ref, params, floor_ms=floor, entry=True)
         _plan_host(run, final.number, x, lists, params)
         del x, ref, batch
         torch.cuda.empty_cache()
@@ -433,8 +433,8 @@ def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:
 
 
 def _stress_case(run, name: str, x: Tensor, lists) -> None:
-    """The stress steps on one input of the stress set, then torch's calls and steps 6 and 14 on the utterances its
-    cuDNN path takes, each counted against float64 (:func:`outcomes`)."""
+    """The stress steps and the entry point on one input of the stress set, then torch's calls and steps 6 and 14 on
+    the utterances its cuDNN path takes, each counted against float64 (:func:`outcomes`)."""
     from studylog.ctc import CHAPTER
 
     T, N, A = x.shape
@@ -443,7 +443,9 @@ def _stress_case(run, name: str, x: Tensor, lists) -> None:
     params = {"T": T, "N": N, "A": A, "inputs": name.split()[0]}
     for number in SECTION_STEPS["stress"]:
         _time_step(run, number, x, batch, ref, params, series=f"stress {step_of(number).series}", host=False,
-                   counted=True, reps=STRESS_REPS)
+                   counted=True, reps=STRESS_REPS, extra={"max_positions": batch.max_positions})
+    _time_step(run, final_step(T, N, A, batch.max_positions), x, batch, ref, params, series="stress ctc_loss",
+               host=False, counted=True, reps=STRESS_REPS, entry=True, extra={"max_positions": batch.max_positions})
     keep = np.flatnonzero(peers.cudnn_eligible((T,) * N, lengths, T))
     if keep.size == 0:
         return

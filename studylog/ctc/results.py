@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from studylog.ctc.fused import final_step
 from studylog.ctc.report import BENCH_A, BENCH_T
 
+if TYPE_CHECKING:
+    from studylog.plotting import Results
 
-def entry_series(*, T: int, N: int, A: int, entry_timed: bool) -> str:
-    """The series that times what :func:`~studylog.ctc.ctc_loss` runs on ``(T, N, A)``: ``"ctc_loss"`` where the
-    file times the entry point itself (``entry_timed``), else the step :func:`~studylog.ctc.fused.final_step` picks."""
+
+def entry_series(results: Results | dict, *, T: int, N: int, A: int) -> str:
+    """The series of ``results`` (a :class:`~studylog.plotting.Results` or the file's JSON) that times what
+    :func:`~studylog.ctc.ctc_loss` runs on ``(T, N, A)``: ``"ctc_loss"`` where the file times the entry point itself
+    there, else the step :func:`~studylog.ctc.fused.final_step` picks for the longest target the file's step rows
+    record there (``max_positions``); ``""`` where they record none."""
     for name, value in (("T", T), ("N", N), ("A", A)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return "ctc_loss" if entry_timed else f"step{final_step(T, N, A):02d}"
+    where = {"T": T, "N": N, "A": A}
+    here = [r for r in (results["measurements"] if isinstance(results, dict) else results.rows)
+            if r["params"] == where]
+    if any(r["series"] == "ctc_loss" for r in here):
+        return "ctc_loss"
+    positions = next((r["max_positions"] for r in here if r.get("max_positions")), None)
+    return "" if positions is None else f"step{final_step(T, N, A, positions):02d}"
 
 
 def clock_of(results, series: str) -> str:
@@ -42,7 +55,7 @@ def headline(results) -> list[dict]:
     def kernel_at(A: int, N: int) -> str:
         if span:
             return kernel
-        picked = entry_series(T=BENCH_T, N=N, A=A, entry_timed=entry)
+        picked = entry_series(results, T=BENCH_T, N=N, A=A)
         return picked if results.select(picked, T=BENCH_T, A=A, N=N) else kernel
 
     native = results.select("torch-native")
