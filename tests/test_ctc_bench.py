@@ -134,7 +134,8 @@ def test_the_declared_sections_are_what_the_committed_run_measured():
     (number,) = report.SECTION_STEPS["grain"]
     assert points(f"{steps[number]} strided", "A", "grain") <= set(full["grain"])
     stressed = {s.removeprefix("stress ") for s in results.series() if s.startswith("stress ")}
-    assert stressed == {steps[k] for k in report.SECTION_STEPS["stress"]}
+    assert stressed == {steps[k] for k in report.SECTION_STEPS["stress"]} | {"ctc_loss"}  # and the entry point
+    assert points("stress ctc_loss", "T", "N") == set(full["stress"])
     for number in report.SECTION_STEPS["stress"]:
         assert points(f"stress {steps[number]}", "T", "N") == set(full["stress"]), number
     for series in report.SECTION_TORCH["main"]:

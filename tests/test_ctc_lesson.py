@@ -198,7 +198,8 @@ def test_the_chain_floor_the_grid_range_and_the_kernel_parts_read_the_committed_
     # the opening's range is against the faster of torch's two paths at each case (native on its kernel clock)
     rival = {(A, N): min(_raw("torch-best", A, N)["ms"], _raw("torch-native", A, N)["ms"])
              / _raw("ctc_loss", A, N)["ms"] for A in ctc.BENCH_A for N in ctc.BENCH_N}
-    assert strong["max"][0] == pytest.approx(max(rival.values())) and strong["max"][0] < mins["max"][0]
+    assert strong["max"][0] == pytest.approx(max(rival.values()))
+    assert strong["max"][0] < mins["max"][0] if native else strong["max"][0] == pytest.approx(mins["max"][0])
     assert strong["all"][0] == pytest.approx(min(rival.values()))
     assert lesson.least_cases(results, strongest=True) == lesson.where(
         [c for c, r in rival.items() if f"{r:.2f}" == f"{strong['all'][0]:.2f}"])
