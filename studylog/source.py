@@ -97,6 +97,37 @@ def resolve_constexpr(lines: list[str], knobs: dict[str, Any], *, read_values: b
     return out
 
 
+def resolve_python(lines: list[str], knobs: dict[str, Any]) -> list[str]:
+    """Python/Triton ``lines`` at ``knobs``, so that two steps that are one kernel at two knob values each list as
+    their own: each ``if KNOB:`` (and its ``else:``) on a knob becomes the branch it takes, dedented."""
+    out, i = [], 0
+    while i < len(lines):
+        m = re.fullmatch(r"(\s*)if (\w+):", lines[i])
+        if not m or m.group(2) not in knobs:
+            out.append(lines[i])
+            i += 1
+            continue
+        indent = m.group(1)
+
+        def past(j: int) -> int:  # the first line after the block that starts at line j
+            while j < len(lines) and (not lines[j].strip() or lines[j].startswith(indent + " ")):
+                j += 1
+            return j
+
+        end = past(i + 1)
+        taken, other = lines[i + 1:end], []
+        if end < len(lines) and lines[end] == indent + "else:":
+            other, end = lines[end + 1:past(end + 1)], past(end + 1)
+        while not lines[end - 1].strip():  # blank lines after the blocks stay in the text
+            end -= 1
+        branch = taken if knobs[m.group(2)] else other
+        while branch and not branch[-1].strip():
+            branch = branch[:-1]
+        out += [line[4:] if line.startswith(indent + "    ") else line for line in resolve_python(branch, knobs)]
+        i = end
+    return out
+
+
 #: Sphinx's roles (``:func:`name```, ``:data:`~mod.NAME```) and reST's inline literals in a docstring.
 _ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`(~?)([^`<>]+?)(?:\s*<[^`>]+>)?`")
 _LITERAL = re.compile(r"``([^`\n]+?)``")

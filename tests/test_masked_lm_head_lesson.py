@@ -1091,6 +1091,24 @@ def test_step_4_is_shown_as_its_diff_against_step_3():
     assert "step_diff(CHAPTER, 3, 4)" in code and "show_source(4)" not in code and "step4_core" not in code
 
 
+def test_steps_1_and_2_are_one_kernel_listed_at_each_steps_knob():
+    """Steps 1 and 2 launch one kernel at COLUMN_SKIP False and True; each step's listing is that kernel with the
+    knob's block resolved, so the 1 -> 2 diff is the one change (the columns a tile skips) and no listing shows
+    the knob's test."""
+    from studylog.masked_lm_head.dense import block_skip_kernel
+    from studylog.source import resolve_python, source_of
+
+    one, two = (mlh.CHAPTER.step(n).source for n in (1, 2))
+    assert "if COLUMN_SKIP" not in one + two and "column_wanted" not in one and "column_wanted" in two
+    changed = [ln for ln in mlh.CHAPTER.show_diff(1, 2).lines[2:] if ln[:1] in "+-"]
+    assert len(changed) == 3 and all("column_wanted" in ln or "None" in ln for ln in changed), changed
+    assert "if COLUMN_SKIP:" in source_of(block_skip_kernel)[0]
+    lines = ["a", "if K:", "    if J:", "        x", "", "    y", "", "else:", "    z", "", "w"]
+    assert resolve_python(lines, {"K": True, "J": False}) == ["a", "", "y", "", "w"]
+    assert resolve_python(lines, {"K": False}) == ["a", "z", "", "w"]
+    assert resolve_python(lines, {"J": True}) == ["a", "if K:", "    x", "", "    y", "", "else:", "    z", "", "w"]
+
+
 def test_step_10_is_shown_against_step_3s_product():
     """Step 10 builds on step 3's row-tile product: its diff is against step 3's ``dot_rows``, which the page shows at
     step 3, not against the tried step 9's function."""

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from studylog.masked_lm_head.compact import compact_rows_kernel, one_wait_kernel, one_wait_rows
-from studylog.masked_lm_head.dense import block_skip_kernel, column_skip_kernel, dense_matmul_kernel, row_skip_kernel
+from studylog.masked_lm_head.dense import block_skip_kernel, dense_matmul_kernel, row_skip_kernel
 from studylog.masked_lm_head.formats import HIDDEN, LAYOUTS, default_tiles, need_layout
 
 
@@ -131,7 +131,7 @@ def _loads_here(step: int, layout: str, batch: int) -> dict[str, int]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel = {0: dense_matmul_kernel, 1: block_skip_kernel, 2: column_skip_kernel, 3: row_skip_kernel}[step]
+    kernel = {0: dense_matmul_kernel, 1: block_skip_kernel, 2: block_skip_kernel, 3: row_skip_kernel}[step]
     fn = _compilable(kernel)
     t = default_tiles(step, batch)
     types = dict(a_ptr="*bf16", b_ptr="*bf16", c_ptr="*fp32", allowed_ptr="*u8", M="i32", N="i32", K="i32",
@@ -139,6 +139,8 @@ def _loads_here(step: int, layout: str, batch: int) -> dict[str, int]:
                  stride_cn="i32", stride_allowed_m="i32")
     constexprs = dict(BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group,
                       DOT_DTYPE=tl.bfloat16)
+    if step in (1, 2):  # one kernel, its knob at the step's value
+        constexprs["COLUMN_SKIP"] = step == 2
     # Triton's launcher turns integer arguments equal to 1 into constants, and marks pointers and
     # integers divisible by 16 as such (all of ours but the batch size): do the same here
     unit = ("stride_ak", "stride_cn", "stride_bk" if layout == "vd" else "stride_bn")

@@ -45,7 +45,7 @@ POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32", "allowed_ptr":
             "h_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "ids_ptr": "*i32", "union_ptr": "*i32",
             "bitmask_ptr": "*i32", "count_ptr": "*i32", "mask_ptr": "*u8"}
 #: Kernel name -> its constexprs, for every kernel a module may define.
-KERNELS = {"dense_matmul_kernel": MATMUL, "block_skip_kernel": MATMUL, "column_skip_kernel": MATMUL,
+KERNELS = {"dense_matmul_kernel": MATMUL, "block_skip_kernel": MATMUL | dict(COLUMN_SKIP=True),
            "row_skip_kernel": MATMUL, "reordered_rows_kernel": MATMUL,
            "compact_rows_kernel": dict(D=3072, BLOCK_V=1, BLOCK_D=1024, FILL_BLOCK=4096),
            "one_wait_kernel": ROW, "fill_first_kernel": ROW, "compact_stream_kernel": STREAM,
@@ -67,6 +67,7 @@ def load(path: str, name: str) -> types.ModuleType:
 
 def ptx(fn, constexprs: dict) -> str:
     names = [p.name for p in fn.params]
+    constexprs = {k: v for k, v in constexprs.items() if k in names}  # a knob the other version lacks
     signature = {n: "constexpr" if n in constexprs else POINTERS.get(n, "i32") for n in names}
     source = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
     text = triton.compile(source, target=TARGET, options={"num_warps": 4, "num_stages": 3}).asm["ptx"]

@@ -11,9 +11,8 @@ from studylog.masked_lm_head.compact import (batched_union_kernel, compact_rows_
                                              few_ids_kernel, fill_first_kernel, one_wait_kernel, step04_compact,
                                              step05_one_wait, step06_fill_first, step07_stream, step08_few_ids,
                                              step09_union, step10_batched, union_sums_kernel)
-from studylog.masked_lm_head.dense import (block_skip_kernel, column_skip_kernel, dense_matmul_kernel,
-                                           row_skip_kernel, step00_dense, step01_block_skip, step02_column_skip,
-                                           step03_row_skip)
+from studylog.masked_lm_head.dense import (block_skip_kernel, dense_matmul_kernel, row_skip_kernel, step00_dense,
+                                           step01_block_skip, step02_column_skip, step03_row_skip)
 from studylog.masked_lm_head.dispatch import (FALLBACK_RULE, DispatchRule, choose_path, cublas_masked, dispatch_rule,
                                               masked_logits, step12_dispatch)
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, HIDDEN, VOCAB, AllowedTokens, check_logits, pack_bitmask,
@@ -22,12 +21,21 @@ from studylog.masked_lm_head.plan import MaskedHeadPlan, step13_plan, stream_cou
 from studylog.masked_lm_head.reorder import ReorderedHead, cluster_order, reordered_rows_kernel, step11_reordered
 from studylog.masked_lm_head.report import bench, headline
 from studylog.masked_lm_head import ops  # the entry point as a torch.library operator (torch.ops.studylog)
+from studylog.source import resolve_python, source_of
+
+
+def _at(kernel, **knobs) -> str:
+    """The text of ``kernel`` as one step launches it: each ``if KNOB:`` block resolved at the step's value."""
+    return "\n".join(resolve_python(source_of(kernel)[0].splitlines(), knobs)) + "\n"
+
 
 #: Each step's function (``stepNN_<slug>``): what its page shows (its kernel; step 12: its rule) and what it changes.
 _STEPS = {
     step00_dense: (dense_matmul_kernel, "the Triton matmul tutorial's structure, all logits, then masked_fill"),
-    step01_block_skip: (block_skip_kernel, "a program whose block of tokens has nothing allowed returns at once"),
-    step02_column_skip: (column_skip_kernel, "inside an active block, disallowed columns are not loaded"),
+    step01_block_skip: (_at(block_skip_kernel, COLUMN_SKIP=False),
+                        "a program whose block of tokens has nothing allowed returns at once"),
+    step02_column_skip: (_at(block_skip_kernel, COLUMN_SKIP=True),
+                         "inside an active block, disallowed columns are not loaded"),
     step03_row_skip: (row_skip_kernel, "the same on the [V, D] layout, where a token is one contiguous row"),
     step04_compact: (compact_rows_kernel, "programs walk the list of allowed ids: no empty programs, no wasted rows"),
     step05_one_wait: (one_wait_kernel, "each row loaded as one tile and reduced once: one wait for memory per row"),

@@ -95,14 +95,15 @@ def dense_matmul_kernel(
     tl.store(c_ptrs, acc, mask=c_mask)
 
 
-# Step 1: block-level skip (the post's section 3.1)
+# Step 1: block-level skip (the post's section 3.1). Step 2 (COLUMN_SKIP, section 3.2): inside an active block,
+# disallowed columns are not loaded. One kernel, each step's page listing rendered at its knob.
 
 @triton.jit
 def block_skip_kernel(
     a_ptr, b_ptr, c_ptr, allowed_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_allowed_m,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, COLUMN_SKIP: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
@@ -112,33 +113,13 @@ def block_skip_kernel(
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
         return
-    acc = dot_kn(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                 None, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
-
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
-
-
-# Step 2: column-level skip (the post's section 3.2): disallowed columns are not loaded
-
-@triton.jit
-def column_skip_kernel(
-    a_ptr, b_ptr, c_ptr, allowed_ptr, M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_allowed_m,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m, offs_n, offs_k, c_mask = tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
-    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
-    if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
-        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
-        return
-    column_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows it
-    acc = dot_kn(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                 column_wanted, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
+    if COLUMN_SKIP:
+        column_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows it
+        acc = dot_kn(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     column_wanted, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
+    else:
+        acc = dot_kn(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     None, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
@@ -189,8 +170,8 @@ def row_skip_kernel(
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
-def _tiled_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
-    """Steps 0 to 2: one program per output tile, grouped; steps 1 and 2's kernels also read the mask."""
+def _tiled_matmul(kernel, h, weight, allowed, layout, out, tiles, step, **knobs):
+    """Steps 0 to 2: one program per output tile, grouped; steps 1 and 2's kernel also reads the mask."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     t = tiles or default_tiles(step, batch)
     out = output(out, batch, vocab, h.device)
@@ -199,7 +180,7 @@ def _tiled_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
     mask, mask_stride = ((allowed.mask_u8,), (allowed.mask.stride(0),)) if step else ((), ())
     kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
         h, weight, out, *mask, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
-        out.stride(0), out.stride(1), *mask_stride, **tile_constexprs(t, h.dtype))
+        out.stride(0), out.stride(1), *mask_stride, **tile_constexprs(t, h.dtype), **knobs)
     return out
 
 
@@ -213,13 +194,13 @@ def step00_dense(h: Hidden, weight: Weight | WDV, allowed: AllowedTokens, *, lay
 def step01_block_skip(h: Hidden, weight: Weight | WDV, allowed: AllowedTokens, *, layout: str = "vd",
                       out: Logits | None = None, tiles: Tiles | None = None) -> Logits:
     """Step 1: blocks without an allowed token are skipped; active blocks mask their output."""
-    return _tiled_matmul(block_skip_kernel, h, weight, allowed, layout, out, tiles, 1)
+    return _tiled_matmul(block_skip_kernel, h, weight, allowed, layout, out, tiles, 1, COLUMN_SKIP=False)
 
 
 def step02_column_skip(h: Hidden, weight: Weight | WDV, allowed: AllowedTokens, *, layout: str = "vd",
                        out: Logits | None = None, tiles: Tiles | None = None) -> Logits:
     """Step 2: step 1, and inside an active block the disallowed columns are not loaded."""
-    return _tiled_matmul(column_skip_kernel, h, weight, allowed, layout, out, tiles, 2)
+    return _tiled_matmul(block_skip_kernel, h, weight, allowed, layout, out, tiles, 2, COLUMN_SKIP=True)
 
 
 def step03_row_skip(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
