@@ -5,37 +5,10 @@ step's launch (its Python function). ``CHAPTER.show_diff(n - 1, n)`` then shows 
 from __future__ import annotations
 
 import inspect
-import re
 import textwrap
 from typing import Any, Callable, Optional
 
-from studylog.source import resolve_constexpr, source_of
-
-
-def _resolve_python(lines: list[str], knobs: dict[str, bool]) -> list[str]:
-    """``lines`` with every ``if KNOB:`` (and its ``else:``) on a knob replaced by the branch it takes, dedented."""
-    out, i = [], 0
-    while i < len(lines):
-        m = re.fullmatch(r"(\s*)if (\w+):", lines[i])
-        if not m or m.group(2) not in knobs:
-            out.append(lines[i])
-            i += 1
-            continue
-        indent = m.group(1)
-        inner = lambda j: j < len(lines) and (not lines[j].strip() or lines[j].startswith(indent + " "))  # noqa: E731
-        j = i + 1
-        while inner(j):
-            j += 1
-        body, other, end = lines[i + 1:j], [], j
-        if j < len(lines) and lines[j] == indent + "else:":
-            end = j + 1
-            while inner(end):
-                end += 1
-            other = lines[j + 1:end]
-        taken = body if knobs[m.group(2)] else other
-        out += [line[4:] if line.startswith(indent + "    ") else line for line in _resolve_python(taken, knobs)]
-        i = end
-    return out
+from studylog.source import resolve_constexpr, resolve_python, source_of
 
 
 def cuda_step_source(file: str, kernel: str, knobs: dict[str, bool], launch: Callable,
@@ -51,6 +24,6 @@ def cuda_step_source(file: str, kernel: str, knobs: dict[str, bool], launch: Cal
 def triton_step_source(kernels: tuple[Any, ...], knobs: dict[str, bool], launch: Optional[Callable] = None) -> str:
     """The text of a Triton step: ``kernels`` (its kernel and the helpers its knobs reach) at ``knobs``, then its
     launch where one is given."""
-    parts = ["\n".join(_resolve_python(source_of(k)[0].splitlines(), knobs)) for k in kernels]
+    parts = ["\n".join(resolve_python(source_of(k)[0].splitlines(), knobs)) for k in kernels]
     launches = ["# its launch:\n" + textwrap.dedent(inspect.getsource(launch))] if launch else []
     return "\n\n".join(parts + launches)
