@@ -729,11 +729,12 @@ def dispatch_table(results) -> str:
     and its time over the fastest step there."""
     lines = ["| T | N | A | targets | longest row | " + " | ".join(f"step {k} (µs)" for k in DISPATCH_STEPS)
              + " | `ctc_loss` runs | its time / the fastest step |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in dispatch_rows(results):
+    rows = dispatch_rows(results)
+    for r in rows:
         cells = " | ".join(f"{r['us'][k]:,.1f}" for k in DISPATCH_STEPS)
         lines.append(f"| {r['T']} | {r['N']} | {r['A']:,} | {r['inputs']} | {r['positions']} | {cells} | "
                      f"step {r['picked']} | {r['over_fastest']:.2f}{'' if r['entry_timed'] else '*'} |")
-    if any(not r["entry_timed"] for r in dispatch_rows(results)):
+    if any(not r["entry_timed"] for r in rows):
         lines.append("\n*: the entry point is not timed there: the time of the step it picks.")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file times steps 12 to 14 nowhere)"
 

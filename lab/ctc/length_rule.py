@@ -42,8 +42,7 @@ def case_inputs(kind: str, T: int, N: int, A: int, generator: torch.Generator):
     if kind == "random":
         lists = random_targets(T, N, A, generator)
         return torch.randn((T, N, A), generator=generator).cuda(), lists
-    x, lists = stress_inputs(T, N, A, generator, "cuda")
-    return x, lists
+    return stress_inputs(T, N, A, generator, "cuda")
 
 
 def main(argv: list[str] | None = None) -> int:
