@@ -418,7 +418,7 @@ def _ngram(data):
                         f"{NGRAM_HEADLINE_CASE['threshold']}", head["clock"], head, ports[best], found[best],
                         byte_floor_ms=head.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
                         short=_entry_short(series, head))
-                   | {"tail_params": None, "page_headline": True})
+                   | {"tail_params": NGRAM_HEADLINE_CASE, "page_headline": True})
     # the page's row: the chapter's lead case, where every active slot searches (the rows above stay first, as the
     # results page reads them: the deployed budget's ratio and the end-to-end one)
     lead = one(data, series, **NGRAM_LEAD_CASE)
@@ -588,8 +588,8 @@ PART_ONE_LAYER = "Llama 3 8B's gate and up projections"
 def _ternary_part_one(data):
     """Chapter 05 part 1's row: its last Triton step (:data:`book.results.PART_ONE_STEP`) at :data:`PART_ONE_CASE`,
     against the strongest rival there that passes our float64 check in this run (GemLite, part 1's peer, where it
-    passes, else cuBLAS bf16), as :func:`_ternary_llama` picks it; None where the file lacks it. The tails run times
-    no p99 at this case, so the row has none."""
+    passes, else cuBLAS bf16), as :func:`_ternary_llama` picks it; None where the file lacks it. Its p99 is the tails
+    run's row of the same step at the same case."""
     from book.results import PART_ONE_STEP
 
     series = f"step{PART_ONE_STEP:02d}"
@@ -597,8 +597,7 @@ def _ternary_part_one(data):
                          ours_label=f"part 1's last kernel, on tensor cores in Triton ({_step_words(series)})")
     if row is None:
         return None
-    row = {k: v for k, v in row.items() if k != "tail_params"}
-    return row | {"ternary_case": "part1", "part_notebook": PART_ONE_NOTEBOOK}
+    return row | {"ternary_case": "part1", "part_notebook": PART_ONE_NOTEBOOK, "tail_series": "step14_workspace"}
 
 
 #: Our W2A8 kernel set against BitNet's (x quantised inside the call): step 23 alone, the one-row kernel. BitNet's
@@ -1109,12 +1108,12 @@ TAILS = "tails"
 #: scoreboard row names its case (``tail_params``); its p99 is the entry with the same params.
 TAIL_SERIES: dict[int, tuple[tuple[str, dict[str, Any]], ...]] = {
     2: (("MaskedHeadPlan", MASKED_HEAD_CASE),),
-    3: (("ngram_match", NGRAM_LEAD_CASE), ("ngram_match", NGRAM_CASE)),
+    3: (("ngram_match", NGRAM_LEAD_CASE), ("ngram_match", NGRAM_HEADLINE_CASE), ("ngram_match", NGRAM_CASE)),
     4: (("ctc_loss", CTC_CASE), ("ctc_loss", CTC_SMALL_CASE)),
     # step 23 at BitNet's shape where our lead is smallest (the row's case, found from the BitNet run), then bf16 x,
-    # then part 1's last step at 4096 x 14336 (timed; its scoreboard row is at another case, PART_ONE_CASE)
+    # then part 1's last step at 4096 x 14336 and at its own row's case, PART_ONE_CASE
     5: (("step23_w2a8_fused", {"shape": "4800x3200", "m": 1}), ("ternary_matmul", TERNARY_CASE),
-        ("step14_workspace", TERNARY_CASE)),
+        ("step14_workspace", TERNARY_CASE), ("step14_workspace", PART_ONE_CASE)),
     6: (("multi_item_attention", MULTI_ITEM_GQA_CASE), ("multi_item_attention", MULTI_ITEM_CASE)),
 }
 #: What the re-run's table holds, said once under it (the counts come from the tails run's rows).
@@ -1877,11 +1876,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         line = (f"From a separate run on the {' and the '.join(tail_on)} that replays each call's graph "
                 f"{samples[0]['samples']} times: how far one measurement lands above another, not one call's tail, "
                 f"and not how close the call runs to its floor.{drift} {LOOP_NO_TAIL[1]}.")
-        unrun = [r for r, _ in first_rows if short_card(r["card"]) in tail_on and r.get("part_notebook")
+        unrun = [r for r, _ in first_rows if short_card(r["card"]) in tail_on
                  and not any(r2 is r for r2, _ in tail_cells)]
-        missing = (["part 1 of chapter 05"] if unrun else []) + (
-            ["chapter 03's headline case"] if any(r.get("page_headline") and short_card(r["card"]) in tail_on
-                                                  for r, _ in first_rows) else [])
+        missing = (["part 1 of chapter 05"] if any(r.get("part_notebook") for r in unrun) else []) + (
+            ["chapter 03's headline case"] if any(r.get("page_headline") for r in unrun) else [])
         if missing:  # a row of the first table this run did not replay: said in a clause, not left out silently
             line += f" It did not replay {' or '.join(missing)}."
         times += [""] + fold("How far one measurement lands above another (p99 − p50)",

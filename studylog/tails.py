@@ -291,9 +291,10 @@ def cases() -> list[Case]:
     return [
         Case("masked_lm_head", "MaskedHeadPlan", dict(head), _masked_head),
         Case("masked_lm_head", BITMASK_COPY_SERIES, dict(head), _bitmask_copy, role="baseline"),
-        # chapter 03's lead case (every active slot searches), then its deployed budget
+        # chapter 03's headline case, its stress case (every active slot searches), then its deployed budget
         *(Case("ngram", "ngram_match", case, partial(_ngram, **case))
-          for case in ({"batch": 512, "seq_len": 16384, "threshold": NO_BUDGET},
+          for case in ({"batch": 32, "seq_len": 512, "threshold": 128},
+                       {"batch": 512, "seq_len": 16384, "threshold": NO_BUDGET},
                        {"batch": 128, "seq_len": 32768, "threshold": 128})),
         Case("ctc", "ctc_loss", dict(CTC_HEADLINE_CASE), partial(_ctc, **CTC_HEADLINE_CASE)),
         *(Case("ctc", CTC_FLOOR_SERIES, CTC_FLOOR_CASE | {"frames": frames, "states": states},
@@ -304,6 +305,8 @@ def cases() -> list[Case]:
         ternary("ternary_matmul", "llama", 4096, 14336),
         ternary("step23_w2a8_fused", "bitnet", 4800, 3200),
         ternary("step14_workspace", "llama", 4096, 14336, fmt="2bit_mma"),
+        # part 1's last step at its scoreboard row's case (Llama 3 8B's gate and up projections)
+        ternary("step14_workspace", "llama", 14336, 4096, fmt="2bit_mma"),
         Case("multi_item", "multi_item_attention", {"shape": name, "prompts": len(prefixes), "tokens": tokens},
              _multi_item),
         Case("multi_item", "multi_item_attention", {"shape": gqa_name, "prompts": len(prefixes), "tokens": tokens,

@@ -28,13 +28,15 @@ H200 = bench.DEFAULT_OUT / "nvidia-h200"
 #: lead is smallest); the mixed batch with a key/value head per query head and under grouped-query attention.
 HEADLINES = [
     ("masked_lm_head", scoreboard.MASKED_HEAD_CASE, "step13"),
-    ("ngram", scoreboard.NGRAM_LEAD_CASE, "ngram_match"),  # the lead case: every active slot searches
+    ("ngram", scoreboard.NGRAM_HEADLINE_CASE, "ngram_match"),  # the page's headline case
+    ("ngram", scoreboard.NGRAM_LEAD_CASE, "ngram_match"),  # the stress case: every active slot searches
     ("ngram", scoreboard.NGRAM_CASE, "ngram_match"),  # the deployed budget
     ("ctc", scoreboard.CTC_CASE, "ctc_loss"),
     ("ctc", scoreboard.CTC_SMALL_CASE, "ctc_loss"),  # the small alphabet, where the chain of frames binds
     ("ternary", scoreboard.TERNARY_CASE, "step21"),  # what ternary_matmul runs at M = 1 on the H200
     ("ternary", {"shape": "4800x3200", "m": 1}, "step23"),
     ("ternary", scoreboard.TERNARY_CASE, "step14"),  # part 1's last step
+    ("ternary", scoreboard.PART_ONE_CASE, "step14"),  # and at part 1's scoreboard row's case
     ("multi_item", scoreboard.MULTI_ITEM_CASE, "step05"),
     ("multi_item", {"shape": "8 prompts, mixed, 8 KV heads"}, "step06"),  # what the entry point runs under GQA
 ]
