@@ -24,6 +24,59 @@ from pathlib import Path
 PENDING = "pending"
 
 
+@functools.lru_cache(maxsize=256)
+def _json_pickle(path: str, mtime_ns: int, size: int) -> bytes:
+    import pickle
+
+    return pickle.dumps(json.loads(Path(path).read_text()), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _files_state(roots) -> tuple:
+    """(folder, name, mtime, size) of every file under ``roots`` (folders walked, files taken as they are)."""
+    state = []
+    for root in map(Path, roots):
+        if root.is_file():
+            st = root.stat()
+            state.append((str(root), "", st.st_mtime_ns, st.st_size))
+            continue
+        for folder, subfolders, names in os.walk(root):
+            subfolders[:] = sorted(d for d in subfolders if not d.startswith((".", "_", "__pycache__")))
+            for name in sorted(names):
+                st = os.stat(os.path.join(folder, name))
+                state.append((folder, name, st.st_mtime_ns, st.st_size))
+    return tuple(state)
+
+
+def cached_on_files(fn):
+    """``fn`` computed once per state of the files the pages read (the committed results, the lab's outputs, the
+    notebooks and pages; and any folder passed as an argument): the results and scoreboard pages call their builders
+    many times over the same files. Each call returns a fresh copy of the result (callers may change it)."""
+    import pickle
+
+    from studylog.paths import ASSETS, LAB, REPO_ROOT
+
+    cache: dict = {}
+
+    @functools.wraps(fn)
+    def cached(*args, **kwargs):
+        given = [a for a in (*args, *kwargs.values()) if isinstance(a, Path)]
+        roots = [ASSETS, LAB, REPO_ROOT / "notebooks", *sorted(REPO_ROOT.glob("*.md")), *given]
+        key, state = (args, tuple(sorted(kwargs.items()))), _files_state(roots)
+        if key not in cache or cache[key][0] != state:
+            cache[key] = state, pickle.dumps(fn(*args, **kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.loads(cache[key][1])
+    return cached
+
+
+def read_json(path: str | Path):
+    """A JSON file's contents, parsed once per version of the file: the pages read the same results files thousands
+    of times while a book builds or its tests run. Each call returns a fresh copy (callers may change it)."""
+    import pickle
+
+    stat = Path(path).stat()
+    return pickle.loads(_json_pickle(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size))
+
+
 def us(ms: float | None, digits: int = 1, missing: str = "–") -> str:
     """A time given in ms, written in µs with thousands separators (``missing`` where there is none)."""
     return missing if ms is None else f"{ms * 1e3:,.{digits}f}"

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from book.common import and_list, is_tie, prose_words, read_table, us
+from book.common import and_list, cached_on_files, is_tie, prose_words, read_table, us
 from book.masked_lm_head.lesson import COMPILED_RIVALS, compiled_gather_leads
 from book.scoreboard import (CTC_CASE, ENTRIES, NGRAM_CASE, NOT_MEASURED, card_name, cards, load, rows, short_card,
                              scoreboard)
@@ -1282,6 +1282,7 @@ def part_one_answer(card: Path) -> dict[str, Any] | None:
             "eager": eager, "times": times}
 
 
+@cached_on_files
 def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     """One dict per chapter: number, title, notebook, question, what the headline compares, and per card (short
     name) the headline's cell (``cells``: one number and a few words, or :data:`VOID`), the caveats that cell needs

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from book.common import us
+from book.common import cached_on_files, read_json, us
 from studylog.paths import BENCH_RESULTS
 
 #: What a cell reads where the committed files do not hold the number.
@@ -56,7 +56,7 @@ def cards(root: Path = BENCH_RESULTS) -> list[Path]:
 def load(card: Path, chapter: str) -> dict[str, Any] | None:
     """A chapter's benchmark file on one card, as JSON (None when the card has none)."""
     path = Path(card) / f"{chapter}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 def rows(data: dict[str, Any], series: str, **params: Any) -> list[dict[str, Any]]:
@@ -1039,6 +1039,7 @@ def card_name(card: Path) -> str:
     return Path(card).name
 
 
+@cached_on_files
 def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     """Every scoreboard row: for each entry and each card, the measured rows (the first, ``lead``, is the chapter's
     headline; a chapter may add rows for the same kernel from another angle), or one that says why there is none."""
