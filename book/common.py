@@ -82,6 +82,13 @@ def us(ms: float | None, digits: int = 1, missing: str = "–") -> str:
     return missing if ms is None else f"{ms * 1e3:,.{digits}f}"
 
 
+def against(ours_ms: float | None, theirs_ms: float | None) -> str:
+    """``"4.04 against 4.70"``: two times in µs beside their ratio, with two decimals where either is under 10 µs, so
+    that the ratio of the times shown is the ratio printed beside them."""
+    small = any(t is not None and t < 0.010 for t in (ours_ms, theirs_ms))
+    return f"{us(ours_ms, digits=2 if small else 1)} against {us(theirs_ms, digits=2 if small else 1)}"
+
+
 def is_tie(x: float | None) -> bool:
     """The course's tie rule (How we measure): a speed ratio from 0.97× to 1.03× as printed at two decimals."""
     return x is not None and 0.97 <= round(x, 2) <= 1.03

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from book.common import and_list, cached_on_files, is_tie, prose_words, read_table, us
+from book.common import against, and_list, cached_on_files, is_tie, prose_words, read_table, us
 from book.masked_lm_head.lesson import COMPILED_RIVALS, compiled_gather_leads
 from book.scoreboard import (CTC_CASE, ENTRIES, NGRAM_CASE, NOT_MEASURED, card_name, cards, load, rows, short_card,
                              scoreboard)
@@ -523,7 +523,7 @@ TIE_WITHIN = 0.03
 
 
 #: The host-time fold's cell where the rival's file records no host time per call.
-NO_HOST = "not recorded"
+NO_HOST = "not measured"
 
 
 #: The host-time table's scope, its first words: every case of the page's tables, not only the chapters' leads.
@@ -738,10 +738,12 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         n, lost_here, tied_here = (sum(c[i] for _, c in mine) for i in range(3))
         name = f"Chapter {number:02d}" + (f" part {part}" if part else "") + f", {titles.get(number, '')}" + (
             " (Triton)" if part == 1 else " (CUDA C++)" if part == 2 else "")
-        said = (f"ours stays ahead in all {n}" if not lost_here and not tied_here else
-                f"ours stays ahead in {n - lost_here - tied_here}" + (f", ties in {tied_here}" if tied_here else "")
-                + (f" and loses in {lost_here}" if lost_here else ""))
-        grouped += [f"**{name}**: {n} comparison{'' if n == 1 else 's'}, {said}.", "",
+        said = ((("called eagerly, ours stays ahead at the one case below" if n == 1 else
+                  f"called eagerly, ours stays ahead at all {n} cases below") if not lost_here and not tied_here else
+                 f"called eagerly, ours stays ahead at {n - lost_here - tied_here} of these {n} cases"
+                 + (f", ties at {tied_here}" if tied_here else "") + (f" and loses at {lost_here}" if lost_here else ""))
+                + "; in a CUDA graph or a plan, as the chapter times it, the GPU time decides")
+        grouped += [f"**{name}**: {said}.", "",
                     "| case | ours: host per call / GPU (µs) | the rival: host per call / GPU (µs) | called eagerly, "
                     "one call at a time |",
                     "|---|---|---|---|", *[text for text, _ in mine], ""]
@@ -749,8 +751,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
     return "\n".join([
         ":::{dropdown} Calls that wait on the host",
         "", HOST_BOUND_TITLE + " A row may hold several shapes or two rivals; called eagerly, a call takes the "
-        "longer of its two times, and the last column says which side is then the faster. Where a rival's file "
-        f"records no host time (\"{NO_HOST}\"), the row rests on its GPU time alone, longer than our host time.", "",
+        "longer of its two times, and the last column says which side is then the faster. Where the rival's host "
+        f"time was not measured (\"{NO_HOST}\"), the row rests on its GPU time alone, longer than our host time.", "",
         *grouped, ":::"])
 
 def ctc_cases(card: Path) -> list[dict[str, Any]]:
@@ -1368,16 +1370,16 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             ours, theirs = row["median_ms"], row["rival_ms"]
             if row["rival_clock"] not in (None, row["clock"]):  # compared end to end, not on the GPU clock
                 e2e = row.get("ours_end_to_end_ms")
-                cells[name] = f"**{row['vs_rival']:.2f}×**" + (f" ({us(e2e)} against {us(theirs)} µs, end to end)"
+                cells[name] = f"**{row['vs_rival']:.2f}×**" + (f" ({against(e2e, theirs)} µs, end to end)"
                                                                  if e2e else "")
             elif row["ratio_note"].startswith("the ratio of the two median"):  # several requests: their medians
-                cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs, medians)"
+                cells[name] = f"**{row['vs_rival']:.2f}×** ({against(ours, theirs)} µs, medians)"
                 rest = clauses(row["ratio_note"])[1:]  # its first clause is what the cell's "medians" says
                 if rest:  # the line's ratio (of medians) said apart from the median of the per-request ratios
                     notes[name].append(f"{name}: the line's ratio divides the two loops' median times, not a median "
                                        "of ratios; " + "; ".join(rest))
             else:
-                cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
+                cells[name] = f"**{row['vs_rival']:.2f}×** ({against(ours, theirs)} µs)"
             cells[name] += row_caveat(row)
             wait = waits.get((entry.number, name))
             landing[name] = f"{row['vs_rival']:.2f}×"
@@ -1397,7 +1399,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     (b, t, _), x, k = many
                     mine, port = pairs3[many[0]]
                     landing[name] = f"{x:.2f}× at {b} slots of {t:,} tokens"
-                    cells[name] = (f"**{x:.2f}×** at {b} × {t:,} ({us(mine['ms'])} against {us(port['ms'])} µs)"
+                    cells[name] = (f"**{x:.2f}×** at {b} × {t:,} ({against(mine['ms'], port['ms'])} µs)"
                                    + caveat(spread(*mine["spread_ms"]), spread(*port["spread_ms"])))
                     try:  # the deployed budget's shape, where a step is priced, leads; the stress shape follows
                         st = ngram_step(Path(card).parent, Path(card).name)
@@ -1435,7 +1437,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if low:  # the notes from the run's ratio are the copying documents': said so
                     notes[name] = [n.replace("the line's ratio divides", "each ratio divides")
                                    + (" (copying documents)" if "each of these" in n else "") for n in notes[name]]
-                    cells[name] = (f"**{row['vs_rival']:.2f}×** copying documents ({us(ours)} against {us(theirs)} "
+                    cells[name] = (f"**{row['vs_rival']:.2f}×** copying documents ({against(ours, theirs)} "
                                    f"µs, medians){row_caveat(row)}")
                     notes[name].insert(0, f"{name}: on low-copy requests, {low['ratio']:.2f}× ({us(low['ms'])} "
                                           f"against {us(low['rival_ms'])} µs)")
@@ -1490,8 +1492,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 compiled = compiled_gather_rows() if name == "H200" else {}
                 if alone is not None and 1000 in compiled:
                     c = compiled[1000]
-                    pair = f"{us(c['ours']['ms'])} against {us(c['theirs']['ms'])} µs"
-                    step = f"{us(ours)} against {us(theirs)} µs"
+                    pair = f"{against(c['ours']['ms'], c['theirs']['ms'])} µs"
+                    step = f"{against(ours, theirs)} µs"
                     brief[name] = (f"{c['ratio']:.2f}× torch.compile's fused gather, the kernel alone; "
                                    + brief[name].replace(entry.rival_short, "the path engines ship (xgrammar's), "
                                                          "the whole step", 1))
@@ -1516,7 +1518,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     notes[name].append(f"{name}: the kernel alone, given the allowed ids like its rival, is "
                                        f"{alone['vs_rival']:.2f}× faster than two torch launches, index_select then "
                                        "matmul, not a tuned gather kernel "
-                                       f"({us(alone['median_ms'])} against {us(alone['rival_ms'])} µs; it writes the "
+                                       f"({against(alone['median_ms'], alone['rival_ms'])} µs; it writes the "
                                        "whole row, masked; the gather writes only the allowed logits)")
                 # the like-for-like figure and where the lead ends, in the cell beside the headline
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
@@ -1530,7 +1532,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                           f"{llama['gemlite_check_tolerance']:.2%}), so no ratio against it is given")
                 elif llama is not None and llama["rival_ms"] is not None:
                     at = (f"at 4096 × 14336, a Llama shape BitNet's kernel is not built for, {llama['vs_rival']:.2f}× "
-                          f"{llama['rival']} ({us(llama['median_ms'])} against {us(llama['rival_ms'])} µs; it "
+                          f"{llama['rival']} ({against(llama['median_ms'], llama['rival_ms'])} µs; it "
                           f"{llama.get('rival_check') or 'has no'} our float64 check here)")
                 if beaten is not None:
                     lo, hi, shapes = beaten
@@ -2752,10 +2754,12 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
     if "empty_launch_gpu_ms" in c and "copy_bandwidth_gbs" in c:  # an older card's run may lack the GPU-clock one
         from book.scoreboard import empty_kernel_range
 
-        top = empty_kernel_range().get(card, (None, None, None))[1]  # the card's slowest empty kernel over its runs
-        out["notebooks/00_how_to_read.ipynb"] = (f"an empty kernel {c['empty_launch_gpu_ms'] * 1e3:.2f} µs"
-                                                 + (f" in this run (up to {top:.2f} µs in others)" if top and
-                                                    top > c["empty_launch_gpu_ms"] * 1e3 * (1 + TIE_WITHIN) else "")
+        low, top, _ = empty_kernel_range().get(card, (None, None, None))  # the card's empty kernel over its runs
+        here = c["empty_launch_gpu_ms"] * 1e3
+        spread = top and low is not None and top > low * (1 + TIE_WITHIN)
+        # a range where the card's runs spread: one run's time alone would read as the card's
+        out["notebooks/00_how_to_read.ipynb"] = ((f"an empty kernel {min(low, here):.2f}–{top:.2f} µs from run to run"
+                                                  if spread else f"an empty kernel {here:.2f} µs")
                                                  + f"; copies at {c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s (read + "
                                                  "write)")
     part_one = part_one_answer(folder) if folder else None

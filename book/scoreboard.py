@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from book.common import cached_on_files, read_json, us
+from book.common import against, cached_on_files, read_json, us
 from studylog.paths import BENCH_RESULTS
 
 #: What a cell reads where the committed files do not hold the number.
@@ -220,7 +220,7 @@ def empty_kernel_range(root: Path = BENCH_RESULTS) -> dict[str, tuple[float, flo
     out = {}
     for card in cards(root):
         runs = [(t * 1e3, p.stem) for p in sorted(Path(card).glob("*.json"))
-                if (t := empty_kernel_ms(json.loads(p.read_text()))) is not None]
+                if (t := empty_kernel_ms(read_json(p))) is not None]
         if not runs:
             continue
         lo, hi = min(t for t, _ in runs), max(t for t, _ in runs)
@@ -429,12 +429,13 @@ def _ngram(data):
         slots, length = NGRAM_LEAD_CASE["batch"], NGRAM_LEAD_CASE["seq_len"]
         deployed = (f"under the deployed budget ({NGRAM_CASE['batch']} slots of {NGRAM_CASE['seq_len']:,} tokens, "
                     f"budget {NGRAM_CASE['threshold']}), {gpu_row['vs_rival']:.2f}× against step {deployed_best} "
-                    f"({us(gpu_row['median_ms'])} against {us(gpu_row['rival_ms'])} µs); there the budget lets few slots search, so the chapter's table "
+                    f"({against(gpu_row['median_ms'], gpu_row['rival_ms'])} µs); there the budget lets few slots search, so the chapter's table "
                     "gives that case its latency floor, not the active slots' bytes")
         out.append(_row(_entry_label("the GPU drafter", series, lead), f"{slots} slots of {length:,} tokens, no budget",
                         lead["clock"], lead, ports[best], found[best], byte_floor_ms=lead.get("floor_ms"),
                         latency_floor_ms=latency, latency_what=what, short=_entry_short(series, lead),
-                        rival_notes=tuple(f"against {ports[n]}: {found[n]['ms'] / lead['ms']:.2f}×" for n in found
+                        rival_notes=tuple(f"against {ports[n]} at {slots} × {length:,}, no budget: "
+                                          f"{found[n]['ms'] / lead['ms']:.2f}×" for n in found
                                           if n != best) + (deployed,) + (
                             # a run without the entry point's series times the chain's last step itself
                             ("this card's benchmark predates the chapter's entry point, which picks a step by shape: "
@@ -1459,6 +1460,11 @@ def room_words(first_rows: list[tuple[dict[str, Any], dict[str, str]]], root: Pa
 
     out = (f"Where room is left, by our median over its own work where a run times it, else over its floor: most in "
            f"{listed(most)}; least in {listed(least)}.")
+    # a row ranked by its own work that its floor alone would rank higher: said, so one yardstick does not hide it
+    for _, _, lab, r in rated:
+        if r.get("design_bound_ms") and r["binding"] and r.get("pct_of_floor") and 100 / r["pct_of_floor"] > most[0][0]:
+            out += (f" By its floor alone {lab} would lead ({100 / r['pct_of_floor']:.1f}×), but its floor leaves out "
+                    "work the call must do, which its own work counts.")
     one_launch = [r for _, _, _, r in rated if r["binding"] == "latency" and r["number"] != 4]
     lo, hi, _ = empty_kernel_range(root).get(LEAD_CARD, (None, None, ""))
     if one_launch and lo and hi:
@@ -1804,7 +1810,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if c is not None:
             note(two, "the whole step's rival is the path engines ship, the only one that starts from the bitmask; "
                       f"the kernel alone, given the ids, leads its strongest rival, torch.compile's fused gather, "
-                      f"{c[1] / c[0]:.2f}× ({us(c[0])} against {us(c[1])} µs; the results page)")
+                      f"{c[1] / c[0]:.2f}× ({against(c[0], c[1])} µs; the results page)")
     if unbound:
         under_lead.append("Our loops' other bounds are lower and do not bind: " + "; ".join(unbound) + ".")
     flash = {}  # chapter 06's rival as each card ran it: its fastest back end and page size there
@@ -1825,7 +1831,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                "fastest of its other runs."] if any(r.get("latency_borrowed") and r["binding"] == "latency"
                                                      for r, _ in first_rows) else [])
     rule = ("Each row is at the chapter's headline case; where the answer is a range over shapes (chapter 05), at the "
-            "shape of our least lead among those where the rival passes our check. The floor is the card's (bytes, "
+            f"shape of our least lead on the {LEAD_CARD} among those where the rival passes our check (the other "
+            "card's row at the same shape). The floor is the card's (bytes, "
             "compute or one launch) or, for chapter 04, the chain of dependent frames its recursion cannot shorten.")
     rule += ngram_row_words(root)
     # the own-work yardstick is two columns of the table (its time and our median over it); what it is, in a clause

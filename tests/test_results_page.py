@@ -116,7 +116,7 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     assert "- **" not in head and len(re.findall(r"[.!?](\s|$)", head.strip())) <= 2  # one sentence and a pointer
     assert body.startswith(results.HOST_BOUND_TITLE) and results.HOST_BOUND_TITLE.startswith("These are the cases on")
     assert text.count(":::{dropdown}") == 1  # the cases are given once, grouped by chapter (05 by part), in order
-    groups = re.findall(r"^\*\*Chapter (\d\d)( part [12])?, [^*]+\*\*: (\d+) comparisons?, ours ", text, re.M)
+    groups = re.findall(r"^\*\*Chapter (\d\d)( part [12])?, [^*]+\*\*: called eagerly, ours ", text, re.M)
     assert groups and text.count("| case |") == len(groups) == len(set(groups))
     assert [(g[0], g[1]) for g in groups] == sorted((g[0], g[1]) for g in groups)
     for block in text.split("\n**Chapter ")[1:]:
@@ -154,9 +154,15 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     total, ahead, tied, lost_n, where = results.host_bound_markdown(counts=True)
     assert total == ahead + tied + lost_n and total >= len(rows) and lost_n >= len(losses)
     assert tied == ties
-    # the counts add up from the chapters' groups, each "N comparisons, ours stays ahead in ..."
-    groups = re.findall(r"^\*\*Chapter [^*]+\*\*: (\d+) comparisons?, ", text, re.M)
-    assert sum(int(g) for g in groups) == total
+    # the counts add up from the chapters' groups, each "called eagerly, ours stays ahead at K of these N cases" (or
+    # "at all N cases below", "at the one case below"), a sentence that says what decides in a graph or a plan
+    lines = re.findall(r"^\*\*Chapter [^*]+\*\*: (called eagerly, .*)$", text, re.M)
+    counts = [1 if "the one case below" in ln else int(re.search(r"at all (\d+) cases below|of these (\d+) cases", ln)
+                                                         .group(1) or re.search(r"of these (\d+)", ln).group(1))
+              for ln in lines]
+    assert lines and all(ln.endswith("in a CUDA graph or a plan, as the chapter times it, the GPU time decides.")
+                         for ln in lines), lines
+    assert sum(counts) == total
     lost = {ln.split(" | ")[0][len("| chapter "):][:2] for ln in losses}
     if len(lost) == 1:
         assert where == f"all in chapter {lost.pop()}", where
@@ -231,8 +237,9 @@ def test_landing_answers_are_one_number_each_with_the_eager_caveats_in_short_sen
             c = results.compiled_gather_rows()[1000]
             lead = next(b for b in results.scoreboard() if b["number"] == 2 and "H200" in b["card"] and b["lead"])
             first, second = cell.split("; ")
-            assert first.endswith(f"the kernel alone, given the ids, {c['ratio']:.2f}× ({us(c['ours']['ms'])} "
-                                  f"against {us(c['theirs']['ms'])} µs)"), cell
+            # two decimals under 10 µs: the ratio of the times shown is the ratio printed
+            assert first.endswith(f"the kernel alone, given the ids, {c['ratio']:.2f}× ({us(c['ours']['ms'], 2)} "
+                                  f"against {us(c['theirs']['ms'], 2)} µs)"), cell
             assert second == (f"the whole step from the bitmask, {lead['vs_rival']:.2f}× ({us(lead['median_ms'])} "
                               f"against {us(lead['rival_ms'])} µs)"), cell
             assert "strongest" not in cell
@@ -1002,3 +1009,13 @@ def test_ctc_rival_words_name_every_case_where_torch_native_is_faster():
                 assert f"{c['native_ms'] * 1e3:,.1f} µs on the kernel clock" in words, words
         else:
             assert "native" not in words or "each case" in words
+
+
+def test_two_times_beside_a_ratio_carry_the_digits_the_ratio_needs():
+    """Times under 10 µs get two decimals, so that a reader dividing them finds the ratio printed beside them."""
+    from book.common import against
+
+    assert against(0.00404, 0.00470) == "4.04 against 4.70"  # 1.16×, where "4.0 against 4.7" reads 1.18×
+    assert against(0.0190, 0.2032) == "19.0 against 203.2"
+    assert against(0.0083, 0.0110) == "8.30 against 11.00"
+    assert against(None, 0.0110) == "– against 11.00"
