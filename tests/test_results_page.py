@@ -1018,4 +1018,4 @@ def test_two_times_beside_a_ratio_carry_the_digits_the_ratio_needs():
     assert against(0.00404, 0.00470) == "4.04 against 4.70"  # 1.16×, where "4.0 against 4.7" reads 1.18×
     assert against(0.0190, 0.2032) == "19.0 against 203.2"
     assert against(0.0083, 0.0110) == "8.30 against 11.00"
-    assert against(None, 0.0110) == "– against 11.00"
+    assert against(None, 0.0110) == "– against 11.0"  # one time alone: its own digits
