@@ -176,18 +176,23 @@ def test_the_page_says_where_step_14_is_not_the_fastest_and_why_it_stays():
 
 
 def test_why_it_matters_keeps_two_numbers_open_and_folds_the_rest():
-    """Before the first step the reader meets the layers' share of the step's bytes and one estimate, against
-    GemLite; the layer sums, cuBLAS and the fastest step at each layer sit in a fold right below."""
+    """Before the first step the reader meets the layers' share of the step's bytes and of its time, and one
+    estimate, against GemLite; the layer sums, cuBLAS, the fastest step at each layer and what a dispatch would give
+    sit in a fold right below."""
     nb = json.loads(PAGE.read_text())["cells"]
     at = {c["id"]: i for i, c in enumerate(nb)}
     cells = {c["id"]: "".join(c["source"]) for c in nb}
     assert at["why-layers"] == at["ff5c35bc"] + 1 and "hide-output" in nb[at["why-layers"]]["metadata"]["tags"]
     opened = cells["ff5c35bc"]
-    assert "view['share']" in opened and "peer['end_to_end']" in opened
+    assert "view['share']" in opened and "view['time_share']" in opened and "peer['end_to_end']" in opened
     assert "peer['speedup']" not in opened and "view['speedup']" not in opened
-    # the estimate keeps step 14 (no dispatch), what a dispatch would give said beside it; cuBLAS's folded
-    assert "has no dispatch" in opened and "alt['gemlite_step']" in opened and "alt['cublas_step']" not in opened
-    assert "Step 14 is not the fastest step" in cells["why-layers"]
+    # one estimate open: every other (cuBLAS, a dispatch's) folded, no byte-share Amdahl anywhere
+    assert "alt['gemlite_step']" not in opened and "alt['cublas_step']" not in opened
+    assert "view['end_to_end']" not in opened and "view['limit']" not in opened
+    fold = cells["why-layers"]
+    assert "has no dispatch" in fold and "alt['gemlite_step']" in fold and "alt['cublas_step']" in fold
+    assert "Step 14 is not the fastest step" in fold
+    assert "law on bytes" not in opened + fold and "view['time_share']" in fold and "1 - view['share']" not in fold
 
 
 def test_tried_steps_say_where_they_were_measured_and_where_they_win(results):

@@ -93,8 +93,8 @@ def _bars(ax, shapes, series, value):
         peer = s in (GEMLITE, INT_MM, BITNET)
         spread = errs if any(e > 0 for e in errs[0] + errs[1]) else None
         ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * width, vals, width, yerr=spread, capsize=2,
-               color=series_colour(s), edgecolor="k" if peer else None, linewidth=0.3,  # solid: only a failed
-               # check is hatched (_mark_failed)
+               color=series_colour(s), edgecolor="k" if peer else None, linewidth=0.3,  # solid: a failed
+               # check has no bar, only a note (_mark_failed)
                error_kw={"elinewidth": 0.8}, label=_short(s))
     ax.set_xticks(range(len(shapes)), [s.replace("x", " × ") for s in shapes], rotation=25, ha="right",
                   fontsize=SMALL)
@@ -102,8 +102,9 @@ def _bars(ax, shapes, series, value):
     ax.grid(True, axis="y", alpha=0.3)
 
 
-#: How a bar whose peer fails our float64 check at that case is drawn (its edge and hatch), and its legend entry.
-FAILED_EDGE, FAILED_HATCH, FAILED_LABEL = "#d62728", "xxx", "the peer's output fails our float64 check there"
+#: The colour of the note over a group of bars where a peer's output fails our float64 check (no bar is drawn for
+#: that peer there: a failing output gets no ratio, as in the tables).
+FAILED_EDGE = "#d62728"
 
 
 def _group_top(ax, index: int) -> float:
@@ -120,29 +121,31 @@ def _group_top(ax, index: int) -> float:
                 top = max(top, bar.get_height())
         whiskers = getattr(container, "errorbar", None)
         for segment in ([] if whiskers is None else whiskers.lines[2][0].get_segments()):
-            if abs(segment[0][0] - index) < 0.5 and np.isfinite(segment[1][1]):
+            if len(segment) > 1 and abs(segment[0][0] - index) < 0.5 and np.isfinite(segment[1][1]):  # none: no bar
                 top = max(top, segment[1][1])
     return top
 
 
 #: The note above a group of bars in which a peer's output fails its float64 check (``{peer}``: its short name).
-FAILED_NOTE = "{peer}:\nfails check"
+FAILED_NOTE = "{peer}: ✗ fails\ncheck, no ratio"
+
+
+def _failed(failed, series: str, shape: str, m) -> bool:
+    """Whether ``series``'s output fails its float64 check at (``shape``, ``m``) (or at every M of that shape)."""
+    return (series, shape, m) in failed or (series, shape, None) in failed
 
 
 def _mark_failed(ax, shapes, failed, m) -> None:
-    """Redraw the bars of a peer whose output failed its float64 check at (shape, ``m``): red edge and
-    cross-hatch, a note naming the peer above the shape's whole group of bars (above the group, it meets neither
-    that bar nor its neighbours), and one legend entry for them. Raises the axis' top so the notes fit inside it."""
+    """Note, above the shape's whole group of bars (above the group, it meets neither bar), each peer whose output
+    failed its float64 check at (shape, ``m``): that peer has no bar there (its value function gives none), only
+    the note. Raises the axis' top so the notes fit inside it."""
     notes: dict[int, list[str]] = {}
     for container in ax.containers:
         series = next((s for s in (GEMLITE, INT_MM) if container.get_label() == _short(s)), None)
         if series is None:
             continue
         for i, (shape, bar) in enumerate(zip(shapes, container.patches)):
-            if (series, shape, m) in failed or (series, shape, None) in failed:
-                bar.set_edgecolor(FAILED_EDGE)
-                bar.set_hatch(FAILED_HATCH)
-                bar.set_linewidth(1.2)
+            if _failed(failed, series, shape, m):
                 notes.setdefault(i, []).append(_short(series).split(" ")[0])
     if not notes:
         return
@@ -157,8 +160,6 @@ def _mark_failed(ax, shapes, failed, m) -> None:
     share = (2.6 * (SMALL - 1) + 4) / (2.0 * 72)
     bottom, top = ax.get_ylim()
     ax.set_ylim(bottom, max(top, (highest - share * bottom) / (1 - share)))
-    ax.bar([0], [0], 0, color="white", edgecolor=FAILED_EDGE, hatch=FAILED_HATCH, linewidth=1.2,
-           label=FAILED_LABEL)
 
 
 def _wrap(fig, text: str) -> str:
@@ -402,6 +403,8 @@ def figures(results, bitnet=None) -> dict:
         for ax, m in zip(axes[int(bit_view is not None):, 0], peer_ms):
             def over_peer(peer, shape, m=m):
                 ours = W2A8_DEFAULTS if peer == INT_MM else FLOAT_X_SERIES
+                if _failed(failed, peer, shape, m):
+                    return None  # a failing output gets no ratio: no bar, a note (_mark_failed)
                 p = view.select(peer, shape=shape, m=m)
                 row, _ = fastest(view, ours, shape=shape, m=m)
                 return _own_err(p[0], row) if p and row is not None else None
@@ -412,10 +415,11 @@ def figures(results, bitnet=None) -> dict:
             ax.set_ylabel("peer's time / our fastest's (GPU clock)", fontsize=FONT)
             ax.set_title(f"{card}, M = {m}", fontsize=FONT + 1)
         _head(fig, "The rival's time over ours: step 23's against BitNet's kernel, else our fastest kernel's (below 1:"
-              " the rival is faster; no bar: not run there; whiskers: the rival's repetitions; red cross-hatch: the"
-              " rival's output fails our float64 check)" if bit_view is not None else
-              "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there;"
-              " whiskers: the rival's repetitions; red cross-hatch: the rival's output fails our float64 check)")
+              " the rival is faster; no bar: not run there, or, under a red ✗ note, the rival's output fails our float64"
+              " check, so no ratio; whiskers: the rival's repetitions)" if bit_view is not None else
+              "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there, or, under"
+              " a red ✗ note, the rival's output fails our float64 check, so no ratio; whiskers: the rival's"
+              " repetitions)")
         _foot(fig, caption)
         fig.tight_layout(rect=(0, 1.2 / height, 1, 1 - 0.8 / height))
         _legend_below(fig, list(axes[:, 0]), ncol=2, y=0.45 / height)

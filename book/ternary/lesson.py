@@ -215,9 +215,11 @@ def layers_note(view: dict[str, Any]) -> str:
 
 def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
     """The share of a BitNet b1.58 2B4T decode step (one token, a full context of KV cache) that its ternary
-    layers take when they are bf16 matmuls, by bytes moved (a bandwidth model: at M = 1 every part is
-    memory-bound), and what the measured speedup of the fastest of ``series`` (our bf16-x kernels unless told;
-    part 1 passes step 14 alone) over cuBLAS bf16 at the model's own shapes (GPU clock) buys end to end."""
+    layers take when they are bf16 matmuls, by bytes moved (``share``) and by time (``time_share``: the layers'
+    cuBLAS bf16 times, measured at the model's own shapes, against the LM head and KV cache at the copy bandwidth,
+    their floor, so the share is an upper bound), and what the measured speedup of the fastest of ``series`` (our
+    bf16-x kernels unless told; part 1 passes step 14 alone) over cuBLAS bf16 there (GPU clock) buys end to end by
+    Amdahl's law on that time share (``end_to_end``; ``limit`` with the layers made free)."""
     c = BITNET_2B4T
     head_dim = c["hidden"] // c["heads"]
     linear = c["layers"] * sum(n * k * count for _, n, k, count, _ in BITNET_LAYERS)  # weights
@@ -242,12 +244,17 @@ def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
         base += count * b
         ours += count * row["ms"] * 1e3
     speedup = None if base is None else base / ours
-    end_to_end = None if speedup is None else 1 / ((1 - share) + share / speedup)
+    bandwidth = results.data.get("ceilings", {}).get("copy_bandwidth_gbs") if results is not None else None
+    linear_us = None if base is None else c["layers"] * base  # the ternary layers as cuBLAS bf16, one token
+    rest_us = None if not bandwidth else sum(rest.values()) / (bandwidth * 1e9) * 1e6  # at the copy bandwidth
+    time_share = None if None in (linear_us, rest_us) else linear_us / (linear_us + rest_us)
+    end_to_end = None if None in (speedup, time_share) else 1 / ((1 - time_share) + time_share / speedup)
     bytes_2bit = linear * 2 / 8  # 2 bits a weight
     own = layers is not None or all(gpu_row(results, CUBLAS, f"{n}x{k}") for _, n, k, _, _ in BITNET_LAYERS)
     return {"measured": own, "separate": separate, "weights": linear, "linear_bytes": linear_bytes, "rest": rest,
-            "share": share, "speedup": speedup,
-            "end_to_end": end_to_end, "limit": 1 / (1 - share), "per_shape": per_shape,
+            "share": share, "speedup": speedup, "linear_us": linear_us, "rest_us": rest_us, "time_share": time_share,
+            "end_to_end": end_to_end, "limit": None if time_share is None else 1 / (1 - time_share),
+            "per_shape": per_shape,
             "layer_bytes_ratio": linear_bytes / bytes_2bit,
             "bytes_ratio": (linear_bytes + sum(rest.values())) / (bytes_2bit + sum(rest.values()))}
 
@@ -311,10 +318,12 @@ def amdahl_peer(results, ours: str, peer: str) -> Optional[dict[str, Any]]:
     "failed" the shapes kept where the peer's output fails its float64 check, "missing_share" the left-out layers'
     share of the ternary weights, "speedup" the ratio of the
     count-weighted sums (the peer's over ours), and "end_to_end" the whole decode step's time with the peer's kernel
-    over its time with ours, by Amdahl's law on bytes with the ternary layers' share of :func:`amdahl` and each
-    kernel's speedup over cuBLAS on the kept layers (the left-out layers taken to scale as the kept ones). None
-    without a kept layer."""
-    share = amdahl(results, [ours])["share"]
+    over its time with ours, by Amdahl's law on the ternary layers' share of a step's time (:func:`amdahl`'s
+    ``time_share``) and each kernel's speedup over cuBLAS on the kept layers (the left-out layers taken to scale as
+    the kept ones). None without a kept layer or a time share."""
+    share = amdahl(results, [ours])["time_share"]
+    if share is None:
+        return None
     kept, missing, failed = [], [], []
     base = theirs = mine = 0.0
     for name, n, k, count, _ in BITNET_LAYERS:
@@ -433,12 +442,14 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
         if base is None:
             lines.append(f"| {shape.replace('x', ' × ')}, {m} | " + " | ".join([PENDING] * 6) + " |")
             continue
+        base = round(base, 1)  # every time as printed, one decimal: a speedup is the ratio of the two printed
         cells = [f"{shape.replace('x', ' × ')}, {m}", f"{base:.1f}"]
         for group, peer in ((FLOAT_X_SERIES, GEMLITE), (list(w2a8), INT_MM)):
             row, s = fastest(results, group, shape=shape, m=m)
-            cells.append("–" if row is None else
-                         f"{row['ms'] * 1e3:.1f} ({base / (row['ms'] * 1e3):.1f}×, {_launch(s)})")
+            t = None if row is None else round(row["ms"] * 1e3, 1)
+            cells.append("–" if row is None else f"{t:.1f} ({base / t:.1f}×, {_launch(s)})")
             p = us(results, peer, shape, m)
+            p = None if p is None else round(p, 1)
             bad = p is not None and bool({(peer, shape, m), (peer, shape, None)} & failed)
             # a failing output gets its time and the mark, no ratio (no ratio is drawn from a failing output)
             cells.append("–" if p is None else f"{p:.1f} {FAILS}" if bad else f"{p:.1f} ({base / p:.1f}×)")
@@ -842,12 +853,12 @@ def part2_role(results, number: int, m: int, previous, shape: str = MAIN) -> str
     (:data:`PART2_NEEDED_BY`) where it is slower than either; else "loses"."""
     if previous is None:
         return "baseline"
-    t = us(results, SERIES[number], shape, m)
-    r = ratio(us(results, SERIES[previous], shape, m), t)
+    t = shown(us(results, SERIES[number], shape, m))  # the ratios of the times as the table prints them
+    r = ratio(shown(us(results, SERIES[previous], shape, m)), t)
     if r is None:
         return "pending"
     start = PART2_PAIRS.get(number)
-    whole = None if start is None else ratio(us(results, SERIES[start], shape, m), t)
+    whole = None if start is None else ratio(shown(us(results, SERIES[start], shape, m)), t)
     note = "" if whole is None else f" ({whole:.2f}× step {start})"
     if is_tie(r):
         return "tie" + (f", kept because {PART2_TIES_KEPT[number]}" if number in PART2_TIES_KEPT else "")
@@ -922,9 +933,20 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_
     return "\n\n".join(tables)
 
 
+def shown(t: Optional[float]) -> Optional[float]:
+    """A time (µs) as a steps table prints it, to :data:`SHOWN_DIGITS` decimals: its ratios are of these values."""
+    return None if t is None else round(t, SHOWN_DIGITS)
+
+
+#: The decimals of a steps table's times: two, so that a ratio near the tie rule's edge (1.03×) is the ratio of the
+#: times the table shows.
+SHOWN_DIGITS = 2
+
+
 def vs(before: Optional[float], t: Optional[float], previous) -> str:
-    """A step table's × previous cell: "1.65× (vs 6)", or "1.03× (vs 20; tie)" by :func:`is_tie`."""
-    r = ratio(before, t)
+    """A step table's × previous cell: "1.65× (vs 6)", or "1.03× (vs 20; tie)" by :func:`is_tie`, the ratio of the
+    two times as the table prints them (:func:`shown`)."""
+    r = ratio(shown(before), shown(t))
     return f"{fmt(r, '.2f', '×')} (vs {previous}{'; tie' if is_tie(r) else ''})"
 
 
@@ -944,13 +966,13 @@ def _beside_table(results, rows, shape: str, m: int, other: int, at=None) -> str
             t, previous = us(results, SERIES[number], shape, other), there[number]
             speed = f"– (the first at {other} rows)" if previous is None else \
                 vs(us(results, SERIES[previous], shape, other), t, previous)
-            ahead = f"{fmt(t, '.1f')} | {speed}"
+            ahead = f"{fmt(shown(t), '.2f')} | {speed}"
         cells = [c.strip() for c in cells]
         if at:
             t = us(results, SERIES[number], at, m)
             before = None if before_m is None else us(results, SERIES[before_m], at, m)
-            r = ratio(before, t)
-            cells.append("–" if t is None else f"{t:.1f}" + ("" if r is None else
+            r = ratio(shown(before), shown(t))
+            cells.append("–" if t is None else f"{t:.2f}" + ("" if r is None else
                                                              f" ({r:.2f}×{', tie' if is_tie(r) else ''})"))
         out.append(f"| {cells[0]} | {cells[1]} | {ahead} | " + " | ".join(cells[2:]) + " |")
     caption = f"**{shape.replace('x', ' × ')}, {card(results)}, GPU clock, M = {other} and M = {m}**"
@@ -971,7 +993,7 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False, roles=None) 
         speed = "–" if previous is None else vs(before, t, previous)
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
         role = f" {roles(results, number, m, previous, shape)} |" if roles else ""
-        lines.append(f"| {number} |{role} {change} | {fmt(t, '.1f')} | {speed} | "
+        lines.append(f"| {number} |{role} {change} | {fmt(shown(t), '.2f')} | {speed} | "
                      f"{fmt(ratio(t, floor), '.1f')}{own} |{extra}")
     return "\n".join(lines)
 
@@ -1364,13 +1386,13 @@ def gemlite_table(results, step: int = 14) -> Optional[str]:
         return None
     checks = {c["params"]["shape"]: c for c in results.data["checks"]
               if c["name"].startswith("gemlite_w2 within") and c["params"].get("m") == 1}
-    rows = [(s, us(results, GEMLITE, s, 1), us(results, SERIES[step], s, 1)) for s in gem["passed_at"]]
-    rows.sort(key=lambda r: (ratio(r[1], r[2]) or 0.0))
+    rows = [(s, shown(us(results, GEMLITE, s, 1)), shown(us(results, SERIES[step], s, 1))) for s in gem["passed_at"]]
+    rows.sort(key=lambda r: (ratio(r[1], r[2]) or 0.0))  # the ratios of the times as printed (:func:`shown`)
     lines = [f"| N × K (M = 1) | GemLite (µs) | step {step} (µs) | GemLite / step {step} |", "|---|---|---|---|"]
-    lines += [f"| {shape_words(s)} | {fmt(g, '.1f')} | {fmt(o, '.1f')} | {fmt(ratio(g, o), '.2f', '×')} |"
+    lines += [f"| {shape_words(s)} | {fmt(g, '.2f')} | {fmt(o, '.2f')} | {fmt(ratio(g, o), '.2f', '×')} |"
               for s, g, o in rows]
-    lines += [f"| {shape_words(s)} | {fmt(us(results, GEMLITE, s, 1), '.1f')} | "
-              f"{fmt(us(results, SERIES[step], s, 1), '.1f')} | {FAILS} error {checks[s]['relative_error']:.2%}, "
+    lines += [f"| {shape_words(s)} | {fmt(us(results, GEMLITE, s, 1), '.2f')} | "
+              f"{fmt(us(results, SERIES[step], s, 1), '.2f')} | {FAILS} error {checks[s]['relative_error']:.2%}, "
               f"{checks[s]['tolerance']:.2%} allowed |" for s in gem["failed"]]
     return "\n".join(lines)
 
@@ -1439,7 +1461,7 @@ def pays_table(results, steps=LATE_STEPS, cases=LATE_CASES) -> str:
              "|---|---|" + "---|" * len(cases)]
     for new, old in steps:
         change = next(c for n, m, p, c in PART1_ROWS if n == new and m == 1).split(" (")[0]
-        rs = [ratio(us(results, SERIES[old], *c), us(results, SERIES[new], *c)) for c in cases]
+        rs = [ratio(shown(us(results, SERIES[old], *c)), shown(us(results, SERIES[new], *c))) for c in cases]
         cells = [fmt(r, ".2f", "×") + (" (tie)" if is_tie(r) else "") for r in rs]
         lines.append(f"| {new} | {change} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -1448,8 +1470,8 @@ def pays_table(results, steps=LATE_STEPS, cases=LATE_CASES) -> str:
 def pays_words(results, steps=LATE_STEPS, cases=LATE_CASES) -> str:
     """:func:`pays_table` in a sentence: the steps that pay well at every case (× previous of 1.10 or more at each),
     the most the others gain, and where each loses (× previous under 0.97 at two places: nearer 1.00 is a tie)."""
-    f = {new: {c: ratio(us(results, SERIES[old], *c), us(results, SERIES[new], *c)) for c in cases}
-         for new, old in steps}
+    f = {new: {c: ratio(shown(us(results, SERIES[old], *c)), shown(us(results, SERIES[new], *c))) for c in cases}
+         for new, old in steps}  # as the steps tables print them (:func:`shown`)
     if any(v is None for row in f.values() for v in row.values()):
         return ""
     big = [n for n, row in f.items() if min(row.values()) >= 1.1]

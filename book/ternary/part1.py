@@ -113,7 +113,8 @@ def fastest_estimates(results, steps=AT_BITNET) -> Optional[dict[str, float]]:
         base, theirs, mine = base + count * b, theirs + count * p, mine + count * min(ours)
     if not mine:
         return None
-    step = lambda speed: (1 - view["share"]) + view["share"] / speed  # noqa: E731  a step's time, cuBLAS's = 1
+    share = view["time_share"]  # the ternary layers' share of a cuBLAS step's time, as lesson.amdahl_peer
+    step = lambda speed: (1 - share) + share / speed  # noqa: E731  a step's time, cuBLAS's = 1
     return {"cublas": view["speedup"], "cublas_step": view["end_to_end"], "gemlite": theirs / mine,
             "gemlite_step": step(base / theirs) / step(base / mine)}
 
