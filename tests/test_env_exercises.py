@@ -33,3 +33,46 @@ def test_the_check_refuses_a_forgotten_tail_and_the_stub(capsys):
 
     assert not exercises.check_two_launches(stub)
     assert NOT_WRITTEN in capsys.readouterr().out
+
+
+def _page_cells() -> list[dict]:
+    import json
+
+    from studylog.paths import REPO_ROOT
+
+    return json.loads((REPO_ROOT / "notebooks" / "00_how_to_read.ipynb").read_text())["cells"]
+
+
+def test_exercise_1s_measured_answer_is_in_the_solutions_not_on_the_page():
+    """The page prints no answer to exercise 1 (no fold, no read of the exercise's run or of chapter 04's steps after
+    the Exercises heading); the solutions module gives both, read from the committed runs."""
+    import re
+
+    from studylog import plotting
+
+    sources = ["".join(c["source"]) for c in _page_cells()]
+    start = next(i for i, s in enumerate(sources) if s.startswith("## Exercises"))
+    after = "\n".join(sources[start:])
+    assert "dropdown" not in after and "axpy_exercise" not in after and "say(" not in after
+    assert "`book/env/solutions.py`" in sources[start]
+    assert not any(re.search(r'load_lab\("tour"|load_results\("ctc"', s) for s in sources)
+    run = plotting.load_lab("tour", "axpy_exercise", gpu="nvidia-h200")
+    said = solutions.axpy_measured()
+    for r in run["measurements"]:
+        assert f"{r['series']} {r['ms'] * 1e3:,.1f} µs" in said
+    assert "cases on the" in solutions.restrict_ldg_in_chapter_04()
+
+
+def test_a_visible_cell_defines_what_it_reads_and_the_copy_rate_is_said_once_with_its_twin():
+    """The floor's visible cell loads the run it reads (``env``) itself; the prose gives the floors' copy rate and names
+    the table's 1 GiB row as the same copy timed again; no prose sentence ends in a colon before a paragraph."""
+    cells = _page_cells()
+    for c in cells:
+        src = "".join(c["source"])
+        hidden = "remove-input" in c["metadata"].get("tags", [])
+        if c["cell_type"] == "code" and not hidden and "env.data" in src:
+            assert 'env = plotting.load_results("env")' in src, src[:200]
+    rate = next("".join(c["source"]) for c in cells if "{bandwidth_gbs:,.0f} GB/s**" in "".join(c["source"]))
+    assert "the table's 1 GiB row, the same copy timed again later in the run, reads {gib['gbs']:,.0f}" in rate
+    measured = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## How the numbers"))
+    assert not measured.rstrip().endswith(":")

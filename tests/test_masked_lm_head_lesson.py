@@ -454,8 +454,9 @@ def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
 def test_the_result_table_gives_the_kernel_alone_and_the_whole_step_at_every_headline_point():
     """One row per headline point: step 12 against its strongest rival timed there (torch.compile's fused gather at
     batch 1, both times from the committed lab run; elsewhere "torch.compile not timed" and the fastest rival given
-    the ids), step 13 against xgrammar's path, each ratio computed here by hand (a tie within TIE, a loss said as
-    slower). Those rivals are graph-replayed, not launched eagerly: the header does not call them eager."""
+    the ids, the ratio marked as against a weaker rival), step 13 against xgrammar's path, each ratio computed here by
+    hand (a tie within TIE, a loss said as slower). Those rivals are graph-replayed, not launched eagerly: the header
+    does not call them eager."""
     results = plotting.load_results("masked_lm_head")
     header, _, *lines = lesson.result_table(results).splitlines()
     assert "eager" not in header
@@ -472,8 +473,10 @@ def test_the_result_table_gives_the_kernel_alone_and_the_whole_step_at_every_hea
             rival = min(results.select(s, **p)[0]["ms"] for s in lesson.KERNEL_RIVALS if results.select(s, **p))
             assert r[2].startswith("`torch.compile` not timed; "), r
         x = rival / mine
+        weaker = "" if batch == 1 else " (weaker rival)"
+        assert lesson.WEAKER_MARK == " (weaker rival)"
         assert r[3] == (f"**{x:.2f}×** faster" if x > 1 + lesson.TIE else "a tie" if lesson.tied(rival, mine)
-                        else f"{1 / x:.2f}× slower"), r
+                        else f"{1 / x:.2f}× slower") + weaker, r
         assert r[2].endswith(f", {rival * 1e3:.1f}") or r[2].endswith(f", {rival * 1e3:,.1f}") \
             or r[2].endswith(f", {lesson.table_us(rival)}"), r
 
@@ -690,7 +693,10 @@ def test_the_kernel_alone_leads_with_its_strongest_rival_the_compiled_gather():
     assert lead == f"{leads[1000]:.2f}×" and "torch.compile" in words and f"{leads[10_000]:.2f}× at 10,000" in words
     for n in leads:  # each lead with its two times beside it, read here from the file
         ours, theirs = by[("step12", n)], min(by[(s, n)] for s in lesson.COMPILED_RIVALS)
-        assert f"({lesson.table_us(ours)} against {lesson.table_us(theirs)} µs)" in words, (n, words)
+        shown = re.search(rf"([\d.]+)× at {n:,}[^(]*\(([\d.]+) against ([\d.]+) µs\)", words)
+        assert shown and shown.groups()[1:] == (f"{ours * 1e3:.2f}", f"{theirs * 1e3:.2f}"), (n, words)
+        # the lead is the ratio of the two times as printed
+        assert shown.group(1) == f"{float(shown.group(3)) / float(shown.group(2)):.2f}", (n, words)
         assert lesson.compiled_gather_times("compiled_gather")[n] == (ours, theirs)
     cells = ["".join(c["source"]) for c in _notebook_cells()]
     cell = next(c for c in cells if "{compiled_words}" in c)
@@ -774,6 +780,7 @@ def test_the_capped_key_names_the_cap():
     assert key == lesson.capped_key(rot) and f"{rot['max_copies']} copies" in key
     assert (f"at most {rot['capped_union']:,} rows" if rot["capped_union"] > 1 else "one row") in key
     assert "flatter ours against the paths that read the whole head" in key and key.count(". ") == 0
+    assert "not a ratio of two such times (step 8's against step 7)" in key  # step 8's ratio: both sides alike
     points = {tuple(sorted((k, v) for k, v in r["params"].items() if k != "layout"))
               for r in results.rows if r.get("rotation_capped")}
     for r in results.rows:
@@ -915,15 +922,17 @@ def _trace(calls=3, replays=2):
 
 def test_the_timeline_table_chains_step_13s_three_parts():
     """One row per part of step 13 (the copy, the union built, the bucket's graph), each with its traced time, the
-    idle time before it and when it ends; then the wait for the next call, and last the step's own time."""
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.plan_timeline_table(_trace(), 20.25).splitlines()]
-    assert len(rows) == 2 + 3 + 2
-    copy, union, kernel, wait, step = rows[2:]
+    idle time before it and when it ends; then the wait for the next call. Every cell is the trace's: the benchmark's
+    time of the step, another run, is no row of it."""
+    table = lesson.plan_timeline_table(_trace())
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()]
+    assert len(rows) == 2 + 3 + 1
+    copy, union, kernel, wait = rows[2:]
     assert copy[2:] == ["1.5", "–", "1.5"]
     assert union[2:] == ["3.5", "5.0", "10.0"]  # 1.0 + 2.5 taken; 4.5 + 0.5 idle; 7.5 + 2.5
     assert kernel[2:] == ["4.0", "0.5", "14.5"]
     assert wait[3:] == ["4.5", "19.0"]  # 19.0 - (10.5 + 4.0)
-    assert step[0] == "**the step**" and step[2] == "**20.2**"
+    assert "the step" not in table and "benchmark" not in table
 
 
 def test_plan_parts_give_each_part_its_own_time():
@@ -958,7 +967,10 @@ def test_step_13s_section_names_its_one_idea_and_times_each_part():
     assert "lesson.plan_parts(trace)" in code
     for key in ("idle", "period"):
         assert f"part['{key}']" in code, key
-    assert "lesson.plan_timeline_table(trace, step_us)" in code and "N['mlh_plan_1000']" in code
+    assert "lesson.plan_timeline_table(trace)" in code and "N['mlh_plan_1000']" in code
+    # the step's time and the trace are two runs: the section names each once, and says what the step's time holds
+    assert "the benchmark does not time them apart" in code and "A run of its own traced them" in code
+    assert "of the traced run, not the benchmark" in code
     rest = "\n".join("".join(c["source"]) for k, c in enumerate(cells) if not start <= k < end)
     assert "plan_timeline_table" not in rest and "plan_parts" not in rest
 
@@ -1119,19 +1131,31 @@ def test_step_10_is_shown_against_step_3s_product():
     assert "gathered_sums" not in code and "step 3's `dot_rows`" in cells[start]
 
 
-def test_the_timing_exercises_fold_a_recorded_answer():
-    """Exercises 4 and 6 time kernels on a GPU: each is followed by a folded answer read from the committed run, and
-    exercise 4 prints no placeholder on a CPU."""
+def test_the_timing_exercises_answers_live_in_the_solutions_not_on_the_page():
+    """Exercises 4, 6 and 7 time kernels on a GPU: the page prints none of their measured answers (no folded answer,
+    no run of the tuning sweep, of steps 5 and 6 side by side or of exercise 7's variant), the solutions module gives
+    them, read from the committed runs, and exercise 4 prints no placeholder on a CPU."""
     cells = _notebook_cells()
     ids = [c["id"] for c in cells]
-    for code, answer in (("cell-51", "cell-51-answer"), ("cell-ex6-code", "cell-ex6-answer")):
-        assert ids.index(answer) == ids.index(code) + 1
-        text = "".join(cells[ids.index(answer)]["source"])
-        assert ":::{{dropdown}} The measured answer" in text and "lesson.batch1_ms(results" in text
-        assert "remove-input" in cells[ids.index(answer)]["metadata"]["tags"]
-    answer = "".join(cells[ids.index("cell-51-answer")]["source"])
-    assert "lesson.rows_sweep_us(" in answer and ":.1f} µs" not in answer  # do_bench's times are not quoted
-    sweep = lesson.rows_sweep_us(load_lab("masked_lm_head", lesson.CANDIDATES_FILE, gpu=lesson.CANDIDATES_GPU))
+    assert "cell-51-answer" not in ids and "cell-ex6-answer" not in ids
+    source = "\n".join("".join(c["source"]) for c in cells)
+    for given in ("measured answer", "rows_sweep_us", "fill_all_then_rows", "five_six", "CANDIDATES_FILE"):
+        assert given not in source, given
+    exercises_at = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Exercises"))
+    after = "\n".join("".join(c["source"]) for c in cells[exercises_at:])
+    assert "dropdown" not in after and "say(" not in after
+    tuning = load_lab("masked_lm_head", lesson.CANDIDATES_FILE, gpu=lesson.CANDIDATES_GPU)
+    said = solutions.tiles_measured()
+    for allowed in (1000, 10_000):
+        assert all(f"{t:.1f} µs" in said for t in lesson.rows_sweep_us(tuning, allowed).values())
+    results = plotting.load_results("masked_lm_head")
+    said = solutions.rows_first_measured()
+    for n in (5, 6):
+        assert lesson.table_us(lesson.batch1_ms(results, f"step0{n}", 1)) in said
+    parts = {r["series"]: r["ms"] * 1e3 for r in load_lab("masked_lm_head", "worst_point_parts")["measurements"]}
+    said = solutions.fill_then_rows_measured()
+    assert f"{parts['step10']:.1f} µs" in said and f"{parts['fill_all_then_rows_variant']:.1f} µs" in said
+    sweep = lesson.rows_sweep_us(tuning)
     assert list(sweep) == [1, 2, 4] and all(t > 0 for t in sweep.values())
     assert lesson.rows_sweep_us(None) == {}
     line = exercises.try_rows_per_program(2, allowed_count=4) if not torch.cuda.is_available() else ""
@@ -1171,9 +1195,9 @@ def test_step_13_is_one_idea_whose_change_has_three_parts_and_one_table_of_their
     shown = ("function_listing(mlh.step13_plan", "show_source(union_ids", "step_diff(CHAPTER, 7, 13)")
     for k, code in zip(heads, shown):
         assert code in text[k + 1], (k, code)
-    table = next(k for k, t in enumerate(text) if "lesson.plan_timeline_table(trace, step_us)" in t)
+    table = next(k for k, t in enumerate(text) if "lesson.plan_timeline_table(trace)" in t)
     assert table > heads[-1] + 1
-    rows = lesson.plan_timeline_table(_trace(), 20.25).splitlines()[2:5]
+    rows = lesson.plan_timeline_table(_trace()).splitlines()[2:5]
     assert [r.split("|")[1].strip() for r in rows] == ["the bitmask to the device", "the union from the bitmask",
                                                          "the bucket's graph"]
 
@@ -1232,3 +1256,34 @@ def test_exercise_seven_fills_everything_then_runs_the_row_programs(capsys):
         capsys.readouterr()
         exercises.time_fill_then_rows(solutions.fill_then_rows)
         assert "timing needs a GPU" in capsys.readouterr().out
+
+
+def test_each_ratio_of_the_losses_table_is_the_ratio_of_its_printed_times():
+    """In the losses table "ours is slower by" is ours over the rival as the two cells print them (two decimals under
+    100 µs, :func:`lesson.loss_us`), so a reader dividing the cells finds the ratio; a tampered cell breaks it."""
+    results = plotting.load_results("masked_lm_head")
+
+    def problems(lines):
+        out = []
+        for line in lines:
+            cells = [c.strip() for c in line.split("|")[1:-1]]
+            ours, rival = (float(re.search(r": ([\d,.]+) µs", c).group(1).replace(",", "")) for c in cells[4:6])
+            if cells[6] != f"{ours / rival:.2f}×":
+                out.append(line)
+        return out
+
+    lines = lesson.losses_table(results).splitlines()[2:]
+    assert lines and problems(lines) == []
+    assert problems([lines[-1].replace(lesson.loss_us(lesson.loss_account(results)["q"]["rival"]["ms"]), "15.3")])
+    assert lesson.loss_us(0.08304590812) == "83.05" and lesson.loss_us(0.4081) == "408.1"
+
+
+def test_the_worst_loss_names_the_run_its_parts_come_from():
+    """The worst loss is said with the benchmark's two times (the losses table's, as printed there) and its parts come
+    from a run of their own, named as such, with that run's own whole time: one number per run, each run named."""
+    results = plotting.load_results("masked_lm_head")
+    cell = next("".join(c["source"]) for c in _notebook_cells() if c.get("id") == "cell-43")
+    assert "lesson.loss_us(mine['ms'])" in cell and "lesson.loss_us(r['ms'])" in cell
+    assert "A run of its own timed step 10's parts" in cell and "the whole call {split['step10']:.1f} µs there" in cell
+    q = lesson.loss_account(results)["q"]
+    assert f"{lesson.loss_us(q['mine']['ms'])} µs" in lesson.losses_table(results)

@@ -27,7 +27,7 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "MAIN_CASE",
-           "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "main_steps_table", "step_base", "TRIED_MARK",
+           "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "WEAKER_MARK", "loss_us", "main_steps_table", "step_base", "TRIED_MARK",
            "own_case_steps", "steps_note", "table_us", "chain_base", "PARTS", "bitmask_copy_ms", "OWN_STEPS",
            "CHANGES_FROM_HOST", "rows_sweep_us",
            "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
@@ -410,8 +410,9 @@ def capped_key(rot: dict[str, Any] | None) -> str | None:
     union = "A union of one row" if n == 1 else f"A union of at most {n:,} rows"
     where = (f"its {rot['max_copies']} copies fit in the {rot['l2_mib']:.0f} MiB L2" if rot.get("capped_fit_l2") else
              f"it may stay in L2 even across the {rot['max_copies']} copies of the head")
-    return (f"{CAPPED} {union}: {where}, which can flatter ours against the paths that read the whole head (dense, "
-            "xgrammar's); the run does not measure by how much.")
+    return (f"{CAPPED} {union}: {where}, so its time may come partly from L2, which can flatter ours against the "
+            "paths that read the whole head (dense, xgrammar's) but not a ratio of two such times (step 8's against "
+            "step 7); the run does not measure by how much.")
 
 
 #: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
@@ -545,9 +546,16 @@ def loss_counts(results) -> dict[str, Any]:
             "ties": len(ties(results))}
 
 
+def loss_us(ms: float) -> str:
+    """A time of the losses table and of the worst loss's sentence, in µs: two decimals under 100 µs, so that the
+    ratio printed beside two times is the ratio of the times as printed (83.05 against 15.26 is 5.44×, where 83.0
+    against 15.3 would read 5.42×); one decimal from 100 µs on."""
+    return us(ms, 2 if ms * 1e3 < 100 else 1)
+
+
 def losses_table(results) -> str:
     """Where a series of ours is slower than a rival by more than a tie (:func:`is_tie`), with the union and the fp32
-    output's share of the call's bytes."""
+    output's share of the call's bytes; times as :func:`loss_us` prints them."""
     lost = [q for q in _losses(results) if not is_tie(q)]
     if not lost:
         return "No measured point where a series of ours is slower than its rival."
@@ -564,8 +572,8 @@ def losses_table(results) -> str:
         share = "–" if union is None else f"{call_bytes(p['batch'], 0) / call_bytes(p['batch'], union):.0%}"
         ours = label(mine["series"]) + (f" ({path_words(mine['path'])})" if mine.get("path") else "")
         lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {'–' if union is None else f'{union:,}'} | "
-                     f"{ours}: {mine['ms'] * 1e3:,.1f} µs{capped(mine)} | "
-                     f"{label(rival['series'])}: {rival['ms'] * 1e3:,.1f} µs{capped(rival)} | "
+                     f"{ours}: {loss_us(mine['ms'])} µs{capped(mine)} | "
+                     f"{label(rival['series'])}: {loss_us(rival['ms'])} µs{capped(rival)} | "
                      f"{mine['ms'] / rival['ms']:.2f}× | {share} |")
     return "\n".join(lines)
 
@@ -797,7 +805,7 @@ PARTS = (("the copy", "the packed bitmask copied, without waiting, into a device
 CHAIN = (0, 1, 2, 3, 4, 5, 7)
 #: Step 13's "one change" cell: an integration, not a faster kernel; its three parts are traced in its section.
 CHANGES_FROM_HOST = ("an integration, not a faster kernel: the whole step from the packed bitmask in one CUDA graph "
-                     "(the copy, the union, the row kernel)")
+                     "(the copy, the union, the row kernel, timed together)")
 #: The rivals' names in the table's "× against" cells.
 HEADLINE_RIVAL_WORDS = {"index_select": "`index_select` + matmul", XGRAMMAR: "xgrammar's path"}
 #: The kept steps after the chain, each at its own case (:data:`STEP_CASES`); step 12, the entry point, over every
@@ -956,6 +964,9 @@ def step_factor_at(results, number: int, params: dict) -> float | None:
 
 #: The rivals of step 12 (the kernel given the ids) in the result's table: the fastest of them at each point.
 KERNEL_RIVALS = ("index_select", "cublas_fp32_mask", "dense_mask")
+#: The mark of the result table's ratios against a rival weaker than the strongest one (torch.compile's fused gather,
+#: not timed at batches above 1).
+WEAKER_MARK = " (weaker rival)"
 
 
 def result_table(results) -> str:
@@ -964,7 +975,8 @@ def result_table(results) -> str:
     equal weight; a ratio under one said as slower. The kernel's rival is torch.compile's fused gather where the
     committed lab run timed it (batch 1: both times from that run, :func:`compiled_gather_times`); at the other
     batches the cell says torch.compile was not timed and names the fastest uncompiled rival given the ids
-    (:data:`KERNEL_RIVALS`) that the ratio divides by."""
+    (:data:`KERNEL_RIVALS`) that the ratio divides by, and the ratio is marked :data:`WEAKER_MARK`, as the results page
+    marks its comparisons with a weaker rival."""
     head = ["batch (1,000 allowed each)", "kernel alone: step 12", "its strongest rival timed, given the ids",
             "step 12 is",
             "whole step: step 13", "xgrammar's path", "step 13 is"]
@@ -989,7 +1001,7 @@ def result_table(results) -> str:
             rival, series = min(rivals, key=lambda t: t[0]["ms"])
             cells = [f"{batch}", f"{table_us(mine['ms'])}",
                      f"`torch.compile` not timed; {RIVAL_WORDS[series]}, {table_us(rival['ms'])}",
-                     said(rival["ms"], mine["ms"])]
+                     said(rival["ms"], mine["ms"]) + WEAKER_MARK]
         cells += ([f"{table_us(whole['ms'])}", f"{table_us(xgr['ms'])}", said(xgr["ms"], whole["ms"])] if whole and xgr
                   else ["–", "–", "–"])
         lines.append("| " + " | ".join(cells) + " |")
@@ -1200,12 +1212,12 @@ def mean_period(data: dict) -> float:
     return sum(periods) / len(periods)
 
 
-def plan_timeline_table(data: dict, step_us: float) -> str:
+def plan_timeline_table(data: dict) -> str:
     """Markdown: step 13's three parts as one call of :func:`plan_timeline` runs them, each with its traced median
     time, the idle time before it and when it ends (µs after the copy starts): the bitmask's copy, the union built
     from it (the count zeroed, then the union kernel) and the bucket's graph (the row kernel); then the idle time
-    until the next call's copy, and last the step's own time, ``step_us``: the benchmark's median, timed without the
-    profiler (the number the steps table and the headline quote)."""
+    until the next call's copy. Every cell is the trace's, a run of its own: the benchmark's time of the step (the
+    number the steps table and the headline quote) is not a row, so that no table mixes the two runs."""
     s = data["summary"]
     took, start, gap = s["duration_us"], s["start_us"], s["gap_before_us"]
     union = took["count_zero"] + took["union_kernel"]
@@ -1219,7 +1231,6 @@ def plan_timeline_table(data: dict, step_us: float) -> str:
              "|---|---|---|---|---|"]
     lines += [f"| {part} | {what} | {t:.1f} | {idle} | {end:.1f} |" for part, what, t, idle, end in rows]
     lines.append(f"| until the next call's copy | | | {timeline_idle(data)['next']:.1f} | {s['period_us']:.1f} |")
-    lines.append(f"| **the step** | the benchmark's median, no profiler | **{step_us:.1f}** | | |")
     return "\n".join(lines)
 
 
@@ -1347,14 +1358,15 @@ def compiled_gather_times(name: str) -> dict[int, tuple[float, float]] | None:
 
 def compiled_gather_words() -> tuple[str, str]:
     """(lead, sentence): step 12's lead at 1,000 allowed over torch.compile's fused gather, and one sentence with
-    both counts, each ratio with its two times, from the first run (the second machine's agrees: the lab README);
+    both counts, each ratio with its two times at two decimals (the ratio of the times as printed), from the first
+    run (the second machine's agrees: the lab README);
     ("", "") where none is committed."""
     leads = compiled_gather_leads(COMPILED_GATHER[0])
     if not leads:
         return "", ""
     times = compiled_gather_times(COMPILED_GATHER[0])
-    both = " and ".join(f"{_x(x)} at {n:,}{' allowed' if k == 0 else ''} ({table_us(times[n][0])} against "
-                        f"{table_us(times[n][1])} µs)" for k, (n, x) in enumerate(sorted(leads.items())))
+    both = " and ".join(f"{_x(x)} at {n:,}{' allowed' if k == 0 else ''} ({us(times[n][0], 2)} against "
+                        f"{us(times[n][1], 2)} µs)" for k, (n, x) in enumerate(sorted(leads.items())))
     return _x(leads[1000]), (
         f"Its strongest rival is `torch.compile` (max-autotune) of the same expression, which fuses the gather: step 12 "
         f"leads it by {both}, and also writes `-inf` elsewhere.")

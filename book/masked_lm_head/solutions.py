@@ -12,7 +12,7 @@ from torch import Tensor
 from studylog.masked_lm_head.formats import AllowedTokens
 
 __all__ = ["active_fraction", "union_from_bitmask", "masked_logits_rows", "compact_threshold", "rows_first",
-           "fill_then_rows"]
+           "fill_then_rows", "tiles_measured", "rows_first_measured", "fill_then_rows_measured"]
 
 
 def _log_comb(n: int, k: int) -> float:
@@ -98,3 +98,52 @@ def fill_then_rows(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Tenso
         D=hidden, BLOCK_B=t.block_b, BLOCK_V=t.block_v, BLOCK_D=t.block_d, FILL_BLOCK=t.fill_block,
         num_warps=t.num_warps, num_stages=t.num_stages, DOT_DTYPE=dot_dtype(h.dtype))
     return out
+
+
+# --------------------------------------------------------------------------------------
+# The measured answers of the timing exercises (4, 6 and 7), read from the committed runs
+# --------------------------------------------------------------------------------------
+
+def tiles_measured() -> str:
+    """Exercise 4, as measured: the tuning run that chose step 7's tile (``lab/masked_lm_head``'s
+    ``candidates_do_bench.json``, on Triton's ``do_bench``, a clock that times calls one by one, so its microseconds
+    are not the chapter's tables') swept the rows per program at the default warps. A program already waits for its
+    rows once, so more rows a program only leave fewer programs to spread over the SMs."""
+    from book.masked_lm_head import lesson
+    from studylog.masked_lm_head.formats import default_tiles
+    from studylog.plotting import load_lab
+
+    tuning = load_lab("masked_lm_head", lesson.CANDIDATES_FILE, gpu=lesson.CANDIDATES_GPU)
+    said = []
+    for allowed in (1000, 10_000):
+        sweep = lesson.rows_sweep_us(tuning, allowed)
+        said.append(f"at {allowed:,} allowed: " + ", ".join(f"{n} row{'s' if n > 1 else ''} {t:.1f} µs"
+                                                           for n, t in sweep.items()))
+    return (f"do_bench, the tuning run: {'; '.join(said)}. The default takes {default_tiles(7, 1).block_v} row a "
+            "program.")
+
+
+def rows_first_measured() -> str:
+    """Exercise 6, as measured in the chapter's benchmark: steps 5 and 6 at batch 1, random masks, 1 and 1,000
+    allowed. Step 6 (the fill programs first) ties step 5 at 1,000 and is slower at 1, where nearly every program is
+    a fill program and the one row program starts last; putting the rows first again gives step 5's times back."""
+    from book.masked_lm_head import lesson
+    from studylog.masked_lm_head import CHAPTER
+    from studylog.plotting import load_results
+
+    results = load_results("masked_lm_head")
+    times = {n: {a: lesson.batch1_ms(results, CHAPTER.step(n).series, a) for a in (1, 1000)} for n in (5, 6)}
+    return "; ".join(f"step {n}: {lesson.table_us(t[1])} µs at 1 allowed, {lesson.table_us(t[1000])} µs at 1,000"
+                     for n, t in times.items()) + f" ({results.gpu})."
+
+
+def fill_then_rows_measured() -> str:
+    """Exercise 7, as measured: ``lab/masked_lm_head/worst_point_parts.py`` timed step 10 and a plain fill of every
+    output followed by step 10's row programs (``fill_all_then_rows_variant``, the same bits) on synthetic masks of
+    the worst loss's shape (batch 256, 100 real tokens each)."""
+    from studylog.plotting import load_lab
+
+    t = {r["series"]: r["ms"] * 1e3 for r in load_lab("masked_lm_head", "worst_point_parts")["measurements"]}
+    whole, both = t["step10"], t["fill_all_then_rows_variant"]
+    return (f"step 10 {whole:.1f} µs; fill everything, then the row programs: {both:.1f} µs, "
+            f"{whole / both:.2f}× faster (it saves {whole - both:.1f} µs).")
