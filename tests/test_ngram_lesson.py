@@ -46,12 +46,12 @@ def _num(text: str) -> float:
 
 def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths_case():
     """The page's one table of steps: a row per step (the budget path's 8 to 12 each its own), the entry point and the
-    floor; two columns per case, the headline (32 × 512, budget 128) first, then the stress case and the long rows where
-    the budget path pays: the time with its "× previous", and its "× floor" ("× latency floor" where the floor is an
-    empty kernel). Each cell's time is the file's (a sub-step's, its lab run's); its ratio is over one reference a row
-    (6a and step 6 over step 5, 9a and step 9 over step 8, step 8 over step 6, named where it is not the row above),
-    a tie saying so; step 1 is on the host (its footnote gives its times) and divides nothing; a step the file does not
-    time at a case reads "–", under a legend; the entry point names the step it runs, read from the file."""
+    floor; two columns per case, the headline (32 × 512, budget 128) first, then the stress case and the long rows
+    where the budget path pays: the time with its "× previous", and its "× floor" ("× latency floor" where the floor
+    is an empty kernel). Each cell's time is the file's (a sub-step's, its lab run's); its ratio is over one reference
+    a row (6a and step 6 over step 5, 9a and step 9 over step 8, step 8 over step 6, named where it is not the row
+    above), a tie saying so; step 1 is on the host (its footnote gives its times) and divides nothing; a step the file
+    does not time at a case reads "–", under a legend; the entry point names the step it runs, read from the file."""
     results = load_results("ngram")
     assert [r[0] for r in _cells(lesson.the_steps_table(results))[1:]] == MAIN_ORDER
     assert [r[0] for r in _cells(lesson.the_steps_table(results, rows=lesson.BUDGET_ROWS))[1:]] == BUDGET_ORDER
@@ -1039,5 +1039,5 @@ def test_the_end_to_end_fold_says_which_kernel_it_times():
     for hd in other:
         entry = lesson.entry_row(results, hd["where"])
         number = ngram.CHAPTER.step(entry["step"]).number
-        assert (f"{lesson.case_words(hd['case'])} (step {number}: {entry['ms'] * 1e3:,.1f} µs on the GPU clock against "
-                f"step 12's {hd['kernel_gpu_ms'] * 1e3:,.1f})") in fold, hd["case"]
+        assert (f"{lesson.case_words(hd['case'])} (step {number}: {entry['ms'] * 1e3:,.1f} µs on the GPU clock "
+                f"against step 12's {hd['kernel_gpu_ms'] * 1e3:,.1f})") in fold, hd["case"]

@@ -434,7 +434,8 @@ def chain_gap(results, rows: list[ChainRow], cases=None) -> float:
 
 def path_words(results, number: int, cases=None) -> str:
     """Where step ``number`` pays against the step before it on its path (:func:`row_factor`, the table's ratio,
-    rounded as the table rounds: above a tie, :data:`TIE`, it pays), in words: "pays at 128 × 32768, not at 32 × 512 and 512 × 16384",
+    rounded as the table rounds: above a tie, :data:`TIE`, it pays), in words: "pays at 128 × 32768, not at 32 × 512
+    and 512 × 16384",
     "pays at every case" or "pays at no case". The cases are the columns of the page's one table of steps
     (:data:`STEPS_CASES`) unless given, so the sentence names only cases the reader sees there."""
     cases = STEPS_CASES if cases is None else cases
@@ -781,7 +782,8 @@ def _case_head(cfg: tuple[int, int, int]) -> str:
 
 #: The rows of the open table of steps, the chain a reader follows (the main line, which ``ngram_match`` runs at every
 #: shape but long rows under a budget), and of the budget path's table, folded under it (steps 8 to 12, which serve
-#: that one shape): a step's number, or a sub-step timed apart ("6a", "9a"; the step's own row is its second idea).
+#: that one shape): a step's number, or a sub-step timed apart ("6a", "9a", each before its step, whose row holds
+#: both ideas: "6 (6a + 6b)").
 MAIN_ROWS = (1, 2, 3, 4, 5, "6a", 6, 7)
 BUDGET_ROWS = (8, "9a", 9, 10, 11, 12)
 
@@ -992,7 +994,8 @@ def step_core(number: int):
     i = next(k for k, ln in enumerate(whole.lines) if first in ln)
     j = next(k for k, ln in enumerate(whole.lines) if k > i and last in ln)
     core = copy.copy(whole)
-    core.lines = whole.lines[:2] + [f"@@ {CORE_FUNCTIONS.get(number) or CHAPTER.step(number).source_function}: the core @@"] + whole.lines[i:j + 1]
+    name = CORE_FUNCTIONS.get(number) or CHAPTER.step(number).source_function
+    core.lines = whole.lines[:2] + [f"@@ {name}: the core @@"] + whole.lines[i:j + 1]
     return core
 
 
