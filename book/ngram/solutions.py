@@ -8,7 +8,7 @@ from typing import Sequence
 from studylog.ngram.formats import NONE_KEY
 from studylog.ngram.models import decode_key, match_key
 
-__all__ = ["one_pass", "budget_scan", "refused_bound", "no_stop_step12", "warp_min_step6"]
+__all__ = ["one_pass", "budget_scan", "refused_bound", "no_stop_step12", "no_stop_measured", "warp_min_step6"]
 
 
 def one_pass(hay: Sequence[int], hay_len: int, gen: Sequence[int], top_n: int, min_n: int = 1):
@@ -82,10 +82,21 @@ def no_stop_step12(source: str) -> str:
     tile goes, and a thread leaves its loop only past its chunk's end (or when the budget refuses the slot): every
     searching block reads its whole chunk. ``seen`` keeps its first value (a block whose chunk cannot beat the key
     when it starts still skips it: that check is step 6's split), so the results stay step 12's bit for bit. It is
-    the lab's variant ``12 no exit``, whose time the page quotes in step 6's section."""
+    the lab's variant ``12 no exit``; :func:`no_stop_measured` gives its measured answer (the page does not)."""
     if source.count(STEP11_KEY_READ) != 1 or source.count(STEP11_STOP) != 1:
         raise ValueError("step 12's key read and stop were not found once in ngram_stream")
     return source.replace(STEP11_KEY_READ, "").replace(STEP11_STOP, "                if (tile > last_end) break;")
+
+
+def no_stop_measured(case: tuple[int, int, int] = (256, 131072, 1 << 30), gpu: str = "nvidia-h200") -> float | None:
+    """Exercise 5's measured answer: how many times slower step 12 runs without its stop at ``case`` (default: 256
+    slots of 131,072 tokens, no budget, where the exercise times it), on the GPU clock, from the lab run that times
+    the variant ``12 no exit`` beside ``12``; None where that run is not committed. The stop matters least where a
+    slot's blocks find nothing to stop on (no match, or one late in the haystack): they read their whole chunks
+    either way."""
+    from book.ngram import lesson
+
+    return lesson.exit_factor(lesson.lab_run("step12_changes", gpu), "step12_changes", case)
 
 
 #: Step 6's per-lane publication of a tile's candidates (in ``search_chunk``, its search), and exercise 6's replacement.
