@@ -977,8 +977,18 @@ def test_the_steps_table_leads_with_the_real_model_and_folds_the_cost_models():
     rows = _table_rows(table)
     assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "3a: allowed sets precomputed",
                                     "step 3: the masked head"]
-    assert all(len(r) == 5 for r in rows)
+    assert all(len(r) == 6 for r in rows) and head.endswith("| forwards per token | × forward-time bound |")
     real = lesson.real_steps_rows_3a(results, 1)
+    # × forward-time bound: each step's time over its forwards at the one-token forward's GPU time (the scoreboard's
+    # bound for this loop: step 3's cell is its ratio)
+    body = lesson.real_body(results)["us"]
+    assert [r[5] for r in rows] == [f"{x['us'] / (x['forwards'] * body):.2f}×" for x in real]
+    from book import scoreboard as sb
+
+    entry = next(e for e in sb.ENTRIES if e.number == 7)
+    smol = next(r for r in sb.entry_rows(entry) if "missing" not in r and r.get("real_model")
+                and sb.short_card(r["card"]) == "H200")
+    assert smol["binding_floor_ms"] * 1e3 * float(rows[3][5].rstrip("×")) == pytest.approx(real[3]["us"], rel=0.005)
     three = lesson.real_steps_rows(results, 1)
     assert [three[0], three[1]] == real[:2] and three[2]["us"] == real[3]["us"]
     case = {(r["model"], r["batch"]): r for r in lesson.result_rows(results)}[("smollm2", 1)]

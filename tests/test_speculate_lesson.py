@@ -578,10 +578,10 @@ def test_the_low_copy_workload_is_described_by_its_drafts_and_the_gate_by_what_i
     assert not any("the price of what it buys on low-copy" in t for t in text)
 
 
-def test_the_pages_steps_table_has_the_shipped_steps_in_eight_columns():
+def test_the_pages_steps_table_has_the_shipped_steps_in_nine_columns():
     """The steps section carries the title the other chapters use; its table holds chapter 07's step 3 and the shipped
-    steps 1 to 3 (step 4, not shipped, has its "Tried" fold) in eight columns, one saying which workload each step
-    pays on: forwards per token and accepted per draft sit in the drafts' fold, beside their counts; the drafts'
+    steps 1 to 3 (step 4, not shipped, has its "Tried" fold) in nine columns, one saying which workload each step
+    pays on, the last each step over the loop's forward-time bound: forwards per token and accepted per draft sit in the drafts' fold, beside their counts; the drafts'
     sentence counts the loop the chapter ships."""
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
@@ -591,7 +591,7 @@ def test_the_pages_steps_table_has_the_shipped_steps_in_eight_columns():
     assert 'shipped = [r for r in steps1 if r["step"] != "step04_gated_draft"]' in table and "for r in shipped]" in table
     fmt = table[table.index("say(lesson.markdown_table(rows, "):]
     fmt = fmt[:fmt.index("}))") + 1]
-    assert fmt.count('": "') == 8  # eight columns
+    assert fmt.count('": "') == 9  # nine columns
     assert '"pays on": pays.get(r["step"], "–")' in table and '"step03_forced_draft": "low-copy"' in table
     assert '"forwards per token"' not in table and '"accepted per draft"' not in table
     drafts = text[at + 2]
@@ -697,3 +697,19 @@ def test_the_page_uses_one_forward_count_and_says_only_what_the_data_shows_of_a_
     assert "{anchor['us'] / b['us']:.2f}× in their own run, against the steps table's {s2['x_previous']:.2f}×" in chain
     drafts = next(t for t in text if "What the drafts did, counted per step" in t)
     assert "Forwards per token: the median request's." in drafts
+
+
+def test_the_steps_table_gives_each_step_over_the_loops_forward_time_bound():
+    """The steps table's "× bound" column is each step's time over its own forwards per token (the median
+    request's) at the one-token forward's GPU time: the shipped step's cell is the result's "× our loop's
+    forward-time bound"."""
+    results = lesson.committed()
+    kept = lesson.kept_results(results)
+    loop = lesson.loop_bound(results)
+    steps = {r["step"]: r for r in lesson.steps_table(kept, 1, "extraction")}
+    s3 = steps["step03_forced_draft"]
+    assert s3["ms_per_token"] * 1e3 / (s3["forwards_per_token"] * loop["one_token_us"]) == pytest.approx(loop["over"])
+    text = ["".join(c["source"]) for c in json.loads(
+        (REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]]
+    cell = next(t for t in text if '"× bound": r["ms_per_token"] * 1e3 / (r["forwards_per_token"] * one_us)' in t)
+    assert 'lesson.loop_bound(results)["one_token_us"]' in cell and "forward-time bound" in cell

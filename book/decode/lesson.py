@@ -711,13 +711,18 @@ def real_steps_rows_3a(results, batch: int = 1) -> list[dict]:
 def real_steps_table(results, batch: int = 1) -> str:
     """:func:`real_steps_rows_3a` as the page's open steps table (Markdown): the real model leads, one row per step
     and 3a its own row, its time, its ratio to the previous row ("(tie)" from 0.97× to 1.03× as printed, the
-    course's tie rule) and its forwards per output token (the median of the requests'), in place of a byte floor.
+    course's tie rule) and its forwards per output token (the median of the requests'), in place of a byte floor;
+    then its time over our loop's forward-time bound (those forwards, each at the one-token forward's GPU time,
+    :func:`real_body`: the bound the scoreboard gives this loop), where the run timed that forward.
     The cost models' columns follow in a fold (:func:`steps_table`)."""
     reals = real_steps_rows_3a(results, batch)
     if not reals:
         return f"({PENDING}: this file holds no real-model requests)"
+    body = real_body(results) if batch == 1 else None
+    one = body["us"] if body else None
     lines = [f"| step | what changes | SmolLM2-135M ({len(_real_rows(results, batch))} requests): µs per token | "
-             "× previous | forwards per token |", "|---|---|---|---|---|"]
+             "× previous | forwards per token |" + (" × forward-time bound |" if one else ""),
+             "|---|---|---|---|---|" + ("---|" if one else "")]
     changes = [STEP_CHANGES[c] for c in STEP_CONFIGS]
     if len(reals) == 4:
         last = reals[3]["x_previous"]
@@ -725,7 +730,8 @@ def real_steps_table(results, batch: int = 1) -> str:
                                                if is_tie(last) else "")]
     for change, x in zip(changes, reals):
         ratio = "–" if x["x_previous"] is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x["x_previous"], 1.0)
-        lines.append(f"| {x['label']} | {change} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |")
+        bound = f" {x['us'] / (x['forwards'] * one):.2f}× |" if one else ""
+        lines.append(f"| {x['label']} | {change} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |{bound}")
     return "\n".join(lines)
 
 
