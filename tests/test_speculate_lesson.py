@@ -517,8 +517,9 @@ def test_the_opening_claims_a_common_job_and_the_8b_forecast_carries_this_pages_
 def test_chapter_07s_loop_has_one_time_in_the_open_text():
     """Chapter 07's loop shows one time in the open text, the median request the ratios use: step 2's chain gives
     only its ratios openly (its times, another run's, in a fold), the table of where a token's time goes (pooled
-    totals) is folded, and the loop's other counts (pooled, chapter 07's own requests, the chain's step 1) share
-    one fold of one sentence; the steps table's caption gives chapter 07's own page's time and why it differs."""
+    totals) is folded, and the loop's other counts (pooled, chapter 07's own requests with why they differ, its
+    dense-head step 1) share one fold; the chain's step 1 is this chapter's step 1, not chapter 07's loop, and is
+    not among them; the steps table's caption points to that fold and gives no time of chapter 07's."""
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
     chain = next(t for t in text if "lesson.step02_chain_ratio_table(chain)" in t)
@@ -530,15 +531,18 @@ def test_chapter_07s_loop_has_one_time_in_the_open_text():
     assert where.index(":::{dropdown} Where an output token's time goes") < where.index("lesson.breakdown_table(kept)]")
     other = next(t for t in text if "Chapter 07's loop, counted other ways" in t)
     fold = other[other.index(":::{{dropdown}} Chapter 07's loop"):]
-    for key in ("pooled", "ch7_own['step3_us']", "chain_anchor"):
-        assert key in fold
+    for key in ("pooled", "ch7_own['step3_us']", "ch7_1 * 1e3", "answers spread the prefill over fewer tokens"):
+        assert key in fold, key
+    assert "chain_anchor" not in "\n".join(text)
+    result = " ".join(other[:other.index(":::{{dropdown}} Chapter 07's loop")].split())
+    assert "{ch7_3 * 1e3:.0f} µs** for chapter 07's step 3" in result and "{ch7_1" not in result  # one time
     opening = next(t for t in text if "the share drafting can save" in t)
     assert "ch7['total']:,.0f}" not in opening and "prefill" in opening
     # chapter 07's own page's time, where it differs from this page's row, is said with its reason under the steps
     # table: its requests' answers are shorter (checked here from both runs), spreading the prefill over fewer tokens
     caption = " ".join(next(t for t in text if "Batch 1, extraction but for the low-copy column" in t).split())
-    assert "{ch7_page['step3_us']:,.0f} µs on its own page" in caption
-    assert "shorter answers spread the \" \"prefill over fewer tokens" in caption
+    caption = caption[caption.index("Batch 1, extraction but for the low-copy column"):]
+    assert "ch7_page" not in caption and "µs" not in caption and "a fold in the result" in caption
     from statistics import median
 
     from book.decode import lesson as decode_lesson
@@ -548,7 +552,7 @@ def test_chapter_07s_loop_has_one_time_in_the_open_text():
     here = [r["tokens"] for r in kept.rows if r["series"] == "ch7_step03" and r["params"].get("batch") == 1
             and r["params"].get("workload") == "extraction"]
     assert own and here and median(own) < median(here)
-    assert not any("its page's {ch7_own['step3_us']" in t for t in text)  # said once, in the caption
+    assert sum(t.count("ch7_own['step3_us']") for t in text) == 1  # said once, in the fold
 
 
 def test_the_low_copy_workload_is_described_by_its_drafts_and_the_gate_by_what_it_paused():
@@ -574,10 +578,10 @@ def test_the_low_copy_workload_is_described_by_its_drafts_and_the_gate_by_what_i
     assert not any("the price of what it buys on low-copy" in t for t in text)
 
 
-def test_the_pages_steps_table_has_the_shipped_steps_in_eight_columns():
+def test_the_pages_steps_table_has_the_shipped_steps_in_nine_columns():
     """The steps section carries the title the other chapters use; its table holds chapter 07's step 3 and the shipped
-    steps 1 to 3 (step 4, not shipped, has its "Tried" fold) in eight columns, one saying which workload each step
-    pays on: forwards per token and accepted per draft sit in the drafts' fold, beside their counts; the drafts'
+    steps 1 to 3 (step 4, not shipped, has its "Tried" fold) in nine columns, one saying which workload each step
+    pays on, the last each step over the loop's forward-time bound: forwards per token and accepted per draft sit in the drafts' fold, beside their counts; the drafts'
     sentence counts the loop the chapter ships."""
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
@@ -587,7 +591,7 @@ def test_the_pages_steps_table_has_the_shipped_steps_in_eight_columns():
     assert 'shipped = [r for r in steps1 if r["step"] != "step04_gated_draft"]' in table and "for r in shipped]" in table
     fmt = table[table.index("say(lesson.markdown_table(rows, "):]
     fmt = fmt[:fmt.index("}))") + 1]
-    assert fmt.count('": "') == 8  # eight columns
+    assert fmt.count('": "') == 9  # nine columns
     assert '"pays on": pays.get(r["step"], "–")' in table and '"step03_forced_draft": "low-copy"' in table
     assert '"forwards per token"' not in table and '"accepted per draft"' not in table
     drafts = text[at + 2]
@@ -659,3 +663,53 @@ def test_the_step_tables_mark_ties_and_the_result_counts_outputs_that_part_from_
     assert steps.count("lesson.ratio_cell(") == 2
     three = " ".join(next(t for t in text if "lesson.step3_over_step2()" in t).split())
     assert "H200" not in three and "on any request" not in three and "In this run and a repeat" in three
+
+
+def test_the_page_uses_one_forward_count_and_says_only_what_the_data_shows_of_a_forward():
+    """One count of forwards per output token on the page: the median request's, in the steps' rows, the drafts' fold
+    and the forward-time bound alike (the bound is that count at the one-token forward's time, as the scoreboard's
+    note gives it). A one-token forward is set against its weights read once and its kernels at an empty kernel's
+    time (the scoreboard's kernel-count bound, per forward), with no claim about the rest. Step 2's chain says what
+    its two factors come to in their own run beside the steps table's ratio."""
+    from statistics import median
+
+    results = lesson.committed()
+    kept = lesson.kept_results(results)
+    loop = lesson.loop_bound(results)
+    rows = [r for r in kept.rows if r["series"] == "step03" and r["params"].get("batch") == 1
+            and r["params"].get("workload") == "extraction"]
+    assert loop["forwards"] == pytest.approx(median(r["forwards"] / r["tokens"] for r in rows))
+    assert loop["bound_us"] == pytest.approx(loop["forwards"] * loop["one_token_us"])
+    step3 = next(r for r in lesson.steps_table(kept, 1, "extraction") if r["step"] == "step03_forced_draft")
+    assert step3["forwards_per_token"] == pytest.approx(loop["forwards"])
+    bound = next(f for f in lesson.forecasts(results) if f["unit"] == "us")
+    assert f"step 3's {loop['forwards']:.2f} forwards per token (the median request's)" in bound["assumes"]
+    fa, kc = lesson.forward_anatomy(results), lesson.kernel_count_bound()
+    assert fa["us"] == pytest.approx(loop["one_token_us"]) and fa["kernels"] == kc["kernels"]
+    assert fa["launches_us"] * loop["forwards"] == pytest.approx(kc["us"], rel=1e-6)
+    assert fa["bytes_us"] < fa["launches_us"] < fa["us"]  # neither accounts for the forward's time
+    text = ["".join(c["source"]) for c in json.loads(
+        (REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]]
+    page = " ".join("\n".join(text).split())
+    assert "its time is launches" not in page and "limited by kernel launches" not in page
+    assert "no run here splits the rest" in page and "lesson.forward_anatomy(results)" in page
+    chain = " ".join(next(t for t in text if "lesson.step02_chain_ratio_table(chain)" in t).split())
+    assert "{anchor['us'] / b['us']:.2f}× in their own run, against the steps table's {s2['x_previous']:.2f}×" in chain
+    drafts = next(t for t in text if "What the drafts did, counted per step" in t)
+    assert "Forwards per token: the median request's." in drafts
+
+
+def test_the_steps_table_gives_each_step_over_the_loops_forward_time_bound():
+    """The steps table's "× bound" column is each step's time over its own forwards per token (the median
+    request's) at the one-token forward's GPU time: the shipped step's cell is the result's "× our loop's
+    forward-time bound"."""
+    results = lesson.committed()
+    kept = lesson.kept_results(results)
+    loop = lesson.loop_bound(results)
+    steps = {r["step"]: r for r in lesson.steps_table(kept, 1, "extraction")}
+    s3 = steps["step03_forced_draft"]
+    assert s3["ms_per_token"] * 1e3 / (s3["forwards_per_token"] * loop["one_token_us"]) == pytest.approx(loop["over"])
+    text = ["".join(c["source"]) for c in json.loads(
+        (REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]]
+    cell = next(t for t in text if '"× bound": r["ms_per_token"] * 1e3 / (r["forwards_per_token"] * one_us)' in t)
+    assert 'lesson.loop_bound(results)["one_token_us"]' in cell and "forward-time bound" in cell

@@ -28,7 +28,7 @@ __all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHA
            "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
            "bound_excess", "char_jump_case", "char_jump_table", "result_table", "gemv_tile_answer", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
-           "steps_rows", "real_steps_rows", "real_step03_parts", "grammar_setup", "steps_table", "padding_table",
+           "steps_rows", "real_steps_rows", "real_step03_parts", "real_head_runs", "grammar_setup", "steps_table", "padding_table",
            "prose_numbers", "real_model_table",
            "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
 
@@ -711,21 +711,27 @@ def real_steps_rows_3a(results, batch: int = 1) -> list[dict]:
 def real_steps_table(results, batch: int = 1) -> str:
     """:func:`real_steps_rows_3a` as the page's open steps table (Markdown): the real model leads, one row per step
     and 3a its own row, its time, its ratio to the previous row ("(tie)" from 0.97× to 1.03× as printed, the
-    course's tie rule) and its forwards per output token (the median of the requests'), in place of a byte floor.
+    course's tie rule) and its forwards per output token (the median of the requests'), in place of a byte floor;
+    then its time over our loop's forward-time bound (those forwards, each at the one-token forward's GPU time,
+    :func:`real_body`: the bound the scoreboard gives this loop), where the run timed that forward.
     The cost models' columns follow in a fold (:func:`steps_table`)."""
     reals = real_steps_rows_3a(results, batch)
     if not reals:
         return f"({PENDING}: this file holds no real-model requests)"
+    body = real_body(results) if batch == 1 else None
+    one = body["us"] if body else None
     lines = [f"| step | what changes | SmolLM2-135M ({len(_real_rows(results, batch))} requests): µs per token | "
-             "× previous | forwards per token |", "|---|---|---|---|---|"]
+             "× previous | forwards per token |" + (" × forward-time bound |" if one else ""),
+             "|---|---|---|---|---|" + ("---|" if one else "")]
     changes = [STEP_CHANGES[c] for c in STEP_CONFIGS]
     if len(reals) == 4:
         last = reals[3]["x_previous"]
-        changes[2:] = [STEP_3A[1], STEP_3BC + (", kept for the 8B cost model's gain (step 3's section)"
+        changes[2:] = [STEP_3A[1], STEP_3BC + ("; pays on the 8B cost model, not measurably here (step 3's section)"
                                                if is_tie(last) else "")]
     for change, x in zip(changes, reals):
         ratio = "–" if x["x_previous"] is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x["x_previous"], 1.0)
-        lines.append(f"| {x['label']} | {change} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |")
+        bound = f" {x['us'] / (x['forwards'] * one):.2f}× |" if one else ""
+        lines.append(f"| {x['label']} | {change} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |{bound}")
     return "\n".join(lines)
 
 
@@ -789,6 +795,32 @@ def real_step03_parts(results, batch: int = 1) -> dict | None:
     return {"x_3a": two / mid, "x_3bc": mid / three, "requests": len(real)}
 
 
+def real_head_runs(results, batch: int = 1) -> dict | None:
+    """Chapter 02's head and argmax on the real model (3b with 3c, step 3 over 3a: :func:`real_step03_parts`) in the
+    chapter's run (``results``) and in the second H200 run (:func:`second_run`), each run's 3a and step 3 medians
+    (µs per token; ``us_3a``, ``us_3``, ``us2_3a``, ``us2_3``), and how far a breakdown bar's end sits from its
+    tick on SmolLM2 in the chapter's run (``bar_tick``: least and most, µs per token, over the real model's figure's
+    bars, :func:`book.decode.figures.instrumentation_cost`): the spread the page sets beside the head's ratio there.
+    None without the second run or without 3a in either."""
+    from book.decode.figures import DRAWN_REAL, instrumentation_cost
+
+    again = second_run()
+    if again is None:
+        return None
+    runs = [real_steps_rows_3a(r, batch) for r in (results, again)]
+    if any(len(r) < 4 for r in runs):
+        return None
+    panels = [{c: p for c, p in breakdown(results.rows, REAL, b, kind=None).items() if c in DRAWN_REAL}
+              for b in (1, 8)]
+    lo, hi = instrumentation_cost([p for p in panels if p])
+    (one, two) = runs
+    return {"x_3bc": one[3]["x_previous"], "x2_3bc": two[3]["x_previous"], "us_3a": one[2]["us"],
+            "us_3": one[3]["us"], "us2_3a": two[2]["us"], "us2_3": two[3]["us"],
+            "x_3a_step1": one[0]["us"] / one[2]["us"], "x2_3a_step1": two[0]["us"] / two[2]["us"],
+            "x_3_step1": one[0]["us"] / one[3]["us"], "x2_3_step1": two[0]["us"] / two[3]["us"],
+            "bar_tick": (lo * 1e3, hi * 1e3)}
+
+
 def grammar_setup(results, model: str = REAL, batch: int = 1) -> dict | None:
     """What a grammar costs before a request's first step, on ``model``'s requests at ``batch`` (step 3's rows,
     compact whitespace), medians in ms: the automaton's compile (outlines-core's index and the forced chains:
@@ -819,14 +851,15 @@ def outlines_coverage() -> tuple[int, int] | None:
     return s["compiled"], s["schemas"]
 
 
-def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None) -> str:
+def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None, with_3a: bool = True) -> str:
     """:func:`steps_rows` as the cost models' steps table (Markdown): one row per step, and 3a its own row where the
-    run timed it on every shape shown (3b and 3c, timed one at a time in :func:`step03_chain_rows`, stay in step
-    3's row). ``also``: a second model whose three columns follow, each group headed by its shape. "× previous" says
+    run timed it on every shape shown and ``with_3a`` (3b and 3c, timed one at a time in :func:`step03_chain_rows`,
+    stay in step 3's row; without 3a, step 3's ratio is over step 2, and 3a's on the cost models is the chain's
+    alone). ``also``: a second model whose three columns follow, each group headed by its shape. "× previous" says
     "(tie)" from 0.97× to 1.03× as printed (the course's tie rule)."""
     cols = "µs per token | × previous | × floor (its forwards' weight bytes)"
     shapes = [model] + ([also] if also else [])
-    rows = {m: steps_rows(results, m, batch, with_3a=True) for m in shapes}
+    rows = {m: steps_rows(results, m, batch, with_3a=with_3a) for m in shapes}
     if len({len(r) for r in rows.values()}) > 1:  # 3a timed on one shape only: no 3a row
         rows = {m: steps_rows(results, m, batch) for m in shapes}
     if also:

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["step_speedup", "pack_bitmask", "unpack_bitmask", "jump_decode", "chunked_forward", "gemv_tile"]
+__all__ = ["step_speedup", "pack_bitmask", "unpack_bitmask", "jump_decode", "chunked_forward", "gemv_tile",
+           "gemv_tile_measured"]
 
 
 def step_speedup(parts: Mapping[str, float], faster: Mapping[str, float]) -> float:
@@ -87,3 +88,24 @@ def gemv_tile(x: Tensor, weight: Tensor, BLOCK_N: int = 4, BLOCK_K: int = 256) -
         x, weight, out, weight, N, K, 0.0, NORM=False, SWIGLU=False, ADD=False, BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K, K_POW2=triton.next_power_of_2(K), num_warps=4)
     return out
+
+
+def gemv_tile_measured() -> str | None:
+    """Exercise 5's measured answer, in words, from the sweep that chose the library's tile
+    (:func:`book.decode.lesson.gemv_tile_answer`, ``lab/decode/gemv_tiles.py``; recorded on an H100, not the H200
+    the chapter's page is timed on): per weight of the 1B cost model, the library's two rows a program against the
+    best sixteen-row tile with the same columns, and why two rows win. None where the sweep is not committed."""
+    from book.decode.lesson import gemv_tile_answer
+
+    answer = gemv_tile_answer()
+    if answer is None:
+        return None
+    o = next(r for r in answer["rows"] if r["weight"] == "o")
+    gaps = [r["us16"] - r["us"] for r in answer["rows"]]
+    each = "; ".join(f"{r['weight']} ({r['N']:,} x {r['K']:,}) two rows {r['us']:.1f}, sixteen {r['us16']:.1f}"
+                     for r in answer["rows"])
+    return (f"On {answer['gpu']}, µs a product, {o['columns']} columns a program: {each}. Two rows win on every "
+            f"weight, by {min(gaps):.1f} to {max(gaps):.1f} µs, most in proportion on o ({o['us16'] / o['us']:.2f}x): "
+            f"its {o['N']:,} rows make {o['programs']:,} programs of two rows but {o['programs16']} of sixteen, fewer "
+            "than the card has SMs, so fewer of its bytes are in flight, and a one-token product's time is the time "
+            "to stream its weight.")

@@ -109,7 +109,8 @@ def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[d
     """One row per step (``label``: "step N: short name", the tables' row label): what changed, the median over
     requests of the ms per output token, the previous step's
     median over this step's and chapter 07's step 3 median over this step's (ratios of the table's own times, so
-    they multiply), forwards per output token, accepted tokens per verified draft; ``faster``: (how many requests
+    they multiply), forwards per output token (the median request's, the statistic of the times and of
+    :func:`loop_bound`'s count), accepted tokens per verified draft; ``faster``: (how many requests
     ran faster than in the previous step, how many requests both ran), which tells a step's gain from run-to-run
     variation where the ratio of medians is near 1."""
     ref = "ch7_step03"
@@ -139,8 +140,9 @@ def _faster(results, batch: int, workload: str, before: str, after: str) -> tupl
 
 
 def _forwards(results, batch, workload, series) -> float:
-    rows = _rows(results, batch, workload, series)
-    return sum(r["forwards"] for r in rows) / sum(r["tokens"] for r in rows)
+    """The median request's forwards per output token: the page's one count (the steps' times are medians over the
+    requests too, and :func:`loop_bound` prices this count)."""
+    return statistics.median(r["forwards"] / r["tokens"] for r in _rows(results, batch, workload, series))
 
 
 def drafts_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
@@ -224,7 +226,8 @@ def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[st
     requests the headline keeps (:func:`studylog.speculate.report.closed_requests`: those that close their JSON; µs
     per token; the scoreboard's note for this chapter gives the same number). It holds the host's work and the
     drafting at zero, so ``over`` (the shipped step's median time over those requests, over it) is what they and the longer
-    verifying forwards add. ``one_token_us``: that forward's time; ``requests``: how many."""
+    verifying forwards add. ``one_token_us``: that forward's time; ``requests``: how many; ``forwards``: the median
+    request's forwards per output token (:func:`steps_table`'s count; the bound is that count at ``one_token_us``)."""
     one = next(d for d in layer_table(results, batch) if d["chunk"] == 1)
     one_ms = one[one["used"]] / 1e3
     kept = report.closed_requests(results.rows, workload)
@@ -232,7 +235,27 @@ def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[st
     bound = statistics.median(one_ms * r["forwards"] / r["tokens"] for r in mine)
     measured = statistics.median(r["ms"] for r in mine)
     return {"one_token_us": one_ms * 1e3, "bound_us": bound * 1e3, "measured_us": measured * 1e3,
-            "over": measured / bound, "requests": len(mine)}
+            "over": measured / bound, "requests": len(mine),
+            "forwards": statistics.median(r["forwards"] / r["tokens"] for r in mine)}
+
+
+def forward_anatomy(results) -> dict[str, float] | None:
+    """What a one-token forward's time is measured against, beside :func:`kernel_count_bound`: its GPU time on the
+    layer the loop runs (``us``, :func:`loop_bound`), its kernels (``kernels``) at this run's empty kernel's time
+    each (``empty_us``; ``launches_us``, their product), and its weights read once at this run's copy bandwidth
+    (``bytes_us``: chapter 07's run prices SmolLM2's body bytes, its ``body`` row's floor, repriced here). The rest
+    of ``us`` is not split by any run. None without the kernel count or chapter 07's body row."""
+    from book.decode import lesson as decode_lesson
+
+    kc, ch7 = kernel_count_bound(), decode_lesson.committed()
+    body = next((r for r in ch7.rows if r["series"] == "body" and r["params"].get("model") == "smollm2"
+                 and r["params"].get("batch") == 1 and r["params"].get("chunk") == 1), None) if ch7 else None
+    empty = results.data["ceilings"].get("empty_launch_gpu_ms")
+    if kc is None or not kc["kernels"] or body is None or not body.get("floor_ms") or not empty:
+        return None
+    here, there = results.data["ceilings"]["copy_bandwidth_gbs"], ch7.data["ceilings"]["copy_bandwidth_gbs"]
+    return {"us": loop_bound(results)["one_token_us"], "kernels": kc["kernels"], "empty_us": empty * 1e3,
+            "launches_us": kc["kernels"] * empty * 1e3, "bytes_us": body["floor_ms"] * there / here * 1e3}
 
 
 def kernel_count_bound(card: str = "H200") -> dict[str, Any] | None:
@@ -339,8 +362,9 @@ def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
                         "the host's work costs nothing"},
             {"forecast": "our loop's forward-time bound", "unit": "us", "value": loop["bound_us"], "value_all": None,
              "measured": loop["measured_us"], "measured_all": None,
-             "assumes": f"step 3's forwards per token, each at a one-token forward's GPU time "
-                        f"({loop['one_token_us']:.1f} µs); drafting and the host's work cost nothing"}]
+             "assumes": f"step 3's {loop['forwards']:.2f} forwards per token (the median request's), each at a "
+                        f"one-token forward's GPU time ({loop['one_token_us']:.1f} µs); drafting and the host's work "
+                        "cost nothing"}]
 
 
 def request_words(name: str) -> str:
