@@ -327,10 +327,9 @@ def test_the_exercises_come_in_an_order_each_can_be_done_in():
 
 def test_step_2s_saving_is_one_number_and_chapter_07s_count_is_a_pointer():
     """The page gives step 2's saving once, over its own suite; chapter 07's answer for the same jumps is its number,
-    set in one clause against the suite's bound (what each counts), then, folded, the page's table naming what each
-    count of forced tokens counts (documents, whose tokens, passes or tokens or forwards, the pass on EOS, forwards a
-    token) and one sentence on why SmolLM2's answers force about 100× the real schemas' share, read from chapter 07's
-    committed run and chapter 01's count on the same answers."""
+    set in one clause against the suite's 1/(1-f), named a count on the suite's documents in the tokenizer's split
+    (no "bound" a measurement exceeds), beside the same measure on SmolLM2's answers (forwards skipped, not tokens
+    forced), read from chapter 07's committed run; no ratio of tokens forced to passes saved is printed."""
     import json
     from pathlib import Path
 
@@ -340,21 +339,48 @@ def test_step_2s_saving_is_one_number_and_chapter_07s_count_is_a_pointer():
     flat = " ".join(text.split())
     assert "[chapter 07](07_constrained_decoding.ipynb)'s step 2 runs **{ch07_jumps:.2f}×** its step 1" in flat
     assert "decode_lesson.real_forced(ch07)" in text and "decode_lesson.real_steps_rows(ch07, 1)[1]" in text
-    assert "above the suite's bound ({lesson.amdahl_bound(suite_saved):.2f}×)" in flat
-    assert flat.index("**{ch07_jumps:.2f}×**") < flat.index(":::{{dropdown}} Each count") < flat.index(
-        "{lesson.forced_counts_table(ch07)}") < flat.index("the real schemas' share")
-    for reason in (("{ch07_forced['jumped'] / ch07_forced['tokens'] / ch07_forced['ch01_real_saved']:.0f}× the real "
-                    "schemas' share"), "enum values and fixed-width fields",
-                   "{ch07_forced['tokens']} tokens where its tokenizer writes {split['tokens']}"):
-        assert reason in flat, reason
+    assert ("above the suite's {lesson.amdahl_bound(suite_saved):.2f}×: that count is on the suite's documents as the "
+            "tokenizer splits them") in flat
+    assert "suite's bound" not in flat and "(a bound)" not in flat
+    # like with like: forwards skipped on SmolLM2's answers, as the suite's share is passes skipped
+    assert "{100 * ch07_forced['saved'] / ch07_forced['forwards_step1']:.0f}% of the forward passes" in flat
+    assert "ch01_real_saved" not in text and "the real schemas' share" not in flat  # the tokens-forced ratio is gone
+    assert flat.count(":::{{dropdown}}") + flat.count(":::{dropdown}") == 2  # the counts' note and the peers' table
+
+
+def test_one_note_holds_every_other_count_of_forced_tokens():
+    """"Why it matters" shows the one measure (passes saved, tokenizer's split) on two sets of documents, the real
+    schemas' walks and the suite, each 1/(1-f) that of its f; every other count (MaskBench, each engine's share, the
+    suite's kinds, SmolLM2's answers) is one folded table naming its documents, tokens and rule."""
+    import json
+    from pathlib import Path
+
     from book.decode import lesson as decode_lesson
 
-    table = lesson.forced_counts_table(decode_lesson.committed())
-    for named in ("random walks of our automaton", "its tokenizer's split of their text", "the model's own tokens",
-                  "tokens forced", "the pass on EOS included", "forwards a token, the requests' median",
-                  "without jumps", "llguidance's policy"):
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    source = {c.get("id"): "".join(c["source"]) for c in cells["cells"]}
+    why = source["cell-03"]
+    shown = why[:why.index(":::")]
+    assert shown.count("\n| ") == 1 and "\n{table}\n" in shown  # one head; its two rows are `rows`, built above
+    assert 'real_saved["ours/tokens"]' in why and "suite_saved, suite_ff" in why
+    assert "not a bound on other workloads" in shown
+    note = why[why.index(":::"):]
+    assert "lesson.forced_counts_table(decode_lesson.committed(), real_doc, results)" in note
+    assert not any(":::{{dropdown}}" in s for k, s in source.items() if k not in ("cell-03", "cell-29"))
+    vocab = fsm.load_vocabulary("cl100k_base")
+    results, _ = lesson.run_suite(vocab)
+    real_doc = json.loads((Path(__file__).resolve().parent.parent / "assets" / "data" / "realworld_cl100k_base.json")
+                          .read_text())
+    table = lesson.forced_counts_table(decode_lesson.committed(), real_doc, results)
+    for named in ("MaskBench", "Llama 3 tokenizer", "tokens forced", "step 2's rule", "each engine's own random walks",
+                  "regexes", "its tokenizer's split of their text", "the model's own tokens", "the one on EOS included",
+                  "llguidance's policy"):
         assert named in table, named
-    assert "cost models" not in table and "chapter 01" not in table
+    assert len(table.splitlines()) == 2 + 5
+    # each row's 1/(1-f) is computed from the same share the row shows, policy by policy
+    flat = " ".join(why.split())
+    assert ('f"| {what} | {100 * a:.1f}% | {100 * b:.1f}% | {lesson.amdahl_bound(a):.2f}× | " '
+            'f"{lesson.amdahl_bound(b):.2f}× |" for what, a, b in rows') in flat
 
 
 def test_the_page_says_where_it_loses_to_llguidance_from_the_measured_rows():
@@ -397,9 +423,9 @@ def test_policy_totals_are_the_peers_tables_totals_row():
 
 def test_exercise_3s_worked_example_is_the_answers_and_the_real_schemas_paragraph_backs_the_opening():
     """Exercise 3's example (`name"` keeps `name`, holds back `"`) is what the reference answer does; the Real schemas
-    paragraph points to the result's table for the passes saved there, says what its documents are (mostly keys),
-    reads its sample and each engine's share from the committed file and says why MaskBench counts more (another
-    rule, other documents); the Llama shapes are not said to use this vocabulary."""
+    paragraph points to the result's table for the passes saved there, says what its documents are (mostly keys) and
+    reads its sample from the committed file, with no fold of its own; the Llama shapes are not said to use this
+    vocabulary."""
     import json
     from pathlib import Path
 
@@ -413,19 +439,20 @@ def test_exercise_3s_worked_example_is_the_answers_and_the_real_schemas_paragrap
     flat = " ".join(" ".join(sources).split())
     assert "For `name\"` the tokens are `name` and `\"`; `\"` starts the longer token `\":`" in flat
     real = next(s for s in sources if "**Real schemas.**" in s)
-    for read in ("doc['schemas_measured']", "forced_share'", "e['compiled']", "run['n_docs']",
-                 "bench['forced_share']", "bench['forced_share_schemastore']", "another rule, fast-forward",
-                 "the steps table's last column gives their passes saved", "mostly keys"):
+    for read in ("doc['schemas_measured']", "run['timeout_s']", "the steps table's last column gives their passes saved",
+                 "mostly keys"):
         assert read in real, read
+    # each engine's share and MaskBench's are the note's (test_one_note_holds_every_other_count_of_forced_tokens)
+    assert "bench[" not in real and ":::" not in real
     assert "suite_saved_by" not in real  # the six shares are the result's table, said once
     assert "this chapter's vocabulary)" not in flat and "rather than Llama's" in flat
 
 
 def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_rests_on():
-    """"Why it matters" sets MaskBench's count, the SchemaStore run, the passes saved on those schemas and the suite in
-    one table, each with its Amdahl bound, the suite's bound being the landing's (:func:`book.results.fsm_line`
-    through the same function), and says under it, from the suite's own rows, why the suite saves more; in the open
-    it gives one time fact, what a skipped pass is worth on SmolLM2. The opening gives the real schemas' ceiling
+    """"Why it matters" sets the passes saved on the real schemas' walks and on the suite in one table, each with its
+    1/(1-f), the suite's step 2 figure being the landing's (:func:`book.results.fsm_line` through the same function),
+    named a count on those documents, not a bound; its note says, from the suite's own rows, why the suite saves more;
+    in the open it gives one time fact, what a skipped pass is worth on SmolLM2. The opening gives the real schemas' ceiling
     first, then the decision with the real schemas' two numbers; the suite's shares wait for the steps."""
     import json
     from pathlib import Path
@@ -444,12 +471,10 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
     source = {c.get("id"): "".join(c["source"]) for c in cells["cells"]}
     why = source["cell-03"]
-    assert "| counted by |" in why and why.count("\n| ") == 5  # a head and four rows
-    # the suite's bound only in the fold's table; the real schemas' counts there too, each by its rule
-    assert "{lesson.amdahl_bound(suite_saved):.2f}×" in why and "suite_saved = lesson.saved_share(passes, 2)" in why
-    assert why.index(":::") < why.index("amdahl_bound(suite_saved)")
-    assert why.index(":::") < why.index("amdahl_bound(real_lo)")
-    assert "real_saved[k]" in why and why.index(":::") < why.index("real_saved[k]")
+    # two rows by one measure, shown: the real schemas' walks and the suite, step 2 and llguidance's policy
+    assert "| documents | $f$, exact jumps (step 2) | $f$, llguidance's fast-forward tokens |" in why
+    assert "suite_saved = lesson.saved_share(passes, 2)" in why and why.index("{table}") < why.index(":::")
+    assert "a count on these documents as the tokenizer splits them, not a bound on other workloads" in why
     # the open text's one time fact: the chunk's cost, and what a skipped pass is worth, from chapter 07's run
     assert why.index("{chunk_ms[8]:.2f} ms") < why.index("{pass_saved_ms:.2f} ms") < why.index(":::")
     # the suite's regexes are named with the steps, where its shares are
@@ -464,17 +489,15 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     assert "real_saved['llguidance/tokens']" in opening and "real_saved['ours/tokens']" in opening
     assert "saved_share(passes, 3)" not in opening and "real_lo:.1f" not in said  # the rest waits for later sections
     assert "noncanonical" not in opening  # the count of documents in another split is in the result's fold
-    # the step 2 forced share on the SchemaStore walks is named by its rule wherever it is given
-    assert "real_lo" not in why[:why.index(":::")]
-    assert "by step 2's rule: the mask allows it alone" in why
-    assert "by_kind" not in opening and "untouched" not in opening  # the breakdown waits for Why it matters
-    assert "by_kind['regex']" in why and "json_compact" in why and "the real schemas' whitespace" in why
+    # the engines' forced shares (step 2's rule) and the suite's kinds are the note's table, not the open text
+    assert "real_lo" not in why and "by_kind" not in opening and "untouched" not in opening
+    assert "The suite's regexes have fixed-width fields" in why[why.index(":::"):]
 
 
 def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_in_reader_words():
-    """The steps table counts passes only; the real-schema forced share is a row of "Why it matters"'s table; the
-    Real schemas section says the engines' compile failures in a sentence of their own, and in its fold each engine's
-    forced share and why the engines' counts differ; the result's fold says, beside llguidance's
+    """The steps table counts passes only; the real-schema forced share is a row of "Why it matters"'s note, with why
+    the engines' counts differ; the Real schemas section says the engines' compile failures in a sentence of their
+    own; the result's fold says, beside llguidance's
     "none", that the writer writes the tokenizer's own split; the allowed-tokens histogram folds under step 1, not
     under further reading; "Where the numbers come from" and the exercises speak as the course's other pages do."""
     import json
@@ -487,15 +510,16 @@ def test_the_real_schemas_share_stays_out_of_the_pass_counts_and_the_page_reads_
     text = "\n".join(source.values())
     assert "real=" not in source["cell-25"]
     why = source["cell-03"]
-    assert "On the {n_common} real schemas" not in why and why.count("{100 * real_lo:.1f}") == 1  # the table's row
+    assert "On the {n_common} real schemas" not in why
+    flat_why = " ".join(why.split())
+    assert flat_why.index(":::") < flat_why.index("engines differ because each builds its own grammar")
     real = source["cell-34"]
     flat = " ".join(real.split())
-    assert flat.index(":::") < flat.index("engines differ because each builds its own grammar")
     assert "**The other {len(dropped)} schemas fail to compile in at least one engine**" in flat
-    assert "real_lo" not in real and "{common}" in real[real.index(":::"):]
+    assert "real_lo" not in real and ":::" not in real
     # why the other schemas drop out (each engine's failures) and how their size compares, from the committed file
     assert "fail to compile in at least one engine" in flat and 'schema_bytes' in real
-    assert flat.index("fail to compile") < flat.index("the small ones") < flat.index(":::")
+    assert flat.index("fail to compile") < flat.index("the small ones")
     assert "an engine refusing" not in real
     result = " ".join(source["cell-29"].split())
     # the count of documents in another split is not in the result's sentence (partly by construction): the fold's
@@ -529,3 +553,45 @@ def test_real_policy_shares_count_the_documents_kept_and_each_policys_saving():
               "schemas": [{"schema": "a", "documents": 3, "refused": ["document 1: ..."]}, {"schema": "b", "documents": 0}]}
     n, docs, shares = lesson.real_policy_shares(record)
     assert (n, docs) == (1, 2) and shares == pytest.approx({"ours/tokens": 0.05, "llguidance/tokens": 0.25})
+
+
+def test_the_savings_figure_draws_llguidance_under_both_whitespaces_by_one_measure():
+    """The figure's peer bars: llguidance's fast-forward tokens with default whitespace and, on the JSON schemas,
+    compact (the steps table's 40.1% cell), each bar the share of passes saved against the same entry's passes without
+    jumps; no band of another counting rule (MaskBench's tokens forced)."""
+    from types import SimpleNamespace
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from book.fsm.figures import plot_savings
+
+    def entry(name, ws, none, token, char):
+        return SimpleNamespace(name=name, whitespace=ws, passes={"none": none, "token": token, "char": char})
+
+    def peer(name, library, none, tokens):
+        return SimpleNamespace(entry=name, library=library, passes={"none": none, "tokens": tokens},
+                               saved=lambda policy, base, p={"tokens": tokens}: 1 - p[policy] / base.passes["none"])
+
+    results = [entry("a", "default", 10, 9, 5), entry("r", "default", 20, 10, 10), entry("a", "compact", 8, 8, 2)]
+    default = [peer("a", "ours", 10, 9), peer("a", "llguidance", 10, 6), peer("r", "ours", 20, 10),
+               peer("r", "llguidance", 20, 10)]
+    compact = [peer("a", "ours", 8, 8), peer("a", "llguidance", 8, 4)]
+    ax = plot_savings(results, default, compact_peer_rows=compact)
+    bars = {c.get_label(): [round(b.get_height(), 6) for b in c] for c in ax.containers}
+    plt.close(ax.figure)
+    labels = list(bars)
+    assert labels.index("llguidance: fast-forward tokens (a peer), default whitespace") == 2
+    assert labels[-1] == "llguidance: fast-forward tokens (a peer), compact whitespace"
+    assert bars[labels[2]] == [40.0, 50.0] and bars[labels[-1]] == [50.0]
+    assert not any("MaskBench" in label for label in labels) and not ax.patches[0].get_label().startswith("MaskBench")
+
+
+def test_a_long_jump_label_is_packed_into_a_few_lines():
+    """The compressed classifier's edge from q3 to the end writes five labels: packed two a line, so the box stays
+    low enough to sit on its own arc rather than stand over the others (the no-overlap tests check the rest)."""
+    assert drawing._label(["a", "b", "c", "d", "e"], 6, pack=True) == "a  b\nc  d\ne"
+    assert drawing._label(["a", "b", "c", "d", "e"], 6) == "a\nb\nc\nd\ne"
+    assert drawing._label(["a", "b"], 2, pack=True) == "a\nb" and drawing._label(["a", "b", "c"], 2) == "a\nb\n+1 more"

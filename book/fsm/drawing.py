@@ -6,6 +6,7 @@ the start, forced jumps are orange, final states have a double ring.
 
 from __future__ import annotations
 
+import math
 from typing import Literal, Optional
 
 from book.fsm.events import RecordedDecode
@@ -83,10 +84,16 @@ def events_table(result: RecordedDecode, vocab: TokenVocabulary, start: int = 0,
 
 # --- figures --------------------------------------------------------------------------------------------
 
-def _label(items: list[str], max_items: int) -> str:
+def _label(items: list[str], max_items: int, pack: bool = False) -> str:
+    """At most ``max_items`` of an edge's labels, one a line, then how many more; ``pack``: in about as many lines as
+    columns (five labels in three lines of two), so a long list does not stand as a tall box over the other edges."""
     shown = items[:max_items]
     more = len(items) - len(shown)
-    return "\n".join(shown) + (f"\n+{more} more" if more > 0 else "")
+    per_line = 1
+    if pack and len(shown) > 2:
+        per_line = math.ceil(len(shown) / math.ceil(math.sqrt(len(shown))))
+    lines = ["  ".join(shown[i:i + per_line]) for i in range(0, len(shown), per_line)]
+    return "\n".join(lines) + (f"\n+{more} more" if more > 0 else "")
 
 
 def automaton_graph(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token", compressed: bool = False,
@@ -236,10 +243,11 @@ def _label_box(text: str, inches: float) -> tuple[float, float]:
 
 def _label_spot(point, first: float, box: tuple[float, float], states: list[tuple[float, float]],
                 placed: list[tuple[float, float, float, float]], r: float,
-                curves: tuple[tuple[float, float], ...] = ()) -> tuple[float, float]:
+                curves: tuple[tuple[float, float], ...] = (), margin: float = 0.06) -> tuple[float, float]:
     """Where an edge's label goes: the first point along the edge (``point(t)``, t from 0 to 1, starting at
     ``first`` and moving out) where its ``box`` keeps clear of every state's circle, of the labels already
-    ``placed`` (x, y, width, height) and of the other edges' ``curves`` (points sampled along them), then the
+    ``placed`` (x, y, width, height) and of the other edges' ``curves`` (points sampled along them, kept ``margin``
+    away, so a drawn line does not touch the box), then the
     same points moved up or down by half the box, so the box touches its edge. A state or a
     label is never covered where some point allows it, so no label hides a state's name or another label; among
     those points, the one farthest from the other edges is taken when none clears them all."""
@@ -257,7 +265,7 @@ def _label_spot(point, first: float, box: tuple[float, float], states: list[tupl
                        default=1.0)
         to_curve = min((max(abs(x - cx) - w / 2, abs(y - cy) - h / 2) for cx, cy in curves), default=1.0)
         hard = min(to_state, to_label)
-        if hard >= 0 and to_curve >= 0:
+        if hard >= 0 and to_curve >= margin:  # a gap a line's width could not close
             return x, y
         score = (hard >= 0, min(hard, to_curve) if hard >= 0 else hard)
         if score > best_score:
@@ -354,7 +362,7 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
     placed: list[tuple[float, float, float, float]] = []  # the labels drawn so far, which the next keep clear of
     for k, (u, v, d) in enumerate(g.edges(data=True)):
         patch, first, point, _ = curves[k]
-        text = _label(d["labels"], max_labels)
+        text = _label(d["labels"], max_labels, pack=compressed)
         color = "#d9730d" if d["jump"] else "#33414f"
         if point is None:  # a loop on one state: its label above it
             lx, ly = pos[u][0] * sx, pos[u][1] + r + 0.35

@@ -74,42 +74,41 @@ def real_policy_shares(record: dict) -> tuple[int, int, dict[str, float]]:
     none = record["totals"]["none"]
     return len(schemas), documents, {key: 1 - p["passes"] / none for key, p in record["totals"]["policies"].items()}
 
-def forced_counts_table(decode_results, batch: int = 1) -> str:
-    """Every count of what exact token jumps (step 2) save that the page names, one row each, with its documents,
-    whose tokens it counts and what (Markdown): passes saved on the real schemas' walks and on the suite (cl100k,
-    the tokenizer's split, the committed comparisons), then SmolLM2-135M's answers at ``batch`` from chapter 7's
-    committed run: passes saved in its tokenizer's split (llguidance's beside), then in the model's own tokens the
-    tokens forced, the forwards saved (the pass on EOS included) and the forwards a token, the median over the
-    requests without jumps and with them."""
+def forced_counts_table(decode_results, real_doc: dict, results, batch: int = 1) -> str:
+    """The page's one note on the other counts of forced tokens (Markdown), one row each, with its documents, whose
+    tokens it counts and when a token counts: MaskBench's published share (fast-forward tokens), each engine's share
+    on its own random walks of the SchemaStore schemas all three compile (step 2's rule, ``real_doc``, the
+    ``realworld_<vocab>.json`` record), step 2's passes saved on the suite's regexes and JSON schemas (``results``,
+    rows of ``fsm.run_suite``), then SmolLM2-135M's answers at ``batch`` from chapter 7's committed run
+    (``decode_results``): passes saved in its tokenizer's split (llguidance's beside), and forwards saved in the
+    model's own tokens, the pass on EOS included. Every share but MaskBench's is a share of passes skipped."""
     from book.decode import lesson as decode_lesson
-    from book.decode.results import suite_names
-    from book.results import fsm_peers, fsm_peers_real, passes_saved
 
-    rows = []
-    real, suite = fsm_peers_real(), fsm_peers()
-    if real is not None:
-        rows.append((f"the {real['schemas']} real schemas: random walks of our automaton, mostly keys",
-                     "cl100k, the tokenizer's split", "passes saved", f"{passes_saved(real, 'ours/tokens'):.1%}"))
-    if suite is not None:
-        rows.append((f"the suite: {len(suite_names(None))} entries", "cl100k, the tokenizer's split", "passes saved",
-                     f"{passes_saved(suite, 'ours/tokens'):.1%}"))
+    bench = real_doc["maskbench"]
+    n_common, shares = common_forced_shares(real_doc)
+    engines = ", ".join(f"{ENGINE_NAMES.get(e, e)} {v:.1%}" for e, v in sorted(shares.items(), key=lambda x: x[1]))
+    kinds = {kind: len({r.name for r in results if r.kind == kind}) for kind in ("json", "regex")}
+    saved = {kind: saved_share(suite_passes(results, kind=kind), 2) for kind in ("json", "regex")}
+    compact = saved_share(suite_passes(results, "compact", kind="json"), 2)
+    rows = [(f"MaskBench: the valid documents of {bench['schemas'].split(' (')[0]} schemas",
+             f"{bench['tokenizer']} tokenizer", "fast-forward tokens append it (tokens forced)",
+             f"{bench['forced_share']:.0%} ({bench['forced_share_compact']:.0%} compact); its SchemaStore schemas "
+             f"alone {bench['forced_share_schemastore']:.0%}"),
+            (f"each engine's own random walks of the {n_common} real schemas, "
+             f"{real_doc['settings']['n_docs']} a schema, compact", "any split the engine allows",
+             "the mask allows it alone, step 2's rule (tokens forced)", engines),
+            (f"the suite's {kinds['regex']} regexes; its {kinds['json']} JSON schemas", "cl100k, the tokenizer's split",
+             "step 2 skips its pass", f"{saved['regex']:.1%}; {saved['json']:.1%} ({compact:.1%} compact)")]
     split, rf = decode_lesson.smollm2_split(batch), decode_lesson.real_forced(decode_results, batch)
-    reals = decode_lesson.real_steps_rows(decode_results, batch)
     if split is not None and rf is not None:
         rows.append((f"SmolLM2-135M's answers to the suite's {rf['requests']} entries",
                      f"its tokenizer's split of their text: {split['tokens']} tokens",
-                     f"passes saved (llguidance's policy: {split['saved']['llguidance/tokens']:.1%})",
-                     f"{split['saved']['ours/tokens']:.1%}"))
+                     "step 2 skips its pass (llguidance's policy)",
+                     f"{split['saved']['ours/tokens']:.1%} ({split['saved']['llguidance/tokens']:.1%})"))
     if rf is not None:
-        rows += [("the same answers", f"the model's own tokens: {rf['tokens']}", "tokens forced",
-                  f"{rf['jumped'] / rf['tokens']:.0%}"),
-                 ("the same answers", "the model's own tokens", "forwards saved, the pass on EOS included",
-                  f"{rf['saved'] / rf['forwards_step1']:.0%}")]
-        if len(reals) > 1:
-            rows.append(("the same answers", "the model's own tokens",
-                         f"forwards a token, the requests' median: {reals[0]['forwards']:.2f} without jumps, "
-                         f"{reals[1]['forwards']:.2f} with them", f"{1 - reals[1]['forwards'] / reals[0]['forwards']:.0%} fewer"))
-    lines = ["| documents | their tokens | counted | exact token jumps save |", "|---|---|---|---|"]
+        rows.append(("the same answers", f"the model's own tokens: {rf['tokens']}",
+                     "step 2 skips its forward, the one on EOS included", f"{rf['saved'] / rf['forwards_step1']:.0%}"))
+    lines = ["| documents | their tokens | a token counts when | share |", "|---|---|---|---|"]
     return "\n".join(lines + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows])
 
 # --- the chapter's table of steps ----------------------------------------------------------------------------
@@ -118,14 +117,16 @@ def forced_counts_table(decode_results, batch: int = 1) -> str:
 MODES = {1: "none", 2: "token", 3: "char"}
 
 
-def run_suite(vocab) -> tuple[list, dict]:
+def run_suite(vocab, compact: Optional[dict] = None) -> tuple[list, dict]:
     """The chapter's suite (``studylog.fsm.run_suite``: both whitespace patterns, eight documents an entry, seed 0)
-    and its default-whitespace automata, kept for the comparison with xgrammar and llguidance."""
+    and its default-whitespace automata, kept for the comparison with xgrammar and llguidance; the compact ones go
+    into ``compact`` where given (by entry name), for the same comparison on the JSON schemas, compact."""
     from studylog import fsm
 
     automata: dict = {}
+    kept = {"default": automata, "compact": compact if compact is not None else {}}
     results = fsm.run_suite(vocab, whitespaces=("default", "compact"), n_samples=8, seed=0,
-                            keep=lambda r, f: automata.setdefault(r.name, f) if r.whitespace == "default" else None)
+                            keep=lambda r, f: kept[r.whitespace].setdefault(r.name, f))
     return results, automata
 
 
