@@ -1097,9 +1097,8 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
     note = ("“× prev.”: the time of the step built on over this one's (above 1.03×, it pays; 0.97× to 1.03×, a "
             "tie); for the entry point, the step it ran over the call (what the choice costs).")
     if changes is not None:  # the run is named under "Where the numbers come from"; its crossings said here
-        note += (f" Rows 7a and 7b come from {STEP07_RUN}, which timed steps 5, 7a, 7b and 7c together, the other rows"
-                 f" from the benchmark. Where a “× prev.” crosses between the two (7a over step 5, 7c over 7b), it"
-                 " divides the two times that run gave, in its brackets.")
+        note += (f" Rows 7a and 7b come from {STEP07_RUN}, which timed steps 5 and 7a to 7c together; 7a's and 7c's"
+                 " “× prev.” divide that run's two times, in brackets.")
         untimed = [f"A = {A:,}, N = {N}" for A, N in TABLE_CASES if not _row(changes, "step07a", T=BENCH_T, A=A, N=N)]
         if untimed:
             note += f" Rows 7a and 7b are not timed at {' or '.join(untimed)}."
