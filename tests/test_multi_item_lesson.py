@@ -526,11 +526,14 @@ def test_the_page_steps_table_gives_each_step_one_case_and_names_its_base():
     """The page's one steps table: each step or sub-step a row on one case (steps 1 to 4c on the long-prefix prompt,
     5a to 5c on the mixed batch with 32 heads from :func:`step5_chain`, 6 on the headline's case); its × is the
     time of the step named in "against" over its own, the row above where the case is the same (named), else named
-    with its µs; a tie or a loss says so; the change cell holds only the change. The line under it gives FlashInfer
-    on the headline's case and the ratio, and why step 6 is the headline's kernel; no bookkeeping."""
+    with its µs; a tie or a loss says so; the change cell holds only the change. 5c's µs is the benchmark's step 5
+    (the result table's: one number for it on the page), its × the chain's 5b over its step 5, both times in its
+    "against". Every row's "× compute floor" is its µs over its case's compute floor, which the line under the table
+    gives. The line under it gives FlashInfer on the headline's case and the ratio, and why step 6 is the headline's
+    kernel; no bookkeeping."""
     results = plotting.load_results("multi_item")
     table = lesson.page_steps_table(results)
-    assert table.splitlines()[0] == "| step | the one change | case | µs | × | against |"
+    assert table.splitlines()[0] == "| step | the one change | case | µs | × | against | × compute floor |"
     rows = {r[0]: r for r in _rows(table)}
     assert list(rows) == ["1", "2", "3", "4a", "4b", "4c", "5a", "5b", "5c", "6"]
     cases = {n: rows[n][2] for n in rows}
@@ -543,13 +546,18 @@ def test_the_page_steps_table_gives_each_step_one_case_and_names_its_base():
         assert us_[n] == pytest.approx(lesson.ms(results, series, long_) * 1e3, abs=0.05)
     chain = lesson.step5_chain()
     times = chain.times
-    assert [rows[n][3] for n in ("5a", "5b", "5c")] == [f"{times[k]:,.1f}" for k in ("5a", "5b", "step 5")]
+    assert [rows[n][3] for n in ("5a", "5b")] == [f"{times[k]:,.1f}" for k in ("5a", "5b")]
+    assert rows["5c"][3] == f"{lesson.ms(results, STEP5, report.MIXED_SHAPE) * 1e3:,.1f}"  # the result table's
+    assert rows["5c"][5] == f"5b, back to back: {times['5b']:,.1f} → {times['step 5']:,.1f} µs"
+    floors = {lesson._short(s): lesson.floors(results, s)[1] * 1e3 for s in lesson.PAGE_SHAPES}
+    for n in rows:
+        assert rows[n][6] == f"{float(rows[n][3].replace(',', '')) / floors[rows[n][2]]:.1f}×", n
     assert rows["5a"][5] == f"step 4 launched per prompt, {times['step 4']:,.1f} µs"
     g5 = lesson.ms(results, STEP5, lesson.GQA_SHAPE) * 1e3
     assert rows["6"][5] == f"5c on this case, {g5:,.1f} µs"
     assert rows["6"][3] == f"{lesson.ms(results, report.STEP06.series, lesson.GQA_SHAPE) * 1e3:,.1f}"
     # every × is the named base's µs over the row's, as printed (a reader can divide the cells)
-    base = {"5a": times["step 4"], "6": g5}
+    base = {"5a": times["step 4"], "6": g5, "5c": times["5b"] / times["step 5"] * us_["5c"]}
     for n in rows:
         if rows[n][4] == "–":
             continue
@@ -560,6 +568,8 @@ def test_the_page_steps_table_gives_each_step_one_case_and_names_its_base():
                 or us_[list(rows)[list(rows).index(n) - 1]] is None
         x = b / us_[n]
         assert rows[n][4].startswith(f"{x:.2f}×")
+        if n == "5c":  # the ratio of the two times its "against" gives
+            assert rows[n][4].startswith(f"{times['5b'] / times['step 5']:.2f}×")
         assert ("(tie)" in rows[n][4]) == lesson.is_tie(x)
         assert ("does not pay" in rows[n][4]) == (round(x, 2) < 1 and not lesson.is_tie(x))
     assert rows["2"][4] == "0.99× (tie)" and rows["5a"][4].endswith(", does not pay") and "(tie)" in rows["5c"][4]
@@ -627,7 +637,8 @@ def test_step_5_quotes_the_headlines_case_and_keeps_heaviest_first_as_a_tie():
     """Step 5's opening ratio is the headline's case (the mixed batch with 8 KV heads); its three changes have a
     heading each (5a, 5b, 5c) and a row each in the one steps table (no table of their own); the text under 5c says
     that order is a tie kept for what it does without the groups; the line under the steps table gives 5c's time
-    beside step 5's in the result table, in one clause (5a to 5c timed back to back), and no bookkeeping words."""
+    in one place, the line over the table (5a and 5b from the run that timed them back to back, 5c the benchmark's
+    as in the result table), and the line under it no bookkeeping words."""
     import json
 
     from studylog import paths
@@ -642,8 +653,10 @@ def test_step_5_quotes_the_headlines_case_and_keeps_heaviest_first_as_a_tie():
     assert "a tie, kept\nbecause" in text["ch06-29-chain"] and "chain_table(" not in "".join(text.values())
     assert "gap" not in text["ch06-34"] and "gap_words" not in text["ch06-where-runs"]
     under = " ".join(text["ch06-34"].split())
-    assert ("5c, timed back to back with 5a and 5b, takes {chained['step 5']:,.1f} µs, and {t5:,.1f} µs beside the "
-            "rivals in the result table." in under)
+    assert "chained['step 5']" not in under and "{t5" not in under  # 5c's times: said once, over the table
+    over = " ".join(text["ch06-33"].split())
+    assert "5c's µs is the benchmark's, as in the result table" in over and "back to back" in over
+    assert "lesson.page_floors(results)" in text["ch06-34"]
     assert "t5, t4 = us(STEP[5].series, MIXED)" in text["1f024a39"]  # the result table's step 5, the mixed batch
     assert "prerequisite" in text["5f955607"] + text["ch06-26"] or "5b needs it" in text["ch06-26"]
     assert not any("these runs" in t for t in text.values())

@@ -229,7 +229,7 @@ def steps_tables(results) -> list[str]:
     and dropped (:data:`TRIED_STEPS`) are left out (:func:`tuning_table` folds them), so that every "× prev." is
     against the row above."""
     table = boehm_table(results, shown=lambda role: role != TRIED_ROLE)
-    first, = split_table(table, [0, 1, 2, 3, 4, 6, 7])
+    first, = split_table(table, [0, 1, 2, *range(3, 9)])
     second, = split_table(table, [0, 1, *range(9, 12)], label="floor")
     return [first + "\n\n" + table.split("\n\n", 1)[1], second]
 
@@ -877,6 +877,9 @@ STEP07_ROWS = (("7a", "the gradient a pass of its own, a block per frame, after 
                ("7b", "alpha and beta in one kernel", "step07b", "step07a"))
 #: Why 7b stays where it costs time (said in its row and its section).
 STEP07B_KEPT = "step 10 runs both directions in one kernel"
+#: How a "× prev." cell of the table of steps names the run of :data:`STEP07_ROWS` where the ratio crosses from the
+#: benchmark to that run (7a over step 5, 7c over 7b): its two times follow.
+STEP07_RUN = "7a's run"
 #: Step 7's row label when 7a and 7b stand above it: its last change, the library's step 7 (7a to 7c together).
 STEP07_LABEL = "7c"
 #: Step 7's row in the table when 7a and 7b stand above it: its own change, the last of the three.
@@ -1050,7 +1053,7 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
                 continue
             t = times[series][i] = row["ms"] * 1e3
             time_cell = f"{t:,.1f}"
-            against = ""
+            against, same_run = "", None  # same_run: the two times of another run that the ratio divides
             if series == "ctc_loss":  # against the step it ran, timed as a step: what the choice costs
                 ran = CHAPTER.step(row["step"]) if row.get("step") else before_choice
                 prev, against = times[ran.series][i], f"vs step {ran.number}"
@@ -1062,9 +1065,13 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
                 base = next(b for label, _, _, b in STEP07_ROWS if label == number)
                 prev = _ms(changes, base, T=BENCH_T, A=A, N=N) * 1e3
                 against = f"vs step {base[4:].lstrip('0')}" if base[4:].lstrip("0") != above else ""
+                if base not in {s for _, _, s, _ in STEP07_ROWS}:  # the row built on shows the benchmark's time
+                    same_run = (prev, t)
             elif number == STEP07_LABEL and _ms(changes, "step07", T=BENCH_T, A=A, N=N):
-                # against 7b, in the run that timed both (the benchmark has no 7b)
-                prev = _ms(changes, "step07b", T=BENCH_T, A=A, N=N) / _ms(changes, "step07", T=BENCH_T, A=A, N=N) * t
+                # against 7b, in the run that timed both (the benchmark has no 7b): that run's two times shown
+                same_run = (_ms(changes, "step07b", T=BENCH_T, A=A, N=N) * 1e3,
+                            _ms(changes, "step07", T=BENCH_T, A=A, N=N) * 1e3)
+                prev = same_run[0] / same_run[1] * t
             else:  # step 6 is a side branch: step 7 builds on step 5
                 number_ = 7 if number == STEP07_LABEL else int(number)
                 before = PREVIOUS.get(number_, number_ - 1)
@@ -1076,6 +1083,8 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
             elif number == str(DISPATCH_STEPS[-1]) and (r := _row(results, "ctc_loss", T=BENCH_T, A=A, N=N)) and \
                     r.get("step") not in (None, series):  # the last step loses where the entry point runs another
                 against += f"the entry point runs step {CHAPTER.step(r['step']).number} here"
+            if same_run:
+                against += ("; " if against else "") + f"{STEP07_RUN}: {same_run[0]:,.1f} → {same_run[1]:,.1f} µs"
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         if not hidden:
@@ -1087,7 +1096,9 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
         lines.append("| " + " | ".join(cells) + " |")
     note = ("“× prev.”: the time of the step built on over this one's (above 1.03×, it pays; 0.97× to 1.03×, a "
             "tie); for the entry point, the step it ran over the call (what the choice costs).")
-    if changes is not None:  # where rows 7a and 7b come from is said under "Where the numbers come from"
+    if changes is not None:  # the run is named under "Where the numbers come from"; its crossings said here
+        note += (f" Rows 7a and 7b come from {STEP07_RUN}, which timed steps 5 and 7a to 7c together; 7a's and 7c's"
+                 " “× prev.” divide that run's two times, in brackets.")
         untimed = [f"A = {A:,}, N = {N}" for A, N in TABLE_CASES if not _row(changes, "step07a", T=BENCH_T, A=A, N=N)]
         if untimed:
             note += f" Rows 7a and 7b are not timed at {' or '.join(untimed)}."

@@ -10,7 +10,8 @@ from torch import Tensor
 from book.ctc.exercises import extended, logsumexp
 from studylog.ctc.targets import BLANK
 
-__all__ = ["frames_needed", "forward_loss", "ctc_gradient", "bank_conflict_ways", "dispatcher", "not_unrolled"]
+__all__ = ["frames_needed", "forward_loss", "ctc_gradient", "bank_conflict_ways", "dispatcher", "off_grid",
+           "not_unrolled"]
 
 
 def frames_needed(labels: Sequence[int]) -> int:
@@ -73,6 +74,28 @@ def dispatcher(A: int, N: int, positions: int) -> int:
     longest extended target (more than 32 x 4 positions); otherwise a barrier per frame costs more than it saves.
     Read off the committed grid (T = 150, A of 28 and 5,000)."""
     return 13 if positions <= 32 * 4 else 14
+
+
+
+def off_grid(results=None) -> str:
+    """Exercise 5's recorded answer off the grid, as Markdown: no run timed the exercise's A = 1,000, but the
+    benchmark timed steps 13 and 14 at other T on its blank-heavy utterances (A = 28, N = 8, targets of T / 3
+    labels, so positions grow with T): each row's times and the faster step, which a rule read off the grid at
+    T = 150 should pick (:func:`dispatcher` does, on the committed H200 run)."""
+    from book.ctc.lesson import off_grid_dispatch
+    from studylog.plotting import load_results
+
+    results = results or load_results("ctc")
+    rows = off_grid_dispatch(results)
+    if not rows:
+        return "No recorded run off the grid in this results file."
+    lines = [f"Steps 13 and 14 off the grid on the {results.gpu} (A = {rows[0]['A']}, N = {rows[0]['N']}, "
+             "blank-heavy utterances of T / 3 labels):", "",
+             "| T | positions | step 13, µs | step 14, µs | faster step | dispatcher picks |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['T']} | {r['positions']} | {r[13]:,.1f} | {r[14]:,.1f} | {r['faster']} | "
+              f"{dispatcher(r['A'], r['N'], r['positions'])} |" for r in rows]
+    return "\n".join(lines)
 
 
 #: The forward direction's frame update in step 12's recursion, and the same loop left rolled.

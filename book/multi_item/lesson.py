@@ -320,8 +320,11 @@ STEP5_PARTS = {"5a": "every prompt in one launch, tail first",
                "5b": "the heads in groups whose keys and values fit in L2",
                "5c": "each group's heaviest query tiles first"}
 
-#: The rows of the steps table that :func:`step5_chain` times on its case, by the chain's labels: one run of its own
-CHAIN_ROWS = {"4c": "step 4", "5a": "5a", "5b": "5b", "5c": "step 5"}
+#: The rows of the steps tables that read :func:`step5_chain` on its case, by the chain's labels: one run of its own.
+#: 4c and 5c are the benchmark's step 4 (a launch per prompt) and step 5 there, the result table's times; 5c's "×"
+#: divides that run's own two times (:data:`CHAIN_LAST`), which its "against" cell gives.
+CHAIN_ROWS = {"5a": "5a", "5b": "5b"}
+CHAIN_LAST = ("5b", "step 5")
 
 #: The mixed batch in the multi-head layout as the tables name it, told apart from the grouped-query one (GQA_SHAPE)
 MIXED_LABEL = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS} heads"
@@ -354,8 +357,9 @@ def page_rows(results) -> list[tuple[str, str, str, float | None, float | None, 
     """The page's steps table as rows ``(label, the one change, case, µs, ×, against)``: each step on one case, its
     × over the step named in "against" on that case (the row above where the case is the same, else named with its
     µs). Steps 1 to 4c on the long-prefix prompt (4a, 4b from :func:`step4_parts`), 5a to 5c on the mixed batch with
-    32 heads (:func:`step5_chain`, whose first row, step 4 launched per prompt, is 5a's base), 6 on the mixed batch
-    with 8 KV heads over step 5 there."""
+    32 heads (5a and 5b from :func:`step5_chain`, whose first row, step 4 launched per prompt, is 5a's base; 5c the
+    benchmark's step 5, its × the chain's 5b over its step 5, both named in "against"), 6 on the mixed batch with 8
+    KV heads over step 5 there."""
     long_ = MAIN_SHAPES[0]
     parts = step4_parts() or {}
     chain = step5_chain()
@@ -363,7 +367,8 @@ def page_rows(results) -> list[tuple[str, str, str, float | None, float | None, 
          "3": ms(results, STEP[3].series, long_), "4a": parts.get("4a"), "4b": parts.get("4b"),
          "4c": ms(results, STEP[4].series, long_)}
     if chain is not None:
-        t.update({label: chain.times[CHAIN_ROWS[label]] / 1e3 for label in ("5a", "5b", "5c")})
+        t.update({label: chain.times[CHAIN_ROWS[label]] / 1e3 for label in ("5a", "5b")})
+        t["5c"] = ms(results, STEP[5].series, report.MIXED_SHAPE)  # the result table's step 5
     t["6"] = ms(results, STEP[6].series, GQA_SHAPE)
     change = {"1": "SDPA with the dense mask", "2": "a Triton flash attention that reads the mask",
               "3": "the mask computed from the metadata", **STEP4_PARTS, **STEP5_PARTS,
@@ -379,6 +384,9 @@ def page_rows(results) -> list[tuple[str, str, str, float | None, float | None, 
         if label == "5a" and chain is not None:
             base = chain.times["step 4"] / 1e3
             against = f"step 4 launched per prompt, {base * 1e3:,.1f} µs"
+        elif label == "5c" and chain is not None:  # over 5b in the run that timed both: that run's two times
+            b, c = (chain.times[k] for k in CHAIN_LAST)
+            base, against = b / c * here, f"5b, back to back: {b:,.1f} → {c:,.1f} µs"
         elif label == "6":
             base = ms(results, STEP[5].series, GQA_SHAPE)
             against = f"5c on this case, {base * 1e3:,.1f} µs"
@@ -392,14 +400,22 @@ def page_rows(results) -> list[tuple[str, str, str, float | None, float | None, 
     return rows
 
 
+def page_floors(results) -> dict[str, float | None]:
+    """The compute floor (µs) of each case of the page's steps table, by the table's name for it."""
+    return {_short(s): None if floors(results, s)[1] is None else floors(results, s)[1] * 1e3 for s in PAGE_SHAPES}
+
+
 def page_steps_table(results) -> str:
-    """Markdown: the page's one table of steps (:func:`page_rows`), one row a step or sub-step on one case."""
+    """Markdown: the page's one table of steps (:func:`page_rows`), one row a step or sub-step on one case, with its
+    time over its case's compute floor (:func:`page_floors`, said beside the table)."""
     if results is None:
         return PENDING
-    lines = ["| step | the one change | case | µs | × | against |", "|---|---|---|---|---|---|"]
+    lines = ["| step | the one change | case | µs | × | against | × compute floor |", "|---|---|---|---|---|---|---|"]
+    floor = page_floors(results)
     for label, change, case, t, x, against in page_rows(results):
+        over = "–" if t is None or not floor.get(case) else f"{t / floor[case]:.1f}×"
         lines.append(f"| {label} | {change} | {case} | {'–' if t is None else f'{t:,.1f}'} | "
-                     f"{'–' if x is None else _times_cell(x)} | {against} |")
+                     f"{'–' if x is None else _times_cell(x)} | {against} | {over} |")
     return "\n".join(lines)
 
 
@@ -417,7 +433,7 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES, chain: Ch
     """Markdown: every step's and sub-step's time (µs) per shape (``shapes``, or every shape of the file), the
     shape's compute floor (µs) in its heading; no ratios (the page's table, :func:`page_steps_table`, has them).
     Steps 4a and 4b read :func:`step4_parts` on the shapes it timed; on ``chain``'s case (:func:`step5_chain`) the rows
-    of :data:`CHAIN_ROWS` read that run."""
+    of :data:`CHAIN_ROWS` (5a and 5b) read that run, the others the benchmark, as the page's table does."""
     if results is None:
         return PENDING
     shapes = [s for s in shape_names(results) if shapes is None or s in shapes]
