@@ -60,8 +60,9 @@ def notebook_title(path: Path) -> str:
 FIGURE_ALT = {
     "assets/figures/env_ceilings.png": "The card's copy bandwidth against the size of the copy, rising to its "
                                         "ceiling above a gibibyte, beside cuBLAS's matmul rates",
-    "assets/figures/fsm_savings.png": "The share of forward passes each step of the chapter saves on every entry "
-                                      "of the suite of JSON schemas and regexes",
+    "assets/figures/fsm_savings.png": "The share of forward passes each step of the chapter, and llguidance's "
+                                      "fast-forward tokens, save on every entry of the suite of JSON schemas and "
+                                      "regexes",
     "assets/figures/masked_lm_head_practitioners.png": "The whole masked step's speedup over cuBLAS logits followed "
                                                        "by xgrammar's bitmask, from the packed bitmask, against the "
                                                        "number of allowed tokens, at batch sizes 1 to 256",
@@ -86,21 +87,17 @@ FIGURE_ALT = {
                                          "step 23's at the ten shapes BitNet's kernel is built for",
     "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
                                            "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
-    "assets/figures/decode_breakdown_8b.png": "Bars of the 8B cost model (measured, synthetic weights; the chapter's "
-                                              "answer is on SmolLM2-135M): where each step of the decode loop spends its time "
-                                              "per output token, the whole step at batch 1, then everything but the "
-                                              "model body (LM head, mask, sampling, host) at batch 1 and 8",
+    "assets/figures/decode_breakdown_smollm2.png": "SmolLM2-135M, real weights, its own answers: where each step of "
+                                                   "the decode loop spends its time per output token, the whole step "
+                                                   "at batch 1, then everything but the model body (LM head, mask, "
+                                                   "sampling, host) at batch 1 and 8",
     "assets/figures/speculate_speedup.png": "Per request, the speculative loop's speedup per output token over "
                                             "chapter 07's loop, against how many forwards it saves",
 }
 
 
-#: A line under a card's figure where the figure is not of the chapter's answer (chapter 07's answer is on
-#: SmolLM2-135M; no figure of that model is drawn).
-FIGURE_CAPTION = {
-    "assets/figures/decode_breakdown_8b.png": "The bars are the 8B cost model (synthetic weights), not SmolLM2-135M, "
-                                              "the model the chapter's answer is on.",
-}
+#: A line under a card's figure where the figure is not of the chapter's answer (every card's figure is now).
+FIGURE_CAPTION: dict[str, str] = {}
 
 
 #: What a card's reader should have read first (the landing page's reader's path, per chapter).
