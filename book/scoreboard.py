@@ -944,8 +944,7 @@ def _speculate(data):
     # the forward-time bound: the shipped step's forwards per output token, each at this loop's one-token forward's GPU time,
     # the bound chapter 08's page gives; it binds where it is longer than the kernel count's chain (it is, by far)
     bound = (f"the forward-time bound, the longer one, binds, and it is the one chapter 08's page gives: {share:.2f} "
-             f"forwards per output token (step 3's median request's, the count chapter 08's page gives), each at a "
-             "one-token forward's GPU time "
+             f"forwards per output token (step 3's median request's), each at a one-token forward's GPU time "
              f"({one_token[0]['ms'] * 1e3:.1f} µs), {us(forecast)} µs a token. Each is a bound, not a floor: neither "
              "counts the drafting or the host's work in a step, which the wall clock includes"
              if forecast is not None else "")
