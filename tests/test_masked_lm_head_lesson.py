@@ -780,7 +780,7 @@ def test_the_capped_key_names_the_cap():
     assert key == lesson.capped_key(rot) and f"{rot['max_copies']} copies" in key
     assert (f"at most {rot['capped_union']:,} rows" if rot["capped_union"] > 1 else "one row") in key
     assert "flatter ours against the paths that read the whole head" in key and key.count(". ") == 0
-    assert "not a ratio of two such times (step 8's against step 7)" in key  # step 8's ratio: both sides alike
+    assert "not a ratio of two such times (step 8's over step 7's)" in key  # step 8's ratio: both sides alike
     points = {tuple(sorted((k, v) for k, v in r["params"].items() if k != "layout"))
               for r in results.rows if r.get("rotation_capped")}
     for r in results.rows:

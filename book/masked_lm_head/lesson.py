@@ -410,9 +410,8 @@ def capped_key(rot: dict[str, Any] | None) -> str | None:
     union = "A union of one row" if n == 1 else f"A union of at most {n:,} rows"
     where = (f"its {rot['max_copies']} copies fit in the {rot['l2_mib']:.0f} MiB L2" if rot.get("capped_fit_l2") else
              f"it may stay in L2 even across the {rot['max_copies']} copies of the head")
-    return (f"{CAPPED} {union}: {where}, so its time may come partly from L2, which can flatter ours against the "
-            "paths that read the whole head (dense, xgrammar's) but not a ratio of two such times (step 8's against "
-            "step 7); the run does not measure by how much.")
+    return (f"{CAPPED} {union}: {where}, so part of its time may come from L2: that can flatter ours against the "
+            "paths that read the whole head, not a ratio of two such times (step 8's over step 7's).")
 
 
 #: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
