@@ -744,6 +744,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         name = f"Chapter {number:02d}" + (f" part {part}" if part else "") + f", {titles.get(number, '')}" + (
             " (Triton)" if part == 1 else " (CUDA C++)" if part == 2 else "")
         said = ((("called eagerly, ours stays ahead at the one case below" if n == 1 else
+                  "called eagerly, ours stays ahead at both cases below" if n == 2 else
                   f"called eagerly, ours stays ahead at all {n} cases below") if not lost_here and not tied_here else
                  f"called eagerly, ours stays ahead at {n - lost_here - tied_here} of these {n} cases"
                  + (f", ties at {tied_here}" if tied_here else "") + (f" and loses at {lost_here}" if lost_here else ""))

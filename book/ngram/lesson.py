@@ -1143,7 +1143,7 @@ def result_tables(results, headline_rows) -> tuple[str, str]:
                          f"on the GPU clock against step {final.number}'s {us(hd['kernel_gpu_ms'])})")
     note = (f"The benchmark times one kernel end to end at every case, step {final.number}, not the entry point "
             f"`ngram_match`, which runs another step at " + "; ".join(other)
-            + ". Timing `ngram_match` end to end there needs a new GPU run.") if other else ""
+            + "; the entry point's own end-to-end time there is not measured.") if other else ""
     return "**On the GPU clock**" + gpu, fold_table(
         f"End to end, step {final.number} against the CPU loop it replaces (a call, then a sync)", table.strip(), note)
 
