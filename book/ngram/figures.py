@@ -10,10 +10,11 @@ from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, o
 from studylog.ngram import CHAPTER
 from studylog.ngram.report import CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIES, SYNCED_STEP, sweep_series
 
-#: Colour and marker of each step's series, by step number: one colour per series across the chapter's figures.
+#: Colour and marker of each step's series, by step number: one colour per series across the chapter's figures (the
+#: star is the entry point's alone).
 STYLE = {1: ("#7f7f7f", "s"), 2: ("#bcbd22", "v"), 3: ("#1f77b4", "o"), 4: ("#2ca02c", "o"),
          5: ("#ff7f0e", "D"), 6: ("#e377c2", "D"), 7: ("#8c564b", "P"), 8: ("#d62728", "D"), 9: ("#ff9896", "^"),
-         10: ("#98df8a", "^"), 11: ("#c5b0d5", "^"), 12: ("#9467bd", "*")}
+         10: ("#98df8a", "^"), 11: ("#c5b0d5", "^"), 12: ("#9467bd", "X")}
 #: Colours of the series that are not steps (the end-to-end series, the floor, the drafts).
 OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c94", "accepted": "#7b4173"}
 #: Points, at the saved size: every label, tick and legend of the chapter's figures. The book scales a figure wider
@@ -128,8 +129,8 @@ def figures(results) -> dict:
     if synced:
         pts = [(i, grid_select(results, SYNCED_SERIES, c)) for i, c in enumerate(configs)]
         pts = [(i, rows[0]) for i, rows in pts if rows]
-        _errorbar(ax, [i + offset(n_series - 1) for i, _ in pts], [r for _, r in pts], 1e3, marker="*",
-                  color=series_color(SYNCED_SERIES), ms=9, mfc="none", markeredgewidth=1.2,
+        _errorbar(ax, [i + offset(n_series - 1) for i, _ in pts], [r for _, r in pts], 1e3, marker="h",
+                  color=series_color(SYNCED_SERIES), ms=8, mfc="none", markeredgewidth=1.2,
                   label=f"step {SYNCED_STEP}, call + sync (host clock)")
     floors = []
     for i, c in enumerate(configs):
