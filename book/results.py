@@ -677,7 +677,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
                     if o.get("host_ms") and o["host_ms"] > o["ms"] and t.get("host_ms") is not None
                     and max(t["host_ms"], t["ms"]) < max(o["host_ms"], o["ms"]) * (1 - TIE_WITHIN)]
             flip_words.setdefault((3, 0), []).append(
-                f"{port} would be faster{on} at {behind} of the {len(ngram_ratios(folder))} shapes ("
+                f"{port} would be faster{on} at {behind} of the {n} shapes where ours waits on the host ("
                 + ", and ".join(lost) + ")")
         lines.append(((3, 0, name), f"| {case_label(3, 'its entry point', 0)} on the {name} against our FastDeploy port at {n} of "
                       f"the range's shapes | {span([o['host_ms'] for o, _ in waits])} / "
