@@ -590,10 +590,13 @@ def test_part_2s_result_opens_with_bitnet_and_the_eager_caveat_and_it_ends_with_
     assert "**Which kernel to use.**" in text[exercises - 1]
 
 
-def test_part_2_prints_step_23_against_cublas_one_way(results):
+def test_part_2_prints_step_23_against_cublas_one_way_and_the_eager_choice_with_its_cost(results):
     """Step 23's speedup over cuBLAS at 4096 × 14336 and one row, printed in the rivals table, in "Where we lose" and
     in the two cards' fold, is one value: the ratio of the two times as the rivals table prints them (one decimal), to
-    one decimal."""
+    one decimal. The choice's eager row says, from the run with BitNet's kernel, what the plan and the plain function
+    cost on the host a call and at how many shapes each is slower than BitNet's kernel."""
+    from book.ternary import results as tables
+
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"]}
     assert 'return fmt(lesson.ratio(*(None if v is None else round(v, 1) for v in (a, b))), ".1f", "×")' \
         in cells["3cf3f0bb"]
@@ -604,6 +607,11 @@ def test_part_2_prints_step_23_against_cublas_one_way(results):
     base, t23 = (round(L.us(results, s, L.MAIN, 1), 1) for s in ("cublas_bf16", T.SERIES[23]))
     table = L.result_table(results, cases=((L.MAIN, 1),), w2a8=(T.SERIES[23],))
     assert f"{t23:.1f} ({base / t23:.1f}×, step 23" in table
+    choice = cells["b51a6c2c"]
+    assert "plan['slower_eager']" in choice and "eager['ours']" in choice and "plan['host']" in choice
+    eager = tables.bitnet_host(tables.bitnet_results(results))
+    if eager is not None and eager["plan"] is not None:  # the data behind the row's words
+        assert eager["plan"]["slower_eager"] <= eager["slower_eager"]
 
 
 #: Part 1's cells whose diffs sit in a fold: step 7 (tried), steps 11 and 12 (step 13's prerequisites, 1-5%
