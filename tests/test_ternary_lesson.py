@@ -590,6 +590,30 @@ def test_part_2s_result_opens_with_bitnet_and_the_eager_caveat_and_it_ends_with_
     assert "**Which kernel to use.**" in text[exercises - 1]
 
 
+def test_part_2_prints_step_23_against_cublas_one_way_and_the_eager_choice_with_its_cost(results):
+    """Step 23's speedup over cuBLAS at 4096 × 14336 and one row, printed in the rivals table, in "Where we lose" and
+    in the two cards' fold, is one value: the ratio of the two times as the rivals table prints them (one decimal), to
+    one decimal. The choice's eager row says, from the run with BitNet's kernel, what the plan and the plain function
+    cost on the host a call and at how many shapes each is slower than BitNet's kernel."""
+    from book.ternary import results as tables
+
+    cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"]}
+    assert 'return fmt(lesson.ratio(*(None if v is None else round(v, 1) for v in (a, b))), ".1f", "×")' \
+        in cells["3cf3f0bb"]
+    assert "{x1(us('cublas_bf16'), us(23))} cuBLAS" in cells["5286376d"]
+    assert "x1(us('cublas_bf16', m=16), best16['ms'] * 1e3)" in cells["5286376d"]
+    assert 'speed = {c: x1(us("cublas_bf16", res=r), t12[c])' in cells["79c98281"]
+    assert not re.search(r"[^1]\(us\(['\"]cublas_bf16", cells["5286376d"] + cells["79c98281"])
+    base, t23 = (round(L.us(results, s, L.MAIN, 1), 1) for s in ("cublas_bf16", T.SERIES[23]))
+    table = L.result_table(results, cases=((L.MAIN, 1),), w2a8=(T.SERIES[23],))
+    assert f"{t23:.1f} ({base / t23:.1f}×, step 23" in table
+    choice = cells["b51a6c2c"]
+    assert "plan['slower_eager']" in choice and "eager['ours']" in choice and "plan['host']" in choice
+    eager = tables.bitnet_host(tables.bitnet_results(results))
+    if eager is not None and eager["plan"] is not None:  # the data behind the row's words
+        assert eager["plan"]["slower_eager"] <= eager["slower_eager"]
+
+
 #: Part 1's cells whose diffs sit in a fold: step 7 (tried), steps 11 and 12 (step 13's prerequisites, 1-5%
 #: each) and step 14 (1.04x), so that step 13, which carries the result, gets the space.
 PART1_FOLDED_DIFFS = ("33cd022c", "f75f917b", "55be03ee")
@@ -1216,8 +1240,11 @@ def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
     assert "kept for step 23" in cells["step22c-number"] and "in the benchmark" not in cells["step22c-number"]
     assert all(f"| 22{p} |" in cells["74d3fbc1"] for p in "abc")
     assert "timed in step 22's run in parts" in cells["74d3fbc1"] and "timed apart" not in cells["74d3fbc1"]
-    # that run's own step 21 and 22c said once, beside the table's (one number per thing, the run named)
-    assert "one['step 21']:.2f" in cells["74d3fbc1"] and "one[early]:.2f" in cells["74d3fbc1"]
+    # that run's own step 21 said beside the steps table (22a's × previous divides it); 22c's time in that run said
+    # once, in the parts table's own caption, beside the benchmark's (one number per thing, the run named)
+    assert "one['step 21']:.2f" in cells["74d3fbc1"] and "one[early]" not in cells["74d3fbc1"]
+    assert "timed in a run of its own" in cells["step22-parts"] and "differ by up to" not in cells["step22-parts"]
+    assert "(step 22c: {t2(one[early])} here, {t2(us(22))} there)" in cells["step22-parts"]
     assert "run of its own" not in cells["a586196e"]  # the legend says it once, not the prose
     assert "say(" not in cells["step22-gain"]  # 22a's number once, in the chain
     assert "one['step 21']" not in cells["a586196e"]  # step 21's time is the benchmark's, on the page once
