@@ -90,8 +90,9 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
             written = wall
         else:
             written = left
-        # one precision a panel: ms to two decimals (1.20, 1.00), µs to the unit
-        ax.annotate(f"{written:.2f}" if unit == "ms" else f"{written:.0f}", (end, i), xytext=(3, 0), textcoords="offset points", ha="left", va="center",
+        # one precision a panel: ms to two decimals (1.20 ms), µs to the unit; the unit written, so that a total
+        # never reads as a ratio
+        ax.annotate(f"{written:.2f} ms" if unit == "ms" else f"{written:.0f} µs", (end, i), xytext=(3, 0), textcoords="offset points", ha="left", va="center",
                     fontsize=FONT)
     ax.set_yticks(range(len(configs)), [BAR_LABELS.get(n, n) for n in configs] if names else [""] * len(configs),
                   fontsize=FONT)
