@@ -154,24 +154,16 @@ def decode_split(card: Path) -> dict[str, float] | None:
             "compile_ms": setup["automaton_ms"], "request_ms": setup["decode_ms"], "small": small}
 
 
-def decode_split_words(split: dict[str, float], landing: bool = False, whole: float | None = None,
-                       bold: bool = False) -> str:
-    """:func:`decode_split` in words: what chapters 01 and 02 buy on SmolLM2-135M (chapter 01's jumps, the answer,
-    bold where ``bold``; chapter 02's head beside it, a tie there by the course's tie rule, with its gain on the 8B
-    cost model), then the cached allowed sets (host work, neither chapter's) and the three together (``whole``, the
-    shipped loop against step 1's; left out where None). ``landing``: that form; otherwise the reuse the cached sets
-    assume."""
+def decode_split_words(split: dict[str, float], landing: bool = False, bold: bool = False) -> str:
+    """:func:`decode_split` in words. ``landing``: what chapters 01 and 02 buy on SmolLM2-135M (chapter 01's jumps,
+    the answer, bold where ``bold``; chapter 02's head beside it, a tie there by the course's tie rule, with its gain
+    on the 8B cost model); otherwise the reuse the cached allowed sets (host work, neither chapter's) assume."""
     tied = is_tie(split["head"])
     if landing:  # what each chapter buys, each against the step before; the cached sets (host work) apart
         jumps = f"{split['jumps']:.2f}×"
-        out = (f"on SmolLM2-135M, chapter 01's exact jumps {f'**{jumps}**' if bold else jumps}; chapter 02's head "
-               + ("a tie there" if tied else f"{split['head']:.2f}× there")
-               + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model"))
-        if whole is not None and split.get("small"):  # the results page: the loop to use on a small model
-            base, small = split["small"]
-            out += (f"; a small model's loop, its allowed sets cached too (host work, {split['sets']:.2f}×): "
-                    f"{base / small:.2f}× ({against(small / 1e3, base / 1e3)} µs a token)")
-        return out
+        return (f"on SmolLM2-135M, chapter 01's exact jumps {f'**{jumps}**' if bold else jumps}; chapter 02's head "
+                + ("a tie there" if tied else f"{split['head']:.2f}× there")
+                + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model"))
     return (f"the cached allowed sets ({split['sets']:.2f}×) assume a grammar compiled once and reused (a median "
             f"{split['compile_ms']:.0f} ms to compile, against {split['request_ms']:.0f} ms to decode a request)")
 
@@ -1623,8 +1615,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 notes[name] = [n for n in notes[name] if "the line's ratio divides" not in n]
                 if real7 is not None:
                     split = decode_split(card)
-                    # the landing cell: what chapters 01 and 02 buy; the results page adds the loop to use on a
-                    # small model (the cached sets too, host work, neither chapter's)
+                    # the landing cell and the line's: what chapters 01 and 02 buy; the loop to use on a small
+                    # model (the cached sets too, host work, neither chapter's) is in the line's notes
                     landing[name] = (decode_split_words(split, landing=True) if split else
                                      f"{real7['ratio']:.2f}× per output token on SmolLM2-135M, a real model")
                     cells[name] = ((decode_split_words(split, landing=True, bold=True) if split else

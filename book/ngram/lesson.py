@@ -826,17 +826,14 @@ def row_factor(results, n, cfg: tuple[int, int, int], gpu: str = "nvidia-h200") 
 def part_anchor_gap(part: str, cases, gpu: str = "nvidia-h200", results=None) -> float | None:
     """How far the lab run of sub-step ``part`` (6a, 9a) times the step the row divides against the chapter's
     benchmark, over ``cases``: the largest relative gap, or None where the run has none of them."""
-    results = results if results is not None else _load_results(gpu)
+    if results is None:
+        from studylog.plotting import load_results
+
+        results = load_results("ngram", gpu)
     ref = ROW_REFERENCE[part]
     gaps = [abs(lab / main - 1) for cfg in cases
             if (lab := part_us(part, cfg, 1, gpu)) is not None and (main := row_us(results, ref, cfg, gpu))]
     return max(gaps) if gaps else None
-
-
-def _load_results(gpu: str):
-    from studylog.plotting import load_results
-
-    return load_results("ngram", gpu)
 
 
 def floor_head(results, cfg: tuple[int, int, int]) -> str:
