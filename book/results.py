@@ -737,10 +737,10 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         n, lost_here, tied_here = (sum(c[i] for _, c in mine) for i in range(3))
         name = f"Chapter {number:02d}" + (f" part {part}" if part else "") + f", {titles.get(number, '')}" + (
             " (Triton)" if part == 1 else " (CUDA C++)" if part == 2 else "")
-        said = ((("called eagerly, ours stays ahead at the one case below" if n == 1 else
-                  "called eagerly, ours stays ahead at both cases below" if n == 2 else
-                  f"called eagerly, ours stays ahead at all {n} cases below") if not lost_here and not tied_here else
-                 f"called eagerly, ours stays ahead at {n - lost_here - tied_here} of these {n} cases"
+        said = ((("called eagerly, ours stays ahead in the one comparison below" if n == 1 else
+                  "called eagerly, ours stays ahead in both comparisons below" if n == 2 else
+                  f"called eagerly, ours stays ahead in all {n} comparisons below") if not lost_here and not tied_here
+                 else f"called eagerly, ours stays ahead in {n - lost_here - tied_here} of these {n} comparisons"
                  + (f", ties at {tied_here}" if tied_here else "") + (f" and loses at {lost_here}" if lost_here else ""))
                 + "; in a CUDA graph or a plan, as the chapter times it, the GPU time decides")
         grouped += [f"**{name}**: {said}.", "",
@@ -2082,7 +2082,7 @@ def left_out_words(card: str, why: str, others: list[str]) -> str:
 LOOP_WORDS = {
     7: "These rows time whole decode loops on the wall clock, each a median over the JSON schemas of each schema's "
        "own median, so no spread of repeated runs stands beside it: the range of the schemas' own ratios is in the "
-       "notes under the first table. The 1b and 8b shapes are synthetic models (random weights in Llama's layer "
+       "notes under the first table. The 1B and 8B cost models are synthetic (random weights in Llama's layer "
        "shapes, one layer's weights read by every layer) with a head of the cl100k vocabulary, chapter 01's, not "
        "Llama's own.",
     8: "These rows time whole decode loops on the wall clock, each a median over requests, so no spread of repeated "

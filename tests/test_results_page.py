@@ -154,12 +154,12 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     total, ahead, tied, lost_n, where = results.host_bound_markdown(counts=True)
     assert total == ahead + tied + lost_n and total >= len(rows) and lost_n >= len(losses)
     assert tied == ties
-    # the counts add up from the chapters' groups, each "called eagerly, ours stays ahead at K of these N cases" (or
-    # "at all N cases below", "at the one case below"), a sentence that says what decides in a graph or a plan
+    # the counts add up from the chapters' groups, each "called eagerly, ours stays ahead in K of these N comparisons"
+    # (or "in all N comparisons below", "in the one comparison below"), then what decides in a graph or a plan
     lines = re.findall(r"^\*\*Chapter [^*]+\*\*: (called eagerly, .*)$", text, re.M)
-    counts = [1 if "the one case below" in ln else 2 if "at both cases below" in ln else
-              int(re.search(r"at all (\d+) cases below|of these (\d+) cases", ln).group(1)
-                  or re.search(r"of these (\d+)", ln).group(1)) for ln in lines]
+    counts = [1 if "the one comparison below" in ln else 2 if "in both comparisons below" in ln else
+              int(re.search(r"in all (\d+) comparisons below", ln).group(1) if "in all" in ln
+                  else re.search(r"of these (\d+) comparisons", ln).group(1)) for ln in lines]
     assert lines and all(ln.endswith("in a CUDA graph or a plan, as the chapter times it, the GPU time decides.")
                          for ln in lines), lines
     assert sum(counts) == total
