@@ -1394,7 +1394,7 @@ def test_the_tried_section_names_where_step_25_wins_and_both_shares_are_given(re
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"]}
     why = cells["5519d543"]  # part 2 opens on part 1's share, computed as part 1 does, and links part 1's table
     assert "05_ternary_1_triton.ipynb#why-it-matters-the-linear-layers-of-a-decode-step" in why
-    assert "of a decode step's bytes" in why and "view14['share']" in why and "in 2 bits" in why
+    assert "of a decode step's bytes" in why and "view14['share']" in why and "packed to 2 bits" in why
     assert "view['time_share']" in why and "law on bytes" not in why
     # the open paragraph is the shares and one estimate; the layer sum and cuBLAS's estimate in the fold under it,
     # the host times under Where we lose, part 1's estimates on part 1 only
