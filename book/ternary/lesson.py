@@ -1724,7 +1724,7 @@ def device_diff(step: int, helpers: bool = True, region: Optional[tuple[str, str
     texts = [wrapped(t, 110) for t in texts]  # no line past a listing's frame
     # the step's heading sits above the diff: its caption names the steps only
     what = lambda n: f"step {n}" + ("" if region is None else " (the core)")  # noqa: E731
-    return source.show_diff(*texts, names=(what(step - 1), what(step)))
+    return source.show_diff(*texts, names=(what(step - 1), what(step)), context=1)  # one line of context: short
 
 
 #: The lines of a long device-code diff the page shows open: step 23's producer copying x and its consumers
