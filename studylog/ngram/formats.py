@@ -115,19 +115,20 @@ def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tens
     if not check_values or batch == 0:
         return
 
-    def first_bad(name: str, bad: Tensor, what: str) -> None:
+    # the lengths are a few int32 a slot: one copy to the host (one sync) and every rule checked there
+    names = _LEN_FIELDS + ("seq_lens_this_time",)
+    host = dict(zip(names, torch.cat([named[name] for name in names]).cpu().split(batch)))
+    rules = [(name, host[name] < 0, "has negative values") for name in names]
+    rules += [("prompt_lens", host["prompt_lens"] > prompt_width, f"exceeds prompt_ids' width {prompt_width}"),
+              ("step_idx", host["step_idx"] >= gen_width, f"must index generated_ids' columns (< {gen_width}): the "
+               "newest token is generated_ids[b, step_idx]")]
+    if not config.hybrid:
+        rules.append(("draft_token_num", host["draft_token_num"] >= draft_width,
+                      f"must be < draft_tokens' width {draft_width} (drafts go to columns 1..draft_token_num)"))
+    for name, bad, what in rules:
         if bool(bad.any()):
             slot = int(bad.nonzero()[0, 0])
-            raise ValueError(f"{name} {what} (slot {slot} has {int(named[name][slot])})")
-
-    for name in _LEN_FIELDS + ("seq_lens_this_time",):
-        first_bad(name, named[name] < 0, "has negative values")
-    first_bad("prompt_lens", inputs.prompt_lens > prompt_width, f"exceeds prompt_ids' width {prompt_width}")
-    first_bad("step_idx", inputs.step_idx >= gen_width,
-              f"must index generated_ids' columns (< {gen_width}): the newest token is generated_ids[b, step_idx]")
-    if not config.hybrid:
-        first_bad("draft_token_num", inputs.draft_token_num >= draft_width,
-                  f"must be < draft_tokens' width {draft_width} (drafts go to columns 1..draft_token_num)")
+            raise ValueError(f"{name} {what} (slot {slot} has {int(host[name][slot])})")
 
 
 def same_state(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> bool:
