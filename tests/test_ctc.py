@@ -381,12 +381,12 @@ def test_every_launch_passes_what_each_kernel_declares():
     calls = []
     Fake = functools.partial(_RecordingKernel, calls=calls)
 
-    saved = dict(ctc.fused._LAUNCH)
-    ctc.fused._LAUNCH.clear()
+    saved = dict(ctc.fused.LAUNCHES)
+    ctc.fused.LAUNCHES.clear()
     try:
         for step in range(7, 15):
             v, threads = ctc.fused.launch_shape(step, batch.max_positions)
-            ctc.fused._LAUNCH[(step, v, None)] = [Fake(n) for n in ctc.fused.fused_kernel_names(step, v)]
+            ctc.fused.LAUNCHES[(step, v, None)] = [Fake(n) for n in ctc.fused.fused_kernel_names(step, v)]
             calls.clear()
             x = torch.randn(T, N, A)
             ctc.fused.launch(x, batch, torch.empty(N), torch.empty(T, N, A), False, step, None)
@@ -395,8 +395,8 @@ def test_every_launch_passes_what_each_kernel_declares():
                 assert len(args) == len(ctc.fused.SIGNATURES[name.split("<")[0]]), (step, name)
             assert calls[1][1] == ((N, 1) if step in (7, 8, 9) else (N, 2)) and calls[1][2] == (threads,)
     finally:
-        ctc.fused._LAUNCH.clear()
-        ctc.fused._LAUNCH.update(saved)
+        ctc.fused.LAUNCHES.clear()
+        ctc.fused.LAUNCHES.update(saved)
     for step in range(7, 15):
         names = ctc.fused.fused_kernel_names(step, 4)
         for source in dict.fromkeys(ctc.fused.source_of(n) for n in names):
@@ -553,12 +553,12 @@ def test_step07_parts_launch_alpha_then_beta():
     Fake = functools.partial(_RecordingKernel, calls=calls)
     script = _step07_script()
 
-    saved = dict(ctc.fused._LAUNCH)
+    saved = dict(ctc.fused.LAUNCHES)
     v, threads = ctc.fused.launch_shape(7, batch.max_positions)
     x, loss, grad = torch.randn(T, N, A), torch.empty(N), torch.empty(T, N, A)
     out = {}
     try:
-        ctc.fused._LAUNCH[(7, v, None)] = [Fake(n) for n in ctc.fused.fused_kernel_names(7, v)]
+        ctc.fused.LAUNCHES[(7, v, None)] = [Fake(n) for n in ctc.fused.fused_kernel_names(7, v)]
         ctc.fused.launch(x, batch, loss, grad, False, 7, None)
         out[None] = list(calls)
         for part in script.PARTS:
@@ -567,8 +567,8 @@ def test_step07_parts_launch_alpha_then_beta():
             script.launch_part(x, batch, loss, grad, False, part)
             out[part] = list(calls)
     finally:
-        ctc.fused._LAUNCH.clear()
-        ctc.fused._LAUNCH.update(saved)
+        ctc.fused.LAUNCHES.clear()
+        ctc.fused.LAUNCHES.update(saved)
 
     def same(a, b) -> bool:  # the same tensor, the same number, or both an address in a call's workspace
         if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):

@@ -261,15 +261,15 @@ def step12_with(source: str):
         v, _ = fused.launch_shape(12, batch.max_positions)
         name = fused.recursion_name(v)
         kernel = cuda.load(source, name_expressions=(name,)).kernel(name, fused.SIGNATURES["ctc_branchless_recursion"])
-        keys = [k for k in fused._LAUNCH if k[:2] == (12, v)]
-        saved = {k: fused._LAUNCH[k] for k in keys}
+        keys = [k for k in fused.LAUNCHES if k[:2] == (12, v)]
+        saved = {k: fused.LAUNCHES[k] for k in keys}
         try:
             for k in keys:
                 first, _, last = saved[k]
-                fused._LAUNCH[k] = (first, kernel, last)
+                fused.LAUNCHES[k] = (first, kernel, last)
             return fused.step12_flush_to_zero(x, batch)
         finally:
-            fused._LAUNCH.update(saved)
+            fused.LAUNCHES.update(saved)
     return run
 
 

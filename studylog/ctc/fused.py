@@ -124,7 +124,8 @@ def recursion_warps(max_positions: int, grain: int) -> int:
     return warps
 
 
-_LAUNCH: dict[tuple[int, int, str | None], list] = {}
+#: The (first pass, recursion, last pass) kernels of each (step, v, recursion) launched so far, loaded once.
+LAUNCHES: dict[tuple[int, int, str | None], list] = {}
 
 
 def launch_shape(step: int, max_positions: int, grain: int | None = None) -> tuple[int, int]:
@@ -159,9 +160,9 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     v, recursion_threads = launch_shape(step, smax, grain)
     row_stride = recursion_threads * v
     key = (step, v, recursion)
-    if key not in _LAUNCH:
-        _LAUNCH[key] = [kernels(source_of(n), _wanted([n]))[0] for n in fused_kernel_names(step, v, recursion)]
-    first, recursion_kernel, last = _LAUNCH[key]
+    if key not in LAUNCHES:
+        LAUNCHES[key] = [kernels(source_of(n), _wanted([n]))[0] for n in fused_kernel_names(step, v, recursion)]
+    first, recursion_kernel, last = LAUNCHES[key]
     vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
     threads = 64 if A <= 512 else 256  # a frame of A activations per block
     buffer, addresses = workspace_addresses(x.device, scratch_sizes(step, T, N, A, lmax, row_stride), scratch)
