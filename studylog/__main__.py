@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import os
 import platform
 import shlex
@@ -168,8 +169,6 @@ def _bench(args, argv: list[str] | None) -> int:
             raise UsageError("bench verify takes one results folder: python -m studylog bench verify DIR")
         if not Path(args.chapters[1]).is_dir():
             raise UsageError(f"bench verify: {args.chapters[1]} is not a folder")
-        import json
-
         from studylog import verify as verifier
 
         report = verifier.verify(Path(args.chapters[1]), tolerance=args.tolerance)  # a ValueError: main's error

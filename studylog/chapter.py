@@ -47,11 +47,6 @@ class Step:
         """``step09``: the step's series in the benchmark JSON."""
         return f"step{self.number:02d}"
 
-    @property
-    def label(self) -> str:
-        """The step's name and what changed."""
-        return f"{self.name}: {self.title}"
-
 
 @dataclass(frozen=True)
 class Chapter:
@@ -96,7 +91,7 @@ class Chapter:
         from studylog import source
 
         s = self.step(key)
-        return source.show_source(s.source, s.source_function, title=title or s.label)
+        return source.show_source(s.source, s.source_function, title=title or f"{s.name}: {s.title}")
 
     def show_diff(self, old: int | str, new: int | str, *, context: int = 3) -> "Diff":
         """The diff from one step's source to another's: the lesson of the step."""
@@ -136,16 +131,11 @@ def get(name: str) -> Chapter:
     return chapter
 
 
-def chapters() -> list[Chapter]:
-    """Every registered chapter, in the course's order."""
-    return [get(name) for name in CHAPTERS]
-
-
 def select(names: list[str] | tuple[str, ...], *, need: str | None = None) -> list[Chapter]:
     """Chapters named on a command line (``["all"]``: every one that declares ``need``; a named one without it is an
     error). A name of :data:`BENCHMARKS` gives what the harness reads of a chapter: its name and bench."""
     if list(names) == ["all"]:
-        return [c for c in chapters() if need is None or getattr(c, need) is not None]
+        return [c for c in map(get, CHAPTERS) if need is None or getattr(c, need) is not None]
     out = []
     for name in names:
         if name in BENCHMARKS:

@@ -7,6 +7,7 @@ visible GPU and returns a :class:`CudaModule` whose kernels launch on torch's cu
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -82,13 +83,11 @@ class CompiledSource:
         for line in self.log.splitlines():
             if m := re.search(r"Function properties for (\S+)|Compiling entry function '(\S+)'", line):
                 current = report.setdefault(m.group(1) or m.group(2), {})
-                continue
-            if current is None:
-                continue
-            if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
-                current.update(stack_bytes=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3]))
-            if m := re.search(r"Used (\d+) registers", line):
-                current["registers"] = int(m[1])
+            elif current is not None:
+                if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
+                    current.update(stack_bytes=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3]))
+                if m := re.search(r"Used (\d+) registers", line):
+                    current["registers"] = int(m[1])
         return report
 
     def ptx_function(self, kernel: str) -> str:
@@ -122,12 +121,10 @@ def _check_nvrtc(result, what: str):
 def _include_dirs() -> list[str]:
     """Folders of the package's headers (every ``csrc``) and of the CUDA runtime's (``cuda_fp16.h``...)."""
     dirs = [str(folder) for folder in csrc_folders()]
-    try:
+    with contextlib.suppress(Exception):
         import nvidia.cuda_runtime as rt  # pip's nvidia-cuda-runtime
 
         dirs.append(str(Path(rt.__path__[0]) / "include"))
-    except Exception:
-        pass
     if Path("/usr/local/cuda/include").is_dir():
         dirs.append("/usr/local/cuda/include")
     return dirs
@@ -143,23 +140,19 @@ def compile_source(source: str | Path, *, arch: str = DEFAULT_ARCH, options: Seq
         raise ValueError(f"arch must look like 'sm_90' or 'compute_90', got {arch!r}")
     cache = _cache_file(text, name, arch, options, name_expressions)
     if cache is not None and cache.is_file():
-        try:
+        with contextlib.suppress(Exception):  # a damaged entry: compile again (and replace it)
             entry = json.loads(cache.read_text())
             entry["cubin"] = None if entry["cubin"] is None else base64.b64decode(entry["cubin"])
             return CompiledSource(**entry)
-        except Exception:  # a damaged entry: compile again (and replace it)
-            pass
     compiled = _compile(text, name, arch, options, name_expressions)
     if cache is not None:
-        try:
+        with contextlib.suppress(OSError):
             cache.parent.mkdir(parents=True, exist_ok=True)
             partial = cache.with_suffix(f".{os.getpid()}.tmp")
             entry = dict(compiled.__dict__)
             entry["cubin"] = None if compiled.cubin is None else base64.b64encode(compiled.cubin).decode()
             partial.write_text(json.dumps(entry))
             os.replace(partial, cache)  # whole or not at all: test workers share the folder
-        except OSError:
-            pass
     return compiled
 
 
@@ -223,7 +216,7 @@ ARG_TYPES = {"ptr": "Q", "i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "f3
 
 
 def _driver():
-    from cuda.bindings import driver
+    from cuda.bindings import driver  # imported on first use: compiling needs no driver
 
     return driver
 

@@ -59,16 +59,11 @@ def ngram_inputs(batch: int, seq_len: int, *, device="cuda"):
 
 def ctc_inputs(T: int, N: int, A: int, *, seed: int, device="cuda"):
     """Chapter 4: float32 activations (T, N, A) and the blog post's random targets, prepared on ``device``."""
-    from studylog.ctc.peers import padded
-    from studylog.ctc.report import random_targets
-    from studylog.ctc.targets import prepare_targets
+    from studylog.ctc.report import prepared_batch, random_targets
 
     gen = torch.Generator().manual_seed(seed)
     lists = random_targets(T, N, A, gen)
-    x = torch.randn((T, N, A), generator=gen).to(device)
-    targets = prepare_targets(padded(lists), (T,) * N, tuple(len(l) for l in lists), num_classes=A, max_time=T,
-                              device=device)
-    return x, targets
+    return torch.randn((T, N, A), generator=gen).to(device), prepared_batch(lists, T, A, device)
 
 
 def ternary_inputs(n: int, k: int, m: int, *, seed: int, fmt: str = "2bit_tiles", device="cuda"):
@@ -138,14 +133,11 @@ def _ctc(run, rep: int, *, T: int, N: int, A: int):
     depends on their lengths), over as many copies of the activations as its benchmark rotates."""
     from studylog.ctc import ctc_loss
     from studylog.ctc.fused import final_step
-    from studylog.ctc.peers import padded
-    from studylog.ctc.report import copies
-    from studylog.ctc.targets import prepare_targets
+    from studylog.ctc.report import copies, prepared_batch
 
     lists = ctc_bench_targets(T, N, A)
     x = torch.randn((T, N, A), generator=torch.Generator().manual_seed(rep)).to("cuda")
-    targets = prepare_targets(padded(lists), (T,) * N, tuple(len(l) for l in lists), num_classes=A, max_time=T,
-                              device=x.device)
+    targets = prepared_batch(lists, T, A, x.device)
 
     def call(xi):
         loss, grad = torch.empty(xi.shape[1], device=xi.device), torch.empty_like(xi)
