@@ -66,3 +66,12 @@ def model_budget_scan(inputs: NgramInputs, keys: list[int], draft_tokens: Tensor
         crossed = crossed or first is not None
     return torch.tensor(draft, dtype=torch.int64).reshape(draft_tokens.shape), \
         torch.tensor(this_time, dtype=torch.int32)
+
+
+def op_arguments(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor,
+                 config: NgramConfig = NgramConfig()) -> tuple:
+    """``torch.ops.studylog.ngram_match``'s arguments from ``NgramInputs``, the state and ``NgramConfig``, in its
+    order."""
+    return (inputs.prompt_ids, inputs.prompt_lens, inputs.generated_ids, inputs.step_idx, inputs.draft_token_num,
+            inputs.max_dec_len, inputs.seq_lens_encoder, inputs.seq_lens_decoder, draft_tokens, seq_lens_this_time,
+            config.max_ngram_size, config.min_ngram_size, config.threshold, config.hybrid, config.max_draft_tokens)

@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from studylog import ctc, masked_lm_head as mlh, multi_item as mi, ngram, runtime, ternary as T
 
 sys.path.insert(0, str(Path(__file__).parent))
+from ngram_helpers import op_arguments  # noqa: E402
 from ternary_helpers import ternary  # noqa: E402
 
 DEV = runtime.device()
@@ -50,7 +51,7 @@ def masked_inputs(batch: int, vocab: int, hidden: int, allowed_per_seq: int, see
 def ngram_args(batch: int, prompt_width: int, gen_width: int, seed: int, config=ngram.NgramConfig()) -> tuple:
     inputs, draft, this_time = ngram.make_batch(batch, prompt_width, gen_width, seed=seed, hybrid=config.hybrid,
                                                 device=DEV)
-    return ngram.ops.arguments(inputs, draft, this_time, config)
+    return op_arguments(inputs, draft, this_time, config)
 
 
 def ctc_inputs(T_: int, N: int, A: int, seed: int, device=DEV, dtype=torch.float32):

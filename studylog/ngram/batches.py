@@ -164,10 +164,9 @@ def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ng
 
 
 def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> dict:
-    """Which branches of the search a batch takes (budget ignored but for the skip rule): ``searching_slots``,
-    ``refused_slots`` (those step 12 skips), ``top_n_matches`` / ``shorter_matches`` / ``no_match`` (only a top-n
-    match lets a scan stop early), ``newest_token_hits_per_1k`` (where the inner comparison loop runs),
-    ``early_exit_fraction`` (what a perfect early exit reads over the floor's bytes)."""
+    """Which branches of the search a batch takes (budget ignored but for step 12's skip rule): only a top-n match
+    lets a scan stop early, the inner comparison loop runs where the newest token hits, and ``early_exit_fraction``
+    is what a perfect early exit reads over the floor's bytes."""
     keys = model_one_pass_keys(inputs, config, seq_lens_this_time)  # a fraction of a second at the benchmark's sizes
     refused = model_budget_refused(inputs, config, seq_lens_this_time)
     searching = top = shorter = none = refused_n = 0

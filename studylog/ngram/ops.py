@@ -46,11 +46,3 @@ def _(*args, **kwargs) -> None:
 @ngram_match.register_fake
 def _(*args, **kwargs) -> None:
     validate(*_parts(*args, **kwargs), check_values=False)
-
-
-def arguments(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor,
-              config: NgramConfig = NgramConfig()) -> tuple:
-    """The operator's arguments from ``NgramInputs``, the state and ``NgramConfig``, in the operator's order."""
-    return (inputs.prompt_ids, inputs.prompt_lens, inputs.generated_ids, inputs.step_idx, inputs.draft_token_num,
-            inputs.max_dec_len, inputs.seq_lens_encoder, inputs.seq_lens_decoder, draft_tokens, seq_lens_this_time,
-            config.max_ngram_size, config.min_ngram_size, config.threshold, config.hybrid, config.max_draft_tokens)

@@ -62,11 +62,7 @@ __device__ __forceinline__ void search_chunk(NGRAM_KERNEL_PARAMS) {
     __shared__ u64 s_best;
     __shared__ int s_stop;
     if (b < batch) {  // uniform over the block
-        const SlotPlan p = plan_slot(b, SLOT_ARGS);
-        const int step = step_idx[b];
-        const int top = min(max_ngram, step);
-        const i64 *gen = generated_ids + (i64)b * gen_width;
-        const i64 *hay = src ? gen : prompt_ids + (i64)b * prompt_width;
+        SLOT_OF_BLOCK;  // p, step, top, gen, hay
         const i64 first_end = (i64)(src ? chunk - prompt_chunks : chunk) * chunk_len;
         const i64 hay_last_end = (src ? (i64)step : (i64)prompt_lens[b]) - 2;  // keeps a token after
         const i64 last_end = min64(first_end + chunk_len - 1, hay_last_end);

@@ -91,6 +91,16 @@ __device__ __forceinline__ u64 tile_floor_key(int top, int src, i64 tile) {
     return make_key(top, src, first_start > 0 ? first_start : 0);
 }
 
+// Declares what a block of a split search (steps 6 to 12) knows of slot b before its chunk: the slot's plan `p`,
+// its newest token's index `step`, the top n `top`, its generated tokens `gen` and its haystack `hay` (src 0: the
+// prompt; 1: the generated tokens). A macro, as NGRAM_KERNEL_PARAMS: returned in a struct, they compile differently.
+#define SLOT_OF_BLOCK                                                                            \
+    const SlotPlan p = plan_slot(b, SLOT_ARGS);                                                  \
+    const int step = step_idx[b];                                                                \
+    const int top = min(max_ngram, step);                                                        \
+    const i64 *gen = generated_ids + (i64)b * gen_width;                                         \
+    const i64 *hay = src ? gen : prompt_ids + (i64)b * prompt_width
+
 // Reads a value other blocks update with atomics (bypasses the SM's L1, which may be stale).
 __device__ __forceinline__ u64 load_shared_key(const u64 *p) { return *(const volatile u64 *)p; }
 
