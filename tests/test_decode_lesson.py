@@ -1246,3 +1246,21 @@ def test_the_answer_and_the_steps_table_say_what_pays_in_step_3_on_the_real_mode
     for key in ("rr['main']['x_3a']", "rr['second']['x_3a']", "eight[3]['x_previous']", "no_body['masked_head']"):
         assert key in answer, key
     assert "many times faster than\nits baseline" not in text[0] and "save a few per cent of forwards" in text[0]
+
+
+def test_the_scope_is_said_once_up_front_and_the_cpu_demos_are_folded_whole():
+    """No serving engine is raced: the page says so once, in its opening; the CPU demonstrations (step 1, 2 and 3 on
+    a tiny model) are folded whole, code and output, and print no bare True."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "07_constrained_decoding.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    assert "**No serving engine (vLLM, SGLang) is raced:**" in text[0]
+    assert sum("No serving engine" in t for t in text) == 1
+    demos = [c for c in cells if c["cell_type"] == "code" and "dec.step0" in "".join(c["source"])]
+    assert len(demos) == 3 and all(c["metadata"]["tags"] == ["hide-cell"] for c in demos)
+    assert not any("print(\"writes the valid output above:\"" in "".join(c["source"]) for c in demos)
+    host = lesson.host_table(lesson.committed())
+    assert "host time the head's call holds" in host.splitlines()[0]
