@@ -1452,3 +1452,14 @@ def real_parts_without_body(results, batch: int = 1) -> dict[str, float]:
 
     parts = breakdown(results.rows, REAL, batch, kind=None)
     return {c: sum(max(p[k], 0.0) for k in COMPONENTS if k != "body") * 1e3 for c, p in parts.items()}
+
+
+def second_run_ratios(second) -> str:
+    """The real model's step 1 over step 3 in the second H200 run (:func:`second_run`), per batch, in the result
+    table's statistic (:func:`_case`), as the words the table's note gives ("1.25× at batch 1, ..."); "not run"
+    where the file is missing."""
+    if second is None:
+        return "not run"
+    cases = [(b, _case(second, REAL, b)) for b in (1, 8)]
+    return ", ".join(f"{c['step1_us']:,.0f} and {c['step3_us']:,.0f} µs, {c['ratio']:.2f}× at batch {b}"
+                     for b, c in cases if c is not None) or "not run"
