@@ -987,7 +987,7 @@ def host_table(results, models=("1b", "8b"), batch: int = 1) -> str:
     shape."""
     parts = {m: breakdown(results.rows, m, batch, kind="json") for m in models}
     head = " | ".join(f"{STEPS_TABLE_SHAPES.get(m, m)}: {what}" for m in models
-                      for what in ("host's own work", "the head's call"))
+                      for what in ("host's own work", "host time the head's call holds"))
     lines = [f"| step | {head} |", "|---|" + "---|" * (2 * len(models))]
     for config in STEP_CONFIGS:
         if not all(config in parts[m] for m in models):
@@ -1360,3 +1360,106 @@ def appendix() -> str:
 
 if __name__ == "__main__":
     print(appendix())
+
+
+#: The one steps table's shorter "what changes" cells: each row's one change (3a its own row, then 3b with 3c).
+STEPS_ONE_CHANGE = (STEP_CHANGES["baseline"], STEP_CHANGES["jump_forward"],
+                    "the automaton's allowed sets, built once per grammar, as the mask (host work, neither chapter's)",
+                    STEP_3BC)
+
+
+def steps_runs(results, second, batch: int = 1, also: str = "8b") -> list[dict]:
+    """The page's one steps table as rows: step 1, step 2, 3a and step 3, on the real model in the chapter's run
+    (``real``: :func:`real_steps_rows_3a`, each row's time, ``x_previous`` over the row above, forwards per token)
+    and in the second H200 run (``real2``, the same rows, or None where ``second`` is None or lacks 3a), and on the
+    cost model ``also`` in the chapter's run (``cost``: :func:`steps_rows` with 3a, its time, ``x_previous`` and
+    ``x_floor``). ``bound``: the real model's time over its forward-time bound (its forwards, each at a one-token
+    forward's GPU time: :func:`real_body`), None where the run did not time that forward. Empty where the real
+    model's steps lack 3a."""
+    real = real_steps_rows_3a(results, batch)
+    if len(real) < 4:
+        return []
+    real2 = real_steps_rows_3a(second, batch) if second is not None else None
+    if real2 is not None and len(real2) < 4:
+        real2 = None
+    cost = steps_rows(results, also, batch, with_3a=True)
+    if len(cost) < 4:
+        cost = [None] * 4
+    body = real_body(results) if batch == 1 else None
+    out = []
+    for i, (change, r) in enumerate(zip(STEPS_ONE_CHANGE, real)):
+        out.append({"label": r["label"], "change": change, "real": r, "real2": real2[i] if real2 else None,
+                    "cost": cost[i],
+                    "bound": r["us"] / (r["forwards"] * body["us"]) if body else None})
+    return out
+
+
+def _ratio_cell(x: float | None) -> str:
+    """A "× previous" cell: "–" on the first row, "(tie)" from 0.97× to 1.03× as printed (the course's tie rule)."""
+    return "–" if x is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x, 1.0)
+
+
+def steps_runs_table(results, second, batch: int = 1, also: str = "8b") -> str:
+    """:func:`steps_runs` as the page's one steps table (Markdown): per row its one change; SmolLM2's time and
+    "× previous" in the chapter's run and in the second run (each ratio the ratio of its own column's times), its
+    forwards per token and its time over the forward-time bound (the chapter's run); then the cost model's time,
+    "× previous" and "× floor" (the chapter's run)."""
+    rows = steps_runs(results, second, batch, also)
+    if not rows:
+        return f"({PENDING}: this file holds no real-model requests with 3a)"
+    n = len(_real_rows(results, batch))
+    shape = STEPS_TABLE_SHAPES.get(also, also)
+    two = rows[0]["real2"] is not None
+    head = [f"SmolLM2-135M ({n} requests), main run: µs per token", "× previous"]
+    head += ["second run: µs per token", "× previous"] if two else []
+    head += ["forwards per token", "× forward-time bound", f"{shape}, main run: µs per token", "× previous",
+             "× floor"]
+    lines = ["| step | the one change | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
+    for r in rows:
+        x = r["real"]
+        cells = [r["label"], r["change"], f"{x['us']:,.0f}", _ratio_cell(x["x_previous"])]
+        if two:
+            cells += [f"{r['real2']['us']:,.0f}", _ratio_cell(r["real2"]["x_previous"])]
+        cells += [f"{x['forwards']:.2f}", "–" if r["bound"] is None else f"{r['bound']:.2f}×"]
+        c = r["cost"]
+        cells += ["–"] * 3 if c is None else [f"{c['us']:,.0f}", _ratio_cell(c["x_previous"]), f"{c['x_floor']:.2f}×"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def real_runs_ranges(results, second, batch: int = 1) -> dict | None:
+    """The real model's ratios over both H200 runs (the chapter's and the second), each as (least, most): the jumps
+    (step 2 over step 1, ``jumps``), 3a over step 2 (``x_3a``), the head and argmax (step 3 over 3a, ``head``), the two
+    together (step 3 over step 2, ``both``) and step 3 over step 1 (``step3``); ``main``: the chapter's run's four, under the same keys. None without both."""
+    if second is None:
+        return None
+    runs = [real_steps_rows_3a(r, batch) for r in (results, second)]
+    if any(len(r) < 4 for r in runs):
+        return None
+    each = [{"jumps": r[1]["x_previous"], "x_3a": r[2]["x_previous"], "head": r[3]["x_previous"],
+             "both": r[1]["us"] / r[3]["us"], "step3": r[0]["us"] / r[3]["us"]} for r in runs]
+    out = {k: (min(e[k] for e in each), max(e[k] for e in each)) for k in each[0]}
+    out["main"] = each[0]
+    out["second"] = each[1]
+    return out
+
+
+def real_parts_without_body(results, batch: int = 1) -> dict[str, float]:
+    """The real model's breakdown bars without the body, as the figure's "without the body" panel sums them: per
+    configuration, the instrumented parts other than the body (mask not hidden, head, mask application, sampling,
+    host overhead), µs per output token."""
+    from studylog.decode.loop import COMPONENTS
+
+    parts = breakdown(results.rows, REAL, batch, kind=None)
+    return {c: sum(max(p[k], 0.0) for k in COMPONENTS if k != "body") * 1e3 for c, p in parts.items()}
+
+
+def second_run_ratios(second) -> str:
+    """The real model's step 1 over step 3 in the second H200 run (:func:`second_run`), per batch, in the result
+    table's statistic (:func:`_case`), as the words the table's note gives ("1.25× at batch 1, ..."); "not run"
+    where the file is missing."""
+    if second is None:
+        return "not run"
+    cases = [(b, _case(second, REAL, b)) for b in (1, 8)]
+    return ", ".join(f"{c['step1_us']:,.0f} and {c['step3_us']:,.0f} µs, {c['ratio']:.2f}× at batch {b}"
+                     for b, c in cases if c is not None) or "not run"

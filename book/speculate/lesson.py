@@ -925,3 +925,28 @@ def step_diff(step: int):
         raise ValueError(f"steps 2 to 4 change the loop; step {step} is not one of them")
     return config_diff(SpeculativeDecoder._run, CONFIGS[names[step - 2]], CONFIGS[names[step - 1]],
                        (f"step {step - 1}", f"step {step}"), context=1)
+
+
+def step3_low_copy_spread(batch: int = 1, workload: str = "low_copy") -> dict[str, Any]:
+    """How firm step 3's gain over step 2 is on ``workload`` at ``batch``, from the runs the files hold (the
+    committed one and :func:`second_run`): each run's ratio of the medians (``runs``, the steps table's statistic),
+    each request's own ratio over both runs (``least``, ``most``), how many requests (``requests``), and the largest
+    spread of one request's timed repeats within a run, step 2 or step 3 (``repeat_spread``: most less least over the
+    median) and the median of those spreads (``repeat_median``)."""
+    again = second_run()
+    out = {"runs": [], "ratios": [], "spreads": [], "requests": 0}
+    for rows in [committed().rows] + ([again] if again is not None else []):
+        sel = [r for r in rows if r["params"].get("batch") == batch and r["params"].get("workload") == workload
+               and r["series"] in ("step02", "step03")]
+        by: dict[str, dict[str, dict]] = {}
+        for r in sel:
+            by.setdefault(r["params"]["request"], {})[r["series"]] = r
+        pairs = [v for v in by.values() if len(v) == 2]
+        out["requests"] = len(pairs)
+        out["runs"].append(_median(rows, batch, workload, "step02") / _median(rows, batch, workload, "step03"))
+        out["ratios"] += [v["step02"]["ms"] / v["step03"]["ms"] for v in pairs]
+        out["spreads"] += [(r["spread_ms"][-1] - r["spread_ms"][0]) / r["ms"] for v in pairs for r in v.values()
+                           if r.get("spread_ms")]
+    return {"runs": out["runs"], "least": min(out["ratios"]), "most": max(out["ratios"]),
+            "requests": out["requests"], "repeat_spread": max(out["spreads"]) if out["spreads"] else None,
+            "repeat_median": statistics.median(out["spreads"]) if out["spreads"] else None}
