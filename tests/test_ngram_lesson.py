@@ -608,7 +608,7 @@ def test_the_page_names_its_runs_in_words_and_its_cells_read_them():
         if cells[i]["cell_type"] == "markdown":
             assert not re.search(r"\w\.json`|assets/bench|lab/ngram|/results/", t), i
     assert all(w in " ".join(text[at].split()) for w in ("benchmark", "empty kernel", "step 6's two ideas one at a time",
-                                                         "step 9's split", "of 9a beside steps 8 and 9"))
+                                                         "step 9's split", "9a beside steps 8 and 9"))
     code = "\n".join(t for c, t in zip(cells, text) if c["cell_type"] == "code")
     assert 'load_results("ngram")' in code and 'lesson.row_factor(results, "6a", H)' in code
     assert '(8, "step05_changes"), (9, "step12_changes")' in code  # the splits of steps 8 and 9
