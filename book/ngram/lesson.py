@@ -655,12 +655,13 @@ def real_text_slower(results, number: int = 12) -> list[float]:
 #: Each row's one change in the table of steps, in a few words (each step's section says it in full).
 SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread", 3: "a block a slot; serial budget",
                  4: "budget from prefix sums", 5: "one pass for every n", "6a": "a block stops once beaten",
-                 6: "each slot over many blocks",
+                 6: "each slot over many blocks", "6b": "each slot over many blocks",
                  7: "phase 2 launched early", 8: "phase 2 in the last block", "9a": "no barrier in the loop",
-                 9: "longer chunks per block",
+                 9: "longer chunks per block", "9b": "longer chunks per block",
+                 "8–12": "the budget path, steps 8 to 12 (below)",
                  10: "16-byte loads", 11: "L2 evict-first hint", 12: "refused slots skip search"}
-#: The two paths from step 6, each with the steps it takes: the budget path, for the case it serves, and the main
-#: line's last step (the page gives the second first, right after step 6): its name (its section's heading) -> steps.
+#: The two paths from step 6, each with the steps it takes: the budget path, for the case it serves (its section,
+#: "The budget path: steps 8 to 12", comes after the table of steps), and the main line's last step: name -> steps.
 PATHS = (("long haystacks under a budget", (8, 9, 10, 11, 12)), ("the main line's last step", (7,)))
 
 
@@ -780,23 +781,27 @@ def _case_head(cfg: tuple[int, int, int]) -> str:
     return (f"{what}: " if what else "") + f"{b} × {s:,}, " + (f"budget {t}" if t != NO_BUDGET else "no budget")
 
 
-#: The rows of the open table of steps, the chain a reader follows (the main line, which ``ngram_match`` runs at every
-#: shape but long rows under a budget), and of the budget path's table, folded under it (steps 8 to 12, which serve
-#: that one shape): a step's number, or a sub-step timed apart ("6a", "9a", each before its step, whose row holds
-#: both ideas: "6 (6a + 6b)").
-MAIN_ROWS = (1, 2, 3, 4, 5, "6a", 6, 7)
-BUDGET_ROWS = (8, "9a", 9, 10, 11, 12)
+#: The rows of the main table of steps, the chain a reader follows (the main line, which ``ngram_match`` runs at every
+#: shape but long rows under a budget, then the budget path in one row, "8–12"), and of the budget path's own table
+#: (from 6b, where it starts, to step 12, the one shape they serve): a step's number, or one idea of a two-idea step
+#: ("6a", timed in a separate run, then "6b", the step itself; "9a" and "9b" likewise), each its own row.
+MAIN_ROWS = (1, 2, 3, 4, 5, "6a", "6b", 7, "8–12")
+BUDGET_ROWS = ("6b", 8, "9a", "9b", 10, 11, 12)
+#: Rows that are a library step under another name: a two-idea step's second idea is the step itself (6b is step 6,
+#: 9b step 9), and the budget path's one row in the main table is its last step, 12, against step 6, where it starts.
+ROW_STEP = {"6b": 6, "9b": 9, "8–12": 12}
 
 
 def row_label(n) -> str:
-    """A row's one label: the step's number, or, for a step whose first idea is its own row (6a, 9a), the step with
-    both its ideas: "6 (6a + 6b)"."""
-    return f"{n} ({n}a + {n}b)" if n in (6, 9) else str(n)
+    """A row's one label: the step's number, or the sub-step's ("6a", "6b"), or "8–12", the budget path in one row."""
+    return str(n)
 
 
-#: Each row's one reference, where it is not the step before: the sub-steps and the steps made of two ideas are each
-#: against the main line's step they change (6a and 6 against 5, 9a and 9 against 8), step 8 against step 6.
-ROW_REFERENCE = {"6a": 5, 6: 5, 8: 6, "9a": 8, 9: 8}
+#: Each row's one reference, where it is not the step before: each idea against the row it changes (6a against 5, 6b
+#: against 6a, 9a against 8, 9b against 9a), step 8 and the budget path's row against step 6 (6b), where the path
+#: starts. Where the reference is not timed at a case (6a at the stress case), the row is against the reference's
+#: own (:func:`case_reference`), and the cell names it.
+ROW_REFERENCE = {"6a": 5, "6b": "6a", 6: 5, 7: "6b", 8: "6b", "9a": 8, "9b": "9a", 9: 8, 10: "9b", "8–12": "6b"}
 
 
 def row_reference(n):
@@ -804,10 +809,20 @@ def row_reference(n):
     return ROW_REFERENCE.get(n, n - 1 if isinstance(n, int) else None)
 
 
+def case_reference(results, n, cfg: tuple[int, int, int], gpu: str = "nvidia-h200"):
+    """The row that row ``n`` divides at ``cfg``: its reference (:func:`row_reference`), or, where that row is not
+    timed at ``cfg`` (6a at the stress case), that row's own reference; None where none is timed."""
+    ref = row_reference(n)
+    while ref in ROW_REFERENCE and row_us(results, ref, cfg, gpu) is None:
+        ref = row_reference(ref)
+    return ref
+
+
 def row_us(results, n, cfg: tuple[int, int, int], gpu: str = "nvidia-h200") -> float | None:
     """A row's time at ``cfg`` as the table of steps shows it, µs on the GPU clock: a step's in the chapter's
     benchmark, a sub-step's (6a, 9a) in the lab run that times it (:func:`part_us`); None where it is not timed or not
     on the GPU clock (step 1)."""
+    n = ROW_STEP.get(n, n)
     if isinstance(n, str):
         return part_us(n, cfg, gpu=gpu)
     row = grid_row(results, CHAPTER.step(n).series, cfg)
@@ -818,7 +833,7 @@ def row_factor(results, n, cfg: tuple[int, int, int], gpu: str = "nvidia-h200") 
     """A row's "× previous" at ``cfg``: its reference's time (:func:`row_reference`) over its own, both as the table
     shows them (:func:`row_us`, to the 0.1 µs it prints), so a reader dividing the table's cells gets the table's
     ratio; None where either is missing."""
-    ref = row_reference(n)
+    ref = case_reference(results, n, cfg, gpu)
     t, before = row_us(results, n, cfg, gpu), (row_us(results, ref, cfg, gpu) if ref else None)
     return None if t is None or before is None else round(before, 1) / round(t, 1)
 
@@ -849,23 +864,23 @@ def _times_floor(t: float | None, floor: float | None) -> str:
     return f"{x:,.0f}×" if x >= 100 else f"{x:.1f}×"
 
 
-def budget_path_fold(results, cases=STEPS_CASES) -> str:
-    """The budget path's rows of the table of steps (:data:`BUDGET_ROWS`, :func:`the_steps_table`), folded as HTML
-    under the open table: the same columns, step 8 against step 6, named."""
-    table = the_steps_table(results, cases, BUDGET_ROWS)
-    md, _, notes = table.partition("\n\n")
-    return fold_table("Steps 8 to 12, the budget path (long rows under a budget), at the same cases", md, notes)
+def budget_path_table(results, cases=STEPS_CASES) -> str:
+    """Markdown, the budget path's one table (:data:`BUDGET_ROWS`, :func:`the_steps_table`): from 6b (step 6, where
+    the path starts, no ratio) to step 12, the same columns as the main table's."""
+    return the_steps_table(results, cases, BUDGET_ROWS)
 
 
 def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
-    """Markdown, the page's table of steps, ``rows`` of it (the main line by default; :func:`budget_path_fold` gives
+    """Markdown, the page's table of steps, ``rows`` of it (the main line by default; :func:`budget_path_table` gives
     the budget path's): a row per step (:func:`row_label`) and its one change (:data:`SHORT_CHANGES`, with why a step
     that pays at no case of ``cases`` is kept, :func:`kept_note`), then the entry point and the floor. Per case of
     ``cases`` two columns: the time in µs on the GPU clock (:func:`row_us`) with, in brackets, its "× previous"
     (:func:`row_factor`: one reference a row, :func:`row_reference`, named where it is not the row above; a tie says
     so), and its time over the table's floor (:func:`table_floor_us`; "× latency floor" where that is an empty
-    kernel). Every ratio divides two times the table shows. Step 1 runs on the host end to end (the footnote gives its
-    times; no row divides it); a row not timed at a case reads "–" (the legend says why)."""
+    kernel). Every ratio divides two times the table shows (a row whose reference is not timed at a case divides
+    that row's own reference there, named: :func:`case_reference`); the budget path's table starts at 6b with no
+    ratio. Step 1 runs on the host end to end (the footnote gives its times; no row divides it); a row not timed at a
+    case reads "–" (the legend says why)."""
     head = ["step", "the one change"]
     for cfg in cases:
         head += [_case_head(cfg) + " µs (× previous)", floor_head(results, cfg)]
@@ -876,22 +891,25 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
     floors = [table_floor_us(results, cfg) for cfg in cases]
     why = {"6a": "kept: 6b needs it", "9a": "kept: 9b builds on it"}
     for i, n in enumerate(rows):
-        factors = [row_factor(results, n, cfg, gpu) for cfg in cases]
+        start = i == 0 and 1 not in rows  # the budget path's table starts at 6b, the main table's row: no ratio
+        factors = [None if start else row_factor(results, n, cfg, gpu) for cfg in cases]
         pays = any(f is not None and round(f, 2) > TIE[1] for f in factors)
         kept = ""
-        if isinstance(n, str):
+        if start:
+            kept = "where the path starts"
+        elif n in why:
             if not pays and any(f is not None for f in factors):
                 kept = why[n]
                 best = part_best(n, gpu)
                 if best and round(best[0], 2) > TIE[1] and best[1] not in cases:  # pays off the table's cases
                     kept = (f"kept: {part_us(n, best[1], 1, gpu):,.1f} → {part_us(n, best[1], gpu=gpu):,.1f} µs at "
                             f"{case_name(best[1])}")
-        elif n > 2 and not pays:
+        elif isinstance(n, int) and n > 2 and not pays:
             kept = kept_note(results, n, cases[-1])
         cells = [row_label(n), SHORT_CHANGES[n] + (f" ({kept})" if kept else "")]
-        ref = row_reference(n)
         above = rows[i - 1] if i else None
         for cfg, f, floor in zip(cases, factors, floors):
+            ref = case_reference(results, n, cfg, gpu)
             t = row_us(results, n, cfg, gpu)
             if t is None:
                 if n == 1:
@@ -913,11 +931,11 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
     if parts:
         refs = and_list([f"step {ROW_REFERENCE[p]}" for p in parts])
         one = len(parts) == 1
-        timed = (f"{and_list(parts)} {'is' if one else 'are'} timed in a lab run beside {refs}, which it times within "
-                 f"{gap:.1%} of this table; {'its' if one else 'their'} ratios divide the times shown.")
-    if 1 not in rows:  # the budget path's rows: the entry point and the floor are the open table's
-        notes = ["Cells: µs on the GPU clock (× the row it builds on, named where it is not the row above: step 8 "
-                 "builds on step 6), and the time over the open table's floor."] + ([timed] if timed else [])
+        timed = (f"{and_list(parts)} {'is' if one else 'are'} timed in a separate run beside {refs}, which it times "
+                 f"within {gap:.1%} of this table.")
+    if 1 not in rows:  # the budget path's rows: the entry point and the floor are the main table's
+        notes = ["Cells: µs on the GPU clock (× the row it builds on, named where it is not the row above), and the "
+                 "time over the floor in the table above."] + ([timed] if timed else [])
         return "\n".join(lines) + "\n\n" + " ".join(notes)
     rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step07_early_phase2, step12_skip_refused))
     cells = ["entry point", f"`ngram_match`: step {rule} by a rule"]
@@ -968,7 +986,18 @@ def step_diff(old: int, new: int):
 
         (old_file, old_kernel), (new_file, new_kernel) = SEARCH_DIFFS[old, new]
         return show_diff(old_file, new_file, old_function=old_kernel, new_function=new_kernel, context=DIFF_CONTEXT)
-    return CHAPTER.show_diff(old, new, context=DIFF_CONTEXT)
+    return _without_asides(CHAPTER.show_diff(old, new, context=DIFF_CONTEXT))
+
+
+#: Asides in the kernels' comments that speak of the book rather than the code: the page shows the diffs without them.
+ASIDES = (" (the notebook proves both)",)
+
+
+def _without_asides(diff):
+    """``diff`` with the :data:`ASIDES` cut from its lines."""
+    for aside in ASIDES:
+        diff.lines = [ln.replace(aside, "") for ln in diff.lines]
+    return diff
 
 
 #: The core of a step whose whole diff is long, shown open (the whole diff folded under it): step -> (the first and
@@ -1081,20 +1110,19 @@ def result_table(results, headline_rows) -> str:
     """The result, as two narrow tables, one clock each: per headline case (:func:`case_words`), end to end on the
     host (a call, then a sync), the CPU path and the last step (the series the benchmark times that way, in every
     row) and their ratio; then at every synthetic grid case, on the GPU clock, the entry point ``ngram_match`` (:func:`entry_row`, as the chapter's
-    headline times it, with the step it ran; the last step on a file without it), step 3 (our port of the pull
-    request's first, two-phase kernel) and both rivals' ratios, each the rival's time over the entry point's: step 3's
-    and step 4's, the column named "÷ our FastDeploy port" as the chapter's headline names it (our corrected port of
-    the pull request's revision: its block-scan phase 2, made exact; its time is the table of steps')."""
+    headline times it, with the step it ran; the last step on a file without it), the rival, step 4 (our corrected
+    port of the pull request's revision: its block-scan phase 2, made exact), and the rival's time over the entry
+    point's, the ratio of the two columns before it."""
     final = f"step {SYNCED_STEP}"
     ours_name = "`ngram_match`" if results.select("ngram_match") else final
     host = ["**End to end on the host** (a call, then a sync)", "",
-            "| case | CPU loop (µs) | ours (µs), the kernel timed | CPU loop ÷ ours |", "|" + "---|" * 4]
-    gpu = [f"**On the GPU clock** (a ratio is the rival's time ÷ {ours_name}'s)", "",
-           f"| case | {ours_name} (µs) | step 3 (µs) | ÷ step 3 | ÷ our FastDeploy port (step 4) |",
-           "|" + "---|" * 5]
+            f"| case | CPU loop (µs) | {final}, end to end (µs) | CPU loop ÷ {final} |", "|" + "---|" * 4]
+    gpu = ["**On the GPU clock**", "",
+           f"| case | {ours_name} (µs) | step 4, our FastDeploy port (µs) | step 4 ÷ {ours_name} |",
+           "|" + "---|" * 4]
     for hd in headline_rows:  # every row times step SYNCED_STEP, whichever step the entry point runs there
         host.append("| " + " | ".join([case_words(hd["case"]), us(hd["baseline_ms"]),
-                                       f"{us(hd['kernel_ms'])} ({final})", f"{hd['speedup']:,.2f}×"]) + " |")
+                                       us(hd['kernel_ms']), f"{hd['speedup']:,.2f}×"]) + " |")
     grid = [(f"{b} × {s}, " + ("no budget" if t == NO_BUDGET else f"budget {t}"),
              {"batch": b, "seq_len": s, "threshold": t, "corpus": None}) for b, s, t in grid_configs(results)]
     from book.results import NGRAM_UNTUNED  # the results page's few long slots, where the ports are weaker rivals
@@ -1111,18 +1139,17 @@ def result_table(results, headline_rows) -> str:
             cells.append(f"{us(ours['ms'])} (runs step {CHAPTER.step(ours['step']).number})")
         else:
             cells.append(us(ours["ms"]))
-        for number in (3, 4):
-            rival = [r for r in results.select(CHAPTER.step(number).series, **where) if r.get("clock") == "gpu"] \
-                if where else []
-            rival_ms = rival[0]["ms"] if rival else None
-            cells += ([us(rival_ms)] if number == 3 else []) + [
-                (f"{rival_ms / ours['ms']:,.2f}×" + (" (weaker rival)" if weaker else "")) if ours and rival_ms
-                else "–"]
+        rival = [r for r in results.select(CHAPTER.step(4).series, **where) if r.get("clock") == "gpu"] \
+            if where else []
+        rival_ms = rival[0]["ms"] if rival else None
+        cells += [us(rival_ms) if rival_ms else "–",
+                  (f"{rival_ms / ours['ms']:,.2f}×" + (" (weaker rival)" if weaker else "")) if ours and rival_ms
+                  else "–"]
         weak += [where["batch"]] if weaker else []
         gpu.append("| " + " | ".join(cells) + " |")
     if weak:
         slots = " or ".join(f"{b:,}" for b in sorted(set(weak)))
-        gpu += ["", f"Weaker rival: with {slots} long slots both ports give a slot one block, not a tuned kernel."]
+        gpu += ["", f"Weaker rival: with {slots} long slots step 4 gives a slot one block, not a tuned kernel."]
     return "\n".join(host) + "\n\n" + "\n".join(gpu)
 
 
@@ -1132,15 +1159,14 @@ def result_tables(results, headline_rows) -> tuple[str, str]:
     host, gpu = result_table(results, headline_rows).split("\n\n**On the GPU clock**")
     title, _, table = host.partition("\n\n")
     final = CHAPTER.step(SYNCED_STEP)
-    other = []  # the rows where the entry point runs another step than the one timed end to end
+    other = []  # the steps the entry point runs where it is not the one timed end to end
     for hd in headline_rows:
         entry = entry_row(results, hd["where"]) or {}
         if entry.get("step") and entry["step"] != final.series:
-            other.append(f"{case_words(hd['case'])} (step {CHAPTER.step(entry['step']).number}: {us(entry['ms'])} µs "
-                         f"on the GPU clock against step {final.number}'s {us(hd['kernel_gpu_ms'])})")
-    note = (f"The benchmark times one kernel end to end at every case, step {final.number}, not the entry point "
-            f"`ngram_match`, which runs another step at " + "; ".join(other)
-            + "; the entry point's own end-to-end time there is not measured.") if other else ""
+            other.append(CHAPTER.step(entry["step"]).number)
+    other_step = " or ".join(str(n) for n in sorted(set(other)))
+    note = (f"`ngram_match` runs step {other_step} at {len(other)} of these cases; its own end-to-end time is not "
+            "measured.") if other else ""
     return "**On the GPU clock**" + gpu, fold_table(
         f"End to end, step {final.number} against the CPU loop it replaces (a call, then a sync)", table.strip(), note)
 
