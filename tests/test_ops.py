@@ -140,7 +140,7 @@ def _masked_case(case, monkeypatch):
         _dense_rule(monkeypatch)
     h, weight, allowed = masked_inputs(batch, vocab, hidden, per_seq, seed=len(case))
     bound = allowed.union_count if bound is None else bound
-    assert mlh.ops._bucket(batch, vocab, bound)[0] == path
+    assert mlh.ops.bucket_of_bound(batch, vocab, bound)[0] == path
     return (h, weight, allowed.bitmask, bound), allowed, summation
 
 
@@ -551,6 +551,6 @@ def test_gpu_masked_logits_paths(path, monkeypatch):
     per_seq = {"dense": 300, "row_skip": 9000, "batched": 50, "stream": 2000}[path]
     h, weight, allowed = masked_inputs(batch, 20000, 768, per_seq, seed=11)
     bound = -1 if path in ("dense", "row_skip") else allowed.union_count
-    assert mlh.ops._bucket(batch, 20000, bound)[0] == path
+    assert mlh.ops.bucket_of_bound(batch, 20000, bound)[0] == path
     out = mlh.ops.masked_logits(h, weight, allowed.bitmask, bound)
     assert mlh.check_logits(out, h, weight, allowed)["passed"]

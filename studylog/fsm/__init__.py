@@ -1,9 +1,6 @@
-"""Chapter 1: compressing the automaton of constrained decoding.
-
-A constrained decoder walks an automaton built from a regex (or a JSON schema's regex) over a tokenizer's
-vocabulary, and each token normally costs one forward pass. The chapter counts the passes two compressions save on
-cl100k_base; its steps are three decode loops (``CHAPTER.steps``). No GPU benchmark. Command line:
-``python -m studylog.fsm report``."""
+"""Chapter 1: compressing the automaton of constrained decoding. A constrained decoder walks an automaton built from
+a regex (or a JSON schema's) over a tokenizer's vocabulary, one forward pass a token; the chapter counts the passes
+two compressions save on cl100k_base (``python -m studylog.fsm report``; no GPU benchmark)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Chapter 1's tool: ``python -m studylog.fsm report``. The SchemaStore survey is the book's
-(``python -m book.fsm.realworld``), the mask file the lab's (``python lab/fsm/export_masks.py``)."""
+"""Chapter 1's tool: ``python -m studylog.fsm report`` (the SchemaStore survey is ``python -m book.fsm.realworld``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The chapter's measurement (no GPU benchmark): the suite decoded by the writer model in the three modes, forward
-passes counted (``python -m studylog.fsm report``), and the states it visits (``keep``: lab/fsm/export_masks.py
-writes some of their masks for chapter 2)."""
+"""The chapter's measurement (``python -m studylog.fsm report``): the suite decoded by the writer model in the three
+modes, forward passes counted, and the states visited (lab/fsm/export_masks.py keeps some masks for chapter 2)."""
 
 from __future__ import annotations
 
@@ -54,8 +53,8 @@ def measure_entry(entry, vocab: TokenVocabulary, whitespace: str = "default", n_
 def run_suite(vocab: Optional[TokenVocabulary] = None, whitespaces: Sequence[str] = ("default", "compact"),
               n_samples: int = 8, seed: int = 0, keep: Optional[Callable[[EntryResult, ConstrainedFSM], None]] = None,
               progress: bool = False, ascii_digits: bool = True) -> list[EntryResult]:
-    """Measure every suite entry (JSON entries once per whitespace pattern). ``keep(result, fsm)`` sees each
-    automaton while it is alive (memory holds one index at a time)."""
+    """Every suite entry measured (JSON ones per whitespace pattern); ``keep(result, fsm)`` sees each automaton while
+    it lives (one index in memory at a time)."""
     from studylog.fsm import schemas
 
     vocab = vocab or load_vocabulary()

@@ -1,6 +1,5 @@
-"""Steps 4-10: programs that work only on the allowed ids (the union of the batch's allowed sets), reading whole
-rows of the ``[V, D]`` weight, with the ``-inf`` written by fill programs of the same launch (each step's kernel
-says, above it, what it changes)."""
+"""Steps 4-10: programs over the allowed ids only (the union of the batch's sets), reading whole rows of the
+``[V, D]`` weight; fill programs of the same launch write the ``-inf``."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, AllowedToke
 
 @triton.jit
 def fill_disallowed(out_ptr, allowed_ptr, pid, first_pid, V, FILL_BLOCK: tl.constexpr):
-    """Fill program ``pid`` of steps 4-7 (the fill programs start at ``first_pid``): ``-inf`` over the outputs of its
-    block of FILL_BLOCK that the mask disallows."""
+    """Fill program ``pid`` of steps 4-7 (fill programs from ``first_pid``): ``-inf`` where its block is disallowed."""
     offs = (pid - first_pid) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
     inside = offs < V
     keep = tl.load(allowed_ptr + offs, mask=inside, other=1)
@@ -30,12 +28,11 @@ def fill_disallowed(out_ptr, allowed_ptr, pid, first_pid, V, FILL_BLOCK: tl.cons
 @triton.jit
 def one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, first_pid, stride_wv, D: tl.constexpr,
                   D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, EVICTION: tl.constexpr):
-    """Row program ``pid`` of steps 5-7 (the row programs start at ``first_pid``): its BLOCK_V allowed ids, each
-    row loaded as one [1, D_POW2] tile (with the L2 policy ``EVICTION``; ``""``: the default) and reduced once."""
+    """Row program ``pid`` of steps 5-7 (row programs start at ``first_pid``): its BLOCK_V allowed ids, each row
+    loaded as one [1, D_POW2] tile (L2 policy ``EVICTION``, ``""`` the default) and reduced once."""
     offs_d = tl.arange(0, D_POW2)[None, :]
     in_d = offs_d < D
-    # h as a [1, D] tile: already in the rows' layout (a 1-D h would be converted through
-    # shared memory, with barriers that hold back the row loads until h has arrived)
+    # h as a [1, D] tile, already in the rows' layout: a 1-D h would go through shared memory, behind barriers
     h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
     slots = (pid - first_pid) * BLOCK_V + tl.arange(0, BLOCK_V)
     live = slots < n_ids
@@ -45,8 +42,8 @@ def one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, first_pid, stride_
     tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
 
 
-# Step 4: compacted ids, batch 1. Programs [0, n_compute) each take BLOCK_V allowed ids and read
-# their whole rows; the programs after them write -inf over the disallowed part of the output.
+# Step 4: compacted ids, batch 1. Programs [0, n_compute) read the whole rows of BLOCK_V allowed ids each; the
+# programs after them write the -inf.
 
 @triton.jit
 def compact_rows_kernel(
@@ -150,9 +147,8 @@ def few_ids_kernel(
 @triton.jit
 def gathered_sums(h_ptr, w_ptr, rows, live, first_b, B, stride_hb, stride_wv, D: tl.constexpr,
                   BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
-    """[BLOCK_B, BLOCK_V] fp32 products of the hidden states of sequences ``first_b`` on with the weight rows
-    ``rows`` (those not ``live`` read as zeros): each chunk of BLOCK_D of the rows loaded once, then reduced against
-    each sequence of the block that exists, one tl.sum each, h a [1, BLOCK_D] tile: step 9's tile."""
+    """Step 9's [BLOCK_B, BLOCK_V] fp32 tile: each BLOCK_D chunk of the rows ``rows`` (zeros where not ``live``)
+    loaded once, then reduced against each existing sequence from ``first_b`` on, one tl.sum each."""
     offs_d = tl.arange(0, BLOCK_D)[None, :]
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d
     seqs = tl.arange(0, BLOCK_B)[:, None]
@@ -171,8 +167,8 @@ def gathered_sums(h_ptr, w_ptr, rows, live, first_b, B, stride_hb, stride_wv, D:
 
 @triton.jit
 def union_block(pid, union_ptr, n_union, B, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Row program ``pid`` of steps 9 and 10: its block of the batch (``pid_b``; the sequences ``offs_b``, those
-    that exist ``in_b``) and its ids of the union (``rows``; those that exist ``live``)."""
+    """Row program ``pid`` of steps 9 and 10: its block of the batch (``pid_b``, sequences ``offs_b``, existing
+    ``in_b``) and of the union (``rows``, existing ``live``)."""
     num_pid_b = tl.cdiv(B, BLOCK_B)
     pid_v = pid // num_pid_b  # neighbouring programs share rows: the second read hits L2
     pid_b = pid % num_pid_b
@@ -195,8 +191,8 @@ def store_union_tile(out_ptr, allowed_ptr, acc, rows, live, offs_b, in_b, stride
 @triton.jit
 def fill_disallowed_batch(out_ptr, allowed_ptr, pid, first_pid, B, V, stride_ob, stride_allowed_b,
                           FILL_BLOCK: tl.constexpr):
-    """Fill program ``pid`` of steps 9 and 10 (the fill programs start at ``first_pid``): ``-inf`` over the outputs
-    of its block of the flat ``[B, V]`` output that their sequence does not allow."""
+    """Fill program ``pid`` of steps 9 and 10 (from ``first_pid``): ``-inf`` over its block of the flat ``[B, V]``
+    output where the sequence disallows."""
     offs = (pid - first_pid) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
     inside = offs < B * V
     seq = offs // V
@@ -229,8 +225,8 @@ def union_sums_kernel(
 @triton.jit
 def gathered_dot(h_ptr, w_ptr, rows, live, offs_b, in_b, stride_hb, stride_wv, D: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """[BLOCK_B, BLOCK_V] fp32 products of the hidden states ``offs_b`` with the weight rows ``rows`` (those
-    not ``live`` read as zeros), D walked in chunks of BLOCK_D: step 10's tile, and the plan's."""
+    """Step 10's (and the plan's) [BLOCK_B, BLOCK_V] fp32 tile: hidden states ``offs_b`` times rows ``rows`` (zeros
+    where not ``live``), D in chunks of BLOCK_D."""
     offs_d = tl.arange(0, BLOCK_D)
     h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_d[None, :]
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d[None, :]
@@ -268,8 +264,7 @@ NO_IDS = (-1,) * FEW_IDS_MAX  # step 8's unused id slots: no output position equ
 
 def _rows_and_fill(kernel, name: str, h, weight, allowed: AllowedTokens, layout: str, out, tiles: Tiles | None, *,
                    chunked: bool = False, fill_first: bool = False, **constexprs) -> Tensor:
-    """Steps 4-7 (batch 1, one kernel signature): row programs of ``block_v`` allowed ids, then fill programs
-    (``fill_first``: the other way round, step 6). ``chunked``: step 4's rows, ``BLOCK_D`` at a time."""
+    """Steps 4-7 (batch 1): row programs, then fill programs (``fill_first``: step 6's order); ``chunked``: step 4."""
     need_layout(name, layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     need_batch1(name, batch)
@@ -314,8 +309,7 @@ def step07_stream(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: 
 
 def step08_few_ids(h: Hidden, weight: Weight, allowed: AllowedTokens, *, out: Logits | None = None,
                    tiles: Tiles | None = None) -> Logits:
-    """Step 8 (batch 1, at most :data:`FEW_IDS_MAX` ids): the ids are launch arguments, so no program loads an
-    id or the mask (a CUDA graph of a call replays the same ids)."""
+    """Step 8 (batch 1, at most :data:`FEW_IDS_MAX` ids): the ids are launch arguments (a graph replays the same)."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
     need_batch1("step08_few_ids", batch)
     ids = allowed.few_ids
@@ -334,8 +328,8 @@ def step08_few_ids(h: Hidden, weight: Weight, allowed: AllowedTokens, *, out: Lo
 
 def _union_and_fill(kernel, name: str, step: int, h, weight, allowed: AllowedTokens, layout: str, out,
                     tiles: Tiles | None, *, dot: bool = False) -> Tensor:
-    """Steps 9 and 10 (``dot``: step 10's kernel, which takes ``DOT_DTYPE`` too): row programs over blocks of the
-    union and the batch, then fill programs over the flat ``[B, V]`` output, in one grid."""
+    """Steps 9 and 10 (``dot``: step 10, with ``DOT_DTYPE``): row programs over union x batch blocks, then fill
+    programs over the flat ``[B, V]`` output, one grid."""
     need_layout(name, layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     out = output(out, batch, vocab, h.device)

@@ -36,13 +36,17 @@ def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
 
 
 @triton.jit
-def tile_offsets(pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The rows, columns and first K offsets of output tile (pid_m, pid_n), and which of its outputs exist."""
+def masked_tile(allowed_ptr, M, N, stride_allowed_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's output tile (:func:`grouped_tile`) as steps 1-3 and 11 start it: its rows, columns and first
+    K offsets, which of its outputs exist, and its tile of the mask."""
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    return offs_m, offs_n, offs_k, c_mask
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    return offs_m, offs_n, offs_k, c_mask, allowed
 
 
 @triton.jit
@@ -105,10 +109,8 @@ def block_skip_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_DTYPE: tl.constexpr, COLUMN_SKIP: tl.constexpr,
 ):
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m, offs_n, offs_k, c_mask = tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
-    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    offs_m, offs_n, offs_k, c_mask, allowed = masked_tile(allowed_ptr, M, N, stride_allowed_m, BLOCK_M, BLOCK_N,
+                                                          BLOCK_K, GROUP_M)
     if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
@@ -154,10 +156,8 @@ def row_skip_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m, offs_n, offs_k, c_mask = tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
-    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    offs_m, offs_n, offs_k, c_mask, allowed = masked_tile(allowed_ptr, M, N, stride_allowed_m, BLOCK_M, BLOCK_N,
+                                                          BLOCK_K, GROUP_M)
     if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
         tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)

@@ -34,9 +34,9 @@ Hidden, Weight, Logits = Float[Tensor, "b d"], Float[Tensor, "v d"], Float[Tenso
 
 @dataclass(frozen=True, eq=False)
 class AllowedTokens:
-    """Which tokens each sequence of a batch may produce next: ``union_ids``, the sorted int32 ids some sequence
-    allows; ``few_ids``, the same as host ints when at most :data:`FEW_IDS_MAX`. Build it once per FSM state: the
-    constructors check every id, so the steps need no device round trip."""
+    """Which tokens each sequence may produce next: ``union_ids``, the sorted int32 ids some sequence allows;
+    ``few_ids``, the same as host ints when at most :data:`FEW_IDS_MAX`. Built once per FSM state: the constructors
+    check every id, so the steps need no device round trip."""
 
     vocab_size: int
     mask: Bool[Tensor, "b v"]
@@ -57,8 +57,7 @@ class AllowedTokens:
         return self.mask.device
 
     @cached_property
-    def mask_u8(self) -> Int[Tensor, "b v"]:
-        """The mask as bytes (a view, no copy): what the kernels load."""
+    def mask_u8(self) -> Int[Tensor, "b v"]:  # the mask as bytes (a view): what the kernels load
         return self.mask.view(torch.uint8)
 
     @cached_property
@@ -67,8 +66,7 @@ class AllowedTokens:
         return self.union_ids if self.union_count else torch.zeros(1, dtype=torch.int32, device=self.device)
 
     @cached_property
-    def disallowed(self) -> Bool[Tensor, "b v"]:
-        """``~mask``, kept for torch's ``masked_fill`` (the baselines and the cuBLAS path)."""
+    def disallowed(self) -> Bool[Tensor, "b v"]:  # for torch's masked_fill (the baselines and the cuBLAS path)
         return ~self.mask
 
     @classmethod
@@ -161,8 +159,8 @@ def unpack_bitmask(bitmask: Int[Tensor, "b w"], vocab_size: int) -> Bool[Tensor,
 
 @dataclass(frozen=True)
 class Tiles:
-    """Block sizes (powers of two) and launch options of a kernel call: ``block_b`` sequences (16 or more for
-    ``tl.dot``), ``block_v`` tokens, ``block_d`` hidden features; ``fill_block``: a fill program's outputs."""
+    """Block sizes (powers of two) and launch options: ``block_b`` sequences (16 or more for ``tl.dot``),
+    ``block_v`` tokens, ``block_d`` hidden features, ``fill_block`` a fill program's outputs."""
 
     block_b: int = 16
     block_v: int = 64
@@ -234,8 +232,8 @@ def tile_constexprs(t: Tiles, dtype: torch.dtype) -> dict:
 # Input checks (no device synchronisation: ids were checked when AllowedTokens was built)
 
 def check_inputs(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tuple[int, int, int]:
-    """(B, V, D) of valid arguments: the common case in one expression over host metadata, anything else through the
-    checks one by one, so the error names the argument."""
+    """(B, V, D) of valid arguments: the common case in one expression (host time), anything else through the
+    checks one by one, so that the error names the argument."""
     try:
         hs, ws = h.shape, weight.shape
         dev = h.get_device()
@@ -319,13 +317,12 @@ def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: 
 
 
 def accumulation_depth(hidden: int, summation: str = "dot") -> int:
-    """The depth ``k`` of :func:`error_bound`: how many fp32 additions, at most, one product ``h_i w_i`` goes
-    through into a logit, by how the path adds a logit's products (``summation``). ``"dot"``: ``tl.dot`` (and
-    cuBLAS) adds 16 products at a time into one accumulator,
-    ``ceil(D / 16)`` in a chain plus at most 4 levels inside an instruction, and tensor cores may truncate when they
-    align the addends (``2u``): ``k = 2 (ceil(D / 16) + 4)``. ``"row"`` (one program reduces a row: steps 4-9 and
-    the plan's batch-1 kernel): 128 threads reduce at most two rows padded to ``D' = next_power_of_2(D)``, a chain of
-    ``2 D' / 128`` each, then a tree of 7 levels: ``k = 2 D' / 128 + 7``."""
+    """The depth ``k`` of :func:`error_bound`: the most fp32 additions one product ``h_i w_i`` goes through into a
+    logit. ``"dot"``: ``tl.dot`` (and cuBLAS) adds 16 products at a time, ``ceil(D / 16)`` in a chain plus at most 4
+    levels inside an instruction, and tensor cores may truncate when they align the addends (``2u``):
+    ``k = 2 (ceil(D / 16) + 4)``. ``"row"`` (one program reduces a row: steps 4-9, the plan's batch-1 kernel): 128
+    threads reduce at most two rows padded to ``D' = next_power_of_2(D)``, a chain of ``2 D' / 128`` each, then a
+    tree of 7 levels: ``k = 2 D' / 128 + 7``."""
     if summation == "row":
         return 2 * -(-triton.next_power_of_2(int(hidden)) // 128) + 7
     if summation != "dot":
@@ -340,9 +337,8 @@ def fp32_gamma(hidden: int, summation: str = "dot") -> float:
 
 
 def error_bound(h: Tensor, weight: Tensor, layout: str = "vd", *, summation: str = "dot") -> Tensor:
-    """``gamma_k * sum_i |h_i w_i|`` bounds every logit's fp32-accumulation error (Higham, *Accuracy and
-    Stability of Numerical Algorithms*, §4.2): bf16/fp16 products are exact in fp32, so only the additions
-    count; a tiny slack keeps exact zeros comparable."""
+    """``gamma_k * sum_i |h_i w_i|`` bounds every logit's fp32-accumulation error (Higham, *Accuracy and Stability
+    of Numerical Algorithms*, §4.2; bf16/fp16 products are exact in fp32); a slack keeps exact zeros comparable."""
     w = weight.double() if layout == "vd" else weight.double().t()
     scale = h.double().abs() @ w.abs().t()
     return fp32_gamma(h.shape[1], summation) * scale + 1e-30

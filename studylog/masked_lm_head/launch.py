@@ -1,7 +1,7 @@
-"""Launching Triton kernels with little host time (steps 12 and 13): :class:`FastKernel` reduces the arguments to
-the facts ``kernel[grid]`` specialises on in one pass and calls the kept compiled kernel's launcher. Kept on purpose:
-host time is what steps 12 and 13 teach (dispatch and plan); steps 0-11 launch with ``kernel[grid]``. It needs the
-constexpr parameters after the runtime ones and no launch hook (else, and in the interpreter: ``kernel[grid]``)."""
+"""Launching Triton kernels with little host time, what steps 12 and 13 teach (steps 0-11 use ``kernel[grid]``):
+:class:`FastKernel` reduces the arguments to what ``kernel[grid]`` specialises on, in one pass, and calls the kept
+compiled kernel's launcher. It needs the constexprs after the runtime parameters and no launch hook (else, and in
+the interpreter: ``kernel[grid]``)."""
 
 from __future__ import annotations
 

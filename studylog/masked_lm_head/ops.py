@@ -46,7 +46,7 @@ def _check(h: Tensor, weight: Tensor, bitmask: Tensor, max_allowed: int) -> tupl
     return batch, vocab, hidden
 
 
-def _bucket(batch: int, vocab: int, max_allowed: int) -> tuple[str, int]:
+def bucket_of_bound(batch: int, vocab: int, max_allowed: int) -> tuple[str, int]:
     """(path, grid capacity) for a union of at most ``max_allowed`` tokens (-1: unknown), as the plan's."""
     return bucket_for(batch, vocab, vocab if max_allowed < 0 else max_allowed, dispatch_rule())
 
@@ -55,7 +55,7 @@ def _masked_logits(h: Tensor, weight: Tensor, bitmask: Tensor, max_allowed: int 
     """fp32 ``h @ weight.T`` ``[B, V]``, ``-inf`` where ``bitmask``'s bit is 0; ``max_allowed`` bounds the union."""
     max_allowed = int(max_allowed)  # a traced SymInt is specialised: the bound picks the path and the grid
     batch, vocab, _ = _check(h, weight, bitmask, max_allowed)
-    bucket = _bucket(batch, vocab, max_allowed)
+    bucket = bucket_of_bound(batch, vocab, max_allowed)
     if bucket[0] != "dense":
         out = torch.empty(batch, vocab, dtype=torch.float32, device=h.device)
     elif h.is_cuda and hasattr(torch.ops.aten.mm, "dtype"):  # fp32 h @ weight.T: cuBLAS with fp32 output

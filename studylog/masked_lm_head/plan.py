@@ -1,7 +1,6 @@
 """Step 13: the masked LM head in a decode loop a CUDA graph captures once (:class:`MaskedHeadPlan`). What changes
-each step lives in device buffers: the bitmask copied in, the union's ids and count built from it on the device,
-read by step 7's and 10's kernels with a grid sized for a capacity. One graph per **bucket**: the count's path and
-its capacity, a power of two (at least 16)."""
+each step lives in device buffers: the bitmask copied in, the union's ids and count built from it on the device for
+step 7's and 10's kernels. One graph per **bucket**: the count's path and capacity (a power of two, at least 16)."""
 
 from __future__ import annotations
 
@@ -163,7 +162,7 @@ MIN_CAPACITY = 16  # the smallest capacity of a compacted bucket
 
 def bucket_for(batch: int, vocab: int, count: int, rule: DispatchRule) -> tuple[str, int]:
     """(path, capacity) for a union of at most ``count`` tokens: ``"stream"`` or ``"batched"`` with a power-of-two
-    capacity, or the rule's dense path, ``("row_skip", V)`` or ``("dense", V)`` (cuBLAS, then the bitmask)."""
+    capacity, else the rule's dense path, ``("row_skip", V)`` or ``("dense", V)`` (cuBLAS, then the bitmask)."""
     n = min(max(int(count), 0), vocab)
     path = choose_path(batch, vocab, n, rule)
     if path in ("few_ids", "stream", "batched"):
@@ -209,7 +208,7 @@ _FAST = {k: FastKernel(k) for k in (union_ids_kernel, row_skip_kernel, unpack_bi
 
 
 def xgrammar_peer():
-    """xgrammar's ``apply_token_bitmask_inplace`` and its version, or None and the reason it is missing."""
+    """xgrammar's ``apply_token_bitmask_inplace`` and its version, or None and why it is missing."""
     try:
         import xgrammar
 
@@ -254,8 +253,7 @@ class MaskedHeadPlan:
         self._buckets: dict[int, tuple[str, int]] = {}
         self._set_count: int | None = None  # the union count of the last set_allowed, which step checks
 
-    def bucket(self, count: int) -> tuple[str, int]:
-        """:func:`bucket_for` this plan's batch, vocabulary and rule (kept per count)."""
+    def bucket(self, count: int) -> tuple[str, int]:  # bucket_for this plan, kept per count
         got = self._buckets.get(count)
         if got is None:
             got = bucket_for(self.batch, self.vocab, count, self.rule or dispatch_rule())
@@ -301,7 +299,7 @@ class MaskedHeadPlan:
                 bucket_launches(bucket, self.h, self.weight, self.out, self.bitmask, self.ids, self.count, self._mask)]
 
     def capture(self) -> None:
-        """Capture the graphs of every bucket now rather than on first use."""
+        """Capture every bucket's graph now rather than on first use."""
         for bucket in self.buckets():
             self._graph(bucket)
 

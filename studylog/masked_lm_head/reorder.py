@@ -15,7 +15,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
-from studylog.masked_lm_head.dense import dot_rows, grouped_tile, store_allowed, tile_offsets
+from studylog.masked_lm_head.dense import dot_rows, masked_tile, store_allowed
 from studylog.masked_lm_head.formats import (AllowedTokens, Hidden, Logits, Tiles, Weight, check_inputs, default_tiles,
                                              output, tile_constexprs)
 
@@ -28,10 +28,8 @@ def reordered_rows_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m, offs_n, offs_k, c_mask = tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
-    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    offs_m, offs_n, offs_k, c_mask, allowed = masked_tile(allowed_ptr, M, N, stride_allowed_m, BLOCK_M, BLOCK_N,
+                                                          BLOCK_K, GROUP_M)
     if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
         tokens = tl.load(perm_ptr + offs_n, mask=offs_n < N, other=0)  # original id of each reordered row
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + tokens[None, :]
