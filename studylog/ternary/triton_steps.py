@@ -206,9 +206,8 @@ def k_slice(pid_k, UNITS, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def unit_offsets(BLOCK: tl.constexpr, GROUP: tl.constexpr):
-    # A tile's BLOCK packed units (words or bytes) and the k of each one's first weight from the tile's start: a group
-    # of GROUP weights is 16 units, and unit t holds weights t, t + 16, t + 32, ... of its group (steps 5 and 6 spell
-    # it out).
+    # A tile's BLOCK packed units (words or bytes) and the k of each one's first weight from the tile's start, for
+    # groups of GROUP weights in 16 units (unit t: weights t, t + 16, ...). Steps 5 and 6 spell it out.
     offs = tl.arange(0, BLOCK)
     return offs, (offs // 16) * GROUP + offs % 16
 
@@ -266,8 +265,7 @@ step05_gemv_tuned = autotune(GEMV_CONFIGS, key=["N", "K"])(step05_gemv_kernel)
 def dot_program(x_ptr, p_ptr, M, N, UNITS, stride_xm, stride_pn, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK: tl.constexpr, SPLIT_K: tl.constexpr):
     # A program of the tl.dot kernels (steps 6, 8, 9 and 10; grid: N blocks, K slices, M blocks), a BLOCK_N x BLOCK_M
-    # tile of z transposed: its slice of K (k_slice), its weight rows and rows of x (z's columns), their masks and
-    # pointers.
+    # tile of z transposed: its slice of K, its weight rows and rows of x (z's columns), their masks and pointers.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -292,10 +290,12 @@ def store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K: tl.
 
 
 @triton.jit
-def dot_x(acc, weights, x_cols, k, K, col_mask, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # acc + decoded weights [n, k] @ x's columns [k, m] at k (zeros past K and M), in DOT_DTYPE.
+def dot_field(acc, src, f: tl.constexpr, x_cols, k, K, col_mask, DOT_DTYPE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    # acc + field f of src decoded (_field_to_float) [n, k] @ x's columns [k, m] at k (zeros past K and M), in
+    # DOT_DTYPE.
     xt = tl.load(x_cols + k[:, None], mask=(k < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
-    return tl.dot(weights.to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+    return tl.dot(_field_to_float(src, f).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -315,10 +315,9 @@ def step06_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, st
         low = _with_exponent(words)
         high = _with_exponent(words >> 16)
         for f in tl.static_range(8):
-            acc = dot_x(acc, _field_to_float(low, f), x_cols, offs_k + 16 * f, K, col_mask, DOT_DTYPE, DOT_PRECISION)
+            acc = dot_field(acc, low, f, x_cols, offs_k + 16 * f, K, col_mask, DOT_DTYPE, DOT_PRECISION)
         for f in tl.static_range(8):
-            acc = dot_x(acc, _field_to_float(high, f), x_cols, offs_k + 16 * (f + 8), K, col_mask, DOT_DTYPE,
-                        DOT_PRECISION)
+            acc = dot_field(acc, high, f, x_cols, offs_k + 16 * (f + 8), K, col_mask, DOT_DTYPE, DOT_PRECISION)
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = acc / scale[:, None]
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
@@ -332,9 +331,8 @@ step06_dot_tuned_many = autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(st
 
 @triton.jit
 def base3_fields(p_rows, kb, kb_end, row_mask, table_ptr):
-    # A tile of packed bytes (121, five zeros, past the slice and past N), each looked up in the decode table: its 5
-    # digits as 2-bit fields under the float exponent, ready for step 4's two-instruction decode. (The 1 KB table
-    # stays in L1.)
+    # A tile of packed bytes (121: five zeros), each looked up in the 1 KB table (it stays in L1): its 5 digits as
+    # 2-bit fields under the float exponent, ready for step 4's two-instruction decode.
     return tl.load(table_ptr + load_tile(p_rows, kb, kb_end, row_mask, 121).to(tl.int32))
 
 
@@ -372,7 +370,7 @@ def step08_base3_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, 
         fields = base3_fields(p_rows, kb0 + offs_b, kb_end, row_mask, table_ptr)
         offs_k = kb0 * 5 + x_of_byte
         for d in tl.static_range(5):
-            acc = dot_x(acc, _field_to_float(fields, d), x_cols, offs_k + 16 * d, K, col_mask, DOT_DTYPE, DOT_PRECISION)
+            acc = dot_field(acc, fields, d, x_cols, offs_k + 16 * d, K, col_mask, DOT_DTYPE, DOT_PRECISION)
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = acc / scale[:, None]
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
