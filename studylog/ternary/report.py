@@ -128,13 +128,18 @@ def timing_plan(call_ms: float) -> dict[str, int]:
             "host_calls": max(10, min(200, int(HOST_BUDGET_MS / call_ms)))}
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def call_ms(fn: Callable[[], Any], calls: int = 3) -> float:
     """Wall time of a call, host and GPU, after the first (an upper bound on its GPU time, for timing_plan)."""
-    torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     return (time.perf_counter() - start) / calls * 1e3
 
 
@@ -435,7 +440,7 @@ def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: d
     """One series at one case: checked on its first call (which compiles and autotunes), then timed and recorded."""
     fn = spec.make(x, spec.weights)
     z = fn()
-    torch.cuda.synchronize()
+    _sync()
     _check(run, name, spec, z, params, refs, m)
     plan = timing_plan(call_ms(fn))
     nbytes = spec.weight_bytes + (x_bytes if spec.in_bytes is None else spec.in_bytes) + \
