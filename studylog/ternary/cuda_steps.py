@@ -181,6 +181,10 @@ class RingConfig:
     def stage_bytes(self) -> int:  # bytes of weights one stage holds
         return 1024 * self.warps * getattr(self, self.TILES) * self.chunk
 
+    @property
+    def rows(self) -> int:  # weight rows a block covers: its row tiles, or with TILES "tiles" each warp's own
+        return 16 * getattr(self, self.TILES) * (self.warps if self.TILES == "tiles" else 1)
+
 
 #: (row_tiles, stages, chunk) of the compiled step-21 instances (CHUNK 4 or 8, or RT 2 with CHUNK 4, would spill).
 TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
@@ -190,16 +194,12 @@ TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
 class TmaConfig(RingConfig):
     """A launch of steps 18 to 21: a block owns ``row_tiles`` tiles of 16 weight rows; its warps split its K."""
 
+    SHAPES = TMA_SHAPES
     row_tiles: int = 1
     warps: int = 8
     stages: int = 4
     chunk: int = 1
     slices: int = 1
-    SHAPES = TMA_SHAPES
-
-    @property
-    def rows(self) -> int:  # weight rows a block covers
-        return 16 * self.row_tiles
 
 
 #: Steps 18 to 20: the shapes :func:`tma_config` picks, 8 rows of x a block (more run in more blocks).

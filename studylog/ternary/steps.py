@@ -69,7 +69,7 @@ STEPS = (
     Step(5, "gemv", "M = 1: 8 rows a program, one load of x for the 8", "triton", step05_gemv, TS.step05_gemv_kernel),
     Step(6, "dot", "batched x (M > 1): decoded weights into tl.dot", "triton", step06_dot, TS.step06_dot_kernel),
     Step(7, "base3_gemv", "1.6-bit packing (base 3, a table), the M = 1 kernel", "triton", step07_base3_gemv,
-         TS.step07_base3_gemv_kernel),
+         triton_step_source((TS.base3_fields, TS.step07_base3_gemv_kernel), {})),
     Step(8, "base3_dot", "1.6-bit packing, tl.dot", "triton", step08_base3_dot, TS.step08_base3_dot_kernel),
     Step(9, "w2a8_dot", "int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores", "triton",
          TM.step09_w2a8_dot, TM.step09_w2a8_dot_kernel),

@@ -15,7 +15,8 @@ from studylog import runtime
 from studylog.checks import check_tensor
 from studylog.ternary.formats import MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace, check_device, check_packed_call
 from studylog.ternary.triton_steps import (DOT_CONFIGS_MANY, TL_DTYPES, autotune, dot_meta, dot_program, dot_step,
-                                           k_slice, launch_dot, step06_dot_kernel, store_tile, triton_config)
+                                           k_slice, launch_dot, load_tile, step06_dot_kernel, store_tile,
+                                           triton_config, unit_offsets)
 
 #: Step 9's tiles: int8 MMA steps over 32 k, so BLOCK_KW >= 32 (many rows of x: step 6's tiles).
 W2A8_DOT_CONFIGS_FEW = [triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=split, num_stages=2) for split in (1, 4)]
@@ -61,15 +62,12 @@ def step09_w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K,
                            scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
                            BLOCK_M: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
-    pid_k, rows, row_mask, cols, col_mask, p_rows, x_cols = dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn,
-                                                                        BLOCK_N, BLOCK_M)
-    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
-    offs_w = tl.arange(0, BLOCK_KW)
-    x_of_word = (offs_w // 16) * 256 + offs_w % 16
+    kw_start, kw_end, rows, row_mask, cols, col_mask, p_rows, x_cols = dot_program(
+        x_ptr, p_ptr, M, N, KW, stride_xm, stride_pn, BLOCK_N, BLOCK_M, BLOCK_KW, SPLIT_K)
+    offs_w, x_of_word = unit_offsets(BLOCK_KW, 256)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)  # exact: |sum| <= 128 K < 2^31
     for kw0 in range(kw_start, kw_end, BLOCK_KW):
-        kw = kw0 + offs_w
-        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        words = load_tile(p_rows, kw0 + offs_w, kw_end, row_mask, 0x55555555)
         offs_k = kw0 * 16 + x_of_word
         for f in tl.static_range(16):
             k_f = offs_k + 16 * f
@@ -214,8 +212,7 @@ def pair_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stri
         scale = tl.load(scale_ptr + rows_in * scale_stride)
     else:
         for kw0 in range(kw_start, kw_end, BLOCK_KW):
-            kw = kw0 + offs_w
-            words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+            words = load_tile(p_rows, kw0 + offs_w, kw_end, row_mask, 0x55555555)
             acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
                             DOT_PRECISION, MMA_LAYOUT)
         scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)

@@ -205,6 +205,21 @@ def k_slice(pid_k, UNITS, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def unit_offsets(BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    # A tile's BLOCK packed units (words or bytes) and the k of each one's first weight from the tile's start, for
+    # groups of GROUP weights in 16 units (unit t: weights t, t + 16, ...). Steps 5 and 6 spell it out.
+    offs = tl.arange(0, BLOCK)
+    return offs, (offs // 16) * GROUP + offs % 16
+
+
+@triton.jit
+def load_tile(p_rows, units, end, row_mask, OTHER: tl.constexpr):
+    # The packed units (words or bytes) at ``units`` of each weight row, OTHER (a unit of zero weights) past the
+    # slice's end and past N.
+    return tl.load(p_rows + units[None, :], mask=row_mask[:, None] & (units < end)[None, :], other=OTHER)
+
+
+@triton.jit
 def store_row(z_ptr, z, m, stride_zm, rows, row_mask, SPLIT_K: tl.constexpr):
     # Row m of z: stored, or with K split added in (z was zeroed; the slices of K add up in it).
     z_ptrs = z_ptr + m.to(tl.int64) * stride_zm + rows
@@ -247,7 +262,8 @@ step05_gemv_tuned = autotune(GEMV_CONFIGS, key=["N", "K"])(step05_gemv_kernel)
 # Step 6: batched activations, decoded weights into tl.dot
 
 @triton.jit
-def dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+def dot_program(x_ptr, p_ptr, M, N, UNITS, stride_xm, stride_pn, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK: tl.constexpr, SPLIT_K: tl.constexpr):
     # A program of the tl.dot kernels (steps 6, 8, 9 and 10; grid: N blocks, K slices, M blocks), a BLOCK_N x BLOCK_M
     # tile of z transposed: its slice of K, its weight rows and rows of x (z's columns), their masks and pointers.
     pid_n = tl.program_id(0)
@@ -259,7 +275,8 @@ def dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn, BLOCK_N: tl.constexpr,
     col_mask = cols < M
     p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
     x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
-    return pid_k, rows, row_mask, cols, col_mask, p_rows, x_cols
+    start, end = k_slice(pid_k, UNITS, SPLIT_K, BLOCK)
+    return start, end, rows, row_mask, cols, col_mask, p_rows, x_cols
 
 
 @triton.jit
@@ -272,32 +289,35 @@ def store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K: tl.
         tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
 
 
+@triton.jit
+def dot_field(acc, src, f: tl.constexpr, x_cols, k, K, col_mask, DOT_DTYPE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    # acc + field f of src decoded (_field_to_float) [n, k] @ x's columns [k, m] at k (zeros past K and M), in
+    # DOT_DTYPE.
+    xt = tl.load(x_cols + k[:, None], mask=(k < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
+    return tl.dot(_field_to_float(src, f).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+
+
 @triton.jit(do_not_specialize=["M"])
 def step06_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
                       BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                       DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K. The
     # weights are the MMA's wide side (BLOCK_N >= 64 rows), the few rows of x its narrow side.
-    pid_k, rows, row_mask, cols, col_mask, p_rows, x_cols = dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn,
-                                                                        BLOCK_N, BLOCK_M)
-    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
+    kw_start, kw_end, rows, row_mask, cols, col_mask, p_rows, x_cols = dot_program(
+        x_ptr, p_ptr, M, N, KW, stride_xm, stride_pn, BLOCK_N, BLOCK_M, BLOCK_KW, SPLIT_K)
     offs_w = tl.arange(0, BLOCK_KW)
     x_of_word = (offs_w // 16) * 256 + offs_w % 16
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for kw0 in range(kw_start, kw_end, BLOCK_KW):
-        kw = kw0 + offs_w
-        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        words = load_tile(p_rows, kw0 + offs_w, kw_end, row_mask, 0x55555555)
         offs_k = kw0 * 16 + x_of_word
         low = _with_exponent(words)
         high = _with_exponent(words >> 16)
         for f in tl.static_range(8):
-            k_f = offs_k + 16 * f
-            xt = tl.load(x_cols + k_f[:, None], mask=(k_f < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
-            acc = tl.dot(_field_to_float(low, f).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+            acc = dot_field(acc, low, f, x_cols, offs_k + 16 * f, K, col_mask, DOT_DTYPE, DOT_PRECISION)
         for f in tl.static_range(8):
-            k_f = offs_k + 16 * (f + 8)
-            xt = tl.load(x_cols + k_f[:, None], mask=(k_f < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
-            acc = tl.dot(_field_to_float(high, f).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+            acc = dot_field(acc, high, f, x_cols, offs_k + 16 * (f + 8), K, col_mask, DOT_DTYPE, DOT_PRECISION)
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = acc / scale[:, None]
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
@@ -310,21 +330,24 @@ step06_dot_tuned_many = autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(st
 # Steps 7 and 8: 1.6-bit packing, 5 weights a byte in base 3
 
 @triton.jit
+def base3_fields(p_rows, kb, kb_end, row_mask, table_ptr):
+    # A tile of packed bytes (121: five zeros), each looked up in the 1 KB table (it stays in L1): its 5 digits as
+    # 2-bit fields under the float exponent, ready for step 4's two-instruction decode.
+    return tl.load(table_ptr + load_tile(p_rows, kb, kb_end, row_mask, 121).to(tl.int32))
+
+
+@triton.jit
 def step07_base3_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB, stride_xm, stride_pn, stride_zm,
                              scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
     pid_k, m, rows, row_mask, p_rows, x_row = gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
     kb_start, kb_end = k_slice(pid_k, KB, SPLIT_K, BLOCK_KB)
-    offs_b = tl.arange(0, BLOCK_KB)
-    x_of_byte = (offs_b // 16) * 80 + offs_b % 16  # k of digit 0 of each byte, from the tile start
+    offs_b, x_of_byte = unit_offsets(BLOCK_KB, 80)  # k of digit 0 of each byte, from the tile start
     acc = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     for kb0 in range(kb_start, kb_end, BLOCK_KB):
-        kb = tl.max_contiguous(kb0 + offs_b, 4)  # 4 bytes a thread, like the 4 x values they meet
-        # A wide tile of packed bytes, BLOCK_N x BLOCK_KB of 5 weights each (121: five zeros).
-        v = tl.load(p_rows + kb[None, :], mask=row_mask[:, None] & (kb < kb_end)[None, :], other=121)
-        # One table lookup a byte gives its 5 digits as 2-bit fields under the float exponent,
-        # ready for step 4's two-instruction decode. (The 1 KB table stays in L1.)
-        fields = tl.load(table_ptr + v.to(tl.int32))
+        # A wide tile of packed bytes, BLOCK_N x BLOCK_KB of 5 weights each, one table lookup a byte; 4 bytes a
+        # thread, like the 4 x values they meet.
+        fields = base3_fields(p_rows, tl.max_contiguous(kb0 + offs_b, 4), kb_end, row_mask, table_ptr)
         offs_k = kb0 * 5 + x_of_byte
         for d in tl.static_range(5):
             x = tl.load(x_row + offs_k + 16 * d, mask=offs_k + 16 * d < K, other=0.0).to(tl.float32)
@@ -339,21 +362,15 @@ def step08_base3_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, 
                             scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr,
                             BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
-    pid_k, rows, row_mask, cols, col_mask, p_rows, x_cols = dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn,
-                                                                        BLOCK_N, BLOCK_M)
-    kb_start, kb_end = k_slice(pid_k, KB, SPLIT_K, BLOCK_KB)
-    offs_b = tl.arange(0, BLOCK_KB)
-    x_of_byte = (offs_b // 16) * 80 + offs_b % 16
+    kb_start, kb_end, rows, row_mask, cols, col_mask, p_rows, x_cols = dot_program(
+        x_ptr, p_ptr, M, N, KB, stride_xm, stride_pn, BLOCK_N, BLOCK_M, BLOCK_KB, SPLIT_K)
+    offs_b, x_of_byte = unit_offsets(BLOCK_KB, 80)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for kb0 in range(kb_start, kb_end, BLOCK_KB):
-        kb = kb0 + offs_b
-        v = tl.load(p_rows + kb[None, :], mask=row_mask[:, None] & (kb < kb_end)[None, :], other=121)
-        fields = tl.load(table_ptr + v.to(tl.int32))
+        fields = base3_fields(p_rows, kb0 + offs_b, kb_end, row_mask, table_ptr)
         offs_k = kb0 * 5 + x_of_byte
         for d in tl.static_range(5):
-            k_d = offs_k + 16 * d
-            xt = tl.load(x_cols + k_d[:, None], mask=(k_d < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
-            acc = tl.dot(_field_to_float(fields, d).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+            acc = dot_field(acc, fields, d, x_cols, offs_k + 16 * d, K, col_mask, DOT_DTYPE, DOT_PRECISION)
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = acc / scale[:, None]
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)

@@ -451,16 +451,12 @@ W2A8_TILES_SHAPES = ((1, 4, 2), (1, 2, 8), (1, 4, 4), (2, 4, 2))  # (2 tiles of 
 class W2A8TilesConfig(RingConfig):
     """A launch of steps 24 and 25: each warp owns ``tiles`` tiles of 16 weight rows."""
 
+    TILES, WARPS, SHAPES = "tiles", (4, 8), W2A8_TILES_SHAPES
     warps: int = 4
     tiles: int = 1
     stages: int = 4
     chunk: int = 2
     slices: int = 1
-    TILES, WARPS, SHAPES = "tiles", (4, 8), W2A8_TILES_SHAPES
-
-    @property
-    def rows(self) -> int:  # weight rows a block covers
-        return 16 * self.warps * self.tiles
 
 
 def _w2a8_tiles_instance(col_tiles: int, warps: int, tiles: int, stages: int, chunk: int, x_tma: bool = True) -> str:
