@@ -34,10 +34,6 @@ class DecodeConfig:
         if self.head == "masked" and self.mask != "automaton":
             raise ValueError("the masked head reads allowed sets per automaton state: use mask='automaton'")
 
-    @property
-    def uses_automaton(self) -> bool:
-        return self.jump != "none" or self.mask == "automaton"
-
 
 #: The chapter's three steps and its two comparisons (``studylog.decode.CHAPTER`` says what each is).
 CONFIGS: dict[str, DecodeConfig] = {
