@@ -118,10 +118,11 @@ class Walked:
 
 
 def walk_draft(automaton, state: int, draft: Sequence[int], room: int, *, extend: bool, eos: int = -1) -> Walked:
-    """Walk ``draft`` through the grammar's ``automaton`` from ``state``: keep tokens while the grammar allows them,
-    at most ``room`` in all; with ``extend``, add the forced chain of every state the walk reaches (proposed tokens
-    that disagree with a forced token are cut). The walk stops where only EOS is allowed and before a proposed
-    ``eos`` (whether the output ends there is the model's choice)."""
+    """Walk ``draft`` through ``automaton`` (chapter 7's automaton of the grammar) from
+    ``state``: keep tokens while the grammar allows them, at most ``room`` in all; with ``extend``, add the
+    forced chain of every state the walk reaches (proposed tokens that disagree with a forced token are cut).
+    The walk stops at a state where only EOS is allowed (nothing can follow it) and before a proposed ``eos``
+    (whether the output ends there is the model's choice at that position)."""
     vocab_size = automaton.vocab_size
     if any(not 0 <= t < vocab_size for t in draft):
         raise ValueError(f"draft holds ids outside the vocabulary [0, {vocab_size}): {list(draft)}")
@@ -156,11 +157,12 @@ def walk_draft(automaton, state: int, draft: Sequence[int], room: int, *, extend
 
 
 class DraftGate:
-    """Per sequence, whether drafting pays (step 4). At batch 1 on a small model a forward of several tokens costs
-    more than a one-token one (the nine-launch layer against the six-launch one), so a draft must be expected to
-    return ``min_accepted`` tokens. Below that running mean of accepted tokens per verified draft, the sequence stops
-    drafting for ``backoff`` steps, doubled at every failed probe up to ``max_backoff`` and reset by a paying one. A
-    chunk that holds several tokens anyway (after a jump) drafts for free: the gate lets it through."""
+    """Per sequence, whether drafting pays (step 4). A verified draft makes the step's forward several tokens
+    long, and at batch 1 on a small model that forward costs more than a one-token one (the six-launch layer
+    against the nine-launch layer): a draft must be expected to return ``min_accepted`` tokens. The gate keeps
+    a running mean of accepted tokens per verified draft; below ``min_accepted`` the sequence stops drafting
+    for ``backoff`` steps, doubled at every failed probe up to ``max_backoff`` and reset by a paying one. A step
+    whose chunk holds several tokens anyway (after a jump) drafts for free: the gate lets it through."""
 
     def __init__(self, batch: int, *, min_accepted: float = 1.0, max_backoff: int = 32):
         check_int("max_backoff", max_backoff, low=1)
@@ -172,10 +174,12 @@ class DraftGate:
         self.backoff = [1] * batch
 
     def allows(self, b: int, pending: int) -> bool:
-        if pending > 1 or self.wait[b] <= 0:
+        if pending > 1:
             return True
-        self.wait[b] -= 1
-        return False
+        if self.wait[b] > 0:
+            self.wait[b] -= 1
+            return False
+        return True
 
     def update(self, b: int, verified: int, accepted: int) -> None:
         """After a step that verified ``verified`` proposed tokens of sequence ``b`` and accepted ``accepted``."""
