@@ -21,7 +21,7 @@ from torch import Tensor
 
 from studylog.checks import check_int
 from studylog.decode import kernels, pieces
-from studylog.decode.generation import DecodeConfig, Generation, hashed_uniform
+from studylog.decode.generation import DecodeConfig, Generation, gumbel_noise, hashed_uniform
 from studylog.decode.grammar import Grammar
 from studylog.decode.loop import Decoder, Marks
 from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
@@ -312,7 +312,7 @@ class SpeculativeDecoder(Decoder):
             x = torch.tensor(drafted, dtype=torch.int64, device=self.device)
             scaled = logits / temperature
             logp = torch.log_softmax(scaled, dim=1)
-            gumbel = -torch.log(-torch.log(hashed_uniform(seed, seq, pos, self._vocab_ids)))
+            gumbel = gumbel_noise(seed, pos, self._vocab_ids, seq)
             out[0] = torch.argmax(scaled + gumbel, dim=1)
             has = x >= 0
             p_x = torch.where(has, logp.gather(1, x.clamp(min=0)[:, None])[:, 0].exp(), torch.zeros_like(logp[:, 0]))
