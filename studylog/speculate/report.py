@@ -50,10 +50,6 @@ def grammar_for(workload: str, name: str, vocab, cache: dict) -> Grammar:
     return cache[key]
 
 
-def valid(workload: str, name: str, text: bytes) -> tuple[bool, str]:
-    return requests.valid(name, text) if workload == "extraction" else decode_requests.valid(name, text)
-
-
 def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[str] = WORKLOADS, repeats: int = 3,
           model=None, vocab=None, tokenizer=None, limit: int | None = None, max_new: int = MAX_NEW) -> None:
     """Run every request of ``workloads`` (the first ``limit``) in every configuration and batch; record to ``run``."""
@@ -104,7 +100,8 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
                 agreement(run, "chapter 7's step 1", ch7, spec, grammar, prompts, "baseline", SHIPPED, outs,
                           {**params, "series": SHIPPED}, max_new)
                 ended = [f and len(i) < max_new for f, i in zip(ref3.finished, ref3.ids)]
-                checks = [(n, *valid(workload, n, t)) for n, t, e in zip(names, ref3.text, ended) if e]
+                valid = requests.valid if workload == "extraction" else decode_requests.valid
+                checks = [(n, *valid(n, t)) for n, t, e in zip(names, ref3.text, ended) if e]
                 run.check("outputs that ended valid for their schema", all(ok for _, ok, _ in checks), params=params,
                           ended=sum(ended), valid=sum(ok for _, ok, _ in checks),
                           invalid=[(n, why) for n, ok, why in checks if not ok])
