@@ -286,13 +286,6 @@ class Grammar:
         union = np.flatnonzero(np.unpackbits(bits, bitorder="little"))
         return pieces.allowed_batch(mask, union, tuple(a.counts[0] for a in sets))
 
-    def prepare_allowed(self, device) -> int:
-        """Build every state's allowed set on ``device`` now (else inside a decode step); returns the count."""
-        states = self.automaton.token_states()
-        for s in states:
-            self._state_allowed(s, device)
-        return len(states)
-
     def _state_allowed(self, state: int | None, device):
         """Chapter 2's allowed set of one state (None: a finished sequence, which allows nothing)."""
         a = self._allowed.get(state)

@@ -151,12 +151,12 @@ class Decoder:
         cfg = CONFIGS[config] if isinstance(config, str) else config
         if cfg.head != "masked" or self.head_impl != "kernel" or self._prepared.get(id(grammar)) is grammar:
             return  # the torch head (a CPU's) compiles nothing, and builds a state's set in microseconds
-        grammar.prepare_allowed(self.device)
-        if self.batch == 1:
-            hidden = torch.zeros(1, self.model.config.hidden, device=self.device, dtype=self.model.dtype)
-            out = torch.empty(1, self.V, device=self.device, dtype=torch.float32)
-            for state in grammar.automaton.token_states():
-                pieces.masked_head_kernel(hidden, self.model.lm_head, grammar.allowed([state], self.device), out)
+        hidden = torch.zeros(1, self.model.config.hidden, device=self.device, dtype=self.model.dtype)
+        out = torch.empty(1, self.V, device=self.device, dtype=torch.float32)
+        for state in grammar.automaton.token_states():
+            allowed = grammar.allowed([state], self.device)  # built and kept per state
+            if self.batch == 1:
+                pieces.masked_head_kernel(hidden, self.model.lm_head, allowed, out)
         logits = torch.zeros(self.batch, self.V, device=self.device, dtype=torch.float32)
         ids = torch.arange(kernels.ALLOWED_ARGMAX_MAX, device=self.device, dtype=torch.int32)
         for n in (1, kernels.ALLOWED_ARGMAX_MAX):
