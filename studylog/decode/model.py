@@ -149,8 +149,7 @@ GEMV_MAX_TOKENS = 16
 
 
 class LlamaModel(nn.Module):
-    """A Llama-style decoder: ``forward`` runs the body on a chunk (the LM head is :func:`dense_logits` or chapter 2's
-    masked head on ``lm_head``)."""
+    """A Llama-style decoder: ``forward`` runs the body on a chunk; :meth:`logits` is the dense LM head (fp32)."""
 
     def __init__(self, cfg: ModelConfig, *, device=None, dtype=torch.bfloat16, seed: int | None = 0):
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -285,6 +284,10 @@ class LlamaModel(nn.Module):
             h = kernels.add_rms_norm(x, w.post_norm, c.norm_eps, add=F.linear(att, w.o))
             delta = F.linear(kernels.silu_mul(F.linear(h, w.gate_up)), w.down)
         return kernels.add_rms_norm(x, self.norm, c.norm_eps, add=delta, last=last)
+
+    def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
+        """The dense LM head: fp32 logits ``[B, V]`` of every token (fp32 accumulation)."""
+        return dense_logits(hidden, self.lm_head, out=out)
 
 
 def dense_logits(hidden: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
