@@ -176,8 +176,8 @@ def results_table(results) -> str:
                 fwd = forwards_per_token(results, config, model, batch)
                 floor = fwd * _floor_ms(results, model, head=config != "masked_head")
                 up = _speedup(results, config, model, batch)
-                lines.append(f"| `{model}` | {batch} | `{report.series_label(config)}` | {ms:.3f} | {1e3 / ms:,.0f} | "
-                             f"{fwd:.2f} | {floor:.3f} | {up:.2f}× |")
+                lines.append(f"| `{model}` | {batch} | `{report.series_of(config, 'name')}` | {ms:.3f} | "
+                             f"{1e3 / ms:,.0f} | {fwd:.2f} | {floor:.3f} | {up:.2f}× |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
 
 
@@ -635,7 +635,7 @@ def steps_rows(results, model: str = "1b", batch: int = 1, with_3a: bool = False
             continue
         fwd = forwards_per_token(results, config, model, batch)
         floor = fwd * _floor_ms(results, model, head=config != "masked_head")
-        rows.append({"step": report.series_label(config), "label": labels[config], "change": changes[config],
+        rows.append({"step": report.series_of(config, "name"), "label": labels[config], "change": changes[config],
                      "us": ms * 1e3,
                      "x_previous": prev / ms if prev else None, "x_floor": ms / floor, "floor_us": floor * 1e3,
                      "forwards": fwd})
@@ -973,7 +973,7 @@ def step03_past_head_bound(results, model: str = "1b", batch: int = 1) -> dict |
     requests, as :func:`bound_excess` reads it). None where a step is not measured."""
     rows = {r["step"]: r for r in steps_rows(results, model, batch)}
     parts = breakdown(results.rows, model, batch, kind="json")
-    two, three = report.series_label("jump_forward"), report.series_label("masked_head")
+    two, three = report.series_of("jump_forward", "name"), report.series_of("masked_head", "name")
     if two not in rows or three not in rows or "jump_forward" not in parts or "masked_head" not in parts:
         return None
     return {"ratio": rows[three]["x_previous"], "bound": 1 / (1 - model_config(model).head_share()),
@@ -1245,7 +1245,7 @@ def chain_anchor_gap(changes, results, cases=CHAIN_CASES) -> dict:
     for label, model, batch in cases:
         own = {r["step"]: r["us"] for r in steps_rows(results, model, batch)}
         for r in (chain[0], chain[-1]):
-            ref = own[report.series_label(r["config"])]
+            ref = own[report.series_of(r["config"], "name")]
             gap = abs(r["us"][label] / ref - 1)
             if worst is None or gap > worst["gap"]:
                 worst = {"gap": gap, "step": r["row"], "case": label}

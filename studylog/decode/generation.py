@@ -11,8 +11,8 @@ from torch import Tensor
 
 from studylog.decode.model import LlamaModel
 
-#: The logit bias given to the token a :class:`~studylog.fsm.decoding.Writer` names: far above any
-#: logit of the model, so the writer decides, and still a finite number added to a computed logit.
+#: The logit bias given to the token a :class:`~studylog.fsm.decoding.Writer` names: far above any logit of the
+#: model, so the writer decides, and still a finite number added to a computed logit.
 STEER = 1.0e4
 
 
@@ -33,10 +33,6 @@ class DecodeConfig:
                 raise ValueError(f"DecodeConfig.{key} must be one of {allowed}, got {getattr(self, key)!r}")
         if self.head == "masked" and self.mask != "automaton":
             raise ValueError("the masked head reads allowed sets per automaton state: use mask='automaton'")
-
-    @property
-    def uses_automaton(self) -> bool:
-        return self.jump != "none" or self.mask == "automaton"
 
 
 #: The chapter's three steps and its two comparisons (``studylog.decode.CHAPTER`` says what each is).
@@ -144,8 +140,9 @@ def hashed_uniform(seed: int, seq: Tensor, position: Tensor, ids: Tensor, salt: 
     return ((x >> 9).to(torch.float32) + 0.5) / float(1 << 23)
 
 
-def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
-    """Gumbel noise ``[B, V]`` that depends only on ``seed``, the sequence, its output position and the token."""
-    rows = torch.arange(position.shape[0], device=position.device)
-    return -torch.log(-torch.log(hashed_uniform(seed, rows, position, vocab_ids)))
+def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor, seq: Tensor | None = None) -> Tensor:
+    """Gumbel noise ``[R, V]`` that depends only on ``seed``, the sequence (``seq``; row ``r`` without), its output
+    position and the token."""
+    seq = torch.arange(position.shape[0], device=position.device) if seq is None else seq
+    return -torch.log(-torch.log(hashed_uniform(seed, seq, position, vocab_ids)))
 

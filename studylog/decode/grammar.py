@@ -75,7 +75,8 @@ _SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4
 
 
 def packed_bits(ids: Sequence[int], V: int) -> np.ndarray:
-    """Token ids as a bitmask row in xgrammar's layout, as bytes (bit ``v % 8`` of byte ``v // 8``)."""
+    """Token ids as a bitmask row in xgrammar's layout, as bytes (bit ``v % 8`` of byte ``v // 8``, whole 32-bit
+    words)."""
     row = np.zeros((V + 31) // 32 * 32, dtype=bool)
     row[np.asarray(ids, dtype=np.int64)] = True
     return np.packbits(row, bitorder="little")
@@ -125,8 +126,7 @@ def continues_utf8(text: bytes | bytearray, new: int) -> bool:
 @dataclass
 class Grammar:
     """One constraint, compiled for the decode loop: xgrammar's compiled grammar (a :meth:`matcher` per sequence) and
-    chapter 1's ``automaton`` (``lab/decode/fallback.py`` builds one with an automaton read from xgrammar's matcher
-    instead: ``engine`` ``"xgrammar"``)."""
+    chapter 1's ``automaton`` (``engine`` ``"xgrammar"``: one read from xgrammar's matcher, lab/decode/fallback.py)."""
 
     name: str
     regex: str
@@ -134,8 +134,7 @@ class Grammar:
     xgrammar: Any
     automaton: pieces.Automaton
     compile_seconds: dict[str, float]
-    #: States where xgrammar also allows tokens that leave the text invalid UTF-8 or that its own grammar cannot
-    #: continue from (set by check_agreement).
+    #: States where xgrammar also allows tokens that break UTF-8 or lead to a dead end (set by check_agreement).
     utf8_only_states: int = 0
     #: Who built ``automaton``, and why not outlines-core where it is not chapter 1's.
     engine: str = "outlines-core"
@@ -287,13 +286,6 @@ class Grammar:
         union = np.flatnonzero(np.unpackbits(bits, bitorder="little"))
         return pieces.allowed_batch(mask, union, tuple(a.counts[0] for a in sets))
 
-    def prepare_allowed(self, device) -> int:
-        """Build every state's allowed set on ``device`` now (else inside a decode step); returns the count."""
-        states = self.automaton.token_states()
-        for s in states:
-            self._state_allowed(s, device)
-        return len(states)
-
     def _state_allowed(self, state: int | None, device):
         """Chapter 2's allowed set of one state (None: a finished sequence, which allows nothing)."""
         a = self._allowed.get(state)
@@ -304,8 +296,7 @@ class Grammar:
         return a
 
     def state_words(self, state: int | None) -> np.ndarray:
-        """A state's allowed tokens as packed bits (bit ``v % 8`` of byte ``v // 8``) in whole 32-bit words:
-        xgrammar's bitmask row on a little-endian host."""
+        """A state's allowed tokens as :func:`packed_bits`: xgrammar's bitmask row on a little-endian host."""
         b = self._bits.get(state)
         if b is None:
             ids = self.automaton.allowed_ids(state) if state is not None else []
@@ -320,8 +311,7 @@ class Grammar:
 
 
 def suite_regex(name: str, whitespace: str = "default") -> str:
-    """A suite entry's regex; a JSON entry's with its integers' bounds (schema_regex), so that every finished output
-    is valid."""
+    """A suite entry's regex, a JSON entry's with its integer bounds (so that every finished output is valid)."""
     entry = suite_entry(name)
     return schema_regex(entry.schema, whitespace) if entry.kind == "json" else entry.regex(whitespace)
 

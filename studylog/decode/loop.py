@@ -33,11 +33,11 @@ class _Row:
         self.finished = False
         self.passes = self.jumped = self.retokenized = 0
         self.matcher = grammar.matcher() if cfg.mask == "xgrammar" else None
-        self.states = [grammar.automaton.initial] if cfg.uses_automaton else None
+        self.states = [grammar.automaton.initial] if cfg.jump != "none" or cfg.mask == "automaton" else None
         self.writer = Writer(grammar.vocab, target) if target is not None else None
 
     def pending(self) -> list[int]:
-        """Tokens not in the cache yet (after the prefill: the last sampled token and the forced ones after it)."""
+        """Tokens not in the cache yet: the prompt, then the last sampled token and the forced ones after it."""
         n = len(self.prompt)
         return self.ids[self.kv_len - n:] if self.kv_len >= n else self.prompt[self.kv_len:] + self.ids
 
@@ -146,17 +146,17 @@ class Decoder:
                                   every=self.every_position, fused=fused, gemv=gemv)
 
     def prepare(self, grammar: Grammar, config: DecodeConfig | str = "masked_head") -> None:
-        """Build every state's allowed set and compile the head's and the sampler's variants now, not inside the
-        first request's steps (masked head, Triton kernels; once per grammar)."""
+        """Build every state's allowed set and compile the masked head's and the sampler's variants now (once per
+        grammar), not inside the first request's steps."""
         cfg = CONFIGS[config] if isinstance(config, str) else config
         if cfg.head != "masked" or self.head_impl != "kernel" or self._prepared.get(id(grammar)) is grammar:
             return  # the torch head (a CPU's) compiles nothing, and builds a state's set in microseconds
-        grammar.prepare_allowed(self.device)
-        if self.batch == 1:
-            hidden = torch.zeros(1, self.model.config.hidden, device=self.device, dtype=self.model.dtype)
-            out = torch.empty(1, self.V, device=self.device, dtype=torch.float32)
-            for state in grammar.automaton.token_states():
-                pieces.masked_head_kernel(hidden, self.model.lm_head, grammar.allowed([state], self.device), out)
+        hidden = torch.zeros(1, self.model.config.hidden, device=self.device, dtype=self.model.dtype)
+        out = torch.empty(1, self.V, device=self.device, dtype=torch.float32)
+        for state in grammar.automaton.token_states():
+            allowed = grammar.allowed([state], self.device)  # built and kept per state
+            if self.batch == 1:
+                pieces.masked_head_kernel(hidden, self.model.lm_head, allowed, out)
         logits = torch.zeros(self.batch, self.V, device=self.device, dtype=torch.float32)
         ids = torch.arange(kernels.ALLOWED_ARGMAX_MAX, device=self.device, dtype=torch.int32)
         for n in (1, kernels.ALLOWED_ARGMAX_MAX):
@@ -202,10 +202,9 @@ class Decoder:
                  *, max_new_tokens: int = 64, targets: Sequence[str | None] | None = None,
                  temperature: float = 0.0, seed: int = 0, instrument: bool = True, record: bool = False) -> Generation:
         """Decode one request: ``prompts`` (ids or text per sequence) under ``grammar``, run as ``config``.
-        ``targets`` steer sequences to given texts; ``temperature`` above 0 samples with noise that depends only on
-        ``seed``, sequence, position and token, so every configuration samples the same tokens. ``instrument`` splits
-        the time into :data:`COMPONENTS`; ``record`` keeps each sampled position's hidden state (for
-        ``agreement.compare``)."""
+        ``targets`` steer sequences to given texts; sampled (``temperature`` above 0), the noise depends only on
+        ``seed``, sequence, position and token, so every configuration draws the same. ``instrument`` splits the time
+        into :data:`COMPONENTS`; ``record`` keeps each sampled position's hidden state (``agreement.compare``)."""
         cfg = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
         if not isinstance(cfg, DecodeConfig):
             raise ValueError(f"config must be a DecodeConfig or one of {sorted(CONFIGS)}, got {config!r}")

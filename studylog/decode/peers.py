@@ -24,8 +24,8 @@ def _rope_theta(config: Any) -> float | None:
 
 @torch.no_grad()
 def hf_model(model: LlamaModel):
-    """A ``transformers.LlamaForCausalLM`` with a copy of ``model``'s weights and config, on its device and dtype, in
-    eval mode, built as ``from_pretrained`` builds one and loaded strictly."""
+    """A ``transformers.LlamaForCausalLM`` holding a copy of ``model`` (weights, config, device, dtype), in eval mode,
+    built as ``from_pretrained`` builds one and loaded strictly."""
     import transformers  # the peers extra
 
     model = check_model(model)
@@ -95,8 +95,8 @@ def hf_generate(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_toke
 
 
 def _inputs(hf, grammar: Grammar, ids: list[int]) -> tuple:
-    """The prompt and its attention mask on the model's device, and a new xgrammar processor (it holds the matchers'
-    state: one per call)."""
+    """The prompt and its attention mask on the model's device, and a new xgrammar processor (one per call: it holds
+    the matchers' state)."""
     from xgrammar.contrib.hf import LogitsProcessor
 
     input_ids = torch.tensor([ids], dtype=torch.int64, device=next(hf.parameters()).device)

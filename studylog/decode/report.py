@@ -1,7 +1,6 @@
-"""The chapter's benchmark and headline: the ~1B shape, the ~8B cost model and the real model
-(SmolLM2-135M-Instruct), batch 1 and 8, every schema of chapter 1's suite in every configuration (:data:`ORDER`), the
-random-weight shapes steered to a valid sample; beside them each component alone on the GPU clock
-(:func:`components`)."""
+"""The chapter's benchmark and headline: the ~1B shape, the ~8B cost model (both steered to a valid sample) and
+SmolLM2-135M-Instruct, batch 1 and 8, every schema of chapter 1's suite in every configuration (:data:`ORDER`); beside
+them each component alone on the GPU clock (:func:`components`)."""
 
 from __future__ import annotations
 
@@ -55,8 +54,8 @@ def measure(decoder: Decoder, grammar: Grammar, config: str, prompts, targets, *
 def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Sequence[int], schemas: Sequence[str],
           repeats: int = 3, max_new_tokens: int = 160, max_seq: int = 512, dtype: torch.dtype = torch.bfloat16,
           both_whitespaces_at: tuple[str, int] | None = None) -> None:
-    """Decode every schema in every configuration (compact whitespace; ``both_whitespaces_at`` = ``(shape, batch)``
-    adds the default one there) and record it with ``run``."""
+    """Decode every schema in every configuration and record it with ``run`` (compact whitespace; the default one
+    too at ``both_whitespaces_at``, a ``(shape, batch)``)."""
     from studylog.bench import Timing
 
     for shape in shapes:
@@ -281,11 +280,6 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
     body_kernels(run, [shape for kwargs in plan(quick) for shape in kwargs["shapes"] if shape != REAL_MODEL])
 
 
-def series_label(config: str) -> str:
-    """A configuration's label: its step's name (``step01_baseline``) or its own."""
-    return series_of(config, "name")
-
-
 def rows_of(results_rows: Sequence[dict], *, series: str | None = None, **params: Any) -> list[dict]:
     """The rows whose params hold ``params`` (of one ``series``, or of all)."""
     return [r for r in results_rows if (series is None or r["series"] == series)
@@ -332,7 +326,7 @@ def headline(results) -> list[dict]:
                 what = (f"{who}, batch {batch}, end to end per output token, median of {len(mine)} "
                         + ("requests" if real else "JSON schemas (compact whitespace)"))
                 k, b = statistics.median(mine), statistics.median(theirs)
-                out.append({"kernel": series_label(config), "baseline": series_label("baseline"),
+                out.append({"kernel": series_of(config, "name"), "baseline": series_of("baseline", "name"),
                             "clock": "wall", "case": what, "speedup": b / k, "kernel_ms": k, "baseline_ms": b,
                             **({"host_ms": statistics.median(host)} if host else {})})
     return out

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from studylog.checks import check_int
 from studylog.decode import kernels, pieces
-from studylog.decode.generation import DecodeConfig, Generation, hashed_uniform
+from studylog.decode.generation import DecodeConfig, Generation, gumbel_noise, hashed_uniform
 from studylog.decode.grammar import Grammar
 from studylog.decode.loop import Decoder, Marks
 from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
@@ -48,8 +48,7 @@ def _config(name: str, **kw) -> SpecConfig:
     return SpecConfig(name, "token", "masked", "automaton", **kw)
 
 
-#: The chapter's configurations, in the lesson's order (step 1 is chapter 7's step 3 run by this loop: no drafts;
-#: ``studylog.speculate.CHAPTER`` says what each step adds).
+#: The chapter's configurations, in the lesson's order (step 1 is chapter 7's step 3 run by this loop: no drafts).
 CONFIGS: dict[str, SpecConfig] = {
     "masked_head": _config("masked_head", draft=False),
     "ngram_draft": _config("ngram_draft"),
@@ -97,8 +96,7 @@ class SpeculativeDecoder(Decoder):
             raise ValueError(f"draft_len={draft_len} does not fit the largest chunk ({self.max_chunk} tokens, one of "
                              f"them the token sampled last): use at most {self.max_chunk - 1}, or larger chunk_sizes")
         self.draft_len = draft_len
-        #: The accepted tokens per draft below which step 4's gate stops drafting: a verifying forward's extra cost
-        #: in one-token forwards once :meth:`tune` has measured it.
+        #: The accepted tokens per draft below which step 4's gate stops drafting (:meth:`tune` measures it).
         self.gate_threshold = 0.5
         #: Chunk lengths whose verifying forward runs the six-launch layer (:meth:`tune` measures them).
         self.gemv_chunks = frozenset(T for T in self.chunk_sizes if batch * T == 1)
@@ -115,9 +113,8 @@ class SpeculativeDecoder(Decoder):
         return self.verify_call(T)()
 
     def verify_call(self, T: int, gemv: bool | None = None):
-        """The body on a chunk of ``T`` tokens per sequence, returning every position's hidden state (graph-safe):
-        on the six-launch layer (each token's program re-reads the weights from L2) where ``T`` is in
-        :attr:`gemv_chunks`, else on the nine-launch layer with cuBLAS's products. ``gemv`` forces one."""
+        """The body on a chunk of ``T`` tokens per sequence, returning every position's hidden state (graph-safe): on
+        the six-launch layer where ``T`` is in :attr:`gemv_chunks` (or ``gemv``), else on cuBLAS's nine-launch one."""
         C = self.max_chunk
         if gemv is None:
             gemv = T in self.gemv_chunks
@@ -125,8 +122,8 @@ class SpeculativeDecoder(Decoder):
                                   gemv=gemv)
 
     def tune(self, reps: int = 20) -> dict[int, dict[str, float]]:
-        """Pick the verifying forward's layer per chunk length by timing both in a graph (before :meth:`capture`);
-        returns ``{T: {"gemv": ms, "cublas": ms}}``."""
+        """Pick the verifying forward's layer per chunk length by timing both in a graph (before :meth:`capture`), and
+        the gate's threshold: a two-token forward's extra cost in one-token forwards. Returns ``{T: {layer: ms}}``."""
         if self.device.type != "cuda" or not self.model.uses_fused():
             return {}
         if self._graphs:
@@ -315,7 +312,7 @@ class SpeculativeDecoder(Decoder):
             x = torch.tensor(drafted, dtype=torch.int64, device=self.device)
             scaled = logits / temperature
             logp = torch.log_softmax(scaled, dim=1)
-            gumbel = -torch.log(-torch.log(hashed_uniform(seed, seq, pos, self._vocab_ids)))
+            gumbel = gumbel_noise(seed, pos, self._vocab_ids, seq)
             out[0] = torch.argmax(scaled + gumbel, dim=1)
             has = x >= 0
             p_x = torch.where(has, logp.gather(1, x.clamp(min=0)[:, None])[:, 0].exp(), torch.zeros_like(logp[:, 0]))

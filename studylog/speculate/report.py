@@ -1,8 +1,6 @@
-"""The chapter's benchmark and headline.
-
-``bench(run)``: SmolLM2-135M-Instruct (bf16), batch 1 and 8, on :data:`WORKLOADS`: every request in every step's
-configuration and in chapter 7's steps 3 and 1 on its own decoder; beside them, on the GPU clock, the body at every
-chunk length (``verify``) and one drafting call (``draft_call``), from which the page's bound forecasts."""
+"""The chapter's benchmark and headline: SmolLM2-135M-Instruct (bf16), batch 1 and 8, every request of
+:data:`WORKLOADS` in every step and in chapter 7's steps 3 and 1 on its own decoder; beside them, on the GPU clock, the
+body at every chunk length (``verify``) and one drafting call (``draft_call``)."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ from studylog.speculate.loop import SpecGeneration, SpeculativeDecoder
 #: Series of the configurations: the steps, then chapter 7's two on its own decoder.
 SERIES = {"masked_head": "step01", "ngram_draft": "step02", "forced_draft": "step03", "gated_draft": "step04"}
 CH7 = {"masked_head": "ch7_step03", "baseline": "ch7_step01"}
-#: The chapter's final loop: step 3. Step 4's gate stays a step the reader can switch on, not the default: on both
-#: workloads here the drafts pay, so the gate only adds its bookkeeping.
+#: The chapter's final loop: step 3 (step 4's gate is switched on where drafts fail; where they pay it only costs).
 SHIPPED = "step03"
 WORKLOADS = ("extraction", "low_copy")
 MAX_NEW = 160
@@ -32,8 +29,8 @@ MAX_SEQ = 1024
 
 
 def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], list[list[int]]]]:
-    """The requests of ``workload`` as batches of ``batch``: (names, prompts), one grammar per batch (extraction:
-    each document alone at batch 1, else one batch of each kind's documents in turn)."""
+    """The requests of ``workload`` as (names, prompts) batches of one grammar each (extraction: each document alone
+    at batch 1, else one batch of each kind's documents in turn)."""
     check_choice("workload", workload, WORKLOADS)
     if workload == "low_copy":
         return [([name] * batch, decode_requests.batch_ids(name, tokenizer, batch)) for name in requests.LOW_COPY]
@@ -51,10 +48,6 @@ def grammar_for(workload: str, name: str, vocab, cache: dict) -> Grammar:
         cache[key] = (Grammar.from_schema(requests.schema(name), vocab, name=key[1], whitespace="compact")
                       if workload == "extraction" else Grammar.from_suite(name, vocab, whitespace="compact"))
     return cache[key]
-
-
-def valid(workload: str, name: str, text: bytes) -> tuple[bool, str]:
-    return requests.valid(name, text) if workload == "extraction" else decode_requests.valid(name, text)
 
 
 def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[str] = WORKLOADS, repeats: int = 3,
@@ -107,7 +100,8 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
                 agreement(run, "chapter 7's step 1", ch7, spec, grammar, prompts, "baseline", SHIPPED, outs,
                           {**params, "series": SHIPPED}, max_new)
                 ended = [f and len(i) < max_new for f, i in zip(ref3.finished, ref3.ids)]
-                checks = [(n, *valid(workload, n, t)) for n, t, e in zip(names, ref3.text, ended) if e]
+                valid = requests.valid if workload == "extraction" else decode_requests.valid
+                checks = [(n, *valid(n, t)) for n, t, e in zip(names, ref3.text, ended) if e]
                 run.check("outputs that ended valid for their schema", all(ok for _, ok, _ in checks), params=params,
                           ended=sum(ended), valid=sum(ok for _, ok, _ in checks),
                           invalid=[(n, why) for n, ok, why in checks if not ok])
@@ -175,20 +169,17 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
     sweep(run, device="cuda", **plan(getattr(run, "quick", False)))
 
 
-# Reading the results
-
 def closed_requests(rows: Sequence[dict], workload: str, series: str = SHIPPED) -> set[str]:
-    """The batch-1 requests whose ``series`` output closed before the :data:`MAX_NEW`-token cap. A request that runs
-    to the cap has looped (the model repeats a phrase); its drafts copy the loop, so its speedup says little."""
+    """The batch-1 requests whose ``series`` output closed before the :data:`MAX_NEW`-token cap: one that runs to the
+    cap has looped, and drafts that copy a loop say little of speculation."""
     return {r["params"]["request"] for r in rows_of(rows, series=series, batch=1, workload=workload)
             if r["tokens"] < MAX_NEW}
 
 
 def headline(results) -> list[dict]:
-    """The book's headline rows: the shipped step (step 3) against chapter 7's step 3 on the extraction requests, at
-    batch 1 and 8: the ratio of the two medians over requests of the time per output token. At batch 1 the requests
-    that ran to the output cap are left out (:func:`closed_requests`); a batch of 8 is timed whole, its capped
-    sequences in it."""
+    """Step 3 against chapter 7's step 3 on the extraction requests at batch 1 and 8: the ratio of the medians over
+    requests of the time per output token, at batch 1 over the :func:`closed_requests` only (a batch of 8 is timed
+    whole)."""
     rows = results.rows if hasattr(results, "rows") else results["measurements"]
     out = []
     for batch in (1, 8):
