@@ -117,7 +117,7 @@ def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tens
 
     # the lengths are a few int32 a slot: one copy to the host (one sync) and every rule checked there
     names = _LEN_FIELDS + ("seq_lens_this_time",)
-    host = dict(zip(names, torch.cat([named[name] for name in names]).cpu().split(batch)))
+    host = dict(zip(names, torch.cat([named[name] for name in names]).cpu().numpy().reshape(len(names), batch)))
     rules = [(name, host[name] < 0, "has negative values") for name in names]
     rules += [("prompt_lens", host["prompt_lens"] > prompt_width, f"exceeds prompt_ids' width {prompt_width}"),
               ("step_idx", host["step_idx"] >= gen_width, f"must index generated_ids' columns (< {gen_width}): the "
@@ -126,8 +126,8 @@ def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tens
         rules.append(("draft_token_num", host["draft_token_num"] >= draft_width,
                       f"must be < draft_tokens' width {draft_width} (drafts go to columns 1..draft_token_num)"))
     for name, bad, what in rules:
-        if bool(bad.any()):
-            slot = int(bad.nonzero()[0, 0])
+        if bad.any():
+            slot = int(bad.argmax())
             raise ValueError(f"{name} {what} (slot {slot} has {int(host[name][slot])})")
 
 
