@@ -1057,8 +1057,8 @@ def test_the_page_prints_no_exercises_measured_answer():
 
 def test_the_end_to_end_fold_says_which_kernel_it_times():
     """The folded end-to-end table times step 12 at every case (the benchmark's one kernel timed so), and its column
-    says so; where the entry point runs another step, a one-line note says which and at how many cases, and that the
-    entry point's own end-to-end time is not measured."""
+    says so; where the entry point runs another step, a one-line note says which and at how many cases, and where
+    the entry point's own end-to-end time is (a separate run, below) or that it is not measured."""
     from book.ngram import results as book_results
 
     results = load_results("ngram")
@@ -1067,8 +1067,34 @@ def test_the_end_to_end_fold_says_which_kernel_it_times():
     assert "<summary>End to end, step 12 against the CPU loop" in fold
     other = [hd for hd in heads if (lesson.entry_row(results, hd["where"]) or {}).get("step") not in (None, "step12")]
     assert "<th>step 12, end to end (µs)</th>" in fold
-    assert bool(other) == ("its own end-to-end time is not measured" in fold)
+    measured = lesson.entry_end_to_end_table() is not None
+    assert bool(other) == (("a separate run times it, below" if measured else "its own end-to-end time is not measured")
+                           in fold)
     steps = sorted({ngram.CHAPTER.step(lesson.entry_row(results, hd["where"])["step"]).number for hd in other})
     if other:
         assert (f"<code>ngram_match</code> runs step {' or '.join(map(str, steps))} at {len(other)} of these cases"
                 in fold), fold
+
+
+def test_the_entry_points_own_run_divides_its_columns():
+    """The separate run of ``ngram_match`` as a reader calls it: one row a headline case, each ratio the CPU loop's
+    time over the column beside it, as the table prints them."""
+    from book.ngram import lesson
+
+    entry = lesson.entry_end_to_end_table()
+    assert entry is not None, "lab/ngram/results/nvidia-h200/entry_end_to_end.json is committed"
+    intro, table = entry
+    assert "separate run" in intro and "`NgramMatcher`" in intro
+    rows = [ln.split(" | ") for ln in table.splitlines()[2:]]
+    assert len(rows) == 3
+    for cells in rows:
+        cpu, entry_us, ratio, bound, ratio_bound = (float(c.strip(" |×").replace(",", "")) for c in cells[1:])
+        # the times print to 0.1 µs, the ratios to 0.01: the ratio of the printed times within both roundings
+        for num, den, shown in ((cpu, entry_us, ratio), (cpu, bound, ratio_bound)):
+            assert abs(num / den - shown) <= 0.005 + shown * 0.06 / den, cells
+    from book.ngram import results as ngram_results
+    from studylog.plotting import load_results
+
+    results = load_results("ngram")
+    fold = lesson.result_tables(results, ngram_results.headline(results))[1]
+    assert fold.count("<table") == 2 and "a separate run times it, below" in fold and "not measured" not in fold

@@ -48,23 +48,21 @@ def batch_of(batch: int, seq_len: int):
                       kinds=["short"] if batch == 1 else None, device="cuda")
 
 
+def wall_ms(call, calls: int) -> float:
+    """Wall time per call (ms) of ``calls`` calls, each followed by a sync."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e3
+
+
 def end_to_end(call) -> dict:
     """Wall time per call (ms), each call followed by a sync: median and range of :data:`REPEATS` repetitions."""
-    call()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    call()
-    torch.cuda.synchronize()
-    first = (time.perf_counter() - t0) * 1e3
-    calls = max(3, min(200, int(BUDGET_MS / max(first, 1e-3))))
-    samples = []
+    wall_ms(call, 1)  # the first call compiles and loads
+    calls = max(3, min(200, int(BUDGET_MS / max(wall_ms(call, 1), 1e-3))))
     with bench.collector_paused():
-        for _ in range(REPEATS):
-            start = time.perf_counter()
-            for _ in range(calls):
-                call()
-                torch.cuda.synchronize()
-            samples.append((time.perf_counter() - start) / calls * 1e3)
+        samples = [wall_ms(call, calls) for _ in range(REPEATS)]
     return {"ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples), "samples": samples,
             "calls": calls}
 
