@@ -374,7 +374,7 @@ def test_the_headline_names_the_heads_rows():
                 for r in res.rows if r["params"].get("model") == "smollm2"]
         data = dict(res.data, measurements=rows, notes=[f"model 1b: {{'name': '1b', 'vocab_size': {padded}}}"])
         cases = [h["case"] for h in report.headline(Results("decode.json", data))]
-        assert cases and all(c.startswith(f"1b shape (head of {padded:,} rows), batch 1") for c in cases)
+        assert cases and all(c.startswith(f"1B cost model (head of {padded:,} rows), batch 1") for c in cases)
 
 
 # --------------------------------------------------------------------------------------

@@ -322,7 +322,7 @@ def headline(results) -> list[dict]:
             if mine:
                 rows = _head_rows(results, model)
                 who = "SmolLM2-135M-Instruct, real requests" if real else \
-                    f"{model} shape" + (f" (head of {rows:,} rows)" if rows else "")
+                    f"{model.upper()} cost model" + (f" (head of {rows:,} rows)" if rows else "")
                 what = (f"{who}, batch {batch}, end to end per output token, median of {len(mine)} "
                         + ("requests" if real else "JSON schemas (compact whitespace)"))
                 k, b = statistics.median(mine), statistics.median(theirs)
