@@ -1,5 +1,7 @@
 """Chapter 6: multi-item scoring attention, one prefill scoring many items packed after a shared prefix
-(``prefix <d> item_1 <d> ... item_N <d>``)."""
+(``prefix <d> item_1 <d> ... item_N <d>``). Modules: ``formats`` (layout, rules, reference, checks, scores),
+``config`` (tile configs), ``tiles`` (the host's plan), ``steps``, ``plan`` (step 5 for CUDA graphs over changing
+layouts), ``ops`` (the torch operator), ``report`` and ``peers`` (benchmark, headline, peers)."""
 
 from studylog.chapter import Chapter
 from studylog.multi_item import report
