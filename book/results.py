@@ -167,7 +167,7 @@ def decode_split_words(split: dict[str, float], landing: bool = False, bold: boo
         return (f"on SmolLM2-135M, chapter 01's exact jumps {f'**{jumps}**' if bold else jumps}; chapter 02's head "
                 + ("a tie there" if tied else f"{split['head']:.2f}× there")
                 + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model"))
-    again = "" if not split.get("again") else f", {split['again']['sets']:.2f}× in a second run"
+    again = "" if not split.get("again") else f", {split['again']['sets']:.2f}× in another run"
     return (f"the cached allowed sets ({split['sets']:.2f}×{again}) assume a grammar compiled once and reused (a median "
             f"{split['compile_ms']:.0f} ms to compile, against {split['request_ms']:.0f} ms to decode a request)")
 
@@ -1636,7 +1636,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                            f"too (3a, host work, {split['sets']:.2f}×), runs {base / small:.2f}× step "
                                            f"1's ({against(small / 1e3, base / 1e3)} µs a token, medians over "
                                            f"{real7['requests']} requests"
-                                           + (f"; {split['again']['small']:.2f}× in a second run)" if split.get("again")
+                                           + (f"; {split['again']['small']:.2f}× in another run)" if split.get("again")
                                               else ")"))
                     if split:
                         notes[name].append(f"{name}: {decode_split_words(split)}")

@@ -1233,7 +1233,7 @@ def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
     # each part its number, from the run of its own, over the part before; the steps table gives each its row
     assert "**Step 22a takes {one[matmul]:.2f} µs, {run[matmul]:.2f}× step 21's speed**" in cells["a586196e"]
     # why the MMA, its decode and its sums are one change: none runs without the others
-    assert "none runs without the others" in cells["c05f0206"]
+    assert "the int8 MMA needs the one-AND decode" in cells["c05f0206"]
     assert "{x(one[matmul], one[after])} 22a's speed**" in cells["step22b-number"]
     assert "**Step 22c takes {t2(us(22))}, {x(us(21), us(22))} step 21's speed**" in cells["step22c-number"]
     assert "(one[after] - one[early]) / one[\"quantize_x\"]" in cells["step22c-number"]
