@@ -613,7 +613,7 @@ STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per tok
                 "masked_head": "chapter 02's masked head, in three changes, 3a to 3c (step 3's section)"}
 
 
-#: Step 3's other changes, in a table where 3a has its own row (:func:`real_steps_table`, :func:`steps_table`).
+#: Step 3's other changes, in a table where 3a has its own row (:func:`steps_table`).
 STEP_3BC = "chapter 02's masked head and the argmax over the allowed ids (3b, 3c)"
 
 
@@ -706,33 +706,6 @@ def real_steps_rows_3a(results, batch: int = 1) -> list[dict]:
            "forwards": _median(x[0]["forwards"] / max(x[0]["tokens"], 1) for x in a)}
     last = dict(reals[2], x_previous=ms * 1e3 / reals[2]["us"])
     return [reals[0], reals[1], mid, last]
-
-
-def real_steps_table(results, batch: int = 1) -> str:
-    """:func:`real_steps_rows_3a` as the page's open steps table (Markdown): the real model leads, one row per step
-    and 3a its own row, its time, its ratio to the previous row ("(tie)" from 0.97× to 1.03× as printed, the
-    course's tie rule) and its forwards per output token (the median of the requests'), in place of a byte floor;
-    then its time over our loop's forward-time bound (those forwards, each at the one-token forward's GPU time,
-    :func:`real_body`: the bound the scoreboard gives this loop), where the run timed that forward.
-    The cost models' columns follow in a fold (:func:`steps_table`)."""
-    reals = real_steps_rows_3a(results, batch)
-    if not reals:
-        return f"({PENDING}: this file holds no real-model requests)"
-    body = real_body(results) if batch == 1 else None
-    one = body["us"] if body else None
-    lines = [f"| step | what changes | SmolLM2-135M ({len(_real_rows(results, batch))} requests): µs per token | "
-             "× previous | forwards per token |" + (" × forward-time bound |" if one else ""),
-             "|---|---|---|---|---|" + ("---|" if one else "")]
-    changes = [STEP_CHANGES[c] for c in STEP_CONFIGS]
-    if len(reals) == 4:
-        last = reals[3]["x_previous"]
-        changes[2:] = [STEP_3A[1], STEP_3BC + ("; pays on the 8B cost model, not measurably here (step 3's section)"
-                                               if is_tie(last) else "")]
-    for change, x in zip(changes, reals):
-        ratio = "–" if x["x_previous"] is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x["x_previous"], 1.0)
-        bound = f" {x['us'] / (x['forwards'] * one):.2f}× |" if one else ""
-        lines.append(f"| {x['label']} | {change} | {x['us']:,.0f} | {ratio} | {x['forwards']:.2f} |{bound}")
-    return "\n".join(lines)
 
 
 def real_body(results) -> dict | None:
@@ -1216,24 +1189,6 @@ def _tie_or(factor, before: float, after: float) -> str:
     """``factor(before, after)``, or "x.xx× (tie)" where the ratio as printed is from 0.97× to 1.03×."""
     x = before / after
     return f"{x:.2f}× (tie)" if is_tie(x) else factor(before, after)
-
-
-def step03_chain_ratio_table(changes, cases=CHAIN_CASES) -> str:
-    """Step 3's chain as the page's open table (Markdown): per link its label, its one change and, per case, its
-    "× previous" only (:func:`book.common.chain_factor`, "does not pay" where it costs time; "(tie)" from 0.97× to
-    1.03× as printed, the course's tie rule). The chain's own times
-    are another run's, so its step 2 and step 3 sit a little off the steps table's; the page folds them
-    (:func:`step03_chain_rows`), so each configuration shows one time in the open text."""
-    from book.common import chain_factor
-
-    rows = step03_chain_rows(changes, cases)
-    labels = [label for label, _, _ in cases]
-    lines = ["| row | the one change | " + " | ".join(f"{label}: × previous" for label in labels) + " |",
-             "|---|---|" + "---|" * len(labels)]
-    for i, row in enumerate(rows):
-        cells = ["anchor" if i == 0 else _tie_or(chain_factor, rows[i - 1].us[c], row.us[c]) for c in labels]
-        lines.append("| " + " | ".join([row.label, row.change] + cells) + " |")
-    return "\n".join(lines)
 
 
 def chain_anchor_gap(changes, results, cases=CHAIN_CASES) -> dict:
