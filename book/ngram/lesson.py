@@ -986,18 +986,7 @@ def step_diff(old: int, new: int):
 
         (old_file, old_kernel), (new_file, new_kernel) = SEARCH_DIFFS[old, new]
         return show_diff(old_file, new_file, old_function=old_kernel, new_function=new_kernel, context=DIFF_CONTEXT)
-    return _without_asides(CHAPTER.show_diff(old, new, context=DIFF_CONTEXT))
-
-
-#: Asides in the kernels' comments that speak of the book rather than the code: the page shows the diffs without them.
-ASIDES = (" (the notebook proves both)",)
-
-
-def _without_asides(diff):
-    """``diff`` with the :data:`ASIDES` cut from its lines."""
-    for aside in ASIDES:
-        diff.lines = [ln.replace(aside, "") for ln in diff.lines]
-    return diff
+    return CHAPTER.show_diff(old, new, context=DIFF_CONTEXT)
 
 
 #: The core of a step whose whole diff is long, shown open (the whole diff folded under it): step -> (the first and

@@ -168,7 +168,7 @@ __device__ __forceinline__ i64 block_inclusive_scan(i64 v, i64 *s_warp, i64 *tot
 
 // Phase 2, exact and parallel (steps 4 to 11). Until the first slot where the budget bites, every slot keeps its
 // tentative count, so an exclusive prefix sum of tentative counts is the true running sum; that first slot gets what
-// room is left; every active slot after it gets no drafts (the notebook proves both). One block walks the batch
+// room is left; every active slot after it gets no drafts. One block walks the batch
 // blockDim.x slots at a time, carrying the running sums between chunks. With reset_keys, it also leaves match_keys as
 // NONE_KEY for the next call (the split search's scratch, steps 6 to 12).
 __device__ void budget_scan_block(NGRAM_KERNEL_PARAMS, int reset_keys) {
