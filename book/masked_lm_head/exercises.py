@@ -217,16 +217,21 @@ def step06_source() -> str:
 def _kernel_from(source: str):
     """The kernel named :data:`STEP06_KERNEL` defined by ``source`` (a module of its own, written to a temporary
     file: Triton reads a kernel's text from its file)."""
+    import hashlib
     import importlib.util
     import tempfile
     from pathlib import Path
 
-    folder = Path(tempfile.mkdtemp(prefix="mlh_exercise_"))
-    path = folder / "rows_first.py"
     # the jit helpers step 6's kernel calls, as the library defines them
-    path.write_text("import triton\nimport triton.language as tl\n\n"
-                    "from studylog.masked_lm_head.compact import fill_disallowed, one_wait_rows\n\n\n" + source)
-    spec = importlib.util.spec_from_file_location(f"mlh_exercise_{folder.name}", path)
+    text = ("import triton\nimport triton.language as tl\n\n"
+            "from studylog.masked_lm_head.compact import fill_disallowed, one_wait_rows\n\n\n" + source)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    # one file per distinct source, kept (Triton reads it when it compiles), not a new folder per call
+    path = Path(tempfile.gettempdir()) / "studylog_exercises" / f"rows_first_{digest}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"mlh_exercise_{digest}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, STEP06_KERNEL)
