@@ -1169,10 +1169,9 @@ def result_tables(results, headline_rows) -> tuple[str, str]:
 ENTRY_RUN = "entry_end_to_end"
 
 
-def entry_end_to_end_table(gpu: str = "nvidia-h200") -> tuple[str, str] | None:
-    """(a sentence, a Markdown table): the separate run's times, end to end (a call, then a sync), per headline case: the CPU loop,
-    ``ngram_match`` as a reader calls it (the step by shape, its inputs checked, its scratch allocated each call) and
-    that step bound once (``NgramMatcher``), with the CPU loop's time over each; None without the run's file."""
+def entry_end_to_end(gpu: str = "nvidia-h200") -> dict[tuple, dict[str, dict]] | None:
+    """The separate run's rows (:data:`ENTRY_RUN`) by case ``(batch, prompt length, threshold)`` and variant
+    (``cpu_path``, ``ngram_match``, ``matcher``: the step it picks bound once, ``step12``); None without the file."""
     from studylog.plotting import load_lab
 
     try:
@@ -1183,9 +1182,21 @@ def entry_end_to_end_table(gpu: str = "nvidia-h200") -> tuple[str, str] | None:
     for r in run["rows"]:
         p = r["params"]
         rows.setdefault((p["batch"], p["seq_len"], p["threshold"]), {})[r["variant"]] = r
-    intro = ("In a separate run, the public function as a reader calls it (its step picked by shape, its inputs "
-             "checked, its scratch allocated each call) against the CPU loop, and the same step bound once "
-             "(`NgramMatcher`, as a decoding loop holds it); µs a call, end to end, median of five repetitions.")
+    return rows
+
+
+def entry_end_to_end_table(gpu: str = "nvidia-h200") -> tuple[str, str] | None:
+    """(a sentence, a Markdown table): the separate run's times, end to end (a call, then a sync), per headline case: the CPU loop,
+    ``ngram_match`` as a reader calls it (the step by shape, its inputs checked, its scratch allocated each call) and
+    that step bound once (``NgramMatcher``), with the CPU loop's time over each; None without the run's file."""
+    rows = entry_end_to_end(gpu)
+    if rows is None:
+        return None
+    intro = ("In a separate run on another host, the public function as a reader calls it (its step picked by "
+             "shape, its inputs checked with one copy of their lengths to the host, its scratch allocated, each call) "
+             "against the CPU loop, and the same step bound once (`NgramMatcher`, as a decoding loop holds it); µs a "
+             "call, end to end, median of five repetitions. The CPU loop's time depends on the host's CPU: compare "
+             "within this table.")
     lines = ["| case | CPU loop | `ngram_match` | CPU loop ÷ `ngram_match` | the step bound once | CPU loop ÷ bound |",
              "|---|---|---|---|---|---|"]
     worst = min(v["cpu_path"]["ms"] / v["ngram_match"]["ms"] for v in rows.values())
