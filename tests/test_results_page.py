@@ -849,7 +849,7 @@ def test_landing_lines_of_chapters_seven_and_eight_say_the_model_and_the_gate():
     line, notes = h7["cells"]["H200"], h7["notes"]["H200"]
     base, small = split["small"]
     assert line.startswith(results.decode_split_words(split, landing=True, bold=True)) and "host work" not in line, line
-    assert any(f"a small model's loop, its allowed sets cached too (3a, host work, {split['sets']:.2f}×), runs "
+    assert any(f"a small model's loop, step 2 with its allowed sets cached and no masked head (3a, host work, {split['sets']:.2f}×), runs "
                f"{base / small:.2f}× step 1's" in n for n in notes), notes
     rows = _raw_rows("H200", "speculate")
     kept = closed_requests(rows, "extraction")
