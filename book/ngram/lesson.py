@@ -1192,11 +1192,9 @@ def entry_end_to_end_table(gpu: str = "nvidia-h200") -> tuple[str, str] | None:
     rows = entry_end_to_end(gpu)
     if rows is None:
         return None
-    intro = ("In a separate run on another host, the public function as a reader calls it (its step picked by "
-             "shape, its inputs checked with one copy of their lengths to the host, its scratch allocated, each call) "
-             "against the CPU loop, and the same step bound once (`NgramMatcher`, as a decoding loop holds it); µs a "
-             "call, end to end, median of five repetitions. The CPU loop's time depends on the host's CPU: compare "
-             "within this table.")
+    intro = ("A separate run, on another host (compare within this table: the CPU loop's time depends on the host): "
+             "`ngram_match` as a reader calls it, its checks and scratch included, and its step bound once "
+             "(`NgramMatcher`); µs a call, end to end, median of five repetitions.")
     lines = ["| case | CPU loop | `ngram_match` | CPU loop ÷ `ngram_match` | the step bound once | CPU loop ÷ bound |",
              "|---|---|---|---|---|---|"]
     worst = min(v["cpu_path"]["ms"] / v["ngram_match"]["ms"] for v in rows.values())
