@@ -771,7 +771,7 @@ def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
     body = cells[cells.index("## Where we lose") + 1]
     for text in ("eager = lesson.eager_host(results)", "{eager['entry_host']:.1f} µs of host time a call",
                  "{eager['entry_gpu']:.1f} µs on the GPU", "steps 9 to 12 take", "each one launch of the same",
-                 "{len(kernels.SIGNATURE)} arguments", "`ngram_match` itself also checks its inputs",
+                 "{len(kernels.SIGNATURE)} arguments", "Called as `ngram_match`, with its checks",
                  "called['ms'] * 1e3"):
         assert text in body, text
     results = load_results("ngram")
