@@ -747,3 +747,19 @@ def test_step_3s_low_copy_gain_gives_both_runs_and_its_spread_and_the_draft_colu
     assert "in step 1, with no drafts, the walk of an empty draft and the step's set-up" in fold
     page = "\n".join(text)
     assert "comparisons pass" not in page and "largest_gap_over_bound" not in page and 'agree["all_inside"]' in page
+
+
+def test_the_drafts_table_accounts_for_every_proposed_token():
+    """Every proposed token is cut by the grammar, verified, or neither (past the room, after the output may end, or
+    met by a forced token): the page's "neither" column is what is left, never negative, and the table shows it."""
+    import json
+
+    from book.speculate import lesson
+    from studylog import paths
+
+    kept = lesson.kept_results(lesson.committed())
+    for d in lesson.drafts_table(kept):
+        assert 0 <= d["proposed"] - d["cut"] - d["verified"] <= d["proposed"], d
+    cells = {c.get("id"): "".join(c["source"]) for c in json.loads(
+        (paths.REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]}
+    assert '"neither": d["proposed"] - d["cut"] - d["verified"]' in cells["5e733b9c"]
