@@ -770,8 +770,8 @@ def step_floor_ms(results, row: dict, params: dict) -> tuple[float, str]:
 
 
 def _over_floor(results, row: dict, params: dict) -> str:
-    """``2.6×``: the row's time over the card's floor (:func:`step_floor_ms`). Step 13's bound of our own design
-    (:func:`host_floor_ms`) is said above the table, not in a cell."""
+    """``2.6×``: the row's time over the card's floor (:func:`step_floor_ms`); the steps table adds step 13's bound of
+    our own design (:func:`host_floor_ms`) beside it, the one that binds there."""
     floor, _ = step_floor_ms(results, row, params)
     return f"{row['ms'] / floor:.1f}×"
 
@@ -908,8 +908,10 @@ def main_steps_table(results) -> str:
         if number == 11:
             seven = _row(results, step_series(7), **params)
             ratio += f"; step 7 is {row['ms'] / seven['ms']:.2f}× as fast on this mask" if seven else ""
+        bound = host_floor_ms(results) if number in FROM_HOST else None  # its binding bound: our design's
         lines.append(f"| {number} | {change} | {_case(params)} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
-                     f"{_over_floor(results, row, params)} |")
+                     f"{_over_floor(results, row, params)}"
+                     + (f" ({row['ms'] / bound:.1f}× our design's bound)" if bound else "") + " |")
     rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
     xgr = _row(results, XGRAMMAR, **MAIN_CASE)
     if xgr is not None:
