@@ -1403,14 +1403,17 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     (b, t, _), x, k = many
                     mine, port = pairs3[many[0]]
                     landing[name] = f"{x:.2f}× at {b} slots of {t:,} tokens"
-                    cells[name] = (f"**{x:.2f}×** at {b} × {t:,} ({against(mine['ms'], port['ms'])} µs)"
+                    ran = mine.get("step", "").removeprefix("step")
+                    cells[name] = (f"**{x:.2f}×** at {b} × {t:,}{f', step {int(ran)}' if ran.isdigit() else ''} "
+                                   f"({against(mine['ms'], port['ms'])} µs)"
                                    + caveat(spread(*mine["spread_ms"]), spread(*port["spread_ms"])))
                     try:  # the deployed budget's shape, where a step is priced, leads; the stress shape follows
                         st = ngram_step(Path(card).parent, Path(card).name)
                         landing[name] = (f"{st['vs_port']:.2f}× at {st['batch']} × {st['seq_len']:,}, budget "
                                          f"{NGRAM_STEP_CASE[2]}; {x:.2f}× in the stress case")
+                        ran = f", step {st['ours_step']}" if st.get("ours_step") else ""
                         cells[name] = (f"**{st['vs_port']:.2f}×** at {st['batch']} × {st['seq_len']:,}, budget "
-                                       f"{NGRAM_STEP_CASE[2]} ({us(st['ours_us'] / 1e3)} against "
+                                       f"{NGRAM_STEP_CASE[2]}{ran} ({us(st['ours_us'] / 1e3)} against "
                                        f"{us(st['port_us'] / 1e3)} µs); no budget: " + cells[name])
                     except (KeyError, TypeError, ValueError, FileNotFoundError, StopIteration):
                         pass
@@ -1943,8 +1946,10 @@ def case_and_rival(number: int, part: int = 0, root: Path = BENCH_RESULTS) -> st
     return words[number]
 
 
-#: How many of a results line's notes stand in the open; the rest are folded under the list.
-VISIBLE_NOTES = 2
+#: The most notes a results line may carry (each a short clause).
+MAX_NOTES = 6
+#: The one fold under the results table that holds every line's notes, chapter by chapter.
+NOTES_HEAD = "\n<details><summary>More on each line: other cases, the other card, where a rival would win</summary>\n"
 
 
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
@@ -1961,7 +1966,6 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
              + " | ".join(f"answer ({n} where timed)" if card is not None else n for n in names) + " |",
              "|" + "---|" * (4 + len(names))]
     notes: list[str] = []
-    more: list[str] = []  # each line's notes past its first two, folded under the visible list
     part_one = part_one_line(root)
     timed_elsewhere = {n for c in names for n in also_timed(root, c)} if card is not None else set()
 
@@ -1974,12 +1978,9 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
         case, _, rival = what.partition("; vs ")
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {case} | {rival} | "
                      + " | ".join(cells.get(n, NOT_MEASURED) for n in names) + " |")
-        if said:  # one short bullet per clause, under the line's title: two in the open, the rest folded
-            bullets = [f"  - {c[0].upper() + c[1:]}." for t in said for c in clauses(t)]
+        if said:  # one short bullet per clause, under the line's title, all in one list
             notes.append(f"- **{title}**")
-            notes.extend(bullets[:VISIBLE_NOTES])
-            if bullets[VISIBLE_NOTES:]:
-                more.extend([f"- **{title}**"] + bullets[VISIBLE_NOTES:])
+            notes.extend(f"  - {c[0].upper() + c[1:]}." for t in said for c in clauses(t))
         # the rivals' versions are one footnote under the notes (versions_footnote), not a bullet a line
 
     def one_card(h: dict[str, Any]) -> dict[str, Any]:
@@ -2045,9 +2046,7 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
                                                                  else []) + eager_lines.get((h["number"], part), []),
              rival_versions(h["number"], part, root, card or SUMMARY_CARD))
     if notes:
-        lines += ["", "More on each line:", ""] + notes
-    if more:
-        lines += ["", "<details><summary>The rest of each line's notes</summary>", ""] + more + ["", "</details>"]
+        lines += [NOTES_HEAD] + notes + ["", "</details>"]
     footnote = versions_footnote(root, card or SUMMARY_CARD)
     if footnote:
         lines += ["", footnote]
@@ -3098,10 +3097,12 @@ def ngram_step(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[st
     time = {s: lesson.grid_row(res, s, (batch, seq_len, threshold))["ms"] * 1e3
             for s in (ng.CHAPTER.step(1).series, ng.CHAPTER.step(4).series, "ngram_match")}
     cpu, port, ours = (time[s] for s in (ng.CHAPTER.step(1).series, ng.CHAPTER.step(4).series, "ngram_match"))
+    ran = lesson.grid_row(res, "ngram_match", (batch, seq_len, threshold)).get("step", "")
     many = ngram_many(Path(root) / card)
     return {"batch": batch, "seq_len": seq_len, "step_us": step, "cpu": cpu / (step + cpu),
             "port": port / (step + port), "ours": ours / (step + ours), "gain": (step + port) / (step + ours),
             "vs_port": port / ours, "port_us": port, "ours_us": ours, "saved_us": port - ours,
+            "ours_step": int(ran.removeprefix("step")) if ran.startswith("step") else None,
             "lead": many[0][:2] if many else None,
             "lead_kv_bytes": many[0][0] * many[0][1] * kv_per_token if many else None}
 

@@ -83,6 +83,10 @@ def empty_kernel_ms(data: dict[str, Any]) -> float | None:
     return data.get("ceilings", {}).get("empty_launch_gpu_ms")
 
 
+#: A lead below this (rival over ours) is read against both sides' spreads: the scoreboard says whether they overlap.
+CLOSE_LEAD = 1.2
+
+
 def spread(row: dict[str, Any]) -> tuple[float, float, float]:
     """(fastest, median, slowest) of a row's repetitions; a row without a spread is its one time three times."""
     lo, med, hi = row.get("spread_ms") or (row["ms"], row["ms"], row["ms"])
@@ -124,6 +128,7 @@ def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_la
     lo, med, hi = spread(ours)
     row = {"ours": short or ours_label, "ours_long": ours_label, "no_pct_why": no_pct_why, "shape": shape, "clock": clock, "fastest_ms": lo, "median_ms": med, "slowest_ms": hi,
            "rival": rival_label, "rival_ms": rival["ms"] if rival else None,
+           "rival_spread_ms": spread(rival) if rival and rival.get("spread_ms") else None,
            "rival_clock": rival.get("clock") if rival else None,
            "byte_floor_ms": byte_floor_ms, "compute_floor_ms": compute_floor_ms,
            "latency_floor_ms": latency_floor_ms, "latency_what": latency_what, "ratio_note": ratio_note,
@@ -303,8 +308,10 @@ def _masked_lm_head(data):
     copy = one(data.get("tails_run") or {"measurements": []}, BITMASK_COPY, **MASKED_HEAD_CASE)
     # the own-work yardstick's launches at the run's empty kernel, as every row's floor and chapter 02's page price them
     floor = bitmask_chain_ms(data.get("tails_run"), _floor_empty_ms(data))
+    # the whole step's shortest dependent chain: the bitmask's copy from host memory, then at least one kernel
+    chain = bitmask_chain_ms(data.get("tails_run"), _floor_empty_ms(data), kernels=1)
     if plan is not None:
-        # the card's floors are those of any call (its bytes, one launch); the step's own design, a copy from host
+        # the card's floors are those of any call (its bytes, its shortest chain); the step's own design, a copy from host
         # memory then two dependent kernels, sets a tighter bound, given beside them, not in their place
         bound = ({"design_bound_ms": floor, "design_bound_words": f"the bitmask's copy + {BITMASK_CHAIN_KERNELS} launches",
                   "design_bound_what": f"the packed bitmask's copy from pinned host memory ({copy['bytes']:,} bytes), "
@@ -317,10 +324,14 @@ def _masked_lm_head(data):
                         "batch 1, 1,000 of 128,256 tokens allowed", plan["clock"], plan,
                         "xgrammar (cuBLAS logits, then its mask kernel)",
                         one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=_masked_head_bytes(data, plan),
-                        latency_floor_ms=latency, latency_what=what, short="step 13, whole step", gaps=gaps,
+                        latency_floor_ms=latency if chain is None else chain,
+                        latency_what=what if chain is None else "the bitmask's copy from host memory, then one launch",
+                        short="step 13, whole step", gaps=gaps,
                         floor_notes=("byte floor: the allowed rows of the head read and the fp32 logits written, "
                                      "at the card's copy bandwidth; the packed bitmask's copy from host memory is "
-                                     "not in it (the own-work yardstick times it)",))
+                                     "not in it",) + (() if chain is None else (
+                                         "latency floor: that copy, timed alone in a separate run, then one empty "
+                                         "kernel: no design can start before the bitmask arrives",)))
                    | {"tail_params": MASKED_HEAD_CASE} | bound)
     kernel = one(data, "step12", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
@@ -340,12 +351,14 @@ def _masked_lm_head(data):
 BITMASK_CHAIN_KERNELS = 2
 
 
-def bitmask_chain_ms(tails: dict[str, Any] | None, empty_ms: float | None) -> float | None:
-    """The latency floor of chapter 02's whole step at batch 1, in ms: the packed bitmask's copy from pinned host
-    memory, timed alone in the card's tails run ``tails``, then :data:`BITMASK_CHAIN_KERNELS` dependent kernels at
-    the card's empty kernel ``empty_ms``; None where either is not measured."""
+def bitmask_chain_ms(tails: dict[str, Any] | None, empty_ms: float | None,
+                     kernels: int = BITMASK_CHAIN_KERNELS) -> float | None:
+    """A dependent chain of chapter 02's whole step at batch 1, in ms: the packed bitmask's copy from pinned host
+    memory, timed alone in the card's tails run ``tails``, then ``kernels`` dependent kernels at the card's empty
+    kernel ``empty_ms`` (our design's two: its own-work yardstick; one: any design's, the step's latency floor); None
+    where either is not measured."""
     copy = one(tails, BITMASK_COPY, **MASKED_HEAD_CASE) if tails else None
-    return None if copy is None or empty_ms is None else copy["ms"] + BITMASK_CHAIN_KERNELS * empty_ms
+    return None if copy is None or empty_ms is None else copy["ms"] + kernels * empty_ms
 
 
 def replayed_one_copy(data: dict[str, Any]) -> bool:
@@ -1659,6 +1672,12 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if gap is not None and not p99.startswith("–"):
                 off.append((r, gap))  # the range of these gaps is said once, under the re-run's own table
             tail_cells.append((r, {"p99": p99}))
+        if r.get("rival_spread_ms") and r.get("vs_rival") and 1 < r["vs_rival"] < CLOSE_LEAD:
+            # a lead about the size of a spread: whether the two sides' repetitions overlap, said beside it
+            (rlo, _, rhi), (olo, ohi) = r["rival_spread_ms"], (r["fastest_ms"], r["slowest_ms"])
+            note(r, f"our repetitions took {us(olo)}–{us(ohi)} µs, the rival's {us(rlo)}–{us(rhi)} µs: "
+                    + ("the ranges do not overlap" if ohi < rlo else "the ranges overlap, so the lead is within the "
+                       "spread of the runs"))
         binding, pct = _floor_cells(r)
         bound, over_bound = _bound_cells(r)
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
@@ -1833,7 +1852,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     rule = ("Each row is at the chapter's headline case; where the answer is a range over shapes (chapter 05), at the "
             f"shape of our least lead on the {LEAD_CARD} among those where the rival passes our check (the other "
             "card's row at the same shape). The floor is the card's (bytes, "
-            "compute or one launch) or, for chapter 04, the chain of dependent frames its recursion cannot shorten.")
+            "compute or one launch) or a chain of dependent work: for chapter 02, the bitmask's copy from host "
+            "memory, then one launch; for chapter 04, the frames its recursion cannot shorten.")
     rule += ngram_row_words(root)
     # the own-work yardstick is two columns of the table (its time and our median over it); what it is, in a clause
     own_line = (["Own work: the work the call itself must do, timed where a run times it (a yardstick, not a "

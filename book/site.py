@@ -165,9 +165,9 @@ PLAIN_NAMES = {
     "step02_jump_forward": "the loop with chapter 01's jumps (step 2)",
     "step01_baseline": "the loop with a dense head and a mask (step 1)",
     "step03_forced_draft": "the loop with grammar-cut drafts (step 3)",
-    "chapter 07's step 3 (ch7_step03)": "chapter 07's loop (its step 3), run on these extraction requests, not on "
+    "chapter 07's step 3 (ch7_step03)": "chapter 07's loop (its step 3), run on these requests, not on "
                                        "chapter 07's own",
-    "chapter 7's step 3 (ch7_step03)": "chapter 07's loop (its step 3), run on these extraction requests, not on "
+    "chapter 7's step 3 (ch7_step03)": "chapter 07's loop (its step 3), run on these requests, not on "
                                       "chapter 07's own",
     "torch dense_mask": "torch: dense logits, then a mask",
     "step03_two_phase (our port of the pull request's first, two-phase kernel)": "our port of FastDeploy's first "

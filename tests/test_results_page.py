@@ -101,7 +101,7 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     title, blank, body = text.split("\n")[:3]
     assert not blank and text.endswith("\n:::")  # the rows folded, title and all
     listed_chapters = sorted({ln[len("| chapter "):][:2] for ln in text.splitlines() if ln.startswith("| chapter")})
-    notes = results.summary_markdown().split("More on each line:")[1]
+    notes = results.summary_markdown().split(results.NOTES_HEAD)[1]
     by_chapter = re.split(r"^- \*\*", notes, flags=re.M)
     losing = sorted({ln[len("| chapter "):][:2] for ln in text.splitlines() if ln.startswith("| chapter")
                      and "would be faster" in ln})
@@ -337,11 +337,11 @@ def test_landing_answers_are_one_number_each_with_the_eager_caveats_in_short_sen
 def test_more_on_each_line_is_short_bullets():
     """The notes under the results table are one bullet per clause under each line's title: no bullet chains
     clauses with semicolons outside parentheses, and none runs long."""
-    below = results.summary_markdown().split("\nMore on each line:\n", 1)[1].strip()
-    notes, _, rest = below.partition("\n\n")  # the bullets, at most two a line, then the rest folded, then one
-    # footnote: the rivals' versions
+    below = results.summary_markdown().split(results.NOTES_HEAD, 1)[1].strip()
+    notes, _, rest = below.partition("\n\n")  # the bullets, one list in one fold, then one footnote: the rivals'
+    # versions
     open_notes = notes.splitlines()
-    assert all(n <= results.VISIBLE_NOTES for n in
+    assert all(n <= results.MAX_NOTES for n in
                [len(list(g)) for k, g in itertools.groupby(open_notes, key=lambda ln: ln.startswith("  - ")) if k])
     folded, _, footnote = rest.rpartition("</details>")
     footnote = footnote.strip()
@@ -352,7 +352,7 @@ def test_more_on_each_line_is_short_bullets():
             assert results.clauses(ln[4:]) == [ln[4:]], ln
             assert len(ln.split()) <= 45, ln
     # the notes add to the table, they do not repeat it: no bullet gives its line's bold headline number again
-    table = results.summary_markdown().split("\nMore on each line:\n", 1)[0]
+    table = results.summary_markdown().split(results.NOTES_HEAD, 1)[0]
     for row in [ln for ln in table.splitlines() if ln.startswith("| [")]:
         title = row.split("](")[0][3:]
         bold = re.findall(r"\*\*([\d.,–]+[×%])\*\*", row.split(" | ")[-1])
@@ -394,7 +394,7 @@ def test_runs_set_up_differently_are_left_out_with_no_fold():
                 assert h["cells"][name] == results.VOID and h["ratios"][name] is None
                 assert any(n.startswith(f"{name}: not compared on this card") for n in h["notes"][name])
     assert "Where the cards differ" not in page.split(":::{dropdown} 02. ")[1].split("\n:::")[0]
-    assert "05. Ternary matmul, part 1 (Triton)" in summary.split("\nMore on each line:\n")[0]
+    assert "05. Ternary matmul, part 1 (Triton)" in summary.split(results.NOTES_HEAD)[0]
 
 
 def test_chapter_4_tables_time_the_entry_points_step_at_each_case():
@@ -767,7 +767,7 @@ def test_chapter_three_leads_with_its_headline_case_then_its_range():
         assert cell.startswith(f"{deployed:.2f}× at 32 × 512, budget 128; "), cell
     assert cell.endswith(f"; {lead:.2f}× in the stress case"), cell
     (line,) = [ln for ln in results.summary_markdown().splitlines() if "03. N-gram matching](" in ln]
-    assert f"**{lead:.2f}×** at {many[0]} × {many[1]:,} (" in line and said not in line, line
+    assert re.search(rf"\*\*{lead:.2f}×\*\* at {many[0]} × {many[1]:,}(, step \d+)? \(", line) and said not in line, line
     notes = results.summary_markdown().split("- **03. N-gram matching**")[1].split("\n- **")[0]
     deployed = grid[(128, 32768, 128)]["step04"] / grid[(128, 32768, 128)]["ngram_match"]
     assert "under the deployed budget, 128 × 32,768" in notes and f"{deployed:.2f}×" not in notes, notes
@@ -816,7 +816,7 @@ def test_lines_without_another_cards_number_say_so():
     """The results table marks a line "H200 only" exactly where no other card's ratio stands in the folds (chapter 01
     counts passes on no card), and the landing names the pages that have one."""
     also = results.also_timed()
-    table = results.summary_markdown().split("\nMore on each line:\n", 1)[0]
+    table = results.summary_markdown().split(results.NOTES_HEAD, 1)[0]
     for row in [ln for ln in table.splitlines() if ln.startswith("| [")]:
         notebook = row.split("](")[1].split(")")[0]
         # chapter 06's other card timed its 32-head case only, not the grouped-query headline: H200 only too
@@ -873,7 +873,7 @@ def test_each_line_gives_its_rivals_versions_from_the_committed_files():
     """Under each line of the results table, the rivals' versions as the chapter's run recorded them: FlashInfer's,
     GemLite's and xgrammar's from the files' notes, torch's for the kernels torch ships; where a file records none, the
     library named alone (BitNet's commit) or left out (chapter 07's xgrammar): only versions a run recorded."""
-    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1].split("\n\n")[-1]
+    notes = results.summary_markdown().split(results.NOTES_HEAD, 1)[1].split("\n\n")[-1]
     assert notes.startswith("Rivals' versions as run, by chapter: ")  # one footnote for every line
     h200 = next(p for p in (results.BENCH_RESULTS).iterdir() if p.name.endswith("h200"))
     for stem, pattern in (("multi_item", r"flashinfer (\S+)"), ("ternary", r"GemLite (\d\S+)"),
@@ -944,7 +944,7 @@ def test_calls_made_eagerly_are_a_paragraph_and_one_sentence_a_chapter():
     for key, said in flips.items():
         assert said.startswith("called eagerly, one call at a time, ") and "(listed" not in said, said
         assert "would be faster in " not in said  # the shapes named, not a count of comparisons
-    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1]
+    notes = results.summary_markdown().split(results.NOTES_HEAD, 1)[1]
     for block in re.split(r"^- \*\*", notes, flags=re.M)[1:]:
         assert sum(ln.startswith("  - Called eagerly, ") for ln in block.splitlines()) <= 1, block
     # chapter 05 part 2: the plan and the dense rival in one sentence, each named
@@ -966,7 +966,7 @@ def test_chapter_three_cell_is_its_number_and_range():
     (line,) = [ln for ln in results.summary_markdown().splitlines() if "03. N-gram matching](" in ln]
     cell = line.rstrip(" |").rsplit(" | ", 1)[-1]
     # the budgeted shape where a step is priced first, then the stress shape: two numbers, each with its times
-    assert "one-block-a-slot" not in cell and "deployed" not in cell and len(cell.split()) <= 24, cell
+    assert "one-block-a-slot" not in cell and "deployed" not in cell and len(cell.split()) <= 28, cell  # each with its step
     assert len(re.findall(r"\d[\d.,]*(?:–\d[\d.,]*)?×", cell)) == 2 and cell.index("budget") < cell.index("no budget: "), cell
     searching = results.ngram_deployed(BENCH_RESULTS / "nvidia-h200")
     if searching is not None and searching[2] < searching[0][0]:
@@ -977,7 +977,7 @@ def test_chapter_three_cell_is_its_number_and_range():
 def test_notes_do_not_repeat_the_landing():
     """The notes under the results table add to the landing's cells: where the landing says llguidance keeps its
     output too, no note says it again, and a shape where GemLite fails our check is named in one note only."""
-    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1]
+    notes = results.summary_markdown().split(results.NOTES_HEAD, 1)[1]
     landing = results.reading_path_markdown()
     if "output unchanged too" in landing:
         assert "so the two savings are of one kind" not in notes

@@ -696,9 +696,9 @@ def test_listing_lines_count_what_a_page_prints_and_run_no_measurement(tmp_path)
 
 def test_the_latency_floor_is_the_rows_own_runs_empty_kernel_and_the_masked_step_starts_with_its_copy():
     """The single-kernel latency floor is the empty kernel of the run that timed the row (as its byte floor uses
-    that run's copy bandwidth); the whole masked step is held against the card's floors like any call, and its own
-    design's bound (the bitmask's copy from host memory, the tails run's row, then two kernels at the run's own
-    empty kernel, as chapter 02's page prices them) is said in a note under the table."""
+    that run's copy bandwidth); the whole masked step's latency floor is its shortest dependent chain, the bitmask's
+    copy from host memory (the tails run's row) then one kernel at the run's own empty kernel, and its own design's
+    bound (the same copy, then two kernels, as chapter 02's page prices them) stands beside it."""
     board = sb.scoreboard()
     times = [json.loads(p.read_text()).get("ceilings", {}).get("empty_launch_gpu_ms") for p in H200.glob("*.json")]
     fastest = min(x for x in times if x is not None)
@@ -708,9 +708,9 @@ def test_the_latency_floor_is_the_rows_own_runs_empty_kernel_and_the_masked_step
     assert kernel["latency_floor_ms"] == pytest.approx(own) and not kernel["latency_borrowed"]
     (step,) = [r for r in board if r["number"] == 2 and r["card"] == name and r["ours"] == "step 13, whole step"]
     copy = _find(_raw(H200, sb.TAILS), sb.BITMASK_COPY, **sb.MASKED_HEAD_CASE)
-    assert step["latency_floor_ms"] == pytest.approx(own)
+    assert step["latency_floor_ms"] == pytest.approx(copy["ms"] + own)  # no design starts before the bitmask lands
     assert step["design_bound_ms"] == pytest.approx(copy["ms"] + 2 * own)  # as chapter 02's page prices it
-    card_floor = max(f for f in (step["byte_floor_ms"], step["compute_floor_ms"], own) if f is not None)
+    card_floor = max(f for f in (step["byte_floor_ms"], step["compute_floor_ms"], copy["ms"] + own) if f is not None)
     assert step["binding_floor_ms"] == pytest.approx(card_floor) and step["pct_of_floor"] == pytest.approx(
         100 * card_floor / step["median_ms"])
     table = sb.scoreboard_markdown()
@@ -1060,8 +1060,8 @@ def test_headline_cells_are_short_and_their_caveats_listed():
             for clause in cell.split("; "):  # two figures where the chapter gives two (01, 07, 08): each short
                 words = re.sub(r"\([^)]*\)", "", clause).split()
                 assert len(words) <= 12, (h["number"], name, cell)
-    notes = text.split("\nMore on each line:\n")[1].split("<details>")[0]
-    assert "</details>" not in notes and notes.count("\n- **") == len(re.findall(r"^- \*\*\d\d\. ", notes, re.M))
+    notes = text.split(summary.NOTES_HEAD)[1].split("</details>")[0]
+    assert "<details>" not in notes and notes.count("\n- **") == len(re.findall(r"^- \*\*\d\d\. ", notes, re.M))
     part2 = notes.split("\n- **05. Ternary matmul, part 2 (CUDA C++)**\n")[1].split("\n- **")[0]
     assert "\n  - At 4096 × 14336" in "\n" + part2  # one of its items, whichever comes first
     data = _raw(H200, "multi_item")
@@ -1384,7 +1384,7 @@ def test_the_decode_loops_spread_over_requests_is_the_results_pages_note():
     table = sb.scoreboard_markdown()
     from book import results
 
-    notes = results.summary_markdown().split("\nMore on each line:\n", 1)[1]
+    notes = results.summary_markdown().split(results.NOTES_HEAD, 1)[1]
     for r in sb.scoreboard():
         if r.get("loop_bound") and "missing" not in r and r.get("ratio_note", "").startswith("the ratio of the two"):
             said = r["ratio_note"].removeprefix("the ratio of the two median times; ")
