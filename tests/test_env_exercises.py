@@ -76,3 +76,31 @@ def test_a_visible_cell_defines_what_it_reads_and_the_copy_rate_is_said_once_wit
     assert "the table's 1 GiB row, the same copy timed again later in the run, reads {gib['gbs']:,.0f}" in rate
     measured = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## How the numbers"))
     assert not measured.rstrip().endswith(":")
+
+
+def test_the_chapters_own_empty_kernel_is_said_before_this_pages_and_exercise_1_holds_no_path():
+    """Early, before the card's tables, one sentence says the chapters divide by their own runs' ceilings and gives
+    the kernel chapters' empty kernels (read from their committed runs) against this page's; exercise 1's text
+    hints at what to find without a repository path (the answers' path is said once, over the exercises), and the
+    page names no test plumbing."""
+    import re
+
+    from book.scoreboard import empty_kernel_ms, read_json
+    from studylog import plotting
+
+    cells = _page_cells()
+    ids = [c["id"] for c in cells]
+    sources = {c["id"]: "".join(c["source"]) for c in cells}
+    own = sources["ch0ownfloors"]
+    assert ids.index("b837dd29") < ids.index("ch0ownfloors") < ids.index("4f50fce9") < ids.index("01177dca")
+    assert "{min(own):.2f} to {max(own):.2f} µs" in own and "not this page's {page_us:.2f} µs" in own
+    env = plotting.load_results("env")
+    runs = re.search(r"KERNEL_RUNS = \(([^)]*)\)", own)[1]
+    times = [empty_kernel_ms(read_json(env.path.parent / f"{r.strip().strip(chr(34))}.json")) for r in runs.split(",")]
+    assert all(t is not None and t > env.data["ceilings"]["empty_launch_gpu_ms"] for t in times)
+    first = sources["ch0exercise"].split("**2.")[0]
+    exercise_1 = first[first.index("**1."):]
+    assert "solutions" not in exercise_1 and "Without a GPU it only\nsays so" in exercise_1
+    assert first.index("`book/env/solutions.py`") < first.index("**1.")
+    text = "\n".join(sources.values())
+    assert "nbval" not in text and ".venv" not in text and "make lab" in sources["2442ecc9"]

@@ -247,25 +247,22 @@ def test_no_label_of_a_drawing_covers_another_edge(classifier):
         plt.close(fig)
 
 
-def test_step_1s_helpers_are_everything_its_listing_calls():
-    """The folded listings under step 1 hold every function and class of its module that the loop calls, directly
-    or through one another, so the listing reads alone."""
-    import ast
-    import inspect
+def test_step_1s_calls_are_one_sentence_not_a_fold_of_glue_code():
+    """Step 1's listing is followed by one sentence naming the two calls that matter (the pass and the masked argmax),
+    the rest called bookkeeping; no fold of the module's helpers sits under it."""
+    import json
+    from pathlib import Path
 
     from studylog.fsm import decoding
 
-    helpers = lesson.step_helpers(decoding.step01_uncompressed)
-    titles = [h.title for h in helpers]
-    module = {n.name for n in ast.parse(inspect.getsource(decoding)).body
-              if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    shown = [inspect.getsource(decoding.step01_uncompressed)] + [h.text for h in helpers]
-    for text in shown:
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in module:
-                assert node.func.id in titles + ["step01_uncompressed"], node.func.id
-    assert len(titles) == len(set(titles)) and {"forward_pass", "greedy"} <= set(titles)
-    assert next(h for h in helpers if h.title == "DecodeResult").text.startswith("@dataclass")
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    source = {c.get("id"): "".join(c["source"]) for c in cells["cells"]}
+    text = "\n".join(source.values())
+    assert "step_helpers" not in text and "Show what step 1 calls" not in text
+    said = " ".join(source["cell-10"].split())
+    assert "Its `forward_pass` calls the model once and appends `greedy`'s pick" in said and "bookkeeping" in said
+    for name in ("forward_pass", "greedy"):  # the names the sentence uses are the loop's own
+        assert callable(getattr(decoding, name))
 
 
 def test_the_real_schemas_paragraph_says_why_llguidance_compiles_few():
@@ -305,7 +302,7 @@ def test_the_retokenization_counts_compare_like_with_like_and_the_page_says_wher
     assert 'if r.kind == "json"' in text and "written['compact']" not in text
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
     assert "how_we_measure" in where and not any(part in where for part in ("assets/", "lab/", ".json", "`"))
-    for read in ('load_results("env"', 'load_results("decode"', '"realworld_cl100k_base.json"', "fsm_suite()"):
+    for read in ("decode_lesson.committed()", '"realworld_cl100k_base.json"', "fsm_suite()"):
         assert read in text, read
 
 
@@ -376,7 +373,13 @@ def test_one_note_holds_every_other_count_of_forced_tokens():
                   "regexes", "its tokenizer's split of their text", "the model's own tokens", "the one on EOS included",
                   "llguidance's policy"):
         assert named in table, named
-    assert len(table.splitlines()) == 2 + 5
+    assert len(table.splitlines()) == 2 + 7
+    # one policy a row: llguidance's share on SmolLM2's answers has its own row, never a parenthesis beside step 2's
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+    policy = [r for r in rows if r[2].startswith("llguidance's policy")]
+    assert len(policy) == 1 and policy[0][0] == "the same answers" and "(" not in policy[0][3]
+    step2 = [r for r in rows if r[2] == "step 2 skips its pass"]
+    assert len(step2) == 3 and not any("(" in r[3] for r in step2 if "regexes" in r[0] or "SmolLM2" in r[0])
     # each row's 1/(1-f) is computed from the same share the row shows, policy by policy
     flat = " ".join(why.split())
     assert ('f"| {what} | {100 * a:.1f}% | {100 * b:.1f}% | {lesson.amdahl_bound(a):.2f}× | " '
@@ -424,8 +427,7 @@ def test_policy_totals_are_the_peers_tables_totals_row():
 def test_exercise_3s_worked_example_is_the_answers_and_the_real_schemas_paragraph_backs_the_opening():
     """Exercise 3's example (`name"` keeps `name`, holds back `"`) is what the reference answer does; the Real schemas
     paragraph points to the result's table for the passes saved there, says what its documents are (mostly keys) and
-    reads its sample from the committed file, with no fold of its own; the Llama shapes are not said to use this
-    vocabulary."""
+    reads its sample from the committed file, with no fold of its own."""
     import json
     from pathlib import Path
 
@@ -445,15 +447,15 @@ def test_exercise_3s_worked_example_is_the_answers_and_the_real_schemas_paragrap
     # each engine's share and MaskBench's are the note's (test_one_note_holds_every_other_count_of_forced_tokens)
     assert "bench[" not in real and ":::" not in real
     assert "suite_saved_by" not in real  # the six shares are the result's table, said once
-    assert "this chapter's vocabulary)" not in flat and "rather than Llama's" in flat
 
 
 def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_rests_on():
     """"Why it matters" sets the passes saved on the real schemas' walks and on the suite in one table, each with its
     1/(1-f), the suite's step 2 figure being the landing's (:func:`book.results.fsm_line` through the same function),
     named a count on those documents, not a bound; its note says, from the suite's own rows, why the suite saves more;
-    in the open it gives one time fact, what a skipped pass is worth on SmolLM2. The opening gives the real schemas' ceiling
-    first, then the decision with the real schemas' two numbers; the suite's shares wait for the steps."""
+    in the open it gives no time: the table is the section's only numbers, the chunk's cost a clause in words. The
+    opening gives the real schemas' ceiling first, then the decision with the real schemas' two numbers, named as the
+    real schemas' walks; the suite's shares wait for the steps."""
     import json
     from pathlib import Path
 
@@ -475,8 +477,11 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     assert "| documents | $f$, exact jumps (step 2) | $f$, llguidance's fast-forward tokens |" in why
     assert "suite_saved = lesson.saved_share(passes, 2)" in why and why.index("{table}") < why.index(":::")
     assert "a count on these documents as the tokenizer splits them, not a bound on other workloads" in why
-    # the open text's one time fact: the chunk's cost, and what a skipped pass is worth, from chapter 07's run
-    assert why.index("{chunk_ms[8]:.2f} ms") < why.index("{pass_saved_ms:.2f} ms") < why.index(":::")
+    # the open text's numbers are the table's: the chunk's cost is said in words, and no time is read
+    shown = why[why.index('say(f"""'):why.index(":::")]
+    assert "in the next pass's chunk, which costs more than a\npass of one token" in shown
+    assert "ms" not in shown.replace("{table}", "") and "chunk_ms" not in why and "floor_ms" not in why
+    assert "MASKBENCH_LLGUIDANCE_MASK_US" not in why and "bandwidth" not in why  # the fold: the counts' table alone
     # the suite's regexes are named with the steps, where its shares are
     assert "{n_kind['regex']} regexes, made of such fields" in source["cell-27"]
     opening = " ".join(source["cell-01"].split())
@@ -487,6 +492,7 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     assert said.index("amdahl_bound(real_max)") < said.index("**The chapter's answer") < said.index("{opening}")
     assert "saved_share(passes, 2)" not in opening[opening.index("opening = "):] and "ff['saved']" not in opening
     assert "real_saved['llguidance/tokens']" in opening and "real_saved['ours/tokens']" in opening
+    assert "on the real schemas' walks they save" in opening and "on those walks" not in opening  # named where said
     assert "saved_share(passes, 3)" not in opening and "real_lo:.1f" not in said  # the rest waits for later sections
     assert "noncanonical" not in opening  # the count of documents in another split is in the result's fold
     # the engines' forced shares (step 2's rule) and the suite's kinds are the note's table, not the open text

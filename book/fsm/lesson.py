@@ -1,5 +1,5 @@
-"""What chapter 1's lesson computes and shows from its measurements: the Amdahl view of a decode step (the
-least time a step takes, and what skipping a share of the steps buys), how many tokens the visited states allow,
+"""What chapter 1's lesson computes and shows from its measurements: the Amdahl view of a decode step (what
+skipping a share of the steps buys), how many tokens the visited states allow,
 and the tables and figure of the comparison with xgrammar and llguidance (rows of
 :func:`book.fsm.peers.compare_peers`)."""
 
@@ -12,37 +12,18 @@ import numpy as np
 from book.fsm.figures import SERIES_COLORS
 from book.fsm.peers import LIBRARIES, PeerRow
 
-__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes",
-           "saved_share", "steps_table", "step_helpers", "step3_changed_lines", "step3_core",
+__all__ = ["amdahl_bound", "MODES", "suite_passes",
+           "saved_share", "steps_table", "step3_changed_lines", "step3_core",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "policy_totals", "agreement_table", "timing_table", "plot_peers",
            "ENGINE_NAMES", "cpu_name", "common_forced_shares", "real_policy_shares", "forced_counts_table"]
 
-#: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
-#: (single CPU thread of an AMD EPYC 7V13, Llama 3 tokenizer:
-#: https://github.com/guidance-ai/jsonschemabench/tree/main/maskbench).
-MASKBENCH_LLGUIDANCE_MASK_US = 47.0
 
-
-# --- what a decode step is made of (the Amdahl view) ---------------------------------------------------------
-
-def step_floor_ms(params: int, bandwidth_gbs: float, bytes_per_param: int = 2) -> float:
-    """The least time a batch-1 decode step can take: reading ``params`` weights of ``bytes_per_param`` bytes
-    once at ``bandwidth_gbs`` (bytes read plus written per second, as ``ceilings.copy_bandwidth_gbs`` in a
-    benchmark file counts them, so a read-only stream moves at about that rate)."""
-    return params * bytes_per_param / (bandwidth_gbs * 1e9) * 1e3
-
-
-def chunk_body_ms(decode_results, model: str = "smollm2", batch: int = 1) -> dict[int, float]:
-    """The model body's time per forward on the GPU clock, by chunk length (tokens fed in one pass), from
-    chapter 7's committed benchmark: what a pass that carries jumped tokens costs beside a one-token pass."""
-    return {r["params"]["chunk"]: r["ms"] for r in decode_results.rows
-            if r["series"] == "body" and r["params"].get("model") == model and r["params"].get("batch") == batch}
-
+# --- what skipping a decode step buys (the Amdahl view) ------------------------------------------------------
 
 def amdahl_bound(saved_share: float) -> float:
     """End-to-end speedup when a share of the decode steps disappears and the rest cost what they did. An
     optimistic bound: a jump's tokens reach the model inside the next pass, as a chunk, which costs more than a
-    one-token pass (:func:`chunk_body_ms`)."""
+    one-token pass."""
     if not 0 <= saved_share < 1:
         raise ValueError(f"saved_share must be in [0, 1), got {saved_share}")
     return 1.0 / (1.0 - saved_share)
@@ -78,10 +59,11 @@ def forced_counts_table(decode_results, real_doc: dict, results, batch: int = 1)
     """The page's one note on the other counts of forced tokens (Markdown), one row each, with its documents, whose
     tokens it counts and when a token counts: MaskBench's published share (fast-forward tokens), each engine's share
     on its own random walks of the SchemaStore schemas all three compile (step 2's rule, ``real_doc``, the
-    ``realworld_<vocab>.json`` record), step 2's passes saved on the suite's regexes and JSON schemas (``results``,
-    rows of ``fsm.run_suite``), then SmolLM2-135M's answers at ``batch`` from chapter 7's committed run
-    (``decode_results``): passes saved in its tokenizer's split (llguidance's beside), and forwards saved in the
-    model's own tokens, the pass on EOS included. Every share but MaskBench's is a share of passes skipped."""
+    ``realworld_<vocab>.json`` record), step 2's passes saved on the suite's regexes, then on its JSON schemas
+    (``results``, rows of ``fsm.run_suite``), then SmolLM2-135M's answers at ``batch`` from chapter 7's committed run
+    (``decode_results``): passes saved in its tokenizer's split by step 2, then by llguidance's policy (a row of its
+    own: one policy a row), and forwards saved in the model's own tokens, the pass on EOS included. Every share but
+    MaskBench's is a share of passes skipped."""
     from book.decode import lesson as decode_lesson
 
     bench = real_doc["maskbench"]
@@ -97,14 +79,17 @@ def forced_counts_table(decode_results, real_doc: dict, results, batch: int = 1)
             (f"each engine's own random walks of the {n_common} real schemas, "
              f"{real_doc['settings']['n_docs']} a schema, compact", "any split the engine allows",
              "the mask allows it alone, step 2's rule (tokens forced)", engines),
-            (f"the suite's {kinds['regex']} regexes; its {kinds['json']} JSON schemas", "cl100k, the tokenizer's split",
-             "step 2 skips its pass", f"{saved['regex']:.1%}; {saved['json']:.1%} ({compact:.1%} compact)")]
+            (f"the suite's {kinds['regex']} regexes", "cl100k, the tokenizer's split", "step 2 skips its pass",
+             f"{saved['regex']:.1%}"),
+            (f"the suite's {kinds['json']} JSON schemas", "cl100k, the tokenizer's split", "step 2 skips its pass",
+             f"{saved['json']:.1%} ({compact:.1%} compact)")]
     split, rf = decode_lesson.smollm2_split(batch), decode_lesson.real_forced(decode_results, batch)
     if split is not None and rf is not None:
-        rows.append((f"SmolLM2-135M's answers to the suite's {rf['requests']} entries",
-                     f"its tokenizer's split of their text: {split['tokens']} tokens",
-                     "step 2 skips its pass (llguidance's policy)",
-                     f"{split['saved']['ours/tokens']:.1%} ({split['saved']['llguidance/tokens']:.1%})"))
+        answers = f"SmolLM2-135M's answers to the suite's {rf['requests']} entries"
+        their_split = f"its tokenizer's split of their text: {split['tokens']} tokens"
+        rows.append((answers, their_split, "step 2 skips its pass", f"{split['saved']['ours/tokens']:.1%}"))
+        rows.append(("the same answers", their_split, "llguidance's policy (fast-forward tokens) skips its pass",
+                     f"{split['saved']['llguidance/tokens']:.1%}"))
     if rf is not None:
         rows.append(("the same answers", f"the model's own tokens: {rf['tokens']}",
                      "step 2 skips its forward, the one on EOS included", f"{rf['saved'] / rf['forwards_step1']:.0%}"))
@@ -188,48 +173,6 @@ def steps_table(results, peer: Optional[dict] = None, compact_peer: Optional[dic
         lines.append("| *peer, not a step* | *llguidance's fast-forward tokens (Beside the steps)* | "
                      + " | ".join(cells + ([real_cells["peer"]] if real_cells else [])) + " |")
     return "\n".join(lines)
-
-
-# --- the code a step's listing calls --------------------------------------------------------------------------
-
-def step_helpers(step) -> list:
-    """The module-level functions and classes of ``step``'s module that it calls by name, directly or through one
-    another, in the order they are first called, each as a ``studylog.source.Code`` titled with its name: what a
-    reader needs beside the step's listing to read it alone. Read from the module's source, so it is the code the
-    loop runs."""
-    import ast
-    import inspect
-    import sys
-
-    from studylog.source import show_source
-
-    module = sys.modules[step.__module__]
-    text = inspect.getsource(module)
-    defs = {node.name: node for node in ast.parse(text).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-
-    def called(node) -> list[str]:
-        names = []
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in defs \
-                    and sub.func.id not in names:
-                names.append(sub.func.id)
-        return sorted(names, key=lambda n: next(c.lineno for c in ast.walk(node) if isinstance(c, ast.Call)
-                                                  and isinstance(c.func, ast.Name) and c.func.id == n))
-
-    order, todo = [], called(defs[step.__name__])
-    while todo:
-        name = todo.pop(0)
-        if name in order or name == step.__name__:
-            continue
-        order.append(name)
-        todo.extend(called(defs[name]))
-    lines = text.splitlines()
-
-    def source(node) -> str:  # from its first decorator (a dataclass's ``@dataclass``) to its last line
-        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        return "\n".join(lines[first - 1:node.end_lineno]) + "\n"
-
-    return [show_source(source(defs[name]), title=name) for name in order]
 
 
 # --- how many tokens a state allows --------------------------------------------------------------------------

@@ -320,11 +320,10 @@ STEP5_PARTS = {"5a": "every prompt in one launch, tail first",
                "5b": "the heads in groups whose keys and values fit in L2",
                "5c": "each group's heaviest query tiles first"}
 
-#: The rows of the steps tables that read :func:`step5_chain` on its case, by the chain's labels: one run of its own.
-#: 4c and 5c are the benchmark's step 4 (a launch per prompt) and step 5 there, the result table's times; 5c's "×"
-#: divides that run's own two times (:data:`CHAIN_LAST`), which its "against" cell gives.
-CHAIN_ROWS = {"5a": "5a", "5b": "5b"}
-CHAIN_LAST = ("5b", "step 5")
+#: The rows of the steps tables that read :func:`step5_chain` on its case, by the chain's labels: one run of its own,
+#: so each of 5a, 5b and 5c is timed in the run its "×" divides (5c is that run's step 5; the result table's step 5
+#: is the benchmark's). 4c on that case is the benchmark's step 4 launched per prompt.
+CHAIN_ROWS = {"5a": "5a", "5b": "5b", "5c": "step 5"}
 
 #: The mixed batch in the multi-head layout as the tables name it, told apart from the grouped-query one (GQA_SHAPE)
 MIXED_LABEL = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS} heads"
@@ -357,9 +356,8 @@ def page_rows(results) -> list[tuple[str, str, str, float | None, float | None, 
     """The page's steps table as rows ``(label, the one change, case, µs, ×, against)``: each step on one case, its
     × over the step named in "against" on that case (the row above where the case is the same, else named with its
     µs). Steps 1 to 4c on the long-prefix prompt (4a, 4b from :func:`step4_parts`), 5a to 5c on the mixed batch with
-    32 heads (5a and 5b from :func:`step5_chain`, whose first row, step 4 launched per prompt, is 5a's base; 5c the
-    benchmark's step 5, its × the chain's 5b over its step 5, both named in "against"), 6 on the mixed batch with 8
-    KV heads over step 5 there."""
+    32 heads, all three from :func:`step5_chain` (one run, whose first row, step 4 launched per prompt, is 5a's base,
+    named with its µs), 6 on the mixed batch with 8 KV heads over step 5 there."""
     long_ = MAIN_SHAPES[0]
     parts = step4_parts() or {}
     chain = step5_chain()
@@ -367,8 +365,7 @@ def page_rows(results) -> list[tuple[str, str, str, float | None, float | None, 
          "3": ms(results, STEP[3].series, long_), "4a": parts.get("4a"), "4b": parts.get("4b"),
          "4c": ms(results, STEP[4].series, long_)}
     if chain is not None:
-        t.update({label: chain.times[CHAIN_ROWS[label]] / 1e3 for label in ("5a", "5b")})
-        t["5c"] = ms(results, STEP[5].series, report.MIXED_SHAPE)  # the result table's step 5
+        t.update({label: chain.times[key] / 1e3 for label, key in CHAIN_ROWS.items()})  # one run: its ratios
     t["6"] = ms(results, STEP[6].series, GQA_SHAPE)
     change = {"1": "SDPA with the dense mask", "2": "a Triton flash attention that reads the mask",
               "3": "the mask computed from the metadata", **STEP4_PARTS, **STEP5_PARTS,
@@ -384,9 +381,6 @@ def page_rows(results) -> list[tuple[str, str, str, float | None, float | None, 
         if label == "5a" and chain is not None:
             base = chain.times["step 4"] / 1e3
             against = f"step 4 launched per prompt, {base * 1e3:,.1f} µs"
-        elif label == "5c" and chain is not None:  # over 5b in the run that timed both: that run's two times
-            b, c = (chain.times[k] for k in CHAIN_LAST)
-            base, against = b / c * here, f"5b, back to back: {b:,.1f} → {c:,.1f} µs"
         elif label == "6":
             base = ms(results, STEP[5].series, GQA_SHAPE)
             against = f"5c on this case, {base * 1e3:,.1f} µs"
@@ -433,7 +427,7 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES, chain: Ch
     """Markdown: every step's and sub-step's time (µs) per shape (``shapes``, or every shape of the file), the
     shape's compute floor (µs) in its heading; no ratios (the page's table, :func:`page_steps_table`, has them).
     Steps 4a and 4b read :func:`step4_parts` on the shapes it timed; on ``chain``'s case (:func:`step5_chain`) the rows
-    of :data:`CHAIN_ROWS` (5a and 5b) read that run, the others the benchmark, as the page's table does."""
+    of :data:`CHAIN_ROWS` (5a to 5c) read that run, the others the benchmark, as the page's table does."""
     if results is None:
         return PENDING
     shapes = [s for s in shape_names(results) if shapes is None or s in shapes]
@@ -536,6 +530,17 @@ def _lab_body(name: str) -> str:
     node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
     lines = without_docstrings(ast.get_source_segment(text, node)).splitlines()
     return "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("):")) + 1:])
+
+
+def headline_spread(results) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """FlashInfer's and step 6's fastest and slowest repetition on the headline's case, µs (each row's
+    ``spread_ms``, the same run as :func:`headline_link`): the noise the 1.12× is read against. None where the run
+    lacks either row or its spread."""
+    rows = [results.select(s, shape=GQA_SHAPE) for s in (report.FLASHINFER, STEP[6].series)]
+    if not all(rows) or not all(r[0].get("spread_ms") for r in rows):
+        return None
+    (peer_lo, _, peer_hi), (six_lo, _, six_hi) = (r[0]["spread_ms"] for r in rows)
+    return (peer_lo * 1e3, peer_hi * 1e3), (six_lo * 1e3, six_hi * 1e3)
 
 
 def step4_part_diffs() -> dict:
