@@ -768,7 +768,7 @@ def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
 
     cells = ["".join(c["source"]) for c in
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
-    body = cells[cells.index("## Where we lose") + 1]
+    body = " ".join(cells[cells.index("## Where we lose") + 1].split())  # as the paragraph reads, unwrapped
     for text in ("eager = lesson.eager_host(results, P)", "run = (lesson.entry_end_to_end() or {}).get(P)",
                  "Called as a reader calls it, `ngram_match` barely beats the CPU loop at {P[0]} × {P[1]}",
                  "{called['ngram_match']:.1f} µs a call end to end",
