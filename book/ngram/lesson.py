@@ -889,7 +889,7 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
     unmeasured = []  # (sub-step, case) its lab run does not time
     gpu = results.path.parent.name if results.path is not None else "nvidia-h200"  # the lab runs of the same card
     floors = [table_floor_us(results, cfg) for cfg in cases]
-    why = {"6a": "kept: 6b needs it", "9a": "kept: 9b builds on it"}
+    why = {"6a": "loses alone; 6b needs it", "9a": "kept: 9b builds on it"}
     for i, n in enumerate(rows):
         start = i == 0 and 1 not in rows  # the budget path's table starts at 6b, the main table's row: no ratio
         factors = [None if start else row_factor(results, n, cfg, gpu) for cfg in cases]
@@ -937,13 +937,11 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
         notes = ["Cells: µs on the GPU clock (× the row it builds on, named where it is not the row above), and the "
                  "time over the floor in the table above."] + ([timed] if timed else [])
         return "\n".join(lines) + "\n\n" + " ".join(notes)
-    rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step07_early_phase2, step12_skip_refused))
-    cells = ["entry point", f"`ngram_match`: step {rule} by a rule"]
+    seven, twelve = (CHAPTER.step(f.__name__).number for f in (step07_early_phase2, step12_skip_refused))
+    cells = ["`ngram_match`", f"step {twelve} on many long rows under a budget, else {seven}"]
     for cfg, floor in zip(cases, floors):
         entry = entry_row(results, {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None})
-        runs = CHAPTER.step(entry["step"]).number if entry and entry.get("step") else None
-        cells += ["–", "–"] if entry is None else [us(entry["ms"]) + (f" (runs {runs})" if runs else ""),
-                                                   _times_floor(entry["ms"] * 1e3, floor)]
+        cells += ["–", "–"] if entry is None else [us(entry["ms"]), _times_floor(entry["ms"] * 1e3, floor)]
     lines.append("| " + " | ".join(cells) + " |")
     cells = ["floor", "a yardstick: the bytes at copy speed, or one empty kernel"]
     for f in floors:
@@ -1124,9 +1122,7 @@ def result_table(results, headline_rows) -> str:
             and where["seq_len"] >= NGRAM_UNTUNED["least_tokens"]
         if ours is None:
             cells.append("–")
-        elif ours["series"] == "ngram_match" and "step" in ours:
-            cells.append(f"{us(ours['ms'])} (runs step {CHAPTER.step(ours['step']).number})")
-        else:
+        else:  # which step it runs is said once, over the table of steps
             cells.append(us(ours["ms"]))
         rival = [r for r in results.select(CHAPTER.step(4).series, **where) if r.get("clock") == "gpu"] \
             if where else []
@@ -1142,27 +1138,14 @@ def result_table(results, headline_rows) -> str:
     return "\n".join(host) + "\n\n" + "\n".join(gpu)
 
 
-def result_tables(results, headline_rows) -> tuple[str, str]:
-    """:func:`result_table` as the page shows it: open, the GPU-clock table (our ports of FastDeploy's kernels, the
-    rivals the result names); folded, HTML, the end-to-end table against the CPU loop, under a ``<details>``."""
-    host, gpu = result_table(results, headline_rows).split("\n\n**On the GPU clock**")
-    title, _, table = host.partition("\n\n")
-    final = CHAPTER.step(SYNCED_STEP)
-    other = []  # the steps the entry point runs where it is not the one timed end to end
-    for hd in headline_rows:
-        entry = entry_row(results, hd["where"]) or {}
-        if entry.get("step") and entry["step"] != final.series:
-            other.append(CHAPTER.step(entry["step"]).number)
-    other_step = " or ".join(str(n) for n in sorted(set(other)))
-    note = (f"`ngram_match` runs step {other_step} at {len(other)} of these cases" if other else "")
+def result_tables(results, headline_rows) -> tuple[str, str | None]:
+    """:func:`result_table` as the page shows it: the GPU-clock table (our port of FastDeploy's kernel, the rival the
+    result names), then, against the CPU loop, the separate run of ``ngram_match`` as a reader calls it
+    (:func:`entry_end_to_end_table`: its own CPU loop, every ratio within that run), as Markdown; None without it.
+    The benchmark's own end-to-end rows (step 12 bound once) stay off the page: one CPU-loop time per host."""
+    gpu = result_table(results, headline_rows).split("\n\n**On the GPU clock**")[1]
     entry = entry_end_to_end_table()
-    fold = fold_table(f"End to end, step {final.number} against the CPU loop it replaces (a call, then a sync)",
-                      table.strip(), (note + ("; a separate run times it, below." if entry else
-                                              "; its own end-to-end time is not measured.")) if note else "")
-    if entry:  # the public function as a reader calls it, in a run of its own, under the benchmark's table
-        intro, rows = entry
-        fold = fold.removesuffix("</details>") + f"<p>{_inline(intro)}</p>" + _html_table(rows) + "</details>"
-    return "**On the GPU clock**" + gpu, fold
+    return "**On the GPU clock**" + gpu, (None if entry is None else entry[0] + "\n\n" + entry[1])
 
 
 #: A separate run that times the public function as a reader calls it (``lab/ngram/entry_end_to_end.py``).
@@ -1188,21 +1171,18 @@ def entry_end_to_end(gpu: str = "nvidia-h200") -> dict[tuple, dict[str, dict]] |
 def entry_end_to_end_table(gpu: str = "nvidia-h200") -> tuple[str, str] | None:
     """(a sentence, a Markdown table): the separate run's times, end to end (a call, then a sync), per headline case: the CPU loop,
     ``ngram_match`` as a reader calls it (the step by shape, its inputs checked, its scratch allocated each call) and
-    that step bound once (``NgramMatcher``), with the CPU loop's time over each; None without the run's file."""
+    that step bound once (``NgramMatcher``), with the CPU loop's time over each, as the table prints the times; None
+    without the run's file."""
     rows = entry_end_to_end(gpu)
     if rows is None:
         return None
-    intro = ("A separate run, on another host (compare within this table: the CPU loop's time depends on the host): "
-             "`ngram_match` as a reader calls it, its checks and scratch included, and its step bound once "
-             "(`NgramMatcher`); µs a call, end to end, median of five repetitions.")
+    intro = ("**End to end against the CPU loop**, a call then a sync (µs, median of five repetitions), in a separate "
+             "run on another host, whose CPU gives the loop other times than the footnote above: `ngram_match` as a "
+             "reader calls it, checks and scratch included, and the step it picks bound once to the batch.")
     lines = ["| case | CPU loop | `ngram_match` | CPU loop ÷ `ngram_match` | the step bound once | CPU loop ÷ bound |",
              "|---|---|---|---|---|---|"]
-    worst = min(v["cpu_path"]["ms"] / v["ngram_match"]["ms"] for v in rows.values())
-    if worst < TIE[1]:  # where the eager call only ties the CPU loop (or loses), the page says what to do instead
-        intro += (f" Called eagerly, at {worst:.2f}× the CPU loop at its worst case, its checks and setup cost as much "
-                  "as the loop saves there: a decoding loop holds the matcher.")
     for case, v in rows.items():
-        cpu, entry, bound = (v[k]["ms"] * 1e3 for k in ("cpu_path", "ngram_match", "matcher"))
+        cpu, entry, bound = (round(v[k]["ms"] * 1e3, 1) for k in ("cpu_path", "ngram_match", "matcher"))  # as shown
         lines.append(f"| {shape_label((None, *case))} | {cpu:,.1f} | {entry:,.1f} | {cpu / entry:,.2f}× | {bound:,.1f} | "
                      f"{cpu / bound:,.2f}× |")
     return intro, "\n".join(lines)
