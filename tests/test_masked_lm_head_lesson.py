@@ -278,8 +278,8 @@ def _blocks(results) -> list[str]:
 
 
 def _chain_rows(results) -> list[list[str]]:
-    """The cells of the rows of the table of steps 0 to 7, each ``[step, change, µs, × previous, × floor]``: one case,
-    named once in the caption."""
+    """The cells of the rows of the table of steps 0 to 7, each ``[step, change, µs, × previous, × floor]``: one
+    case, named once in the caption."""
     caption, table, _ = _blocks(results)
     assert caption.startswith(f"**Steps 0 to 7 at one case: {lesson._case(lesson.MAIN_CASE)} allowed tokens** (µs, "
                               "GPU clock")
@@ -494,7 +494,7 @@ def test_the_result_table_gives_the_kernel_alone_and_the_whole_step_at_every_hea
             assert r[1:4] == ["–", "–", "–"], r
         whole, xgr = (results.select(s, **p)[0]["ms"] for s in (mlh.report.PLAN, mlh.report.XGRAMMAR))
         assert r[4:] == [lesson.table_us(whole), lesson.table_us(xgr), said(xgr, whole)], r
-    cell = next("".join(c["source"]) for c in _notebook_cells() if "lesson.result_table(results)" in "".join(c["source"]))
+    cell = next(t for c in _notebook_cells() if "lesson.result_table(results)" in (t := "".join(c["source"])))
     assert "at batch 1 only" in cell
 
 
@@ -674,12 +674,13 @@ def test_the_page_shows_the_two_steps_tables_unfolded():
     nb = _notebook_cells()
     cells = ["".join(c["source"]) for c in nb]
     source = "\n".join(cells)
-    assert source.count("lesson.main_steps_table(results)") == 1 and source.count("lesson.later_steps_table(results)") == 1
+    assert source.count("lesson.main_steps_table(results)") == 1
+    assert source.count("lesson.later_steps_table(results)") == 1
     assert "steps_shown" not in source and "tried_steps_table" not in source and "tried_note" not in source
     assert "boehm_table" not in source and "one_steps_table" not in source
     heads = [re.match(r"#+ Step (\d+)", c) for c in cells]
     assert [int(h.group(1)) for h in heads if h] == [n for n in lesson.MAIN_LINE if n != 13]
-    beyond = cells.index(next(c for c in cells if c.startswith("## Beyond the chain: steps 8 to 12, each at its own case")))
+    beyond = next(k for k, c in enumerate(cells) if c.startswith("## Beyond the chain: steps 8 to 12, each at its own"))
     integration = next(k for k, c in enumerate(cells) if c.startswith("## The integration (step 13)"))
     assert [int(h.group(1)) for h in heads[:beyond] if h] == list(lesson.CHAIN)
     assert all(cells[k].startswith("### ") for k, h in enumerate(heads) if h and k > beyond)

@@ -1397,7 +1397,8 @@ def compiled_gather_words() -> tuple[str, str]:
 #: step's listing shows it without the hook, and the step that adds it shows the hook as a diff (:func:`hook_diff`).
 HOOKS = {
     "dot_kn": (2, ((", wanted,\n", ",\n"),
-                   ("        if wanted is not None:  # step 2: only the columns that some sequence of the tile allows\n", ""),
+                   ("        if wanted is not None:  # step 2: only the columns that some sequence of the tile "
+                    "allows\n", ""),
                    ("            b_mask = b_mask & wanted[None, :]\n", "")),
                "step 2's hook, wanted, left out: step 2 adds it"),
     "one_wait_rows": (7, ((", EVICTION: tl.constexpr):", "):"), (", eviction_policy=EVICTION", "")),
