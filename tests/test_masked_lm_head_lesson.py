@@ -271,21 +271,36 @@ def _expected_base(number: int):
 
 
 def _blocks(results) -> list[str]:
-    """The table of steps' blocks: caption, legend line, table, rivals' sentence."""
+    """The blocks of the table of steps 0 to 7: caption, table, rivals' sentence."""
     blocks = lesson.main_steps_table(results).split("\n\n")
-    assert len(blocks) == 4, blocks
+    assert len(blocks) == 3, blocks
     return blocks
 
 
-def _all_rows(results) -> list[list[str]]:
-    """The cells of every row of the page's one table of steps, each ``[step, change, case, µs, × against, × floor]``."""
-    caption, legend, table, _ = _blocks(results)
-    assert caption.startswith("**The steps** (µs, GPU clock") and legend == lesson.STEPS_LEGEND
-    assert table.splitlines()[0] == lesson.STEPS_HEADER
-    assert lesson.STEPS_HEADER == "| step | the one change | case | µs | × against | × the card's floor |"
+def _chain_rows(results) -> list[list[str]]:
+    """The cells of the rows of the table of steps 0 to 7, each ``[step, change, µs, × previous, × floor]``: one
+    case, named once in the caption."""
+    caption, table, _ = _blocks(results)
+    assert caption.startswith(f"**Steps 0 to 7 at one case: {lesson._case(lesson.MAIN_CASE)} allowed tokens** (µs, "
+                              "GPU clock")
+    assert table.splitlines()[0] == lesson.CHAIN_HEADER
+    assert lesson.CHAIN_HEADER == "| step | the one change | µs | × previous | × the card's floor |"
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
-    assert all(len(r) == 6 for r in rows), rows
+    assert all(len(r) == 5 for r in rows), rows
     return rows
+
+
+def _all_rows(results) -> list[list[str]]:
+    """The cells of every row of the two tables of steps, each ``[step, change, case, µs, ×, × floor]`` (the rows of
+    steps 0 to 7 with their one case, which their table's caption names, put in)."""
+    caption, table = lesson.later_steps_table(results).split("\n\n")
+    assert caption.startswith("**Steps 8 to 13, each at the case its idea is about** (µs, GPU clock")
+    assert table.splitlines()[0] == lesson.LATER_HEADER
+    assert lesson.LATER_HEADER == "| step | the one change | case | µs | × the step it builds on | × its floor |"
+    later = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
+    assert all(len(r) == 6 for r in later), later
+    case = lesson._case(lesson.MAIN_CASE)
+    return [r[:2] + [case] + r[2:] for r in _chain_rows(results)] + later
 
 
 def _rows(results) -> list[list[str]]:
@@ -298,13 +313,15 @@ def _kept(results) -> dict[str, list[str]]:
     return {r[0]: r for r in _rows(results) if int(r[0]) not in lesson.TRIED}
 
 
-def test_the_steps_are_one_table_every_step_a_row_with_its_case():
-    """The page's one table of steps holds every step, in order, the tried ones marked "tried, not kept" in their
-    change: each timed row with its case named (steps 0 to 7 at the main case, each later one at its own), its time
-    there (read from the run here), a ratio against a named step (all rows but the first) and a time over the card's
-    floor there, one ratio, never under 1. Step 12, the entry point, is not timed at one case: its row says so."""
+def test_the_steps_are_two_tables_every_step_a_row_with_its_case():
+    """Two tables of steps hold every step once, in order, the tried ones marked "tried, not kept" in their change:
+    steps 0 to 7 all at the main case (named once, in the caption), steps 8 to 13 each at its own, named in its row;
+    each timed row with its time there (read from the run here), a ratio against a named step (all rows but the first
+    and step 13's, which starts from the bitmask) and a time over its floor there, one ratio, never under 1. Step 12,
+    the entry point, is not timed at one case: its row says so."""
     results = plotting.load_results("masked_lm_head")
     rows = _all_rows(results)
+    assert [int(r[0]) for r in _chain_rows(results)] == list(range(8))
     assert [int(r[0]) for r in rows] == sorted(lesson.MAIN_LINE + lesson.TRIED) == list(range(14))
     for r in rows:
         assert r[1].startswith(f"*{lesson.TRIED_MARK}*") == (int(r[0]) in lesson.TRIED), r
@@ -313,21 +330,21 @@ def test_the_steps_are_one_table_every_step_a_row_with_its_case():
         params = _params(int(r[0]))
         assert r[2] == lesson._case(params), r
         assert r[3].rstrip(lesson.CAPPED) == lesson.table_us(_ms_at(results, int(r[0]), params)["ms"]), r
-    assert rows[0][4] == "–"
-    assert all(re.match(r"\d+\.\d\d× ", r[4]) for r in rows[1:]), rows
+    assert rows[0][4] == "–" and rows[13][4] == lesson.STEP13_RATIO
+    assert all(re.match(r"\d+\.\d\d× ", r[4]) for r in rows[1:13]), rows
     by = {r[0]: r for r in rows}
     assert by["12"][3] == "–" and by["12"][5] == "–" and by["12"][1] == "the entry point: a dispatch by shape"
     assert "loses at" not in by["12"][4] and "Where we lose" not in by["12"][4]
     overs = [float(r[5].split("×")[0]) for r in _rows(results)]
-    # one ratio a cell, but step 13's: its bound of our design beside the card's floor
-    assert all(x >= 1.0 for x in overs) and all("(" not in r[5] for r in rows if r[0] != "13"), overs
+    # one ratio a cell (step 13's over our design's bound, which binds there)
+    assert all(x >= 1.0 for x in overs) and all("(" not in r[5] for r in rows), overs
 
 
 def test_a_tie_says_so_in_its_row():
     """A ratio from 0.97× to 1.03× as printed is a tie: its row says "tie" and why the step is kept (a tried step: why
     it is not)."""
     results = plotting.load_results("masked_lm_head")
-    for r in _all_rows(results)[1:]:
+    for r in _all_rows(results)[1:13]:
         x = float(r[4].split("×")[0])
         assert ("tie" in r[4]) == (0.97 <= x <= 1.03), r
         if "(tie" in r[4] and int(r[0]) in lesson.TRIED:
@@ -406,11 +423,11 @@ def _base_problems(results, rows: list[list[str]]) -> list[str]:
 
 
 def test_every_step_is_compared_with_a_named_base():
-    """Steps 0 to 7 are each compared with the kept step above (6 and 7 with 5), each later one with its base at its
-    own case (13 with its rival), the base named in the cell and its time given where its own row is at another case;
+    """Steps 0 to 7 are each compared with the kept step above (6 and 7 with 5), each later one but 13 with its base
+    at its own case, the base named in the cell and its time given where its own row is at another case;
     a tampered table breaks the rule (the check can fail)."""
     results = plotting.load_results("masked_lm_head")
-    rows = _rows(results)
+    rows = [r for r in _rows(results) if r[0] != "13"]  # step 13 starts from the bitmask: no step is its base
     assert _base_problems(results, rows) == []
     assert lesson.chain_base(results, 0) is None and lesson.chain_base(results, 5) == 4
     assert lesson.chain_base(results, 7) == 5
@@ -428,24 +445,22 @@ def test_every_step_is_compared_with_a_named_base():
     assert _base_problems(results, wrong)
 
 
-def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
-    """Step 13 starts from the grammar's packed bitmask (its copy and the union's build included), step 12 from the ids:
-    its row says its change is an integration, not a faster kernel, with no ratio against step 12 (one would read as a
-    regression); it is set against xgrammar's path, the rival with its contract, also said under the table with its
-    time; the result's table gives the headline's ratio. Step 13's parts are not rows of the table, nor their traced
-    times in its cell (its section gives them)."""
+def test_step_13s_row_has_no_ratio_and_the_result_sets_it_against_xgrammar():
+    """Step 13 starts from the grammar's packed bitmask (its copy and the union's build included), step 12 from the
+    ids: its row says it is the integration, with no ratio (one against step 12 would read as a regression, one
+    against a rival is the result's); no table of steps names xgrammar's path or its time; the result's table gives
+    the headline's ratio, and the kernel's."""
     results = plotting.load_results("masked_lm_head")
     params, base = lesson.STEP_CASES[13]
     assert base == mlh.report.XGRAMMAR and params == lesson.MAIN_CASE
     ours, theirs = (results.select(s, **params)[0]["ms"] for s in (mlh.report.PLAN, base))
     twelve = results.select("step12", layout="vd", **params)[0]["ms"]
     row = next(r for r in _rows(results) if r[0] == "13")
-    assert row[4] == f"{theirs / ours:.2f}× xgrammar's path ({lesson.table_us(theirs)} µs)"
+    assert row[4] == lesson.STEP13_RATIO and "result" in row[4] and "×" not in row[4]
     assert "xgrammar" not in row[1] and f"{twelve / ours:.2f}×" not in row[1] and "µs" not in row[1]
-    assert row[1].startswith("an integration, not a faster kernel: the whole step from the packed bitmask")
-    assert lesson.step_factor(results, 13) == pytest.approx(theirs / ours) and theirs / ours > 1
-    said = _blocks(results)[-1]
-    assert f"xgrammar's path (step 13's contract), {theirs * 1e3:.1f} µs" in said
+    assert row[1].startswith("the integration: the whole step from the packed bitmask")
+    tables = lesson.main_steps_table(results) + lesson.later_steps_table(results)
+    assert "xgrammar" not in tables and f"{theirs * 1e3:.1f}" not in tables and f"{theirs / ours:.2f}×" not in tables
     assert not any(r[0].startswith("13") and r[0] != "13" for r in _all_rows(results))
     first = lesson.result_table(results).splitlines()[2].split("|")
     assert first[7].strip() == f"**{lesson.prose_numbers(results)['mlh_plan_vs_xgr_b1']}** faster"
@@ -453,33 +468,44 @@ def test_step_13_is_compared_with_its_contracts_rival_not_the_row_above():
 
 
 def test_the_result_table_gives_the_kernel_alone_and_the_whole_step_at_every_headline_point():
-    """One row per headline point: step 12 against its strongest rival timed there (torch.compile's fused gather at
-    batch 1, both times from the committed lab run; elsewhere "torch.compile not timed" and the fastest rival given
-    the ids, the ratio marked as against a weaker rival), step 13 against xgrammar's path, each ratio computed here by
-    hand (a tie within TIE, a loss said as slower). Those rivals are graph-replayed, not launched eagerly: the header
-    does not call them eager."""
+    """One row per headline point: step 13 against xgrammar's path at each; step 12 against its strongest rival,
+    torch.compile's fused gather, where the committed lab run timed it (batch 1, both times from that run), and no
+    kernel cells elsewhere (no weaker rival stands in); each ratio computed here by hand (a tie within TIE, a loss said
+    as slower). Those rivals are graph-replayed, not launched eagerly: the header does not call them eager."""
     results = plotting.load_results("masked_lm_head")
-    header, _, *lines = lesson.result_table(results).splitlines()
-    assert "eager" not in header
+    table = lesson.result_table(results)
+    header, _, *lines = table.splitlines()
+    assert "eager" not in header and "not timed" not in table and "weaker" not in table
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lines]
     assert [int(r[0]) for r in rows] == [b for b, _, _ in lesson.HEADLINE_POINTS]
     compiled = lesson.compiled_gather_times("compiled_gather")
+
+    def said(theirs, ours):
+        x = theirs / ours
+        return (f"**{x:.2f}×** faster" if x > 1 + lesson.TIE else "a tie" if lesson.tied(theirs, ours)
+                else f"{1 / x:.2f}× slower")
+
     for r, (batch, kind, allowed) in zip(rows, lesson.HEADLINE_POINTS):
         p = dict(batch=batch, kind=kind, allowed=allowed)
         if batch == 1:
             mine, rival = compiled[allowed]
-            assert r[2].startswith("`torch.compile`'s fused gather, ") and r[1] == lesson.table_us(mine), r
+            assert r[1:4] == [lesson.table_us(mine), lesson.table_us(rival), said(rival, mine)], r
         else:
-            mine = results.select("step12", layout="vd", **p)[0]["ms"]
-            rival = min(results.select(s, **p)[0]["ms"] for s in lesson.KERNEL_RIVALS if results.select(s, **p))
-            assert r[2].startswith("`torch.compile` not timed; "), r
-        x = rival / mine
-        weaker = "" if batch == 1 else " (weaker rival)"
-        assert lesson.WEAKER_MARK == " (weaker rival)"
-        assert r[3] == (f"**{x:.2f}×** faster" if x > 1 + lesson.TIE else "a tie" if lesson.tied(rival, mine)
-                        else f"{1 / x:.2f}× slower") + weaker, r
-        assert r[2].endswith(f", {rival * 1e3:.1f}") or r[2].endswith(f", {rival * 1e3:,.1f}") \
-            or r[2].endswith(f", {lesson.table_us(rival)}"), r
+            assert r[1:4] == ["–", "–", "–"], r
+        whole, xgr = (results.select(s, **p)[0]["ms"] for s in (mlh.report.PLAN, mlh.report.XGRAMMAR))
+        assert r[4:] == [lesson.table_us(whole), lesson.table_us(xgr), said(xgr, whole)], r
+    cell = next(t for c in _notebook_cells() if "lesson.result_table(results)" in (t := "".join(c["source"])))
+    assert "at batch 1 only" in cell
+
+
+def test_the_result_says_what_of_the_whole_steps_lead_any_gather_would_get():
+    """The result says that most of the whole step's lead is not computing the other logits, which any gather from the
+    same bitmask skips too, and that no such path was timed (no number made up for it)."""
+    cell = next("".join(c["source"]) for c in _notebook_cells() if c.get("id") == "cell-40-lead")
+    text = " ".join(cell.split())
+    assert "any gather from the same bitmask would skip too" in text and "was timed" not in text.replace(
+        "No such path (the bitmask's copy, the union's ids, then a gather) was timed", "")
+    assert "is not measured" in text and "{mlh.VOCAB - 1000:,}" in text
 
 
 def test_the_dense_rival_at_batch_1_is_cublas_fp32():
@@ -490,7 +516,7 @@ def test_the_dense_rival_at_batch_1_is_cublas_fp32():
     params = lesson.MAIN_CASE
     fp32 = results.select("cublas_fp32_mask", layout="vd", **params)[0]["ms"]
     index = results.select("index_select", **params)[0]["ms"]
-    assert said.startswith(f"Rivals at {lesson._case(params)}: cuBLAS's fp32 logits") and "bf16" not in said
+    assert said.startswith("Rivals at that case: cuBLAS's fp32 logits") and "bf16" not in said
     assert f", {fp32 * 1e3:.1f} µs (" in said and f"`index_select` + matmul, given the ids, {index * 1e3:.1f} µs" in said
     step0 = results.select("step00", layout="vd", **params)[0]["ms"]
     assert lesson.prose_numbers(results)["mlh_step00_vs_fp32"] == f"{fp32 / step0 - 1:.0%} faster"
@@ -564,9 +590,9 @@ def test_capped_rows_carry_the_mark_and_no_other_does():
 
 def test_the_steps_table_gives_each_row_the_cards_floor():
     """Each row's "× the card's floor" is its time over the card's floor at its case (its union there: the bytes, or
-    the empty kernel), step 13's and the tried steps' included (step 13's our design's bound beside it)."""
+    the empty kernel), the tried steps' included; step 13's is over our design's bound (the next test)."""
     results = plotting.load_results("masked_lm_head")
-    for cells in _rows(results):
+    for cells in (r for r in _rows(results) if r[0] != "13"):
         params = _params(int(cells[0]))
         row = _ms_at(results, int(cells[0]), params)
         floor = lesson.floor_ms(results, params["batch"], row.get("union", params["allowed"]))
@@ -574,10 +600,10 @@ def test_the_steps_table_gives_each_row_the_cards_floor():
 
 
 def test_step13s_bound_is_ours_and_is_said_above_the_table():
-    """Step 13 starts from the bitmask in host memory. Its "× the card's floor" is over the card's floor (its bytes);
-    our design's bound, the bitmask's copy, timed alone in the card's tails run (read here from the raw file), then two
-    kernels at the card's empty kernel, as the scoreboard's latency floor for the same row, is said above the table,
-    named as ours, with step 13's ratio to it."""
+    """Step 13 starts from the bitmask in host memory. Its floor is our design's bound, the bitmask's copy, timed alone
+    in the card's tails run (read here from the raw file), then two kernels at the card's empty kernel, as the
+    scoreboard's latency floor for the same row: said above the tables, named as ours, and step 13's row gives its
+    ratio to it alone (the card's byte floor, which does not bind there, is not on the page)."""
     from book import common
     from book.scoreboard import BITMASK_COPY
     from studylog.plotting import load_results
@@ -592,13 +618,12 @@ def test_step13s_bound_is_ours_and_is_said_above_the_table():
     card = lesson.floor_ms(results, 1, step["union"])
     assert card < bound
     (thirteen,) = [r for r in _rows(results) if r[0] == "13"]
-    # the card's floor, then the bound that binds, our design's, in the same cell
-    assert thirteen[5] == f"{step['ms'] / card:.1f}× ({step['ms'] / bound:.1f}× our design's bound)"
+    assert thirteen[5] == f"{step['ms'] / bound:.1f}× our design's bound"
+    assert f"{step['ms'] / card:.1f}×" not in lesson.later_steps_table(results)
     assert all("bitmask" not in r[5] and "design" not in r[5] for r in _rows(results) if r[0] != "13")
     said = next("".join(c["source"]) for c in _notebook_cells() if "lesson.main_steps_table(results)"
                 in "".join(c["source"]))
-    assert "lesson.host_floor_ms(results)" in said and "our design's own bound**, not the card's" in said
-    assert "{plan_ms / design:.1f}× it" in said
+    assert "lesson.host_floor_ms(results)" in said and "its floor is **our design's own " in said
 
 
 def test_the_tried_steps_are_said_once_before_any_heading_skips_them():
@@ -616,7 +641,8 @@ def test_the_tried_steps_are_said_once_before_any_heading_skips_them():
     source = "\n".join(texts)
     assert source.count("were tried") == 1 and "Missing numbers" not in source
     assert "Missing numbers" not in lesson.main_steps_table(results)
-    heads = [int(m.group(1)) for t in texts if (m := re.match(r"#+ Step (\d+)", t))]
+    heads = [int(m.group(1) or m.group(2)) for t in texts
+             if (m := re.match(r"#+ (?:Step (\d+)|The integration \(step (\d+)\))", t))]
     assert sorted(set(range(14)) - set(heads)) == list(lesson.TRIED)
     note = lesson.steps_note(results)
     key = lesson.page_capped_key(results)
@@ -639,35 +665,59 @@ def test_dense_mask_two_speeds_are_said_and_cublas_fp32_quoted_instead():
         assert two["fast_ms"] < two["slow_ms"]
 
 
-def test_the_page_shows_one_steps_table_unfolded():
-    """The page shows the table of steps once, under the steps, unfolded, every step in it (one call); what the tried
-    steps changed is said once, folded, after it, with no table of their own. The tried steps have no section, the
-    kept ones each have one, in order: steps 0 to 5 and 7, then steps 8 to 13 in a section of their own, *Beyond the
-    chain*, whose first cell is prose (no heading follows a heading at once)."""
+def test_the_page_shows_the_two_steps_tables_unfolded():
+    """The page shows each table of steps once, under the steps, unfolded, one after the other (one call each); what
+    the tried steps changed is said once, folded, after them, with no table of their own. The tried steps have no
+    section, the kept ones each have one, in order: steps 0 to 5 and 7, then steps 8 to 12 in a section of their own,
+    *Beyond the chain*, whose first cell is prose (no heading follows a heading at once), then the integration, step
+    13, a section of its own."""
     nb = _notebook_cells()
     cells = ["".join(c["source"]) for c in nb]
     source = "\n".join(cells)
-    assert source.count("lesson.main_steps_table(results)") == 1 and "own_case_table" not in source
+    assert source.count("lesson.main_steps_table(results)") == 1
+    assert source.count("lesson.later_steps_table(results)") == 1
     assert "steps_shown" not in source and "tried_steps_table" not in source and "tried_note" not in source
     assert "boehm_table" not in source and "one_steps_table" not in source
     heads = [re.match(r"#+ Step (\d+)", c) for c in cells]
-    assert [int(h.group(1)) for h in heads if h] == list(lesson.MAIN_LINE)
-    beyond = cells.index(next(c for c in cells if c.startswith("## Beyond the chain: steps 8 to 13, each at its own case")))
+    assert [int(h.group(1)) for h in heads if h] == [n for n in lesson.MAIN_LINE if n != 13]
+    beyond = next(k for k, c in enumerate(cells) if c.startswith("## Beyond the chain: steps 8 to 12, each at its own"))
+    integration = next(k for k, c in enumerate(cells) if c.startswith("## The integration (step 13)"))
     assert [int(h.group(1)) for h in heads[:beyond] if h] == list(lesson.CHAIN)
     assert all(cells[k].startswith("### ") for k, h in enumerate(heads) if h and k > beyond)
     assert cells[beyond].count("\n\n") >= 1 and not cells[beyond + 1].startswith("## ")
     assert any(re.match(r"## Step 3: .*a tie here; kept as the dense path", c) for c in cells)
     assert any(c.startswith("## Step 7: ") and "(a tie; kept for steps 8 and 13)" in c.splitlines()[0] for c in cells)
     table = next(k for k, c in enumerate(cells) if "lesson.main_steps_table(results)" in c)
-    assert beyond < table and "hide-output" not in nb[table]["metadata"]["tags"]
-    assert "display(Markdown(steps))" in cells[table]
+    assert beyond < integration < table and "hide-output" not in nb[table]["metadata"]["tags"]
+    assert "display(Markdown(steps))" in cells[table] and "display(Markdown(later))" in cells[table]
+    assert cells[table].index("display(Markdown(steps))") < cells[table].index("display(Markdown(later))")
     for k, c in enumerate(cells):
         if nb[k]["cell_type"] == "markdown" and c.startswith("#") and "\n\n" not in c.strip():
             assert not cells[k + 1].startswith("#"), c
     tried = next(k for k, c in enumerate(cells) if all(f"**Step {n}**" in c for n in lesson.TRIED))
     assert tried > table and "hide-output" in nb[tried]["metadata"]["tags"]
     assert nb[tried]["metadata"]["mystnb"]["code_prompt_show"] == "Show what steps 6, 9 and 11 tried"
-    assert "<details>" not in lesson.main_steps_table(plotting.load_results("masked_lm_head"))
+    results = plotting.load_results("masked_lm_head")
+    assert "<details>" not in lesson.main_steps_table(results) + lesson.later_steps_table(results)
+
+
+def test_each_ratio_of_the_chain_table_is_the_ratio_of_its_printed_times():
+    """In the table of steps 0 to 7 (one case) each "× previous" is the named step's printed time over the row's, to
+    the rounding of the printed times; a tampered ratio fails."""
+    results = plotting.load_results("masked_lm_head")
+
+    def problems(rows):
+        times = {r[0]: float(r[2].rstrip(lesson.CAPPED).replace(",", "")) for r in rows}
+        out = []
+        for r in rows[1:]:
+            m = re.match(r"(\d+\.\d\d)× step (\d+)", r[3])
+            if not m or abs(float(m.group(1)) - times[m.group(2)] / times[r[0]]) > 0.01 * float(m.group(1)) + 0.005:
+                out.append(r)
+        return out
+
+    rows = _chain_rows(results)
+    assert problems(rows) == []
+    assert problems([r[:3] + ["9.99× step 4"] + r[4:] if r[0] == "5" else r for r in rows])
 
 
 def test_step_13s_parts_are_traced_in_its_section_not_in_the_table():
@@ -704,7 +754,7 @@ def test_the_kernel_alone_leads_with_its_strongest_rival_the_compiled_gather():
     cell = next(c for c in cells if "{compiled_words}" in c)
     assert "{compiled_lead} as a kernel, given the ids**" in cell and "lesson.compiled_gather_words()" in cell
     # the index_select pair is graph-replayed: unfused, not "eager" (that word is for host time)
-    assert "unfused (two launches)" in cell and "eagerly is" not in cell
+    assert "unfused (two launches)" in cell.lower() and "eagerly is" not in cell
     source = "\n".join(cells)
     assert "What it buys" not in source and source.count("{bound['3B']:.2f}×") == 1  # said once, in Why it matters
     lead = next(c for c in cells if "The lead shrinks with batch" in c)  # the chapter's first numbers say it too
@@ -951,28 +1001,32 @@ def test_plan_parts_give_each_part_its_own_time():
         assert committed["span"] <= committed["period"]
 
 
-def test_step_13s_section_names_its_one_idea_and_times_each_part():
-    """Step 13's section opens saying plainly it is an integration, not a faster kernel (what lets one CUDA graph
-    replay the product path, from the bitmask to the logits) and names its three parts, each with its cost, and there, not in a later section, gives the step's own time (the benchmark's),
-    its parts' traced times (the copy, the count zeroed, the union kernel, the row kernel) in the traced call's table,
-    and the idle rest of the period between calls in words."""
+def _integration() -> tuple[list[dict], int, int]:
     cells = _notebook_cells()
-    start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("### Step 13"))
+    start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## The integration (step 13)"))
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
+    return cells, start, end
+
+
+def test_step_13s_section_names_its_one_idea_and_times_each_part():
+    """The integration's section (step 13) says plainly it is no faster kernel but what lets one CUDA graph replay the
+    whole step from the bitmask, and there, not in a later section, gives the step's own time (the benchmark's), its
+    parts' traced times (the copy, the union, the row kernel) and the idle rest of the period between calls in words,
+    the traced call's table folded."""
+    cells, start, end = _integration()
     section = ["".join(c["source"]) for c in cells[start:end]]
-    opening = section[0].split("\n\n")[1]
-    assert opening.startswith("Step 13 is an integration, not a faster kernel: what lets one CUDA graph replay the "
-                              "product path")
-    assert "packed bitmask to the logits" in opening.split(". ")[0] and "Three parts" in opening
-    assert "Each part's cost in the trace" in "\n".join(section[1:])
+    opening = " ".join(section[0].split("\n\n")[1].split())
+    assert "Step 13 is no faster kernel but the plumbing that lets one CUDA graph replay the whole step" in opening
     code = "\n".join(section[1:])
+    assert "A run of its own traced them: the copy" in code
     assert "lesson.plan_parts(trace)" in code
-    for key in ("idle", "period"):
+    for key in ("copy", "row_kernel", "idle", "period"):
         assert f"part['{key}']" in code, key
     assert "lesson.plan_timeline_table(trace)" in code and "N['mlh_plan_1000']" in code
     # the step's time and the trace are two runs: the section names each once, and says what the step's time holds
-    assert "the benchmark does not time them apart" in code and "A run of its own traced them" in code
-    assert "of the traced run, not the benchmark" in code
+    assert "the benchmark does not time its parts apart" in code and "of the traced run, not the benchmark" in code
+    traced = next(c for c in cells[start:end] if "lesson.plan_timeline_table(trace)" in "".join(c["source"]))
+    assert "hide-output" in traced["metadata"]["tags"]
     rest = "\n".join("".join(c["source"]) for k, c in enumerate(cells) if not start <= k < end)
     assert "plan_timeline_table" not in rest and "plan_parts" not in rest
 
@@ -1180,28 +1234,59 @@ def test_exercise_4_is_a_tile_the_reader_sets_with_a_check(capsys):
     assert "(the default: change a field)" in capsys.readouterr().out
 
 
-def test_step_13_is_one_idea_whose_change_has_three_parts_and_one_table_of_their_times():
-    """Step 13 is one idea, the path made capturable in one CUDA graph, in one section: its change's three parts (the
-    copy, the union built on the device, step 7's kernel reading the count) are run-in heads, not sections nor
-    numbered sub-steps, each followed by its code; one table after them gives their traced times."""
-    cells = _notebook_cells()
-    start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("### Step 13"))
-    end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
+def test_the_integration_is_prose_with_one_short_diff_and_its_trace_folded():
+    """Step 13, the integration, is one section: prose, then one listing, the diff from step 7's kernel (at most about
+    40 changed lines), open; no other listing (the plan's call, the union's kernel: exercise 2 asks for the union), no
+    numbered sub-steps; the traced call's table after it, folded."""
+    from book.common import changed_lines
+
+    cells, start, end = _integration()
     text = ["".join(c["source"]) for c in cells[start:end]]
-    assert text[0].startswith("### Step 13: make the path capturable in one CUDA graph")
-    assert not any("### " in t for t in text[1:]) and not any(re.search(r"13[abc]", t) for t in text)
-    runs = ("**The bitmask into a buffer the graph reads.**", "**The union's ids built on the device.**",
-            "**Step 7's kernel reading the count from memory.**")
-    heads = [next(k for k, t in enumerate(text) if run in t) for run in runs]
-    assert heads == sorted(heads)
-    shown = ("function_listing(mlh.step13_plan", "show_source(union_ids", "step_diff(CHAPTER, 7, 13)")
-    for k, code in zip(heads, shown):
-        assert code in text[k + 1], (k, code)
+    assert text[0].startswith("## The integration (step 13): from the bitmask, in one CUDA graph")
+    assert not any("### " in t for t in text) and not any(re.search(r"13[abc]", t) for t in text)
+    listings = [k for k, t in enumerate(text) if re.search(r"show_source|step_diff|function_diff|listing", t)]
+    assert len(listings) == 1 and "step_diff(CHAPTER, 7, 13)" in text[listings[0]]
+    assert "hide-output" not in cells[start + listings[0]]["metadata"].get("tags", [])
+    assert 0 < changed_lines(mlh.CHAPTER.show_diff(7, 13)) <= 40
+    assert "union_ids_kernel" not in "\n".join(text) and "step13_plan" not in "\n".join(text)
     table = next(k for k, t in enumerate(text) if "lesson.plan_timeline_table(trace)" in t)
-    assert table > heads[-1] + 1
+    assert table > listings[0]
     rows = lesson.plan_timeline_table(_trace()).splitlines()[2:5]
     assert [r.split("|")[1].strip() for r in rows] == ["the bitmask to the device", "the union from the bitmask",
                                                          "the bucket's graph"]
+
+
+def test_a_listing_of_an_early_step_leaves_out_a_later_steps_hook():
+    """The library keeps one function for every step; step 0's listing of ``dot_kn`` leaves out step 2's ``wanted``
+    and step 5's of ``one_wait_rows`` step 7's ``EVICTION``, each title saying so; the step that adds a hook shows it
+    as a diff that adds exactly those lines, and a hook no longer found raises instead of showing it."""
+    from studylog.masked_lm_head.compact import one_wait_rows
+    from studylog.masked_lm_head.dense import dot_kn
+
+    for fn, name, word, step in ((dot_kn, "dot_kn", "wanted", 2), (one_wait_rows, "one_wait_rows", "EVICTION", 7)):
+        shown = lesson.listing_without_hooks(fn, name, name)
+        assert word not in shown.text and "left out" in shown.title and f"step {step}'s hook" in shown.title
+        diff = lesson.hook_diff(fn, name)
+        added = [ln for ln in diff.lines[2:] if ln.startswith("+")]
+        assert added and all(word in ln for ln in added), added
+        assert 0 < changed_lines_of(diff) <= 6
+    with pytest.raises(ValueError):
+        lesson.without_hooks(dot_rows_fn(), "dot_kn")
+    cells = {c["id"]: "".join(c["source"]) for c in _notebook_cells()}
+    assert 'lesson.listing_without_hooks(dot_kn, "dot_kn"' in cells["cell-05"]
+    assert 'lesson.hook_diff(dot_kn, "dot_kn")' in cells["cell-11"]
+    assert 'lesson.listing_without_hooks(one_wait_rows, "one_wait_rows"' in cells["cell-step05-1"]
+    assert 'lesson.hook_diff(one_wait_rows, "one_wait_rows")' in cells["cell-step07-1"]
+
+
+def changed_lines_of(diff) -> int:
+    return sum(1 for ln in diff.lines[2:] if ln[:1] in "+-")
+
+
+def dot_rows_fn():
+    from studylog.masked_lm_head.dense import dot_rows
+
+    return dot_rows
 
 
 def test_the_result_says_chapter_07_runs_the_kernels_eagerly():

@@ -27,11 +27,13 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "MAIN_CASE",
-           "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "WEAKER_MARK", "loss_us", "main_steps_table", "step_base", "TRIED_MARK",
+           "MAIN_LINE", "TRIED", "CHANGES", "MAIN_RIVALS", "loss_us", "main_steps_table", "step_base", "TRIED_MARK",
            "own_case_steps", "steps_note", "table_us", "chain_base", "PARTS", "bitmask_copy_ms", "OWN_STEPS",
            "CHANGES_FROM_HOST", "rows_sweep_us",
-           "result_table", "KERNEL_RIVALS", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
-           "paid_words", "rotation", "counts_words", "STEPS_LEGEND", "HEADLINE_POINTS",
+           "result_table", "inline_html", "step_factor", "step_factor_at", "step_floor_ms",
+           "paid_words", "rotation", "counts_words", "CHAIN_HEADER", "LATER_HEADER", "STEP13_RATIO",
+           "later_steps_table", "HOOKS", "without_hooks", "listing_without_hooks",
+           "hook_diff", "HEADLINE_POINTS",
            "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "loss_account", "plan_timeline", "plan_parts", "plan_timeline_table", "mean_period",
            "TIMELINE_PARTS", "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied",
@@ -803,8 +805,7 @@ PARTS = (("the copy", "the packed bitmask copied, without waiting, into a device
 #: 5 and is kept: steps 8 and 13 build on it, the dispatch runs it at batch 1); step 6, tried, sits among them.
 CHAIN = (0, 1, 2, 3, 4, 5, 7)
 #: Step 13's "one change" cell: an integration, not a faster kernel; its three parts are traced in its section.
-CHANGES_FROM_HOST = ("an integration, not a faster kernel: the whole step from the packed bitmask in one CUDA graph "
-                     "(the copy, the union, the row kernel, timed together)")
+CHANGES_FROM_HOST = "the integration: the whole step from the packed bitmask, in one CUDA graph"
 #: The rivals' names in the table's "× against" cells.
 HEADLINE_RIVAL_WORDS = {"index_select": "`index_select` + matmul", XGRAMMAR: "xgrammar's path"}
 #: The kept steps after the chain, each at its own case (:data:`STEP_CASES`); step 12, the entry point, over every
@@ -818,11 +819,12 @@ KEPT_FOR = {3: "kept as the dense path of large batches", 7: "kept: steps 8 and 
 #: The kernels step 12 chooses from: a compacted one (steps 7, 8, 10) and a dense one (step 3's, or cuBLAS with fp32
 #: output and ``masked_fill``).
 DISPATCH_KERNELS = ("step07", "step08", "step10", "step03", "cublas_fp32_mask")
-#: The table's header (:func:`main_steps_table`).
-STEPS_HEADER = "| step | the one change | case | µs | × against | × the card's floor |"
-#: The line under the table's caption: why the cases differ.
-STEPS_LEGEND = ("Steps 0 to 7 share one case and read down the table; each later step is timed at the case its idea "
-                "is about, against the step it builds on there (that step's time in brackets).")
+#: The header of the table of steps 0 to 7, all at :data:`MAIN_CASE` (:func:`main_steps_table`).
+CHAIN_HEADER = "| step | the one change | µs | × previous | × the card's floor |"
+#: The header of the table of steps 8 to 13, each at its own case (:func:`later_steps_table`).
+LATER_HEADER = "| step | the one change | case | µs | × the step it builds on | × its floor |"
+#: Step 13's "×" cell: no step before it starts from the bitmask; the result sets it against xgrammar's path.
+STEP13_RATIO = "– (it starts from the bitmask: see the result)"
 
 
 def tie_mark(ratio: float) -> str:
@@ -861,23 +863,72 @@ def step_base(results, number: int) -> tuple[dict, int | str | None]:
     return STEP_CASES[number]
 
 
+def _step_ratio(results, number: int, params: dict, base) -> str:
+    """Step ``number``'s "×" cell at ``params``: its base's time over its own, the base named (a step at another case
+    than the main one with its time in brackets), a tie said with why the step is kept (:data:`KEPT_FOR`), step 6's
+    and step 11's extra words; ``–`` without a base."""
+    row = _row(results, step_series(number), **params)
+    if base is None:
+        return "–"
+    reference = _row(results, _base_series(base), **params)
+    name = HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
+    if reference is None:
+        return f"{PENDING} {name}"
+    at = "" if params == MAIN_CASE and not isinstance(base, str) else \
+        f" ({table_us(reference['ms'])} µs{capped(reference)})"
+    ratio = _tie_why(f"{_vs(row, reference)} {name}{at}", tie_mark(reference["ms"] / row["ms"]), number)
+    if number == 6:  # a tie at its case: why it is not kept, from the run
+        one = step_factor_at(results, 6, dict(params, allowed=1))
+        why = f"{_pct(1 / one - 1)} slower at 1 allowed" if one and one < 1 else ""
+        ratio = (ratio[:-1] + f"; not kept: {why})" if ratio.endswith("(tie)") else f"{ratio}; {why}") if why \
+            else ratio
+    if number == 11:
+        seven = _row(results, step_series(7), **params)
+        ratio += f"; step 7 is {row['ms'] / seven['ms']:.2f}× as fast on this mask" if seven else ""
+    return ratio
+
+
+def _change_cell(number: int) -> str:
+    change = CHANGES_FROM_HOST if number == 13 else CHANGES[number]
+    return f"*{TRIED_MARK}* {change}" if number in TRIED else change
+
+
 def main_steps_table(results) -> str:
-    """The page's one table of steps, Markdown, under its bold caption and the legend line (:data:`STEPS_LEGEND`),
-    then the rivals' sentence; blocks separated by blank lines. Every step is a row, in order: the kept ones and the
-    tried ones (:data:`TRIED`, their change marked :data:`TRIED_MARK`), each with its case named, its time there, its
-    ratio against a named step or rival (:func:`step_base`; the base's time given where its own row is at another
-    case) and its time over the card's floor there. A tie says so and why the step is kept (:data:`KEPT_FOR`); step
-    12, the entry point, is one row over every case, against the fastest kernel it chooses from at each
-    (:func:`dispatch_range`); step 11, which beats the step it modifies, says how much faster step 7 is on its mask.
-    The rivals at :data:`MAIN_CASE` (:data:`MAIN_RIVALS`, then xgrammar's path) follow in a sentence. A time whose
-    rotation was capped carries :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the
-    page's threshold."""
-    lines = ["**The steps** (µs, GPU clock, the [V, D] head)", "", STEPS_LEGEND, "", STEPS_HEADER,
+    """The page's table of steps 0 to 7 (:data:`CHAIN`, step 6 tried among them), all at one case,
+    :data:`MAIN_CASE`, said once in the caption: Markdown, the bold caption, the table, then the rivals at that case
+    in a sentence (:data:`MAIN_RIVALS`), blocks separated by blank lines. Each row gives its time, its ratio to the
+    kept step above it (:func:`chain_base`; step 6 and step 7 against step 5) and its time over the card's floor at
+    that case. A tie says so and why the step is kept (:data:`KEPT_FOR`); a time whose rotation was capped carries
+    :data:`CAPPED`; a ratio is flagged where either side's repetitions spread past the page's threshold. Steps 8 to 13,
+    each at its own case, are :func:`later_steps_table`."""
+    lines = [f"**Steps 0 to 7 at one case: {_case(MAIN_CASE)} allowed tokens** (µs, GPU clock, the [V, D] head)", "",
+             CHAIN_HEADER, "|---|---|---|---|---|"]
+    for number in sorted(CHAIN + (6,)):
+        params, base = step_base(results, number)
+        row = _row(results, step_series(number), **params)
+        if row is None:
+            continue
+        lines.append(f"| {number} | {_change_cell(number)} | {table_us(row['ms'])}{capped(row)} | "
+                     f"{_step_ratio(results, number, params, base)} | {_over_floor(results, row, params)} |")
+    rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
+    if rivals:
+        lines += ["", "Rivals at that case: " + "; ".join(
+            f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
+            for words, row in rivals) + "."]
+    return "\n".join(lines)
+
+
+def later_steps_table(results) -> str:
+    """The page's table of steps 8 to 13 (:data:`OWN_STEPS`, steps 9 and 11 tried among them), each at the case its
+    idea is about (:data:`STEP_CASES`): Markdown, the bold caption, then the table. Each row names its case, its time
+    there, its ratio to the step it builds on at that case (that step's time in brackets) and its time over its
+    floor there: the card's (:func:`step_floor_ms`), but step 13's, our design's bound (:func:`host_floor_ms`: the
+    bitmask's copy, then two empty kernels), which binds there. Step 12, the entry point, is one row over every case,
+    against the fastest kernel it chooses from at each (:func:`dispatch_range`). Step 13 starts from the bitmask, a
+    contract no step before it has: its row has no ratio (the result sets it against xgrammar's path)."""
+    lines = ["**Steps 8 to 13, each at the case its idea is about** (µs, GPU clock)", "", LATER_HEADER,
              "|---|---|---|---|---|---|"]
-    for number in sorted(MAIN_LINE + TRIED):
-        change = CHANGES_FROM_HOST if number == 13 else CHANGES[number]
-        if number in TRIED:
-            change = f"*{TRIED_MARK}* {change}"
+    for number in sorted(OWN_STEPS + (9, 11)):
         if number == 12:
             rng = dispatch_range(results)
             if rng is None:
@@ -886,40 +937,18 @@ def main_steps_table(results) -> str:
             ratio = _tie_why(f"{rng['worst']:.2f}× to {rng['best']:.2f}× the fastest kernel it chooses from", tie, 12)
             lines.append(f"| 12 | the entry point: a dispatch by shape | all {rng['cases']} cases | – | {ratio} | – |")
             continue
-        params, base = step_base(results, number)
+        params, base = STEP_CASES[number]
         row = _row(results, step_series(number), **params)
         if row is None:
             continue
-        ratio = "–"
-        if base is not None:
-            reference = _row(results, _base_series(base), **params)
-            name = HEADLINE_RIVAL_WORDS[base] if isinstance(base, str) else f"step {base}"
-            if reference is None:
-                ratio = f"{PENDING} {name}"
-            else:
-                at = "" if params == MAIN_CASE and not isinstance(base, str) else \
-                    f" ({table_us(reference['ms'])} µs{capped(reference)})"
-                ratio = _tie_why(f"{_vs(row, reference)} {name}{at}", tie_mark(reference["ms"] / row["ms"]), number)
-        if number == 6:  # a tie at its case: why it is not kept, from the run
-            one = step_factor_at(results, 6, dict(params, allowed=1))
-            why = f"{_pct(1 / one - 1)} slower at 1 allowed" if one and one < 1 else ""
-            ratio = (ratio[:-1] + f"; not kept: {why})" if ratio.endswith("(tie)") else f"{ratio}; {why}") if why \
-                else ratio
-        if number == 11:
-            seven = _row(results, step_series(7), **params)
-            ratio += f"; step 7 is {row['ms'] / seven['ms']:.2f}× as fast on this mask" if seven else ""
-        bound = host_floor_ms(results) if number in FROM_HOST else None  # its binding bound: our design's
-        lines.append(f"| {number} | {change} | {_case(params)} | {table_us(row['ms'])}{capped(row)} | {ratio} | "
-                     f"{_over_floor(results, row, params)}"
-                     + (f" ({row['ms'] / bound:.1f}× our design's bound)" if bound else "") + " |")
-    rivals = [(words, row) for series, words in MAIN_RIVALS if (row := _row(results, series, **MAIN_CASE)) is not None]
-    xgr = _row(results, XGRAMMAR, **MAIN_CASE)
-    if xgr is not None:
-        rivals.append(("xgrammar's path (step 13's contract)", xgr))
-    if rivals:
-        lines += ["", f"Rivals at {_case(MAIN_CASE)}: " + "; ".join(
-            f"{words}, {table_us(row['ms'])} µs{capped(row)} ({_over_floor(results, row, MAIN_CASE)} floor)"
-            for words, row in rivals) + "."]
+        if number in FROM_HOST:
+            bound = host_floor_ms(results)
+            ratio = STEP13_RATIO
+            over = f"{row['ms'] / bound:.1f}× our design's bound" if bound else _over_floor(results, row, params)
+        else:
+            ratio, over = _step_ratio(results, number, params, base), _over_floor(results, row, params)
+        lines.append(f"| {number} | {_change_cell(number)} | {_case(params)} | {table_us(row['ms'])}{capped(row)} | "
+                     f"{ratio} | {over} |")
     return "\n".join(lines)
 
 
@@ -963,24 +992,15 @@ def step_factor_at(results, number: int, params: dict) -> float | None:
     return None if mine is None or theirs is None else theirs / mine
 
 
-#: The rivals of step 12 (the kernel given the ids) in the result's table: the fastest of them at each point.
-KERNEL_RIVALS = ("index_select", "cublas_fp32_mask", "dense_mask")
-#: The mark of the result table's ratios against a rival weaker than the strongest one (torch.compile's fused gather,
-#: not timed at batches above 1).
-WEAKER_MARK = " (weaker rival)"
-
-
 def result_table(results) -> str:
     """The result, Markdown: at each of :data:`HEADLINE_POINTS`, the kernel alone (step 12, given the ids) against its
     strongest rival, and the whole step from the packed bitmask (step 13) against xgrammar's path, side by side with
-    equal weight; a ratio under one said as slower. The kernel's rival is torch.compile's fused gather where the
-    committed lab run timed it (batch 1: both times from that run, :func:`compiled_gather_times`); at the other
-    batches the cell says torch.compile was not timed and names the fastest uncompiled rival given the ids
-    (:data:`KERNEL_RIVALS`) that the ratio divides by, and the ratio is marked :data:`WEAKER_MARK`, as the results page
-    marks its comparisons with a weaker rival."""
-    head = ["batch (1,000 allowed each)", "kernel alone: step 12", "its strongest rival timed, given the ids",
-            "step 12 is",
-            "whole step: step 13", "xgrammar's path", "step 13 is"]
+    equal weight; a ratio under one said as slower. The kernel's strongest rival, torch.compile's fused gather, was
+    timed only where the committed lab run timed it (batch 1: both times from that run,
+    :func:`compiled_gather_times`); at the other batches the kernel's cells are ``–`` (no ratio against a weaker
+    rival stands in for it: the losses there are where we lose)."""
+    head = ["batch (1,000 allowed each)", "kernel alone: step 12", "`torch.compile`'s fused gather, given the ids",
+            "step 12 is", "whole step: step 13", "xgrammar's path", "step 13 is"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     compiled = compiled_gather_times(COMPILED_GATHER[0]) or {}
 
@@ -990,19 +1010,14 @@ def result_table(results) -> str:
 
     for batch, kind, allowed in HEADLINE_POINTS:
         p = dict(batch=batch, kind=kind, allowed=allowed)
-        mine, whole, xgr = _row(results, step_series(12), **p), _row(results, PLAN, **p), _row(results, XGRAMMAR, **p)
-        rivals = [(r, s) for s in KERNEL_RIVALS if (r := _row(results, s, **p)) is not None]
+        whole, xgr = _row(results, PLAN, **p), _row(results, XGRAMMAR, **p)
         if batch == 1 and kind == "random" and allowed in compiled:
             ours, theirs = compiled[allowed]
-            cells = [f"{batch}", f"{table_us(ours)}", f"`torch.compile`'s fused gather, {table_us(theirs)}",
-                     said(theirs, ours)]
-        elif mine is None or not rivals:
-            continue
+            cells = [f"{batch}", f"{table_us(ours)}", f"{table_us(theirs)}", said(theirs, ours)]
         else:
-            rival, series = min(rivals, key=lambda t: t[0]["ms"])
-            cells = [f"{batch}", f"{table_us(mine['ms'])}",
-                     f"`torch.compile` not timed; {RIVAL_WORDS[series]}, {table_us(rival['ms'])}",
-                     said(rival["ms"], mine["ms"]) + WEAKER_MARK]
+            cells = [f"{batch}", "–", "–", "–"]
+        if not (whole and xgr) and cells[1] == "–":
+            continue
         cells += ([f"{table_us(whole['ms'])}", f"{table_us(xgr['ms'])}", said(xgr["ms"], whole["ms"])] if whole and xgr
                   else ["–", "–", "–"])
         lines.append("| " + " | ".join(cells) + " |")
@@ -1371,3 +1386,55 @@ def compiled_gather_words() -> tuple[str, str]:
     return _x(leads[1000]), (
         f"Its strongest rival is `torch.compile` (max-autotune) of the same expression, which fuses the gather: step 12 "
         f"leads it by {both}, and also writes `-inf` elsewhere.")
+
+
+# --------------------------------------------------------------------------------------
+# Listings of shared functions without the hooks later steps add
+# --------------------------------------------------------------------------------------
+
+#: Shared functions that carry a later step's hook, by name: (the step that adds it, each (text, replacement) that
+#: takes it out, what the listing's title says of it). The library keeps one function for every step; an earlier
+#: step's listing shows it without the hook, and the step that adds it shows the hook as a diff (:func:`hook_diff`).
+HOOKS = {
+    "dot_kn": (2, ((", wanted,\n", ",\n"),
+                   ("        if wanted is not None:  # step 2: only the columns that some sequence of the tile "
+                    "allows\n", ""),
+                   ("            b_mask = b_mask & wanted[None, :]\n", "")),
+               "step 2's hook, wanted, left out: step 2 adds it"),
+    "one_wait_rows": (7, ((", EVICTION: tl.constexpr):", "):"), (", eviction_policy=EVICTION", "")),
+                      "step 7's hook, EVICTION, left out: step 5's call passes it \"\", no hint"),
+}
+
+
+def _source(function) -> str:
+    from studylog import source
+
+    return common.without_docstrings(source.source_of(function)[0])
+
+
+def without_hooks(function, name: str) -> str:
+    """``function``'s source without its docstring and without the hook a later step adds (:data:`HOOKS`); a hook
+    not found (the library's function changed) raises, so no listing silently shows it."""
+    text = _source(function)
+    for old, new in HOOKS[name][1]:
+        if text.count(old) != 1:
+            raise ValueError(f"{name}: the hook text {old!r} is not found once")
+        text = text.replace(old, new)
+    return text
+
+
+def listing_without_hooks(function, name: str, title: str):
+    """A titled listing (a ``studylog.source.Code``) of ``function`` as an earlier step uses it: its later step's hook
+    left out, the title saying so."""
+    from studylog import source
+
+    return source.Code(without_hooks(function, name), "python", f"{title} ({HOOKS[name][2]})")
+
+
+def hook_diff(function, name: str):
+    """The diff that adds a later step's hook to ``function`` (:data:`HOOKS`), for that step's section."""
+    from studylog import source
+
+    step = HOOKS[name][0]
+    return source.show_diff(without_hooks(function, name), _source(function),
+                            names=(f"{name} (before step {step})", f"{name} (step {step})"))
