@@ -1936,6 +1936,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             where = list(dict.fromkeys(c for _, c in on_rows))
             every_card = None in where or sorted(where) == sorted(everyone) or len(everyone) < 2
             label = " and ".join(kernels) + ("" if every_card else f" ({' and '.join(short_card(c) for c in where)})")
+            pairs = list(dict.fromkeys(on_rows))
+            if len(kernels) > 1 and len(pairs) == len(kernels) == len({c for _, c in pairs}) and None not in where:
+                # one row on each card, each card's final kernel its own: each named with its card
+                label = " and ".join(f"{k} ({short_card(c)})" for k, c in pairs)
             if _plain(text):
                 items.append((label, _sentence(_plain(text))))
         title = f"Chapter {entry.number:02d}, {entry.title}"

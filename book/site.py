@@ -163,6 +163,7 @@ PLAIN_NAMES = {
                                                           "skipping, one launch)",
     "step03_masked_head": "the loop with chapters 01 and 02 (step 3)",
     "step02_jump_forward": "the loop with chapter 01's jumps (step 2)",
+    "automaton_mask": "step 2 with its allowed sets cached, a dense head (3a)",
     "step01_baseline": "the loop with a dense head and a mask (step 1)",
     "step03_forced_draft": "the loop with grammar-cut drafts (step 3)",
     "chapter 07's step 3 (ch7_step03)": "chapter 07's loop (its step 3), run on these requests, not on "

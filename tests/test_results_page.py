@@ -685,7 +685,7 @@ def test_chapter_one_line_sets_the_strongest_peer_beside_ours():
         assert f"{words} on the suite" in one["brief"]["H200"]
     (line,) = [ln for ln in results.summary_markdown().splitlines() if "01. FSM compression](" in ln]
     notes = results.summary_markdown().split("- **01. FSM compression**")[1].split("\n- **")[0]
-    assert "-entry suite step 2, our exact token jumps, saves" in notes.splitlines()[1] and "**" not in first
+    assert "-entry suite (not the real schemas), step 2, our exact token jumps, saves" in notes.splitlines()[1] and "**" not in first
     assert "strongest peer" in one["what"]
     assert results.fsm_peer_words(None) == ""
 
