@@ -9,6 +9,7 @@ import pytest
 from book.ternary import lesson as L
 from book.ternary import part1 as P
 from studylog import paths
+from studylog.ternary.results import CUBLAS as CUBLAS_SERIES
 from studylog.ternary.results import GEMLITE, on_gpu_clock
 from studylog.ternary.steps import SERIES
 
@@ -209,7 +210,7 @@ def test_tried_steps_say_where_they_were_measured_and_where_they_win(results):
             assert r == pytest.approx(layer["times"][14] / layer["times"][n], rel=1e-12) and r >= P.TIE
             assert f"{L.shape_words(layer['shape'])} ({r:.2f}×)" in rows[(n, 1)]
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(PAGE.read_text())["cells"]}
-    assert "part1.part1_rows(layers)" in cells["02285053"] and "part1.tried_wins(layers)" in cells["33cd022c"]
+    assert "part1.part1_rows(layers)" in cells["steps-one-number"] and "part1.tried_wins(layers)" in cells["33cd022c"]
 
 
 def test_the_layer_table_gives_the_fastest_step_beside_step_14(results):
@@ -229,3 +230,49 @@ def test_the_layer_table_gives_the_fastest_step_beside_step_14(results):
         assert ("only steps" in cell) == (len(layer["times"]) < len(P.AT_BITNET))
     total = sum(a["count"] * a["times"][a["best"]] for a in layers)
     assert rows[-1].endswith(f"| **{total:.1f}** |")
+
+
+def test_the_layer_fold_gives_gemlite_at_each_layer_and_the_sums_its_estimate_reads(results):
+    """The fold "the layer sums: GemLite, cuBLAS and the fastest step" holds what it names: GemLite's time at each
+    layer it was timed at ("–" at the others), and a row summing cuBLAS, step 14 and GemLite over those layers, whose
+    GemLite-over-ours ratio is the estimate's (lesson.amdahl_peer's speedup) to the precision printed; the page's
+    fold passes GemLite."""
+    table = L.amdahl_layers_table(results, [SERIES[14]], beside=P.AT_BITNET, peer=GEMLITE)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("| ")]
+    assert rows[0][-1] == "GemLite"
+    kept = []
+    for name, n, k, count, _ in L.BITNET_LAYERS:
+        row = next(r for r in rows if r[0] == f"{name} ({n} × {k})")
+        t = L.us(results, GEMLITE, f"{n}x{k}")
+        assert row[-1] == ("–" if t is None else f"{t:.1f}"), name
+        if t is not None:
+            kept.append((count, L.us(results, CUBLAS_SERIES, f"{n}x{k}"), L.us(results, SERIES[14], f"{n}x{k}"), t))
+    last = rows[-1]
+    assert last[0] == "**the same, the layers GemLite was timed at**"
+    sums = [sum(c * v[i] for c, *v in kept) for i in range(3)]
+    assert [last[3], last[4], last[-1]] == [f"**{v:.1f}**" for v in sums]
+    peer = L.amdahl_peer(results, SERIES[14], GEMLITE)
+    assert peer["speedup"] == pytest.approx(sums[2] / sums[1], rel=1e-12)
+    cells = {c["id"]: "".join(c["source"]) for c in json.loads(PAGE.read_text())["cells"]}
+    assert "peer=GEMLITE" in cells["why-layers"]
+
+
+def test_the_open_steps_table_gives_one_number_a_step_and_ratios_of_its_own_times(results):
+    """The open steps table: each step once, steps 1 to 5 at one row of x and 6 to 14 (the tried 7 to 9 left out) at
+    16; every "× previous" is the time of the row it names over this row's, as printed, and every "× the 2-bit
+    floor" is over that row's rows of x."""
+    rows_ = tuple(r for r in P.part1_rows(P.bitnet_layers(results)) if not r[3].startswith("tried"))
+    table = L.one_number_table(results, rows_)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [int(r[0]) for r in rows] == [1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14]
+    assert all(r[2] == ("1" if int(r[0]) <= 5 else "16") for r in rows)
+    times = {r[0]: float(r[3]) for r in rows}
+    for r in rows:
+        m = int(r[2])
+        assert float(r[5]) == pytest.approx(L.us(results, SERIES[int(r[0])], L.MAIN, m)
+                                            / L.floor_us(results, L.MAIN, m, "2bit"), abs=0.051), r[0]
+        if r[4].startswith("–"):
+            assert r[0] in ("1", "6")
+            continue
+        before = r[4].split("(vs ")[1].split(";")[0].rstrip(")")
+        assert r[4].split("×")[0] == f"{times[before] / times[r[0]]:.2f}", r[0]

@@ -130,9 +130,9 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     table = lesson.boehm_table(load_results("ctc"))
     rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
     labels = [r.split("|")[1].strip() for r in rows]
-    # one row per step, in step order; step 7's three changes are rows of their own, 7a, 7b and 7c (the library's
-    # step 7); no group rows and no row that bundles steps
-    assert labels[:16] == [str(n) for n in range(1, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
+    # one row per step of the benchmark, in step order (step 7's three changes, 7a to 7c, are a table of their own,
+    # from the one run that timed them); no group rows
+    assert labels[:14] == [str(n) for n in range(1, 15)]
     assert not any(label.startswith("**") for label in labels) and " · " not in table
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row, label in zip(rows, labels):
@@ -486,12 +486,12 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
     rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                               if line.startswith("| "))}
     for step in ctc.CHAPTER.steps:
-        row = rows[lesson.STEP07_LABEL if step.number == 7 else str(step.number)]
+        row = rows[str(step.number)]
         title = step.title
         for word in ("__restrict__", "__ldg", "ex2", "lg2"):
             title = title.replace(word, f"`{word}`")
-        # step 7's library title is its first change, row 7a's; step 7's own row names its last change
-        assert rows["7a" if step.number == 7 else str(step.number)][2].startswith(title), step.number
+        # step 7's row names its three changes, 7a to 7c; its library title is the first
+        assert row[2].startswith("7a to 7c: " + title.split(",")[0] if step.number == 7 else title), step.number
         assert not any(w in row[2] for w in ("plus", "changes:", "tuning", "and a prerequisite")), row[2]
         if step.number == 1:
             continue
@@ -499,11 +499,6 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
             if not _has(step.series, A, N):  # steps 1 to 6 are not timed at the headline case
                 assert row[3 + 3 * i:6 + 3 * i] == ["–", "–", "–"], (step.number, A, N)
-                continue
-            if step.number == 7 and _lab("step07", A, N):  # against 7b, in the run that timed both
-                pair = (_lab('step07b', A, N)['ms'], _lab('step07', A, N)['ms'])
-                want = _tied(pair[0] / pair[1], same=pair)
-                assert row[4 + 3 * i] == want, (A, N)
                 continue
             if not _has(f"step{before:02d}", A, N):  # step 7 at the headline case: step 5 not timed there
                 assert row[4 + 3 * i] == "–", (step.number, A, N)
@@ -514,42 +509,40 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
                 # a loss where the entry point runs another step: the cell names it
                 want += f" (the entry point runs step {_raw('ctc_loss', A, N)['step'].removeprefix('step')} here)"
             assert row[4 + 3 * i] == want, (step.number, A, N)
-    assert rows["7c"][2] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
-    for label, series, base in (("7a", "step07a", "step05"), ("7b", "step07b", "step07a")):
+    assert not any(label in rows for label in ("7a", "7b", "7c")) and "7a's run" not in lesson.boehm_table(results)
+    # step 7's three changes: their own table, every time from the one run that timed them, each ratio of two of them
+    seven = [_cells(line) for line in lesson.step07_table(results).splitlines()[2:]]
+    assert [r[0] for r in seven] == ["5", "7a", "7b", "7c"]
+    assert seven[3][1] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
+    for k, (row, series) in enumerate(zip(seven, ("step05", "step07a", "step07b", "step07"))):
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
             now = _lab(series, A, N)
-            if now is None:  # a case the lab run did not time
-                assert rows[label][3 + 3 * i:6 + 3 * i] == ["–", "–", "–"], (label, A, N)
+            assert row[2 + 2 * i] == f"{now['ms'] * 1e3:,.1f}", (row[0], A, N)
+            if k == 0:
+                assert row[3 + 2 * i] == "–"
                 continue
-            assert rows[label][3 + 3 * i] == f"{now['ms'] * 1e3:,.1f}", (label, A, N)
-            # 7a over step 5, whose row shows the benchmark's time: the cell gives the lab run's two
-            pair = (_lab(base, A, N)['ms'], now['ms']) if base == "step05" else None
-            want = _tied(_lab(base, A, N)['ms'] / now['ms'], "vs step 5" if base == "step05" else "", pair)
-            assert rows[label][4 + 3 * i] == want, (label, A, N)
-    slower = [(A, N) for A, N in lesson.TABLE_CASES if _lab("step07b", A, N)
-              and round(_lab("step07a", A, N)["ms"] / _lab("step07b", A, N)["ms"], 2) < 1]
-    assert ("step 10 runs both directions in one kernel" in rows["7b"][2]) == bool(slower)
-    assert (rows["7b"][1].startswith(lesson.PREREQUISITE)) == bool(slower)
+            before = float(seven[k - 1][2 + 2 * i].replace(",", ""))
+            assert row[3 + 2 * i].split("×")[0] == f"{before / float(row[2 + 2 * i].replace(',', '')):.2f}", row[0]
     assert "separate run" not in lesson.boehm_table(results)  # the page's run list names it
     page = "".join("".join(c["source"]) for c in _page_cells() if c["cell_type"] == "markdown")
-    assert "timed steps 5, 7a, 7b and 7c together: rows 7a and 7b" in page
+    assert "timed steps 5, 7a, 7b and 7c together" in page
 
 
 def test_the_prerequisite_says_where_it_costs_time_in_the_table():
     """Step 9 (one warp per direction) stays for what builds on it: where it is slower than step 8 at a case of the
-    table (from the JSON), its role is "prerequisite" and its change says what builds on it; only 7b (slower than 7a
-    in the lab run) and step 5 (a tie at every case; 7a builds on it) share that role."""
+    table (from the JSON), its role is "kept for step 10" and its change says what builds on it; only step 5 (a tie
+    at every case; step 7 builds on it) shares that role."""
     results = plotting.load_results("ctc", "nvidia-h200")
     rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                               if line.startswith("| "))}
     slower = [(A, N) for A, N in lesson.TABLE_CASES
               if round(_raw("step08", A, N)["ms"] / _raw("step09", A, N)["ms"], 2) < 1]
-    assert (rows["9"][1].startswith(lesson.PREREQUISITE)) == bool(slower)
+    assert (rows["9"][1] == "kept for step 10") == bool(slower)
     assert rows["9"][2].endswith("(kept: steps 10 to 14 build on the warp)") == bool(slower)
     assert "slower at" not in lesson.boehm_table(results)  # the "× prev." cells say where
-    assert {k for k, r in rows.items() if r[1].startswith(lesson.PREREQUISITE)} <= {"5", "9", "7b"}
-    assert (rows["5"][1].startswith(lesson.PREREQUISITE)) == lesson.flat(results, 5)
-    assert rows["5"][2].endswith("(kept: step 7a builds on its rows)") == lesson.flat(results, 5)
+    assert {k for k, r in rows.items() if r[1].startswith("kept for step")} <= {"5", "9"}
+    assert (rows["5"][1] == "kept for step 7") == lesson.flat(results, 5)
+    assert rows["5"][2].endswith("(kept: step 7 builds on its rows)") == lesson.flat(results, 5)
     assert lesson.where([(28, 1), (5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape"
     assert lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape but A = 28, N = 1"
     assert (lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES, complement=False)
@@ -574,10 +567,10 @@ def test_a_step_flat_at_the_first_case_says_where_it_pays():
         pairs = [(_raw(f"step{before:02d}", A, N), _raw(f"step{number:02d}", A, N)) for A, N in lesson.TABLE_CASES
                  if _has(f"step{before:02d}", A, N) and _has(f"step{number:02d}", A, N)]
         if len(pairs) < len(lesson.TABLE_CASES):  # a case where either is not timed: the row says nothing
-            assert "pays at" not in rows[lesson.STEP07_LABEL if number == 7 else str(number)], number
+            assert "pays at" not in rows[str(number)], number
             continue
         ratios = [round(b["ms"] / a["ms"], 2) for b, a in pairs]
-        label = lesson.STEP07_LABEL if number == 7 else str(number)
+        label = str(number)
         pays = [f"A = {A:,}, N = {N}" for (A, N), r in zip(lesson.TABLE_CASES[1:], ratios[1:]) if r > 1.03]
         words = "" if not (0.97 <= ratios[0] <= 1.03 and pays) else (
             " (pays at A = 5,000)" if len(pays) == len(ratios) - 1 else f" (pays at {' and '.join(pays)})")
@@ -782,26 +775,25 @@ def test_steps_4_6_and_7a_show_their_whole_diff_after_the_signature_their_senten
 
 def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay():
     """The whole table of steps is one row per step in step order, no group rows: steps 2, 3 and 6 are "tried", step 5
-    (a tie at every case) a prerequisite; 4 and 7a say they are against steps 1 and 5. The folded
+    (a tie at every case) kept for step 7; 4 and 7 say they are against steps 1 and 5. The folded
     ranges give each step's least and most "× prev." over every case, read from the JSON, and each section quotes
     one case's factor as the table prints it."""
     results = plotting.load_results("ctc", "nvidia-h200")
     lines = lesson.boehm_table(results).split("\n\n")[0].splitlines()[3:]
     labels = [_cells(line)[0] for line in lines]
-    assert labels == [str(n) for n in range(1, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)] + [
-        "entry point", "torch"]
+    assert labels == [str(n) for n in range(1, 15)] + ["entry point", "torch"]
     rows = {_cells(line)[0]: _cells(line) for line in lines}
     for number in range(2, 15):
         ratios = [round(_raw(f"step{lesson.PREVIOUS.get(number, number - 1):02d}", A, N)["ms"]
                         / _raw(f"step{number:02d}", A, N)["ms"], 2) for A, N in lesson.TABLE_CASES]
-        label = lesson.STEP07_LABEL if number == 7 else str(number)
+        label = str(number)
         assert lesson.flat(results, number) == all(0.97 <= r <= 1.03 for r in ratios), number
         assert (rows[label][1] == lesson.TRIED_ROLE) == (number in lesson.TRIED_STEPS), number
     assert all(lesson.flat(results, n) for n in lesson.FLAT_WHY)  # the committed run: steps 2, 3 and 5 move nothing
-    assert rows["5"][1].startswith(lesson.PREREQUISITE) and rows["7a"][4].split(" (")[1].startswith("vs step 5; ")
+    assert rows["5"][1] == "kept for step 7" and rows["7"][4].split(" (")[1].startswith("vs step 5")
     assert rows["4"][4].startswith(lesson.factor(results, 4, lesson.TABLE_CASES[0]) + " (vs step 1")
     ranges = {_cells(line)[0]: _cells(line) for line in lesson.ranges_table(results).splitlines()[2:]}
-    assert list(ranges) == [str(n) for n in range(2, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
+    assert list(ranges) == [str(n) for n in range(2, 15)]
     grid = [(A, N) for A in ctc.BENCH_A for N in ctc.BENCH_N]
     for number in (8, 13):
         got = [_raw(f"step{number - 1:02d}", A, N)["ms"] / _raw(f"step{number:02d}", A, N)["ms"] for A, N in grid]
@@ -810,14 +802,15 @@ def test_the_table_of_steps_runs_in_step_order_and_says_which_steps_do_not_pay()
     for i, case in enumerate(lesson.TABLE_CASES):  # a section's factor is the table's
         for number in (4, 8, 13):
             assert lesson.factor(results, number, case) == rows[str(number)][4 + 3 * i].split(" ")[0], (number, case)
-        assert lesson.factor(results, "7a", case) == rows["7a"][4 + 3 * i].split(" ")[0], case
+        assert lesson.factor(results, 7, case) == rows["7"][4 + 3 * i].split(" ")[0], case
     assert lesson.factor(results, 8, (28, 3)) == lesson.PENDING
 
 
 def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
     """The table of steps and the result table are each read as two tables (the readers found 11 and 9 columns
     cramped, then nine): the open table of steps has seven columns, each case's time and "× prev." (the floor row
-    gives the case's floor), the folded one the large batch with its "× floor"; both leave out the steps tried and
+    gives the case's floor), the folded one the headline case (steps 7 to 14 timed there; the reader asked for its
+    ladder) and the large batch, each with its "× floor"; both leave out the steps tried and
     dropped (2, 3 and 6, one folded table under it), so that every step's "× prev." is against the row above. Every
     cell of the chain's table is in one of them, each row keeps its label (step, or A and N), and the floor row of
     the second table of steps is labelled. The open table gives each of its two cases a "× floor" too (the readers
@@ -828,13 +821,19 @@ def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
     tried = {label for label, role in lesson.roles(results).items() if role == lesson.TRIED_ROLE}
     assert tried == {"2", "3", "6"}
     first, second = ([_cells(line) for line in t.split("\n\n")[0].splitlines()] for t in lesson.steps_tables(results))
-    assert len(first) == len(second) == len(wide) and len(first[0]) == 9 and len(second[0]) == 5
+    folded = lesson.boehm_table(results, shown=lambda role: role != lesson.TRIED_ROLE, cases=lesson.FOLDED_CASES)
+    folded = [_cells(line) for line in folded.split("\n\n")[0].splitlines()]
+    assert len(first) == len(second) == len(wide) == len(folded) and len(first[0]) == 9 and len(second[0]) == 8
+    assert lesson.FOLDED_CASES == (lesson.HEADLINE_CASE, lesson.BOEHM_CASES[1])
+    assert second[0][2] == f"A = {lesson.HEADLINE_CASE[0]:,}, N = {lesson.HEADLINE_CASE[1]}: µs"
     assert not tried & {r[0] for r in first} and "<span" not in chain
-    for row, a, b in zip(wide, first, second):
+    for row, a, b, f in zip(wide, first, second, folded):
         if set(row[0]) <= {"-"}:
             continue  # the separator
-        assert a == row[:9] and b[2:] == row[9:], row[0]
+        assert a == row[:9] and b[2:] == f[3:] and f[:3] == row[:3], row[0]
         assert b[1] == row[1] and b[0] == (row[0] or "floor")
+        if row[0] in [str(n) for n in range(8, 15)] + ["entry point", "torch"]:  # the headline's ladder is shown
+            assert b[2] != "–" and (b[3] != "–") == (row[0] != "torch"), row[0]
     for r in first[2:] + second[2:]:  # every step's "× prev." is against the row above: none names a step
         assert not any("vs step" in c for c in r) or r[0] == "entry point", r[0]
     _check_ratios_divide_the_times(first, second)
@@ -956,21 +955,21 @@ def test_the_main_line_is_marked_in_the_table_and_named_over_it():
     says it right before the table."""
     results = plotting.load_results("ctc", "nvidia-h200")
     roles = lesson.roles(results)
-    assert list(roles) == [str(n) for n in range(1, 7)] + ["7a", "7b", "7c"] + [str(n) for n in range(8, 15)]
+    assert list(roles) == [str(n) for n in range(1, 15)]
     main = [k for k, v in roles.items() if v == lesson.MAIN_LINE]
-    assert main == ["1", "4", "7a", "7c", "8", "10", "11", "12", "13", "14"]  # the committed runs
+    assert main == ["1", "4", "7", "8", "10", "11", "12", "13", "14"]  # the committed runs
     assert [k for k, v in roles.items() if v == lesson.TRIED_ROLE] == ["2", "3", "6"]
-    assert [k for k, v in roles.items() if v == lesson.PREREQUISITE] == ["5", "7b", "9"]
+    assert [k for k, v in roles.items() if v == lesson.PREREQUISITE] == ["5", "9"]
     chain = [k for k, v in roles.items() if v != lesson.TRIED_ROLE]
     rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
                               if line.startswith("| "))}
     for label, role in roles.items():
         assert rows[label][1] == lesson.role_word(label, role), label
     assert rows["entry point"][1] == "the result" and rows["torch"][1] == "the rival"
-    # each prerequisite names the step that cashes it in, and that step's row names it back
-    assert [rows[k][1] for k in ("5", "7b", "9")] == ["prerequisite of 7a", "prerequisite of 10", "prerequisite of 10"]
+    # each prerequisite names, in plain words, the step that builds on it and pays
+    assert [rows[k][1] for k in ("5", "9")] == ["kept for step 7", "kept for step 10"]
     assert rows["1"][1] == "**baseline**" and rows["4"][1] == "**pays**"
-    assert rows["7a"][1] == "**pays**; cashes in 5" and rows["10"][1] == "**pays**; cashes in 7b and 9"
+    assert rows["7"][1] == "**pays**" and rows["10"][1] == "**pays**" and "cashes" not in lesson.boehm_table(results)
     assert rows["14"][1].startswith("**pays** by shape")
     for prerequisite, cashed in lesson.CASHED_BY.items():  # it builds on the prerequisite and pays at a case
         assert chain.index(cashed) > chain.index(prerequisite)
@@ -979,14 +978,14 @@ def test_the_main_line_is_marked_in_the_table_and_named_over_it():
     assert rows["14"][4].endswith("(the entry point runs step 12 here)") and "instead" not in rows["14"][2]
     words = lesson.line_words(results)
     assert words.startswith("The numbers count every step tried: the main line **pays**")  # how to read the gaps
-    assert "*prerequisite of N* (5, 7b and 9)" in words and "7a to 7c split step 7" in words
+    assert "a step *kept for step N* (5 and 9)" in words and "7a to 7c, timed one at a time" in words
     assert "Steps 2, 3 and 6 were tried and dropped" in words
     cells = _page_cells()
     at = next(i for i, c in enumerate(cells) if "lesson.steps_tables(results)" in "".join(c["source"]))
     source = "".join(cells[at]["source"])
     assert source.index("lesson.line_words(results)") < source.index("display(Markdown(steps_first))")
     # the legend says once why the table's second case is N = 16, not the headline's N = 8
-    assert "not at the headline's N = {head_N}, because steps 1 to 6, 7a and 7b" in source
+    assert "not at the headline's N = {head_N}, because steps 1 to 6" in source
     assert "stands in for" not in "".join("".join(c["source"]) for c in cells)
     assert "## Step 7b: alpha and beta in one kernel" in "".join("".join(c["source"]) for c in cells)
 

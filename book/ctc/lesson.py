@@ -224,13 +224,15 @@ def split_table(table: str, *groups: Iterable[int], label: str = "") -> list[str
 
 def steps_tables(results) -> list[str]:
     """:func:`boehm_table` as two narrower tables: each step's change and its time at one utterance of the small
-    alphabet (where the chain of frames binds) and at the headline case, with the note under it (the page shows it);
-    then its times at two batches of the large alphabet (where the bytes bind; the page folds it). The steps tried
+    alphabet (where the chain of frames binds) and at A = 5,000, N = 16, with the note under it (the page shows it);
+    then its times at :data:`FOLDED_CASES`, the headline (steps 7 to 14 only) and the largest batch (the page folds
+    it). The steps tried
     and dropped (:data:`TRIED_STEPS`) are left out (:func:`tuning_table` folds them), so that every "× prev." is
     against the row above."""
     table = boehm_table(results, shown=lambda role: role != TRIED_ROLE)
     first, = split_table(table, [0, 1, 2, *range(3, 9)])
-    second, = split_table(table, [0, 1, *range(9, 12)], label="floor")
+    folded = boehm_table(results, shown=lambda role: role != TRIED_ROLE, cases=FOLDED_CASES)
+    second, = split_table(folded, [0, 1, *range(3, 9)], label="floor")
     return [first + "\n\n" + table.split("\n\n", 1)[1], second]
 
 
@@ -750,6 +752,9 @@ HEADLINE_CASE = (5000, 8)
 #: 7a and 7b included, is timed. The headline case (N = 8) is not a column: steps 1 to 6 and 7a and 7b were never timed
 #: there; the result gives its numbers.
 TABLE_CASES = (BOEHM_CASES[0], (5000, 16), BOEHM_CASES[1])
+#: The folded table of steps' two cases: the headline (steps 7 to 14 and the entry point timed there; steps 1 to 6
+#: not) and the largest batch.
+FOLDED_CASES = (HEADLINE_CASE, BOEHM_CASES[1])
 
 
 def floor_us(results, A: int, N: int) -> float:
@@ -854,7 +859,7 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
 
 #: Steps kept although they gain nothing or cost time somewhere: what builds on them (said in the table of steps,
 #: after the change).
-PREREQUISITES = {5: "step 7a builds on its rows", 9: "steps 10 to 14 build on the warp"}
+PREREQUISITES = {5: "step 7 builds on its rows", 9: "steps 10 to 14 build on the warp"}
 #: The steps tried and dropped: neither on the main line nor built on by it (the page folds them under the table).
 TRIED_STEPS = (2, 3, 6)
 #: Why a step that loses has a row: said in its row of the table of steps.
@@ -864,7 +869,7 @@ WHY_SHOWN = {6: "it tests the guess that cuDNN is fast in probability space; on 
 #: the chain: said in its row, after the change.
 FLAT_WHY = {2: "the loads become `ld.global.nc`; loads were not what costs",
             3: "the same loads as step 2",
-            5: "steps 6 and 7a build on it"}
+            5: "steps 6 and 7 build on it"}
 #: The table of steps' "role" column: each step is on the main line (the steps that pay, in order), or one of these.
 MAIN_LINE, NO_GAIN, PREREQUISITE, SIDE_BRANCH, TRIED_ROLE = ("main line", "no gain", "prerequisite", "side branch",
                                                              "tried")
@@ -884,6 +889,9 @@ STEP07_RUN = "7a's run"
 STEP07_LABEL = "7c"
 #: Step 7's row in the table when 7a and 7b stand above it: its own change, the last of the three.
 STEP07_LAST = "emissions loaded {prefetch} frames ahead"
+#: Step 7's one row in the table of steps: its three changes (7a to 7c) in words.
+STEP07_WHOLE = ("7a to 7c: the gradient a pass of its own, alpha and beta in one kernel, emissions loaded "
+                "{prefetch} frames ahead")
 
 
 def flat(results, number: int) -> bool:
@@ -895,28 +903,23 @@ def flat(results, number: int) -> bool:
 
 
 def _labels() -> list[str]:
-    """The table of steps' step rows in order: "1" to "6", "7a", "7b", "7c" (step 7's three changes), "8" to "14"."""
-    labels = [str(s.number) for s in CHAPTER.steps]
-    at = labels.index("7")
-    return labels[:at] + [label for label, *_ in STEP07_ROWS] + [STEP07_LABEL] + labels[at + 1:]
+    """The table of steps' step rows in order: "1" to "14", one per step of the benchmark (step 7's three changes,
+    7a to 7c, have their own table, :func:`step07_table`, from the one run that timed them)."""
+    return [str(s.number) for s in CHAPTER.steps]
 
 
 def roles(results, changes: Results | None = None) -> dict[str, str]:
     """Each step row of the table of steps (:func:`_labels`) and its role: :data:`TRIED_ROLE` for a step of
-    :data:`TRIED_STEPS` (tried and dropped); :data:`PREREQUISITE` for a step of :data:`PREREQUISITES` (and 7b) that
+    :data:`TRIED_STEPS` (tried and dropped); :data:`PREREQUISITE` for a step of :data:`PREREQUISITES` that
     ties (:func:`flat`) or is slower than the row it builds on at a case of :data:`TABLE_CASES`; else
-    :data:`MAIN_LINE`, the steps that pay, in order. The main line with its prerequisites is one chain."""
-    if changes is None:
-        changes = step07_changes(results.path.parent.name)
+    :data:`MAIN_LINE`, the steps that pay, in order. The main line with its prerequisites is one chain. (``changes``
+    is not read: step 7 is one row, from the benchmark.)"""
     out = {}
     for label in _labels():
         number = int(label) if label.isdigit() else None
         if number in TRIED_STEPS:
             out[label] = TRIED_ROLE
         elif number in PREREQUISITES and (losing(results, number, TABLE_CASES) or flat(results, number)):
-            out[label] = PREREQUISITE
-        elif label == STEP07_ROWS[1][0] and changes is not None and any(
-                c in TABLE_CASES for c in step07_factor(changes, STEP07_ROWS[0][2], STEP07_ROWS[1][2])["slower"]):
             out[label] = PREREQUISITE
         else:
             out[label] = MAIN_LINE
@@ -936,51 +939,53 @@ def line_words(results, changes: Results | None = None) -> str:
     tried = [label for label, x in r.items() if x == TRIED_ROLE]
     words = "The numbers count every step tried: the main line **pays** at a case shown"
     if kept:
-        words += f"; a *prerequisite of N* ({_listed(kept)}) ties or loses alone, kept because step N builds on it"
-    split = [label for label, *_ in STEP07_ROWS if label in r] + ([STEP07_LABEL] if STEP07_LABEL in r else [])
-    if len(split) > 1:
-        words += f"; {split[0]} to {split[-1]} split step 7"
+        words += (f"; a step *kept for step N* ({_listed(kept)}) ties or loses alone, and step N, which builds on "
+                  "it, pays")
+    words += "; step 7 is three changes, 7a to 7c, timed one at a time in their own table above"
     if tried:
         words += f". Steps {_listed(tried)} were tried and dropped (folded below)"
     return words + "."
 
 
-#: The step that cashes in each prerequisite (:func:`roles`): it builds on the prerequisite and pays. Step 7a
-#: builds on step 5's rows; step 10 runs 7b's one kernel for both directions, each on step 9's warp.
-CASHED_BY = {"5": "7a", "7b": "10", "9": "10"}
+#: The step that cashes in each prerequisite (:func:`roles`): it builds on the prerequisite and pays. Step 7
+#: builds on step 5's rows; step 10 runs step 9's warp for each direction.
+CASHED_BY = {"5": "7", "9": "10"}
 
 
 def role_word(label: str, role: str) -> str:
-    """A step row's role cell in the table of steps: "baseline" (step 1), "pays" (bold; "pays by shape" for the last
-    step, which the entry point runs only where the target needs several warps), with the prerequisites it cashes
-    in (:data:`CASHED_BY`); "prerequisite of N"; else the role as it is."""
+    """A step row's role cell in the table of steps, in plain words: "baseline" (step 1), "pays" (bold; "pays by
+    shape" for the last step, which the entry point runs only where the target needs several warps); "kept for
+    step N" for a prerequisite (:data:`CASHED_BY`: the step that builds on it and pays); else the role as it is."""
     if role == PREREQUISITE:
-        return f"prerequisite of {CASHED_BY[label]}"
+        return f"kept for step {CASHED_BY[label]}"
     if role != MAIN_LINE:
         return role
     if label == "1":
         return "**baseline**"
-    word = "**pays** by shape" if label == str(DISPATCH_STEPS[-1]) else "**pays**"
-    cashed = [k for k, v in CASHED_BY.items() if v == label]
-    return word + (f"; cashes in {_listed(cashed)}" if cashed else "")
+    return "**pays** by shape" if label == str(DISPATCH_STEPS[-1]) else "**pays**"
 
 
-def boehm_table(results, changes: Results | None = None, shown=lambda role: True, greyed=lambda role: False) -> str:
+def boehm_table(results, changes: Results | None = None, shown=lambda role: True, greyed=lambda role: False,
+                cases: Iterable[tuple[int, int]] | None = None) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: its role
     (:func:`roles`; the main line in bold), the one change, then per case of :data:`TABLE_CASES` the GPU-clock time
     in µs, × the step it builds on (:data:`PREVIOUS`, else the step before), × the case's one floor
-    (:func:`case_floor`). The rows run in step order (7a, 7b and 7c for step 7's three changes). A prerequisite says
+    (:func:`case_floor`). The rows run in step order, every time from the benchmark (step 7's three changes are
+    :func:`step07_table`, from the run that timed them). A prerequisite says
     in its change what builds on it; a step that moves no case (:func:`flat`) says why it is there
     (:data:`FLAT_WHY`); a main-line step flat at the first case says where it pays. The entry point's row, right
     under step 14's, names the step it ran in each case and compares it with that step timed as a step (what the
     choice costs), so the table ends on the chapter's result. ``shown(role)`` False leaves a step's row out (the page
     folds the steps that gain nothing); ``greyed(role)`` True greys a step's row (the page's open table greys them
-    instead); a "× prev." against a step that is not the row above names that step."""
+    instead); a "× prev." against a step that is not the row above names that step. ``cases`` replaces
+    :data:`TABLE_CASES` as the columns (the roles and the change cells still read :data:`TABLE_CASES`); a step not
+    timed at a case shows "–" there."""
+    cases = TABLE_CASES if cases is None else tuple(cases)
     head = ["step", "role", "the one change"]
-    for A, N in TABLE_CASES:
+    for A, N in cases:
         head += [f"A = {A:,}, N = {N}: µs", "× prev.", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    floors = [case_floor(results, A, N) for A, N in TABLE_CASES]
+    floors = [case_floor(results, A, N) for A, N in cases]
     floor_cells = [cell for f, kind in floors for cell in (f"{f:,.1f} ({FLOOR_KIND[kind]})", "", "")]
     lines.append("| | | floor: the bytes or the chain of T frames, the larger | " + " | ".join(floor_cells) + " |")
     floors = [f for f, _ in floors]
@@ -1014,24 +1019,18 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
 
     from studylog.ctc.fused import PREFETCH_FRAMES
 
-    if changes is None:
-        changes = step07_changes(results.path.parent.name)
-    role = roles(results, changes)
+    role = roles(results)
     entries = []
     for s in CHAPTER.steps:
         title = code(s.title) + kept(s.number) + chosen(s.number) + elsewhere(s.number) + no_gain(s.number)
         if s.number in WHY_SHOWN:  # after a colon where the title ends with brackets of its own
             title += f": {WHY_SHOWN[s.number]}" if title.endswith(")") else f" ({WHY_SHOWN[s.number]})"
-        if s.number == 7 and changes is not None:
-            for label, change, series, base in STEP07_ROWS:
-                if role.get(label) == PREREQUISITE:
-                    change += f" (kept: {STEP07B_KEPT})"
-                entries.append((label, change, series))
-            title = STEP07_LAST.format(prefetch=PREFETCH_FRAMES)
-        entries.append((STEP07_LABEL if s.number == 7 and changes is not None else str(s.number), title, s.series))
+        if s.number == 7:  # its three changes, 7a to 7c, in words; their own table times them one at a time
+            title = STEP07_WHOLE.format(prefetch=PREFETCH_FRAMES) + elsewhere(7)
+        entries.append((str(s.number), title, s.series))
     entries.append(("entry point", "`ctc_loss`: step 12, 13 or 14 by shape and longest target (the step it ran in "
                     "brackets)", "ctc_loss"))
-    picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
+    picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in cases]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
     entries.append(("torch", "torch's faster CTC call"
                     + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
@@ -1044,16 +1043,15 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
         kind = role.get(number, role_cell.get(number, MAIN_LINE))
         hidden = number in role and not shown(kind)
         cells = [number, role_word(number, kind) if number in role else kind, title]
-        times[series] = [None] * len(TABLE_CASES)
-        lab = number in {label for label, *_ in STEP07_ROWS}  # read from the lab run, as is its row above
-        for i, (A, N) in enumerate(TABLE_CASES):
-            row = _row(changes if lab else results, series, T=BENCH_T, A=A, N=N)
+        times[series] = [None] * len(cases)
+        for i, (A, N) in enumerate(cases):
+            row = _row(results, series, T=BENCH_T, A=A, N=N)
             if row is None:
                 cells += ["–", "–", "–"]
                 continue
             t = times[series][i] = row["ms"] * 1e3
             time_cell = f"{t:,.1f}"
-            against, same_run = "", None  # same_run: the two times of another run that the ratio divides
+            against = ""
             if series == "ctc_loss":  # against the step it ran, timed as a step: what the choice costs
                 ran = CHAPTER.step(row["step"]) if row.get("step") else before_choice
                 prev, against = times[ran.series][i], f"vs step {ran.number}"
@@ -1061,30 +1059,15 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
                     time_cell += f" (step {ran.number})"
             elif series == "torch-best" or number == "1":
                 prev = None
-            elif lab:  # against the row it builds on in the same run
-                base = next(b for label, _, _, b in STEP07_ROWS if label == number)
-                prev = _ms(changes, base, T=BENCH_T, A=A, N=N) * 1e3
-                against = f"vs step {base[4:].lstrip('0')}" if base[4:].lstrip("0") != above else ""
-                if base not in {s for _, _, s, _ in STEP07_ROWS}:  # the row built on shows the benchmark's time
-                    same_run = (prev, t)
-            elif number == STEP07_LABEL and _ms(changes, "step07", T=BENCH_T, A=A, N=N):
-                # against 7b, in the run that timed both (the benchmark has no 7b): that run's two times shown
-                same_run = (_ms(changes, "step07b", T=BENCH_T, A=A, N=N) * 1e3,
-                            _ms(changes, "step07", T=BENCH_T, A=A, N=N) * 1e3)
-                prev = same_run[0] / same_run[1] * t
             else:  # step 6 is a side branch: step 7 builds on step 5
-                number_ = 7 if number == STEP07_LABEL else int(number)
-                before = PREVIOUS.get(number_, number_ - 1)
+                before = PREVIOUS.get(int(number), int(number) - 1)
                 prev = times[CHAPTER.step(before).series][i]
-                before_label = STEP07_LABEL if before == 7 and changes is not None else str(before)
-                against = f"vs step {before_label}" if before_label != above else ""
+                against = f"vs step {before}" if str(before) != above else ""
             if prev and tie(prev / t):
                 against += ", tie" if against else "tie"
             elif number == str(DISPATCH_STEPS[-1]) and (r := _row(results, "ctc_loss", T=BENCH_T, A=A, N=N)) and \
                     r.get("step") not in (None, series):  # the last step loses where the entry point runs another
                 against += f"the entry point runs step {CHAPTER.step(r['step']).number} here"
-            if same_run:
-                against += ("; " if against else "") + f"{STEP07_RUN}: {same_run[0]:,.1f} → {same_run[1]:,.1f} µs"
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         if not hidden:
@@ -1096,13 +1079,36 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
         lines.append("| " + " | ".join(cells) + " |")
     note = ("“× prev.”: the time of the step built on over this one's (above 1.03×, it pays; 0.97× to 1.03×, a "
             "tie); for the entry point, the step it ran over the call (what the choice costs).")
-    if changes is not None:  # the run is named under "Where the numbers come from"; its crossings said here
-        note += (f" Rows 7a and 7b come from {STEP07_RUN}, which timed steps 5 and 7a to 7c together; 7a's and 7c's"
-                 " “× prev.” divide that run's two times, in brackets.")
-        untimed = [f"A = {A:,}, N = {N}" for A, N in TABLE_CASES if not _row(changes, "step07a", T=BENCH_T, A=A, N=N)]
-        if untimed:
-            note += f" Rows 7a and 7b are not timed at {' or '.join(untimed)}."
     return "\n".join(lines) + "\n\n" + note
+
+
+def step07_table(results, changes: Results | None = None) -> str | None:
+    """Markdown: step 7's three changes one at a time, every time from the one run that timed them together
+    (:data:`STEP07_CHANGES_FILE`; its own step 5 first, then 7a, 7b and 7c, the library's step 7): per case of
+    :data:`TABLE_CASES` the time in µs and × the row above (a tie marked), each a ratio of two times in the table.
+    None where no such run is committed."""
+    changes = step07_changes(results.path.parent.name) if changes is None else changes
+    if changes is None:
+        return None
+    from studylog.ctc.fused import PREFETCH_FRAMES
+
+    rows = (("5", "step 5, timed again in this run", "step05"), *[(label, change, series)
+            for label, change, series, _ in STEP07_ROWS],
+            (STEP07_LABEL, STEP07_LAST.format(prefetch=PREFETCH_FRAMES), "step07"))
+    head = ["step", "the one change"]
+    for A, N in TABLE_CASES:
+        head += [f"A = {A:,}, N = {N}: µs", "× prev."]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    above = None
+    for label, change, series in rows:
+        cells = [label, change]
+        for A, N in TABLE_CASES:
+            t, prev = _ms(changes, series, T=BENCH_T, A=A, N=N), above and _ms(changes, above, T=BENCH_T, A=A, N=N)
+            ratio = f"{prev / t:.2f}×" + (" (tie)" if tie(prev / t) else "") if t and prev else "–"
+            cells += [f"{t * 1e3:,.1f}" if t else "–", ratio]
+        lines.append("| " + " | ".join(cells) + " |")
+        above = series
+    return "\n".join(lines)
 
 
 def step_ratios(results, number, changes: Results | None = None) -> dict[tuple[int, int], float]:
@@ -1126,13 +1132,10 @@ def factor(results, number, case: tuple[int, int], changes: Results | None = Non
 
 
 def ranges_table(results, changes: Results | None = None) -> str:
-    """Markdown, one row per step from 2 (7a, 7b and 7c for step 7), in order: its "× prev." at its least and at its
-    most over every case where both steps were timed (steps 1 to 6 and the lab run's: N = 1, 16 and 256 of both
-    alphabets; the rest: the whole grid), where each is, and how many cases. The sections quote one case each."""
-    changes = step07_changes(results.path.parent.name) if changes is None else changes
+    """Markdown, one row per step from 2, in order, every ratio from the benchmark (as the table of steps): its
+    "× prev." at its least and at its most over every case where both steps were timed (steps 1 to 6: N = 1, 16 and
+    256 of both alphabets; the rest: the whole grid), where each is, and how many cases."""
     labels = [str(s.number) for s in CHAPTER.steps[1:]]
-    if changes is not None:
-        labels[labels.index("7"):labels.index("7") + 1] = [label for label, *_ in STEP07_ROWS] + [STEP07_LABEL]
     lines = ["| step | × prev., least | where | most | where | cases |", "|---|---|---|---|---|---|"]
     for label in labels:
         ratios = step_ratios(results, label if not label.isdigit() else int(label), changes)
@@ -1582,7 +1585,7 @@ def step07_prefetch_core():
     def slots(depth: int) -> list[str]:  # DEPTH as each instantiates it: 0 (7b), PREFETCH (step 7)
         lines = [(_indent(ln) + f"constexpr int SLOTS = {max(depth, 1)};") if "constexpr int SLOTS" in ln else ln
                  for ln in _resolve_depth(cut, depth)]
-        return [ln.replace("DEPTH", "PREFETCH") for ln in lines]
+        return [ln.replace("DEPTH", "SLOTS" if depth else "PREFETCH") for ln in lines]  # SLOTS = DEPTH from 1 on
 
     shift = len(_indent(cut[0])) - 4
     side = lambda lines: "\n".join(ln[shift:] if ln.startswith(" " * shift) else ln for ln in lines) + "\n"

@@ -259,13 +259,15 @@ def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
             "bytes_ratio": (linear_bytes + sum(rest.values())) / (bytes_2bit + sum(rest.values()))}
 
 
-def amdahl_layers_table(results, series=FLOAT_X_SERIES, beside=()) -> str:
+def amdahl_layers_table(results, series=FLOAT_X_SERIES, beside=(), peer: str | None = None) -> str:
     """Markdown, GPU clock, µs, on the results' card: each ternary layer of a BitNet b1.58 2B4T transformer layer at
     M = 1, timed at its own shape in :func:`layer_run`'s run where committed, else at its benchmark shape (k and v
     then charged q's time on both sides, which the caption and their row call an estimate), cuBLAS bf16 against the
     fastest of ``series`` (as :func:`amdahl`), and their sums over one transformer layer (count x time): the sums'
     ratio is :func:`amdahl`'s ``speedup``. With ``beside`` (step numbers), a last column gives the fastest of those
-    steps timed at each layer, its time, and the steps timed there where not all of them are, and its sum."""
+    steps timed at each layer, its time, and the steps timed there where not all of them are, and its sum. With
+    ``peer`` (a series), a column gives its time at each layer's own shape (– where the benchmark has none), and a
+    last row sums cuBLAS, ours and the peer over the layers it was timed at: :func:`amdahl_peer`'s sums."""
     if results is None:
         return PENDING
     layers = layer_run(results)
@@ -273,7 +275,8 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES, beside=()) -> str:
     head = ("every layer at its own shape" if own
             else "an estimate, since k and v (640 × 2560) were not run and are charged q's time")
     base = ours = best = 0.0
-    rows, others = [], []
+    rows, others, theirs = [], [], []
+    kept = [0.0, 0.0, 0.0]  # cuBLAS, ours and the peer over the layers the peer was timed at
     for name, n, k, count, shape in BITNET_LAYERS:
         source, shape, _ = layer_source(results, layers, n, k, shape)
         b = us(source, CUBLAS, shape)
@@ -284,6 +287,11 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES, beside=()) -> str:
         base, ours = base + count * b, ours + count * t
         timed = shape.replace("x", " × ") + ("" if shape == f"{n}x{k}" else " (estimate: q's time)")
         rows.append((name, n, k, timed, count, b, t, step_label(series_).split(':')[0]))
+        if peer is not None:
+            p = us(results, peer, f"{n}x{k}")
+            theirs.append(" | –" if p is None else f" | {p:.1f}")
+            if p is not None:
+                kept = [kept[0] + count * b, kept[1] + count * t, kept[2] + count * p]
         if beside:  # the fastest of the steps beside, where they are timed at this layer's shape
             at = {s: us(source, SERIES[s], shape) for s in beside}
             at = {s: v for s, v in at.items() if v is not None}
@@ -296,14 +304,20 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES, beside=()) -> str:
     steps = {r[-1] for r in rows}  # one step at every layer: named once, in the header
     one = f" ({steps.pop()})" if len(steps) == 1 else ""
     extra = f" | the fastest of steps {and_list(str(s) for s in beside)}" if beside else ""
+    gem = f" | {step_label(peer).split(',')[0]}" if peer is not None else ""
     lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}.\n",
-             f"| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x{one} | × faster{extra} |",
-             "|---|---|---|---|---|---|" + ("---|" if beside else "")]
+             f"| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x{one} | × faster{extra}{gem} |",
+             "|---|---|---|---|---|---|" + ("---|" if beside else "") + ("---|" if peer is not None else "")]
     for i, (name, n, k, timed, count, b, t, step) in enumerate(rows):
         lines.append(f"| {name} ({n} × {k}) | {timed} | {count} | {b:.1f} | {t:.1f}"
-                     + ("" if one else f" ({step})") + f" | {b / t:.2f}" + (others[i] if beside else "") + " |")
+                     + ("" if one else f" ({step})") + f" | {b / t:.2f}" + (others[i] if beside else "")
+                     + (theirs[i] if peer is not None else "") + " |")
     lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
-                 f"**{base / ours:.2f}**" + (f" | **{best:.1f}**" if beside else "") + " |")
+                 f"**{base / ours:.2f}**" + (f" | **{best:.1f}**" if beside else "") + (" |" if peer else "") + " |")
+    if peer is not None and kept[2]:
+        lines.append(f"| **the same, the layers {step_label(peer).split(',')[0]} was timed at** | | | "
+                     f"**{kept[0]:.1f}** | **{kept[1]:.1f}** | **{kept[0] / kept[1]:.2f}**" + (" |" if beside else "")
+                     + f" | **{kept[2]:.1f}** |")
     apart = further_run(results, LAYER_RUN) if layers is not None else ""
     if apart:  # only the shapes the benchmark lacks are read from the layer run
         gpu = Path(results.path).parent.name
@@ -447,7 +461,7 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
         for group, peer in ((FLOAT_X_SERIES, GEMLITE), (list(w2a8), INT_MM)):
             row, s = fastest(results, group, shape=shape, m=m)
             t = None if row is None else round(row["ms"] * 1e3, 1)
-            cells.append("–" if row is None else f"{t:.1f} ({base / t:.1f}×, {_launch(s)})")
+            cells.append("–" if row is None else f"{t:.1f} ({base / t:.1f}×, {_launch(s, results, shape, m)})")
             p = us(results, peer, shape, m)
             p = None if p is None else round(p, 1)
             bad = p is not None and bool({(peer, shape, m), (peer, shape, None)} & failed)
@@ -465,9 +479,18 @@ FAILS = "✗"
 FAILS_NOTE = f"\n\n{FAILS}: the peer's output fails our float64 check here; its time as measured, no ratio."
 
 
-def _launch(series: str) -> str:
+def _launch(series: str, results=None, shape: str | None = None, m: int | None = None) -> str:
     """A series as a table names it: the step's name, and where it is one of the step's other launches (the place
-    x is quantised), that place: "`step23_w2a8_fused`, x quantised in every block"."""
+    x is quantised), that place: "`step23_w2a8_fused`, x quantised in every block". Step 23 at a case (``results``,
+    ``shape``, ``m``) where its default quantises x by a kernel of its own (above 8 rows) says so instead of
+    "fused"."""
+    if series == SERIES[23] and results is not None and shape is not None and m is not None:
+        from studylog.ternary.w2a8 import w2a8_default_quantize
+
+        n, k = (int(v) for v in shape.split("x"))
+        sms = results.data.get("device", {}).get("sm_count", 132)
+        if w2a8_default_quantize(m, n, k, sms) == "separate":
+            return f"step 23 at {m} rows: W2A8, x quantised by a kernel of its own"
     name, _, option = series_label(series).split(" (")[0].partition(", x quantised at quantize=")
     place = {"every block": "in every block", "separate": "by a kernel of its own"}.get(option.strip("'"),
                                                                                          option.strip("'"))
@@ -619,6 +642,11 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
     if empty is not None:
         lines.append(f"| an empty Triton kernel launched from Python (host time only, this run's) | – | – | "
                      f"{empty * 1e3:.1f} | – |")
+    plain, plan = (gpu_row(results, s, cases[0][0], cases[0][1]) for s in (SERIES[23], PLAN))
+    if plain is not None and plan is not None and f"{plain['ms'] * 1e3:.1f}" != f"{plan['ms'] * 1e3:.1f}":
+        lines.append(f"\nThe plan runs step 23's kernel; its GPU time is a second timing of that kernel "
+                     f"({plan['ms'] * 1e3:.1f} µs through the plan, {plain['ms'] * 1e3:.1f} µs called plainly: two "
+                     "runs of the same kernel).")
     return "\n".join(lines)
 
 
@@ -811,9 +839,9 @@ PART1_ROWS = (
     (6, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
     (8, 16, 6, "tried, did not pay at 4096 × 14336: 1.6-bit weights with `tl.dot`"),
     (9, 16, 6, "tried, did not pay at 4096 × 14336: int8 activations on the int8 tensor cores"),
-    (10, 16, 6, "step 6 at configs made for the tensor cores"),
+    (10, 16, 6, "step 6 at configs made for the tensor cores (kept for step 13)"),
     (11, 16, 10, "two weights an AND and a packed FMA, on the `2bit` layout"),
-    (12, 16, 11, "no masks in the loop"),
+    (12, 16, 11, "no masks in the loop (kept for step 13)"),
     (13, 16, 12, "the `2bit_mma` layout"),
     (14, 16, 13, "split K through a zeroed workspace, no memset"),
 )
@@ -931,6 +959,30 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False, rows_
                    f"{shape.replace('x', ' × ')}, {card(results)}, GPU clock**")
         tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == m], shape, read_only, roles))
     return "\n\n".join(tables)
+
+
+#: The steps of part 1 built for one row of x: the one-number table times them at M = 1, the rest at M = 16.
+ONE_ROW_STEPS = (1, 2, 3, 4, 5)
+
+
+def one_number_table(results, rows, shape: str = MAIN, many: int = 16) -> str:
+    """Markdown, one number a step: each step of ``rows`` (:data:`PART1_ROWS`' form) once, at one row of x if it is
+    one of :data:`ONE_ROW_STEPS` (built for decode), else at ``many`` rows (built for several): its rows of x, GPU
+    time at ``shape`` (µs), × previous (the step before at the same rows of x; "–" for the first step at ``many``
+    rows, whose one-row step is not timed there) and × the 2-bit floor at those rows, under a caption naming the
+    shape, card and clock. Every ratio is of two times in the table."""
+    picked = [r for r in rows if (r[1] == 1) == (r[0] in ONE_ROW_STEPS) and r[1] in (1, many)]
+    lines = [f"**{shape.replace('x', ' × ')}, {card(results)}, GPU clock: steps 1 to {max(ONE_ROW_STEPS)} at one "
+             f"row of x (M = 1), built for decode; steps {picked[len(ONE_ROW_STEPS)][0]} to {picked[-1][0]} at {many} rows "
+             f"(M = {many}), built for several**", "",
+             "| step | the change | M | µs | × previous | × the 2-bit floor |", "|---|---|---|---|---|---|"]
+    for number, m, previous, change in picked:
+        cells = _boehm_rows(results, [(number, m, previous, change)], shape).splitlines()[2].strip().strip("|")
+        cells = [c.strip() for c in cells.split(" | ")]
+        if previous is None and m != 1:
+            cells[3] = f"– (the first at {m} rows)"
+        lines.append("| " + " | ".join(cells[:2] + [str(m)] + cells[2:]) + " |")
+    return "\n".join(lines)
 
 
 def shown(t: Optional[float]) -> Optional[float]:
