@@ -446,15 +446,18 @@ def test_each_steps_code_is_a_short_diff_of_the_librarys_loop():
     and lists the sampler's allowed-only argmax; at most 40 changed lines a step, no line past 100 characters."""
     from studylog.source import Code, Diff
 
-    for step in (2, 3):
+    for step in (2, "3a", 3):
         parts = lesson.step_code(step)
         diffs = [p for p in parts if isinstance(p, Diff)]
         assert diffs and sum(len(d.added) + len(d.removed) for d in diffs) <= 40, step
         assert all(len(line) <= 101 for d in diffs for line in d.lines[2:]), step
     (two,) = lesson.step_code(2)
     assert any("auto.token_jump(state)" in line for line in two.added) and two.removed == ["    return"]
-    mask, run, sample = lesson.step_code(3)
-    assert any("grammar.allowed(" in line for line in mask.added) and any("fill_next_token_bitmask" in line
+    (cached,) = lesson.step_code("3a")  # 3a: the mask's source, xgrammar's matcher to the automaton's sets
+    assert any("fill_next_token_bitmask" in line for line in cached.removed)
+    assert any("grammar.state_words(" in line for line in cached.added)
+    mask, run, sample = lesson.step_code(3)  # step 3, from 3a: ids instead of bitmask words, and the masked head
+    assert any("grammar.allowed(" in line for line in mask.added) and any("grammar.state_words(" in line
                                                                           for line in mask.removed)
     assert any("masked_head_kernel" in line for line in run.added)
     assert any("apply_token_bitmask_inplace" in line for line in run.removed)
@@ -799,10 +802,13 @@ def test_the_answer_leads_with_the_real_model_and_the_8b_run_is_the_8b_cost_mode
     assert "real deployments" not in page and "how much faster does" not in text[0]
     for gone in ("headline", "8B shape", "8B-shaped cost model", "1B shape"):
         assert gone not in page, gone
-    # 3a's result: SmolLM2's from the steps table, the cost models' from the chain, one sentence, each said once
-    three_a = next(t for t in text if "#### 3a" in t)
+    # 3a: a section of its own between step 2 and step 3, its diff its own; its SmolLM2 ratios are the answer's and
+    # the steps table's (not repeated), the cost models' the chain's
+    three_a = next(t for t in text if t.startswith("## 3a"))
+    assert text.index(three_a) < text.index(next(t for t in text if t.startswith("## Step 3")))
     said = " ".join(text[text.index(three_a) + 1].split())
-    assert "rr['main']['x_3a']" in said and "rr['second']['x_3a']" in said and "the steps table" in said
+    assert "rr['main']['x_3a']" not in said and "the two runs disagree (the steps table)" in said
+    assert 'lesson.step_code("3a")' in said and "host work, neither chapter's" in said
     assert "in the chain's run" in said and "a['x_previous']" not in said  # the chain's numbers: its table only
     assert "sa[" not in page and "with_3a=True" in page  # the open steps table's 8B column has 3a (the main run)
     assert 'lesson.steps_table(shown, "1b", 1, with_3a=False)' in page and "lesson.steps_runs_table(shown, second)" in page
@@ -962,32 +968,35 @@ def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top(
     assert lesson.range_top(shown, "8b", 1)["ratio"] == pytest.approx(case["fastest"])
 
 
-def test_the_one_steps_table_gives_smollm2_in_both_runs_beside_the_8b_cost_model_and_folds_the_1b():
-    """The page's open steps table is one table: SmolLM2's steps (3a its own row) in the chapter's run and in the
-    second H200 run, each "× previous" the ratio of its own column's times, its forwards per token and its time over
-    the forward-time bound (the scoreboard's bound for this loop), then the 8B cost model's steps in the chapter's
-    run (3a its own row, "× floor"); its first and last SmolLM2 times are the result table's step 1 and step 3. The 1B
-    cost model's steps follow in a fold right below (step 3 over step 2: 3a on the cost models is the chain's)."""
+def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_the_8b_and_the_1b_folded():
+    """One steps table a model. SmolLM2's: its steps (3a its own row) in the chapter's run and in the second H200 run,
+    each "× previous" the ratio of its own column's times, what the two runs say together (a step is resolved only
+    where both agree) and the time over the forward-time bound (the scoreboard's bound for this loop); its first and
+    last times are the result table's step 1 and step 3; the drift between the runs is said once, under it, from the
+    files. The 8B cost model's steps (3a its own row, "× floor") in a table of their own, in the open; the 1B cost
+    model's in a fold (step 3 over step 2: 3a on the cost models is the chain's)."""
     results, second = lesson.committed(), lesson.second_run()
     cell = next(t for t in _page_cells() if "lesson.steps_runs_table(shown, second)" in t)
-    assert cell.index("lesson.steps_runs_table(shown, second)") < cell.index(":::{{dropdown}} The 1B cost model's steps")
-    assert cell.index(":::{{dropdown}}") < cell.index('lesson.steps_table(shown, "1b", 1, with_3a=False)')
+    assert cell.index("lesson.steps_runs_table(shown, second)") < cell.index("lesson.run_drift(shown, second)")
+    assert ":::{{dropdown}}" not in cell
+    eight_cell = next(t for t in _page_cells() if 'lesson.steps_table(shown, "8b", 1, with_3a=True)' in t)
+    at = eight_cell.index('lesson.steps_table(shown, "8b", 1, with_3a=True)')  # in the open, then the 1B folded
+    assert "8B cost model" in eight_cell[:at] and ":::{{dropdown}}" not in eight_cell[:at]
+    assert at < eight_cell.index(":::{{dropdown}} The 1B cost model's steps") < eight_cell.index(
+        'lesson.steps_table(shown, "1b", 1, with_3a=False)')
     table = lesson.steps_runs_table(results, second)
     head = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
     assert head == ["step", "the one change", "SmolLM2-135M (13 requests), main run: µs per token", "× previous",
-                    "second run: µs per token", "× previous", "forwards per token", "× forward-time bound",
-                    "8B cost model, main run: µs per token", "× previous", "× floor"]
+                    "second run: µs per token", "× previous", "both runs", "× forward-time bound"]
     rows = _table_rows(table)
     assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "3a: allowed sets precomputed",
                                     "step 3: the masked head"]
     assert "host work" in rows[2][1] and "(3b, 3c)" in rows[3][1]
     real, real2 = lesson.real_steps_rows_3a(results, 1), lesson.real_steps_rows_3a(second, 1)
-    eight = lesson.steps_rows(results, "8b", 1, with_3a=True)
     assert [r[2] for r in rows] == [f"{x['us']:,.0f}" for x in real]
     assert [r[4] for r in rows] == [f"{x['us']:,.0f}" for x in real2]
-    assert [r[6] for r in rows] == [f"{x['forwards']:.2f}" for x in real]
-    assert [r[8] for r in rows] == [f"{x['us']:,.0f}" for x in eight]
-    assert [r[10] for r in rows] == [f"{x['x_floor']:.2f}×" for x in eight]
+    # the verdicts: the jumps pay in both runs; 3a and the head tie in one run only
+    assert [r[6] for r in rows] == ["–", "pays", "runs disagree", "runs disagree"]
     body = lesson.real_body(results)["us"]
     assert [r[7] for r in rows] == [f"{x['us'] / (x['forwards'] * body):.2f}×" for x in real]
     from book import scoreboard as sb
@@ -996,12 +1005,25 @@ def test_the_one_steps_table_gives_smollm2_in_both_runs_beside_the_8b_cost_model
     smol = next(r for r in sb.entry_rows(entry) if "missing" not in r and r.get("real_model")
                 and sb.short_card(r["card"]) == "H200")
     assert smol["binding_floor_ms"] * 1e3 * float(rows[3][7].rstrip("×")) == pytest.approx(real[3]["us"], rel=0.005)
-    for col in (2, 4, 8):  # each "× previous" is the ratio of its own column's times, as printed (to rounding)
+    for col in (2, 4):  # each "× previous" is the ratio of its own column's times, as printed (to rounding)
         us = [float(r[col].replace(",", "")) for r in rows]
         assert rows[0][col + 1] == "–"
         for r, before, after in zip(rows[1:], us, us[1:]):
             assert float(r[col + 1].split("×")[0]) == pytest.approx(before / after, abs=0.006)
             assert r[col + 1].endswith("(tie)") == is_tie(float(r[col + 1].split("×")[0]))
+    # the drift, from the two runs' rows: every step slower in the main run, by the range the page prints
+    drift = lesson.run_drift(results, second)
+    times = [a["us"] / b["us"] - 1 for a, b in zip(real, real2)]
+    assert drift["time"] == pytest.approx((min(times), max(times))) and drift["time"][0] > 0
+    assert 0.05 < drift["ratio"] < 0.15
+    # the 8B table: its own ratios, 3a its own row
+    eight = _table_rows(lesson.steps_table(results, "8b", 1, with_3a=True))
+    assert [r[0] for r in eight] == [r[0] for r in rows]
+    us = [float(r[2].replace(",", "")) for r in eight]
+    for r, before, after in zip(eight[1:], us, us[1:]):
+        assert float(r[3].split("×")[0]) == pytest.approx(before / after, abs=0.006)
+
+
     case = {(r["model"], r["batch"]): r for r in lesson.result_rows(results)}[("smollm2", 1)]
     assert real[0]["us"] == pytest.approx(case["step1_us"]) and real[-1]["us"] == pytest.approx(case["step3_us"])
     # the jumps save forwards on the real model: the step 2 section explains its ratio with these counts
@@ -1017,6 +1039,14 @@ def test_the_one_steps_table_gives_smollm2_in_both_runs_beside_the_8b_cost_model
     us = [float(r[2].replace(",", "")) for r in folded]
     for r, before, after in zip(folded[1:], us, us[1:]):
         assert float(r[3].split("×")[0]) == pytest.approx(before / after, abs=0.006)
+
+
+def test_two_runs_verdicts_from_hand_made_ratios():
+    """What two runs' ratios say together: both past the tie band on one side, both ties, or they disagree."""
+    assert lesson.runs_verdict(1.13, 1.17) == "pays" and lesson.runs_verdict(0.90, 0.95) == "loses"
+    assert lesson.runs_verdict(1.02, 0.98) == "tie"
+    assert lesson.runs_verdict(1.10, 1.02) == "runs disagree" and lesson.runs_verdict(1.05, 0.95) == "runs disagree"
+    assert lesson.runs_verdict(None, 1.2) == "–"
 
 
 def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening_says_which_number_to_take():
@@ -1056,8 +1086,9 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     assert rr["head"][0] < 1 < rr["head"][1]  # the head on SmolLM2: the two runs disagree in sign
     assert rr["jumps"][0] > 1.03 and rr["both"][0] > 1.03  # what survives both runs: the jumps, and step 3 over step 2
     assert rr["x_3a"][1] > 1.03 and is_tie(rr["second"]["x_3a"])  # 3a: pays in the main run, a tie in the second
-    step3 = " ".join(next(t for t in text if "rr['main']['both']" in t).split())
-    assert "rr['second']['both']" in step3 and "do not resolve" in step3 and "{head}" not in step3
+    drift = " ".join(next(t for t in text if "rr['main']['both']" in t).split())  # the steps' run-to-run drift
+    assert "lesson.run_drift(shown, second)" in drift and "**Run-to-run drift.**" in drift
+    assert "rr['second']['both']" in drift and "only their sum is resolved" in drift and "{head}" not in drift
     lo, hi = hr["bar_tick"]
     assert lo < 0 < hi and abs(hr["us_3"] - hr["us_3a"]) < max(-lo, hi)
     # the figure's parts without the body: the head's saving, said beside the totals that cannot resolve it
@@ -1212,8 +1243,9 @@ def test_step_3_says_what_runs_before_the_first_step_and_gives_its_parts_on_the_
     assert parts["x_3a"] * parts["x_3bc"] == pytest.approx(step3)
     assert lesson.outlines_coverage() == (14, 40)
     text = _page_cells()
-    first = next(t for t in text if "rr['main']['both']" in t)
+    first = next(t for t in text if "Step 3 adds chapter 02's two changes to 3a" in t)
     assert "*Where we lose*" in " ".join(first.split()) and "setup[" not in first
+    assert "eight[3]['x_previous']" in first and "rr['main']['head']" in first and "rr['second']['head']" in first
     lose = next(t for t in text if "The parts no chapter touches" in t)
     item = " ".join(lose[lose.index("**A new grammar costs more than its request.**"):].split("\n* ")[0].split())
     assert "lesson.grammar_setup(shown)" in lose and "lesson.outlines_coverage()" in lose and "not timed" in item
@@ -1222,9 +1254,9 @@ def test_step_3_says_what_runs_before_the_first_step_and_gives_its_parts_on_the_
     assert "01_fsm_compression.ipynb#the-result-beside-xgrammar-and-llguidance" in item
     chain = next(t for t in text if "lesson.step03_chain_rows(changes)" in t)
     assert "rp[" not in chain and "rr[" not in chain  # SmolLM2's 3a is said once, in 3a's own section
-    three_a = text[text.index(next(t for t in text if "#### 3a" in t)) + 1]
-    assert "rr['main']['x_3a']" in three_a and "(the steps table)" in three_a and "in the chain's run" in three_a
-    assert three_a.count("rr['main']['x_3a']") == 1 and "a['x_previous']" not in three_a
+    three_a = text[text.index(next(t for t in text if t.startswith("## 3a"))) + 1]
+    assert "(the steps table)" in three_a and "in the chain's run" in three_a and "a['x_previous']" not in three_a
+    assert sum(t.count("rr['main']['x_3a']") for t in text) == 1  # said once: in the answer
     assert "lesson.real_step03_parts(shown)" in "\n".join(text)
     lose = next(t for t in text if "The parts no chapter touches" in t)
     assert "faster on steered synthetic output" in lose

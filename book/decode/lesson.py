@@ -610,7 +610,7 @@ STEP_LABELS = {"baseline": "step 1: the baseline loop", "jump_forward": "step 2:
                "masked_head": "step 3: the masked head"}
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 01)",
-                "masked_head": "chapter 02's masked head, in three changes, 3a to 3c (step 3's section)"}
+                "masked_head": "3a's cached allowed sets, then chapter 02's masked head and argmax (3b, 3c)"}
 
 
 #: Step 3's other changes, in a table where 3a has its own row (:func:`steps_table`).
@@ -1256,8 +1256,9 @@ def step_code(step: int) -> list:
     """What a step changes in the loop, read from the library's ``studylog/decode/loop.py`` when the page runs: each
     function the step's configuration runs differently, as a diff from the step before
     (:func:`book.decode.resolve.config_diff`: both configurations' tests resolved), titled in words. Step 2: what
-    happens after each token. Step 3: where the allowed set comes from and the head's launch (3a, 3b), then, as a
-    listing, the sampler's branch that step 3's allowed set turns on (3c: the argmax among the allowed ids)."""
+    happens after each token. 3a: where the mask comes from (the automaton's sets instead of xgrammar's matcher).
+    Step 3, from 3a: the allowed ids instead of bitmask words and the head's launch (3b), then, as a listing, the
+    sampler's branch that step 3's allowed set turns on (3c: the argmax among the allowed ids)."""
     from studylog.decode.generation import CONFIGS
     from studylog.decode.loop import Decoder
     from studylog.source import Code
@@ -1267,15 +1268,18 @@ def step_code(step: int) -> list:
     if step == 2:
         return [config_diff(Decoder._settle, CONFIGS["baseline"], CONFIGS["jump_forward"],
                             ("step 1, after each token", "step 2"))]
+    if step == "3a":  # the mask's source only: the automaton's sets, as xgrammar's bitmask words
+        return [_gpu_diff(Decoder._host_mask, CONFIGS["jump_forward"], CONFIGS["automaton_mask"],
+                          ("step 2, the next position's mask", "3a"))]
     if step == 3:
-        old, new = CONFIGS["jump_forward"], CONFIGS["masked_head"]
+        old, new = CONFIGS["automaton_mask"], CONFIGS["masked_head"]
         sample = _between(_function_body(Decoder._sample), "if temperature == 0 and", "return")
         sample = [line.replace(f" and {_ON_GPU}", "") for line in sample]
-        return [_gpu_diff(Decoder._host_mask, old, new, ("step 2, the next position's mask", "step 3")),
-                _gpu_diff(Decoder._run, old, new, ("step 2, each step after the body", "step 3")),
+        return [_gpu_diff(Decoder._host_mask, old, new, ("3a, the next position's mask", "step 3")),
+                _gpu_diff(Decoder._run, old, new, ("3a, each step after the body", "step 3")),
                 Code(textwrap.dedent("\n".join(sample)), "python",
                      "the sampler, given an allowed set (3c): the greedy token among its ids")]
-    raise ValueError(f"steps 2 and 3 change the loop; step {step} is the loop itself")
+    raise ValueError(f"steps 2, 3a and 3 change the loop; step {step} is the loop itself")
 
 
 def appendix() -> str:
@@ -1354,30 +1358,57 @@ def _ratio_cell(x: float | None) -> str:
     return "–" if x is None else _tie_or(lambda a, b: f"{a / b:.2f}×", x, 1.0)
 
 
-def steps_runs_table(results, second, batch: int = 1, also: str = "8b") -> str:
-    """:func:`steps_runs` as the page's one steps table (Markdown): per row its one change; SmolLM2's time and
-    "× previous" in the chapter's run and in the second run (each ratio the ratio of its own column's times), its
-    forwards per token and its time over the forward-time bound (the chapter's run); then the cost model's time,
-    "× previous" and "× floor" (the chapter's run)."""
-    rows = steps_runs(results, second, batch, also)
+def runs_verdict(x: float | None, x2: float | None) -> str:
+    """What two runs' "× previous" say together: "pays" or "loses" where both are past the course's tie band on the
+    same side, "tie" where both are ties, "runs disagree" otherwise (one a tie, or opposite sides); "–" without
+    both."""
+    if x is None or x2 is None:
+        return "–"
+    from book.common import is_tie
+
+    if is_tie(x) and is_tie(x2):
+        return "tie"
+    if not is_tie(x) and not is_tie(x2) and (x > 1) == (x2 > 1):
+        return "pays" if x > 1 else "loses"
+    return "runs disagree"
+
+
+def run_drift(results, second, batch: int = 1) -> dict | None:
+    """How far the real model's two H200 runs (the chapter's and :func:`second_run`) are apart, over the steps table's
+    rows: each step's time in the chapter's run over the second's, less one (``time``: least, most), and each
+    "× previous" likewise (``ratio``: the largest, either way). None without both runs' four rows."""
+    if second is None:
+        return None
+    one, two = real_steps_rows_3a(results, batch), real_steps_rows_3a(second, batch)
+    if len(one) < 4 or len(two) < 4:
+        return None
+    times = [a["us"] / b["us"] - 1 for a, b in zip(one, two)]
+    ratios = [max(a["x_previous"], b["x_previous"]) / min(a["x_previous"], b["x_previous"]) - 1
+              for a, b in zip(one[1:], two[1:])]
+    return {"time": (min(times), max(times)), "ratio": max(ratios)}
+
+
+def steps_runs_table(results, second, batch: int = 1) -> str:
+    """:func:`steps_runs` as the real model's steps table (Markdown): per row its one change; SmolLM2's time and
+    "× previous" in the chapter's run and in the second run (each ratio the ratio of its own column's times), what
+    the two runs say together (:func:`runs_verdict`) and the time over the forward-time bound (the chapter's run).
+    The cost models have tables of their own (:func:`steps_table`)."""
+    rows = steps_runs(results, second, batch)
     if not rows:
         return f"({PENDING}: this file holds no real-model requests with 3a)"
     n = len(_real_rows(results, batch))
-    shape = STEPS_TABLE_SHAPES.get(also, also)
     two = rows[0]["real2"] is not None
     head = [f"SmolLM2-135M ({n} requests), main run: µs per token", "× previous"]
-    head += ["second run: µs per token", "× previous"] if two else []
-    head += ["forwards per token", "× forward-time bound", f"{shape}, main run: µs per token", "× previous",
-             "× floor"]
+    head += ["second run: µs per token", "× previous", "both runs"] if two else []
+    head += ["× forward-time bound"]
     lines = ["| step | the one change | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
     for r in rows:
         x = r["real"]
         cells = [r["label"], r["change"], f"{x['us']:,.0f}", _ratio_cell(x["x_previous"])]
         if two:
-            cells += [f"{r['real2']['us']:,.0f}", _ratio_cell(r["real2"]["x_previous"])]
-        cells += [f"{x['forwards']:.2f}", "–" if r["bound"] is None else f"{r['bound']:.2f}×"]
-        c = r["cost"]
-        cells += ["–"] * 3 if c is None else [f"{c['us']:,.0f}", _ratio_cell(c["x_previous"]), f"{c['x_floor']:.2f}×"]
+            x2 = r["real2"]
+            cells += [f"{x2['us']:,.0f}", _ratio_cell(x2["x_previous"]), runs_verdict(x["x_previous"], x2["x_previous"])]
+        cells += ["–" if r["bound"] is None else f"{r['bound']:.2f}×"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -323,6 +323,39 @@ def kept_results(results, workload: str = "extraction"):
     return Results(results.path, {**results.data, "measurements": closed_rows(results, workload)})
 
 
+def prefill_words(results, batch: int = 1) -> dict[str, Any]:
+    """The first step of a request, the prompt's forward, in both loops (chapter 07's step 3 and the shipped step) at
+    ``batch``: the prompts' lengths (``tokens``: least, most: the first chunk), the largest graph-captured chunk
+    (``chunk``: a longer chunk runs eagerly, :meth:`studylog.decode.loop.Decoder._body`) and the median first step
+    over both loops' requests (``ms``)."""
+    import inspect
+
+    from studylog.speculate.loop import SpeculativeDecoder
+
+    rows = [r for r in report.rows_of(results.rows, batch=batch) if r["series"] in ("ch7_step03", SHIPPED)]
+    chunk = inspect.signature(SpeculativeDecoder.__init__).parameters["chunk_sizes"].default[-1]
+    first = [r["chunk_lengths"][0] for r in rows]
+    return {"tokens": (min(first), max(first)), "chunk": chunk,
+            "ms": statistics.median(r["first_step_ms"] for r in rows)}
+
+
+def median_pairing(results, batch: int = 8, workload: str = "extraction") -> dict[str, Any]:
+    """Why the ratio of two medians and the median of the requests' (or batches') own ratios part: the request whose
+    time is chapter 07's median (``ch7``), the one whose time is the shipped step's (``ours``), the two statistics
+    (``ratio_of_medians``, ``median_ratio``) and how many requests or batches there are (``n``)."""
+    ch7 = {r["params"]["request"]: r["ms"] for r in _rows(results, batch, workload, "ch7_step03")}
+    ours = {r["params"]["request"]: r["ms"] for r in _rows(results, batch, workload, SHIPPED)}
+    names = sorted(set(ch7) & set(ours))
+
+    def median_of(times: dict[str, float]) -> str:  # the request at the median (an odd count: one of them)
+        ranked = sorted(names, key=times.get)
+        return ranked[len(ranked) // 2]
+
+    return {"ch7": median_of(ch7), "ours": median_of(ours), "n": len(names),
+            "ratio_of_medians": statistics.median(ch7[n] for n in names) / statistics.median(ours[n] for n in names),
+            "median_ratio": statistics.median(ch7[n] / ours[n] for n in names)}
+
+
 def kept_requests(results, workload: str = "extraction") -> set[str]:
     """The names of the batch-1 ``workload`` requests the headline keeps (those that close their JSON)."""
     return set(report.closed_requests(results.rows, workload))
