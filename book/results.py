@@ -166,7 +166,7 @@ def decode_split_words(split: dict[str, float], landing: bool = False, bold: boo
         jumps = f"{split['jumps']:.2f}×"
         return (f"on SmolLM2-135M, chapter 01's exact jumps {f'**{jumps}**' if bold else jumps}; chapter 02's head "
                 + ("a tie there" if tied else f"{split['head']:.2f}× there")
-                + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model"))
+                + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model (synthetic weights)"))
     again = "" if not split.get("again") else f", {split['again']['sets']:.2f}× in another run"
     return (f"the cached allowed sets ({split['sets']:.2f}×{again}) assume a grammar compiled once and reused (a median "
             f"{split['compile_ms']:.0f} ms to compile, against {split['request_ms']:.0f} ms to decode a request)")

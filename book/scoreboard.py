@@ -1633,13 +1633,12 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             vs += f" vs {r['rival_name']}"
         if r["number"] == 7 and r["vs_rival"] is not None and "SmolLM2" in r["ours"]:
             # what the loop's ratio is made of: chapter 01's jumps, the cached sets (host work), chapter 02's head
-            from book.common import is_tie
             from book.results import decode_split
 
             split = decode_split(folders[r["card"]])
-            if split:
-                head = (f"a tie ({split['head']:.2f}×)" if is_tie(split["head"]) else f"{split['head']:.2f}×")
-                vs += f": {split['jumps']:.2f}× jumps, {split['sets']:.2f}× cached sets, {head} for the head"
+            if split:  # the two runs split 3a and the head differently: only their product is resolved
+                vs += (f": {split['jumps']:.2f}× jumps, {split['sets'] * split['head']:.2f}× the cached sets and "
+                       "the head together")
         if r["ratio_note"] and r["rival_clock"] == r["clock"] and not r.get("loop_bound"):
             # less what the speedup cell's words already say; a decode loop's spread over its requests is the
             # results page's note (this page is about its bound)

@@ -228,7 +228,7 @@ def test_landing_answers_are_one_number_each_with_the_eager_caveats_in_short_sen
             assert second.startswith("chapter 02's head "), cell
             assert ("a tie there" in second) == is_tie(split["head"]), cell
             assert is_tie(split["head"]) or f"{split['head']:.2f}× there" in second, cell
-            assert split["head_8b"] is None or second.endswith(f", {split['head_8b']:.2f}× on the 8B cost model"), cell
+            assert split["head_8b"] is None or second.endswith(f", {split['head_8b']:.2f}× on the 8B cost model (synthetic weights)"), cell
             assert real is not None
             continue
         if title.startswith("02.") and results.compiled_gather_rows():
