@@ -313,7 +313,7 @@ def _masked_lm_head(data):
     if plan is not None:
         # the card's floors are those of any call (its bytes, its shortest chain); the step's own design, a copy from host
         # memory then two dependent kernels, sets a tighter bound, given beside them, not in their place
-        bound = ({"design_bound_ms": floor, "design_bound_words": f"the bitmask's copy + {BITMASK_CHAIN_KERNELS} launches",
+        bound = ({"design_bound_ms": floor, "design_bound_words": f"our design's bound: the bitmask's copy + {BITMASK_CHAIN_KERNELS} launches",
                   "design_bound_what": f"the packed bitmask's copy from pinned host memory ({copy['bytes']:,} bytes), "
                                        f"timed alone in a separate run, then {BITMASK_CHAIN_KERNELS} dependent kernels "
                                        "at an empty kernel's time each: a bound on our step's design, not the card's"}

@@ -193,9 +193,9 @@ def _legend_below(fig, axes, ncol=3, y=LEGEND_Y):
                frameon=False, bbox_to_anchor=(0.5, y))
 
 
-#: The W2A8 kernels a peer's bar divides by: step 23 at its default place to quantise x, and step 25 (the
-#: launches the pages quote).
-W2A8_DEFAULTS = [SERIES[23], SERIES[25]]
+#: The W2A8 kernel a peer's bar divides by: step 23, the kernel `W2A8Plan` runs at every M, as the result table
+#: pairs it (the tried steps 24 and 25 are the steps section's).
+W2A8_DEFAULTS = [SERIES[23]]
 
 
 #: How a peer's time whose output fails our float64 check is drawn in the steps figure (a red cross instead of a
@@ -414,7 +414,8 @@ def figures(results, bitnet=None) -> dict:
             ax.axhline(1.0, color="k", lw=1)
             ax.set_ylabel("peer's time / our fastest's (GPU clock)", fontsize=FONT)
             ax.set_title(f"{card}, M = {m}", fontsize=FONT + 1)
-        _head(fig, "The rival's time over ours: step 23's against BitNet's kernel, else our fastest kernel's (below 1:"
+        _head(fig, "The rival's time over ours: step 23's against BitNet's kernel and torch._int_mm, our fastest bf16-x"
+                   " kernel's against GemLite and cuBLAS (below 1:"
               " the rival is faster; no bar: not run there, or, under a red ✗ note, the rival's output fails our float64"
               " check, so no ratio; whiskers: the rival's repetitions)" if bit_view is not None else
               "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there, or, under"
