@@ -151,8 +151,8 @@ def decode_split(card: Path) -> dict[str, float] | None:
     small = (with_3a[0]["us"], with_3a[2]["us"]) if len(with_3a) >= 4 else None  # step 1 and 3a, µs a token
     second = lesson.second_run()  # the SmolLM2 rows sit within run-to-run noise: the second H200 run beside them
     again = None if second is None else lesson.real_steps_rows_3a(second, 1)
-    again = {"sets": again[2]["x_previous"], "small": again[0]["us"] / again[2]["us"]} if again and len(again) >= 4 \
-        else None
+    again = {"sets": again[2]["x_previous"], "small": again[0]["us"] / again[2]["us"], "head": again[3]["x_previous"]} \
+        if again and len(again) >= 4 else None
     return {"jumps": steps[1]["x_previous"], "sets": parts["x_3a"], "head": parts["x_3bc"], "head_8b": head_8b,
             "compile_ms": setup["automaton_ms"], "request_ms": setup["decode_ms"], "small": small, "again": again}
 
@@ -161,11 +161,17 @@ def decode_split_words(split: dict[str, float], landing: bool = False, bold: boo
     """:func:`decode_split` in words. ``landing``: what chapters 01 and 02 buy on SmolLM2-135M (chapter 01's jumps,
     the answer, bold where ``bold``; chapter 02's head beside it, a tie there by the course's tie rule, with its gain
     on the 8B cost model); otherwise the reuse the cached allowed sets (host work, neither chapter's) assume."""
+    from book.decode.lesson import runs_verdict
+
     tied = is_tie(split["head"])
+    # what both H200 runs say of the head together, as chapter 07's steps table does; one run's word without them
+    verdict = runs_verdict(split["head"], split["again"]["head"]) if split.get("again") else (
+        "tie" if tied else "pays")
     if landing:  # what each chapter buys, each against the step before; the cached sets (host work) apart
         jumps = f"{split['jumps']:.2f}×"
         return (f"on SmolLM2-135M, chapter 01's exact jumps {f'**{jumps}**' if bold else jumps}; chapter 02's head "
-                + ("a tie there" if tied else f"{split['head']:.2f}× there")
+                + ("a tie there" if verdict == "tie" else "unresolved there (two runs disagree)"
+                   if verdict == "runs disagree" else f"{split['head']:.2f}× there")
                 + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model (synthetic weights)"))
     again = "" if not split.get("again") else f", {split['again']['sets']:.2f}× in another run"
     return (f"the cached allowed sets ({split['sets']:.2f}×{again}) assume a grammar compiled once and reused (a median "
@@ -742,8 +748,10 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         n, lost_here, tied_here = (sum(c[i] for _, c in mine) for i in range(3))
         name = f"Chapter {number:02d}" + (f" part {part}" if part else "") + f", {titles.get(number, '')}" + (
             " (Triton)" if part == 1 else " (CUDA C++)" if part == 2 else "")
+        rows_here = len(mine)
         said = ((("called eagerly, ours stays ahead in the one comparison below" if n == 1 else
-                  "called eagerly, ours stays ahead in both comparisons below" if n == 2 else
+                  ("called eagerly, ours stays ahead against both rivals of the row below" if rows_here == 1 else
+                   "called eagerly, ours stays ahead in both comparisons below") if n == 2 else
                   f"called eagerly, ours stays ahead in all {n} comparisons below") if not lost_here and not tied_here
                  else f"called eagerly, ours stays ahead in {n - lost_here - tied_here} of these {n} comparisons"
                  + (f", ties at {tied_here}" if tied_here else "") + (f" and loses at {lost_here}" if lost_here else ""))
