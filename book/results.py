@@ -1419,7 +1419,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     try:  # the deployed budget's shape, where a step is priced, leads; the stress shape follows
                         st = ngram_step(Path(card).parent, Path(card).name)
                         landing[name] = (f"{st['vs_port']:.2f}× at {st['batch']} × {st['seq_len']:,}, budget "
-                                         f"{NGRAM_STEP_CASE[2]}; {x:.2f}× in the stress case")
+                                         f"{NGRAM_STEP_CASE[2]}; {x:.2f}× at {b} × {t:,}, no budget")
                         ran = f", step {st['ours_step']}" if st.get("ours_step") else ""
                         cells[name] = (f"**{st['vs_port']:.2f}×** at {st['batch']} × {st['seq_len']:,}, budget "
                                        f"{NGRAM_STEP_CASE[2]}{ran} ({us(st['ours_us'] / 1e3)} against "

@@ -772,7 +772,7 @@ def test_chapter_three_leads_with_its_headline_case_then_its_range():
         else None
     if deployed is not None:  # the deployed budget leads, as on the results page; the stress case follows
         assert cell.startswith(f"{deployed:.2f}× at 32 × 512, budget 128; "), cell
-    assert cell.endswith(f"; {lead:.2f}× in the stress case"), cell
+    assert cell.endswith(f"; {lead:.2f}× at {many[0]} × {many[1]:,}, no budget"), cell
     (line,) = [ln for ln in results.summary_markdown().splitlines() if "03. N-gram matching](" in ln]
     assert re.search(rf"\*\*{lead:.2f}×\*\* at {many[0]} × {many[1]:,}(, step \d+)? \(", line) and said not in line, line
     notes = results.summary_markdown().split("- **03. N-gram matching**")[1].split("\n- **")[0]
