@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from book.common import against, cached_on_files, read_json, us
+from book.common import against, cached_on_files, is_tie, read_json, us
 from studylog.paths import BENCH_RESULTS
 
 #: What a cell reads where the committed files do not hold the number.
@@ -325,13 +325,13 @@ def _masked_lm_head(data):
                         "xgrammar (cuBLAS logits, then its mask kernel)",
                         one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=_masked_head_bytes(data, plan),
                         latency_floor_ms=latency if chain is None else chain,
-                        latency_what=what if chain is None else "the bitmask's copy from host memory, then one launch",
+                        latency_what=what if chain is None else (
+                            "the bitmask's copy from host memory, timed alone in a separate run, then one empty "
+                            "kernel: no design can start before the bitmask arrives"),
                         short="step 13, whole step", gaps=gaps,
                         floor_notes=("byte floor: the allowed rows of the head read and the fp32 logits written, "
                                      "at the card's copy bandwidth; the packed bitmask's copy from host memory is "
-                                     "not in it",) + (() if chain is None else (
-                                         "latency floor: that copy, timed alone in a separate run, then one empty "
-                                         "kernel: no design can start before the bitmask arrives",)))
+                                     "not in it",))
                    | {"tail_params": MASKED_HEAD_CASE} | bound)
     kernel = one(data, "step12", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
@@ -983,7 +983,7 @@ def _speculate(data):
                 ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request")
                 .replace("each request's own", f"each of these {len(pairs)} requests' own"),
                 notes=("wall clock: the whole step, host included, per output token",
-                       "byte floor: SmolLM2-135M's body read once per forward (chapter 07's run prices its bytes), "
+                       "byte bound: SmolLM2-135M's body read once per forward (chapter 07's run prices its bytes), "
                        "per output token")) | (
         # without the launches' chain no percentage of a smaller bound is given; with it, the larger of the two
         # latency bounds binds: the forward-time bound, which the chapter's page uses too
@@ -1671,7 +1671,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if gap is not None and not p99.startswith("–"):
                 off.append((r, gap))  # the range of these gaps is said once, under the re-run's own table
             tail_cells.append((r, {"p99": p99}))
-        if r.get("rival_spread_ms") and r.get("vs_rival") and 1 < r["vs_rival"] < CLOSE_LEAD:
+        if r.get("rival_spread_ms") and r.get("vs_rival") and 1 < r["vs_rival"] < CLOSE_LEAD and not is_tie(r["vs_rival"]):
+            # (a tie by the course's rule stays a tie: drift between runs exceeds one run's spread)
             # a lead about the size of a spread: whether the two sides' repetitions overlap, said beside it
             (rlo, _, rhi), (olo, ohi) = r["rival_spread_ms"], (r["fastest_ms"], r["slowest_ms"])
             note(r, f"our repetitions took {us(olo)}–{us(ohi)} µs, the rival's {us(rlo)}–{us(rhi)} µs: "

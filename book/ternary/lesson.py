@@ -310,13 +310,15 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES, beside=(), peer: str | N
              "|---|---|---|---|---|---|" + ("---|" if beside else "") + ("---|" if peer is not None else "")]
     for i, (name, n, k, timed, count, b, t, step) in enumerate(rows):
         lines.append(f"| {name} ({n} × {k}) | {timed} | {count} | {b:.1f} | {t:.1f}"
-                     + ("" if one else f" ({step})") + f" | {b / t:.2f}" + (others[i] if beside else "")
+                     + ("" if one else f" ({step})") + f" | {round(b, 1) / round(t, 1):.2f}" + (others[i] if beside else "")
                      + (theirs[i] if peer is not None else "") + " |")
     lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
-                 f"**{base / ours:.2f}**" + (f" | **{best:.1f}**" if beside else "") + (" |" if peer else "") + " |")
+                 f"**{round(base, 1) / round(ours, 1):.2f}**" + (f" | **{best:.1f}**" if beside else "")
+                 + (" |" if peer else "") + " |")  # each ratio as its printed times give it
     if peer is not None and kept[2]:
         lines.append(f"| **the same, the layers {step_label(peer).split(',')[0]} was timed at** | | | "
-                     f"**{kept[0]:.1f}** | **{kept[1]:.1f}** | **{kept[0] / kept[1]:.2f}**" + (" |" if beside else "")
+                     f"**{kept[0]:.1f}** | **{kept[1]:.1f}** | **{round(kept[0], 1) / round(kept[1], 1):.2f}**"
+                     + (" |" if beside else "")
                      + f" | **{kept[2]:.1f}** |")
     apart = further_run(results, LAYER_RUN) if layers is not None else ""
     if apart:  # only the shapes the benchmark lacks are read from the layer run
