@@ -949,7 +949,8 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
     lines.append("| " + " | ".join(cells) + " |")
     times = [(cfg, grid_row(results, CHAPTER.step(1).series, cfg)) for cfg in cases]
     notes = ["Cells: µs on the GPU clock (× the row it builds on, named where it is not the row above), and the time "
-             "over the floor. ¹ Step 1 runs on the host, end to end: "
+             f"over the floor. `ngram_match`'s row times the entry point itself: the kernels of step {seven} or step "
+             f"{twelve} timed again, through its own call. ¹ Step 1 runs on the host, end to end: "
              + ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r) + "."]
     notes += [timed] if timed else []
     gaps = sorted({n for n, _ in unmeasured})

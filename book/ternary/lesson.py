@@ -968,23 +968,31 @@ ONE_ROW_STEPS = (1, 2, 3, 4, 5)
 
 
 def one_number_table(results, rows, shape: str = MAIN, many: int = 16) -> str:
-    """Markdown, one number a step: each step of ``rows`` (:data:`PART1_ROWS`' form) once, at one row of x if it is
-    one of :data:`ONE_ROW_STEPS` (built for decode), else at ``many`` rows (built for several): its rows of x, GPU
-    time at ``shape`` (µs), × previous (the step before at the same rows of x; "–" for the first step at ``many``
-    rows, whose one-row step is not timed there) and × the 2-bit floor at those rows, under a caption naming the
-    shape, card and clock. Every ratio is of two times in the table."""
+    """Markdown, one number a step, in two tables: the steps of ``rows`` (:data:`PART1_ROWS`' form) in
+    :data:`ONE_ROW_STEPS` (built for decode) at one row of x, then the rest at ``many`` rows (built for several), each
+    under a caption naming its rows of x (with the shape, card and clock on the first): GPU time at ``shape`` (µs),
+    × previous (the step before at the same rows of x; "–" on each table's first step) and × the 2-bit floor at those
+    rows. Every ratio is of two times in its table."""
     picked = [r for r in rows if (r[1] == 1) == (r[0] in ONE_ROW_STEPS) and r[1] in (1, many)]
-    lines = [f"**{shape.replace('x', ' × ')}, {card(results)}, GPU clock: steps 1 to {max(ONE_ROW_STEPS)} at one "
-             f"row of x (M = 1), built for decode; steps {picked[len(ONE_ROW_STEPS)][0]} to {picked[-1][0]} at {many} rows "
-             f"(M = {many}), built for several**", "",
-             "| step | the change | M | µs | × previous | × the 2-bit floor |", "|---|---|---|---|---|---|"]
-    for number, m, previous, change in picked:
-        cells = _boehm_rows(results, [(number, m, previous, change)], shape).splitlines()[2].strip().strip("|")
-        cells = [c.strip() for c in cells.split(" | ")]
-        if previous is None and m != 1:
-            cells[3] = f"– (the first at {m} rows)"
-        lines.append("| " + " | ".join(cells[:2] + [str(m)] + cells[2:]) + " |")
-    return "\n".join(lines)
+    head = ["| step | the change | µs | × previous | × the 2-bit floor |", "|---|---|---|---|---|"]
+    one = [r for r in picked if r[1] == 1]
+    several = [r for r in picked if r[1] == many]
+    out = []
+    for part, caption in ((one, f"**{shape.replace('x', ' × ')}, {card(results)}, GPU clock. At one row of x (M = 1): "
+                                f"steps {one[0][0]} to {one[-1][0]}, built for decode**" if one else ""),
+                          (several, f"**At {many} rows (M = {many}): steps {several[0][0]} and {several[1][0]} to "
+                                    f"{several[-1][0]}, built for several**" if len(several) > 1 else "")):
+        if not part:
+            continue
+        lines = [caption, ""] + head
+        for number, m, previous, change in part:
+            cells = _boehm_rows(results, [(number, m, previous, change)], shape).splitlines()[2].strip().strip("|")
+            cells = [c.strip() for c in cells.split(" | ")]
+            if previous is None:
+                cells[3] = "–"
+            lines.append("| " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
 
 
 def shown(t: Optional[float]) -> Optional[float]:
