@@ -1262,26 +1262,26 @@ def test_the_integration_is_prose_with_one_short_diff_and_its_trace_folded():
 
 
 def test_a_listing_of_an_early_step_leaves_out_a_later_steps_hook():
-    """The library keeps one function for every step; step 0's listing of ``dot_kn`` leaves out step 2's ``wanted``
-    and step 5's of ``one_wait_rows`` step 7's ``EVICTION``, each title saying so; the step that adds a hook shows it
-    as a diff that adds exactly those lines, and a hook no longer found raises instead of showing it."""
-    from studylog.masked_lm_head.compact import one_wait_rows
+    """The library keeps one function for every step; step 0's listing of ``dot_kn`` leaves out step 2's ``wanted``,
+    its title saying so, and step 2 shows it as a diff that adds exactly those lines; a hook no longer found raises
+    instead of showing it. Step 5's ``one_wait_rows`` is shown whole, as step 5's kernel calls it (its last argument,
+    the cache hint step 7 sets), its title saying what that parameter is."""
     from studylog.masked_lm_head.dense import dot_kn
 
-    for fn, name, word, step in ((dot_kn, "dot_kn", "wanted", 2), (one_wait_rows, "one_wait_rows", "EVICTION", 7)):
-        shown = lesson.listing_without_hooks(fn, name, name)
-        assert word not in shown.text and "left out" in shown.title and f"step {step}'s hook" in shown.title
-        diff = lesson.hook_diff(fn, name)
-        added = [ln for ln in diff.lines[2:] if ln.startswith("+")]
-        assert added and all(word in ln for ln in added), added
-        assert 0 < changed_lines_of(diff) <= 6
+    shown = lesson.listing_without_hooks(dot_kn, "dot_kn", "dot_kn")
+    assert "wanted" not in shown.text and "left out" in shown.title and "step 2's hook" in shown.title
+    diff = lesson.hook_diff(dot_kn, "dot_kn")
+    added = [ln for ln in diff.lines[2:] if ln.startswith("+")]
+    assert added and all("wanted" in ln for ln in added), added
+    assert 0 < changed_lines_of(diff) <= 6
     with pytest.raises(ValueError):
         lesson.without_hooks(dot_rows_fn(), "dot_kn")
+    assert set(lesson.HOOKS) == {"dot_kn"}
     cells = {c["id"]: "".join(c["source"]) for c in _notebook_cells()}
     assert 'lesson.listing_without_hooks(dot_kn, "dot_kn"' in cells["cell-05"]
     assert 'lesson.hook_diff(dot_kn, "dot_kn")' in cells["cell-11"]
-    assert 'lesson.listing_without_hooks(one_wait_rows, "one_wait_rows"' in cells["cell-step05-1"]
-    assert 'lesson.hook_diff(one_wait_rows, "one_wait_rows")' in cells["cell-step07-1"]
+    assert "function_listing(one_wait_rows, " in cells["cell-step05-1"] and "EVICTION" in cells["cell-step05-1"]
+    assert "hook_diff" not in cells["cell-step07-1"]
 
 
 def changed_lines_of(diff) -> int:

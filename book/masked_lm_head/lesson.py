@@ -1415,8 +1415,6 @@ HOOKS = {
                     "allows\n", ""),
                    ("            b_mask = b_mask & wanted[None, :]\n", "")),
                "step 2's hook, wanted, left out: step 2 adds it"),
-    "one_wait_rows": (7, ((", EVICTION: tl.constexpr):", "):"), (", eviction_policy=EVICTION", "")),
-                      "step 7's hook, EVICTION, left out: step 5's call passes it \"\", no hint"),
 }
 
 
