@@ -1451,8 +1451,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                             f"sync, in a separate run), `ngram_match` as a reader calls it is "
                             f"{ratio(big, 'ngram_match'):.2f}× faster at {b} × {t:,}, budget {budget}, and "
                             f"{ratio(big, 'matcher'):.2f}× with its step bound once"
-                            + ("" if small is None else f"; at {small_words(NGRAM_STEP_CASE)} the public call gives "
-                               f"{ratio(small, 'ngram_match'):.2f}×"))
+                            + ("" if small is None else f"; at {NGRAM_STEP_CASE[0]} × {NGRAM_STEP_CASE[1]:,}, budget "
+                               f"{NGRAM_STEP_CASE[2]} the public call gives {ratio(small, 'ngram_match'):.2f}×"))
                     else:
                         where = cpu["shape"].replace(" slots of ", " × ").replace(" tokens", "")
                         notes[name].append(f"{name}: against the CPU loop FastDeploy's kernel replaced, end to end (the "
@@ -3096,10 +3096,6 @@ NGRAM_MODEL = (4096, 32, 14336, 8, 128, 128256)
 #: The batch chapter 03 prices a step at: slots, tokens, budget.
 NGRAM_STEP_CASE = (32, 512, 128)
 
-
-def small_words(case: tuple[int, int, int]) -> str:
-    """``(32, 512, 128)`` -> ``"32 × 512, budget 128"``."""
-    return f"{case[0]} × {case[1]:,}, budget {case[2]}"
 
 
 def ngram_step(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[str, Any]:
