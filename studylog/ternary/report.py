@@ -100,15 +100,10 @@ def _step_at(i: int) -> Callable[[Case], bool]:
     return at
 
 
-def _place_at(where: str) -> Callable[[Case], bool]:
-    """Step 23 with x quantised at ``where``: at M = 1 where it takes the problem and is not the default place."""
-    return lambda c: (not c.quick and c.m == 1 and where != w2a8_default_quantize(c.m, c.n, c.k)
-                      and w2a8_takes(c.m, c.n, c.k, where))
-
-
 #: The benchmark, declared: each series in the order a case runs them, and the cases it is measured at (how each
 #: is built, checked and timed: :func:`_specs`). Step 23 through its plan (the host time an eager loop pays) beside
-#: BitNet's kernel and at the targets' shape; its places and the probes (what limits steps 21 and 23) at M = 1.
+#: BitNet's kernel and at the targets' shape; at M = 1, step 23 at each other place that takes the problem, and the
+#: probes (what limits steps 21 and 23).
 TABLE: list[tuple[str, Callable[[Case], bool]]] = [
     (CUBLAS, lambda c: True),
     *((SERIES[i], _step_at(i)) for i in range(1, 26)),
@@ -118,7 +113,8 @@ TABLE: list[tuple[str, Callable[[Case], bool]]] = [
     (INT_MM_MATMUL, lambda c: not c.bitnet_only and c.m == 1),
     (PLAN, lambda c: c.m == 1 and ((c.n, c.k) in BITNET_SHAPES or (c.n, c.k) == (4096, 14336))),
     (BITNET, lambda c: c.m == 1 and (c.n, c.k) in BITNET_SHAPES),
-    *((series, _place_at(where)) for where, series in W2A8_PLACE_SERIES.items() if where != "separate"),
+    *((series, lambda c, q=where: not c.quick and c.m == 1 and q != w2a8_default_quantize(c.m, c.n, c.k)
+       and w2a8_takes(c.m, c.n, c.k, q)) for where, series in W2A8_PLACE_SERIES.items() if where != "separate"),
     *((series, lambda c: not c.quick and c.m == 1 and c.family == "llama") for series in PROBE_SERIES.values()),
 ]
 
@@ -414,7 +410,11 @@ def _bench_shape(run, cases: list[Case], peak: dict, gemlite: Any, bar: Any = No
         if any(GEMLITE in series_at(c) for c in cases) else None
     for case in cases:
         x = torch.randn(case.m, k, device=dev, dtype=torch.bfloat16)
-        refs = _refs(x, weights["float64"], scale)
+        xq, x_scale = quantize_activations(x)
+        x64, xq64, xs64, w64 = x.double(), xq.double(), x_scale.double()[:, None], weights["float64"]
+        refs = {"float": ((x64 @ w64.T) / scale, (x64.abs() @ w64.abs().T) / abs(scale)),
+                "w2a8": ((xq64 @ w64.T) / (xs64 * scale), (xq64.abs() @ w64.abs().T) / (xs64 * abs(scale))),
+                "int32": (xq64 @ w64.T, None), "scale": scale}
         specs = _specs(case, scale, weights, x, refs, layer, bitnet)
         for name in (name for name in series_at(case) if name in specs):
             spec = specs[name]
@@ -426,15 +426,6 @@ def _bench_shape(run, cases: list[Case], peak: dict, gemlite: Any, bar: Any = No
                 if spec.role == "kernel" or name == CUBLAS:
                     raise
                 run.note(f"{name} at {n}x{k}, M = {case.m}: raised {type(err).__name__}: {err}; not measured")
-
-
-def _refs(x: Tensor, w64: Tensor, scale: float) -> dict:
-    """What the checks compare with: float64 of x, and of x quantised (W2A8), each with its magnitude."""
-    xq, x_scale = quantize_activations(x)
-    x64, xq64, xs64 = x.double(), xq.double(), x_scale.double()[:, None]
-    return {"float": ((x64 @ w64.T) / scale, (x64.abs() @ w64.abs().T) / abs(scale)),
-            "w2a8": ((xq64 @ w64.T) / (xs64 * scale), (xq64.abs() @ w64.abs().T) / (xs64 * abs(scale))),
-            "int32": (xq64 @ w64.T, None), "scale": scale}
 
 
 def _check(run, name: str, spec: Series, z: Tensor, params: dict, refs: dict, m: int) -> None:
