@@ -2,6 +2,7 @@
 them (a stand-in for the harness that keeps its bookkeeping), the whole per-shape loop on a small shape with the
 CUDA C++ steps replaced by the float64 reference, and what reads a results file on the one clock."""
 
+import json
 import statistics
 from pathlib import Path
 
@@ -25,51 +26,83 @@ from ternary_helpers import unpack
 
 def test_cases_cover_every_step_the_targets_and_the_peers():
     every = T.bench_cases()
-    cases = [c for c in every if c[:3] in T.BENCH_SHAPES]
+    cases = [c for c in every if (c.family, c.n, c.k) in T.BENCH_SHAPES]
     assert len(cases) == len(T.BENCH_SHAPES) * len(T.BENCH_MS)
     # BitNet's kernel at every shape it is compiled for (M = 1); those BENCH_SHAPES lacks measured for it only
-    assert [c for c in every if c not in cases] == [("bitnet", n, k, 1) for n, k in R.BITNET_EXTRA_SHAPES]
+    assert [c for c in every if c not in cases] == [R.Case("bitnet", n, k, 1) for n, k in R.BITNET_EXTRA_SHAPES]
     for n, k in BITNET_SHAPES:
-        family = next(f for f, n_, k_, m in every if (n_, k_, m) == (n, k, 1))
-        assert R.BITNET in T.bench_series(family, n, k, 1) and R.BITNET in T.bench_series("bitnet", n, k, 1, True)
+        family = next(c.family for c in every if (c.n, c.k, c.m) == (n, k, 1))
+        assert R.BITNET in R.series_at(R.Case(family, n, k, 1)) and R.BITNET in R.series_at(R.Case("bitnet", n, k, 1,
+                                                                                                     True))
         if ("bitnet", n, k) not in T.BENCH_SHAPES:
-            assert T.bench_series("bitnet", n, k, 1) == ["cublas_bf16", T.SERIES[23], T.SERIES[25], R.PLAN,
-                                                         "read_weights", R.BITNET]
+            names = R.series_at(R.Case("bitnet", n, k, 1))
+            assert names[:6] == ["cublas_bf16", T.SERIES[23], T.SERIES[25], "read_weights", R.PLAN, R.BITNET]
+            assert set(names[6:]) <= set(R.W2A8_PLACE_SERIES.values())  # step 23 at the other places that fit
     # step 23 through its plan (the host time of an eager loop) beside BitNet's kernel and at the targets' shape
     planned = {(n, k, 1) for n, k in BITNET_SHAPES} | {(4096, 14336, 1)}
-    assert all((R.PLAN in T.bench_series(f, n, k, m)) == ((n, k, m) in planned) for f, n, k, m in every)
-    assert not any(R.BITNET in T.bench_series(f, n, k, m) for f, n, k, m in every if m > 1)
-    measured = {name for f, n, k, m in cases for name in T.bench_series(f, n, k, m)}
+    assert all((R.PLAN in R.series_at(c)) == ((c.n, c.k, c.m) in planned) for c in every)
+    assert not any(R.BITNET in R.series_at(c) for c in every if c.m > 1)
+    measured = {name for c in cases for name in R.series_at(c)}
     assert {s.series for s in T.CHAPTER.steps} <= measured
-    for family, n, k, m in cases:
-        names = T.bench_series(family, n, k, m)
+    for c in cases:
+        names = R.series_at(c)
         assert names[0] == "cublas_bf16" and T.INT_MM in names and len(set(names)) == len(names)
         # the steps that split a change out: at the steps tables' cases only (4096 x 14336, M = 1 and 16;
         # 2560 x 6912, M = 1), each beside the step it builds on
-        split_here = m in R.SPLIT_CASES.get((n, k), ())
+        split_here = c.m in R.SPLIT_CASES.get((c.n, c.k), ())
         assert ({T.SERIES[i] for i in R.SPLIT_STEPS} & set(names) != set()) == split_here
-        if m == 1:  # the peers' targets are at every M = 1 shape
+        if c.m == 1:  # the peers' targets are at every M = 1 shape
             assert {T.GEMLITE, T.INT_MM_MATMUL, "read_weights"} <= set(names)
             assert {T.SERIES[i] for i in range(5, 26) if i not in R.SPLIT_STEPS} <= set(names)
             assert ({T.SERIES[i] for i in R.SPLIT_STEPS} <= set(names)) == split_here
-            assert (T.SERIES[1] in names) == (family == "llama")  # steps 1-3: the step figure's shapes
+            assert (T.SERIES[1] in names) == (c.family == "llama")  # steps 1-3: the step figure's shapes
         else:
-            assert (T.GEMLITE in names) == ((n, k) in R.GEMLITE_BATCH_SHAPES)
-            assert [s for s in names if s.startswith("step")] == [
+            assert (T.GEMLITE in names) == ((c.n, c.k) in R.GEMLITE_BATCH_SHAPES)
+            assert [s for s in names if s in T.SERIES.values()] == [
                 T.SERIES[i] for i in R.BATCH_STEPS if i not in R.SPLIT_STEPS or split_here]
+            assert not set(names) & ({*R.W2A8_PLACE_SERIES.values(), *R.PROBE_SERIES.values()} - {T.SERIES[22]})
     for shape, m, _ in tables.CUBLAS_TARGETS:
         n, k = map(int, shape.split("x"))
-        assert ("llama", n, k, m) in T.bench_cases(quick=True)
-    quick = [(f, n, k, m) for f, n, k, m in T.bench_cases(quick=True)]
-    assert sum(len(T.bench_series(*c, quick=True)) for c in quick if c[0] == "llama") <= 30
-    assert sum(len(T.bench_series(*c, quick=True)) for c in quick if c[0] == "bitnet") == 6 * len(BITNET_SHAPES)
-    assert all(not T.place_series(n, k, m, quick=True) and not T.probe_series(f, m, quick=True) for f, n, k, m in quick)
-    total = sum(len(T.bench_series(f, n, k, m)) + len(T.place_series(n, k, m)) + len(T.probe_series(f, m))
-                for f, n, k, m in every)
+        assert R.Case("llama", n, k, m, True) in T.bench_cases(quick=True)
+    quick = T.bench_cases(quick=True)
+    assert sum(len(R.series_at(c)) for c in quick if c.family == "llama") <= 30
+    assert sum(len(R.series_at(c)) for c in quick if c.family == "bitnet") == 6 * len(BITNET_SHAPES)
+    assert all(not set(R.series_at(c)) & {*R.W2A8_PLACE_SERIES.values(), *R.PROBE_SERIES.values()} - {T.SERIES[22]}
+               for c in quick)
+    total = sum(len(R.series_at(c)) for c in every)
     # each a few graph captures and a few hundred replays: see the chapter's bench budget (the steps that split a
     # change out add their series at their cases only; step 23's place "separate" is step 22, timed there only)
     # (BitNet's shapes: its kernel and step 23's plan at each; the targets' shape: the plan)
     assert total <= 310 + 5 * len(R.BITNET_EXTRA_SHAPES) + 2 * len(BITNET_SHAPES) + 1
+
+
+def _declared_rows(quick: bool) -> set:
+    """(series, params) of every row a run of the table records: the two peak matmuls, then each case's series."""
+    rows = {("peak_bf16_matmul", (("n", 8192),)), ("peak_int8_matmul", (("n", 8192),))}
+    return rows | {(s, tuple(sorted(c.params.items()))) for c in T.bench_cases(quick) for s in R.series_at(c)}
+
+
+def _file_rows(card: str) -> tuple[bool, set]:
+    data = json.loads((Path(__file__).parents[1] / "assets" / "bench" / card / "ternary.json").read_text())
+    return data["quick"], {(r["series"], tuple(sorted(r["params"].items()))) for r in data["measurements"]}
+
+
+def test_the_table_declares_the_rows_of_the_committed_runs():
+    """The H200 file is a run of today's table: the same rows, none dropped or renamed. The H100 file is older (its
+    commit's table): it lacks the series added since (BitNet's kernel and its shapes, step 23's plan, the steps
+    that split a change out but step 22) and holds step 23's places by that commit's default place (M = 1: step
+    22, step 23 quantising in every block), which today's default (staged for long K) moved."""
+    quick, rows = _file_rows("nvidia-h200")
+    assert rows == _declared_rows(quick)
+    quick, rows = _file_rows("nvidia-h100-80gb-hbm3")
+    declared = _declared_rows(quick)
+    old_places = {(s, p) for s, p in rows - declared if s in (T.SERIES[22], f"{T.SERIES[23]}_every_block")
+                  and dict(p)["m"] == 1}
+    assert rows - declared == old_places and len(old_places) == 10
+    added = {T.BITNET, R.PLAN, *(T.SERIES[i] for i in R.SPLIT_STEPS if i != 22)}
+    lacking = {(s, p) for s, p in declared - rows
+               if s not in added and not (dict(p)["n"], dict(p)["k"]) in R.BITNET_EXTRA_SHAPES}
+    assert lacking <= {(s, p) for s, p in declared if s.startswith(f"{T.SERIES[23]}_")}, sorted(lacking)[:5]
 
 
 def test_timing_plan_keeps_slow_calls_short():
@@ -144,13 +177,11 @@ def test_one_shape_of_the_bench_on_the_cpu(monkeypatch):
     gemlite = R._load_gemlite() if runtime.has_gpu() else "not run here"
     run = CpuRun()
     family, n, k = "llama", 16, 256
-    R._bench_shape(run, family, n, k, (1, 3), {"bf16": 500.0, "int8": 1000.0}, gemlite)
+    R._bench_shape(run, [R.Case(family, n, k, m) for m in (1, 3)], {"bf16": 500.0, "int8": 1000.0}, gemlite)
     assert run.checks and all(c["passed"] for c in run.checks), [c for c in run.checks if not c["passed"]]
     recorded = {(r["series"], r["params"]["m"]) for r in run.rows}
     for m in (1, 3):
-        want = set(T.bench_series(family, n, k, m)) - {T.GEMLITE} | set(T.place_series(n, k, m)).union(
-            T.place_series(n, k, m).values()) - set(T.place_series(n, k, m))
-        want |= set(T.probe_series(family, m).values())
+        want = set(R.series_at(R.Case(family, n, k, m))) - {T.GEMLITE}
         assert want <= {s for s, mm in recorded if mm == m}, want - {s for s, mm in recorded if mm == m}
     for row in run.rows:
         assert row["clock"] == "gpu" and len(row["spread_ms"]) == 3 and row["ms"] == statistics.median(row["spread_ms"])
@@ -169,7 +200,7 @@ def test_a_peer_that_raises_is_a_note_and_ours_raise(monkeypatch):
     x = torch.randn(1, 64).to(torch.bfloat16)
     spec = R.Series(torch.zeros(8, 64, dtype=torch.int8), lambda x, w: (lambda: 1 / 0), 8 * 64, None, role="baseline")
     with pytest.raises(ZeroDivisionError):
-        R._bench_series(run, "x", spec, x, {"m": 1}, {}, {}, 1, 1, 1, 1)
+        R._bench_series(run, "x", spec, x, R.Case("llama", 8, 64, 1), {}, {})
 
 
 # ------------------------------------------------------------------------------------------------

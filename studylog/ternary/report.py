@@ -61,52 +61,67 @@ PACKED_STEPS = {**{i: ("2bit", None) for i in (3, 4, 5)}, 6: ("2bit", "bf16"), 7
                 **{i: ("2bit_tiles", "int8") for i in range(22, 26)}}
 
 
-def bench_cases(quick: bool = False) -> list[tuple[str, int, int, int]]:
-    """(family, N, K, M) in the order the benchmark runs them."""
+@dataclass(frozen=True)
+class Case:
+    """One case of the benchmark: a shape and a number of rows of x, in a full run or a --quick one."""
+
+    family: str
+    n: int
+    k: int
+    m: int
+    quick: bool = False
+
+    @property
+    def params(self) -> dict:
+        return {"shape": f"{self.n}x{self.k}", "family": self.family, "n": self.n, "k": self.k, "m": self.m}
+
+    @property
+    def bitnet_only(self) -> bool:  # a shape measured for BitNet's kernel only
+        return (self.quick and self.family == "bitnet") or (self.n, self.k) in BITNET_EXTRA_SHAPES
+
+
+def bench_cases(quick: bool = False) -> list[Case]:
+    """The cases in the order the benchmark runs them."""
     if quick:
-        return [(f, n, k, m) for f, n, k, ms in QUICK_CASES for m in ms]
-    return ([(f, n, k, m) for f, n, k in BENCH_SHAPES for m in BENCH_MS]
-            + [("bitnet", n, k, 1) for n, k in BITNET_EXTRA_SHAPES])
+        return [Case(f, n, k, m, True) for f, n, k, ms in QUICK_CASES for m in ms]
+    return ([Case(f, n, k, m) for f, n, k in BENCH_SHAPES for m in BENCH_MS]
+            + [Case("bitnet", n, k, 1) for n, k in BITNET_EXTRA_SHAPES])
 
 
-def bench_series(family: str, n: int, k: int, m: int, quick: bool = False) -> list[str]:
-    """The series measured at one case, in order (besides :func:`place_series` and :func:`probe_series`)."""
-    bitnet = [BITNET] if m == 1 and (n, k) in BITNET_SHAPES else []
-    # step 23 through its plan, the host time an eager loop pays: beside BitNet's kernel and at the targets' shape
-    plan = [PLAN] if m == 1 and ((n, k) in BITNET_SHAPES or (n, k) == (4096, 14336)) else []
-    if (quick and family == "bitnet") or (n, k) in BITNET_EXTRA_SHAPES:  # measured for BitNet's kernel only
-        return [CUBLAS, *(SERIES[i] for i in BITNET_ONLY_STEPS), *plan, "read_weights", *bitnet]
-    if quick:
-        steps = (14, 17, 21, 23, 25)
-    elif m == 1:
-        steps = range(1, 26) if family == "llama" else range(4, 26)  # steps 1-3: the step figure's shapes only
-    else:
-        steps = BATCH_STEPS
-    split_here = m in SPLIT_CASES.get((n, k), ())
-    steps = [i for i in steps if i not in SPLIT_STEPS or (split_here and (m == 1 or i in BATCH_STEPS))]
-    out = [CUBLAS, *(SERIES[i] for i in steps)]
-    if m == 1:
-        out.append("read_weights")
-    if m == 1 or (not quick and (n, k) in GEMLITE_BATCH_SHAPES):
-        out.append(GEMLITE)
-    out.append(INT_MM)
-    if m == 1:
-        out.append(INT_MM_MATMUL)
-    return out + plan + bitnet
+def _step_at(i: int) -> Callable[[Case], bool]:
+    """Where step i is timed (steps 1-3 at M = 1 on the step figure's shapes only)."""
+    def at(c: Case) -> bool:
+        if c.bitnet_only:
+            return i in BITNET_ONLY_STEPS
+        steps = (14, 17, 21, 23, 25) if c.quick else (range(1 if c.family == "llama" else 4, 26) if c.m == 1
+                                                      else BATCH_STEPS)
+        split_here = c.m in SPLIT_CASES.get((c.n, c.k), ())
+        return i in steps and (i not in SPLIT_STEPS or (split_here and (c.m == 1 or i in BATCH_STEPS)))
+    return at
 
 
-def place_series(n: int, k: int, m: int, quick: bool = False) -> dict[str, str]:
-    """Step 23 with x quantised at each other place that takes the problem, at M = 1: {place: series}."""
-    if quick or m != 1:
-        return {}
-    default = w2a8_default_quantize(m, n, k)
-    return {where: series for where, series in W2A8_PLACE_SERIES.items()
-            if where not in (default, "separate") and w2a8_takes(m, n, k, where)}
+#: The benchmark, declared: each series in the order a case runs them, and the cases it is measured at (how each
+#: is built, checked and timed: :func:`_specs`). Step 23 through its plan (the host time an eager loop pays) beside
+#: BitNet's kernel and at the targets' shape; at M = 1, step 23 at each other place that takes the problem, and the
+#: probes (what limits steps 21 and 23).
+TABLE: list[tuple[str, Callable[[Case], bool]]] = [
+    (CUBLAS, lambda c: True),
+    *((SERIES[i], _step_at(i)) for i in range(1, 26)),
+    ("read_weights", lambda c: c.m == 1),
+    (GEMLITE, lambda c: not c.bitnet_only and (c.m == 1 or (not c.quick and (c.n, c.k) in GEMLITE_BATCH_SHAPES))),
+    (INT_MM, lambda c: not c.bitnet_only),
+    (INT_MM_MATMUL, lambda c: not c.bitnet_only and c.m == 1),
+    (PLAN, lambda c: c.m == 1 and ((c.n, c.k) in BITNET_SHAPES or (c.n, c.k) == (4096, 14336))),
+    (BITNET, lambda c: c.m == 1 and (c.n, c.k) in BITNET_SHAPES),
+    *((series, lambda c, q=where: not c.quick and c.m == 1 and q != w2a8_default_quantize(c.m, c.n, c.k)
+       and w2a8_takes(c.m, c.n, c.k, q)) for where, series in W2A8_PLACE_SERIES.items() if where != "separate"),
+    *((series, lambda c: not c.quick and c.m == 1 and c.family == "llama") for series in PROBE_SERIES.values()),
+]
 
 
-def probe_series(family: str, m: int, quick: bool = False) -> dict[tuple[int, int], str]:
-    """The probe builds of steps 21 and 23 (what limits them), at M = 1 on the Llama shapes."""
-    return {} if quick or m != 1 or family != "llama" else dict(PROBE_SERIES)
+def series_at(case: Case) -> list[str]:
+    """The series the table measures at ``case``, in order."""
+    return [name for name, at in TABLE if at(case)]
 
 
 # How a series is timed
@@ -206,6 +221,74 @@ def _peak_matmul(run, dtype) -> tuple[float, float]:
     return ms, 2 * n**3 / (ms * 1e-3) / 1e12
 
 
+def _specs(case: Case, scale: float, weights: dict, x: Tensor, refs: dict, layer: Any, bitnet: Any) -> dict:
+    """How each series at ``case`` is built: {series: Series} (a peer that is not here: none)."""
+    m, n, k = case.m, case.n, case.k
+    pt = weights["2bit_tiles"]
+
+    def call(step, **options):
+        """A step's call on x and one copy of its weights."""
+        return lambda x, w: (lambda: STEP[step](x, w, scale, **options))
+
+    def quantized(x, w):
+        """Step 9: x quantised beforehand (not timed)."""
+        q, qs = quantize_activations(x)
+        return lambda: STEP[9](q, qs, w, scale)
+
+    def int_mm(x, w):
+        plan = P.IntMMPlan(w, scale, m)
+        return lambda: plan(x)
+
+    def int_mm_matmul(x, w):
+        plan = P.IntMMPlan(w, scale, m)
+        plan.quantize(x)
+        return plan.matmul
+
+    specs = {
+        CUBLAS: Series(weights["bf16"], lambda x, w: (lambda: x @ w.T), n * k * 2, "cublas", "bf16", "baseline",
+                       out_bytes=m * n * 2),
+        SERIES[1]: Series(weights["bf16"], call(1, check_values=False), n * k * 2, host=call(1)),
+        SERIES[2]: Series(weights["int8"], call(2, check_values=False), n * k, host=call(2)),
+        SERIES[9]: Series(weights["2bit"], quantized, weights["2bit"].nbytes, "w2a8", "int8", in_bytes=m * k + m * 4),
+        **{SERIES[i]: Series(weights[fmt], call(i), weights[fmt].nbytes, "w2a8" if mma == "int8" else "float", mma,
+                             config=functools.partial(_cuda_config, i, m, n, k))
+           for i, (fmt, mma) in PACKED_STEPS.items()},
+        PLAN: Series(pt, lambda x, w: functools.partial(W2A8Plan(w, scale, m=m, dtype=x.dtype), x), pt.nbytes,
+                     "w2a8", "int8", config=functools.partial(_cuda_config, 23, m, n, k)),
+        "read_weights": Series(pt, lambda x, w: read_only(w.data), pt.nbytes, None, role="baseline",
+                               in_bytes=0, out_bytes=0, host_time=False),
+        INT_MM: Series(weights["int8"], int_mm, n * k, "w2a8", "int8", "baseline", in_bytes=m * k * 2),
+        INT_MM_MATMUL: Series(weights["int8"], int_mm_matmul, n * k, "int32", "int8", "baseline",
+                              in_bytes=P.int_mm_rows(m) * k, out_bytes=P.int_mm_rows(m) * n * 4),
+        **{series: Series(pt, call(23, quantize=where), pt.nbytes, "w2a8", "int8",
+                          config=lambda q=where: f"{w2a8_config(m, n, k, quantize=q)}")
+           for where, series in W2A8_PLACE_SERIES.items() if where != "separate"},
+    }
+    for (step, probe), series in PROBE_SERIES.items():
+        make_probe, config = {21: (step21_probe, tma_config), 23: (step23_probe, w2a8_config)}[step]
+        specs[series] = Series(pt, lambda x, w, f=make_probe, p=probe: f(x, w, scale, p), pt.nbytes, None,
+                               config=lambda c=config, p=probe: f"{c(m, n, k)}; {PROBES[p]}", floor=False,
+                               host_time=False)
+    if layer is not None:
+        specs[GEMLITE] = Series(layer, lambda x, w: (lambda: w(x)), layer.W_q.numel() * 4, "bf16", "bf16", "peer",
+                                config=lambda: P.gemlite_best_config(P.gemlite_matmul_type(m)), out_bytes=m * n * 2)
+    if bitnet is not None and BITNET in series_at(case):
+        xq, x_scale = quantize_activations(x)
+        s_bf16, ws = bitnet_scales(x_scale, scale, x.device)
+        refs["bitnet"] = (xq.double() @ weights["float64"].T) / s_bf16.double() * ws[0].double()
+
+        def bitnet_call(x, w):
+            xq_, xs_ = quantize_activations(x)
+            s_, ws_ = bitnet_scales(xs_, scale, x.device)
+            out = torch.empty(1, n, dtype=torch.bfloat16, device=x.device)
+            return lambda: bitnet_linear(bitnet, xq_, w, s_, ws_, out)
+
+        packed = bitnet_pack(weights["int8"])
+        specs[BITNET] = Series(packed, bitnet_call, packed.numel(), "bitnet", "int8", "peer", in_bytes=k + 2,
+                               out_bytes=n * 2)
+    return specs
+
+
 # The benchmark
 
 def _notes(run, gemlite: Any) -> None:
@@ -269,12 +352,12 @@ def bench(run) -> None:
     _notes(run, gemlite)
     bitnet = _load_bitnet(run)
     torch.manual_seed(0)
-    shapes: dict[tuple, list[int]] = {}
-    for family, n, k, m in bench_cases(run.quick):
-        shapes.setdefault((family, n, k), []).append(m)
-    bar = run.progress(list(shapes.items()), "shapes")
-    for (family, n, k), ms in bar:
-        _bench_shape(run, family, n, k, ms, peak, gemlite, bar, bitnet)
+    shapes: dict[tuple, list[Case]] = {}
+    for case in bench_cases(run.quick):
+        shapes.setdefault((case.family, case.n, case.k), []).append(case)
+    bar = run.progress(list(shapes.values()), "shapes")
+    for cases in bar:
+        _bench_shape(run, cases, peak, gemlite, bar, bitnet)
         torch.cuda.empty_cache()
 
 
@@ -315,98 +398,34 @@ def _gemlite_layer(run, gemlite: Any, w_t: Tensor, scale: float, params: dict) -
         return None
 
 
-def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite: Any, bar: Any = None,
-                 bitnet: Any = None) -> None:
-    dev = runtime.device()
+def _bench_shape(run, cases: list[Case], peak: dict, gemlite: Any, bar: Any = None, bitnet: Any = None) -> None:
+    """The table's series at the cases of one shape, on one draw of its weights."""
+    dev, n, k = runtime.device(), cases[0].n, cases[0].k
     w_t, scale_t = quantize_absmean(torch.randn(n, k, device=dev))
     scale = float(scale_t)  # one number: no per-call tensor
-    w_bf16, w64 = w_t.to(torch.bfloat16), w_t.double()
-    packed = {fmt: PackedTernary.pack(w_t, fmt) for fmt in ("2bit", "base3", "2bit_mma", "2bit_tiles")}
-    pt = packed["2bit_tiles"]
-    shape_params = {"shape": f"{n}x{k}", "family": family, "n": n, "k": k}
-    wanted = {name for m in ms_list for name in bench_series(family, n, k, m, run.quick)}
-    layer = _gemlite_layer(run, gemlite, w_t, scale, shape_params) if GEMLITE in wanted else None
-
-    def call(step, **options):
-        """A step's call on x and one copy of its weights."""
-        return lambda x, w: (lambda: STEP[step](x, w, scale, **options))
-
-    for m in ms_list:
-        params = {**shape_params, "m": m}
-        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    weights = {"int8": w_t, "bf16": w_t.to(torch.bfloat16), "float64": w_t.double(),
+               **{fmt: PackedTernary.pack(w_t, fmt) for fmt in ("2bit", "base3", "2bit_mma", "2bit_tiles")}}
+    shape_params = {name: v for name, v in cases[0].params.items() if name != "m"}
+    layer = _gemlite_layer(run, gemlite, w_t, scale, shape_params) \
+        if any(GEMLITE in series_at(c) for c in cases) else None
+    for case in cases:
+        x = torch.randn(case.m, k, device=dev, dtype=torch.bfloat16)
         xq, x_scale = quantize_activations(x)
-        x64, xq64, xs64 = x.double(), xq.double(), x_scale.double()[:, None]
+        x64, xq64, xs64, w64 = x.double(), xq.double(), x_scale.double()[:, None], weights["float64"]
         refs = {"float": ((x64 @ w64.T) / scale, (x64.abs() @ w64.abs().T) / abs(scale)),
                 "w2a8": ((xq64 @ w64.T) / (xs64 * scale), (xq64.abs() @ w64.abs().T) / (xs64 * abs(scale))),
                 "int32": (xq64 @ w64.T, None), "scale": scale}
-
-        def quantized(x, w):
-            """Step 9: x quantised beforehand (not timed)."""
-            q, qs = quantize_activations(x)
-            return lambda: STEP[9](q, qs, w, scale)
-
-        def int_mm(x, w):
-            plan = P.IntMMPlan(w, scale, m)
-            return lambda: plan(x)
-
-        def int_mm_matmul(x, w):
-            plan = P.IntMMPlan(w, scale, m)
-            plan.quantize(x)
-            return plan.matmul
-
-        specs = {
-            CUBLAS: Series(w_bf16, lambda x, w: (lambda: x @ w.T), n * k * 2, "cublas", "bf16", "baseline",
-                           out_bytes=m * n * 2),
-            SERIES[1]: Series(w_bf16, call(1, check_values=False), n * k * 2, host=call(1)),
-            SERIES[2]: Series(w_t, call(2, check_values=False), n * k, host=call(2)),
-            SERIES[9]: Series(packed["2bit"], quantized, packed["2bit"].nbytes, "w2a8", "int8", in_bytes=m * k + m * 4),
-            **{SERIES[i]: Series(packed[fmt], call(i), packed[fmt].nbytes, "w2a8" if mma == "int8" else "float", mma,
-                                 config=functools.partial(_cuda_config, i, m, n, k))
-               for i, (fmt, mma) in PACKED_STEPS.items()},
-            PLAN: Series(pt, lambda x, w: functools.partial(W2A8Plan(w, scale, m=m, dtype=x.dtype), x), pt.nbytes,
-                         "w2a8", "int8", config=functools.partial(_cuda_config, 23, m, n, k)),
-            "read_weights": Series(pt, lambda x, w: read_only(w.data), pt.nbytes, None, role="baseline",
-                                   in_bytes=0, out_bytes=0, host_time=False),
-            INT_MM: Series(w_t, int_mm, n * k, "w2a8", "int8", "baseline", in_bytes=m * k * 2),
-            INT_MM_MATMUL: Series(w_t, int_mm_matmul, n * k, "int32", "int8", "baseline",
-                                  in_bytes=P.int_mm_rows(m) * k, out_bytes=P.int_mm_rows(m) * n * 4),
-        }
-        if layer is not None:
-            specs[GEMLITE] = Series(layer, lambda x, w: (lambda: w(x)), layer.W_q.numel() * 4, "bf16", "bf16", "peer",
-                                    config=lambda: P.gemlite_best_config(P.gemlite_matmul_type(m)), out_bytes=m * n * 2)
-        if bitnet is not None and BITNET in bench_series(family, n, k, m, run.quick):
-            s_bf16, ws = bitnet_scales(x_scale, scale, dev)
-            refs["bitnet"] = (xq64 @ w64.T) / s_bf16.double() * ws[0].double()
-
-            def bitnet_call(x, w):
-                xq_, xs_ = quantize_activations(x)
-                s_, ws_ = bitnet_scales(xs_, scale, x.device)
-                out = torch.empty(1, n, dtype=torch.bfloat16, device=x.device)
-                return lambda: bitnet_linear(bitnet, xq_, w, s_, ws_, out)
-
-            weights = bitnet_pack(w_t)
-            specs[BITNET] = Series(weights, bitnet_call, weights.numel(), "bitnet", "int8", "peer",
-                                   in_bytes=k + 2, out_bytes=n * 2)
-        names = [name for name in bench_series(family, n, k, m, run.quick) if name in specs]
-        for where, series in place_series(n, k, m, run.quick).items():
-            specs[series] = Series(pt, call(23, quantize=where), pt.nbytes, "w2a8", "int8",
-                                   config=lambda q=where: f"{w2a8_config(m, n, k, quantize=q)}")
-            names.append(series)
-        for (step, probe), series in probe_series(family, m, run.quick).items():
-            make_probe, config = {21: (step21_probe, tma_config), 23: (step23_probe, w2a8_config)}[step]
-            specs[series] = Series(pt, lambda x, w, f=make_probe, p=probe: f(x, w, scale, p), pt.nbytes, None,
-                                   config=lambda c=config, p=probe: f"{c(m, n, k)}; {PROBES[p]}", floor=False,
-                                   host_time=False)
-            names.append(series)
-        for name in names:
+        specs = _specs(case, scale, weights, x, refs, layer, bitnet)
+        for name in (name for name in series_at(case) if name in specs):
+            spec = specs[name]
             if bar is not None and hasattr(bar, "set_postfix_str"):  # where a long sweep is, in the log too
-                bar.set_postfix_str(f"{n}x{k} M={m} {name}")
+                bar.set_postfix_str(f"{n}x{k} M={case.m} {name}")
             try:
-                _bench_series(run, name, specs[name], x, params, refs, peak, m, 2 * m * n * k, m * k * 2, m * n * 4)
+                _bench_series(run, name, spec, x, case, refs, peak)
             except Exception as err:  # noqa: BLE001
-                if specs[name].role == "kernel" or name == CUBLAS:
+                if spec.role == "kernel" or name == CUBLAS:
                     raise
-                run.note(f"{name} at {params['shape']}, M = {m}: raised {type(err).__name__}: {err}; not measured")
+                run.note(f"{name} at {n}x{k}, M = {case.m}: raised {type(err).__name__}: {err}; not measured")
 
 
 def _check(run, name: str, spec: Series, z: Tensor, params: dict, refs: dict, m: int) -> None:
@@ -435,19 +454,19 @@ def _check(run, name: str, spec: Series, z: Tensor, params: dict, refs: dict, m:
             ((z.double() - exact).abs() <= 2**-7 * exact.abs() + 2**-10 * mag).all()), params=params)
 
 
-def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: dict, peak: dict, m: int,
-                  flops: int, x_bytes: int, z_bytes: int) -> None:
+def _bench_series(run, name: str, spec: Series, x: Tensor, case: Case, refs: dict, peak: dict) -> None:
     """One series at one case: checked on its first call (which compiles and autotunes), then timed and recorded."""
+    m, n, k, params = case.m, case.n, case.k, case.params
     fn = spec.make(x, spec.weights)
     z = fn()
     _sync()
     _check(run, name, spec, z, params, refs, m)
     plan = timing_plan(call_ms(fn))
-    nbytes = spec.weight_bytes + (x_bytes if spec.in_bytes is None else spec.in_bytes) + \
-        (z_bytes if spec.out_bytes is None else spec.out_bytes)
+    nbytes = spec.weight_bytes + (m * k * 2 if spec.in_bytes is None else spec.in_bytes) + \
+        (m * n * 4 if spec.out_bytes is None else spec.out_bytes)
     extra = {"weight_bytes": spec.weight_bytes, "bytes": nbytes, "config": _tuned_config(name, m) or spec.config()}
     if spec.floor:
-        mem, compute = run.floor_ms(nbytes), flops / (peak[spec.mma] * 1e12) * 1e3 if spec.mma else 0.0
+        mem, compute = run.floor_ms(nbytes), 2 * m * n * k / (peak[spec.mma] * 1e12) * 1e3 if spec.mma else 0.0
         extra.update(floor_ms=max(mem, compute), floor_mem_ms=mem, floor_compute_ms=compute)
 
     def make_calls():  # fresh x, and the weights with copies of them together past L2 (a GemLite layer deep-copied)
