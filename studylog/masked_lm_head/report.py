@@ -86,28 +86,26 @@ def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = 
             for c in cap(counts)]
 
 
-def steps_at(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[tuple[int, str]]:
-    """The (step, weight layout) pairs measured at a case, in order: ``"vd"`` the ``[V, D]`` weight, ``"dv"`` the
-    post's ``[D, V]`` (``few``: the union fits step 8's slots; steps 11 and 13 are apart)."""
+def case_rows(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[tuple[str, str, dict]]:
+    """The rows of a case, in the order measured: (series, role, params besides the case's). Torch's paths, the
+    steps on the ``[V, D]`` weight (``few``: the union fits step 8's slots), steps 1 and 2 on the post's ``[D, V]``
+    too at batch 1's random targets, step 11 with both orders (third kind, batch 1), then the whole step against
+    xgrammar's path."""
     random, target = kind == "random", count in (1000, 10_000)
     if batch > 1:
         union = random and batch <= UNION_MAX_BATCH and batch * count <= UNION_MAX_ALLOWED
-        return [(n, "vd") for n, on in ((3, random and target), (9, union), (10, True), (12, True)) if on]
-    return [(n, "vd") for n, on in ((0, random and target), (1, kind != third_kind), (2, random and count >= 100),
-                                    (3, True), (4, random), (5, random), (6, random), (7, True), (8, few), (12, True))
-            if on] + [(n, "dv") for n in (1, 2) if random and target]
-
-
-def case_rows(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[tuple[str, str, dict]]:
-    """The rows of a case, in the order measured: (series, role, params besides the case's). Torch's paths, the
-    steps (:func:`steps_at`), step 11 with both orders (third kind, batch 1), the whole step against xgrammar's."""
+        steps = ((3, random and target), (9, union), (10, True), (12, True))
+    else:
+        steps = ((0, random and target), (1, kind != third_kind), (2, random and count >= 100), (3, True),
+                 (4, random), (5, random), (6, random), (7, True), (8, few), (12, True))
     vd = {"layout": "vd"}
-    steps = [(step_series(n), "kernel", {"layout": layout}) for n, layout in steps_at(batch, kind, count, third_kind,
-                                                                                       few)]
-    reordered = [(step_series(11), "kernel", vd), (IN_SAMPLE, "kernel", vd)] if (kind, batch) == (third_kind, 1) else []
-    bf16 = [(XGRAMMAR_BF16, "peer", {})] if kind == "random" and (batch, count) in BF16_CASES else []
-    return [("dense_mask", "baseline", {}), ("index_select", "baseline", {}), ("cublas_fp32_mask", "kernel", vd),
-            *steps, *reordered, (PLAN, "kernel", vd), (XGRAMMAR, "peer", {}), *bf16]
+    rows = [("dense_mask", "baseline", {}), ("index_select", "baseline", {}), ("cublas_fp32_mask", "kernel", vd)]
+    rows += [(step_series(n), "kernel", vd) for n, on in steps if on]
+    rows += [(step_series(n), "kernel", {"layout": "dv"}) for n in (1, 2) if batch == 1 and random and target]
+    if (kind, batch) == (third_kind, 1):
+        rows += [(step_series(11), "kernel", vd), (IN_SAMPLE, "kernel", vd)]
+    rows += [(PLAN, "kernel", vd), (XGRAMMAR, "peer", {})]
+    return rows + [(XGRAMMAR_BF16, "peer", {})] * (random and (batch, count) in BF16_CASES)
 
 
 def declared_rows(vocab: int, data: StructuredSets, *, quick: bool = False,
