@@ -457,6 +457,12 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
     assert any(n.startswith("crossover batch=1") for n in run.notes)
     assert_rotated(run, head_bytes=vocab * hidden * 2, row_bytes=hidden * 2)
     assert {(r["params"]["batch"], r["params"]["kind"]) for r in run.rows} == {(b, k) for b, k, _ in only}
+    for batch, kind, count in only:  # each case records its declared rows, in order
+        case = {"batch": batch, "kind": kind, "allowed": count}
+        got = [r for r in run.rows if {k: r["params"][k] for k in case} == case]
+        few = got[0]["union"] <= mlh.FEW_IDS_MAX
+        declared = mlh.report.case_rows(batch, kind, count, "grammar", few)
+        assert [(r["series"], r["role"], r["params"]) for r in got] == [(s, role, case | p) for s, role, p in declared]
     for rotated in (mlh.report.PLAN, "reordered_in_sample", "step11", "step08", "step09", "index_select"):
         assert any(r["copies"] > 1 for r in run.rows if r["series"] == rotated), rotated
     results = Results(tmp_path / "x.json", {

@@ -737,7 +737,8 @@ def test_declared_rows_are_the_committed_rows(card):
     from studylog.paths import REPO_ROOT
 
     path = REPO_ROOT / "assets" / "bench" / card / "multi_item.json"
-    committed = [(r["series"], r["role"], r["clock"], r["params"]) for r in json.loads(path.read_text())["measurements"]]
+    rows = json.loads(path.read_text())["measurements"]
+    committed = [(r["series"], r["role"], r["clock"], r["params"]) for r in rows]
     declared = [(r["series"], r["role"], r["clock"], r["params"]) for r in report.declared_rows()
                 if r["params"].get("shape") not in NOT_MEASURED[card]]
     assert declared == committed
