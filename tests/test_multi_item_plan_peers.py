@@ -442,6 +442,7 @@ def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
         want = plan["gqa" if shape == gqa[0][0] else "single" if len(prefixes) == 1 else "batch"]
         got = [r["series"] for r in run.rows if r["params"].get("shape") == shape]
         assert sorted(got) == sorted(want), shape
+        assert got == [s for s, _, _ in report.shape_rows(len(prefixes) == 1, shape == gqa[0][0], quick)], shape
         flex = next(r for r in run.rows if r["series"] == report.FLEX and r["params"]["shape"] == shape)
         assert set(flex["sweep_ms"]) == {v[0] for v in peers.flex_variants(quick)} and flex["block_size"]
     assert [r["series"] for r in run.rows if "shape" not in r["params"]] == [report.FLUSH]

@@ -14,8 +14,8 @@ from torch import Tensor
 
 from studylog.masked_lm_head.dispatch import (choose_path, crossover_points, cublas_masked, dense_logits, dispatch_rule,
                                               step_series, win_range)
-from studylog.masked_lm_head.formats import (HIDDEN, VOCAB, AllowedTokens, compare_logits, default_tiles, fp32_gamma,
-                                             pack_bitmask)
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, HIDDEN, VOCAB, AllowedTokens, compare_logits, default_tiles,
+                                             fp32_gamma, pack_bitmask)
 from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, structured_sets
 from studylog.masked_lm_head.plan import MaskedHeadPlan, step13_plan, xgrammar_peer
 from studylog.masked_lm_head.reorder import ReorderedHead, VocabOrder, active_blocks, cluster_order, step11_reordered
@@ -25,6 +25,7 @@ PLAN = "step13"  # step 13's series: the whole step from the packed bitmask (cop
 #: The practitioners' path: the bitmask copied in, cuBLAS fp32 logits, xgrammar's apply_token_bitmask_inplace; the
 #: same with bf16 logits (its cheapest form; not our output contract).
 XGRAMMAR, XGRAMMAR_BF16 = "xgrammar_bitmask", "xgrammar_bitmask_bf16"
+BF16_CASES = ((1, 1000), (64, 100), (256, 100))  # (batch, allowed) of random masks with an XGRAMMAR_BF16 row
 BATCHES = (1, 4, 8, 64, 256)  # the full run's batches: 4 is in the dispatch's branch for batches 2-7
 ROW_STEPS = (4, 5, 6, 7, 8, 9)  # a logit is one program's reduction of a row (error_bound's "row" summation)
 #: Step 9 above batch 1 (random masks) up to this batch and this many allowed tokens in all: it reduces each union
@@ -85,16 +86,45 @@ def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = 
             for c in cap(counts)]
 
 
-def steps_at(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[tuple[int, str]]:
-    """The (step, weight layout) pairs measured at a case, in order: ``"vd"`` the ``[V, D]`` weight, ``"dv"`` the
-    post's ``[D, V]`` (``few``: the union fits step 8's slots; steps 11 and 13 are apart)."""
+def case_rows(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[tuple[str, str, dict]]:
+    """The rows of a case, in the order measured: (series, role, params besides the case's). Torch's paths, the
+    steps on the ``[V, D]`` weight (``few``: the union fits step 8's slots), steps 1 and 2 on the post's ``[D, V]``
+    too at batch 1's random targets, step 11 with both orders (third kind, batch 1), then the whole step against
+    xgrammar's path."""
     random, target = kind == "random", count in (1000, 10_000)
     if batch > 1:
         union = random and batch <= UNION_MAX_BATCH and batch * count <= UNION_MAX_ALLOWED
-        return [(n, "vd") for n, on in ((3, random and target), (9, union), (10, True), (12, True)) if on]
-    return [(n, "vd") for n, on in ((0, random and target), (1, kind != third_kind), (2, random and count >= 100),
-                                    (3, True), (4, random), (5, random), (6, random), (7, True), (8, few), (12, True))
-            if on] + [(n, "dv") for n in (1, 2) if random and target]
+        steps = ((3, random and target), (9, union), (10, True), (12, True))
+    else:
+        steps = ((0, random and target), (1, kind != third_kind), (2, random and count >= 100), (3, True),
+                 (4, random), (5, random), (6, random), (7, True), (8, few), (12, True))
+    vd = {"layout": "vd"}
+    rows = [("dense_mask", "baseline", {}), ("index_select", "baseline", {}), ("cublas_fp32_mask", "kernel", vd)]
+    rows += [(step_series(n), "kernel", vd) for n, on in steps if on]
+    rows += [(step_series(n), "kernel", {"layout": "dv"}) for n in (1, 2) if batch == 1 and random and target]
+    if (kind, batch) == (third_kind, 1):
+        rows += [(step_series(11), "kernel", vd), (IN_SAMPLE, "kernel", vd)]
+    rows += [(PLAN, "kernel", vd), (XGRAMMAR, "peer", {})]
+    return rows + [(XGRAMMAR_BF16, "peer", {})] * (random and (batch, count) in BF16_CASES)
+
+
+def declared_rows(vocab: int, data: StructuredSets, *, quick: bool = False,
+                  batches: Sequence[int] = BATCHES) -> list[dict]:
+    """Every row (series, role, params) a run over these sets declares: a case of the third kind with no set near
+    its count is not run; xgrammar's rows need xgrammar."""
+    third_kind = "real" if data.is_real else "grammar"
+    out = []
+    for batch, kind, count in cases(vocab, quick=quick, third_kind=third_kind, batches=batches):
+        union = min(count, vocab)  # random and clustered sets hold exactly that many ids
+        if kind == third_kind:
+            picked = _pick_structured(data.sets, count, batch, np.random.default_rng(0))
+            if picked is None:
+                continue
+            union = data.sets[picked[0]].size  # what step 8 depends on, at batch 1
+        params = {"batch": batch, "kind": kind, "allowed": count}
+        out += [{"series": series, "role": role, "params": params | more}
+                for series, role, more in case_rows(batch, kind, count, third_kind, union <= FEW_IDS_MAX)]
+    return out
 
 
 def _pick_structured(sets: list[np.ndarray], target: int, batch: int, gen: np.random.Generator) -> list[int] | None:
@@ -121,6 +151,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
     from studylog.masked_lm_head import CHAPTER
 
     S = {n: step_series(n) for n in range(14)}
+    STEP_OF = {S[n]: n for n in range(13)}  # the steps measured as such (step 11 and 13 have rows of their own)
     dtype = torch.bfloat16
     dev = torch.device(device)
     gen = np.random.default_rng(1234)
@@ -236,45 +267,9 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
             n_union = allowed.union_count
             union_bytes = n_union * row_bytes  # the [V, D] rows a call that reads only allowed rows reads
             params = {"batch": batch, "kind": kind, "allowed": count}
-            vd = params | {"layout": "vd"}
             extra = {"allowed_actual": float(np.mean(allowed.counts)), "union": n_union}
             # the bytes, or an empty kernel's GPU time (both on the GPU clock, as the rows are)
             floor = max(run.floor_ms(n_union * row_bytes + batch * vocab * 4), run.empty_launch_gpu.median)
-
-            # torch baselines
-            disallowed, union = allowed.disallowed, allowed.union_ids
-            measure("dense_mask", lambda w: torch.matmul(h, w.t()).masked_fill_(disallowed, float("-inf")), weight,
-                    whole, params, role="baseline", long=True, **extra)
-            measure("index_select", lambda w: torch.matmul(h, w.index_select(0, union).t()), weight, union_bytes,
-                    params, role="baseline", long=n_union > 20_000, **extra)
-            ours("cublas_fp32_mask", lambda w, out: cublas_masked(h, w, allowed, out=out), weight, whole, vd,
-                 floor=floor, long=True, **extra)
-
-            # the steps (step 0 has no floor: it computes every logit)
-            for n, layout in steps_at(batch, kind, count, third_kind, allowed.few_ids is not None):
-                step = CHAPTER.step(n).function
-                kw = {"floor": floor} if n else {}
-                nbytes = union_bytes if n else whole
-                if n == 12:
-                    path = choose_path(batch, vocab, n_union, rule)
-                    kw |= {"summation": "row" if path in ("few_ids", "stream") else "dot", "path": path}
-                    nbytes = whole if path == "cublas" else union_bytes  # cuBLAS computes every logit
-                elif n in ROW_STEPS:
-                    kw["summation"] = "row"
-                on_dv = {"layout": "dv"} if layout == "dv" else {}  # steps 8 and 12 take no layout: [V, D] only
-                ours(S[n], lambda w, out, step=step, on_dv=on_dv: step(h, w, allowed, out=out, **on_dv),
-                     weight_dv if on_dv else weight, nbytes, params | {"layout": layout}, long=n <= 3 or n == 9,
-                     **kw, **extra)
-            if kind == third_kind and batch == 1:  # step 11: the same set on a reordered vocabulary, built here
-                block = default_tiles(11, batch).block_v
-                other = 1 - fold[picked[0]]  # the order fitted on the other fold's grammars
-                for series, order in ((S[11], orders[other]), (IN_SAMPLE, in_sample)):
-                    on_device = VocabOrder(order.perm.to(dev))
-                    permuted = allowed.permuted(on_device)
-                    ours(series, lambda head, out, permuted=permuted: step11_reordered(h, head, permuted, out=out),
-                         ReorderedHead.build(weight, on_device), union_bytes, vd, floor=floor, long=True,
-                         **extra, grammar=data.groups[picked[0]], active_blocks=active_blocks(sets[0], block, order),
-                         active_blocks_original=active_blocks(sets[0], block))
 
             # the whole step from the packed bitmask: ours (step 13, the plan) and the practitioners' path. On the GPU
             # clock, what the plan's graph of the bucket holds, captured in the benchmark's graph (a graph is not
@@ -283,31 +278,69 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                 p.bitmask.copy_(host_bitmask, non_blocking=True)
                 return p.launch(n_union)
 
-            plan.out.fill_(float("nan"))
-            bucket = plan.bucket(n_union)
-            check(PLAN, plan_step(plan), vd, "row" if bucket[0] == "stream" else "dot")
-            measure(PLAN, plan_step, weight, whole if bucket[0] == "dense" else union_bytes, vd, prepare=plans,
-                    floor=floor, long=bucket[0] == "dense",
-                    host=lambda: step13_plan(plan, host_bitmask, n_union),
-                    bucket=f"{bucket[0]} {bucket[1]}", **extra)
-            if apply_bitmask is not None:
-                def xgrammar_step(w: Tensor, out: Tensor = logits) -> Tensor:
-                    peer_bitmask.copy_(host_bitmask, non_blocking=True)
-                    if out.dtype == torch.float32:
-                        dense_logits(h, w, out)
-                    else:
-                        torch.matmul(h, w.t(), out=out)
-                    apply_bitmask(out, peer_bitmask)
-                    return out
+            def xgrammar_step(w: Tensor, out: Tensor = logits) -> Tensor:
+                peer_bitmask.copy_(host_bitmask, non_blocking=True)
+                if out.dtype == torch.float32:
+                    dense_logits(h, w, out)
+                else:
+                    torch.matmul(h, w.t(), out=out)
+                apply_bitmask(out, peer_bitmask)
+                return out
 
-                logits.fill_(float("nan"))
-                check(XGRAMMAR, xgrammar_step(weight), params, "dot")
-                run.check(f"{XGRAMMAR} and {PLAN} agree", _same_masked(logits, plan.out), params=params)
-                measure(XGRAMMAR, xgrammar_step, weight, whole, params, role="peer", long=True,
-                        host=lambda: xgrammar_step(weight), **extra)
-                if kind == "random" and (batch, count) in ((1, 1000), (64, 100), (256, 100)):
-                    measure(XGRAMMAR_BF16, lambda w: xgrammar_step(w, logits_bf16), weight, whole, params,
-                            role="peer", long=True, host=lambda: xgrammar_step(weight, logits_bf16), **extra)
+            disallowed, union = allowed.disallowed, allowed.union_ids
+            for series, role, more in case_rows(batch, kind, count, third_kind, allowed.few_ids is not None):
+                row = params | more
+                n = STEP_OF.get(series)
+                if series == "dense_mask":
+                    measure(series, lambda w: torch.matmul(h, w.t()).masked_fill_(disallowed, float("-inf")), weight,
+                            whole, row, role=role, long=True, **extra)
+                elif series == "index_select":
+                    measure(series, lambda w: torch.matmul(h, w.index_select(0, union).t()), weight, union_bytes, row,
+                            role=role, long=n_union > 20_000, **extra)
+                elif series == "cublas_fp32_mask":
+                    ours(series, lambda w, out: cublas_masked(h, w, allowed, out=out), weight, whole, row, floor=floor,
+                         long=True, **extra)
+                elif series in (S[11], IN_SAMPLE):  # step 11: the same set on a reordered vocabulary, built here
+                    block = default_tiles(11, batch).block_v
+                    # the order fitted on the other fold's grammars, or on every mask
+                    order = orders[1 - fold[picked[0]]] if series == S[11] else in_sample
+                    on_device = VocabOrder(order.perm.to(dev))
+                    permuted = allowed.permuted(on_device)
+                    ours(series, lambda head, out: step11_reordered(h, head, permuted, out=out),
+                         ReorderedHead.build(weight, on_device), union_bytes, row, floor=floor, long=True,
+                         **extra, grammar=data.groups[picked[0]], active_blocks=active_blocks(sets[0], block, order),
+                         active_blocks_original=active_blocks(sets[0], block))
+                elif n is not None:  # a step (step 0 has no floor: it computes every logit)
+                    step = CHAPTER.step(n).function
+                    kw = {"floor": floor} if n else {}
+                    nbytes = union_bytes if n else whole
+                    if n == 12:
+                        path = choose_path(batch, vocab, n_union, rule)
+                        kw |= {"summation": "row" if path in ("few_ids", "stream") else "dot", "path": path}
+                        nbytes = whole if path == "cublas" else union_bytes  # cuBLAS computes every logit
+                    elif n in ROW_STEPS:
+                        kw["summation"] = "row"
+                    on_dv = {"layout": "dv"} if row["layout"] == "dv" else {}  # steps 8 and 12 take no layout
+                    ours(series, lambda w, out: step(h, w, allowed, out=out, **on_dv), weight_dv if on_dv else weight,
+                         nbytes, row, long=n <= 3 or n == 9, **kw, **extra)
+                elif series == PLAN:
+                    plan.out.fill_(float("nan"))
+                    bucket = plan.bucket(n_union)
+                    check(PLAN, plan_step(plan), row, "row" if bucket[0] == "stream" else "dot")
+                    measure(PLAN, plan_step, weight, whole if bucket[0] == "dense" else union_bytes, row, prepare=plans,
+                            floor=floor, long=bucket[0] == "dense", bucket=f"{bucket[0]} {bucket[1]}",
+                            host=lambda: step13_plan(plan, host_bitmask, n_union), **extra)
+                elif apply_bitmask is None:  # xgrammar's rows
+                    continue
+                elif series == XGRAMMAR:
+                    logits.fill_(float("nan"))
+                    check(XGRAMMAR, xgrammar_step(weight), row, "dot")
+                    run.check(f"{XGRAMMAR} and {PLAN} agree", _same_masked(logits, plan.out), params=row)
+                    measure(XGRAMMAR, xgrammar_step, weight, whole, row, role=role, long=True,
+                            host=lambda: xgrammar_step(weight), **extra)
+                else:
+                    measure(series, lambda w: xgrammar_step(w, logits_bf16), weight, whole, row, role=role, long=True,
+                            host=lambda: xgrammar_step(weight, logits_bf16), **extra)
             copies.release()  # the next case needs its own number of copies
 
     # where the compacted kernels stop winning: what the next dispatch rule is read from (dispatch.py)

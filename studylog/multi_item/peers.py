@@ -1,17 +1,16 @@
 """The peers on the same inputs and rule, imported lazily: FlexAttention (the rule as a ``mask_mod`` over the packed
-sequence) and FlashInfer's multi-item prefill (keys and values in its paged cache); in the benchmark, each setting of
-each checked against the float32 reference, the best one measured."""
+sequence) and FlashInfer's multi-item prefill (keys and values in its paged cache), set up as the benchmark
+(``report``) runs them."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_rule
-from studylog.multi_item.report import FLASHINFER, FLEX, STEP05, graph_calls_for, within_bf16
 
 # FlexAttention
 
@@ -113,83 +112,3 @@ def flashinfer_prefill(module, inputs: SimpleNamespace, heads: int, sm_scale: fl
                  token_pos_in_items_ptr=inputs.token_pos_in_items,
                  token_pos_in_items_len=inputs.token_pos_in_items_len, max_item_len_ptr=inputs.max_item_len)
     return wrapper
-
-
-# In the benchmark
-
-def best_setting(run, peer: str, batch, setups: dict[str, Callable[[], tuple | None]]) -> tuple | None:
-    """``setups[name]()`` gives ``(make_calls, ...)``, or ``None`` when the setting fails its check; each setting that
-    passes gets one graph timing. The fastest's name, its setup and every timing (``None`` when none passed)."""
-    sweep, kept = {}, {}
-    for name, setup in setups.items():
-        try:
-            if (got := setup()) is None:
-                continue
-            kept[name] = got
-            sweep[name] = run.gpu_time(got[0], repeats=1, min_calls=graph_calls_for(1.0), reps=5).median
-        except Exception as err:  # a peer's failure costs its rows, not the chapter's run
-            run.note(f"{peer} ({name}) on {batch.describe()}: {type(err).__name__}: {err}")
-    if not sweep:
-        return None
-    best = min(sweep, key=sweep.get)
-    return best, kept[best], sweep
-
-
-def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated) -> None:
-    """FlexAttention at each block size of the sweep, the best one measured."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    flex = torch.compile(flex_attention, dynamic=False)
-    gqa = k.shape[0] != q.shape[0]  # grouped-query attention: FlexAttention's enable_gqa
-    total = batch.total_tokens
-
-    def call(qkv, block_mask, options):
-        return flex(*(x[None] for x in qkv), block_mask=block_mask, scale=sm_scale, kernel_options=options,
-                    enable_gqa=gqa)
-
-    def setup(variant, block, options):
-        block_mask = create_block_mask(flex_mask_mod(batch), B=None, H=None, Q_LEN=total, KV_LEN=total,
-                                       device=batch.device, BLOCK_SIZE=block)
-        if check(f"{FLEX} ({variant})", call((q, k, v), block_mask, options)[0]):
-            return rotated(lambda *qkv: lambda: call(qkv, block_mask, options)), block_mask
-
-    best = best_setting(run, FLEX, batch, {v[0]: lambda v=v: setup(*v) for v in flex_variants(run.quick)})
-    if best is not None:
-        name, (make_calls, block_mask), sweep = best
-        measure(FLEX, make_calls, "baseline", block_size=name, sweep_ms=sweep,
-                flex_block_density=float((block_mask.to_dense() != 0).float().mean()))  # blocks it computes
-
-
-def bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, measure, rotated, params) -> None:
-    """FlashInfer at each (backend, page size), also checked against our output; the best one measured."""
-    heads = q.shape[0]
-    workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=q.device)
-    backends = flashinfer_backends(module)  # its default backend, one-token pages, in a quick run
-    settings = [(backends[0], 1)] if run.quick else [(b, p) for b in backends for p in (1, 16)]
-    settings = {f"{b}, page {p}": (b, p) for b, p in settings}
-
-    def setup(backend, page):
-        inputs = flashinfer_inputs(q, k, v, batch, page)
-        wrapper = flashinfer_prefill(module, inputs, heads, sm_scale, backend, workspace)
-        got = wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache)).transpose(0, 1)
-        ok = check(f"{FLASHINFER} ({backend}, page {page})", got)
-        bad, err = within_bf16(got, ours_out.float())
-        run.check(f"{FLASHINFER} ({backend}, page {page}) matches {STEP05.name} within bf16 rounding", bad == 0,
-                  params=params, max_abs_err=err)
-        if not ok:
-            return None
-
-        def call(qq, kk, vv):
-            x = flashinfer_inputs(qq, kk, vv, batch, page)
-            w = flashinfer_prefill(module, x, heads, sm_scale, backend, workspace)
-            o = torch.empty_like(x.q)
-            return lambda: w.run(x.q, (x.k_cache, x.v_cache), out=o)
-
-        out = torch.empty_like(inputs.q)
-        return rotated(call), lambda: wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache), out=out)
-
-    best = best_setting(run, FLASHINFER, batch, {name: lambda s=s: setup(*s) for name, s in settings.items()})
-    if best is not None:
-        name, (make_calls, host), sweep = best
-        measure(FLASHINFER, make_calls, "peer", host=host, backend=settings[name][0], page_size=settings[name][1],
-                sweep_ms=sweep, rule="flashinfer", max_item_len=[int(x) for x in batch.max_item_lens_t.tolist()])
