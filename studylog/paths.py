@@ -6,6 +6,7 @@ run time come under ``studylog/_assets/`` in the layout of ``assets/`` (``setup.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -38,3 +39,8 @@ def csrc_folders() -> list[Path]:
 def lab_results(chapter: str, gpu: str) -> Path:
     """Where a chapter's experiments keep their outputs measured on ``gpu`` (a folder name: ``nvidia-h200``)."""
     return LAB / chapter / "results" / gpu
+
+
+def cache_dir() -> Path:
+    """Where studylog keeps what it builds or fetches: ``$XDG_CACHE_HOME/studylog``, else ``~/.cache/studylog``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "studylog"

@@ -92,6 +92,12 @@ def real_cases(quick: bool = False) -> list[tuple[str, int, int, int]]:
     return [(corpus, *shape) for shape in (QUICK_REAL_SHAPES if quick else REAL_SHAPES) for corpus in CORPORA]
 
 
+def grid_batch(batch: int, seq_len: int, *, device=None):
+    """The batch of a grid case (fixed seed; at batch 1 one slot, which scans everything)."""
+    return make_batch(batch, seq_len, gen_width_for(seq_len), seed=1000 + batch + seq_len,
+                      kinds=["short"] if batch == 1 else None, device=BENCH_DEVICE if device is None else device)
+
+
 def real_batch(corpus: str, batch: int, seq_len: int, *, device=None):
     """The batch of a real-text case: :func:`corpus_batch`, or for ``"synthetic"`` the grid's :func:`make_batch`
     at the same shape (fixed seeds: the notebook rebuilds them on a CPU)."""
@@ -152,10 +158,8 @@ def bench_cases(quick: bool) -> dict[str, list[Case]]:
         params = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
         sweeps = [] if quick else ([step12_skip_refused] if batch * seq_len >= 16 * 131072 else []) + \
             ([step08_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
-        make = partial(make_batch, batch, seq_len, gen_width_for(seq_len), seed=1000 + batch + seq_len,
-                       kinds=["short"] if batch == 1 else None, device=BENCH_DEVICE)  # batch 1: scans everything
-        sections["grid"].append(Case(params, make, case_rows(params, CHAPTER.steps, sweeps),
-                                     reference_check=batch * seq_len <= 128 * 512))
+        sections["grid"].append(Case(params, partial(grid_batch, batch, seq_len),
+                                     case_rows(params, CHAPTER.steps, sweeps), batch * seq_len <= 128 * 512))
     for corpus, batch, seq_len, threshold in real_cases(quick):
         params = {"corpus": corpus, "batch": batch, "seq_len": seq_len, "threshold": threshold}
         steps = [CHAPTER.step(n) for n in REAL_STEPS]
@@ -176,7 +180,7 @@ def bench(run) -> None:
         run.note(note)
 
 
-def _make_calls(run, step, inputs, state0, config, limit, **options):
+def rotated_matchers(run, step, inputs, state0, config, limit, **options):
     """(make_calls, made, copies): matchers of ``step`` over copies of the batch for each repetition, enough to exceed
     four times the L2 (run.rotation), at most ``limit``; ``made`` holds the last repetition's, to check their drafts."""
     copies = max(1, min(run.rotation((inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8), limit))
@@ -229,7 +233,7 @@ def _measure_step(run, row: Row, inputs, state0, config, expected, *, floor, ext
     matcher, first_ms = _first_call(run, row.step, inputs, state0, config, expected, row.params)
     slow = first_ms > SLOW_CALL_MS
     per_replay = max(1, int(GRAPH_BUDGET_MS / first_ms)) if slow else None
-    make_calls, made, copies = _make_calls(run, row.step, inputs, state0, config, per_replay or MAX_COPIES)
+    make_calls, made, copies = rotated_matchers(run, row.step, inputs, state0, config, per_replay or MAX_COPIES)
     # a slow call: about GRAPH_BUDGET_MS of work per replay, five replays per repetition, fewer host calls
     policy = dict(min_calls=per_replay, reps=5, host_calls=max(3, min(per_replay, 50)), graph_calls=per_replay) \
         if slow else {}
@@ -271,7 +275,7 @@ def _measure_case(run, case: Case, speed: dict) -> None:
             matcher, first_ms = _first_call(run, row.step, inputs, state0, config, expected, params)
             _record_synced(run, row, [matcher], first_ms, floor_ms=floor, **extra)
         elif row.options:  # a point of a chunk sweep: one repetition
-            make_calls, made, _ = _make_calls(run, row.step, inputs, state0, config, MAX_COPIES, **row.options)
+            make_calls, made, _ = rotated_matchers(run, row.step, inputs, state0, config, MAX_COPIES, **row.options)
             timing = run.gpu_time(make_calls, repeats=1)
             torch.cuda.synchronize()
             if made[0].chunk_len != row.params["chunk_len"]:
