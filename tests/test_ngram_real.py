@@ -294,7 +294,8 @@ def test_every_kernel_matches_the_reference_on_real_text(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("corpus, batch, seq_len, threshold", ngram.report.real_cases())
+@pytest.mark.parametrize("corpus, batch, seq_len, threshold",
+                         [(c, *s) for s in ngram.report.REAL_SHAPES for c in ngram.report.CORPORA])
 def test_real_text_bench_inputs(corpus, batch, seq_len, threshold):
     inputs, draft, this_time = ngram.report.real_batch(corpus, batch, seq_len, device="cuda")
     config = NgramConfig(threshold=threshold)
@@ -446,7 +447,7 @@ def test_quick_bench_stays_small():
     full, quick = _estimated_calls(False), _estimated_calls(True)
     assert quick["gpu_clock"] <= full["gpu_clock"] // 2
     assert full["gpu_clock"] <= 170 and full["sweep_points"] <= 40  # every step at every grid case (about 70 s)
-    assert len(ngram.report.real_cases(quick=True)) == len(ngram.report.CORPORA)
+    assert len(ngram.report.bench_cases(quick=True)["real text"]) == len(ngram.report.CORPORA)
 
 
 def _declared_rows() -> list[tuple]:
@@ -466,7 +467,9 @@ def test_the_declared_table_is_what_the_committed_file_measured(gpu):
     data = load_results("ngram", gpu=gpu, root=paths.BENCH_RESULTS).data
     skipped = [ast.literal_eval(m[1]) for note in data["notes"]
                if (m := re.match(r"step02_serial <<<1,1>>> kernel skipped at (\{.*?\}):", note))]
-    later = {"step06", "step07", "step09", "step10", "step11", "ngram_match"} if gpu.startswith("nvidia-h100") else set()
+    later = set()
+    if gpu.startswith("nvidia-h100"):
+        later = {"step06", "step07", "step09", "step10", "step11", "ngram_match"}
     committed = [(r["series"], r["role"], r["clock"], json.dumps(r["params"], sort_keys=True))
                  for r in data["measurements"]]
     declared = [row for row in _declared_rows()

@@ -87,11 +87,6 @@ def gen_width_for(seq_len: int) -> int:
     return max(16, min(seq_len // 2, 2048))
 
 
-def real_cases(quick: bool = False) -> list[tuple[str, int, int, int]]:
-    """(corpus, batch, prompt length, threshold) of the real-text cases."""
-    return [(corpus, *shape) for shape in (QUICK_REAL_SHAPES if quick else REAL_SHAPES) for corpus in CORPORA]
-
-
 def grid_batch(batch: int, seq_len: int, *, device=None):
     """The batch of a grid case (fixed seed; at batch 1 one slot, which scans everything)."""
     return make_batch(batch, seq_len, gen_width_for(seq_len), seed=1000 + batch + seq_len,
@@ -120,8 +115,7 @@ class Row:
 
 @dataclass(frozen=True)
 class Case:
-    """One case: its batch (built when measured), its rows in order, and whether the CPU path is first checked
-    against the Python reference."""
+    """One case: its batch (built when measured), its rows in order, whether the CPU path is checked first."""
 
     params: dict
     batch: Callable[[], tuple]
@@ -160,11 +154,10 @@ def bench_cases(quick: bool) -> dict[str, list[Case]]:
             ([step08_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
         sections["grid"].append(Case(params, partial(grid_batch, batch, seq_len),
                                      case_rows(params, CHAPTER.steps, sweeps), batch * seq_len <= 128 * 512))
-    for corpus, batch, seq_len, threshold in real_cases(quick):
+    for (batch, seq_len, threshold), corpus in itertools.product(QUICK_REAL_SHAPES if quick else REAL_SHAPES, CORPORA):
         params = {"corpus": corpus, "batch": batch, "seq_len": seq_len, "threshold": threshold}
-        steps = [CHAPTER.step(n) for n in REAL_STEPS]
         sections["real text"].append(Case(params, partial(real_batch, corpus, batch, seq_len),
-                                          case_rows(params, steps)))
+                                          case_rows(params, [CHAPTER.step(n) for n in REAL_STEPS])))
     return sections
 
 
