@@ -18,8 +18,6 @@ SHIPPED_ASSETS = PACKAGE / "_assets"
 ASSETS = REPO_ROOT / "assets" if CHECKOUT else SHIPPED_ASSETS
 #: Committed benchmark results: ``BENCH_RESULTS/<gpu-name>/<chapter>.json``.
 BENCH_RESULTS = ASSETS / "bench"
-#: Figures drawn from the committed results: ``FIGURES/<chapter>_<name>.png``.
-FIGURES = ASSETS / "figures"
 DATA = ASSETS / "data"
 SHARED_CSRC = PACKAGE / "csrc"
 #: Experiments beside the library: ``LAB/<chapter>/`` holds scripts, a README and ``results/<gpu>/``.
