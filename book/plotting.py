@@ -17,8 +17,11 @@ from typing import Any, Iterable, Sequence
 from book.common import us
 from studylog import paths
 from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
-from studylog.paths import FIGURES, REPO_ROOT
+from studylog.paths import ASSETS, REPO_ROOT
 from studylog.plotting import Results, load_results, result_files
+
+#: Figures drawn from the committed results: ``FIGURES/<chapter>_<name>.png``.
+FIGURES = ASSETS / "figures"
 
 #: The chapters that draw figures, in the course's order (each from ``book/<chapter>/figures.py``). Every one draws
 #: from its committed benchmark results, except chapter 1 (fsm), which has no GPU benchmark: its figure is drawn from

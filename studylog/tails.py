@@ -49,14 +49,6 @@ def masked_head_inputs(vocab: int, hidden: int, allowed: int, *, seed: int, devi
     return weight, h, tokens, pack_bitmask(tokens.mask.cpu())
 
 
-def ngram_inputs(batch: int, seq_len: int, *, device="cuda"):
-    """Chapter 3: the grid's synthetic batch at this shape and the chapter's seed: (inputs, drafts, lengths)."""
-    from studylog.ngram import make_batch
-    from studylog.ngram.report import gen_width_for
-
-    return make_batch(batch, seq_len, gen_width_for(seq_len), seed=1000 + batch + seq_len, device=device)
-
-
 def ctc_inputs(T: int, N: int, A: int, *, seed: int, device="cuda"):
     """Chapter 4: float32 activations (T, N, A) and the blog post's random targets, prepared on ``device``."""
     from studylog.ctc.report import prepared_batch, random_targets
@@ -100,18 +92,14 @@ def _masked_head(run, rep: int):
 
 
 def _ngram(run, rep: int, *, batch: int, seq_len: int, threshold: int):
-    from studylog.ngram import NgramConfig, NgramInputs, NgramMatcher
+    from studylog.ngram import NgramConfig
     from studylog.ngram.kernels import final_step
-    from studylog.ngram.report import MAX_COPIES, series_of
+    from studylog.ngram.report import MAX_COPIES, grid_batch, rotated_matchers, series_of
 
-    inputs, drafts, lengths = ngram_inputs(batch, seq_len)
-    nbytes = (inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8
-    copies = [inputs] + [NgramInputs(**{f.name: getattr(inputs, f.name).clone() for f in dataclasses.fields(inputs)})
-                         for _ in range(max(1, min(run.rotation(nbytes), MAX_COPIES)) - 1)]
+    inputs, drafts, lengths = grid_batch(batch, seq_len)
     config = NgramConfig(threshold=threshold)
     step = final_step(inputs, config)
-    return ([NgramMatcher(step, c, drafts.clone(), lengths.clone(), config=config,
-                          check_values=False) for c in copies], {"step": series_of(step)})
+    return rotated_matchers(run, step, inputs, (drafts, lengths), config, MAX_COPIES)[0](), {"step": series_of(step)}
 
 
 def ctc_bench_targets(T: int, N: int, A: int) -> list[np.ndarray]:

@@ -4,8 +4,8 @@ through Triton's interpreter (or on a GPU), and the check refuses a version that
 import torch
 
 from book.common import NOT_WRITTEN
-from book.env import exercises, solutions
-from studylog import runtime, tour
+from book.env import exercises, solutions, tour
+from studylog import runtime
 
 
 def test_the_answer_passes_the_check():

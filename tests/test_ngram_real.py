@@ -7,8 +7,11 @@ every GPU step captured once in a CUDA graph and replayed over new values writte
 (``gpu``); and the benchmark itself run on the CPU with a stand-in harness, to check what it records
 (series, clocks, checks, the headline on one clock) before it costs GPU time."""
 
+import ast
+import itertools
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -291,7 +294,8 @@ def test_every_kernel_matches_the_reference_on_real_text(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("corpus, batch, seq_len, threshold", ngram.report.real_cases())
+@pytest.mark.parametrize("corpus, batch, seq_len, threshold",
+                         [(c, *s) for s in ngram.report.REAL_SHAPES for c in ngram.report.CORPORA])
 def test_real_text_bench_inputs(corpus, batch, seq_len, threshold):
     inputs, draft, this_time = ngram.report.real_batch(corpus, batch, seq_len, device="cuda")
     config = NgramConfig(threshold=threshold)
@@ -431,21 +435,44 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
     assert "host clock" in lesson.target_verdicts(results)
 
 
-def _estimated_calls(grid, shapes) -> dict:
-    """How many measurements the benchmark makes (the GPU-clock ones, the host-clock ones, the sweeps): what its
-    run time is built from."""
-    report = ngram.report
-    steps = len(ngram.CHAPTER.steps)
-    gpu = len(grid) * (steps - 1) + len(shapes) * len(report.CORPORA) * (len(report.REAL_STEPS) - 1)
-    host = len(grid) * 2 + len(shapes) * len(report.CORPORA) * 2
-    sweeps = sum(len(report.CHUNK_SWEEPS[s][1]) for cfg in grid for s in report.sweeps_of(cfg))
-    return {"gpu_clock": gpu, "host_clock": host, "sweep_points": sweeps}
+def _estimated_calls(quick: bool) -> dict:
+    """How many measurements the benchmark's table declares (the GPU-clock ones, the host-clock ones, the sweeps):
+    what its run time is built from."""
+    rows = [row for case in itertools.chain(*ngram.report.bench_cases(quick).values()) for row in case.rows]
+    return {"gpu_clock": sum(r.clock == "gpu" and not r.options for r in rows),
+            "host_clock": sum(r.clock == "host_e2e" for r in rows), "sweep_points": sum(bool(r.options) for r in rows)}
 
 
 def test_quick_bench_stays_small():
-    report = ngram.report
-    full, quick = _estimated_calls(report.BENCH_GRID, report.REAL_SHAPES), _estimated_calls(report.QUICK_GRID,
-                                                                                            report.QUICK_REAL_SHAPES)
+    full, quick = _estimated_calls(False), _estimated_calls(True)
     assert quick["gpu_clock"] <= full["gpu_clock"] // 2
-    assert full["gpu_clock"] <= 140 and full["sweep_points"] <= 40  # every step at every grid case (about 70 s)
-    assert len(ngram.report.real_cases(quick=True)) == len(ngram.report.CORPORA)
+    assert full["gpu_clock"] <= 170 and full["sweep_points"] <= 40  # every step at every grid case (about 70 s)
+    assert len(ngram.report.bench_cases(quick=True)["real text"]) == len(ngram.report.CORPORA)
+
+
+def _declared_rows() -> list[tuple]:
+    """(series, role, clock, params) of every row the full benchmark's table declares, in order."""
+    cases = itertools.chain(*ngram.report.bench_cases(quick=False).values())
+    return [(r.series, r.role, r.clock, json.dumps(r.params, sort_keys=True)) for c in cases for r in c.rows]
+
+
+@pytest.mark.parametrize("gpu", ["nvidia-h200", "nvidia-h100-80gb-hbm3"])
+def test_the_declared_table_is_what_the_committed_file_measured(gpu):
+    """The table declares exactly the rows of the committed results, but for the one-thread kernel's rows the run
+    skipped (its notes name each case), and, in the H100 file, the series it predates (it was measured before steps
+    6, 7 and 9 to 11 and the entry point's row were added: its notes say so)."""
+    from studylog import paths
+    from studylog.plotting import load_results
+
+    data = load_results("ngram", gpu=gpu, root=paths.BENCH_RESULTS).data
+    skipped = [ast.literal_eval(m[1]) for note in data["notes"]
+               if (m := re.match(r"step02_serial <<<1,1>>> kernel skipped at (\{.*?\}):", note))]
+    later = set()
+    if gpu.startswith("nvidia-h100"):
+        later = {"step06", "step07", "step09", "step10", "step11", "ngram_match"}
+    committed = [(r["series"], r["role"], r["clock"], json.dumps(r["params"], sort_keys=True))
+                 for r in data["measurements"]]
+    declared = [row for row in _declared_rows()
+                if row[0] not in later and not (row[0] == "step02" and json.loads(row[3]) in skipped)]
+    assert len(skipped) == 3 and len(set(committed)) == len(committed)
+    assert sorted(declared) == sorted(committed)

@@ -22,7 +22,7 @@ def test_mode_matches_the_machine():
 def test_import_alone_is_enough_for_kernels():
     """A fresh interpreter that only imports a kernel module can launch it: no manual env var."""
     code = (
-        "import torch, studylog, studylog.tour as t;"
+        "import torch, studylog, book.env.tour as t;"
         "x = torch.randn(300, device=studylog.device());"
         "assert torch.equal(t.scale(x, 3.0), 3.0 * x); print(studylog.mode())"
     )

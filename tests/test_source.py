@@ -1,4 +1,5 @@
-from studylog import source, tour
+from book.env import tour
+from studylog import source
 
 
 def test_diff_between_two_steps_marks_added_lines():

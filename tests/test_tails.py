@@ -263,7 +263,9 @@ def test_masked_head_inputs():
 
 
 def test_ngram_inputs():
-    inputs, drafts, lengths = tails.ngram_inputs(4, 64, device="cpu")
+    from studylog.ngram.report import grid_batch
+
+    inputs, drafts, lengths = grid_batch(4, 64, device="cpu")
     assert inputs.prompt_ids.shape == (4, 64) and inputs.prompt_ids.dtype == torch.int64
     assert inputs.generated_ids.shape[0] == 4 and drafts.shape[0] == lengths.shape[0] == 4
 

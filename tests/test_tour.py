@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from studylog import runtime, tour
+from book.env import tour
+from studylog import runtime
 
 
 @pytest.mark.parametrize("n", [1, 127, 128, 129, 1000])

@@ -34,13 +34,13 @@ def reference_rows_where_bytes_set_the_floor(bandwidth_gbs: float, empty_kernel_
 def scale_two_launches(x, alpha: float, block: int = 128):
     """Exercise 3: ``alpha * x`` at any length with no mask on the whole blocks. Step 0's kernel covers the
     ``len(x) // block`` whole blocks; one program of step 1 covers the tail (fewer than ``block`` elements), its mask
-    the only one. The output is poisoned with NaN first, as :func:`studylog.tour.scale` does.
+    the only one. The output is poisoned with NaN first, as :func:`book.env.tour.scale` does.
 
     A prediction to check on a GPU: the two run alike, since a mask is a compare and a predicate per element, which a
     kernel waiting on memory hides, and the second launch costs a launch of its own."""
     import torch
 
-    from studylog import tour
+    from book.env import tour
 
     n = x.numel()
     y = torch.full_like(x, float("nan"))

@@ -502,8 +502,7 @@ def time_no_stop(fn: Callable[[str], str]) -> None:
         print("timing needs a GPU: the check compiled the kernel's text, it did not time it")
         return
     batch, seq_len = 256, 131072
-    inputs, draft, this_time = ngram.make_batch(batch, seq_len, ngram.gen_width_for(seq_len), seed=1000 + batch + seq_len,
-                                                device="cuda")  # the benchmark's batch at this case
+    inputs, draft, this_time = ngram.report.grid_batch(batch, seq_len, device="cuda")  # the benchmark's batch
     config = NgramConfig(threshold=NO_BUDGET)  # no budget: every slot scans, as in the lab's timing of the stop
     times = [gpu_us(step12_matcher(text, inputs, draft, this_time, config)) for text in (step12_source(),
                                                                                           fn(step12_source()))]

@@ -533,13 +533,11 @@ def _bench_batch(results, cfg: tuple[int, int, int]):
     slots' plan and planted repeats come from a CPU generator, so the rebuilt batch has the benchmark's lengths and
     matches (a chance 3-gram among uniform ids is vanishingly rare); the haystack bytes must equal the committed
     row's, or the rebuild is not the benchmark's batch."""
-    from studylog.ngram import gen_width_for, make_batch
     from studylog.ngram.batches import haystack_bytes
+    from studylog.ngram.report import grid_batch
 
     batch, seq_len, threshold = cfg
-    inputs, draft, this_time = make_batch(batch, seq_len, gen_width_for(seq_len),
-                                          kinds=["short"] if batch == 1 else None,
-                                          seed=1000 + batch + seq_len)  # the benchmark's rule (studylog.ngram.report)
+    inputs, draft, this_time = grid_batch(batch, seq_len, device="cpu")
     config = NgramConfig(threshold=threshold)
     nbytes = haystack_bytes(inputs, this_time, config)
     row = grid_row(results, CHAPTER.step(1).series, cfg)

@@ -39,7 +39,7 @@ import torch
 from studylog import cuda, ngram, paths
 from studylog.ngram import SCAN_THREADS, NgramConfig, NgramInputs, NgramMatcher
 from studylog.ngram.kernels import SIGNATURE, THREADS
-from studylog.ngram.report import BENCH_GRID, MAX_COPIES, gen_width_for, real_batch, real_cases
+from studylog.ngram.report import BENCH_GRID, CORPORA, MAX_COPIES, REAL_SHAPES, gen_width_for, real_batch
 
 #: Variant -> its search kernel (None: the library's step 6 or 8 through its matcher) and what changed.
 VARIANTS = {"6": None, "8": None, "6 early": "ngram_one_pass_split", "6 trigger": "ngram_one_pass_split_early"}
@@ -120,7 +120,8 @@ def measure() -> Path:
              "gen_width_for(seq_len), seed=1000 + batch + seq_len) and the real-text cases' real_batch; GPU clock "
              "(CUDA-graph replay over rotated copies, three repetitions, 60 calls a graph, 15 replays), host_ms per "
              "eager call; every row checked bit-identical to the CPU path before and after the replays.")
-    cases = [("synthetic", *c) for c in BENCH_GRID] + [c for c in real_cases() if c[0] != "synthetic"]
+    cases = [("synthetic", *c) for c in BENCH_GRID] + [(c, *s) for s in REAL_SHAPES for c in CORPORA
+                                                       if c != "synthetic"]
     for corpus, batch, seq_len, threshold in run.progress(cases, "cases"):
         config = NgramConfig(threshold=threshold)
         if (batch, seq_len, threshold) in BENCH_GRID and corpus == "synthetic":

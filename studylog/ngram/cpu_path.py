@@ -15,14 +15,14 @@ from pathlib import Path
 from torch import Tensor
 
 from studylog.ngram.formats import NgramConfig, NgramInputs, validate
-from studylog.paths import chapter_csrc
+from studylog.paths import cache_dir, chapter_csrc
 
 CPU_SOURCE = chapter_csrc("ngram") / "ngram_cpu_path.c"
 
 
 def _cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/studylog`` (else ``~/.cache/studylog``), or the temporary folder where that is read-only."""
-    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "studylog"
+    """:func:`~studylog.paths.cache_dir`, or the temporary folder where that is read-only."""
+    folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         return folder

@@ -1,11 +1,12 @@
-"""Chapter 3's benchmark (GPU only) and its headline. Step N is series ``stepNN``; besides the synthetic grid
-(:data:`BENCH_GRID`), :data:`REAL_STEPS` run on real documents (rows with a ``corpus`` parameter)."""
+"""Chapter 3's benchmark (GPU only) and its headline. :func:`bench_cases` declares what is measured: each case (the
+synthetic grid's, then real documents', whose rows carry a ``corpus`` parameter) and its rows (series, role, clock,
+params); :func:`bench` measures them in order. Step N is series ``stepNN``."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Callable
 
@@ -15,8 +16,8 @@ from studylog.bench import Timing
 from studylog.ngram.batches import branch_stats, corpus_batch, draft_acceptance, haystack_bytes, make_batch
 from studylog.ngram.cpu_path import cpu_path_inplace
 from studylog.ngram.formats import NgramConfig, NgramInputs, same_state, validate
-from studylog.ngram.kernels import (NgramMatcher, final_step, step01_cpu_path, step02_serial, step08_one_pass_fused,
-                                    step12_skip_refused)
+from studylog.ngram.kernels import (TILE, NgramMatcher, step01_cpu_path, step02_serial, step08_one_pass_fused,
+                                    step12_skip_refused, step_for_shape)
 from studylog.ngram.reference import reference_ngram_match
 
 NO_BUDGET = 1 << 30  # a threshold the batch never reaches: every active slot drafts
@@ -86,9 +87,10 @@ def gen_width_for(seq_len: int) -> int:
     return max(16, min(seq_len // 2, 2048))
 
 
-def real_cases(quick: bool = False) -> list[tuple[str, int, int, int]]:
-    """(corpus, batch, prompt length, threshold) of the real-text cases."""
-    return [(corpus, *shape) for shape in (QUICK_REAL_SHAPES if quick else REAL_SHAPES) for corpus in CORPORA]
+def grid_batch(batch: int, seq_len: int, *, device=None):
+    """The batch of a grid case (fixed seed; at batch 1 one slot, which scans everything)."""
+    return make_batch(batch, seq_len, gen_width_for(seq_len), seed=1000 + batch + seq_len,
+                      kinds=["short"] if batch == 1 else None, device=BENCH_DEVICE if device is None else device)
 
 
 def real_batch(corpus: str, batch: int, seq_len: int, *, device=None):
@@ -99,53 +101,79 @@ def real_batch(corpus: str, batch: int, seq_len: int, *, device=None):
                 device=BENCH_DEVICE if device is None else device)
 
 
-def sweeps_of(cfg) -> list:
-    """The steps of :data:`CHUNK_SWEEPS` swept at grid case ``cfg``: the long rows."""
-    batch, seq_len, _ = cfg
-    return ([step12_skip_refused] if batch * seq_len >= 16 * 131072 else []) + \
-        ([step08_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
+@dataclass(frozen=True)
+class Row:
+    """One row the benchmark records, the step function it times and the options it builds it with (a sweep's)."""
+
+    series: str
+    params: dict
+    step: Callable
+    role: str = "kernel"
+    clock: str = "gpu"
+    options: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Case:
-    """One case: its rows' ``params`` (``threshold``: the budget), its batch, the steps timed (None: all), the steps
-    whose chunk is swept, and whether the CPU path is first checked against the Python reference."""
+    """One case: its batch (built when measured), its rows in order, whether the CPU path is checked first."""
 
     params: dict
-    batch: Callable[[], tuple]  # (inputs, draft_tokens, seq_lens_this_time)
-    steps: tuple[int, ...] | None = None
-    sweeps: tuple = ()
+    batch: Callable[[], tuple]
+    rows: tuple[Row, ...]
     reference_check: bool = False
 
 
+def case_rows(params: dict, steps, sweeps=()) -> tuple[Row, ...]:
+    """Each of ``steps`` (step 1 on the host clock only; :data:`SYNCED_STEP` also end to end, right after its GPU
+    row, on the same calls), the entry point as the step its rule picks for the case's shapes, then the chunk
+    sweeps of ``sweeps``."""
+    rows = []
+    for step in steps:
+        role = "baseline" if step.number < FIRST_OWN_STEP else "kernel"
+        rows.append(Row(step.series, params, step.function, role, "host_e2e" if step.number == 1 else "gpu"))
+        if step.number == SYNCED_STEP:
+            rows.append(Row(SYNCED_SERIES, params, step.function, clock="host_e2e"))
+    rows.append(Row(ENTRY_SERIES, params, step_for_shape(params["batch"], params["seq_len"],
+                                                         NgramConfig(threshold=params["threshold"]))))
+    for step in sweeps:
+        option, values = CHUNK_SWEEPS[step]
+        rows += [Row(sweep_series(step), params | {"chunk_len": value * (TILE if option == "chunk_tiles" else 1)},
+                     step, options={option: value}) for value in values]
+    return tuple(rows)
+
+
 def bench_cases(quick: bool) -> dict[str, list[Case]]:
-    """The benchmark's sections and their cases, in the order they run: the synthetic grid, then the real text."""
-    grid = [Case({"batch": batch, "seq_len": seq_len, "threshold": threshold},
-                 partial(make_batch, batch, seq_len, gen_width_for(seq_len), seed=1000 + batch + seq_len,
-                         kinds=["short"] if batch == 1 else None,  # one slot that scans everything
-                         device=BENCH_DEVICE),
-                 sweeps=() if quick else tuple(sweeps_of((batch, seq_len, threshold))),
-                 reference_check=batch * seq_len <= 128 * 512)
-            for batch, seq_len, threshold in (QUICK_GRID if quick else BENCH_GRID)]
-    real = [Case({"corpus": corpus, "batch": batch, "seq_len": seq_len, "threshold": threshold},
-                 partial(real_batch, corpus, batch, seq_len), steps=REAL_STEPS)
-            for corpus, batch, seq_len, threshold in real_cases(quick)]
-    return {"grid": grid, "real text": real}
+    """The benchmark's sections and their cases, in the order they run: the synthetic grid (every step; the chunk
+    sweeps on the long rows), then the real text (:data:`REAL_STEPS`)."""
+    from studylog.ngram import CHAPTER  # the package defines it after importing this module
+
+    sections = {"grid": [], "real text": []}
+    for batch, seq_len, threshold in QUICK_GRID if quick else BENCH_GRID:
+        params = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
+        sweeps = [] if quick else ([step12_skip_refused] if batch * seq_len >= 16 * 131072 else []) + \
+            ([step08_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
+        sections["grid"].append(Case(params, partial(grid_batch, batch, seq_len),
+                                     case_rows(params, CHAPTER.steps, sweeps), batch * seq_len <= 128 * 512))
+    for (batch, seq_len, threshold), corpus in itertools.product(QUICK_REAL_SHAPES if quick else REAL_SHAPES, CORPORA):
+        params = {"corpus": corpus, "batch": batch, "seq_len": seq_len, "threshold": threshold}
+        sections["real text"].append(Case(params, partial(real_batch, corpus, batch, seq_len),
+                                          case_rows(params, [CHAPTER.step(n) for n in REAL_STEPS])))
+    return sections
 
 
 def bench(run) -> None:
-    """Every step of every case of :func:`bench_cases`, each result checked bit-identical to the CPU path before
+    """Every row of every case of :func:`bench_cases`, each result checked bit-identical to the CPU path before
     timing and after the graph replays."""
     speed = {"serial_ms_per_window": 0.0}
     for section, cases in bench_cases(run.quick).items():
         for case in run.progress(cases, section):
-            _case(run, case, speed)
+            _measure_case(run, case, speed)
             torch.cuda.empty_cache()
     for note in NOTES:
         run.note(note)
 
 
-def _make_calls(run, step, inputs, state0, config, limit, **options):
+def rotated_matchers(run, step, inputs, state0, config, limit, **options):
     """(make_calls, made, copies): matchers of ``step`` over copies of the batch for each repetition, enough to exceed
     four times the L2 (run.rotation), at most ``limit``; ``made`` holds the last repetition's, to check their drafts."""
     copies = max(1, min(run.rotation((inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8), limit))
@@ -161,7 +189,7 @@ def _make_calls(run, step, inputs, state0, config, limit, **options):
     return make_calls, made, copies
 
 
-def _record_synced(run, series, calls, first_ms, **kw):
+def _record_synced(run, row: Row, calls, first_ms, **kw):
     """Clock ``host_e2e``: each call (cycling over ``calls``), then torch.cuda.synchronize(); three repetitions."""
     cycle = itertools.cycle(calls)
 
@@ -170,7 +198,8 @@ def _record_synced(run, series, calls, first_ms, **kw):
         torch.cuda.synchronize()
 
     timing = run.host_time(call, calls=max(3, min(200, int(SYNCED_BUDGET_MS / max(first_ms, 1e-3)))), repeats=3)
-    run.record(series, Timing.of(timing.samples, clock="host_e2e"), timing=END_TO_END, **kw)
+    run.record(row.series, Timing.of(timing.samples, clock="host_e2e"), params=row.params, role=row.role,
+               timing=END_TO_END, **kw)
 
 
 def _same(matchers, expected) -> bool:
@@ -192,29 +221,26 @@ def _first_call(run, step, inputs, state0, config, expected, params):
     return matcher, first_ms
 
 
-def _measure_step(run, step, inputs, state0, config, expected, *, params, role, floor, extra, series=None):
-    """One GPU step checked, then timed on the case: (row, the last repetition's matchers, first call ms)."""
-    matcher, first_ms = _first_call(run, step, inputs, state0, config, expected, params)
+def _measure_step(run, row: Row, inputs, state0, config, expected, *, floor, extra):
+    """One GPU step checked, then timed on the case: (its matchers of the last repetition, its first call's ms)."""
+    matcher, first_ms = _first_call(run, row.step, inputs, state0, config, expected, row.params)
     slow = first_ms > SLOW_CALL_MS
     per_replay = max(1, int(GRAPH_BUDGET_MS / first_ms)) if slow else None
-    make_calls, made, copies = _make_calls(run, step, inputs, state0, config, per_replay or MAX_COPIES)
+    make_calls, made, copies = rotated_matchers(run, row.step, inputs, state0, config, per_replay or MAX_COPIES)
     # a slow call: about GRAPH_BUDGET_MS of work per replay, five replays per repetition, fewer host calls
     policy = dict(min_calls=per_replay, reps=5, host_calls=max(3, min(per_replay, 50)), graph_calls=per_replay) \
         if slow else {}
-    row = run.measure(series or series_of(step), make_calls, params=params, role=role, host=matcher, floor_ms=floor,
-                      **policy, **extra, rotated_copies=copies)
+    measured = run.measure(row.series, make_calls, params=row.params, role=row.role, host=matcher, floor_ms=floor,
+                           **policy, **extra, rotated_copies=copies)
     torch.cuda.synchronize()
     run.check("bit-identical after graph replays", _same((made[0], made[-1], matcher), expected),
-              params=params | {"step": step.__name__})
-    return row, made, first_ms
+              params=row.params | {"step": row.step.__name__})
+    return measured, made, first_ms
 
 
-def _case(run, case: Case, speed: dict) -> None:
-    """The steps of ``case`` checked and timed, :data:`SYNCED_STEP` also end to end, then the entry point, then the
-    chunk sweeps. ``speed`` carries the one-thread kernel's slowest time per window so far (to skip it where too
-    slow)."""
-    from studylog.ngram import CHAPTER  # the package defines it after importing this module
-
+def _measure_case(run, case: Case, speed: dict) -> None:
+    """The rows of ``case``, in order. ``speed`` carries the one-thread kernel's slowest time per window so far (to
+    skip it where too slow)."""
     params, config = case.params, NgramConfig(threshold=case.params["threshold"])
     inputs, draft0, this0 = case.batch()
     validate(inputs, draft0, this0, config)
@@ -229,46 +255,42 @@ def _case(run, case: Case, speed: dict) -> None:
     drafts = draft_acceptance(host, this0.cpu(), *expected, config)
     extra = {"haystack_bytes": nbytes, "windows_compared_by_cpu_loop": windows,
              "drafted_tokens": drafts["drafted_tokens"]}
-    final = CHAPTER.step(SYNCED_STEP)
-    state0 = (draft0, this0)
-    for step in CHAPTER.steps if case.steps is None else [CHAPTER.step(n) for n in case.steps]:
-        role = "baseline" if step.number < FIRST_OWN_STEP else "kernel"
-        if step.number == 1:  # not capturable: the host clock only
-            matcher, first_ms = _first_call(run, step.function, inputs, state0, config, expected, params)
-            _record_synced(run, step.series, [matcher], first_ms, params=params, role=role, floor_ms=floor, **extra)
-            continue
-        if step.function is step02_serial:
-            limit_ms = speed["serial_ms_per_window"] * windows
-            if limit_ms > SERIAL_LIMIT_MS:
-                run.note(f"{step.name} <<<1,1>>> kernel skipped at {params}: it would compare {windows:,} windows "
-                         f"on one thread, predicted {limit_ms:,.0f} ms per call from its speed on the smaller "
-                         f"inputs of this run")
-                continue
-        row_extra = dict(extra)
-        if step is final and "corpus" in params:
-            row_extra |= {"drafts": drafts, "branches": branch_stats(inputs, this0, config)}
-        row, made, first_ms = _measure_step(run, step.function, inputs, state0, config, expected, params=params,
-                                            role=role, floor=floor, extra=row_extra)
-        if step.function is step02_serial and windows:
-            speed["serial_ms_per_window"] = max(speed["serial_ms_per_window"], row["ms"] / windows)
-        if step is final:
-            _record_synced(run, SYNCED_SERIES, made, first_ms, params=params, role="kernel", floor_ms=floor, **extra)
+    state0, made = (draft0, this0), None
+    for row in case.rows:
+        name = row.step.__name__
+        if row.series == SYNCED_SERIES:  # the calls of the GPU row before it, end to end
+            _record_synced(run, row, made, first_ms, floor_ms=floor, **extra)
             run.check("bit-identical after the end-to-end calls", _same(made[:3], expected),
-                      params=params | {"step": step.name})
-        del made
-    picked = final_step(inputs, config)  # the entry point as a reader calls it
-    _measure_step(run, picked, inputs, state0, config, expected, params=params, role="kernel", floor=floor,
-                  extra=extra | {"step": series_of(picked)}, series=ENTRY_SERIES)
-    for step in case.sweeps:
-        option, values = CHUNK_SWEEPS[step]
-        for value in values:
-            make_calls, made, _ = _make_calls(run, step, inputs, state0, config, MAX_COPIES, **{option: value})
+                      params=params | {"step": name})
+            continue
+        made = None  # the last row's matchers (copies of the batch) go before this row makes its own
+        if row.clock == "host_e2e":  # the CPU path: not capturable, the host clock only
+            matcher, first_ms = _first_call(run, row.step, inputs, state0, config, expected, params)
+            _record_synced(run, row, [matcher], first_ms, floor_ms=floor, **extra)
+        elif row.options:  # a point of a chunk sweep: one repetition
+            make_calls, made, _ = rotated_matchers(run, row.step, inputs, state0, config, MAX_COPIES, **row.options)
             timing = run.gpu_time(make_calls, repeats=1)
             torch.cuda.synchronize()
-            chunk_len = made[0].chunk_len
+            if made[0].chunk_len != row.params["chunk_len"]:
+                raise RuntimeError(f"{name} {row.options} split at {made[0].chunk_len}, the table says "
+                                   f"{row.params['chunk_len']}")
             run.check("bit-identical to the CPU path", _same(made[:1], expected),
-                      params=params | {"step": step.__name__, "chunk_len": chunk_len})
-            run.record(sweep_series(step), timing, params=params | {"chunk_len": chunk_len}, floor_ms=floor)
+                      params=params | {"step": name, "chunk_len": made[0].chunk_len})
+            run.record(row.series, timing, params=row.params, floor_ms=floor)
+        elif row.step is step02_serial and speed["serial_ms_per_window"] * windows > SERIAL_LIMIT_MS:
+            run.note(f"{name} <<<1,1>>> kernel skipped at {params}: it would compare {windows:,} windows on one "
+                     f"thread, predicted {speed['serial_ms_per_window'] * windows:,.0f} ms per call from its speed "
+                     "on the smaller inputs of this run")
+        else:
+            row_extra = dict(extra)
+            if row.series == ENTRY_SERIES:
+                row_extra["step"] = series_of(row.step)
+            elif row.step is step12_skip_refused and "corpus" in params:
+                row_extra |= {"drafts": drafts, "branches": branch_stats(inputs, this0, config)}
+            measured, made, first_ms = _measure_step(run, row, inputs, state0, config, expected, floor=floor,
+                                                     extra=row_extra)
+            if row.step is step02_serial and windows:
+                speed["serial_ms_per_window"] = max(speed["serial_ms_per_window"], measured["ms"] / windows)
 
 
 #: The headline's cases: the deployed budget at a small and a mid-size batch, the largest batch with no budget.
