@@ -247,10 +247,9 @@ def step14_warps_per_direction(activations, targets, input_lengths=None, target_
                     zero_infinity, 14, None, grain)
 
 
-#: :func:`final_step`'s rule, set by ``lab/ctc/length_rule.py`` (steps 11 to 14 timed at T = 50 to 400, N = 1 to 256,
-#: A = 28 and 5,000, random and blank-heavy targets). What decides is the row of alpha, ``2 L_max + 1`` positions:
-#: where it fits one warp at 4 positions a lane, one warp a direction is fastest (step 14's extra warps only add
-#: barriers): step 13 where many classes make its softmax pass pay, else step 12. Longer rows go to step 14's
+#: :func:`final_step`'s rule (``lab/ctc/length_rule.py`` sets it). What decides is the row of alpha, ``2 L_max + 1``
+#: positions: where it fits one warp at 4 positions a lane, one warp a direction is fastest (step 14's extra warps only
+#: add barriers): step 13 where many classes make its softmax pass pay, else step 12. Longer rows go to step 14's
 #: several warps, except a full batch of few classes, whose utterances alone fill the GPU: it stays on step 12 while
 #: a row fits one warp at step 12's grain of 10. It must keep ``ctc_loss`` within the spread of the fastest step.
 SMALL_ALPHABET = 1024
