@@ -34,8 +34,6 @@ DEFAULT_BLOCK_GRAIN = 4
 MAX_RECURSION_WARPS = 16
 #: Steps whose recursion runs alpha, then beta, on one block (7, 8) or one warp (9) per utterance: grid (N, 1).
 IN_TURN = (7, 8, 9)
-#: Frames of emissions step 7's recursion loads ahead of the one it computes (the kernels' ``PREFETCH``).
-PREFETCH_FRAMES = 4
 #: The ``.cu`` file (in ``studylog/ctc/csrc``) of each kernel of steps 7 to 14.
 SOURCES = {**dict.fromkeys(("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_block_recursion",
                             "ctc_warp_recursion_in_turn", "ctc_fused_recursion", "ctc_grad_from_log_softmax",
