@@ -125,7 +125,7 @@ def declared(quick: bool = False, captured=frozenset(peers.TORCH_SERIES)) -> lis
         for params in report.section_points(section, quick):
             here = [s for s in report.TORCH if report.holds("torch", s, params, graph=False, cudnn_graph=False,
                                                             spans=False, quick=quick)]
-            state = {"graph": any(s in captured for s in here), "cudnn_graph": report.TORCH[0] in captured,
+            state = {"graph": any(s in captured for s in here), "cudnn_graph": "torch-cuDNN" in captured,
                      "spans": any(s not in captured for s in here), "quick": quick}
             for m, step in report.measures(section, lambda s: s in captured):
                 if report.holds(m.at, step, params, **state):

@@ -72,13 +72,13 @@ TABLE = (
     Measure("grid", "plan", "{step} plan", (FINAL,), clock="host"),
     Measure("grain", "step", "{step} strided", (4,)),
     Measure("profiler", "span", "{step} span", (FINAL,), at="span", clock="kernel"),
-    Measure("profiler", "span", "{step} span", TORCH[:1], at="span cuDNN", clock="kernel", role="baseline"),
+    Measure("profiler", "span", "{step} span", ("torch-cuDNN",), at="span cuDNN", clock="kernel", role="baseline"),
     Measure("profiler", "best", "torch-best span", at="span", clock="kernel", role="baseline"),
     Measure("profiler", "best", "torch-best", at="span, no graph", clock="kernel", role="baseline"),
     Measure("stress", "step", "stress {step}", tuple(range(5, 15))),
     Measure("stress", "entry", "stress ctc_loss"),
     Measure("stress", "counts", "cudnn-set {step}", TORCH + (6, FINAL), at="cudnn-set", clock="kernel"),
-    Measure("kernels", "kernels", "{step} kernels", (TORCH[0], TORCH[2], *range(7, 15)), clock="kernel"),
+    Measure("kernels", "kernels", "{step} kernels", ("torch-cuDNN", "torch-native", *range(7, 15)), clock="kernel"),
 )
 #: The sections in the order they run, with their progress bars. The profiler's pass times the grid's inputs again
 #: after every GPU-clock timing: once torch's profiler has attached, every later launch in the process runs slower,
@@ -154,9 +154,9 @@ def holds(at: str, step, params: dict, *, graph: bool, cudnn_graph: bool, spans:
     timed on the GPU clock (``cudnn_graph``: torch-cuDNN is); ``spans``: one on the kernel clock."""
     point = (params["A"], params["N"])
     span = spans and (params["N"] in LESSON_N or not graph)
-    return {"every": True, "cudnn-set": True, "torch": step != TORCH[1] or point in PROFILE_CASES,
-            "lesson": point in grids(quick)["lesson"], "graph": graph, "span": span, "span cuDNN": span and cudnn_graph,
-            "span, no graph": span and not graph}[at]
+    return {"every": True, "cudnn-set": True, "lesson": point in grids(quick)["lesson"], "graph": graph,
+            "torch": step != "torch-cuDNN F.ctc_loss" or point in PROFILE_CASES,  # its cuDNN path: at PROFILE_CASES
+            "span": span, "span cuDNN": span and cudnn_graph, "span, no graph": span and not graph}[at]
 
 
 def series_of(step) -> str:
@@ -516,6 +516,10 @@ def bench(run) -> None:
     checked: set = set()
     kept: list = []
 
+    def on_gpu(series: str, A: int, N: int) -> bool:
+        """A graph captured torch's call ``series`` in the probe and, at (A, N), in this process."""
+        return capture.get(series, (False,))[0] and (series, A, N) not in fallback
+
     def drawn(generator: torch.Generator, N: int, A: int) -> tuple[list, Tensor]:
         """A point's target lists, then its activations (the generator draws them in this order)."""
         lists = random_targets(T, N, A, generator)
@@ -538,9 +542,9 @@ def bench(run) -> None:
             if section == "profiler" and A not in checked:
                 checked.add(A)
                 _dispatch_checks(run, point.x, point.lists, params)
-            for m, step in measures(section, lambda s: capture.get(s, (False,))[0] and (s, A, N) not in fallback):
+            for m, step in measures(section, lambda s: on_gpu(s, A, N)):
                 state = {"graph": graph.get((A, N), bool(point.rows)), "spans": bool(point.spans),
-                         "cudnn_graph": capture.get(TORCH[0], (False,))[0] and (TORCH[0], A, N) not in fallback}
+                         "cudnn_graph": on_gpu("torch-cuDNN", A, N)}
                 if holds(m.at, step, params, **state, quick=run.quick):
                     MEASURES[m.how](run, m, step, point, fallback, capture)
             if section == "grid":
