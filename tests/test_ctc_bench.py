@@ -117,36 +117,64 @@ def test_the_benchmark_grids_and_settings():
     assert report.copies(l2, 1000) == 1 and report.copies(l2, l2) == 4 and report.copies(l2, 10 * l2) == 1
 
 
-def test_the_declared_sections_are_what_the_committed_run_measured():
-    """Each section's steps and torch calls (``SECTION_STEPS``, ``SECTION_TORCH``) at each of its points
-    (:func:`report.grids`) are the series the H200's results file (the run of this benchmark) holds there, no others."""
-    full = report.grids()
-    results = plotting.load_results("ctc", "nvidia-h200")
+def declared(quick: bool = False, captured=frozenset(peers.TORCH_SERIES)) -> list[tuple[str, dict]]:
+    """(series, params) of every row :data:`report.TABLE` records, in order, where a CUDA graph captures the torch
+    calls ``captured``: the benchmark's loop (:func:`report.bench`) with every point's state known beforehand."""
+    rows = []
+    for section in report.SECTIONS:
+        for params in report.section_points(section, quick):
+            here = [s for s in report.TORCH if report.holds("torch", s, params, graph=False, cudnn_graph=False,
+                                                            spans=False, quick=quick)]
+            state = {"graph": any(s in captured for s in here), "cudnn_graph": "torch-cuDNN" in captured,
+                     "spans": any(s not in captured for s in here), "quick": quick}
+            for m, step in report.measures(section, lambda s: s in captured):
+                if report.holds(m.at, step, params, **state):
+                    rows.append((m.series.format(step=report.series_of(step)),
+                                 {**params, "of": params["N"]} if m.at == "cudnn-set" else params))
+    return rows
 
-    def points(series, *keys):
-        return {tuple(r["params"][k] for k in keys) for r in results.select(series)}
 
-    steps = {s.number: s.series for s in ctc.CHAPTER.steps}
-    for number in report.SECTION_STEPS["lesson"]:
-        assert points(steps[number], "A", "N") == set(full["lesson"]), number
-    for number in report.SECTION_STEPS["main"]:
-        assert points(steps[number], "A", "N") == set(full["main"]), number
-    (number,) = report.SECTION_STEPS["grain"]
-    assert points(f"{steps[number]} strided", "A", "grain") <= set(full["grain"])
-    stressed = {s.removeprefix("stress ") for s in results.series() if s.startswith("stress ")}
-    assert stressed == {steps[k] for k in report.SECTION_STEPS["stress"]} | {"ctc_loss"}  # and the entry point
-    assert points("stress ctc_loss", "T", "N") == set(full["stress"])
-    for number in report.SECTION_STEPS["stress"]:
-        assert points(f"stress {steps[number]}", "T", "N") == set(full["stress"]), number
-    for series in report.SECTION_TORCH["main"]:
-        where = set(report.PROFILE_CASES) if series == "torch-cuDNN F.ctc_loss" else set(full["main"])
-        assert points(series, "A", "N") == where, series
-    in_set = {s.removeprefix("cudnn-set ") for s in results.series() if s.startswith("cudnn-set ")}
-    assert in_set == set(report.SECTION_TORCH["cudnn-set"]) | {steps[6], ctc.CHAPTER.final.series}
-    profiled = {s.removesuffix(" kernels") for s in results.series() if s.endswith(" kernels")}
-    assert profiled == set(report.SECTION_TORCH["kernels"]) | {steps[k] for k in report.SECTION_STEPS["kernels"]}
-    for series in profiled:
-        assert points(f"{series} kernels", "A", "N") == set(report.PROFILE_CASES), series
+def _rows(pairs) -> list[tuple]:
+    """(series, params) as comparable tuples; a cuDNN set's N left out: the utterances of a stress input that
+    torch's cuDNN path takes, known once the input is drawn."""
+    return [(s, tuple(sorted((k, v) for k, v in p.items() if not (s.startswith("cudnn-set") and k == "N"))))
+            for s, p in pairs]
+
+
+def _committed(card: str):
+    data = json.loads((plotting.DEFAULT_OUT / card / "ctc.json").read_text())
+    notes = (re.match(r"CUDA-graph capture of (.+?) \(.*\): captured;", n) for n in data["notes"])
+    captured = {m.group(1) for m in notes if m}
+    return data, captured
+
+
+def test_the_table_declares_every_row_of_the_committed_run_in_order():
+    """The H200's file (this benchmark's run) holds exactly the rows the table declares, in order, for the torch calls
+    its notes say a graph captured; a table that drops, renames or adds a row fails here."""
+    data, captured = _committed("nvidia-h200")
+    assert captured == {"torch-cuDNN"} and report.FINAL == ctc.CHAPTER.final.number
+    assert _rows((r["series"], r["params"]) for r in data["measurements"]) == _rows(declared(False, captured))
+
+
+def test_the_h100_file_holds_the_table_less_the_steps_it_predates():
+    """The H100's file predates steps 7, 8, 9 and 11 and the entry point's rows (the chapter's earlier step list): it
+    holds the table's other rows (in an order of its own)."""
+    data, captured = _committed("nvidia-h100-80gb-hbm3")
+    later = {"step07", "step08", "step09", "step11", "ctc_loss"}
+
+    def kept(series):
+        return series.removeprefix("stress ").removesuffix(" kernels") not in later
+    want = [(s, p) for s, p in declared(False, captured) if kept(s)]
+    assert sorted(_rows((r["series"], r["params"]) for r in data["measurements"])) == sorted(_rows(want))
+
+
+def test_the_table_follows_the_capture_probe():
+    """Where no torch call is captured, torch-best is a kernel-clock row at every point, beside the spans."""
+    rows = declared(True, captured=set())
+    best = [p for s, p in rows if s == "torch-best"]
+    assert len(best) == len(report.grids(True)["main"]) == len([s for s, _ in rows if s == "torch-best span"])
+    assert not any(s == "torch-cuDNN span" for s, _ in rows)
+    assert len(declared(True)) < len(rows)  # all captured: no spans
 
 
 def _measure_cost_s(estimate_ms: float, n_copies: int = 1, *, host: bool = True, repeats: int = 3,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from book.ctc import compiled as book_compiled
 from book.ctc import exercises, lesson, solutions
 from studylog import ctc, plotting
 
@@ -513,7 +514,7 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
     # step 7's three changes: their own table, every time from the one run that timed them, each ratio of two of them
     seven = [_cells(line) for line in lesson.step07_table(results).splitlines()[2:]]
     assert [r[0] for r in seven] == ["5", "7a", "7b", "7c"]
-    assert seven[3][1] == f"emissions loaded {ctc.fused.PREFETCH_FRAMES} frames ahead"
+    assert seven[3][1] == f"emissions loaded {book_compiled.PREFETCH_FRAMES} frames ahead"
     for k, (row, series) in enumerate(zip(seven, ("step05", "step07a", "step07b", "step07"))):
         for i, (A, N) in enumerate(lesson.TABLE_CASES):
             now = _lab(series, A, N)
@@ -729,7 +730,7 @@ def test_the_diffs_split_in_two_are_each_whole_and_at_most_40_changed_lines():
     prefetch = lesson.step07_prefetch_core()  # step 7 against 7b: one template at two depths
     assert len(prefetch.added) + len(prefetch.removed) <= 40
     assert any("constexpr int SLOTS = 1;" in ln for ln in prefetch.removed)
-    assert any(f"constexpr int SLOTS = {ctc.fused.PREFETCH_FRAMES};" in ln for ln in prefetch.added)
+    assert any(f"constexpr int SLOTS = {book_compiled.PREFETCH_FRAMES};" in ln for ln in prefetch.added)
     assert not any("DEPTH" in ln for ln in prefetch.lines)
     fourteen = lesson.step14_core()
     assert len(fourteen.added) + len(fourteen.removed) <= 40

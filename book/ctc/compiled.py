@@ -13,6 +13,9 @@ from typing import Sequence
 from studylog import cuda
 from studylog.ctc import fused, warpctc
 
+#: Frames of emissions step 7's recursion loads ahead of the one it computes (the kernels' ``PREFETCH``).
+PREFETCH_FRAMES = 4
+
 
 def compile_step(step: int, *, grains: Sequence[int] = (), layouts: Sequence[bool] = (False,),
                  recursions: Sequence[str | None] = (None,), arch: str = cuda.DEFAULT_ARCH) -> cuda.CompiledSource:

@@ -34,7 +34,7 @@ def main_clock(results) -> str:
 def step_words(series: str) -> str:
     """A step's series in the words of the lesson's table of steps (``step 11: the warp recursion without ...``);
     any other series as it is."""
-    from studylog.ctc.fused import PREFETCH_FRAMES
+    from book.ctc.compiled import PREFETCH_FRAMES
 
     for step in CHAPTER.steps:
         if step.series == series and step.number == 7:  # the lesson's 7a, 7b and 7c: the series is after the last

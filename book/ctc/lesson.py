@@ -1017,7 +1017,7 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
         return f" (pays at {where(pays, TABLE_CASES[1:], complement=False)})" if len(pays) < len(ratios) - 1 else \
             f" (pays at A = {', '.join(sorted({f'{A:,}' for A, _ in TABLE_CASES[1:]}))})"
 
-    from studylog.ctc.fused import PREFETCH_FRAMES
+    from book.ctc.compiled import PREFETCH_FRAMES
 
     role = roles(results)
     entries = []
@@ -1090,7 +1090,7 @@ def step07_table(results, changes: Results | None = None) -> str | None:
     changes = step07_changes(results.path.parent.name) if changes is None else changes
     if changes is None:
         return None
-    from studylog.ctc.fused import PREFETCH_FRAMES
+    from book.ctc.compiled import PREFETCH_FRAMES
 
     rows = (("5", "step 5, timed again in this run", "step05"), *[(label, change, series)
             for label, change, series, _ in STEP07_ROWS],
@@ -1573,7 +1573,7 @@ def step07_prefetch_core():
     """Step 7's last change against 7b: the recursion's frame loop (``block_direction_rows``, the one template both
     compile from) at ``DEPTH = 0``, each frame's emissions loaded by its own update, and at ``DEPTH = PREFETCH``,
     loaded that many frames ahead into a ring of register slots; the rest of the body, the same in both, left out."""
-    from studylog.ctc.fused import PREFETCH_FRAMES
+    from book.ctc.compiled import PREFETCH_FRAMES
     from studylog.source import show_diff, source_of
 
     body = code_only(source_of("ctc_step07_10_three_passes.cu", "block_direction_rows")[0]).splitlines()

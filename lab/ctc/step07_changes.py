@@ -48,6 +48,7 @@ from types import SimpleNamespace
 
 import torch
 
+from book.ctc.compiled import PREFETCH_FRAMES
 from studylog import ctc
 from studylog.ctc import fused, report
 from studylog.ctc.launch import kernels, run_step, workspace_addresses
@@ -60,7 +61,7 @@ VARIANTS = {
     "step 5": ("step05", "the chapter's step 5"),
     "7a": ("step07a", "+ the gradient a pass of its own (alpha and beta two launches, emissions loaded when needed)"),
     "7b": ("step07b", "+ alpha and beta in one kernel"),
-    "step 7": ("step07", f"+ emissions loaded {fused.PREFETCH_FRAMES} frames ahead"),
+    "step 7": ("step07", f"+ emissions loaded {PREFETCH_FRAMES} frames ahead"),
 }
 
 

@@ -24,11 +24,6 @@ def chain_threads(states: int) -> int:
     return 32 * math.ceil(states / (32 * CHAIN_GRAIN))
 
 
-def chain_constant(s: int) -> float:
-    """What the kernel adds at state ``s`` every frame (base-2 log units; exact in float32)."""
-    return -1.25 - 0.0625 * (s & 7)
-
-
 def chain_floor(frames: int, states: int, *, device="cuda", out: Tensor | None = None) -> Tensor:
     """Run ``frames`` frames of the recursion over ``states`` (<= :data:`MAX_CHAIN_STATES`) states in one block into
     ``out`` (float32, ``(states,)``); with ``out`` given a call allocates nothing (graph-safe)."""

@@ -34,8 +34,6 @@ DEFAULT_BLOCK_GRAIN = 4
 MAX_RECURSION_WARPS = 16
 #: Steps whose recursion runs alpha, then beta, on one block (7, 8) or one warp (9) per utterance: grid (N, 1).
 IN_TURN = (7, 8, 9)
-#: Frames of emissions step 7's recursion loads ahead of the one it computes (the kernels' ``PREFETCH``).
-PREFETCH_FRAMES = 4
 #: The ``.cu`` file (in ``studylog/ctc/csrc``) of each kernel of steps 7 to 14.
 SOURCES = {**dict.fromkeys(("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_block_recursion",
                             "ctc_warp_recursion_in_turn", "ctc_fused_recursion", "ctc_grad_from_log_softmax",
@@ -247,10 +245,9 @@ def step14_warps_per_direction(activations, targets, input_lengths=None, target_
                     zero_infinity, 14, None, grain)
 
 
-#: :func:`final_step`'s rule, set by ``lab/ctc/length_rule.py`` (steps 11 to 14 timed at T = 50 to 400, N = 1 to 256,
-#: A = 28 and 5,000, random and blank-heavy targets). What decides is the row of alpha, ``2 L_max + 1`` positions:
-#: where it fits one warp at 4 positions a lane, one warp a direction is fastest (step 14's extra warps only add
-#: barriers): step 13 where many classes make its softmax pass pay, else step 12. Longer rows go to step 14's
+#: :func:`final_step`'s rule (``lab/ctc/length_rule.py`` sets it). What decides is the row of alpha, ``2 L_max + 1``
+#: positions: where it fits one warp at 4 positions a lane, one warp a direction is fastest (step 14's extra warps only
+#: add barriers): step 13 where many classes make its softmax pass pay, else step 12. Longer rows go to step 14's
 #: several warps, except a full batch of few classes, whose utterances alone fill the GPU: it stays on step 12 while
 #: a row fits one warp at step 12's grain of 10. It must keep ``ctc_loss`` within the spread of the fastest step.
 SMALL_ALPHABET = 1024

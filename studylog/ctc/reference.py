@@ -118,7 +118,8 @@ def untrusted(estimate: Tensor, loss: Tensor, input_lengths, target_lists: Seque
 def errors(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> dict[str, float]:
     """How far a result is from the reference: ``mismatched`` utterances (finite in one only, or a finite loss with a
     NaN gradient), the largest ``loss_rel`` (over ``max(1, |ref|)``) and ``grad_rel`` (``||grad - ref|| / ||ref||``)
-    over utterances finite in both, and the count of :func:`silently_wrong`."""
+    over utterances finite in both, and ``silently_wrong``: wrong (:func:`wrong_utterances`) with a finite loss and
+    a gradient without NaN to show it."""
     u = _per_utterance(loss, grad, ref_loss, ref_grad)
     both = u["finite"] & u["ref_finite"]
     loss_rel, grad_rel = 0.0, 0.0
@@ -156,11 +157,6 @@ def wrong_utterances(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Ten
     return _per_utterance(loss, grad, ref_loss, ref_grad)["wrong"]
 
 
-def silently_wrong(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
-    """:func:`wrong_utterances` with nothing to show it: a finite loss and a gradient without NaN."""
-    return _per_utterance(loss, grad, ref_loss, ref_grad)["silent"]
-
-
 #: An answer *far* from float64 (loss and gradient errors as in :func:`errors`): what losing alignments to
 #: underflow does, well beyond float32 rounding.
 FAR_LOSS, FAR_GRAD = 1e-3, 1e-2
@@ -169,7 +165,7 @@ FAR_LOSS, FAR_GRAD = 1e-3, 1e-2
 def outcomes(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> dict[str, int]:
     """What happened to each utterance, counted: ``utterances``, ``impossible`` (the reference's loss is
     infinite), and of the others ``infinite``, ``nan`` (a NaN loss or gradient), ``finite_wrong``
-    (:func:`silently_wrong`), ``far`` (of those, beyond ``FAR_LOSS`` / ``FAR_GRAD``) and ``right``."""
+    (``silently_wrong`` of :func:`errors`), ``far`` (of those, beyond ``FAR_LOSS`` / ``FAR_GRAD``) and ``right``."""
     u = _per_utterance(loss, grad, ref_loss, ref_grad)
     possible, loss_c = u["ref_finite"], loss.detach().double().cpu()
     silent = possible & u["silent"]

@@ -16,7 +16,7 @@
 #define CHAIN_MAX_WARPS 32   // one block of at most 1024 threads: at most 32 x 32 x 4 = 4096 positions
 
 // The constant added at position s every frame (base-2 log units, as the recursion's emissions);
-// studylog.ctc.floor.chain_constant is the same formula.
+// tests/test_ctc_floor.py checks the output with the same formula.
 __device__ __forceinline__ float chain_constant(int s) { return -1.25f - 0.0625f * (float)(s & 7); }
 
 __device__ __forceinline__ float chain_lse2(float a, float b) {
