@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import torch
 
@@ -29,17 +29,49 @@ MAX_NEW = 160
 MAX_SEQ = 1024
 
 
-def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], list[list[int]]]]:
-    """The requests of ``workload`` as (names, prompts) batches of one grammar each (extraction: each document alone
-    at batch 1, else one batch of each kind's documents in turn)."""
+def groups_of(workload: str, batch: int) -> list[list[str]]:
+    """The requests of ``workload`` as batches of one grammar each, by name (extraction: each document alone at
+    batch 1, else one batch of each kind's documents in turn; low-copy: each request repeated)."""
     check_choice("workload", workload, WORKLOADS)
     if workload == "low_copy":
-        return [([name] * batch, decode_requests.batch_ids(name, tokenizer, batch)) for name in requests.LOW_COPY]
+        return [[name] * batch for name in requests.LOW_COPY]
     out = []
     for kind in sorted({requests.document(n)["kind"] for n in requests.document_names()}):
         names = requests.document_names(kind)
-        for g in [[n] for n in names] if batch == 1 else [(names * batch)[:batch]]:
-            out.append((g, [requests.chat_ids(n, tokenizer) for n in g]))
+        out += [[n] for n in names] if batch == 1 else [(names * batch)[:batch]]
+    return out
+
+
+def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], list[list[int]]]]:
+    """:func:`groups_of` with each batch's prompts: (names, prompts)."""
+    if workload == "low_copy":
+        return [(g, decode_requests.batch_ids(g[0], tokenizer, batch)) for g in groups_of(workload, batch)]
+    return [(g, [requests.chat_ids(n, tokenizer) for n in g]) for g in groups_of(workload, batch)]
+
+
+def verify_cases(chunk_sizes: Sequence[int], gemv_chunks: Collection[int], batch: int) -> list[tuple[int, bool]]:
+    """The verifying forwards timed alone, as (chunk, gemv): the layer the loop runs at each chunk length, and the
+    other where it has one (the six-launch layer runs at most ``GEMV_MAX_TOKENS`` tokens)."""
+    return [(T, gemv) for T in chunk_sizes
+            for gemv in sorted({T in gemv_chunks, False} if batch * T <= GEMV_MAX_TOKENS else {False})]
+
+
+def table(batches: Sequence[int], workloads: Sequence[str], *, chunk_sizes: Sequence[int],
+          gemv_chunks: dict[int, Collection[int]], limit: int | None = None,
+          cuda: bool = True) -> list[tuple[str, dict]]:
+    """Every row a run records, in order, as (series, params): on a GPU (``cuda``) per batch the verifying forwards
+    (``gemv_chunks[batch]``: the chunk lengths :meth:`SpeculativeDecoder.tune` gives the six-launch layer) and one
+    drafting call, then each request of :func:`groups_of` (the first ``limit``) in chapter 7's and every step."""
+    out = []
+    for batch in batches:
+        base = {"model": "smollm2", "batch": batch}
+        if cuda:
+            out += [("verify", {**base, "chunk": T, "layer": "gemv" if gemv else "cublas"})
+                    for T, gemv in verify_cases(chunk_sizes, gemv_chunks[batch], batch)] + [("draft_call", base)]
+        for workload in workloads:
+            for names in groups_of(workload, batch)[:limit]:
+                params = {**base, "workload": workload, "request": names[0]}
+                out += [(series, {**params, "config": c}) for c, series in (*CH7.items(), *SERIES.items())]
     return out
 
 
@@ -140,11 +172,10 @@ def _draft_fields(g: SpecGeneration) -> dict[str, Any]:
 def costs(run, decoder: SpeculativeDecoder, batch: int) -> None:
     """On the GPU clock: the body at every chunk length, and one drafting call (with its host time: the loop waits)."""
     base = {"model": "smollm2", "batch": batch}
-    for T in decoder.chunk_sizes:  # the layer the loop runs at each chunk length, and the other where it has one
-        for gemv in sorted({T in decoder.gemv_chunks, False} if batch * T <= GEMV_MAX_TOKENS else {False}):
-            call = decoder.verify_call(T, gemv)
-            run.measure("verify", lambda call=call: [call], params={**base, "chunk": T, "layer": "gemv" if gemv
-                        else "cublas"}, role="baseline", min_calls=10, reps=5, used=gemv == (T in decoder.gemv_chunks))
+    for T, gemv in verify_cases(decoder.chunk_sizes, decoder.gemv_chunks, batch):
+        call = decoder.verify_call(T, gemv)
+        run.measure("verify", lambda call=call: [call], params={**base, "chunk": T, "layer": "gemv" if gemv
+                    else "cublas"}, role="baseline", min_calls=10, reps=5, used=gemv == (T in decoder.gemv_chunks))
     d = decoder.ngram
     prompt = list(range(11, 611))
     d.admit([prompt] * batch)
@@ -200,4 +231,4 @@ def headline(results) -> list[dict]:
 
 
 __all__ = ["CH7", "MAX_NEW", "SERIES", "SHIPPED", "WORKLOADS", "agreement", "batches_of", "bench", "closed_requests",
-           "costs", "headline", "plan", "rows_of", "sweep"]
+           "costs", "groups_of", "headline", "plan", "rows_of", "sweep", "table", "verify_cases"]
