@@ -20,6 +20,7 @@ def test_the_table_is_the_committed_h200_run():
                                                         for n in DATA["notes"]) if m}
     chunk_sizes = inspect.signature(SpeculativeDecoder).parameters["chunk_sizes"].default
     plan = report.plan(False)
-    got = report.table(plan["batches"], report.WORKLOADS, chunk_sizes=chunk_sizes, gemv_chunks=gemv, limit=plan["limit"])
+    got = report.table(plan["batches"], report.WORKLOADS, chunk_sizes=chunk_sizes, gemv_chunks=gemv,
+                       limit=plan["limit"])
     assert gemv == {1: [1, 2], 8: []}
     assert got == [(r["series"], r["params"]) for r in DATA["measurements"]]

@@ -300,6 +300,8 @@ def plan(quick: bool) -> list[dict[str, Any]]:
                  both_whitespaces_at=("1b", 1)),
             dict(shapes=("8b",), batches=(1, 8), schemas=schemas, repeats=2),
             dict(shapes=(REAL_MODEL,), batches=(1, 8), schemas=schemas, repeats=2 if quick else 3)]
+
+
 def bench(run) -> None:  # run: studylog.bench.BenchRun
     quick = getattr(run, "quick", False)
     run.note("Every request is steered to a valid sample of its schema (a bias of 1e4 on the tokenizer's next "
@@ -324,26 +326,18 @@ def rows_of(results_rows: Sequence[dict], *, series: str | None = None, **params
             and all(r["params"].get(k) == v for k, v in params.items())]
 
 
-def _head_rows(results, model: str) -> int | None:
-    """The head's rows of ``model``, from the run's note on it (None without one)."""
-    import ast
-
-    for note in results.data.get("notes", []):
-        if note.startswith(f"model {model}: "):
-            return ast.literal_eval(note.split(": ", 1)[1]).get("vocab_size")
-    return None
-
-
 def headline(results) -> list[dict]:
     """Step 3 (and step 2) over step 1 per output token: the ratio of the medians over the JSON schemas (cost models)
     or the requests (the real model)."""
+    import ast
+
     json_names = set(suite_names("json"))
     compact = rows_of(results.rows, whitespace="compact")
-    baselines = {}  # (model, batch, schema) -> the first baseline row, as rows_of(...)[0] would give
-    for r in compact:
-        p = r["params"]
-        if p.get("config") == "baseline":
-            baselines.setdefault((p.get("model"), p.get("batch"), p.get("schema")), r)
+    # (model, batch, schema) -> the first baseline row; model -> its head's rows, from the run's note on it
+    baselines = {(p["model"], p["batch"], p["schema"]): r for r in reversed(compact)
+                 if (p := r["params"]).get("config") == "baseline"}
+    head_rows = {n[6:].split(": ", 1)[0]: ast.literal_eval(n.split(": ", 1)[1]).get("vocab_size")
+                 for n in results.data.get("notes", []) if n.startswith("model ")}
     out = []
     for model, batch in (("1b", 1), ("1b", 8), ("8b", 1), ("8b", 8), ("smollm2", 1), ("smollm2", 8)):
         real = model == "smollm2"
@@ -359,7 +353,7 @@ def headline(results) -> list[dict]:
                     if "host" in parts:  # the step's time outside every timed part: host overhead, per token
                         host.append(parts["host"])
             if mine:
-                rows = _head_rows(results, model)
+                rows = head_rows.get(model)
                 who = "SmolLM2-135M-Instruct, real requests" if real else \
                     f"{model.upper()} cost model" + (f" (head of {rows:,} rows)" if rows else "")
                 what = (f"{who}, batch {batch}, end to end per output token, median of {len(mine)} "

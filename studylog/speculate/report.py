@@ -27,6 +27,8 @@ SHIPPED = "step03"
 WORKLOADS = ("extraction", "low_copy")
 MAX_NEW = 160
 MAX_SEQ = 1024
+#: What the drafts did, summed over a request's sequences (:class:`SpecGeneration`'s lists).
+DRAFT_COUNTS = ("proposed", "cut", "forced_drafted", "verified", "accepted", "drafts")
 
 
 def groups_of(workload: str, batch: int) -> list[list[str]]:
@@ -119,7 +121,8 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
                         runs, timed = measure(decoder, grammar, config, prompts, None,
                                               max_new_tokens=max_new, repeats=repeats)
                         outs[series] = timed
-                        extra = _draft_fields(timed) if isinstance(timed, SpecGeneration) else {}
+                        extra = {**{k: sum(getattr(timed, k)) for k in DRAFT_COUNTS}, "draft_calls": timed.draft_calls,
+                                 "mean_accepted": timed.mean_accepted} if isinstance(timed, SpecGeneration) else {}
                         run.record(series, Timing.of([g.ms_per_token for g in runs], clock="wall"),
                                    params={**params, "config": config}, role="kernel" if series in
                                    SERIES.values() else "baseline", tokens=timed.tokens, forwards=timed.forwards,
@@ -162,11 +165,6 @@ def agreement(run, name: str, ch7: Decoder, spec: SpeculativeDecoder, grammar, p
         detail.update(divergences=found["divergences"], all_inside=found["all_inside"])
     run.check(f"same tokens as {name} wherever the rounding bound allows", same or detail["all_inside"],
               params=params, **detail)
-
-
-def _draft_fields(g: SpecGeneration) -> dict[str, Any]:
-    counts = {k: sum(getattr(g, k)) for k in ("proposed", "cut", "forced_drafted", "verified", "accepted", "drafts")}
-    return {**counts, "draft_calls": g.draft_calls, "mean_accepted": g.mean_accepted}
 
 
 def costs(run, decoder: SpeculativeDecoder, batch: int) -> None:
