@@ -14,7 +14,6 @@ import functools
 import json
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -268,13 +267,13 @@ JSON_WHITESPACE: dict[str, dict[str, Any]] = {"default": {"any_whitespace": True
 LAZY_KEPT = 256
 
 
-@dataclass
 class FallbackGrammar(Grammar):
     """A ``Grammar`` whose automaton is xgrammar's matcher's (:class:`MatcherAutomaton`), with why chapter 1's was not
-    built (``fallback_reason``); it keeps the allowed sets and bits of the last :data:`LAZY_KEPT` states only."""
+    built (``fallback_reason``); it keeps the allowed sets and bits of the last :data:`LAZY_KEPT` states only. (Not a
+    dataclass of its own: the tests load this file outside ``sys.modules``, where dataclasses cannot resolve it.)"""
 
-    engine: str = "xgrammar"
-    fallback_reason: str = ""
+    engine = "xgrammar"
+    fallback_reason = ""
 
     def check_agreement(self) -> int:
         raise ValueError(f"grammar {self.name!r} has no automaton of chapter 1 (engine {self.engine!r}): its "
@@ -300,8 +299,9 @@ def _forget(kept: dict) -> None:
 def on_xgrammar(name: str, regex: str, vocab: pieces.TokenVocabulary, compiled: Any, seconds: dict[str, float],
                 reason: str) -> Grammar:
     """A ``Grammar`` of xgrammar's ``compiled`` whose automaton is its matcher's (``regex`` ``""``: a schema)."""
-    return FallbackGrammar(name, regex, vocab, compiled, MatcherAutomaton(compiled, vocab, name), seconds,
-                           fallback_reason=reason)
+    grammar = FallbackGrammar(name, regex, vocab, compiled, MatcherAutomaton(compiled, vocab, name), seconds)
+    grammar.fallback_reason = reason
+    return grammar
 
 
 def from_regex(regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "", check: bool = True,
