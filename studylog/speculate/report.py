@@ -210,7 +210,7 @@ def headline(results) -> list[dict]:
     """Step 3 against chapter 7's step 3 on each workload at batch 1 and 8 (extraction first): the ratio of the
     medians over requests of the time per output token, at batch 1 over the :func:`closed_requests` only (a batch of
     8 is timed whole)."""
-    rows = results.rows if hasattr(results, "rows") else results["measurements"]
+    rows = results.rows
     out = []
     for workload, batch in itertools.product(("extraction", "low_copy"), (1, 8)):
         kept = closed_requests(rows, workload) if batch == 1 else None
