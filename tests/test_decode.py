@@ -616,9 +616,11 @@ def test_configurations_refuse_what_they_cannot_do():
 def test_the_sweep_records_what_the_figures_read(tiny):
     # a regex and the shortest JSON object whose whitespace can differ (19 tokens compact, 25 default)
     run = LocalRun()
-    report.sweep(run, device="cpu", shapes=("tiny",), batches=(1,), schemas=["us_phone", "ticket_triage"], repeats=1,
-                 dtype=torch.float32, max_new_tokens=64, max_seq=160, both_whitespaces_at=("tiny", 1))
+    kw = dict(shapes=("tiny",), batches=(1,), schemas=["us_phone", "ticket_triage"], both_whitespaces_at=("tiny", 1))
+    report.sweep(run, device="cpu", repeats=1, dtype=torch.float32, max_new_tokens=64, max_seq=160, **kw)
     assert run.checks and all(c["passed"] for c in run.checks)
+    # on a CPU (no components) exactly the rows of the benchmark's table
+    assert [(r["series"], r["params"]) for r in run.rows] == report.table([kw], chunk_sizes=(1, 64), cuda=False)
     assert {r["series"] for r in run.rows} == {"step01", "step02", "step03", "automaton_mask", "char_jump"}
     assert {r["params"]["whitespace"] for r in run.rows
             if r["params"]["schema"] == "ticket_triage"} == {"compact", "default"}

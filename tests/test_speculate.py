@@ -386,6 +386,8 @@ def test_the_benchmark_sweep_records_every_step_and_checks_the_tokens(tiny):
                  tokenizer=Chat(), limit=1, max_new=24)
     series = {r["series"] for r in run.rows}
     assert series == {"step01", "step02", "step03", "step04", "ch7_step01", "ch7_step03"}
+    assert [(r["series"], r["params"]) for r in run.rows] == report.table((1,), ("extraction",), chunk_sizes=(1,),
+                                                                          gemv_chunks={}, limit=1, cuda=False)
     names = {c["name"] for c in run.checks}
     assert "same tokens as chapter 7's step 3 wherever the rounding bound allows" in names
     assert all(c["passed"] for c in run.checks if c["name"].startswith("same tokens"))

@@ -417,25 +417,16 @@ def low_copy_counts(results, batch: int = 1) -> dict[str, int]:
     return {"low_copy": len(_rows(results, batch, "low_copy", SHIPPED)), "chapter7": len(INSTRUCTIONS)}
 
 
-class _NoTokenizer:
-    """A tokenizer that encodes every chat as no tokens: enough for :func:`batch_makeup` to read which requests
-    :func:`studylog.speculate.report.batches_of` puts in a batch."""
-
-    @staticmethod
-    def encode_chat(messages) -> list[int]:
-        return []
-
-
 def batch_makeup(batch: int = 8) -> dict[str, int]:
     """What one row of the results holds at ``batch`` (a batch of ``batch`` sequences, timed as one, as
-    :func:`studylog.speculate.report.batches_of` forms it): on extraction, one kind's documents repeated to fill the
+    :func:`studylog.speculate.report.groups_of` forms it): on extraction, one kind's documents repeated to fill the
     batch (``extraction``: how many batches; ``documents``: the fewest distinct documents a batch holds;
     ``repeated``: the most sequences of a batch that repeat a document); on low-copy, one request's instructions in
     turn (``low_copy``: how many batches)."""
-    jobs = report.batches_of("extraction", batch, _NoTokenizer())
-    distinct = [len(set(names)) for names, _ in jobs]
-    return {"batch": batch, "extraction": len(jobs), "documents": min(distinct), "repeated": batch - min(distinct),
-            "low_copy": len(report.batches_of("low_copy", batch, _NoTokenizer()))}
+    groups = report.groups_of("extraction", batch)
+    distinct = [len(set(names)) for names in groups]
+    return {"batch": batch, "extraction": len(groups), "documents": min(distinct), "repeated": batch - min(distinct),
+            "low_copy": len(report.groups_of("low_copy", batch))}
 
 
 def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:

@@ -262,11 +262,46 @@ JSON_WHITESPACE: dict[str, dict[str, Any]] = {"default": {"any_whitespace": True
                                               "compact": {"any_whitespace": False, "separators": (",", ":")}}
 
 
+#: States whose allowed sets a grammar on the matcher's automaton keeps: there every token makes a new state, and a
+#: set can hold the whole vocabulary (chapter 1's grammars keep all theirs).
+LAZY_KEPT = 256
+
+
+class FallbackGrammar(Grammar):
+    """A ``Grammar`` whose automaton is xgrammar's matcher's (:class:`MatcherAutomaton`), with why chapter 1's was not
+    built (``fallback_reason``); it keeps the allowed sets and bits of the last :data:`LAZY_KEPT` states only. (Not a
+    dataclass of its own: the tests load this file outside ``sys.modules``, where dataclasses cannot resolve it.)"""
+
+    engine = "xgrammar"
+    fallback_reason = ""
+
+    def check_agreement(self) -> int:
+        raise ValueError(f"grammar {self.name!r} has no automaton of chapter 1 (engine {self.engine!r}): its "
+                         "steps all read xgrammar, and there is no second engine to compare")
+
+    def allowed(self, states, device):
+        out = super().allowed(states, device)
+        _forget(self._allowed)
+        return out
+
+    def state_words(self, state):
+        out = super().state_words(state)
+        _forget(self._bits)
+        return out
+
+
+def _forget(kept: dict) -> None:
+    """Drop the oldest entries past :data:`LAZY_KEPT`."""
+    while len(kept) > LAZY_KEPT:
+        del kept[next(iter(kept))]
+
+
 def on_xgrammar(name: str, regex: str, vocab: pieces.TokenVocabulary, compiled: Any, seconds: dict[str, float],
                 reason: str) -> Grammar:
     """A ``Grammar`` of xgrammar's ``compiled`` whose automaton is its matcher's (``regex`` ``""``: a schema)."""
-    return Grammar(name, regex, vocab, compiled, MatcherAutomaton(compiled, vocab, name), seconds,
-                   engine="xgrammar", fallback_reason=reason)
+    grammar = FallbackGrammar(name, regex, vocab, compiled, MatcherAutomaton(compiled, vocab, name), seconds)
+    grammar.fallback_reason = reason
+    return grammar
 
 
 def from_regex(regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "", check: bool = True,

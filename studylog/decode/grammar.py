@@ -19,10 +19,6 @@ from studylog.decode import pieces
 from studylog.fsm import regex_from_schema
 from studylog.fsm.schemas import WHITESPACE, entry as suite_entry, suite
 
-#: States whose allowed sets a grammar keeps where its automaton discovers states as decoding goes (xgrammar's):
-#: there every token makes a new state, and a set can hold the whole vocabulary.
-_LAZY_KEPT = 256
-
 _CLASSES = {"d": ("[0-9]", "0-9"), "s": ("[ \\t\\n\\r\\f\\v]", " \\t\\n\\r\\f\\v"), "w": ("[0-9A-Za-z_]", "0-9A-Za-z_")}
 
 
@@ -126,7 +122,7 @@ def continues_utf8(text: bytes | bytearray, new: int) -> bool:
 @dataclass
 class Grammar:
     """One constraint, compiled for the decode loop: xgrammar's compiled grammar (a :meth:`matcher` per sequence) and
-    chapter 1's ``automaton`` (``engine`` ``"xgrammar"``: one read from xgrammar's matcher, lab/decode/fallback.py)."""
+    chapter 1's ``automaton`` (lab/decode/fallback.py's subclass puts one read from xgrammar's matcher there)."""
 
     name: str
     regex: str
@@ -136,9 +132,6 @@ class Grammar:
     compile_seconds: dict[str, float]
     #: States where xgrammar also allows tokens that break UTF-8 or lead to a dead end (set by check_agreement).
     utf8_only_states: int = 0
-    #: Who built ``automaton``, and why not outlines-core where it is not chapter 1's.
-    engine: str = "outlines-core"
-    fallback_reason: str = ""
     _allowed: dict[int, Any] = field(default_factory=dict, repr=False)
     _bits: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
@@ -201,9 +194,6 @@ class Grammar:
         holding a byte that is none."""
         import xgrammar as xgr
 
-        if self.engine != "outlines-core":
-            raise ValueError(f"grammar {self.name!r} has no automaton of chapter 1 (engine {self.engine!r}): its "
-                             "steps all read xgrammar, and there is no second engine to compare")
         auto, vocab = self.automaton, self.vocab
         matcher = self.matcher()
         bitmask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
@@ -292,7 +282,6 @@ class Grammar:
         if a is None or a.device != torch.device(device):
             ids = self.automaton.allowed_ids(state) if state is not None else np.zeros(0, dtype=np.int64)
             a = self._allowed[state] = pieces.AllowedTokens.from_ids([ids], self.vocab.vocab_size, device=device)
-            self._forget(self._allowed)
         return a
 
     def state_words(self, state: int | None) -> np.ndarray:
@@ -301,13 +290,7 @@ class Grammar:
         if b is None:
             ids = self.automaton.allowed_ids(state) if state is not None else []
             b = self._bits[state] = packed_bits(ids, self.vocab.vocab_size)
-            self._forget(self._bits)
         return b
-
-    def _forget(self, kept: dict) -> None:
-        """Drop the oldest entry where xgrammar's automaton makes a state per token (chapter 1's are all kept)."""
-        if self.engine == "xgrammar" and len(kept) > _LAZY_KEPT:
-            del kept[next(iter(kept))]
 
 
 def suite_regex(name: str, whitespace: str = "default") -> str:

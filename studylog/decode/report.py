@@ -1,6 +1,7 @@
-"""The chapter's benchmark and headline: the ~1B shape, the ~8B cost model (both steered to a valid sample) and
-SmolLM2-135M-Instruct, batch 1 and 8, every schema of chapter 1's suite in every configuration (:data:`ORDER`); beside
-them each component alone on the GPU clock (:func:`components`)."""
+"""The chapter's benchmark and headline, a table of what is measured (:func:`table`) and one loop that measures it
+(:func:`sweep`): the ~1B shape, the ~8B cost model (both steered to a valid sample) and SmolLM2-135M-Instruct, batch 1
+and 8, every schema of chapter 1's suite in every configuration (:data:`ORDER`); beside them each component alone on
+the GPU clock (:func:`component_cases`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ from studylog.decode.model import CL100K_SIZE, LlamaModel, dense_logits, describ
 ORDER = ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")
 STEP_OF = {"baseline": 1, "jump_forward": 2, "masked_head": 3}
 PROMPT = "Reply with one JSON value or string that follows the format you are given. Request number {i}."
+#: The real model (``studylog.smollm2``), and the cache its requests (instruction + schema) need.
+REAL_MODEL = "smollm2"
+REAL_MAX_SEQ = 1024
+#: Regexes whose alternations list a shorter branch first (as a schema's integer range does): checked every run.
+AMBIGUOUS_REGEXES = (r"(-(?:[1-9]|[1-3][0-9]|40)|(?:[0-9]|[1-9][0-9]|1[01][0-9]|12[0-5]))", r"(a|ab|abc)d?",
+                     r"([1-9]|1[0-9])( items)?")
+#: Allowed counts per sequence at which the masked head is timed alone (a forced token; a key; a number or a string).
+HEAD_COUNTS = (1, 48, 6000)
+#: The bodies timed alone: series -> ``fused`` and ``gemv`` of :meth:`Decoder.body_call`.
+BODIES = {"body": (True, None), "body_cublas": (True, False), "body_unfused": (False, None)}
 
 
 def series_of(config: str, attr: str = "series") -> str:
@@ -29,6 +40,43 @@ def series_of(config: str, attr: str = "series") -> str:
     from studylog.decode import CHAPTER
 
     return getattr(CHAPTER.step(STEP_OF[config]), attr) if config in STEP_OF else config
+
+
+def component_cases(chunk_sizes: Sequence[int], padded: bool) -> list[tuple[str, dict]]:
+    """The components timed alone at one (model, batch), in order: (series, the params beside model and batch).
+    ``padded``: the head has cl100k's rows padded, so it is timed unpadded too (what the padding buys)."""
+    chunks = sorted({1, 8, max(chunk_sizes)} & set(chunk_sizes))
+    return [*(("body", {"chunk": T}) for T in chunks), ("body_cublas", {"chunk": 1}), ("body_unfused", {"chunk": 1}),
+            ("dense_head", {}), *[("dense_head_unpadded", {"rows": CL100K_SIZE})] * padded,
+            *(("masked_logits", {"allowed": n}) for n in HEAD_COUNTS), ("mask_apply", {}), ("sampling", {}),
+            *(("sampling_allowed", {"allowed": n}) for n in HEAD_COUNTS)]
+
+
+def jobs_of(shape: str, batch: int, schemas: Sequence[str], both_whitespaces_at=None) -> list[tuple[str, str]]:
+    """The requests of one (model, batch): (schema, whitespace), compact first; the JSON ones in the default
+    whitespace too at ``both_whitespaces_at``."""
+    wss = ["compact", "default"] if both_whitespaces_at == (shape, batch) else ["compact"]
+    return [(n, w) for w in wss for n in schemas if w == wss[0] or n in suite_names("json")]
+
+
+def table(plans: Sequence[dict], *, chunk_sizes: Sequence[int], cuda: bool = True,
+          hf: bool = True) -> list[tuple[str, dict]]:
+    """Every row a run of ``plans`` (:func:`plan`) records, in order, as (series, params): on a GPU (``cuda``) the
+    components per (model, batch), then each request in every configuration, then at batch 1 on the real model
+    Hugging Face's ``generate`` (``hf``: transformers is installed)."""
+    out = []
+    for kw in plans:
+        for shape in kw["shapes"]:
+            real = shape == REAL_MODEL
+            padded = not real and model_config(shape).vocab_size > CL100K_SIZE
+            for batch in kw["batches"]:
+                base = {"model": shape, "batch": batch}
+                out += [(s, {**base, **p}) for s, p in component_cases(chunk_sizes, padded)] if cuda else []
+                for name, ws in jobs_of(shape, batch, kw["schemas"], kw.get("both_whitespaces_at")):
+                    case = {**base, "schema": name, "whitespace": ws}
+                    out += [(series_of(c), {**case, "config": c}) for c in ORDER]
+                    out += [("hf_generate", {**case, "config": "hf_generate"})] if real and hf and batch == 1 else []
+    return out
 
 
 def requests(name: str, batch: int, decoder: Decoder, whitespace: str = "compact") -> tuple[list[list[int]], list[str]]:
@@ -54,10 +102,11 @@ def measure(decoder: Decoder, grammar: Grammar, config: str, prompts, targets, *
 def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Sequence[int], schemas: Sequence[str],
           repeats: int = 3, max_new_tokens: int = 160, max_seq: int = 512, dtype: torch.dtype = torch.bfloat16,
           both_whitespaces_at: tuple[str, int] | None = None) -> None:
-    """Decode every schema in every configuration and record it with ``run`` (compact whitespace; the default one
-    too at ``both_whitespaces_at``, a ``(shape, batch)``)."""
+    """Decode every request of :func:`jobs_of` in every configuration and record it with ``run``, after the
+    components on a GPU: the rows of :func:`table`, and the checks of each."""
     from studylog.bench import Timing
 
+    cuda = torch.device(device).type == "cuda"
     for shape in shapes:
         real = shape == REAL_MODEL
         hf = None
@@ -77,10 +126,9 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
         for batch in batches:
             decoder = Decoder(model, vocab, batch=batch, max_seq=REAL_MAX_SEQ if real else max_seq)
             decoder.capture()
-            if torch.device(device).type == "cuda":
+            if cuda:
                 components(run, decoder, shape)
-            wss = ["compact", "default"] if both_whitespaces_at == (shape, batch) else ["compact"]
-            jobs = [(n, w) for w in wss for n in schemas if w == wss[0] or n in suite_names("json")]
+            jobs = jobs_of(shape, batch, schemas, both_whitespaces_at)
             progress = getattr(run, "progress", None)
             for name, ws in progress(jobs, f"{shape} batch {batch}") if progress else jobs:
                 grammar = Grammar.from_suite(name, decoder.vocab, whitespace=ws)
@@ -125,16 +173,8 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
                               params={"model": shape, "batch": 1, "regex": regex})
             del decoder
         del model, hf
-        if torch.device(device).type == "cuda":
+        if cuda:
             torch.cuda.empty_cache()
-
-
-#: The real model (``studylog.smollm2``), and the cache its requests (instruction + schema) need.
-REAL_MODEL = "smollm2"
-REAL_MAX_SEQ = 1024
-#: Regexes whose alternations list a shorter branch first (as a schema's integer range does): checked every run.
-AMBIGUOUS_REGEXES = (r"(-(?:[1-9]|[1-3][0-9]|40)|(?:[0-9]|[1-9][0-9]|1[01][0-9]|12[0-5]))", r"(a|ab|abc)d?",
-                     r"([1-9]|1[0-9])( items)?")
 
 
 def hf_peer(run, hf, grammar: Grammar, prompt: list[int], step01: Generation, *, max_new_tokens: int,
@@ -156,12 +196,6 @@ def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_token
         run.check("same tokens as step01_baseline, or a near-tie inside the bound", r["all_inside"],
                   params={**params, "config": c, "steered": False}, identical=r["identical"],
                   sequences=r["sequences"], divergences=r["divergences"])
-
-
-#: Allowed counts per sequence at which the masked head is timed alone (a forced token; a key; a number or a string).
-HEAD_COUNTS = (1, 48, 6000)
-#: The bodies timed alone: series, ``fused`` and ``gemv`` of :meth:`Decoder.body_call`.
-BODIES = (("body", True, None), ("body_cublas", True, False), ("body_unfused", False, None))
 
 
 def count_kernels(fn) -> dict[str, int]:
@@ -186,7 +220,7 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
         cfg = model_config(shape)
         model = LlamaModel(cfg, device=device, dtype=dtype, seed=0)
         decoder = Decoder(model, batch=1, max_seq=64)
-        for series, fused, gemv in BODIES:
+        for series, (fused, gemv) in BODIES.items():
             n = sum(count_kernels(decoder.body_call(1, fused=fused, gemv=gemv)).values())
             for row in run.rows:
                 if row["series"] == series and row["params"] == {"model": shape, "batch": 1, "chunk": 1}:
@@ -196,60 +230,66 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
 
 
 def components(run, decoder: Decoder, shape: str) -> None:
-    """Each component alone on the GPU clock: the bodies (the fused one with its floor), both heads (with their host
-    time per call), the bitmask's application and both samplings (the masked ones checked)."""
+    """The rows of :func:`component_cases` on the GPU clock: the bodies (with their floor), both heads (with their
+    host time per call), the bitmask's application and both samplings (the masked ones checked)."""
     import xgrammar as xgr
 
     B, V = decoder.batch, decoder.V
-    model = decoder.model
-    base = {"model": shape, "batch": B}
+    model, dev = decoder.model, decoder.device
     floor = run.floor_ms(model.config.parameter_counts()["body"] * model.dtype.itemsize)  # the weights read once
-    hidden = torch.randn(B, model.config.hidden, device=decoder.device, dtype=model.dtype)
-    logits = torch.randn(B, V, device=decoder.device, dtype=torch.float32)
-    bits = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32, device=decoder.device)
-    chunks = sorted({1, 8, decoder.max_chunk} & set(decoder.chunk_sizes))
-    for series, fused, gemv in BODIES:
-        for T in chunks if series == "body" else (1,):
-            call = decoder.body_call(T, fused=fused, gemv=gemv)
-            run.measure(series, lambda call=call: [call], params={**base, "chunk": T}, role="baseline", floor_ms=floor,
-                        min_calls=10, reps=5)
-    dense = lambda: dense_logits(hidden, model.lm_head, out=logits)  # noqa: E731
-    run.measure("dense_head", lambda: [dense], params=base, role="baseline", host=dense, host_calls=100)
-    if decoder.vocab.name.startswith("cl100k_base") and V > CL100K_SIZE:
-        # the same head unpadded (cl100k's 100,277 rows): what the padding buys
-        rows = model.lm_head[:CL100K_SIZE]
-        narrow = torch.empty(B, CL100K_SIZE, device=decoder.device, dtype=torch.float32)
-        odd = lambda: dense_logits(hidden, rows, out=narrow)  # noqa: E731
-        run.measure("dense_head_unpadded", lambda: [odd], params={**base, "rows": CL100K_SIZE}, role="baseline",
-                    host=odd, host_calls=100)
-    rng = np.random.default_rng(0)
+    hidden = torch.randn(B, model.config.hidden, device=dev, dtype=model.dtype)
+    logits = torch.randn(B, V, device=dev, dtype=torch.float32)
+    bits = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32, device=dev)
+    tok = torch.empty(B, dtype=torch.int64, device=dev)
+    steer = torch.full((B,), -1, dtype=torch.int64, device=dev)
     head = pieces.masked_head_kernel if decoder.head_impl == "kernel" else pieces.masked_head_torch
-    for n in HEAD_COUNTS:
-        sets = [np.sort(rng.choice(V, n, replace=False)) for _ in range(B)]
-        allowed = pieces.AllowedTokens.from_ids(sets, V, device=decoder.device)
-        masked = lambda allowed=allowed: head(hidden, model.lm_head, allowed, logits)  # noqa: E731
-        row = run.measure("masked_logits", lambda masked=masked: [masked], params={**base, "allowed": n},
-                          role="baseline", host=masked, host_calls=100, union=allowed.union_count)
+    rng = np.random.default_rng(0)
+
+    def body(series, params):
+        call = decoder.body_call(params["chunk"], *BODIES[series])
+        run.measure(series, lambda: [call], params=params, role="baseline", floor_ms=floor, min_calls=10, reps=5)
+
+    def dense_head(series, params):
+        rows, out = model.lm_head, logits
+        if "rows" in params:  # the same head unpadded (cl100k's 100,277 rows)
+            rows, out = rows[:CL100K_SIZE], torch.empty(B, CL100K_SIZE, device=dev, dtype=torch.float32)
+        dense = lambda: dense_logits(hidden, rows, out=out)  # noqa: E731
+        run.measure(series, lambda: [dense], params=params, role="baseline", host=dense, host_calls=100)
+
+    def masked_logits(series, params):
+        n = params["allowed"]
+        allowed = pieces.AllowedTokens.from_ids([np.sort(rng.choice(V, n, replace=False)) for _ in range(B)], V,
+                                                device=dev)
+        masked = lambda: head(hidden, model.lm_head, allowed, logits)  # noqa: E731
+        run.measure(series, lambda: [masked], params=params, role="baseline", host=masked, host_calls=100,
+                    union=allowed.union_count)
         ref = dense_logits(hidden, model.lm_head).masked_fill_(~allowed.mask, float("-inf"))
         masked()
         run.check("masked head = dense head on the allowed ids", bool(torch.allclose(logits, ref, rtol=1e-3,
-                  atol=1e-3, equal_nan=False) and torch.equal(torch.isinf(logits), torch.isinf(ref))),
-                  params=row["params"])
-    run.measure("mask_apply", lambda: [lambda: xgr.apply_token_bitmask_inplace(logits, bits, vocab_size=V)],
-                params=base, role="baseline")
-    tok = torch.empty(B, dtype=torch.int64, device=decoder.device)
-    run.measure("sampling", lambda: [lambda: torch.argmax(logits, dim=1, out=tok)], params=base, role="baseline")
-    # the greedy token among the masked head's ids only (step 3's sampling), at the head's allowed counts
-    steer = torch.full((B,), -1, dtype=torch.int64, device=decoder.device)
-    for n in HEAD_COUNTS:
-        ids = torch.from_numpy(np.sort(rng.choice(V, n, replace=False)).astype(np.int32)).to(decoder.device)
+                  atol=1e-3, equal_nan=False) and torch.equal(torch.isinf(logits), torch.isinf(ref))), params=params)
+
+    def sampling_allowed(series, params):  # the greedy token among the masked head's ids only (step 3's sampling)
+        n = params["allowed"]
+        ids = torch.from_numpy(np.sort(rng.choice(V, n, replace=False)).astype(np.int32)).to(dev)
         few = torch.full_like(logits, float("-inf"))  # the masked head's output: finite at the allowed ids only
-        few[:, ids.long()] = torch.randn(B, n, device=decoder.device)
-        pick = lambda ids=ids, few=few, n=n: kernels.allowed_argmax(few, ids, n, steer, STEER, out=tok)  # noqa: E731
-        run.measure("sampling_allowed", lambda pick=pick: [pick], params={**base, "allowed": n}, role="baseline")
+        few[:, ids.long()] = torch.randn(B, n, device=dev)
+        pick = lambda: kernels.allowed_argmax(few, ids, n, steer, STEER, out=tok)  # noqa: E731
+        run.measure(series, lambda: [pick], params=params, role="baseline")
         pick()
         run.check("allowed_argmax = argmax over the vocabulary", bool(torch.equal(tok, few.argmax(dim=1))),
-                  params={**base, "allowed": n})
+                  params=params)
+
+    calls = {"mask_apply": lambda: xgr.apply_token_bitmask_inplace(logits, bits, vocab_size=V),
+             "sampling": lambda: torch.argmax(logits, dim=1, out=tok)}
+    how = {**dict.fromkeys(BODIES, body), "dense_head": dense_head, "dense_head_unpadded": dense_head,
+           "masked_logits": masked_logits, "sampling_allowed": sampling_allowed}
+    padded = decoder.vocab.name.startswith("cl100k_base") and V > CL100K_SIZE
+    for series, extra in component_cases(decoder.chunk_sizes, padded):
+        params = {"model": shape, "batch": B, **extra}
+        if series in calls:
+            run.measure(series, lambda call=calls[series]: [call], params=params, role="baseline")
+        else:
+            how[series](series, params)
 
 
 def plan(quick: bool) -> list[dict[str, Any]]:
@@ -286,26 +326,18 @@ def rows_of(results_rows: Sequence[dict], *, series: str | None = None, **params
             and all(r["params"].get(k) == v for k, v in params.items())]
 
 
-def _head_rows(results, model: str) -> int | None:
-    """The head's rows of ``model``, from the run's note on it (None without one)."""
-    import ast
-
-    for note in results.data.get("notes", []):
-        if note.startswith(f"model {model}: "):
-            return ast.literal_eval(note.split(": ", 1)[1]).get("vocab_size")
-    return None
-
-
 def headline(results) -> list[dict]:
     """Step 3 (and step 2) over step 1 per output token: the ratio of the medians over the JSON schemas (cost models)
     or the requests (the real model)."""
+    import ast
+
     json_names = set(suite_names("json"))
     compact = rows_of(results.rows, whitespace="compact")
-    baselines = {}  # (model, batch, schema) -> the first baseline row, as rows_of(...)[0] would give
-    for r in compact:
-        p = r["params"]
-        if p.get("config") == "baseline":
-            baselines.setdefault((p.get("model"), p.get("batch"), p.get("schema")), r)
+    # (model, batch, schema) -> the first baseline row; model -> its head's rows, from the run's note on it
+    baselines = {(p["model"], p["batch"], p["schema"]): r for r in reversed(compact)
+                 if (p := r["params"]).get("config") == "baseline"}
+    head_rows = {n[6:].split(": ", 1)[0]: ast.literal_eval(n.split(": ", 1)[1]).get("vocab_size")
+                 for n in results.data.get("notes", []) if n.startswith("model ")}
     out = []
     for model, batch in (("1b", 1), ("1b", 8), ("8b", 1), ("8b", 8), ("smollm2", 1), ("smollm2", 8)):
         real = model == "smollm2"
@@ -321,7 +353,7 @@ def headline(results) -> list[dict]:
                     if "host" in parts:  # the step's time outside every timed part: host overhead, per token
                         host.append(parts["host"])
             if mine:
-                rows = _head_rows(results, model)
+                rows = head_rows.get(model)
                 who = "SmolLM2-135M-Instruct, real requests" if real else \
                     f"{model.upper()} cost model" + (f" (head of {rows:,} rows)" if rows else "")
                 what = (f"{who}, batch {batch}, end to end per output token, median of {len(mine)} "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import torch
 
@@ -27,19 +27,53 @@ SHIPPED = "step03"
 WORKLOADS = ("extraction", "low_copy")
 MAX_NEW = 160
 MAX_SEQ = 1024
+#: What the drafts did, summed over a request's sequences (:class:`SpecGeneration`'s lists).
+DRAFT_COUNTS = ("proposed", "cut", "forced_drafted", "verified", "accepted", "drafts")
 
 
-def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], list[list[int]]]]:
-    """The requests of ``workload`` as (names, prompts) batches of one grammar each (extraction: each document alone
-    at batch 1, else one batch of each kind's documents in turn)."""
+def groups_of(workload: str, batch: int) -> list[list[str]]:
+    """The requests of ``workload`` as batches of one grammar each, by name (extraction: each document alone at
+    batch 1, else one batch of each kind's documents in turn; low-copy: each request repeated)."""
     check_choice("workload", workload, WORKLOADS)
     if workload == "low_copy":
-        return [([name] * batch, decode_requests.batch_ids(name, tokenizer, batch)) for name in requests.LOW_COPY]
+        return [[name] * batch for name in requests.LOW_COPY]
     out = []
     for kind in sorted({requests.document(n)["kind"] for n in requests.document_names()}):
         names = requests.document_names(kind)
-        for g in [[n] for n in names] if batch == 1 else [(names * batch)[:batch]]:
-            out.append((g, [requests.chat_ids(n, tokenizer) for n in g]))
+        out += [[n] for n in names] if batch == 1 else [(names * batch)[:batch]]
+    return out
+
+
+def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], list[list[int]]]]:
+    """:func:`groups_of` with each batch's prompts: (names, prompts)."""
+    if workload == "low_copy":
+        return [(g, decode_requests.batch_ids(g[0], tokenizer, batch)) for g in groups_of(workload, batch)]
+    return [(g, [requests.chat_ids(n, tokenizer) for n in g]) for g in groups_of(workload, batch)]
+
+
+def verify_cases(chunk_sizes: Sequence[int], gemv_chunks: Collection[int], batch: int) -> list[tuple[int, bool]]:
+    """The verifying forwards timed alone, as (chunk, gemv): the layer the loop runs at each chunk length, and the
+    other where it has one (the six-launch layer runs at most ``GEMV_MAX_TOKENS`` tokens)."""
+    return [(T, gemv) for T in chunk_sizes
+            for gemv in sorted({T in gemv_chunks, False} if batch * T <= GEMV_MAX_TOKENS else {False})]
+
+
+def table(batches: Sequence[int], workloads: Sequence[str], *, chunk_sizes: Sequence[int],
+          gemv_chunks: dict[int, Collection[int]], limit: int | None = None,
+          cuda: bool = True) -> list[tuple[str, dict]]:
+    """Every row a run records, in order, as (series, params): on a GPU (``cuda``) per batch the verifying forwards
+    (``gemv_chunks[batch]``: the chunk lengths :meth:`SpeculativeDecoder.tune` gives the six-launch layer) and one
+    drafting call, then each request of :func:`groups_of` (the first ``limit``) in chapter 7's and every step."""
+    out = []
+    for batch in batches:
+        base = {"model": "smollm2", "batch": batch}
+        if cuda:
+            out += [("verify", {**base, "chunk": T, "layer": "gemv" if gemv else "cublas"})
+                    for T, gemv in verify_cases(chunk_sizes, gemv_chunks[batch], batch)] + [("draft_call", base)]
+        for workload in workloads:
+            for names in groups_of(workload, batch)[:limit]:
+                params = {**base, "workload": workload, "request": names[0]}
+                out += [(series, {**params, "config": c}) for c, series in (*CH7.items(), *SERIES.items())]
     return out
 
 
@@ -87,7 +121,8 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
                         runs, timed = measure(decoder, grammar, config, prompts, None,
                                               max_new_tokens=max_new, repeats=repeats)
                         outs[series] = timed
-                        extra = _draft_fields(timed) if isinstance(timed, SpecGeneration) else {}
+                        extra = {**{k: sum(getattr(timed, k)) for k in DRAFT_COUNTS}, "draft_calls": timed.draft_calls,
+                                 "mean_accepted": timed.mean_accepted} if isinstance(timed, SpecGeneration) else {}
                         run.record(series, Timing.of([g.ms_per_token for g in runs], clock="wall"),
                                    params={**params, "config": config}, role="kernel" if series in
                                    SERIES.values() else "baseline", tokens=timed.tokens, forwards=timed.forwards,
@@ -132,19 +167,13 @@ def agreement(run, name: str, ch7: Decoder, spec: SpeculativeDecoder, grammar, p
               params=params, **detail)
 
 
-def _draft_fields(g: SpecGeneration) -> dict[str, Any]:
-    counts = {k: sum(getattr(g, k)) for k in ("proposed", "cut", "forced_drafted", "verified", "accepted", "drafts")}
-    return {**counts, "draft_calls": g.draft_calls, "mean_accepted": g.mean_accepted}
-
-
 def costs(run, decoder: SpeculativeDecoder, batch: int) -> None:
     """On the GPU clock: the body at every chunk length, and one drafting call (with its host time: the loop waits)."""
     base = {"model": "smollm2", "batch": batch}
-    for T in decoder.chunk_sizes:  # the layer the loop runs at each chunk length, and the other where it has one
-        for gemv in sorted({T in decoder.gemv_chunks, False} if batch * T <= GEMV_MAX_TOKENS else {False}):
-            call = decoder.verify_call(T, gemv)
-            run.measure("verify", lambda call=call: [call], params={**base, "chunk": T, "layer": "gemv" if gemv
-                        else "cublas"}, role="baseline", min_calls=10, reps=5, used=gemv == (T in decoder.gemv_chunks))
+    for T, gemv in verify_cases(decoder.chunk_sizes, decoder.gemv_chunks, batch):
+        call = decoder.verify_call(T, gemv)
+        run.measure("verify", lambda call=call: [call], params={**base, "chunk": T, "layer": "gemv" if gemv
+                    else "cublas"}, role="baseline", min_calls=10, reps=5, used=gemv == (T in decoder.gemv_chunks))
     d = decoder.ngram
     prompt = list(range(11, 611))
     d.admit([prompt] * batch)
@@ -181,7 +210,7 @@ def headline(results) -> list[dict]:
     """Step 3 against chapter 7's step 3 on each workload at batch 1 and 8 (extraction first): the ratio of the
     medians over requests of the time per output token, at batch 1 over the :func:`closed_requests` only (a batch of
     8 is timed whole)."""
-    rows = results.rows if hasattr(results, "rows") else results["measurements"]
+    rows = results.rows
     out = []
     for workload, batch in itertools.product(("extraction", "low_copy"), (1, 8)):
         kept = closed_requests(rows, workload) if batch == 1 else None
@@ -200,4 +229,4 @@ def headline(results) -> list[dict]:
 
 
 __all__ = ["CH7", "MAX_NEW", "SERIES", "SHIPPED", "WORKLOADS", "agreement", "batches_of", "bench", "closed_requests",
-           "costs", "headline", "plan", "rows_of", "sweep"]
+           "costs", "groups_of", "headline", "plan", "rows_of", "sweep", "table", "verify_cases"]
