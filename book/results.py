@@ -2223,6 +2223,8 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
     folders = {card_name(c): c for c in cards(root)}
     out: list[str] = []
     chapter, card, title = 0, "", ""
+    header: list[str] = []
+    weaker: list[tuple[int, str, str, str, dict[str, str]]] = []  # (chapter, card, ours, against, the row's cells)
     source = headlines_page_markdown().splitlines()
     for i, line in enumerate(source):
         m = re.match(r":::\{dropdown\} Chapter (\d+): (.+)", line)
@@ -2253,13 +2255,31 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
         if line.startswith("<details><summary>Where the cards differ") and any(
                 (chapter, name) in moved for name in folders):
             continue  # a difference from a run that is not comparable says nothing about the cards
-        out.append(weaker_label(chapter, line))
+        if line.startswith("| ") and i + 1 < len(source) and source[i + 1].startswith("|---"):
+            header = [c.strip() for c in line.strip().strip("|").split("|")]
+        labelled = weaker_label(chapter, line)
+        if "(weaker: " in labelled and line.startswith("| "):  # kept for the last fold, out of the card's table
+            cells = dict(zip(header, (c.strip() for c in labelled.strip().strip("|").split("|"))))
+            weaker.append((chapter, short_card(card), cells.get("ours", "–"), cells.get("against", "–"), cells))
+        else:
+            out.append(labelled)
         if chapter == 3 and card in folders and line.startswith("**NVIDIA"):
             words = ngram_kernel_words(folders[card], folders)
             out += ["", words] if words else []
         last = i + 1 == len(source) or not source[i + 1].startswith("|")  # a table's last row
         if chapter == 3 and card in folders and line.startswith("| ") and last:  # the rows behind the range
             extra = ngram_range_table(folders[card])
+            range_head = [c.strip() for c in (extra[2] if extra else "").strip().strip("|").split("|")]
+            for row in [r for r in extra if "(weaker: " in r]:  # the untuned grid's rows: the last fold's
+                cells = dict(zip(range_head, (c.strip() for c in row.strip().strip("|").split("|"))))
+                cfg = next(k for k in ngram_ratios(folders[card]) if ngram_case_words(k) == cells["case"])
+                mine = ngram_ratios(folders[card])[cfg][0]
+                ours = ("the GPU drafter's entry point" + (f" (running step {int(mine['step'][4:])})"
+                                                           if str(mine.get("step", "")).startswith("step") else "")
+                        if mine.get("series") == "ngram_match" else
+                        f"the GPU drafter (step {int(mine['series'][4:])})")
+                weaker.append((chapter, short_card(card), ours, NGRAM_PORT_LABELS[NGRAM_PORT], cells))
+            extra = [r for r in extra if "(weaker: " not in r]
             out += ["", *extra] if extra else []
         if (chapter == 5 and card in folders and line.startswith("| ") and "Triton" in line.split(" | ")[0]
                 and "GemLite" in line and (last or "GemLite" not in source[i + 1])):
@@ -2272,11 +2292,12 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
         if (line.startswith("Ours: the fused CTC kernel (step") and card in folders
                 and ctc_which(folders[card]) != "the entry point"):
             out += ["", CTC_STEPS_WORDS]
+    out += weaker_fold(weaker)
     text = re.sub(r"(?:(?<=[\dNK])|(?<=slots)|(?<=slot)|(?<=items)|(?<=heads)) x (?=[\dNK])", " × ",
                   "\n".join(out))  # shapes read 4096 × 14336
     for long, short in NGRAM_PORT_LABELS.items():  # chapter 03's two rivals, one short label each on both cards
         text = text.replace(f"| {long} |", f"| {short} |")
-    text = median_batch_rows(bitnet_first(tidy_tables(split_ternary(text))), root)
+    text = median_batch_rows(bitnet_first(tidy_tables(split_ternary(range_once(text)))), root)
     return "\n".join(re.sub(r"\n{3,}", "\n\n", text).splitlines())
 
 
@@ -2331,6 +2352,63 @@ def median_batch_rows(markdown: str, root: Path = BENCH_RESULTS) -> str:
             line = " | ".join(cells) + (" |" if not cells[-1].endswith("|") else "")
         out.append(line)
     return "\n".join(out)
+
+
+#: Chapter 03's rival in the rows behind its range (:func:`ngram_range_table`): our corrected port, step 4.
+NGRAM_PORT = "our corrected port of FastDeploy's revised GPU n-gram kernel, made exact (step 4)"
+#: The last fold of the results page's tables, its title and first words.
+WEAKER_TITLE = "Weaker baselines"
+WEAKER_WORDS = ("Rows against a weaker baseline than each line's rival, kept out of the cards' tables above: their "
+                "ratios are larger, and they answer a smaller question.")
+
+
+def weaker_fold(weaker: list[tuple[int, str, str, str, dict[str, str]]]) -> list[str]:
+    """The rows against weaker baselines (:data:`WEAKER`, chapter 03's untuned grid), taken out of the cards' tables,
+    as one fold at the end: chapter and card, both sides, the case, why the baseline is weaker, the speedup and both
+    times; empty without such rows."""
+    if not weaker:
+        return []
+    rows = []
+    for chapter, card, ours, against, cells in weaker:
+        ratio, why = re.match(r"(.*?) \(weaker: (.*)\)$", cells["speedup"]).groups()
+        rows.append(f"| {chapter:02d}, {card} | {ours} | {against} | {cells.get('case', '–')} | {why} | {ratio} | "
+                    f"{cells.get('ours (µs)', '–')} | {cells.get('theirs (µs)', '–')} |")
+    return ["", f":::{{dropdown}} {WEAKER_TITLE}", "", WEAKER_WORDS, "",
+            "| chapter, card | ours | against | case | why weaker | speedup | ours (µs) | theirs (µs) |",
+            "|---|---|---|---|---|---|---|---|", *rows, "", ":::"]
+
+
+def range_once(markdown: str) -> str:
+    """Chapter 03's fold with each row said once on each card: a row of a card's first table that the table of every
+    shape measured below it (:func:`ngram_range_table`) repeats (the same case, speedup and both times) is left
+    out of the first, and a table left with no row goes, its header with it."""
+    lines = markdown.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(":::{dropdown} 03. ")), None)
+    if start is None:
+        return markdown
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] == ":::")
+
+    def key(cells: list[str]) -> tuple[str, ...]:
+        return tuple(cells[-5:-1]) if len(cells) >= 7 else tuple(cells[:4])  # case, speedup, ours, theirs
+
+    def cells_of(line: str) -> list[str]:
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+
+    block, out, i = lines[start:end], [], 0
+    cards_at = [k for k, ln in enumerate(block) if ln.startswith("**NVIDIA")] + [len(block)]
+    keep = [True] * len(block)
+    for a, b in zip(cards_at, cards_at[1:]):
+        tables = [k for k in range(a, b - 1) if block[k].startswith("| ") and block[k + 1].startswith("|---")]
+        for t, nxt in zip(tables, tables[1:]):  # a table, and the one after it on this card
+            later = {key(cells_of(ln)) for ln in block[nxt + 2:b] if ln.startswith("| ")}
+            rows = [k for k in range(t + 2, nxt) if block[k].startswith("| ")]
+            dropped = [k for k in rows if len(cells_of(block[k])) >= 7 and key(cells_of(block[k])) in later]
+            for k in dropped:
+                keep[k] = False
+            if dropped and len(dropped) == len(rows):  # nothing left: the header and its rule go too
+                keep[t] = keep[t + 1] = False
+    block = [ln for ln, k in zip(block, keep) if k]
+    return "\n".join(lines[:start] + block + lines[end:])
 
 
 def bitnet_first(markdown: str) -> str:
