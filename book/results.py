@@ -1479,11 +1479,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                  + (f"{low['ratio']:.2f}× on low-copy requests; " if low else "") + landing[name]
                                  + " on extraction (documents written to be copied)")
                 if low:  # the notes from the run's ratio are the copying documents': said so
-                    # the requests' own ratios as a range only: one statistic (the ratio of medians) a number
-                    notes[name] = [re.sub(r", median \d[\d.]*×", "", n.replace("the line's ratio divides",
-                                                                                 "each ratio divides")
-                                          .replace("each of these", "on copying documents, each of the"))
-                                   for n in notes[name]]
+                    notes[name] = [n.replace("the line's ratio divides", "each ratio divides")
+                                   + (" (copying documents)" if "each of these" in n else "") for n in notes[name]]
                     # the neutral workload first, as the landing gives it; then the one written to be copied
                     cells[name] = (f"**{low['ratio']:.2f}×** on low-copy requests ({us(low['ms'])} against "
                                    f"{us(low['rival_ms'])} µs); **{row['vs_rival']:.2f}×** copying documents "
