@@ -1469,3 +1469,68 @@ def test_room_left_is_said_from_the_rows_and_the_notes_carry_no_run_bookkeeping(
     for said in ("predates the chapter's entry point", "timed alone in a separate run", "takes the same bound from its run",
                  "counted in a separate run", "did not replay its"):
         assert said not in page, said
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 32's reads: what a cell says about its floor, a close lead beside its spread, How we measure's rules
+# ----------------------------------------------------------------------------------------------
+
+def test_a_chain_on_our_own_kernel_and_a_one_launch_floor_say_so_in_their_cells():
+    """A latency floor timed on our own minimal kernel (chapter 04's frames) is named a yardstick in its cell, and a
+    one-launch floor (chapter 03's headline case) says its × mostly tracks launch latency; no other cell says so."""
+    page = sb.scoreboard_markdown(folds="dropdown")
+    rows = _table_rows(page.split("How far one measurement lands above another")[0])
+    by_kernel = {}
+    for r in sb.scoreboard():
+        if "missing" in r or not sb.on_page(r) or r.get("loop_bound") or r["binding"] != "latency":
+            continue
+        by_kernel[(r["number"], sb.short_card(r["card"]))] = r
+    seen = set()
+    for cells in rows:
+        floor = cells.get("floor, the card's or a chain's (µs)", "")
+        number = int(re.match(r"^[\[*](\d+)\.", cells["chapter: shape"]).group(1))
+        if sb.OWN_CHAIN_WORDS in floor:
+            seen.add("chain")
+            assert number == 4 and floor.endswith(", " + sb.OWN_CHAIN_WORDS), cells
+        if sb.ONE_LAUNCH_WORDS in floor:
+            seen.add("launch")
+            assert number == 3, cells
+    if any(sb.own_chain(r) for r in by_kernel.values()):
+        assert "chain" in seen
+    if any(r.get("latency_what") == sb.ONE_KERNEL for r in by_kernel.values()):
+        assert "launch" in seen
+
+
+def test_a_close_lead_says_beside_its_spread_row_whether_the_repetitions_overlap():
+    """A lead above the tie band and under CLOSE_LEAD that the re-run replayed: its p99 − p50 cell says the lead and
+    whether our and the rival's repetitions overlap (recomputed here); the Notes do not say it again."""
+    page = sb.scoreboard_markdown(folds="dropdown")
+    spread = page.split("How far one measurement lands above another (p99 − p50)")[1].split("\n:::")[0]
+    notes = page.split(":::{dropdown} Notes")[1].split("\n:::\n")[0]
+    said = 0
+    for r in sb.scoreboard():
+        if ("missing" in r or not sb.on_page(r) or not r.get("rival_spread_ms") or not r.get("vs_rival")
+                or not 1 < r["vs_rival"] < sb.CLOSE_LEAD or summary.is_tie(r["vs_rival"])):
+            continue
+        (rlo, _, rhi), (olo, ohi) = r["rival_spread_ms"], (r["fastest_ms"], r["slowest_ms"])
+        words = f"our repetitions took {olo * 1e3:,.1f}–{ohi * 1e3:,.1f} µs, the rival's {rlo * 1e3:,.1f}–{rhi * 1e3:,.1f} µs"
+        verdict = "the ranges do not overlap" if ohi < rlo else "the ranges overlap"
+        in_spread = [ln for ln in spread.splitlines() if ln.startswith("|") and words in ln]
+        if in_spread:
+            said += 1
+            (ln,) = in_spread
+            assert f"the {r['vs_rival']:.2f}× lead: {words}: {verdict}" in ln, ln
+            assert words not in notes.replace("Our repetitions", "our repetitions")
+        else:  # no re-run row: said in the chapter's notes
+            assert words in notes.replace("Our repetitions", "our repetitions") or words.replace("our", "Our", 1) in notes
+    assert said >= 1
+
+
+def test_how_we_measure_says_the_chain_floor_is_our_own_and_the_tie_rule_decides():
+    """How we measure says once, plainly, that a chain floor is timed on our own minimal code (a yardstick, not the
+    card's limit), that the tie rule, not the repetitions' ranges, decides a close call, and keeps no nesting table."""
+    measure = " ".join((ROOT / "how_we_measure.md").read_text().split())
+    assert measure.count("is timed on our own minimal code") == 1
+    assert "a chain floor is a yardstick from our own design, not a limit of the card" in measure
+    assert "That rule decides a close call, not the repetitions" in measure
+    assert "How the counts nest" not in measure and "| unit | what it is |" not in measure
