@@ -1309,6 +1309,42 @@ def _sentence(text: str) -> str:
     return text[0].upper() + text[1:] if re.match(r"[a-z]+\b(?!_)", text) else text
 
 
+#: A note's "Kind: what" start, turned into a clause of a sentence (the notes read as prose, not a log of labels).
+_CLAUSES = [
+    (r"^(latency|byte|compute) floor: (.*?) is not timed on this card(\.?)$", r"its \1 floor, \2, is not timed on this card\3"),
+    (r"^(latency|byte|compute) floor: ", r"its \1 floor is "),
+    (r"^(kernel-count|byte|forward-time) bound: ", r"its \1 bound is "),
+    (r"^wall clock: ", "it is timed on the wall clock: "),
+]
+
+#: Words a note may start with that keep their capital (names).
+_NAMES = ("Llama", "Hugging", "Python", "Triton", "GemLite", "BitNet", "FlashInfer", "H100", "H200", "SmolLM2")
+
+
+def _prose(text: str) -> str:
+    """A note's text as a clause: its "Kind: what" start (:data:`_CLAUSES`) said in words."""
+    for pattern, repl in _CLAUSES:
+        text, n = re.subn(pattern, repl, text, flags=re.IGNORECASE)
+        if n:
+            break
+    return text
+
+
+def _common_start(parts: list[list[str]]) -> int:
+    """How many leading comma-separated parts every label shares."""
+    n = 0
+    while all(len(p) > n + 1 for p in parts) and len({p[n] for p in parts}) == 1:
+        n += 1
+    return n
+
+
+def _lower_first(text: str) -> str:
+    """``text`` to follow a lead-in ("For step 7 on the H200, ..."): its first word lowered unless it is a name."""
+    if text.startswith(_NAMES) or not re.match(r"[A-Z][a-z]", text):
+        return text
+    return text[0].lower() + text[1:]
+
+
 #: The card of the scoreboard's lead table: every chapter is measured on it, with the course's current code.
 LEAD_CARD = "H200"
 
@@ -1395,10 +1431,44 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
                     .replace("latency floor", "kernel-count bound"))
             return f"{_floor(r['binding_floor_ms'])}, our loop's {kind}", f"**{times:.1f}×**"
         mark = BORROWED_MARK if r["binding"] == "latency" and r.get("latency_borrowed") else ""
-        return f"{_floor(r['binding_floor_ms'])}{mark}, {floor_kind(r, short=True)}", f"**{times:.1f}×**"
+        return f"{_floor(r['binding_floor_ms'])}{mark}, {_binding_words(r)}", f"**{times:.1f}×**"
     if r.get("latency_missing_why"):  # the floor that binds is not timed on this card: no percentage
         return f"latency floor, {NOT_MEASURED} on this card", "–"
     return NOT_MEASURED, NOT_MEASURED
+
+
+#: The words the tables use that their own headers and the opening paragraph do not define: the Notes fold's first
+#: paragraph (How we measure links here rather than repeating them).
+WORDS = ("Words. **step N** is the chapter's step N; where a run timed the chapter's entry point (its public function, "
+         "which picks a step by the case's shape), N is the step it ran. **part 1** is chapter 05's Triton part. The "
+         "rival's **check**: a float64 reference within a stated tolerance in chapters 02 to 05, a float32 reference "
+         "in chapter 06, the same tokens, up to near ties, in chapters 07 and 08; a faster implementation that fails "
+         "it is named in the chapter's notes, with no ratio. **slots, budget** (chapter 03): the sequences the drafter "
+         "serves at once, each a haystack of that many tokens, and the cap on drafted tokens over the batch. **T, A, "
+         "N** (chapter 04): the frames, the size of the alphabet, the batch. **W2A8** (chapter 05): 2-bit weights, "
+         "8-bit activations; **N × K**: the weight matrix's rows and columns, with one row of activations (M = 1). "
+         "**GQA** (grouped-query attention): several query heads share one key/value head. **not measured**: a run "
+         "did not measure what the cell needs, and no number is estimated in its place.")
+
+
+#: A latency floor that is a chain our own minimal kernel times (chapter 04's frames): a yardstick, as own work is.
+OWN_CHAIN_WORDS = "latency floor: a chain timed on our own minimal kernel, a yardstick"
+#: A latency floor of one launch: the × over it mostly tracks how long a launch takes.
+ONE_LAUNCH_WORDS = "latency floor: one launch, so the × mostly tracks launch latency"
+
+
+def own_chain(r: dict[str, Any]) -> bool:
+    """Whether a row's latency floor is a chain timed on our own minimal kernel (chapter 04's recursion)."""
+    return bool(re.match(r"the recursion's \d+ dependent frames", r.get("latency_what") or ""))
+
+
+def _binding_words(r: dict[str, Any]) -> str:
+    """The kind of a row's binding floor in its cell: a chain our own kernel times and a one-launch floor say so."""
+    if r.get("binding") == "latency" and own_chain(r):
+        return OWN_CHAIN_WORDS
+    if r.get("binding") == "latency" and r.get("latency_what") == ONE_KERNEL and not r.get("floor_words"):
+        return ONE_LAUNCH_WORDS
+    return floor_kind(r, short=True)
 
 
 def _bound_cells(r: dict[str, Any]) -> tuple[str, str]:
@@ -1438,7 +1508,7 @@ def _room(r: dict[str, Any]) -> tuple[float, str] | None:
         return None
     if r.get("design_bound_ms"):
         x = r["median_ms"] / r["design_bound_ms"]
-        return x, f"{x:.1f}× its own work"
+        return x, f"{x:.1f}× its own work, {_floor(r['design_bound_ms'])} µs"
     if r["binding"] and not r["no_pct_why"] and r.get("pct_of_floor"):
         x = 100 / r["pct_of_floor"]
         kind = {"latency": "one launch" if r["number"] != 4 else "its chain of frames", "bytes": "its bytes",
@@ -1583,6 +1653,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     tail_cells: list[tuple[dict[str, Any], dict[str, str]]] = []  # the re-run's rows: its median and p99
     unbound: list[str] = []  # each decode loop's bounds that do not bind, said once in the notes
     off: list[tuple[dict[str, Any], float]] = []  # rows whose p50 / p99 run lands off the chapter's median
+    page_keys: dict[int, list[tuple[str, str]]] = {}  # chapter -> its rows on the page: (kernel label, card)
 
     for r in board:
         card = short_card(r["card"])
@@ -1648,6 +1719,13 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: one clock in the row
             ours += f", end to end (its GPU time: the {card}'s {r['ours']} row)"
             median, slowest = r["ours_end_to_end_ms"], r.get("ours_end_to_end_slowest_ms")
+        overlap = None  # a lead about the size of a spread: whether the two sides' repetitions overlap
+        if r.get("rival_spread_ms") and r.get("vs_rival") and 1 < r["vs_rival"] < CLOSE_LEAD and not is_tie(r["vs_rival"]):
+            # (a tie by the course's rule stays a tie: drift between runs exceeds one run's spread)
+            (rlo, _, rhi), (olo, ohi) = r["rival_spread_ms"], (r["fastest_ms"], r["slowest_ms"])
+            overlap = (f"our repetitions took {us(olo)}–{us(ohi)} µs, the rival's {us(rlo)}–{us(rhi)} µs: "
+                       + ("the ranges do not overlap" if ohi < rlo else "the ranges overlap, so the lead is within "
+                          "the spread of the runs"))
         t = tail(folders[r["card"]], r["number"], r["tail_params"], r.get("tail_series")) \
             if r.get("tail_params") else None
         other = ctc_tail_targets(r, t) if t is not None and r["number"] == 4 else None
@@ -1670,14 +1748,12 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             gap = t["ms"] / r["median_ms"] - 1 if r.get("median_ms") else None  # the re-run against the chapter's
             if gap is not None and not p99.startswith("–"):
                 off.append((r, gap))  # the range of these gaps is said once, under the re-run's own table
+                if overlap:  # the spread beside a close lead: whether the repetitions overlap, in the same cell
+                    p99 += f"; the {r['vs_rival']:.2f}× lead: {overlap}"
+                    overlap = None
             tail_cells.append((r, {"p99": p99}))
-        if r.get("rival_spread_ms") and r.get("vs_rival") and 1 < r["vs_rival"] < CLOSE_LEAD and not is_tie(r["vs_rival"]):
-            # (a tie by the course's rule stays a tie: drift between runs exceeds one run's spread)
-            # a lead about the size of a spread: whether the two sides' repetitions overlap, said beside it
-            (rlo, _, rhi), (olo, ohi) = r["rival_spread_ms"], (r["fastest_ms"], r["slowest_ms"])
-            note(r, f"our repetitions took {us(olo)}–{us(ohi)} µs, the rival's {us(rlo)}–{us(rhi)} µs: "
-                    + ("the ranges do not overlap" if ohi < rlo else "the ranges overlap, so the lead is within the "
-                       "spread of the runs"))
+        if overlap:  # no re-run row to set it beside: in the chapter's notes
+            note(r, overlap)
         binding, pct = _floor_cells(r)
         bound, over_bound = _bound_cells(r)
         if r["no_pct_why"]:  # a row of the same chapter and card that has a percentage, named beside the dash
@@ -1685,6 +1761,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                           and b is not r and b.get("pct_of_floor") is not None), None)
             if alone is not None:
                 pct = pct[:-1] + f"; {alone['ours']}: {100 / alone['pct_of_floor']:.1f}×)"
+        page_keys.setdefault(r["number"], []).append((_kernel_label(r), r["card"]))
         cells.append((r, {"card": card, "kernel": ours, "median": f"**{us(median)}** [{us(slowest)}]",
                           "rival": rival, "vs": vs, "binding": binding, "pct": pct, "bound": bound,
                           "over_bound": over_bound}))
@@ -1694,14 +1771,18 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, f"{'kernel-count bound' if r.get('loop_bound') else 'latency floor'}: {r['latency_missing_why']}")
         elif r["latency_what"] != ONE_KERNEL and r["latency_floor_ms"] is not None:
             note(r, f"{'kernel-count bound' if r.get('loop_bound') else 'latency floor'}: "
-                    f"{r['latency_what']}", every_card=True)  # chapter 08's latency floor is its loop's bound
+                    f"{r['latency_what']}" + (", timed on our own minimal kernel: a yardstick for our design, as "
+                                               "own work is, not the card's limit" if own_chain(r) else ""),
+                 every_card=True)  # chapter 08's latency floor is its loop's bound
         elif r["latency_floor_ms"] is None and not r["no_pct_why"]:
             note(r, "latency floor: no run on this card timed an empty kernel")
         for extra in r["notes"][1:2]:
             note(r, extra, every_card=True)
-        if r.get("design_bound_ms") is not None:  # the own-work yardstick: what it is, its time, ours over it
-            note(r, f"own-work yardstick (not a limit): {r['design_bound_what']}", every_card=True)
-            # its time on this card, and ours over it, are the table's two own-work columns
+        if r.get("design_bound_ms") is not None:  # the own-work yardstick: what it is, once a chapter
+            note(r, f"own work here is {r['design_bound_what']}", every_card=True)
+            if id(r) in lead_ids:  # the lead table has no own-work columns: its time and ours over it, here
+                note(r, f"its own work takes {_floor(r['design_bound_ms'])} µs; our median is "
+                        f"{r['median_ms'] / r['design_bound_ms']:.1f}× it")
         for extra in r["floor_notes"]:
             if r.get("design_bound_ms") is not None and extra.startswith("a kernel that only reads"):
                 continue  # its time is the row's tighter bound, in the table
@@ -1802,7 +1883,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
               ("rival", "strongest rival (µs)"), ("vs", "speedup (rival ÷ ours)"),
               ("binding", "floor, the card's or a chain's (µs)"), ("pct", "× floor"),
               ("bound", "own work (µs)"), ("over_bound", "× own work")]
-    lead_columns = common if one_card else [("card", "card")] + common
+    # the lead table: the card's floor and our median over it; the own-work yardstick in the notes and the room
+    # paragraph (the fold of both cards keeps its two columns)
+    lead_common = [(k, h) for k, h in common if k not in ("bound", "over_bound")]
+    lead_columns = lead_common if one_card else [("card", "card")] + lead_common
     for r, c in first_rows:  # the lead table's chapter cell names the shape: the kernel cell does not repeat it
         kernel, _, shape = c["kernel"].partition("; ")
         if shape and shape in (r.get("shape") or ""):
@@ -1818,10 +1902,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                     f"projection, GemLite fails the check on the {LEAD_CARD}" if why and working_fails else ""),
                  every_card=True)
     on = f", all measured on the {LEAD_CARD}" if one_card else ""
-    under_lead.append("A floor's kind: bytes moved, useful work (compute) or a chain of dependent work (latency; for a "
-                      "one-launch kernel, one empty kernel's time in the run that timed the row, as [How we measure]"
-                      f"({link('how_we_measure.md')}#ceilings-and-floors) says); each chapter's notes say what its "
-                      "chain is.")
+    under_lead.insert(0, WORDS)
     two = next((b for b in board if b["number"] == 2 and b["lead"] and "missing" not in b and on_page(b)
                 and short_card(b["card"]) == LEAD_CARD), None)
     if two is not None:  # the whole step's rival is the path engines ship; the kernel's strongest rival, said beside it
@@ -1851,13 +1932,14 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                                                      for r, _ in first_rows) else [])
     rule = ("Each row is at the chapter's headline case; where the answer is a range over shapes (chapter 05), at the "
             f"shape of our least lead on the {LEAD_CARD} among those where the rival passes our check (the other "
-            "card's row at the same shape). The floor is the card's (bytes, "
-            "compute or one launch) or a chain of dependent work: for chapter 02, the bitmask's copy from host "
-            "memory, then one launch; for chapter 04, the frames its recursion cannot shorten.")
+            "card's row at the same shape). The floor is the card's (bytes, compute or one launch: an empty kernel "
+            "in the run that timed the row) or a chain of dependent work the call cannot shorten (chapters 02 and "
+            "04, their notes say which; [How we measure]"
+            f"({link('how_we_measure.md')}#ceilings-and-floors) says how each is priced).")
     rule += ngram_row_words(root)
     # the own-work yardstick is two columns of the table (its time and our median over it); what it is, in a clause
-    own_line = (["Own work: the work the call itself must do, timed where a run times it (a yardstick, not a "
-                 "limit; each chapter's notes say what it is)."]
+    own_line = (["Own work (chapters 02 and 05): the work the call itself must do, timed where a run times it, a "
+                 "yardstick for our design, not a limit; the notes say what it is and give its time."]
                 if any(c.get("over_bound", "–") != "–" for _, c in first_rows) else [])
     times = table(f"**Each chapter's final kernel at its headline shape against its strongest rival{on}**",
                   first_rows, lead_columns, [rule] + own_line + caveat)
@@ -1925,38 +2007,57 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     floor_lines = fold("Each row's three floors (the one that binds, the largest, in bold)", floor_lines)
 
     chapter_notes: list[str] = []
-    for entry in ENTRIES:
+    for entry in ENTRIES:  # one paragraph a chapter: a note on every row it shows names none, others name theirs
         said = notes.get(entry.number)
         if not said:
             continue
-        everyone = measured_cards[entry.number]
-        items = []
+        shown_rows = list(dict.fromkeys(page_keys.get(entry.number, [])))
+        one_card_only = len(measured_cards.get(entry.number, [])) < 2
+        every = {short_card(c) for c in measured_cards.get(entry.number, [])}
+        labels = list(dict.fromkeys(k for k, _ in shown_rows))
+        shared = _common_start([lb.split(", ") for lb in labels]) if len(labels) > 1 else 0
+
+        def row_name(label: str) -> str:
+            """A row in a lead-in: the part of its kernel label the chapter's other rows do not share."""
+            rest = ", ".join(label.split(", ")[shared:])
+            return f"the {rest} row" if shared and rest else label
+
+        said_by: dict[str, list[str]] = {}  # lead-in -> its sentences ("" for a note on every row)
+        on_card: dict[str, list[str]] = {}  # lead-in -> the cards it names, where it names any
         for text, on_rows in said.items():
+            plain = _prose(_plain(text))
+            if not plain:
+                continue
+            covers = all(any(k == kk and (c in (None, cc) or one_card_only) for k, c in on_rows)
+                         for kk, cc in shown_rows)
+            if covers or not shown_rows:
+                said_by.setdefault("", []).append(_sentence(plain))
+                continue
             kernels = list(dict.fromkeys(k for k, _ in on_rows))
-            where = list(dict.fromkeys(c for _, c in on_rows))
-            every_card = None in where or sorted(where) == sorted(everyone) or len(everyone) < 2
-            label = " and ".join(kernels) + ("" if every_card else f" ({' and '.join(short_card(c) for c in where)})")
-            pairs = list(dict.fromkeys(on_rows))
-            if len(kernels) > 1 and len(pairs) == len(kernels) == len({c for _, c in pairs}) and None not in where:
-                # one row on each card, each card's final kernel its own: each named with its card
-                label = " and ".join(f"{k} ({short_card(c)})" for k, c in pairs)
-            if _plain(text):
-                items.append((label, _sentence(_plain(text))))
-        title = f"Chapter {entry.number:02d}, {entry.title}"
-        if len({label for label, _ in items}) == 1:  # every note is on one row: named once, in the title
-            title += f", {items[0][0]}"
-            items = [("", text) for _, text in items]
-        else:  # a row's notes in one item under its name, in the table's order
-            merged: dict[str, list[str]] = {}
-            for label, text in items:
-                merged.setdefault(label, []).append(text)
-            order = list(merged)  # the lead card's rows first, then those of every card, then the other card's
-            items = [(label, " ".join(merged[label])) for label in sorted(
-                order, key=lambda lb: (0 if lb.endswith(f"({LEAD_CARD})") else 2 if lb.endswith(")") and
-                                       re.search(r"\((H\d+)\)$", lb) else 1, order.index(lb)))]
-        chapter_notes += ["", f"**{title}**", ""] + [f"- **{label}**: {text}" if label else f"- {text}"
-                                                       for label, text in items]
-    body = [f"- {u}" for u in under_lead] + chapter_notes
+            cards_on = {short_card(c) for _, c in on_rows if c is not None}
+            where = ([] if one_card_only or any(c is None for _, c in on_rows) or cards_on >= every
+                     else sorted(cards_on))
+            every_kernel = set(labels) <= set(kernels)
+            lead = ("On the " + " and the ".join(where) if every_kernel and where else
+                    "For " + " and ".join(row_name(k) for k in kernels)
+                    + (" on the " + " and the ".join(where) if where else ""))
+            if where:
+                plain = plain.replace(" on this card", " there")
+            said_by.setdefault(lead, []).append(plain)
+            if where:
+                on_card[lead] = where
+        if said_by:
+            # the notes on every row, then those on a row on every card, the lead card's, the other card's
+            order = sorted(said_by, key=lambda lead: (0 if not lead else 1 if lead not in on_card else
+                                                      2 if on_card[lead] == [LEAD_CARD] else 3))
+            parts = []
+            for lead in order:
+                first, *more = said_by[lead]
+                parts.append((f"{lead}, {_lower_first(first)}" if lead else _sentence(first))
+                             + "".join(" " + _sentence(m) for m in more))
+            chapter_notes += ["", f"**Chapter {entry.number:02d}, {entry.title}.** " + " ".join(
+                p if p.endswith(".") else p + "." for p in parts)]
+    body = "\n\n".join(under_lead).split("\n") + chapter_notes  # one paragraph a note, then one a chapter
     if body:
         times[notes_at:notes_at] = [""] + fold("Notes", body)
     return "\n".join(times + [""] + floor_lines).rstrip() + "\n"

@@ -160,17 +160,15 @@ def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
     header = next(ln for ln in lead.splitlines() if ln.startswith("| chapter"))
     for column in ("strongest rival (µs)", "floor, the card's or a chain's (µs)", "× floor"):
         assert f"| {column} |" in header, column
-    assert "its own work" not in header
+    assert "its own work" not in header and "own work" not in header  # the own-work yardstick: in the notes
     assert "yardstick" not in header
     # the re-run's p99 is a column of its own folded table only, under a plain name; a decode loop has none
     assert "p99" not in header and "p99" not in loops and "p99" not in rest
     assert re.search(r"\| p99 − p50 of \d+ replays \(µs\) \|", spread_fold)
     for ln in lead_rows:
-        # the card's floor: a number and its kind, nothing else
-        # chapter 02's whole step and chapter 05's calls: their own work and our median over it in the two columns
-        # beside × floor, dashes where no run times it
-        assert re.search(r"\| [\d.,]+, (byte|compute|latency) floor\S* \| \*\*[\d.]+×\*\* \| (–|[\d.,]+, [^|]+) \| "
-                         r"(–|[\d.]+×) \|$", ln), ln
+        # the card's floor: a number and its kind, and where the kind needs it a few words after a colon (a chain
+        # timed on our own kernel, a one-launch floor); × floor ends the row (own work is in the notes)
+        assert re.search(r"\| [\d.,]+, (byte|compute|latency) floor\S*(: [^|]+)? \| \*\*[\d.]+×\*\* \|$", ln), ln
         assert "floor (" not in ln and "not the card's" not in ln  # the floor's chain is in the notes, not the cell
     for ln in loop_rows:
         assert re.search(r"our loop's (byte|kernel-count|forward-time) bound \|", ln), ln
@@ -430,8 +428,8 @@ def test_the_rerun_p99_stands_in_a_folded_table_of_its_own_with_its_drift_said_o
     page = (ROOT / "scoreboard.md").read_text()
     assert " ".join(page.split()).count("the median of three repetitions") == 1  # How we measure's word for them
     assert "99 in 100 replays of the call" not in page
-    measure = " ".join((ROOT / "how_we_measure.md").read_text().split())  # the words the scoreboard uses
-    assert "how much a measurement moves, not how much is left" in measure
+    # what p99 − p50 is, said by the fold that holds it (How we measure links to the scoreboard's own words)
+    assert "how far one measurement lands above another, not one call's tail" in table
     tails = [c for c in sb.cards() if (c / f"{sb.TAILS}.json").is_file()]
     if not tails:
         return
@@ -720,11 +718,12 @@ def test_the_latency_floor_is_the_rows_own_runs_empty_kernel_and_the_masked_step
     table = sb.scoreboard_markdown()
     (line,) = [c for c in _table_rows(table.split("**Decode loops")[0])
                if c["chapter: shape"].startswith("[02. Masked LM head]")]
-    # beside × floor, the row's own-work yardstick and our median over it, in two columns of the row
-    assert line["× floor"] == f"**{step['median_ms'] / card_floor:.1f}×**"
-    # named as chapter 02's page names it: our design's bound
-    assert line["own work (µs)"].startswith(f"{step['design_bound_ms'] * 1e3:.1f}, our design's bound: the bitmask's copy"), line
-    assert line["× own work"] == f"{step['median_ms'] / step['design_bound_ms']:.1f}×", line
+    # × floor ends the row; the own-work yardstick and our median over it are in chapter 02's notes
+    assert line["× floor"] == f"**{step['median_ms'] / card_floor:.1f}×**" and "own work (µs)" not in line
+    two = table.split("Chapter 02, Masked LM head")[1].split("**Chapter ")[0]
+    assert "Own work here is the packed bitmask's copy from pinned host memory" in two, two
+    assert (f"own work takes {step['design_bound_ms'] * 1e3:.1f} µs; our median is "
+            f"{step['median_ms'] / step['design_bound_ms']:.1f}× it") in two.lower(), two
     assert "× the chapter's floor" not in table and "leaves out the copy from host memory" not in table
     # the byte floor's note says what it counts, and that the bitmask's copy from host memory is not in it
     assert "the packed bitmask's copy from host memory is not in it" in table.split("Chapter 02, Masked LM head")[1]
@@ -750,15 +749,20 @@ def test_notes_are_one_fold_by_chapter_with_no_markers_in_the_cells():
         assert "fails our float64 check" in table
     assert "passes our float64 check" not in table
     assert not any("float64 check" in line for line in table.splitlines() if line.startswith("|"))
-    # each note names the row it belongs to (in bold, or once in its chapter's name where all its notes are on one
-    # row), and no note is said twice under a chapter
+    # one short paragraph a chapter, read as prose: no bullets and no bold label strings naming rows; a note on every
+    # row the chapter shows names none, a row's notes follow one lead-in ("For step 7 on the H200, ..."); no
+    # sentence said twice, the own-work yardstick defined once (under the first table), not per chapter
     for section in re.split(r"^\*\*Chapter \d+, ", notes, flags=re.M)[1:]:
-        title, _, body = section.partition("\n")
-        items = [ln[2:] for ln in body.splitlines() if ln.startswith("- ")]
-        assert items and len(items) == len(set(items)), title
-        assert ", " in title.split("**")[0] or all(i.startswith("**") for i in items), (title, items)
-        labels = [re.match(r"\*\*(.*?)\*\*", i).group(1) for i in items if i.startswith("**")]
-        assert len(labels) == len(set(labels)), title  # a row's notes under its name once, not one item each
+        title, _, body = section.partition("** ")
+        paragraph = body.strip()
+        assert title.endswith(".") and "\n" not in paragraph and not paragraph.startswith("- "), section
+        assert "**" not in paragraph, paragraph  # no bold label strings
+        sentences = re.findall(r"[^.]+(?:\.\d[^.]*)*\.", paragraph)
+        assert len(sentences) == len(set(sentences)), title
+        leads = re.findall(r"(?:^|\. )(For [^,]+(?:, [^,]+)?(?: on the H\d+)?),", paragraph)
+        assert len(leads) == len(set(leads)), (title, leads)  # a row's notes after its name once
+    own = {r["number"] for r in sb.scoreboard() if r.get("design_bound_ms") and "missing" not in r and sb.on_page(r)}
+    assert "yardstick (not a limit)" not in notes and notes.count("Own work here is") == len(own)
     # why a decode loop has no p99 is said once, in the p99 fold, not under each loop's row
     loop_why = "A decode loop has no such re-run"
     assert loop_why not in table
@@ -934,7 +938,13 @@ def test_no_marks_in_the_tables_and_the_notes_folded_under_the_first():
     if "†" in page:
         assert "† The run that timed this row timed no empty kernel" in page
     notes = page.split(":::{dropdown} Notes")[1].split("\n:::\n")[0]
-    assert "has no row" in notes and "A floor's kind" in notes and "p99" not in notes
+    assert "has no row" in notes and "p99" not in notes
+    # the words the tables use are defined here, in the Notes' first paragraph (How we measure links to it)
+    words = notes.strip().split("\n\n")[0]
+    assert words.startswith("Words. ")
+    for word in ("**GQA**", "**W2A8**", "**step N**", "**part 1**", "**T, A, N**", "float64 reference",
+                 "**not measured**", "**slots, budget**"):
+        assert word in words, word
 
 
 def test_results_lines_say_the_failed_check_the_grid_and_the_bound():
@@ -1116,7 +1126,7 @@ def test_every_floor_names_its_kind_and_the_page_keeps_no_lab_notes():
     assert re.search(r"latency floor \|", times) and "latency floor (" not in times and "is a bound, not a floor" in table
     assert re.search(r"\| own work \(µs\) \| × own work \|", times)
     assert "not the card's |" not in times
-    assert "Latency floor: the recursion's 150 dependent frames" in table
+    assert "Its latency floor is the recursion's 150 dependent frames" in table
     assert "forecast" not in floors and "%" not in floors  # the floors table holds floors only
     for bad in ("lab/", "not known", "The empty kernel in each run", "committed"):
         assert bad not in table, bad
@@ -1164,21 +1174,22 @@ def test_host_bound_rows_name_the_rival_and_the_dense_baseline_where_it_wins_eag
 # What a reader needs first, and what is folded
 # ----------------------------------------------------------------------------------------------
 
-def test_the_page_is_one_paragraph_then_the_tables_and_the_words_are_on_how_we_measure():
-    """Before the first table the page gives one paragraph (what a row sets side by side); the words the tables use
-    are defined on How we measure, in a fold the paragraph links to, not on this page."""
+def test_the_page_is_one_paragraph_then_the_tables_and_how_we_measure_links_to_its_words():
+    """Before the first table the page gives one paragraph (what a row sets side by side), which says the Notes
+    define the shapes' words; How we measure's section on the scoreboard's words links here, not repeating them."""
     page = (ROOT / "scoreboard.md").read_text()
     cell = page.index("```{code-cell}")
     head = page[page.index("# How close to the limit"):cell]
     paragraphs = [p for p in head.split("\n\n")[1:] if p.strip()]
     assert len(paragraphs) == 1 and len(head.split()) <= 180, head
-    assert "how_we_measure.md#words-the-scoreboard-uses" in head and ":::" not in page
+    assert "how_we_measure.md" in head and "The Notes under the tables define" in " ".join(head.split())
+    assert ":::" not in page
     measure = (ROOT / "how_we_measure.md").read_text()
     words = measure[measure.index("## Words the scoreboard uses"):]
     words = words[:words.index("\n## ")]
-    for word in ("**GQA**", "**W2A8**", "**step N**", "**part 1**", "**T, A, N**", "float64 reference",
-                 "not measured"):
-        assert word in words, word
+    assert "(scoreboard.md)" in words and len(words.split()) <= 90, words  # links, not a second glossary
+    for word in ("**GQA**", "**W2A8**", "**step N**", "**T, A, N**"):
+        assert word not in words, word
 
 
 def test_a_chapter_measured_differently_on_one_card_is_said_for_a_reader():
@@ -1265,7 +1276,7 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
         assert "14336 × 4096" in cells["final kernel"] + cells["chapter: shape"]
         if short == sb.LEAD_CARD:  # the lead row's shape is short; which layer this is and why, in its notes
             assert short_lead and cells["chapter: shape"].endswith("M = 1, N × K = 14336 × 4096"), cells
-            assert ("Its shape is Llama 3 8B's gate and up projections, where our lead over GemLite is least "
+            assert ("its shape is Llama 3 8B's gate and up projections, where our lead over GemLite is least "
                     "of the shapes where GemLite passes our check") in table
         assert cells["median [slowest repetition], µs"].startswith(f"**{ours['ms'] * 1e3:,.1f}** [")
         assert cells["speedup (rival ÷ ours)"].startswith(f"{ratio:.2f}×")
@@ -1376,8 +1387,13 @@ def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_
             assert re.fullmatch(rf"\*\*{100 / r['pct_of_floor']:.1f}×\*\*{BESIDE_FLOOR}", cells["× floor"]), cells
             # the floor that binds: its bytes, or at a call this short (part 1's 14336 x 4096) its one launch
             assert cells["floor, the card's or a chain's (µs)"].endswith((", byte floor", ", latency floor")), cells
-            assert cells["own work (µs)"].startswith(f"{read * 1e3:,.1f}, "), cells
-            assert cells["× own work"] == f"{r['median_ms'] / read:.1f}×", cells
+            if "own work (µs)" in cells:  # the table of both cards: two columns beside × floor
+                assert cells["own work (µs)"].startswith(f"{read * 1e3:,.1f}, "), cells
+                assert cells["× own work"] == f"{r['median_ms'] / read:.1f}×", cells
+            else:  # the lead table: in chapter 05's notes, its time and our median over it
+                five = page.split("**Chapter 05, ")[1].split("**Chapter ")[0].lower()
+                assert (f"own work takes {read * 1e3:,.1f} µs; our median is {r['median_ms'] / read:.1f}× it"
+                        in five), five
     assert seen >= 4  # chapter 05's rows on the two cards
     assert "(ours: " not in page and "a read-only pass)" not in page
     assert page.count(sb.READ_ONLY_WHAT) == 1  # what the bound is: once, in chapter 05's notes
@@ -1453,3 +1469,68 @@ def test_room_left_is_said_from_the_rows_and_the_notes_carry_no_run_bookkeeping(
     for said in ("predates the chapter's entry point", "timed alone in a separate run", "takes the same bound from its run",
                  "counted in a separate run", "did not replay its"):
         assert said not in page, said
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 32's reads: what a cell says about its floor, a close lead beside its spread, How we measure's rules
+# ----------------------------------------------------------------------------------------------
+
+def test_a_chain_on_our_own_kernel_and_a_one_launch_floor_say_so_in_their_cells():
+    """A latency floor timed on our own minimal kernel (chapter 04's frames) is named a yardstick in its cell, and a
+    one-launch floor (chapter 03's headline case) says its × mostly tracks launch latency; no other cell says so."""
+    page = sb.scoreboard_markdown(folds="dropdown")
+    rows = _table_rows(page.split("How far one measurement lands above another")[0])
+    by_kernel = {}
+    for r in sb.scoreboard():
+        if "missing" in r or not sb.on_page(r) or r.get("loop_bound") or r["binding"] != "latency":
+            continue
+        by_kernel[(r["number"], sb.short_card(r["card"]))] = r
+    seen = set()
+    for cells in rows:
+        floor = cells.get("floor, the card's or a chain's (µs)", "")
+        number = int(re.match(r"^[\[*](\d+)\.", cells["chapter: shape"]).group(1))
+        if sb.OWN_CHAIN_WORDS in floor:
+            seen.add("chain")
+            assert number == 4 and floor.endswith(", " + sb.OWN_CHAIN_WORDS), cells
+        if sb.ONE_LAUNCH_WORDS in floor:
+            seen.add("launch")
+            assert number == 3, cells
+    if any(sb.own_chain(r) for r in by_kernel.values()):
+        assert "chain" in seen
+    if any(r.get("latency_what") == sb.ONE_KERNEL for r in by_kernel.values()):
+        assert "launch" in seen
+
+
+def test_a_close_lead_says_beside_its_spread_row_whether_the_repetitions_overlap():
+    """A lead above the tie band and under CLOSE_LEAD that the re-run replayed: its p99 − p50 cell says the lead and
+    whether our and the rival's repetitions overlap (recomputed here); the Notes do not say it again."""
+    page = sb.scoreboard_markdown(folds="dropdown")
+    spread = page.split("How far one measurement lands above another (p99 − p50)")[1].split("\n:::")[0]
+    notes = page.split(":::{dropdown} Notes")[1].split("\n:::\n")[0]
+    said = 0
+    for r in sb.scoreboard():
+        if ("missing" in r or not sb.on_page(r) or not r.get("rival_spread_ms") or not r.get("vs_rival")
+                or not 1 < r["vs_rival"] < sb.CLOSE_LEAD or summary.is_tie(r["vs_rival"])):
+            continue
+        (rlo, _, rhi), (olo, ohi) = r["rival_spread_ms"], (r["fastest_ms"], r["slowest_ms"])
+        words = f"our repetitions took {olo * 1e3:,.1f}–{ohi * 1e3:,.1f} µs, the rival's {rlo * 1e3:,.1f}–{rhi * 1e3:,.1f} µs"
+        verdict = "the ranges do not overlap" if ohi < rlo else "the ranges overlap"
+        in_spread = [ln for ln in spread.splitlines() if ln.startswith("|") and words in ln]
+        if in_spread:
+            said += 1
+            (ln,) = in_spread
+            assert f"the {r['vs_rival']:.2f}× lead: {words}: {verdict}" in ln, ln
+            assert words not in notes.replace("Our repetitions", "our repetitions")
+        else:  # no re-run row: said in the chapter's notes
+            assert words in notes.replace("Our repetitions", "our repetitions") or words.replace("our", "Our", 1) in notes
+    assert said >= 1
+
+
+def test_how_we_measure_says_the_chain_floor_is_our_own_and_the_tie_rule_decides():
+    """How we measure says once, plainly, that a chain floor is timed on our own minimal code (a yardstick, not the
+    card's limit), that the tie rule, not the repetitions' ranges, decides a close call, and keeps no nesting table."""
+    measure = " ".join((ROOT / "how_we_measure.md").read_text().split())
+    assert measure.count("is timed on our own minimal code") == 1
+    assert "a chain floor is a yardstick from our own design, not a limit of the card" in measure
+    assert "That rule decides a close call, not the repetitions" in measure
+    assert "How the counts nest" not in measure and "| unit | what it is |" not in measure
