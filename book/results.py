@@ -526,6 +526,10 @@ def _grid_host_bound(listed: list[dict[str, Any]], root: Path = BENCH_RESULTS) -
     return out
 
 
+#: A rival's short name in :func:`host_bound`'s rows, as the results page's folds name it, by chapter.
+RIVAL_WORDS = {3: {"step 3": "our port of FastDeploy's first kernel (step 3)"}}
+
+
 #: Called eagerly, ours and the rival within this share of each other are a tie (a host time's spread is wider).
 TIE_WITHIN = 0.03
 
@@ -599,6 +603,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         return f"| {label} | {ours} | {theirs} | {said} |"
 
     for r in found:
+        if r.get("rival") in RIVAL_WORDS.get(r["number"], {}):  # named as the folds above name it
+            r = r | {"rival": RIVAL_WORDS[r["number"]][r["rival"]]}
         eager = "the rival's host time is not recorded"
         if r.get("rival_host_ms") is None and (r.get("rival_gpu_ms") or 0) > r["host_ms"]:
             eager = "ours stays the faster (the rival's GPU time alone is longer)"
@@ -3050,7 +3056,7 @@ def eager_sentence(root: Path = BENCH_RESULTS, card: str = "H200") -> str:
                  for h in holds]
         out += (" Those whose calls take longer to issue than to run, chapter" + ("s " if len(holds) > 1 else " ")
                 + (", ".join(holds[:-1]) + " and " if len(holds) > 1 else "") + holds[-1] + ", still hold. "
-                "Counted over every comparison on this page whose call takes longer to issue than to run:")
+                "Every comparison on this page whose call waits on the host, chapter by chapter:")
     return out
 
 
