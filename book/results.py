@@ -526,6 +526,10 @@ def _grid_host_bound(listed: list[dict[str, Any]], root: Path = BENCH_RESULTS) -
     return out
 
 
+#: A rival's short name in :func:`host_bound`'s rows, as the results page's folds name it, by chapter.
+RIVAL_WORDS = {3: {"step 3": "our port of FastDeploy's first kernel (step 3)"}}
+
+
 #: Called eagerly, ours and the rival within this share of each other are a tie (a host time's spread is wider).
 TIE_WITHIN = 0.03
 
@@ -534,9 +538,11 @@ TIE_WITHIN = 0.03
 NO_HOST = "not measured"
 
 
-#: The host-time table's scope, its first words: every case of the page's tables, not only the chapters' leads.
-HOST_BOUND_TITLE = ("These are the cases on this page, in the headline table or in the folded tables above, whose "
-                    "host time per call exceeds their GPU time.")
+#: The title of the host-time fold: it lists only the comparisons where ours ties or loses called eagerly.
+HOST_BOUND_FOLD = "Where ours ties or loses called eagerly"
+#: The host-time fold's first words: its scope, the comparisons counted in the lines above it that ours does not win.
+HOST_BOUND_TITLE = ("These are the comparisons counted above where, called eagerly, ours ties or loses: each side's "
+                    "call takes the longer of its host and GPU times.")
 
 
 def case_label(number: int, step: str, part: int = 0) -> str:
@@ -577,17 +583,28 @@ def _host_spread(root: Path, r: dict[str, Any]) -> tuple[float, float, float] | 
 
 
 def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, counts: bool = False) -> str:
-    """Every comparison of the results page whose host time per call exceeds its GPU time (:func:`host_bound`), one
-    row each, and whether the rival called eagerly, one call at a time, would then be the faster, grouped by chapter
-    in one dropdown. The results page shows not this list but its count (:func:`eager_sentence`) and, under each
-    line, one sentence where a rival would win (``chapters``: :func:`host_bound_by_chapter`). With ``counts``, the
-    counts instead: (all comparisons, ours ahead, tied, lost, "in chapters 03 and 05")."""
+    """Every comparison of the results page whose host time per call exceeds its GPU time (:func:`host_bound`),
+    judged called eagerly, one call at a time (a call takes the longer of its two times): one line a chapter (05: a
+    part) that counts them (ours ahead, tied, behind, and the rival that would win), then one fold with only the rows
+    where ours ties or loses, each said once; where ours stays the faster the row is counted, not listed. The
+    results page shows this under :func:`eager_sentence`; under each line of its table, one sentence where a rival
+    would win (``chapters``: :func:`host_bound_by_chapter`). With ``counts``, the counts instead: (all comparisons,
+    ours ahead, tied, lost, "in chapters 03 and 05")."""
     found = host_bound(root)
-    lines = []
+    # one entry per row of comparisons: (chapter, part, card) -> (all, lost, tied), the fold's rows (ties and losses
+    # only), and who ties or wins against ours: (kind, rival, how many)
+    entries: list[tuple[tuple[int, int, str], tuple[int, int, int], list[str], list[tuple[str, str, int]]]] = []
     # where a rival would be the faster called eagerly, for the results table's notes: (chapter, part) -> clauses
     flips: dict[tuple[int, int], list[tuple[str, str, str, str]]] = {}  # (who, step, shape, card)
     flip_words: dict[tuple[int, int], list[str]] = {}
+    plan_words: dict[tuple[int, int], list[str]] = {}  # a lead that holds through a plan only, said in its line
+
+    def row(label: str, ours: str, theirs: str, said: str) -> str:
+        return f"| {label} | {ours} | {theirs} | {said} |"
+
     for r in found:
+        if r.get("rival") in RIVAL_WORDS.get(r["number"], {}):  # named as the folds above name it
+            r = r | {"rival": RIVAL_WORDS[r["number"]][r["rival"]]}
         eager = "the rival's host time is not recorded"
         if r.get("rival_host_ms") is None and (r.get("rival_gpu_ms") or 0) > r["host_ms"]:
             eager = "ours stays the faster (the rival's GPU time alone is longer)"
@@ -597,35 +614,41 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
                 eager = f"a tie with {r['rival']}"
             elif max(r["rival_host_ms"], r["rival_ms"]) < r["host_ms"]:
                 eager = f"{r['rival']} would be faster"
-            if r.get("dense") and max(r["dense"]) < r["host_ms"]:
-                eager += (f"; cuBLAS bf16 on the dense matrix would be faster than ours ({us(r['dense'][0])} µs of "
-                          f"host time a call, {us(r['dense'][1])} µs on the GPU)")
-        loose = _host_spread(root, r) if "would be faster" in eager.split("; ")[0] else None
-        if loose is not None and max(loose[0], r["gpu_ms"]) < max(r["rival_host_ms"], r["rival_ms"]):
-            # a verdict that rests on a host time whose repetitions disagree: what the file shows, said in the row
-            lo, med, hi = loose
-            eager += (f"; our host time ranged {us(lo)}–{us(hi)} µs over the run's repetitions (median {us(med)}): "
-                      f"at {us(lo)} µs ours would stay the faster")
+        dense_wins = bool(r.get("dense") and max(r["dense"]) < r["host_ms"])
+        loose = _host_spread(root, r) if "would be faster" in eager else None
+        if loose is not None and not max(loose[0], r["gpu_ms"]) < max(r["rival_host_ms"], r["rival_ms"]):
+            loose = None  # the spread does not decide the verdict: left unsaid
         at = "" if not r["at"] else f", {r['at']}" if r["at"].startswith("its ") else f" at {r['at']}"
         part = 0
         if r["number"] == 5 and r.get("step"):
             part = 1 if int(r["step"].split()[-1]) <= PART_ONE_STEP else 2
         shape = r["at"] if r["at"] and not r["at"].startswith("its ") else ""
-        if "would be faster" in eager.split("; ")[0] and loose is None and r.get("rival"):  # a verdict on a host
-            # time whose repetitions disagree is left to the fold, with its spread
+        if "would be faster" in eager and loose is None and r.get("rival"):  # a verdict on a host time whose
+            # repetitions disagree is left to the fold, with its spread
             flips.setdefault((r["number"], part), []).append((r["rival"], r.get("step", ""), shape, r["card"]))
-        if "; cuBLAS bf16 on the dense matrix would be faster" in eager:
+        if dense_wins:
             flips.setdefault((r["number"], part), []).append(("cuBLAS bf16", r.get("step", ""), shape, r["card"]))
-        # comparisons, one rival at one shape on one card: the row's own, and the dense baseline where it is named
-        first = eager.split("; ")[0]
-        count = (r.get("shapes", 1) + (1 if "; cuBLAS bf16" in eager else 0),
-                 ("would be faster" in first) + ("; cuBLAS bf16" in eager and "would be faster than ours" in eager),
-                 int(first.startswith("a tie")))
-        theirs = (f"{us(r['rival_host_ms'])} / {us(r['rival_ms'])}" if r.get("rival_host_ms") is not None else
-                  f"{NO_HOST} / {us(r['rival_gpu_ms'])}" if r.get("rival_gpu_ms") is not None else NO_HOST)
-        lines.append(((r["number"], part, r["card"]),
-                      f"| {case_label(r['number'], r.get('step', ''), part)} on the {r['card']}{at}"
-                      + f" | {us(r['host_ms'])} / {us(r['gpu_ms'])} | {theirs} | {eager} |", count))
+        # comparisons, one rival at one shape on one card: the row's own, and the dense baseline where it wins
+        count = (r.get("shapes", 1) + dense_wins, ("would be faster" in eager) + dense_wins,
+                 int(eager.startswith("a tie")))
+        label = f"{case_label(r['number'], r.get('step', ''), part)} on the {r['card']}{at}"
+        ours = f"{us(r['host_ms'])} / {us(r['gpu_ms'])}"
+        fold, verdicts = [], []
+        if not eager.startswith("ours stays"):
+            theirs = (f"{us(r['rival_host_ms'])} / {us(r['rival_ms'])}" if r.get("rival_host_ms") is not None else
+                      f"{NO_HOST} / {us(r['rival_gpu_ms'])}" if r.get("rival_gpu_ms") is not None else NO_HOST)
+            said = eager
+            if loose is not None:  # the verdict rests on our median host time; the fastest repetition's reverses it
+                said += f", at our median host time (not at our fastest, {us(loose[0])} µs)"
+            fold.append(row(label, ours, theirs, said))
+            if r.get("rival") and not eager.startswith("the rival's"):
+                verdicts.append(("tie" if eager.startswith("a tie") else "loss", r["rival"], 1))
+        if dense_wins:
+            fold.append(row(label, ours, f"{us(r['dense'][0])} / {us(r['dense'][1])}",
+                            "cuBLAS bf16 on the dense matrix would be faster"))
+            verdicts.append(("loss", "cuBLAS bf16", 1))
+        entries.append(((r["number"], part, r["card"]), count, fold, verdicts))
+
     def span(xs: list[float]) -> str:
         return f"{us(min(xs))}–{us(max(xs))}"
 
@@ -633,92 +656,82 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         pairs = bitnet_rows(folder)
         if not pairs:
             continue
-        eager, said = bitnet_eager(folder), "ours stays the faster"
+        eager = bitnet_eager(folder)
         plan = None if not eager else eager.get("plan")
-        on = "" if short_card(card_name(folder)) == SUMMARY_CARD else f" on the {short_card(card_name(folder))}"
+        name = short_card(card_name(folder))
+        on = "" if name == SUMMARY_CARD else f" on the {name}"
         if plan_holds(eager):
             flip_words.setdefault((5, 2), []).append(
                 f"ours leads BitNet's kernel{on} only through `W2A8Plan`, which checks once a layer (the "
                 f"plain function loses at {eager['slower_eager']} of the {len(eager['rows'])} shapes)")
+            plan_words.setdefault((5, 2), []).append(
+                f"against BitNet's kernel{on} through `W2A8Plan` only: the plain function would lose at "
+                f"{eager['slower_eager']} of its {len(eager['rows'])} shapes")
         elif eager and eager["slower_eager"]:
             flip_words.setdefault((5, 2), []).append(
                 f"BitNet's kernel would be faster{on} at {eager['slower_eager']} of its {len(eager['rows'])} shapes")
-        if plan_holds(eager):
-            said = (f"ours stays the faster through its plan, `W2A8Plan` (host time {us(plan['host'][0])}–"
-                    f"{us(plan['host'][1])} µs against BitNet's {us(eager['bitnet'][0])}–{us(eager['bitnet'][1])}); "
-                    f"the plain function would lose at {eager['slower_eager']} of its {len(eager['rows'])} shapes")
-        elif eager and eager["slower_eager"]:
-            n, of = eager["slower_eager"], len(eager["rows"])
-            said = ("BitNet's kernel would be faster " + ("at every one of its shapes" if n == of else
-                                                          f"at {n} of its {of} shapes")
-                    + f" (its host time {us(eager['bitnet'][0])}–{us(eager['bitnet'][1])} µs: ours quantises x in "
-                    "the call, its x comes quantised)")
-        lines.append(((5, 2, short_card(card_name(folder))),
-                      f"| {case_label(5, _step_of(pairs[0][0].replace('step', 'step ')), 2)} on the {short_card(card_name(folder))} at "
-                      f"BitNet's {len(pairs)} shapes | "
-                      f"{span([o['host_ms'] for _, _, o, _ in pairs])} / {span([o['ms'] for _, _, o, _ in pairs])} | "
-                      f"{span([t['host_ms'] for _, _, _, t in pairs])} / {span([t['ms'] for _, _, _, t in pairs])} | "
-                      # counted as the headline calls it: through the plan where the plan holds
-                      f"{said} |", (len(pairs), 0 if plan_holds(eager) else (eager or {}).get("slower_eager") or 0,
-                                    0)))
+        lost = 0 if plan_holds(eager) else (eager or {}).get("slower_eager") or 0
+        fold = [] if not lost else [
+            row(f"{case_label(5, _step_of(label.replace('step', 'step ')), 2)} on the {name} at {shape}",
+                f"{us(o['host_ms'])} / {us(o['ms'])}", f"{us(t['host_ms'])} / {us(t['ms'])}",
+                "BitNet's kernel would be faster")
+            for label, shape, o, t in pairs if max(t["host_ms"], t["ms"]) < max(o["host_ms"], o["ms"])]
+        entries.append(((5, 2, name), (len(pairs), lost, 0), fold,
+                        [("loss", "BitNet's kernel", lost)] if lost else []))
+    port = "our FastDeploy port"  # step 4 of chapter 03: the results page names it, not its step
     for folder in cards(root):  # chapter 03's range against step 4: the shapes where our call waits on the host
-        waits = [(o, t) for o, t in ngram_ratios(folder).values() if o.get("host_ms") and o["host_ms"] > o["ms"]
-                 and t.get("host_ms") is not None]
+        waits = {cfg: (o, t) for cfg, (o, t) in ngram_ratios(folder).items()
+                 if o.get("host_ms") and o["host_ms"] > o["ms"] and t.get("host_ms") is not None}
         if not waits:
             continue
-        behind = sum(1 for o, t in waits if max(t["host_ms"], t["ms"]) < max(o["host_ms"], o["ms"]) * (1 - TIE_WITHIN))
-        tied = sum(1 for o, t in waits if abs(max(t["host_ms"], t["ms"]) / max(o["host_ms"], o["ms"]) - 1) < TIE_WITHIN)
-        n = len(waits)
-        port = "our FastDeploy port"  # step 4 of the chapter: the results page names it, not its step
-        said = (f"ours stays faster than {port} at all {n}" if not behind and not tied else
-                f"{port} would be faster at {behind} of these {n}; ours stays faster at the other {n - behind}"
-                if behind and not tied else
-                f"ours stays faster than {port} at {n - behind - tied}, ties at {tied}"
-                + (f", {port} would be faster at {behind}" if behind else ""))
         name = short_card(card_name(folder))
+        behind = [cfg for cfg, (o, t) in waits.items()
+                  if max(t["host_ms"], t["ms"]) < max(o["host_ms"], o["ms"]) * (1 - TIE_WITHIN)]
+        tied = [cfg for cfg, (o, t) in waits.items()
+                if abs(max(t["host_ms"], t["ms"]) / max(o["host_ms"], o["ms"]) - 1) < TIE_WITHIN]
         if behind:  # the line's note, in plain words: the shapes where the port then wins
             on = "" if name == SUMMARY_CARD else f" on the {name}"  # the results table's card goes unsaid
-            lost = [ngram_case_words(cfg).replace(" x ", " × ") for cfg, (o, t) in ngram_ratios(folder).items()
-                    if o.get("host_ms") and o["host_ms"] > o["ms"] and t.get("host_ms") is not None
-                    and max(t["host_ms"], t["ms"]) < max(o["host_ms"], o["ms"]) * (1 - TIE_WITHIN)]
             flip_words.setdefault((3, 0), []).append(
-                f"{port} would be faster{on} at {behind} of the {n} shapes where ours waits on the host ("
-                + ", and ".join(lost) + ")")
-        lines.append(((3, 0, name), f"| {case_label(3, 'its entry point', 0)} on the {name} against our FastDeploy port at {n} of "
-                      f"the range's shapes | {span([o['host_ms'] for o, _ in waits])} / "
-                      f"{span([o['ms'] for o, _ in waits])} | {span([t['host_ms'] for _, t in waits])} / "
-                      f"{span([t['ms'] for _, t in waits])} | {said} |", (n, behind, tied)))
+                f"{port} would be faster{on} at {len(behind)} of the {len(waits)} shapes where ours waits on the host ("
+                + ", and ".join(ngram_case_words(cfg).replace(" x ", " × ") for cfg in behind) + ")")
+        fold = [row(f"{case_label(3, 'its entry point', 0)} on the {name} at "
+                    f"{ngram_case_words(cfg).replace(' x ', ' × ')}",
+                    f"{us(waits[cfg][0]['host_ms'])} / {us(waits[cfg][0]['ms'])}",
+                    f"{us(waits[cfg][1]['host_ms'])} / {us(waits[cfg][1]['ms'])}",
+                    f"a tie with {port}" if cfg in tied else f"{port} would be faster")
+                for cfg in waits if cfg in behind or cfg in tied]
+        entries.append(((3, 0, name), (len(waits), len(behind), len(tied)), fold,
+                        [("tie", port, len(tied))] * bool(tied) + [("loss", port, len(behind))] * bool(behind)))
     for folder in cards(root):  # chapter 05 part 1's answer, step 14 against GemLite where GemLite passes our check
         part_one = part_one_answer(folder)
         eager = (part_one or {}).get("eager") or {}
         if not eager or len(eager) != len(part_one["ratios"]) or all(e["host_ms"] <= e["ms"] for e in eager.values()):
             continue
-        beaten = sum(1 for e in eager.values() if e["ratio"] < 1)
+        name = short_card(card_name(folder))
+        beaten = [k for k, e in eager.items() if e["ratio"] < 1]
         if beaten:
-            on = "" if short_card(card_name(folder)) == SUMMARY_CARD else f" on the {short_card(card_name(folder))}"
-            flip_words.setdefault((5, 1), []).append(f"GemLite would be faster{on} at {beaten} of its {len(eager)} "
-                                                     "shapes")
-        lines.append(((5, 1, short_card(card_name(folder))),  # part 1 before part 2, as the book reads
-                      f"| {case_label(5, f'step {PART_ONE_STEP}', 1)} on the {short_card(card_name(folder))} at "
-                      f"GemLite's {len(eager)} shapes | {span([e['host_ms'] for e in eager.values()])} / "
-                      f"{span([e['ms'] for e in eager.values()])} | "
-                      f"{span([e['rival_host_ms'] for e in eager.values()])} / "
-                      f"{span([part_one['times'][k]['rival_ms'] for k in eager])} | "
-                      f"{eager_words(eager, len(eager)).split(' (GemLite')[0]} |",
-                      (len(eager), sum(1 for e in eager.values() if e["ratio"] < 1), 0)))
-    if not lines:
+            on = "" if name == SUMMARY_CARD else f" on the {name}"
+            flip_words.setdefault((5, 1), []).append(f"GemLite would be faster{on} at {len(beaten)} of its "
+                                                     f"{len(eager)} shapes")
+        fold = [row(f"{case_label(5, f'step {PART_ONE_STEP}', 1)} on the {name} at M = 1, N × K = "
+                    + str(k).replace("x", " × "),
+                    f"{us(eager[k]['host_ms'])} / {us(eager[k]['ms'])}",
+                    f"{us(eager[k]['rival_host_ms'])} / {us(part_one['times'][k]['rival_ms'])}",
+                    "GemLite would be faster") for k in beaten]
+        entries.append(((5, 1, name), (len(eager), len(beaten), 0), fold,
+                        [("loss", "GemLite", len(beaten))] if beaten else []))
+    if not entries:
         if chapters:
             return {}
         if counts:
             return None
         return ("Every headline on the GPU clock takes longer on the GPU than its call takes on the host, so its "
                 "ratio holds for calls made one after another too.")
-    ordered = sorted(lines, key=lambda kv: kv[0])
-    rows = [text for _, text, _ in ordered]
-    total = sum(c[0] for _, _, c in ordered)
-    losses = sum(c[1] for _, _, c in ordered)
-    ties = sum(c[2] for _, _, c in ordered)
-    lost = sorted({f"{key[0]:02d}" for key, _, c in ordered if c[1]})
+    ordered = sorted(entries, key=lambda e: e[0])
+    total = sum(e[1][0] for e in ordered)
+    losses = sum(e[1][1] for e in ordered)
+    ties = sum(e[1][2] for e in ordered)
+    lost = sorted({f"{e[0][0]:02d}" for e in ordered if e[1][1]})
     where = ("" if not lost else f" (all in chapter {lost[0]})" if len(lost) == 1
              else f" (in chapters {', '.join(lost[:-1])} and {lost[-1]})")
     if counts:
@@ -730,9 +743,9 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         grouped: dict[tuple[str, str, str], list[str]] = {}
         for who, step, shape, card in flips.get(key, []):
             grouped.setdefault((who, step, shape), []).append(card)
-        for (who, step, shape), where in grouped.items():
-            on = (" on both cards" if set(where) == all_cards and len(all_cards) > 1 else
-                  "" if where == [SUMMARY_CARD] else " on the " + " and the ".join(where))
+        for (who, step, shape), cards_here in grouped.items():
+            on = (" on both cards" if set(cards_here) == all_cards and len(all_cards) > 1 else
+                  "" if cards_here == [SUMMARY_CARD] else " on the " + " and the ".join(cards_here))
             who = "cuBLAS bf16" if who.startswith("cuBLAS bf16") else who
             said.append(f"{who} would beat {step or 'ours'}" + (f" at {shape}" if shape else "")
                         + ("," if "," in shape and on else "") + on)
@@ -740,33 +753,37 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
             by_chapter[key] = "called eagerly, one call at a time, " + ", and ".join(said)
     if chapters:
         return by_chapter
-    # the rows grouped by chapter (chapter 05 by part), each group under a line that counts its comparisons
+    # one line a chapter (05: a part): its count, and who ties or wins against ours
     titles = {e.number: e.title for e in ENTRIES}
-    grouped: list[str] = []
-    for (number, part) in sorted({(k[0], k[1]) for k, _, _ in ordered}):
-        mine = [(text, c) for k, text, c in ordered if (k[0], k[1]) == (number, part)]
-        n, lost_here, tied_here = (sum(c[i] for _, c in mine) for i in range(3))
-        name = f"Chapter {number:02d}" + (f" part {part}" if part else "") + f", {titles.get(number, '')}" + (
-            " (Triton)" if part == 1 else " (CUDA C++)" if part == 2 else "")
-        rows_here = len(mine)
-        said = ((("called eagerly, ours stays ahead in the one comparison below" if n == 1 else
-                  ("called eagerly, ours stays ahead against both rivals of the row below" if rows_here == 1 else
-                   "called eagerly, ours stays ahead in both comparisons below") if n == 2 else
-                  f"called eagerly, ours stays ahead in all {n} comparisons below") if not lost_here and not tied_here
-                 else f"called eagerly, ours stays ahead in {n - lost_here - tied_here} of these {n} comparisons"
-                 + (f", ties at {tied_here}" if tied_here else "") + (f" and loses at {lost_here}" if lost_here else ""))
-                + "; in a CUDA graph or a plan, as the chapter times it, the GPU time decides")
-        grouped += [f"**{name}**: {said}.", "",
-                    "| case | ours: host per call / GPU (µs) | the rival: host per call / GPU (µs) | called eagerly, "
-                    "one call at a time |",
-                    "|---|---|---|---|", *[text for text, _ in mine], ""]
-    # the rows folded under a plain title: the sentence above the results table already gives the counts
-    return "\n".join([
-        ":::{dropdown} Calls that wait on the host",
-        "", HOST_BOUND_TITLE + " A row may hold several shapes or two rivals; called eagerly, a call takes the "
-        "longer of its two times, and the last column says which side is then the faster. Where the rival's host "
-        f"time was not measured (\"{NO_HOST}\"), the row rests on its GPU time alone, longer than our host time.", "",
-        *grouped, ":::"])
+    out: list[str] = []
+    for (number, part) in sorted({(e[0][0], e[0][1]) for e in ordered}):
+        mine = [e for e in ordered if (e[0][0], e[0][1]) == (number, part)]
+        n, lost_here, tied_here = (sum(e[1][i] for e in mine) for i in range(3))
+        ahead = n - lost_here - tied_here
+        who: dict[tuple[str, str], int] = {}
+        for e in mine:
+            for kind, rival, k in e[3]:
+                who[(kind, rival)] = who.get((kind, rival), 0) + k
+        said = ("ours stays ahead in the one comparison" if n == 1 else "ours stays ahead in both comparisons"
+                if n == 2 and not ahead < n else f"ours stays ahead in all {n} comparisons" if ahead == n
+                else f"ours stays ahead in {ahead} of {n} comparisons")
+        said += "".join(f" ({w})" for w in plan_words.get((number, part), []))
+        others = [f"ties with {rival} at {k}" for (kind, rival), k in who.items() if kind == "tie"]
+        others += [f"loses to {rival} at {k}" for (kind, rival), k in who.items() if kind == "loss"]
+        unnamed = (tied_here + lost_here) - sum(who.values())  # a tie or loss whose rival the file does not name
+        others += [f"ties or loses at {unnamed}"] if unnamed > 0 else []
+        if others:
+            said += ", ".join([""] + others[:-1]) + " and " + others[-1]
+        name = f"{number:02d}. {titles.get(number, '')}" + (", part 1 (Triton)" if part == 1 else
+                                                             ", part 2 (CUDA C++)" if part == 2 else "")
+        out.append(f"- **{name}**: {said}.")
+    fold = [text for e in ordered for text in e[2]]
+    if fold:
+        out += ["", f":::{{dropdown}} {HOST_BOUND_FOLD}", "", HOST_BOUND_TITLE, "",
+                "| case | ours: host per call / GPU (µs) | the rival: host per call / GPU (µs) | called eagerly, "
+                "one call at a time |", "|---|---|---|---|", *fold, ":::"]
+    return "\n".join(out)
+
 
 def ctc_cases(card: Path) -> list[dict[str, Any]]:
     """Chapter 04's grid on one card, one dict per case its file times on the GPU clock against torch's faster call:
@@ -1657,8 +1674,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                     f"against {us(real7['step1_us'] / 1e3)} µs, medians over {real7['requests']} "
                                     f"requests)") + row_caveat(row))
                     notes[name].append(f"{name}: on SmolLM2-135M the whole loop (step 3) against step 1's, request "
-                                       f"by request, runs from {real7['slowest']:.2f}× to {real7['fastest']:.2f}×, "
-                                       f"median {real7['median_request']:.2f}×")
+                                       f"by request, runs from {real7['slowest']:.2f}× to {real7['fastest']:.2f}×")
                     if split and split.get("small"):  # host work, neither chapter's: the line's notes, not its cell
                         base, small = split["small"]
                         notes[name].append(f"{name}: on SmolLM2-135M a small model's loop, step 2 with its allowed "
@@ -2212,6 +2228,8 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
     folders = {card_name(c): c for c in cards(root)}
     out: list[str] = []
     chapter, card, title = 0, "", ""
+    header: list[str] = []
+    weaker: list[tuple[int, str, str, str, dict[str, str]]] = []  # (chapter, card, ours, against, the row's cells)
     source = headlines_page_markdown().splitlines()
     for i, line in enumerate(source):
         m = re.match(r":::\{dropdown\} Chapter (\d+): (.+)", line)
@@ -2242,13 +2260,31 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
         if line.startswith("<details><summary>Where the cards differ") and any(
                 (chapter, name) in moved for name in folders):
             continue  # a difference from a run that is not comparable says nothing about the cards
-        out.append(weaker_label(chapter, line))
+        if line.startswith("| ") and i + 1 < len(source) and source[i + 1].startswith("|---"):
+            header = [c.strip() for c in line.strip().strip("|").split("|")]
+        labelled = weaker_label(chapter, line)
+        if "(weaker: " in labelled and line.startswith("| "):  # kept for the last fold, out of the card's table
+            cells = dict(zip(header, (c.strip() for c in labelled.strip().strip("|").split("|"))))
+            weaker.append((chapter, short_card(card), cells.get("ours", "–"), cells.get("against", "–"), cells))
+        else:
+            out.append(labelled)
         if chapter == 3 and card in folders and line.startswith("**NVIDIA"):
             words = ngram_kernel_words(folders[card], folders)
             out += ["", words] if words else []
         last = i + 1 == len(source) or not source[i + 1].startswith("|")  # a table's last row
         if chapter == 3 and card in folders and line.startswith("| ") and last:  # the rows behind the range
             extra = ngram_range_table(folders[card])
+            range_head = [c.strip() for c in (extra[2] if extra else "").strip().strip("|").split("|")]
+            for row in [r for r in extra if "(weaker: " in r]:  # the untuned grid's rows: the last fold's
+                cells = dict(zip(range_head, (c.strip() for c in row.strip().strip("|").split("|"))))
+                cfg = next(k for k in ngram_ratios(folders[card]) if ngram_case_words(k) == cells["case"])
+                mine = ngram_ratios(folders[card])[cfg][0]
+                ours = ("the GPU drafter's entry point" + (f" (running step {int(mine['step'][4:])})"
+                                                           if str(mine.get("step", "")).startswith("step") else "")
+                        if mine.get("series") == "ngram_match" else
+                        f"the GPU drafter (step {int(mine['series'][4:])})")
+                weaker.append((chapter, short_card(card), ours, NGRAM_PORT_LABELS[NGRAM_PORT], cells))
+            extra = [r for r in extra if "(weaker: " not in r]
             out += ["", *extra] if extra else []
         if (chapter == 5 and card in folders and line.startswith("| ") and "Triton" in line.split(" | ")[0]
                 and "GemLite" in line and (last or "GemLite" not in source[i + 1])):
@@ -2261,11 +2297,123 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
         if (line.startswith("Ours: the fused CTC kernel (step") and card in folders
                 and ctc_which(folders[card]) != "the entry point"):
             out += ["", CTC_STEPS_WORDS]
+    out += weaker_fold(weaker)
     text = re.sub(r"(?:(?<=[\dNK])|(?<=slots)|(?<=slot)|(?<=items)|(?<=heads)) x (?=[\dNK])", " × ",
                   "\n".join(out))  # shapes read 4096 × 14336
     for long, short in NGRAM_PORT_LABELS.items():  # chapter 03's two rivals, one short label each on both cards
         text = text.replace(f"| {long} |", f"| {short} |")
-    return "\n".join(re.sub(r"\n{3,}", "\n\n", bitnet_first(tidy_tables(split_ternary(text)))).splitlines())
+    text = median_batch_rows(bitnet_first(tidy_tables(split_ternary(range_once(text)))), root)
+    return "\n".join(re.sub(r"\n{3,}", "\n\n", text).splitlines())
+
+
+#: Chapter 08's batch-8 rows whose speedup the results page reads as the chapter does: the median batch's own ratio
+#: (:func:`book.speculate.lesson.median_pairing`), "the safer reading" than the ratio of the two medians.
+MEDIAN_BATCH_WORKLOADS = ("extraction",)
+
+
+def speculate_median_batch(card: Path, workload: str = "extraction", batch: int = 8) -> dict[str, Any] | None:
+    """Chapter 08's batch-``batch`` ``workload`` rows on ``card`` read as the chapter reads them: the median batch's
+    own ratio (:func:`book.speculate.lesson.median_pairing`'s ``median_ratio``), with that batch's two times per
+    output token (``ours_ms``, ``theirs_ms``: chapter 07's step 3 and the shipped step) so that the ratio is of the
+    times shown, and how many batches (``n``). None where the card has no such run or no one batch holds the median
+    (an even count of batches)."""
+    from book.speculate import lesson
+    from studylog.plotting import load_results
+    from studylog.speculate.report import SHIPPED
+
+    try:
+        results = load_results("speculate", gpu=Path(card).name, root=Path(card).parent)
+    except FileNotFoundError:
+        return None
+    pair = lesson.median_pairing(results, batch, workload)
+    theirs = {r["params"]["request"]: r["ms"] for r in lesson._rows(results, batch, workload, "ch7_step03")}
+    ours = {r["params"]["request"]: r["ms"] for r in lesson._rows(results, batch, workload, SHIPPED)}
+    at = [n for n in sorted(set(theirs) & set(ours)) if math.isclose(theirs[n] / ours[n], pair["median_ratio"],
+                                                                      rel_tol=1e-12)]
+    if not at:
+        return None
+    return {"ratio": pair["median_ratio"], "ours_ms": ours[at[0]], "theirs_ms": theirs[at[0]], "n": pair["n"],
+            "ratio_of_medians": pair["ratio_of_medians"]}
+
+
+def median_batch_rows(markdown: str, root: Path = BENCH_RESULTS) -> str:
+    """Chapter 08's fold with each batch-8 row of :data:`MEDIAN_BATCH_WORKLOADS` read as the chapter reads it
+    (:func:`speculate_median_batch`): the median batch's own ratio and that batch's two times, the case saying so."""
+    folders = {card_name(c): c for c in cards(root)}
+    out, chapter, card = [], 0, ""
+    for line in markdown.splitlines():
+        m = re.match(r":::\{dropdown\} (\d+)\. ", line)
+        chapter = int(m.group(1)) if m else 0 if line == ":::" else chapter
+        c = re.match(r"\*\*(NVIDIA [^*]+)\*\*, measured", line)
+        card = c.group(1) if c else card
+        cells = line.split(" | ")
+        hit = next((w for w in MEDIAN_BATCH_WORKLOADS if chapter == 8 and line.startswith(f"| SmolLM2-135M, {w}, batch 8,")
+                    and len(cells) >= 4), None)
+        found = speculate_median_batch(folders[card], hit) if hit and card in folders else None
+        if found:
+            cells[0] = (f"| SmolLM2-135M, {hit}, batch 8, per output token, the median batch's own ratio, of its "
+                        f"{found['n']} batches of 8 requests, each timed whole (the chapter's reading)")
+            cells[1:4] = [f"**{found['ratio']:.2f}×**", us(found["ours_ms"]), us(found["theirs_ms"])]
+            line = " | ".join(cells) + (" |" if not cells[-1].endswith("|") else "")
+        out.append(line)
+    return "\n".join(out)
+
+
+#: Chapter 03's rival in the rows behind its range (:func:`ngram_range_table`): our corrected port, step 4.
+NGRAM_PORT = "our corrected port of FastDeploy's revised GPU n-gram kernel, made exact (step 4)"
+#: The last fold of the results page's tables, its title and first words.
+WEAKER_TITLE = "Weaker baselines"
+WEAKER_WORDS = ("Rows against a weaker baseline than each line's rival, kept out of the cards' tables above: their "
+                "ratios are larger, and they answer a smaller question.")
+
+
+def weaker_fold(weaker: list[tuple[int, str, str, str, dict[str, str]]]) -> list[str]:
+    """The rows against weaker baselines (:data:`WEAKER`, chapter 03's untuned grid), taken out of the cards' tables,
+    as one fold at the end: chapter and card, both sides, the case, why the baseline is weaker, the speedup and both
+    times; empty without such rows."""
+    if not weaker:
+        return []
+    rows = []
+    for chapter, card, ours, against, cells in weaker:
+        ratio, why = re.match(r"(.*?) \(weaker: (.*)\)$", cells["speedup"]).groups()
+        rows.append(f"| {chapter:02d}, {card} | {ours} | {against} | {cells.get('case', '–')} | {why} | {ratio} | "
+                    f"{cells.get('ours (µs)', '–')} | {cells.get('theirs (µs)', '–')} |")
+    return ["", f":::{{dropdown}} {WEAKER_TITLE}", "", WEAKER_WORDS, "",
+            "| chapter, card | ours | against | case | why weaker | speedup | ours (µs) | theirs (µs) |",
+            "|---|---|---|---|---|---|---|---|", *rows, "", ":::"]
+
+
+def range_once(markdown: str) -> str:
+    """Chapter 03's fold with each row said once on each card: a row of a card's first table that the table of every
+    shape measured below it (:func:`ngram_range_table`) repeats (the same case, speedup and both times) is left
+    out of the first, and a table left with no row goes, its header with it."""
+    lines = markdown.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(":::{dropdown} 03. ")), None)
+    if start is None:
+        return markdown
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] == ":::")
+
+    def key(cells: list[str]) -> tuple[str, ...]:
+        return tuple(cells[-5:-1]) if len(cells) >= 7 else tuple(cells[:4])  # case, speedup, ours, theirs
+
+    def cells_of(line: str) -> list[str]:
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+
+    block, out, i = lines[start:end], [], 0
+    cards_at = [k for k, ln in enumerate(block) if ln.startswith("**NVIDIA")] + [len(block)]
+    keep = [True] * len(block)
+    for a, b in zip(cards_at, cards_at[1:]):
+        tables = [k for k in range(a, b - 1) if block[k].startswith("| ") and block[k + 1].startswith("|---")]
+        for t, nxt in zip(tables, tables[1:]):  # a table, and the one after it on this card
+            later = {key(cells_of(ln)) for ln in block[nxt + 2:b] if ln.startswith("| ")}
+            rows = [k for k in range(t + 2, nxt) if block[k].startswith("| ")]
+            dropped = [k for k in rows if len(cells_of(block[k])) >= 7 and key(cells_of(block[k])) in later]
+            for k in dropped:
+                keep[k] = False
+            if dropped and len(dropped) == len(rows):  # nothing left: the header and its rule go too
+                keep[t] = keep[t + 1] = False
+    block = [ln for ln, k in zip(block, keep) if k]
+    return "\n".join(lines[:start] + block + lines[end:])
 
 
 def bitnet_first(markdown: str) -> str:
@@ -2907,9 +3055,8 @@ def eager_sentence(root: Path = BENCH_RESULTS, card: str = "H200") -> str:
         holds = [h + (" (through its plan object, `W2A8Plan`, only)" if h == "05 part 2" and planned else "")
                  for h in holds]
         out += (" Those whose calls take longer to issue than to run, chapter" + ("s " if len(holds) > 1 else " ")
-                + (", ".join(holds[:-1]) + " and " if len(holds) > 1 else "") + holds[-1] + ", still hold; each "
-                "line's notes above name the cases where the rival would then be the faster, and the fold below "
-                "gives both sides' host and GPU times per call.")
+                + (", ".join(holds[:-1]) + " and " if len(holds) > 1 else "") + holds[-1] + ", still hold. "
+                "Every comparison on this page whose call waits on the host, chapter by chapter:")
     return out
 
 

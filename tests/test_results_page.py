@@ -88,10 +88,11 @@ def test_every_headline_has_its_row_in_the_folded_tables():
 
 
 def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_gpu_time():
-    """The host-time table says its scope (every case of the page's tables) and keeps to it: each folded row on the GPU
-    clock whose host time exceeds its GPU time, on a card the page shows, is one of its rows, or is inside part 1's
-    range of GemLite's shapes. Each chapter that has such a case says so in one bullet of the table's notes; the
-    rows folded under a plain title, with nothing above it (the counts are the sentence's above the table)."""
+    """Calls made eagerly: one line a chapter (05: a part) counts every comparison of the page whose host time per
+    call exceeds its GPU time (each folded row on the GPU clock, on a card the page shows, is one of
+    :func:`host_bound`'s rows or inside part 1's range of GemLite's shapes), and names who ties or wins; the fold
+    under the lines lists only the ties and losses, each once, with both sides' times, and nothing where ours stays
+    the faster. Each chapter with a loss also says so in one bullet of the results table's notes."""
     from book.plotting import headline_rows
     from book.scoreboard import card_name, cards
 
@@ -99,30 +100,30 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     head, text = whole.split(":::{dropdown} ", 1)
     text = ":::{dropdown} " + text
     title, blank, body = text.split("\n")[:3]
-    assert not blank and text.endswith("\n:::")  # the rows folded, title and all
-    listed_chapters = sorted({ln[len("| chapter "):][:2] for ln in text.splitlines() if ln.startswith("| chapter")})
+    assert not blank and text.endswith("\n:::")  # the ties and losses folded, title and all
+    assert title == f":::{{dropdown}} {results.HOST_BOUND_FOLD}" and body == results.HOST_BOUND_TITLE
+    assert text.count(":::{dropdown}") == 1 and text.count("| case |") == 1  # one table
+    rows = [ln for ln in text.splitlines() if ln.startswith("| chapter")]
+    assert rows and all(re.match(r"\| chapter \d\d( part [12])? \((step \d+|its entry point)\) on the ", ln)
+                        for ln in rows), rows
+    assert all(" part " in ln for ln in rows if ln.startswith("| chapter 05"))
+    # only ties and losses, each said once: no row where ours stays the faster, none repeated
+    assert all(ln.split(" | ")[-1].startswith("a tie with ") or " would be faster" in ln.split(" | ")[-1] for ln in rows)
+    assert not any("stays" in ln for ln in rows) and len(set(rows)) == len(rows)
+    assert [ln.split(" | ")[0][len("| chapter "):][:2] for ln in rows] == sorted(
+        ln.split(" | ")[0][len("| chapter "):][:2] for ln in rows)
+    # a spread is said only where it decides the verdict, in a few words
+    for ln in rows:
+        assert "repetitions" not in ln and len(ln.split(" | ")[-1].rstrip(" |").split()) <= 16, ln
     notes = results.summary_markdown().split(results.NOTES_HEAD)[1]
     by_chapter = re.split(r"^- \*\*", notes, flags=re.M)
-    losing = sorted({ln[len("| chapter "):][:2] for ln in text.splitlines() if ln.startswith("| chapter")
-                     and "would be faster" in ln})
+    losing = sorted({ln[len("| chapter "):][:2] for ln in rows if "would be faster" in ln})
+    flips = {f"{k[0]:02d}" for k in results.host_bound_by_chapter()}
     for number in losing:  # each chapter where a rival would then be the faster says so, in its line's notes
-        assert any(b.startswith(f"{number}.") and "  - Called eagerly, " in b for b in by_chapter), number
-    for b in by_chapter:  # and no other chapter carries the bookkeeping
-        assert "  - Called eagerly, " not in b or b[:2] in losing, b
-    # the fold's title is plain and nothing stands above it: the counts are said once, above the results table
-    assert title == ":::{dropdown} Calls that wait on the host" and not head.strip(), (title, head)
-    assert "comparisons" not in text.split("\n**Chapter", 1)[0]
+        if number in flips:
+            assert any(b.startswith(f"{number}.") and "  - Called eagerly, " in b for b in by_chapter), number
     assert sum("  - Called eagerly, " in b for b in by_chapter) == len(results.host_bound_by_chapter())
-    assert "- **" not in head and len(re.findall(r"[.!?](\s|$)", head.strip())) <= 2  # one sentence and a pointer
-    assert body.startswith(results.HOST_BOUND_TITLE) and results.HOST_BOUND_TITLE.startswith("These are the cases on")
-    assert text.count(":::{dropdown}") == 1  # the cases are given once, grouped by chapter (05 by part), in order
-    groups = re.findall(r"^\*\*Chapter (\d\d)( part [12])?, [^*]+\*\*: called eagerly, ours ", text, re.M)
-    assert groups and text.count("| case |") == len(groups) == len(set(groups))
-    assert [(g[0], g[1]) for g in groups] == sorted((g[0], g[1]) for g in groups)
-    for block in text.split("\n**Chapter ")[1:]:
-        number, part = block[:2], re.match(r"\d\d( part [12])?", block).group(1) or ""
-        rows_here = [ln for ln in block.splitlines() if ln.startswith("| chapter")]
-        assert rows_here and all(ln.startswith(f"| chapter {number}{part} (") for ln in rows_here), block[:60]
+    # the scope: every folded row that waits on the host is counted, and a tie or a loss among them is listed
     found = results.host_bound()
     apart = {(n, short_card(c)) for n, c in results.not_comparable_runs()}
     numbers = {e.bench: e.number for e in results.ENTRIES if e.bench}
@@ -138,42 +139,52 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
                      and abs(r["host_ms"] - row["host_ms"]) < 1e-9 for r in found)
         in_span = number == 5 and any(abs(ms - row["kernel_ms"]) < 1e-9 for ms in spans.get(card, []))
         assert listed or in_span, (row["chapter"], card, row["case"])
-        if listed and not in_span:
-            assert f"| {row['host_ms'] * 1e3:,.1f} / {row['kernel_ms'] * 1e3:,.1f} |" in text
-    for r in results.host_bound():  # every row names its chapter, its step (and chapter 05's part) and its card
+    for r in found:  # each row of host_bound, judged here from its times: in the fold exactly where it ties or loses
         assert r["host_ms"] > r["gpu_ms"] and r["step"].startswith("step ")
-        assert re.search(rf"^\| chapter {r['number']:02d}( part [12])? \({r['step']}\) on the {r['card']}", text, re.M)
-    rows = [ln for ln in text.splitlines() if ln.startswith("| chapter")]
-    assert rows and all(re.match(r"\| chapter \d\d( part [12])? \((step \d+|its entry point)\) on the ", ln)
-                        for ln in rows), rows
-    assert all(" part " in ln for ln in rows if ln.startswith("| chapter 05"))
-    assert not [ln for ln in text.splitlines() if ln.startswith("- ")]  # no list repeats the table's losses
-    losses = [ln for ln in rows if "would be faster" in ln]
-    ties = sum(" | a tie with " in ln for ln in rows)
-    # counted in comparisons (one rival at one shape on one card): a row of several shapes counts each
+        mine = [ln for ln in rows if re.match(rf"\| chapter {r['number']:02d}( part [12])? \({r['step']}\) on the "
+                                              rf"{r['card']}", ln) and f"| {us(r['host_ms'])} / {us(r['gpu_ms'])} |" in ln]
+        if r.get("rival_host_ms") is None:
+            continue
+        theirs = max(r["rival_host_ms"], r["rival_ms"])
+        tie = abs(theirs / r["host_ms"] - 1) < results.TIE_WITHIN
+        dense = bool(r.get("dense") and max(r["dense"]) < r["host_ms"])
+        assert len(mine) == (tie or theirs < r["host_ms"]) + dense, (r, mine)
+    # the lines: one a chapter (05: a part), their counts adding up to the counts of comparisons
     total, ahead, tied, lost_n, where = results.host_bound_markdown(counts=True)
-    assert total == ahead + tied + lost_n and total >= len(rows) and lost_n >= len(losses)
-    assert tied == ties
-    # the counts add up from the chapters' groups, each "called eagerly, ours stays ahead in K of these N comparisons"
-    # (or "in all N comparisons below", "in the one comparison below"), then what decides in a graph or a plan
-    lines = re.findall(r"^\*\*Chapter [^*]+\*\*: (called eagerly, .*)$", text, re.M)
-    counts = [1 if "the one comparison below" in ln else 2 if ("in both comparisons below" in ln
-                                                               or "against both rivals of the row below" in ln) else
-              int(re.search(r"in all (\d+) comparisons below", ln).group(1) if "in all" in ln
-                  else re.search(r"of these (\d+) comparisons", ln).group(1)) for ln in lines]
-    assert lines and all(ln.endswith("in a CUDA graph or a plan, as the chapter times it, the GPU time decides.")
-                         for ln in lines), lines
-    assert sum(counts) == total
-    lost = {ln.split(" | ")[0][len("| chapter "):][:2] for ln in losses}
+    assert total == ahead + tied + lost_n
+    assert tied == sum(ln.split(" | ")[-1].startswith("a tie with ") for ln in rows)
+    assert lost_n == sum(" would be faster" in ln.split(" | ")[-1] for ln in rows)
+    lines = head.strip().splitlines()
+    assert lines and all(re.match(r"- \*\*\d\d\. [^*]+\*\*: ours stays ahead in ", ln) for ln in lines), lines
+    assert len({ln.split("**")[1] for ln in lines}) == len(lines)
+    sums = [0, 0, 0, 0]
+    for ln in lines:
+        n = (1 if "in the one comparison" in ln else 2 if "in both comparisons" in ln else
+             int(re.search(r"in (?:all )?(?:\d+ of )?(\d+) comparisons", ln).group(1)))
+        up = int(m.group(1)) if (m := re.search(r"ours stays ahead in (\d+) of \d+ comparisons", ln)) else n
+        ties_here = sum(int(k) for k in re.findall(r"ties with [^,]+? at (\d+)", ln))
+        lost_here = sum(int(k) for k in re.findall(r"loses to [^,]+? at (\d+)", ln))
+        assert up + ties_here + lost_here == n, ln
+        sums = [a + b for a, b in zip(sums, (n, up, ties_here, lost_here))]
+    assert sums == [total, ahead, tied, lost_n], (sums, total, ahead, tied, lost_n)
+    lost = {ln.split(" | ")[0][len("| chapter "):][:2] for ln in rows if "would be faster" in ln}
     if len(lost) == 1:
         assert where == f"all in chapter {lost.pop()}", where
-    # ternary step 21 at 4096 x 14336 on either card: its host time per call, from the folded rows, is above its GPU
-    # time, whichever rival it leads against there
-    for row in headline_rows():
-        if (row["chapter"] == "ternary" and "4096 x 14336" in row["case"] and "M = 1" in row["case"]
-                and "step21" in row["kernel"] and row["host_ms"] > row["kernel_ms"]):
-            card = row["gpu"].replace("NVIDIA ", "").replace(" 80GB HBM3", "")
-            assert f"chapter 05 part 2 (step 21) on the {card} at 4096 × 14336" in text
+    # ternary step 21 at 4096 x 14336 on either card: where cuBLAS bf16 on the dense matrix wins called eagerly, the
+    # fold has its row, with the dense baseline's own times
+    for r in found:
+        if r["number"] == 5 and r.get("dense") and max(r["dense"]) < r["host_ms"]:
+            assert any(ln.startswith(f"| chapter 05 part 2 (step 21) on the {r['card']} at 4096 × 14336")
+                       and f"| {us(r['dense'][0])} / {us(r['dense'][1])} |" in ln for ln in rows), r
+
+
+def test_calls_made_eagerly_list_no_row_where_ours_stays_ahead():
+    """The eager fold's rule: the lines count a chapter's comparisons, and the fold holds only the rows where ours
+    ties or loses; a row where ours stays ahead (chapter 02's one call in two rows, a weaker rival's) is not listed."""
+    whole = results.host_bound_markdown()
+    fold = whole.split(f":::{{dropdown}} {results.HOST_BOUND_FOLD}", 1)[1] if ":::{dropdown}" in whole else ""
+    assert "ours stays" not in fold and "ours stays ahead" in whole.split(":::{dropdown}")[0]
+    assert "two rows" not in whole and "(weaker" not in whole  # a row where ours stays ahead is counted, not listed
 
 
 def test_landing_table_still_renders():
@@ -780,9 +791,17 @@ def test_chapter_three_leads_with_its_headline_case_then_its_range():
     assert "under the deployed budget, 128 × 32,768" in notes and f"{deployed:.2f}×" not in notes, notes
     assert said not in notes and "one-block-a-slot" not in notes, notes
     assert f"{k} of the {many[0]} slots search" in notes, notes
-    fold = results.headline_tables_markdown().split(":::{dropdown} 03. ")[1].split("\n:::")[0]
-    for x in ratios + [deployed]:
-        assert f"| **{x:.2f}×**" in fold, x
+    page = results.headline_tables_markdown()
+    fold = page.split(":::{dropdown} 03. ")[1].split("\n:::")[0]
+    weaker = page.split(f":::{{dropdown}} {results.WEAKER_TITLE}")[1].split("\n:::")[0]
+    for (b, t, _), g in grid.items():  # the untuned grid's rows in the last fold, labelled; every other in the chapter's
+        if len(g) != 2:
+            continue
+        x = g["step04"] / g["ngram_match"]
+        untuned = b <= results.NGRAM_UNTUNED["most_slots"] and t >= results.NGRAM_UNTUNED["least_tokens"]
+        assert (f"| **{x:.2f}×**" in fold) != untuned, (b, t, x)
+        assert any(f"| **{x:.2f}×** |" in ln and "one block a slot" in ln for ln in weaker.splitlines()) == untuned
+    assert f"| **{deployed:.2f}×**" in fold
 
 
 def test_chapter_six_fold_shows_the_one_case_it_loses():
@@ -814,7 +833,8 @@ def test_a_folds_tables_share_one_layout_on_every_card():
                 continue
             lines = card.splitlines()
             tables = [ln for ln, nxt in zip(lines, lines[1:] + [""]) if ln.startswith("| ") and nxt.startswith("|---")]
-            for k, head in enumerate(tables):
+            # counted from the card's last table: a first table whose every row a later one repeats goes
+            for k, head in enumerate(reversed(tables)):
                 heads.setdefault(k, set()).add(head)
         assert all(len(h) == 1 for h in heads.values()), (fold.splitlines()[0], heads)
 
@@ -1037,3 +1057,58 @@ def test_two_times_beside_a_ratio_carry_the_digits_the_ratio_needs():
     assert against(0.0190, 0.2032) == "19.0 against 203.2"
     assert against(0.0083, 0.0110) == "8.30 against 11.00"
     assert against(None, 0.0110) == "– against 11.0"  # one time alone: its own digits
+
+
+def test_weaker_baselines_are_one_last_fold_out_of_the_cards_tables():
+    """Rows against a weaker baseline are in no card's table: they stand in one last fold, Weaker baselines, each
+    with why it is weaker, its ratio the ratio of the two times it shows."""
+    page = results.headline_tables_markdown()
+    folds = page.split(":::{dropdown} ")[1:]
+    assert folds[-1].startswith(results.WEAKER_TITLE) and sum(f.startswith(results.WEAKER_TITLE) for f in folds) == 1
+    assert not any("(weaker" in f for f in folds[:-1])
+    rows = [ln for ln in folds[-1].splitlines() if ln.startswith("| ") and not ln.startswith("| chapter, card")]
+    assert rows
+    for ln in rows:
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        ratio, ours, theirs = (float(re.match(r"\**([\d.,]+)", c).group(1).replace(",", "")) for c in cells[5:8])
+        assert cells[4] and abs((theirs / ours) / ratio - 1) < 0.02, ln
+    page_md = (REPO_ROOT / "results.md").read_text()
+    assert f"*{results.WEAKER_TITLE}*" in page_md and "in the folds, labelled" not in page_md
+
+
+def test_chapter_eight_batch_eight_row_reads_the_median_batch_as_the_chapter_does():
+    """Chapter 08's extraction batch-8 row prints the chapter's number, the median batch's own ratio
+    (:func:`book.speculate.lesson.median_pairing`), beside that batch's two times, not the ratio of the medians."""
+    from book.speculate import lesson
+    from studylog.plotting import load_results
+
+    card = results._card(BENCH_RESULTS, "H200")
+    pair = lesson.median_pairing(load_results("speculate", gpu=card.name), 8, "extraction")
+    fold = results.headline_tables_markdown().split(":::{dropdown} 08. ")[1].split("\n:::")[0]
+    (row,) = [ln for ln in fold.splitlines() if ln.startswith("| SmolLM2-135M, extraction, batch 8,")]
+    found = results.speculate_median_batch(card)
+    if found is not None:  # one batch holds the median (an odd count)
+        assert f"**{pair['median_ratio']:.2f}×**" in row and "median batch's own ratio" in row, row
+        assert f"| {us(found['ours_ms'])} | {us(found['theirs_ms'])} |" in row
+        assert abs(found["theirs_ms"] / found["ours_ms"] - pair["median_ratio"]) < 1e-9
+        if f"{pair['ratio_of_medians']:.2f}" != f"{pair['median_ratio']:.2f}":
+            assert f"{pair['ratio_of_medians']:.2f}×" not in fold
+
+
+def test_words_the_tables_use_come_after_the_headline_table():
+    """The definitions fold stands below the headline table and above the cards' tables, not before any result."""
+    page = (REPO_ROOT / "results.md").read_text()
+    words = page.index(":::{dropdown} Words the tables use")
+    assert page.index("Markdown(summary_markdown())") < words < page.index("## Every row, card by card")
+
+
+def test_decode_loops_notes_give_the_requests_own_ratios_as_a_range_only():
+    """Chapter 07's line is a ratio of median times; its note gives the requests' own ratios as a range, with no
+    second statistic (a median of ratios) beside the line's; chapter 08's note names its workload."""
+    notes = results.summary_markdown().split(results.NOTES_HEAD, 1)[1]
+    seven = notes.split("- **07. ")[1].split("\n- **")[0]
+    eight = notes.split("- **08. ")[1].split("\n\n")[0]
+    request = [ln for ln in seven.splitlines() if "request by request" in ln]
+    assert request and not any("median" in ln for ln in request), request
+    own = [ln for ln in eight.splitlines() if "own ratio" in ln]
+    assert own and all("copying documents" in ln for ln in own), own
