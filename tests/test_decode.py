@@ -825,3 +825,22 @@ def test_a_changed_shape_derives_its_own_head_width():
     assert counts["body"] == 28 * (q_o + k_v + mlp + 2 * 3072) + 3072
     assert abs(counts["body"] + counts["head"] - 3.21e9) < 0.01e9
     assert model_config("1b", hidden=3072, heads=24, head_dim=64).head_dim == 64  # an explicit width is kept
+
+
+def test_the_interleaved_head_run_alternates_and_summarizes_by_hand():
+    """``lab/decode/head_interleaved.py``: the three configurations' order reverses every other round, and its
+    summary is the per-round median over the requests, the ratio 3a / step 3 per round, and each request's own
+    ratio's median over the rounds, checked against sums done by hand on made-up times."""
+    script = lab_scripts.load("decode", "head_interleaved")
+    order = script.rounds_of(3)
+    assert order[0] == ("jump_forward", "automaton_mask", "masked_head") and order[1] == order[0][::-1]
+    assert order[2] == order[0]
+    times = {("a", "jump_forward"): [3.0, 6.0], ("a", "automaton_mask"): [2.0, 4.0], ("a", "masked_head"): [1.0, 4.0],
+             ("b", "jump_forward"): [5.0, 5.0], ("b", "automaton_mask"): [4.0, 3.0], ("b", "masked_head"): [2.0, 2.0],
+             ("c", "jump_forward"): [9.0, 7.0], ("c", "automaton_mask"): [6.0, 5.0], ("c", "masked_head"): [3.0, 5.0]}
+    s = script.summarize(times, ["a", "b", "c"], 2)
+    assert s["median_ms_per_round"]["automaton_mask"] == [4.0, 4.0]
+    assert s["median_ms_per_round"]["masked_head"] == [2.0, 4.0]
+    assert s["head_ratio"]["per_round"] == [2.0, 1.0] and s["head_ratio"]["least"] == 1.0
+    assert s["step3_over_step2"]["most"] == 5.0 / 2.0  # round 1: median of 3, 5, 9 over median of 1, 2, 3
+    assert s["head_ratio_per_request"] == {"a": (2.0 + 1.0) / 2, "b": (2.0 + 1.5) / 2, "c": (2.0 + 1.0) / 2}
