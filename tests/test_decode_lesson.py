@@ -995,8 +995,13 @@ def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_th
     real, real2 = lesson.real_steps_rows_3a(results, 1), lesson.real_steps_rows_3a(second, 1)
     assert [r[2] for r in rows] == [f"{x['us']:,.0f}" for x in real]
     assert [r[4] for r in rows] == [f"{x['us']:,.0f}" for x in real2]
-    # the verdicts: the jumps pay in both runs; 3a and the head tie in one run only
-    assert [r[6] for r in rows] == ["–", "pays", "runs disagree", "runs disagree"]
+    # the verdicts: the jumps pay in both runs; 3a and the head tie in one run only; the head's row adds the
+    # interleaved run's word (lab/decode/head_interleaved.py), which the two runs' disagreement sent for
+    hi = lesson.head_interleaved(1)
+    assert hi is not None and hi["rounds"] >= 10 and hi["same_tokens"]
+    assert [r[6] for r in rows[:3]] == ["–", "pays", "runs disagree"]
+    assert rows[3][6].startswith(f"runs disagree; interleaved: {hi['x']:.2f}×")
+    assert rows[3][6].endswith(", " + lesson.interleaved_word(hi))
     body = lesson.real_body(results)["us"]
     assert [r[7] for r in rows] == [f"{x['us'] / (x['forwards'] * body):.2f}×" for x in real]
     from book import scoreboard as sb
@@ -1062,7 +1067,8 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     assert result.index("**A jumped token is not a free forward.**") < result.index("sits between two forecasts")
     assert not any("**A jump is not a free forward.**" in t for t in text)
     opening = " ".join(next(t for t in text if "**The answer**" in t).split())
-    assert "neither chapter's kernel" in opening and "buys nothing the totals can measure there" in opening
+    assert "neither chapter's kernel" in opening and "measured with 3a and step 3 interleaved" in opening
+    assert "{hi[1]['x']:.2f}" in opening and "buys nothing the totals can measure there" not in opening
     # SmolLM2's jumps, the head there and on the 8B cost model, then the cached sets (host work), 3a's ratio and its
     # condition, then the advice
     said = opening[opening.index("**The answer**"):]
@@ -1088,14 +1094,18 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     assert rr["x_3a"][1] > 1.03 and is_tie(rr["second"]["x_3a"])  # 3a: pays in the main run, a tie in the second
     drift = " ".join(next(t for t in text if "rr['main']['both']" in t).split())  # the steps' run-to-run drift
     assert "lesson.run_drift(shown, second)" in drift and "**Run-to-run drift.**" in drift
-    assert "rr['second']['both']" in drift and "only their sum is resolved" in drift and "{head}" not in drift
+    assert "rr['second']['both']" in drift and "timed interleaved with 3a ({hi[1]['x']:.2f}×" in drift
+    assert "only their sum is resolved" not in drift and "{head}" not in drift
     lo, hi = hr["bar_tick"]
     assert lo < 0 < hi and abs(hr["us_3"] - hr["us_3a"]) < max(-lo, hi)
     # the figure's parts without the body: the head's saving, said beside the totals that cannot resolve it
     no_body = lesson.real_parts_without_body(lesson.committed())
     assert f"{no_body['automaton_mask']:.0f}" == "112" and f"{no_body['masked_head']:.0f}" == "63"
     fig = next(t for t in text if "lesson.steps_runs_table(shown, second)" in t)
-    assert "{no_body['automaton_mask']:.0f}" in fig and "cannot resolve" in fig
+    assert "{no_body['automaton_mask']:.0f}" in fig and "the interleaved run measures it" in fig
+    # the interleaved run resolves what the two whole runs split on: the head pays at batch 1, every round above 1
+    h = lesson.head_interleaved(1)
+    assert h["x"] > 1.03 and h["least"] > 1 and not is_tie(h["x"])
 
 
 def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
@@ -1296,3 +1306,29 @@ def test_the_scope_is_said_once_up_front_and_the_cpu_demos_are_folded_whole():
     assert not any("print(\"writes the valid output above:\"" in "".join(c["source"]) for c in demos)
     host = lesson.host_table(lesson.committed())
     assert "host time the head's call holds" in host.splitlines()[0]
+
+
+def test_the_interleaved_head_run_is_read_from_hand_made_rows(monkeypatch):
+    """``head_interleaved``: per round, 3a's and step 3's medians over the requests, their ratio, its median, least and
+    most over the rounds; the other batch's rows and step 2's left out; a failed token check reported."""
+    import studylog.plotting
+
+    def row(schema, config, times, batch=1):
+        return {"series": "head_interleaved", "params": {"batch": batch, "schema": schema, "config": config},
+                "per_round_ms": times}
+    data = {"measurements": [row("a", "automaton_mask", [2.0, 4.0]), row("a", "masked_head", [1.0, 4.0]),
+                             row("b", "automaton_mask", [4.0, 3.0]), row("b", "masked_head", [2.0, 2.0]),
+                             row("c", "automaton_mask", [6.0, 5.0]), row("c", "masked_head", [3.0, 5.0]),
+                             row("a", "jump_forward", [99.0, 99.0]), row("a", "masked_head", [50.0, 50.0], batch=8)],
+            "checks": [{"passed": True, "params": {"batch": 1}}, {"passed": False, "params": {"batch": 8}}]}
+    monkeypatch.setattr(studylog.plotting, "load_lab", lambda *a, **k: data)
+    h = lesson.head_interleaved(1)
+    # round 1: medians 4 over 2; round 2: 4 over 4
+    assert h == {"x": 1.5, "least": 1.0, "most": 2.0, "rounds": 2, "requests": 3, "same_tokens": True}
+    assert lesson.interleaved_word(h) == "pays" and lesson.interleaved_word({"x": 1.02}) == "tie"
+    assert lesson.head_interleaved(8) is None  # no 3a rows at batch 8
+
+    def missing(*a, **k):
+        raise FileNotFoundError("no file")
+    monkeypatch.setattr(studylog.plotting, "load_lab", missing)
+    assert lesson.head_interleaved(1) is None

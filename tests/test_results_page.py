@@ -241,7 +241,11 @@ def test_landing_answers_are_one_number_each_with_the_eager_caveats_in_short_sen
             from book.decode.lesson import runs_verdict
 
             verdict = runs_verdict(split["head"], split["again"]["head"]) if split.get("again") else None
-            if verdict == "runs disagree":  # the chapter's verdict over its two runs, not one run's number
+            inter = split.get("interleaved")
+            if verdict == "runs disagree" and inter is not None:  # the interleaved run decides, as the chapter says
+                assert second.startswith("chapter 02's head " + ("a tie there" if is_tie(inter["x"]) else
+                                         f"{inter['x']:.2f}× there (3a and step 3 interleaved)")), cell
+            elif verdict == "runs disagree":  # the chapter's verdict over its two runs, not one run's number
                 assert "unresolved there (two runs disagree)" in second, cell
             else:
                 assert ("a tie there" in second) == is_tie(split["head"]), cell

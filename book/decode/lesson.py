@@ -469,6 +469,42 @@ def second_run():
     return Results(Path(paths.lab_results("decode", "nvidia-h200")) / f"{SECOND_RUN_FILE}.json", data)
 
 
+#: ``lab/decode/results/nvidia-h200/<name>.json``: steps 2, 3a and 3 on SmolLM2 interleaved request by request over
+#: rounds (``lab/decode/head_interleaved.py``), the run that resolves chapter 02's head on the real model.
+HEAD_INTERLEAVED_FILE = "head_interleaved"
+
+
+def head_interleaved(batch: int = 1) -> dict | None:
+    """Chapter 02's head on SmolLM2 with the host's drift cancelled (:data:`HEAD_INTERLEAVED_FILE`): per round, step
+    3a's and step 3's medians over the requests and their ratio; the ratio's median, least and most over the rounds
+    (``x``, ``least``, ``most``), the ``rounds`` and ``requests`` counted, and whether every generation wrote step
+    2's tokens (``same_tokens``). None without the file or its rows at ``batch``."""
+    import statistics
+
+    from studylog.plotting import load_lab
+
+    try:
+        data = load_lab("decode", HEAD_INTERLEAVED_FILE, gpu="nvidia-h200")
+    except FileNotFoundError:
+        return None
+    rows = {(r["params"]["schema"], r["params"]["config"]): r["per_round_ms"] for r in data["measurements"]
+            if r["series"] == "head_interleaved" and r["params"]["batch"] == batch}
+    schemas = sorted({s for s, _ in rows})
+    if not schemas or any((s, c) not in rows for s in schemas for c in ("automaton_mask", "masked_head")):
+        return None
+    n = min(len(v) for v in rows.values())
+    ratios = [statistics.median(rows[(s, "automaton_mask")][i] for s in schemas)
+              / statistics.median(rows[(s, "masked_head")][i] for s in schemas) for i in range(n)]
+    same = all(c["passed"] for c in data["checks"] if c["params"].get("batch") == batch)
+    return {"x": statistics.median(ratios), "least": min(ratios), "most": max(ratios), "rounds": n,
+            "requests": len(schemas), "same_tokens": same}
+
+def interleaved_word(h: dict) -> str:
+    """What :func:`head_interleaved`'s ratio says by the course's tie rule: "pays", "loses" or "tie"."""
+    from book.common import is_tie
+
+    return "tie" if is_tie(h["x"]) else "pays" if h["x"] > 1 else "loses"
+
 def real_model_numbers(results) -> dict[str, str]:
     """The real model's numbers the prose quotes (``dec_real_*``)."""
     out: dict[str, str] = {}
@@ -1398,6 +1434,7 @@ def steps_runs_table(results, second, batch: int = 1) -> str:
         return f"({PENDING}: this file holds no real-model requests with 3a)"
     n = len(_real_rows(results, batch))
     two = rows[0]["real2"] is not None
+    interleaved = head_interleaved(batch)  # the head's run that cancels drift: its word where the two disagree
     head = [f"SmolLM2-135M ({n} requests), main run: µs per token", "× previous"]
     head += ["second run: µs per token", "× previous", "both runs"] if two else []
     head += ["× forward-time bound"]
@@ -1407,7 +1444,10 @@ def steps_runs_table(results, second, batch: int = 1) -> str:
         cells = [r["label"], r["change"], f"{x['us']:,.0f}", _ratio_cell(x["x_previous"])]
         if two:
             x2 = r["real2"]
-            cells += [f"{x2['us']:,.0f}", _ratio_cell(x2["x_previous"]), runs_verdict(x["x_previous"], x2["x_previous"])]
+            verdict = runs_verdict(x["x_previous"], x2["x_previous"])
+            if r is rows[-1] and verdict == "runs disagree" and interleaved is not None:  # the head, timed again
+                verdict += f"; interleaved: {_ratio_cell(interleaved['x'])}, {interleaved_word(interleaved)}"
+            cells += [f"{x2['us']:,.0f}", _ratio_cell(x2["x_previous"]), verdict]
         cells += ["–" if r["bound"] is None else f"{r['bound']:.2f}×"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
