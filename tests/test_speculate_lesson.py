@@ -800,3 +800,20 @@ def test_drafting_per_call_and_the_breakdowns_draft_column_reconcile():
         (REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]]
     lose = " ".join(next(t for t in text if "**Drafting is host work.**" in t).split())
     assert "{cost['loop_us'] + cost['bookkeeping_us']:.0f} µs a step" in lose and "{draft_col:.0f} µs a token" in lose
+
+
+def test_the_samples_slips_are_flagged_beside_them():
+    """``sample_slips``: a number its document does not hold, and a text field repeating a later field's value, said
+    once at the first of the pair; right values and outputs cut before they close pass; the page prints the slips
+    above the samples (the first invoice's number written as its currency)."""
+    good = 'invoice_1: {"invoice_number":"INV-2024-0317","total":418.50,"currency":"EUR"}'
+    bad = 'invoice_1: {"invoice_number":"EUR","total":100,"currency":"EUR"}'
+    assert lesson.sample_slips([good, 'invoice_1: {"invoice_number":"INV-20']) == []
+    assert lesson.sample_slips([bad]) == ['invoice_1\'s invoice_number repeats its currency, "EUR"',
+                                          "invoice_1's total, 100, is in no line of its document"]
+    slips = lesson.sample_slips(lesson.sample_outputs(lesson.committed()))
+    assert any("invoice_number repeats its currency" in s for s in slips)
+    text = ["".join(c["source"]) for c in json.loads(
+        (REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]]
+    cell = next(t for t in text if "lesson.sample_outputs(results)" in t)
+    assert cell.index("lesson.sample_slips(samples)") < cell.index("for sample in samples")

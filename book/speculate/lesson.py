@@ -5,6 +5,7 @@ drafting's cost, the agreement with chapter 07, and the requests where drafting 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import statistics
 from typing import Any, Sequence
@@ -711,6 +712,34 @@ def sample_outputs(results, batch: int = 1, width: int | None = None) -> list[st
         out.append(_cut(f"{doc['name']}: {notes[doc['name']]}", width))
     return out
 
+
+
+def sample_slips(samples: list[str]) -> list[str]:
+    """Slips a reader can check in :func:`sample_outputs`' ``name: output`` lines against the documents: a number the
+    document does not hold, or a text field that repeats another field's value (an invoice number that is its
+    currency). Not a grader: a 135M model's swapped names, say, pass."""
+    from studylog.speculate import requests
+
+    docs = {d["name"]: d["document"] for d in requests.workload()["documents"]}
+    out = []
+    for sample in samples:
+        name, _, text = sample.partition(": ")
+        try:
+            fields = json.loads(text)
+        except ValueError:  # cut at the cap: not JSON
+            continue
+        if not isinstance(fields, dict) or name not in docs:
+            continue
+        for key, v in fields.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                if not any(form in docs[name] for form in {f"{v}", f"{v:g}", f"{v:.2f}", f"{v:,.2f}"}):
+                    out.append(f"{name}'s {key}, {v:g}, is in no line of its document")
+            elif isinstance(v, str):
+                keys = list(fields)
+                same = [k for k in keys[keys.index(key) + 1:] if fields[k] == v]  # the pair said once, at its first
+                if same:
+                    out.append(f"{name}'s {key} repeats its {same[0]}, \"{v}\"")
+    return out
 
 #: The widest line the page's code blocks show whole (characters): a sample longer than this is cut with an ellipsis.
 CODE_WIDTH = 100
