@@ -19,22 +19,15 @@ def _cells(table: str) -> list[list[str]]:
 
 
 #: The table's rows: every idea in number order, each two-idea step split in two (6a, a stop added to step 5, then
-#: 6b, the split: the library's step 6; 9a, step 8 without its barriers, then 9b, longer chunks: step 9); the main
-#: table is the main line (1 to 7) and the budget path in one row ("8–12": step 12 against step 6), then the entry
-#: point and the floor; the budget path's own table starts at 6b (no ratio) and runs 8 to 12.
-MAIN_ORDER = [str(n) for n in range(1, 6)] + ["6a", "6b", "7", "8–12", "`ngram_match`", "floor"]
+#: 6b, the split: the library's step 6; 9a, step 8 without its barriers, then 9b, longer chunks: step 9), the main
+#: line (1 to 7), then the budget path (8, against 6b, to 12), then the entry point and the floor: one table.
+ORDER = [str(n) for n in range(1, 6)] + ["6a", "6b", "7", "8", "9a", "9b", "10", "11", "12", "`ngram_match`", "floor"]
 BUDGET_ORDER = ["6b", "8", "9a", "9b", "10", "11", "12"]
-ORDER = MAIN_ORDER[:-3] + BUDGET_ORDER[1:] + MAIN_ORDER[-2:]
 
 
 def _both(results, cases=None) -> str:
-    """The main table of steps with the budget path's rows (its own table's, 8 to 12) in step order in place of the
-    path's one row, before the entry point."""
-    cases = cases or lesson.STEPS_CASES
-    main, notes = lesson.the_steps_table(results, cases).split("\n\n", 1)
-    lines = main.splitlines()
-    budget, more = lesson.the_steps_table(results, cases, lesson.BUDGET_ROWS).split("\n\n", 1)
-    return "\n".join(lines[:-3] + budget.splitlines()[3:] + lines[-2:]) + "\n\n" + notes + " " + more
+    """The page's one table of steps."""
+    return lesson.the_steps_table(results, cases or lesson.STEPS_CASES)
 
 
 #: A library step's row: step 6 is 6b, step 9 is 9b.
@@ -47,9 +40,9 @@ def _num(text: str) -> float:
 
 
 def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths_case():
-    """The page's table of steps: a row per idea (6a then 6b, the library's step 6), the budget path in one row
-    ("8–12": step 12 against 6b), the entry point and the floor; the budget path's own table from 6b (its start, no
-    ratio, the main table's times) to step 12 (9a then 9b). Two columns per case, the headline (32 × 512, budget 128)
+    """The page's one table of steps: a row per idea (6a then 6b, the library's step 6; 9a then 9b, step 9), the
+    budget path's steps from 8 (against 6b) to 12, the entry point and the floor; the budget path's rows alone
+    (``BUDGET_ROWS``) start at 6b with no ratio. Two columns per case, the headline (32 × 512, budget 128)
     first, then the stress case and the long rows where the budget path pays: the time with its "× previous", and
     its "× floor" ("× latency floor" where the floor is an empty kernel). Each cell's time is the file's (a
     sub-step's, its separate run's); its ratio is over one reference a row, a row of the same table (6a over 5, 6b
@@ -59,17 +52,13 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
     does not time at a case reads "–", under a legend; the entry point's row gives its time alone (which step it runs
     is said once, over the table, and in its row's change: its rule)."""
     results = load_results("ngram")
-    assert [r[0] for r in _cells(lesson.the_steps_table(results))[1:]] == MAIN_ORDER
-    assert [r[0] for r in _cells(lesson.the_steps_table(results, rows=lesson.BUDGET_ROWS))[1:]] == BUDGET_ORDER
-    path = _cells(lesson.budget_path_table(results))
+    assert [r[0] for r in _cells(lesson.the_steps_table(results))[1:]] == ORDER
+    path = _cells(lesson.the_steps_table(results, rows=lesson.BUDGET_ROWS))
     assert [r[0] for r in path[1:]] == BUDGET_ORDER and path[0] == _cells(lesson.the_steps_table(results))[0]
     assert "(" not in "".join(path[1][2::2]) and "where the path starts" in path[1][1]  # 6b: the start, no ratio
-    main6b = next(r for r in _cells(lesson.the_steps_table(results)) if r[0] == "6b")
-    assert path[1][2:] == [c.split(" (")[0] for c in main6b[2:]]  # the main table's 6b, its times
     main = {r[0]: r for r in _cells(lesson.the_steps_table(results))}
-    twelve = next(r for r in path if r[0] == "12")
-    assert [c.split(" (")[0] for c in main["8–12"][2:]] == [c.split(" (")[0] for c in twelve[2:]]  # step 12's times
-    assert all(c.endswith(", vs 6b)") for c in main["8–12"][2::2])  # against step 6, where the path starts
+    assert path[1][2:] == [c.split(" (")[0] for c in main["6b"][2:]]  # the main table's 6b, its times
+    assert all(c.endswith(", vs 6b)") for c in main["8"][2::2])  # step 8 against step 6, where the path starts
     table = _both(results)
     head, *rows = _cells(table)
     by = {r[0]: r for r in rows}
@@ -94,12 +83,10 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
                 assert by[part][col] == "–" and f"{part} not measured" in notes, (part, cfg)
                 continue
             assert by[part][col].startswith(f"{t:,.1f} ("), (part, cfg)
-            assert f"{part} is timed in a separate run beside step" in notes, notes
+            assert part in notes.split(" timed in a separate run beside step")[0].split(". ")[-1], notes
         for n in range(3, 13):
             row = lesson.grid_row(results, ngram.CHAPTER.step(n).series, cfg)
             cell = by[_label(n)][col]
-            if n == 12:  # the budget path's one row in the main table is step 12's time
-                assert main["8–12"][col].startswith(f"{row['ms'] * 1e3:,.1f}")
             if row is None:
                 assert cell == "–" and "– not timed" in notes
                 continue
@@ -117,7 +104,7 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
                 if label in ("`ngram_match`", "floor") or not m:
                     continue
                 above = table_rows[k - 1][0]
-                want = {"8–12": "6b"}.get(label, refs.get(label, above))
+                want = refs.get(label, above)
                 if shown_in.get(want, [None] * 9)[col] == "–":  # its reference not timed here: the one before it
                     want = refs[want]
                 ref = m[5] or above
@@ -683,7 +670,8 @@ def test_where_we_lose_names_the_rules_misses_and_the_real_text_acceptance():
     body = cells[lose + 1]
     assert "The rule between steps 7 and 12 misses" in body and "kernels.STREAM_MIN_TOKENS" not in body
     above = cells[next(i for i, t in enumerate(cells) if t.startswith("## The steps, measured")) + 1]
-    assert "the budget path, steps 8 to 12, is one row" in " ".join(above.split()) and "budget_path" not in above
+    assert "One row a step, in number order; the budget path, steps 8 to 12, starts again from 6b" in " ".join(
+        above.split()) and "budget_path" not in above
     assert "kernels.STREAM_MIN" not in "".join(cells)  # the rule's thresholds are the library's, not the page's
     page = "".join(cells)
     assert "accepted" not in body and "{accepted:,}" not in page

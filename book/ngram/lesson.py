@@ -656,7 +656,6 @@ SHORT_CHANGES = {1: "CPU loop, copies both ways", 2: "the loop on one GPU thread
                  6: "each slot over many blocks", "6b": "each slot over many blocks",
                  7: "phase 2 launched early", 8: "phase 2 in the last block", "9a": "no barrier in the loop",
                  9: "longer chunks per block", "9b": "longer chunks per block",
-                 "8–12": "the budget path, steps 8 to 12 (below)",
                  10: "16-byte loads", 11: "L2 evict-first hint", 12: "refused slots skip search"}
 #: The two paths from step 6, each with the steps it takes: the budget path, for the case it serves (its section,
 #: "The budget path: steps 8 to 12", comes after the table of steps), and the main line's last step: name -> steps.
@@ -779,27 +778,26 @@ def _case_head(cfg: tuple[int, int, int]) -> str:
     return (f"{what}: " if what else "") + f"{b} × {s:,}, " + (f"budget {t}" if t != NO_BUDGET else "no budget")
 
 
-#: The rows of the main table of steps, the chain a reader follows (the main line, which ``ngram_match`` runs at every
-#: shape but long rows under a budget, then the budget path in one row, "8–12"), and of the budget path's own table
-#: (from 6b, where it starts, to step 12, the one shape they serve): a step's number, or one idea of a two-idea step
-#: ("6a", timed in a separate run, then "6b", the step itself; "9a" and "9b" likewise), each its own row.
-MAIN_ROWS = (1, 2, 3, 4, 5, "6a", "6b", 7, "8–12")
+#: The rows of the page's one table of steps, every idea in number order: the main line, which ``ngram_match`` runs
+#: at every shape but long rows under a budget, to step 7, then the budget path from step 8 (against 6b, where it
+#: starts) to step 12: a step's number, or one idea of a two-idea step ("6a", timed in a separate run, then "6b", the
+#: step itself; "9a" and "9b" likewise), each its own row. ``BUDGET_ROWS``: the budget path's, from 6b.
+MAIN_ROWS = (1, 2, 3, 4, 5, "6a", "6b", 7, 8, "9a", "9b", 10, 11, 12)
 BUDGET_ROWS = ("6b", 8, "9a", "9b", 10, 11, 12)
 #: Rows that are a library step under another name: a two-idea step's second idea is the step itself (6b is step 6,
-#: 9b step 9), and the budget path's one row in the main table is its last step, 12, against step 6, where it starts.
-ROW_STEP = {"6b": 6, "9b": 9, "8–12": 12}
+#: 9b step 9).
+ROW_STEP = {"6b": 6, "9b": 9}
 
 
 def row_label(n) -> str:
-    """A row's one label: the step's number, or the sub-step's ("6a", "6b"), or "8–12", the budget path in one row."""
+    """A row's one label: the step's number, or the sub-step's ("6a", "6b")."""
     return str(n)
 
 
 #: Each row's one reference, where it is not the step before: each idea against the row it changes (6a against 5, 6b
-#: against 6a, 9a against 8, 9b against 9a), step 8 and the budget path's row against step 6 (6b), where the path
-#: starts. Where the reference is not timed at a case (6a at the stress case), the row is against the reference's
+#: against 6a, 9a against 8, 9b against 9a), step 8 against step 6 (6b), where the budget path starts. Where the reference is not timed at a case (6a at the stress case), the row is against the reference's
 #: own (:func:`case_reference`), and the cell names it.
-ROW_REFERENCE = {"6a": 5, "6b": "6a", 6: 5, 7: "6b", 8: "6b", "9a": 8, "9b": "9a", 9: 8, 10: "9b", "8–12": "6b"}
+ROW_REFERENCE = {"6a": 5, "6b": "6a", 6: 5, 7: "6b", 8: "6b", "9a": 8, "9b": "9a", 9: 8, 10: "9b"}
 
 
 def row_reference(n):
@@ -862,15 +860,9 @@ def _times_floor(t: float | None, floor: float | None) -> str:
     return f"{x:,.0f}×" if x >= 100 else f"{x:.1f}×"
 
 
-def budget_path_table(results, cases=STEPS_CASES) -> str:
-    """Markdown, the budget path's one table (:data:`BUDGET_ROWS`, :func:`the_steps_table`): from 6b (step 6, where
-    the path starts, no ratio) to step 12, the same columns as the main table's."""
-    return the_steps_table(results, cases, BUDGET_ROWS)
-
-
 def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
-    """Markdown, the page's table of steps, ``rows`` of it (the main line by default; :func:`budget_path_table` gives
-    the budget path's): a row per step (:func:`row_label`) and its one change (:data:`SHORT_CHANGES`, with why a step
+    """Markdown, the page's table of steps, ``rows`` of it (every step by default; ``BUDGET_ROWS`` the budget path's
+    alone): a row per step (:func:`row_label`) and its one change (:data:`SHORT_CHANGES`, with why a step
     that pays at no case of ``cases`` is kept, :func:`kept_note`), then the entry point and the floor. Per case of
     ``cases`` two columns: the time in µs on the GPU clock (:func:`row_us`) with, in brackets, its "× previous"
     (:func:`row_factor`: one reference a row, :func:`row_reference`, named where it is not the row above; a tie says
@@ -929,7 +921,8 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
     if parts:
         refs = and_list([f"step {ROW_REFERENCE[p]}" for p in parts])
         one = len(parts) == 1
-        timed = (f"{and_list(parts)} {'is' if one else 'are'} timed in a separate run beside {refs}, which it times "
+        timed = (f"{and_list(parts)} {'is' if one else 'are'} timed in a separate run beside {refs}, which "
+                 f"{'it times' if one else 'they time'} "
                  f"within {gap:.1%} of this table.")
     if 1 not in rows:  # the budget path's rows: the entry point and the floor are the main table's
         notes = ["Cells: µs on the GPU clock (× the row it builds on, named where it is not the row above), and the "
