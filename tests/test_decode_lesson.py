@@ -1094,7 +1094,7 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     assert rr["x_3a"][1] > 1.03 and is_tie(rr["second"]["x_3a"])  # 3a: pays in the main run, a tie in the second
     drift = " ".join(next(t for t in text if "rr['main']['both']" in t).split())  # the steps' run-to-run drift
     assert "lesson.run_drift(shown, second)" in drift and "**Run-to-run drift.**" in drift
-    assert "rr['second']['both']" in drift and "timed interleaved with 3a ({hi[1]['x']:.2f}×" in drift
+    assert "rr['second']['both']" in drift and "the head pays interleaved with 3a ({hi[1]['x']:.2f}×" in drift
     assert "only their sum is resolved" not in drift and "{head}" not in drift
     lo, hi = hr["bar_tick"]
     assert lo < 0 < hi and abs(hr["us_3"] - hr["us_3a"]) < max(-lo, hi)
