@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="two rounds, the tiny shape on the CPU; writes nothing")
     args = ap.parse_args()
     from studylog import paths, smollm2
-    from studylog.bench import BenchRun, Timing, collector_paused, gpu_slug
+    from studylog.bench import BenchRun, Timing, collector_paused, write_lab_output
     from studylog.decode import Decoder, Grammar, LlamaModel, model_config
     from studylog.decode import requests as real_requests
     from studylog.decode.grammar import suite_names
@@ -143,10 +143,7 @@ def main() -> None:
                  "(lab/decode/head_interleaved.py): a row's repetitions are its rounds (the order of the three "
                  "reversed every other round), one untimed warm-up of each first, the collector paused.")
         run.note("summary: " + json.dumps({str(b): v for b, v in summaries.items()}))
-        out = paths.lab_results("decode", gpu_slug(run.device["name"])) / f"{SERIES}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(run.to_json(), indent=1) + "\n")
-        print(f"-> {out}")
+        print("->", write_lab_output(paths.LAB / "decode" / "results", run.device["name"], SERIES, run.to_json()))
     sys.exit(1 if failed else 0)
 
 
