@@ -1131,23 +1131,6 @@ def factor(results, number, case: tuple[int, int], changes: Results | None = Non
     return PENDING if ratio is None else f"{ratio:.2f}×"
 
 
-def ranges_table(results, changes: Results | None = None) -> str:
-    """Markdown, one row per step from 2, in order, every ratio from the benchmark (as the table of steps): its
-    "× prev." at its least and at its most over every case where both steps were timed (steps 1 to 6: N = 1, 16 and
-    256 of both alphabets; the rest: the whole grid), where each is, and how many cases."""
-    labels = [str(s.number) for s in CHAPTER.steps[1:]]
-    lines = ["| step | × prev., least | where | most | where | cases |", "|---|---|---|---|---|---|"]
-    for label in labels:
-        ratios = step_ratios(results, label if not label.isdigit() else int(label), changes)
-        if not ratios:
-            lines.append(f"| {label} | – | | – | | 0 |")
-            continue
-        lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
-        lines.append(f"| {label} | {ratios[lo]:.2f}× | A = {lo[0]:,}, N = {lo[1]} | {ratios[hi]:.2f}× | "
-                     f"A = {hi[0]:,}, N = {hi[1]} | {len(ratios)} |")
-    return "\n".join(lines)
-
-
 def entry_point(results, A: int, N: int) -> dict | None:
     """The entry point's own row (series ``ctc_loss``, timed separately) at (A, N) beside the row of the step it
     ran there: µs of each, their ratio, their spreads over the repetitions (µs) and whether the spreads overlap.
