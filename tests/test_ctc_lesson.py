@@ -511,19 +511,21 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
                 want += f" (the entry point runs step {_raw('ctc_loss', A, N)['step'].removeprefix('step')} here)"
             assert row[4 + 3 * i] == want, (step.number, A, N)
     assert not any(label in rows for label in ("7a", "7b", "7c")) and "7a's run" not in lesson.boehm_table(results)
-    # step 7's three changes: their own table, every time from the one run that timed them, each ratio of two of them
-    seven = [_cells(line) for line in lesson.step07_table(results).splitlines()[2:]]
-    assert [r[0] for r in seven] == ["5", "7a", "7b", "7c"]
-    assert seven[3][1] == f"emissions loaded {book_compiled.PREFETCH_FRAMES} frames ahead"
-    for k, (row, series) in enumerate(zip(seven, ("step05", "step07a", "step07b", "step07"))):
-        for i, (A, N) in enumerate(lesson.TABLE_CASES):
-            now = _lab(series, A, N)
-            assert row[2 + 2 * i] == f"{now['ms'] * 1e3:,.1f}", (row[0], A, N)
-            if k == 0:
-                assert row[3 + 2 * i] == "–"
-                continue
-            before = float(seven[k - 1][2 + 2 * i].replace(",", ""))
-            assert row[3 + 2 * i].split("×")[0] == f"{before / float(row[2 + 2 * i].replace(',', '')):.2f}", row[0]
+    # step 7's three changes on the page: a row each in the table of steps, 7a and 7b from the run that timed them
+    # (steps 5 and 7 from the benchmark), each ratio of two times the table shows, the run's gap said under it
+    changes = lesson.step07_changes("nvidia-h200")
+    seven = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results, changes).split("\n\n")[0]
+                                 .splitlines()[3:])}
+    assert [k for k in seven if k.startswith("7")] == ["7a", "7b", "7c"] and "7" not in seven
+    assert seven["7c"][2] == f"emissions loaded {book_compiled.PREFETCH_FRAMES} frames ahead"
+    for i, (A, N) in enumerate(lesson.TABLE_CASES):
+        for label, series, before in (("7a", "step07a", "5"), ("7b", "step07b", "7a"), ("7c", None, "7b")):
+            now = _lab(series, A, N)["ms"] * 1e3 if series else _raw("step07", A, N)["ms"] * 1e3
+            assert seven[label][3 + 3 * i] == f"{now:,.1f}", (label, A, N)
+            prev = float(seven[before][3 + 3 * i].replace(",", ""))
+            assert seven[label][4 + 3 * i].split("×")[0] == f"{prev / now:.2f}", (label, A, N)
+            assert lesson.factor(results, label, (A, N)) == seven[label][4 + 3 * i].split(" ")[0], (label, A, N)
+    assert "7a and 7b are timed in a separate run beside steps 5 and 7" in lesson.boehm_table(results, changes)
     assert "separate run" not in lesson.boehm_table(results)  # the page's run list names it
     page = "".join("".join(c["source"]) for c in _page_cells() if c["cell_type"] == "markdown")
     assert "timed steps 5, 7a, 7b and 7c together" in page
@@ -619,7 +621,7 @@ def test_every_folded_cell_says_what_it_folds():
 
 #: Each step from 7a on: the glued number its section quotes (a key of ``lesson.prose_numbers``, a factor of the
 #: lab run that timed step 7's three changes, or the step's own computed ratio).
-SECTION_NUMBERS = {"7a": "f7a['ratios'][mid_case]", "7b": "f7b['ratios'][mid_case]", "7c": "f7['ratios'][mid_case]",
+SECTION_NUMBERS = {"7a": "f7a[mid_case]", "7b": "f7b[mid_case]", "7c": "f7[mid_case]",
                    "8": "lesson.factor(results, 8, mid_case)", "9": "lesson.factor(results, 9, mid_case)",
                    "10": "lesson.factor(results, 10, small_case)", "11": "lesson.factor(results, 11, small_case)",
                    "12": "lesson.factor(results, 12, mid_case)", "13": "lesson.factor(results, 13, big_case)",
@@ -809,12 +811,14 @@ def test_the_wide_tables_are_shown_as_two_narrower_ones_that_keep_every_cell():
     the second table of steps is labelled. The open table gives each of its two cases a "× floor" too (the readers
     asked for it: nine columns), and every ratio in it is the ratio of times shown in the table or in its cell."""
     results = plotting.load_results("ctc", "nvidia-h200")
-    chain = lesson.boehm_table(results, shown=lambda role: role != lesson.TRIED_ROLE)
+    changes = lesson.step07_changes("nvidia-h200")  # 7a and 7b, rows of their own from the run that timed them
+    chain = lesson.boehm_table(results, changes, shown=lambda role: role != lesson.TRIED_ROLE)
     wide = [_cells(line) for line in chain.split("\n\n")[0].splitlines()]
+    assert [r[0] for r in wide[5:11]] == ["5", "7a", "7b", "7c", "8", "9"]  # step 7's three changes, a row each
     tried = {label for label, role in lesson.roles(results).items() if role == lesson.TRIED_ROLE}
     assert tried == {"2", "3", "6"}
     first, second = ([_cells(line) for line in t.split("\n\n")[0].splitlines()] for t in lesson.steps_tables(results))
-    folded = lesson.boehm_table(results, shown=lambda role: role != lesson.TRIED_ROLE, cases=lesson.FOLDED_CASES)
+    folded = lesson.boehm_table(results, changes, shown=lambda role: role != lesson.TRIED_ROLE, cases=lesson.FOLDED_CASES)
     folded = [_cells(line) for line in folded.split("\n\n")[0].splitlines()]
     assert len(first) == len(second) == len(wide) == len(folded) and len(first[0]) == 9 and len(second[0]) == 8
     assert lesson.FOLDED_CASES == (lesson.HEADLINE_CASE, lesson.BOEHM_CASES[1])
@@ -862,7 +866,7 @@ def _step07_changes_file(root: Path, times: dict, *, failed: bool = False) -> No
 
 def test_step07_factors_read_the_lab_run_one_change_at_a_time(tmp_path):
     """Step 5 -> 7a -> 7b -> step 7, one change at a time: each change's factor over the row it builds on at every
-    case of the file, its range, the cases where it costs time, and the run's checks in words; None where no run is
+    case of the file, and the run's checks in words; None where no run is
     committed (the page then says the changes are not yet measured one at a time)."""
     assert lesson.step07_changes("some-gpu", root=tmp_path) is None
     times = {("step05", 28, 1): 0.4, ("step07a", 28, 1): 0.2, ("step07b", 28, 1): 0.16, ("step07", 28, 1): 0.17,
@@ -870,14 +874,11 @@ def test_step07_factors_read_the_lab_run_one_change_at_a_time(tmp_path):
              ("step07", 5000, 256): 1.8}
     _step07_changes_file(tmp_path, times)
     changes = lesson.step07_changes("some-gpu", root=tmp_path)
-    a = lesson.step07_factor(changes, "step05", "step07a")
-    assert a["ratios"] == {(28, 1): pytest.approx(2.0), (5000, 256): pytest.approx(2.0)}
-    assert a["range"] == "2.00×" and a["slower"] == []
-    b = lesson.step07_factor(changes, "step07a", "step07b")
-    assert b["range"] == "1.05× to 1.25×" and b["slower"] == []
-    last = lesson.step07_factor(changes, "step07b", "step07")
-    assert last["range"] == "0.94× to 1.06×" and last["slower"] == [(28, 1)]
-    assert lesson.step07_factor(changes, "step05", "step09")["range"] == "pending"
+    # the table's ratios: steps 5 and 7 from ``results`` (here the same file), 7a and 7b from the run
+    assert lesson.step_ratios(changes, "7a", changes) == {(28, 1): pytest.approx(2.0), (5000, 256): pytest.approx(2.0)}
+    assert lesson.step_ratios(changes, "7b", changes) == {(28, 1): pytest.approx(1.25), (5000, 256): pytest.approx(2 / 1.9)}
+    assert lesson.step_ratios(changes, "7c", changes) == {(28, 1): pytest.approx(0.16 / 0.17),
+                                                         (5000, 256): pytest.approx(1.9 / 1.8)}
     assert lesson.step07_verdict(changes) == "every output matched float64 first"
     _step07_changes_file(tmp_path, times, failed=True)
     words = lesson.step07_verdict(lesson.step07_changes("some-gpu", root=tmp_path))
@@ -893,8 +894,9 @@ def test_step07_cells_read_the_lab_run_or_say_it_is_not_measured():
     assert "lesson.step07_changes(results.path.parent.name)" in cell and "if changes is None" in cell
     assert "not yet measured one at a time on this card" in cell and "four frames ahead" in text
     assert "N['gradient_pass']" in cell
-    for before, after in (("step05", "step07a"), ("step07a", "step07b"), ("step07b", "step07")):
-        assert f'lesson.step07_factor(changes, "{before}", "{after}")' in text, after
+    for label in ("7a", "7b", "7c"):  # the table's ratios, not the lab run's own
+        assert f'lesson.step_ratios(results, "{label}", changes)' in text, label
+    assert "step07_table" not in text
     assert text.count("N['gradient_pass']") == 1
 
 
@@ -971,7 +973,7 @@ def test_the_main_line_is_marked_in_the_table_and_named_over_it():
     assert rows["14"][4].endswith("(the entry point runs step 12 here)") and "instead" not in rows["14"][2]
     words = lesson.line_words(results)
     assert words.startswith("The numbers count every step tried: the main line **pays**")  # how to read the gaps
-    assert "a step *kept for step N* (5 and 9)" in words and "7a to 7c, timed one at a time" in words
+    assert "a step *kept for step N* (5, 7b and 9)" in words and "7a to 7c, a row each" in words
     assert "Steps 2, 3 and 6 were tried and dropped" in words
     cells = _page_cells()
     at = next(i for i, c in enumerate(cells) if "lesson.steps_tables(results)" in "".join(c["source"]))

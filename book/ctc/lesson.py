@@ -229,9 +229,10 @@ def steps_tables(results) -> list[str]:
     it). The steps tried
     and dropped (:data:`TRIED_STEPS`) are left out (:func:`tuning_table` folds them), so that every "× prev." is
     against the row above."""
-    table = boehm_table(results, shown=lambda role: role != TRIED_ROLE)
+    changes = step07_changes(results.path.parent.name) if results.path is not None else None  # 7a and 7b's run
+    table = boehm_table(results, changes, shown=lambda role: role != TRIED_ROLE)
     first, = split_table(table, [0, 1, 2, *range(3, 9)])
-    folded = boehm_table(results, shown=lambda role: role != TRIED_ROLE, cases=FOLDED_CASES)
+    folded = boehm_table(results, changes, shown=lambda role: role != TRIED_ROLE, cases=FOLDED_CASES)
     second, = split_table(folded, [0, 1, *range(3, 9)], label="floor")
     return [first + "\n\n" + table.split("\n\n", 1)[1], second]
 
@@ -333,23 +334,6 @@ def step07_changes(gpu: str = "nvidia-h200", root=None) -> Results | None:
         return None
     folder = paths.lab_results("ctc", gpu) if root is None else root / "ctc" / "results" / gpu
     return Results(folder / f"{STEP07_CHANGES_FILE}.json", data)
-
-
-def step07_factor(changes: Results, before: str, after: str) -> dict:
-    """One change of step 7's chain in the lab run: ``before``'s time over ``after``'s at every case it measured,
-    ``ratios`` {(A, N): ratio}; ``range``, ``1.38× to 5.89×`` (two decimals each, ``pending`` without rows);
-    ``slower``, the cases where the change costs time as a table rounds it (below 0.97×: a tie is no loss)."""
-    cases = sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select(after, T=BENCH_T)})
-    ratios = {}
-    for A, N in cases:
-        b, a = _ms(changes, before, T=BENCH_T, A=A, N=N), _ms(changes, after, T=BENCH_T, A=A, N=N)
-        if a and b:
-            ratios[A, N] = b / a
-    if not ratios:
-        return {"ratios": {}, "range": PENDING, "slower": []}
-    lo, hi = f"{min(ratios.values()):.2f}×", f"{max(ratios.values()):.2f}×"
-    return {"ratios": ratios, "range": lo if lo == hi else f"{lo} to {hi}",
-            "slower": [p for p, r in ratios.items() if round(r, 2) < TIE[0]]}
 
 
 def step07_verdict(changes: Results) -> str:
@@ -882,6 +866,7 @@ STEP07_ROWS = (("7a", "the gradient a pass of its own, a block per frame, after 
                ("7b", "alpha and beta in one kernel", "step07b", "step07a"))
 #: Why 7b stays where it costs time (said in its row and its section).
 STEP07B_KEPT = "step 10 runs both directions in one kernel"
+STEP07B_NEEDED_BY = 10
 #: How a "× prev." cell of the table of steps names the run of :data:`STEP07_ROWS` where the ratio crosses from the
 #: benchmark to that run (7a over step 5, 7c over 7b): its two times follow.
 STEP07_RUN = "7a's run"
@@ -903,8 +888,7 @@ def flat(results, number: int) -> bool:
 
 
 def _labels() -> list[str]:
-    """The table of steps' step rows in order: "1" to "14", one per step of the benchmark (step 7's three changes,
-    7a to 7c, have their own table, :func:`step07_table`, from the one run that timed them)."""
+    """The table of steps' step rows in order: "1" to "14", one per step of the benchmark."""
     return [str(s.number) for s in CHAPTER.steps]
 
 
@@ -937,11 +921,16 @@ def line_words(results, changes: Results | None = None) -> str:
     r = roles(results, changes)
     kept = [label for label, x in r.items() if x == PREREQUISITE]
     tried = [label for label, x in r.items() if x == TRIED_ROLE]
+    runs = changes if changes is not None or results.path is None else step07_changes(results.path.parent.name)
+    if runs is not None:  # 7b, a row of its own, is kept for step 10 where it does not pay at every case shown
+        r7b = step_ratios(results, "7b", runs)
+        if not all((x := r7b.get(tuple(c))) is not None and round(x, 2) > TIE[1] for c in TABLE_CASES):
+            kept = [k for k in kept if int(k) < 7] + ["7b"] + [k for k in kept if int(k) > 7]
     words = "The numbers count every step tried: the main line **pays** at a case shown"
     if kept:
         words += (f"; a step *kept for step N* ({_listed(kept)}) ties or loses alone, and step N, which builds on "
                   "it, pays")
-    words += "; step 7 is three changes, 7a to 7c, timed one at a time in their own table above"
+    words += "; step 7 is three changes, 7a to 7c, a row each"
     if tried:
         words += f". Steps {_listed(tried)} were tried and dropped (folded below)"
     return words + "."
@@ -970,8 +959,9 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: its role
     (:func:`roles`; the main line in bold), the one change, then per case of :data:`TABLE_CASES` the GPU-clock time
     in µs, × the step it builds on (:data:`PREVIOUS`, else the step before), × the case's one floor
-    (:func:`case_floor`). The rows run in step order, every time from the benchmark (step 7's three changes are
-    :func:`step07_table`, from the run that timed them). A prerequisite says
+    (:func:`case_floor`). The rows run in step order, every time from the benchmark; with ``changes`` (the run of
+    :data:`STEP07_CHANGES_FILE`) step 7's three changes are a row each, 7a and 7b timed in that run, step 7 as 7c,
+    and the note says how far that run's steps 5 and 7 sit from the benchmark's. A prerequisite says
     in its change what builds on it; a step that moves no case (:func:`flat`) says why it is there
     (:data:`FLAT_WHY`); a main-line step flat at the first case says where it pays. The entry point's row, right
     under step 14's, names the step it ran in each case and compares it with that step timed as a step (what the
@@ -1025,7 +1015,11 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
         title = code(s.title) + kept(s.number) + chosen(s.number) + elsewhere(s.number) + no_gain(s.number)
         if s.number in WHY_SHOWN:  # after a colon where the title ends with brackets of its own
             title += f": {WHY_SHOWN[s.number]}" if title.endswith(")") else f" ({WHY_SHOWN[s.number]})"
-        if s.number == 7:  # its three changes, 7a to 7c, in words; their own table times them one at a time
+        if s.number == 7 and changes is not None:  # its three changes a row each: 7a and 7b from their own run
+            entries += [(label, change, series) for label, change, series, _ in STEP07_ROWS]
+            entries.append((STEP07_LABEL, STEP07_LAST.format(prefetch=PREFETCH_FRAMES), s.series))
+            continue
+        if s.number == 7:  # its three changes, 7a to 7c, in words (no run of them one at a time)
             title = STEP07_WHOLE.format(prefetch=PREFETCH_FRAMES) + elsewhere(7)
         entries.append((str(s.number), title, s.series))
     entries.append(("entry point", "`ctc_loss`: step 12, 13 or 14 by shape and longest target (the step it ran in "
@@ -1039,13 +1033,27 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
     times: dict[str, list] = {}
     rows: list[list[str]] = []
     above = None  # the label of the last step row shown
+    # 7a and 7b: their run's times; each pays where it is faster than the row above at every case of TABLE_CASES,
+    # else it is kept for the step that needs it (7b: step 10's one kernel)
+    sub = {} if changes is None else {label: (base, series) for label, _, series, base in STEP07_ROWS}
+    sub_words = {}
+    for label, (base, series) in sub.items():
+        r = step_ratios(results, label, changes)
+        pays = all((x := r.get(tuple(c))) is not None and round(x, 2) > TIE[1] for c in TABLE_CASES)
+        sub_words[label] = "**pays**" if pays else f"kept for step {STEP07B_NEEDED_BY}"
     for number, title, series in entries:
-        kind = role.get(number, role_cell.get(number, MAIN_LINE))
-        hidden = number in role and not shown(kind)
-        cells = [number, role_word(number, kind) if number in role else kind, title]
+        if number in sub:
+            kind, hidden = MAIN_LINE, False
+            kept = "" if sub_words[number] == "**pays**" else f" (kept: {STEP07B_KEPT})"
+            cells = [number, sub_words[number], title + kept]
+        else:
+            label = "7" if number == STEP07_LABEL else number
+            kind = role.get(label, role_cell.get(label, MAIN_LINE))
+            hidden = label in role and not shown(kind)
+            cells = [number, role_word(label, kind) if label in role else kind, title]
         times[series] = [None] * len(cases)
         for i, (A, N) in enumerate(cases):
-            row = _row(results, series, T=BENCH_T, A=A, N=N)
+            row = _row(changes if number in sub else results, series, T=BENCH_T, A=A, N=N)
             if row is None:
                 cells += ["–", "–", "–"]
                 continue
@@ -1059,10 +1067,16 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
                     time_cell += f" (step {ran.number})"
             elif series == "torch-best" or number == "1":
                 prev = None
+            elif number in sub or (number == STEP07_LABEL and times.get("step07b", [None] * len(cases))[i]):
+                base = {"7a": "step05", "7b": "step07a", STEP07_LABEL: "step07b"}[number]
+                prev = times[base][i]
+                named = {"step05": "5", "step07a": "7a", "step07b": "7b"}[base]
+                against = f"vs step {named}" if named != above else ""
             else:  # step 6 is a side branch: step 7 builds on step 5
-                before = PREVIOUS.get(int(number), int(number) - 1)
+                step = 7 if number == STEP07_LABEL else int(number)
+                before = PREVIOUS.get(step, step - 1)
                 prev = times[CHAPTER.step(before).series][i]
-                against = f"vs step {before}" if str(before) != above else ""
+                against = f"vs step {before}" if str(before) != ("7" if above == STEP07_LABEL else above) else ""
             if prev and tie(prev / t):
                 against += ", tie" if against else "tie"
             elif number == str(DISPATCH_STEPS[-1]) and (r := _row(results, "ctc_loss", T=BENCH_T, A=A, N=N)) and \
@@ -1071,7 +1085,7 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         if not hidden:
-            if number in role and greyed(kind):
+            if number in role and greyed(kind) and number not in sub:
                 cells = [f'<span style="color: grey">{c}</span>' if c else c for c in cells]
             rows.append(cells)
             above = number
@@ -1079,47 +1093,33 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
         lines.append("| " + " | ".join(cells) + " |")
     note = ("“× prev.”: the time of the step built on over this one's (above 1.03×, it pays; 0.97× to 1.03×, a "
             "tie); for the entry point, the step it ran over the call (what the choice costs).")
+    if changes is not None:  # 7a and 7b come from a run of their own: how far it sits from the benchmark
+        gaps = [abs(_ms(changes, s, T=BENCH_T, A=A, N=N) / _ms(results, s, T=BENCH_T, A=A, N=N) - 1)
+                for s in ("step05", "step07") for A, N in cases
+                if _ms(changes, s, T=BENCH_T, A=A, N=N) and _ms(results, s, T=BENCH_T, A=A, N=N)]
+        note += (" 7a and 7b are timed in a separate run beside steps 5 and 7, which it times within "
+                 f"{max(gaps):.1%} of this table." if gaps else " 7a and 7b are timed in a separate run.")
     return "\n".join(lines) + "\n\n" + note
-
-
-def step07_table(results, changes: Results | None = None) -> str | None:
-    """Markdown: step 7's three changes one at a time, every time from the one run that timed them together
-    (:data:`STEP07_CHANGES_FILE`; its own step 5 first, then 7a, 7b and 7c, the library's step 7): per case of
-    :data:`TABLE_CASES` the time in µs and × the row above (a tie marked), each a ratio of two times in the table.
-    None where no such run is committed."""
-    changes = step07_changes(results.path.parent.name) if changes is None else changes
-    if changes is None:
-        return None
-    from book.ctc.compiled import PREFETCH_FRAMES
-
-    rows = (("5", "step 5, timed again in this run", "step05"), *[(label, change, series)
-            for label, change, series, _ in STEP07_ROWS],
-            (STEP07_LABEL, STEP07_LAST.format(prefetch=PREFETCH_FRAMES), "step07"))
-    head = ["step", "the one change"]
-    for A, N in TABLE_CASES:
-        head += [f"A = {A:,}, N = {N}: µs", "× prev."]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    above = None
-    for label, change, series in rows:
-        cells = [label, change]
-        for A, N in TABLE_CASES:
-            t, prev = _ms(changes, series, T=BENCH_T, A=A, N=N), above and _ms(changes, above, T=BENCH_T, A=A, N=N)
-            ratio = f"{prev / t:.2f}×" + (" (tie)" if tie(prev / t) else "") if t and prev else "–"
-            cells += [f"{t * 1e3:,.1f}" if t else "–", ratio]
-        lines.append("| " + " | ".join(cells) + " |")
-        above = series
-    return "\n".join(lines)
 
 
 def step_ratios(results, number, changes: Results | None = None) -> dict[tuple[int, int], float]:
     """Step ``number``'s "× prev." at every case where it and the step it builds on were timed, {(A, N): ratio}:
     a step of the chapter against :data:`PREVIOUS` (else the step before) in the benchmark; "7a", "7b" and "7c" (step
-    7's three changes) in the lab run that timed them together, each against the one before (7a against step 5)."""
+    7's three changes), each against the one before (7a against step 5), 7a and 7b from the lab run that timed them,
+    steps 5 and 7 (7c) from the benchmark, as the table of steps shows them."""
     labels = {label: (base, series) for label, _, series, base in STEP07_ROWS}
     labels[STEP07_LABEL] = ("step07b", "step07")
-    if str(number) in labels:
+    if str(number) in labels:  # as the table of steps divides them: steps 5 and 7 from the benchmark, 7a and 7b not
         changes = step07_changes(results.path.parent.name) if changes is None else changes
-        return {} if changes is None else step07_factor(changes, *labels[str(number)])["ratios"]
+        if changes is None:
+            return {}
+        (before, after), out = labels[str(number)], {}
+        for A, N in sorted({(r["params"]["A"], r["params"]["N"]) for r in changes.select(after, T=BENCH_T)}):
+            b = _ms(results if before == "step05" else changes, before, T=BENCH_T, A=A, N=N)
+            a = _ms(results if after == "step07" else changes, after, T=BENCH_T, A=A, N=N)
+            if a and b:
+                out[A, N] = b / a
+        return out
     before, after = CHAPTER.step(PREVIOUS.get(number, number - 1)).series, CHAPTER.step(number).series
     return {p: r for p in _all_points() for r in _ratios(results, before, after, [p])}
 
