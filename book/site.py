@@ -66,8 +66,8 @@ FIGURE_ALT = {
     "assets/figures/masked_lm_head_practitioners.png": "The whole masked step's speedup over cuBLAS logits followed "
                                                        "by xgrammar's bitmask, from the packed bitmask, against the "
                                                        "number of allowed tokens, at batch sizes 1 to 256",
-    "assets/figures/masked_lm_head_speedup_b1.png": "Each step of the masked LM head's speedup over cuBLAS's dense "
-                                                    "fp32 logits followed by masked_fill, at batch 1, against the "
+    "assets/figures/masked_lm_head_speedup_b1.png": "Each step of the masked LM head's speedup over index_select "
+                                                    "then a matmul, given the allowed ids, at batch 1, against the "
                                                     "number of allowed tokens",
     "assets/figures/ngram_latency.png": "Time per call of the n-gram entry point beside the CPU path, the ported "
                                         "FastDeploy kernels, steps 5 and 6 and the byte floor at every shape; below, "
