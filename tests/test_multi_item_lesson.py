@@ -720,3 +720,22 @@ def test_step_4s_parts_sit_between_the_benchmarks_steps_3_and_4():
         assert 0 < len(diff.added) + len(diff.removed) <= 40
     assert diffs["4a"].removed[0].lstrip().startswith("for start_n")  # step 3's loop, as its kernel writes it
     assert sum("attend_key_tiles(" in line for line in diffs["4c"].added + diffs["4c"].removed) >= 1
+
+
+def test_the_grouped_heads_lead_says_whether_the_repetitions_overlap():
+    """The 1.12× lead on Llama 3.1 8B's layout is said with both sides' repetition ranges and whether they overlap,
+    computed from the committed rows (the committed run's ranges do not overlap: checked here by hand)."""
+    import json as _json
+    from pathlib import Path as _Path
+
+    from studylog import plotting as _plotting
+    from studylog.multi_item import CHAPTER as _CHAPTER
+    from studylog.multi_item import report as _report
+
+    results = _plotting.load_results("multi_item")
+    ours, theirs = (results.select(s, shape=lesson.GQA_SHAPE)[0]["spread_ms"]
+                    for s in (_CHAPTER.step(6).series, _report.FLASHINFER))
+    assert ours[2] < theirs[0]  # step 6's slowest repetition beats FlashInfer's fastest
+    cells = _json.loads((_Path(__file__).parents[1] / "notebooks" / "06_multi_item_attention.ipynb").read_text())["cells"]
+    cell = next("".join(c["source"]) for c in cells if "gqa = lesson.gqa_ratio(results)" in "".join(c["source"]))
+    assert "the ranges do not overlap" in cell and "8 KV heads{spread}" in cell
