@@ -80,7 +80,7 @@ def _style(ax, xlabel: str, ylabel: str, *, logy: bool):
 
 def figures(results) -> dict[str, Any]:
     """The chapter's figures, at most three panels each, one colour per series (:data:`SERIES_COLORS`):
-    ``speedup_b1`` (each step's speedup over the strong rival, ``index_select`` + matmul given the ids, at batch 1,
+    ``speedup_b1`` (each step's speedup over ``index_select`` + matmul given the ids, at batch 1,
     log axis; the footnote says why every line rises where that rival copies rows one by one), ``layout``
     (steps 1 and 2 on both layouts, bars), ``batched`` (time against allowed count at batches 8, 64 and 256),
     ``practitioners`` (the whole step against xgrammar's path) and ``host`` (host time per call); a figure
@@ -121,7 +121,8 @@ PLAIN_NAMES: dict[str, str] = {
 DENSE = "cublas_fp32_mask"
 
 
-#: The lead figure's divisor: the strong rival at batch 1, a gather of the allowed rows then a matmul, given the ids.
+#: The lead figure's divisor, the rival timed at every allowed count at batch 1: a gather of the allowed rows, then
+#: a matmul, given the ids.
 RIVAL = "index_select"
 
 
@@ -167,7 +168,7 @@ def _speedup_figure(results, caption: str):
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.set_title(title, fontsize=FONT + 1)
         ax.legend(fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
-    fig.suptitle(f"Each step's speedup over the strong rival, index_select + matmul given the allowed ids, "
+    fig.suptitle(f"Each step's speedup over index_select + matmul given the allowed ids (unfused; timed at every count), "
                  f"{results.gpu.replace('NVIDIA ', '')}", fontsize=FONT + 2)
     zero = sorted({r["params"]["allowed"] for r in results.select(_s(0), batch=1, kind="random")})
     every = {r["params"]["allowed"] for r in results.select(RIVAL, batch=1, kind="random")}
