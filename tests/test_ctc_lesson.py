@@ -525,7 +525,7 @@ def test_each_step_is_one_row_against_the_step_it_builds_on():
             prev = float(seven[before][3 + 3 * i].replace(",", ""))
             assert seven[label][4 + 3 * i].split("×")[0] == f"{prev / now:.2f}", (label, A, N)
             assert lesson.factor(results, label, (A, N)) == seven[label][4 + 3 * i].split(" ")[0], (label, A, N)
-    assert "7a and 7b are timed in a separate run beside steps 5 and 7" in lesson.boehm_table(results, changes)
+    assert "7a and 7b come from a separate run, whose steps 5 and 7 are within" in lesson.boehm_table(results, changes)
     assert "separate run" not in lesson.boehm_table(results)  # the page's run list names it
     page = "".join("".join(c["source"]) for c in _page_cells() if c["cell_type"] == "markdown")
     assert "timed steps 5, 7a, 7b and 7c together" in page
@@ -980,7 +980,7 @@ def test_the_main_line_is_marked_in_the_table_and_named_over_it():
     source = "".join(cells[at]["source"])
     assert source.index("lesson.line_words(results)") < source.index("display(Markdown(steps_first))")
     # the legend says once why the table's second case is N = 16, not the headline's N = 8
-    assert "not at the headline's N = {head_N}, because steps 1 to 6" in source
+    assert "not at N = {head_N}, the case the chapter leads with, because steps 1 to 6" in source
     assert "stands in for" not in "".join("".join(c["source"]) for c in cells)
     assert "## Step 7b: alpha and beta in one kernel" in "".join("".join(c["source"]) for c in cells)
 

@@ -22,6 +22,8 @@ TIMES_SERIES = ("torch-cuDNN", "torch-native", "step01", "step05", "step07", "st
 #: Steps drawn against torch in the speedup figure: the first three-pass step, the first with alpha and beta side by
 #: side, the two the entry point chooses between and the step before its choice.
 SPEEDUP_STEPS = (7, 10, 12, 13, 14)
+#: The entry point's series: drawn beside the steps, since it picks among them by shape.
+ENTRY = "ctc_loss"
 #: Font size of legends and labels at the saved size (figures are saved about 9 inches wide).
 FONT = 10
 
@@ -142,9 +144,8 @@ def _n_axis(ax) -> None:
 def _speedup_panel(ax, results, A: int) -> None:
     where = {"A": A, "T": BENCH_T}
     base = {r["params"]["N"]: r for r in results.select("torch-best", **where)}
-    for number in SPEEDUP_STEPS:
-        step = CHAPTER.step(number)
-        rows = sorted((r for r in results.select(step.series, **where) if r["params"]["N"] in base),
+    for series in [CHAPTER.step(n).series for n in SPEEDUP_STEPS] + [ENTRY]:
+        rows = sorted((r for r in results.select(series, **where) if r["params"]["N"] in base),
                       key=lambda r: r["params"]["N"])
         if not rows:
             continue
@@ -156,8 +157,11 @@ def _speedup_panel(ax, results, A: int) -> None:
             mid.append(b_mid / o_mid)
             lo.append(b_mid / o_mid - b_lo / o_hi)
             hi.append(b_hi / o_lo - b_mid / o_mid)
-        ax.errorbar(ns, mid, yerr=[lo, hi], marker="o", ms=4, lw=1.5, capsize=2, color=colour(step.series),
-                    label=label(results, step.series))
+        entry = series == ENTRY  # the call a reader makes: drawn thick, on top
+        ax.errorbar(ns, mid, yerr=[lo, hi], marker="s" if entry else "o", ms=5 if entry else 4,
+                    lw=3 if entry else 1.5, capsize=2, color="#000000" if entry else colour(series),
+                    alpha=0.55 if entry else 1.0, zorder=1 if entry else 2,
+                    label="ctc_loss, the entry point (the step its rule picks)" if entry else label(results, series))
     ax.axhline(1.0, color="k", lw=1, ls=":")
     _n_axis(ax)
     ax.set_ylim(bottom=0)
@@ -203,8 +207,9 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         bars = " (bars: min–max over repetitions)" if any("spread_ms" in r for r in results.rows) else ""
         steps = ", ".join(str(k) + ("c" if k == 7 else "") for k in SPEEDUP_STEPS[:-1]) + f" and {SPEEDUP_STEPS[-1]}"
         # the last step is not on top at every N: the entry point runs step 12, 13 or 14 by shape and longest target
-        fig.suptitle(f"Speedup of steps {steps} over {best_torch_name(results)}{bars}\nctc_loss runs step 12 "
-                     "or step 14 by shape, so the last step is not on top at every N", fontsize=FONT + 1)
+        fig.suptitle(f"Speedup of steps {steps} and the entry point ctc_loss over {best_torch_name(results)}{bars}"
+                     "\nctc_loss runs step 12 or step 14 by shape, so the last step is not on top at every N",
+                     fontsize=FONT + 1)
         figs["speedup"] = fig
     sweep = grain_sweep(results)
     if sweep:

@@ -1097,8 +1097,8 @@ def boehm_table(results, changes: Results | None = None, shown=lambda role: True
         gaps = [abs(_ms(changes, s, T=BENCH_T, A=A, N=N) / _ms(results, s, T=BENCH_T, A=A, N=N) - 1)
                 for s in ("step05", "step07") for A, N in cases
                 if _ms(changes, s, T=BENCH_T, A=A, N=N) and _ms(results, s, T=BENCH_T, A=A, N=N)]
-        note += (" 7a and 7b are timed in a separate run beside steps 5 and 7, which it times within "
-                 f"{max(gaps):.1%} of this table." if gaps else " 7a and 7b are timed in a separate run.")
+        note += (" 7a and 7b come from a separate run, whose steps 5 and 7 are within "
+                 f"{max(gaps):.1%} of this table's." if gaps else " 7a and 7b come from a separate run.")
     return "\n".join(lines) + "\n\n" + note
 
 
