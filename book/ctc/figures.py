@@ -161,7 +161,7 @@ def _speedup_panel(ax, results, A: int) -> None:
         ax.errorbar(ns, mid, yerr=[lo, hi], marker="s" if entry else "o", ms=5 if entry else 4,
                     lw=3 if entry else 1.5, capsize=2, color="#000000" if entry else colour(series),
                     alpha=0.55 if entry else 1.0, zorder=1 if entry else 2,
-                    label="ctc_loss, the entry point (the step its rule picks)" if entry else label(results, series))
+                    label="ctc_loss: the entry point, the step its rule picks" if entry else label(results, series))
     ax.axhline(1.0, color="k", lw=1, ls=":")
     _n_axis(ax)
     ax.set_ylim(bottom=0)
@@ -207,8 +207,8 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         bars = " (bars: min–max over repetitions)" if any("spread_ms" in r for r in results.rows) else ""
         steps = ", ".join(str(k) + ("c" if k == 7 else "") for k in SPEEDUP_STEPS[:-1]) + f" and {SPEEDUP_STEPS[-1]}"
         # the last step is not on top at every N: the entry point runs step 12, 13 or 14 by shape and longest target
-        fig.suptitle(f"Speedup of steps {steps} and the entry point ctc_loss over {best_torch_name(results)}{bars}"
-                     "\nctc_loss runs step 12 or step 14 by shape, so the last step is not on top at every N",
+        fig.suptitle(f"Speedup of steps {steps} and ctc_loss over {best_torch_name(results)}{bars}\nthe entry "
+                     "point ctc_loss runs step 12 or 14 by shape: the last step is not on top at every N",
                      fontsize=FONT + 1)
         figs["speedup"] = fig
     sweep = grain_sweep(results)
