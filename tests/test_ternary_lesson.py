@@ -1206,9 +1206,9 @@ def test_part_2_gives_each_step_its_heading_and_one_number(results):
         section = "".join(t for c, t in zip(cells[at:end], text[at:end]) if c["cell_type"] == "code")
         assert any(s in section for s in shows), n
         if not n.isdigit():
-            assert section.count(f"**Step {n} takes") == 1, n
+            assert section.count(f"Step {n} takes **") == 1, n
             continue
-        bold = re.findall(r"\*\*Step (\d+) takes \{t2\(us\((\d+)\)\)\}, "
+        bold = re.findall(r"Step (\d+) takes \*\*\{t2\(us\((\d+)\)\)\}\*\*, "
                           r"\{x\(us\((\d+)\), us\((\d+)\)\)\} step (\d+)'s speed", section)
         assert len(bold) == 1, (n, bold)
         said, timed, before, after, named = bold[0]
@@ -1216,8 +1216,8 @@ def test_part_2_gives_each_step_its_heading_and_one_number(results):
     for n, (start, end) in ((24, (tried, tried25)), (25, (tried25, steps))):
         section = list(zip(cells[start + 1:end], text[start + 1:end]))
         said = "".join(t for c, t in section if c["cell_type"] == "code" and "hide-output" not in c["metadata"]["tags"])
-        assert said.count("**") == 2 and f"**At 16 rows step {n} takes {{t2(us({n}, m=16))}}, " \
-            f"{{x(us({n - 1}, m=16), us({n}, m=16))}} step {n - 1}'s speed**" in said, n
+        assert said.count("**") == 2 and f"At 16 rows step {n} takes **{{t2(us({n}, m=16))}}**, " \
+            f"{{x(us({n - 1}, m=16), us({n}, m=16))}} step {n - 1}'s speed" in said, n
         folded = "".join(t for c, t in section if c["cell_type"] == "code" and "hide-output" in c["metadata"]["tags"])
         assert ("lesson.core_diff(24)" if n == 24 else "show(25)") in folded
         assert "core_diff(" not in said and "show(" not in said
@@ -1236,11 +1236,11 @@ def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
     assert 'load_lab("ternary", "step22_parts")' in cells["step22-gain"]
     assert "ALONE in parts" in cells["step22-gain"]  # 22a measured by itself where the run has it, else derived
     # each part its number, from the run of its own, over the part before; the steps table gives each its row
-    assert "**Step 22a takes {one[matmul]:.2f} µs, {run[matmul]:.2f}× step 21's speed**" in cells["a586196e"]
+    assert "Step 22a takes **{one[matmul]:.2f} µs**, {run[matmul]:.2f}× step 21's speed" in cells["a586196e"]
     # why the MMA, its decode and its sums are one change: none runs without the others
     assert "the int8 MMA needs the one-AND decode" in cells["c05f0206"]
-    assert "{x(one[matmul], one[after])} 22a's speed**" in cells["step22b-number"]
-    assert "**Step 22c takes {t2(us(22))}, {x(us(21), us(22))} step 21's speed**" in cells["step22c-number"]
+    assert "{x(one[matmul], one[after])} 22a's speed" in cells["step22b-number"]
+    assert "Step 22c takes **{t2(us(22))}**, {x(us(21), us(22))} step 21's speed" in cells["step22c-number"]
     assert "(one[after] - one[early]) / one[\"quantize_x\"]" in cells["step22c-number"]
     assert "kept for step 23" in cells["step22c-number"] and "in the benchmark" not in cells["step22c-number"]
     assert not any(f"| 22{p} |" in cells["74d3fbc1"] for p in "abc") and "†" not in cells["74d3fbc1"]  # one run
@@ -1340,7 +1340,8 @@ def test_the_whole_step_against_gemlite_sums_the_layers_both_ran(results):
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[0].read_text())["cells"]}
     why = cells["ff5c35bc"] + cells["why-layers"]  # the open cell, then the fold under it
     assert "lesson.amdahl_peer(results, STEP[14].series, GEMLITE)" in why and "peer['missing_share']" in why
-    assert "shapes where GemLite's output passes our float64 check; GemLite fails it at the other" in why
+    assert "shapes where GemLite's output passes our float64 check; GemLite fails it at \"" in why
+    assert 'f["shape"].replace("x", " × ") for f in vs_gem["failed"]' in why
 
 
 def test_part_1_says_what_steps_10_to_12_are_for_and_quotes_the_eager_cost_beside_the_result():
