@@ -655,10 +655,11 @@ def test_the_tried_steps_are_said_once_before_any_heading_skips_them():
     texts = ["".join(c["source"]) for c in cells]
     first_step = next(k for k, t in enumerate(texts) if re.match(r"#+ Step \d+", t))
     opening = texts[0]
-    assert f"steps {lesson.counts_words(list(lesson.TRIED))} were tried and not kept" in opening.replace("\n", " ")
+    tried = f"ideas that did not pay, steps {lesson.counts_words(list(lesson.TRIED))}, appear only as table rows"
+    assert tried in opening.replace("\n", " ")
     assert first_step > 0 and lesson.counts_words(list(lesson.TRIED)) == "6, 9 and 11"
     source = "\n".join(texts)
-    assert source.count("were tried") == 1 and "Missing numbers" not in source
+    assert source.count("did not pay, steps") == 1 and "Missing numbers" not in source
     assert "Missing numbers" not in lesson.main_steps_table(results)
     heads = [int(m.group(1) or m.group(2)) for t in texts
              if (m := re.match(r"#+ (?:Step (\d+)|The integration \(step (\d+)\))", t))]
@@ -1283,7 +1284,7 @@ def test_a_listing_of_an_early_step_leaves_out_a_later_steps_hook():
     from studylog.masked_lm_head.dense import dot_kn
 
     shown = lesson.listing_without_hooks(dot_kn, "dot_kn", "dot_kn")
-    assert "wanted" not in shown.text and "left out" in shown.title and "step 2's hook" in shown.title
+    assert "wanted" not in shown.text and "without the wanted mask that step 2 adds" in shown.title
     diff = lesson.hook_diff(dot_kn, "dot_kn")
     added = [ln for ln in diff.lines[2:] if ln.startswith("+")]
     assert added and all("wanted" in ln for ln in added), added

@@ -1414,7 +1414,7 @@ HOOKS = {
                    ("        if wanted is not None:  # step 2: only the columns that some sequence of the tile "
                     "allows\n", ""),
                    ("            b_mask = b_mask & wanted[None, :]\n", "")),
-               "step 2's hook, wanted, left out: step 2 adds it"),
+               "without the wanted mask that step 2 adds"),
 }
 
 
