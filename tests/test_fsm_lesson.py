@@ -463,8 +463,8 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     1/(1-f), the suite's step 2 figure being the landing's (:func:`book.results.fsm_line` through the same function),
     named a count on those documents, not a bound; its note says, from the suite's own rows, why the suite saves more;
     in the open it gives no time: the table is the section's only numbers, the chunk's cost a clause in words. The
-    opening gives the real schemas' ceiling first, then the decision with the real schemas' two numbers, named as the
-    real schemas' walks; the suite's shares wait for the steps."""
+    opening gives the decision with the real schemas' two numbers and llguidance's ceiling, named as random walks of
+    the real schemas; the suite's shares wait for the steps."""
     import json
     from pathlib import Path
 
@@ -494,14 +494,13 @@ def test_why_it_matters_tables_each_count_and_the_opening_says_what_its_range_re
     # the suite's regexes are named with the steps, where its shares are
     assert "{n_kind['regex']} regexes, made of such fields" in source["cell-27"]
     opening = " ".join(source["cell-01"].split())
-    # the real schemas' ceiling (passes saved on the committed comparison) comes before the answer; the answer is
-    # one sentence: the decision and the real schemas' two numbers (llguidance's and step 2's), each said once
+    # the answer first: the decision and the real schemas' two numbers (llguidance's and step 2's), each said once
     said = opening[opening.index("say(f"):]
-    assert "fsm_peers_realworld.json" in opening and "lesson.amdahl_bound(real_max)" in said
-    assert said.index("amdahl_bound(real_max)") < said.index("**The chapter's answer") < said.index("{opening}")
+    assert "fsm_peers_realworld.json" in opening and "lesson.amdahl_bound(ff_real)" in opening
+    assert said.index("**The chapter's answer") < said.index("{opening}")
     assert "saved_share(passes, 2)" not in opening[opening.index("opening = "):] and "ff['saved']" not in opening
     assert "real_saved['llguidance/tokens']" in opening and "real_saved['ours/tokens']" in opening
-    assert "on the real schemas' walks they save" in opening and "on those walks" not in opening  # named where said
+    assert "walked at random through the automata of {n_real} real SchemaStore schemas" in opening  # named once
     assert "saved_share(passes, 3)" not in opening and "real_lo:.1f" not in said  # the rest waits for later sections
     assert "noncanonical" not in opening  # the count of documents in another split is in the result's fold
     # the engines' forced shares (step 2's rule) and the suite's kinds are the note's table, not the open text
