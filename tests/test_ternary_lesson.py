@@ -1248,8 +1248,8 @@ def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
     # that run's own step 21 is a row of the parts table (22a's × step 21 divides it); 22c's time in that run said
     # once, in the parts table's own caption, beside the benchmark's (one number per thing, the run named)
     assert "one['step 21']" not in cells["74d3fbc1"] and "one[early]" not in cells["74d3fbc1"]
-    assert "timed in a run of its own" in cells["step22-parts"] and "differ by up to" not in cells["step22-parts"]
-    assert "(step 22c: {t2(one[early])} here, {t2(us(22))} there)" in cells["step22-parts"]
+    assert "from a separate run" in cells["step22-parts"] and "differ by up to" not in cells["step22-parts"]
+    assert "(its step 22c: {t2(one[early])}; the steps table's: \"\n                 f\"{t2(us(22))})" in cells["step22-parts"]
     assert "run of its own" not in cells["a586196e"]  # the legend says it once, not the prose
     assert "say(" not in cells["step22-gain"]  # 22a's number once, in the chain
     assert "one['step 21']" not in cells["a586196e"]  # step 21's time is the benchmark's, on the page once
