@@ -57,7 +57,8 @@ def test_the_table_of_steps_and_the_budget_paths_own_table():
     budget = lesson.the_steps_table(results, lesson.BUDGET_CASES, lesson.BUDGET_ROWS)
     path = _cells(budget)
     assert [r[0] for r in path[1:]] == BUDGET_ORDER
-    assert path[0] == ["step", "the one change", "128 × 32,768 µs (× prev.)", lesson.floor_head(results, lesson.HEADLINE)]
+    floor_head = lesson.floor_head(results, lesson.HEADLINE)
+    assert path[0] == ["step", "the one change", "128 × 32,768 µs (× prev.)", floor_head]
     assert "(" not in path[1][2] and "where the path starts" in path[1][1]  # 6b: the start, no ratio
     main = {r[0]: r for r in _cells(lesson.the_steps_table(results))}
     assert path[1][2] == main["6b"][4].split(" (")[0]  # the main table's 6b at the long rows, its time
@@ -1060,8 +1061,8 @@ def test_the_page_prints_no_exercises_measured_answer():
 def test_the_end_to_end_table_is_one_run_with_its_own_cpu_loop():
     """End to end, the page shows one run: the separate run of ``ngram_match`` as a reader calls it, open under the
     GPU-clock table, with its own CPU loop and the step bound once, every ratio within it; its caption says it ran on
-    another host and names both hosts' loop times at its first case, so one loop never reads as two times. The benchmark's own end-to-end rows (step
-    12 bound once, beside the benchmark host's CPU loop) are not on the page: one CPU loop per run, the benchmark's
+    another host and names both hosts' loop times at its first case, so one loop never reads as two times. The
+    benchmark's own end-to-end rows (step 12 bound once, beside the benchmark host's CPU loop) are not on the page: one CPU loop per run, the benchmark's
     in the table of steps' footnote."""
     from book.ngram import results as book_results
 
@@ -1073,8 +1074,9 @@ def test_the_end_to_end_table_is_one_run_with_its_own_cpu_loop():
     assert end_to_end == intro + "\n\n" + table
     case, v = next(iter(lesson.entry_end_to_end().items()))
     here = lesson.grid_row(results, ngram.CHAPTER.step(1).series, case)["ms"] * 1e3
-    assert (f"This table comes from another host, whose CPU runs the loop in {v['cpu_path']['ms'] * 1e3:,.1f} µs at "
-            f"{case[0]} × {case[1]} (the table of steps' host: {here:,.1f} µs); its ratios divide its own times.") in intro
+    said = (f"This table comes from another host, whose CPU runs the loop in {v['cpu_path']['ms'] * 1e3:,.1f} µs at "
+            f"{case[0]} × {case[1]} (the table of steps' host: {here:,.1f} µs); its ratios divide its own times.")
+    assert said in intro
     assert "another host" not in lesson.entry_end_to_end_table()[0]  # without the benchmark, no host comparison
     assert "step 12, end to end" not in end_to_end and "`NgramMatcher`" not in end_to_end  # no class name in prose
     head = table.splitlines()[0]

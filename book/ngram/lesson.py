@@ -776,7 +776,8 @@ BUDGET_CASES = (HEADLINE,)
 
 def _case_head(cfg: tuple[int, int, int]) -> str:
     b, s, t = cfg
-    return f"{b} × {s:,}" + ("" if t == 128 else ", no budget" if t == NO_BUDGET else f", budget {t}") + " µs (× prev.)"
+    budget = "" if t == 128 else ", no budget" if t == NO_BUDGET else f", budget {t}"  # 128: the lead says it
+    return f"{b} × {s:,}{budget} µs (× prev.)"
 
 
 #: The rows of the page's table of steps: the main line, which ``ngram_match`` runs at every shape but long rows
@@ -862,8 +863,8 @@ def _times_floor(t: float | None, floor: float | None) -> str:
 
 
 def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
-    """Markdown, the page's table of steps, ``rows`` of it (every step by default; ``BUDGET_ROWS`` the budget path's
-    alone): a row per step (:func:`row_label`) and its one change (:data:`SHORT_CHANGES`, with why a step
+    """Markdown, the page's table of steps, ``rows`` of it (the main line, 1 to 7, by default; ``BUDGET_ROWS`` at
+    ``BUDGET_CASES``, the budget path's own table): a row per step (:func:`row_label`) and its one change (:data:`SHORT_CHANGES`, with why a step
     that pays at no case of ``cases`` is kept, :func:`kept_note`), then the entry point and the floor. Per case of
     ``cases`` two columns: the time in µs on the GPU clock (:func:`row_us`) with, in brackets, its "× previous"
     (:func:`row_factor`: one reference a row, :func:`row_reference`, named where it is not the row above; a tie says
