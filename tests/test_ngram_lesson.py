@@ -1062,8 +1062,8 @@ def test_the_end_to_end_table_is_one_run_with_its_own_cpu_loop():
     """End to end, the page shows one run: the separate run of ``ngram_match`` as a reader calls it, open under the
     GPU-clock table, with its own CPU loop and the step bound once, every ratio within it; its caption says it ran on
     another host and names both hosts' loop times at its first case, so one loop never reads as two times. The
-    benchmark's own end-to-end rows (step 12 bound once, beside the benchmark host's CPU loop) are not on the page: one CPU loop per run, the benchmark's
-    in the table of steps' footnote."""
+    benchmark's own end-to-end rows (step 12 bound once, beside the benchmark host's CPU loop) are not on the page:
+    one CPU loop per run, the benchmark's in the table of steps' footnote."""
     from book.ngram import results as book_results
 
     results = load_results("ngram")
