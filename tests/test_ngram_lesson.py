@@ -18,10 +18,11 @@ def _cells(table: str) -> list[list[str]]:
     return [[c.strip() for c in r.split("|")[1:-1]] for i, r in enumerate(rows) if i != 1]
 
 
-#: The table's rows: every idea in number order, each two-idea step split in two (6a, a stop added to step 5, then
-#: 6b, the split: the library's step 6; 9a, step 8 without its barriers, then 9b, longer chunks: step 9), the main
-#: line (1 to 7), then the budget path (8, against 6b, to 12), then the entry point and the floor: one table.
-ORDER = [str(n) for n in range(1, 6)] + ["6a", "6b", "7", "8", "9a", "9b", "10", "11", "12", "`ngram_match`", "floor"]
+#: The table of steps' rows: the main line in number order, step 6's two ideas split in two (6a, a stop added to
+#: step 5, then 6b, the split: the library's step 6), then the entry point and the floor. The budget path has its own
+#: table, from 6b (where it starts) to 12, step 9's two ideas split likewise (9a, step 8 without its barriers, then
+#: 9b, longer chunks: step 9).
+ORDER = [str(n) for n in range(1, 6)] + ["6a", "6b", "7", "`ngram_match`", "floor"]
 BUDGET_ORDER = ["6b", "8", "9a", "9b", "10", "11", "12"]
 
 
@@ -39,36 +40,43 @@ def _num(text: str) -> float:
     return float(text.replace(",", "").rstrip("×"))
 
 
-def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths_case():
-    """The page's one table of steps: a row per idea (6a then 6b, the library's step 6; 9a then 9b, step 9), the
-    budget path's steps from 8 (against 6b) to 12, the entry point and the floor; the budget path's rows alone
-    (``BUDGET_ROWS``) start at 6b with no ratio. Two columns per case, the headline (32 × 512, budget 128)
-    first, then the stress case and the long rows where the budget path pays: the time with its "× previous", and
-    its "× floor" ("× latency floor" where the floor is an empty kernel). Each cell's time is the file's (a
-    sub-step's, its separate run's); its ratio is over one reference a row, a row of the same table (6a over 5, 6b
-    over 6a, 7 over 6b, 9a over 8, 9b over 9a, 10 over 9b; where the reference is not timed, its own reference),
-    named where it is not the row above, a tie saying so; step 1 is on the host (its footnote gives its times) and
-    divides nothing; a step the file
-    does not time at a case reads "–", under a legend; the entry point's row gives its time alone (which step it runs
-    is said once, over the table, and in its row's change: its rule)."""
+def test_the_table_of_steps_and_the_budget_paths_own_table():
+    """The page's table of steps: a row per idea of the main line (6a then 6b, the library's step 6) to step 7, the
+    entry point and the floor; the budget path's table (``BUDGET_ROWS`` at ``BUDGET_CASES``, the long rows under the
+    budget, where it pays) starts at 6b with no ratio, then 8 (against 6b) to 12 (9a then 9b). Two columns per case,
+    32 × 512 first, then the long rows, both under the deployed budget (short heads: the case, "µs (× prev.)"): the
+    time with its "× previous", and its "× floor" ("× latency floor" where the floor is an empty kernel). Each cell's
+    time is the file's (a sub-step's, its separate run's); its ratio is over one reference a row, a row of the same
+    table (6a over 5, 6b over 6a, 7 over 6b, 9a over 8, 9b over 9a, 10 over 9b), named where it is not the row above,
+    a tie saying so; step 1 is on the host (its footnote gives its times) and divides nothing; the entry point's row
+    gives its time alone (which step it runs is said once, over the table, and in its row's change: its rule). No run
+    bookkeeping under either table: the page's runs fold names the sub-steps' run."""
     results = load_results("ngram")
     assert [r[0] for r in _cells(lesson.the_steps_table(results))[1:]] == ORDER
-    path = _cells(lesson.the_steps_table(results, rows=lesson.BUDGET_ROWS))
-    assert [r[0] for r in path[1:]] == BUDGET_ORDER and path[0] == _cells(lesson.the_steps_table(results))[0]
-    assert "(" not in "".join(path[1][2::2]) and "where the path starts" in path[1][1]  # 6b: the start, no ratio
+    assert lesson.BUDGET_CASES == (lesson.HEADLINE,)
+    budget = lesson.the_steps_table(results, lesson.BUDGET_CASES, lesson.BUDGET_ROWS)
+    path = _cells(budget)
+    assert [r[0] for r in path[1:]] == BUDGET_ORDER
+    floor_head = lesson.floor_head(results, lesson.HEADLINE)
+    assert path[0] == ["step", "the one change", "128 × 32,768 µs (× prev.)", floor_head]
+    assert "(" not in path[1][2] and "where the path starts" in path[1][1]  # 6b: the start, no ratio
     main = {r[0]: r for r in _cells(lesson.the_steps_table(results))}
-    assert path[1][2:] == [c.split(" (")[0] for c in main["6b"][2:]]  # the main table's 6b, its times
-    assert all(c.endswith(", vs 6b)") for c in main["8"][2::2])  # step 8 against step 6, where the path starts
+    assert path[1][2] == main["6b"][4].split(" (")[0]  # the main table's 6b at the long rows, its time
+    assert "(" in path[2][2] and ", vs" not in path[2][2]  # step 8 against 6b, the row above it here
+    by_path = {r[0]: r for r in path}
+    assert "kept for host time" in by_path["8"][1]  # slower on the GPU clock: the row says why it stays
+    for words in ("separate run", "within"):  # run bookkeeping stays in the page's runs fold
+        assert words not in budget and words not in lesson.the_steps_table(results), words
     table = _both(results)
     head, *rows = _cells(table)
     by = {r[0]: r for r in rows}
     assert [r[0] for r in rows] == ORDER
-    assert lesson.STEPS_CASES == ((32, 512, 128), lesson.RESULT_CASE, lesson.HEADLINE)
-    assert head[:2] == ["step", "the one change"] and head[2].startswith("headline: 32 × 512, budget 128")
-    assert head[4].startswith("stress: 512 × 16,384, no budget") and head[6].startswith("long rows: 128 × 32,768")
+    assert lesson.STEPS_CASES == ((32, 512, 128), lesson.HEADLINE)
+    assert head[:2] == ["step", "the one change"] and head[2] == "32 × 512 µs (× prev.)"
+    assert head[4] == "128 × 32,768 µs (× prev.)"
     for i, cfg in enumerate(lesson.STEPS_CASES):
         assert head[3 + 2 * i] == ("× latency floor" if lesson.launch_bound(results, cfg) else "× floor"), cfg
-    assert by["1"][2::2] == ["host ¹"] * 3 and by["1"][3::2] == ["–"] * 3
+    assert by["1"][2::2] == ["host ¹"] * 2 and by["1"][3::2] == ["–"] * 2
     notes = table.split("\n\n")[1]
     for cfg in lesson.STEPS_CASES:
         ms = lesson.grid_row(results, ngram.CHAPTER.step(1).series, cfg)["ms"]
@@ -77,14 +85,13 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
     refs = {"6a": "5", "6b": "6a", "7": "6b", "8": "6b", "9a": "8", "9b": "9a", "10": "9b"}
     for i, cfg in enumerate(lesson.STEPS_CASES):
         col = 2 + 2 * i
-        for part in ("6a", "9a"):  # the sub-steps: their lab run's time, or "–" where it has not the case
+        for part in ("6a",):  # the sub-step: its lab run's time, or "–" where it has not the case
             t = lesson.part_us(part, cfg)
             if t is None:
                 assert by[part][col] == "–" and f"{part} not measured" in notes, (part, cfg)
                 continue
             assert by[part][col].startswith(f"{t:,.1f} ("), (part, cfg)
-            assert part in notes.split(" timed in a separate run beside step")[0].split(". ")[-1], notes
-        for n in range(3, 13):
+        for n in range(3, 8):
             row = lesson.grid_row(results, ngram.CHAPTER.step(n).series, cfg)
             cell = by[_label(n)][col]
             if row is None:
@@ -97,30 +104,31 @@ def test_one_table_of_steps_at_the_headline_the_stress_case_and_the_budget_paths
         assert by["floor"][col].startswith(f"{floor:,.2f}")
         assert ("empty kernel" in by["floor"][col]) == lesson.launch_bound(results, cfg)
         # every ratio divides two times the table shows, in the same column: one reference a row
-        for table_rows in (_cells(lesson.the_steps_table(results))[1:], path[1:]):  # each table on its own
+        tables = [(rows, col)] + ([(path[1:], 2)] if cfg == lesson.HEADLINE else [])  # each table on its own
+        for table_rows, c in tables:
             shown_in = {r[0]: r for r in table_rows}
             for k, (label, *cells) in enumerate(table_rows):
-                m = re.fullmatch(r"([\d,.]+) \(([\d.]+)×(, tie)?(, vs (\d+[ab]?))?\)", cells[col - 1])
+                m = re.fullmatch(r"([\d,.]+) \(([\d.]+)×(, tie)?(, vs (\d+[ab]?))?\)", cells[c - 1])
                 if label in ("`ngram_match`", "floor") or not m:
                     continue
                 above = table_rows[k - 1][0]
                 want = refs.get(label, above)
-                if shown_in.get(want, [None] * 9)[col] == "–":  # its reference not timed here: the one before it
+                if shown_in.get(want, [None] * 9)[c] == "–":  # its reference not timed here: the one before it
                     want = refs[want]
                 ref = m[5] or above
-                assert ref == want and (m[5] is not None) == (want != above), (label, cfg, cells[col - 1])
-                shown = _num(shown_in[ref][col].split(" ")[0]) / _num(m[1])  # a row of the same table
-                assert m[2] == f"{shown:.2f}", (label, cfg, cells[col - 1])
+                assert ref == want and (m[5] is not None) == (want != above), (label, cfg, cells[c - 1])
+                shown = _num(shown_in[ref][c].split(" ")[0]) / _num(m[1])  # a row of the same table
+                assert m[2] == f"{shown:.2f}", (label, cfg, cells[c - 1])
                 assert (m[3] is not None) == (lesson.TIE[0] <= round(shown, 2) <= lesson.TIE[1]), (label, cfg)
         # every "× floor" is the row's time over the floor row's, both as shown
         floor_shown = _num(by["floor"][col].split(" ")[0])
-        for label, *cells in rows:
-            time, times = cells[col - 1], cells[col]
+        for label, *cells in [(label, *cells[col - 1:col + 1]) for label, *cells in rows] + (
+                [(r[0], *r[2:4]) for r in path[1:]] if cfg == lesson.HEADLINE else []):  # the budget path's: same floor
+            time, times = cells[0], cells[1]
             if label == "floor" or time in ("–", "host ¹"):
                 continue
             x = _num(time.split(" ")[0]) / floor_shown
             assert times == (f"{x:,.0f}×" if x >= 100 else f"{x:.1f}×"), (label, cfg, times)
-    assert "kept for host time" in by["8"][1]  # slower on the GPU clock: the row says why it stays
     for words in ("lab run", "open table", "(runs "):  # the lab's words stay off the page's tables
         assert words not in table, words
     assert by["`ngram_match`"][1] == "step 12 on many long rows under a budget, else 7"  # the rule, once
@@ -243,7 +251,8 @@ def test_step_4_shows_its_core_and_steps_5_and_6_the_helper_each_adds_and_fold_t
     csrc = ngram.CHAPTER.step(2).source.parent
     i = text.index("lesson.step_core(4)")
     assert "hide-output" not in cells[i]["metadata"].get("tags", []) and "lesson.step_diff(3, 4)" not in text
-    assert "The whole change is +{len(whole.added)}/−{len(whole.removed)} lines" in text[i + 1]
+    assert "the rest of the change (+{len(whole.added) - len(core.added)}/−{len(whole.removed) - len(core.removed)} " \
+        "lines) walks the batch" in " ".join(text[i + 1].split())  # what the lines past the core do, in a phrase
     core, whole = lesson.step_core(4), lesson.step_diff(3, 4)
     assert len(core.added) + len(core.removed) <= 40 < len(whole.added) + len(whole.removed)
     assert set(core.added) <= set(whole.added) and "block_inclusive_scan(" in "".join(core.added)
@@ -450,11 +459,12 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
     assert lesson.builds_on(7) == lesson.builds_on(8) == 6 and lesson.builds_on(12) == 11
     results = load_results("ngram")
     for cases in (lesson.STEPS_CASES, lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
-        table = _both(results, cases)
-        labels = [r[0] for r in _cells(table)[1:]]
-        assert [label for label in labels if re.fullmatch(r"\d+[a-z]", label)] == ["6a", "6b", "9a", "9b"], labels
-        assert labels == ORDER  # one label a row
-        rows = {r[0]: r for r in _cells(table)[1:]}
+        table, path = _both(results, cases), lesson.the_steps_table(results, cases, lesson.BUDGET_ROWS)
+        labels, path_labels = [r[0] for r in _cells(table)[1:]], [r[0] for r in _cells(path)[1:]]
+        assert [label for label in labels + path_labels if re.fullmatch(r"\d+[a-z]", label)] == \
+            ["6a", "6b", "6b", "9a", "9b"], labels + path_labels
+        assert labels == ORDER and path_labels == BUDGET_ORDER  # one label a row
+        rows = {r[0]: r for r in _cells(path)[1:] + _cells(table)[1:]}  # 6b: the main table's row
         for part in ("6a", "9a"):
             assert rows[part][1].startswith(lesson.SHORT_CHANGES[part])
         for step in ngram.CHAPTER.steps:
@@ -670,8 +680,10 @@ def test_where_we_lose_names_the_rules_misses_and_the_real_text_acceptance():
     body = cells[lose + 1]
     assert "The rule between steps 7 and 12 misses" in body and "kernels.STREAM_MIN_TOKENS" not in body
     above = cells[next(i for i, t in enumerate(cells) if t.startswith("## The steps, measured")) + 1]
-    assert "One row a step, in number order; the budget path, steps 8 to 12, starts again from 6b" in " ".join(
-        above.split()) and "budget_path" not in above
+    assert "The main line, both cases under the deployed budget of 128 (the budget path, steps 8 to 12, has its own " \
+        "table below)" in " ".join(above.split()) and "budget_path" not in above
+    path = cells[next(i for i, t in enumerate(cells) if t.startswith("## The budget path")) + 1]
+    assert "lesson.the_steps_table(results, lesson.BUDGET_CASES, lesson.BUDGET_ROWS)" in path  # its own table
     assert "kernels.STREAM_MIN" not in "".join(cells)  # the rule's thresholds are the library's, not the page's
     page = "".join(cells)
     assert "accepted" not in body and "{accepted:,}" not in page
@@ -846,8 +858,11 @@ def test_why_it_matters_weighs_the_lookup_against_acceptance():
     # the shares are said once: one open table, a row a lookup (the CPU path, the port, ours), with the bound
     table = why[why.index("rows = ["):]
     for row in ('("CPU path (step 1)", a["cpu"]', '("our FastDeploy port (step 4)", a["port"]',
-                '("ours (`ngram_match`)", a["gpu"]'):
+                '("ours (`ngram_match`), GPU clock", a["gpu"]'):
         assert row in table, row
+    # and ours as a reader calls it, from the end-to-end run "Where we lose" quotes, so the two sections agree
+    assert "lesson.entry_end_to_end()" in table and "ours as a reader calls it ({as_called:.1f} µs" in table
+    assert "as_called / (step_us + as_called)" in table
     assert "net(share)" in table and "fold_table" not in why
     prose = why[:why.index("rows = [")]
     assert "a['cpu']" not in prose and "a['gpu']" not in prose and "a['port']" not in prose
@@ -1046,18 +1061,23 @@ def test_the_page_prints_no_exercises_measured_answer():
 def test_the_end_to_end_table_is_one_run_with_its_own_cpu_loop():
     """End to end, the page shows one run: the separate run of ``ngram_match`` as a reader calls it, open under the
     GPU-clock table, with its own CPU loop and the step bound once, every ratio within it; its caption says it ran on
-    another host and that its CPU loop's times differ from the footnote's. The benchmark's own end-to-end rows (step
-    12 bound once, beside the benchmark host's CPU loop) are not on the page: one CPU loop per run, the benchmark's
-    in the table of steps' footnote."""
+    another host and names both hosts' loop times at its first case, so one loop never reads as two times. The
+    benchmark's own end-to-end rows (step 12 bound once, beside the benchmark host's CPU loop) are not on the page:
+    one CPU loop per run, the benchmark's in the table of steps' footnote."""
     from book.ngram import results as book_results
 
     results = load_results("ngram")
     gpu, end_to_end = lesson.result_tables(results, book_results.headline(results))
     assert gpu.startswith("**On the GPU clock**") and "CPU loop" not in gpu and "(runs " not in gpu
     assert end_to_end is not None and "<details>" not in end_to_end
-    intro, table = lesson.entry_end_to_end_table()
+    intro, table = lesson.entry_end_to_end_table(results=results)
     assert end_to_end == intro + "\n\n" + table
-    assert "separate run on another host" in intro and "other times than the footnote above" in intro
+    case, v = next(iter(lesson.entry_end_to_end().items()))
+    here = lesson.grid_row(results, ngram.CHAPTER.step(1).series, case)["ms"] * 1e3
+    said = (f"This table comes from another host, whose CPU runs the loop in {v['cpu_path']['ms'] * 1e3:,.1f} µs at "
+            f"{case[0]} × {case[1]} (the table of steps' host: {here:,.1f} µs); its ratios divide its own times.")
+    assert said in intro
+    assert "another host" not in lesson.entry_end_to_end_table()[0]  # without the benchmark, no host comparison
     assert "step 12, end to end" not in end_to_end and "`NgramMatcher`" not in end_to_end  # no class name in prose
     head = table.splitlines()[0]
     assert head.startswith("| case | CPU loop | `ngram_match` |") and "the step bound once" in head
@@ -1076,7 +1096,7 @@ def test_the_entry_points_own_run_divides_its_columns():
     entry = lesson.entry_end_to_end_table()
     assert entry is not None, "lab/ngram/results/nvidia-h200/entry_end_to_end.json is committed"
     intro, table = entry
-    assert "separate run" in intro
+    assert "as a reader calls it" in intro
     rows = [ln.split(" | ") for ln in table.splitlines()[2:]]
     assert len(rows) == 3
     for cells in rows:

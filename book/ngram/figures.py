@@ -20,8 +20,8 @@ OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c9
 #: Points, at the saved size: every label, tick and legend of the chapter's figures. The book scales a figure wider
 #: than its page down to it; at this size and these widths text stays about 10 px or more on the page.
 FONT = 10
-#: The steps the figure of times per case draws beside the entry point (the table of steps has them all): the deployed
-#: CPU path, the pull request's kernel ported and corrected, the first one-pass kernel, and step 6, where the two paths
+#: The steps the figure of times per case draws beside the entry point (the two tables of steps have them all): the
+#: deployed CPU path, the pull request's kernel ported and corrected, the first one-pass kernel, and step 6, where the two paths
 #: start (the panel below reads each path's last step against it).
 FIGURE_STEPS = (1, 3, 4, 5, 6)
 #: The last step of each path from step 6 (long haystacks under a budget: 8 to 12; the main line: 7), drawn against

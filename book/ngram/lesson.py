@@ -767,22 +767,24 @@ def kept_note(results, number: int, cfg: tuple[int, int, int]) -> str:
     return "kept: " + "; ".join(said) if said else ""
 
 
-#: The cases of the page's one table of steps, in its column order: the deployed shape (the headline), the stress
-#: case, and the long rows under the budget where the budget path (steps 8 to 12) pays.
-STEPS_CASES = ((32, 512, 128), RESULT_CASE, HEADLINE)
+#: The cases of the page's table of steps, in its column order, both under the deployed budget (128): the deployed
+#: shape (the result's), and the long rows where the budget path (steps 8 to 12) pays. ``BUDGET_CASES``: the budget
+#: path's own table, at the long rows alone.
+STEPS_CASES = ((32, 512, 128), HEADLINE)
+BUDGET_CASES = (HEADLINE,)
 
 
 def _case_head(cfg: tuple[int, int, int]) -> str:
     b, s, t = cfg
-    what = {STEPS_CASES[0]: "headline", RESULT_CASE: "stress", HEADLINE: "long rows"}.get(cfg)
-    return (f"{what}: " if what else "") + f"{b} × {s:,}, " + (f"budget {t}" if t != NO_BUDGET else "no budget")
+    budget = "" if t == 128 else ", no budget" if t == NO_BUDGET else f", budget {t}"  # 128: the lead says it
+    return f"{b} × {s:,}{budget} µs (× prev.)"
 
 
-#: The rows of the page's one table of steps, every idea in number order: the main line, which ``ngram_match`` runs
-#: at every shape but long rows under a budget, to step 7, then the budget path from step 8 (against 6b, where it
-#: starts) to step 12: a step's number, or one idea of a two-idea step ("6a", timed in a separate run, then "6b", the
-#: step itself; "9a" and "9b" likewise), each its own row. ``BUDGET_ROWS``: the budget path's, from 6b.
-MAIN_ROWS = (1, 2, 3, 4, 5, "6a", "6b", 7, 8, "9a", "9b", 10, 11, 12)
+#: The rows of the page's table of steps: the main line, which ``ngram_match`` runs at every shape but long rows
+#: under a budget, 1 to 7: a step's number, or one idea of a two-idea step ("6a", timed in a separate run, then "6b",
+#: the step itself), each its own row. ``BUDGET_ROWS``: the budget path's own table, from 6b (where it starts) to 12,
+#: "9a" and "9b" likewise.
+MAIN_ROWS = (1, 2, 3, 4, 5, "6a", "6b", 7)
 BUDGET_ROWS = ("6b", 8, "9a", "9b", 10, 11, 12)
 #: Rows that are a library step under another name: a two-idea step's second idea is the step itself (6b is step 6,
 #: 9b step 9).
@@ -861,8 +863,8 @@ def _times_floor(t: float | None, floor: float | None) -> str:
 
 
 def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
-    """Markdown, the page's table of steps, ``rows`` of it (every step by default; ``BUDGET_ROWS`` the budget path's
-    alone): a row per step (:func:`row_label`) and its one change (:data:`SHORT_CHANGES`, with why a step
+    """Markdown, the page's table of steps, ``rows`` of it (the main line, 1 to 7, by default; ``BUDGET_ROWS`` at
+    ``BUDGET_CASES``, the budget path's own table): a row per step (:func:`row_label`) and its one change (:data:`SHORT_CHANGES`, with why a step
     that pays at no case of ``cases`` is kept, :func:`kept_note`), then the entry point and the floor. Per case of
     ``cases`` two columns: the time in µs on the GPU clock (:func:`row_us`) with, in brackets, its "× previous"
     (:func:`row_factor`: one reference a row, :func:`row_reference`, named where it is not the row above; a tie says
@@ -873,7 +875,7 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
     case reads "–" (the legend says why)."""
     head = ["step", "the one change"]
     for cfg in cases:
-        head += [_case_head(cfg) + " µs (× previous)", floor_head(results, cfg)]
+        head += [_case_head(cfg), floor_head(results, cfg)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     missing = False
     unmeasured = []  # (sub-step, case) its lab run does not time
@@ -915,18 +917,8 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
                 + ([f"vs {ref}"] if ref != above else [])
             cells += [f"{t:,.1f}" + (f" ({', '.join(said)})" if said else ""), _times_floor(t, floor)]
         lines.append("| " + " | ".join(cells) + " |")
-    parts = [p for p in ("6a", "9a") if p in rows and any(part_us(p, cfg, gpu=gpu) for cfg in cases)]
-    gap = max((g for p in parts if (g := part_anchor_gap(p, cases, gpu, results)) is not None), default=None)
-    timed = ""
-    if parts:
-        refs = and_list([f"step {ROW_REFERENCE[p]}" for p in parts])
-        one = len(parts) == 1
-        timed = (f"{and_list(parts)} {'is' if one else 'are'} timed in a separate run beside {refs}, which "
-                 f"{'it times' if one else 'they time'} "
-                 f"within {gap:.1%} of this table.")
     if 1 not in rows:  # the budget path's rows: the entry point and the floor are the main table's
-        notes = ["Cells: µs on the GPU clock (× the row it builds on, named where it is not the row above), and the "
-                 "time over the floor in the table above."] + ([timed] if timed else [])
+        notes = ["Cells: µs on the GPU clock (× the row it builds on), and the time over the table of steps' floor."]
         return "\n".join(lines) + "\n\n" + " ".join(notes)
     seven, twelve = (CHAPTER.step(f.__name__).number for f in (step07_early_phase2, step12_skip_refused))
     cells = ["`ngram_match`", f"step {twelve} on many long rows under a budget, else {seven}"]
@@ -943,7 +935,6 @@ def the_steps_table(results, cases=STEPS_CASES, rows=MAIN_ROWS) -> str:
              f"over the floor. `ngram_match`'s row times the entry point itself: the kernels of step {seven} or step "
              f"{twelve} timed again, through its own call. ¹ Step 1 runs on the host, end to end: "
              + ", ".join(f"{us(r['ms'])} µs at {case_name(cfg)}" for cfg, r in times if r) + "."]
-    notes += [timed] if timed else []
     gaps = sorted({n for n, _ in unmeasured})
     if missing or gaps:
         said = (["one thread is too slow there"] if missing else []) + [
@@ -1136,7 +1127,7 @@ def result_tables(results, headline_rows) -> tuple[str, str | None]:
     (:func:`entry_end_to_end_table`: its own CPU loop, every ratio within that run), as Markdown; None without it.
     The benchmark's own end-to-end rows (step 12 bound once) stay off the page: one CPU-loop time per host."""
     gpu = result_table(results, headline_rows).split("\n\n**On the GPU clock**")[1]
-    entry = entry_end_to_end_table()
+    entry = entry_end_to_end_table(results=results)
     return "**On the GPU clock**" + gpu, (None if entry is None else entry[0] + "\n\n" + entry[1])
 
 
@@ -1160,17 +1151,23 @@ def entry_end_to_end(gpu: str = "nvidia-h200") -> dict[tuple, dict[str, dict]] |
     return rows
 
 
-def entry_end_to_end_table(gpu: str = "nvidia-h200") -> tuple[str, str] | None:
+def entry_end_to_end_table(gpu: str = "nvidia-h200", results=None) -> tuple[str, str] | None:
     """(a sentence, a Markdown table): the separate run's times, end to end (a call, then a sync), per headline case: the CPU loop,
     ``ngram_match`` as a reader calls it (the step by shape, its inputs checked, its scratch allocated each call) and
     that step bound once (``NgramMatcher``), with the CPU loop's time over each, as the table prints the times; None
-    without the run's file."""
+    without the run's file. With ``results`` (the chapter's benchmark), the sentence names both hosts' loop times at
+    the run's first case, so a reader does not take them for one loop's two times."""
     rows = entry_end_to_end(gpu)
     if rows is None:
         return None
-    intro = ("**End to end against the CPU loop**, a call then a sync (µs, median of five repetitions), in a separate "
-             "run on another host, whose CPU gives the loop other times than the footnote above: `ngram_match` as a "
-             "reader calls it, checks and scratch included, and the step it picks bound once to the batch.")
+    intro = ("**End to end against the CPU loop**, a call then a sync (µs, median of five repetitions): `ngram_match` "
+             "as a reader calls it, checks and scratch included, and the step it picks bound once to the batch.")
+    case = next(iter(rows))
+    here = None if results is None else grid_row(results, CHAPTER.step(1).series, case)
+    if here is not None:  # one loop, two hosts: each ratio stays within its own table
+        intro += (f" This table comes from another host, whose CPU runs the loop in "
+                  f"{round(rows[case]['cpu_path']['ms'] * 1e3, 1):,.1f} µs at {case_name(case)} (the table of steps' "
+                  f"host: {here['ms'] * 1e3:,.1f} µs); its ratios divide its own times.")
     lines = ["| case | CPU loop | `ngram_match` | CPU loop ÷ `ngram_match` | the step bound once | CPU loop ÷ bound |",
              "|---|---|---|---|---|---|"]
     for case, v in rows.items():
