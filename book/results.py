@@ -3054,18 +3054,51 @@ def eager_sentence(root: Path = BENCH_RESULTS, card: str = "H200") -> str:
         return ""
     out = EAGER_WORDS
     if changes:
-        out += (f" Called that way on the {card}, the headline of chapter " + " and ".join(changes)
-                + " fails, as its line says.")
-    else:
-        out += f" Called that way on the {card}, no headline fails."
+        out += (f" Called that way on the {card}, the lead of chapter " + " and ".join(changes)
+                + " over its rival is lost, as its line says.")
     if holds:
-        planned = _bitnet_planned(root, card)
-        holds = [h + (" (through its plan object, `W2A8Plan`, only)" if h == "05 part 2" and planned else "")
-                 for h in holds]
-        out += (" Those whose calls take longer to issue than to run, chapter" + ("s " if len(holds) > 1 else " ")
-                + (", ".join(holds[:-1]) + " and " if len(holds) > 1 else "") + holds[-1] + ", still hold. "
-                "Every comparison on this page whose call waits on the host, chapter by chapter:")
+        eager = _bitnet_eager_card(root, card)
+        planned = "05 part 2" in holds and plan_holds(eager)
+        out += (" Chapter" + ("s " if len(holds) > 1 else " ") + (", ".join(holds[:-1]) + " and " if len(holds) > 1
+                                                                  else "") + holds[-1]
+                + f" have calls that take longer to issue than to run; called that way on the {card}, each still "
+                "leads its rival")
+        if planned:
+            n, of = eager["slower_eager"], len(eager["rows"])
+            at = f"all {of}" if n == of else f"{n} of its {of}"
+            out += (", chapter 05 part 2 only through its plan object, `W2A8Plan`: its plain function, which checks "
+                    f"its inputs on every call, loses at {at} shapes.")
+        else:
+            out += "."
+    slim = _ngram_called_vs_loop(card)
+    if slim is not None:
+        (b, t), ratio = slim
+        out += (f" And chapter 03's `ngram_match`, called as a reader calls it and timed end to end, is only "
+                f"{ratio:.2f}× the CPU loop it replaces at {b} × {t:,}.")
+    if holds:
+        out += " Every comparison on this page whose call waits on the host, chapter by chapter:"
     return out
+
+
+def _bitnet_eager_card(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, Any] | None:
+    """:func:`bitnet_eager` on the card named ``card`` ("H200"); None where it has no such run."""
+    folder = next((c for c in cards(root) if short_card(card_name(c)) == card), None)
+    return bitnet_eager(folder) if folder else None
+
+
+def _ngram_called_vs_loop(card: str = "H200") -> tuple[tuple[int, int], float] | None:
+    """Chapter 03's public call as a reader makes it (checks and scratch included), end to end, against the CPU loop
+    it replaces, at the case where its margin is smallest: ((batch, prompt length), the loop's time over the call's),
+    from the chapter's separate end-to-end run (``book.ngram.lesson.entry_end_to_end``); None without that run."""
+    from book.ngram import lesson
+
+    rows = lesson.entry_end_to_end(f"nvidia-{card.lower()}")
+    if not rows:
+        return None
+    # rounded to 0.1 µs first, as the chapter's table prints them, so the ratio is the chapter's
+    ratios = {case[:2]: round(v["cpu_path"]["ms"] * 1e3, 1) / round(v["ngram_match"]["ms"] * 1e3, 1)
+              for case, v in rows.items() if "cpu_path" in v and "ngram_match" in v}
+    return min(ratios.items(), key=lambda kv: kv[1]) if ratios else None
 
 
 def _bitnet_planned(root: Path = BENCH_RESULTS, card: str = "H200") -> bool:
