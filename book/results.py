@@ -688,7 +688,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
                         [("loss", "BitNet's kernel", lost)] if lost else []))
     port = "our FastDeploy port"  # step 4 of chapter 03: the results page names it, not its step
     for folder in cards(root):  # chapter 03's range against step 4: the shapes where our call waits on the host
-        waits = {cfg: (o, t) for cfg, (o, t) in ngram_ratios(folder).items()
+        measured = ngram_ratios(folder)
+        waits = {cfg: (o, t) for cfg, (o, t) in measured.items()
                  if o.get("host_ms") and o["host_ms"] > o["ms"] and t.get("host_ms") is not None}
         if not waits:
             continue
@@ -700,8 +701,9 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         if behind:  # the line's note, in plain words: the shapes where the port then wins
             on = "" if name == SUMMARY_CARD else f" on the {name}"  # the results table's card goes unsaid
             flip_words.setdefault((3, 0), []).append(
-                f"{port} would be faster{on} at {len(behind)} of the {len(waits)} shapes where ours waits on the host ("
-                + ", and ".join(ngram_case_words(cfg).replace(" x ", " × ") for cfg in behind) + ")")
+                f"{port} would be faster{on} at {len(behind)} of the {len(measured)} shapes measured ("
+                + ", and ".join(ngram_case_words(cfg).replace(" x ", " × ") for cfg in behind)
+                + f"); ours waits on the host at {len(waits)} of them")
         fold = [row(f"{case_label(3, 'its entry point', 0)} on the {name} at "
                     f"{ngram_case_words(cfg).replace(' x ', ' × ')}",
                     f"{us(waits[cfg][0]['host_ms'])} / {us(waits[cfg][0]['ms'])}",
