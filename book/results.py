@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any, Callable
 
@@ -2318,15 +2319,15 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
 
 #: Chapter 08's batch-8 rows whose speedup the results page reads as the chapter does: the median batch's own ratio
 #: (:func:`book.speculate.lesson.median_pairing`), "the safer reading" than the ratio of the two medians.
-MEDIAN_BATCH_WORKLOADS = ("extraction",)
+MEDIAN_BATCH_WORKLOADS = ("extraction", "low_copy")
 
 
 def speculate_median_batch(card: Path, workload: str = "extraction", batch: int = 8) -> dict[str, Any] | None:
     """Chapter 08's batch-``batch`` ``workload`` rows on ``card`` read as the chapter reads them: the median batch's
     own ratio (:func:`book.speculate.lesson.median_pairing`'s ``median_ratio``), with that batch's two times per
     output token (``ours_ms``, ``theirs_ms``: chapter 07's step 3 and the shipped step) so that the ratio is of the
-    times shown, and how many batches (``n``). None where the card has no such run or no one batch holds the median
-    (an even count of batches)."""
+    times shown, and how many batches (``n``); where no one batch holds the median (an even count, ``one_batch``
+    False) the times are the two medians. None where the card has no such run."""
     from book.speculate import lesson
     from studylog.plotting import load_results
     from studylog.speculate.report import SHIPPED
@@ -2340,10 +2341,15 @@ def speculate_median_batch(card: Path, workload: str = "extraction", batch: int 
     ours = {r["params"]["request"]: r["ms"] for r in lesson._rows(results, batch, workload, SHIPPED)}
     at = [n for n in sorted(set(theirs) & set(ours)) if math.isclose(theirs[n] / ours[n], pair["median_ratio"],
                                                                       rel_tol=1e-12)]
-    if not at:
+    if not theirs or not ours:
         return None
+    if not at:  # an even count: the ratio is the mean of the two middle batches' own, so the times are the medians
+        names = sorted(set(theirs) & set(ours))
+        return {"ratio": pair["median_ratio"], "ours_ms": statistics.median(ours[n] for n in names),
+                "theirs_ms": statistics.median(theirs[n] for n in names), "n": pair["n"],
+                "ratio_of_medians": pair["ratio_of_medians"], "one_batch": False}
     return {"ratio": pair["median_ratio"], "ours_ms": ours[at[0]], "theirs_ms": theirs[at[0]], "n": pair["n"],
-            "ratio_of_medians": pair["ratio_of_medians"]}
+            "ratio_of_medians": pair["ratio_of_medians"], "one_batch": True}
 
 
 def median_batch_rows(markdown: str, root: Path = BENCH_RESULTS) -> str:
@@ -2357,12 +2363,14 @@ def median_batch_rows(markdown: str, root: Path = BENCH_RESULTS) -> str:
         c = re.match(r"\*\*(NVIDIA [^*]+)\*\*, measured", line)
         card = c.group(1) if c else card
         cells = line.split(" | ")
-        hit = next((w for w in MEDIAN_BATCH_WORKLOADS if chapter == 8 and line.startswith(f"| SmolLM2-135M, {w}, batch 8,")
-                    and len(cells) >= 4), None)
+        hit = next((w for w in MEDIAN_BATCH_WORKLOADS if chapter == 8 and len(cells) >= 4
+                    and line.startswith(f"| SmolLM2-135M, {w.replace('_', '-')}, batch 8,")), None)
         found = speculate_median_batch(folders[card], hit) if hit and card in folders else None
         if found:
-            cells[0] = (f"| SmolLM2-135M, {hit}, batch 8, per output token, the median batch's own ratio, of its "
-                        f"{found['n']} batches of 8 requests, each timed whole (the chapter's reading)")
+            which = (f"the median batch's own ratio, of its {found['n']} batches of 8 requests, each timed whole"
+                     if found["one_batch"] else f"the median of its {found['n']} batches' own ratios (8 requests "
+                     "each, timed whole), beside the median times")
+            cells[0] = f"| SmolLM2-135M, {hit.replace('_', '-')}, batch 8, per output token, {which} (the chapter's reading)"
             cells[1:4] = [f"**{found['ratio']:.2f}×**", us(found["ours_ms"]), us(found["theirs_ms"])]
             line = " | ".join(cells) + (" |" if not cells[-1].endswith("|") else "")
         out.append(line)
