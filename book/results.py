@@ -1996,14 +1996,18 @@ def case_and_rival(number: int, part: int = 0, root: Path = BENCH_RESULTS) -> st
 MAX_NOTES = 6
 #: The one fold under the results table that holds every line's notes, chapter by chapter.
 NOTES_HEAD = "\n<details><summary>More on each line: other cases, the other card, where a rival would win</summary>\n"
+#: The same fold as the book's dropdown, on the results page (beside its other folds).
+NOTES_DROPDOWN = ":::{dropdown} More on each line: other cases, the other card, where a rival would win"
 
 
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
-                     card: str | None = SUMMARY_CARD) -> str:
+                     card: str | None = SUMMARY_CARD, dropdown: bool = False) -> str:
     """The results page's first table: per chapter (and chapter 05's Triton part, :func:`part_one_line`) the
     question, the fair headline on ``card`` (every card with None: one number and a few words) and a link; under
     it, a list of each line's notes (caveats, the other numbers of a line, and where the cards time
-    different code). A card whose run is not comparable with the other card's shows no ratio; its note says why."""
+    different code). A card whose run is not comparable with the other card's shows no ratio; its note says why.
+    The notes fold is HTML ``<details>`` (which the README renders), or with ``dropdown`` the book's own fold, so that
+    it looks like the page's other folds."""
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = [n for n in dict.fromkeys(n for h in found for n in h["cells"]) if card is None or n == card]
@@ -2092,7 +2096,10 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
                                                                  else []) + eager_lines.get((h["number"], part), []),
              rival_versions(h["number"], part, root, card or SUMMARY_CARD))
     if notes:
-        lines += [NOTES_HEAD] + notes + ["", "</details>"]
+        if dropdown:
+            lines += ["", NOTES_DROPDOWN, ""] + notes + ["", ":::"]
+        else:
+            lines += [NOTES_HEAD] + notes + ["", "</details>"]
     footnote = versions_footnote(root, card or SUMMARY_CARD)
     if footnote:
         lines += ["", footnote]

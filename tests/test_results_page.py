@@ -1116,11 +1116,21 @@ def test_chapter_eight_batch_eight_row_reads_the_median_batch_as_the_chapter_doe
         assert "median over its batches" not in row, row
 
 
+def test_the_notes_fold_is_a_dropdown_on_the_page_and_details_in_the_readme():
+    """On the results page the notes under the headline table fold like the page's other folds (a dropdown); the
+    README, which GitHub renders, keeps the HTML fold."""
+    page = results.summary_markdown(dropdown=True)
+    assert results.NOTES_DROPDOWN in page and "<details>" not in page
+    notes = page.split(results.NOTES_DROPDOWN, 1)[1]
+    assert "\n:::" in notes and "</details>" not in notes
+    assert results.NOTES_HEAD in results.summary_markdown() and results.NOTES_DROPDOWN not in results.summary_markdown()
+
+
 def test_words_the_tables_use_come_after_the_headline_table():
     """The definitions fold stands below the headline table and above the cards' tables, not before any result."""
     page = (REPO_ROOT / "results.md").read_text()
     words = page.index(":::{dropdown} Words the tables use")
-    assert page.index("Markdown(summary_markdown())") < words < page.index("## Every row, card by card")
+    assert page.index("Markdown(summary_markdown(dropdown=True))") < words < page.index("## Every row, card by card")
 
 
 def test_decode_loops_notes_give_the_requests_own_ratios_as_a_range_only():
