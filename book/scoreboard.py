@@ -1423,9 +1423,8 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
         times = 100 / r["pct_of_floor"]
         if r["binding"] == "bytes" and r.get("latency_missing_why") and not r.get("loop_bound"):
             # the chain of dependent work is not timed on this card: the byte floor binds only for want of it, so
-            # the true floor may be higher and the distance to it smaller
-            return (f"{_floor(r['binding_floor_ms'])}, byte floor (the latency floor not measured on this card)",
-                    f"**at most {times:.1f}×**")
+            # the true floor may be higher and a distance over the byte floor would overstate the room: n/a
+            return f"n/a (chain not timed here; byte floor {_floor(r['binding_floor_ms'])})", "n/a"
         if r.get("loop_bound"):
             kind = (floor_kind(r, short=True).replace("byte floor", "byte bound")
                     .replace("latency floor", "kernel-count bound"))
