@@ -592,11 +592,11 @@ PART_ONE_NOTEBOOK = "notebooks/05_ternary_1_triton.ipynb"
 #: Part 1's row's case, by the page's one rule for a chapter whose answer is a range over shapes: the shape of our
 #: least lead on the lead card among those where the rival passes our check. Part 1's answer is against GemLite, the
 #: Triton peer, at the shapes where GemLite passes our float64 check (its autotuner's pick, and with it its check at a
-#: shape, can change from run to run); of those, our lead on the H200 is least at 14336 x 4096 (Llama 3 8B's gate
-#: and up projections), where GemLite passes on both cards. A test checks the rule against the committed files.
+#: shape, can change from run to run); of those, our lead on the H200 is least at 14336 x 4096 (an 8B Llama's up
+#: projection), where GemLite passes on both cards. A test checks the rule against the committed files.
 PART_ONE_CASE = {"shape": "14336x4096", "m": 1}
 #: Part 1's layer at :data:`PART_ONE_CASE`, in its shape cell.
-PART_ONE_LAYER = "Llama 3 8B's gate and up projections"
+PART_ONE_LAYER = "an 8B Llama's up projection"  # the chapter's own name for it
 
 
 def _ternary_part_one(data):
@@ -1897,7 +1897,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             c["kernel"], c["shape"] = kernel, f"M = 1, N × K = {shape}"
             working_fails = any(b.get("ternary_case") == "llama" and not b.get("part_notebook")
                                 and b.get("gemlite_fails_check") and short_card(b["card"]) == LEAD_CARD for b in board)
-            note(r, f"its shape is {PART_ONE_LAYER}{why}" + (f"; at the chapter's working shape, Llama 3 8B's down "
+            note(r, f"its shape is {PART_ONE_LAYER}{why}" + (f"; at the chapter's working shape, an 8B Llama's down "
                     f"projection, GemLite fails the check on the {LEAD_CARD}" if why and working_fails else ""),
                  every_card=True)
     on = f", all measured on the {LEAD_CARD}" if one_card else ""

@@ -1275,7 +1275,7 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
         assert "14336 × 4096" in cells["final kernel"] + cells["chapter: shape"]
         if short == sb.LEAD_CARD:  # the lead row's shape is short; which layer this is and why, in its notes
             assert short_lead and cells["chapter: shape"].endswith("M = 1, N × K = 14336 × 4096"), cells
-            assert ("its shape is Llama 3 8B's gate and up projections, where our lead over GemLite is least "
+            assert ("its shape is an 8B Llama's up projection, where our lead over GemLite is least "
                     "of the shapes where GemLite passes our check") in table
         assert cells["median [slowest repetition], µs"].startswith(f"**{ours['ms'] * 1e3:,.1f}** [")
         assert cells["speedup (rival ÷ ours)"].startswith(f"{ratio:.2f}×")
