@@ -595,6 +595,8 @@ PART_ONE_NOTEBOOK = "notebooks/05_ternary_1_triton.ipynb"
 #: shape, can change from run to run); of those, our lead on the H200 is least at 14336 x 4096 (an 8B Llama's up
 #: projection), where GemLite passes on both cards. A test checks the rule against the committed files.
 PART_ONE_CASE = {"shape": "14336x4096", "m": 1}
+#: The column of chapter 05's notes table for cuBLAS on the same matrix stored densely (µs).
+DENSE_COLUMN = "cuBLAS bf16, matrix stored densely (µs)"
 #: Part 1's layer at :data:`PART_ONE_CASE`, in its shape cell.
 PART_ONE_LAYER = "an 8B Llama's up projection"  # the chapter's own name for it
 
@@ -738,6 +740,7 @@ def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: st
              "gemlite_ms": gemlite["ms"] if gemlite is not None else None,
              "read_only_ms": read["ms"] if read is not None else None,
              "dense_ratio": cublas["ms"] / spread(ours)[1] if cublas is not None else None,
+             "dense_ms": cublas["ms"] if cublas is not None else None,
              # GemLite and cuBLAS stand in the same cell on every card, whichever is the rival: one pair each card
              "rival_also": (f"cuBLAS bf16 on the matrix stored densely takes {us(cublas['ms'])} µs; ours is "
                             f"{cublas['ms'] / spread(ours)[1]:.2f}× faster"
@@ -1598,6 +1601,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if key not in on:
             on.append(key)
 
+    # chapter -> (kernel cell, card) -> column -> value: numbers a note would repeat row by row, as a small table
+    facts: dict[int, dict[tuple[str, str], dict[str, str]]] = {}
+    fact_words: dict[int, list[tuple[dict[str, Any], str]]] = {}  # the same, as sentences, for a chapter of one row
+
+    def fact(r: dict[str, Any], column: str, value: str, words: str = "") -> None:
+        facts.setdefault(r["number"], {}).setdefault((_kernel_label(r), short_card(r["card"])), {})[column] = value
+        if words:
+            fact_words.setdefault(r["number"], []).append((r, words))
+
     def chapter_link(r: dict[str, Any]) -> str:
         # chapter 05's rows are part 2's, but for part 1's, which link part 1's own page
         if r.get("part_notebook"):
@@ -1688,7 +1700,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("rival_check") == "misses":  # the rival's check is said where it fails; passing is the rule
             note(r, f"{r['rival']} misses our float64 check")
         also = r.get("rival_also")
-        if also and not any(n.startswith(also.split(":")[0] + " ") for n in r["rival_notes"]):  # said there already
+        if also and also.startswith("cuBLAS bf16 on the matrix stored densely") and r.get("dense_ms"):
+            fact(r, DENSE_COLUMN, us(r["dense_ms"]), also)  # a column in the chapter's small table, not a sentence
+            fact(r, "ours faster than it", f"{r['dense_ratio']:.2f}×")
+        elif also and not any(n.startswith(also.split(":")[0] + " ") for n in r["rival_notes"]):  # said there already
             note(r, also)
         if r["rival_clock"] not in (None, r["clock"]):
             rival += " (end to end, as our time in this row)"
@@ -1780,8 +1795,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("design_bound_ms") is not None:  # the own-work yardstick: what it is, once a chapter
             note(r, f"own work here is {r['design_bound_what']}", every_card=True)
             if id(r) in lead_ids:  # the lead table has no own-work columns: its time and ours over it, here
-                note(r, f"its own work takes {_floor(r['design_bound_ms'])} µs; our median is "
-                        f"{r['median_ms'] / r['design_bound_ms']:.1f}× it")
+                fact(r, "own work (µs)", _floor(r["design_bound_ms"]),
+                     f"its own work takes {_floor(r['design_bound_ms'])} µs; our median is "
+                     f"{r['median_ms'] / r['design_bound_ms']:.1f}× it")
+                fact(r, "our median ÷ own work", f"{r['median_ms'] / r['design_bound_ms']:.1f}×")
         for extra in r["floor_notes"]:
             if r.get("design_bound_ms") is not None and extra.startswith("a kernel that only reads"):
                 continue  # its time is the row's tighter bound, in the table
@@ -2005,10 +2022,16 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                             "the card's fastest of its other runs."]
     floor_lines = fold("Each row's three floors (the one that binds, the largest, in bold)", floor_lines)
 
+    for number, table in list(facts.items()):  # a table of one row would be heavier than its sentence
+        if len(table) == 1:
+            for r, words in fact_words.get(number, []):
+                note(r, words)
+            del facts[number]
     chapter_notes: list[str] = []
     for entry in ENTRIES:  # one paragraph a chapter: a note on every row it shows names none, others name theirs
-        said = notes.get(entry.number)
-        if not said:
+        said = notes.get(entry.number, {})
+        table = facts.get(entry.number)
+        if not said and not table:
             continue
         shown_rows = list(dict.fromkeys(page_keys.get(entry.number, [])))
         one_card_only = len(measured_cards.get(entry.number, [])) < 2
@@ -2056,6 +2079,14 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                              + "".join(" " + _sentence(m) for m in more))
             chapter_notes += ["", f"**Chapter {entry.number:02d}, {entry.title}.** " + " ".join(
                 p if p.endswith(".") else p + "." for p in parts)]
+        if table:  # the numbers each row adds, one row each, in the order of the tables above
+            columns = list(dict.fromkeys(c for v in table.values() for c in v))
+            if not said_by:
+                chapter_notes += ["", f"**Chapter {entry.number:02d}, {entry.title}.**"]
+            chapter_notes += ["", "| row | card | " + " | ".join(columns) + " |",
+                              "|---|---|" + "---|" * len(columns)]
+            chapter_notes += [f"| {label} | {card} | " + " | ".join(v.get(c, "–") for c in columns) + " |"
+                              for (label, card), v in sorted(table.items(), key=lambda kv: kv[0][1] != LEAD_CARD)]
     body = "\n\n".join(under_lead).split("\n") + chapter_notes  # one paragraph a note, then one a chapter
     if body:
         times[notes_at:notes_at] = [""] + fold("Notes", body)
