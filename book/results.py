@@ -704,7 +704,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
             flip_words.setdefault((3, 0), []).append(
                 f"{port} would be faster{on} at {len(behind)} of the {len(measured)} shapes measured ("
                 + ", and ".join(ngram_case_words(cfg).replace(" x ", " × ") for cfg in behind)
-                + f"); ours waits on the host at {len(waits)} of them")
+                + f"), {'one' if len(behind) == 1 else 'all'} among the {len(waits)} where ours waits on the host")
         fold = [row(f"{case_label(3, 'its entry point', 0)} on the {name} at "
                     f"{ngram_case_words(cfg).replace(' x ', ' × ')}",
                     f"{us(waits[cfg][0]['host_ms'])} / {us(waits[cfg][0]['ms'])}",
