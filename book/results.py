@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any, Callable
 
@@ -706,7 +707,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
                         [("loss", "BitNet's kernel", lost)] if lost else []))
     port = "our FastDeploy port"  # step 4 of chapter 03: the results page names it, not its step
     for folder in cards(root):  # chapter 03's range against step 4: the shapes where our call waits on the host
-        waits = {cfg: (o, t) for cfg, (o, t) in ngram_ratios(folder).items()
+        measured = ngram_ratios(folder)
+        waits = {cfg: (o, t) for cfg, (o, t) in measured.items()
                  if o.get("host_ms") and o["host_ms"] > o["ms"] and t.get("host_ms") is not None}
         if not waits:
             continue
@@ -718,8 +720,9 @@ def host_bound_markdown(root: Path = BENCH_RESULTS, chapters: bool = False, coun
         if behind:  # the line's note, in plain words: the shapes where the port then wins
             on = "" if name == SUMMARY_CARD else f" on the {name}"  # the results table's card goes unsaid
             flip_words.setdefault((3, 0), []).append(
-                f"{port} would be faster{on} at {len(behind)} of the {len(waits)} shapes where ours waits on the host ("
-                + ", and ".join(ngram_case_words(cfg).replace(" x ", " × ") for cfg in behind) + ")")
+                f"{port} would be faster{on} at {len(behind)} of the {len(measured)} shapes measured ("
+                + ", and ".join(ngram_case_words(cfg).replace(" x ", " × ") for cfg in behind)
+                + f"), {'one' if len(behind) == 1 else 'all'} among the {len(waits)} where ours waits on the host")
         fold = [row(f"{case_label(3, 'its entry point', 0)} on the {name} at "
                     f"{ngram_case_words(cfg).replace(' x ', ' × ')}",
                     f"{us(waits[cfg][0]['host_ms'])} / {us(waits[cfg][0]['ms'])}",
@@ -2011,14 +2014,18 @@ def case_and_rival(number: int, part: int = 0, root: Path = BENCH_RESULTS) -> st
 MAX_NOTES = 6
 #: The one fold under the results table that holds every line's notes, chapter by chapter.
 NOTES_HEAD = "\n<details><summary>More on each line: other cases, the other card, where a rival would win</summary>\n"
+#: The same fold as the book's dropdown, on the results page (beside its other folds).
+NOTES_DROPDOWN = ":::{dropdown} More on each line: other cases, the other card, where a rival would win"
 
 
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
-                     card: str | None = SUMMARY_CARD) -> str:
+                     card: str | None = SUMMARY_CARD, dropdown: bool = False) -> str:
     """The results page's first table: per chapter (and chapter 05's Triton part, :func:`part_one_line`) the
     question, the fair headline on ``card`` (every card with None: one number and a few words) and a link; under
     it, a list of each line's notes (caveats, the other numbers of a line, and where the cards time
-    different code). A card whose run is not comparable with the other card's shows no ratio; its note says why."""
+    different code). A card whose run is not comparable with the other card's shows no ratio; its note says why.
+    The notes fold is HTML ``<details>`` (which the README renders), or with ``dropdown`` the book's own fold, so that
+    it looks like the page's other folds."""
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = [n for n in dict.fromkeys(n for h in found for n in h["cells"]) if card is None or n == card]
@@ -2107,7 +2114,10 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
                                                                  else []) + eager_lines.get((h["number"], part), []),
              rival_versions(h["number"], part, root, card or SUMMARY_CARD))
     if notes:
-        lines += [NOTES_HEAD] + notes + ["", "</details>"]
+        if dropdown:
+            lines += ["", NOTES_DROPDOWN, ""] + notes + ["", ":::"]
+        else:
+            lines += [NOTES_HEAD] + notes + ["", "</details>"]
     footnote = versions_footnote(root, card or SUMMARY_CARD)
     if footnote:
         lines += ["", footnote]
@@ -2334,15 +2344,15 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
 
 #: Chapter 08's batch-8 rows whose speedup the results page reads as the chapter does: the median batch's own ratio
 #: (:func:`book.speculate.lesson.median_pairing`), "the safer reading" than the ratio of the two medians.
-MEDIAN_BATCH_WORKLOADS = ("extraction",)
+MEDIAN_BATCH_WORKLOADS = ("extraction", "low_copy")
 
 
 def speculate_median_batch(card: Path, workload: str = "extraction", batch: int = 8) -> dict[str, Any] | None:
     """Chapter 08's batch-``batch`` ``workload`` rows on ``card`` read as the chapter reads them: the median batch's
     own ratio (:func:`book.speculate.lesson.median_pairing`'s ``median_ratio``), with that batch's two times per
     output token (``ours_ms``, ``theirs_ms``: chapter 07's step 3 and the shipped step) so that the ratio is of the
-    times shown, and how many batches (``n``). None where the card has no such run or no one batch holds the median
-    (an even count of batches)."""
+    times shown, and how many batches (``n``); where no one batch holds the median (an even count, ``one_batch``
+    False) the times are the two medians. None where the card has no such run."""
     from book.speculate import lesson
     from studylog.plotting import load_results
     from studylog.speculate.report import SHIPPED
@@ -2356,10 +2366,15 @@ def speculate_median_batch(card: Path, workload: str = "extraction", batch: int 
     ours = {r["params"]["request"]: r["ms"] for r in lesson._rows(results, batch, workload, SHIPPED)}
     at = [n for n in sorted(set(theirs) & set(ours)) if math.isclose(theirs[n] / ours[n], pair["median_ratio"],
                                                                       rel_tol=1e-12)]
-    if not at:
+    if not theirs or not ours:
         return None
+    if not at:  # an even count: the ratio is the mean of the two middle batches' own, so the times are the medians
+        names = sorted(set(theirs) & set(ours))
+        return {"ratio": pair["median_ratio"], "ours_ms": statistics.median(ours[n] for n in names),
+                "theirs_ms": statistics.median(theirs[n] for n in names), "n": pair["n"],
+                "ratio_of_medians": pair["ratio_of_medians"], "one_batch": False}
     return {"ratio": pair["median_ratio"], "ours_ms": ours[at[0]], "theirs_ms": theirs[at[0]], "n": pair["n"],
-            "ratio_of_medians": pair["ratio_of_medians"]}
+            "ratio_of_medians": pair["ratio_of_medians"], "one_batch": True}
 
 
 def median_batch_rows(markdown: str, root: Path = BENCH_RESULTS) -> str:
@@ -2373,12 +2388,14 @@ def median_batch_rows(markdown: str, root: Path = BENCH_RESULTS) -> str:
         c = re.match(r"\*\*(NVIDIA [^*]+)\*\*, measured", line)
         card = c.group(1) if c else card
         cells = line.split(" | ")
-        hit = next((w for w in MEDIAN_BATCH_WORKLOADS if chapter == 8 and line.startswith(f"| SmolLM2-135M, {w}, batch 8,")
-                    and len(cells) >= 4), None)
+        hit = next((w for w in MEDIAN_BATCH_WORKLOADS if chapter == 8 and len(cells) >= 4
+                    and line.startswith(f"| SmolLM2-135M, {w.replace('_', '-')}, batch 8,")), None)
         found = speculate_median_batch(folders[card], hit) if hit and card in folders else None
         if found:
-            cells[0] = (f"| SmolLM2-135M, {hit}, batch 8, per output token, the median batch's own ratio, of its "
-                        f"{found['n']} batches of 8 requests, each timed whole (the chapter's reading)")
+            which = (f"the median batch's own ratio, of its {found['n']} batches of 8 requests, each timed whole"
+                     if found["one_batch"] else f"the median of its {found['n']} batches' own ratios (8 requests "
+                     "each, timed whole), beside the median times")
+            cells[0] = f"| SmolLM2-135M, {hit.replace('_', '-')}, batch 8, per output token, {which} (the chapter's reading)"
             cells[1:4] = [f"**{found['ratio']:.2f}×**", us(found["ours_ms"]), us(found["theirs_ms"])]
             line = " | ".join(cells) + (" |" if not cells[-1].endswith("|") else "")
         out.append(line)
@@ -3074,18 +3091,51 @@ def eager_sentence(root: Path = BENCH_RESULTS, card: str = "H200") -> str:
         return ""
     out = EAGER_WORDS
     if changes:
-        out += (f" Called that way on the {card}, the headline of chapter " + " and ".join(changes)
-                + " fails, as its line says.")
-    else:
-        out += f" Called that way on the {card}, no headline fails."
+        out += (f" Called that way on the {card}, the lead of chapter " + " and ".join(changes)
+                + " over its rival is lost, as its line says.")
     if holds:
-        planned = _bitnet_planned(root, card)
-        holds = [h + (" (through its plan object, `W2A8Plan`, only)" if h == "05 part 2" and planned else "")
-                 for h in holds]
-        out += (" Those whose calls take longer to issue than to run, chapter" + ("s " if len(holds) > 1 else " ")
-                + (", ".join(holds[:-1]) + " and " if len(holds) > 1 else "") + holds[-1] + ", still hold. "
-                "Every comparison on this page whose call waits on the host, chapter by chapter:")
+        eager = _bitnet_eager_card(root, card)
+        planned = "05 part 2" in holds and plan_holds(eager)
+        out += (" Chapter" + ("s " if len(holds) > 1 else " ") + (", ".join(holds[:-1]) + " and " if len(holds) > 1
+                                                                  else "") + holds[-1]
+                + f" have calls that take longer to issue than to run; called that way on the {card}, each still "
+                "leads its rival")
+        if planned:
+            n, of = eager["slower_eager"], len(eager["rows"])
+            at = f"all {of}" if n == of else f"{n} of its {of}"
+            out += (", chapter 05 part 2 only through its plan object, `W2A8Plan`: its plain function, which checks "
+                    f"its inputs on every call, loses at {at} shapes.")
+        else:
+            out += "."
+    slim = _ngram_called_vs_loop(card)
+    if slim is not None:
+        (b, t), ratio = slim
+        out += (f" And chapter 03's `ngram_match`, called as a reader calls it and timed end to end, is only "
+                f"{ratio:.2f}× the CPU loop it replaces at {b} × {t:,}.")
+    if holds:
+        out += " Every comparison on this page whose call waits on the host, chapter by chapter:"
     return out
+
+
+def _bitnet_eager_card(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, Any] | None:
+    """:func:`bitnet_eager` on the card named ``card`` ("H200"); None where it has no such run."""
+    folder = next((c for c in cards(root) if short_card(card_name(c)) == card), None)
+    return bitnet_eager(folder) if folder else None
+
+
+def _ngram_called_vs_loop(card: str = "H200") -> tuple[tuple[int, int], float] | None:
+    """Chapter 03's public call as a reader makes it (checks and scratch included), end to end, against the CPU loop
+    it replaces, at the case where its margin is smallest: ((batch, prompt length), the loop's time over the call's),
+    from the chapter's separate end-to-end run (``book.ngram.lesson.entry_end_to_end``); None without that run."""
+    from book.ngram import lesson
+
+    rows = lesson.entry_end_to_end(f"nvidia-{card.lower()}")
+    if not rows:
+        return None
+    # rounded to 0.1 µs first, as the chapter's table prints them, so the ratio is the chapter's
+    ratios = {case[:2]: round(v["cpu_path"]["ms"] * 1e3, 1) / round(v["ngram_match"]["ms"] * 1e3, 1)
+              for case, v in rows.items() if "cpu_path" in v and "ngram_match" in v}
+    return min(ratios.items(), key=lambda kv: kv[1]) if ratios else None
 
 
 def _bitnet_planned(root: Path = BENCH_RESULTS, card: str = "H200") -> bool:

@@ -447,9 +447,7 @@ def _ngram(data):
         out.append(_row(_entry_label("the GPU drafter", series, lead), f"{slots} slots of {length:,} tokens, no budget",
                         lead["clock"], lead, ports[best], found[best], byte_floor_ms=lead.get("floor_ms"),
                         latency_floor_ms=latency, latency_what=what, short=_entry_short(series, lead),
-                        rival_notes=tuple(f"against {ports[n]} at {slots} × {length:,}, no budget: "
-                                          f"{found[n]['ms'] / lead['ms']:.2f}×" for n in found
-                                          if n != best) + (deployed,) + (
+                        rival_notes=(
                             # a run without the entry point's series times the chain's last step itself
                             ("this card's benchmark predates the chapter's entry point, which picks a step by shape: "
                              "it times step 12, the chain's last step",)
@@ -458,7 +456,20 @@ def _ngram(data):
                                      f"no budget, {lead['haystack_bytes'] / 1e6:.1f} MB of the "
                                      f"{slots * length * 8 / 1e6:.1f} MB the batch has room for, read once at the "
                                      "card's copy bandwidth",) if lead.get("haystack_bytes") else ())
-                   | {"tail_params": NGRAM_LEAD_CASE, "page_lead": True})
+                   | {"tail_params": NGRAM_LEAD_CASE, "page_lead": True,
+                      # the numbers each card adds, a column each in the chapter's notes table (with their sentence
+                      # where the chapter has one row), and why the deployed budget's case has another floor, once
+                      "rival_facts": tuple((f"vs step {n}, {slots} × {length:,}, no budget", f"{found[n]['ms'] / lead['ms']:.2f}×",
+                                            f"against {ports[n]} at {slots} × {length:,}, no budget: "
+                                            f"{found[n]['ms'] / lead['ms']:.2f}×") for n in found if n != best)
+                      + ((f"vs step {deployed_best}, {NGRAM_CASE['batch']} × {NGRAM_CASE['seq_len']:,}, budget "
+                          f"{NGRAM_CASE['threshold']} (µs)",
+                          f"{gpu_row['vs_rival']:.2f}× ({against(gpu_row['median_ms'], gpu_row['rival_ms'])})",
+                          deployed),),
+                      "rival_facts_why": (f"under the deployed budget ({NGRAM_CASE['batch']} slots of "
+                                          f"{NGRAM_CASE['seq_len']:,} tokens, budget {NGRAM_CASE['threshold']}) few "
+                                          "slots search, so the chapter's table gives that case its latency floor, "
+                                          "not the active slots' bytes")})
     return out
 
 
@@ -592,11 +603,13 @@ PART_ONE_NOTEBOOK = "notebooks/05_ternary_1_triton.ipynb"
 #: Part 1's row's case, by the page's one rule for a chapter whose answer is a range over shapes: the shape of our
 #: least lead on the lead card among those where the rival passes our check. Part 1's answer is against GemLite, the
 #: Triton peer, at the shapes where GemLite passes our float64 check (its autotuner's pick, and with it its check at a
-#: shape, can change from run to run); of those, our lead on the H200 is least at 14336 x 4096 (Llama 3 8B's gate
-#: and up projections), where GemLite passes on both cards. A test checks the rule against the committed files.
+#: shape, can change from run to run); of those, our lead on the H200 is least at 14336 x 4096 (an 8B Llama's up
+#: projection), where GemLite passes on both cards. A test checks the rule against the committed files.
 PART_ONE_CASE = {"shape": "14336x4096", "m": 1}
+#: The column of chapter 05's notes table for cuBLAS on the same matrix stored densely (µs).
+DENSE_COLUMN = "cuBLAS bf16, matrix stored densely (µs)"
 #: Part 1's layer at :data:`PART_ONE_CASE`, in its shape cell.
-PART_ONE_LAYER = "Llama 3 8B's gate and up projections"
+PART_ONE_LAYER = "an 8B Llama's up projection"  # the chapter's own name for it
 
 
 def _ternary_part_one(data):
@@ -738,6 +751,7 @@ def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: st
              "gemlite_ms": gemlite["ms"] if gemlite is not None else None,
              "read_only_ms": read["ms"] if read is not None else None,
              "dense_ratio": cublas["ms"] / spread(ours)[1] if cublas is not None else None,
+             "dense_ms": cublas["ms"] if cublas is not None else None,
              # GemLite and cuBLAS stand in the same cell on every card, whichever is the rival: one pair each card
              "rival_also": (f"cuBLAS bf16 on the matrix stored densely takes {us(cublas['ms'])} µs; ours is "
                             f"{cublas['ms'] / spread(ours)[1]:.2f}× faster"
@@ -1423,9 +1437,8 @@ def _floor_cells(r: dict[str, Any]) -> tuple[str, str]:
         times = 100 / r["pct_of_floor"]
         if r["binding"] == "bytes" and r.get("latency_missing_why") and not r.get("loop_bound"):
             # the chain of dependent work is not timed on this card: the byte floor binds only for want of it, so
-            # the true floor may be higher and the distance to it smaller
-            return (f"{_floor(r['binding_floor_ms'])}, byte floor (the latency floor not measured on this card)",
-                    f"**at most {times:.1f}×**")
+            # the true floor may be higher and a distance over the byte floor would overstate the room: n/a
+            return f"n/a (chain not timed here; byte floor {_floor(r['binding_floor_ms'])})", "n/a"
         if r.get("loop_bound"):
             kind = (floor_kind(r, short=True).replace("byte floor", "byte bound")
                     .replace("latency floor", "kernel-count bound"))
@@ -1599,6 +1612,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if key not in on:
             on.append(key)
 
+    # chapter -> (kernel cell, card) -> column -> value: numbers a note would repeat row by row, as a small table
+    facts: dict[int, dict[tuple[str, str], dict[str, str]]] = {}
+    fact_words: dict[int, list[tuple[dict[str, Any], str]]] = {}  # the same, as sentences, for a chapter of one row
+
+    def fact(r: dict[str, Any], column: str, value: str, words: str = "") -> None:
+        facts.setdefault(r["number"], {}).setdefault((_kernel_label(r), short_card(r["card"])), {})[column] = value
+        if words:
+            fact_words.setdefault(r["number"], []).append((r, words))
+
     def chapter_link(r: dict[str, Any]) -> str:
         # chapter 05's rows are part 2's, but for part 1's, which link part 1's own page
         if r.get("part_notebook"):
@@ -1689,12 +1711,19 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("rival_check") == "misses":  # the rival's check is said where it fails; passing is the rule
             note(r, f"{r['rival']} misses our float64 check")
         also = r.get("rival_also")
-        if also and not any(n.startswith(also.split(":")[0] + " ") for n in r["rival_notes"]):  # said there already
+        if also and also.startswith("cuBLAS bf16 on the matrix stored densely") and r.get("dense_ms"):
+            fact(r, DENSE_COLUMN, us(r["dense_ms"]), also)  # a column in the chapter's small table, not a sentence
+            fact(r, "ours faster than it", f"{r['dense_ratio']:.2f}×")
+        elif also and not any(n.startswith(also.split(":")[0] + " ") for n in r["rival_notes"]):  # said there already
             note(r, also)
         if r["rival_clock"] not in (None, r["clock"]):
             rival += " (end to end, as our time in this row)"
             note(r, f"against {r['rival']}: it is timed {r['ratio_note'] or 'on another clock'}; the ratio compares "
                     "our call timed the same way, not our GPU time", every_card=True)
+        for column, value, words in r.get("rival_facts", ()):
+            fact(r, column, value, words)
+        if r.get("rival_facts_why"):
+            note(r, r["rival_facts_why"], every_card=True)
         for extra in r["rival_notes"]:
             note(r, extra)
         for extra in r["notes"][2:]:
@@ -1781,8 +1810,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("design_bound_ms") is not None:  # the own-work yardstick: what it is, once a chapter
             note(r, f"own work here is {r['design_bound_what']}", every_card=True)
             if id(r) in lead_ids:  # the lead table has no own-work columns: its time and ours over it, here
-                note(r, f"its own work takes {_floor(r['design_bound_ms'])} µs; our median is "
-                        f"{r['median_ms'] / r['design_bound_ms']:.1f}× it")
+                fact(r, "own work (µs)", _floor(r["design_bound_ms"]),
+                     f"its own work takes {_floor(r['design_bound_ms'])} µs; our median is "
+                     f"{r['median_ms'] / r['design_bound_ms']:.1f}× it")
+                fact(r, "our median ÷ own work", f"{r['median_ms'] / r['design_bound_ms']:.1f}×")
         for extra in r["floor_notes"]:
             if r.get("design_bound_ms") is not None and extra.startswith("a kernel that only reads"):
                 continue  # its time is the row's tighter bound, in the table
@@ -1898,7 +1929,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             c["kernel"], c["shape"] = kernel, f"M = 1, N × K = {shape}"
             working_fails = any(b.get("ternary_case") == "llama" and not b.get("part_notebook")
                                 and b.get("gemlite_fails_check") and short_card(b["card"]) == LEAD_CARD for b in board)
-            note(r, f"its shape is {PART_ONE_LAYER}{why}" + (f"; at the chapter's working shape, Llama 3 8B's down "
+            note(r, f"its shape is {PART_ONE_LAYER}{why}" + (f"; at the chapter's working shape, an 8B Llama's down "
                     f"projection, GemLite fails the check on the {LEAD_CARD}" if why and working_fails else ""),
                  every_card=True)
     on = f", all measured on the {LEAD_CARD}" if one_card else ""
@@ -2006,10 +2037,16 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                             "the card's fastest of its other runs."]
     floor_lines = fold("Each row's three floors (the one that binds, the largest, in bold)", floor_lines)
 
+    for number, table in list(facts.items()):  # a table of one row would be heavier than its sentence
+        if len(table) == 1:
+            for r, words in fact_words.get(number, []):
+                note(r, words)
+            del facts[number]
     chapter_notes: list[str] = []
     for entry in ENTRIES:  # one paragraph a chapter: a note on every row it shows names none, others name theirs
-        said = notes.get(entry.number)
-        if not said:
+        said = notes.get(entry.number, {})
+        table = facts.get(entry.number)
+        if not said and not table:
             continue
         shown_rows = list(dict.fromkeys(page_keys.get(entry.number, [])))
         one_card_only = len(measured_cards.get(entry.number, [])) < 2
@@ -2057,6 +2094,14 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                              + "".join(" " + _sentence(m) for m in more))
             chapter_notes += ["", f"**Chapter {entry.number:02d}, {entry.title}.** " + " ".join(
                 p if p.endswith(".") else p + "." for p in parts)]
+        if table:  # the numbers each row adds, one row each, in the order of the tables above
+            columns = list(dict.fromkeys(c for v in table.values() for c in v))
+            if not said_by:
+                chapter_notes += ["", f"**Chapter {entry.number:02d}, {entry.title}.**"]
+            chapter_notes += ["", "| row | card | " + " | ".join(columns) + " |",
+                              "|---|---|" + "---|" * len(columns)]
+            chapter_notes += [f"| {label} | {card} | " + " | ".join(v.get(c, "–") for c in columns) + " |"
+                              for (label, card), v in sorted(table.items(), key=lambda kv: kv[0][1] != LEAD_CARD)]
     body = "\n\n".join(under_lead).split("\n") + chapter_notes  # one paragraph a note, then one a chapter
     if body:
         times[notes_at:notes_at] = [""] + fold("Notes", body)

@@ -46,7 +46,8 @@ def _ternary_row(board, card_folder: Path, case: str = "llama") -> dict:
 
 
 def _table_rows(text: str) -> list[dict[str, str]]:
-    """Every row of every Markdown table in ``text``, as {column header: cell}, written here again."""
+    """Every row of every Markdown table of chapters in ``text``, as {column header: cell}, written here again; the
+    Notes' small tables of a chapter's rows (first column "row") are not the scoreboard's."""
     out, header = [], None
     for ln in text.splitlines():
         if not ln.startswith("|"):
@@ -55,7 +56,7 @@ def _table_rows(text: str) -> list[dict[str, str]]:
         cells = [c.strip() for c in ln.strip().strip("|").split(" | ")]
         if header is None:
             header = cells
-        elif not set(ln) <= set("|-"):
+        elif not set(ln) <= set("|-") and header[0] != "row":
             out.append(dict(zip(header, cells)))
     return out
 
@@ -590,7 +591,7 @@ def test_pages_speak_to_readers(path):
 
 def test_pages_run_their_tables_and_the_book_lists_the_scoreboard():
     assert 'scoreboard_markdown(folds="dropdown")' in (ROOT / "scoreboard.md").read_text()
-    assert "summary_markdown()" in (ROOT / "results.md").read_text()
+    assert "summary_markdown(dropdown=True)" in (ROOT / "results.md").read_text()
     assert "reading_path_markdown()" in (ROOT / "intro.md").read_text()
     toc = (ROOT / "_toc.yml").read_text()
     assert "file: scoreboard" in toc and toc.index("file: results") < toc.index("file: scoreboard")
@@ -754,7 +755,14 @@ def test_notes_are_one_fold_by_chapter_with_no_markers_in_the_cells():
     # sentence said twice, the own-work yardstick defined once (under the first table), not per chapter
     for section in re.split(r"^\*\*Chapter \d+, ", notes, flags=re.M)[1:]:
         title, _, body = section.partition("** ")
-        paragraph = body.strip()
+        # one paragraph, then at most one small table of the numbers each row adds (one line a row and card)
+        paragraph, _, small = body.strip().partition("\n\n")
+        if small:
+            lines = small.strip().splitlines()
+            assert lines[0].startswith("| row | card | ") and set(lines[1]) <= set("|-"), small
+            keys = [tuple(c.strip() for c in ln.strip("|").split(" | ")[:2]) for ln in lines[2:]]
+            assert len(keys) >= 2 and len(keys) == len(set(keys)), small  # one row alone would be a sentence
+            assert all(ln.startswith("| ") for ln in lines[2:]), small
         assert title.endswith(".") and "\n" not in paragraph and not paragraph.startswith("- "), section
         assert "**" not in paragraph, paragraph  # no bold label strings
         sentences = re.findall(r"[^.]+(?:\.\d[^.]*)*\.", paragraph)
@@ -1176,7 +1184,7 @@ def test_host_bound_rows_name_the_rival_and_the_dense_baseline_where_it_wins_eag
 
 def test_the_page_is_one_paragraph_then_the_tables_and_how_we_measure_links_to_its_words():
     """Before the first table the page gives one paragraph (what a row sets side by side), which says the Notes
-    define the shapes' words; How we measure's section on the scoreboard's words links here, not repeating them."""
+    define the shapes' words; How we measure neither repeats them nor keeps a section that only points here."""
     page = (ROOT / "scoreboard.md").read_text()
     cell = page.index("```{code-cell}")
     head = page[page.index("# How close to the limit"):cell]
@@ -1185,11 +1193,10 @@ def test_the_page_is_one_paragraph_then_the_tables_and_how_we_measure_links_to_i
     assert "how_we_measure.md" in head and "The Notes under the tables define" in " ".join(head.split())
     assert ":::" not in page
     measure = (ROOT / "how_we_measure.md").read_text()
-    words = measure[measure.index("## Words the scoreboard uses"):]
-    words = words[:words.index("\n## ")]
-    assert "(scoreboard.md)" in words and len(words.split()) <= 90, words  # links, not a second glossary
+    # the scoreboard defines its own words where it uses them: no navigation-only section here
+    assert "## Words the scoreboard uses" not in measure
     for word in ("**GQA**", "**W2A8**", "**step N**", "**T, A, N**"):
-        assert word not in words, word
+        assert word not in measure, word
 
 
 def test_a_chapter_measured_differently_on_one_card_is_said_for_a_reader():
@@ -1276,7 +1283,7 @@ def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
         assert "14336 × 4096" in cells["final kernel"] + cells["chapter: shape"]
         if short == sb.LEAD_CARD:  # the lead row's shape is short; which layer this is and why, in its notes
             assert short_lead and cells["chapter: shape"].endswith("M = 1, N × K = 14336 × 4096"), cells
-            assert ("its shape is Llama 3 8B's gate and up projections, where our lead over GemLite is least "
+            assert ("its shape is an 8B Llama's up projection, where our lead over GemLite is least "
                     "of the shapes where GemLite passes our check") in table
         assert cells["median [slowest repetition], µs"].startswith(f"**{ours['ms'] * 1e3:,.1f}** [")
         assert cells["speedup (rival ÷ ours)"].startswith(f"{ratio:.2f}×")
@@ -1362,8 +1369,8 @@ def test_the_tails_run_times_chapter_four_on_the_chapters_own_targets():
 
 
 def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_in_its_cell():
-    """Chapter 04's H100 row binds on its byte floor only because its chain is not timed there: its × floor is an
-    upper bound on the distance ("at most"). A short ternary row keeps its × floor over the floor that binds (its bytes, or
+    """Chapter 04's H100 row binds on its byte floor only because its chain is not timed there: its floor and × floor
+    read n/a, the byte floor said beside it. A short ternary row keeps its × floor over the floor that binds (its bytes, or
     one launch), as its column names; a kernel that only reads the same weights in the same run is its tighter bound, in the next two
     columns (recomputed here), and no mark or note repeats it."""
     page = sb.scoreboard_markdown(folds="dropdown")
@@ -1379,8 +1386,9 @@ def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_
                       and bool(r.get("part_notebook")) == ("part 1" in c["chapter: shape"])), None)
         if cells is None:
             continue
-        if r["binding"] == "bytes" and r.get("latency_missing_why"):
-            assert cells["× floor"].startswith("**at most "), cells
+        if r["binding"] == "bytes" and r.get("latency_missing_why"):  # no distance to a floor that may be higher
+            assert cells["× floor"] == "n/a", cells
+            assert cells["floor, the card's or a chain's (µs)"].startswith("n/a (chain not timed here; byte floor "), cells
         if r.get("read_only_ms"):
             seen += 1
             read = r["read_only_ms"]
@@ -1390,10 +1398,10 @@ def test_a_byte_floor_that_binds_for_want_of_a_chain_or_at_a_short_call_says_so_
             if "own work (µs)" in cells:  # the table of both cards: two columns beside × floor
                 assert cells["own work (µs)"].startswith(f"{read * 1e3:,.1f}, "), cells
                 assert cells["× own work"] == f"{r['median_ms'] / read:.1f}×", cells
-            else:  # the lead table: in chapter 05's notes, its time and our median over it
-                five = page.split("**Chapter 05, ")[1].split("**Chapter ")[0].lower()
-                assert (f"own work takes {read * 1e3:,.1f} µs; our median is {r['median_ms'] / read:.1f}× it"
-                        in five), five
+            else:  # the lead table: in chapter 05's notes' small table, its time and our median over it
+                five = page.split("**Chapter 05, ")[1].split("**Chapter ")[0]
+                assert re.search(rf"\| {card} \| .*\| {read * 1e3:,.1f} \| {r['median_ms'] / read:.1f}× \|$", five,
+                                 flags=re.M), five
     assert seen >= 4  # chapter 05's rows on the two cards
     assert "(ours: " not in page and "a read-only pass)" not in page
     assert page.count(sb.READ_ONLY_WHAT) == 1  # what the bound is: once, in chapter 05's notes
