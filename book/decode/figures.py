@@ -99,7 +99,7 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
     ax.set_ylim(len(configs) - 0.5, -0.5)  # the first configuration on top
     ax.tick_params(axis="x", labelsize=FONT)
     ax.set_xlabel(f"time per output token ({unit})", fontsize=FONT)
-    ax.set_xlim(0, ax.get_xlim()[1] * 1.25)  # room for the numbers beside the bars
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.15)  # room for the numbers beside the bars
     ax.set_title(title, fontsize=FONT + 1)
     if legend:
         handles, labels = ax.get_legend_handles_labels()
@@ -153,23 +153,6 @@ def instrumentation_caption(panels: Sequence[dict[str, dict[str, float]]]) -> st
             f"these {sum(len(p) for p in panels)} bars (the timing's cost, and noise).")
 
 
-def order_flips(parts: dict[str, dict[str, float]]) -> str:
-    """A caption's line naming the neighbouring bars whose instrumented totals (the bars' ends) and timed totals (the
-    ticks) rank them in opposite orders: their difference is smaller than what the events cost, so neither reading
-    orders them; empty where bars and ticks agree."""
-    configs = sorted(parts, key=lambda c: BAR_ORDER.index(c) if c in BAR_ORDER else len(BAR_ORDER))
-    configs = [c for c in configs if c not in NOT_A_STEP]
-
-    def bar(c: str) -> float:
-        return sum(max(parts[c][k], 0.0) for k in COMPONENTS)
-
-    flips = [(a, b) for a, b in zip(configs, configs[1:])
-             if (bar(a) - bar(b)) * (parts[a]["wall"] - parts[b]["wall"]) < 0]
-    return " ".join(f"{BAR_LABELS.get(a, a).split(':')[0]} and {BAR_LABELS.get(b, b).split(':')[0]}: the bars and the "
-                    "ticks rank them in opposite orders, so their difference here is within what the events cost."
-                    for a, b in flips)
-
-
 def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str = ""):
     """One figure per model shape, three panels side by side sharing the configurations' axis: the whole step at
     batch 1 (batch 8 where only it was measured), then the parts other than the model body at batch 1 and at batch
@@ -206,8 +189,7 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     order = [k for k in (TICK_LABEL, *(LABELS[c] for c in COMPONENTS)) if k in labels]  # the tick, then the parts
     # below the panels, the legend, then the parts too thin to draw (what bar and tick differ by, and the run, are
     # the page's "Where the numbers come from": :func:`figure_notes`)
-    lines = [line for line in (hidden_parts(list(parts.values()), hide), order_flips(parts[batches[0]]), caption)
-             if line]
+    lines = [line for line in (hidden_parts(list(parts.values()), hide), caption) if line]
     height = fig.get_figheight()
     text_in = 0.05 + 0.17 * sum(line.count("\n") + 1 for line in lines)  # the caption's height, inches
     legend_in = 0.2 * (1 + -(-len(order) // 3))  # its title and rows
