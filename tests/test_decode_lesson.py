@@ -795,7 +795,7 @@ def test_the_answer_leads_with_the_real_model_and_the_8b_run_is_the_8b_cost_mode
     first = next(t for t in text if "**The answer**" in t)
     words = " ".join(first.split())
     assert "steered" in first and "random weights" in words and "eight[3]['x_previous']" in first
-    assert "the 8B cost model" in words and "(run 1)" in words  # the 8B head's one number, its run said
+    assert "the 8B cost model" in words and "(the main run)" in words  # the 8B head's one number, its run said
     answer = words[words.index("**The answer**"):]  # the Amdahl forecasts come before it, in the same cell
     assert "forecast" not in answer and "a dense-head loop like vLLM's" in answer
     page = "\n".join(text)
@@ -986,8 +986,8 @@ def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_th
         'lesson.steps_table(shown, "1b", 1, with_3a=False)')
     table = lesson.steps_runs_table(results, second)
     head = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
-    assert head == ["step", "the one change", "SmolLM2-135M (13 requests), run 1: µs per token", "× previous",
-                    "run 2: µs per token", "× previous", "both runs", "× forward-time bound"]
+    assert head == ["step", "the one change", "SmolLM2-135M (13 requests), main run: µs per token", "× previous",
+                    "second run: µs per token", "× previous", "both runs", "× forward-time bound"]
     rows = _table_rows(table)
     assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "3a: allowed sets precomputed",
                                     "step 3: the masked head"]
@@ -1000,8 +1000,8 @@ def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_th
     hi = lesson.head_interleaved(1)
     assert hi is not None and hi["rounds"] >= 10 and hi["same_tokens"]
     assert [r[6] for r in rows[:3]] == ["–", "pays", "runs disagree"]
-    assert rows[3][6].startswith(f"{lesson.interleaved_word(hi)} when interleaved with 3a: {hi['x']:.2f}×")
-    assert rows[3][6].endswith("(whole runs disagree)")
+    assert rows[3][6].startswith(f"runs disagree; interleaved: {hi['x']:.2f}×")
+    assert rows[3][6].endswith(", " + lesson.interleaved_word(hi))
     body = lesson.real_body(results)["us"]
     assert [r[7] for r in rows] == [f"{x['us'] / (x['forwards'] * body):.2f}×" for x in real]
     from book import scoreboard as sb
@@ -1151,7 +1151,7 @@ def test_the_character_level_jumps_get_a_table_of_their_own():
     opening = next(t for t in text if "At batch 1 it runs {real1['ratio']:.2f}× step 1" in t)
     assert opening.index("{real1['ratio']") < opening.index("{b8['ratio']")
     # step 3 on SmolLM2 beside the second run's ratio (the page's two runs)
-    assert "({rr['second']['step3']:.2f}× in run 2)" in opening
+    assert "({rr['second']['step3']:.2f}× in the second run)" in opening
 
 
 def test_the_opening_says_once_why_the_loop_keeps_exact_jumps_and_the_answer_carries_the_caveat():

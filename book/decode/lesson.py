@@ -1435,8 +1435,8 @@ def steps_runs_table(results, second, batch: int = 1) -> str:
     n = len(_real_rows(results, batch))
     two = rows[0]["real2"] is not None
     interleaved = head_interleaved(batch)  # the head's run that cancels drift: its word where the two disagree
-    head = [f"SmolLM2-135M ({n} requests), run 1: µs per token", "× previous"]
-    head += ["run 2: µs per token", "× previous", "both runs"] if two else []
+    head = [f"SmolLM2-135M ({n} requests), main run: µs per token", "× previous"]
+    head += ["second run: µs per token", "× previous", "both runs"] if two else []
     head += ["× forward-time bound"]
     lines = ["| step | the one change | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
     for r in rows:
@@ -1446,8 +1446,7 @@ def steps_runs_table(results, second, batch: int = 1) -> str:
             x2 = r["real2"]
             verdict = runs_verdict(x["x_previous"], x2["x_previous"])
             if r is rows[-1] and verdict == "runs disagree" and interleaved is not None:  # the head, timed again
-                verdict = (f"{interleaved_word(interleaved)} when interleaved with 3a: "
-                           f"{_ratio_cell(interleaved['x'])} (whole runs disagree)")
+                verdict += f"; interleaved: {_ratio_cell(interleaved['x'])}, {interleaved_word(interleaved)}"
             cells += [f"{x2['us']:,.0f}", _ratio_cell(x2["x_previous"]), verdict]
         cells += ["–" if r["bound"] is None else f"{r['bound']:.2f}×"]
         lines.append("| " + " | ".join(cells) + " |")
