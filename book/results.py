@@ -162,34 +162,19 @@ def decode_split(card: Path) -> dict[str, float] | None:
             "compile_ms": setup["automaton_ms"], "request_ms": setup["decode_ms"], "small": small, "again": again}
 
 
-def head_verdict(split: dict[str, Any]) -> tuple[str, float]:
-    """Chapter 02's head on SmolLM2-135M in chapter 07's loop, as chapter 07 concludes it: ("tie", "pays",
-    "interleaved" or "runs disagree", the ratio said). Where both whole runs exist, their joint verdict; where they
-    disagree, the run that interleaves 3a and step 3 decides (its median ratio over the rounds)."""
-    from book.decode.lesson import runs_verdict
-
-    verdict = runs_verdict(split["head"], split["again"]["head"]) if split.get("again") else (
-        "tie" if is_tie(split["head"]) else "pays")
-    inter = split.get("interleaved")
-    if verdict == "runs disagree" and inter is not None:
-        return ("tie" if is_tie(inter["x"]) else "interleaved"), inter["x"]
-    return verdict, split["head"]
-
-
-def head_words(split: dict[str, Any], model: str = "SmolLM2-135M") -> str:
-    """:func:`head_verdict` in words, for a page that quotes chapter 07's answer on chapter 02's head."""
-    verdict, x = head_verdict(split)
-    return (f"a tie on {model} ({x:.2f}×)" if verdict == "tie" else
-            f"unresolved on {model} (two whole runs disagree)" if verdict == "runs disagree" else
-            f"{x:.2f}× on {model}" + (" (3a and step 3 interleaved)" if verdict == "interleaved" else ""))
-
-
 def decode_split_words(split: dict[str, float], landing: bool = False, bold: bool = False) -> str:
     """:func:`decode_split` in words. ``landing``: what chapters 01 and 02 buy on SmolLM2-135M (chapter 01's jumps,
     the answer, bold where ``bold``; chapter 02's head beside it, a tie there by the course's tie rule, with its gain
     on the 8B cost model); otherwise the reuse the cached allowed sets (host work, neither chapter's) assume."""
-    verdict, head = head_verdict(split)
-    split = {**split, "head": head}
+    from book.decode.lesson import runs_verdict
+
+    tied = is_tie(split["head"])
+    # what both H200 runs say of the head together, as chapter 07's steps table does; one run's word without them
+    verdict = runs_verdict(split["head"], split["again"]["head"]) if split.get("again") else (
+        "tie" if tied else "pays")
+    inter = split.get("interleaved")  # where the two runs disagree, the run that interleaves 3a and step 3 decides
+    if verdict == "runs disagree" and inter is not None:
+        verdict, split = ("tie" if is_tie(inter["x"]) else "interleaved"), {**split, "head": inter["x"]}
     if landing:  # what each chapter buys, each against the step before; the cached sets (host work) apart
         jumps = f"{split['jumps']:.2f}×"
         return (f"on SmolLM2-135M, chapter 01's exact jumps {f'**{jumps}**' if bold else jumps}; chapter 02's head "
@@ -3387,8 +3372,9 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
         out = f"at most {1 / (1 - share + share / k):.2f}× a Llama 3.2 3B decode step at batch 1 (a bound)"
         split = decode_split(Path(root) / card)  # what the head did in chapter 07's measured loop
         if split is not None:
-            out += ("; measured in 07: " + head_words(split, "SmolLM2")
-                    + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model"))
+            out += ("; measured in 07: " + ("a tie" if is_tie(split["head"]) else f"{split['head']:.2f}×")
+                    + " on SmolLM2" + ("" if split["head_8b"] is None else
+                                       f", {split['head_8b']:.2f}× on the 8B cost model"))
         return out
 
     def ngram() -> str:  # against the answer's rival, the port, at the shape where a step is priced
