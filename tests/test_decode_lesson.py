@@ -1159,7 +1159,7 @@ def test_the_character_level_jumps_get_a_table_of_their_own():
     opening = next(t for t in text if "At batch 1 it runs {real1['ratio']:.2f}× step 1" in t)
     assert opening.index("{real1['ratio']") < opening.index("{b8['ratio']")
     # step 3 on SmolLM2 beside the second run's ratio (the page's two runs)
-    assert "({rr['second']['step3']:.2f}× in the second run)" in opening
+    assert "({rr['second']['step3']:.2f}× in run 2)" in opening
 
 
 def test_the_opening_says_once_why_the_loop_keeps_exact_jumps_and_the_answer_carries_the_caveat():
@@ -1341,3 +1341,16 @@ def test_the_interleaved_head_run_is_read_from_hand_made_rows(monkeypatch):
         raise FileNotFoundError("no file")
     monkeypatch.setattr(studylog.plotting, "load_lab", missing)
     assert lesson.head_interleaved(1) is None
+
+
+def test_a_breakdown_panel_says_which_to_read_where_bars_and_ticks_rank_two_steps_apart():
+    """Where the instrumented bars and the timed ticks order two steps oppositely, the figure says to read the ticks
+    and gives the events' cost; where they agree it says nothing."""
+    from book.decode import figures as decode_figures
+
+    part = {"body": 0.9, "mask_wait": 0.0, "head": 0.05, "mask_apply": 0.0, "sampling": 0.01, "host": 0.01}
+    flipped = {"automaton_mask": {**part, "wall": 0.97}, "masked_head": {**part, "head": 0.0, "wall": 1.0}}
+    line = decode_figures.order_caption(flipped)
+    assert line.startswith("3a and step 3: bars and ticks rank them in opposite orders") and "Read the ticks" in line
+    agree = {"automaton_mask": {**part, "wall": 1.0}, "masked_head": {**part, "head": 0.0, "wall": 0.95}}
+    assert decode_figures.order_caption(agree) == ""
