@@ -795,7 +795,9 @@ def test_the_answer_leads_with_the_real_model_and_the_8b_run_is_the_8b_cost_mode
     first = next(t for t in text if "**The answer**" in t)
     words = " ".join(first.split())
     assert "steered" in first and "random weights" in words and "eight[3]['x_previous']" in first
-    assert "the 8B cost model" in words and "(the main run)" in words  # the 8B head's one number, its run said
+    assert "the 8B cost model" in words and "(run 1)" in words  # the 8B head's one number, its run said
+    for gone in ("main run", "fresh H200", "both runs", "runs disagree"):  # run 1 and run 2, said plainly
+        assert gone not in "\n".join(text), gone
     answer = words[words.index("**The answer**"):]  # the Amdahl forecasts come before it, in the same cell
     assert "forecast" not in answer and "a dense-head loop like vLLM's" in answer
     page = "\n".join(text)
@@ -807,8 +809,9 @@ def test_the_answer_leads_with_the_real_model_and_the_8b_run_is_the_8b_cost_mode
     three_a = next(t for t in text if t.startswith("## 3a"))
     assert text.index(three_a) < text.index(next(t for t in text if t.startswith("## Step 3")))
     said = " ".join(text[text.index(three_a) + 1].split())
-    assert "rr['main']['x_3a']" not in said and "the two runs disagree (the steps table)" in said
-    assert 'lesson.step_code("3a")' in said and "host work, neither chapter's" in said
+    assert "rr['main']['x_3a']" not in said and "pays in run 1 and ties in run 2 (the steps table)" in said
+    assert 'lesson.step_code("3a")' in said and "host work, no chapter's" in said
+    assert "the base step 3 is measured against" in three_a  # 3a's role, in its heading
     assert "in the chain's run" in said and "a['x_previous']" not in said  # the chain's numbers: its table only
     assert "sa[" not in page and "with_3a=True" in page  # the open steps table's 8B column has 3a (the main run)
     assert 'lesson.steps_table(shown, "1b", 1, with_3a=False)' in page and "lesson.steps_runs_table(shown, second)" in page
@@ -977,7 +980,7 @@ def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_th
     model's in a fold (step 3 over step 2: 3a on the cost models is the chain's)."""
     results, second = lesson.committed(), lesson.second_run()
     cell = next(t for t in _page_cells() if "lesson.steps_runs_table(shown, second)" in t)
-    assert cell.index("lesson.steps_runs_table(shown, second)") < cell.index("lesson.run_drift(shown, second)")
+    assert cell.index("lesson.steps_runs_table(shown, second)") < cell.index("**Run-to-run drift.**")
     assert ":::{{dropdown}}" not in cell
     eight_cell = next(t for t in _page_cells() if 'lesson.steps_table(shown, "8b", 1, with_3a=True)' in t)
     at = eight_cell.index('lesson.steps_table(shown, "8b", 1, with_3a=True)')  # in the open, then the 1B folded
@@ -986,8 +989,8 @@ def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_th
         'lesson.steps_table(shown, "1b", 1, with_3a=False)')
     table = lesson.steps_runs_table(results, second)
     head = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
-    assert head == ["step", "the one change", "SmolLM2-135M (13 requests), main run: µs per token", "× previous",
-                    "second run: µs per token", "× previous", "both runs", "× forward-time bound"]
+    assert head == ["step", "the one change", "SmolLM2-135M (13 requests), run 1: µs per token", "× previous",
+                    "run 2: µs per token", "× previous", "verdict", "× forward-time bound"]
     rows = _table_rows(table)
     assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "3a: allowed sets precomputed",
                                     "step 3: the masked head"]
@@ -999,9 +1002,10 @@ def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_th
     # interleaved run's word (lab/decode/head_interleaved.py), which the two runs' disagreement sent for
     hi = lesson.head_interleaved(1)
     assert hi is not None and hi["rounds"] >= 10 and hi["same_tokens"]
-    assert [r[6] for r in rows[:3]] == ["–", "pays", "runs disagree"]
-    assert rows[3][6].startswith(f"runs disagree; interleaved: {hi['x']:.2f}×")
-    assert rows[3][6].endswith(", " + lesson.interleaved_word(hi))
+    assert [r[6] for r in rows[:3]] == ["–", "pays", "pays in run 1, a tie in run 2"]
+    assert rows[3][6] == (f"{lesson.interleaved_word(hi)} in interleaved rounds: {hi['x']:.2f}× "
+                          f"({hi['least']:.2f}–{hi['most']:.2f}×)")
+    assert "the base step 3 is measured against" in rows[2][1]  # 3a's role in the chain
     body = lesson.real_body(results)["us"]
     assert [r[7] for r in rows] == [f"{x['us'] / (x['forwards'] * body):.2f}×" for x in real]
     from book import scoreboard as sb
@@ -1035,7 +1039,7 @@ def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_th
     assert real[1]["forwards"] < real[0]["forwards"]
     step2 = next(t for t in _page_cells() if "{n['dec_fwd_saved']}** of their forwards" in t)
     assert "real2[1]['x_previous']" in step2 and "real2[0]['forwards']" in step2 and "real2[1]['forwards']" in step2
-    assert "rr['second']['jumps']" in step2  # the second run's ratio beside the main run's
+    assert "rr['second']['jumps']" in step2 and "in run 2" in step2  # run 2's ratio beside run 1's
     words = " ".join(step2.split())
     assert "fewer by the requests' medians" in words and "{rf['saved'] / rf['forwards_step1']:.0%} of their forwards pooled" in words
     # the 1B fold: no 3a row (3a on the cost models is the chain's), step 3 over step 2, its ratios its own times'
@@ -1067,13 +1071,13 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     assert result.index("**A jumped token is not a free forward.**") < result.index("sits between two forecasts")
     assert not any("**A jump is not a free forward.**" in t for t in text)
     opening = " ".join(next(t for t in text if "**The answer**" in t).split())
-    assert "neither chapter's kernel" in opening and "measured with 3a and step 3 interleaved" in opening
+    assert "(3a: host work, no chapter's)" in opening and "so the head was timed interleaved with 3a" in opening
     assert "{hi[1]['x']:.2f}" in opening and "buys nothing the totals can measure there" not in opening
     # SmolLM2's jumps, the head there and on the 8B cost model, then the cached sets (host work), 3a's ratio and its
     # condition, then the advice
     said = opening[opening.index("**The answer**"):]
-    order = ["{rr['main']['jumps']", "{rr['second']['jumps']", "{no_body['automaton_mask']",
-             "{no_body['masked_head']", "{eight[3]['x_previous']", "{rr['main']['x_3a']", "{rr['second']['x_3a']",
+    order = ["{rr['main']['jumps']", "{rr['second']['jumps']", "{hi[1]['x']", "{drift['time'][0]",
+             "{saving:.0%}", "{eight[3]['x_previous']", "{rr['main']['x_3a']", "{rr['second']['x_3a']",
              "{setup['automaton_ms']", "{setup['decode_ms']", "**Use chapter 01's exact jumps"]
     assert [said.index(k) for k in order] == sorted(said.index(k) for k in order)
     assert "lesson.real_parts_without_body(shown)" in opening and "lesson.grammar_setup(shown)" in opening
@@ -1093,8 +1097,8 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     assert rr["jumps"][0] > 1.03 and rr["both"][0] > 1.03  # what survives both runs: the jumps, and step 3 over step 2
     assert rr["x_3a"][1] > 1.03 and is_tie(rr["second"]["x_3a"])  # 3a: pays in the main run, a tie in the second
     drift = " ".join(next(t for t in text if "rr['main']['both']" in t).split())  # the steps' run-to-run drift
-    assert "lesson.run_drift(shown, second)" in drift and "**Run-to-run drift.**" in drift
-    assert "rr['second']['both']" in drift and "the head pays interleaved with 3a ({hi[1]['x']:.2f}×" in drift
+    assert "lesson.run_drift(shown, second)" in "\n".join(text) and "**Run-to-run drift.**" in drift
+    assert "rr['second']['both']" in drift and "longer in run 1 than in run 2" in drift
     assert "only their sum is resolved" not in drift and "{head}" not in drift
     lo, hi = hr["bar_tick"]
     assert lo < 0 < hi and abs(hr["us_3"] - hr["us_3a"]) < max(-lo, hi)
@@ -1102,7 +1106,11 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     no_body = lesson.real_parts_without_body(lesson.committed())
     assert f"{no_body['automaton_mask']:.0f}" == "112" and f"{no_body['masked_head']:.0f}" == "63"
     fig = next(t for t in text if "lesson.steps_runs_table(shown, second)" in t)
-    assert "{no_body['automaton_mask']:.0f}" in fig and "the interleaved run measures it" in fig
+    assert "{no_body['automaton_mask']:.0f}" in fig and "about {saving:.0%} of a step" in fig
+    # the answer gives the interleaved ratio as the head's, and why: whole runs drift more than the head saves
+    answer = " ".join(next(t for t in text if "**The answer**" in t).split())
+    assert "Chapter 02's head buys **{hi[1]['x']:.2f}×** there" in answer
+    assert "more than the head's ~{saving:.0%} of a step, so the head was timed interleaved with 3a" in answer
     # the interleaved run resolves what the two whole runs split on: the head pays at batch 1, every round above 1
     h = lesson.head_interleaved(1)
     assert h["x"] > 1.03 and h["least"] > 1 and not is_tie(h["x"])
@@ -1151,7 +1159,7 @@ def test_the_character_level_jumps_get_a_table_of_their_own():
     opening = next(t for t in text if "At batch 1 it runs {real1['ratio']:.2f}× step 1" in t)
     assert opening.index("{real1['ratio']") < opening.index("{b8['ratio']")
     # step 3 on SmolLM2 beside the second run's ratio (the page's two runs)
-    assert "({rr['second']['step3']:.2f}× in the second run)" in opening
+    assert "({rr['second']['step3']:.2f}× in run 2)" in opening
 
 
 def test_the_opening_says_once_why_the_loop_keeps_exact_jumps_and_the_answer_carries_the_caveat():
@@ -1255,7 +1263,8 @@ def test_step_3_says_what_runs_before_the_first_step_and_gives_its_parts_on_the_
     text = _page_cells()
     first = next(t for t in text if "Step 3 adds chapter 02's two changes to 3a" in t)
     assert "*Where we lose*" in " ".join(first.split()) and "setup[" not in first
-    assert "eight[3]['x_previous']" in first and "rr['main']['head']" in first and "rr['second']['head']" in first
+    assert "eight[3]['x_previous']" in first and "{saving:.0%}" in first and "less than whole runs drift" in first
+    assert "rr['main']['head']" not in first  # the whole runs' head ratios: the steps table's, not repeated here
     lose = next(t for t in text if "The parts no chapter touches" in t)
     item = " ".join(lose[lose.index("**A new grammar costs more than its request.**"):].split("\n* ")[0].split())
     assert "lesson.grammar_setup(shown)" in lose and "lesson.outlines_coverage()" in lose and "not timed" in item
@@ -1285,7 +1294,7 @@ def test_the_answer_and_the_steps_table_say_what_pays_in_step_3_on_the_real_mode
     assert rows[3][3] == f"{parts['x_3bc']:.2f}× (tie)" and "(3b, 3c)" in rows[3][1]
     text = _page_cells()
     answer = next(t for t in text if "**The answer**" in t)
-    for key in ("rr['main']['x_3a']", "rr['second']['x_3a']", "eight[3]['x_previous']", "no_body['masked_head']"):
+    for key in ("rr['main']['x_3a']", "rr['second']['x_3a']", "eight[3]['x_previous']", "{saving:.0%}"):
         assert key in answer, key
     assert "many times faster than\nits baseline" not in text[0] and "save a few per cent of forwards" in text[0]
 
@@ -1332,3 +1341,16 @@ def test_the_interleaved_head_run_is_read_from_hand_made_rows(monkeypatch):
         raise FileNotFoundError("no file")
     monkeypatch.setattr(studylog.plotting, "load_lab", missing)
     assert lesson.head_interleaved(1) is None
+
+
+def test_a_breakdown_panel_says_which_to_read_where_bars_and_ticks_rank_two_steps_apart():
+    """Where the instrumented bars and the timed ticks order two steps oppositely, the figure says to read the ticks
+    and gives the events' cost; where they agree it says nothing."""
+    from book.decode import figures as decode_figures
+
+    part = {"body": 0.9, "mask_wait": 0.0, "head": 0.05, "mask_apply": 0.0, "sampling": 0.01, "host": 0.01}
+    flipped = {"automaton_mask": {**part, "wall": 0.97}, "masked_head": {**part, "head": 0.0, "wall": 1.0}}
+    line = decode_figures.order_caption(flipped)
+    assert line.startswith("3a and step 3: bars and ticks rank them in opposite orders") and "Read the ticks" in line
+    agree = {"automaton_mask": {**part, "wall": 1.0}, "masked_head": {**part, "head": 0.0, "wall": 0.95}}
+    assert decode_figures.order_caption(agree) == ""

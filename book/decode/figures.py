@@ -92,14 +92,14 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
             written = left
         # one precision a panel: ms to two decimals (1.20 ms), µs to the unit; the unit written, so that a total
         # never reads as a ratio
-        ax.annotate(f"{written:.2f} ms" if unit == "ms" else f"{written:.0f} µs", (end, i), xytext=(3, 0), textcoords="offset points", ha="left", va="center",
+        ax.annotate(f"{written:.2f} ms" if unit == "ms" else f"{written:.0f} µs", (end, i), xytext=(6, 0), textcoords="offset points", ha="left", va="center",
                     fontsize=FONT)
     ax.set_yticks(range(len(configs)), [BAR_LABELS.get(n, n) for n in configs] if names else [""] * len(configs),
                   fontsize=FONT)
     ax.set_ylim(len(configs) - 0.5, -0.5)  # the first configuration on top
     ax.tick_params(axis="x", labelsize=FONT)
     ax.set_xlabel(f"time per output token ({unit})", fontsize=FONT)
-    ax.set_xlim(0, ax.get_xlim()[1] * 1.15)  # room for the numbers beside the bars
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.3)  # room for the numbers beside the bars, clear of the panel's edge
     ax.set_title(title, fontsize=FONT + 1)
     if legend:
         handles, labels = ax.get_legend_handles_labels()
@@ -250,6 +250,22 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
     return fig
 
 
+def order_caption(parts: dict[str, dict[str, float]]) -> str:
+    """One line for a whole-step panel whose bar ends and ticks rank two configurations in opposite orders (the
+    events' cost larger than the gap between their timed totals): which to read, and why; empty where they agree."""
+    names = [c for c in BAR_ORDER if c in parts and c not in NOT_A_STEP]
+    flipped = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+               if (parts[a]["wall"] - parts[b]["wall"]) * (unattributed(parts[b]) - unattributed(parts[a])
+                                                         + parts[a]["wall"] - parts[b]["wall"]) < 0]
+    if not flipped:
+        return ""
+    a, b = flipped[0]
+    lo, hi = (v * 1e3 for v in instrumentation_cost([parts]))
+    return (f"{BAR_LABELS[a].split(':')[0]} and {BAR_LABELS[b].split(':')[0]}: bars and ticks rank them in opposite "
+            f"orders. Read the ticks (timed totals); the bars' events cost {lo:+.0f} to {hi:+.0f} µs a token,\n"
+            "more than the gap between them.").replace("-", "−")
+
+
 def figure_notes(results) -> str:
     """What the page says of its figures under "Where the numbers come from", not inside them: how far a breakdown
     bar's end sits from its tick at each shape (:func:`instrumentation_cost`, µs per output token), and the run
@@ -280,7 +296,9 @@ def figures(results, what: str = "") -> dict[str, Any]:
     (the notebook names an earlier run there)."""
     out = {}
     for model in (REAL, "1b", "8b"):
-        fig = breakdown_figure(results.rows, model, "", what)
+        kind, drawn = (None, DRAWN_REAL) if model == REAL else ("json", DRAWN)
+        first = {c: p for c, p in breakdown(results.rows, model, 1, kind=kind).items() if c in drawn}
+        fig = breakdown_figure(results.rows, model, order_caption(first) if first else "", what)
         if fig is not None:
             out[f"breakdown_{model}"] = fig
     for model, name in (("1b", "speedup"), ("8b", "speedup_8b")):
@@ -291,5 +309,5 @@ def figures(results, what: str = "") -> dict[str, Any]:
 
 
 __all__ = ["BAR_LABELS", "BAR_ORDER", "COLORS", "CONFIG_COLORS", "DRAWN", "DRAWN_REAL", "FONT", "figure_notes", "LABELS", "SHAPES", "TICK_LABEL",
-           "breakdown_figure", "figures", "hidden_parts", "instrumentation_caption", "instrumentation_cost", "plot_breakdown",
+           "breakdown_figure", "figures", "hidden_parts", "instrumentation_caption", "instrumentation_cost", "order_caption", "plot_breakdown",
            "speedup_figure", "too_short", "unattributed", "VISIBLE_SHARE"]
