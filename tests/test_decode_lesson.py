@@ -1343,14 +1343,14 @@ def test_the_interleaved_head_run_is_read_from_hand_made_rows(monkeypatch):
     assert lesson.head_interleaved(1) is None
 
 
-def test_a_breakdown_panel_says_which_to_read_where_bars_and_ticks_rank_two_steps_apart():
-    """Where the instrumented bars and the timed ticks order two steps oppositely, the figure says to read the ticks
-    and gives the events' cost; where they agree it says nothing."""
+def test_a_breakdown_panel_says_why_neither_reading_orders_two_steps_where_bars_and_ticks_disagree():
+    """Where the instrumented bars and the timed ticks order two steps oppositely, the figure gives the events' cost
+    and points to the alternating runs that order them; where they agree it says nothing."""
     from book.decode import figures as decode_figures
 
     part = {"body": 0.9, "mask_wait": 0.0, "head": 0.05, "mask_apply": 0.0, "sampling": 0.01, "host": 0.01}
     flipped = {"automaton_mask": {**part, "wall": 0.97}, "masked_head": {**part, "head": 0.0, "wall": 1.0}}
     line = decode_figures.order_caption(flipped)
-    assert line.startswith("3a and step 3: bars and ticks rank them in opposite orders") and "Read the ticks" in line
+    assert line.startswith("3a and step 3: bars and ticks rank them in opposite orders") and "alternate" in line
     agree = {"automaton_mask": {**part, "wall": 1.0}, "masked_head": {**part, "head": 0.0, "wall": 0.95}}
     assert decode_figures.order_caption(agree) == ""

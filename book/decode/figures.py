@@ -252,7 +252,7 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
 
 def order_caption(parts: dict[str, dict[str, float]]) -> str:
     """One line for a whole-step panel whose bar ends and ticks rank two configurations in opposite orders (the
-    events' cost larger than the gap between their timed totals): which to read, and why; empty where they agree."""
+    events' cost larger than the gap between their timed totals): why neither orders them; empty where they agree."""
     names = [c for c in BAR_ORDER if c in parts and c not in NOT_A_STEP]
     flipped = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
                if (parts[a]["wall"] - parts[b]["wall"]) * (unattributed(parts[b]) - unattributed(parts[a])
@@ -262,8 +262,8 @@ def order_caption(parts: dict[str, dict[str, float]]) -> str:
     a, b = flipped[0]
     lo, hi = (v * 1e3 for v in instrumentation_cost([parts]))
     return (f"{BAR_LABELS[a].split(':')[0]} and {BAR_LABELS[b].split(':')[0]}: bars and ticks rank them in opposite "
-            f"orders. Read the ticks (timed totals); the bars' events cost {lo:+.0f} to {hi:+.0f} µs a token,\n"
-            "more than the gap between them.").replace("-", "−")
+            f"orders: the gap is smaller than the bars' events cost ({lo:+.0f} to {hi:+.0f} µs a token) and than\n"
+            "the drift between runs; the chapter orders them by runs that alternate the two.").replace("-", "−")
 
 
 def figure_notes(results) -> str:
