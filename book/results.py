@@ -179,7 +179,8 @@ def decode_split_words(split: dict[str, float], landing: bool = False, bold: boo
         jumps = f"{split['jumps']:.2f}×"
         return (f"on SmolLM2-135M, chapter 01's exact jumps {f'**{jumps}**' if bold else jumps}; chapter 02's head "
                 + ("a tie there" if verdict == "tie" else "unresolved there (two runs disagree)"
-                   if verdict == "runs disagree" else f"{split['head']:.2f}× there (3a and step 3 interleaved)"
+                   if verdict == "runs disagree"
+                   else f"{split['head']:.2f}× there (timed in rounds alternating with and without it)"
                    if verdict == "interleaved" else f"{split['head']:.2f}× there")
                 + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model (synthetic weights)"))
     again = "" if not split.get("again") else f", {split['again']['sets']:.2f}× in another run"
@@ -3373,7 +3374,7 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
         split = decode_split(Path(root) / card)  # what the head did in chapter 07's measured loop
         if split is not None:  # on SmolLM2 the run interleaving 3a and step 3 is chapter 07's answer: whole runs drift more
             inter = split.get("interleaved")
-            x, how = (split["head"], "") if inter is None else (inter["x"], " (interleaved)")
+            x, how = (split["head"], "") if inter is None else (inter["x"], " (in alternating rounds)")
             out += ("; measured in 07: " + ("a tie" if is_tie(x) else f"{x:.2f}×{how}")
                     + " on SmolLM2" + ("" if split["head_8b"] is None else
                                        f", {split['head_8b']:.2f}× on the 8B cost model"))

@@ -244,7 +244,7 @@ def test_landing_answers_are_one_number_each_with_the_eager_caveats_in_short_sen
             inter = split.get("interleaved")
             if verdict == "runs disagree" and inter is not None:  # the interleaved run decides, as the chapter says
                 assert second.startswith("chapter 02's head " + ("a tie there" if is_tie(inter["x"]) else
-                                         f"{inter['x']:.2f}× there (3a and step 3 interleaved)")), cell
+                                         f"{inter['x']:.2f}× there (timed in rounds alternating with and without it)")), cell
             elif verdict == "runs disagree":  # the chapter's verdict over its two runs, not one run's number
                 assert "unresolved there (two runs disagree)" in second, cell
             else:
@@ -342,7 +342,8 @@ def test_landing_answers_are_one_number_each_with_the_eager_caveats_in_short_sen
             continue
         if title.startswith("02."):  # beside its bound, what chapter 07's loop measured of its head
             buys, _, measured = buys.partition("; measured in 07: ")
-            assert re.fullmatch(r"(a tie|\d\.\d\d× \(interleaved\)) on SmolLM2(, \d\.\d\d× on the 8B cost model)?", measured), measured
+            assert re.fullmatch(r"(a tie|\d\.\d\d× \(in alternating rounds\)) on SmolLM2(, \d\.\d\d× on the 8B cost model)?",
+                                measured), measured
         assert buys.count("(") == 1 and buys.count(":") == 0 and len(buys) <= 110, (title, buys)
         assert buys.endswith(("(a bound)", "(an estimate)", "(measured)")), (title, buys)
     part_one = next(c for t, c in cells.items() if "(Triton)" in t)

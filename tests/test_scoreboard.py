@@ -1540,5 +1540,5 @@ def test_how_we_measure_says_the_chain_floor_is_our_own_and_the_tie_rule_decides
     measure = " ".join((ROOT / "how_we_measure.md").read_text().split())
     assert measure.count("is timed on our own minimal code") == 1
     assert "a chain floor is a yardstick from our own design, not a limit of the card" in measure
-    assert "That rule decides a close call, not the repetitions" in measure
+    assert "is a tie, even where the two sides' ranges do not overlap" in measure
     assert "How the counts nest" not in measure and "| unit | what it is |" not in measure

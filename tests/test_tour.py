@@ -122,6 +122,6 @@ def test_chapter_0_says_once_that_it_ran_without_a_gpu_and_why_the_ceilings_use_
     assert sum("rendered without a gpu" in s.lower() for s in sources) == 1
     measured = next(i for i, s in enumerate(sources) if s.startswith("## How the numbers are measured"))
     table = next(i for i, s in enumerate(sources) if "| measurement | size | clock |" in s)
-    assert measured < table and "the floors take one number from\nit, the copy's rate" in sources[measured]
+    assert measured < table and "a launch cannot move their rate; the\nfloors take that rate" in sources[measured]
     assert "The headlines never use" not in sources[table]
     assert "Answers:\n`book/env/solutions.py` in the repository." in "\n".join(sources)

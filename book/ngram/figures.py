@@ -131,7 +131,7 @@ def figures(results) -> dict:
         pts = [(i, rows[0]) for i, rows in pts if rows]
         _errorbar(ax, [i + offset(n_series - 1) for i, _ in pts], [r for _, r in pts], 1e3, marker="h",
                   color=series_color(SYNCED_SERIES), ms=8, mfc="none", markeredgewidth=1.2,
-                  label=f"step {SYNCED_STEP}, call + sync (host clock)")
+                  label=f"step {SYNCED_STEP}'s own function, call + sync (host clock; not ngram_match)")
     floors = []
     for i, c in enumerate(configs):
         floor = floor_ms(results, c)
