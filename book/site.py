@@ -87,10 +87,9 @@ FIGURE_ALT = {
                                          "step 23's at the ten shapes BitNet's kernel is built for",
     "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
                                            "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
-    "assets/figures/decode_breakdown_smollm2.png": "SmolLM2-135M, real weights, its own answers: where each step of "
-                                                   "the decode loop spends its time per output token, the whole step "
-                                                   "at batch 1, then everything but the model body (LM head, mask, "
-                                                   "sampling, host) at batch 1 and 8",
+    "assets/figures/decode_breakdown_8b.png": "The 8B cost model: where each step of the decode loop spends its "
+                                              "time per output token, the whole step at batch 1, then everything but "
+                                              "the model body (LM head, mask, sampling, host) at batch 1 and 8",
     "assets/figures/speculate_speedup.png": "Per request, the speculative loop's speedup per output token over "
                                             "chapter 07's loop, against how many forwards it saves",
 }

@@ -662,7 +662,7 @@ def test_step_5_quotes_its_tables_run_and_keeps_heaviest_first_as_a_tie():
     assert "chained['step 5']" not in under and "{t5" not in under  # 5c's times: said once, over the table
     over = " ".join(text["ch06-33"].split())
     assert "5c's µs is that run's step 5; the result table's is the benchmark's" in over and "back to back" in over
-    assert "4c and 5c are the library's steps 4 and 5" in over
+    assert "Step 4 is 4c and step 5 is 5c" in over
     assert "lesson.page_floors(results)" in text["ch06-34"]
     assert "prerequisite" in text["5f955607"] + text["ch06-26"] or "5b needs it" in text["ch06-26"]
     assert not any("these runs" in t for t in text.values())
