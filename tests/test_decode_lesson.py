@@ -1333,7 +1333,8 @@ def test_the_interleaved_head_run_is_read_from_hand_made_rows(monkeypatch):
     monkeypatch.setattr(studylog.plotting, "load_lab", lambda *a, **k: data)
     h = lesson.head_interleaved(1)
     # round 1: medians 4 over 2; round 2: 4 over 4
-    assert h == {"x": 1.5, "least": 1.0, "most": 2.0, "rounds": 2, "requests": 3, "same_tokens": True}
+    assert h == {"x": 1.5, "least": 1.0, "most": 2.0, "rounds": 2, "requests": 3, "same_tokens": True,
+                 "per_round_ms": [(4.0, 2.0), (4.0, 4.0)]}
     assert lesson.interleaved_word(h) == "pays" and lesson.interleaved_word({"x": 1.02}) == "tie"
     assert lesson.head_interleaved(8) is None  # no 3a rows at batch 8
 
@@ -1354,3 +1355,22 @@ def test_a_breakdown_panel_says_why_neither_reading_orders_two_steps_where_bars_
     assert line.startswith("3a and step 3: bars and ticks rank them in opposite orders") and "alternate" in line
     agree = {"automaton_mask": {**part, "wall": 1.0}, "masked_head": {**part, "head": 0.0, "wall": 0.95}}
     assert decode_figures.order_caption(agree) == ""
+
+
+def test_the_interleaved_rounds_table_shows_each_round_and_its_ratio():
+    """Chapter 07's step 3 folds the interleaved run's rounds: one row a round, in the order run, each ratio the ratio
+    of its row's two medians, and the rounds' median the ratio the page quotes."""
+    import statistics
+
+    h = lesson.head_interleaved(1)
+    if h is None:
+        pytest.skip("the interleaved run is not committed")
+    rows = _table_rows(lesson.interleaved_table(h))
+    assert [r[0] for r in rows] == [str(i) for i in range(1, h["rounds"] + 1)]
+    ratios = []
+    for r, (a, b) in zip(rows, h["per_round_ms"]):
+        assert r[1] == f"{a * 1e3:,.0f}" and r[2] == f"{b * 1e3:,.0f}" and r[3] == f"{a / b:.2f}×"
+        ratios.append(a / b)
+    assert statistics.median(ratios) == pytest.approx(h["x"])
+    cell = next(t for t in _page_cells() if "lesson.interleaved_table(hi[1])" in t)
+    assert ":::{{dropdown}}" in cell and "{hi[1]['rounds']} interleaved rounds" in cell

@@ -493,11 +493,21 @@ def head_interleaved(batch: int = 1) -> dict | None:
     if not schemas or any((s, c) not in rows for s in schemas for c in ("automaton_mask", "masked_head")):
         return None
     n = min(len(v) for v in rows.values())
-    ratios = [statistics.median(rows[(s, "automaton_mask")][i] for s in schemas)
-              / statistics.median(rows[(s, "masked_head")][i] for s in schemas) for i in range(n)]
+    per_round = [(statistics.median(rows[(s, "automaton_mask")][i] for s in schemas),
+                  statistics.median(rows[(s, "masked_head")][i] for s in schemas)) for i in range(n)]
+    ratios = [a / b for a, b in per_round]
     same = all(c["passed"] for c in data["checks"] if c["params"].get("batch") == batch)
     return {"x": statistics.median(ratios), "least": min(ratios), "most": max(ratios), "rounds": n,
-            "requests": len(schemas), "same_tokens": same}
+            "requests": len(schemas), "same_tokens": same, "per_round_ms": per_round}
+
+
+def interleaved_table(h: dict) -> str:
+    """:func:`head_interleaved`'s rounds as a Markdown table: each round's medians over the requests of 3a and of
+    step 3 (µs per token) and their ratio, in the order they ran."""
+    lines = ["| round | 3a: µs per token | step 3: µs per token | 3a ÷ step 3 |", "|---|---|---|---|"]
+    lines += [f"| {i} | {a * 1e3:,.0f} | {b * 1e3:,.0f} | {a / b:.2f}× |"
+              for i, (a, b) in enumerate(h["per_round_ms"], 1)]
+    return "\n".join(lines)
 
 def interleaved_word(h: dict) -> str:
     """What :func:`head_interleaved`'s ratio says by the course's tie rule: "pays", "loses" or "tie"."""
