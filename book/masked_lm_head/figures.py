@@ -156,7 +156,9 @@ def _speedup_figure(results, caption: str):
             # step 12 wide and pale under the step it picks; step 2 thick with open markers under step 3, which
             # nearly equals it on [V, D]
             under = {_s(12): dict(ms=11, lw=5, alpha=0.35, zorder=1),
-                     _s(2): dict(ms=10, lw=3.5, alpha=0.8, zorder=2, mfc="none", mew=1.5)}
+                     _s(2): dict(ms=10, lw=3.5, alpha=0.8, zorder=2, mfc="none", mew=1.5),
+                     # step 0 sits on cuBLAS's dense line at its two counts: large open markers, drawn over it
+                     _s(0): dict(ms=11, lw=1.3, zorder=4, mfc="none", mew=1.8)}
             style = under.get(series, dict(ms=5, lw=1.3, zorder=3))
             ax.errorbar(xs, ys, yerr=[lo, hi], capsize=2, elinewidth=1, color=series_color(series),
                         marker=SERIES_MARKERS.get(series, "o"), ls="--" if series in (_s(11), DENSE) else "-",
