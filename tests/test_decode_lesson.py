@@ -1263,7 +1263,7 @@ def test_step_3_says_what_runs_before_the_first_step_and_gives_its_parts_on_the_
     text = _page_cells()
     first = next(t for t in text if "Step 3 adds chapter 02's two changes to 3a" in t)
     assert "*Where we lose*" in " ".join(first.split()) and "setup[" not in first
-    assert "eight[3]['x_previous']" in first and "{saving:.0%}" in first and "less than whole runs drift" in first
+    assert "eight[3]['x_previous']" in first and "{saving:.0%}" in first and "timed interleaved with 3a over" in first
     assert "rr['main']['head']" not in first  # the whole runs' head ratios: the steps table's, not repeated here
     lose = next(t for t in text if "The parts no chapter touches" in t)
     item = " ".join(lose[lose.index("**A new grammar costs more than its request.**"):].split("\n* ")[0].split())
