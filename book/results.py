@@ -2961,17 +2961,14 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
     env = load(folder, "env") if folder else None
     c = env.get("ceilings", {}) if env else {}
     if "empty_launch_gpu_ms" in c and "copy_bandwidth_gbs" in c:  # an older card's run may lack the GPU-clock one
-        from book.scoreboard import empty_kernel_range
-
         from book.scoreboard import empty_kernel_ms
 
         # the empty kernel the kernel chapters' floors use, each measured in its chapter's run
         own = [t * 1e3 for run in KERNEL_RUNS if (d := load(folder, run)) and (t := empty_kernel_ms(d)) is not None]
         here = c["empty_launch_gpu_ms"] * 1e3
         low, top = (min(own), max(own)) if own else (here, here)
-        out["notebooks/00_how_to_read.ipynb"] = ((f"an empty kernel {low:.2f}–{top:.2f} µs" if f"{low:.2f}" != f"{top:.2f}"
-                                                  else f"an empty kernel {low:.2f} µs")
-                                                 + f" in the chapters' runs; copies at "
+        span = f"{low:.2f}–{top:.2f}" if f"{low:.2f}" != f"{top:.2f}" else f"{low:.2f}"
+        out["notebooks/00_how_to_read.ipynb"] = (f"an empty kernel {span} µs in the chapters' runs; copies at "
                                                  f"{c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s (read + write)")
     part_one = part_one_answer(folder) if folder else None
     if part_one:
@@ -3127,8 +3124,7 @@ def _ngram_called_vs_loop(card: str = "H200") -> tuple[tuple[int, int], float] |
 def _bitnet_planned(root: Path = BENCH_RESULTS, card: str = "H200") -> bool:
     """Whether chapter 05 part 2's lead over BitNet's kernel holds called eagerly only through step 23's plan on
     ``card`` (:func:`bitnet_eager`: the plain function slower at some shape, the plan at none)."""
-    folder = next((c for c in cards(root) if short_card(card_name(c)) == card), None)
-    return plan_holds(bitnet_eager(folder) if folder else None)
+    return plan_holds(_bitnet_eager_card(root, card))
 
 
 def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
