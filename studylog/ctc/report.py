@@ -28,7 +28,7 @@ BENCH_A = (28, 5000)
 #: The seed of the generator the grid draws its targets with (the tails run redraws the first: the latency floor).
 BENCH_SEED = 2024
 #: Batch sizes at which steps 1 to 6 (the warp-ctc design) are timed.
-LESSON_N = (1, 16, 256)
+LESSON_N = (1, 8, 16, 256)
 #: Utterances of step 4's grain sweep (strided layout).
 SWEEP_N = 64
 #: The stress set: blank-heavy utterances of STRESS_T frames (targets of T / 3 labels), and long random ones of
