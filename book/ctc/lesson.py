@@ -224,9 +224,8 @@ def split_table(table: str, *groups: Iterable[int], label: str = "") -> list[str
 
 def steps_tables(results) -> list[str]:
     """:func:`boehm_table` as two narrower tables: each step's change and its time at one utterance of the small
-    alphabet (where the chain of frames binds) and at A = 5,000, N = 16, with the note under it (the page shows it);
-    then its times at :data:`FOLDED_CASES`, the headline (steps 7 to 14 only) and the largest batch (the page folds
-    it). The steps tried
+    alphabet (where the chain of frames binds) and at the headline case (A = 5,000, N = 8), with the note under it
+    (the page shows it); then its times at :data:`FOLDED_CASES`, N = 16 and the largest batch (the page folds it). The steps tried
     and dropped (:data:`TRIED_STEPS`) are left out (:func:`tuning_table` folds them), so that every "× prev." is
     against the row above."""
     changes = step07_changes(results.path.parent.name) if results.path is not None else None  # 7a and 7b's run
@@ -728,17 +727,13 @@ def dispatch_table(results) -> str:
 #: The two cases of the table of steps: one utterance of the small alphabet, where the recursion's chain of frames
 #: is the time, and a full batch of the large one, where the bytes are.
 BOEHM_CASES = ((28, 1), (5000, 256))
-#: The headline case (the large alphabet's smallest speedup over torch): the benchmark times steps 7 to 14 there, as at
-#: every N of the grid, and steps 1 to 6 (and the lab run's 7a and 7b) only at N = 1, 16 and 256.
+#: The headline case (the large alphabet's smallest speedup over torch): the benchmark times every step there.
 HEADLINE_CASE = (5000, 8)
-#: The columns of the table of steps: :data:`BOEHM_CASES` with a mid-size batch of the large alphabet between them,
-#: where step 14's several warps per direction apply (the longest target needs more than one warp) and every step,
-#: 7a and 7b included, is timed. The headline case (N = 8) is not a column: steps 1 to 6 and 7a and 7b were never timed
-#: there; the result gives its numbers.
-TABLE_CASES = (BOEHM_CASES[0], (5000, 16), BOEHM_CASES[1])
-#: The folded table of steps' two cases: the headline (steps 7 to 14 and the entry point timed there; steps 1 to 6
-#: not) and the largest batch.
-FOLDED_CASES = (HEADLINE_CASE, BOEHM_CASES[1])
+#: The columns of the table of steps: :data:`BOEHM_CASES` with the headline case between them, a small batch of the
+#: large alphabet where step 14's several warps per direction apply (the longest target needs more than one warp).
+TABLE_CASES = (BOEHM_CASES[0], HEADLINE_CASE, BOEHM_CASES[1])
+#: The folded table of steps' two cases: a batch twice the headline's and the largest batch.
+FOLDED_CASES = ((5000, 16), BOEHM_CASES[1])
 
 
 def floor_us(results, A: int, N: int) -> float:
