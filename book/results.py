@@ -165,7 +165,8 @@ def decode_split(card: Path) -> dict[str, float] | None:
 def decode_split_words(split: dict[str, float], landing: bool = False, bold: bool = False) -> str:
     """:func:`decode_split` in words. ``landing``: what chapters 01 and 02 buy on SmolLM2-135M (chapter 01's jumps,
     the answer, bold where ``bold``; chapter 02's head beside it by chapter 07's one rule,
-    :func:`book.decode.lesson.real_verdict`, with its gain on the 8B cost model); otherwise the reuse the cached allowed sets (host work, neither chapter's) assume."""
+    :func:`book.decode.lesson.real_verdict`, with its gain on the 8B cost model); otherwise the reuse the cached
+    allowed sets (host work, neither chapter's) assume."""
     from book.decode.lesson import real_verdict
 
     # the head by chapter 07's one rule: its interleaved run, else what the whole runs say together

@@ -1443,7 +1443,8 @@ def real_verdict(x: float | None, x2: float | None = None, interleaved: dict | N
         v = interleaved["x"]
         return {"x": v, "word": word(v), "source": "interleaved", "least": interleaved["least"],
                 "most": interleaved["most"], "x2": x2,
-                "cell": f"{_ratio_cell(v)}, interleaved rounds ({interleaved['least']:.2f}–{interleaved['most']:.2f}×)"}
+                "cell": f"{_ratio_cell(v)}, interleaved rounds "
+                        f"({interleaved['least']:.2f}–{interleaved['most']:.2f}×)"}
     if x is None:
         return None
     if x2 is None:
@@ -1501,8 +1502,8 @@ def steps_both_runs_table(results, second, batch: int = 1) -> str:
         return "(not run)"
     from book.common import is_tie
 
-    lines = ["| step | run 1: µs per token | × previous | run 2: µs per token | × previous | the two runs together |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| step | run 1: µs per token | × previous | run 2: µs per token | × previous "
+             "| the two runs together |", "|---|---|---|---|---|---|"]
     for r in rows:
         x, x2 = r["real"]["x_previous"], r["real2"]["x_previous"]
         verdict = runs_verdict(x, x2)
