@@ -164,24 +164,20 @@ def decode_split(card: Path) -> dict[str, float] | None:
 
 def decode_split_words(split: dict[str, float], landing: bool = False, bold: bool = False) -> str:
     """:func:`decode_split` in words. ``landing``: what chapters 01 and 02 buy on SmolLM2-135M (chapter 01's jumps,
-    the answer, bold where ``bold``; chapter 02's head beside it, a tie there by the course's tie rule, with its gain
-    on the 8B cost model); otherwise the reuse the cached allowed sets (host work, neither chapter's) assume."""
-    from book.decode.lesson import runs_verdict
+    the answer, bold where ``bold``; chapter 02's head beside it by chapter 07's one rule,
+    :func:`book.decode.lesson.real_verdict`, with its gain on the 8B cost model); otherwise the reuse the cached
+    allowed sets (host work, neither chapter's) assume."""
+    from book.decode.lesson import real_verdict
 
-    tied = is_tie(split["head"])
-    # what both H200 runs say of the head together, as chapter 07's steps table does; one run's word without them
-    verdict = runs_verdict(split["head"], split["again"]["head"]) if split.get("again") else (
-        "tie" if tied else "pays")
-    inter = split.get("interleaved")  # where the two runs disagree, the run that interleaves 3a and step 3 decides
-    if verdict == "runs disagree" and inter is not None:
-        verdict, split = ("tie" if is_tie(inter["x"]) else "interleaved"), {**split, "head": inter["x"]}
+    # the head by chapter 07's one rule: its interleaved run, else what the whole runs say together
+    head = real_verdict(split["head"], (split.get("again") or {}).get("head"), split.get("interleaved"))
     if landing:  # what each chapter buys, each against the step before; the cached sets (host work) apart
         jumps = f"{split['jumps']:.2f}×"
         return (f"on SmolLM2-135M, chapter 01's exact jumps {f'**{jumps}**' if bold else jumps}; chapter 02's head "
-                + ("a tie there" if verdict == "tie" else "unresolved there (two runs disagree)"
-                   if verdict == "runs disagree"
-                   else f"{split['head']:.2f}× there (timed in rounds alternating with and without it)"
-                   if verdict == "interleaved" else f"{split['head']:.2f}× there")
+                + ("a tie there" if head["word"] == "tie" else "unresolved there (two runs disagree)"
+                   if head["word"] == "runs disagree"
+                   else f"{head['x']:.2f}× there (timed in rounds alternating with and without it)"
+                   if head["source"] == "interleaved" else f"{head['x']:.2f}× there")
                 + ("" if split["head_8b"] is None else f", {split['head_8b']:.2f}× on the 8B cost model (synthetic weights)"))
     again = "" if not split.get("again") else f", {split['again']['sets']:.2f}× in another run"
     return (f"the cached allowed sets ({split['sets']:.2f}×{again}) assume a grammar compiled once and reused (a median "
@@ -3368,10 +3364,13 @@ def step_payoffs(root: Path = BENCH_RESULTS, card: str = "nvidia-h200") -> dict[
                              intermediate=8192).head_share()  # chapter 02's Llama 3.2 3B
         out = f"at most {1 / (1 - share + share / k):.2f}× a Llama 3.2 3B decode step at batch 1 (a bound)"
         split = decode_split(Path(root) / card)  # what the head did in chapter 07's measured loop
-        if split is not None:  # on SmolLM2 the run interleaving 3a and step 3 is chapter 07's answer: whole runs drift more
-            inter = split.get("interleaved")
-            x, how = (split["head"], "") if inter is None else (inter["x"], " (in alternating rounds)")
-            out += ("; measured in 07: " + ("a tie" if is_tie(x) else f"{x:.2f}×{how}")
+        if split is not None:  # the head on SmolLM2 by chapter 07's one rule (book.decode.lesson.real_verdict)
+            from book.decode.lesson import real_verdict
+
+            head = real_verdict(split["head"], (split.get("again") or {}).get("head"), split.get("interleaved"))
+            how = " (in alternating rounds)" if head["source"] == "interleaved" else ""
+            out += ("; measured in 07: " + ("a tie" if head["word"] == "tie" else "unresolved (two runs disagree)"
+                                            if head["word"] == "runs disagree" else f"{head['x']:.2f}×{how}")
                     + " on SmolLM2" + ("" if split["head_8b"] is None else
                                        f", {split['head_8b']:.2f}× on the 8B cost model"))
         return out

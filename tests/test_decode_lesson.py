@@ -971,17 +971,18 @@ def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top(
     assert lesson.range_top(shown, "8b", 1)["ratio"] == pytest.approx(case["fastest"])
 
 
-def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_the_8b_and_the_1b_folded():
-    """One steps table a model. SmolLM2's: its steps (3a its own row) in the chapter's run and in the second H200 run,
-    each "× previous" the ratio of its own column's times, what the two runs say together (a step is resolved only
-    where both agree) and the time over the forward-time bound (the scoreboard's bound for this loop); its first and
-    last times are the result table's step 1 and step 3; the drift between the runs is said once, under it, from the
-    files. The 8B cost model's steps (3a its own row, "× floor") in a table of their own, in the open; the 1B cost
-    model's in a fold (step 3 over step 2: 3a on the cost models is the chain's)."""
+def test_one_steps_table_a_model_smollm2_one_number_a_step_both_runs_folded_then_the_8b_and_the_1b_folded():
+    """One steps table a model. SmolLM2's, in the open: its steps (3a its own row), run 1's times, one "× previous" a
+    step by the page's one rule (:func:`lesson.real_verdict`: the head's from the interleaved run, labelled so, each
+    other step's from the whole runs, run 2's word beside run 1's only where they disagree) and the time over the
+    forward-time bound (the scoreboard's bound for this loop); its first and last times are the result table's step 1
+    and step 3. Both whole runs, each "× previous" the ratio of its own column's times, and the drift between them sit
+    in a fold under it. The 8B cost model's steps (3a its own row, "× floor") in a table of their own, in the open; the
+    1B cost model's in a fold (step 3 over step 2: 3a on the cost models is the chain's)."""
     results, second = lesson.committed(), lesson.second_run()
     cell = next(t for t in _page_cells() if "lesson.steps_runs_table(shown, second)" in t)
-    assert cell.index("lesson.steps_runs_table(shown, second)") < cell.index("**Run-to-run drift.**")
-    assert ":::{{dropdown}}" not in cell
+    assert cell.index("lesson.steps_runs_table(shown, second)") < cell.index(":::{{dropdown}} Both whole runs") < \
+        cell.index("**Run-to-run drift.**") < cell.index("lesson.steps_both_runs_table(shown, second)")
     eight_cell = next(t for t in _page_cells() if 'lesson.steps_table(shown, "8b", 1, with_3a=True)' in t)
     at = eight_cell.index('lesson.steps_table(shown, "8b", 1, with_3a=True)')  # in the open, then the 1B folded
     assert "8B cost model" in eight_cell[:at] and ":::{{dropdown}}" not in eight_cell[:at]
@@ -989,35 +990,46 @@ def test_one_steps_table_a_model_smollm2_in_both_runs_with_their_verdict_then_th
         'lesson.steps_table(shown, "1b", 1, with_3a=False)')
     table = lesson.steps_runs_table(results, second)
     head = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
-    assert head == ["step", "the one change", "SmolLM2-135M (13 requests), run 1: µs per token", "× previous",
-                    "run 2: µs per token", "× previous", "verdict", "× forward-time bound"]
+    assert head == ["step", "the one change", "SmolLM2-135M (13 requests): µs per token, run 1", "× previous",
+                    "× forward-time bound"]
     rows = _table_rows(table)
     assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "3a: allowed sets precomputed",
                                     "step 3: the masked head"]
     assert "host work" in rows[2][1] and "(3b, 3c)" in rows[3][1]
+    assert "the base step 3 is measured against" in rows[2][1]  # 3a's role in the chain
     real, real2 = lesson.real_steps_rows_3a(results, 1), lesson.real_steps_rows_3a(second, 1)
     assert [r[2] for r in rows] == [f"{x['us']:,.0f}" for x in real]
-    assert [r[4] for r in rows] == [f"{x['us']:,.0f}" for x in real2]
-    # the verdicts: the jumps pay in both runs; 3a and the head tie in one run only; the head's row adds the
-    # interleaved run's word (lab/decode/head_interleaved.py), which the two runs' disagreement sent for
+    # one number a step: the jumps pay in both runs (run 1's ratio); 3a pays in run 1 only (both said); the head's
+    # from the interleaved run (lab/decode/head_interleaved.py), which whole runs' drift sent for
     hi = lesson.head_interleaved(1)
     assert hi is not None and hi["rounds"] >= 10 and hi["same_tokens"]
-    assert [r[6] for r in rows[:3]] == ["–", "pays", "pays in run 1, a tie in run 2"]
-    assert rows[3][6] == (f"{lesson.interleaved_word(hi)} in interleaved rounds: {hi['x']:.2f}× "
-                          f"({hi['least']:.2f}–{hi['most']:.2f}×)")
-    assert "the base step 3 is measured against" in rows[2][1]  # 3a's role in the chain
+    assert rows[0][3] == "–" and rows[1][3] == f"{real[1]['x_previous']:.2f}×"
+    assert rows[2][3] == f"{real[2]['x_previous']:.2f}× in run 1, a tie in run 2"
+    assert rows[3][3] == f"{hi['x']:.2f}×, interleaved rounds ({hi['least']:.2f}–{hi['most']:.2f}×)"
+    for r, x, x2 in zip(rows, real, real2):  # each cell is the one rule's, the page's answer's for the head
+        v = lesson.real_verdict(x["x_previous"], x2["x_previous"], hi if r is rows[-1] else None)
+        assert r[3] == ("–" if v is None else v["cell"])
     body = lesson.real_body(results)["us"]
-    assert [r[7] for r in rows] == [f"{x['us'] / (x['forwards'] * body):.2f}×" for x in real]
+    assert [r[4] for r in rows] == [f"{x['us'] / (x['forwards'] * body):.2f}×" for x in real]
     from book import scoreboard as sb
 
     entry = next(e for e in sb.ENTRIES if e.number == 7)
     smol = next(r for r in sb.entry_rows(entry) if "missing" not in r and r.get("real_model")
                 and sb.short_card(r["card"]) == "H200")
-    assert smol["binding_floor_ms"] * 1e3 * float(rows[3][7].rstrip("×")) == pytest.approx(real[3]["us"], rel=0.005)
-    for col in (2, 4):  # each "× previous" is the ratio of its own column's times, as printed (to rounding)
-        us = [float(r[col].replace(",", "")) for r in rows]
-        assert rows[0][col + 1] == "–"
-        for r, before, after in zip(rows[1:], us, us[1:]):
+    assert smol["binding_floor_ms"] * 1e3 * float(rows[3][4].rstrip("×")) == pytest.approx(real[3]["us"], rel=0.005)
+    # the fold: both whole runs, each "× previous" the ratio of its own column's times, what the two say together
+    both = lesson.steps_both_runs_table(results, second)
+    head = [c.strip() for c in both.splitlines()[0].split("|")[1:-1]]
+    assert head == ["step", "run 1: µs per token", "× previous", "run 2: µs per token", "× previous",
+                    "the two runs together"]
+    folded = _table_rows(both)
+    assert [r[1] for r in folded] == [f"{x['us']:,.0f}" for x in real]
+    assert [r[3] for r in folded] == [f"{x['us']:,.0f}" for x in real2]
+    assert [r[5] for r in folded] == ["–", "pays", "pays in run 1, a tie in run 2", "a tie in run 1, pays in run 2"]
+    for col in (1, 3):  # each "× previous" is the ratio of its own column's times, as printed (to rounding)
+        us = [float(r[col].replace(",", "")) for r in folded]
+        assert folded[0][col + 1] == "–"
+        for r, before, after in zip(folded[1:], us, us[1:]):
             assert float(r[col + 1].split("×")[0]) == pytest.approx(before / after, abs=0.006)
             assert r[col + 1].endswith("(tie)") == is_tie(float(r[col + 1].split("×")[0]))
     # the drift, from the two runs' rows: every step slower in the main run, by the range the page prints
@@ -1058,12 +1070,66 @@ def test_two_runs_verdicts_from_hand_made_ratios():
     assert lesson.runs_verdict(None, 1.2) == "–"
 
 
+def test_one_rule_for_the_head_on_smollm2_from_hand_made_ratios():
+    """:func:`lesson.real_verdict`, the one rule every page uses for a step on SmolLM2: an interleaved run decides
+    where it is given, whatever the whole runs say; without one, two runs by :func:`lesson.runs_verdict` (both said
+    where they disagree), one run by the tie rule."""
+    inter = {"x": 1.07, "least": 1.01, "most": 1.14}
+    v = lesson.real_verdict(0.97, 1.05, inter)
+    assert (v["x"], v["word"], v["source"]) == (1.07, "pays", "interleaved") and v["cell"].startswith("1.07×, interleaved")
+    assert lesson.real_verdict(1.10, 1.12, {"x": 1.01, "least": 0.98, "most": 1.04})["word"] == "tie"  # runs agree
+    assert lesson.real_verdict(None, None, inter)["x"] == 1.07  # the interleaved run alone
+    v = lesson.real_verdict(1.10, 1.02)
+    assert (v["word"], v["source"], v["cell"]) == ("runs disagree", "two runs", "1.10× in run 1, a tie in run 2")
+    assert lesson.real_verdict(1.13, 1.17)["cell"] == "1.13×" and lesson.real_verdict(1.13, 1.17)["word"] == "pays"
+    assert lesson.real_verdict(0.98)["word"] == "tie" and lesson.real_verdict(0.98)["source"] == "one run"
+    assert lesson.real_verdict(None) is None
+
+
+def test_the_four_places_that_quote_the_head_on_smollm2_call_the_one_rule():
+    """Chapter 02's head on SmolLM2 is decided in one place, :func:`lesson.real_verdict`: chapter 07's steps table,
+    the results page's split in words and its step payoffs, and chapter 02's opening all call it, and none of them
+    reads the interleaved ratio or the two runs' verdict on its own."""
+    import inspect
+    import json
+
+    from book import results
+    from studylog import paths
+
+    for fn in (lesson.steps_runs_table, results.decode_split_words, results.step_payoffs):
+        code = inspect.getsource(fn)
+        assert "real_verdict(" in code and "runs_verdict(" not in code and 'inter["x"]' not in code, fn.__name__
+    nb = json.loads((paths.REPO_ROOT / "notebooks" / "02_masked_lm_head.ipynb").read_text())
+    cell = next("".join(c["source"]) for c in nb["cells"] if "decode_split(" in "".join(c["source"]))
+    assert "real_verdict(" in cell and 'inter["x"]' not in cell and "inter = " not in cell
+
+
+def test_the_result_leads_with_the_outside_engine_on_the_same_requests_and_says_where_we_lose():
+    """The result section opens with our end-to-end number against Hugging Face ``generate`` with xgrammar's logits
+    processor (:func:`lesson.peer_numbers`: the same requests, GPU and wall clock), how much of the gap is the body's
+    replay rather than the chapters (step 1's own ratio), how many requests wrote step 1's tokens, and where we lose to
+    it (a new grammar's compile, ours against xgrammar's); no fold holds it any more."""
+    text = _page_cells()
+    heading = text.index("## The result, against Hugging Face `generate` and the baseline loop")
+    result = text[heading + 1]
+    at = result.index("**Against Hugging Face")
+    assert at < result.index("The table sets step 3") < result.index("say(lesson.result_table(shown))")
+    lead = result[at:result.index("The table sets step 3")]
+    for key in ("peer['requests']", "peer['step3_ms']", "peer['hf_ms']", "peer['hf_over_step3']", "peer['same']",
+                "peer['hf_over_step1']", "setup['automaton_ms']", "setup['xgrammar_ms']", "Where we lose to it"):
+        assert key in lead, key
+    assert ":::{{dropdown}} Hugging Face" not in "\n".join(text)
+    peer = lesson.peer_numbers(lesson.committed())
+    assert peer["hf_over_step3"] > peer["hf_over_step1"] > 1 and 0 < peer["same"] <= peer["requests"]
+
+
 def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening_says_which_number_to_take():
     """The result gives the plain point (a jumped token is not a free forward) before the forecasts; the opening
-    leads with what the two chapters buy (SmolLM2's jumps; the head there as the range of its two runs, within the
-    noise, not a finding; the head on the 8B cost model), then 3a, host work and neither chapter's, in a sentence of
-    its own and its ratio over step 1 in the same sentence as its condition (a grammar compiled once and reused: the
-    compile against a request's decode, from the data), and ends on one recommendation the data supports: the jumps,
+    answers first, in a few short sentences, what the two chapters buy (SmolLM2's jumps; the head there by the page's
+    one rule, :func:`lesson.real_verdict`, the interleaved run's; the head on the 8B cost model); the qualifications
+    follow (run 2's jumps, the drift that sent the head to interleaved rounds), then 3a, host work and neither
+    chapter's, its ratio in the same sentence as its condition (a grammar compiled once and reused: the compile
+    against a request's decode, from the data), and it ends on one recommendation the data supports: the jumps,
     3a where a grammar is reused, step 3 where the head's bytes are a real share of the step (the 8B cost model's
     measured gain); nothing is shipped "on a synthetic result"."""
     text = _page_cells()
@@ -1072,13 +1138,16 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     assert not any("**A jump is not a free forward.**" in t for t in text)
     opening = " ".join(next(t for t in text if "**The answer**" in t).split())
     assert "(3a: host work, no chapter's)" in opening and "so the head was timed interleaved with 3a" in opening
-    assert "{hi[1]['x']:.2f}" in opening and "buys nothing the totals can measure there" not in opening
-    # SmolLM2's jumps, the head there and on the 8B cost model, then the cached sets (host work), 3a's ratio and its
-    # condition, then the advice
+    assert "{head['x']:.2f}" in opening and "buys nothing the totals can measure there" not in opening
+    assert 'lesson.real_verdict(r3a[3]["x_previous"], rr["second"]["head"], hi[1])' in opening  # the table's rule
+    # the answer (SmolLM2's jumps, the head there and on the 8B cost model), then the qualifications (run 2, the
+    # drift), the cached sets (host work), 3a's ratio and its condition, then the advice
     said = opening[opening.index("**The answer**"):]
-    order = ["{rr['main']['jumps']", "{rr['second']['jumps']", "{hi[1]['x']", "{drift['time'][0]",
-             "{saving:.0%}", "{eight[3]['x_previous']", "{rr['main']['x_3a']", "{rr['second']['x_3a']",
+    order = ["{rr['main']['jumps']", "{head['x']", "{eight[3]['x_previous']", "{rr['second']['jumps']",
+             "{drift['time'][0]", "{saving:.0%}", "{rr['main']['x_3a']", "{rr['second']['x_3a']",
              "{setup['automaton_ms']", "{setup['decode_ms']", "**Use chapter 01's exact jumps"]
+    lead = said[:said.index("{rr['second']['jumps']")]  # the answer itself: three short sentences
+    assert lead.count(". ") <= 3 and "drift" not in lead and "3a" not in lead
     assert [said.index(k) for k in order] == sorted(said.index(k) for k in order)
     assert "lesson.real_parts_without_body(shown)" in opening and "lesson.grammar_setup(shown)" in opening
     sentence = said[said.index("{rr['second']['x_3a']"):said.index("**Use chapter 01's exact jumps")]
@@ -1109,7 +1178,7 @@ def test_the_result_says_a_jump_is_not_free_before_the_forecasts_and_the_opening
     assert "{no_body['automaton_mask']:.0f}" in fig and "about {saving:.0%} of a step" in fig
     # the answer gives the interleaved ratio as the head's, and why: whole runs drift more than the head saves
     answer = " ".join(next(t for t in text if "**The answer**" in t).split())
-    assert "Chapter 02's head buys **{hi[1]['x']:.2f}×** there" in answer
+    assert "chapter 02's head **{head['x']:.2f}×** on top" in answer
     assert "more than the head's ~{saving:.0%} of a step, so the head was timed interleaved with 3a" in answer
     # the interleaved run resolves what the two whole runs split on: the head pays at batch 1, every round above 1
     h = lesson.head_interleaved(1)
@@ -1133,13 +1202,14 @@ def test_where_we_lose_puts_numbers_on_the_character_level_jumps():
 
 
 def test_the_character_level_jumps_get_a_table_of_their_own():
-    """No outside peer is measured, so the result is titled against the baseline loop. Its table has short headers
+    """The result is titled against the one outside engine measured and the baseline loop. Its table has short headers
     (what they mean is said under it); chapter 01's character-level jumps, marked not exact, get a one-row table of
     their own at the 8B cost model's case (under Where we lose), with the ratios the prose quotes from
     :func:`lesson.char_jump_numbers`; the result's opening gives the real model's ratio before the cost model's."""
     shown = lesson.committed() or lesson.earlier_run()
     text = _page_cells()
-    assert "## The result, against the baseline loop" in text and not any("against the peers" in t for t in text)
+    assert "## The result, against Hugging Face `generate` and the baseline loop" in text
+    assert not any("against the peers" in t for t in text)
     cj, case = lesson.char_jump_numbers(shown), lesson.char_jump_case(shown, "8b", 1)
     assert case["ratio"] == pytest.approx(cj["8b"]["x_step1"], rel=0.01)
     assert case["x_step3"] == pytest.approx(cj["8b"]["x_step3"], rel=0.01)
@@ -1284,14 +1354,17 @@ def test_step_3_says_what_runs_before_the_first_step_and_gives_its_parts_on_the_
 def test_the_answer_and_the_steps_table_say_what_pays_in_step_3_on_the_real_model():
     """On SmolLM2 chapter 02's head and argmax (3b with 3c) tie and 3a, the allowed sets precomputed from the
     automaton, pays: the answer says so beside the 8B cost model's head (the chain's 3b), and the open steps table's
-    step 3 row gives both numbers, the tie marked; the opening says what each chapter buys in isolation."""
+    step 3 row gives the head's one number, the interleaved run's, as the answer does (run 1's whole-run tie is in the
+    fold); the opening says what each chapter buys in isolation."""
     results = lesson.committed()
     parts = lesson.real_step03_parts(results)
     assert f"{parts['x_3bc']:.2f}×" == "0.97×" and parts["x_3a"] > 1.03
     rows = _table_rows(lesson.steps_runs_table(results, lesson.second_run()))
     assert rows[2][0] == "3a: allowed sets precomputed" and "host work" in rows[2][1]
-    assert rows[2][3] == f"{parts['x_3a']:.2f}×"
-    assert rows[3][3] == f"{parts['x_3bc']:.2f}× (tie)" and "(3b, 3c)" in rows[3][1]
+    assert rows[2][3].startswith(f"{parts['x_3a']:.2f}× in run 1")
+    hi = lesson.head_interleaved(1)
+    assert rows[3][3].startswith(f"{hi['x']:.2f}×, interleaved rounds") and "(3b, 3c)" in rows[3][1]
+    assert f"{parts['x_3bc']:.2f}" not in rows[3][3]  # one number a step: not run 1's beside the interleaved one
     text = _page_cells()
     answer = next(t for t in text if "**The answer**" in t)
     for key in ("rr['main']['x_3a']", "rr['second']['x_3a']", "eight[3]['x_previous']", "{saving:.0%}"):

@@ -1090,14 +1090,16 @@ def char_jump_table(results, model: str = "8b", batch: int = 1) -> str:
 def peer_numbers(results) -> dict[str, float] | None:
     """Hugging Face ``generate`` with xgrammar's logits processor against steps 1 and 3 on the real model's
     requests at batch 1, the same requests and GPU: medians of the time per output token (ms) and of the
-    requests' own ratios. None where the file holds no ``hf_generate`` rows."""
-    hf = {r["params"]["schema"]: r["ms"] for r in results.rows if r["series"] == "hf_generate"}
-    rows = [(hf[name], r1["ms"], r3["ms"]) for name, r1, _, r3 in _real_rows(results, 1) if name in hf]
+    requests' own ratios, and how many of those requests ``generate`` answered with step 1's tokens (``same``). None
+    where the file holds no ``hf_generate`` rows."""
+    hf = {r["params"]["schema"]: r for r in results.rows if r["series"] == "hf_generate"}
+    rows = [(hf[name]["ms"], r1["ms"], r3["ms"]) for name, r1, _, r3 in _real_rows(results, 1) if name in hf]
     if not rows:
         return None
+    same = sum(bool(hf[name].get("same_tokens_as_step01")) for name, _, _, _ in _real_rows(results, 1) if name in hf)
     return {"hf_ms": _median(h for h, _, _ in rows), "step1_ms": _median(a for _, a, _ in rows),
             "step3_ms": _median(c for _, _, c in rows), "hf_over_step1": _median(h / a for h, a, _ in rows),
-            "hf_over_step3": _median(h / c for h, _, c in rows), "requests": len(rows)}
+            "hf_over_step3": _median(h / c for h, _, c in rows), "requests": len(rows), "same": same}
 
 
 def char_jump_numbers(results) -> dict | None:
@@ -1420,6 +1422,40 @@ def runs_verdict(x: float | None, x2: float | None) -> str:
     return "runs disagree"
 
 
+def real_verdict(x: float | None, x2: float | None = None, interleaved: dict | None = None) -> dict | None:
+    """What a step buys on SmolLM2 over the row above, by the one rule every page that quotes it uses (chapter 07's
+    steps table and answer, chapter 02's opening, the results and landing pages). Whole runs of the benchmark drift
+    apart by more than the masked head saves of a SmolLM2 step, so a whole run's ratio cannot resolve the head; rounds
+    that alternate 3a and step 3 request by request (:func:`head_interleaved`) cancel that drift. So: where an
+    interleaved run is given, its median ratio is the step's number; without one, the whole runs decide: two runs
+    by :func:`runs_verdict` (run 1's ratio quoted, both where they disagree), one run by the course's tie rule.
+
+    Returns ``x`` (the ratio quoted), ``word`` ("pays", "loses", "tie" or "runs disagree"), ``source``
+    ("interleaved", "two runs" or "one run"), ``least`` and ``most`` (the interleaved rounds' range, else None),
+    ``x2`` (run 2's ratio, None without it) and ``cell`` (the number and its source in a few words, as a table
+    cell). None without ``x`` or an interleaved run."""
+    from book.common import is_tie
+
+    def word(v: float) -> str:
+        return "tie" if is_tie(v) else "pays" if v > 1 else "loses"
+
+    if interleaved is not None:
+        v = interleaved["x"]
+        return {"x": v, "word": word(v), "source": "interleaved", "least": interleaved["least"],
+                "most": interleaved["most"], "x2": x2,
+                "cell": f"{_ratio_cell(v)}, interleaved rounds "
+                        f"({interleaved['least']:.2f}–{interleaved['most']:.2f}×)"}
+    if x is None:
+        return None
+    if x2 is None:
+        return {"x": x, "word": word(x), "source": "one run", "least": None, "most": None, "x2": None,
+                "cell": _ratio_cell(x)}
+    verdict = runs_verdict(x, x2)
+    cell = _ratio_cell(x) if verdict != "runs disagree" else (
+        f"{_ratio_cell(x)} in run 1, {'a tie' if is_tie(x2) else f'{x2:.2f}×'} in run 2")
+    return {"x": x, "word": verdict, "source": "two runs", "least": None, "most": None, "x2": x2, "cell": cell}
+
+
 def run_drift(results, second, batch: int = 1) -> dict | None:
     """How far the real model's two H200 runs (the chapter's and :func:`second_run`) are apart, over the steps table's
     rows: each step's time in the chapter's run over the second's, less one (``time``: least, most), and each
@@ -1436,37 +1472,46 @@ def run_drift(results, second, batch: int = 1) -> dict | None:
 
 
 def steps_runs_table(results, second, batch: int = 1) -> str:
-    """:func:`steps_runs` as the real model's steps table (Markdown): per row its one change; SmolLM2's time and
-    "× previous" in the chapter's run and in the second run (each ratio the ratio of its own column's times), what
-    the two runs say together (:func:`runs_verdict`) and the time over the forward-time bound (the chapter's run).
-    The cost models have tables of their own (:func:`steps_table`)."""
+    """:func:`steps_runs` as the real model's steps table (Markdown), one number a step: per row its one change,
+    SmolLM2's time in the chapter's run, its "× previous" by :func:`real_verdict` (the head's from
+    :func:`head_interleaved` where that run exists, each other step's from the whole runs), and the time over the
+    forward-time bound (the chapter's run). Both whole runs side by side: :func:`steps_both_runs_table`. The cost
+    models have tables of their own (:func:`steps_table`)."""
     rows = steps_runs(results, second, batch)
     if not rows:
         return f"({PENDING}: this file holds no real-model requests with 3a)"
     n = len(_real_rows(results, batch))
-    two = rows[0]["real2"] is not None
+    interleaved = head_interleaved(batch)
+    lines = [f"| step | the one change | SmolLM2-135M ({n} requests): µs per token, run 1 | × previous | "
+             "× forward-time bound |", "|---|---|---|---|---|"]
+    for r in rows:
+        x, x2 = r["real"]["x_previous"], (r["real2"] or {}).get("x_previous")
+        v = real_verdict(x, x2, interleaved if r is rows[-1] else None)
+        cells = [r["label"], r["change"], f"{r['real']['us']:,.0f}", "–" if v is None else v["cell"],
+                 "–" if r["bound"] is None else f"{r['bound']:.2f}×"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def steps_both_runs_table(results, second, batch: int = 1) -> str:
+    """The real model's steps in both whole runs (Markdown): per row SmolLM2's time and "× previous" in the
+    chapter's run and in :func:`second_run` (each ratio the ratio of its own column's times) and what the two say
+    together (:func:`runs_verdict`, each run's own word where they disagree). "(not run)" without the second run."""
+    rows = steps_runs(results, second, batch)
+    if not rows or rows[0]["real2"] is None:
+        return "(not run)"
     from book.common import is_tie
 
-    interleaved = head_interleaved(batch)  # the head's run that cancels drift: its word where the two disagree
-    head = [f"SmolLM2-135M ({n} requests), run 1: µs per token", "× previous"]
-    head += ["run 2: µs per token", "× previous", "verdict"] if two else []
-    head += ["× forward-time bound"]
-    lines = ["| step | the one change | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
+    lines = ["| step | run 1: µs per token | × previous | run 2: µs per token | × previous "
+             "| the two runs together |", "|---|---|---|---|---|---|"]
     for r in rows:
-        x = r["real"]
-        cells = [r["label"], r["change"], f"{x['us']:,.0f}", _ratio_cell(x["x_previous"])]
-        if two:
-            x2 = r["real2"]
-            verdict = runs_verdict(x["x_previous"], x2["x_previous"])
-            if r is rows[-1] and verdict == "runs disagree" and interleaved is not None:  # the head, timed again
-                verdict = (f"{interleaved_word(interleaved)} in interleaved rounds: "
-                           f"{interleaved['x']:.2f}× ({interleaved['least']:.2f}–{interleaved['most']:.2f}×)")
-            elif verdict == "runs disagree":  # each run's own word, said plainly
-                verdict = ", ".join(f"{'a tie' if is_tie(v) else 'pays' if v > 1 else 'loses'} in run {i}"
-                                    for i, v in ((1, x["x_previous"]), (2, x2["x_previous"])))
-            cells += [f"{x2['us']:,.0f}", _ratio_cell(x2["x_previous"]), verdict]
-        cells += ["–" if r["bound"] is None else f"{r['bound']:.2f}×"]
-        lines.append("| " + " | ".join(cells) + " |")
+        x, x2 = r["real"]["x_previous"], r["real2"]["x_previous"]
+        verdict = runs_verdict(x, x2)
+        if verdict == "runs disagree":  # each run's own word, said plainly
+            verdict = ", ".join(f"{'a tie' if is_tie(v) else 'pays' if v > 1 else 'loses'} in run {i}"
+                                for i, v in ((1, x), (2, x2)))
+        lines.append(f"| {r['label']} | {r['real']['us']:,.0f} | {_ratio_cell(x)} | {r['real2']['us']:,.0f} | "
+                     f"{_ratio_cell(x2)} | {verdict} |")
     return "\n".join(lines)
 
 
