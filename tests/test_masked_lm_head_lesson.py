@@ -1198,12 +1198,12 @@ def test_steps_1_and_2_are_one_kernel_listed_at_each_steps_knob():
 
 
 def test_step_10_is_shown_against_step_3s_product():
-    """Step 10 builds on step 3's row-tile product: its diff is against step 3's ``dot_rows``, which the page shows at
-    step 3, not against the tried step 9's function."""
+    """Step 10 builds on step 3's row-tile product: its listing is its call of step 3's ``dot_rows``, which the page
+    shows at step 3, not the tried step 9's function."""
     cells = ["".join(c["source"]) for c in _notebook_cells()]
     start = next(k for k, c in enumerate(cells) if c.startswith("### Step 10"))
     code = cells[start + 1]
-    assert 'function_diff(dot_rows, gathered_dot, ("dot_rows (step 3)", "gathered_dot (step 10)"))' in code
+    assert 'function_listing(gathered_dot, "gathered_dot (step 10): step 3\'s dot_rows' in code
     assert "gathered_sums" not in code and "step 3's `dot_rows`" in cells[start]
 
 

@@ -8,6 +8,7 @@ import triton.language as tl
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
+from studylog.masked_lm_head.dense import dot_rows
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, AllowedTokens, Hidden, Logits, Tiles, Weight,
                                              check_inputs, default_tiles, dot_dtype, need_batch1, need_layout, output,
                                              stream_tiles)
@@ -225,20 +226,10 @@ def union_sums_kernel(
 @triton.jit
 def gathered_dot(h_ptr, w_ptr, rows, live, offs_b, in_b, stride_hb, stride_wv, D: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Step 10's (and the plan's) [BLOCK_B, BLOCK_V] fp32 tile: hidden states ``offs_b`` times rows ``rows`` (zeros
-    where not ``live``), D in chunks of BLOCK_D."""
-    offs_d = tl.arange(0, BLOCK_D)
-    h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_d[None, :]
-    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d[None, :]
-    acc = tl.zeros((BLOCK_B, BLOCK_V), dtype=tl.float32)
-    for k in range(0, tl.cdiv(D, BLOCK_D)):
-        d_left = D - k * BLOCK_D
-        h = tl.load(h_ptrs, mask=in_b[:, None] & (offs_d[None, :] < d_left), other=0.0)
-        w = tl.load(w_ptrs, mask=live[:, None] & (offs_d[None, :] < d_left), other=0.0)
-        acc = tl.dot(h.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc)
-        h_ptrs += BLOCK_D
-        w_ptrs += BLOCK_D
-    return acc
+    """Step 10's (and the plan's) [BLOCK_B, BLOCK_V] fp32 tile: step 3's row-tile product (:func:`dot_rows`) of the
+    hidden states ``offs_b`` and the weight's rows ``rows`` (zeros where not ``live``), D in chunks of BLOCK_D."""
+    return dot_rows(h_ptr, w_ptr, offs_b, rows, tl.arange(0, BLOCK_D), in_b[:, None], live[:, None], None, D,
+                    stride_hb, stride_wv, BLOCK_B, BLOCK_V, BLOCK_D, DOT_DTYPE)
 
 
 @triton.jit
