@@ -21,7 +21,7 @@ from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, RULES, Mul
 from studylog.multi_item.peers import (flashinfer_backends, flashinfer_inputs, flashinfer_prefill, flex_mask_mod,
                                        flex_variants)
 from studylog.multi_item.plan import MultiItemPlan
-from studylog.multi_item.steps import STEPS, step01_dense_sdpa
+from studylog.multi_item.steps import STEPS, attn_fwd_batched, step01_dense_sdpa
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, planned_key_tiles, tile_stats
 
 
@@ -454,7 +454,8 @@ def _choose_config(step, shape: str, pins: dict, q, k, v, batch, sm_scale) -> tu
     pinned = pins.get((step.series, shape))
     if pinned is not None:
         return pinned, "pinned", None
-    kernel = step.source  # the Triton kernel (an Autotuner on the GPU)
+    # the Triton kernel (an Autotuner on the GPU): steps 5 and 6 list theirs as its text at their knob
+    kernel = attn_fwd_batched if step in (STEP05, STEP06) else step.source
     if getattr(kernel, "cache", None) is not None:
         kernel.cache.clear()
     _, info = step.function(q, k, v, batch, sm_scale=sm_scale, return_info=True)
