@@ -48,7 +48,7 @@ POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32", "allowed_ptr":
 KERNELS = {"dense_matmul_kernel": MATMUL, "block_skip_kernel": MATMUL | dict(COLUMN_SKIP=True),
            "row_skip_kernel": MATMUL, "reordered_rows_kernel": MATMUL,
            "compact_rows_kernel": dict(D=3072, BLOCK_V=1, BLOCK_D=1024, FILL_BLOCK=4096),
-           "one_wait_kernel": ROW, "fill_first_kernel": ROW, "compact_stream_kernel": STREAM,
+           "one_wait_kernel": ROW | dict(EVICTION=""), "fill_first_kernel": ROW,
            "few_ids_kernel": dict(D=3072, D_POW2=4096, FILL_BLOCK=1024, EVICTION="evict_first"),
            "union_sums_kernel": UNION, "batched_union_kernel": BATCHED,
            "stream_count_kernel": STREAM, "batched_count_kernel": BATCHED,

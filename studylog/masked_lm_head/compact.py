@@ -71,16 +71,17 @@ def compact_rows_kernel(
 
 # Step 5: one wait per row. The row is one [BLOCK_V, D_POW2] tile (the padding masked off: registers, not bytes),
 # its loads issued back to back and reduced once; in step 4 each chunk's tl.sum ends in a barrier before the next
-# chunk's loads, so a program waited for memory once per chunk.
+# chunk's loads, so a program waited for memory once per chunk. Step 7 is this kernel with EVICTION set (below);
+# step 5 passes "", the default policy.
 
 @triton.jit
 def one_wait_kernel(
     h_ptr, w_ptr, out_ptr, allowed_ptr, ids_ptr, n_ids, V, n_compute, stride_wv,
-    D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr,
+    D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr, EVICTION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < n_compute:
-        one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, 0, stride_wv, D, D_POW2, BLOCK_V, "")
+        one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, 0, stride_wv, D, D_POW2, BLOCK_V, EVICTION)
     else:
         fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
@@ -98,22 +99,6 @@ def fill_first_kernel(
         one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, n_fill, stride_wv, D, D_POW2, BLOCK_V, "")
     else:
         fill_disallowed(out_ptr, allowed_ptr, pid, 0, V, FILL_BLOCK)
-
-
-# Step 7: step 5 with the weight rows read under an L2 evict-first policy: they are used once, so they
-# recycle their own L2 lines rather than evict lines that other data (often dirty) occupies.
-
-@triton.jit
-def compact_stream_kernel(
-    h_ptr, w_ptr, out_ptr, allowed_ptr, ids_ptr, n_ids, V, n_compute, stride_wv,
-    D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr,
-    EVICTION: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    if pid < n_compute:
-        one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, 0, stride_wv, D, D_POW2, BLOCK_V, EVICTION)
-    else:
-        fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
 
 # Step 8: a handful of ids (a state that forces one token, or allows a few) are launch arguments: no program loads
@@ -249,6 +234,8 @@ def batched_union_kernel(
         fill_disallowed_batch(out_ptr, allowed_ptr, pid, n_compute, B, V, stride_ob, stride_allowed_b, FILL_BLOCK)
 
 
+# Step 7: step 5's kernel with the weight rows read under an L2 evict-first policy: they are used once, so they
+# recycle their own L2 lines rather than evict lines that other data (often dirty) occupies.
 EVICTION = "evict_first"  # the L2 policy of steps 7 and 8's row loads: each row is read once
 NO_IDS = (-1,) * FEW_IDS_MAX  # step 8's unused id slots: no output position equals -1
 
@@ -281,7 +268,7 @@ def step04_compact(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout:
 def step05_one_wait(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
                     tiles: Tiles | None = None) -> Logits:
     """Step 5 (batch 1): step 4, each row loaded as one tile and reduced once (one wait for memory a row)."""
-    return _rows_and_fill(one_wait_kernel, "step05_one_wait", h, weight, allowed, layout, out, tiles)
+    return _rows_and_fill(one_wait_kernel, "step05_one_wait", h, weight, allowed, layout, out, tiles, EVICTION="")
 
 
 def step06_fill_first(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd",
@@ -294,8 +281,7 @@ def step06_fill_first(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layo
 def step07_stream(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
                   tiles: Tiles | None = None) -> Logits:
     """Step 7 (batch 1): step 5, the rows read once under an L2 evict-first policy (:data:`EVICTION`)."""
-    return _rows_and_fill(compact_stream_kernel, "step07_stream", h, weight, allowed, layout, out, tiles,
-                          EVICTION=EVICTION)
+    return _rows_and_fill(one_wait_kernel, "step07_stream", h, weight, allowed, layout, out, tiles, EVICTION=EVICTION)
 
 
 def step08_few_ids(h: Hidden, weight: Weight, allowed: AllowedTokens, *, out: Logits | None = None,
