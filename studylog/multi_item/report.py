@@ -69,9 +69,9 @@ GQA_GROUP = 4  # query heads a key/value head serves in the model the chapter ci
 CEILING_MATMUL_N = 8192  # the matmul whose rate is the run's compute ceiling
 
 
-def gqa_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]], int]]:
+def gqa_shapes() -> list[tuple[str, list[int], list[list[int]], int]]:
     """The mixed batch with a key/value head per :data:`GQA_GROUP` query heads, ``(name, prefixes, items, kv
-    heads)`` (in a quick run too: a target's case)."""
+    heads)``, in a quick run too (a target's case)."""
     name, prefixes, items = bench_shapes()[-1]
     kv_heads = max(1, BENCH_HEADS // GQA_GROUP)
     return [(f"{name}, {kv_heads} KV heads", prefixes, items, kv_heads)]
@@ -266,7 +266,7 @@ def shape_rows(single: bool, gqa: bool, quick: bool) -> list[tuple[str, str, str
 
 def run_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]], int]]:
     """The shapes a run measures, ``(name, prefixes, items, kv heads)``."""
-    return [(*shape, BENCH_HEADS) for shape in bench_shapes(quick)] + gqa_shapes(quick)
+    return [(*shape, BENCH_HEADS) for shape in bench_shapes(quick)] + gqa_shapes()
 
 
 def shape_params(name: str, batch: MultiItemBatch, kv_heads: int) -> dict:
