@@ -1197,13 +1197,26 @@ def test_steps_1_and_2_are_one_kernel_listed_at_each_steps_knob():
     assert resolve_python(lines, {"J": True}) == ["a", "if K:", "    x", "", "    y", "", "else:", "    z", "", "w"]
 
 
+def test_steps_5_and_7_are_one_kernel_listed_at_each_steps_hint():
+    """Steps 5 and 7 launch one kernel, step 5 with no cache hint (EVICTION=""): step 5's listing reads the hint as
+    its value, its parameter left out, and step 7's is the kernel, so the 5 -> 7 diff is the hint alone."""
+    from studylog.masked_lm_head.compact import one_wait_kernel
+    from studylog.source import source_of
+
+    five, seven = (mlh.CHAPTER.step(n).source for n in (5, 7))
+    assert "EVICTION" not in five and 'BLOCK_V, "")' in five and seven is one_wait_kernel
+    changed = [ln for ln in mlh.CHAPTER.show_diff(5, 7).lines[2:] if ln[:1] in "+-"]
+    assert len(changed) == 4 and all("FILL_BLOCK: tl.constexpr," in ln or "one_wait_rows(" in ln for ln in changed)
+    assert "EVICTION: tl.constexpr," in source_of(seven)[0]
+
+
 def test_step_10_is_shown_against_step_3s_product():
-    """Step 10 builds on step 3's row-tile product: its diff is against step 3's ``dot_rows``, which the page shows at
-    step 3, not against the tried step 9's function."""
+    """Step 10 builds on step 3's row-tile product: its listing is its call of step 3's ``dot_rows``, which the page
+    shows at step 3, not the tried step 9's function."""
     cells = ["".join(c["source"]) for c in _notebook_cells()]
     start = next(k for k, c in enumerate(cells) if c.startswith("### Step 10"))
     code = cells[start + 1]
-    assert 'function_diff(dot_rows, gathered_dot, ("dot_rows (step 3)", "gathered_dot (step 10)"))' in code
+    assert 'function_listing(gathered_dot, "gathered_dot (step 10): step 3\'s dot_rows' in code
     assert "gathered_sums" not in code and "step 3's `dot_rows`" in cells[start]
 
 

@@ -740,3 +740,15 @@ def test_the_grouped_heads_lead_says_whether_the_repetitions_overlap():
     cells = _json.loads((_Path(__file__).parents[1] / "notebooks" / "06_multi_item_attention.ipynb").read_text())["cells"]
     cell = next("".join(c["source"]) for c in cells if "gqa = lesson.gqa_ratio(results)" in "".join(c["source"]))
     assert "the ranges do not overlap" in cell and "8 KV heads{spread}" in cell
+
+
+def test_steps_5_and_6_are_one_kernel_listed_at_each_steps_knob():
+    """Steps 5 and 6 launch one kernel at PACK_HEADS False and True; each step's listing is its branch, so neither
+    shows the knob's test, and only step 6's packs a group's heads into one tile."""
+    from studylog.multi_item import CHAPTER, steps
+    from studylog.source import source_of
+
+    five, six = (CHAPTER.step(n).source for n in (5, 6))
+    assert "if PACK_HEADS" not in five + six and "if PACK_HEADS:" in source_of(steps.attn_fwd_batched)[0]
+    assert "attend_query_tile(" in five and "attend_query_tile(" not in six
+    assert "off_kv * KV_GROUP" in six and "off_kv" not in five

@@ -436,7 +436,7 @@ def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
     report.bench(run)
     assert run.checks and all(c["passed"] for c in run.checks), [c for c in run.checks if not c["passed"]]
     plan = bench_plan(quick, flashinfer=True)
-    gqa = report.gqa_shapes(quick)
+    gqa = report.gqa_shapes()
     assert [(name, kv) for name, _, _, kv in gqa] == [("2 prompts, 1 KV heads", 1)]
     for shape, prefixes, _ in (shapes[:1] if quick else shapes) + [g[:3] for g in gqa]:
         want = plan["gqa" if shape == gqa[0][0] else "single" if len(prefixes) == 1 else "batch"]

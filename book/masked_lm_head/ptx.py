@@ -97,7 +97,7 @@ def _row_load_groups_here(step: int, rows: int) -> list[int]:
     start = next(i for i, text in enumerate(lines) if text.strip().startswith("w = tl.load("))
     w_lines = {first + start, first + start + 1}
     constexprs = {"D": HIDDEN, "BLOCK_V": rows, "FILL_BLOCK": 4096}
-    constexprs |= {"BLOCK_D": 1024} if step == 4 else {"D_POW2": triton.next_power_of_2(HIDDEN)}
+    constexprs |= {"BLOCK_D": 1024} if step == 4 else {"D_POW2": triton.next_power_of_2(HIDDEN), "EVICTION": ""}
     types = dict(h_ptr="*bf16", w_ptr="*bf16", out_ptr="*fp32", allowed_ptr="*u8", ids_ptr="*i32", n_ids="i32",
                  V="i32", n_compute="i32", n_fill="i32", stride_wv="i32")
     signature = {name: ("constexpr" if name in constexprs else types[name]) for name in fn.arg_names}

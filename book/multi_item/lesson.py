@@ -509,7 +509,7 @@ def step6_diffs() -> tuple:
     from studylog.multi_item import steps
 
     parts = []
-    for f in (steps.attend_query_tile, steps.attn_fwd_packed_heads):
+    for f in (steps.attend_query_tile, STEP[6].source):
         lines = without_docstrings(source.source_of(f)[0]).splitlines()
         end = next(i for i, line in enumerate(lines) if line.startswith("):")) + 1
         parts.append(("\n".join(lines[:end]), "\n".join(lines[end:])))

@@ -132,7 +132,7 @@ def step05_ordered(q, k, v, batch: MultiItemBatch, *, l2_groups: bool, heaviest_
     grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
     args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), no_counts(q.device),
             triton.cdiv(batch.max_seq_len, 16), *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
-    common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=False)
+    common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=False, PACK_HEADS=False)
     launch(attn_fwd_batched, grid, args, common, blocks, cfg)
     return out
 

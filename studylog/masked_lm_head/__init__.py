@@ -5,12 +5,14 @@ travel as :class:`AllowedTokens`, built once per FSM state."""
 
 from __future__ import annotations
 
+import re
+
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
 from studylog.chapter import Chapter, Step
-from studylog.masked_lm_head.compact import (batched_union_kernel, compact_rows_kernel, compact_stream_kernel,
-                                             few_ids_kernel, fill_first_kernel, one_wait_kernel, step04_compact,
-                                             step05_one_wait, step06_fill_first, step07_stream, step08_few_ids,
-                                             step09_union, step10_batched, union_sums_kernel)
+from studylog.masked_lm_head.compact import (batched_union_kernel, compact_rows_kernel, few_ids_kernel, fill_first_kernel,
+                                             one_wait_kernel, step04_compact, step05_one_wait, step06_fill_first,
+                                             step07_stream, step08_few_ids, step09_union, step10_batched,
+                                             union_sums_kernel)
 from studylog.masked_lm_head.dense import (block_skip_kernel, dense_matmul_kernel, row_skip_kernel, step00_dense,
                                            step01_block_skip, step02_column_skip, step03_row_skip)
 from studylog.masked_lm_head.dispatch import (FALLBACK_RULE, DispatchRule, choose_path, cublas_masked, dispatch_rule,
@@ -25,8 +27,14 @@ from studylog.source import resolve_python, source_of
 
 
 def _at(kernel, **knobs) -> str:
-    """The text of ``kernel`` as one step launches it: each ``if KNOB:`` block resolved at the step's value."""
-    return "\n".join(resolve_python(source_of(kernel)[0].splitlines(), knobs)) + "\n"
+    """The text of ``kernel`` as one step launches it: each ``if KNOB:`` block resolved at the step's value; a string
+    knob (a cache hint) is read as its value, its parameter left out."""
+    lines = resolve_python(source_of(kernel)[0].splitlines(), knobs)
+    for name, value in knobs.items():
+        if isinstance(value, str):
+            lines = [re.sub(rf"\b{name}\b", f'"{value}"', line.replace(f" {name}: tl.constexpr,", ""))
+                     for line in lines]
+    return "\n".join(lines) + "\n"
 
 
 #: Each step's function (``stepNN_<slug>``): what its page shows (its kernel; step 12: its rule) and what it changes.
@@ -38,10 +46,11 @@ _STEPS = {
                          "inside an active block, disallowed columns are not loaded"),
     step03_row_skip: (row_skip_kernel, "the same on the [V, D] layout, where a token is one contiguous row"),
     step04_compact: (compact_rows_kernel, "programs walk the list of allowed ids: no empty programs, no wasted rows"),
-    step05_one_wait: (one_wait_kernel, "each row loaded as one tile and reduced once: one wait for memory per row"),
+    step05_one_wait: (_at(one_wait_kernel, EVICTION=""),
+                      "each row loaded as one tile and reduced once: one wait for memory per row"),
     step06_fill_first: (fill_first_kernel,
                         "the fill programs first in the grid, so their -inf stores do not trail the launch"),
-    step07_stream: (compact_stream_kernel, "the weight rows read with an L2 evict-first hint: each row is read once"),
+    step07_stream: (one_wait_kernel, "the weight rows read with an L2 evict-first hint: each row is read once"),
     step08_few_ids: (few_ids_kernel,
                      "up to eight ids passed as launch arguments: nothing to look up before the row read"),
     step09_union: (union_sums_kernel,

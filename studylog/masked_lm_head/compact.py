@@ -8,6 +8,7 @@ import triton.language as tl
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
+from studylog.masked_lm_head.dense import dot_rows
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, AllowedTokens, Hidden, Logits, Tiles, Weight,
                                              check_inputs, default_tiles, dot_dtype, need_batch1, need_layout, output,
                                              stream_tiles)
@@ -70,16 +71,17 @@ def compact_rows_kernel(
 
 # Step 5: one wait per row. The row is one [BLOCK_V, D_POW2] tile (the padding masked off: registers, not bytes),
 # its loads issued back to back and reduced once; in step 4 each chunk's tl.sum ends in a barrier before the next
-# chunk's loads, so a program waited for memory once per chunk.
+# chunk's loads, so a program waited for memory once per chunk. Step 7 is this kernel with EVICTION set (below);
+# step 5 passes "", the default policy.
 
 @triton.jit
 def one_wait_kernel(
     h_ptr, w_ptr, out_ptr, allowed_ptr, ids_ptr, n_ids, V, n_compute, stride_wv,
-    D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr,
+    D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr, EVICTION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < n_compute:
-        one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, 0, stride_wv, D, D_POW2, BLOCK_V, "")
+        one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, 0, stride_wv, D, D_POW2, BLOCK_V, EVICTION)
     else:
         fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
@@ -97,22 +99,6 @@ def fill_first_kernel(
         one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, n_fill, stride_wv, D, D_POW2, BLOCK_V, "")
     else:
         fill_disallowed(out_ptr, allowed_ptr, pid, 0, V, FILL_BLOCK)
-
-
-# Step 7: step 5 with the weight rows read under an L2 evict-first policy: they are used once, so they
-# recycle their own L2 lines rather than evict lines that other data (often dirty) occupies.
-
-@triton.jit
-def compact_stream_kernel(
-    h_ptr, w_ptr, out_ptr, allowed_ptr, ids_ptr, n_ids, V, n_compute, stride_wv,
-    D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr,
-    EVICTION: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    if pid < n_compute:
-        one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, 0, stride_wv, D, D_POW2, BLOCK_V, EVICTION)
-    else:
-        fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
 
 # Step 8: a handful of ids (a state that forces one token, or allows a few) are launch arguments: no program loads
@@ -225,20 +211,10 @@ def union_sums_kernel(
 @triton.jit
 def gathered_dot(h_ptr, w_ptr, rows, live, offs_b, in_b, stride_hb, stride_wv, D: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Step 10's (and the plan's) [BLOCK_B, BLOCK_V] fp32 tile: hidden states ``offs_b`` times rows ``rows`` (zeros
-    where not ``live``), D in chunks of BLOCK_D."""
-    offs_d = tl.arange(0, BLOCK_D)
-    h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_d[None, :]
-    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d[None, :]
-    acc = tl.zeros((BLOCK_B, BLOCK_V), dtype=tl.float32)
-    for k in range(0, tl.cdiv(D, BLOCK_D)):
-        d_left = D - k * BLOCK_D
-        h = tl.load(h_ptrs, mask=in_b[:, None] & (offs_d[None, :] < d_left), other=0.0)
-        w = tl.load(w_ptrs, mask=live[:, None] & (offs_d[None, :] < d_left), other=0.0)
-        acc = tl.dot(h.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc)
-        h_ptrs += BLOCK_D
-        w_ptrs += BLOCK_D
-    return acc
+    """Step 10's (and the plan's) [BLOCK_B, BLOCK_V] fp32 tile: step 3's row-tile product (:func:`dot_rows`) of the
+    hidden states ``offs_b`` and the weight's rows ``rows`` (zeros where not ``live``), D in chunks of BLOCK_D."""
+    return dot_rows(h_ptr, w_ptr, offs_b, rows, tl.arange(0, BLOCK_D), in_b[:, None], live[:, None], None, D,
+                    stride_hb, stride_wv, BLOCK_B, BLOCK_V, BLOCK_D, DOT_DTYPE)
 
 
 @triton.jit
@@ -258,6 +234,8 @@ def batched_union_kernel(
         fill_disallowed_batch(out_ptr, allowed_ptr, pid, n_compute, B, V, stride_ob, stride_allowed_b, FILL_BLOCK)
 
 
+# Step 7: step 5's kernel with the weight rows read under an L2 evict-first policy: they are used once, so they
+# recycle their own L2 lines rather than evict lines that other data (often dirty) occupies.
 EVICTION = "evict_first"  # the L2 policy of steps 7 and 8's row loads: each row is read once
 NO_IDS = (-1,) * FEW_IDS_MAX  # step 8's unused id slots: no output position equals -1
 
@@ -290,7 +268,7 @@ def step04_compact(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout:
 def step05_one_wait(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
                     tiles: Tiles | None = None) -> Logits:
     """Step 5 (batch 1): step 4, each row loaded as one tile and reduced once (one wait for memory a row)."""
-    return _rows_and_fill(one_wait_kernel, "step05_one_wait", h, weight, allowed, layout, out, tiles)
+    return _rows_and_fill(one_wait_kernel, "step05_one_wait", h, weight, allowed, layout, out, tiles, EVICTION="")
 
 
 def step06_fill_first(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd",
@@ -303,8 +281,7 @@ def step06_fill_first(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layo
 def step07_stream(h: Hidden, weight: Weight, allowed: AllowedTokens, *, layout: str = "vd", out: Logits | None = None,
                   tiles: Tiles | None = None) -> Logits:
     """Step 7 (batch 1): step 5, the rows read once under an L2 evict-first policy (:data:`EVICTION`)."""
-    return _rows_and_fill(compact_stream_kernel, "step07_stream", h, weight, allowed, layout, out, tiles,
-                          EVICTION=EVICTION)
+    return _rows_and_fill(one_wait_kernel, "step07_stream", h, weight, allowed, layout, out, tiles, EVICTION=EVICTION)
 
 
 def step08_few_ids(h: Hidden, weight: Weight, allowed: AllowedTokens, *, out: Logits | None = None,

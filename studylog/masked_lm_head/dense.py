@@ -130,19 +130,22 @@ def block_skip_kernel(
 # Step 3: the [V, D] layout written as rows: a token is one contiguous row of the weight
 
 @triton.jit
-def dot_rows(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_bn, row_wanted, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """The tile's fp32 products, B read as rows of the ``[V, D]`` weight (those not ``row_wanted`` not read): the
-    loop of steps 3 and 11."""
+def dot_rows(a_ptr, b_ptr, offs_m, offs_n, offs_k, m_ok, n_ok, row_wanted, K, stride_am, stride_bn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """The tile's fp32 products, B read as rows of the ``[V, D]`` weight: A's rows ``offs_m`` (0 where not ``m_ok``,
+    a ``[BLOCK_M, 1]`` mask) times the weight's rows ``offs_n`` where ``n_ok`` (``[BLOCK_N, 1]``) and, where given,
+    ``row_wanted``; the others are not read. The loop of steps 3, 10 and 11."""
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
     b_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]: rows
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_n[:, None] < N) & row_wanted[:, None] & (offs_k[None, :] < k_left),
-                    other=0.0)
+        a = tl.load(a_ptrs, mask=m_ok & (offs_k[None, :] < k_left), other=0.0)
+        b_ok = n_ok
+        if row_wanted is not None:  # steps 3 and 11: only the tokens some sequence of the tile allows
+            b_ok = b_ok & row_wanted[:, None]
+        b = tl.load(b_ptrs, mask=b_ok & (offs_k[None, :] < k_left), other=0.0)
         acc = tl.dot(a.to(DOT_DTYPE), tl.trans(b.to(DOT_DTYPE)), acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
@@ -163,8 +166,8 @@ def row_skip_kernel(
         tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
         return
     row_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows this token
-    acc = dot_rows(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_bn, row_wanted, BLOCK_M, BLOCK_N,
-                   BLOCK_K, DOT_DTYPE)
+    acc = dot_rows(a_ptr, b_ptr, offs_m, offs_n, offs_k, offs_m[:, None] < M, offs_n[:, None] < N, row_wanted, K,
+                   stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)

@@ -10,8 +10,7 @@ from typing import Any, Mapping
 import torch
 import triton
 
-from studylog.masked_lm_head.compact import (EVICTION, NO_IDS, batched_union_kernel, compact_stream_kernel,
-                                             few_ids_kernel)
+from studylog.masked_lm_head.compact import EVICTION, NO_IDS, batched_union_kernel, few_ids_kernel, one_wait_kernel
 from studylog.masked_lm_head.dense import row_skip_kernel
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FEW_TILES, VOCAB, AllowedTokens, Hidden, Logits, Tiles,
                                              Weight, check_inputs, default_tiles, dot_dtype, output, stream_tiles,
@@ -175,7 +174,7 @@ def dense_logits(h: Hidden, weight: Weight, out: Logits) -> None:
 
 _MM_FP32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")  # torch.mm's out_dtype (torch 2.8 on)
 # Step 12's host time is its lesson: steps 3, 7, 8 and 10's kernels through their compiled launchers (launch.py).
-_ROW_SKIP, _STREAM, _FEW, _BATCHED = (FastKernel(k) for k in (row_skip_kernel, compact_stream_kernel, few_ids_kernel,
+_ROW_SKIP, _STREAM, _FEW, _BATCHED = (FastKernel(k) for k in (row_skip_kernel, one_wait_kernel, few_ids_kernel,
                                                                batched_union_kernel))
 
 

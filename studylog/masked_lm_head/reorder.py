@@ -36,8 +36,8 @@ def reordered_rows_kernel(
         tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
         return
     row_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows this token
-    acc = dot_rows(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_bn, row_wanted, BLOCK_M, BLOCK_N,
-                   BLOCK_K, DOT_DTYPE)
+    acc = dot_rows(a_ptr, b_ptr, offs_m, offs_n, offs_k, offs_m[:, None] < M, offs_n[:, None] < N, row_wanted, K,
+                   stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
 
     tokens = tl.load(perm_ptr + offs_n, mask=offs_n < N, other=0)  # original id of each reordered row
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + tokens[None, :]

@@ -66,7 +66,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Ten
     args = (q, k, v, out, schedule, int(schedule.stride(0)), token_pos, int(token_pos.stride(0)), counts, 0,
             *(int(s) for s in strides(q, k, v, out)), sm_scale * LOG2E, size_bucket(tokens))
     grid = lambda meta: (programs[SCHEDULE_BLOCK_MS.index(meta["BLOCK_M"])],)  # noqa: E731
-    launch(attn_fwd_batched, grid, args, constexprs(q, k, SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=False),
+    launch(attn_fwd_batched, grid, args,
+           constexprs(q, k, SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=False, PACK_HEADS=False),
            None)  # autotuned on the GPU
     return out
 

@@ -108,6 +108,6 @@ class MultiItemPlan:
         args = [q, k, v, out, self._table, 0, self._pos, self._pos.stride(0), no_counts(q.device), 0,
                 *strides(q, k, v, out), self.sm_scale * LOG2E, 0]
         launch(attn_fwd_batched, (self.programs,), args,
-               constexprs(q, k, SKIP_DELIMITER=ITEM_KEYS_FROM[self.rule], COUNT_TILES=False),
+               constexprs(q, k, SKIP_DELIMITER=ITEM_KEYS_FROM[self.rule], COUNT_TILES=False, PACK_HEADS=False),
                (self.block_m, self.block_n), self._cfg)
         return out

@@ -21,7 +21,7 @@ from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, RULES, Mul
 from studylog.multi_item.peers import (flashinfer_backends, flashinfer_inputs, flashinfer_prefill, flex_mask_mod,
                                        flex_variants)
 from studylog.multi_item.plan import MultiItemPlan
-from studylog.multi_item.steps import STEPS, step01_dense_sdpa
+from studylog.multi_item.steps import STEPS, attn_fwd_batched, step01_dense_sdpa
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, planned_key_tiles, tile_stats
 
 
@@ -69,9 +69,9 @@ GQA_GROUP = 4  # query heads a key/value head serves in the model the chapter ci
 CEILING_MATMUL_N = 8192  # the matmul whose rate is the run's compute ceiling
 
 
-def gqa_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]], int]]:
+def gqa_shapes() -> list[tuple[str, list[int], list[list[int]], int]]:
     """The mixed batch with a key/value head per :data:`GQA_GROUP` query heads, ``(name, prefixes, items, kv
-    heads)`` (in a quick run too: a target's case)."""
+    heads)``, in a quick run too (a target's case)."""
     name, prefixes, items = bench_shapes()[-1]
     kv_heads = max(1, BENCH_HEADS // GQA_GROUP)
     return [(f"{name}, {kv_heads} KV heads", prefixes, items, kv_heads)]
@@ -266,7 +266,7 @@ def shape_rows(single: bool, gqa: bool, quick: bool) -> list[tuple[str, str, str
 
 def run_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]], int]]:
     """The shapes a run measures, ``(name, prefixes, items, kv heads)``."""
-    return [(*shape, BENCH_HEADS) for shape in bench_shapes(quick)] + gqa_shapes(quick)
+    return [(*shape, BENCH_HEADS) for shape in bench_shapes(quick)] + gqa_shapes()
 
 
 def shape_params(name: str, batch: MultiItemBatch, kv_heads: int) -> dict:
@@ -454,7 +454,8 @@ def _choose_config(step, shape: str, pins: dict, q, k, v, batch, sm_scale) -> tu
     pinned = pins.get((step.series, shape))
     if pinned is not None:
         return pinned, "pinned", None
-    kernel = step.source  # the Triton kernel (an Autotuner on the GPU)
+    # the Triton kernel (an Autotuner on the GPU): steps 5 and 6 list theirs as its text at their knob
+    kernel = attn_fwd_batched if step in (STEP05, STEP06) else step.source
     if getattr(kernel, "cache", None) is not None:
         kernel.cache.clear()
     _, info = step.function(q, k, v, batch, sm_scale=sm_scale, return_info=True)

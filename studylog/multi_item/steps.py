@@ -25,6 +25,7 @@ from studylog.multi_item.config import (FEW_GPU_CONFIGS, GPU_CONFIGS, INTERPRETE
 from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_interpretable, check_qkv,
                                          check_rule, dense_mask)
 from studylog.multi_item.tiles import DEFAULT_ORDER, schedule_table
+from studylog.source import resolve_python, source_of
 
 LOG2E = 1.4426950408889634  # scores times log2(e) once, so the softmax uses exp2 (one GPU instruction)
 QKV = Float[Tensor, "h t d"]
@@ -425,23 +426,58 @@ def scheduled_tile(Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, str
     return prompt, start_m, off_h, seq_len, prefix_len, Q, K, V, Out, Pos
 
 
-@tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
+# Steps 5 and 6 are this kernel at PACK_HEADS False and True (step 6 below): each step's listing is its branch.
+
+@tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket", "PACK_HEADS"))
 @triton.jit
 def attn_fwd_batched(
     Q, K, V, Out, Schedule, stride_schedule, Pos, stride_pos, TileCounts, stride_counts,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
     qk_scale, size_bucket,
     HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
-    COUNT_TILES: tl.constexpr,
+    COUNT_TILES: tl.constexpr, PACK_HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    # one program per (prompt, query tile, head), in the order of the host's table
-    prompt, start_m, off_h, seq_len, prefix_len, Q, K, V, Out, Pos = scheduled_tile(
-        Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, stride_qt, stride_kt, stride_vt, stride_ot, BLOCK_M)
-    attend_query_tile(Q, K, V, Out, Pos, TileCounts, prompt, stride_counts, start_m, off_h, seq_len,
-                      prefix_len, qk_scale, stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
-                      stride_oh, stride_ot, HEAD_DIM, KV_GROUP, DOT_PRECISION, SKIP_DELIMITER, COUNT_TILES,
-                      BLOCK_M, BLOCK_N)
+    if PACK_HEADS:
+        # One program per (prompt, token tile, key/value head), in the order the host planned: the schedule row
+        # BLOCK_M selects holds tiles of BLOCK_M // KV_GROUP tokens (schedule_table's rows_per_token).
+        TOKENS: tl.constexpr = BLOCK_M // KV_GROUP
+        prompt, start_m, off_kv, seq_len, prefix_len, Q, K, V, Out, Pos = scheduled_tile(
+            Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, stride_qt, stride_kt, stride_vt, stride_ot,
+            BLOCK_M)
+        # row r is (token m_lo + r // KV_GROUP, query head off_kv * KV_GROUP + r % KV_GROUP): the group's heads side
+        # by side, so every key/value tile loaded below serves all of them. Tokens never decrease down the rows,
+        # which the item range below needs. Rows from TOKENS * KV_GROUP on (KV_GROUP not dividing BLOCK_M) hold no
+        # pair: masked off like the rows past the prompt's end, and never stored.
+        rows = tl.arange(0, BLOCK_M)
+        m_lo = start_m * TOKENS
+        offs_m = m_lo + rows // KV_GROUP
+        off_h = off_kv * KV_GROUP + (rows % KV_GROUP).to(tl.int64)
+        offs_d = tl.arange(0, HEAD_DIM)
+        row_ok = (rows < TOKENS * KV_GROUP) & (offs_m < seq_len)
+        q = tl.load(Q + off_h[:, None] * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        k_base = K + off_kv * stride_kh
+        v_base = V + off_kv * stride_vh
+        row_start = item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER)
+        m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM)
+        # the key ranges are step 5's, in tokens: the tile's tokens are [m_lo, m_lo + TOKENS)
+        acc, l_i, m_i, visited = attend_visible_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m,
+                                                      row_start, Pos, m_lo, tl.minimum(m_lo + TOKENS, seq_len),
+                                                      prefix_len, seq_len, qk_scale,
+                                                      SKIP_DELIMITER, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+        if COUNT_TILES:  # how many key tiles this token tile visited, once per tile (the first key/value head)
+            tl.store(TileCounts + prompt * stride_counts + start_m, visited, mask=off_kv == 0)
+        store_rows(Out, off_h[:, None], offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok)
+    else:
+        # one program per (prompt, query tile, head), in the order of the host's table
+        prompt, start_m, off_h, seq_len, prefix_len, Q, K, V, Out, Pos = scheduled_tile(
+            Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, stride_qt, stride_kt, stride_vt, stride_ot,
+            BLOCK_M)
+        attend_query_tile(Q, K, V, Out, Pos, TileCounts, prompt, stride_counts, start_m, off_h, seq_len,
+                          prefix_len, qk_scale, stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
+                          stride_oh, stride_ot, HEAD_DIM, KV_GROUP, DOT_PRECISION, SKIP_DELIMITER, COUNT_TILES,
+                          BLOCK_M, BLOCK_N)
 
 
 def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -450,15 +486,14 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
                    return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Step 5: every prompt of the batch in one launch, programs in the order the host planned (``order``, one
     of :data:`~studylog.multi_item.tiles.SCHEDULE_ORDERS`); ``count_tiles`` as in step 4, per prompt."""
-    return launch_scheduled(attn_fwd_batched, q, k, v, batch, sm_scale, out, blocks, config, rule, count_tiles, order,
-                            return_info)
+    return launch_scheduled(q, k, v, batch, sm_scale, out, blocks, config, rule, count_tiles, order, return_info)
 
 
-def launch_scheduled(kernel, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
+def launch_scheduled(q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
                      config: str | None, rule: Any, count_tiles: bool, order: str, return_info: bool, *,
                      pack_heads: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
-    """Steps 5 and 6: plan the program table (cached on the batch), launch ``kernel`` a program per (prompt, query
-    tile, head), with ``pack_heads`` (step 6) per (prompt, token tile, key/value head)."""
+    """Steps 5 and 6: plan the program table (cached on the batch), launch :func:`attn_fwd_batched` a program per
+    (prompt, query tile, head), with ``pack_heads`` (step 6) per (prompt, token tile, key/value head)."""
     qk_scale, out, common = prepare_launch("launch_scheduled", q, k, v, batch, sm_scale, out, blocks, rule,
                                            one_prompt=False)
     cfg = find_config(config, blocks)
@@ -476,54 +511,13 @@ def launch_scheduled(kernel, q: Any, k: Any, v: Any, batch: Any, sm_scale: float
     grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
     args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), counts, max_tiles,
             *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
-    common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
-    launched = launch(kernel, grid, args, common, blocks, cfg)
+    common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles, PACK_HEADS=pack_heads)
+    launched = launch(attn_fwd_batched, grid, args, common, blocks, cfg)
     return step_result(out, launched, return_info, batch, counts if count_tiles else None, rows_per_token)
 
 
 # Step 6: under grouped-query attention, the query heads that share a key/value head computed in one tile, so
-# each key/value tile is loaded once for the group
-
-@tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
-@triton.jit
-def attn_fwd_packed_heads(
-    Q, K, V, Out, Schedule, stride_schedule, Pos, stride_pos, TileCounts, stride_counts,
-    stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
-    qk_scale, size_bucket,
-    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
-    COUNT_TILES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    # One program per (prompt, token tile, key/value head), in the order the host planned: the schedule row
-    # BLOCK_M selects holds tiles of BLOCK_M // KV_GROUP tokens (schedule_table's rows_per_token).
-    TOKENS: tl.constexpr = BLOCK_M // KV_GROUP
-    prompt, start_m, off_kv, seq_len, prefix_len, Q, K, V, Out, Pos = scheduled_tile(
-        Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, stride_qt, stride_kt, stride_vt, stride_ot, BLOCK_M)
-    # row r is (token m_lo + r // KV_GROUP, query head off_kv * KV_GROUP + r % KV_GROUP): the group's heads side
-    # by side, so every key/value tile loaded below serves all of them. Tokens never decrease down the rows,
-    # which the item range below needs. Rows from TOKENS * KV_GROUP on (KV_GROUP not dividing BLOCK_M) hold no
-    # pair: masked off like the rows past the prompt's end, and never stored.
-    rows = tl.arange(0, BLOCK_M)
-    m_lo = start_m * TOKENS
-    offs_m = m_lo + rows // KV_GROUP
-    off_h = off_kv * KV_GROUP + (rows % KV_GROUP).to(tl.int64)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = (rows < TOKENS * KV_GROUP) & (offs_m < seq_len)
-    q = tl.load(Q + off_h[:, None] * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    k_base = K + off_kv * stride_kh
-    v_base = V + off_kv * stride_vh
-    row_start = item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER)
-    m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM)
-    # the key ranges are step 5's, in tokens: the tile's tokens are [m_lo, m_lo + TOKENS)
-    acc, l_i, m_i, visited = attend_visible_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m,
-                                                  row_start, Pos, m_lo, tl.minimum(m_lo + TOKENS, seq_len),
-                                                  prefix_len, seq_len, qk_scale,
-                                                  SKIP_DELIMITER, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    if COUNT_TILES:  # how many key tiles this token tile visited, once per tile (the first key/value head)
-        tl.store(TileCounts + prompt * stride_counts + start_m, visited, mask=off_kv == 0)
-    store_rows(Out, off_h[:, None], offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok)
-
+# each key/value tile is loaded once for the group: attn_fwd_batched at PACK_HEADS=True
 
 def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
                         out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
@@ -532,8 +526,8 @@ def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sca
     """Step 6: step 5 with a program per (prompt, token tile, key/value head), its ``BLOCK_M`` rows the (token,
     query head) pairs of ``BLOCK_M // KV_GROUP`` tokens: each key/value tile loaded once for the group. Takes what
     step 5 takes (``BLOCK_M >= KV_GROUP``); ``count_tiles`` counts per token tile (``LaunchInfo.block_m`` in rows)."""
-    return launch_scheduled(attn_fwd_packed_heads, q, k, v, batch, sm_scale, out, blocks, config, rule, count_tiles,
-                            order, return_info, pack_heads=True)
+    return launch_scheduled(q, k, v, batch, sm_scale, out, blocks, config, rule, count_tiles, order, return_info,
+                            pack_heads=True)
 
 
 def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -550,15 +544,21 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
     return step(q, k, v, batch, sm_scale=sm_scale, out=out, blocks=blocks, config=config, rule=rule)
 
 
+def at_knob(kernel, **knobs) -> str:
+    """The text of ``kernel`` as one step launches it: each ``if KNOB:`` block resolved at the step's value."""
+    return "\n".join(resolve_python(source_of(kernel)[0].splitlines(), knobs)) + "\n"
+
+
 #: The chapter's steps: (function, source shown by show_source, what it adds); step 4's source is the function its
-#: kernel (and step 5's) calls per program.
+#: kernel (and step 5's) calls per program; steps 5 and 6 are one kernel, listed at each step's PACK_HEADS.
 _STEPS = (
     (step01_dense_sdpa, step01_dense_sdpa, "the dense boolean mask handed to PyTorch's SDPA"),
     (step02_dense_mask, attn_fwd_dense_mask, "a Triton flash-attention forward reading the dense mask"),
     (step03_mask_on_the_fly, attn_fwd_mask_on_the_fly, "the mask computed from the prefix length and item positions"),
     (step04_tile_skip, attend_query_tile, "invisible key tiles never loaded, whole prefix tiles unmasked"),
-    (step05_batched, attn_fwd_batched, "every prompt of a batch in one launch, programs in a planned order"),
-    (step06_packed_heads, attn_fwd_packed_heads,
+    (step05_batched, at_knob(attn_fwd_batched, PACK_HEADS=False),
+     "every prompt of a batch in one launch, programs in a planned order"),
+    (step06_packed_heads, at_knob(attn_fwd_batched, PACK_HEADS=True),
      "the query heads that share a key/value head in one tile, each key/value tile loaded once for the group"),
 )
 STEPS = tuple(Step(n, f.__name__[7:], what, "torch" if n == 1 else "triton", f, kernel)

@@ -1,7 +1,7 @@
 """Steps 7 and 8 with another L2 policy on the weight rows than the library's ``EVICTION`` ("evict_first"):
 the experiment that measured what the hint buys (``""``: no hint, which for step 7 is step 5; ``"evict_last"``).
 
-The kernels are the library's own (``compact_stream_kernel``, ``few_ids_kernel``), launched exactly as
+The kernels are the library's own (``one_wait_kernel``, ``few_ids_kernel``), launched exactly as
 ``step07_stream`` and ``step08_few_ids`` launch them, with ``EVICTION`` set to ``eviction``. Until commit
 69a3b83 this was an ``eviction=`` argument of ``step4b_stream`` and ``step4c_few``; only experiments used it.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 from torch import Tensor
 
-from studylog.masked_lm_head import FEW_IDS_MAX, AllowedTokens, compact_stream_kernel, few_ids_kernel
+from studylog.masked_lm_head import FEW_IDS_MAX, AllowedTokens, few_ids_kernel, one_wait_kernel
 from studylog.masked_lm_head.formats import Tiles, check_inputs, default_tiles, need_batch1, output
 
 EVICTIONS = ("evict_first", "", "evict_last")
@@ -32,7 +32,7 @@ def stream(h: Tensor, weight: Tensor, allowed: AllowedTokens, *, eviction: str, 
     t = tiles or default_tiles(7, 1, n_ids)
     out = output(out, batch, vocab, h.device)
     n_compute = triton.cdiv(n_ids, t.block_v)
-    compact_stream_kernel[(n_compute + triton.cdiv(vocab, t.fill_block),)](
+    one_wait_kernel[(n_compute + triton.cdiv(vocab, t.fill_block),)](
         h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_compute, weight.stride(0),
         D=hidden, D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block,
         EVICTION=eviction, num_warps=t.num_warps, num_stages=t.num_stages)
